@@ -1,0 +1,48 @@
+# The CUDA toolkit is optional at build time.
+#
+# Where nvcc, cuda.h and the libcuda stub are found (as under /usr/local/cuda on our machines),
+# the CUDA Driver API device backend and the nvcc-compiled test programs are built. The backend
+# opens libcuda.so.1 with dlopen at run time, so every binary still starts on a machine with no
+# driver and reports "no GPU" instead of failing to load.
+option(HIBER_ENABLE_CUDA "Build CUDA parts where the toolkit is found" ON)
+set(HIBER_CUDA_ROOT "/usr/local/cuda" CACHE PATH "CUDA toolkit root")
+
+set(HIBER_HAVE_CUDA OFF)
+if(HIBER_ENABLE_CUDA)
+  find_program(HIBER_NVCC nvcc HINTS ${HIBER_CUDA_ROOT}/bin NO_CACHE)
+  find_path(HIBER_CUDA_INCLUDE_DIR cuda.h HINTS ${HIBER_CUDA_ROOT}/include NO_CACHE)
+  find_library(HIBER_CUDA_STUB cuda HINTS ${HIBER_CUDA_ROOT}/lib64/stubs ${HIBER_CUDA_ROOT}/lib/stubs
+               ${HIBER_CUDA_ROOT}/targets/x86_64-linux/lib/stubs NO_DEFAULT_PATH NO_CACHE)
+  if(HIBER_NVCC AND HIBER_CUDA_INCLUDE_DIR AND HIBER_CUDA_STUB)
+    set(HIBER_HAVE_CUDA ON)
+  endif()
+endif()
+
+if(HIBER_HAVE_CUDA)
+  message(STATUS "CUDA toolkit found (${HIBER_NVCC}): building the CUDA device backend and the nvcc-compiled test programs")
+else()
+  message(STATUS "CUDA toolkit not found under HIBER_CUDA_ROOT=${HIBER_CUDA_ROOT} (need nvcc, cuda.h and the libcuda stub): skipping the CUDA device backend and the nvcc-compiled test programs")
+endif()
+
+# hiber_nvcc_fatbin(<out_var> <source.cu> [NAME stem] [OPTIONS ...] [DEPENDS headers...])
+# Compiles one .cu file to a fatbin with nvcc and sets <out_var> to the output path. DEPENDS
+# names the headers the source includes, so editing them rebuilds the fatbin.
+# The default targets cover the machines we run on (Ampere, Hopper) plus PTX for newer GPUs.
+function(hiber_nvcc_fatbin out_var source)
+  cmake_parse_arguments(F "" "NAME" "OPTIONS;DEPENDS" ${ARGN})
+  get_filename_component(stem ${source} NAME_WE)
+  if(F_NAME)
+    set(stem ${F_NAME})
+  endif()
+  set(out ${CMAKE_CURRENT_BINARY_DIR}/${stem}.fatbin)
+  if(NOT F_OPTIONS)
+    set(F_OPTIONS -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=[sm_90,compute_90])
+  endif()
+  add_custom_command(
+    OUTPUT ${out}
+    COMMAND ${HIBER_NVCC} -fatbin ${F_OPTIONS} -o ${out} ${CMAKE_CURRENT_SOURCE_DIR}/${source}
+    DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/${source} ${F_DEPENDS}
+    COMMENT "nvcc -fatbin ${source}"
+    VERBATIM)
+  set(${out_var} ${out} PARENT_SCOPE)
+endfunction()

@@ -1,0 +1,17 @@
+# Every dependency comes from a Debian package installed by scripts/install-deps.sh.
+find_package(Threads REQUIRED)
+find_package(PkgConfig REQUIRED)
+find_package(GTest REQUIRED)
+find_package(benchmark REQUIRED)
+find_package(gflags REQUIRED)
+
+# glog 0.6 ships a CMake config; fall back to pkg-config where it does not.
+find_package(glog 0.6 QUIET)
+if(NOT TARGET glog::glog)
+  pkg_check_modules(GLOG REQUIRED IMPORTED_TARGET libglog)
+  add_library(glog::glog ALIAS PkgConfig::GLOG)
+endif()
+
+pkg_check_modules(URING REQUIRED IMPORTED_TARGET liburing)
+pkg_check_modules(ZSTD REQUIRED IMPORTED_TARGET libzstd)
+pkg_check_modules(LZ4 REQUIRED IMPORTED_TARGET liblz4)

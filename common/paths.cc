@@ -1,0 +1,37 @@
+#include "common/paths.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+
+namespace hiber {
+
+std::string default_run_dir() {
+  if (const char* dir = std::getenv("HIBER_RUN_DIR"); dir != nullptr && *dir != '\0') return dir;
+  if (::geteuid() == 0) return "/run/hiber";
+  return "/tmp/hiber-" + std::to_string(::geteuid());
+}
+
+std::string function_socket_path(const std::string& run_dir) { return run_dir + "/hiberd.sock"; }
+std::string control_socket_path(const std::string& run_dir) { return run_dir + "/control.sock"; }
+std::string auth_token_path(const std::string& run_dir) { return run_dir + "/auth-token"; }
+
+Result<std::string> client_auth_token(const std::string& token_file) {
+  if (const char* token = std::getenv("HIBER_AUTH_TOKEN"); token != nullptr && *token != '\0') {
+    return std::string(token);
+  }
+  std::ifstream in(token_file);
+  if (!in) {
+    return error(ErrorCode::kNotPermitted, "cannot read the auth token ", token_file, ": ",
+                 std::strerror(errno), " (set HIBER_AUTH_TOKEN or give the token file)");
+  }
+  std::string token;
+  std::getline(in, token);
+  if (token.empty()) return error(ErrorCode::kNotPermitted, "auth token file ", token_file, " is empty");
+  return token;
+}
+
+}  // namespace hiber

@@ -1,0 +1,23 @@
+// Where hiberd's sockets and auth token live, for the daemon and for every client.
+//
+// The run directory is $HIBER_RUN_DIR if set, else /run/hiber for root and /tmp/hiber-<uid>
+// for other users (so developers run hiberd without privileges). Clients find the token in
+// $HIBER_AUTH_TOKEN, or else in the run directory's auth-token file.
+#pragma once
+
+#include <string>
+
+#include "common/status.h"
+
+namespace hiber {
+
+std::string default_run_dir();
+std::string function_socket_path(const std::string& run_dir);  // <run_dir>/hiberd.sock
+std::string control_socket_path(const std::string& run_dir);   // <run_dir>/control.sock
+std::string auth_token_path(const std::string& run_dir);       // <run_dir>/auth-token
+
+// The token a client presents: $HIBER_AUTH_TOKEN if set, else the first line of `token_file`.
+// An unreadable file is an error naming it.
+Result<std::string> client_auth_token(const std::string& token_file);
+
+}  // namespace hiber

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs everything Hiber needs to build and test on Debian 12, from Debian's archive only.
+# Idempotent: packages already present are left alone. Runs apt-get through sudo when not root.
+set -euo pipefail
+
+packages=(
+  build-essential cmake ninja-build pkg-config
+  capnproto libcapnp-dev          # wire schemas and config files (JSON through capnp-json)
+  liburing-dev                    # hiberd socket and control I/O
+  libgflags-dev libgoogle-glog-dev
+  libgtest-dev libgmock-dev googletest
+  libbenchmark-dev
+  libzstd-dev liblz4-dev          # compressed fatbins (nvcc 12.8+ uses zstd, older nvcc lz4)
+  procps psmisc                   # pgrep/kill in the demo and integration scripts
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]} == 0)); then
+  echo "install-deps: all ${#packages[@]} packages present"
+  exit 0
+fi
+
+SUDO=""
+if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
+echo "install-deps: installing ${missing[*]}"
+$SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Builds and runs Hiber's whole test suite:
+#   1. Debug with AddressSanitizer + UndefinedBehaviorSanitizer: every test (unit, integration,
+#      and gpu, which skip with a one-line reason where there is no GPU);
+#   2. ThreadSanitizer: the threaded parts (wire, device, server) again, unit and integration.
+# Any failure, sanitizer report or leak fails the run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+jobs=$(nproc)
+
+export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1
+export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
+
+echo "== ASan + UBSan build"
+cmake --preset asan
+cmake --build --preset asan -j "$jobs"
+ctest --preset asan -j "$jobs"
+
+echo "== ThreadSanitizer build"
+cmake --preset tsan
+cmake --build --preset tsan -j "$jobs"
+ctest --preset tsan -j "$jobs" -L 'unit|integration'

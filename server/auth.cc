@@ -1,0 +1,121 @@
+#include "server/auth.h"
+
+#include <fcntl.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <charconv>
+#include <cstring>
+
+#include "common/unique_fd.h"
+
+namespace hiber::server {
+namespace {
+
+constexpr size_t kTokenRandomBytes = 32;
+constexpr size_t kMaxTokenFileBytes = 256;
+
+Status os_error(std::string_view what, int err) {
+  return error(ErrorCode::kOperatingSystem, what, ": ", std::strerror(err));
+}
+
+std::string trim(std::string s) {
+  while (!s.empty() && (s.back() == '\n' || s.back() == '\r' || s.back() == ' ')) s.pop_back();
+  return s;
+}
+
+Result<std::string> create_token(const std::string& path) {
+  unsigned char random[kTokenRandomBytes];
+  size_t got = 0;
+  while (got < sizeof random) {
+    ssize_t n = ::getrandom(random + got, sizeof random - got, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return os_error("getrandom", errno);
+    got += static_cast<size_t>(n);
+  }
+  static const char kHex[] = "0123456789abcdef";
+  std::string token;
+  for (unsigned char b : random) {
+    token.push_back(kHex[b >> 4]);
+    token.push_back(kHex[b & 15]);
+  }
+  // O_EXCL: if another hiberd raced us to it, read theirs instead of overwriting.
+  UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
+  if (!fd) {
+    if (errno == EEXIST) return load_or_create_token(path);
+    return os_error("creating auth token " + path, errno);
+  }
+  std::string line = token + "\n";
+  if (::write(fd.get(), line.data(), line.size()) != static_cast<ssize_t>(line.size())) {
+    return os_error("writing auth token " + path, errno);
+  }
+  return token;
+}
+
+}  // namespace
+
+Result<PeerCredentials> peer_credentials(int socket_fd) {
+  ucred cred{};
+  socklen_t len = sizeof cred;
+  if (::getsockopt(socket_fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+    return os_error("getsockopt(SO_PEERCRED)", errno);
+  }
+  return PeerCredentials{cred.pid, cred.uid, cred.gid};
+}
+
+Result<std::string> load_or_create_token(const std::string& path) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+  if (!fd) {
+    if (errno == ENOENT) return create_token(path);
+    return os_error("opening auth token " + path, errno);
+  }
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) return os_error("stat " + path, errno);
+  if ((st.st_mode & (S_IRWXG | S_IRWXO)) != 0) {
+    return error(ErrorCode::kNotPermitted, "auth token ", path,
+                 " is accessible to group or others (mode ", std::oct, (st.st_mode & 07777),
+                 "); chmod 600 it");
+  }
+  char buf[kMaxTokenFileBytes + 1];
+  ssize_t n = ::read(fd.get(), buf, sizeof buf);
+  if (n < 0) return os_error("reading auth token " + path, errno);
+  if (static_cast<size_t>(n) > kMaxTokenFileBytes) {
+    return error(ErrorCode::kInvalidValue, "auth token ", path, " is longer than ",
+                 kMaxTokenFileBytes, " bytes");
+  }
+  std::string token = trim(std::string(buf, static_cast<size_t>(n)));
+  if (token.empty()) return error(ErrorCode::kInvalidValue, "auth token ", path, " is empty");
+  return token;
+}
+
+bool tokens_equal(std::string_view a, std::string_view b) {
+  // Length is not secret (tokens have a fixed format); the content is.
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  }
+  return diff == 0;
+}
+
+Result<std::vector<uid_t>> parse_uid_list(std::string_view list) {
+  std::vector<uid_t> uids;
+  while (!list.empty()) {
+    size_t comma = list.find(',');
+    std::string_view item = list.substr(0, comma);
+    uid_t uid = 0;
+    auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), uid);
+    if (item.empty() || ec != std::errc() || end != item.data() + item.size()) {
+      return error(ErrorCode::kInvalidValue, "not a uid: '", item, "'");
+    }
+    uids.push_back(uid);
+    if (comma == std::string_view::npos) break;
+    list.remove_prefix(comma + 1);
+  }
+  return uids;
+}
+
+}  // namespace hiber::server

@@ -1,0 +1,569 @@
+#include "server/daemon.h"
+
+#include <poll.h>
+#include <signal.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include <capnp/message.h>
+#include <glog/logging.h>
+
+#include "common/node_config_capnp.h"
+#include "wire/handshake.h"
+#include "wire/schema/control.capnp.h"
+
+namespace hiber::server {
+namespace proto = wire::proto;
+
+namespace {
+
+constexpr auto kSweepInterval = std::chrono::milliseconds(250);
+
+Status os_error(std::string_view what, int err) {
+  return error(ErrorCode::kOperatingSystem, what, ": ", std::strerror(err));
+}
+
+// Binds a listening Unix socket at `path`. A stale socket file (nobody accepting) is replaced;
+// a live one means another hiberd serves it, which is an error rather than something to steal.
+Result<UniqueFd> listen_unix(const std::string& path, mode_t mode) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.size() >= sizeof addr.sun_path) {
+    return error(ErrorCode::kInvalidValue, "socket path too long (", path.size(), " bytes): ", path);
+  }
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+
+  UniqueFd probe(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (probe && ::connect(probe.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
+    return error(ErrorCode::kIllegalState, "another hiberd is already serving ", path);
+  }
+  ::unlink(path.c_str());
+
+  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fd) return os_error("socket", errno);
+  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    return os_error("bind " + path, errno);
+  }
+  if (::chmod(path.c_str(), mode) != 0) return os_error("chmod " + path, errno);
+  if (::listen(fd.get(), 512) != 0) return os_error("listen " + path, errno);
+  return fd;
+}
+
+bool uid_allowed(const std::vector<uid_t>& allowed, uid_t uid) {
+  return std::find(allowed.begin(), allowed.end(), uid) != allowed.end();
+}
+
+uint64_t round_up(uint64_t v, uint64_t to) { return (v + to - 1) / to * to; }
+
+}  // namespace
+
+struct Daemon::Connection {
+  enum class State { kReading, kSending, kLive, kClosing };
+
+  uint64_t id = 0;
+  bool control = false;
+  State state = State::kReading;
+  UniqueFd fd;
+  PeerCredentials peer;
+  std::chrono::steady_clock::time_point accepted;
+  int outstanding = 0;  // io_uring operations in flight
+
+  wire::FrameReader reader;
+  std::array<std::byte, 4096> buffer{};
+  std::vector<std::byte> out;
+  iovec iov{};
+  msghdr msg{};
+  alignas(cmsghdr) char cmsg[CMSG_SPACE(sizeof(int))] = {};
+
+  std::unique_ptr<Session> session;
+  bool session_running = false;
+};
+
+Result<std::unique_ptr<Daemon>> Daemon::create(device::Device& device, DaemonOptions options) {
+  if (options.auth_token.empty()) {
+    return Status(ErrorCode::kInvalidValue, "an auth token is required");
+  }
+  if (device.gpu_count() == 0) return Status(ErrorCode::kNoDevice, "the device has no GPUs");
+  uint64_t smallest_gpu = UINT64_MAX;
+  for (int g = 0; g < device.gpu_count(); ++g) {
+    smallest_gpu = std::min(smallest_gpu, device.properties(g).total_memory_bytes);
+  }
+  // A session's work runs on one GPU, so one GPU's memory is the natural ceiling.
+  if (options.max_quota_bytes == 0) options.max_quota_bytes = smallest_gpu;
+  if (options.default_quota_bytes == 0) options.default_quota_bytes = options.max_quota_bytes;
+  if (options.default_quota_bytes > options.max_quota_bytes) {
+    return error(ErrorCode::kInvalidValue, "default quota ", options.default_quota_bytes,
+                 " is above the maximum quota ", options.max_quota_bytes);
+  }
+  auto loop = IoLoop::create(1024);
+  if (!loop.ok()) return loop.status();
+  auto functions = listen_unix(options.socket_path, 0666);
+  if (!functions.ok()) return functions.status();
+  auto control = listen_unix(options.control_socket_path, 0600);
+  if (!control.ok()) return control.status();
+
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  UniqueFd signal_fd(::signalfd(-1, &signals, SFD_CLOEXEC | SFD_NONBLOCK));
+  if (!signal_fd) return os_error("signalfd", errno);
+
+  return std::unique_ptr<Daemon>(new Daemon(device, std::move(options), std::move(loop).value(),
+                                            std::move(functions).value(),
+                                            std::move(control).value(), std::move(signal_fd)));
+}
+
+Daemon::Daemon(device::Device& device, DaemonOptions options, std::unique_ptr<IoLoop> loop,
+               UniqueFd function_listener, UniqueFd control_listener, UniqueFd signal_fd)
+    : device_(device),
+      options_(std::move(options)),
+      loop_(std::move(loop)),
+      function_listener_(std::move(function_listener)),
+      control_listener_(std::move(control_listener)),
+      signal_fd_(std::move(signal_fd)),
+      started_(std::chrono::steady_clock::now()) {}
+
+Daemon::~Daemon() {
+  // run() normally leaves nothing behind; this covers a Daemon destroyed without running.
+  for (auto& [id, connection] : connections_) {
+    if (connection->session) {
+      connection->session->close("hiberd is exiting");
+      connection->session->join();
+    }
+  }
+}
+
+void Daemon::stop() {
+  loop_->post([this] { begin_shutdown("stop requested"); });
+}
+
+Status Daemon::run() {
+  accept_op_ = loop_->accept_multishot(function_listener_.get(), [this](int result, bool more) {
+    if (result >= 0) {
+      on_accept(result, /*control=*/false);
+    } else if (result != -ECANCELED && !shutting_down_) {
+      LOG(ERROR) << "accept on " << options_.socket_path << ": " << std::strerror(-result);
+    }
+    if (!more && !shutting_down_) {
+      LOG(ERROR) << "function socket stopped accepting; shutting down";
+      begin_shutdown("accept failed");
+    }
+  });
+  control_accept_op_ =
+      loop_->accept_multishot(control_listener_.get(), [this](int result, bool more) {
+        if (result >= 0) {
+          on_accept(result, /*control=*/true);
+        } else if (result != -ECANCELED && !shutting_down_) {
+          LOG(ERROR) << "accept on " << options_.control_socket_path << ": "
+                     << std::strerror(-result);
+        }
+        if (!more && !shutting_down_) begin_shutdown("control accept failed");
+      });
+  loop_->read(signal_fd_.get(), signal_buffer_, [this](int result, bool) {
+    if (result > 0) {
+      auto* info = reinterpret_cast<signalfd_siginfo*>(signal_buffer_.data());
+      begin_shutdown(info->ssi_signo == SIGINT ? "SIGINT" : "SIGTERM");
+    }
+  });
+  loop_->timeout(kSweepInterval, [this](int, bool) { sweep_handshakes(); });
+  LOG(INFO) << "hiberd serving functions on " << options_.socket_path << " and control on "
+            << options_.control_socket_path << " (" << device_.backend_name() << " device, "
+            << device_.gpu_count() << " GPUs)";
+  Status status = loop_->run();
+  LOG(INFO) << "hiberd stopped: " << counters_.sessions_opened << " sessions served";
+  return status;
+}
+
+// ---- Connections ----
+
+void Daemon::on_accept(int fd, bool control) {
+  auto connection = std::make_unique<Connection>();
+  connection->id = next_connection_id_++;
+  connection->control = control;
+  connection->fd.reset(fd);
+  connection->accepted = std::chrono::steady_clock::now();
+  Connection& c = *connection;
+  connections_.emplace(c.id, std::move(connection));
+
+  if (shutting_down_) {
+    reject(c, Status(ErrorCode::kDeviceUnavailable, "hiberd is shutting down"));
+    return;
+  }
+  auto peer = peer_credentials(fd);
+  if (!peer.ok()) {
+    reject(c, peer.status());
+    return;
+  }
+  c.peer = *peer;
+  if (!uid_allowed(options_.allowed_uids, c.peer.uid)) {
+    reject(c, error(ErrorCode::kNotPermitted, "uid ", c.peer.uid, " may not use this hiberd"));
+    return;
+  }
+  receive_frame(c);
+}
+
+IoLoop::Handler Daemon::track(Connection& connection,
+                              std::function<void(Connection&, int)> handler) {
+  ++connection.outstanding;
+  return [this, id = connection.id, handler = std::move(handler)](int result, bool more) {
+    auto it = connections_.find(id);
+    if (it == connections_.end()) return;
+    Connection& c = *it->second;
+    if (!more) --c.outstanding;
+    if (c.state != Connection::State::kClosing) handler(c, result);
+    // The handler may have closed and forgotten the connection: look it up again.
+    it = connections_.find(id);
+    if (it != connections_.end()) maybe_forget(*it->second);
+  };
+}
+
+void Daemon::receive_frame(Connection& connection) {
+  connection.state = Connection::State::kReading;
+  loop_->recv(connection.fd.get(), connection.buffer, track(connection, [this](Connection& c, int n) {
+    // The connection may have been refused meanwhile (a time-out, shutdown); then this read is
+    // only the socket shutting down.
+    if (c.state != Connection::State::kReading) return;
+    if (n <= 0) {
+      close_connection(c, n == 0 ? "peer closed the connection" : std::strerror(-n));
+      return;
+    }
+    std::span<const std::byte> bytes(c.buffer.data(), static_cast<size_t>(n));
+    size_t used = c.reader.feed(bytes);
+    if (!c.reader.error().ok()) {
+      ++counters_.malformed_messages;
+      reject(c, c.reader.error());
+      return;
+    }
+    if (!c.reader.complete()) {
+      receive_frame(c);
+      return;
+    }
+    if (used != bytes.size()) {
+      ++counters_.malformed_messages;
+      reject(c, Status(ErrorCode::kInvalidValue,
+                       "bytes after the request: send one message and wait for the answer"));
+      return;
+    }
+    if (c.control) {
+      on_control_request(c);
+    } else {
+      on_hello(c);
+    }
+  }));
+}
+
+void Daemon::send_frame(Connection& connection, std::vector<std::byte> frame, int attach_fd,
+                        std::function<void(Connection&)> then) {
+  connection.state = Connection::State::kSending;
+  connection.out = std::move(frame);
+  connection.iov = {connection.out.data(), connection.out.size()};
+  connection.msg = {};
+  connection.msg.msg_iov = &connection.iov;
+  connection.msg.msg_iovlen = 1;
+  if (attach_fd >= 0) {
+    connection.msg.msg_control = connection.cmsg;
+    connection.msg.msg_controllen = sizeof connection.cmsg;
+    cmsghdr* cm = CMSG_FIRSTHDR(&connection.msg);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(cm), &attach_fd, sizeof(int));
+  }
+  loop_->sendmsg(connection.fd.get(), &connection.msg,
+                 track(connection, [this, then = std::move(then)](Connection& c, int n) {
+                   // Frames are at most 64 KiB; a Unix stream socket takes one whole or fails.
+                   if (n != static_cast<int>(c.out.size())) {
+                     close_connection(c, n < 0 ? std::strerror(-n) : "short write");
+                     return;
+                   }
+                   then(c);
+                 }));
+}
+
+void Daemon::reject(Connection& connection, const Status& why) {
+  ++counters_.handshakes_rejected;
+  LOG(WARNING) << (connection.control ? "control" : "function") << " connection from pid "
+               << connection.peer.pid << " uid " << connection.peer.uid << " refused: " << why;
+  auto frame = wire::encode_rejection_frame(why);
+  if (!frame.ok() || !connection.fd) {
+    close_connection(connection, why.message());
+    return;
+  }
+  send_frame(connection, std::move(frame).value(), -1,
+             [this, why](Connection& c) { close_connection(c, why.message()); });
+}
+
+void Daemon::close_connection(Connection& connection, std::string_view why) {
+  if (connection.state != Connection::State::kClosing) {
+    VLOG(1) << "connection " << connection.id << " closing: " << why;
+    connection.state = Connection::State::kClosing;
+    // Completes every operation still pending on the socket.
+    ::shutdown(connection.fd.get(), SHUT_RDWR);
+  }
+  if (connection.session && connection.session_running) connection.session->close(why);
+  maybe_forget(connection);
+}
+
+void Daemon::maybe_forget(Connection& connection) {
+  if (connection.state != Connection::State::kClosing || connection.outstanding > 0 ||
+      connection.session_running) {
+    return;
+  }
+  if (connection.session) {
+    // A session created but never started (its Welcome could not be sent).
+    connection.session.reset();
+    --live_sessions_;
+    ++counters_.sessions_closed;
+  }
+  connections_.erase(connection.id);
+  maybe_finish_shutdown();
+}
+
+// ---- Handshake and sessions ----
+
+Status Daemon::admit(const wire::Hello& hello, uint64_t& quota) const {
+  const wire::ProtocolVersion ours = wire::current_protocol_version();
+  if (hello.version.major != ours.major) {
+    return error(ErrorCode::kNotSupported, "protocol ", hello.version.major, ".",
+                 hello.version.minor, " is not supported; this hiberd speaks ", ours.major, ".",
+                 ours.minor);
+  }
+  if (!tokens_equal(hello.auth_token, options_.auth_token)) {
+    return Status(ErrorCode::kNotPermitted, "wrong auth token");
+  }
+  if (shutting_down_) return Status(ErrorCode::kDeviceUnavailable, "hiberd is shutting down");
+  if (live_sessions_ >= options_.max_sessions) {
+    return error(ErrorCode::kDeviceUnavailable, "hiberd already serves ", live_sessions_,
+                 " sessions (the maximum)");
+  }
+  quota = hello.requested_quota_bytes == 0 ? options_.default_quota_bytes
+                                           : hello.requested_quota_bytes;
+  if (quota > options_.max_quota_bytes) {
+    return error(ErrorCode::kOutOfMemory, "requested quota of ", quota,
+                 " bytes is above the maximum of ", options_.max_quota_bytes);
+  }
+  return Status();
+}
+
+void Daemon::on_hello(Connection& connection) {
+  auto hello = wire::decode_hello(connection.reader.message());
+  if (!hello.ok()) {
+    ++counters_.malformed_messages;
+    reject(connection, hello.status());
+    return;
+  }
+  uint64_t quota = 0;
+  Status admitted = admit(*hello, quota);
+  if (!admitted.ok()) {
+    reject(connection, admitted);
+    return;
+  }
+  const int gpu = next_gpu_;
+  next_gpu_ = (next_gpu_ + 1) % device_.gpu_count();
+  SessionConfig config;
+  config.gpu = gpu;
+  config.quota_bytes = quota;
+  // Room around the quota for the client's placement to fragment.
+  config.va_bytes = std::max<uint64_t>(round_up(quota + quota / 4, 1 << 21), 64 << 20);
+  config.channel = options_.channel;
+  SessionIdentity identity{next_session_id_, hello->function_id, connection.peer};
+  auto session = Session::create(device_, identity, config);
+  if (!session.ok()) {
+    reject(connection, session.status().with_context("cannot open a session"));
+    return;
+  }
+  ++next_session_id_;
+  ++live_sessions_;
+  connection.session = std::move(session).value();
+  auto frame = wire::encode_welcome_frame(connection.session->welcome());
+  if (!frame.ok()) {
+    reject(connection, frame.status());
+    return;
+  }
+  send_frame(connection, std::move(frame).value(), connection.session->memfd(),
+             [this](Connection& c) { on_welcome_sent(c); });
+}
+
+void Daemon::on_welcome_sent(Connection& connection) {
+  connection.state = Connection::State::kLive;
+  connection.session_running = true;
+  ++counters_.sessions_opened;
+  const uint64_t id = connection.id;
+  LOG(INFO) << "session " << connection.session->id() << " opened for function '"
+            << connection.session->snapshot().identity.function_id << "' (pid "
+            << connection.peer.pid << ", uid " << connection.peer.uid << ")";
+  connection.session->start([this, id] { loop_->post([this, id] { on_session_exit(id); }); });
+  // The client never writes after its Hello: readable or hung up both mean it is gone (or broke
+  // the protocol), and the session ends.
+  loop_->poll(connection.fd.get(), POLLIN | POLLRDHUP,
+              track(connection, [this](Connection& c, int result) {
+                close_connection(c, result < 0 ? std::strerror(-result) : "client disconnected");
+              }));
+}
+
+void Daemon::on_session_exit(uint64_t connection_id) {
+  auto it = connections_.find(connection_id);
+  if (it == connections_.end()) return;
+  Connection& c = *it->second;
+  c.session->join();
+  SessionSnapshot last = c.session->snapshot();
+  closed_sessions_malformed_ += last.malformed_messages;
+  LOG(INFO) << "session " << last.identity.id << " of '" << last.identity.function_id
+            << "' ended after " << last.calls << " calls (" << last.failed_calls << " failed)";
+  c.session.reset();
+  c.session_running = false;
+  --live_sessions_;
+  ++counters_.sessions_closed;
+  // If the session ended on its own (a broken ring), the client learns it from the socket.
+  close_connection(c, "session ended");
+}
+
+// ---- Control ----
+
+void Daemon::on_control_request(Connection& connection) {
+  ++counters_.control_requests;
+  auto reply = answer_control(connection.reader.message());
+  if (!reply.ok()) {
+    ++counters_.malformed_messages;
+    reject(connection, reply.status());
+    return;
+  }
+  send_frame(connection, std::move(reply).value(), -1, [this](Connection& c) {
+    c.reader.reset();
+    receive_frame(c);
+  });
+}
+
+Result<std::vector<std::byte>> Daemon::answer_control(const wire::Message& request) {
+  capnp::MallocMessageBuilder reply;
+  auto root = reply.initRoot<proto::ControlReply>();
+  Status read = wire::read_message<proto::ControlRequest>(
+      request, "control request", [&](proto::ControlRequest::Reader r) -> Status {
+        const wire::ProtocolVersion ours = wire::current_protocol_version();
+        if (r.getVersion().getMajor() != ours.major) {
+          auto e = root.initError();
+          e.setCode(static_cast<uint32_t>(ErrorCode::kNotSupported));
+          e.setMessage(str_cat("protocol ", r.getVersion().getMajor(), " is not supported; this hiberd speaks ",
+                               ours.major, ".", ours.minor));
+          return Status();
+        }
+        switch (r.which()) {
+          case proto::ControlRequest::PING:
+            root.setPong();
+            return Status();
+          case proto::ControlRequest::STATUS:
+            break;
+          default: {
+            auto e = root.initError();
+            e.setCode(static_cast<uint32_t>(ErrorCode::kNotSupported));
+            e.setMessage(str_cat("control request ", static_cast<unsigned>(r.which()),
+                                 " is not known to this hiberd"));
+            return Status();
+          }
+        }
+        auto status = root.initStatus();
+        auto version = status.initServerVersion();
+        version.setMajor(ours.major);
+        version.setMinor(ours.minor);
+        status.setBackend(device_.backend_name());
+        status.setNodeName(device_.topology().name);
+        status.setUptimeSeconds(
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count());
+
+        std::vector<SessionSnapshot> sessions;
+        for (const auto& [id, c] : connections_) {
+          if (c->session && c->session_running) sessions.push_back(c->session->snapshot());
+        }
+        std::vector<uint64_t> per_gpu(device_.gpu_count(), 0);
+        uint64_t malformed = counters_.malformed_messages + closed_sessions_malformed_;
+        for (const auto& s : sessions) {
+          per_gpu[s.gpu] += s.allocated_bytes;
+          malformed += s.malformed_messages;
+        }
+        auto devices = status.initDevices(static_cast<unsigned>(device_.gpu_count()));
+        for (int g = 0; g < device_.gpu_count(); ++g) {
+          auto d = devices[static_cast<unsigned>(g)];
+          d.setOrdinal(static_cast<uint32_t>(g));
+          d.setName(device_.properties(g).name);
+          d.setTotalBytes(device_.properties(g).total_memory_bytes);
+          d.setSessionBytes(per_gpu[g]);
+        }
+        auto list = status.initSessions(static_cast<unsigned>(sessions.size()));
+        for (size_t i = 0; i < sessions.size(); ++i) {
+          const SessionSnapshot& s = sessions[i];
+          auto out = list[static_cast<unsigned>(i)];
+          out.setId(s.identity.id);
+          out.setFunctionId(s.identity.function_id);
+          out.setPid(s.identity.peer.pid);
+          out.setUid(s.identity.peer.uid);
+          out.setGpu(static_cast<uint32_t>(s.gpu));
+          out.setAllocatedBytes(s.allocated_bytes);
+          out.setQuotaBytes(s.quota_bytes);
+          out.setBatches(s.batches);
+          out.setCalls(s.calls);
+          out.setFailedCalls(s.failed_calls);
+          out.setConnectedSeconds(s.connected_seconds);
+        }
+        auto counters = status.initCounters();
+        counters.setSessionsOpened(counters_.sessions_opened);
+        counters.setSessionsClosed(counters_.sessions_closed);
+        counters.setHandshakesRejected(counters_.handshakes_rejected);
+        counters.setMalformedMessages(malformed);
+        counters.setControlRequests(counters_.control_requests);
+        return Status();
+      });
+  if (!read.ok()) return read;
+  return wire::encode_frame(reply);
+}
+
+// ---- Time-outs and shutdown ----
+
+void Daemon::sweep_handshakes() {
+  const auto now = std::chrono::steady_clock::now();
+  std::vector<Connection*> late;
+  for (auto& [id, c] : connections_) {
+    if (!c->control && c->state == Connection::State::kReading &&
+        now - c->accepted > options_.handshake_timeout) {
+      late.push_back(c.get());
+    }
+  }
+  for (Connection* c : late) {
+    reject(*c, error(ErrorCode::kTimeout, "no Hello within ", options_.handshake_timeout.count(),
+                     " ms"));
+  }
+  if (!shutting_down_) loop_->timeout(kSweepInterval, [this](int, bool) { sweep_handshakes(); });
+}
+
+void Daemon::begin_shutdown(std::string_view why) {
+  if (shutting_down_) return;
+  shutting_down_ = true;
+  LOG(INFO) << "hiberd shutting down (" << why << "): closing " << live_sessions_ << " sessions";
+  loop_->cancel(accept_op_);
+  loop_->cancel(control_accept_op_);
+  ::unlink(options_.socket_path.c_str());
+  ::unlink(options_.control_socket_path.c_str());
+  std::vector<Connection*> all;
+  for (auto& [id, c] : connections_) all.push_back(c.get());
+  for (Connection* c : all) {
+    if (c->state == Connection::State::kReading && !c->control) {
+      reject(*c, Status(ErrorCode::kDeviceUnavailable, "hiberd is shutting down"));
+    } else {
+      close_connection(*c, "hiberd is shutting down");
+    }
+  }
+  maybe_finish_shutdown();
+}
+
+void Daemon::maybe_finish_shutdown() {
+  if (shutting_down_ && connections_.empty()) loop_->stop();
+}
+
+}  // namespace hiber::server

@@ -1,0 +1,121 @@
+// hiberd's top level: listens on the function socket and the control socket, performs
+// handshakes, runs sessions, answers control requests, and shuts down cleanly on SIGTERM/SIGINT.
+//
+// All socket I/O runs on one io_uring loop thread; each session executes calls on its own
+// thread. A client connection lives as long as its session: when the client's socket closes
+// (the process exited or was killed), the session is closed, waits for its device work, releases
+// everything, and only then is the connection forgotten.
+//
+// Thread safety: create() and run() on one thread; stop() from anywhere.
+#pragma once
+
+#include <sys/types.h>
+#include <sys/uio.h>
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "common/status.h"
+#include "common/unique_fd.h"
+#include "server/auth.h"
+#include "server/device/device.h"
+#include "server/io_loop.h"
+#include "server/session.h"
+#include "wire/channel_layout.h"
+#include "wire/socket_frame.h"
+
+namespace hiber::server {
+
+struct DaemonOptions {
+  std::string socket_path;          // functions connect here
+  std::string control_socket_path;  // the router and operators connect here
+  std::string auth_token;           // functions must present it
+  std::vector<uid_t> allowed_uids;  // peers of other users are refused
+  uint64_t default_quota_bytes = 0; // per session when the client asks for none; 0 = one GPU
+  uint64_t max_quota_bytes = 0;     // the most a client may ask for; 0 = one GPU
+  wire::ChannelConfig channel;
+  size_t max_sessions = 1024;
+  std::chrono::milliseconds handshake_timeout{5000};
+};
+
+class Daemon {
+ public:
+  // Binds both sockets (refusing to replace a socket another hiberd still serves) and sets up
+  // the event loop and signal handling. SIGTERM and SIGINT must already be blocked in every
+  // thread (hiberd's main does this before any thread starts).
+  static Result<std::unique_ptr<Daemon>> create(device::Device& device, DaemonOptions options);
+  ~Daemon();
+
+  // Serves until SIGTERM/SIGINT or stop(); then refuses new clients, closes every session,
+  // waits for them to release everything, removes the socket files and returns.
+  Status run();
+  void stop();
+
+ private:
+  struct Connection;  // a function's connection (then its session) or a control connection
+
+  Daemon(device::Device& device, DaemonOptions options, std::unique_ptr<IoLoop> loop,
+         UniqueFd function_listener, UniqueFd control_listener, UniqueFd signal_fd);
+
+  void on_accept(int fd, bool control);
+  // Wraps a handler of an operation on `connection`: counts it as outstanding, finds the
+  // connection again when it completes (it may be gone) and forgets the connection once it is
+  // closing and idle.
+  IoLoop::Handler track(Connection& connection,
+                        std::function<void(Connection&, int result)> handler);
+  void receive_frame(Connection& connection);
+  void send_frame(Connection& connection, std::vector<std::byte> frame, int attach_fd,
+                  std::function<void(Connection&)> then);
+
+  void on_hello(Connection& connection);
+  Status admit(const wire::Hello& hello, uint64_t& quota) const;
+  void on_welcome_sent(Connection& connection);
+  void on_session_exit(uint64_t connection_id);
+
+  void on_control_request(Connection& connection);
+  Result<std::vector<std::byte>> answer_control(const wire::Message& request);
+
+  void reject(Connection& connection, const Status& why);
+  void close_connection(Connection& connection, std::string_view why);
+  void maybe_forget(Connection& connection);
+
+  void sweep_handshakes();
+  void begin_shutdown(std::string_view why);
+  void maybe_finish_shutdown();
+
+  device::Device& device_;
+  const DaemonOptions options_;
+  std::unique_ptr<IoLoop> loop_;
+  UniqueFd function_listener_;
+  UniqueFd control_listener_;
+  UniqueFd signal_fd_;
+  alignas(8) std::array<std::byte, 128> signal_buffer_{};  // one signalfd_siginfo
+  const std::chrono::steady_clock::time_point started_;
+
+  // Loop thread only.
+  std::unordered_map<uint64_t, std::unique_ptr<Connection>> connections_;
+  uint64_t next_connection_id_ = 1;
+  uint64_t next_session_id_ = 1;
+  size_t live_sessions_ = 0;
+  int next_gpu_ = 0;
+  bool shutting_down_ = false;
+  IoLoop::OpId accept_op_ = 0;
+  IoLoop::OpId control_accept_op_ = 0;
+
+  struct Counters {
+    uint64_t sessions_opened = 0;
+    uint64_t sessions_closed = 0;
+    uint64_t handshakes_rejected = 0;
+    uint64_t malformed_messages = 0;  // handshakes and control requests
+    uint64_t control_requests = 0;
+  } counters_;
+  uint64_t closed_sessions_malformed_ = 0;  // malformed batches counted by sessions now gone
+};
+
+}  // namespace hiber::server

@@ -1,0 +1,32 @@
+// The Device interface on the CUDA Driver API, for real GPUs.
+//
+// libcuda.so.1 is opened with dlopen and every entry point is resolved through
+// cuGetProcAddress at an explicit ABI version, so binaries that contain this backend start on
+// machines without a driver; create() then fails with kNoDevice (or kStubLibrary for the
+// toolkit's stub) and a message saying why.
+//
+// One primary context per GPU, shared by every session (runtime sharing). Device memory uses
+// the VMM API (cuMemCreate, cuMemAddressReserve, cuMemMap, cuMemSetAccess); modules are loaded
+// once with cuLibraryLoadData and serve every GPU; parameter layouts come from
+// cuKernelGetParamInfo.
+#pragma once
+
+#include <memory>
+#include <optional>
+
+#include "common/node_config.h"
+#include "server/device/device.h"
+
+namespace hiber::device {
+
+struct CudaDeviceOptions {
+  // Bandwidths and names to report in topology(); the GPU count and PCI bus IDs must match the
+  // node. Without one, the topology is discovered: PCIe switches from sysfs, NVLink peers from
+  // cuDeviceGetP2PAttribute, with bandwidths estimated from the P2P performance rank.
+  std::optional<NodeConfig> node;
+};
+
+// kNoDevice / kStubLibrary / kNotInitialized with a reason when no usable GPU is present.
+Result<std::unique_ptr<Device>> create_cuda_device(const CudaDeviceOptions& options);
+
+}  // namespace hiber::device

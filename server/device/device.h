@@ -1,0 +1,204 @@
+// What hiberd needs from the node's GPUs, behind one interface with two real backends:
+//   - CUDA (server/device/cuda_device.h): the CUDA Driver API, on a real GPU;
+//   - simulated (server/device/sim_device.h): host memory that behaves like GPU memory, used
+//     wherever there is no GPU (development machines, CI) and by timing-faithful tests.
+// One behavioural suite (tests/unit/device_contract.h) runs against both.
+//
+// Model. All GPUs of the node share one virtual address space, as with CUDA's unified
+// addressing. Device memory is managed the CUDA VMM way: reserve a virtual range, create
+// physical memory on a GPU, map it at an address in a reserved range, and set which GPUs may
+// access the mapping. The same physical memory may be mapped at several addresses at once.
+// Work is asynchronous and ordered per stream; events mark positions in streams.
+//
+// Errors are Status values with CUDA driver error codes. Work that fails after it was enqueued
+// reports its error at the next synchronisation of its stream (synchronize_stream,
+// synchronize_event or a stream callback's status), as CUDA does.
+//
+// Thread safety: every method may be called from any thread concurrently. Handles are plain
+// values; the caller owns what it creates and destroys it exactly once. Passing a destroyed or
+// foreign handle is a caller bug (the simulated backend reports kInvalidHandle where it can).
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/device_attributes.h"
+#include "common/kernel_info.h"
+#include "common/node_config.h"
+#include "common/status.h"
+
+namespace hiber::device {
+
+// A device address: a virtual address in the node's unified address space.
+using DevicePtr = uint64_t;
+
+// Opaque handles. `gpu` is the GPU the object belongs to (not meaningful for Module/Function,
+// which serve every GPU).
+struct Stream {
+  uint64_t id = 0;
+  int gpu = 0;
+};
+struct Event {
+  uint64_t id = 0;
+  int gpu = 0;
+};
+struct PhysicalMemory {
+  uint64_t id = 0;
+  int gpu = 0;
+  uint64_t bytes = 0;
+};
+struct Module {
+  uint64_t id = 0;
+};
+struct Function {
+  uint64_t id = 0;
+};
+
+struct Dim3 {
+  uint32_t x = 1;
+  uint32_t y = 1;
+  uint32_t z = 1;
+};
+
+struct LaunchConfig {
+  Dim3 grid;
+  Dim3 block;
+  uint32_t shared_memory_bytes = 0;
+};
+
+using hiber::KernelInfo;
+using hiber::ParamInfo;
+
+// Attributes are indexed by CUdevice_attribute (common/device_attributes.h).
+using enum hiber::DeviceAttribute;
+
+struct DeviceProperties {
+  int ordinal = 0;
+  std::string name;
+  std::array<uint8_t, 16> uuid{};
+  std::string pci_bus_id;       // "0000:3b:00.0"
+  uint64_t total_memory_bytes = 0;
+  std::vector<int32_t> attributes = std::vector<int32_t>(kAttrCount, 0);
+
+  int attribute(int index) const {
+    return index >= 0 && index < static_cast<int>(attributes.size()) ? attributes[index] : 0;
+  }
+};
+
+struct MemoryInfo {
+  uint64_t free_bytes = 0;
+  uint64_t total_bytes = 0;
+};
+
+// Runs after all work enqueued before it on its stream, with the status of that work
+// (success, or the first error). Must not call back into the Device (as with CUDA host
+// callbacks); it may post work to other threads.
+using StreamCallback = std::function<void(Status)>;
+
+class Device {
+ public:
+  virtual ~Device() = default;
+
+  // "sim" or "cuda".
+  virtual std::string backend_name() const = 0;
+
+  // ---- The node ----
+  virtual int gpu_count() const = 0;
+  virtual const DeviceProperties& properties(int gpu) const = 0;
+  // GPUs, PCIe switches and NVLink links. The simulated backend returns its config; the CUDA
+  // backend what it discovered (or was configured with).
+  virtual const NodeConfig& topology() const = 0;
+  virtual Result<MemoryInfo> memory_info(int gpu) = 0;
+  // Physical allocations, mappings and reserved ranges are multiples of this.
+  virtual uint64_t allocation_granularity(int gpu) const = 0;
+  // Whether work on `gpu` can access memory on `peer` directly (peer copies need not stage
+  // through the host).
+  virtual bool can_access_peer(int gpu, int peer) const = 0;
+
+  // ---- Virtual memory (CUDA VMM model) ----
+  // Reserves a range of the address space; nothing is accessible until mapped.
+  virtual Result<DevicePtr> reserve_address_range(uint64_t bytes, uint64_t alignment) = 0;
+  // REQUIRES: nothing mapped in the range any more.
+  virtual Status free_address_range(DevicePtr va, uint64_t bytes) = 0;
+  // kOutOfMemory when the GPU has no room left.
+  virtual Result<PhysicalMemory> create_physical(int gpu, uint64_t bytes) = 0;
+  // The memory goes away once released and unmapped everywhere.
+  virtual Status release_physical(PhysicalMemory memory) = 0;
+  // Maps [offset, offset + bytes) of `memory` at va, inside a reserved range. Not accessible
+  // from any GPU until set_access.
+  virtual Status map(DevicePtr va, uint64_t bytes, PhysicalMemory memory, uint64_t offset) = 0;
+  virtual Status unmap(DevicePtr va, uint64_t bytes) = 0;
+  // Sets exactly which GPUs may access the mapped range [va, va + bytes); others lose access.
+  virtual Status set_access(DevicePtr va, uint64_t bytes, std::span<const int> gpus) = 0;
+
+  // Host memory that copies read and write often (a client's arena). Registering it lets the
+  // CUDA backend DMA straight from it; copies from unregistered memory still work.
+  virtual Status register_host_memory(void* ptr, uint64_t bytes) = 0;
+  virtual Status unregister_host_memory(void* ptr) = 0;
+
+  // ---- Streams and events ----
+  // Lower priority values run first, as in CUDA; 0 is the default.
+  virtual Result<Stream> create_stream(int gpu, int priority) = 0;
+  // Work already enqueued still runs.
+  virtual Status destroy_stream(Stream stream) = 0;
+  virtual Status synchronize_stream(Stream stream) = 0;
+  // kSuccess when idle, kNotReady while work is pending, or the error of failed work.
+  virtual Status query_stream(Stream stream) = 0;
+  virtual Status add_callback(Stream stream, StreamCallback callback) = 0;
+
+  virtual Result<Event> create_event(int gpu, bool disable_timing) = 0;
+  virtual Status destroy_event(Event event) = 0;
+  virtual Status record_event(Event event, Stream stream) = 0;
+  // Later work on `stream` waits until the work before the event's latest record is done.
+  // An event never recorded is complete.
+  virtual Status wait_event(Stream stream, Event event) = 0;
+  virtual Status synchronize_event(Event event) = 0;
+  virtual Status query_event(Event event) = 0;
+  // Milliseconds between two completed records. kNotReady if either is pending;
+  // kInvalidHandle if either was created with timing disabled.
+  virtual Result<float> elapsed_ms(Event start, Event end) = 0;
+
+  // ---- Copies and memset, asynchronous on a stream ----
+  // Device ranges must be mapped and accessible from the stream's GPU. Host pointers must
+  // stay valid until the copy completes.
+  virtual Status copy_host_to_device(Stream stream, DevicePtr dst, const void* src,
+                                     uint64_t bytes) = 0;
+  virtual Status copy_device_to_host(Stream stream, void* dst, DevicePtr src, uint64_t bytes) = 0;
+  virtual Status copy_device_to_device(Stream stream, DevicePtr dst, DevicePtr src,
+                                       uint64_t bytes) = 0;
+  // dst accessible from dst_gpu, src from src_gpu; travels over NVLink where the topology has
+  // a link, through the host otherwise.
+  virtual Status copy_peer(Stream stream, DevicePtr dst, int dst_gpu, DevicePtr src, int src_gpu,
+                           uint64_t bytes) = 0;
+  // Sets `count` elements of element_bytes (1, 2 or 4) to the low bytes of `value`.
+  virtual Status memset(Stream stream, DevicePtr dst, uint32_t value, int element_bytes,
+                        uint64_t count) = 0;
+
+  // ---- Code ----
+  // Loads a fatbin, cubin or PTX image once for every GPU. kInvalidImage if unreadable,
+  // kNoBinaryForGpu if it has no code any GPU can run.
+  virtual Result<Module> load_module(std::span<const std::byte> image) = 0;
+  virtual Status unload_module(Module module) = 0;
+  // kNotFound if the module has no kernel of that (mangled) name.
+  virtual Result<Function> get_function(Module module, const std::string& name) = 0;
+  virtual Result<KernelInfo> function_info(Function function) = 0;
+  // `params` is the packed parameter buffer, laid out as function_info says; its size must be
+  // the kernel's param_bytes().
+  virtual Status launch(Stream stream, Function function, const LaunchConfig& config,
+                        std::span<const std::byte> params) = 0;
+};
+
+// Creates physical chunks of `chunk_bytes` on `gpu` until only `reserve_bytes` of its memory
+// would remain free: the reservation hiberd makes once at start. Rounds chunk_bytes up to the
+// allocation granularity. Returns the chunks (possibly none if the GPU is smaller than the
+// reserve); on an error, releases what it created.
+Result<std::vector<PhysicalMemory>> reserve_pool(Device& device, int gpu, uint64_t reserve_bytes,
+                                                 uint64_t chunk_bytes);
+
+}  // namespace hiber::device

@@ -1,0 +1,193 @@
+#include "server/device/sim/address_space.h"
+
+#include <glog/logging.h>
+#include <sys/mman.h>
+
+#include <cerrno>
+#include <cstring>
+#include <vector>
+
+namespace hiber::device::sim {
+namespace {
+
+std::string hex(uint64_t v) { return str_cat("0x", std::hex, v); }
+
+bool overflows(uint64_t va, uint64_t bytes) { return bytes > UINT64_MAX - va; }
+
+// Reserves [va, va + bytes) as inaccessible address space, replacing whatever is there.
+bool map_inaccessible(DevicePtr va, uint64_t bytes) {
+  void* p = ::mmap(reinterpret_cast<void*>(va), bytes, PROT_NONE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+  return p != MAP_FAILED;
+}
+
+// Larger requests than this cannot be met by a 47-bit user address space anyway.
+constexpr uint64_t kMaxReserveBytes = uint64_t{1} << 46;
+
+}  // namespace
+
+AddressSpace::~AddressSpace() {
+  for (const auto& [va, bytes] : reservations_) ::munmap(reinterpret_cast<void*>(va), bytes);
+}
+
+Result<DevicePtr> AddressSpace::reserve(uint64_t bytes, uint64_t alignment) {
+  if (bytes == 0 || bytes % granularity_ != 0)
+    return error(ErrorCode::kInvalidValue, "reserve_address_range: ", bytes,
+                 " bytes is not a positive multiple of the granularity (", granularity_, ")");
+  if ((alignment & (alignment - 1)) != 0)
+    return error(ErrorCode::kInvalidValue, "reserve_address_range: alignment ", alignment,
+                 " is not a power of two");
+  const uint64_t align = std::max(alignment, granularity_);
+  if (bytes > kMaxReserveBytes || align > kMaxReserveBytes)
+    return error(ErrorCode::kOutOfMemory, "reserve_address_range: ", bytes, " bytes aligned to ",
+                 align, " exceed the address space");
+  // Over-reserve by the alignment, then trim both ends.
+  const uint64_t span = bytes + align;
+  void* p = ::mmap(nullptr, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED)
+    return error(ErrorCode::kOutOfMemory, "reserve_address_range: mmap of ", span,
+                 " bytes failed: ", std::strerror(errno));
+  const uint64_t base = reinterpret_cast<uint64_t>(p);
+  const DevicePtr va = (base + align - 1) & ~(align - 1);
+  if (va > base) ::munmap(p, va - base);
+  if (base + span > va + bytes)
+    ::munmap(reinterpret_cast<void*>(va + bytes), base + span - va - bytes);
+  std::unique_lock lock(mu_);
+  reservations_.emplace(va, bytes);
+  return va;
+}
+
+Status AddressSpace::free(DevicePtr va, uint64_t bytes) {
+  std::unique_lock lock(mu_);
+  auto it = reservations_.find(va);
+  if (it == reservations_.end() || it->second != bytes)
+    return error(ErrorCode::kInvalidValue, "free_address_range: [", hex(va), ", +", bytes,
+                 ") is not a range reserve_address_range returned");
+  auto mapped = mappings_.lower_bound(va);
+  if (mapped != mappings_.end() && mapped->first < va + bytes)
+    return error(ErrorCode::kInvalidValue, "free_address_range: ", hex(mapped->first),
+                 " in the range is still mapped; unmap it first");
+  if (::munmap(reinterpret_cast<void*>(va), bytes) != 0)
+    return error(ErrorCode::kOperatingSystem, "free_address_range: munmap: ", std::strerror(errno));
+  reservations_.erase(it);
+  return Status();
+}
+
+std::map<DevicePtr, uint64_t>::const_iterator AddressSpace::reservation_of(DevicePtr va,
+                                                                           uint64_t bytes) const {
+  auto it = reservations_.upper_bound(va);
+  if (it == reservations_.begin()) return reservations_.end();
+  --it;
+  if (va - it->first > it->second || bytes > it->second - (va - it->first))
+    return reservations_.end();
+  return it;
+}
+
+Status AddressSpace::map(DevicePtr va, uint64_t bytes, std::shared_ptr<PhysicalBlock> block,
+                         uint64_t offset) {
+  if (bytes == 0 || va % granularity_ != 0 || bytes % granularity_ != 0 ||
+      offset % granularity_ != 0)
+    return error(ErrorCode::kInvalidValue, "map: address ", hex(va), ", size ", bytes,
+                 " and offset ", offset, " must be multiples of the granularity (", granularity_,
+                 ") and the size positive");
+  if (overflows(va, bytes)) return error(ErrorCode::kInvalidValue, "map: range wraps around");
+  if (offset > block->bytes() || bytes > block->bytes() - offset)
+    return error(ErrorCode::kInvalidValue, "map: [", offset, ", +", bytes,
+                 ") is outside the physical allocation of ", block->bytes(), " bytes");
+  std::unique_lock lock(mu_);
+  if (reservation_of(va, bytes) == reservations_.end())
+    return error(ErrorCode::kInvalidValue, "map: [", hex(va), ", +", bytes,
+                 ") is not inside one reserved address range");
+  auto next = mappings_.lower_bound(va);
+  if (next != mappings_.end() && next->first < va + bytes)
+    return error(ErrorCode::kAlreadyMapped, "map: ", hex(next->first), " is already mapped");
+  if (next != mappings_.begin()) {
+    auto prev = std::prev(next);
+    if (prev->first + prev->second.bytes > va)
+      return error(ErrorCode::kAlreadyMapped, "map: ", hex(va),
+                   " is already mapped (by the mapping at ", hex(prev->first), ")");
+  }
+  void* p =
+      ::mmap(reinterpret_cast<void*>(va), bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED,
+             block->fd(), static_cast<off_t>(block->offset() + offset));
+  if (p == MAP_FAILED) {
+    int err = errno;
+    // A failed MAP_FIXED may have removed the reservation's pages; put them back.
+    CHECK(map_inaccessible(va, bytes)) << "cannot restore reserved range: " << std::strerror(errno);
+    return error(ErrorCode::kMapFailed, "map: mmap at ", hex(va), ": ", std::strerror(err));
+  }
+  mappings_.emplace(va, Mapping{bytes, std::move(block), offset, 0});
+  return Status();
+}
+
+Result<std::pair<AddressSpace::MappingMap::iterator, AddressSpace::MappingMap::iterator>>
+AddressSpace::whole_mappings(DevicePtr va, uint64_t bytes, const char* operation) {
+  if (bytes == 0 || overflows(va, bytes))
+    return error(ErrorCode::kInvalidValue, operation, ": empty or wrapping range");
+  auto first = mappings_.find(va);
+  if (first == mappings_.end())
+    return error(ErrorCode::kInvalidValue, operation, ": ", hex(va),
+                 " is not the start of a mapping");
+  auto it = first;
+  DevicePtr at = va;
+  while (at < va + bytes) {
+    if (it == mappings_.end() || it->first != at)
+      return error(ErrorCode::kInvalidValue, operation, ": ", hex(at), " in [", hex(va), ", +",
+                   bytes, ") is not mapped");
+    at += it->second.bytes;
+    ++it;
+  }
+  if (at != va + bytes)
+    return error(ErrorCode::kInvalidValue, operation, ": [", hex(va), ", +", bytes,
+                 ") ends inside a mapping (which ends at ", hex(at),
+                 "); the range must cover whole mappings");
+  return std::make_pair(first, it);
+}
+
+Status AddressSpace::unmap(DevicePtr va, uint64_t bytes) {
+  std::vector<Mapping> removed;  // dropped after the lock: freeing memory punches holes
+  {
+    std::unique_lock lock(mu_);
+    HIBER_ASSIGN_OR_RETURN(auto range, whole_mappings(va, bytes, "unmap"));
+    if (!map_inaccessible(va, bytes))
+      return error(ErrorCode::kMapFailed, "unmap: mmap at ", hex(va), ": ", std::strerror(errno));
+    for (auto it = range.first; it != range.second; ++it) removed.push_back(std::move(it->second));
+    mappings_.erase(range.first, range.second);
+  }
+  return Status();
+}
+
+Status AddressSpace::set_access(DevicePtr va, uint64_t bytes, uint64_t gpu_mask) {
+  std::unique_lock lock(mu_);
+  HIBER_ASSIGN_OR_RETURN(auto range, whole_mappings(va, bytes, "set_access"));
+  for (auto it = range.first; it != range.second; ++it) it->second.access_mask = gpu_mask;
+  return Status();
+}
+
+Result<int> AddressSpace::check(const DeviceRange& range) const {
+  std::shared_lock lock(mu_);
+  HIBER_RETURN_IF_ERROR(check_locked(range, ErrorCode::kInvalidValue));
+  auto it = std::prev(mappings_.upper_bound(range.va));  // exists: the check found it
+  return it->second.block->gpu();
+}
+
+Status AddressSpace::check_locked(const DeviceRange& range, ErrorCode code) const {
+  if (range.bytes == 0) return Status();
+  if (overflows(range.va, range.bytes))
+    return error(code, "device range [", hex(range.va), ", +", range.bytes, ") wraps around");
+  const DevicePtr end = range.va + range.bytes;
+  auto it = mappings_.upper_bound(range.va);
+  if (it != mappings_.begin()) --it;
+  for (DevicePtr at = range.va; at < end; ++it) {
+    if (it == mappings_.end() || it->first > at || it->first + it->second.bytes <= at)
+      return error(code, "device address ", hex(at), " (in [", hex(range.va), ", +", range.bytes,
+                   ")) is not mapped");
+    if ((it->second.access_mask >> range.gpu & 1) == 0)
+      return error(code, "device address ", hex(at), " (in [", hex(range.va), ", +", range.bytes,
+                   ")) is mapped but not accessible from GPU ", range.gpu);
+    at = it->first + it->second.bytes;
+  }
+  return Status();
+}
+
+}  // namespace hiber::device::sim

@@ -1,0 +1,92 @@
+// The simulated GPUs' virtual address space: reserved ranges, mappings of physical memory into
+// them, and which GPUs may access each mapping.
+//
+// Device addresses are host addresses. A reserved range is a PROT_NONE mapping of the process;
+// map() replaces part of it with the GPU memfd's pages (MAP_SHARED | MAP_FIXED), so one physical
+// allocation mapped at two addresses shows the same bytes at both. unmap() puts PROT_NONE
+// anonymous memory back.
+//
+// Copies and memsets run their device-side memory accesses through access(), which holds a
+// shared lock while it checks and runs them: a mapping cannot go away under a copy, and a copy
+// that finds its memory gone fails instead of faulting. Kernels touch memory without the lock
+// (a fault there is caught by fault_guard.h) and are not checked against set_access.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <shared_mutex>
+#include <span>
+
+#include "common/status.h"
+#include "server/device/device.h"
+#include "server/device/sim/physical_memory.h"
+
+namespace hiber::device::sim {
+
+// A device range that an operation touches, and the GPU that must be allowed to access it.
+struct DeviceRange {
+  DevicePtr va = 0;
+  uint64_t bytes = 0;
+  int gpu = 0;
+};
+
+// Thread-safe.
+class AddressSpace {
+ public:
+  explicit AddressSpace(uint64_t granularity) : granularity_(granularity) {}
+  ~AddressSpace();  // releases every range still reserved (and so every mapping)
+  AddressSpace(const AddressSpace&) = delete;
+  AddressSpace& operator=(const AddressSpace&) = delete;
+
+  Result<DevicePtr> reserve(uint64_t bytes, uint64_t alignment);
+  // [va, va + bytes) must be exactly a reserved range with nothing mapped in it.
+  Status free(DevicePtr va, uint64_t bytes);
+  // Maps [offset, offset + bytes) of `block` at va; accessible from no GPU until set_access.
+  Status map(DevicePtr va, uint64_t bytes, std::shared_ptr<PhysicalBlock> block, uint64_t offset);
+  // [va, va + bytes) must be exactly one or more whole, adjacent mappings; the same rule holds
+  // for set_access (as CUDA requires for cuMemUnmap).
+  Status unmap(DevicePtr va, uint64_t bytes);
+  // gpu_mask has bit g set for each GPU g that may access the range.
+  Status set_access(DevicePtr va, uint64_t bytes, uint64_t gpu_mask);
+
+  // If every byte of `range` is mapped and accessible from range.gpu, the GPU whose memory is
+  // mapped at range.va (where a copy's data physically starts); otherwise kInvalidValue naming
+  // the first address that is not. REQUIRES: range.bytes > 0.
+  Result<int> check(const DeviceRange& range) const;
+  // Checks each range as check() does, then runs fn while no mapping can change. `code` is the
+  // error code for a range that fails the check.
+  template <typename F>
+  Status access(std::span<const DeviceRange> ranges, ErrorCode code, F&& fn) const {
+    std::shared_lock lock(mu_);
+    for (const DeviceRange& r : ranges) {
+      Status s = check_locked(r, code);
+      if (!s.ok()) return s;
+    }
+    fn();
+    return Status();
+  }
+
+ private:
+  struct Mapping {
+    uint64_t bytes = 0;
+    std::shared_ptr<PhysicalBlock> block;
+    uint64_t block_offset = 0;
+    uint64_t access_mask = 0;
+  };
+  using MappingMap = std::map<DevicePtr, Mapping>;
+
+  Status check_locked(const DeviceRange& range, ErrorCode code) const;
+  // The mappings that exactly tile [va, va + bytes), or an error naming what does not.
+  Result<std::pair<MappingMap::iterator, MappingMap::iterator>> whole_mappings(
+      DevicePtr va, uint64_t bytes, const char* operation);
+  // The reserved range containing [va, va + bytes), or end().
+  std::map<DevicePtr, uint64_t>::const_iterator reservation_of(DevicePtr va, uint64_t bytes) const;
+
+  const uint64_t granularity_;
+  mutable std::shared_mutex mu_;
+  std::map<DevicePtr, uint64_t> reservations_;  // start -> bytes
+  MappingMap mappings_;                         // start -> mapping, never overlapping
+};
+
+}  // namespace hiber::device::sim

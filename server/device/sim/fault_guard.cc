@@ -1,0 +1,86 @@
+#include "server/device/sim/fault_guard.h"
+
+#include <glog/logging.h>
+
+#include <csetjmp>
+#include <csignal>
+#include <cstring>
+#include <mutex>
+
+namespace hiber::device::sim {
+namespace {
+
+constexpr int kSignals[] = {SIGSEGV, SIGBUS};
+
+struct GuardState {
+  sigjmp_buf env;
+  volatile sig_atomic_t active = 0;
+  Fault fault;
+};
+thread_local GuardState t_guard;
+
+// The handlers found when ours was installed. Written only under g_install_mu while our handler
+// is not the installed one, so never concurrently with a read by our handler.
+struct sigaction g_previous[2];
+std::mutex g_install_mu;
+
+int signal_slot(int sig) { return sig == SIGSEGV ? 0 : 1; }
+
+void pass_on(int sig, siginfo_t* info, void* context) {
+  const struct sigaction& previous = g_previous[signal_slot(sig)];
+  if ((previous.sa_flags & SA_SIGINFO) && previous.sa_sigaction != nullptr) {
+    previous.sa_sigaction(sig, info, context);
+    return;
+  }
+  if (previous.sa_handler != SIG_DFL && previous.sa_handler != SIG_IGN) {
+    previous.sa_handler(sig);
+    return;
+  }
+  // Default action (an ignored fault would loop forever): die with this signal once we return.
+  struct sigaction default_action {};
+  default_action.sa_handler = SIG_DFL;
+  sigemptyset(&default_action.sa_mask);
+  sigaction(sig, &default_action, nullptr);
+  raise(sig);
+}
+
+void on_fault(int sig, siginfo_t* info, void* context) {
+  GuardState& guard = t_guard;
+  if (guard.active) {
+    guard.active = 0;
+    guard.fault.signal = sig;
+    guard.fault.address = reinterpret_cast<uintptr_t>(info->si_addr);
+    siglongjmp(guard.env, 1);
+  }
+  pass_on(sig, info, context);
+}
+
+void ensure_installed() {
+  std::lock_guard lock(g_install_mu);
+  for (int sig : kSignals) {
+    struct sigaction current {};
+    PCHECK(sigaction(sig, nullptr, &current) == 0);
+    if ((current.sa_flags & SA_SIGINFO) && current.sa_sigaction == on_fault) continue;
+    g_previous[signal_slot(sig)] = current;
+    struct sigaction ours {};
+    ours.sa_sigaction = on_fault;
+    ours.sa_flags = SA_SIGINFO | SA_ONSTACK;  // ONSTACK: keep working where an alt stack is set
+    sigemptyset(&ours.sa_mask);
+    PCHECK(sigaction(sig, &ours, nullptr) == 0);
+  }
+}
+
+}  // namespace
+
+std::optional<Fault> run_guarded(void (*fn)(void*), void* arg) {
+  ensure_installed();
+  GuardState& guard = t_guard;
+  // savemask = 1: the jump restores the signal mask, unblocking the signal being handled.
+  if (sigsetjmp(guard.env, 1) != 0) return guard.fault;
+  guard.active = 1;
+  fn(arg);
+  guard.active = 0;
+  return std::nullopt;
+}
+
+}  // namespace hiber::device::sim

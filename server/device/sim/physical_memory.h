@@ -1,0 +1,68 @@
+// Physical memory of the simulated GPUs.
+//
+// Each GPU's memory is one memfd the size of the GPU. It is sparse: only pages that were written
+// take host memory, and pages of freed ranges are punched out so the host gets them back.
+// Allocations are granularity-aligned ranges of it, placed first fit in a coalescing free list.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+
+#include "common/status.h"
+#include "common/unique_fd.h"
+
+namespace hiber::device::sim {
+
+// Thread-safe.
+class GpuMemory {
+ public:
+  // Creates the memfd; `bytes` is rounded down to the granularity.
+  static Result<std::unique_ptr<GpuMemory>> create(int gpu, uint64_t bytes, uint64_t granularity);
+
+  int gpu() const { return gpu_; }
+  int fd() const { return fd_.get(); }
+  uint64_t total_bytes() const { return total_bytes_; }
+  uint64_t free_bytes() const;
+
+  // The offset of a free range of `bytes` (a multiple of the granularity); kOutOfMemory if no
+  // free range is that large.
+  Result<uint64_t> allocate(uint64_t bytes);
+  // Returns a range from allocate() and gives its pages back to the host.
+  void free(uint64_t offset, uint64_t bytes);
+
+ private:
+  GpuMemory(int gpu, UniqueFd fd, uint64_t total_bytes);
+
+  const int gpu_;
+  const UniqueFd fd_;
+  const uint64_t total_bytes_;
+  mutable std::mutex mu_;
+  std::map<uint64_t, uint64_t> free_ranges_;  // offset -> bytes; never adjacent (coalesced)
+  uint64_t free_bytes_;
+};
+
+// One physical allocation. Its range goes back to the GPU when the last reference is dropped:
+// the handle table holds one until release_physical, and every mapping of it holds one until it
+// is unmapped (CUDA frees released memory once it is unmapped everywhere, too).
+class PhysicalBlock {
+ public:
+  PhysicalBlock(GpuMemory& memory, uint64_t offset, uint64_t bytes)
+      : memory_(memory), offset_(offset), bytes_(bytes) {}
+  ~PhysicalBlock() { memory_.free(offset_, bytes_); }
+  PhysicalBlock(const PhysicalBlock&) = delete;
+  PhysicalBlock& operator=(const PhysicalBlock&) = delete;
+
+  int gpu() const { return memory_.gpu(); }
+  int fd() const { return memory_.fd(); }
+  uint64_t offset() const { return offset_; }  // in the GPU's memfd
+  uint64_t bytes() const { return bytes_; }
+
+ private:
+  GpuMemory& memory_;
+  const uint64_t offset_;
+  const uint64_t bytes_;
+};
+
+}  // namespace hiber::device::sim

@@ -1,0 +1,203 @@
+#include "server/device/sim/scheduler.h"
+
+#include <utility>
+
+namespace hiber::device::sim {
+
+Scheduler::Scheduler(int gpus, int workers_per_gpu) {
+  for (int g = 0; g < gpus; ++g) gpus_.push_back(std::make_unique<Gpu>());
+  for (int g = 0; g < gpus; ++g)
+    for (int w = 0; w < workers_per_gpu; ++w) workers_.emplace_back([this, g] { worker(g); });
+}
+
+Scheduler::~Scheduler() {
+  {
+    std::unique_lock lock(mu_);
+    // Every enqueued operation can finish: a wait only ever awaits a record enqueued before it.
+    done_cv_.wait(lock, [&] { return pending_ops_ == 0; });
+    stopping_ = true;
+  }
+  for (auto& gpu : gpus_) gpu->work_cv.notify_all();
+  for (std::thread& t : workers_) t.join();
+}
+
+std::shared_ptr<Scheduler::StreamState> Scheduler::create_stream(int gpu, int priority) {
+  return std::make_shared<StreamState>(gpu, priority);
+}
+
+std::shared_ptr<Scheduler::EventState> Scheduler::create_event(int gpu, bool timing) {
+  return std::make_shared<EventState>(gpu, timing);
+}
+
+void Scheduler::enqueue(const std::shared_ptr<StreamState>& stream, Op op) {
+  stream->queue.push_back(std::move(op));
+  ++stream->enqueued;
+  ++pending_ops_;
+  if (!stream->active) advance(stream);
+}
+
+void Scheduler::enqueue_work(const std::shared_ptr<StreamState>& stream, Work work) {
+  Op op;
+  op.kind = Op::Kind::kWork;
+  op.work = std::move(work);
+  std::lock_guard lock(mu_);
+  enqueue(stream, std::move(op));
+}
+
+void Scheduler::enqueue_callback(const std::shared_ptr<StreamState>& stream,
+                                 StreamCallback callback) {
+  Op op;
+  op.kind = Op::Kind::kCallback;
+  op.callback = std::move(callback);
+  std::lock_guard lock(mu_);
+  enqueue(stream, std::move(op));
+}
+
+void Scheduler::enqueue_record(const std::shared_ptr<StreamState>& stream,
+                               const std::shared_ptr<EventState>& event) {
+  Op op;
+  op.kind = Op::Kind::kRecord;
+  op.event = event;
+  std::lock_guard lock(mu_);
+  op.generation = ++event->recorded;
+  event->pending.insert(op.generation);
+  enqueue(stream, std::move(op));
+}
+
+void Scheduler::enqueue_wait(const std::shared_ptr<StreamState>& stream,
+                             const std::shared_ptr<EventState>& event) {
+  std::lock_guard lock(mu_);
+  const uint64_t generation = event->recorded;
+  if (!event->pending.contains(generation)) return;  // never recorded, or already complete
+  Op op;
+  op.kind = Op::Kind::kWait;
+  op.event = event;
+  op.generation = generation;
+  enqueue(stream, std::move(op));
+}
+
+void Scheduler::finish_op(StreamState& stream) {
+  ++stream.completed;
+  --pending_ops_;
+  done_cv_.notify_all();
+}
+
+void Scheduler::advance(std::shared_ptr<StreamState> first) {
+  std::vector<std::shared_ptr<StreamState>> todo{std::move(first)};
+  while (!todo.empty()) {
+    std::shared_ptr<StreamState> stream = std::move(todo.back());
+    todo.pop_back();
+    while (!stream->queue.empty()) {
+      Op& op = stream->queue.front();
+      if (op.kind == Op::Kind::kRecord) {
+        std::shared_ptr<EventState> event = std::move(op.event);
+        const uint64_t generation = op.generation;
+        stream->queue.pop_front();
+        finish_op(*stream);
+        event->pending.erase(generation);
+        if (generation >= event->stamped) {
+          event->stamped = generation;
+          event->time = Clock::now();
+        }
+        auto& waiters = event->waiters;
+        for (auto it = waiters.begin(); it != waiters.end();) {
+          if (event->pending.contains(it->second)) {
+            ++it;
+            continue;
+          }
+          it->first->active = false;
+          todo.push_back(std::move(it->first));
+          it = waiters.erase(it);
+        }
+        continue;
+      }
+      if (op.kind == Op::Kind::kWait) {
+        if (!op.event->pending.contains(op.generation)) {
+          stream->queue.pop_front();
+          finish_op(*stream);
+          continue;
+        }
+        stream->active = true;  // parked: the record's completion re-advances it
+        op.event->waiters.emplace_back(stream, op.generation);
+        break;
+      }
+      stream->active = true;
+      Gpu& gpu = *gpus_[stream->gpu];
+      gpu.ready.emplace(std::make_pair(stream->priority, ticket_++), stream);
+      gpu.work_cv.notify_one();
+      break;
+    }
+  }
+}
+
+void Scheduler::worker(int g) {
+  Gpu& gpu = *gpus_[g];
+  std::unique_lock lock(mu_);
+  while (true) {
+    gpu.work_cv.wait(lock, [&] { return stopping_ || !gpu.ready.empty(); });
+    if (gpu.ready.empty()) return;  // stopping, and nothing left
+    std::shared_ptr<StreamState> stream = std::move(gpu.ready.extract(gpu.ready.begin()).mapped());
+    Op op = std::move(stream->queue.front());
+    stream->queue.pop_front();
+    const Status seen = stream->error;
+    lock.unlock();
+
+    Status status;
+    if (op.kind == Op::Kind::kWork) {
+      status = op.work();
+    } else {
+      op.callback(seen);
+    }
+    op = Op();  // release what the operation captured outside the lock
+
+    lock.lock();
+    if (!status.ok() && stream->error.ok()) stream->error = std::move(status);
+    finish_op(*stream);
+    stream->active = false;
+    advance(std::move(stream));
+  }
+}
+
+Status Scheduler::synchronize(StreamState& stream) {
+  std::unique_lock lock(mu_);
+  const uint64_t target = stream.enqueued;
+  done_cv_.wait(lock, [&] { return stream.completed >= target; });
+  return std::exchange(stream.error, Status());
+}
+
+Status Scheduler::query(StreamState& stream) {
+  std::lock_guard lock(mu_);
+  if (stream.completed < stream.enqueued)
+    return error(ErrorCode::kNotReady, stream.enqueued - stream.completed,
+                 " operations pending on the stream");
+  return std::exchange(stream.error, Status());
+}
+
+void Scheduler::synchronize(EventState& event) {
+  std::unique_lock lock(mu_);
+  const uint64_t generation = event.recorded;
+  done_cv_.wait(lock, [&] { return !event.pending.contains(generation); });
+}
+
+bool Scheduler::complete(EventState& event) {
+  std::lock_guard lock(mu_);
+  return !event.pending.contains(event.recorded);
+}
+
+Result<float> Scheduler::elapsed_ms(EventState& start, EventState& end) {
+  std::lock_guard lock(mu_);
+  for (EventState* e : {&start, &end}) {
+    if (!e->timing)
+      return error(ErrorCode::kInvalidHandle,
+                   "elapsed_ms: an event was created with timing disabled");
+  }
+  for (EventState* e : {&start, &end}) {
+    if (e->recorded == 0)
+      return error(ErrorCode::kInvalidHandle, "elapsed_ms: an event was never recorded");
+    if (e->pending.contains(e->recorded))
+      return error(ErrorCode::kNotReady, "elapsed_ms: an event's latest record has not completed");
+  }
+  return std::chrono::duration<float, std::milli>(end.time - start.time).count();
+}
+
+}  // namespace hiber::device::sim

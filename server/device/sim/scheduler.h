@@ -1,0 +1,125 @@
+// Streams and events of the simulated GPUs.
+//
+// Each GPU has a pool of worker threads. A stream is an ordered queue of operations, run by at
+// most one worker at a time; among streams with work ready, the lower priority value goes first
+// and equal priorities take turns, one operation each. Operations that need no worker run
+// inline, under the lock, as soon as the stream reaches them: recording an event (a timestamp)
+// and waiting for one (the stream parks until the awaited record completes, holding no worker).
+//
+// Locking: one mutex guards all streams and events of the device, so an event recorded on one
+// GPU can wake a stream of another without lock ordering. It is held only for bookkeeping, never
+// while an operation or callback runs.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "common/status.h"
+#include "server/device/device.h"
+
+namespace hiber::device::sim {
+
+class Scheduler {
+ public:
+  using Clock = std::chrono::steady_clock;
+  // An operation's work: runs on a worker of the stream's GPU; an error becomes the stream's.
+  using Work = std::function<Status()>;
+
+  struct EventState;
+  struct StreamState;
+
+  Scheduler(int gpus, int workers_per_gpu);
+  // Finishes all enqueued work (so callbacks run and host memory is no longer used once the
+  // device is gone), then stops the workers.
+  ~Scheduler();
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  std::shared_ptr<StreamState> create_stream(int gpu, int priority);
+  std::shared_ptr<EventState> create_event(int gpu, bool timing);
+
+  void enqueue_work(const std::shared_ptr<StreamState>& stream, Work work);
+  void enqueue_callback(const std::shared_ptr<StreamState>& stream, StreamCallback callback);
+  void enqueue_record(const std::shared_ptr<StreamState>& stream,
+                      const std::shared_ptr<EventState>& event);
+  // Later work on `stream` waits for the event's latest record as of now.
+  void enqueue_wait(const std::shared_ptr<StreamState>& stream,
+                    const std::shared_ptr<EventState>& event);
+
+  // Waits for the work enqueued before the call; returns the stream's first error since the last
+  // synchronize or successful query, and clears it.
+  Status synchronize(StreamState& stream);
+  // kNotReady while work is pending; otherwise as synchronize.
+  Status query(StreamState& stream);
+  // Waits for / tests the event's latest record (an event never recorded is complete).
+  void synchronize(EventState& event);
+  bool complete(EventState& event);
+  // kInvalidHandle if either event has timing disabled or was never recorded; kNotReady if either
+  // latest record is pending.
+  Result<float> elapsed_ms(EventState& start, EventState& end);
+
+  struct Op {
+    enum class Kind { kWork, kCallback, kRecord, kWait };
+    Kind kind = Kind::kWork;
+    Work work;
+    StreamCallback callback;
+    std::shared_ptr<EventState> event;
+    uint64_t generation = 0;  // of the event's record that kRecord completes or kWait awaits
+  };
+
+  struct StreamState {
+    StreamState(int gpu, int priority) : gpu(gpu), priority(priority) {}
+    const int gpu;
+    const int priority;
+    // Guarded by the scheduler's mutex.
+    std::deque<Op> queue;
+    uint64_t enqueued = 0;
+    uint64_t completed = 0;
+    bool active = false;  // ready, running on a worker, or parked on an event
+    Status error;         // first error since the last synchronize / query
+  };
+
+  struct EventState {
+    EventState(int gpu, bool timing) : gpu(gpu), timing(timing) {}
+    const int gpu;
+    const bool timing;
+    // Guarded by the scheduler's mutex.
+    uint64_t recorded = 0;       // generation of the latest record call; 0 = never recorded
+    std::set<uint64_t> pending;  // generations recorded but not yet reached by their stream
+    uint64_t stamped = 0;        // the latest completed generation, and when it completed
+    Clock::time_point time;
+    std::vector<std::pair<std::shared_ptr<StreamState>, uint64_t>> waiters;  // parked streams
+  };
+
+ private:
+  void enqueue(const std::shared_ptr<StreamState>& stream, Op op);
+  // Runs what a stream can run inline and hands the rest to a worker or parks it; repeats for
+  // every stream that this wakes. REQUIRES: mu_ held, stream not active.
+  void advance(std::shared_ptr<StreamState> stream);
+  void finish_op(StreamState& stream);
+  void worker(int gpu);
+
+  std::mutex mu_;
+  std::condition_variable done_cv_;  // an operation finished or an event completed
+  struct Gpu {
+    std::condition_variable work_cv;
+    // Streams with work for a worker: (priority, ticket) keeps priority order, then FIFO.
+    std::map<std::pair<int, uint64_t>, std::shared_ptr<StreamState>> ready;
+  };
+  std::vector<std::unique_ptr<Gpu>> gpus_;
+  uint64_t ticket_ = 0;
+  uint64_t pending_ops_ = 0;  // enqueued and not finished, over all streams
+  bool stopping_ = false;
+  std::vector<std::thread> workers_;
+};
+
+}  // namespace hiber::device::sim

@@ -1,0 +1,55 @@
+/* Host implementations of kernels for the simulated GPU.
+ *
+ * The simulated device loads real fatbins (compiled by nvcc) and finds their kernels and
+ * parameter layouts, but it cannot run GPU code. A plugin shared library supplies, for each
+ * mangled kernel name, a host function that does the kernel's work over the whole grid. Device
+ * pointers in the parameters are valid host addresses in the process running the device, so the
+ * host function reads and writes them directly.
+ *
+ * A plugin exports one symbol, hiber_sim_kernels_v1, returning its table. Later ABI versions get
+ * new symbol names (hiber_sim_kernels_v2, ...), so an old plugin keeps loading.
+ *
+ * This header is C, so plugins can be written in C or C++.
+ */
+#ifndef HIBER_SERVER_DEVICE_SIM_KERNEL_PLUGIN_H_
+#define HIBER_SERVER_DEVICE_SIM_KERNEL_PLUGIN_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct HiberSimDim3 {
+  uint32_t x, y, z;
+} HiberSimDim3;
+
+typedef struct HiberSimLaunch {
+  const char* name;            /* the mangled kernel name */
+  HiberSimDim3 grid;
+  HiberSimDim3 block;
+  uint32_t shared_memory_bytes;
+  int32_t gpu;                 /* the simulated GPU running the launch */
+  uint32_t param_count;
+  void* const* params;         /* params[i] points at parameter i, like cuLaunchKernel's kernelParams */
+} HiberSimLaunch;
+
+/* Runs the whole grid. Returns 0 (CUDA_SUCCESS) or a CUresult value, which becomes the error of
+ * the launch. A fault on a device address that is not mapped becomes CUDA_ERROR_ILLEGAL_ADDRESS. */
+typedef int (*HiberSimKernelFn)(const HiberSimLaunch* launch);
+
+typedef struct HiberSimKernel {
+  const char* mangled_name;
+  HiberSimKernelFn run;
+} HiberSimKernel;
+
+/* Exported by every plugin: its kernels, valid for as long as the plugin is loaded. */
+typedef const HiberSimKernel* (*HiberSimKernelsV1Fn)(size_t* count);
+#define HIBER_SIM_KERNELS_V1_SYMBOL "hiber_sim_kernels_v1"
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* HIBER_SERVER_DEVICE_SIM_KERNEL_PLUGIN_H_ */

@@ -1,0 +1,190 @@
+// hiberd: Hiber's GPU server. One per node; functions' CUDA calls execute here.
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <memory>
+#include <sstream>
+
+#include <gflags/gflags.h>
+#include <glog/logging.h>
+
+#include "common/cli.h"
+#include "common/node_config.h"
+#include "common/paths.h"
+#include "server/auth.h"
+#include "server/daemon.h"
+#include "server/device/sim_device.h"
+#if HIBER_HAVE_CUDA
+#include "server/device/cuda_device.h"
+#endif
+
+DEFINE_string(device, "cuda",
+              "GPU backend: 'cuda' (the node's GPUs through the CUDA driver) or 'sim' (simulated "
+              "GPUs in host memory, for machines without a GPU)");
+DEFINE_string(node_config, "",
+              "Node config (JSON, see configs/nodes/). For --device=sim it defines the simulated "
+              "GPUs and links (default: the embedded Torpor 4-GPU node); for --device=cuda it "
+              "overrides the discovered topology's bandwidths");
+DEFINE_bool(sim_throttle, false,
+            "With --device=sim, slow copies to the config's PCIe and NVLink bandwidths");
+DEFINE_string(sim_kernel_plugins, "",
+              "With --device=sim, comma-separated shared libraries with host implementations of "
+              "kernels (server/device/sim_kernel_plugin.h)");
+DEFINE_int32(sim_workers_per_gpu, 2, "With --device=sim, worker threads per simulated GPU");
+DEFINE_string(run_dir, "",
+              "Directory for the sockets and the auth token (default: $HIBER_RUN_DIR, else "
+              "/run/hiber as root, else /tmp/hiber-<uid>)");
+DEFINE_string(socket, "", "Function socket (default: <run_dir>/hiberd.sock)");
+DEFINE_string(control_socket, "", "Control socket (default: <run_dir>/control.sock)");
+DEFINE_string(auth_token_file, "",
+              "File holding the token functions must present; created with a random token if "
+              "missing (default: <run_dir>/auth-token)");
+DEFINE_string(allowed_uids, "",
+              "Comma-separated uids allowed to connect (default: root and hiberd's own uid)");
+DEFINE_uint64(default_quota_mib, 0,
+              "Device memory per session when a function asks for none (0: one GPU's memory)");
+DEFINE_uint64(max_quota_mib, 0, "The most device memory a function may ask for (0: one GPU's)");
+DEFINE_uint64(request_ring_kib, 1024, "Request ring per session, KiB (a power of two)");
+DEFINE_uint64(completion_ring_kib, 256, "Completion ring per session, KiB (a power of two)");
+DEFINE_uint64(arena_mib, 64, "Bulk data arena per session, MiB");
+DEFINE_uint64(max_message_mib, 16, "Largest message a client may send, MiB");
+DEFINE_uint64(max_sessions, 1024, "Most sessions served at once; more are refused");
+DEFINE_uint64(handshake_timeout_ms, 5000, "Time a new connection has to say Hello");
+
+namespace hiber {
+namespace {
+
+std::vector<std::string> split_commas(const std::string& list) {
+  std::vector<std::string> items;
+  std::stringstream in(list);
+  for (std::string item; std::getline(in, item, ',');) {
+    if (!item.empty()) items.push_back(item);
+  }
+  return items;
+}
+
+Result<std::unique_ptr<device::Device>> make_device() {
+  std::optional<NodeConfig> node;
+  if (!FLAGS_node_config.empty()) {
+    auto loaded = load_node_config(FLAGS_node_config);
+    if (!loaded.ok()) return loaded.status();
+    node = std::move(loaded).value();
+  }
+  if (FLAGS_device == "sim") {
+    device::SimDeviceOptions options;
+    if (node) options.node = *node;
+    options.throttle_copies = FLAGS_sim_throttle;
+    options.workers_per_gpu = FLAGS_sim_workers_per_gpu;
+    options.kernel_plugins = split_commas(FLAGS_sim_kernel_plugins);
+    auto sim = device::SimDevice::create(options);
+    if (!sim.ok()) return sim.status();
+    return std::unique_ptr<device::Device>(std::move(sim).value());
+  }
+  if (FLAGS_device == "cuda") {
+#if HIBER_HAVE_CUDA
+    device::CudaDeviceOptions options;
+    options.node = node;
+    auto cuda = device::create_cuda_device(options);
+    if (!cuda.ok()) {
+      return cuda.status().with_context(
+          "no usable GPU (use --device=sim to run on simulated GPUs)");
+    }
+    return cuda;
+#else
+    return Status(ErrorCode::kNotSupported,
+                  "this hiberd was built without the CUDA toolkit; use --device=sim");
+#endif
+  }
+  return error(ErrorCode::kInvalidValue, "--device must be 'cuda' or 'sim', not '", FLAGS_device,
+               "'");
+}
+
+Result<server::DaemonOptions> make_options(const std::string& run_dir) {
+  server::DaemonOptions options;
+  options.socket_path = FLAGS_socket.empty() ? function_socket_path(run_dir) : FLAGS_socket;
+  options.control_socket_path =
+      FLAGS_control_socket.empty() ? control_socket_path(run_dir) : FLAGS_control_socket;
+  auto token = server::load_or_create_token(
+      FLAGS_auth_token_file.empty() ? auth_token_path(run_dir) : FLAGS_auth_token_file);
+  if (!token.ok()) return token.status();
+  options.auth_token = *token;
+  if (FLAGS_allowed_uids.empty()) {
+    options.allowed_uids = {0, ::geteuid()};
+  } else {
+    auto uids = server::parse_uid_list(FLAGS_allowed_uids);
+    if (!uids.ok()) return uids.status().with_context("--allowed_uids");
+    options.allowed_uids = *uids;
+  }
+  options.default_quota_bytes = FLAGS_default_quota_mib << 20;
+  options.max_quota_bytes = FLAGS_max_quota_mib << 20;
+  options.channel.request_ring_bytes = FLAGS_request_ring_kib << 10;
+  options.channel.completion_ring_bytes = FLAGS_completion_ring_kib << 10;
+  options.channel.arena_bytes = FLAGS_arena_mib << 20;
+  options.channel.max_message_bytes = FLAGS_max_message_mib << 20;
+  if (auto layout = wire::make_layout(options.channel); !layout.ok()) {
+    return layout.status().with_context("channel sizes");
+  }
+  options.max_sessions = FLAGS_max_sessions;
+  options.handshake_timeout = std::chrono::milliseconds(FLAGS_handshake_timeout_ms);
+  return options;
+}
+
+int run() {
+  const std::string run_dir = FLAGS_run_dir.empty() ? default_run_dir() : FLAGS_run_dir;
+  if (::mkdir(run_dir.c_str(), 0755) != 0 && errno != EEXIST) {
+    LOG(ERROR) << "cannot create run directory " << run_dir << ": " << std::strerror(errno);
+    return 1;
+  }
+  auto options = make_options(run_dir);
+  if (!options.ok()) {
+    LOG(ERROR) << options.status();
+    return 1;
+  }
+  auto device = make_device();
+  if (!device.ok()) {
+    LOG(ERROR) << device.status();
+    return 1;
+  }
+  LOG(INFO) << "device backend " << (*device)->backend_name() << ":\n"
+            << describe((*device)->topology());
+  auto daemon = server::Daemon::create(**device, std::move(options).value());
+  if (!daemon.ok()) {
+    LOG(ERROR) << daemon.status();
+    return 1;
+  }
+  Status served = (*daemon)->run();
+  if (!served.ok()) {
+    LOG(ERROR) << served;
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace hiber
+
+int main(int argc, char** argv) {
+  hiber::init_program(&argc, &argv,
+                      "hiberd: Hiber's GPU server; executes the CUDA calls of the node's "
+                      "inference functions.\n"
+                      "  hiberd --device=sim     simulated GPUs (no GPU needed)\n"
+                      "  hiberd --device=cuda    the node's GPUs",
+                      __FILE__);
+
+  // Signals are read from a signalfd by the event loop: block them before any thread starts so
+  // every thread inherits the mask. Writes to a vanished client must not kill the server.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  ::signal(SIGPIPE, SIG_IGN);
+
+  int rc = hiber::run();
+  gflags::ShutDownCommandLineFlags();
+  google::ShutdownGoogleLogging();
+  return rc;
+}

@@ -1,0 +1,162 @@
+#include "server/io_loop.h"
+
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include <glog/logging.h>
+
+namespace hiber::server {
+
+Result<std::unique_ptr<IoLoop>> IoLoop::create(unsigned queue_depth) {
+  io_uring ring;
+  int rc = io_uring_queue_init(queue_depth, &ring, 0);
+  if (rc < 0) {
+    return error(ErrorCode::kOperatingSystem, "io_uring_queue_init: ", std::strerror(-rc),
+                 " (is io_uring disabled? see /proc/sys/kernel/io_uring_disabled)");
+  }
+  int wake = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (wake < 0) {
+    int err = errno;
+    io_uring_queue_exit(&ring);
+    return error(ErrorCode::kOperatingSystem, "eventfd: ", std::strerror(err));
+  }
+  std::unique_ptr<IoLoop> loop(new IoLoop(ring, UniqueFd(wake)));
+  loop->arm_wake_read();
+  return loop;
+}
+
+IoLoop::IoLoop(io_uring ring, UniqueFd wake_fd) : ring_(ring), wake_fd_(std::move(wake_fd)) {}
+
+IoLoop::~IoLoop() { io_uring_queue_exit(&ring_); }
+
+io_uring_sqe* IoLoop::next_sqe() {
+  io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+  while (sqe == nullptr) {
+    // The submission queue is full: hand what is queued to the kernel and try again.
+    int rc = io_uring_submit(&ring_);
+    CHECK(rc >= 0 || rc == -EBUSY || rc == -EAGAIN) << "io_uring_submit: " << std::strerror(-rc);
+    sqe = io_uring_get_sqe(&ring_);
+  }
+  return sqe;
+}
+
+IoLoop::OpId IoLoop::submit(io_uring_sqe* sqe, Handler handler) {
+  OpId id = next_id_++;
+  io_uring_sqe_set_data64(sqe, id);
+  handlers_.emplace(id, std::move(handler));
+  return id;
+}
+
+IoLoop::OpId IoLoop::accept_multishot(int listen_fd, Handler handler) {
+  io_uring_sqe* sqe = next_sqe();
+  io_uring_prep_multishot_accept(sqe, listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+  return submit(sqe, std::move(handler));
+}
+
+IoLoop::OpId IoLoop::recv(int fd, std::span<std::byte> buffer, Handler handler) {
+  io_uring_sqe* sqe = next_sqe();
+  io_uring_prep_recv(sqe, fd, buffer.data(), buffer.size(), 0);
+  return submit(sqe, std::move(handler));
+}
+
+IoLoop::OpId IoLoop::sendmsg(int fd, const msghdr* message, Handler handler) {
+  io_uring_sqe* sqe = next_sqe();
+  io_uring_prep_sendmsg(sqe, fd, message, MSG_NOSIGNAL);
+  return submit(sqe, std::move(handler));
+}
+
+IoLoop::OpId IoLoop::poll(int fd, uint32_t events, Handler handler) {
+  io_uring_sqe* sqe = next_sqe();
+  io_uring_prep_poll_add(sqe, fd, events);
+  return submit(sqe, std::move(handler));
+}
+
+IoLoop::OpId IoLoop::read(int fd, std::span<std::byte> buffer, Handler handler) {
+  io_uring_sqe* sqe = next_sqe();
+  io_uring_prep_read(sqe, fd, buffer.data(), static_cast<unsigned>(buffer.size()), 0);
+  return submit(sqe, std::move(handler));
+}
+
+IoLoop::OpId IoLoop::timeout(std::chrono::nanoseconds after, Handler handler) {
+  auto spec = std::make_unique<__kernel_timespec>();
+  spec->tv_sec = after.count() / 1'000'000'000;
+  spec->tv_nsec = after.count() % 1'000'000'000;
+  io_uring_sqe* sqe = next_sqe();
+  io_uring_prep_timeout(sqe, spec.get(), 0, 0);
+  OpId id = submit(sqe, std::move(handler));
+  timeout_specs_.emplace(id, std::move(spec));
+  return id;
+}
+
+void IoLoop::cancel(OpId op) {
+  if (handlers_.find(op) == handlers_.end()) return;
+  io_uring_sqe* sqe = next_sqe();
+  io_uring_prep_cancel64(sqe, op, 0);
+  // The cancel request's own completion carries no information we need.
+  io_uring_sqe_set_data64(sqe, 0);
+}
+
+void IoLoop::post(std::function<void()> fn) {
+  {
+    std::lock_guard<std::mutex> lock(posted_mutex_);
+    posted_.push_back(std::move(fn));
+  }
+  uint64_t one = 1;
+  // The eventfd counter saturates long before overflow matters; EAGAIN means already signalled.
+  ssize_t n = ::write(wake_fd_.get(), &one, sizeof one);
+  (void)n;
+}
+
+void IoLoop::arm_wake_read() {
+  read(wake_fd_.get(), std::as_writable_bytes(std::span(&wake_buffer_, 1)),
+       [this](int result, bool) {
+         if (result < 0 && result != -EAGAIN && result != -ECANCELED) {
+           LOG(ERROR) << "event loop wake-up read failed: " << std::strerror(-result);
+         }
+         run_posted();
+         if (!stopping_) arm_wake_read();
+       });
+}
+
+void IoLoop::run_posted() {
+  std::vector<std::function<void()>> work;
+  {
+    std::lock_guard<std::mutex> lock(posted_mutex_);
+    work.swap(posted_);
+  }
+  for (auto& fn : work) fn();
+}
+
+Status IoLoop::run() {
+  stopping_ = false;
+  while (!stopping_) {
+    int rc = io_uring_submit_and_wait(&ring_, 1);
+    if (rc < 0 && rc != -EINTR && rc != -EBUSY && rc != -EAGAIN) {
+      return error(ErrorCode::kOperatingSystem, "io_uring_submit_and_wait: ", std::strerror(-rc));
+    }
+    io_uring_cqe* cqe = nullptr;
+    while (io_uring_peek_cqe(&ring_, &cqe) == 0) {
+      OpId id = io_uring_cqe_get_data64(cqe);
+      int result = cqe->res;
+      bool more = (cqe->flags & IORING_CQE_F_MORE) != 0;
+      io_uring_cqe_seen(&ring_, cqe);
+      if (id == 0) continue;  // a cancel request's own completion
+      auto it = handlers_.find(id);
+      if (it == handlers_.end()) continue;
+      // Take the handler out before running it: it may submit or cancel operations.
+      Handler handler = more ? it->second : std::move(it->second);
+      if (!more) {
+        handlers_.erase(it);
+        timeout_specs_.erase(id);
+      }
+      handler(result, more);
+    }
+    // Posted work may arrive while handlers run; the eventfd read picks it up next round.
+  }
+  return Status();
+}
+
+}  // namespace hiber::server

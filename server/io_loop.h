@@ -1,0 +1,85 @@
+// hiberd's event loop: socket and control I/O on io_uring.
+//
+// One thread runs the loop and every completion handler. Other threads hand work to it with
+// post() (an eventfd the loop keeps a read on). Operations are identified by an id the caller
+// can cancel; a handler runs once per completion, and multishot operations (accept) keep their
+// handler until the kernel reports the last completion.
+//
+// Buffers passed to recv/send/sendmsg/read must stay valid until their handler has run.
+//
+// Thread safety: post() from any thread; everything else on the loop thread only.
+#pragma once
+
+#include <liburing.h>
+#include <sys/socket.h>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "common/status.h"
+#include "common/unique_fd.h"
+
+namespace hiber::server {
+
+class IoLoop {
+ public:
+  // `result` is the CQE's res: bytes or an fd on success, -errno on failure.
+  // `more` is true when a multishot operation will complete again.
+  using Handler = std::function<void(int result, bool more)>;
+  using OpId = uint64_t;
+
+  // kOperatingSystem with the reason if io_uring is unavailable (e.g. disabled by sysctl).
+  static Result<std::unique_ptr<IoLoop>> create(unsigned queue_depth);
+  ~IoLoop();
+
+  IoLoop(const IoLoop&) = delete;
+  IoLoop& operator=(const IoLoop&) = delete;
+
+  OpId accept_multishot(int listen_fd, Handler handler);
+  OpId recv(int fd, std::span<std::byte> buffer, Handler handler);
+  OpId sendmsg(int fd, const msghdr* message, Handler handler);
+  OpId poll(int fd, uint32_t events, Handler handler);
+  OpId read(int fd, std::span<std::byte> buffer, Handler handler);
+  OpId timeout(std::chrono::nanoseconds after, Handler handler);
+
+  // Asks the kernel to cancel an operation; its handler still runs (with -ECANCELED, or its
+  // real result if it had already completed). Unknown ids are ignored.
+  void cancel(OpId op);
+
+  // Runs fn on the loop thread. Thread-safe.
+  void post(std::function<void()> fn);
+
+  // Runs until stop() is called from a handler or posted function.
+  Status run();
+  void stop() { stopping_ = true; }
+
+  // Operations submitted and not yet finished (for leak checks in tests).
+  size_t pending_operations() const { return handlers_.size(); }
+
+ private:
+  IoLoop(io_uring ring, UniqueFd wake_fd);
+  io_uring_sqe* next_sqe();
+  OpId submit(io_uring_sqe* sqe, Handler handler);
+  void arm_wake_read();
+  void run_posted();
+
+  io_uring ring_;
+  UniqueFd wake_fd_;
+  uint64_t wake_buffer_ = 0;
+  OpId next_id_ = 1;
+  bool stopping_ = false;
+  std::unordered_map<OpId, Handler> handlers_;
+  // A timeout's duration must stay readable until the SQE is submitted; kept per operation.
+  std::unordered_map<OpId, std::unique_ptr<__kernel_timespec>> timeout_specs_;
+
+  std::mutex posted_mutex_;
+  std::vector<std::function<void()>> posted_;  // guarded by posted_mutex_
+};
+
+}  // namespace hiber::server

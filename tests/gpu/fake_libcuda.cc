@@ -1,0 +1,649 @@
+// The fake libcuda.so.1 described in fake_cuda.h. Only cuGetProcAddress_v2 and fake_cuda are
+// exported by name: the backend must find everything else through cuGetProcAddress.
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "server/device/cuda_driver.h"
+#include "tests/gpu/fake_cuda.h"
+
+namespace {
+
+constexpr size_t kGranularity = 2 << 20;
+constexpr size_t kGpuMemory = 16ull << 30;
+
+FakeCuda& state() {
+  static FakeCuda* s = [] {
+    auto* f = new FakeCuda();
+    if (const char* v = std::getenv("FAKE_CUDA_GPUS")) f->gpu_count = std::atoi(v);
+    if (const char* v = std::getenv("FAKE_CUDA_DRIVER_VERSION")) f->driver_version = std::atoi(v);
+    if (const char* v = std::getenv("FAKE_CUDA_INIT_RESULT")) f->init_result = std::atoi(v);
+    return f;
+  }();
+  return *s;
+}
+
+// Objects behind the opaque handles. Each starts with a tag so a handle of the wrong kind is
+// caught instead of misread.
+enum Tag : unsigned { kContextTag = 0xC0C0, kStreamTag = 0x5757, kEventTag = 0xE7E7,
+                      kLibraryTag = 0x1B1B, kKernelTag = 0x4E4E };
+
+struct FakeContext { unsigned tag = kContextTag; int gpu = 0; };
+struct FakeStream { unsigned tag = kStreamTag; int gpu = 0; };
+struct FakeEvent {
+  unsigned tag = kEventTag;
+  int gpu = 0;
+  bool timing = true;
+  bool recorded = false;
+};
+struct FakeKernel {
+  unsigned tag = kKernelTag;
+  std::string name;
+  std::vector<std::pair<size_t, size_t>> params;  // (offset, size)
+};
+struct FakeLibrary { unsigned tag = kLibraryTag; std::vector<FakeKernel*> kernels; };
+
+FakeContext* contexts() {
+  static FakeContext all[8] = {{kContextTag, 0}, {kContextTag, 1}, {kContextTag, 2},
+                               {kContextTag, 3}, {kContextTag, 4}, {kContextTag, 5},
+                               {kContextTag, 6}, {kContextTag, 7}};
+  return all;
+}
+
+thread_local FakeContext* current = nullptr;
+
+int gpu_of(CUcontext c) { return reinterpret_cast<FakeContext*>(c)->gpu; }
+FakeStream* stream_of(CUstream s) {
+  auto* f = reinterpret_cast<FakeStream*>(s);
+  return f != nullptr && f->tag == kStreamTag ? f : nullptr;
+}
+FakeEvent* event_of(CUevent e) {
+  auto* f = reinterpret_cast<FakeEvent*>(e);
+  return f != nullptr && f->tag == kEventTag ? f : nullptr;
+}
+
+bool valid_device(CUdevice d) { return d >= 0 && d < state().gpu_count; }
+
+// Records a call made while the current context is not `gpu`'s (the backend promises to make
+// the right context current before touching a GPU).
+void expect_current(int gpu, const char* call) {
+  if (current == nullptr || current->gpu != gpu) {
+    std::lock_guard lock(state().mutex);
+    state().wrong_context_calls.push_back(std::string(call) + " on GPU " + std::to_string(gpu));
+  }
+}
+
+// ---- Errors, initialisation, devices ----
+
+CUresult fake_cuGetErrorName(CUresult error, const char** str) {
+  switch (error) {
+    case CUDA_SUCCESS: *str = "CUDA_SUCCESS"; return CUDA_SUCCESS;
+    case CUDA_ERROR_INVALID_VALUE: *str = "CUDA_ERROR_INVALID_VALUE"; return CUDA_SUCCESS;
+    case CUDA_ERROR_INVALID_HANDLE: *str = "CUDA_ERROR_INVALID_HANDLE"; return CUDA_SUCCESS;
+    case CUDA_ERROR_NO_DEVICE: *str = "CUDA_ERROR_NO_DEVICE"; return CUDA_SUCCESS;
+    case CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED:
+      *str = "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED"; return CUDA_SUCCESS;
+    case CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED:
+      *str = "CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED"; return CUDA_SUCCESS;
+    default: *str = nullptr; return CUDA_ERROR_INVALID_VALUE;
+  }
+}
+
+CUresult fake_cuGetErrorString(CUresult error, const char** str) {
+  const char* name = nullptr;
+  if (fake_cuGetErrorName(error, &name) != CUDA_SUCCESS) return CUDA_ERROR_INVALID_VALUE;
+  *str = "a fake driver error";
+  return CUDA_SUCCESS;
+}
+
+CUresult fake_cuInit(unsigned int flags) {
+  return flags != 0 ? CUDA_ERROR_INVALID_VALUE : static_cast<CUresult>(state().init_result);
+}
+
+CUresult fake_cuDriverGetVersion(int* version) {
+  *version = state().driver_version;
+  return CUDA_SUCCESS;
+}
+
+CUresult fake_cuDeviceGetCount(int* count) {
+  *count = state().gpu_count;
+  return CUDA_SUCCESS;
+}
+
+CUresult fake_cuDeviceGet(CUdevice* device, int ordinal) {
+  if (!valid_device(ordinal)) return CUDA_ERROR_INVALID_DEVICE;
+  *device = ordinal;
+  return CUDA_SUCCESS;
+}
+
+CUresult fake_cuDeviceGetName(char* name, int len, CUdevice dev) {
+  if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+  std::snprintf(name, static_cast<size_t>(len), "Fake GPU");
+  return CUDA_SUCCESS;
+}
+
+CUresult fake_cuDeviceGetUuid(CUuuid* uuid, CUdevice dev) {
+  if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+  for (int i = 0; i < 16; ++i) uuid->bytes[i] = static_cast<char>(dev * 16 + i + 1);
+  return CUDA_SUCCESS;
+}
+
+CUresult fake_cuDeviceGetPCIBusId(char* bus_id, int len, CUdevice dev) {
+  if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+  std::snprintf(bus_id, static_cast<size_t>(len), "0000:%02X:00.0", 0x1A + dev);
+  return CUDA_SUCCESS;
+}
+
+CUresult fake_cuDeviceTotalMem(size_t* bytes, CUdevice dev) {
+  if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+  *bytes = kGpuMemory;
+  return CUDA_SUCCESS;
+}
+
+CUresult fake_cuDeviceGetAttribute(int* value, CUdevice_attribute attribute, CUdevice dev) {
+  if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+  int a = static_cast<int>(attribute);
+  if (a <= 0 || a >= CU_DEVICE_ATTRIBUTE_MAX) return CUDA_ERROR_INVALID_VALUE;
+  if (a == 92) return CUDA_ERROR_NOT_SUPPORTED;  // some attribute this GPU does not report
+  switch (a) {
+    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *value = 1024; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X: *value = 1024; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y: *value = 1024; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z: *value = 64; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X: *value = 2147483647; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y: *value = 65535; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z: *value = 65535; break;
+    case CU_DEVICE_ATTRIBUTE_WARP_SIZE: *value = 32; break;
+    case CU_DEVICE_ATTRIBUTE_CLOCK_RATE: *value = 1980000; break;
+    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: *value = 132; break;
+    case CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE: *value = 2619000; break;
+    case CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH: *value = 5120; break;
+    case CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE: *value = 52428800; break;
+    case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING: *value = 1; break;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *value = 9; break;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: *value = 0; break;
+    case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: *value = 1; break;
+    default: *value = 1000 + a; break;  // recognisable, to check the table is filled by index
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult fake_cuDeviceCanAccessPeer(int* can, CUdevice dev, CUdevice peer) {
+  if (!valid_device(dev) || !valid_device(peer)) return CUDA_ERROR_INVALID_DEVICE;
+  std::lock_guard lock(state().mutex);
+  *can = dev != peer && state().p2p ? 1 : 0;
+  return CUDA_SUCCESS;
+}
+
+CUresult fake_cuDeviceGetP2PAttribute(int* value, CUdevice_P2PAttribute attribute, CUdevice src,
+                                      CUdevice dst) {
+  if (!valid_device(src) || !valid_device(dst) || src == dst) return CUDA_ERROR_INVALID_DEVICE;
+  std::lock_guard lock(state().mutex);
+  switch (attribute) {
+    case CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED: *value = state().p2p ? 1 : 0; break;
+    case CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK: *value = 0; break;
+    case CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED: *value = state().p2p ? 1 : 0; break;
+    default: return CUDA_ERROR_INVALID_VALUE;
+  }
+  return CUDA_SUCCESS;
+}
+
+// ---- Contexts ----
+
+CUresult fake_cuDevicePrimaryCtxRetain(CUcontext* context, CUdevice dev) {
+  if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+  std::lock_guard lock(state().mutex);
+  ++state().primary_context_refs[dev];
+  *context = reinterpret_cast<CUcontext>(&contexts()[dev]);
+  return CUDA_SUCCESS;
+}
+
+CUresult fake_cuDevicePrimaryCtxRelease(CUdevice dev) {
+  if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+  std::lock_guard lock(state().mutex);
+  if (state().primary_context_refs[dev] <= 0) return CUDA_ERROR_INVALID_CONTEXT;
+  --state().primary_context_refs[dev];
+  return CUDA_SUCCESS;
+}
+
+CUresult fake_cuCtxSetCurrent(CUcontext context) {
+  auto* c = reinterpret_cast<FakeContext*>(context);
+  if (c != nullptr && c->tag != kContextTag) return CUDA_ERROR_INVALID_CONTEXT;
+  current = c;
+  return CUDA_SUCCESS;
+}
+
+CUresult fake_cuCtxGetStreamPriorityRange(int* least, int* greatest) {
+  if (current == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  *least = 0;
+  *greatest = -5;
+  return CUDA_SUCCESS;
+}
+
+CUresult fake_cuCtxEnablePeerAccess(CUcontext peer, unsigned int flags) {
+  if (current == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  if (flags != 0 || peer == nullptr || gpu_of(peer) == current->gpu) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  std::lock_guard lock(state().mutex);
+  if (!state().peer_access.emplace(current->gpu, gpu_of(peer)).second) {
+    return CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED;
+  }
+  return CUDA_SUCCESS;
+}
+
+// ---- Memory ----
+
+struct Vmm {
+  CUdeviceptr next_va = 0x7f0000000000ull;
+  std::map<CUdeviceptr, size_t> reserved;
+  std::map<CUmemGenericAllocationHandle, std::pair<int, size_t>> physical;  // gpu, bytes
+  CUmemGenericAllocationHandle next_handle = 1;
+  struct Mapping { size_t bytes; std::map<int, unsigned long long> access; };
+  std::map<CUdeviceptr, Mapping> mapped;
+  std::set<void*> host_registered;
+};
+Vmm& vmm() {
+  static Vmm* v = new Vmm();
+  return *v;
+}
+
+CUresult fake_cuMemGetInfo(size_t* free, size_t* total) {
+  if (current == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  *free = kGpuMemory - (1ull << 30);
+  *total = kGpuMemory;
+  return CUDA_SUCCESS;
+}
+
+CUresult fake_cuMemGetAllocationGranularity(size_t* granularity, const CUmemAllocationProp* prop,
+                                            CUmemAllocationGranularity_flags option) {
+  if (prop->type != CU_MEM_ALLOCATION_TYPE_PINNED ||
+      prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE || !valid_device(prop->location.id) ||
+      option != CU_MEM_ALLOC_GRANULARITY_MINIMUM) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  *granularity = kGranularity;
+  return CUDA_SUCCESS;
+}
+
+CUresult fake_cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t alignment,
+                                  CUdeviceptr addr, unsigned long long flags) {
+  if (size == 0 || size % 4096 != 0 || addr != 0 || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard lock(state().mutex);
+  state().reserve_alignments.push_back(alignment);
+  Vmm& v = vmm();
+  size_t align = alignment == 0 ? kGranularity : alignment;
+  v.next_va = (v.next_va + align - 1) / align * align;
+  *ptr = v.next_va;
+  v.reserved[*ptr] = size;
+  v.next_va += size + kGranularity;  // a gap, so ranges are never adjacent by accident
+  return CUDA_SUCCESS;
+}
+
+CUresult fake_cuMemAddressFree(CUdeviceptr ptr, size_t size) {
+  std::lock_guard lock(state().mutex);
+  auto it = vmm().reserved.find(ptr);
+  if (it == vmm().reserved.end() || it->second != size) return CUDA_ERROR_INVALID_VALUE;
+  vmm().reserved.erase(it);
+  return CUDA_SUCCESS;
+}
+
+CUresult fake_cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size,
+                          const CUmemAllocationProp* prop, unsigned long long flags) {
+  if (flags != 0 || size == 0 || size % kGranularity != 0 ||
+      prop->type != CU_MEM_ALLOCATION_TYPE_PINNED ||
+      prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE || !valid_device(prop->location.id)) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (size > kGpuMemory) return CUDA_ERROR_OUT_OF_MEMORY;
+  expect_current(prop->location.id, "cuMemCreate");
+  std::lock_guard lock(state().mutex);
+  *handle = vmm().next_handle++;
+  vmm().physical[*handle] = {prop->location.id, size};
+  return CUDA_SUCCESS;
+}
+
+CUresult fake_cuMemRelease(CUmemGenericAllocationHandle handle) {
+  std::lock_guard lock(state().mutex);
+  return vmm().physical.erase(handle) == 1 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult fake_cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
+                       CUmemGenericAllocationHandle handle, unsigned long long flags) {
+  std::lock_guard lock(state().mutex);
+  auto it = vmm().physical.find(handle);
+  if (flags != 0 || it == vmm().physical.end() || offset + size > it->second.second ||
+      ptr % kGranularity != 0 || size % kGranularity != 0 || offset % kGranularity != 0) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  vmm().mapped[ptr] = {size, {}};
+  return CUDA_SUCCESS;
+}
+
+CUresult fake_cuMemUnmap(CUdeviceptr ptr, size_t size) {
+  std::lock_guard lock(state().mutex);
+  auto& mapped = vmm().mapped;
+  auto first = mapped.find(ptr);
+  if (first == mapped.end()) return CUDA_ERROR_INVALID_VALUE;
+  auto last = first;
+  while (last != mapped.end() && last->first < ptr + size) ++last;
+  mapped.erase(first, last);
+  return CUDA_SUCCESS;
+}
+
+CUresult fake_cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* desc,
+                             size_t count) {
+  std::lock_guard lock(state().mutex);
+  state().set_access_calls.emplace_back(desc, desc + count);
+  for (auto& [va, m] : vmm().mapped) {
+    if (va + m.bytes <= ptr || va >= ptr + size) continue;
+    for (size_t i = 0; i < count; ++i) m.access[desc[i].location.id] = desc[i].flags;
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult fake_cuMemGetAccess(unsigned long long* flags, const CUmemLocation* location,
+                             CUdeviceptr ptr) {
+  std::lock_guard lock(state().mutex);
+  for (auto& [va, m] : vmm().mapped) {
+    if (ptr >= va && ptr < va + m.bytes) {
+      auto it = m.access.find(location->id);
+      *flags = it == m.access.end() ? static_cast<unsigned long long>(CU_MEM_ACCESS_FLAGS_PROT_NONE)
+                                   : it->second;
+      return CUDA_SUCCESS;
+    }
+  }
+  return CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult fake_cuMemHostRegister(void* p, size_t bytes, unsigned int flags) {
+  if (current == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  if (p == nullptr || bytes == 0 || flags != CU_MEMHOSTREGISTER_PORTABLE) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  std::lock_guard lock(state().mutex);
+  if (!vmm().host_registered.insert(p).second) return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+  return CUDA_SUCCESS;
+}
+
+CUresult fake_cuMemHostUnregister(void* p) {
+  std::lock_guard lock(state().mutex);
+  return vmm().host_registered.erase(p) == 1 ? CUDA_SUCCESS
+                                             : CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+}
+
+// ---- Streams and events ----
+
+CUresult fake_cuStreamCreateWithPriority(CUstream* stream, unsigned int flags, int priority) {
+  if (current == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  std::lock_guard lock(state().mutex);
+  state().stream_priorities.push_back(priority);
+  state().stream_flags.push_back(flags);
+  *stream = reinterpret_cast<CUstream>(new FakeStream{kStreamTag, current->gpu});
+  return CUDA_SUCCESS;
+}
+
+CUresult fake_cuStreamDestroy(CUstream stream) {
+  FakeStream* s = stream_of(stream);
+  if (s == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  expect_current(s->gpu, "cuStreamDestroy");
+  s->tag = 0;
+  delete s;
+  return CUDA_SUCCESS;
+}
+
+CUresult fake_cuStreamSynchronize(CUstream stream) {
+  FakeStream* s = stream_of(stream);
+  if (s == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  expect_current(s->gpu, "cuStreamSynchronize");
+  return CUDA_SUCCESS;
+}
+
+CUresult fake_cuStreamQuery(CUstream stream) {
+  FakeStream* s = stream_of(stream);
+  if (s == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  expect_current(s->gpu, "cuStreamQuery");
+  return CUDA_SUCCESS;
+}
+
+CUresult fake_cuStreamAddCallback(CUstream stream, CUstreamCallback callback, void* user,
+                                  unsigned int flags) {
+  FakeStream* s = stream_of(stream);
+  if (s == nullptr || flags != 0) return CUDA_ERROR_INVALID_HANDLE;
+  // The work before it is "done" at once, with the status the test asked for.
+  CUresult status;
+  {
+    std::lock_guard lock(state().mutex);
+    status = state().callback_status;
+  }
+  callback(stream, status, user);
+  return CUDA_SUCCESS;
+}
+
+CUresult fake_cuStreamWaitEvent(CUstream stream, CUevent event, unsigned int flags) {
+  FakeStream* s = stream_of(stream);
+  if (s == nullptr || event_of(event) == nullptr || flags != 0) return CUDA_ERROR_INVALID_HANDLE;
+  expect_current(s->gpu, "cuStreamWaitEvent");
+  return CUDA_SUCCESS;
+}
+
+CUresult fake_cuEventCreate(CUevent* event, unsigned int flags) {
+  if (current == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  if ((flags & ~CU_EVENT_DISABLE_TIMING) != 0) return CUDA_ERROR_INVALID_VALUE;
+  *event = reinterpret_cast<CUevent>(
+      new FakeEvent{kEventTag, current->gpu, (flags & CU_EVENT_DISABLE_TIMING) == 0, false});
+  return CUDA_SUCCESS;
+}
+
+CUresult fake_cuEventDestroy(CUevent event) {
+  FakeEvent* e = event_of(event);
+  if (e == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  e->tag = 0;
+  delete e;
+  return CUDA_SUCCESS;
+}
+
+CUresult fake_cuEventRecord(CUevent event, CUstream stream) {
+  FakeEvent* e = event_of(event);
+  FakeStream* s = stream_of(stream);
+  if (e == nullptr || s == nullptr || e->gpu != s->gpu) return CUDA_ERROR_INVALID_HANDLE;
+  expect_current(s->gpu, "cuEventRecord");
+  e->recorded = true;
+  return CUDA_SUCCESS;
+}
+
+CUresult fake_cuEventSynchronize(CUevent event) {
+  return event_of(event) != nullptr ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
+CUresult fake_cuEventQuery(CUevent event) {
+  return event_of(event) != nullptr ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
+CUresult fake_cuEventElapsedTime(float* ms, CUevent start, CUevent end) {
+  FakeEvent* s = event_of(start);
+  FakeEvent* e = event_of(end);
+  if (s == nullptr || e == nullptr || !s->timing || !e->timing || !s->recorded || !e->recorded) {
+    return CUDA_ERROR_INVALID_HANDLE;
+  }
+  *ms = 1.5f;
+  return CUDA_SUCCESS;
+}
+
+// ---- Copies and memset ----
+
+CUresult record_copy(FakeCudaCopy copy, CUstream stream, const char* call) {
+  FakeStream* s = stream_of(stream);
+  if (s == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  expect_current(s->gpu, call);
+  copy.gpu = s->gpu;
+  std::lock_guard lock(state().mutex);
+  state().copies.push_back(copy);
+  return CUDA_SUCCESS;
+}
+
+CUresult fake_cuMemcpyHtoDAsync(CUdeviceptr dst, const void* src, size_t bytes, CUstream s) {
+  return record_copy({"HtoD", dst, reinterpret_cast<CUdeviceptr>(src), bytes, 0, 0, -1, -1}, s,
+                     "cuMemcpyHtoDAsync");
+}
+
+CUresult fake_cuMemcpyDtoHAsync(void* dst, CUdeviceptr src, size_t bytes, CUstream s) {
+  return record_copy({"DtoH", reinterpret_cast<CUdeviceptr>(dst), src, bytes, 0, 0, -1, -1}, s,
+                     "cuMemcpyDtoHAsync");
+}
+
+CUresult fake_cuMemcpyDtoDAsync(CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream s) {
+  return record_copy({"DtoD", dst, src, bytes, 0, 0, -1, -1}, s, "cuMemcpyDtoDAsync");
+}
+
+CUresult fake_cuMemcpyPeerAsync(CUdeviceptr dst, CUcontext dst_context, CUdeviceptr src,
+                                CUcontext src_context, size_t bytes, CUstream s) {
+  return record_copy(
+      {"Peer", dst, src, bytes, 0, 0, gpu_of(dst_context), gpu_of(src_context)}, s,
+      "cuMemcpyPeerAsync");
+}
+
+CUresult fake_cuMemsetD8Async(CUdeviceptr dst, unsigned char value, size_t n, CUstream s) {
+  return record_copy({"D8", dst, 0, n, value, 0, -1, -1}, s, "cuMemsetD8Async");
+}
+
+CUresult fake_cuMemsetD16Async(CUdeviceptr dst, unsigned short value, size_t n, CUstream s) {
+  return record_copy({"D16", dst, 0, n, value, 0, -1, -1}, s, "cuMemsetD16Async");
+}
+
+CUresult fake_cuMemsetD32Async(CUdeviceptr dst, unsigned int value, size_t n, CUstream s) {
+  return record_copy({"D32", dst, 0, n, value, 0, -1, -1}, s, "cuMemsetD32Async");
+}
+
+// ---- Code ----
+
+// Every library has the same three kernels (layouts as nvcc gives them).
+CUresult fake_cuLibraryLoadData(CUlibrary* library, const void* code, CUjit_option* jit_options,
+                                void** jit_values, unsigned int jit_count,
+                                CUlibraryOption* options, void** option_values,
+                                unsigned int option_count) {
+  if (code == nullptr || jit_options != nullptr || jit_values != nullptr || jit_count != 0 ||
+      options != nullptr || option_values != nullptr || option_count != 0) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  uint32_t magic = 0;
+  std::memcpy(&magic, code, sizeof magic);
+  if (magic != 0xBA55ED50u && std::memcmp(code, "\x7f" "ELF", 4) != 0) {
+    // PTX: read as the driver does, up to the NUL (ASan catches a missing one).
+    std::string text(static_cast<const char*>(code));
+    if (text.find(".version") == std::string::npos) return CUDA_ERROR_INVALID_PTX;
+  }
+  auto* lib = new FakeLibrary();
+  lib->kernels.push_back(new FakeKernel{kKernelTag, "_Z4noopv", {}});
+  lib->kernels.push_back(new FakeKernel{kKernelTag, "_Z11write_valuePii", {{0, 8}, {8, 4}}});
+  lib->kernels.push_back(new FakeKernel{
+      kKernelTag, "_Z10odd_paramsc9OddStructsPi", {{0, 1}, {8, 24}, {32, 2}, {40, 8}}});
+  *library = reinterpret_cast<CUlibrary>(lib);
+  return CUDA_SUCCESS;
+}
+
+CUresult fake_cuLibraryUnload(CUlibrary library) {
+  auto* lib = reinterpret_cast<FakeLibrary*>(library);
+  if (lib == nullptr || lib->tag != kLibraryTag) return CUDA_ERROR_INVALID_HANDLE;
+  for (FakeKernel* k : lib->kernels) {
+    k->tag = 0;
+    delete k;
+  }
+  lib->tag = 0;
+  delete lib;
+  return CUDA_SUCCESS;
+}
+
+CUresult fake_cuLibraryGetKernel(CUkernel* kernel, CUlibrary library, const char* name) {
+  auto* lib = reinterpret_cast<FakeLibrary*>(library);
+  if (lib == nullptr || lib->tag != kLibraryTag) return CUDA_ERROR_INVALID_HANDLE;
+  for (FakeKernel* k : lib->kernels) {
+    if (k->name == name) {
+      *kernel = reinterpret_cast<CUkernel>(k);
+      return CUDA_SUCCESS;
+    }
+  }
+  return CUDA_ERROR_NOT_FOUND;
+}
+
+FakeKernel* kernel_of(const void* handle) {
+  auto* k = static_cast<FakeKernel*>(const_cast<void*>(handle));
+  return k != nullptr && k->tag == kKernelTag ? k : nullptr;
+}
+
+CUresult fake_cuKernelGetName(const char** name, CUkernel kernel) {
+  FakeKernel* k = kernel_of(kernel);
+  if (k == nullptr || name == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *name = k->name.c_str();
+  return CUDA_SUCCESS;
+}
+
+CUresult fake_cuKernelGetParamInfo(CUkernel kernel, size_t index, size_t* offset, size_t* size) {
+  FakeKernel* k = kernel_of(kernel);
+  if (k == nullptr || index >= k->params.size()) return CUDA_ERROR_INVALID_VALUE;
+  *offset = k->params[index].first;
+  if (size != nullptr) *size = k->params[index].second;
+  return CUDA_SUCCESS;
+}
+
+CUresult fake_cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
+                             unsigned int bx, unsigned int by, unsigned int bz,
+                             unsigned int shared_bytes, CUstream stream, void** params,
+                             void** extra) {
+  FakeKernel* k = kernel_of(f);
+  FakeStream* s = stream_of(stream);
+  if (k == nullptr || s == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (params != nullptr) return CUDA_ERROR_INVALID_VALUE;  // the backend only uses `extra`
+  expect_current(s->gpu, "cuLaunchKernel");
+  FakeCudaLaunch launch{k->name, {gx, gy, gz}, {bx, by, bz}, shared_bytes, s->gpu,
+                        extra != nullptr, {}};
+  if (extra != nullptr) {
+    if (extra[0] != CU_LAUNCH_PARAM_BUFFER_POINTER || extra[2] != CU_LAUNCH_PARAM_BUFFER_SIZE ||
+        extra[4] != CU_LAUNCH_PARAM_END) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    size_t bytes = *static_cast<size_t*>(extra[3]);
+    const auto* buffer = static_cast<const std::byte*>(extra[1]);
+    launch.params.assign(buffer, buffer + bytes);
+  }
+  std::lock_guard lock(state().mutex);
+  state().launches.push_back(std::move(launch));
+  return CUDA_SUCCESS;
+}
+
+// Every row of the backend's list, each fake checked against the row's PFN type.
+struct Entry {
+  const char* name;
+  void* fn;
+};
+const Entry kEntries[] = {
+#define HIBER_FAKE_ENTRY_(name, version) \
+  {#name, reinterpret_cast<void*>(static_cast<PFN_##name##_v##version>(&fake_##name))},
+    HIBER_CUDA_DRIVER_ENTRY_POINTS(HIBER_FAKE_ENTRY_)
+#undef HIBER_FAKE_ENTRY_
+};
+
+}  // namespace
+
+extern "C" __attribute__((visibility("default"))) FakeCuda* fake_cuda() { return &state(); }
+
+extern "C" __attribute__((visibility("default"))) CUresult cuGetProcAddress_v2(
+    const char* symbol, void** pfn, int version, cuuint64_t flags,
+    CUdriverProcAddressQueryResult* found) {
+  {
+    std::lock_guard lock(state().mutex);
+    state().resolved.emplace_back(symbol, version);
+    state().resolve_flags.insert(flags);
+  }
+  for (const Entry& e : kEntries) {
+    if (std::strcmp(e.name, symbol) == 0) {
+      *pfn = e.fn;
+      if (found != nullptr) *found = CU_GET_PROC_ADDRESS_SUCCESS;
+      return CUDA_SUCCESS;
+    }
+  }
+  *pfn = nullptr;
+  if (found != nullptr) *found = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+  return CUDA_ERROR_NOT_FOUND;
+}

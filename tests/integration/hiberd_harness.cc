@@ -1,0 +1,262 @@
+#include "tests/integration/hiberd_harness.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include <capnp/message.h>
+#include <gtest/gtest.h>
+
+#include "common/paths.h"
+#include "wire/handshake.h"
+#include "wire/message.h"
+#include "wire/schema/control.capnp.h"
+#include "wire/socket_frame.h"
+
+namespace hiber::testing {
+
+std::string hiberd_path() { return HIBERD_PATH; }
+std::string probe_path() { return HIBER_PROBE_PATH; }
+std::string test_client_path() { return HIBER_TEST_CLIENT_PATH; }
+std::string kernel_plugin_path() { return HIBER_TEST_KERNEL_PLUGIN; }
+#ifdef HIBER_TEST_KERNELS_FATBIN
+std::string kernels_fatbin_path() { return HIBER_TEST_KERNELS_FATBIN; }
+#else
+std::string kernels_fatbin_path() { return ""; }  // built without the CUDA toolkit
+#endif
+
+namespace {
+
+int exit_code_of(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return -1;
+}
+
+std::vector<char*> c_argv(const std::vector<std::string>& argv) {
+  std::vector<char*> out;
+  for (const auto& a : argv) out.push_back(const_cast<char*>(a.c_str()));
+  out.push_back(nullptr);
+  return out;
+}
+
+}  // namespace
+
+pid_t spawn(const std::vector<std::string>& argv, const std::string& log_path) {
+  auto args = c_argv(argv);
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    int fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd >= 0) {
+      ::dup2(fd, 1);
+      ::dup2(fd, 2);
+      ::close(fd);
+    }
+    ::execv(args[0], args.data());
+    std::fprintf(stderr, "exec %s: %s\n", args[0], std::strerror(errno));
+    ::_exit(127);
+  }
+  return pid;
+}
+
+int wait_exit(pid_t pid, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (true) {
+    int status = 0;
+    pid_t done = ::waitpid(pid, &status, WNOHANG);
+    if (done == pid) return exit_code_of(status);
+    if (done < 0) return -1;
+    if (std::chrono::steady_clock::now() > deadline) return -1;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+ProgramResult run_program(const std::vector<std::string>& argv,
+                          std::chrono::milliseconds timeout) {
+  char tmpl[] = "/tmp/hiber-program-XXXXXX";
+  int fd = ::mkstemp(tmpl);
+  ::close(fd);
+  ProgramResult result;
+  pid_t pid = spawn(argv, tmpl);
+  result.exit_code = wait_exit(pid, timeout);
+  if (result.exit_code == -1) {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, nullptr, 0);
+  }
+  std::ifstream in(tmpl);
+  std::ostringstream text;
+  text << in.rdbuf();
+  result.output = text.str();
+  ::unlink(tmpl);
+  return result;
+}
+
+Hiberd::Hiberd(std::vector<std::string> extra_flags) {
+  char tmpl[] = "/tmp/hiberd-test-XXXXXX";
+  run_dir_ = ::mkdtemp(tmpl);
+  log_path_ = run_dir_ + "/hiberd.log";
+  std::vector<std::string> argv = {hiberd_path(), "--device=sim", "--run_dir=" + run_dir_,
+                                   "--sim_kernel_plugins=" + kernel_plugin_path()};
+  argv.insert(argv.end(), extra_flags.begin(), extra_flags.end());
+  pid_ = spawn(argv, log_path_);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (std::chrono::steady_clock::now() < deadline) {
+    // Ready once the control socket accepts (a status query may be refused on purpose).
+    if (wire::connect_unix(control_socket_path()).ok()) return;
+    int status_word = 0;
+    if (::waitpid(pid_, &status_word, WNOHANG) == pid_) {
+      pid_ = -1;
+      ADD_FAILURE() << "hiberd exited at start:\n" << log();
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ADD_FAILURE() << "hiberd did not answer within 30 s:\n" << log();
+}
+
+Hiberd::~Hiberd() {
+  if (pid_ > 0) stop();
+  std::system(("rm -rf " + run_dir_).c_str());
+}
+
+std::string Hiberd::socket_path() const { return function_socket_path(run_dir_); }
+std::string Hiberd::control_socket_path() const { return hiber::control_socket_path(run_dir_); }
+
+std::string Hiberd::token() const {
+  std::ifstream in(auth_token_path(run_dir_));
+  std::string token;
+  std::getline(in, token);
+  return token;
+}
+
+wire::ClientOptions Hiberd::client_options(const std::string& function_id) const {
+  wire::ClientOptions options;
+  options.socket_path = socket_path();
+  options.function_id = function_id;
+  options.auth_token = token();
+  return options;
+}
+
+Result<std::unique_ptr<wire::CallClient>> Hiberd::connect(const std::string& function_id) const {
+  return wire::CallClient::connect(client_options(function_id));
+}
+
+Result<StatusView> Hiberd::status() const {
+  auto socket = wire::connect_unix(control_socket_path());
+  if (!socket.ok()) return socket.status();
+  capnp::MallocMessageBuilder request;
+  auto root = request.initRoot<wire::proto::ControlRequest>();
+  root.initVersion().setMajor(wire::current_protocol_version().major);
+  root.setStatus();
+  auto frame = wire::encode_frame(request);
+  if (!frame.ok()) return frame.status();
+  HIBER_RETURN_IF_ERROR(wire::send_frame(socket->get(), *frame));
+  wire::Message reply;
+  HIBER_RETURN_IF_ERROR(
+      wire::receive_frame(socket->get(), reply, nullptr, std::chrono::milliseconds(5000)));
+  StatusView view;
+  Status read = wire::read_message<wire::proto::ControlReply>(
+      reply, "status", [&](wire::proto::ControlReply::Reader r) -> Status {
+        if (!r.isStatus()) return Status(ErrorCode::kUnknown, "not a status reply");
+        auto s = r.getStatus();
+        for (auto x : s.getSessions()) {
+          view.sessions.push_back({x.getId(), x.getFunctionId(), x.getPid(),
+                                   x.getAllocatedBytes(), x.getCalls(), x.getFailedCalls()});
+        }
+        for (auto d : s.getDevices()) view.device_session_bytes.push_back(d.getSessionBytes());
+        auto c = s.getCounters();
+        view.sessions_opened = c.getSessionsOpened();
+        view.sessions_closed = c.getSessionsClosed();
+        view.handshakes_rejected = c.getHandshakesRejected();
+        view.malformed_messages = c.getMalformedMessages();
+        return Status();
+      });
+  if (!read.ok()) return read;
+  return view;
+}
+
+int Hiberd::open_fds() const {
+  int count = 0;
+  std::string dir = "/proc/" + std::to_string(pid_) + "/fd";
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (dirent* e = ::readdir(d)) {
+      if (e->d_name[0] != '.') ++count;
+    }
+    ::closedir(d);
+  }
+  return count;
+}
+
+int Hiberd::settled_fds(std::chrono::milliseconds timeout) const {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  int last = open_fds();
+  auto stable_since = std::chrono::steady_clock::now();
+  while (std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    int now = open_fds();
+    if (now != last) {
+      last = now;
+      stable_since = std::chrono::steady_clock::now();
+    } else if (std::chrono::steady_clock::now() - stable_since > std::chrono::milliseconds(200)) {
+      break;
+    }
+  }
+  return last;
+}
+
+int Hiberd::wait_for_fds(int expected, std::chrono::milliseconds timeout) const {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  int now = open_fds();
+  while (now != expected && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    now = open_fds();
+  }
+  return now;
+}
+
+std::chrono::milliseconds process_cpu_time(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  std::getline(in, line);
+  // Fields after the command name, which is in parentheses and may contain spaces.
+  std::istringstream fields(line.substr(line.rfind(')') + 2));
+  std::string field;
+  unsigned long utime = 0, stime = 0;
+  for (int i = 3; i <= 15 && fields >> field; ++i) {
+    if (i == 14) utime = std::stoul(field);
+    if (i == 15) stime = std::stoul(field);
+  }
+  const long ticks = ::sysconf(_SC_CLK_TCK);
+  return std::chrono::milliseconds((utime + stime) * 1000 / ticks);
+}
+
+std::chrono::milliseconds Hiberd::cpu_time() const { return process_cpu_time(pid_); }
+
+std::string Hiberd::log() const {
+  std::ifstream in(log_path_);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+int Hiberd::stop(std::chrono::milliseconds timeout) {
+  if (pid_ <= 0) return -1;
+  ::kill(pid_, SIGTERM);
+  int code = wait_exit(pid_, timeout);
+  if (code == -1) {
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+  }
+  pid_ = -1;
+  return code;
+}
+
+}  // namespace hiber::testing

@@ -1,0 +1,120 @@
+// Runs a real hiberd process for integration tests and looks at it from outside: its control
+// socket, its open file descriptors and its CPU time in /proc, its exit status.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "wire/call_client.h"
+
+namespace hiber::testing {
+
+// Paths baked in by CMake.
+std::string hiberd_path();
+std::string probe_path();
+std::string test_client_path();
+std::string kernel_plugin_path();
+std::string kernels_fatbin_path();  // empty when the CUDA toolkit was absent at build time
+
+struct SessionView {
+  uint64_t id = 0;
+  std::string function_id;
+  int pid = 0;
+  uint64_t allocated_bytes = 0;
+  uint64_t calls = 0;
+  uint64_t failed_calls = 0;
+};
+
+// What `hiberctl status` shows, as values.
+struct StatusView {
+  std::vector<SessionView> sessions;
+  std::vector<uint64_t> device_session_bytes;  // per GPU
+  uint64_t sessions_opened = 0;
+  uint64_t sessions_closed = 0;
+  uint64_t handshakes_rejected = 0;
+  uint64_t malformed_messages = 0;
+};
+
+class Hiberd {
+ public:
+  // Starts hiberd --device=sim in a fresh run directory with the test kernel plugin loaded and
+  // `extra_flags` appended, and waits until its control socket answers.
+  explicit Hiberd(std::vector<std::string> extra_flags = {});
+  // Sends SIGTERM if still running and waits; a test that cares about the exit status calls
+  // stop() itself.
+  ~Hiberd();
+
+  Hiberd(const Hiberd&) = delete;
+  Hiberd& operator=(const Hiberd&) = delete;
+
+  pid_t pid() const { return pid_; }
+  const std::string& run_dir() const { return run_dir_; }
+  std::string socket_path() const;
+  std::string control_socket_path() const;
+  std::string token() const;
+  const std::string& log_path() const { return log_path_; }
+
+  // Options for a client of this hiberd.
+  wire::ClientOptions client_options(const std::string& function_id) const;
+  Result<std::unique_ptr<wire::CallClient>> connect(const std::string& function_id) const;
+
+  Result<StatusView> status() const;
+  // Polls status() until pred holds or the timeout passes; returns the last view.
+  template <typename Pred>
+  Result<StatusView> wait_for(Pred pred, std::chrono::milliseconds timeout) const;
+
+  // Open file descriptors of the hiberd process.
+  int open_fds() const;
+  // The fd count once it has not changed for 200 ms (connections of earlier status queries
+  // close asynchronously), or after `timeout`.
+  int settled_fds(std::chrono::milliseconds timeout = std::chrono::seconds(10)) const;
+  // Polls until hiberd has `expected` fds open or `timeout` passes; returns the last count.
+  int wait_for_fds(int expected, std::chrono::milliseconds timeout = std::chrono::seconds(10)) const;
+  // User + system CPU time hiberd has used.
+  std::chrono::milliseconds cpu_time() const;
+  // Lines of hiberd's log (stderr).
+  std::string log() const;
+
+  // SIGTERM, then waits; returns the exit status as from waitpid (or -1).
+  int stop(std::chrono::milliseconds timeout = std::chrono::seconds(20));
+
+ private:
+  pid_t pid_ = -1;
+  std::string run_dir_;
+  std::string log_path_;
+};
+
+// User + system CPU time a process has used, from /proc.
+std::chrono::milliseconds process_cpu_time(pid_t pid);
+
+// Runs a program to completion; returns its exit code (128 + signal if killed) and output.
+struct ProgramResult {
+  int exit_code = -1;
+  std::string output;
+};
+ProgramResult run_program(const std::vector<std::string>& argv,
+                          std::chrono::milliseconds timeout = std::chrono::seconds(120));
+
+// Starts a program in the background; its output goes to `log_path`.
+pid_t spawn(const std::vector<std::string>& argv, const std::string& log_path);
+// Waits for a spawned program; exit code as in run_program, or -1 on time-out.
+int wait_exit(pid_t pid, std::chrono::milliseconds timeout);
+
+template <typename Pred>
+Result<StatusView> Hiberd::wait_for(Pred pred, std::chrono::milliseconds timeout) const {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (true) {
+    auto view = status();
+    if (!view.ok()) return view;
+    if (pred(*view) || std::chrono::steady_clock::now() > deadline) return view;
+    struct timespec ts = {0, 20'000'000};
+    nanosleep(&ts, nullptr);
+  }
+}
+
+}  // namespace hiber::testing

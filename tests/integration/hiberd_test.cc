@@ -1,0 +1,231 @@
+// hiberd end to end: real hiberd processes on the simulated GPU, real client processes.
+#include <signal.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include "tests/integration/hiberd_harness.h"
+
+namespace hiber::testing {
+namespace {
+
+using namespace std::chrono_literals;
+namespace proto = wire::proto;
+
+std::vector<std::string> client_argv(const Hiberd& hiberd, const std::string& mode,
+                                     std::vector<std::string> extra = {}) {
+  std::vector<std::string> argv = {test_client_path(), "--mode=" + mode,
+                                   "--socket=" + hiberd.socket_path(), "--token=" + hiberd.token()};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  return argv;
+}
+
+bool wait_for_line(const std::string& path, const std::string& text, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    std::ifstream in(path);
+    std::stringstream all;
+    all << in.rdbuf();
+    if (all.str().find(text) != std::string::npos) return true;
+    std::this_thread::sleep_for(10ms);
+  }
+  return false;
+}
+
+TEST(Hiberd, AnswersHelpWithItsOwnFlags) {
+  auto result = run_program({hiberd_path(), "--help"});
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_NE(result.output.find("-device (GPU backend"), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("-sim_kernel_plugins"), std::string::npos);
+  for (const std::string& tool : {probe_path(), test_client_path()}) {
+    auto help = run_program({tool, "--help"});
+    EXPECT_EQ(help.exit_code, 0) << tool << ": " << help.output;
+  }
+}
+
+TEST(Hiberd, RefusesABadDeviceFlag) {
+  auto result = run_program({hiberd_path(), "--device=tpu", "--run_dir=/tmp/hiber-bad-flag"}, 20s);
+  EXPECT_EQ(result.exit_code, 1) << result.output;
+  EXPECT_NE(result.output.find("--device must be"), std::string::npos) << result.output;
+}
+
+TEST(Hiberd, ProbeReportsDevicesTopologyAndRoundTrips) {
+  Hiberd hiberd;
+  auto result = run_program({probe_path(), "--run_dir=" + hiberd.run_dir(), "--pings=200"});
+  ASSERT_EQ(result.exit_code, 0) << result.output << "\nhiberd:\n" << hiberd.log();
+  EXPECT_NE(result.output.find("Tesla V100-SXM2-16GB"), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("NVLink GPU 0 <-> GPU 3: 50 GB/s"), std::string::npos);
+  EXPECT_NE(result.output.find("PCIe switch 1"), std::string::npos);
+  EXPECT_NE(result.output.find("round trip over 200 synchronous calls"), std::string::npos);
+  EXPECT_NE(result.output.find("matches the host reference"), std::string::npos);
+  EXPECT_NE(result.output.find("hiber-probe: OK"), std::string::npos);
+}
+
+TEST(Hiberd, ServesManyClientsAtOnceWithCorrectResults) {
+  Hiberd hiberd;
+  const int baseline_fds = hiberd.settled_fds();
+  constexpr int kClients = 24;
+  std::vector<pid_t> clients;
+  std::vector<std::string> logs;
+  for (int i = 0; i < kClients; ++i) {
+    logs.push_back(hiberd.run_dir() + "/client-" + std::to_string(i) + ".log");
+    std::vector<std::string> extra = {"--function_id=fn-" + std::to_string(i),
+                                      "--seed=" + std::to_string(i + 1), "--iterations=3",
+                                      "--bytes=" + std::to_string((256 + 64 * i) << 10)};
+    if (!kernels_fatbin_path().empty()) extra.push_back("--fatbin=" + kernels_fatbin_path());
+    clients.push_back(spawn(client_argv(hiberd, "verify", extra), logs.back()));
+  }
+  for (int i = 0; i < kClients; ++i) {
+    std::ifstream in(logs[i]);
+    std::stringstream out;
+    int code = wait_exit(clients[i], 120s);
+    out << in.rdbuf();
+    EXPECT_EQ(code, 0) << "client " << i << ": " << out.str();
+  }
+  auto view = hiberd.wait_for(
+      [](const StatusView& v) { return v.sessions.empty() && v.sessions_closed == kClients; }, 10s);
+  ASSERT_TRUE(view.ok()) << view.status();
+  EXPECT_EQ(view->sessions_opened, uint64_t{kClients});
+  EXPECT_EQ(view->sessions_closed, uint64_t{kClients});
+  for (uint64_t bytes : view->device_session_bytes) EXPECT_EQ(bytes, 0u);
+  EXPECT_EQ(hiberd.wait_for_fds(baseline_fds), baseline_fds) << "hiberd leaked file descriptors";
+  EXPECT_EQ(hiberd.stop(), 0) << hiberd.log();
+}
+
+TEST(Hiberd, AClientKilledMidBatchIsCleanedUpAndOthersAreUnaffected) {
+  // A 64 KiB request ring: the victims' 4096-call batches are several fragments long, so a kill
+  // lands in the middle of a message.
+  Hiberd hiberd({"--request_ring_kib=64"});
+  const int baseline_fds = hiberd.settled_fds();
+  const std::string bystander_log = hiberd.run_dir() + "/bystander.log";
+  pid_t bystander = spawn(client_argv(hiberd, "verify",
+                                      {"--function_id=bystander", "--iterations=30",
+                                       "--bytes=" + std::to_string(2 << 20)}),
+                          bystander_log);
+  std::mt19937 rng(42);
+  constexpr int kVictims = 6;
+  for (int i = 0; i < kVictims; ++i) {
+    const std::string log = hiberd.run_dir() + "/victim-" + std::to_string(i) + ".log";
+    pid_t victim = spawn(client_argv(hiberd, "victim", {"--function_id=victim"}), log);
+    ASSERT_TRUE(wait_for_line(log, "READY", 30s)) << "victim " << i << " never got ready";
+    std::this_thread::sleep_for(std::chrono::milliseconds(rng() % 50));
+    ASSERT_EQ(::kill(victim, SIGKILL), 0);
+    EXPECT_EQ(wait_exit(victim, 10s), 128 + SIGKILL);
+  }
+  int code = wait_exit(bystander, 120s);
+  std::ifstream in(bystander_log);
+  std::stringstream out;
+  out << in.rdbuf();
+  EXPECT_EQ(code, 0) << "the bystander was affected: " << out.str() << "\nhiberd:\n"
+                     << hiberd.log();
+
+  auto view = hiberd.wait_for([](const StatusView& v) { return v.sessions.empty(); }, 20s);
+  ASSERT_TRUE(view.ok()) << view.status();
+  EXPECT_TRUE(view->sessions.empty()) << "a killed client's session is still open";
+  EXPECT_EQ(view->sessions_closed, view->sessions_opened);
+  EXPECT_EQ(view->sessions_opened, uint64_t{kVictims + 1});
+  for (uint64_t bytes : view->device_session_bytes) EXPECT_EQ(bytes, 0u) << "device memory leaked";
+  EXPECT_EQ(hiberd.wait_for_fds(baseline_fds), baseline_fds) << "hiberd leaked file descriptors";
+  // A fresh client is served normally afterwards.
+  auto after = run_program(client_argv(hiberd, "verify", {"--iterations=1"}));
+  EXPECT_EQ(after.exit_code, 0) << after.output;
+  EXPECT_EQ(hiberd.stop(), 0) << hiberd.log();
+}
+
+TEST(Hiberd, AnIdleServerAndClientBurnNoCpu) {
+  Hiberd hiberd;
+  const std::string log = hiberd.run_dir() + "/idle.log";
+  pid_t client = spawn(client_argv(hiberd, "idle", {"--seconds=4"}), log);
+  ASSERT_TRUE(wait_for_line(log, "READY", 30s));
+  std::this_thread::sleep_for(300ms);  // past any adaptive spinning after the last call
+  const auto server_before = hiberd.cpu_time();
+  const auto client_before = process_cpu_time(client);
+  std::this_thread::sleep_for(2s);
+  const auto server_used = hiberd.cpu_time() - server_before;
+  const auto client_used = process_cpu_time(client) - client_before;
+  // Two seconds of spinning would be ~2000 ms; sleeping costs nothing measurable.
+  EXPECT_LT(server_used.count(), 100) << "hiberd burns CPU while idle";
+  EXPECT_LT(client_used.count(), 100) << "the client burns CPU while idle";
+  EXPECT_EQ(wait_exit(client, 30s), 0);
+}
+
+TEST(Hiberd, ShutsDownCleanlyWithSessionsOpen) {
+  Hiberd hiberd;
+  std::vector<std::unique_ptr<wire::CallClient>> clients;
+  for (int i = 0; i < 3; ++i) {
+    auto c = hiberd.connect("open-" + std::to_string(i));
+    ASSERT_TRUE(c.ok()) << c.status();
+    const uint64_t va = (*c)->session().grant.va_base;
+    ASSERT_TRUE((*c)->enqueue([&](proto::Call::Builder call) {
+      auto a = call.initMemAllocate();
+      a.setVa(va);
+      a.setBytes(8 << 20);
+    }).ok());
+    ASSERT_TRUE((*c)->ping().ok());
+    clients.push_back(std::move(c).value());
+  }
+  // Exit status 0 also means no leak report from the sanitizer build.
+  EXPECT_EQ(hiberd.stop(), 0) << hiberd.log();
+  for (auto& c : clients) {
+    Status after = c->ping();
+    EXPECT_EQ(after.code(), ErrorCode::kDeinitialized) << after;
+  }
+}
+
+TEST(Hiberd, RefusesToStealTheSocketOfARunningHiberd) {
+  Hiberd hiberd;
+  auto second = run_program({hiberd_path(), "--device=sim", "--run_dir=" + hiberd.run_dir()}, 20s);
+  EXPECT_EQ(second.exit_code, 1);
+  EXPECT_NE(second.output.find("already serving"), std::string::npos) << second.output;
+  EXPECT_TRUE(hiberd.status().ok());
+}
+
+TEST(Hiberd, EnforcesTheQuotaAndTheGrant) {
+  Hiberd hiberd({"--default_quota_mib=16"});
+  auto c = hiberd.connect("quota");
+  ASSERT_TRUE(c.ok()) << c.status();
+  const wire::Grant grant = (*c)->session().grant;
+  EXPECT_EQ(grant.quota_bytes, 16u << 20);
+  auto allocate = [&](uint64_t va, uint64_t bytes) {
+    return (*c)->call([&](proto::Call::Builder call) {
+      auto a = call.initMemAllocate();
+      a.setVa(va);
+      a.setBytes(bytes);
+    });
+  };
+  EXPECT_TRUE(allocate(grant.va_base, 8 << 20).ok());
+  auto over = allocate(grant.va_base + (8 << 20), 10 << 20);
+  EXPECT_EQ(over.status().code(), ErrorCode::kOutOfMemory) << over.status();
+  auto outside = allocate(grant.va_base + grant.va_bytes, 2 << 20);
+  EXPECT_EQ(outside.status().code(), ErrorCode::kInvalidValue) << outside.status();
+  auto overlap = allocate(grant.va_base + (2 << 20), 2 << 20);
+  EXPECT_EQ(overlap.status().code(), ErrorCode::kInvalidValue) << overlap.status();
+  EXPECT_TRUE(allocate(grant.va_base + (8 << 20), 8 << 20).ok());
+  auto view = hiberd.status();
+  ASSERT_TRUE(view.ok());
+  ASSERT_EQ(view->sessions.size(), 1u);
+  EXPECT_EQ(view->sessions[0].allocated_bytes, 16u << 20);
+  // A client asking for more than the maximum is refused at the handshake.
+  auto options = hiberd.client_options("greedy");
+  options.requested_quota_bytes = uint64_t{1} << 50;
+  auto greedy = wire::ClientChannel::connect(options);
+  ASSERT_FALSE(greedy.ok());
+  EXPECT_EQ(greedy.status().code(), ErrorCode::kOutOfMemory) << greedy.status();
+}
+
+TEST(Hiberd, LaunchesKernelsFromARealFatbin) {
+  if (kernels_fatbin_path().empty()) GTEST_SKIP() << "built without the CUDA toolkit: no fatbin";
+  Hiberd hiberd;
+  auto result = run_program(client_argv(hiberd, "verify",
+                                        {"--iterations=1", "--fatbin=" + kernels_fatbin_path()}));
+  EXPECT_EQ(result.exit_code, 0) << result.output << "\nhiberd:\n" << hiberd.log();
+  EXPECT_NE(result.output.find("and vec_add"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace hiber::testing

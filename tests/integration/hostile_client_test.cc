@@ -1,0 +1,565 @@
+// Bad input from clients: malformed handshakes, malformed batches, bad arguments, a corrupted
+// ring. Each gets a clear error; hiberd keeps serving everybody else.
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <random>
+#include <thread>
+
+#include <capnp/message.h>
+#include <capnp/schema.h>
+
+#include "tests/integration/hiberd_harness.h"
+#include "wire/batch_builder.h"
+#include "wire/channel_layout.h"
+#include "wire/ring.h"
+#include "wire/handshake.h"
+#include "wire/limits.h"
+#include "wire/message.h"
+#include "wire/schema/handshake.capnp.h"
+#include "wire/socket_frame.h"
+
+namespace hiber::testing {
+namespace {
+
+using namespace std::chrono_literals;
+namespace proto = wire::proto;
+
+// ---- Handshakes ----
+
+// Sends raw bytes as a would-be client and returns hiberd's Rejection, or an error if the
+// connection closed without one.
+Status handshake_with(const Hiberd& hiberd, std::span<const std::byte> bytes,
+                      bool close_write = false) {
+  auto socket = wire::connect_unix(hiberd.socket_path());
+  if (!socket.ok()) return socket.status();
+  if (!bytes.empty()) {
+    if (::send(socket->get(), bytes.data(), bytes.size(), MSG_NOSIGNAL) < 0) {
+      return Status(ErrorCode::kOperatingSystem, "send");
+    }
+  }
+  if (close_write) ::shutdown(socket->get(), SHUT_WR);
+  wire::Message reply;
+  UniqueFd memfd;
+  Status got = wire::receive_frame(socket->get(), reply, &memfd, 10000ms);
+  if (!got.ok()) return got;
+  auto session = wire::decode_hello_reply(reply);
+  if (session.ok()) return Status(ErrorCode::kUnknown, "accepted");
+  return session.status();
+}
+
+// Encodes a Hello directly, skipping the client library's own checks, so the server sees
+// exactly what a broken or hostile client would send.
+std::vector<std::byte> hello_frame(const Hiberd& hiberd, wire::Hello hello) {
+  if (hello.auth_token == "<good>") hello.auth_token = hiberd.token();
+  capnp::MallocMessageBuilder message;
+  auto root = message.initRoot<proto::Hello>();
+  root.initVersion().setMajor(hello.version.major);
+  root.getVersion().setMinor(hello.version.minor);
+  root.setFunctionId(hello.function_id);
+  root.setAuthToken(kj::arrayPtr(reinterpret_cast<const capnp::byte*>(hello.auth_token.data()),
+                                 hello.auth_token.size()));
+  root.setRequestedQuotaBytes(hello.requested_quota_bytes);
+  auto frame = wire::encode_frame(message);
+  EXPECT_TRUE(frame.ok()) << frame.status();
+  return frame.ok() ? *frame : std::vector<std::byte>{};
+}
+
+wire::Hello good_hello() {
+  wire::Hello hello;
+  hello.version = wire::current_protocol_version();
+  hello.function_id = "hostile";
+  hello.auth_token = "<good>";
+  return hello;
+}
+
+std::vector<std::byte> le32(uint32_t v) {
+  std::vector<std::byte> out(4);
+  std::memcpy(out.data(), &v, 4);
+  return out;
+}
+
+TEST(Handshake, EveryMalformedHelloIsRefusedWithAReason) {
+  Hiberd hiberd({"--handshake_timeout_ms=400"});
+  int refused = 0;
+  auto expect_refused = [&](const char* what, std::span<const std::byte> bytes, ErrorCode code,
+                            const char* message_part, bool close_write = false) {
+    SCOPED_TRACE(what);
+    Status s = handshake_with(hiberd, bytes, close_write);
+    EXPECT_EQ(s.code(), code) << s;
+    EXPECT_NE(s.message().find(message_part), std::string::npos) << s;
+    ++refused;
+  };
+
+  expect_refused("zero length", le32(0), ErrorCode::kInvalidValue, "");
+  expect_refused("oversized length", le32(wire::kMaxFrameBytes + 1), ErrorCode::kInvalidValue, "");
+  std::mt19937 rng(5);
+  std::vector<std::byte> garbage = le32(256);
+  for (int i = 0; i < 256; ++i) garbage.push_back(static_cast<std::byte>(rng()));
+  expect_refused("garbage body", garbage, ErrorCode::kInvalidValue, "");
+
+  wire::Hello old = good_hello();
+  old.version.major = 99;
+  expect_refused("future major version", hello_frame(hiberd, old), ErrorCode::kNotSupported,
+                 "not supported");
+  wire::Hello bad_token = good_hello();
+  bad_token.auth_token = "not-the-token";
+  expect_refused("wrong token", hello_frame(hiberd, bad_token), ErrorCode::kNotPermitted,
+                 "auth token");
+  wire::Hello no_id = good_hello();
+  no_id.function_id = "";
+  expect_refused("empty function id", hello_frame(hiberd, no_id), ErrorCode::kInvalidValue, "");
+  wire::Hello long_id = good_hello();
+  long_id.function_id = std::string(wire::kMaxFunctionIdBytes + 1, 'f');
+  expect_refused("long function id", hello_frame(hiberd, long_id), ErrorCode::kInvalidValue,
+                 "function id");
+  wire::Hello control_chars = good_hello();
+  control_chars.function_id = "fn\n\x1b[31m";
+  expect_refused("control characters in the function id", hello_frame(hiberd, control_chars),
+                 ErrorCode::kInvalidValue, "function id");
+  auto trailing = hello_frame(hiberd, good_hello());
+  trailing.push_back(std::byte{0});
+  expect_refused("bytes after the Hello", trailing, ErrorCode::kInvalidValue, "one message");
+  expect_refused("silent client", {}, ErrorCode::kTimeout, "no Hello");
+
+  // A truncated Hello and a hang-up: no reply possible, and nothing breaks.
+  auto truncated = hello_frame(hiberd, good_hello());
+  truncated.resize(truncated.size() / 2);
+  Status cut = handshake_with(hiberd, truncated, /*close_write=*/true);
+  EXPECT_FALSE(cut.ok());
+
+  // hiberd still serves a proper client, and counted every refusal.
+  auto ok = hiberd.connect("after-the-storm");
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_TRUE((*ok)->ping().ok());
+  auto view = hiberd.status();
+  ASSERT_TRUE(view.ok());
+  EXPECT_EQ(view->handshakes_rejected, uint64_t(refused));
+  EXPECT_EQ(view->sessions.size(), 1u);
+}
+
+TEST(Handshake, RefusesUsersNotAllowed) {
+  Hiberd hiberd({"--allowed_uids=4242"});
+  Status s = handshake_with(hiberd, hello_frame(hiberd, good_hello()));
+  EXPECT_EQ(s.code(), ErrorCode::kNotPermitted) << s;
+  EXPECT_NE(s.message().find("uid"), std::string::npos) << s;
+  EXPECT_FALSE(hiberd.status().ok()) << "the control socket must refuse too";
+}
+
+// ---- Batches ----
+
+// A client that builds its own batches, so it can send what a correct client never would.
+class RawClient {
+ public:
+  explicit RawClient(const Hiberd& hiberd, const std::string& function_id = "raw") {
+    auto channel = wire::ClientChannel::connect(hiberd.client_options(function_id));
+    EXPECT_TRUE(channel.ok()) << channel.status();
+    if (channel.ok()) channel_ = std::move(channel).value();
+  }
+  bool connected() const { return channel_ != nullptr; }
+  wire::ClientChannel& channel() { return *channel_; }
+  const wire::Grant& grant() const { return channel_->session().grant; }
+
+  // Adds a call; returns its sequence number.
+  template <typename Fill>
+  uint64_t add(Fill&& fill) {
+    if (batch_.empty()) batch_.reset(next_seq_);
+    fill(batch_.add_call());
+    return next_seq_++;
+  }
+  Status send() {
+    Status s = channel_->send_pieces(batch_.finish());
+    batch_.reset(next_seq_);
+    return s;
+  }
+  // Collects completions until the one for `seq` arrived; returns all by seq.
+  std::map<uint64_t, Status> collect_until(uint64_t seq) {
+    std::map<uint64_t, Status> got;
+    wire::Message m;
+    const auto deadline = std::chrono::steady_clock::now() + 30s;
+    while (got.count(seq) == 0 && std::chrono::steady_clock::now() < deadline) {
+      if (!channel_->receive(m, 1s).ok()) continue;
+      Status read = wire::read_message<proto::ServerMessage>(
+          m, "completions", [&](proto::ServerMessage::Reader r) -> Status {
+            for (auto c : r.getCompletions()) {
+              got[c.getSeq()] = c.getCode() == 0
+                                    ? Status()
+                                    : Status(static_cast<ErrorCode>(c.getCode()), c.getMessage());
+            }
+            return Status();
+          });
+      EXPECT_TRUE(read.ok()) << read;
+    }
+    return got;
+  }
+  uint64_t ping() {
+    uint64_t seq = add([](proto::Call::Builder c) {
+      c.setReply(true);
+      c.initPing().setValue(1);
+    });
+    EXPECT_TRUE(send().ok());
+    return seq;
+  }
+
+ private:
+  std::unique_ptr<wire::ClientChannel> channel_;
+  wire::BatchBuilder batch_{wire::kMaxCallsPerBatch};
+  uint64_t next_seq_ = 1;
+};
+
+TEST(Batches, MalformedMessagesAreRefusedAndTheSessionGoesOn) {
+  Hiberd hiberd;
+  RawClient raw(hiberd);
+  ASSERT_TRUE(raw.connected());
+
+  // Garbage that is not a Cap'n Proto message at all.
+  std::mt19937 rng(9);
+  std::vector<std::byte> garbage(1000);
+  for (auto& b : garbage) b = static_cast<std::byte>(rng());
+  std::span<const std::byte> piece(garbage);
+  ASSERT_TRUE(raw.channel().send_pieces({&piece, 1}).ok());
+  auto got = raw.collect_until(0);
+  ASSERT_TRUE(got.count(0));
+  EXPECT_EQ(got[0].code(), ErrorCode::kInvalidValue) << got[0];
+  EXPECT_NE(got[0].message().find("batch"), std::string::npos) << got[0];
+
+  // A truncated message: a real batch cut short.
+  {
+    wire::BatchBuilder b(8);
+    b.reset(1);
+    b.add_call().initPing().setValue(5);
+    std::vector<std::byte> whole;
+    for (auto p : b.finish()) whole.insert(whole.end(), p.begin(), p.end());
+    whole.resize(whole.size() - 8);
+    std::span<const std::byte> cut(whole);
+    ASSERT_TRUE(raw.channel().send_pieces({&cut, 1}).ok());
+  }
+  got = raw.collect_until(0);
+  EXPECT_EQ(got[0].code(), ErrorCode::kInvalidValue) << got[0];
+
+  // The same session goes on: its first well-formed batch (call 1) is served.
+  uint64_t seq = raw.ping();
+  EXPECT_EQ(seq, 1u);
+  got = raw.collect_until(seq);
+  EXPECT_TRUE(got[seq].ok()) << got[seq];
+  auto view = hiberd.status();
+  ASSERT_TRUE(view.ok());
+  EXPECT_EQ(view->malformed_messages, 2u);
+}
+
+TEST(Batches, AnUnknownCallFailsAloneWithNotSupported) {
+  Hiberd hiberd;
+  RawClient raw(hiberd);
+  ASSERT_TRUE(raw.connected());
+  // A call from a newer protocol: its union discriminant is past every known member.
+  const auto call_schema = capnp::Schema::from<proto::Call>().getProto().getStruct();
+  const uint32_t discriminant_offset = call_schema.getDiscriminantOffset();
+  uint64_t future = raw.add([&](proto::Call::Builder c) {
+    c.initPing().setValue(1);
+    auto data = capnp::toAny(c).getDataSection();
+    const uint16_t unknown = 999;
+    std::memcpy(data.begin() + 2 * discriminant_offset, &unknown, 2);
+  });
+  uint64_t ping = raw.add([](proto::Call::Builder c) {
+    c.setReply(true);
+    c.initPing().setValue(2);
+  });
+  ASSERT_TRUE(raw.send().ok());
+  auto got = raw.collect_until(ping);
+  ASSERT_TRUE(got.count(future));
+  EXPECT_EQ(got[future].code(), ErrorCode::kNotSupported) << got[future];
+  EXPECT_NE(got[future].message().find("999"), std::string::npos) << got[future];
+  EXPECT_TRUE(got[ping].ok()) << "the call after the unknown one still runs";
+}
+
+TEST(Batches, BadArgumentsGetTheirOwnErrors) {
+  Hiberd hiberd({"--default_quota_mib=64"});
+  RawClient raw(hiberd);
+  ASSERT_TRUE(raw.connected());
+  const wire::Grant g = raw.grant();
+  const uint64_t va = g.va_base;
+  const uint64_t arena = raw.channel().arena().size();
+
+  struct Expect {
+    const char* what;
+    uint64_t seq;
+    ErrorCode code;
+  };
+  std::vector<Expect> expects;
+  auto expect = [&](const char* what, ErrorCode code, auto fill) {
+    expects.push_back({what, raw.add(fill), code});
+  };
+  // A real allocation to aim at.
+  expect("allocate", ErrorCode::kSuccess, [&](proto::Call::Builder c) {
+    c.setReply(true);
+    auto a = c.initMemAllocate();
+    a.setVa(va);
+    a.setBytes(4 << 20);
+  });
+  expect("unaligned allocation", ErrorCode::kInvalidValue, [&](proto::Call::Builder c) {
+    auto a = c.initMemAllocate();
+    a.setVa(va + (8 << 20) + 4096);
+    a.setBytes(4096);
+  });
+  expect("allocation outside the grant", ErrorCode::kInvalidValue, [&](proto::Call::Builder c) {
+    auto a = c.initMemAllocate();
+    a.setVa(g.va_base - (2 << 20));
+    a.setBytes(2 << 20);
+  });
+  expect("allocation over the quota", ErrorCode::kOutOfMemory, [&](proto::Call::Builder c) {
+    auto a = c.initMemAllocate();
+    a.setVa(va + (8 << 20));
+    a.setBytes(64 << 20);
+  });
+  expect("zero-byte allocation", ErrorCode::kInvalidValue, [&](proto::Call::Builder c) {
+    auto a = c.initMemAllocate();
+    a.setVa(va + (8 << 20));
+    a.setBytes(0);
+  });
+  expect("free of no allocation", ErrorCode::kInvalidValue,
+         [&](proto::Call::Builder c) { c.initMemFree().setVa(va + 4096); });
+  expect("copy from beyond the arena", ErrorCode::kInvalidValue, [&](proto::Call::Builder c) {
+    auto m = c.initMemcpyHtoD();
+    m.setDst(va);
+    m.setSrcOffset(arena - 8);
+    m.setBytes(16);
+  });
+  expect("copy with a wrapping arena offset", ErrorCode::kInvalidValue, [&](proto::Call::Builder c) {
+    auto m = c.initMemcpyDtoH();
+    m.setDstOffset(UINT64_MAX - 4);
+    m.setSrc(va);
+    m.setBytes(16);
+  });
+  expect("copy into memory it does not own", ErrorCode::kInvalidValue, [&](proto::Call::Builder c) {
+    auto m = c.initMemcpyHtoD();
+    m.setDst(va + (4 << 20) - 8);
+    m.setSrcOffset(0);
+    m.setBytes(16);
+  });
+  expect("device to device into another address space", ErrorCode::kInvalidValue,
+         [&](proto::Call::Builder c) {
+           auto m = c.initMemcpyDtoD();
+           m.setDst(0x1000);
+           m.setSrc(va);
+           m.setBytes(64);
+         });
+  expect("memset of 3-byte elements", ErrorCode::kInvalidValue, [&](proto::Call::Builder c) {
+    auto m = c.initMemset();
+    m.setDst(va);
+    m.setElementBytes(3);
+    m.setCount(1);
+  });
+  expect("memset whose size overflows", ErrorCode::kInvalidValue, [&](proto::Call::Builder c) {
+    auto m = c.initMemset();
+    m.setDst(va);
+    m.setElementBytes(4);
+    m.setCount(UINT64_MAX / 2);
+  });
+  expect("unknown stream", ErrorCode::kInvalidHandle, [&](proto::Call::Builder c) {
+    c.initStreamSynchronize().setStream(77);
+  });
+  expect("stream handle 0", ErrorCode::kInvalidValue,
+         [&](proto::Call::Builder c) { c.initStreamCreate().setStream(0); });
+  expect("stream", ErrorCode::kSuccess,
+         [&](proto::Call::Builder c) { c.initStreamCreate().setStream(5); });
+  expect("the same stream twice", ErrorCode::kInvalidValue,
+         [&](proto::Call::Builder c) { c.initStreamCreate().setStream(5); });
+  expect("unknown event", ErrorCode::kInvalidHandle, [&](proto::Call::Builder c) {
+    auto r = c.initEventRecord();
+    r.setEvent(3);
+    r.setStream(5);
+  });
+  expect("unknown module", ErrorCode::kInvalidHandle, [&](proto::Call::Builder c) {
+    auto f = c.initFunctionGet();
+    f.setFunction(1);
+    f.setModule(42);
+    f.setName("k");
+  });
+  expect("unknown function", ErrorCode::kInvalidHandle, [&](proto::Call::Builder c) {
+    c.initLaunchKernel().setFunction(9);
+  });
+  // A module image that is not code.
+  std::memset(raw.channel().arena().data(), 0x5a, 4096);
+  expect("garbage module image", ErrorCode::kInvalidImage, [&](proto::Call::Builder c) {
+    auto m = c.initModuleLoad();
+    m.setModule(1);
+    m.setImageOffset(0);
+    m.setImageBytes(4096);
+  });
+  uint64_t last = raw.ping();
+  auto got = raw.collect_until(last);
+  for (const Expect& e : expects) {
+    SCOPED_TRACE(e.what);
+    if (e.code == ErrorCode::kSuccess) {
+      EXPECT_TRUE(got.count(e.seq) == 0 || got[e.seq].ok()) << got[e.seq];
+    } else {
+      ASSERT_TRUE(got.count(e.seq)) << "no error came back";
+      EXPECT_EQ(got[e.seq].code(), e.code) << got[e.seq];
+      EXPECT_FALSE(got[e.seq].message().empty());
+    }
+  }
+  EXPECT_TRUE(got[last].ok());
+}
+
+TEST(Batches, AMessageLargerThanTheRingGetsThroughIntact) {
+  Hiberd hiberd({"--request_ring_kib=16"});
+  RawClient raw(hiberd);
+  ASSERT_TRUE(raw.connected());
+  for (uint32_t i = 0; i + 1 < wire::kMaxCallsPerBatch; ++i) {
+    raw.add([&](proto::Call::Builder c) { c.initPing().setValue(i); });
+  }
+  uint64_t last = raw.add([](proto::Call::Builder c) {
+    c.setReply(true);
+    c.initPing().setValue(7);
+  });
+  ASSERT_TRUE(raw.send().ok());
+  auto got = raw.collect_until(last);
+  ASSERT_TRUE(got.count(last));
+  EXPECT_TRUE(got[last].ok()) << got[last];
+  EXPECT_EQ(got.size(), 1u) << "no call of the big batch failed";
+}
+
+TEST(Batches, AMessageAboveTheLimitIsRefusedBeforeSending) {
+  Hiberd hiberd({"--max_message_mib=1"});
+  RawClient raw(hiberd);
+  ASSERT_TRUE(raw.connected());
+  std::vector<std::byte> huge((1 << 20) + 8);
+  std::span<const std::byte> piece(huge);
+  Status s = raw.channel().send_pieces({&piece, 1});
+  EXPECT_EQ(s.code(), ErrorCode::kInvalidValue) << s;
+  uint64_t seq = raw.ping();
+  auto got = raw.collect_until(seq);
+  EXPECT_TRUE(got[seq].ok()) << "the session must be usable after a refused message";
+}
+
+// A session whose channel the test maps itself, to do what the client library never would.
+struct ManualSession {
+  UniqueFd socket;
+  UniqueFd memfd;
+  wire::SessionInfo info;
+  std::byte* base = nullptr;
+  wire::ChannelViews views;
+
+  explicit ManualSession(const Hiberd& hiberd) {
+    auto connected = wire::connect_unix(hiberd.socket_path());
+    EXPECT_TRUE(connected.ok()) << connected.status();
+    if (!connected.ok()) return;
+    socket = std::move(connected).value();
+    wire::Hello hello = good_hello();
+    hello.auth_token = hiberd.token();
+    EXPECT_TRUE(wire::send_frame(socket.get(), *wire::encode_hello_frame(hello)).ok());
+    wire::Message reply;
+    EXPECT_TRUE(wire::receive_frame(socket.get(), reply, &memfd, 5000ms).ok());
+    auto session = wire::decode_hello_reply(reply);
+    EXPECT_TRUE(session.ok()) << session.status();
+    if (!session.ok() || !memfd.valid()) return;
+    info = *session;
+    void* mapped = ::mmap(nullptr, info.layout.memfd_bytes, PROT_READ | PROT_WRITE, MAP_SHARED,
+                          memfd.get(), 0);
+    EXPECT_NE(mapped, MAP_FAILED);
+    if (mapped == MAP_FAILED) return;
+    base = static_cast<std::byte*>(mapped);
+    views = wire::views_of(base, info.layout);
+  }
+  ~ManualSession() {
+    if (base != nullptr) ::munmap(base, info.layout.memfd_bytes);
+  }
+  bool ok() const { return base != nullptr; }
+  // True once hiberd has closed our socket.
+  bool closed_by_server() {
+    char byte;
+    return ::recv(socket.get(), &byte, 1, MSG_DONTWAIT) == 0;
+  }
+};
+
+// One simulated GPU with one worker thread: every session shares the same device threads.
+std::string one_gpu_config() {
+  static const std::string path = [] {
+    std::string p = "/tmp/hiber-one-gpu-" + std::to_string(::getpid()) + ".json";
+    std::ofstream(p) << R"({
+      "name": "one-gpu",
+      "gpuModels": [{"name": "g", "productName": "Simulated GPU", "memoryBytes": 4294967296,
+                     "computeCapabilityMajor": 9, "computeCapabilityMinor": 0,
+                     "multiprocessors": 8}],
+      "gpus": [{"model": "g", "pcieSwitch": 0}],
+      "pcieSwitches": [{"hostToDeviceGBps": 10, "deviceToHostGBps": 10}]
+    })";
+    return p;
+  }();
+  return path;
+}
+
+// A client that makes the server produce completions and never reads them must not stall
+// anybody else on its GPU (device callbacks never wait for a client), and is eventually cut off.
+TEST(Batches, AClientThatNeverReadsItsCompletionsStallsNobody) {
+  Hiberd hiberd({"--node_config=" + one_gpu_config(), "--sim_workers_per_gpu=1"});
+  ManualSession flood(hiberd);
+  ASSERT_TRUE(flood.ok());
+  // Batches of synchronous calls written straight onto the request ring; the completion ring is
+  // never read. Each completion comes from a callback on the GPU's only device thread.
+  wire::RingProducer requests(flood.views.requests);
+  wire::BatchBuilder batch(wire::kMaxCallsPerBatch);
+  uint64_t seq = 1;
+  for (int b = 0; b < 24 && !flood.closed_by_server(); ++b) {
+    batch.reset(seq);
+    for (uint32_t i = 0; i < wire::kMaxCallsPerBatch; ++i, ++seq) {
+      auto c = batch.add_call();
+      c.setReply(true);
+      c.initStreamSynchronize().setStream(0);
+    }
+    auto pieces = batch.finish();
+    if (!requests.write(pieces, [&] { return !flood.closed_by_server(); }).ok()) break;
+  }
+  // Meanwhile, on the same GPU and the same device thread, another function works normally.
+  auto result = run_program({test_client_path(), "--mode=verify", "--socket=" + hiberd.socket_path(),
+                             "--token=" + hiberd.token(), "--iterations=3"},
+                            60s);
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  // The flooding session is cut off once too many completions wait for it.
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  while (!flood.closed_by_server() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(20ms);
+  }
+  EXPECT_TRUE(flood.closed_by_server());
+  EXPECT_NE(hiberd.log().find("does not read its completion ring"), std::string::npos)
+      << hiberd.log();
+  auto view = hiberd.wait_for([](const StatusView& v) { return v.sessions.empty(); }, 10s);
+  ASSERT_TRUE(view.ok());
+  EXPECT_TRUE(view->sessions.empty());
+}
+
+// The client scribbles over its request ring's cursors. Only its own session ends.
+TEST(Batches, ACorruptRingEndsOnlyThatSession) {
+  Hiberd hiberd;
+  auto bystander = hiberd.connect("bystander");
+  ASSERT_TRUE(bystander.ok());
+  ManualSession corrupt(hiberd);
+  ASSERT_TRUE(corrupt.ok());
+
+  // The client cannot resize the shared memory under the server either: the memfd is sealed.
+  EXPECT_NE(::ftruncate(corrupt.memfd.get(), 4096), 0) << "a client could truncate the channel";
+
+  corrupt.views.requests.header->tail.store(corrupt.views.requests.capacity * 3 + 8);
+  wire::ring(corrupt.views.requests.header->not_empty);
+
+  auto view = hiberd.wait_for([](const StatusView& v) { return v.sessions.size() == 1; }, 10s);
+  ASSERT_TRUE(view.ok());
+  ASSERT_EQ(view->sessions.size(), 1u) << "the corrupt session is still open";
+  EXPECT_EQ(view->sessions[0].function_id, "bystander");
+  EXPECT_GE(view->malformed_messages, 1u);
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (!corrupt.closed_by_server() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(20ms);
+  }
+  EXPECT_TRUE(corrupt.closed_by_server());
+  EXPECT_TRUE((*bystander)->ping().ok());
+}
+
+}  // namespace
+}  // namespace hiber::testing

@@ -1,0 +1,188 @@
+// Host implementations of the kernels in test_kernels.cu, for the simulated GPU
+// (server/device/sim_kernel_plugin.h). Each runs every thread of the grid in turn and computes
+// exactly what the CUDA kernel computes, so a test can compare the two backends byte for byte.
+#include <atomic>
+#include <cstring>
+#include <iterator>
+
+#include "server/device/sim_kernel_plugin.h"
+#include "tests/kernels/test_kernels.h"
+
+namespace {
+
+constexpr int kSuccess = 0;
+constexpr int kInvalidValue = 1;  // CUDA_ERROR_INVALID_VALUE
+
+// Parameter i as a T (copied: the plugin ABI promises nothing about alignment beyond the ABI's).
+template <typename T>
+T arg(const HiberSimLaunch* launch, uint32_t i) {
+  T value;
+  std::memcpy(&value, launch->params[i], sizeof(T));
+  return value;
+}
+
+struct ThreadIndex {
+  HiberSimDim3 block;
+  HiberSimDim3 thread;
+};
+
+// Calls f for every thread of the grid, blocks in x-fastest order and threads likewise.
+template <typename F>
+void for_each_thread(const HiberSimLaunch* launch, F&& f) {
+  const HiberSimDim3 g = launch->grid;
+  const HiberSimDim3 b = launch->block;
+  for (uint32_t bz = 0; bz < g.z; ++bz)
+    for (uint32_t by = 0; by < g.y; ++by)
+      for (uint32_t bx = 0; bx < g.x; ++bx)
+        for (uint32_t tz = 0; tz < b.z; ++tz)
+          for (uint32_t ty = 0; ty < b.y; ++ty)
+            for (uint32_t tx = 0; tx < b.x; ++tx) f(ThreadIndex{{bx, by, bz}, {tx, ty, tz}});
+}
+
+// blockIdx.x * blockDim.x + threadIdx.x, in the width the CUDA source computes it.
+uint64_t global_x(const HiberSimLaunch* launch, const ThreadIndex& t) {
+  return uint64_t{t.block.x} * launch->block.x + t.thread.x;
+}
+
+int vec_add(const HiberSimLaunch* l) {
+  if (l->param_count != 4) return kInvalidValue;
+  auto a = arg<const float*>(l, 0);
+  auto b = arg<const float*>(l, 1);
+  auto c = arg<float*>(l, 2);
+  auto n = arg<int>(l, 3);
+  for_each_thread(l, [&](const ThreadIndex& t) {
+    int i = static_cast<int>(t.block.x * l->block.x + t.thread.x);  // int arithmetic, as in CUDA
+    if (i < n) c[i] = a[i] + b[i];
+  });
+  return kSuccess;
+}
+
+int saxpy(const HiberSimLaunch* l) {
+  if (l->param_count != 4) return kInvalidValue;
+  auto a = arg<float>(l, 0);
+  auto x = arg<const float*>(l, 1);
+  auto y = arg<float*>(l, 2);
+  auto n = arg<int>(l, 3);
+  for_each_thread(l, [&](const ThreadIndex& t) {
+    int i = static_cast<int>(t.block.x * l->block.x + t.thread.x);
+    if (i < n) y[i] = a * x[i] + y[i];
+  });
+  return kSuccess;
+}
+
+int iota_u64(const HiberSimLaunch* l) {
+  if (l->param_count != 3) return kInvalidValue;
+  auto out = arg<unsigned long long*>(l, 0);
+  auto start = arg<unsigned long long>(l, 1);
+  auto n = arg<unsigned long long>(l, 2);
+  const uint64_t threads_x = uint64_t{l->grid.x} * l->block.x;
+  for_each_thread(l, [&](const ThreadIndex& t) {
+    uint64_t x = global_x(l, t);
+    uint64_t y = uint64_t{t.block.y} * l->block.y + t.thread.y;
+    uint64_t i = y * threads_x + x;
+    if (i < n) out[i] = start + i;
+  });
+  return kSuccess;
+}
+
+int odd_params(const HiberSimLaunch* l) {
+  if (l->param_count != 4) return kInvalidValue;
+  auto c = arg<char>(l, 0);
+  auto s = arg<OddStruct>(l, 1);
+  auto h = arg<short>(l, 2);
+  auto out = arg<int*>(l, 3);
+  out[0] = c;
+  out[1] = static_cast<int>(s.d);
+  out[2] = s.c;
+  out[3] = s.a[0] + s.a[1] + s.a[2];
+  out[4] = h;
+  return kSuccess;
+}
+
+int big_param(const HiberSimLaunch* l) {
+  if (l->param_count != 2) return kInvalidValue;
+  auto b = arg<BigStruct>(l, 0);
+  auto out = arg<float*>(l, 1);
+  for_each_thread(l, [&](const ThreadIndex& t) {
+    if (t.block.x == 0 && t.thread.x < 32) out[t.thread.x] = b.v[t.thread.x];
+  });
+  return kSuccess;
+}
+
+int sum_i32(const HiberSimLaunch* l) {
+  if (l->param_count != 3) return kInvalidValue;
+  auto in = arg<const int*>(l, 0);
+  auto n = arg<unsigned long long>(l, 1);
+  auto total = arg<unsigned long long*>(l, 2);
+  std::atomic_ref<unsigned long long> sum(*total);  // other launches may add concurrently
+  for_each_thread(l, [&](const ThreadIndex& t) {
+    uint64_t i = global_x(l, t);
+    if (i < n) sum.fetch_add(static_cast<unsigned long long>(static_cast<long long>(in[i])));
+  });
+  return kSuccess;
+}
+
+int gather_ptrs(const HiberSimLaunch* l) {
+  if (l->param_count != 3) return kInvalidValue;
+  auto ptrs = arg<int* const*>(l, 0);
+  auto n = arg<int>(l, 1);
+  auto out = arg<int*>(l, 2);
+  for_each_thread(l, [&](const ThreadIndex& t) {
+    int i = static_cast<int>(t.block.x * l->block.x + t.thread.x);
+    if (i < n) out[i] = *ptrs[i];
+  });
+  return kSuccess;
+}
+
+int write_value(const HiberSimLaunch* l) {
+  if (l->param_count != 2) return kInvalidValue;
+  auto p = arg<int*>(l, 0);
+  auto value = arg<int>(l, 1);
+  *p = value;
+  return kSuccess;
+}
+
+template <typename T>
+int scale(const HiberSimLaunch* l) {
+  if (l->param_count != 3) return kInvalidValue;
+  auto data = arg<T*>(l, 0);
+  auto factor = arg<T>(l, 1);
+  auto n = arg<unsigned>(l, 2);
+  for_each_thread(l, [&](const ThreadIndex& t) {
+    unsigned i = t.block.x * l->block.x + t.thread.x;
+    if (i < n) data[i] *= factor;
+  });
+  return kSuccess;
+}
+
+int fill_bytes_c(const HiberSimLaunch* l) {
+  if (l->param_count != 3) return kInvalidValue;
+  auto out = arg<unsigned char*>(l, 0);
+  auto value = arg<unsigned char>(l, 1);
+  auto n = arg<unsigned long long>(l, 2);
+  for_each_thread(l, [&](const ThreadIndex& t) {
+    uint64_t i = global_x(l, t);
+    if (i < n) out[i] = value;
+  });
+  return kSuccess;
+}
+
+int noop(const HiberSimLaunch* l) { return l->param_count == 0 ? kSuccess : kInvalidValue; }
+
+namespace names = hiber::test_kernels;
+const HiberSimKernel kKernels[] = {
+    {names::kVecAdd, vec_add},          {names::kSaxpy, saxpy},
+    {names::kIotaU64, iota_u64},        {names::kOddParams, odd_params},
+    {names::kBigParam, big_param},      {names::kSumI32, sum_i32},
+    {names::kGatherPtrs, gather_ptrs},  {names::kWriteValue, write_value},
+    {names::kScaleFloat, scale<float>}, {names::kScaleDouble, scale<double>},
+    {names::kFillBytesC, fill_bytes_c}, {names::kNoop, noop},
+};
+
+}  // namespace
+
+extern "C" __attribute__((visibility("default"))) const HiberSimKernel* hiber_sim_kernels_v1(
+    size_t* count) {
+  *count = std::size(kKernels);
+  return kKernels;
+}

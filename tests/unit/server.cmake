@@ -1,0 +1,4 @@
+# Unit tests of server/.
+hiber_test(staging_tracker_test LABEL unit SOURCES staging_tracker_test.cc LIBS hiber_server)
+hiber_test(auth_test LABEL unit SOURCES auth_test.cc LIBS hiber_server)
+hiber_test(io_loop_test LABEL unit SOURCES io_loop_test.cc LIBS hiber_server)

@@ -1,0 +1,110 @@
+// The client side of the call protocol on top of a ClientChannel: numbers calls, batches them,
+// waits for replies, keeps the session's sticky error, and manages the arena's staging FIFO.
+//
+// Tools and tests use it directly. The CUDA shim builds its flush policy (N calls, B bytes,
+// T microseconds of quiet) on top.
+//
+// Errors. A call sent without reply that fails comes back as a completion with its error; the
+// first such error is kept (sticky) until take_error(), as CUDA keeps its last error. A reply
+// carries its own call's status. A session-level error (a malformed batch, seq 0) or the server
+// closing the session is sticky too.
+//
+// Staging. stage() hands out room in the arena for data that one call needs (a pageable
+// source, a destination the client reads after the reply). Positions grow monotonically; the
+// call names its end (stagingEnd) and the server releases the bytes once the call is done.
+//
+// Thread safety: one thread at a time.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <variant>
+
+#include "common/kernel_info.h"
+#include "common/status.h"
+#include "wire/batch_builder.h"
+#include "wire/client_channel.h"
+#include "wire/schema/calls.capnp.h"
+
+namespace hiber::wire {
+
+struct CallClientOptions {
+  uint32_t max_batch_calls = 256;                  // a batch is sent when it holds this many
+  std::chrono::milliseconds reply_timeout{60000};  // kTimeout after this long without a reply
+};
+
+// What a reply carries besides its status.
+using CallResult = std::variant<std::monostate, uint64_t /*ping*/, float /*elapsedMs*/,
+                                KernelInfo>;
+
+class CallClient {
+ public:
+  static Result<std::unique_ptr<CallClient>> connect(const ClientOptions& options,
+                                                     CallClientOptions call_options = {});
+  CallClient(std::unique_ptr<ClientChannel> channel, CallClientOptions options);
+
+  const SessionInfo& session() const { return channel_->session(); }
+  ClientChannel& channel() { return *channel_; }
+
+  // Appends an asynchronous call; fill(proto::Call::Builder) sets it. Sends the batch when full.
+  template <typename Fill>
+  Status enqueue(Fill&& fill) {
+    if (batch_.empty()) batch_.reset(next_seq_);
+    fill(batch_.add_call());
+    ++next_seq_;
+    return batch_.full() ? flush() : Status();
+  }
+
+  // Appends a call with reply = true, sends the batch and waits for the call's completion.
+  // The status is the call's own; the sticky error is not consumed.
+  template <typename Fill>
+  Result<CallResult> call(Fill&& fill) {
+    if (batch_.empty()) batch_.reset(next_seq_);
+    const uint64_t seq = next_seq_++;
+    proto::Call::Builder c = batch_.add_call();
+    fill(c);
+    c.setReply(true);
+    HIBER_RETURN_IF_ERROR(flush());
+    return wait_reply(seq);
+  }
+
+  // Sends the calls added so far (nothing if none).
+  Status flush();
+
+  // Sends a ping and waits for it: a full synchronous round trip.
+  Status ping();
+
+  // The sticky error: the first failure of an asynchronous call not yet taken. Reading it first
+  // collects every completion already waiting.
+  Status peek_error();
+  Status take_error();
+
+  struct Staged {
+    uint64_t offset = 0;        // in the arena
+    std::span<std::byte> bytes; // where to write (or, after the reply, read)
+    uint64_t staging_end = 0;   // for the call's stagingEnd
+  };
+  // Room for `bytes` in the staging FIFO, waiting (after sending what is batched) for the server
+  // to release space. kInvalidValue if bytes is 0 or larger than the arena.
+  Result<Staged> stage(uint64_t bytes);
+
+ private:
+  Result<CallResult> wait_reply(uint64_t seq);
+  // Reads one completion message (waiting up to `timeout`) and files its completions.
+  Status collect(std::chrono::nanoseconds timeout);
+  void keep_error(Status status);
+
+  std::unique_ptr<ClientChannel> channel_;
+  CallClientOptions options_;
+  BatchBuilder batch_;
+  uint64_t next_seq_ = 1;
+  Status sticky_;
+  std::map<uint64_t, std::pair<Status, CallResult>> replies_;  // arrived, not yet waited for
+  Message message_;
+  uint64_t staging_head_ = 0;  // staging bytes handed out, monotonic
+};
+
+}  // namespace hiber::wire

@@ -1,0 +1,69 @@
+// The handshake's content as plain C++ values, and its encoding (wire/schema/handshake.capnp).
+// I/O-free: frames go over the socket through wire/socket_frame.h.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/node_config.h"
+#include "common/status.h"
+#include "wire/channel_layout.h"
+#include "wire/message.h"
+
+namespace hiber::wire {
+
+struct ProtocolVersion {
+  uint16_t major = 0;
+  uint16_t minor = 0;
+};
+
+// The version this build speaks (from handshake.capnp).
+ProtocolVersion current_protocol_version();
+
+struct Hello {
+  ProtocolVersion version;
+  std::string function_id;
+  std::string auth_token;
+  uint64_t requested_quota_bytes = 0;
+};
+
+struct Grant {
+  uint64_t va_base = 0;
+  uint64_t va_bytes = 0;
+  uint64_t quota_bytes = 0;
+  uint64_t allocation_granularity = 0;
+};
+
+struct DeviceInfo {
+  uint32_t ordinal = 0;
+  std::string name;
+  std::vector<uint8_t> uuid;        // 16 bytes
+  std::string pci_bus_id;
+  uint64_t total_memory_bytes = 0;
+  std::vector<int32_t> attributes;  // indexed by CUdevice_attribute; 0 where not known
+};
+
+// Everything a Welcome says.
+struct SessionInfo {
+  uint64_t session_id = 0;
+  ProtocolVersion server_version;
+  Grant grant;
+  ChannelLayout layout;
+  std::vector<DeviceInfo> devices;
+  NodeConfig node;
+};
+
+// Client side.
+Result<std::vector<std::byte>> encode_hello_frame(const Hello& hello);
+// A Welcome becomes a SessionInfo; a Rejection becomes its own code and message (with
+// "hiberd rejected the session: " in front); anything malformed becomes kInvalidValue.
+Result<SessionInfo> decode_hello_reply(const Message& frame);
+
+// Server side. decode_hello checks every field against wire/limits.h; it does not judge the
+// version or the token (the server does, so it can say why it refuses).
+Result<Hello> decode_hello(const Message& frame);
+Result<std::vector<std::byte>> encode_welcome_frame(const SessionInfo& session);
+Result<std::vector<std::byte>> encode_rejection_frame(const Status& why);
+
+}  // namespace hiber::wire

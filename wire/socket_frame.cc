@@ -1,0 +1,216 @@
+#include "wire/socket_frame.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <cstring>
+
+namespace hiber::wire {
+namespace {
+
+static_assert(std::endian::native == std::endian::little, "the length prefix is little-endian");
+
+// SCM_RIGHTS room for a few descriptors: one is expected; more are read so they can be closed.
+constexpr size_t kMaxReceivedFds = 8;
+
+Status os_error(std::string_view what) {
+  return error(ErrorCode::kOperatingSystem, what, ": ", std::strerror(errno));
+}
+
+Status length_error(uint32_t length) {
+  return error(ErrorCode::kInvalidValue, "frame length ", length, " is not in [1, ",
+               kMaxFrameBytes, "]");
+}
+
+using Clock = std::chrono::steady_clock;
+
+// Waits for `events` on fd until the deadline: true if ready, false on timeout.
+Result<bool> poll_until(int fd, short events, Clock::time_point deadline) {
+  for (;;) {
+    const auto now = Clock::now();
+    if (now >= deadline) return false;
+    // Round up so we never wake a little early and report a timeout too soon.
+    const auto ms = std::chrono::ceil<std::chrono::milliseconds>(deadline - now).count();
+    pollfd p{.fd = fd, .events = events, .revents = 0};
+    const int n = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(ms, 1 << 30)));
+    if (n > 0) return true;
+    if (n < 0 && errno != EINTR) return os_error("poll");
+  }
+}
+
+// Takes every descriptor out of the control messages: the first into *keep (when keep is
+// non-null and still empty), the rest closed.
+void collect_fds(msghdr& msg, UniqueFd* keep) {
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < count; ++i) {
+      int fd;
+      std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+      UniqueFd owned(fd);
+      if (keep != nullptr && !keep->valid()) *keep = std::move(owned);
+    }
+  }
+}
+
+// Reads exactly bytes.size() bytes.
+Status read_exact(int fd, std::span<std::byte> bytes, UniqueFd* received_fd,
+                  Clock::time_point deadline, bool frame_started) {
+  size_t done = 0;
+  while (done < bytes.size()) {
+    HIBER_ASSIGN_OR_RETURN(const bool ready, poll_until(fd, POLLIN, deadline));
+    if (!ready) return Status(ErrorCode::kTimeout, "no complete frame in time");
+    iovec iov{.iov_base = bytes.data() + done, .iov_len = bytes.size() - done};
+    alignas(cmsghdr) char control[CMSG_SPACE(kMaxReceivedFds * sizeof(int))];
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    const ssize_t n = ::recvmsg(fd, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    if (n < 0) {
+      if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
+      if (errno == ECONNRESET) return Status(ErrorCode::kDeinitialized, "the peer reset the socket");
+      return os_error("recvmsg");
+    }
+    collect_fds(msg, received_fd);
+    if (n == 0) {
+      return Status(ErrorCode::kDeinitialized, frame_started || done > 0
+                                                   ? "the peer closed the socket inside a frame"
+                                                   : "the peer closed the socket");
+    }
+    done += static_cast<size_t>(n);
+  }
+  return Status();
+}
+
+}  // namespace
+
+Result<std::vector<std::byte>> encode_frame(capnp::MessageBuilder& message) {
+  std::vector<capnp::word> table;
+  const auto pieces = frame_pieces(message, table);
+  size_t length = 0;
+  for (const auto& piece : pieces) length += piece.size();
+  if (length > kMaxFrameBytes) {
+    return error(ErrorCode::kInvalidValue, "message of ", length, " bytes exceeds the ",
+                 kMaxFrameBytes, "-byte frame limit");
+  }
+  std::vector<std::byte> frame(sizeof(uint32_t));
+  frame.reserve(sizeof(uint32_t) + length);
+  const auto prefix = static_cast<uint32_t>(length);
+  std::memcpy(frame.data(), &prefix, sizeof(prefix));
+  for (const auto& piece : pieces) frame.insert(frame.end(), piece.begin(), piece.end());
+  return frame;
+}
+
+size_t FrameReader::feed(std::span<const std::byte> bytes) {
+  if (!error_.ok() || complete()) return 0;
+  size_t used = 0;
+  if (!have_length_) {
+    const size_t n = std::min(bytes.size(), sizeof(prefix_) - prefix_received_);
+    std::memcpy(prefix_ + prefix_received_, bytes.data(), n);
+    prefix_received_ += n;
+    used = n;
+    if (prefix_received_ < sizeof(prefix_)) return used;
+    std::memcpy(&length_, prefix_, sizeof(length_));
+    if (length_ == 0 || length_ > kMaxFrameBytes) {
+      error_ = length_error(length_);
+      return used;
+    }
+    have_length_ = true;
+    message_.resize(length_);
+  }
+  const size_t n = std::min(bytes.size() - used, size_t{length_} - received_);
+  // resize() to the same length keeps what arrived so far and gives write access.
+  std::memcpy(message_.resize(length_).data() + received_, bytes.data() + used, n);
+  received_ += n;
+  return used + n;
+}
+
+void FrameReader::reset() {
+  prefix_received_ = 0;
+  have_length_ = false;
+  length_ = 0;
+  received_ = 0;
+  error_ = Status();
+}
+
+Status send_frame(int socket_fd, std::span<const std::byte> frame, int attach_fd) {
+  if (frame.empty()) return Status(ErrorCode::kInvalidValue, "cannot send an empty frame");
+  size_t sent = 0;
+  bool attach = attach_fd >= 0;
+  while (sent < frame.size()) {
+    iovec iov{.iov_base = const_cast<std::byte*>(frame.data() + sent), .iov_len = frame.size() - sent};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    if (attach) {
+      msg.msg_control = control;
+      msg.msg_controllen = sizeof(control);
+      cmsghdr* c = CMSG_FIRSTHDR(&msg);
+      c->cmsg_level = SOL_SOCKET;
+      c->cmsg_type = SCM_RIGHTS;
+      c->cmsg_len = CMSG_LEN(sizeof(int));
+      std::memcpy(CMSG_DATA(c), &attach_fd, sizeof(int));
+    }
+    const ssize_t n = ::sendmsg(socket_fd, &msg, MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        pollfd p{.fd = socket_fd, .events = POLLOUT, .revents = 0};
+        if (::poll(&p, 1, -1) < 0 && errno != EINTR) return os_error("poll");
+        continue;
+      }
+      if (errno == EPIPE || errno == ECONNRESET) {
+        return Status(ErrorCode::kDeinitialized, "the peer closed the socket");
+      }
+      return os_error("sendmsg");
+    }
+    // The descriptor went with the first byte that was accepted.
+    if (n > 0) attach = false;
+    sent += static_cast<size_t>(n);
+  }
+  return Status();
+}
+
+Status receive_frame(int socket_fd, Message& out, UniqueFd* received_fd,
+                     std::chrono::milliseconds timeout) {
+  if (received_fd != nullptr) received_fd->reset();
+  const auto deadline = Clock::now() + timeout;
+  uint32_t length = 0;
+  HIBER_RETURN_IF_ERROR(read_exact(socket_fd, std::as_writable_bytes(std::span(&length, 1)),
+                                   received_fd, deadline, false));
+  if (length == 0 || length > kMaxFrameBytes) return length_error(length);
+  return read_exact(socket_fd, out.resize(length), received_fd, deadline, true);
+}
+
+Result<UniqueFd> connect_unix(const std::string& path) {
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  if (path.empty() || path.size() >= sizeof(address.sun_path)) {
+    return error(ErrorCode::kInvalidValue, "socket path '", path, "' is empty or longer than ",
+                 sizeof(address.sun_path) - 1, " bytes");
+  }
+  std::memcpy(address.sun_path, path.data(), path.size());
+  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fd) return error(ErrorCode::kOperatingSystem, "socket: ", std::strerror(errno));
+  int rc;
+  do {
+    rc = ::connect(fd.get(), reinterpret_cast<const sockaddr*>(&address), sizeof(address));
+  } while (rc != 0 && errno == EINTR);
+  if (rc != 0) {
+    if (errno == ECONNREFUSED || errno == ENOENT) {
+      return error(ErrorCode::kNoDevice, "hiberd is not running at ", path, ": ",
+                   std::strerror(errno));
+    }
+    return error(ErrorCode::kOperatingSystem, "connect to ", path, ": ", std::strerror(errno));
+  }
+  return fd;
+}
+
+}  // namespace hiber::wire
