@@ -8,6 +8,7 @@
 #include <cstring>
 #include <limits>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -71,6 +72,93 @@ bool in_bounds(uint64_t offset, uint64_t size, uint64_t total) {
 
 // ---- fatbin ----
 
+// Output buffers start this small and double as decompressed bytes actually arrive, so the
+// memory a compressed entry costs follows what its data produces, never just what its header
+// claims: a forged size with no data behind it fails after a few KiB.
+constexpr size_t kFirstOutputBytes = 64 << 10;
+
+// Doubles `out`, to at most `limit` bytes.
+void grow(std::vector<std::byte>& out, uint64_t limit) {
+  out.resize(static_cast<size_t>(std::min<uint64_t>(uint64_t{out.size()} * 2, limit)));
+}
+
+Result<std::vector<std::byte>> decompress_zstd(std::span<const std::byte> data,
+                                               uint64_t declared_bytes, const std::string& where) {
+  // The frame states its content size; it must be the one the entry declares.
+  unsigned long long frame_bytes = ZSTD_getFrameContentSize(data.data(), data.size());
+  if (frame_bytes != declared_bytes)
+    return invalid(str_cat(
+        where, ": Zstandard frame holds ",
+        frame_bytes >= ZSTD_CONTENTSIZE_ERROR ? "an unknown size" : std::to_string(frame_bytes),
+        " but the entry declares ", declared_bytes, " bytes"));
+  // Streaming, into a buffer that grows with the output: the frame header's size is only a
+  // claim until the blocks behind it deliver.
+  std::unique_ptr<ZSTD_DCtx, size_t (*)(ZSTD_DCtx*)> context(ZSTD_createDCtx(), ZSTD_freeDCtx);
+  if (context == nullptr) return invalid(str_cat(where, ": out of memory for Zstandard"));
+  std::vector<std::byte> out(
+      static_cast<size_t>(std::min<uint64_t>(declared_bytes, kFirstOutputBytes)));
+  ZSTD_inBuffer in{data.data(), data.size(), 0};
+  size_t produced = 0;
+  while (true) {
+    if (produced == out.size()) grow(out, declared_bytes);
+    ZSTD_outBuffer chunk{out.data(), out.size(), produced};
+    const size_t consumed_before = in.pos;
+    const size_t left = ZSTD_decompressStream(context.get(), &chunk, &in);
+    if (ZSTD_isError(left))
+      return invalid(str_cat(where, ": Zstandard data is corrupt (", ZSTD_getErrorName(left), ")"));
+    const bool progressed = in.pos != consumed_before || chunk.pos != produced;
+    produced = chunk.pos;
+    if (left == 0) break;  // the frame is complete
+    if (!progressed) {
+      if (in.pos == in.size)
+        return invalid(str_cat(where, ": Zstandard data ends inside its frame, after ", produced,
+                               " of ", declared_bytes, " bytes"));
+      return invalid(str_cat(where, ": Zstandard data holds more than the ", declared_bytes,
+                             " bytes the entry declares"));
+    }
+  }
+  if (in.pos != in.size)
+    return invalid(str_cat(where, ": ", in.size - in.pos,
+                           " bytes follow the Zstandard frame inside its compressed size"));
+  if (produced != declared_bytes)
+    return invalid(str_cat(where, ": Zstandard data holds ", produced, " bytes, entry declares ",
+                           declared_bytes));
+  return out;
+}
+
+Result<std::vector<std::byte>> decompress_lz4(std::span<const std::byte> data,
+                                              uint64_t declared_bytes, const std::string& where) {
+  // An LZ4 block expands at most 255 times; a larger claim is forged.
+  if (declared_bytes > uint64_t{data.size()} * 255 + 64)
+    return invalid(str_cat(where, ": uncompressed size ", declared_bytes, " is impossible for ",
+                           data.size(), " bytes of LZ4"));
+  // A raw block has no frame to stream, so decode a growing prefix until the buffer is as large
+  // as declared: a prefix shorter than the buffer is all the block holds. Redecoding from the
+  // start costs at most twice the output.
+  const char* src = reinterpret_cast<const char*>(data.data());
+  const int src_bytes = static_cast<int>(data.size());
+  std::vector<std::byte> out(
+      static_cast<size_t>(std::min<uint64_t>(declared_bytes, kFirstOutputBytes)));
+  while (out.size() < declared_bytes) {
+    const int capacity = static_cast<int>(out.size());
+    const int got = LZ4_decompress_safe_partial(src, reinterpret_cast<char*>(out.data()),
+                                                src_bytes, capacity, capacity);
+    if (got < 0) return invalid(str_cat(where, ": LZ4 data is corrupt"));
+    if (got < capacity)
+      return invalid(
+          str_cat(where, ": LZ4 data holds ", got, " bytes, entry declares ", declared_bytes));
+    grow(out, declared_bytes);
+  }
+  // The whole block, which must end exactly at the compressed size and fill the buffer.
+  const int got = LZ4_decompress_safe(src, reinterpret_cast<char*>(out.data()), src_bytes,
+                                      static_cast<int>(out.size()));
+  if (got < 0) return invalid(str_cat(where, ": LZ4 data is corrupt"));
+  if (static_cast<uint64_t>(got) != declared_bytes)
+    return invalid(
+        str_cat(where, ": LZ4 data holds ", got, " bytes, entry declares ", declared_bytes));
+  return out;
+}
+
 Result<std::vector<std::byte>> decompress(std::span<const std::byte> payload, uint64_t flags,
                                           uint32_t compressed_bytes, uint64_t declared_bytes,
                                           uint64_t budget, const std::string& where) {
@@ -81,39 +169,9 @@ Result<std::vector<std::byte>> decompress(std::span<const std::byte> payload, ui
   if (declared_bytes == 0 || declared_bytes > budget)
     return invalid(str_cat(where, ": uncompressed size ", declared_bytes, " is zero or beyond the ",
                            kMaxDecompressedBytes, "-byte limit for one fatbin"));
-  const void* src = payload.data();
-  std::vector<std::byte> out;
-  if (flags & kFlagZstd) {
-    // The frame states its content size; it must be the one the entry declares, so a forged
-    // entry cannot make us allocate more than the data really holds.
-    unsigned long long frame_bytes = ZSTD_getFrameContentSize(src, compressed_bytes);
-    if (frame_bytes != declared_bytes)
-      return invalid(str_cat(
-          where, ": Zstandard frame holds ",
-          frame_bytes >= ZSTD_CONTENTSIZE_ERROR ? "an unknown size" : std::to_string(frame_bytes),
-          " but the entry declares ", declared_bytes, " bytes"));
-    out.resize(declared_bytes);
-    size_t got = ZSTD_decompress(out.data(), out.size(), src, compressed_bytes);
-    if (ZSTD_isError(got))
-      return invalid(str_cat(where, ": Zstandard data is corrupt (", ZSTD_getErrorName(got), ")"));
-    if (got != declared_bytes)
-      return invalid(str_cat(where, ": Zstandard data holds ", got, " bytes, entry declares ",
-                             declared_bytes));
-  } else {
-    // An LZ4 block expands at most 255 times; a larger claim is forged.
-    if (declared_bytes > uint64_t{compressed_bytes} * 255 + 64)
-      return invalid(str_cat(where, ": uncompressed size ", declared_bytes, " is impossible for ",
-                             compressed_bytes, " bytes of LZ4"));
-    out.resize(declared_bytes);
-    int got =
-        LZ4_decompress_safe(static_cast<const char*>(src), reinterpret_cast<char*>(out.data()),
-                            static_cast<int>(compressed_bytes), static_cast<int>(declared_bytes));
-    if (got < 0) return invalid(str_cat(where, ": LZ4 data is corrupt"));
-    if (static_cast<uint64_t>(got) != declared_bytes)
-      return invalid(
-          str_cat(where, ": LZ4 data holds ", got, " bytes, entry declares ", declared_bytes));
-  }
-  return out;
+  std::span<const std::byte> data = payload.first(compressed_bytes);
+  if (flags & kFlagZstd) return decompress_zstd(data, declared_bytes, where);
+  return decompress_lz4(data, declared_bytes, where);
 }
 
 // ---- cubin (ELF) ----
@@ -620,6 +678,10 @@ Result<std::vector<KernelInfo>> image_kernels(std::span<const std::byte> image) 
     return invalid("not a fatbin, cubin or PTX image");
   }
   HIBER_ASSIGN_OR_RETURN(std::vector<CodeEntry> entries, parse_fatbin(image));
+  return fatbin_kernels(entries);
+}
+
+Result<std::vector<KernelInfo>> fatbin_kernels(std::span<const CodeEntry> entries) {
   std::map<std::string, KernelInfo> merged;
   std::map<std::string, size_t> found_in;
   for (size_t i = 0; i < entries.size(); ++i) {

@@ -8,7 +8,8 @@
 //  - fatbin: header {u32 magic 0xBA55ED50, u16 version, u16 header size, u64 body size}, then
 //    entries {u16 kind (1 PTX, 2 cubin), ..., u32 header size, u64 payload size, ...,
 //    u32 arch (e.g. 90), ..., u64 flags, ..., u64 uncompressed size}. Payloads may be
-//    compressed: flag 0x2000 is LZ4, flag 0x8000 is Zstandard.
+//    compressed: flag 0x2000 is LZ4, flag 0x8000 is Zstandard. Decompressed sizes are claims
+//    until the data delivers them: output buffers grow with what is actually decompressed.
 //  - cubin: an ELF64 file; each kernel has a .text.<name> section and a .nv.info.<name>
 //    section whose EIATTR_KPARAM_INFO attributes give each parameter's ordinal, offset and size.
 //  - PTX: `.entry name ( .param .<type> name, ... )` declarations.
@@ -54,5 +55,9 @@ Result<std::vector<KernelInfo>> ptx_kernels(std::string_view ptx);
 // found in several entries must agree), a cubin or PTX text. Sorted by name, each once.
 // kInvalidImage if the image is none of these or is malformed.
 Result<std::vector<KernelInfo>> image_kernels(std::span<const std::byte> image);
+
+// The kernels of entries parse_fatbin returned, merged as image_kernels merges a fatbin's, for
+// callers that also look at the entries themselves and so parse the fatbin only once.
+Result<std::vector<KernelInfo>> fatbin_kernels(std::span<const CodeEntry> entries);
 
 }  // namespace hiber::fatbin

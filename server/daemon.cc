@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 
 #include <capnp/message.h>
@@ -25,6 +26,11 @@ namespace proto = wire::proto;
 namespace {
 
 constexpr auto kSweepInterval = std::chrono::milliseconds(250);
+// Connections that have not yet become sessions (handshakes, control clients). Bounds what
+// clients that connect and say nothing can hold; each also times out.
+constexpr size_t kMaxPendingConnections = 256;
+// How long accepting pauses after an error such as running out of file descriptors.
+constexpr auto kAcceptRetry = std::chrono::milliseconds(100);
 
 Status os_error(std::string_view what, int err) {
   return error(ErrorCode::kOperatingSystem, what, ": ", std::strerror(err));
@@ -139,6 +145,9 @@ Daemon::~Daemon() {
       connection->session->join();
     }
   }
+  // The loop first: it cancels and drains its operations while the buffers they point into
+  // (connections, the signal buffer) still exist.
+  loop_.reset();
 }
 
 void Daemon::stop() {
@@ -146,33 +155,9 @@ void Daemon::stop() {
 }
 
 Status Daemon::run() {
-  accept_op_ = loop_->accept_multishot(function_listener_.get(), [this](int result, bool more) {
-    if (result >= 0) {
-      on_accept(result, /*control=*/false);
-    } else if (result != -ECANCELED && !shutting_down_) {
-      LOG(ERROR) << "accept on " << options_.socket_path << ": " << std::strerror(-result);
-    }
-    if (!more && !shutting_down_) {
-      LOG(ERROR) << "function socket stopped accepting; shutting down";
-      begin_shutdown("accept failed");
-    }
-  });
-  control_accept_op_ =
-      loop_->accept_multishot(control_listener_.get(), [this](int result, bool more) {
-        if (result >= 0) {
-          on_accept(result, /*control=*/true);
-        } else if (result != -ECANCELED && !shutting_down_) {
-          LOG(ERROR) << "accept on " << options_.control_socket_path << ": "
-                     << std::strerror(-result);
-        }
-        if (!more && !shutting_down_) begin_shutdown("control accept failed");
-      });
-  loop_->read(signal_fd_.get(), signal_buffer_, [this](int result, bool) {
-    if (result > 0) {
-      auto* info = reinterpret_cast<signalfd_siginfo*>(signal_buffer_.data());
-      begin_shutdown(info->ssi_signo == SIGINT ? "SIGINT" : "SIGTERM");
-    }
-  });
+  arm_accept(/*control=*/false);
+  arm_accept(/*control=*/true);
+  arm_signals();
   loop_->timeout(kSweepInterval, [this](int, bool) { sweep_handshakes(); });
   LOG(INFO) << "hiberd serving functions on " << options_.socket_path << " and control on "
             << options_.control_socket_path << " (" << device_.backend_name() << " device, "
@@ -180,6 +165,47 @@ Status Daemon::run() {
   Status status = loop_->run();
   LOG(INFO) << "hiberd stopped: " << counters_.sessions_opened << " sessions served";
   return status;
+}
+
+void Daemon::arm_accept(bool control) {
+  const int listener = control ? control_listener_.get() : function_listener_.get();
+  IoLoop::OpId& op = control ? control_accept_op_ : accept_op_;
+  op = loop_->accept_multishot(listener, [this, control](int result, bool more) {
+    if (result >= 0) {
+      on_accept(result, control);
+      return;
+    }
+    if (result == -ECANCELED || shutting_down_) return;
+    const char* socket = control ? "control" : "function";
+    if (result == -EBADF || result == -EINVAL || result == -ENOTSOCK) {
+      LOG(ERROR) << "the " << socket << " socket is unusable: " << std::strerror(-result);
+      begin_shutdown("a listening socket failed");
+      return;
+    }
+    // Out of descriptors or memory: clients wait in the listen backlog until some come back.
+    LOG(WARNING) << "accepting on the " << socket << " socket: " << std::strerror(-result)
+                 << "; retrying in " << kAcceptRetry.count() << " ms";
+    if (!more) {
+      loop_->timeout(kAcceptRetry, [this, control](int, bool) {
+        if (!shutting_down_) arm_accept(control);
+      });
+    }
+  });
+}
+
+void Daemon::arm_signals() {
+  loop_->read(signal_fd_.get(), signal_buffer_, [this](int result, bool) {
+    if (result <= 0) return;
+    auto* info = reinterpret_cast<signalfd_siginfo*>(signal_buffer_.data());
+    const char* name = info->ssi_signo == SIGINT ? "SIGINT" : "SIGTERM";
+    if (shutting_down_) {
+      LOG(ERROR) << name << " again: exiting without waiting for " << live_sessions_
+                 << " sessions";
+      std::_Exit(2);
+    }
+    begin_shutdown(name);
+    arm_signals();
+  });
 }
 
 // ---- Connections ----
@@ -195,6 +221,11 @@ void Daemon::on_accept(int fd, bool control) {
 
   if (shutting_down_) {
     reject(c, Status(ErrorCode::kDeviceUnavailable, "hiberd is shutting down"));
+    return;
+  }
+  if (connections_.size() - live_sessions_ > kMaxPendingConnections) {
+    reject(c, error(ErrorCode::kDeviceUnavailable, "more than ", kMaxPendingConnections,
+                    " connections are waiting to be served"));
     return;
   }
   auto peer = peer_credentials(fd);
@@ -318,10 +349,10 @@ void Daemon::maybe_forget(Connection& connection) {
     return;
   }
   if (connection.session) {
-    // A session created but never started (its Welcome could not be sent).
+    // A session created but never started (its Welcome could not be sent): it never opened,
+    // so it is not counted as closed either.
     connection.session.reset();
     --live_sessions_;
-    ++counters_.sessions_closed;
   }
   connections_.erase(connection.id);
   maybe_finish_shutdown();
@@ -432,7 +463,6 @@ void Daemon::on_control_request(Connection& connection) {
   ++counters_.control_requests;
   auto reply = answer_control(connection.reader.message());
   if (!reply.ok()) {
-    ++counters_.malformed_messages;
     reject(connection, reply.status());
     return;
   }
@@ -520,8 +550,15 @@ Result<std::vector<std::byte>> Daemon::answer_control(const wire::Message& reque
         counters.setControlRequests(counters_.control_requests);
         return Status();
       });
-  if (!read.ok()) return read;
-  return wire::encode_frame(reply);
+  if (!read.ok()) {
+    ++counters_.malformed_messages;
+    return read;
+  }
+  auto frame = wire::encode_frame(reply, wire::kMaxControlReplyBytes);
+  if (!frame.ok()) {
+    return Status(ErrorCode::kUnknown, "hiberd cannot encode its reply: " + frame.status().message());
+  }
+  return frame;
 }
 
 // ---- Time-outs and shutdown ----
@@ -546,6 +583,11 @@ void Daemon::begin_shutdown(std::string_view why) {
   if (shutting_down_) return;
   shutting_down_ = true;
   LOG(INFO) << "hiberd shutting down (" << why << "): closing " << live_sessions_ << " sessions";
+  loop_->timeout(options_.shutdown_timeout, [this](int, bool) {
+    LOG(ERROR) << live_sessions_ << " sessions did not finish their device work within "
+               << options_.shutdown_timeout.count() << " ms; exiting without waiting";
+    std::_Exit(2);
+  });
   loop_->cancel(accept_op_);
   loop_->cancel(control_accept_op_);
   ::unlink(options_.socket_path.c_str());

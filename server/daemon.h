@@ -42,6 +42,9 @@ struct DaemonOptions {
   wire::ChannelConfig channel;
   size_t max_sessions = 1024;
   std::chrono::milliseconds handshake_timeout{5000};
+  // After SIGTERM, how long sessions may take to finish their device work before hiberd exits
+  // without waiting for them. A second signal exits at once.
+  std::chrono::milliseconds shutdown_timeout{30000};
 };
 
 class Daemon {
@@ -63,7 +66,10 @@ class Daemon {
   Daemon(device::Device& device, DaemonOptions options, std::unique_ptr<IoLoop> loop,
          UniqueFd function_listener, UniqueFd control_listener, UniqueFd signal_fd);
 
+  // Accepts on one listener until shutdown; errors (EMFILE and the like) pause it briefly.
+  void arm_accept(bool control);
   void on_accept(int fd, bool control);
+  void arm_signals();
   // Wraps a handler of an operation on `connection`: counts it as outstanding, finds the
   // connection again when it completes (it may be gone) and forgets the connection once it is
   // closing and idle.

@@ -1,5 +1,6 @@
 // hiberd: Hiber's GPU server. One per node; functions' CUDA calls execute here.
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -53,6 +54,9 @@ DEFINE_uint64(arena_mib, 64, "Bulk data arena per session, MiB");
 DEFINE_uint64(max_message_mib, 16, "Largest message a client may send, MiB");
 DEFINE_uint64(max_sessions, 1024, "Most sessions served at once; more are refused");
 DEFINE_uint64(handshake_timeout_ms, 5000, "Time a new connection has to say Hello");
+DEFINE_uint64(shutdown_timeout_ms, 30000,
+              "On SIGTERM, how long sessions may take to finish their device work before hiberd "
+              "exits without them (a second signal exits at once)");
 
 namespace hiber {
 namespace {
@@ -129,13 +133,54 @@ Result<server::DaemonOptions> make_options(const std::string& run_dir) {
   }
   options.max_sessions = FLAGS_max_sessions;
   options.handshake_timeout = std::chrono::milliseconds(FLAGS_handshake_timeout_ms);
+  options.shutdown_timeout = std::chrono::milliseconds(FLAGS_shutdown_timeout_ms);
   return options;
 }
 
-int run() {
-  const std::string run_dir = FLAGS_run_dir.empty() ? default_run_dir() : FLAGS_run_dir;
+// The run directory holds the sockets and the token, so nobody else may be able to swap them:
+// it must be a real directory, owned by us, and writable by nobody else. (/tmp/hiber-<uid> could
+// otherwise be created by another user first.)
+Status prepare_run_dir(const std::string& run_dir) {
   if (::mkdir(run_dir.c_str(), 0755) != 0 && errno != EEXIST) {
-    LOG(ERROR) << "cannot create run directory " << run_dir << ": " << std::strerror(errno);
+    return error(ErrorCode::kOperatingSystem, "cannot create run directory ", run_dir, ": ",
+                 std::strerror(errno));
+  }
+  struct stat st {};
+  if (::lstat(run_dir.c_str(), &st) != 0) {
+    return error(ErrorCode::kOperatingSystem, "run directory ", run_dir, ": ", std::strerror(errno));
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    return error(ErrorCode::kNotPermitted, "run directory ", run_dir, " is not a directory");
+  }
+  if (st.st_uid != ::geteuid() || (st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
+    return error(ErrorCode::kNotPermitted, "run directory ", run_dir, " is owned by uid ",
+                 st.st_uid, " with mode ", std::oct, (st.st_mode & 07777),
+                 ": it must be ours and writable only by us (remove it or pick --run_dir)");
+  }
+  return Status();
+}
+
+// Each session holds its socket and its channel memfd, so a full hiberd needs about two
+// descriptors per session plus some; the usual soft limit of 1024 is too low for that.
+void raise_fd_limit() {
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0) return;
+  const rlim_t wanted = 2 * FLAGS_max_sessions + 256;
+  if (limit.rlim_cur < limit.rlim_max) {
+    limit.rlim_cur = limit.rlim_max;
+    ::setrlimit(RLIMIT_NOFILE, &limit);
+  }
+  if (limit.rlim_cur < wanted) {
+    LOG(WARNING) << "open-file limit " << limit.rlim_cur << " is below the " << wanted
+                 << " that --max_sessions=" << FLAGS_max_sessions << " may need";
+  }
+}
+
+int run() {
+  raise_fd_limit();
+  const std::string run_dir = FLAGS_run_dir.empty() ? default_run_dir() : FLAGS_run_dir;
+  if (Status ready = prepare_run_dir(run_dir); !ready.ok()) {
+    LOG(ERROR) << ready;
     return 1;
   }
   auto options = make_options(run_dir);

@@ -30,7 +30,31 @@ Result<std::unique_ptr<IoLoop>> IoLoop::create(unsigned queue_depth) {
 
 IoLoop::IoLoop(io_uring ring, UniqueFd wake_fd) : ring_(ring), wake_fd_(std::move(wake_fd)) {}
 
-IoLoop::~IoLoop() { io_uring_queue_exit(&ring_); }
+IoLoop::~IoLoop() {
+  // Operations still pending point into their owners' buffers: cancel them all and wait until
+  // the kernel is done with them before the ring (and those buffers) go away. Their handlers
+  // are not run: their owners are being destroyed too.
+  if (!handlers_.empty()) {
+    io_uring_sqe* sqe = next_sqe();
+    io_uring_prep_cancel64(sqe, 0, IORING_ASYNC_CANCEL_ANY);
+    io_uring_sqe_set_data64(sqe, 0);
+    io_uring_submit(&ring_);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    while (!handlers_.empty() && std::chrono::steady_clock::now() < deadline) {
+      __kernel_timespec wait{0, 50'000'000};
+      io_uring_cqe* cqe = nullptr;
+      if (io_uring_wait_cqe_timeout(&ring_, &cqe, &wait) != 0) continue;
+      const OpId id = io_uring_cqe_get_data64(cqe);
+      const bool more = (cqe->flags & IORING_CQE_F_MORE) != 0;
+      io_uring_cqe_seen(&ring_, cqe);
+      if (id != 0 && !more) handlers_.erase(id);
+    }
+    if (!handlers_.empty()) {
+      LOG(ERROR) << handlers_.size() << " io_uring operations did not finish at exit";
+    }
+  }
+  io_uring_queue_exit(&ring_);
+}
 
 io_uring_sqe* IoLoop::next_sqe() {
   io_uring_sqe* sqe = io_uring_get_sqe(&ring_);

@@ -1,6 +1,7 @@
 #include "server/session.h"
 
 #include <capnp/message.h>
+#include <capnp/serialize.h>
 
 #include <algorithm>
 #include <cinttypes>
@@ -23,14 +24,22 @@ constexpr size_t kMaxModules = 4096;
 constexpr size_t kMaxFunctions = 1 << 16;
 constexpr size_t kMaxAllocations = 1 << 16;
 
-// Completions per completion message: keeps each message well under a quarter of the completion
-// ring, so it is written whole or not at all.
+// Completions per completion message, at most; fewer when they would not fit one ring record.
 constexpr size_t kCompletionsPerMessage = 128;
 // A client that lets this many completions pile up unread is disconnected.
-constexpr size_t kMaxUnsentCompletions = 1 << 16;
+constexpr size_t kMaxUnsentCompletions = 1 << 14;
+// Error messages sent back are cut to this length (they can quote client-chosen names).
+constexpr size_t kMaxErrorMessageBytes = 1024;
+
+Status limited(Status status) {
+  if (status.message().size() <= kMaxErrorMessageBytes) return status;
+  return Status(status.code(), status.message().substr(0, kMaxErrorMessageBytes - 3) + "...");
+}
 // How long the session thread waits before retrying completions the client had no room for.
 constexpr auto kMinRetry = std::chrono::milliseconds(1);
 constexpr auto kMaxRetry = std::chrono::milliseconds(50);
+// A request buffer larger than this is freed after use rather than kept.
+constexpr size_t kKeptMessageBytes = 1 << 20;
 
 std::string hex(uint64_t v) {
   char buf[24];
@@ -71,6 +80,16 @@ Result<std::unique_ptr<Session>> Session::create(device::Device& device, Session
   std::unique_ptr<Session> session(
       new Session(device, std::move(identity), config, std::move(channel).value(), *va));
   // From here the destructor releases what exists.
+  // Copies read and write the arena directly; registered, the CUDA backend DMAs from it.
+  const std::span<std::byte> arena = session->channel_->arena();
+  Status registered = device.register_host_memory(arena.data(), arena.size());
+  if (registered.ok()) {
+    session->arena_registered_ = true;
+  } else {
+    // Copies still work from unregistered memory, only without DMA straight from the arena.
+    LOG(WARNING) << "session " << session->identity_.id
+                 << ": arena not registered with the device, copies will stage: " << registered;
+  }
   auto default_stream = device.create_stream(config.gpu, 0);
   if (!default_stream.ok()) return default_stream.status().with_context("default stream");
   session->default_stream_ = *default_stream;
@@ -182,6 +201,8 @@ void Session::run() {
       break;
     }
     handle_message(message);
+    // Keep the buffer for the next message, unless a rare huge one made it big.
+    if (message.size() > kKeptMessageBytes) message = wire::Message();
   }
   teardown();
   if (on_exit_) on_exit_();
@@ -193,14 +214,21 @@ void Session::handle_message(const wire::Message& message) {
   Status read = wire::read_message<proto::Batch>(
       message, "batch", [&](proto::Batch::Reader batch) -> Status {
         auto calls = batch.getCalls();
+        Status refused;
         if (calls.size() > wire::kMaxCallsPerBatch) {
-          return invalid(str_cat("batch of ", calls.size(), " calls; the limit is ",
-                                 wire::kMaxCallsPerBatch));
-        }
-        if (batch.getFirstSeq() != next_seq_) {
+          refused = invalid(str_cat("batch of ", calls.size(), " calls; the limit is ",
+                                    wire::kMaxCallsPerBatch));
+        } else if (batch.getFirstSeq() != next_seq_) {
           // Calls were lost or duplicated on the client side; execute nothing of this batch.
-          return invalid(str_cat("batch starts at call ", batch.getFirstSeq(), " but call ",
-                                 next_seq_, " is next"));
+          refused = invalid(str_cat("batch starts at call ", batch.getFirstSeq(), " but call ",
+                                    next_seq_, " is next"));
+        }
+        if (!refused.ok()) {
+          // None of its copies will run: give their staging back.
+          uint64_t last_end = 0;
+          for (auto call : calls) last_end = std::max(last_end, staging_end_of(call));
+          release_staging_now(last_end);
+          return refused;
         }
         for (uint32_t i = 0; i < calls.size(); ++i) execute(calls[i], next_seq_ + i);
         next_seq_ += calls.size();
@@ -211,7 +239,7 @@ void Session::handle_message(const wire::Message& message) {
     LOG(WARNING) << "session " << identity_.id << " (" << identity_.function_id
                  << "): rejected a message: " << read;
     // Sequence 0: an error of the session, not of one call. The client makes it sticky.
-    outbox_.push_back({0, read, {}});
+    outbox_.push_back({0, limited(read), {}});
   }
   for (CompletionRecord& r : outbox_) unsent_.push_back(std::move(r));
   outbox_.clear();
@@ -225,15 +253,21 @@ void Session::execute(proto::Call::Reader call, uint64_t seq) {
   KJ_IF_MAYBE(e, thrown) {
     outcome = Outcome{invalid(str_cat("malformed call: ", e->getDescription().cStr()))};
   }
-  if (!outcome.status.ok()) failed_calls_.fetch_add(1, std::memory_order_relaxed);
+  // Not ready answers a query; it is not a failure (and, as in CUDA, not a sticky error).
+  const bool failed = !outcome.status.ok() && outcome.status.code() != ErrorCode::kNotReady;
+  if (failed) {
+    failed_calls_.fetch_add(1, std::memory_order_relaxed);
+    // A copy that never ran must still give its staging back, or the client's FIFO stalls.
+    kj::runCatchingExceptions([&] { release_staging_now(staging_end_of(call)); });
+  }
   if (outcome.status.ok() && outcome.completes_on && call.getReply()) {
     outcome.status = after(*outcome.completes_on,
                            [this, seq](Status done) { post_completion(seq, std::move(done)); });
     outcome.deferred = outcome.status.ok();
   }
   if (outcome.deferred) return;
-  if (!outcome.status.ok() || call.getReply()) {
-    outbox_.push_back({seq, std::move(outcome.status), std::move(outcome.result)});
+  if (failed || call.getReply()) {
+    outbox_.push_back({seq, limited(std::move(outcome.status)), std::move(outcome.result)});
   }
 }
 
@@ -410,7 +444,28 @@ Status Session::track_staging(uint64_t staging_end, device::Stream s) {
   if (staging_end == 0) return Status();
   auto ticket = staging_.begin(staging_end);
   if (!ticket.ok()) return ticket.status();
-  return after(s, [this, t = *ticket](Status) { staging_.finish(t); });
+  Status queued = after(s, [this, t = *ticket](Status) { staging_.finish(t); });
+  if (!queued.ok()) staging_.finish(*ticket);
+  return queued;
+}
+
+void Session::release_staging_now(uint64_t staging_end) {
+  if (staging_end == 0) return;
+  auto ticket = staging_.begin(staging_end);
+  if (ticket.ok()) staging_.finish(*ticket);
+}
+
+uint64_t Session::staging_end_of(proto::Call::Reader call) {
+  switch (call.which()) {
+    case proto::Call::MEMCPY_HTO_D:
+      return call.getMemcpyHtoD().getStagingEnd();
+    case proto::Call::MEMCPY_DTO_H:
+      return call.getMemcpyDtoH().getStagingEnd();
+    case proto::Call::MODULE_LOAD:
+      return call.getModuleLoad().getStagingEnd();
+    default:
+      return 0;
+  }
 }
 
 Session::Outcome Session::memcpy_htod(proto::Call::MemcpyHtoD::Reader c) {
@@ -595,20 +650,18 @@ Session::Outcome Session::module_load(proto::Call::ModuleLoad::Reader c) {
   Status checked = check_arena_range(c.getImageOffset(), bytes, "moduleLoad image");
   if (checked.ok()) checked = check_new_handle(modules_, handle, kMaxModules, "moduleLoad");
   if (checked.ok() && bytes == 0) checked = Status(ErrorCode::kInvalidImage, "empty module image");
+  // Parse a private copy: the client can write its arena while we read. A local, so that a
+  // large image's memory goes back as soon as it is loaded.
+  std::vector<std::byte> image;
   if (checked.ok()) {
-    // Parse a private copy: the client can write its arena while we read.
     const std::byte* src = channel_->arena().data() + c.getImageOffset();
-    image_.assign(src, src + bytes);
+    image.assign(src, src + bytes);
   }
-  // The image bytes are no longer needed whatever happens next.
-  if (c.getStagingEnd() != 0) {
-    auto ticket = staging_.begin(c.getStagingEnd());
-    if (ticket.ok()) staging_.finish(*ticket);
-    if (checked.ok() && !ticket.ok()) checked = ticket.status();
-  }
+  // The image bytes are no longer needed whatever happens next. (On failure, execute()
+  // releases the staging too; releasing an end twice is harmless.)
+  release_staging_now(c.getStagingEnd());
   if (!checked.ok()) return {checked};
-  auto module = device_.load_module(image_);
-  image_.clear();
+  auto module = device_.load_module(image);
   if (!module.ok()) return {module.status().with_context("moduleLoad")};
   modules_.emplace(handle, *module);
   return {};
@@ -698,12 +751,11 @@ void Session::quiesce() {
   callbacks_done_.wait(lock, [this] { return pending_callbacks_ == 0; });
 }
 
-Status Session::send_completions(std::span<const CompletionRecord> records) {
-  capnp::MallocMessageBuilder message;
-  auto list = message.initRoot<proto::ServerMessage>().initCompletions(
-      static_cast<unsigned>(records.size()));
-  for (size_t i = 0; i < records.size(); ++i) {
-    const CompletionRecord& r = records[i];
+void Session::build_completions(capnp::MessageBuilder& message,
+                                std::deque<CompletionRecord>::const_iterator first, size_t count) {
+  auto list = message.initRoot<proto::ServerMessage>().initCompletions(static_cast<unsigned>(count));
+  for (size_t i = 0; i < count; ++i, ++first) {
+    const CompletionRecord& r = *first;
     auto c = list[static_cast<unsigned>(i)];
     c.setSeq(r.seq);
     c.setCode(static_cast<uint32_t>(r.status.code()));
@@ -725,15 +777,13 @@ Status Session::send_completions(std::span<const CompletionRecord> records) {
       result.setNone();
     }
   }
-  // Never wait: if the client has not made room, the records stay queued.
-  return channel_->send(message, std::chrono::nanoseconds(0));
 }
 
 void Session::post_completion(uint64_t seq, Status status, CallResult result) {
   if (!status.ok()) failed_calls_.fetch_add(1, std::memory_order_relaxed);
   {
     std::lock_guard<std::mutex> lock(posted_mutex_);
-    posted_.push_back({seq, std::move(status), std::move(result)});
+    posted_.push_back({seq, limited(std::move(status)), std::move(result)});
   }
   channel_->interrupt();
 }
@@ -744,23 +794,39 @@ Status Session::deliver() {
     for (CompletionRecord& r : posted_) unsent_.push_back(std::move(r));
     posted_.clear();
   }
-  std::vector<CompletionRecord> chunk;
+  // Each message must be one ring record, so that it is written whole or not at all: a message
+  // cut off half-way would leave the client's ring in the middle of a message.
+  const uint64_t limit = channel_->max_unfragmented_message_bytes();
   while (!unsent_.empty()) {
-    const size_t n = std::min(unsent_.size(), kCompletionsPerMessage);
-    chunk.assign(std::make_move_iterator(unsent_.begin()),
-                 std::make_move_iterator(unsent_.begin() + static_cast<long>(n)));
-    Status sent = send_completions(chunk);
-    if (sent.code() == ErrorCode::kTimeout) {
-      // No room: put them back and try again later.
-      for (size_t i = 0; i < n; ++i) unsent_[i] = std::move(chunk[i]);
-      break;
+    size_t count = std::min(unsent_.size(), kCompletionsPerMessage);
+    std::optional<capnp::MallocMessageBuilder> message;
+    auto build = [&] {
+      message.emplace();
+      build_completions(*message, unsent_.begin(), count);
+    };
+    build();
+    while (capnp::computeSerializedSizeInWords(*message) * sizeof(capnp::word) > limit) {
+      if (count > 1) {
+        count /= 2;
+      } else {
+        // One completion alone does not fit (a huge kernel description): report that instead.
+        CompletionRecord& r = unsent_.front();
+        r = {r.seq,
+             error(ErrorCode::kInvalidValue, "the reply to call ", r.seq,
+                   " does not fit the completion ring (at most ", limit, " bytes per message)"),
+             {}};
+      }
+      build();
     }
-    unsent_.erase(unsent_.begin(), unsent_.begin() + static_cast<long>(n));
+    // Never wait: if the client has not made room, the records stay queued.
+    Status sent = channel_->send(*message, std::chrono::nanoseconds(0));
+    if (sent.code() == ErrorCode::kTimeout) break;
     if (sent.code() == ErrorCode::kDeinitialized) {
       unsent_.clear();
       return Status();
     }
     if (!sent.ok()) return sent.with_context("completion ring");
+    unsent_.erase(unsent_.begin(), unsent_.begin() + static_cast<long>(count));
   }
   if (unsent_.size() > kMaxUnsentCompletions) {
     return error(ErrorCode::kIllegalState, unsent_.size(),
@@ -805,6 +871,11 @@ void Session::teardown() {
   allocated_bytes_ = 0;
   Status freed = device_.free_address_range(va_base_, round_up(config_.va_bytes, granularity_));
   if (!freed.ok()) LOG(ERROR) << "session " << identity_.id << ": " << freed;
+  if (arena_registered_) {
+    Status unregistered = device_.unregister_host_memory(channel_->arena().data());
+    if (!unregistered.ok()) LOG(ERROR) << "session " << identity_.id << ": " << unregistered;
+    arena_registered_ = false;
+  }
 }
 
 }  // namespace hiber::server

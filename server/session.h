@@ -158,6 +158,10 @@ class Session {
 
   // Tracks staging used by an operation enqueued on `stream`; released when it completes.
   Status track_staging(uint64_t staging_end, device::Stream stream);
+  // Releases staging of a call that will not run.
+  void release_staging_now(uint64_t staging_end);
+  // The stagingEnd a call names, or 0.
+  static uint64_t staging_end_of(wire::proto::Call::Reader call);
   // Runs `fn(status)` when all work before it on `stream` is done; counted for quiesce().
   Status after(device::Stream stream, std::function<void(Status)> fn);
   // Waits until every stream is idle and every callback has run.
@@ -168,7 +172,8 @@ class Session {
   // Session thread: sends queued completions as far as the completion ring has room. Returns
   // an error if the session must end (the client corrupted the ring or stopped reading).
   Status deliver();
-  Status send_completions(std::span<const CompletionRecord> records);
+  static void build_completions(capnp::MessageBuilder& message,
+                                std::deque<CompletionRecord>::const_iterator first, size_t count);
   void send_closing(const Status& why);
   void teardown();
 
@@ -194,7 +199,6 @@ class Session {
   std::unordered_map<uint64_t, FunctionEntry> functions_;
   std::vector<CompletionRecord> outbox_;  // completions of the batch being executed
   std::deque<CompletionRecord> unsent_;   // completions the client has had no room for yet
-  std::vector<std::byte> image_;          // a module image copied out of the arena
 
   // Completions posted by device callbacks, waiting for the session thread.
   std::mutex posted_mutex_;
@@ -211,6 +215,7 @@ class Session {
   std::atomic<uint64_t> failed_calls_{0};
   std::atomic<uint64_t> malformed_messages_{0};
   std::atomic<bool> torn_down_{false};
+  bool arena_registered_ = false;
 };
 
 }  // namespace hiber::server

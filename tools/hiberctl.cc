@@ -80,8 +80,10 @@ int run(const std::string& command) {
   if (!frame.ok()) return fail(frame.status());
   if (Status s = wire::send_frame(socket->get(), *frame); !s.ok()) return fail(s);
   wire::Message reply;
-  if (Status s = wire::receive_frame(socket->get(), reply, nullptr, timeout); !s.ok()) {
-    return fail(s);
+  Status received =
+      wire::receive_frame(socket->get(), reply, nullptr, timeout, wire::kMaxControlReplyBytes);
+  if (!received.ok()) {
+    return fail(received);
   }
   int rc = 0;
   Status read = wire::read_message<proto::ControlReply>(

@@ -41,6 +41,11 @@ CallClient::CallClient(std::unique_ptr<ClientChannel> channel, CallClientOptions
 Status CallClient::flush() {
   if (batch_.empty()) return Status();
   Status sent = channel_->send_pieces(batch_.finish());
+  if (!sent.ok() && sent.code() != ErrorCode::kDeinitialized) {
+    // Nothing of the batch reached hiberd: reuse its numbers, or every later batch would start
+    // after a gap hiberd refuses.
+    next_seq_ = batch_.first_seq();
+  }
   batch_.reset(next_seq_);
   if (!sent.ok()) keep_error(sent);
   return sent;
@@ -67,6 +72,8 @@ Status CallClient::take_error() {
 }
 
 void CallClient::keep_error(Status status) {
+  // Not ready is an answer (a query of pending work), not an error, as in CUDA.
+  if (status.code() == ErrorCode::kNotReady) return;
   if (sticky_.ok() && !status.ok()) sticky_ = std::move(status);
 }
 
@@ -90,8 +97,11 @@ Status CallClient::collect(std::chrono::nanoseconds timeout) {
             status = Status(static_cast<ErrorCode>(c.getCode()), c.getMessage());
           }
           const uint64_t seq = c.getSeq();
-          if (seq != 0 && seq < next_seq_) {
+          if (awaited_.count(seq) != 0) {
             replies_[seq] = {status, result_of(c)};
+          } else if (seq == 0 && !status.ok()) {
+            ++rejections_;
+            last_rejection_ = status;
           }
           // A failed call is the sticky error even if somebody waits for its reply, as with
           // CUDA, where a failing synchronous call also becomes the last error.
@@ -103,22 +113,39 @@ Status CallClient::collect(std::chrono::nanoseconds timeout) {
 
 Result<CallResult> CallClient::wait_reply(uint64_t seq) {
   const auto deadline = std::chrono::steady_clock::now() + options_.reply_timeout;
+  const uint64_t rejections_before = rejections_;
+  Result<CallResult> outcome = Status(ErrorCode::kUnknown, "unset");
   while (true) {
     auto it = replies_.find(seq);
     if (it != replies_.end()) {
       auto [status, result] = std::move(it->second);
       replies_.erase(it);
-      if (!status.ok()) return status;
-      return result;
+      outcome = status.ok() ? Result<CallResult>(std::move(result)) : Result<CallResult>(status);
+      break;
+    }
+    if (rejections_ != rejections_before) {
+      // hiberd refused the batch this call was in; its reply will never come.
+      outcome = last_rejection_;
+      break;
+    }
+    if (sticky_.code() == ErrorCode::kDeinitialized) {
+      outcome = sticky_;
+      break;
     }
     const auto now = std::chrono::steady_clock::now();
     if (now >= deadline) {
-      return error(ErrorCode::kTimeout, "no reply to call ", seq, " within ",
-                   options_.reply_timeout.count(), " ms");
+      outcome = error(ErrorCode::kTimeout, "no reply to call ", seq, " within ",
+                      options_.reply_timeout.count(), " ms");
+      break;
     }
     Status got = collect(deadline - now);
-    if (!got.ok() && got.code() != ErrorCode::kTimeout) return got;
+    if (!got.ok() && got.code() != ErrorCode::kTimeout) {
+      outcome = got;
+      break;
+    }
   }
+  awaited_.erase(seq);
+  return outcome;
 }
 
 Result<CallClient::Staged> CallClient::stage(uint64_t bytes) {

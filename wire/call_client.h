@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <set>
 #include <span>
 #include <variant>
 
@@ -67,11 +68,18 @@ class CallClient {
     proto::Call::Builder c = batch_.add_call();
     fill(c);
     c.setReply(true);
-    HIBER_RETURN_IF_ERROR(flush());
+    awaited_.insert(seq);
+    Status sent = flush();
+    if (!sent.ok()) {
+      awaited_.erase(seq);
+      return sent;
+    }
     return wait_reply(seq);
   }
 
-  // Sends the calls added so far (nothing if none).
+  // Sends the calls added so far (nothing if none). If hiberd refuses the batch before any of
+  // it is sent (too large), its calls are dropped, their sequence numbers are given back, and
+  // the error is returned (and kept as the sticky error).
   Status flush();
 
   // Sends a ping and waits for it: a full synchronous round trip.
@@ -102,7 +110,12 @@ class CallClient {
   BatchBuilder batch_;
   uint64_t next_seq_ = 1;
   Status sticky_;
+  std::set<uint64_t> awaited_;  // calls sent with reply = true whose reply has not been taken
   std::map<uint64_t, std::pair<Status, CallResult>> replies_;  // arrived, not yet waited for
+  // Batches hiberd refused as a whole (a completion with sequence 0), and the last reason: a
+  // call of such a batch will never get its reply.
+  uint64_t rejections_ = 0;
+  Status last_rejection_;
   Message message_;
   uint64_t staging_head_ = 0;  // staging bytes handed out, monotonic
 };

@@ -7,6 +7,8 @@ namespace hiber::wire {
 
 // A handshake or control frame on a socket: 4-byte little-endian length, then a capnp message.
 inline constexpr uint32_t kMaxFrameBytes = 64 * 1024;
+// A control reply from hiberd (status lists every session); read only by trusted tools.
+inline constexpr uint32_t kMaxControlReplyBytes = 16 << 20;
 
 // Cap'n Proto reader limits for anything a peer sent. The traversal limit is per message and
 // counted in words read; a message is never read more than a few times over.

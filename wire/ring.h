@@ -65,6 +65,11 @@ void init_ring(RingView ring);
 // it always fit in an empty ring, and a producer waiting for space always gets it eventually.
 inline uint64_t max_record_bytes(uint64_t capacity) { return capacity / 4; }
 
+// The largest message that travels as a single record: it is written whole or not at all.
+inline uint64_t max_unfragmented_message_bytes(uint64_t capacity) {
+  return max_record_bytes(capacity) - sizeof(RecordHeader) - sizeof(uint64_t);
+}
+
 // The bytes a record with `payload` bytes of payload takes: its header, then the payload padded
 // to 8 bytes.
 inline uint64_t record_bytes(uint64_t payload) {

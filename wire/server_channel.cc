@@ -79,6 +79,15 @@ Status ServerChannel::send(capnp::MessageBuilder& message, std::chrono::nanoseco
   std::lock_guard lock(send_mutex_);
   if (closed()) return Status(ErrorCode::kDeinitialized, "the channel is closed");
   const auto pieces = frame_pieces(message, frame_table_);
+  if (timeout != std::chrono::nanoseconds::max()) {
+    uint64_t total = 0;
+    for (const auto& piece : pieces) total += piece.size();
+    if (total > max_unfragmented_message_bytes()) {
+      return error(ErrorCode::kInvalidValue, "a message of ", total,
+                   " bytes cannot be sent with a time limit: at most ",
+                   max_unfragmented_message_bytes(), " bytes travel as one record");
+    }
+  }
   const auto deadline = doorbell_internal::deadline_after(std::chrono::steady_clock::now(), timeout);
   bool timed_out = false;
   const Status status = completions_.write(
@@ -101,6 +110,10 @@ Status ServerChannel::send(capnp::MessageBuilder& message, std::chrono::nanoseco
                  " ms: the client is not reading");
   }
   return status;
+}
+
+uint64_t ServerChannel::max_unfragmented_message_bytes() const {
+  return wire::max_unfragmented_message_bytes(views_.completions.capacity);
 }
 
 void ServerChannel::release_staging(uint64_t end) {

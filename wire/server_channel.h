@@ -48,10 +48,14 @@ class ServerChannel {
   // kDeinitialized after close(); kTimeout if the client left no room in time (a client that
   // stopped reading); kInvalidValue if the client corrupted the completion ring's consumer
   // position or the message exceeds max_message_bytes. A message of up to a quarter of the
-  // completion ring is written whole or not at all; after a failed send of a larger one the
-  // ring may hold part of it, so the channel must be closed.
+  // completion ring is written whole or not at all. A larger message with a finite timeout is
+  // refused (kInvalidValue) before anything is written: once started, a fragmented message
+  // must be finished, which can mean waiting for the client as long as it takes.
   Status send(capnp::MessageBuilder& message,
               std::chrono::nanoseconds timeout = std::chrono::nanoseconds::max());
+
+  // The largest message send() accepts with a finite timeout (it fits one ring record).
+  uint64_t max_unfragmented_message_bytes() const;
 
   // Makes a receive() that is waiting (or the next one) return kNotReady at once, so the thread
   // serving the channel can attend to other work (completions posted from device callbacks).

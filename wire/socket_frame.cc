@@ -21,9 +21,9 @@ Status os_error(std::string_view what) {
   return error(ErrorCode::kOperatingSystem, what, ": ", std::strerror(errno));
 }
 
-Status length_error(uint32_t length) {
-  return error(ErrorCode::kInvalidValue, "frame length ", length, " is not in [1, ",
-               kMaxFrameBytes, "]");
+Status length_error(uint32_t length, uint32_t max_bytes) {
+  return error(ErrorCode::kInvalidValue, "frame length ", length, " is not in [1, ", max_bytes,
+               "]");
 }
 
 using Clock = std::chrono::steady_clock;
@@ -90,14 +90,14 @@ Status read_exact(int fd, std::span<std::byte> bytes, UniqueFd* received_fd,
 
 }  // namespace
 
-Result<std::vector<std::byte>> encode_frame(capnp::MessageBuilder& message) {
+Result<std::vector<std::byte>> encode_frame(capnp::MessageBuilder& message, uint32_t max_bytes) {
   std::vector<capnp::word> table;
   const auto pieces = frame_pieces(message, table);
   size_t length = 0;
   for (const auto& piece : pieces) length += piece.size();
-  if (length > kMaxFrameBytes) {
+  if (length > max_bytes) {
     return error(ErrorCode::kInvalidValue, "message of ", length, " bytes exceeds the ",
-                 kMaxFrameBytes, "-byte frame limit");
+                 max_bytes, "-byte frame limit");
   }
   std::vector<std::byte> frame(sizeof(uint32_t));
   frame.reserve(sizeof(uint32_t) + length);
@@ -118,7 +118,7 @@ size_t FrameReader::feed(std::span<const std::byte> bytes) {
     if (prefix_received_ < sizeof(prefix_)) return used;
     std::memcpy(&length_, prefix_, sizeof(length_));
     if (length_ == 0 || length_ > kMaxFrameBytes) {
-      error_ = length_error(length_);
+      error_ = length_error(length_, kMaxFrameBytes);
       return used;
     }
     have_length_ = true;
@@ -179,13 +179,13 @@ Status send_frame(int socket_fd, std::span<const std::byte> frame, int attach_fd
 }
 
 Status receive_frame(int socket_fd, Message& out, UniqueFd* received_fd,
-                     std::chrono::milliseconds timeout) {
+                     std::chrono::milliseconds timeout, uint32_t max_bytes) {
   if (received_fd != nullptr) received_fd->reset();
   const auto deadline = Clock::now() + timeout;
   uint32_t length = 0;
   HIBER_RETURN_IF_ERROR(read_exact(socket_fd, std::as_writable_bytes(std::span(&length, 1)),
                                    received_fd, deadline, false));
-  if (length == 0 || length > kMaxFrameBytes) return length_error(length);
+  if (length == 0 || length > max_bytes) return length_error(length, max_bytes);
   return read_exact(socket_fd, out.resize(length), received_fd, deadline, true);
 }
 

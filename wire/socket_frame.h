@@ -20,8 +20,10 @@
 
 namespace hiber::wire {
 
-// Encodes a message as one frame. kInvalidValue if it would exceed kMaxFrameBytes.
-Result<std::vector<std::byte>> encode_frame(capnp::MessageBuilder& message);
+// Encodes a message as one frame. kInvalidValue if it would exceed `max_bytes` (kMaxFrameBytes
+// for anything a client sends; hiberd's control replies may be larger, kMaxControlReplyBytes).
+Result<std::vector<std::byte>> encode_frame(capnp::MessageBuilder& message,
+                                            uint32_t max_bytes = kMaxFrameBytes);
 
 // Accumulates stream bytes until one frame is complete.
 class FrameReader {
@@ -59,10 +61,10 @@ Status send_frame(int socket_fd, std::span<const std::byte> frame, int attach_fd
 // Reads exactly one frame into `out`, waiting at most `timeout` for all of it. A file
 // descriptor sent with the frame goes to *received_fd (close-on-exec; left invalid when none
 // came, or closed when received_fd is null); any further descriptors are closed.
-// kInvalidValue for a length prefix of 0 or above kMaxFrameBytes, kDeinitialized if the peer
+// kInvalidValue for a length prefix of 0 or above `max_bytes`, kDeinitialized if the peer
 // closed the socket, kTimeout if the frame did not arrive in time, kOperatingSystem otherwise.
 Status receive_frame(int socket_fd, Message& out, UniqueFd* received_fd,
-                     std::chrono::milliseconds timeout);
+                     std::chrono::milliseconds timeout, uint32_t max_bytes = kMaxFrameBytes);
 
 // Connects a blocking Unix stream socket to `path`. kNoDevice (with "hiberd is not running")
 // when nothing listens there; kInvalidValue for a path that cannot be a socket address.

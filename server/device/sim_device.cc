@@ -103,6 +103,13 @@ struct SimDevice::Impl {
         mover(space, o.throttle_copies ? &links : nullptr),
         scheduler(options.node.gpu_count(), o.workers_per_gpu) {}
 
+  // Whether `gpu` can reach `peer`'s memory directly (REQUIRES: both exist): an NVLink, an
+  // NVSwitch or a shared PCIe switch between them. A GPU is not its own peer.
+  bool peers(int gpu, int peer) const {
+    const NodeConfig& node = options.node;
+    return gpu != peer && (node.nvlink(gpu, peer) != nullptr ||
+                           node.nvswitch(gpu, peer) != nullptr || node.share_pcie_switch(gpu, peer));
+  }
   Status check_gpu(int gpu) const {
     if (gpu < 0 || gpu >= options.node.gpu_count())
       return error(ErrorCode::kInvalidDevice, "GPU ", gpu, " does not exist (",
@@ -144,6 +151,9 @@ struct SimDevice::Impl {
 
   const SimDeviceOptions options;
   std::vector<DeviceProperties> properties;
+  // reachers[o]: bit g set for each GPU g that set_access may grant GPU o's memory to (o and
+  // its peers).
+  std::vector<uint64_t> reachers;
   std::vector<std::unique_ptr<sim::GpuMemory>> memories;
   sim::AddressSpace space;  // after memories: its mappings hold blocks of them
   sim::LinkModel links;
@@ -177,6 +187,10 @@ Result<std::unique_ptr<SimDevice>> SimDevice::create(const SimDeviceOptions& opt
         auto memory, sim::GpuMemory::create(g, options.node.gpus[g].memory_bytes, granularity));
     impl->memories.push_back(std::move(memory));
     impl->properties.push_back(sim::make_properties(options.node, g));
+    uint64_t reach = uint64_t{1} << g;
+    for (int peer = 0; peer < options.node.gpu_count(); ++peer)
+      if (impl->peers(peer, g)) reach |= uint64_t{1} << peer;
+    impl->reachers.push_back(reach);
   }
   for (const std::string& plugin : options.kernel_plugins)
     HIBER_RETURN_IF_ERROR(impl->kernels.load_plugin(plugin));
@@ -221,10 +235,8 @@ uint64_t SimDevice::allocation_granularity(int) const {
 }
 
 bool SimDevice::can_access_peer(int gpu, int peer) const {
-  if (!impl_->check_gpu(gpu).ok() || !impl_->check_gpu(peer).ok() || gpu == peer) return false;
-  const NodeConfig& node = impl_->options.node;
-  return node.nvlink(gpu, peer) != nullptr || node.nvswitch(gpu, peer) != nullptr ||
-         node.share_pcie_switch(gpu, peer);
+  if (!impl_->check_gpu(gpu).ok() || !impl_->check_gpu(peer).ok()) return false;
+  return impl_->peers(gpu, peer);
 }
 
 // ---- Virtual memory ----
@@ -268,7 +280,7 @@ Status SimDevice::set_access(DevicePtr va, uint64_t bytes, std::span<const int> 
     HIBER_RETURN_IF_ERROR(impl_->check_gpu(g).with_context("set_access"));
     mask |= uint64_t{1} << g;
   }
-  return impl_->space.set_access(va, bytes, mask);
+  return impl_->space.set_access(va, bytes, mask, impl_->reachers);
 }
 
 Status SimDevice::register_host_memory(void* ptr, uint64_t bytes) {
@@ -360,15 +372,12 @@ Status SimDevice::wait_event(Stream stream, Event event) {
 
 Status SimDevice::synchronize_event(Event event) {
   HIBER_ASSIGN_OR_RETURN(auto e, impl_->event(event));
-  impl_->scheduler.synchronize(*e);
-  return Status();
+  return impl_->scheduler.synchronize(*e);
 }
 
 Status SimDevice::query_event(Event event) {
   HIBER_ASSIGN_OR_RETURN(auto e, impl_->event(event));
-  if (!impl_->scheduler.complete(*e))
-    return error(ErrorCode::kNotReady, "event ", event.id, ": latest record pending");
-  return Status();
+  return impl_->scheduler.query(*e);
 }
 
 Result<float> SimDevice::elapsed_ms(Event start, Event end) {
@@ -468,14 +477,17 @@ Status SimDevice::memset(Stream stream, DevicePtr dst, uint32_t value, int eleme
 // ---- Code ----
 
 Result<Module> SimDevice::load_module(std::span<const std::byte> image) {
+  // Kernels run as host code, so any architecture's cubin or PTX will do.
+  std::vector<KernelInfo> kernels;
   if (fatbin::is_fatbin(image)) {
     HIBER_ASSIGN_OR_RETURN(auto entries, fatbin::parse_fatbin(image));
     if (entries.empty())
       return error(ErrorCode::kNoBinaryForGpu,
                    "load_module: the fatbin has no cubin or PTX entry to load");
+    HIBER_ASSIGN_OR_RETURN(kernels, fatbin::fatbin_kernels(entries));
+  } else {
+    HIBER_ASSIGN_OR_RETURN(kernels, fatbin::image_kernels(image));
   }
-  // Kernels run as host code, so any architecture's cubin or PTX will do.
-  HIBER_ASSIGN_OR_RETURN(auto kernels, fatbin::image_kernels(image));
   VLOG(1) << "load_module: " << image.size() << " bytes, " << kernels.size() << " kernels";
   return Module{impl_->modules.insert(std::make_shared<ModuleState>(std::move(kernels)))};
 }

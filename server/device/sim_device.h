@@ -4,7 +4,8 @@
 //    pages take host memory). Physical allocations are ranges of it.
 //  - Reserved address ranges are PROT_NONE mappings; map() aliases the physical pages at the
 //    address with mmap(MAP_FIXED), so one allocation is visible at several addresses at once,
-//    exactly as with CUDA VMM. Access per GPU is tracked and enforced on copies and memsets.
+//    exactly as with CUDA VMM. Access per GPU is tracked and enforced on copies and memsets;
+//    as with CUDA, only the memory's own GPU and its peers may be granted it.
 //  - Streams are ordered queues run by a pool of worker threads per GPU; events mark positions
 //    in streams and carry timestamps.
 //  - Copies move real bytes. With throttling on, each transfer takes the time the config's links

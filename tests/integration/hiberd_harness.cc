@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -50,10 +51,15 @@ std::vector<char*> c_argv(const std::vector<std::string>& argv) {
 
 }  // namespace
 
-pid_t spawn(const std::vector<std::string>& argv, const std::string& log_path) {
+pid_t spawn(const std::vector<std::string>& argv, const std::string& log_path,
+            unsigned fd_limit) {
   auto args = c_argv(argv);
   pid_t pid = ::fork();
   if (pid == 0) {
+    if (fd_limit != 0) {
+      rlimit limit{fd_limit, fd_limit};
+      ::setrlimit(RLIMIT_NOFILE, &limit);
+    }
     int fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd >= 0) {
       ::dup2(fd, 1);
@@ -99,14 +105,14 @@ ProgramResult run_program(const std::vector<std::string>& argv,
   return result;
 }
 
-Hiberd::Hiberd(std::vector<std::string> extra_flags) {
+Hiberd::Hiberd(std::vector<std::string> extra_flags, unsigned fd_limit) {
   char tmpl[] = "/tmp/hiberd-test-XXXXXX";
   run_dir_ = ::mkdtemp(tmpl);
   log_path_ = run_dir_ + "/hiberd.log";
   std::vector<std::string> argv = {hiberd_path(), "--device=sim", "--run_dir=" + run_dir_,
                                    "--sim_kernel_plugins=" + kernel_plugin_path()};
   argv.insert(argv.end(), extra_flags.begin(), extra_flags.end());
-  pid_ = spawn(argv, log_path_);
+  pid_ = spawn(argv, log_path_, fd_limit);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   while (std::chrono::steady_clock::now() < deadline) {
     // Ready once the control socket accepts (a status query may be refused on purpose).
@@ -161,7 +167,8 @@ Result<StatusView> Hiberd::status() const {
   HIBER_RETURN_IF_ERROR(wire::send_frame(socket->get(), *frame));
   wire::Message reply;
   HIBER_RETURN_IF_ERROR(
-      wire::receive_frame(socket->get(), reply, nullptr, std::chrono::milliseconds(5000)));
+      wire::receive_frame(socket->get(), reply, nullptr, std::chrono::milliseconds(5000),
+                          wire::kMaxControlReplyBytes));
   StatusView view;
   Status read = wire::read_message<wire::proto::ControlReply>(
       reply, "status", [&](wire::proto::ControlReply::Reader r) -> Status {

@@ -43,8 +43,9 @@ struct StatusView {
 class Hiberd {
  public:
   // Starts hiberd --device=sim in a fresh run directory with the test kernel plugin loaded and
-  // `extra_flags` appended, and waits until its control socket answers.
-  explicit Hiberd(std::vector<std::string> extra_flags = {});
+  // `extra_flags` appended, and waits until its control socket answers. A non-zero
+  // `fd_limit` caps the process's open files (soft and hard).
+  explicit Hiberd(std::vector<std::string> extra_flags = {}, unsigned fd_limit = 0);
   // Sends SIGTERM if still running and waits; a test that cares about the exit status calls
   // stop() itself.
   ~Hiberd();
@@ -100,8 +101,10 @@ struct ProgramResult {
 ProgramResult run_program(const std::vector<std::string>& argv,
                           std::chrono::milliseconds timeout = std::chrono::seconds(120));
 
-// Starts a program in the background; its output goes to `log_path`.
-pid_t spawn(const std::vector<std::string>& argv, const std::string& log_path);
+// Starts a program in the background; its output goes to `log_path`. A non-zero `fd_limit`
+// caps its open files.
+pid_t spawn(const std::vector<std::string>& argv, const std::string& log_path,
+            unsigned fd_limit = 0);
 // Waits for a spawned program; exit code as in run_program, or -1 on time-out.
 int wait_exit(pid_t pid, std::chrono::milliseconds timeout);
 

@@ -1,5 +1,6 @@
 // hiberd end to end: real hiberd processes on the simulated GPU, real client processes.
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
@@ -10,6 +11,7 @@
 #include <thread>
 
 #include "tests/integration/hiberd_harness.h"
+#include "wire/socket_frame.h"
 
 namespace hiber::testing {
 namespace {
@@ -175,6 +177,112 @@ TEST(Hiberd, ShutsDownCleanlyWithSessionsOpen) {
     Status after = c->ping();
     EXPECT_EQ(after.code(), ErrorCode::kDeinitialized) << after;
   }
+}
+
+TEST(Hiberd, RunningOutOfFileDescriptorsIsSurvived) {
+  // 64 descriptors in all: a few dozen silent connections exhaust them.
+  Hiberd hiberd({}, /*fd_limit=*/64);
+  std::vector<UniqueFd> crowd;
+  for (int i = 0; i < 80; ++i) {
+    auto s = wire::connect_unix(hiberd.socket_path());
+    if (s.ok()) crowd.push_back(std::move(s).value());
+  }
+  std::this_thread::sleep_for(300ms);
+  EXPECT_NE(hiberd.log().find("Too many open files"), std::string::npos) << hiberd.log();
+  crowd.clear();
+  // Descriptors come back; accepting resumes and hiberd serves as before.
+  auto after = run_program(client_argv(hiberd, "verify", {"--iterations=1"}), 60s);
+  EXPECT_EQ(after.exit_code, 0) << after.output << "\nhiberd:\n" << hiberd.log();
+  EXPECT_EQ(hiberd.stop(), 0) << hiberd.log();
+}
+
+// A node whose PCIe moves 0.1 GB/s: a 32 MiB copy takes a third of a second when throttled.
+std::string slow_node_config() {
+  static const std::string path = [] {
+    std::string p = "/tmp/hiber-slow-node-" + std::to_string(::getpid()) + ".json";
+    std::ofstream(p) << R"({
+      "name": "slow",
+      "gpuModels": [{"name": "g", "productName": "Slow GPU", "memoryBytes": 4294967296,
+                     "computeCapabilityMajor": 9, "computeCapabilityMinor": 0,
+                     "multiprocessors": 8}],
+      "gpus": [{"model": "g", "pcieSwitch": 0}],
+      "pcieSwitches": [{"hostToDeviceGBps": 0.1, "deviceToHostGBps": 0.1}]
+    })";
+    return p;
+  }();
+  return path;
+}
+
+// Queues `copies` throttled 32 MiB copies on a new session and returns its client.
+std::unique_ptr<wire::CallClient> queue_slow_copies(const Hiberd& hiberd, int copies) {
+  auto c = hiberd.connect("busy");
+  EXPECT_TRUE(c.ok()) << c.status();
+  if (!c.ok()) return nullptr;
+  const uint64_t va = (*c)->session().grant.va_base;
+  EXPECT_TRUE((*c)->enqueue([&](proto::Call::Builder call) {
+    auto a = call.initMemAllocate();
+    a.setVa(va);
+    a.setBytes(32 << 20);
+  }).ok());
+  auto staged = (*c)->stage(32 << 20);
+  EXPECT_TRUE(staged.ok());
+  for (int i = 0; i < copies && staged.ok(); ++i) {
+    EXPECT_TRUE((*c)->enqueue([&](proto::Call::Builder call) {
+      auto m = call.initMemcpyHtoD();
+      m.setDst(va);
+      m.setSrcOffset(staged->offset);
+      m.setBytes(32 << 20);
+    }).ok());
+  }
+  EXPECT_TRUE((*c)->flush().ok());
+  return std::move(c).value();
+}
+
+TEST(Hiberd, ShutdownDoesNotWaitForeverForDeviceWork) {
+  Hiberd hiberd({"--sim_throttle", "--shutdown_timeout_ms=1000",
+                 "--node_config=" + slow_node_config()});
+  auto client = queue_slow_copies(hiberd, 40);  // about 13 s of copying
+  ASSERT_NE(client, nullptr);
+  std::this_thread::sleep_for(100ms);
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(hiberd.stop(20s), 2) << "hiberd should give up on the session's work";
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
+}
+
+TEST(Hiberd, ASecondSignalExitsAtOnce) {
+  Hiberd hiberd({"--sim_throttle", "--node_config=" + slow_node_config()});
+  auto client = queue_slow_copies(hiberd, 40);
+  ASSERT_NE(client, nullptr);
+  std::this_thread::sleep_for(100ms);
+  ::kill(hiberd.pid(), SIGTERM);
+  std::this_thread::sleep_for(300ms);
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(hiberd.stop(10s), 2);  // the second SIGTERM
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 3s);
+}
+
+TEST(Hiberd, StatusListsHundredsOfSessions) {
+  Hiberd hiberd({"--arena_mib=1", "--default_quota_mib=64"});
+  std::vector<std::unique_ptr<wire::CallClient>> clients;
+  for (int i = 0; i < 200; ++i) {
+    auto c = hiberd.connect(std::string(200, 'a' + i % 26) + std::to_string(i));
+    ASSERT_TRUE(c.ok()) << i << ": " << c.status();
+    clients.push_back(std::move(c).value());
+  }
+  auto view = hiberd.status();
+  ASSERT_TRUE(view.ok()) << view.status();
+  EXPECT_EQ(view->sessions.size(), 200u);
+  EXPECT_EQ(view->malformed_messages, 0u);
+}
+
+TEST(Hiberd, RefusesARunDirectoryOthersCanWrite) {
+  char tmpl[] = "/tmp/hiber-open-dir-XXXXXX";
+  const std::string dir = ::mkdtemp(tmpl);
+  ::chmod(dir.c_str(), 0777);  // anybody could swap the sockets in here
+  auto result = run_program({hiberd_path(), "--device=sim", "--run_dir=" + dir}, 20s);
+  EXPECT_EQ(result.exit_code, 1) << result.output;
+  EXPECT_NE(result.output.find("writable only by us"), std::string::npos) << result.output;
+  ::rmdir(dir.c_str());
 }
 
 TEST(Hiberd, RefusesToStealTheSocketOfARunningHiberd) {

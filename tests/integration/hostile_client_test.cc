@@ -144,6 +144,27 @@ TEST(Handshake, EveryMalformedHelloIsRefusedWithAReason) {
   EXPECT_EQ(view->sessions.size(), 1u);
 }
 
+TEST(Handshake, SilentConnectionsCannotExhaustTheServer) {
+  Hiberd hiberd;
+  std::vector<UniqueFd> silent;
+  for (int i = 0; i < 300; ++i) {
+    auto s = wire::connect_unix(hiberd.socket_path());
+    ASSERT_TRUE(s.ok()) << s.status();
+    silent.push_back(std::move(s).value());
+  }
+  // Past the limit, connections are refused at once with a reason.
+  wire::Message reply;
+  ASSERT_TRUE(wire::receive_frame(silent.back().get(), reply, nullptr, 5000ms).ok());
+  auto refused = wire::decode_hello_reply(reply);
+  EXPECT_EQ(refused.status().code(), ErrorCode::kDeviceUnavailable) << refused.status();
+  silent.clear();
+  // Once they are gone, functions are served again.
+  std::this_thread::sleep_for(200ms);
+  auto ok = hiberd.connect("after-the-crowd");
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_TRUE((*ok)->ping().ok());
+}
+
 TEST(Handshake, RefusesUsersNotAllowed) {
   Hiberd hiberd({"--allowed_uids=4242"});
   Status s = handshake_with(hiberd, hello_frame(hiberd, good_hello()));
@@ -436,6 +457,106 @@ TEST(Batches, AMessageAboveTheLimitIsRefusedBeforeSending) {
   uint64_t seq = raw.ping();
   auto got = raw.collect_until(seq);
   EXPECT_TRUE(got[seq].ok()) << "the session must be usable after a refused message";
+}
+
+// Completions for a slow reader on a tiny completion ring, with long error messages (they quote
+// client-chosen names): every one arrives, none is cut in half.
+TEST(Batches, LargeCompletionsForASlowReaderArriveWhole) {
+  Hiberd hiberd({"--completion_ring_kib=4"});
+  RawClient raw(hiberd);
+  ASSERT_TRUE(raw.connected());
+  const std::string long_name(600, 'k');
+  uint64_t last = 0;
+  for (int batch = 0; batch < 3; ++batch) {
+    for (int i = 0; i < 40; ++i) {
+      last = raw.add([&](proto::Call::Builder c) {
+        auto f = c.initFunctionGet();
+        f.setFunction(1000 + last);
+        f.setModule(99);  // unknown: every call fails, with the name in its message
+        f.setName(long_name);
+      });
+    }
+    ASSERT_TRUE(raw.send().ok());
+    std::this_thread::sleep_for(100ms);  // the client reads late
+  }
+  auto got = raw.collect_until(last);
+  EXPECT_EQ(got.size(), 120u) << "completions were lost or mangled";
+  for (const auto& [seq, status] : got) EXPECT_EQ(status.code(), ErrorCode::kInvalidHandle) << seq;
+}
+
+TEST(Batches, TheClientRecoversFromABatchHiberdCannotTake) {
+  Hiberd hiberd({"--max_message_mib=1"});
+  auto client = hiberd.connect("too-big");
+  ASSERT_TRUE(client.ok());
+  // 256 calls with 5000-byte names: a batch over the 1 MiB limit, refused before sending.
+  const std::string name(5000, 'n');
+  Status refused;
+  for (int i = 0; i < 256 && refused.ok(); ++i) {
+    refused = (*client)->enqueue([&](proto::Call::Builder c) {
+      auto f = c.initFunctionGet();
+      f.setFunction(1 + i);
+      f.setModule(1);
+      f.setName(name);
+    });
+  }
+  if (refused.ok()) refused = (*client)->flush();
+  EXPECT_EQ(refused.code(), ErrorCode::kInvalidValue) << refused;
+  // The session goes on: later calls are numbered as hiberd expects and get their replies fast.
+  EXPECT_EQ((*client)->take_error().code(), ErrorCode::kInvalidValue);
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_TRUE((*client)->ping().ok());
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 2s);
+  EXPECT_TRUE((*client)->take_error().ok());
+}
+
+TEST(Batches, ACopyThatFailsStillGivesItsStagingBack) {
+  Hiberd hiberd({"--arena_mib=1"});
+  auto client = hiberd.connect("staging");
+  ASSERT_TRUE(client.ok());
+  // Each staged copy names a stream that does not exist, so none runs; the FIFO must still
+  // move on, many times around the arena.
+  for (int i = 0; i < 20; ++i) {
+    auto staged = (*client)->stage(400 << 10);
+    ASSERT_TRUE(staged.ok()) << "round " << i << ": " << staged.status();
+    ASSERT_TRUE((*client)->enqueue([&](proto::Call::Builder c) {
+      auto m = c.initMemcpyHtoD();
+      m.setDst((*client)->session().grant.va_base);
+      m.setSrcOffset(staged->offset);
+      m.setBytes(400 << 10);
+      m.setStagingEnd(staged->staging_end);
+      m.setStream(99);
+    }).ok());
+  }
+  EXPECT_EQ((*client)->take_error().code(), ErrorCode::kInvalidHandle);
+}
+
+TEST(Batches, NotReadyIsAnAnswerNotAnError) {
+  Hiberd hiberd({"--sim_throttle", "--default_quota_mib=64"});
+  auto client = hiberd.connect("query");
+  ASSERT_TRUE(client.ok());
+  const uint64_t va = (*client)->session().grant.va_base;
+  ASSERT_TRUE((*client)->enqueue([&](proto::Call::Builder c) {
+    auto a = c.initMemAllocate();
+    a.setVa(va);
+    a.setBytes(32 << 20);
+  }).ok());
+  auto staged = (*client)->stage(32 << 20);
+  ASSERT_TRUE(staged.ok());
+  for (int i = 0; i < 8; ++i) {  // a few ms of throttled copying keeps stream 0 busy
+    ASSERT_TRUE((*client)->enqueue([&](proto::Call::Builder c) {
+      auto m = c.initMemcpyHtoD();
+      m.setDst(va);
+      m.setSrcOffset(staged->offset);
+      m.setBytes(32 << 20);
+    }).ok());
+  }
+  auto query = (*client)->call([](proto::Call::Builder c) { c.initStreamQuery().setStream(0); });
+  EXPECT_EQ(query.status().code(), ErrorCode::kNotReady) << query.status();
+  EXPECT_TRUE((*client)->take_error().ok()) << "not ready must not become the sticky error";
+  auto view = hiberd.status();
+  ASSERT_TRUE(view.ok());
+  ASSERT_EQ(view->sessions.size(), 1u);
+  EXPECT_EQ(view->sessions[0].failed_calls, 0u);
 }
 
 // A session whose channel the test maps itself, to do what the client library never would.

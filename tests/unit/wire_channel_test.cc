@@ -402,6 +402,26 @@ TEST(ChannelTest, SendTimesOutWhenTheClientStopsReading) {
   EXPECT_EQ(client->receive(message, 10ms).code(), ErrorCode::kTimeout);
 }
 
+TEST(ChannelTest, AMessageTooBigForOneRecordIsRefusedWhenSentWithATimeLimit) {
+  TestServer server;
+  auto client = connect(server);
+  ASSERT_NE(client, nullptr);
+  ServerChannel& channel = server.channel();
+  // A message that would need several records: with a time limit it could stop half-way and
+  // leave the client's ring in the middle of a message, so it is refused before anything moves.
+  capnp::MallocMessageBuilder big;
+  auto list = big.initRoot<proto::ServerMessage>().initCompletions(1);
+  list[0].setSeq(1);
+  list[0].setMessage(std::string(channel.max_unfragmented_message_bytes(), 'x'));
+  EXPECT_EQ(channel.send(big, 20ms).code(), ErrorCode::kInvalidValue);
+  Message message;
+  EXPECT_EQ(client->receive(message, 10ms).code(), ErrorCode::kTimeout) << "something was sent";
+  // Without a time limit it goes through, in fragments.
+  EXPECT_TRUE(channel.send(big).ok());
+  ASSERT_TRUE(client->receive(message, 1s).ok());
+  EXPECT_GT(message.size(), channel.max_unfragmented_message_bytes());
+}
+
 TEST(ChannelTest, StagingReleaseWakesTheClient) {
   TestServer server;
   auto client = connect(server);

@@ -3,6 +3,7 @@
 #include <glog/logging.h>
 #include <sys/mman.h>
 
+#include <bit>
 #include <cerrno>
 #include <cstring>
 #include <vector>
@@ -157,9 +158,18 @@ Status AddressSpace::unmap(DevicePtr va, uint64_t bytes) {
   return Status();
 }
 
-Status AddressSpace::set_access(DevicePtr va, uint64_t bytes, uint64_t gpu_mask) {
+Status AddressSpace::set_access(DevicePtr va, uint64_t bytes, uint64_t gpu_mask,
+                                std::span<const uint64_t> reachers) {
   std::unique_lock lock(mu_);
   HIBER_ASSIGN_OR_RETURN(auto range, whole_mappings(va, bytes, "set_access"));
+  for (auto it = range.first; it != range.second; ++it) {
+    const int owner = it->second.block->gpu();
+    const uint64_t unreachable = gpu_mask & ~reachers[owner];
+    if (unreachable != 0)
+      return error(ErrorCode::kPeerAccessUnsupported, "set_access: GPU ",
+                   std::countr_zero(unreachable), " cannot access memory of GPU ", owner,
+                   " (no peer access between them), mapped at ", hex(it->first));
+  }
   for (auto it = range.first; it != range.second; ++it) it->second.access_mask = gpu_mask;
   return Status();
 }

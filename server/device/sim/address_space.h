@@ -47,8 +47,11 @@ class AddressSpace {
   // [va, va + bytes) must be exactly one or more whole, adjacent mappings; the same rule holds
   // for set_access (as CUDA requires for cuMemUnmap).
   Status unmap(DevicePtr va, uint64_t bytes);
-  // gpu_mask has bit g set for each GPU g that may access the range.
-  Status set_access(DevicePtr va, uint64_t bytes, uint64_t gpu_mask);
+  // gpu_mask has bit g set for each GPU g that may access the range. reachers[o] has bit g set
+  // for each GPU g that can reach GPU o's memory at all (o itself and its peers): granting any
+  // other GPU access to memory of o is kPeerAccessUnsupported, as with CUDA, and changes nothing.
+  Status set_access(DevicePtr va, uint64_t bytes, uint64_t gpu_mask,
+                    std::span<const uint64_t> reachers);
 
   // If every byte of `range` is mapped and accessible from range.gpu, the GPU whose memory is
   // mapped at range.va (where a copy's data physically starts); otherwise kInvalidValue naming

@@ -4,7 +4,6 @@
 
 #include <csetjmp>
 #include <csignal>
-#include <cstring>
 #include <mutex>
 
 namespace hiber::device::sim {
@@ -13,19 +12,23 @@ namespace {
 constexpr int kSignals[] = {SIGSEGV, SIGBUS};
 
 struct GuardState {
-  sigjmp_buf env;
+  sigjmp_buf env{};
   volatile sig_atomic_t active = 0;
   Fault fault;
 };
-thread_local GuardState t_guard;
+// Read by the signal handler, so it must not need a lazy TLS allocation (__tls_get_addr may
+// call malloc, which is not async-signal-safe): initial-exec TLS is at a fixed offset from the
+// thread pointer even when this code ends up in a shared library. constinit: no guard variable.
+__attribute__((tls_model("initial-exec"))) constinit thread_local GuardState t_guard;
 
-// The handlers found when ours was installed. Written only under g_install_mu while our handler
-// is not the installed one, so never concurrently with a read by our handler.
+// The handlers found when ours was installed; written once, before ours is installed, and
+// never again, so the handler can read them from any thread without a lock.
 struct sigaction g_previous[2];
-std::mutex g_install_mu;
+std::once_flag g_installed;
 
 int signal_slot(int sig) { return sig == SIGSEGV ? 0 : 1; }
 
+// Async-signal-safe: only sigaction, raise and the previous handler itself.
 void pass_on(int sig, siginfo_t* info, void* context) {
   const struct sigaction& previous = g_previous[signal_slot(sig)];
   if ((previous.sa_flags & SA_SIGINFO) && previous.sa_sigaction != nullptr) {
@@ -55,13 +58,10 @@ void on_fault(int sig, siginfo_t* info, void* context) {
   pass_on(sig, info, context);
 }
 
-void ensure_installed() {
-  std::lock_guard lock(g_install_mu);
+void install() {
   for (int sig : kSignals) {
-    struct sigaction current {};
-    PCHECK(sigaction(sig, nullptr, &current) == 0);
-    if ((current.sa_flags & SA_SIGINFO) && current.sa_sigaction == on_fault) continue;
-    g_previous[signal_slot(sig)] = current;
+    // Saved before ours goes in, so the handler never sees a half-written entry.
+    PCHECK(sigaction(sig, nullptr, &g_previous[signal_slot(sig)]) == 0);
     struct sigaction ours {};
     ours.sa_sigaction = on_fault;
     ours.sa_flags = SA_SIGINFO | SA_ONSTACK;  // ONSTACK: keep working where an alt stack is set
@@ -73,7 +73,7 @@ void ensure_installed() {
 }  // namespace
 
 std::optional<Fault> run_guarded(void (*fn)(void*), void* arg) {
-  ensure_installed();
+  std::call_once(g_installed, install);
   GuardState& guard = t_guard;
   // savemask = 1: the jump restores the signal mask, unblocking the signal being handled.
   if (sigsetjmp(guard.env, 1) != 0) return guard.fault;

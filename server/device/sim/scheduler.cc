@@ -98,6 +98,7 @@ void Scheduler::advance(std::shared_ptr<StreamState> first) {
         if (generation >= event->stamped) {
           event->stamped = generation;
           event->time = Clock::now();
+          event->error = stream->error;
         }
         auto& waiters = event->waiters;
         for (auto it = waiters.begin(); it != waiters.end();) {
@@ -121,6 +122,7 @@ void Scheduler::advance(std::shared_ptr<StreamState> first) {
         op.event->waiters.emplace_back(stream, op.generation);
         break;
       }
+      if (op.kind == Op::Kind::kCallback) op.status = stream->error;
       stream->active = true;
       Gpu& gpu = *gpus_[stream->gpu];
       gpu.ready.emplace(std::make_pair(stream->priority, ticket_++), stream);
@@ -139,14 +141,13 @@ void Scheduler::worker(int g) {
     std::shared_ptr<StreamState> stream = std::move(gpu.ready.extract(gpu.ready.begin()).mapped());
     Op op = std::move(stream->queue.front());
     stream->queue.pop_front();
-    const Status seen = stream->error;
     lock.unlock();
 
     Status status;
     if (op.kind == Op::Kind::kWork) {
       status = op.work();
     } else {
-      op.callback(seen);
+      op.callback(std::move(op.status));
     }
     op = Op();  // release what the operation captured outside the lock
 
@@ -173,15 +174,18 @@ Status Scheduler::query(StreamState& stream) {
   return std::exchange(stream.error, Status());
 }
 
-void Scheduler::synchronize(EventState& event) {
+Status Scheduler::synchronize(EventState& event) {
   std::unique_lock lock(mu_);
   const uint64_t generation = event.recorded;
   done_cv_.wait(lock, [&] { return !event.pending.contains(generation); });
+  return event.error;
 }
 
-bool Scheduler::complete(EventState& event) {
+Status Scheduler::query(EventState& event) {
   std::lock_guard lock(mu_);
-  return !event.pending.contains(event.recorded);
+  if (event.pending.contains(event.recorded))
+    return error(ErrorCode::kNotReady, "the event's latest record is pending");
+  return event.error;
 }
 
 Result<float> Scheduler::elapsed_ms(EventState& start, EventState& end) {

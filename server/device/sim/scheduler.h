@@ -60,9 +60,11 @@ class Scheduler {
   Status synchronize(StreamState& stream);
   // kNotReady while work is pending; otherwise as synchronize.
   Status query(StreamState& stream);
-  // Waits for / tests the event's latest record (an event never recorded is complete).
-  void synchronize(EventState& event);
-  bool complete(EventState& event);
+  // Waits for the event's latest record (an event never recorded is complete); returns the error
+  // its stream had when the record was reached (see EventState::error).
+  Status synchronize(EventState& event);
+  // kNotReady while the latest record is pending; otherwise as synchronize.
+  Status query(EventState& event);
   // kInvalidHandle if either event has timing disabled or was never recorded; kNotReady if either
   // latest record is pending.
   Result<float> elapsed_ms(EventState& start, EventState& end);
@@ -74,6 +76,9 @@ class Scheduler {
     StreamCallback callback;
     std::shared_ptr<EventState> event;
     uint64_t generation = 0;  // of the event's record that kRecord completes or kWait awaits
+    // kCallback: the status of the work before it, taken under the lock as that work finished
+    // (a synchronize_stream may clear the stream's error before a worker runs the callback).
+    Status status;
   };
 
   struct StreamState {
@@ -97,6 +102,10 @@ class Scheduler {
     std::set<uint64_t> pending;  // generations recorded but not yet reached by their stream
     uint64_t stamped = 0;        // the latest completed generation, and when it completed
     Clock::time_point time;
+    // The first error of the stream's work before the stamped record, since the stream's last
+    // synchronize or successful query: synchronize_event and query_event report failed work as
+    // the CUDA backend does. Stays until the event is recorded again.
+    Status error;
     std::vector<std::pair<std::shared_ptr<StreamState>, uint64_t>> waiters;  // parked streams
   };
 
