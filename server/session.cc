@@ -210,7 +210,6 @@ void Session::run() {
 
 void Session::handle_message(const wire::Message& message) {
   batches_.fetch_add(1, std::memory_order_relaxed);
-  outbox_.clear();
   Status read = wire::read_message<proto::Batch>(
       message, "batch", [&](proto::Batch::Reader batch) -> Status {
         auto calls = batch.getCalls();
@@ -239,10 +238,8 @@ void Session::handle_message(const wire::Message& message) {
     LOG(WARNING) << "session " << identity_.id << " (" << identity_.function_id
                  << "): rejected a message: " << read;
     // Sequence 0: an error of the session, not of one call. The client makes it sticky.
-    outbox_.push_back({0, limited(read), {}});
+    unsent_.push_back({0, limited(read), {}});
   }
-  for (CompletionRecord& r : outbox_) unsent_.push_back(std::move(r));
-  outbox_.clear();
 }
 
 void Session::execute(proto::Call::Reader call, uint64_t seq) {
@@ -267,7 +264,7 @@ void Session::execute(proto::Call::Reader call, uint64_t seq) {
   }
   if (outcome.deferred) return;
   if (failed || call.getReply()) {
-    outbox_.push_back({seq, limited(std::move(outcome.status)), std::move(outcome.result)});
+    unsent_.push_back({seq, limited(std::move(outcome.status)), std::move(outcome.result)});
   }
 }
 

@@ -197,8 +197,7 @@ class Session {
   std::unordered_map<uint64_t, device::Event> events_;
   std::unordered_map<uint64_t, device::Module> modules_;
   std::unordered_map<uint64_t, FunctionEntry> functions_;
-  std::vector<CompletionRecord> outbox_;  // completions of the batch being executed
-  std::deque<CompletionRecord> unsent_;   // completions the client has had no room for yet
+  std::deque<CompletionRecord> unsent_;  // completions not yet written to the completion ring
 
   // Completions posted by device callbacks, waiting for the session thread.
   std::mutex posted_mutex_;

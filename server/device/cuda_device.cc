@@ -5,12 +5,13 @@
 // thread, so each method makes the primary context of the GPU it touches current before its first
 // driver call (cuCtxSetCurrent is a thread-local store in the driver, cheap enough to repeat);
 // nothing assumes a context left current by an earlier call. State of our own:
-//   - constant after create(): gpus_, peer_, topology_, max_granularity_;
+//   - constant after create(): gpus_, peer_, topology_, min_granularity_, max_granularity_;
 //   - reservations_ and mappings_ under mappings_mutex_: the reserved and the mapped ranges, so
 //     map/unmap/free reject misuse with a clear message before the driver sees it, and
 //     set_access knows which GPUs own the memory behind a range;
 //   - kernels_ and module_kernels_ under kernels_mutex_: parameter layouts of the kernels handed
-//     out by get_function, so launch checks the parameter buffer without a driver call.
+//     out by get_function, so launch checks the parameter buffer without a driver call, and the
+//     dynamic shared memory each kernel has been allowed on each GPU.
 //
 // Handles carry the driver's own handle values (CUstream, CUevent, CUlibrary, CUkernel,
 // CUmemGenericAllocationHandle) in their id, with `gpu` set where the object belongs to one GPU.
@@ -27,6 +28,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <shared_mutex>
 #include <unordered_map>
 #include <utility>
@@ -34,6 +36,7 @@
 
 #include <glog/logging.h>
 
+#include "common/fatbin.h"
 #include "server/device/cuda_driver.h"
 #include "server/device/cuda_topology.h"
 
@@ -123,14 +126,8 @@ void CUDA_CB run_stream_callback(CUstream, CUresult status, void* user) noexcept
   }
 }
 
-// The fatbin container header (see common/fatbin.h): magic, version, header size, body size.
-struct FatbinHeader {
-  uint32_t magic;
-  uint16_t version;
-  uint16_t header_bytes;
-  uint64_t body_bytes;
-};
-static_assert(sizeof(FatbinHeader) == 16);
+// __fatBinC_Wrapper_t's magic: {int magic, int version, const unsigned long long* data, ...}.
+constexpr uint32_t kFatbinWrapperMagic = 0x466243b1;
 
 class CudaDevice final : public Device {
  public:
@@ -216,6 +213,10 @@ class CudaDevice final : public Device {
   // Grid and block within the GPU's limits, so a bad launch is refused with the reason rather
   // than the driver's bare CUDA_ERROR_INVALID_VALUE.
   Status check_launch_dimensions(int gpu, const LaunchConfig& config) const;
+  // Lets `kernel` use `bytes` of dynamic shared memory on `gpu`. Beyond the GPU's default
+  // per-block limit (48 KiB) a kernel must opt in, per GPU, up to the GPU's opt-in limit, or the
+  // launch fails; the driver is asked once per kernel, GPU and larger size.
+  Status allow_dynamic_shared_memory(CUkernel kernel, int gpu, uint32_t bytes);
 
   const CudaDriver& cu_;
 
@@ -224,15 +225,29 @@ class CudaDevice final : public Device {
   // peer_[gpu][peer]: cuDeviceCanAccessPeer (false on the diagonal).
   std::vector<std::vector<bool>> peer_;
   NodeConfig topology_;
-  uint64_t max_granularity_ = 0;         // over all GPUs: the unit of the shared address space
+  // Over all GPUs: a reserved range is a multiple of the smallest (so of the granularity of
+  // the GPU whose memory it is for), and is reserved from the driver in, and aligned to, the
+  // largest, so memory of any GPU can be mapped anywhere in it on its own granularity.
+  uint64_t min_granularity_ = 0;
+  uint64_t max_granularity_ = 0;
 
+  struct Reservation {
+    uint64_t bytes = 0;           // as asked for, and as free_address_range must give back
+    uint64_t driver_bytes = 0;    // bytes rounded up to max_granularity_: what the driver holds
+  };
   mutable std::mutex mappings_mutex_;
-  std::map<DevicePtr, uint64_t> reservations_;  // start -> bytes; GUARDED_BY(mappings_mutex_)
+  std::map<DevicePtr, Reservation> reservations_;  // by start; GUARDED_BY(mappings_mutex_)
   std::map<DevicePtr, Mapping> mappings_;       // by start address; GUARDED_BY(mappings_mutex_)
 
+  struct KernelState {
+    KernelInfo info;
+    // Per GPU: the CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES set for the kernel so far
+    // (0: the GPU's default per-block limit applies).
+    std::vector<uint32_t> max_dynamic_shared;
+  };
   mutable std::shared_mutex kernels_mutex_;
-  // GUARDED_BY(kernels_mutex_): layouts by kernel, and the kernels handed out per module.
-  std::unordered_map<CUkernel, KernelInfo> kernels_;
+  // GUARDED_BY(kernels_mutex_): kernels by handle, and the kernels handed out per module.
+  std::unordered_map<CUkernel, KernelState> kernels_;
   std::unordered_map<CUlibrary, std::vector<CUkernel>> module_kernels_;
 };
 
@@ -252,8 +267,10 @@ Result<std::unique_ptr<Device>> CudaDevice::create(const CudaDeviceOptions& opti
   // The destructor releases whatever primary contexts were retained if a later step fails.
   std::unique_ptr<CudaDevice> device(new CudaDevice(*cu));
   for (int i = 0; i < count; ++i) HIBER_RETURN_IF_ERROR(device->init_gpu(i));
-  device->max_granularity_ = 0;
+  device->min_granularity_ = device->gpus_[0].granularity;
+  device->max_granularity_ = device->gpus_[0].granularity;
   for (const Gpu& gpu : device->gpus_) {
+    device->min_granularity_ = std::min(device->min_granularity_, gpu.granularity);
     device->max_granularity_ = std::max(device->max_granularity_, gpu.granularity);
   }
   HIBER_RETURN_IF_ERROR(device->init_peers());
@@ -452,16 +469,16 @@ Status CudaDevice::discover_topology() {
       if (!access) continue;
       const GpuSpec& ga = node.gpus[a];
       const GpuSpec& gb = node.gpus[b];
-      double pcie_gbps = std::min(node.pcie_switches[ga.pcie_switch].host_to_device_gbps,
-                                  node.pcie_switches[gb.pcie_switch].host_to_device_gbps);
       // The older GPU of the pair bounds the link.
       bool a_older = std::pair(ga.compute_capability_major, ga.compute_capability_minor) <
                      std::pair(gb.compute_capability_major, gb.compute_capability_minor);
       const GpuSpec& older = a_older ? ga : gb;
-      double gbps = cuda_topology::peer_bandwidth_estimate_gbps(
-          older.compute_capability_major, older.compute_capability_minor, rank, atomics != 0,
-          pcie_gbps);
-      node.nvlinks.push_back({a, b, gbps});
+      // Only NVLink pairs are links of the topology: peers over PCIe share their switches'
+      // bandwidth, which the PCIe switches already model, and a link would let the scheduler
+      // count on bandwidth that is not there.
+      std::optional<double> gbps = cuda_topology::nvlink_bandwidth_estimate_gbps(
+          older.compute_capability_major, older.compute_capability_minor, rank, atomics != 0);
+      if (gbps.has_value()) node.nvlinks.push_back({a, b, *gbps});
     }
   }
   topology_ = std::move(node);
@@ -562,6 +579,43 @@ Status CudaDevice::check_launch_dimensions(int gpu, const LaunchConfig& config) 
   return Status();
 }
 
+Status CudaDevice::allow_dynamic_shared_memory(CUkernel kernel, int gpu, uint32_t bytes) {
+  const DeviceProperties& p = gpus_[gpu].properties;
+  if (bytes <= static_cast<uint32_t>(std::max(p.attribute(kAttrMaxSharedMemoryPerBlock), 0))) {
+    return Status();
+  }
+  const auto opt_in = static_cast<uint32_t>(
+      std::max(p.attribute(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN), 0));
+  if (bytes > opt_in) {
+    return Status(ErrorCode::kInvalidValue,
+                  str_cat("launch: ", bytes, " bytes of shared memory exceed GPU ", gpu,
+                          "'s limit of ", opt_in, " per block"));
+  }
+  {
+    std::shared_lock lock(kernels_mutex_);
+    auto it = kernels_.find(kernel);
+    if (it != kernels_.end() && it->second.max_dynamic_shared[gpu] >= bytes) return Status();
+  }
+  // Exclusive while asking the driver, so two launches raising the limit at once cannot leave
+  // the smaller value set and the larger one cached.
+  std::unique_lock lock(kernels_mutex_);
+  auto it = kernels_.find(kernel);
+  if (it == kernels_.end()) {
+    return Status(ErrorCode::kInvalidHandle,
+                  "launch: not a function from get_function, or its module was unloaded");
+  }
+  uint32_t& allowed = it->second.max_dynamic_shared[gpu];
+  if (allowed >= bytes) return Status();
+  HIBER_RETURN_IF_ERROR(HIBER_CU(cuKernelSetAttribute,
+                                 CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                 static_cast<int>(bytes), kernel, gpus_[gpu].device)
+                            .with_context(str_cat("launch(", it->second.info.name, ") on GPU ",
+                                                  gpu, " with ", bytes,
+                                                  " bytes of dynamic shared memory")));
+  allowed = bytes;
+  return Status();
+}
+
 // ---- The node ----
 
 const DeviceProperties& CudaDevice::properties(int gpu) const {
@@ -588,24 +642,31 @@ bool CudaDevice::can_access_peer(int gpu, int peer) const {
 // ---- Virtual memory ----
 
 Result<DevicePtr> CudaDevice::reserve_address_range(uint64_t bytes, uint64_t alignment) {
-  if (bytes == 0 || bytes % max_granularity_ != 0) {
+  // Granularities are powers of two, so a multiple of the smallest is a multiple of the
+  // granularity of every GPU whose granularity is that small: what allocation_granularity(gpu)
+  // tells a caller reserving for that GPU's memory.
+  if (bytes == 0 || bytes % min_granularity_ != 0 || bytes > UINT64_MAX - max_granularity_) {
     return Status(ErrorCode::kInvalidValue,
                   str_cat("reserve_address_range: ", bytes,
-                          " bytes is not a positive multiple of the allocation granularity ",
-                          max_granularity_));
+                          " bytes is not a positive multiple of a GPU's allocation granularity "
+                          "(the smallest is ",
+                          min_granularity_, ")"));
   }
   if (alignment != 0 && !is_power_of_two(alignment)) {
     return Status(ErrorCode::kInvalidValue, str_cat("reserve_address_range: alignment ",
                                                     alignment, " is not a power of two"));
   }
-  // Anything mapped into the range must sit on a granularity boundary, so the range must too.
+  // Anything mapped into the range must sit on its GPU's granularity boundary, so the range
+  // starts on the largest one, and the driver reserves whole units of it.
   alignment = std::max(alignment, max_granularity_);
+  const uint64_t driver_bytes =
+      (bytes + max_granularity_ - 1) / max_granularity_ * max_granularity_;
   HIBER_RETURN_IF_ERROR(use_gpu(0));
   CUdeviceptr va = 0;
-  HIBER_RETURN_IF_ERROR(HIBER_CU(cuMemAddressReserve, &va, bytes, alignment, 0, 0)
+  HIBER_RETURN_IF_ERROR(HIBER_CU(cuMemAddressReserve, &va, driver_bytes, alignment, 0, 0)
                             .with_context(str_cat("reserve_address_range(", bytes, " bytes)")));
   std::lock_guard lock(mappings_mutex_);
-  reservations_.emplace(va, bytes);
+  reservations_.emplace(va, Reservation{bytes, driver_bytes});
   return static_cast<DevicePtr>(va);
 }
 
@@ -614,7 +675,7 @@ Status CudaDevice::free_address_range(DevicePtr va, uint64_t bytes) {
   std::lock_guard lock(mappings_mutex_);
   // cuMemAddressFree takes back exactly what cuMemAddressReserve gave.
   auto reserved = reservations_.find(va);
-  if (reserved == reservations_.end() || reserved->second != bytes) {
+  if (reserved == reservations_.end() || reserved->second.bytes != bytes) {
     return Status(ErrorCode::kInvalidValue,
                   where() + ": not a range reserve_address_range returned");
   }
@@ -629,7 +690,8 @@ Status CudaDevice::free_address_range(DevicePtr va, uint64_t bytes) {
                                     " bytes) is still mapped; unmap it first"));
   }
   HIBER_RETURN_IF_ERROR(use_gpu(0));
-  HIBER_RETURN_IF_ERROR(HIBER_CU(cuMemAddressFree, va, bytes).with_context(where()));
+  HIBER_RETURN_IF_ERROR(
+      HIBER_CU(cuMemAddressFree, va, reserved->second.driver_bytes).with_context(where()));
   reservations_.erase(reserved);
   return Status();
 }
@@ -689,7 +751,7 @@ Status CudaDevice::map(DevicePtr va, uint64_t bytes, PhysicalMemory memory, uint
   // Inside one reserved range: the driver maps only into reservations.
   auto reserved = reservations_.upper_bound(va);
   if (reserved == reservations_.begin() ||
-      std::prev(reserved)->first + std::prev(reserved)->second < va + bytes) {
+      std::prev(reserved)->first + std::prev(reserved)->second.bytes < va + bytes) {
     return Status(ErrorCode::kInvalidValue,
                   where() + ": the range is not inside one range from reserve_address_range");
   }
@@ -1001,71 +1063,36 @@ Status CudaDevice::memset(Stream stream, DevicePtr dst, uint32_t value, int elem
 // ---- Code ----
 
 Result<Module> CudaDevice::load_module(std::span<const std::byte> image) {
-  if (image.empty()) return Status(ErrorCode::kInvalidImage, "load_module: empty image");
-  // cuLibraryLoadData takes a pointer and no size: the image must say how long it is. Check
-  // that the header's length fits the bytes we were given, so the driver never reads past them;
-  // PTX is text and must end in NUL, so it is copied when it does not.
-  const void* code = image.data();
-  std::string ptx;
+  auto where = [&] { return str_cat("load_module(", image.size(), " bytes)"); };
+  // cuLibraryLoadData takes a pointer and no size, and trusts what it finds there: the client's
+  // image is read by our own reader first, which checks every size and offset against the bytes
+  // we hold (headers, fatbin entries, ELF sections and segments, cubins inside fatbins) and
+  // accepts only a fatbin, an ELF cubin or text that begins like PTX.
   uint32_t magic = 0;
   if (image.size() >= sizeof magic) std::memcpy(&magic, image.data(), sizeof magic);
-  static constexpr unsigned char kElfMagic[4] = {0x7f, 'E', 'L', 'F'};
-  if (magic == 0xBA55ED50u) {
-    FatbinHeader header;
-    if (image.size() < sizeof header) {
-      return Status(ErrorCode::kInvalidImage, "load_module: truncated fatbin header");
-    }
-    std::memcpy(&header, image.data(), sizeof header);
-    if (header.header_bytes < sizeof header ||
-        header.body_bytes > image.size() - std::min<uint64_t>(image.size(), header.header_bytes)) {
-      return Status(ErrorCode::kInvalidImage,
-                    str_cat("load_module: the fatbin header says ",
-                            uint64_t{header.header_bytes} + header.body_bytes,
-                            " bytes but the image has ", image.size()));
-    }
-  } else if (image.size() >= 4 && std::memcmp(image.data(), kElfMagic, 4) == 0) {
-    // ELF64 header: program headers at e_phoff (offset 32, e_phentsize at 54, e_phnum at 56),
-    // section headers at e_shoff (40, e_shentsize at 58, e_shnum at 60). Both tables must lie
-    // within the image.
-    if (image.size() < 64) {
-      return Status(ErrorCode::kInvalidImage, "load_module: truncated ELF header");
-    }
-    auto table_end = [&](size_t offset_at, size_t entry_size_at, size_t count_at) {
-      uint64_t offset = 0;
-      uint16_t entry_size = 0, count = 0;
-      std::memcpy(&offset, image.data() + offset_at, sizeof offset);
-      std::memcpy(&entry_size, image.data() + entry_size_at, sizeof entry_size);
-      std::memcpy(&count, image.data() + count_at, sizeof count);
-      uint64_t bytes = uint64_t{entry_size} * count;
-      // Saturates instead of wrapping, so a huge offset cannot pass as a small end.
-      return offset > UINT64_MAX - bytes ? UINT64_MAX : offset + bytes;
-    };
-    for (auto [what, end] : {std::pair{"program header", table_end(32, 54, 56)},
-                             std::pair{"section header", table_end(40, 58, 60)}}) {
-      if (end > image.size()) {
-        return Status(ErrorCode::kInvalidImage,
-                      str_cat("load_module: the ELF ", what, " table ends past the image's ",
-                              image.size(), " bytes"));
-      }
-    }
-  } else {
-    std::string_view text(reinterpret_cast<const char*>(image.data()), image.size());
-    if (text.find(".version") == std::string_view::npos ||
-        text.find(".target") == std::string_view::npos) {
-      return Status(ErrorCode::kInvalidImage,
-                    "load_module: the image is not a fatbin, a cubin (ELF) or PTX text");
-    }
-    if (text.back() != '\0') {
-      ptx.assign(text);
-      code = ptx.c_str();
-    }
+  if (magic == kFatbinWrapperMagic) {
+    // The driver accepts the wrapper nvcc emits around a fatbin, but it holds a pointer into
+    // the client's address space, which means nothing here.
+    return Status(ErrorCode::kInvalidImage,
+                  where() + ": a fatbin wrapper (__fatBinC_Wrapper_t) holds a host pointer; send "
+                            "the fatbin it points to");
+  }
+  Result<std::vector<KernelInfo>> readable = fatbin::image_kernels(image);
+  if (!readable.ok()) return readable.status().with_context(where());
+  const void* code = image.data();
+  std::string ptx;
+  if (!fatbin::is_fatbin(image) && !fatbin::is_elf(image) &&
+      std::memchr(image.data(), 0, image.size()) == nullptr) {
+    // PTX is read up to its NUL, so one must end the bytes we checked.
+    ptx.assign(reinterpret_cast<const char*>(image.data()), image.size());
+    code = ptx.c_str();
   }
 
   // Context-independent loading: one CUlibrary serves every GPU's context, present and future.
   CUlibrary library = nullptr;
   HIBER_RETURN_IF_ERROR(
       HIBER_CU(cuLibraryLoadData, &library, code, nullptr, nullptr, 0, nullptr, nullptr, 0)
-          .with_context(str_cat("load_module(", image.size(), " bytes)")));
+          .with_context(where()));
   return Module{to_id(library)};
 }
 
@@ -1125,7 +1152,8 @@ Result<Function> CudaDevice::get_function(Module module, const std::string& name
   }
 
   std::unique_lock lock(kernels_mutex_);
-  if (kernels_.emplace(kernel, std::move(info)).second) {
+  KernelState state{std::move(info), std::vector<uint32_t>(gpus_.size(), 0)};
+  if (kernels_.emplace(kernel, std::move(state)).second) {
     module_kernels_[library].push_back(kernel);
   }
   return Function{to_id(kernel)};
@@ -1138,7 +1166,7 @@ Result<KernelInfo> CudaDevice::function_info(Function function) {
     return Status(ErrorCode::kInvalidHandle,
                   "function_info: not a function from get_function, or its module was unloaded");
   }
-  return it->second;
+  return it->second.info;
 }
 
 Status CudaDevice::launch(Stream stream, Function function, const LaunchConfig& config,
@@ -1151,7 +1179,7 @@ Status CudaDevice::launch(Stream stream, Function function, const LaunchConfig& 
       return Status(ErrorCode::kInvalidHandle,
                     "launch: not a function from get_function, or its module was unloaded");
     }
-    const KernelInfo& info = it->second;
+    const KernelInfo& info = it->second.info;
     if (params.size() != info.param_bytes()) {
       return Status(ErrorCode::kInvalidValue,
                     str_cat("launch(", info.name, "): the kernel takes ", info.param_bytes(),
@@ -1161,6 +1189,8 @@ Status CudaDevice::launch(Stream stream, Function function, const LaunchConfig& 
   }
   HIBER_ASSIGN_OR_RETURN(CUstream s, use_stream(stream));
   HIBER_RETURN_IF_ERROR(check_launch_dimensions(stream.gpu, config));
+  HIBER_RETURN_IF_ERROR(
+      allow_dynamic_shared_memory(kernel, stream.gpu, config.shared_memory_bytes));
   // The packed buffer goes in `extra`; the driver copies it before cuLaunchKernel returns. A
   // CUkernel may be launched as a CUfunction (CUDA 12.0+), in the context of the stream.
   size_t size = params.size();
@@ -1176,7 +1206,7 @@ Status CudaDevice::launch(Stream stream, Function function, const LaunchConfig& 
   return on_error(std::move(launched), [&] {
     std::shared_lock lock(kernels_mutex_);
     auto it = kernels_.find(kernel);
-    return str_cat("launch(", it != kernels_.end() ? it->second.name : "?", ", grid ",
+    return str_cat("launch(", it != kernels_.end() ? it->second.info.name : "?", ", grid ",
                    config.grid.x, "x", config.grid.y, "x", config.grid.z, ", block ",
                    config.block.x, "x", config.block.y, "x", config.block.z, ")");
   });

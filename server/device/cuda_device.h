@@ -7,7 +7,8 @@
 //
 // One primary context per GPU, shared by every session (runtime sharing). Device memory uses
 // the VMM API (cuMemCreate, cuMemAddressReserve, cuMemMap, cuMemSetAccess); modules are loaded
-// once with cuLibraryLoadData and serve every GPU; parameter layouts come from
+// once with cuLibraryLoadData and serve every GPU, after common/fatbin.h has checked every size
+// and offset in the image (the driver is given no length); parameter layouts come from
 // cuKernelGetParamInfo.
 #pragma once
 

@@ -93,6 +93,7 @@
   X(cuLibraryGetKernel, 12000)                   \
   X(cuKernelGetName, 12030)                      \
   X(cuKernelGetParamInfo, 12040)                 \
+  X(cuKernelSetAttribute, 12000) /* dynamic shared memory beyond 48 KiB */ \
   X(cuLaunchKernel, 4000)
 // clang-format on
 

@@ -189,10 +189,10 @@ double nvlink_total_gbps(int cc_major, int cc_minor) {
   }
 }
 
-double peer_bandwidth_estimate_gbps(int cc_major, int cc_minor, int performance_rank,
-                                    bool native_atomics, double pcie_gbps) {
+std::optional<double> nvlink_bandwidth_estimate_gbps(int cc_major, int cc_minor,
+                                                     int performance_rank, bool native_atomics) {
   double nvlink = nvlink_total_gbps(cc_major, cc_minor);
-  if (!native_atomics || nvlink <= 0) return pcie_gbps;
+  if (!native_atomics || nvlink <= 0) return std::nullopt;
   int rank = performance_rank < 0 ? 0 : performance_rank;
   return nvlink / (1.0 + rank);
 }

@@ -6,6 +6,7 @@
 // replaces them with measured figures. The estimates are theoretical peaks per direction.
 #pragma once
 
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -65,17 +66,19 @@ struct PcieLayout {
 PcieLayout discover_pcie_layout(std::span<const std::string> bus_ids,
                                 const std::string& sysfs_root = "/sys");
 
-// Estimated per-direction bandwidth between two GPUs that have peer access, from what
-// cuDeviceGetP2PAttribute says about the pair:
-//   - native atomics supported: an NVLink-class link (PCIe peer access has no native atomics).
-//     Estimate = the GPU's total NVLink bandwidth per direction (nvlink_total_gbps) divided by
-//     (1 + performance rank): rank 0 is the best link the driver knows of (an NVSwitch port or
-//     the most bonded link), and each rank step below it is taken to cost one more share. An
-//     upper bound on point-to-point meshes, whose links are split among peers.
-//   - otherwise, or for a GPU with no known NVLink: peer copies cross PCIe, so `pcie_gbps`,
-//     the slower of the two GPUs' uplinks.
-double peer_bandwidth_estimate_gbps(int cc_major, int cc_minor, int performance_rank,
-                                    bool native_atomics, double pcie_gbps);
+// Whether two GPUs with peer access are joined by NVLink, judged from what
+// cuDeviceGetP2PAttribute says about the pair (the driver names no link type), and if so the
+// link's estimated per-direction bandwidth:
+//   - native atomics supported: an NVLink-class link (PCIe peer access has no native atomics),
+//     provided the older GPU of the pair has NVLink at all (nvlink_total_gbps > 0). Estimate =
+//     that GPU's total NVLink bandwidth per direction divided by (1 + performance rank): rank 0
+//     is the best link the driver knows of (an NVSwitch port or the most bonded link), and each
+//     rank step below it is taken to cost one more share. An upper bound on point-to-point
+//     meshes, whose links are split among peers.
+//   - otherwise nullopt: the pair's peer traffic crosses PCIe, which is no NVLink of the
+//     topology (the PCIe switches already model it).
+std::optional<double> nvlink_bandwidth_estimate_gbps(int cc_major, int cc_minor,
+                                                     int performance_rank, bool native_atomics);
 
 // Total NVLink bandwidth per direction of one GPU by compute capability, from NVIDIA's specs:
 // sm_60 (P100) 4 x 20 GB/s; sm_70 (V100) 6 x 25; sm_75 (Turing bridge) 2 x 25; sm_80 (A100)

@@ -115,7 +115,8 @@ class Device {
   // backend what it discovered (or was configured with).
   virtual const NodeConfig& topology() const = 0;
   virtual Result<MemoryInfo> memory_info(int gpu) = 0;
-  // Physical allocations, mappings and reserved ranges are multiples of this.
+  // Physical allocations and mappings of `gpu`'s memory are multiples of this, and so are
+  // reserved ranges (a multiple of any one GPU's granularity will do).
   virtual uint64_t allocation_granularity(int gpu) const = 0;
   // Whether work on `gpu` can access memory on `peer` directly (peer copies need not stage
   // through the host).

@@ -107,8 +107,9 @@ struct SimDevice::Impl {
   // NVSwitch or a shared PCIe switch between them. A GPU is not its own peer.
   bool peers(int gpu, int peer) const {
     const NodeConfig& node = options.node;
-    return gpu != peer && (node.nvlink(gpu, peer) != nullptr ||
-                           node.nvswitch(gpu, peer) != nullptr || node.share_pcie_switch(gpu, peer));
+    return gpu != peer &&
+           (node.nvlink(gpu, peer) != nullptr || node.nvswitch(gpu, peer) != nullptr ||
+            node.share_pcie_switch(gpu, peer));
   }
   Status check_gpu(int gpu) const {
     if (gpu < 0 || gpu >= options.node.gpu_count())

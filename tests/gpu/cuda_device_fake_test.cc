@@ -11,7 +11,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <future>
+#include <span>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -46,17 +48,71 @@ FakeCuda* fake() {
   return get != nullptr ? get() : nullptr;
 }
 
-// A fatbin the fake accepts: a header whose sizes match the bytes.
-std::vector<std::byte> fake_fatbin(size_t body_bytes) {
-  std::vector<std::byte> image(16 + body_bytes, std::byte{0});
-  uint32_t magic = 0xBA55ED50u;
-  uint16_t version = 1, header_bytes = 16;
-  uint64_t body = body_bytes;
-  std::memcpy(image.data(), &magic, 4);
-  std::memcpy(image.data() + 4, &version, 2);
-  std::memcpy(image.data() + 6, &header_bytes, 2);
-  std::memcpy(image.data() + 8, &body, 8);
+using Bytes = std::vector<std::byte>;
+
+template <typename T>
+void poke(Bytes& bytes, size_t at, T value) {
+  std::memcpy(bytes.data() + at, &value, sizeof(T));
+}
+
+Bytes bytes_of(std::string_view text) {
+  Bytes out(text.size());
+  std::memcpy(out.data(), text.data(), text.size());
+  return out;
+}
+
+// PTX declaring the kernels every library of the fake has, with the fake's layouts.
+constexpr std::string_view kFakePtx =
+    ".version 8.0\n.target sm_90\n.address_size 64\n"
+    ".visible .entry _Z4noopv() { ret; }\n"
+    ".visible .entry _Z11write_valuePii(.param .u64 p, .param .u32 v) { ret; }\n"
+    ".visible .entry _Z10odd_paramsc9OddStructsPi(.param .u8 a, .param .align 8 .b8 b[24],"
+    " .param .u16 c, .param .u64 d) { ret; }\n";
+
+// A fatbin (docs/fatbin.md) with one uncompressed entry of `kind` (1 PTX, 2 cubin); `flags` and
+// `uncompressed_bytes` let a test forge a compressed entry around `payload`.
+Bytes fatbin_of(uint16_t kind, Bytes payload, uint64_t flags = 0x11,
+                uint64_t uncompressed_bytes = 0) {
+  const auto compressed_bytes = static_cast<uint32_t>(uncompressed_bytes != 0 ? payload.size() : 0);
+  payload.resize((payload.size() + 7) / 8 * 8);
+  Bytes image(16 + 64 + payload.size());
+  poke<uint32_t>(image, 0, 0xBA55ED50u);
+  poke<uint16_t>(image, 4, 1);
+  poke<uint16_t>(image, 6, 16);
+  poke<uint64_t>(image, 8, 64 + payload.size());
+  poke<uint16_t>(image, 16, kind);
+  poke<uint32_t>(image, 20, 64);
+  poke<uint64_t>(image, 24, payload.size());
+  poke<uint32_t>(image, 32, compressed_bytes);
+  poke<uint32_t>(image, 44, 90);
+  poke<uint64_t>(image, 56, flags);
+  poke<uint64_t>(image, 72, uncompressed_bytes);
+  std::memcpy(image.data() + 16 + 64, payload.data(), payload.size());
   return image;
+}
+
+Bytes fake_fatbin() { return fatbin_of(1, bytes_of(kFakePtx)); }
+
+// The smallest cubin the reader accepts: an EM_CUDA ELF64 header and two sections (the null
+// one and the section name table), no symbols and so no kernels.
+Bytes tiny_cubin() {
+  const std::string_view names("\0.shstrtab\0", 11);
+  Bytes elf(64 + 16 + 2 * 64);
+  std::memcpy(elf.data(), "\x7f" "ELF\x02\x01\x01", 7);
+  poke<uint16_t>(elf, 16, 2);    // ET_EXEC
+  poke<uint16_t>(elf, 18, 190);  // EM_CUDA
+  poke<uint64_t>(elf, 40, 80);   // section headers
+  poke<uint16_t>(elf, 52, 64);
+  poke<uint16_t>(elf, 58, 64);
+  poke<uint16_t>(elf, 60, 2);
+  poke<uint16_t>(elf, 62, 1);
+  std::memcpy(elf.data() + 64, names.data(), names.size());
+  const size_t shstrtab = 80 + 64;
+  poke<uint32_t>(elf, shstrtab, 1);       // name
+  poke<uint32_t>(elf, shstrtab + 4, 3);   // SHT_STRTAB
+  poke<uint64_t>(elf, shstrtab + 24, 64);  // offset
+  poke<uint64_t>(elf, shstrtab + 32, names.size());
+  return elf;
 }
 
 class CudaDeviceFakeTest : public ::testing::Test {
@@ -72,6 +128,7 @@ class CudaDeviceFakeTest : public ::testing::Test {
     std::lock_guard lock(fake_->mutex);
     fake_->copies.clear();
     fake_->launches.clear();
+    fake_->kernel_attributes.clear();
     fake_->set_access_calls.clear();
     fake_->wrong_context_calls.clear();
     fake_->callback_status = CUDA_SUCCESS;
@@ -179,6 +236,61 @@ TEST_F(CudaDeviceFakeTest, DiscoversPeersAndEstimatesTheirLinks) {
   EXPECT_EQ(node.nvlinks[0].bandwidth_gbps, 450.0);  // sm_90, rank 0, native atomics
   // This machine's sysfs has no such buses: each GPU on a default link of its own.
   EXPECT_EQ(node.pcie_switches.size(), 2u);
+}
+
+TEST_F(CudaDeviceFakeTest, PeersOverPcieAreNoNvLink) {
+  {
+    std::lock_guard lock(fake_->mutex);
+    fake_->p2p_atomics = false;  // peer access, but no native atomics: PCIe
+  }
+  Result<std::unique_ptr<Device>> pcie = create_cuda_device({});
+  {
+    std::lock_guard lock(fake_->mutex);
+    fake_->p2p_atomics = true;
+  }
+  ASSERT_TRUE(pcie.ok()) << pcie.status();
+  EXPECT_TRUE((*pcie)->can_access_peer(0, 1));
+  EXPECT_TRUE((*pcie)->topology().nvlinks.empty());
+}
+
+TEST_F(CudaDeviceFakeTest, ReservesInAnyGpusGranularity) {
+  constexpr uint64_t kLarge = 2 * kGranularity;
+  {
+    std::lock_guard lock(fake_->mutex);
+    fake_->granularity[1] = kLarge;
+  }
+  Result<std::unique_ptr<Device>> mixed = create_cuda_device({});
+  {
+    std::lock_guard lock(fake_->mutex);
+    fake_->granularity.clear();
+  }
+  ASSERT_TRUE(mixed.ok()) << mixed.status();
+  Device& d = **mixed;
+  ASSERT_EQ(d.allocation_granularity(0), kGranularity);
+  ASSERT_EQ(d.allocation_granularity(1), kLarge);
+  // A multiple of GPU 0's granularity, for GPU 0's memory: reserved from the driver in, and
+  // aligned to, GPU 1's larger one.
+  Result<DevicePtr> va = d.reserve_address_range(3 * kGranularity, 0);
+  ASSERT_TRUE(va.ok()) << va.status();
+  EXPECT_EQ(*va % kLarge, 0u);
+  {
+    std::lock_guard lock(fake_->mutex);
+    EXPECT_EQ(fake_->reserve_sizes.back(), 2 * kLarge);
+    EXPECT_EQ(fake_->reserve_alignments.back(), kLarge);
+  }
+  Result<PhysicalMemory> memory = d.create_physical(0, kGranularity);
+  ASSERT_TRUE(memory.ok()) << memory.status();
+  EXPECT_TRUE(d.map(*va + 2 * kGranularity, kGranularity, *memory, 0).ok());
+  EXPECT_EQ(d.map(*va + 3 * kGranularity, kGranularity, *memory, 0).code(),
+            ErrorCode::kInvalidValue)
+      << "past the range asked for";
+  EXPECT_EQ(d.reserve_address_range(kGranularity / 2, 0).status().code(),
+            ErrorCode::kInvalidValue);
+  EXPECT_EQ(d.free_address_range(*va, 2 * kLarge).code(), ErrorCode::kInvalidValue)
+      << "given back as it was asked for";
+  EXPECT_TRUE(d.unmap(*va + 2 * kGranularity, kGranularity).ok());
+  EXPECT_TRUE(d.release_physical(*memory).ok());
+  EXPECT_TRUE(d.free_address_range(*va, 3 * kGranularity).ok());  // the driver's 8 MiB
 }
 
 TEST_F(CudaDeviceFakeTest, TakesAConfiguredTopologyThatMatches) {
@@ -482,7 +594,7 @@ TEST_F(CudaDeviceFakeTest, ZeroSizedWorkNeverReachesTheDriver) {
 }
 
 TEST_F(CudaDeviceFakeTest, LaunchRefusesDimensionsBeyondTheGpusLimits) {
-  Result<Module> module = device_->load_module(fake_fatbin(16));
+  Result<Module> module = device_->load_module(fake_fatbin());
   ASSERT_TRUE(module.ok());
   Result<Function> noop = device_->get_function(*module, "_Z4noopv");
   Result<Stream> s = device_->create_stream(0, 0);
@@ -508,8 +620,7 @@ TEST_F(CudaDeviceFakeTest, LaunchRefusesDimensionsBeyondTheGpusLimits) {
 }
 
 TEST_F(CudaDeviceFakeTest, LoadsModulesAndLaunchesWithThePackedBuffer) {
-  std::vector<std::byte> fatbin = fake_fatbin(100);
-  Result<Module> module = device_->load_module(fatbin);
+  Result<Module> module = device_->load_module(fake_fatbin());
   ASSERT_TRUE(module.ok()) << module.status();
 
   Result<Function> odd = device_->get_function(*module, "_Z10odd_paramsc9OddStructsPi");
@@ -557,43 +668,109 @@ TEST_F(CudaDeviceFakeTest, LoadsModulesAndLaunchesWithThePackedBuffer) {
   EXPECT_TRUE(device_->destroy_stream(*s).ok());
 }
 
-TEST_F(CudaDeviceFakeTest, ChecksImageLengthsBeforeTheDriverReadsThem) {
-  std::vector<std::byte> fatbin = fake_fatbin(100);
-  fatbin.resize(60);
-  Status truncated = device_->load_module(fatbin).status();
-  EXPECT_EQ(truncated.code(), ErrorCode::kInvalidImage);
-  EXPECT_THAT(truncated.message(), HasSubstr("says 116 bytes but the image has 60"));
-  EXPECT_EQ(device_->load_module(std::span(fatbin).first(10)).status().code(),
-            ErrorCode::kInvalidImage);
-
-  std::vector<std::byte> elf(64, std::byte{0});
-  std::memcpy(elf.data(), "\x7f" "ELF", 4);
-  uint64_t shoff = 4096;
-  std::memcpy(elf.data() + 40, &shoff, 8);
-  uint16_t shentsize = 64, shnum = 3;
-  std::memcpy(elf.data() + 58, &shentsize, 2);
-  std::memcpy(elf.data() + 60, &shnum, 2);
-  EXPECT_EQ(device_->load_module(elf).status().code(), ErrorCode::kInvalidImage);
-  shoff = 0;  // a table inside the bytes
-  std::memcpy(elf.data() + 40, &shoff, 8);
-  shnum = 1;
-  std::memcpy(elf.data() + 60, &shnum, 2);
-  Result<Module> tiny_elf = device_->load_module(elf);
-  ASSERT_TRUE(tiny_elf.ok()) << tiny_elf.status();
-  EXPECT_TRUE(device_->unload_module(*tiny_elf).ok());
-
+TEST_F(CudaDeviceFakeTest, LoadsEveryKindOfImageTheReaderAccepts) {
+  auto loads = [&] {
+    std::lock_guard lock(fake_->mutex);
+    return fake_->library_loads;
+  };
+  const int before = loads();
   // PTX without a terminating NUL is copied before the driver reads it (ASan would see the
-  // fake's strlen run past the buffer otherwise).
-  std::string ptx = ".version 8.0\n.target sm_80\n.address_size 64\n";
-  std::vector<std::byte> text(ptx.size());
-  std::memcpy(text.data(), ptx.data(), ptx.size());
-  Result<Module> from_ptx = device_->load_module(text);
-  ASSERT_TRUE(from_ptx.ok()) << from_ptx.status();
-  EXPECT_TRUE(device_->unload_module(*from_ptx).ok());
+  // fake's strlen run past the buffer otherwise), and so is PTX after a comment.
+  for (const Bytes& image :
+       {fake_fatbin(), fatbin_of(2, tiny_cubin()), tiny_cubin(), bytes_of(kFakePtx),
+        bytes_of(std::string("// generated\n") + std::string(kFakePtx))}) {
+    Result<Module> module = device_->load_module(image);
+    ASSERT_TRUE(module.ok()) << module.status();
+    EXPECT_TRUE(device_->unload_module(*module).ok());
+  }
+  EXPECT_EQ(loads(), before + 5);
+}
 
-  std::vector<std::byte> garbage(100, std::byte{0x42});
-  EXPECT_EQ(device_->load_module(garbage).status().code(), ErrorCode::kInvalidImage);
-  EXPECT_EQ(device_->load_module({}).status().code(), ErrorCode::kInvalidImage);
+TEST_F(CudaDeviceFakeTest, RefusesForgedImagesBeforeTheDriverSeesThem) {
+  auto loads = [&] {
+    std::lock_guard lock(fake_->mutex);
+    return fake_->library_loads;
+  };
+  const int before = loads();
+  auto refused = [&](const Bytes& image, std::string_view fragment) {
+    Status status = device_->load_module(image).status();
+    EXPECT_EQ(status.code(), ErrorCode::kInvalidImage) << status;
+    EXPECT_THAT(status.message(), HasSubstr(std::string(fragment)));
+  };
+
+  // The container's header claims more than the bytes hold.
+  Bytes truncated = fake_fatbin();
+  truncated.resize(60);
+  refused(truncated, "header declares");
+  refused(Bytes(truncated.begin(), truncated.begin() + 10), "shorter than its 16-byte header");
+  // An entry whose payload runs past the container.
+  Bytes long_entry = fake_fatbin();
+  poke<uint64_t>(long_entry, 24, 1 << 20);
+  refused(long_entry, "runs past the end");
+  // A cubin inside a fatbin whose section lies past the end of its entry (the container's own
+  // sizes are consistent, so only reading the cubin finds it).
+  Bytes cubin = tiny_cubin();
+  poke<uint64_t>(cubin, 80 + 64 + 24, cubin.size() + 64);
+  refused(fatbin_of(2, cubin), "past the end");
+  // The same cubin alone, and one whose section headers lie past the end.
+  refused(cubin, "past the end");
+  Bytes headers_outside = tiny_cubin();
+  poke<uint64_t>(headers_outside, 40, 4096);
+  refused(headers_outside, "section header table");
+  // A compressed entry claiming 1 GiB: a Zstandard frame header that says so, and no data.
+  const unsigned char frame[] = {0x28, 0xb5, 0x2f, 0xfd, 0xc0, 0x58, 0, 0, 0, 0x40, 0, 0, 0, 0};
+  Bytes bomb(sizeof frame);
+  std::memcpy(bomb.data(), frame, sizeof frame);
+  refused(fatbin_of(1, bomb, 0x8011, uint64_t{1} << 30), "Zstandard data ends inside its frame");
+  // Text that is not PTX, though it names the directives somewhere.
+  refused(bytes_of("garbage, then .version 8.0 .target sm_90"), "not a fatbin, cubin or PTX");
+  refused(bytes_of("// a comment, then\n.target sm_90\n.version 8.0\n"), ".version");
+  // The wrapper nvcc puts around a fatbin: its pointer is the client's.
+  Bytes wrapper(24);
+  poke<uint32_t>(wrapper, 0, 0x466243b1u);
+  poke<uint32_t>(wrapper, 4, 1);
+  poke<uint64_t>(wrapper, 8, 0x7f0012345000ull);
+  refused(wrapper, "fatbin wrapper");
+  refused(Bytes(100, std::byte{0x42}), "not a fatbin, cubin or PTX");
+  refused({}, "not a fatbin, cubin or PTX");
+  EXPECT_EQ(loads(), before) << "a refused image reached cuLibraryLoadData";
+}
+
+TEST_F(CudaDeviceFakeTest, KernelsOptInToMoreThan48KiBOfSharedMemoryPerGpu) {
+  Result<Module> module = device_->load_module(fake_fatbin());
+  ASSERT_TRUE(module.ok()) << module.status();
+  Result<Function> noop = device_->get_function(*module, "_Z4noopv");
+  Result<Stream> s0 = device_->create_stream(0, 0);
+  Result<Stream> s1 = device_->create_stream(1, 0);
+  ASSERT_TRUE(noop.ok() && s0.ok() && s1.ok());
+  auto launch = [&](Stream s, uint32_t shared) {
+    return device_->launch(s, *noop, {{1, 1, 1}, {32, 1, 1}, shared}, {});
+  };
+  EXPECT_TRUE(launch(*s1, 48 << 10).ok()) << "the default limit needs no opt-in";
+  EXPECT_TRUE(launch(*s1, 64 << 10).ok());
+  EXPECT_TRUE(launch(*s1, 64 << 10).ok()) << "asked once";
+  EXPECT_TRUE(launch(*s1, 50 << 10).ok()) << "a smaller size is covered";
+  EXPECT_TRUE(launch(*s1, 100 << 10).ok());
+  EXPECT_TRUE(launch(*s0, 64 << 10).ok()) << "per GPU";
+  Status too_much = launch(*s0, (227 << 10) + 1);
+  EXPECT_EQ(too_much.code(), ErrorCode::kInvalidValue);
+  EXPECT_THAT(too_much.message(), HasSubstr("exceed GPU 0's limit of 232448"));
+  {
+    std::lock_guard lock(fake_->mutex);
+    EXPECT_EQ(fake_->launches.size(), 6u);
+    ASSERT_EQ(fake_->kernel_attributes.size(), 3u);
+    std::vector<std::pair<int, int>> set;  // (GPU, bytes)
+    for (const FakeCudaKernelAttribute& a : fake_->kernel_attributes) {
+      EXPECT_EQ(a.kernel, "_Z4noopv");
+      EXPECT_EQ(a.attribute, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES);
+      set.emplace_back(a.gpu, a.value);
+    }
+    EXPECT_THAT(set, ElementsAre(std::pair{1, 64 << 10}, std::pair{1, 100 << 10},
+                                 std::pair{0, 64 << 10}));
+  }
+  EXPECT_TRUE(device_->destroy_stream(*s0).ok());
+  EXPECT_TRUE(device_->destroy_stream(*s1).ok());
+  EXPECT_TRUE(device_->unload_module(*module).ok());
 }
 
 TEST_F(CudaDeviceFakeTest, EveryThreadGetsTheRightContext) {

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -214,20 +215,21 @@ TEST(CudaTopology, WithoutSysfsEveryGpuGetsADefaultLinkOfItsOwn) {
   EXPECT_EQ(layout.notes.size(), 2u);
 }
 
-TEST(CudaTopology, EstimatesPeerBandwidthFromRankAndLinkKind) {
+TEST(CudaTopology, OnlyNvLinkClassPeersAreLinksWithAnEstimate) {
   // NVLink-class (native atomics): the generation's total, shared out by rank.
-  EXPECT_DOUBLE_EQ(topo::peer_bandwidth_estimate_gbps(9, 0, 0, true, 31.5), 450.0);
-  EXPECT_DOUBLE_EQ(topo::peer_bandwidth_estimate_gbps(9, 0, 1, true, 31.5), 225.0);
-  EXPECT_DOUBLE_EQ(topo::peer_bandwidth_estimate_gbps(8, 0, 0, true, 31.5), 300.0);
-  EXPECT_DOUBLE_EQ(topo::peer_bandwidth_estimate_gbps(7, 0, 0, true, 12.0), 150.0);
-  EXPECT_DOUBLE_EQ(topo::peer_bandwidth_estimate_gbps(10, 0, 0, true, 63.0), 900.0);
-  // PCIe peers, or GPUs with no NVLink: the PCIe figure.
-  EXPECT_DOUBLE_EQ(topo::peer_bandwidth_estimate_gbps(9, 0, 0, false, 31.5), 31.5);
-  EXPECT_DOUBLE_EQ(topo::peer_bandwidth_estimate_gbps(8, 9, 0, true, 31.5), 31.5);
+  EXPECT_EQ(topo::nvlink_bandwidth_estimate_gbps(9, 0, 0, true), 450.0);
+  EXPECT_EQ(topo::nvlink_bandwidth_estimate_gbps(9, 0, 1, true), 225.0);
+  EXPECT_EQ(topo::nvlink_bandwidth_estimate_gbps(8, 0, 0, true), 300.0);
+  EXPECT_EQ(topo::nvlink_bandwidth_estimate_gbps(7, 0, 0, true), 150.0);
+  EXPECT_EQ(topo::nvlink_bandwidth_estimate_gbps(10, 0, 0, true), 900.0);
+  EXPECT_EQ(topo::nvlink_bandwidth_estimate_gbps(9, 0, -1, true), 450.0);
+  // Peers over PCIe (no native atomics), or GPUs with no NVLink: no link.
+  EXPECT_EQ(topo::nvlink_bandwidth_estimate_gbps(9, 0, 0, false), std::nullopt);
+  EXPECT_EQ(topo::nvlink_bandwidth_estimate_gbps(8, 9, 0, true), std::nullopt);
   // Worse ranks never estimate more.
   for (int rank = 0; rank < 4; ++rank) {
-    EXPECT_GE(topo::peer_bandwidth_estimate_gbps(9, 0, rank, true, 31.5),
-              topo::peer_bandwidth_estimate_gbps(9, 0, rank + 1, true, 31.5));
+    EXPECT_GE(topo::nvlink_bandwidth_estimate_gbps(9, 0, rank, true).value(),
+              topo::nvlink_bandwidth_estimate_gbps(9, 0, rank + 1, true).value());
   }
 }
 

@@ -8,8 +8,10 @@
 // the parameter buffer of each launch, reference counts of primary contexts. It moves no bytes
 // and runs no kernels; what a real driver does is the business of the gpu-labelled tests.
 //
-// The fake has 2 GPUs ("Fake GPU", sm_90, 16 GiB, PCI buses 0000:1A:00.0 and 0000:1B:00.0 spelled
-// in upper case as drivers do), all pairs peer-capable with NVLink-like attributes.
+// The fake has 2 GPUs ("Fake GPU", sm_90, 16 GiB, 48 KiB of shared memory per block by default
+// and 227 KiB opted in, PCI buses 0000:1A:00.0 and 0000:1B:00.0 spelled in upper case as drivers
+// do), all pairs peer-capable with NVLink-like attributes. Launches with more than 48 KiB of
+// dynamic shared memory fail unless the kernel opted in on that GPU, as on a real one.
 // Environment, read on the first call into the fake:
 //   FAKE_CUDA_GPUS=<n>             number of GPUs (0 to test "no device")
 //   FAKE_CUDA_DRIVER_VERSION=<v>   what cuDriverGetVersion reports (13000)
@@ -37,6 +39,13 @@ struct FakeCudaLaunch {
   std::vector<std::byte> params;
 };
 
+struct FakeCudaKernelAttribute {
+  std::string kernel;
+  CUfunction_attribute attribute;
+  int value;
+  int gpu;  // the device passed
+};
+
 struct FakeCudaCopy {
   std::string kind;  // "HtoD", "DtoH", "DtoD", "Peer", "D8", "D16", "D32"
   CUdeviceptr dst;
@@ -51,11 +60,14 @@ struct FakeCudaCopy {
 struct FakeCuda {
   std::mutex mutex;  // guards everything below; tests lock it too
 
-  // Configuration; `p2p` may be changed between device creations.
+  // Configuration; `p2p`, `p2p_atomics` and `granularity` may be changed between device
+  // creations.
   int gpu_count = 2;
   int driver_version = 13000;
   int init_result = 0;
   bool p2p = true;
+  bool p2p_atomics = true;  // false: peers over PCIe (no native atomics)
+  std::map<int, size_t> granularity;  // per GPU, where not the default 2 MiB
   CUresult callback_status = CUDA_SUCCESS;  // what stream callbacks are told
 
   // Observations.
@@ -65,10 +77,13 @@ struct FakeCuda {
   std::set<std::pair<int, int>> peer_access;          // (current GPU, peer GPU) enabled
   std::vector<std::vector<CUmemAccessDesc>> set_access_calls;
   std::vector<FakeCudaLaunch> launches;
+  std::vector<FakeCudaKernelAttribute> kernel_attributes;  // cuKernelSetAttribute
+  int library_loads = 0;                                   // cuLibraryLoadData calls
   std::vector<FakeCudaCopy> copies;
   std::vector<int> stream_priorities;                  // as passed to the driver
   std::vector<unsigned> stream_flags;
   std::vector<size_t> reserve_alignments;
+  std::vector<size_t> reserve_sizes;
   // Calls that act on a stream or context while another GPU's context (or none) is current.
   std::vector<std::string> wrong_context_calls;
 };

@@ -41,6 +41,8 @@ struct FakeKernel {
   unsigned tag = kKernelTag;
   std::string name;
   std::vector<std::pair<size_t, size_t>> params;  // (offset, size)
+  // GPU -> CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES; guarded by the state's mutex.
+  std::map<int, int> max_dynamic_shared = {};
 };
 struct FakeLibrary { unsigned tag = kLibraryTag; std::vector<FakeKernel*> kernels; };
 
@@ -51,7 +53,10 @@ FakeContext* contexts() {
   return all;
 }
 
-thread_local FakeContext* current = nullptr;
+// Initial-exec, so reading it needs no __tls_get_addr: LeakSanitizer's bookkeeping of dynamic
+// TLS blocks (GCC 12) misreads some of them and crashes at exit, depending on where the block
+// happens to land.
+__attribute__((tls_model("initial-exec"))) thread_local FakeContext* current = nullptr;
 
 int gpu_of(CUcontext c) { return reinterpret_cast<FakeContext*>(c)->gpu; }
 FakeStream* stream_of(CUstream s) {
@@ -154,6 +159,8 @@ CUresult fake_cuDeviceGetAttribute(int* value, CUdevice_attribute attribute, CUd
     case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X: *value = 2147483647; break;
     case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y: *value = 65535; break;
     case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z: *value = 65535; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK: *value = 48 << 10; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: *value = 227 << 10; break;
     case CU_DEVICE_ATTRIBUTE_WARP_SIZE: *value = 32; break;
     case CU_DEVICE_ATTRIBUTE_CLOCK_RATE: *value = 1980000; break;
     case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: *value = 132; break;
@@ -183,7 +190,9 @@ CUresult fake_cuDeviceGetP2PAttribute(int* value, CUdevice_P2PAttribute attribut
   switch (attribute) {
     case CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED: *value = state().p2p ? 1 : 0; break;
     case CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK: *value = 0; break;
-    case CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED: *value = state().p2p ? 1 : 0; break;
+    case CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED:
+      *value = state().p2p && state().p2p_atomics ? 1 : 0;
+      break;
     default: return CUDA_ERROR_INVALID_VALUE;
   }
   return CUDA_SUCCESS;
@@ -263,7 +272,9 @@ CUresult fake_cuMemGetAllocationGranularity(size_t* granularity, const CUmemAllo
       option != CU_MEM_ALLOC_GRANULARITY_MINIMUM) {
     return CUDA_ERROR_INVALID_VALUE;
   }
-  *granularity = kGranularity;
+  std::lock_guard lock(state().mutex);
+  auto it = state().granularity.find(prop->location.id);
+  *granularity = it != state().granularity.end() ? it->second : kGranularity;
   return CUDA_SUCCESS;
 }
 
@@ -272,6 +283,7 @@ CUresult fake_cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t alignmen
   if (size == 0 || size % 4096 != 0 || addr != 0 || flags != 0) return CUDA_ERROR_INVALID_VALUE;
   std::lock_guard lock(state().mutex);
   state().reserve_alignments.push_back(alignment);
+  state().reserve_sizes.push_back(size);
   Vmm& v = vmm();
   size_t align = alignment == 0 ? kGranularity : alignment;
   v.next_va = (v.next_va + align - 1) / align * align;
@@ -534,6 +546,10 @@ CUresult fake_cuLibraryLoadData(CUlibrary* library, const void* code, CUjit_opti
     std::string text(static_cast<const char*>(code));
     if (text.find(".version") == std::string::npos) return CUDA_ERROR_INVALID_PTX;
   }
+  {
+    std::lock_guard lock(state().mutex);
+    ++state().library_loads;
+  }
   auto* lib = new FakeLibrary();
   lib->kernels.push_back(new FakeKernel{kKernelTag, "_Z4noopv", {}});
   lib->kernels.push_back(new FakeKernel{kKernelTag, "_Z11write_valuePii", {{0, 8}, {8, 4}}});
@@ -587,6 +603,22 @@ CUresult fake_cuKernelGetParamInfo(CUkernel kernel, size_t index, size_t* offset
   return CUDA_SUCCESS;
 }
 
+CUresult fake_cuKernelSetAttribute(CUfunction_attribute attribute, int value, CUkernel kernel,
+                                  CUdevice dev) {
+  FakeKernel* k = kernel_of(kernel);
+  if (k == nullptr || !valid_device(dev)) return CUDA_ERROR_INVALID_VALUE;
+  if (attribute == CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES &&
+      (value < 0 || value > (227 << 10))) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  std::lock_guard lock(state().mutex);
+  state().kernel_attributes.push_back({k->name, attribute, value, dev});
+  if (attribute == CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES) {
+    k->max_dynamic_shared[dev] = value;
+  }
+  return CUDA_SUCCESS;
+}
+
 CUresult fake_cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
                              unsigned int bx, unsigned int by, unsigned int bz,
                              unsigned int shared_bytes, CUstream stream, void** params,
@@ -596,6 +628,14 @@ CUresult fake_cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, uns
   if (k == nullptr || s == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   if (params != nullptr) return CUDA_ERROR_INVALID_VALUE;  // the backend only uses `extra`
   expect_current(s->gpu, "cuLaunchKernel");
+  {
+    // As a real GPU: more than 48 KiB of dynamic shared memory needs the kernel's opt-in.
+    std::lock_guard lock(state().mutex);
+    if (shared_bytes > (48u << 10) &&
+        static_cast<int>(shared_bytes) > k->max_dynamic_shared[s->gpu]) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+  }
   FakeCudaLaunch launch{k->name, {gx, gy, gz}, {bx, by, bz}, shared_bytes, s->gpu,
                         extra != nullptr, {}};
   if (extra != nullptr) {

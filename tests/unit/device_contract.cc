@@ -329,6 +329,32 @@ TEST_P(DeviceContractTest, MisusedVirtualMemoryCallsFail) {
   HIBER_EXPECT_OK(device_->free_address_range(va, 2 * g));
 }
 
+TEST_P(DeviceContractTest, AccessIsRefusedToGpusWithoutPeerAccess) {
+  const int n = device_->gpu_count();
+  int owner = -1, other = -1;
+  for (int o = 0; o < n && owner < 0; ++o) {
+    for (int g = 0; g < n && owner < 0; ++g) {
+      if (g != o && !device_->can_access_peer(g, o)) {
+        owner = o;
+        other = g;
+      }
+    }
+  }
+  if (owner < 0) GTEST_SKIP() << "every pair of GPUs are peers here";
+  SCOPED_TRACE(str_cat("memory of GPU ", owner, ", GPU ", other, " not its peer"));
+  Allocation a = allocate(owner, 1);
+  const int both[] = {owner, other};
+  HIBER_EXPECT_CODE(device_->set_access(a.va, a.bytes, both), ErrorCode::kPeerAccessUnsupported);
+  const int just_other[] = {other};
+  HIBER_EXPECT_CODE(device_->set_access(a.va, a.bytes, just_other),
+                    ErrorCode::kPeerAccessUnsupported);
+  // The owner kept its access.
+  Stream s = make_stream(owner);
+  const Bytes data = random_bytes(64, 8);
+  upload(s, a.va, data);
+  EXPECT_TRUE(same_bytes(download(s, a.va, data.size()), data));
+}
+
 TEST_P(DeviceContractTest, SamePhysicalMemoryIsVisibleAtTwoAddresses) {
   const uint64_t g = device_->allocation_granularity(0);
   HIBER_ASSERT_OK_AND_ASSIGN(DevicePtr a, device_->reserve_address_range(g, 0));
@@ -776,6 +802,25 @@ TEST_P(DeviceContractTest, LaunchChecksParametersAndDimensions) {
   HIBER_ASSERT_OK(device_->memset(s, out.va, 0, 4, 1));
   HIBER_ASSERT_OK(device_->launch(s, f, {{1, 1, 1}, {32, 32, 1}, 0}, params.bytes()));
   EXPECT_EQ(from_bytes<int>(download(s, out.va, 4))[0], 7);
+}
+
+TEST_P(DeviceContractTest, LaunchMayUseSharedMemoryUpToTheOptInLimit) {
+  SKIP_WITHOUT_KERNELS();
+  constexpr int kAttrMaxSharedMemoryPerBlockOptin = 97;  // CU_DEVICE_ATTRIBUTE_..._OPTIN
+  const DeviceProperties& p = device_->properties(0);
+  const auto by_default = static_cast<uint32_t>(p.attribute(kAttrMaxSharedMemoryPerBlock));
+  const auto opt_in = static_cast<uint32_t>(p.attribute(kAttrMaxSharedMemoryPerBlockOptin));
+  if (opt_in <= by_default) GTEST_SKIP() << "GPU 0 has no shared memory beyond the default";
+  Module module = load_test_kernels();
+  Stream s = make_stream(0);
+  Function noop = function(module, names::kNoop);
+  // Beyond the default a kernel must opt in on a real GPU; the device does that for the caller.
+  for (uint32_t bytes : {by_default, by_default + 1, opt_in, by_default + 1}) {
+    HIBER_EXPECT_OK(device_->launch(s, noop, {{2, 1, 1}, {32, 1, 1}, bytes}, {})) << bytes;
+  }
+  HIBER_EXPECT_CODE(device_->launch(s, noop, {{1, 1, 1}, {32, 1, 1}, opt_in + 1}, {}),
+                    ErrorCode::kInvalidValue);
+  HIBER_EXPECT_OK(device_->synchronize_stream(s));
 }
 
 // ---- Pools ----

@@ -7,17 +7,52 @@
 #include <lz4.h>
 #include <zstd.h>
 
+#include <new>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iterator>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "tests/kernels/test_kernels.h"
 
+// The largest block the current thread asked operator new for while tracking: the
+// decompression tests check that a forged size costs only what the data delivers. Every other
+// form of new and delete ends up here or in the library's own matching pair.
+namespace {
+thread_local bool t_tracking_allocations = false;
+thread_local size_t t_largest_allocation = 0;
+}  // namespace
+
+// noipa: GCC knows operator new and free() as a mismatched pair, and warns wherever it sees
+// through these replacements (-Wmismatched-new-delete); here the memory does come from malloc.
+__attribute__((noipa)) void* operator new(size_t bytes) {
+  if (t_tracking_allocations) t_largest_allocation = std::max(t_largest_allocation, bytes);
+  if (void* p = std::malloc(bytes != 0 ? bytes : 1)) return p;
+  throw std::bad_alloc();
+}
+__attribute__((noipa)) void operator delete(void* p) noexcept { std::free(p); }
+__attribute__((noipa)) void operator delete(void* p, size_t) noexcept { std::free(p); }
+
 namespace hiber::fatbin {
 namespace {
+
+// Tracks the largest allocation of this thread while in scope.
+class LargestAllocation {
+ public:
+  LargestAllocation() {
+    t_largest_allocation = 0;
+    t_tracking_allocations = true;
+  }
+  ~LargestAllocation() { t_tracking_allocations = false; }
+  size_t bytes() const { return t_largest_allocation; }
+};
 
 using Bytes = std::vector<std::byte>;
 
@@ -29,8 +64,9 @@ Bytes bytes_of(std::string_view text) {
 
 template <typename T>
 void put(Bytes& out, T value) {
-  const auto* p = reinterpret_cast<const std::byte*>(&value);
-  out.insert(out.end(), p, p + sizeof(T));
+  const size_t at = out.size();
+  out.resize(at + sizeof(T));
+  std::memcpy(out.data() + at, &value, sizeof(T));
 }
 
 template <typename T>
@@ -523,6 +559,90 @@ TEST(ParseFatbin, EveryTruncationIsRejected) {
       expect_ok_or_invalid(patched, str_cat("truncated to ", n, " with patched header"));
     }
   }
+}
+
+// One compressed entry around `data` as it is, with the sizes a forger chooses.
+Bytes forged_entry(const Bytes& data, uint64_t flags, uint64_t declared_bytes) {
+  Bytes payload = data;
+  payload.resize((payload.size() + 7) / 8 * 8);
+  Bytes header(64);
+  poke<uint16_t>(header, 0, 1);
+  poke<uint32_t>(header, 4, 64);
+  poke<uint64_t>(header, 8, payload.size());
+  poke<uint32_t>(header, 16, static_cast<uint32_t>(data.size()));
+  poke<uint32_t>(header, 28, 90);
+  poke<uint64_t>(header, 40, flags);
+  poke<uint64_t>(header, 56, declared_bytes);
+  Bytes out;
+  put<uint32_t>(out, kFatbinMagic);
+  put<uint16_t>(out, 1);
+  put<uint16_t>(out, 16);
+  put<uint64_t>(out, header.size() + payload.size());
+  out.insert(out.end(), header.begin(), header.end());
+  out.insert(out.end(), payload.begin(), payload.end());
+  return out;
+}
+
+TEST(ParseFatbin, ForgedDecompressedSizesCostOnlyWhatTheDataDelivers) {
+  constexpr uint64_t kGiB = uint64_t{1} << 30;
+  // A Zstandard frame whose header claims 1 GiB (the reader's limit), then one raw block of 8
+  // bytes and nothing more: 112 bytes of fatbin.
+  Bytes frame = {std::byte{0x28}, std::byte{0xb5}, std::byte{0x2f}, std::byte{0xfd},
+                 std::byte{0xc0}, std::byte{0x58}};  // 8-byte content size, 2 MiB window
+  put<uint64_t>(frame, kGiB);
+  frame.insert(frame.end(), {std::byte{8 << 3}, std::byte{0}, std::byte{0}});  // raw, 8 bytes
+  frame.resize(frame.size() + 8, std::byte{'x'});
+  ASSERT_EQ(ZSTD_getFrameContentSize(frame.data(), frame.size()), kGiB);
+  const Bytes zstd_bomb = forged_entry(frame, 0x8011, kGiB);
+  EXPECT_EQ(zstd_bomb.size(), 112u);
+  // LZ4 garbage claiming its maximum ratio: 1 MiB of 0xff (one literal run that never ends)
+  // declaring 255 MiB.
+  const Bytes lz4_bomb = forged_entry(Bytes(1 << 20, std::byte{0xff}), 0x2011, 255ull << 20);
+
+  for (const auto& [name, image, fragment] :
+       {std::tuple{"Zstandard", zstd_bomb, "Zstandard data ends inside its frame"},
+        std::tuple{"LZ4", lz4_bomb, "LZ4 data is corrupt"}}) {
+    SCOPED_TRACE(name);
+    LargestAllocation largest;
+    const auto start = std::chrono::steady_clock::now();
+    auto result = image_kernels(image);
+    const auto elapsed = std::chrono::steady_clock::now() - start;
+    expect_invalid(result, fragment);
+    EXPECT_LE(largest.bytes(), size_t{1} << 20) << "allocated for a size the data never backed";
+    // Generous even for sanitizer builds: allocating and zeroing the claim takes far longer.
+    EXPECT_LT(elapsed, std::chrono::milliseconds(100));
+  }
+}
+
+TEST(ParseFatbin, LargeEntriesDecompressAcrossBufferGrowth) {
+  // Several MiB of PTX (mostly a comment): the output buffers grow many times over.
+  std::string big = std::string(kSmallPtx) + "// ";
+  for (uint64_t i = 0; big.size() < (5u << 20); ++i) big += str_cat(i * 7919 % 1000003, " ");
+  big += "\n";
+  const Bytes ptx = bytes_of(big);
+  const Bytes image =
+      build_fatbin({{1, 90, ptx, Compression::kZstd}, {1, 80, ptx, Compression::kLz4}});
+  auto entries = parse_fatbin(image);
+  ASSERT_TRUE(entries.ok()) << entries.status();
+  ASSERT_EQ(entries->size(), 2u);
+  EXPECT_TRUE((*entries)[0].code == ptx);
+  EXPECT_TRUE((*entries)[1].code == ptx);
+  auto kernels = fatbin_kernels(*entries);
+  ASSERT_TRUE(kernels.ok()) << kernels.status();
+  EXPECT_EQ(kernels->size(), 1u);
+
+  // Declaring one byte more or less than the data holds is caught at either end.
+  const size_t e1 = 16 + 64 + static_cast<size_t>([&] {
+                      uint64_t n;
+                      std::memcpy(&n, image.data() + 16 + 8, 8);
+                      return n;
+                    }());
+  Bytes b = image;
+  poke<uint64_t>(b, e1 + 56, ptx.size() + 1);
+  expect_invalid(image_kernels(b), "LZ4 data holds");
+  b = image;
+  poke<uint64_t>(b, e1 + 56, ptx.size() - 1);
+  expect_invalid(image_kernels(b), "LZ4");
 }
 
 TEST(ParseFatbin, RandomByteFlipsNeverCrash) {

@@ -8,17 +8,21 @@
 
 #include <gtest/gtest.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstring>
 #include <fstream>
 #include <future>
 #include <iterator>
 #include <mutex>
 #include <random>
+#include <string_view>
 #include <thread>
 #include <tuple>
 
@@ -146,6 +150,18 @@ NodeConfig slow_node() {
     "nvlinks": [{"gpuA": 0, "gpuB": 1, "bandwidthGBps": 4}]
   })");
 }
+
+// The suite once more on a node where not every pair of GPUs are peers.
+INSTANTIATE_TEST_SUITE_P(SimPartlyPeered, DeviceContractTest,
+                         ::testing::Values(DeviceUnderTest{"SimPartlyPeered",
+                                                           [] {
+                                                             SimDeviceOptions options =
+                                                                 options_with_plugin();
+                                                             options.node = slow_node();
+                                                             return sim_factory(options)();
+                                                           },
+                                                           kFatbin}),
+                         testing::device_test_name);
 
 class SimDeviceTest : public ::testing::Test {
  protected:
@@ -374,6 +390,44 @@ TEST_F(SimDeviceTest, CopiesAndMemsetsNeedMappedAccessibleMemory) {
   free(on0);
 }
 
+TEST_F(SimDeviceTest, AccessGoesOnlyToTheOwnerAndItsPeers) {
+  SimDeviceOptions options;
+  options.node = slow_node();  // GPU 2 shares no switch and no link with GPUs 0 and 1
+  make(options);
+  ASSERT_FALSE(device_->can_access_peer(0, 2));
+  ASSERT_TRUE(device_->can_access_peer(0, 1));
+  const uint64_t g = device_->allocation_granularity(0);
+  Allocation on2 = allocate(2, g);
+  const int with0[] = {0, 2};
+  Status refused = device_->set_access(on2.va, on2.bytes, with0);
+  HIBER_EXPECT_CODE(refused, ErrorCode::kPeerAccessUnsupported);
+  EXPECT_NE(refused.message().find("GPU 0 cannot access memory of GPU 2"), std::string::npos)
+      << refused;
+  // Nothing changed: GPU 2 still has access, GPU 0 still none.
+  Bytes host(16);
+  HIBER_EXPECT_OK(device_->copy_device_to_host(stream(2), host.data(), on2.va, host.size()));
+  HIBER_EXPECT_CODE(device_->copy_device_to_host(stream(0), host.data(), on2.va, host.size()),
+                    ErrorCode::kInvalidValue);
+  // Peers over NVLink may share.
+  Allocation on0 = allocate(0, g, {0, 1});
+  HIBER_EXPECT_OK(device_->copy_device_to_host(stream(1), host.data(), on0.va, host.size()));
+  // A range over memory of two GPUs: each GPU granted must reach both.
+  HIBER_ASSERT_OK_AND_ASSIGN(DevicePtr va, device_->reserve_address_range(2 * g, 0));
+  HIBER_ASSERT_OK(device_->map(va, g, on0.memory, 0));
+  HIBER_ASSERT_OK(device_->map(va + g, g, on2.memory, 0));
+  const int just2[] = {2};
+  HIBER_EXPECT_CODE(device_->set_access(va, 2 * g, just2), ErrorCode::kPeerAccessUnsupported);
+  const int just1[] = {1};
+  HIBER_EXPECT_CODE(device_->set_access(va, 2 * g, just1), ErrorCode::kPeerAccessUnsupported);
+  HIBER_EXPECT_OK(device_->set_access(va, g, just1));
+  HIBER_EXPECT_OK(device_->set_access(va, 2 * g, {}));
+  HIBER_EXPECT_OK(device_->unmap(va, 2 * g));
+  HIBER_EXPECT_OK(device_->free_address_range(va, 2 * g));
+  for (int gpu = 0; gpu < 3; ++gpu) HIBER_EXPECT_OK(device_->synchronize_stream(stream(gpu)));
+  free(on0);
+  free(on2);
+}
+
 TEST_F(SimDeviceTest, SetAccessAndUnmapMayCoverAdjacentMappings) {
   make_default();
   const uint64_t g = device_->allocation_granularity(0);
@@ -547,11 +601,55 @@ TEST_F(SimDeviceTest, KernelTouchingUnmappedMemoryFailsWithIllegalAddress) {
   HIBER_EXPECT_OK(device_->free_address_range(reserved, g));
 }
 
+// Signal handlers of the fault tests (async-signal-safe: write, _exit, atomics).
+void write_stderr(std::string_view text) { (void)!::write(2, text.data(), text.size()); }
+
+void marker_handler(int, siginfo_t*, void*) {
+  write_stderr("hiber-test: the previous SIGSEGV handler ran\n");
+  _exit(3);
+}
+
+// A handler installed after the device's, which chains to the one it replaced, as crash
+// reporters do. A second call means the handlers call each other in a cycle.
+constexpr int kCycleExit = 42;
+struct sigaction g_replaced;
+std::atomic<int> g_chained_calls{0};
+void chaining_handler(int sig, siginfo_t* info, void* context) {
+  if (++g_chained_calls > 1) {
+    write_stderr("hiber-test: the chaining handler ran again: a cycle\n");
+    _exit(kCycleExit);
+  }
+  write_stderr("hiber-test: the chaining handler ran once\n");
+  if (g_replaced.sa_flags & SA_SIGINFO) {
+    g_replaced.sa_sigaction(sig, info, context);
+  } else if (g_replaced.sa_handler != SIG_DFL && g_replaced.sa_handler != SIG_IGN) {
+    g_replaced.sa_handler(sig);
+  } else {
+    signal(sig, SIG_DFL);
+  }
+}
+
+void install_handler(void (*handler)(int, siginfo_t*, void*), struct sigaction* replaced) {
+  struct sigaction action {};
+  action.sa_sigaction = handler;
+  action.sa_flags = SA_SIGINFO;
+  sigemptyset(&action.sa_mask);
+  ASSERT_EQ(sigaction(SIGSEGV, &action, replaced), 0);
+}
+
+void fault_outside_kernels() {
+  void* page = mmap(nullptr, 4096, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  *static_cast<volatile int*>(page) = 1;
+}
+
 TEST_F(SimDeviceTest, FaultsOutsideKernelsStillReachThePreviousHandler) {
-  // After the device installed its handler, a fault outside any kernel is not swallowed.
+  // The device's handler goes in at the first launch, over the one installed here; a fault
+  // outside any kernel must still reach that one. (The death test runs in a fresh process, so
+  // no earlier test has installed the device's handler there yet.)
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_DEATH(
       {
+        install_handler(marker_handler, nullptr);
         make_default();
         Module m = load_sim_kernels();
         Stream s = stream(0);
@@ -559,10 +657,52 @@ TEST_F(SimDeviceTest, FaultsOutsideKernelsStillReachThePreviousHandler) {
         Bytes params = pack(a.va, 1);
         (void)device_->launch(s, function(m, "sim_poke"), {}, params);
         (void)device_->synchronize_stream(s);
-        void* page = mmap(nullptr, 4096, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        *static_cast<volatile int*>(page) = 1;
+        fault_outside_kernels();
       },
-      "");
+      "hiber-test: the previous SIGSEGV handler ran");
+}
+
+TEST_F(SimDeviceTest, AHandlerInstalledAfterALaunchIsNotChainedBack) {
+  // A handler installed after the device's and chaining to it is called once for a fault outside
+  // kernels, which then goes on to the handler before the device's (the default action, or the
+  // sanitizer's report): later launches do not re-install the device's handler over it.
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        make_default();
+        Module m = load_sim_kernels();
+        Function poke = function(m, "sim_poke");
+        Stream s = stream(0);
+        Allocation a = allocate(0, 4096);
+        Bytes params = pack(a.va, 1);
+        (void)device_->launch(s, poke, {}, params);
+        (void)device_->synchronize_stream(s);
+        install_handler(chaining_handler, &g_replaced);
+        (void)device_->launch(s, poke, {}, params);
+        (void)device_->synchronize_stream(s);
+        fault_outside_kernels();
+      },
+      [](int status) { return !(WIFEXITED(status) && WEXITSTATUS(status) == kCycleExit); },
+      "hiber-test: the chaining handler ran once");
+}
+
+TEST_F(SimDeviceTest, KernelFaultsAreCaughtWhileAChainingHandlerIsInstalled) {
+  make_default();
+  Module m = load_sim_kernels();
+  Function poke = function(m, "sim_poke");
+  Stream s = stream(0);
+  Allocation a = allocate(0, 4096);
+  HIBER_ASSERT_OK(device_->launch(s, poke, {}, pack(a.va, 1)));
+  HIBER_ASSERT_OK(device_->synchronize_stream(s));
+  // The chaining handler passes faults inside kernels on to the device's, which still catches
+  // them; it is taken out again so later tests see the process as it was.
+  struct sigaction replaced {};
+  install_handler(chaining_handler, &g_replaced);
+  HIBER_ASSERT_OK(device_->launch(s, poke, {}, pack(DevicePtr{16}, 1)));
+  HIBER_EXPECT_CODE(device_->synchronize_stream(s), ErrorCode::kIllegalAddress);
+  ASSERT_EQ(sigaction(SIGSEGV, &g_replaced, &replaced), 0);
+  EXPECT_EQ(g_chained_calls.exchange(0), 1);
+  free(a);
 }
 
 TEST_F(SimDeviceTest, KernelErrorsAreReportedAtTheNextSynchronisation) {
@@ -590,6 +730,74 @@ TEST_F(SimDeviceTest, KernelErrorsAreReportedAtTheNextSynchronisation) {
   HIBER_EXPECT_CODE(queried, ErrorCode::kLaunchFailed);
   HIBER_EXPECT_OK(device_->query_stream(s)) << "reported once";
   HIBER_EXPECT_OK(device_->synchronize_stream(s));
+}
+
+TEST_F(SimDeviceTest, EventsReportTheErrorsOfTheWorkBeforeThem) {
+  make_default();
+  Module m = load_sim_kernels();
+  Function fail = function(m, "sim_fail");
+  Function poke = function(m, "sim_poke");
+  Stream s = stream(0);
+  HIBER_ASSERT_OK_AND_ASSIGN(Event e, device_->create_event(0, true));
+  HIBER_ASSERT_OK(device_->launch(s, fail, {}, pack(static_cast<int>(ErrorCode::kLaunchFailed))));
+  HIBER_ASSERT_OK(device_->record_event(e, s));
+  HIBER_EXPECT_CODE(device_->synchronize_event(e), ErrorCode::kLaunchFailed);
+  HIBER_EXPECT_CODE(device_->query_event(e), ErrorCode::kLaunchFailed) << "and again";
+  HIBER_EXPECT_CODE(device_->synchronize_stream(s), ErrorCode::kLaunchFailed) << "the stream too";
+  // Recorded after the stream reported its error: nothing failed before this record.
+  HIBER_ASSERT_OK(device_->record_event(e, s));
+  HIBER_EXPECT_OK(device_->synchronize_event(e));
+  HIBER_EXPECT_OK(device_->query_event(e));
+
+  // A kernel that touches memory it may not.
+  const uint64_t g = device_->allocation_granularity(0);
+  HIBER_ASSERT_OK_AND_ASSIGN(DevicePtr reserved, device_->reserve_address_range(g, 0));
+  HIBER_ASSERT_OK(device_->launch(s, poke, {}, pack(reserved + 64, 1)));
+  HIBER_ASSERT_OK(device_->record_event(e, s));
+  Status faulted = device_->synchronize_event(e);
+  HIBER_EXPECT_CODE(faulted, ErrorCode::kIllegalAddress);
+  EXPECT_NE(faulted.message().find("sim_poke"), std::string::npos) << faulted;
+  HIBER_EXPECT_CODE(device_->query_event(e), ErrorCode::kIllegalAddress);
+  HIBER_EXPECT_CODE(device_->synchronize_stream(s), ErrorCode::kIllegalAddress);
+  HIBER_EXPECT_OK(device_->free_address_range(reserved, g));
+  HIBER_EXPECT_OK(device_->destroy_event(e));
+}
+
+TEST_F(SimDeviceTest, ACallbackSeesTheErrorEvenIfASyncReportedItMeanwhile) {
+  // The stream's error is reported (and cleared) by a synchronize_stream that waited only for
+  // the failing kernel, before a worker is free to run the callback enqueued after it.
+  SimDeviceOptions options;
+  options.workers_per_gpu = 1;
+  make(options);
+  Module m = load_sim_kernels();
+  Function fail = function(m, "sim_fail");
+  Stream failing = stream(0);
+  Stream urgent = stream(0, -1);  // runs first once ready, holding the only worker
+  HIBER_ASSERT_OK_AND_ASSIGN(Event failed, device_->create_event(0, true));
+  Gate start, hold;
+  HIBER_ASSERT_OK(device_->add_callback(failing, start.callback()));
+  HIBER_ASSERT_OK(
+      device_->launch(failing, fail, {}, pack(static_cast<int>(ErrorCode::kLaunchFailed))));
+  auto sync = std::async(std::launch::async, [&] { return device_->synchronize_stream(failing); });
+  // Let the synchronisation take its target (the gate and the kernel) before more is enqueued.
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  std::promise<Status> seen;
+  HIBER_ASSERT_OK(device_->record_event(failed, failing));
+  HIBER_ASSERT_OK(device_->add_callback(failing, [&](Status st) { seen.set_value(st); }));
+  // Once the kernel has failed, the record wakes `urgent`, whose gate takes the worker first.
+  HIBER_ASSERT_OK(device_->wait_event(urgent, failed));
+  HIBER_ASSERT_OK(device_->add_callback(urgent, hold.callback()));
+  start.open();
+  // Normally the synchronisation returns now, with the worker held; had it not taken its target
+  // in time, it returns after the callback, and the test shows nothing (but does not hang).
+  if (sync.wait_for(std::chrono::seconds(10)) == std::future_status::ready) {
+    HIBER_EXPECT_CODE(sync.get(), ErrorCode::kLaunchFailed);
+  }
+  hold.open();
+  HIBER_EXPECT_CODE(seen.get_future().get(), ErrorCode::kLaunchFailed);
+  if (sync.valid()) (void)sync.get();
+  HIBER_EXPECT_OK(device_->synchronize_stream(urgent));
+  HIBER_EXPECT_OK(device_->destroy_event(failed));
 }
 
 TEST_F(SimDeviceTest, ParametersAreCopiedWhenTheKernelIsLaunched) {
