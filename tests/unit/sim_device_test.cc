@@ -349,7 +349,9 @@ TEST_F(SimDeviceTest, CopiesAndMemsetsNeedMappedAccessibleMemory) {
   HIBER_EXPECT_CODE(past_end, ErrorCode::kInvalidValue);
   EXPECT_NE(past_end.message().find(str_cat("0x", std::hex, va + 2 * g)), std::string::npos)
       << past_end;
-  // Peer copy: each side is checked against its own GPU.
+  // Peer copy: each side is checked against its own GPU. (Stream s1 still reads va + g; the
+  // copy below writes it from s0, so s1 must be done first, as on a real GPU.)
+  HIBER_ASSERT_OK(device_->synchronize_stream(s1));
   Allocation on0 = allocate(0, g);
   HIBER_EXPECT_OK(device_->copy_peer(s0, va + g, 1, on0.va, 0, 64));
   HIBER_EXPECT_CODE(device_->copy_peer(s0, va + g, 0, on0.va, 0, 64), ErrorCode::kInvalidValue);
