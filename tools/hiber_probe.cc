@@ -27,7 +27,9 @@ DEFINE_string(auth_token_file, "", "Token file (default: <run_dir>/auth-token; "
 DEFINE_string(function_id, "hiber-probe", "Function identity to present");
 DEFINE_uint64(quota_mib, 0, "Device memory to ask for (0: hiberd's default)");
 DEFINE_int32(pings, 2000, "Synchronous round trips to time");
-DEFINE_uint64(copy_mib, 8, "Bytes to send through the data round trip, MiB");
+DEFINE_uint64(copy_mib, 32,
+              "Bytes to send through the data round trip, MiB (32 wraps the default 64 MiB "
+              "arena, so the second pass shows warm pages)");
 
 namespace hiber {
 namespace {
