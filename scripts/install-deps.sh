@@ -11,6 +11,7 @@ packages=(
   libgtest-dev libgmock-dev googletest
   libbenchmark-dev
   libzstd-dev liblz4-dev          # compressed fatbins (nvcc 12.8+ uses zstd, older nvcc lz4)
+  libssl-dev                      # SHA-256 (libcrypto) for hiberd's module cache
   procps psmisc                   # pgrep/kill in the demo and integration scripts
 )
 

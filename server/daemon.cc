@@ -131,6 +131,7 @@ Daemon::Daemon(device::Device& device, DaemonOptions options, std::unique_ptr<Io
                UniqueFd function_listener, UniqueFd control_listener, UniqueFd signal_fd)
     : device_(device),
       options_(std::move(options)),
+      module_cache_(device),
       loop_(std::move(loop)),
       function_listener_(std::move(function_listener)),
       control_listener_(std::move(control_listener)),
@@ -406,7 +407,7 @@ void Daemon::on_hello(Connection& connection) {
   config.va_bytes = std::max<uint64_t>(round_up(quota + quota / 4, 1 << 21), 64 << 20);
   config.channel = options_.channel;
   SessionIdentity identity{next_session_id_, hello->function_id, connection.peer};
-  auto session = Session::create(device_, identity, config);
+  auto session = Session::create(device_, module_cache_, identity, config);
   if (!session.ok()) {
     reject(connection, session.status().with_context("cannot open a session"));
     return;
@@ -548,6 +549,12 @@ Result<std::vector<std::byte>> Daemon::answer_control(const wire::Message& reque
         counters.setHandshakesRejected(counters_.handshakes_rejected);
         counters.setMalformedMessages(malformed);
         counters.setControlRequests(counters_.control_requests);
+        const ModuleCacheStats cache = module_cache_.stats();
+        counters.setCachedModules(cache.entries);
+        counters.setCachedModuleBytes(cache.image_bytes);
+        counters.setModuleCacheHits(cache.hits);
+        counters.setModuleCacheMisses(cache.misses);
+        counters.setModuleCacheUnknownHashes(cache.unknown_hashes);
         return Status();
       });
   if (!read.ok()) {

@@ -26,6 +26,7 @@
 #include "server/auth.h"
 #include "server/device/device.h"
 #include "server/io_loop.h"
+#include "server/module_cache.h"
 #include "server/session.h"
 #include "wire/channel_layout.h"
 #include "wire/socket_frame.h"
@@ -97,6 +98,9 @@ class Daemon {
 
   device::Device& device_;
   const DaemonOptions options_;
+  // Code images, shared by every session. Declared before connections_, so it outlives the
+  // sessions (which give their references back as they end).
+  ModuleCache module_cache_;
   std::unique_ptr<IoLoop> loop_;
   UniqueFd function_listener_;
   UniqueFd control_listener_;

@@ -67,7 +67,8 @@ Status check_new_handle(const Table& table, uint64_t handle, size_t limit, std::
 
 }  // namespace
 
-Result<std::unique_ptr<Session>> Session::create(device::Device& device, SessionIdentity identity,
+Result<std::unique_ptr<Session>> Session::create(device::Device& device, ModuleCache& modules,
+                                                 SessionIdentity identity,
                                                  const SessionConfig& config) {
   if (config.gpu < 0 || config.gpu >= device.gpu_count()) {
     return error(ErrorCode::kInvalidDevice, "session GPU ", config.gpu, " does not exist");
@@ -77,8 +78,8 @@ Result<std::unique_ptr<Session>> Session::create(device::Device& device, Session
   if (!channel.ok()) return channel.status().with_context("creating the session channel");
   auto va = device.reserve_address_range(round_up(config.va_bytes, granularity), granularity);
   if (!va.ok()) return va.status().with_context("reserving the session's address range");
-  std::unique_ptr<Session> session(
-      new Session(device, std::move(identity), config, std::move(channel).value(), *va));
+  std::unique_ptr<Session> session(new Session(device, modules, std::move(identity), config,
+                                              std::move(channel).value(), *va));
   // From here the destructor releases what exists.
   // Copies read and write the arena directly; registered, the CUDA backend DMAs from it.
   const std::span<std::byte> arena = session->channel_->arena();
@@ -99,9 +100,11 @@ Result<std::unique_ptr<Session>> Session::create(device::Device& device, Session
   return session;
 }
 
-Session::Session(device::Device& device, SessionIdentity identity, const SessionConfig& config,
-                 std::unique_ptr<wire::ServerChannel> channel, DevicePtr va_base)
+Session::Session(device::Device& device, ModuleCache& modules, SessionIdentity identity,
+                 const SessionConfig& config, std::unique_ptr<wire::ServerChannel> channel,
+                 DevicePtr va_base)
     : device_(device),
+      module_cache_(modules),
       identity_(std::move(identity)),
       config_(config),
       started_(std::chrono::steady_clock::now()),
@@ -336,6 +339,8 @@ Session::Outcome Session::dispatch(proto::Call::Reader call, uint64_t seq) {
       return device_synchronize(seq, reply);
     case proto::Call::MODULE_LOAD:
       return module_load(call.getModuleLoad());
+    case proto::Call::MODULE_LOAD_CACHED:
+      return module_load_cached(call.getModuleLoadCached());
     case proto::Call::MODULE_UNLOAD:
       return module_unload(call.getModuleUnload().getModule());
     case proto::Call::FUNCTION_GET:
@@ -647,8 +652,9 @@ Session::Outcome Session::module_load(proto::Call::ModuleLoad::Reader c) {
   Status checked = check_arena_range(c.getImageOffset(), bytes, "moduleLoad image");
   if (checked.ok()) checked = check_new_handle(modules_, handle, kMaxModules, "moduleLoad");
   if (checked.ok() && bytes == 0) checked = Status(ErrorCode::kInvalidImage, "empty module image");
-  // Parse a private copy: the client can write its arena while we read. A local, so that a
-  // large image's memory goes back as soon as it is loaded.
+  // Hash and parse a private copy: the client can write its arena while we read, and the bytes
+  // the cache keys an image by must be the bytes it loaded. A local, so that a large image's
+  // memory goes back as soon as it is loaded.
   std::vector<std::byte> image;
   if (checked.ok()) {
     const std::byte* src = channel_->arena().data() + c.getImageOffset();
@@ -658,8 +664,25 @@ Session::Outcome Session::module_load(proto::Call::ModuleLoad::Reader c) {
   // releases the staging too; releasing an end twice is harmless.)
   release_staging_now(c.getStagingEnd());
   if (!checked.ok()) return {checked};
-  auto module = device_.load_module(image);
+  // The image already loaded for any session if these bytes were; loaded now otherwise.
+  auto module = module_cache_.acquire_by_image(image);
   if (!module.ok()) return {module.status().with_context("moduleLoad")};
+  modules_.emplace(handle, *module);
+  return {};
+}
+
+Session::Outcome Session::module_load_cached(proto::Call::ModuleLoadCached::Reader c) {
+  const uint64_t handle = c.getModule();
+  Status usable = check_new_handle(modules_, handle, kMaxModules, "moduleLoadCached");
+  if (!usable.ok()) return {usable};
+  auto digest = c.getSha256();
+  if (digest.size() != std::tuple_size_v<Sha256>) {
+    return {invalid(str_cat("moduleLoadCached: a SHA-256 of ", digest.size(), " bytes (it has ",
+                            std::tuple_size_v<Sha256>, ")"))};
+  }
+  auto module = module_cache_.acquire_by_hash(
+      std::span<const std::byte, 32>(reinterpret_cast<const std::byte*>(digest.begin()), 32));
+  if (!module.ok()) return {module.status().with_context("moduleLoadCached")};
   modules_.emplace(handle, *module);
   return {};
 }
@@ -669,12 +692,13 @@ Session::Outcome Session::module_unload(uint64_t handle) {
   if (it == modules_.end()) {
     return {error(ErrorCode::kInvalidHandle, "moduleUnload: unknown module handle ", hex(handle))};
   }
-  // Functions of the module die with it; launching one later is an unknown handle, not a
-  // launch of freed code.
+  // Functions of the module handle die with it; launching one later is an unknown handle, not a
+  // launch of freed code. The image itself stays loaded while other handles (of this session
+  // or others) use it.
   std::erase_if(functions_, [handle](const auto& f) { return f.second.module == handle; });
-  Status unloaded = device_.unload_module(it->second);
+  const ModuleCache::Ref ref = it->second;
   modules_.erase(it);
-  return {unloaded};
+  return {module_cache_.release(ref).with_context("moduleUnload")};
 }
 
 Session::Outcome Session::function_get(proto::Call::FunctionGet::Reader c) {
@@ -690,7 +714,8 @@ Session::Outcome Session::function_get(proto::Call::FunctionGet::Reader c) {
   if (name.size() == 0 || name.size() > wire::kMaxNameBytes) {
     return {invalid(str_cat("functionGet: a kernel name of ", name.size(), " bytes"))};
   }
-  auto function = device_.get_function(module->second, std::string(name.cStr(), name.size()));
+  auto function =
+      device_.get_function(module->second.module, std::string(name.cStr(), name.size()));
   if (!function.ok()) return {function.status()};
   auto info = device_.function_info(*function);
   if (!info.ok()) return {info.status()};
@@ -854,7 +879,12 @@ void Session::teardown() {
   default_stream_.reset();
   sync_stream_.reset();
   functions_.clear();
-  for (const auto& [handle, m] : modules_) (void)device_.unload_module(m);
+  // The session's work is done (quiesce): its references go back; an image no other session
+  // uses is unloaded.
+  for (const auto& [handle, ref] : modules_) {
+    Status released = module_cache_.release(ref);
+    if (!released.ok()) LOG(ERROR) << "session " << identity_.id << ": " << released;
+  }
   modules_.clear();
   for (const auto& [va, a] : allocations_) {
     Status unmapped = device_.unmap(va, a.bytes);

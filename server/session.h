@@ -1,7 +1,9 @@
 // One client's session: executes the calls it sends on the device, on a thread of its own.
 //
 // A session owns everything the client made: its address range (the grant), the device memory
-// backing its allocations, its streams, events, modules and functions, and its channel. It
+// backing its allocations, its streams, events, functions, and its channel; its modules are
+// references to images in the daemon's ModuleCache, shared with every other session that loaded
+// the same bytes (server/module_cache.h), and it gives them back when it ends. It
 // checks every value the client sends: handles must be its own, device ranges must lie inside
 // its own allocations, arena ranges inside its arena, sizes inside the limits. A call that fails
 // gets an error completion with the CUDA error code and a message; the session keeps going. The
@@ -39,6 +41,7 @@
 
 #include "server/auth.h"
 #include "server/device/device.h"
+#include "server/module_cache.h"
 #include "server/staging_tracker.h"
 #include "wire/handshake.h"
 #include "wire/message.h"
@@ -75,8 +78,10 @@ struct SessionSnapshot {
 
 class Session {
  public:
-  // Reserves the address range, creates the channel and the default stream.
-  static Result<std::unique_ptr<Session>> create(device::Device& device, SessionIdentity identity,
+  // Reserves the address range, creates the channel and the default stream. `device` and
+  // `modules` (the daemon's, shared by every session) must outlive the session.
+  static Result<std::unique_ptr<Session>> create(device::Device& device, ModuleCache& modules,
+                                                 SessionIdentity identity,
                                                  const SessionConfig& config);
   // Releases whatever is still held. REQUIRES: the thread, if started, has been joined.
   ~Session();
@@ -123,8 +128,9 @@ class Session {
     CallResult result;
   };
 
-  Session(device::Device& device, SessionIdentity identity, const SessionConfig& config,
-          std::unique_ptr<wire::ServerChannel> channel, device::DevicePtr va_base);
+  Session(device::Device& device, ModuleCache& modules, SessionIdentity identity,
+          const SessionConfig& config, std::unique_ptr<wire::ServerChannel> channel,
+          device::DevicePtr va_base);
 
   void run();
   void handle_message(const wire::Message& message);
@@ -146,6 +152,7 @@ class Session {
   Outcome event_synchronize(uint64_t handle, uint64_t seq, bool reply);
   Outcome device_synchronize(uint64_t seq, bool reply);
   Outcome module_load(wire::proto::Call::ModuleLoad::Reader c);
+  Outcome module_load_cached(wire::proto::Call::ModuleLoadCached::Reader c);
   Outcome module_unload(uint64_t handle);
   Outcome function_get(wire::proto::Call::FunctionGet::Reader c);
   Outcome launch_kernel(wire::proto::Call::LaunchKernel::Reader c);
@@ -178,6 +185,7 @@ class Session {
   void teardown();
 
   device::Device& device_;
+  ModuleCache& module_cache_;
   const SessionIdentity identity_;
   const SessionConfig config_;
   const std::chrono::steady_clock::time_point started_;
@@ -195,7 +203,7 @@ class Session {
   std::map<uint64_t, Allocation> allocations_;  // by va
   std::unordered_map<uint64_t, device::Stream> streams_;
   std::unordered_map<uint64_t, device::Event> events_;
-  std::unordered_map<uint64_t, device::Module> modules_;
+  std::unordered_map<uint64_t, ModuleCache::Ref> modules_;  // each holds one cache reference
   std::unordered_map<uint64_t, FunctionEntry> functions_;
   std::deque<CompletionRecord> unsent_;  // completions not yet written to the completion ring
 

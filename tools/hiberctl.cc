@@ -49,6 +49,10 @@ void print_status(proto::NodeStatus::Reader s) {
               ", control requests %" PRIu64 "\n",
               c.getSessionsOpened(), c.getSessionsClosed(), c.getHandshakesRejected(),
               c.getMalformedMessages(), c.getControlRequests());
+  std::printf("  module cache: %" PRIu64 " images (%" PRIu64 " MiB), %" PRIu64 " hits, %" PRIu64
+              " misses, %" PRIu64 " unknown hashes\n",
+              c.getCachedModules(), c.getCachedModuleBytes() >> 20, c.getModuleCacheHits(),
+              c.getModuleCacheMisses(), c.getModuleCacheUnknownHashes());
 }
 
 int run(const std::string& command) {

@@ -97,15 +97,17 @@ Status CallClient::collect(std::chrono::nanoseconds timeout) {
             status = Status(static_cast<ErrorCode>(c.getCode()), c.getMessage());
           }
           const uint64_t seq = c.getSeq();
-          if (awaited_.count(seq) != 0) {
+          bool sticky = true;
+          if (auto awaited = awaited_.find(seq); awaited != awaited_.end()) {
             replies_[seq] = {status, result_of(c)};
+            sticky = awaited->second;
           } else if (seq == 0 && !status.ok()) {
             ++rejections_;
             last_rejection_ = status;
           }
           // A failed call is the sticky error even if somebody waits for its reply, as with
           // CUDA, where a failing synchronous call also becomes the last error.
-          keep_error(status);
+          if (sticky) keep_error(status);
         }
         return Status();
       });
@@ -148,10 +150,15 @@ Result<CallResult> CallClient::wait_reply(uint64_t seq) {
   return outcome;
 }
 
+uint64_t CallClient::staging_capacity() const {
+  const uint64_t arena = channel_->arena().size();
+  return options_.staging_bytes == 0 ? arena : std::min(options_.staging_bytes, arena);
+}
+
 Result<CallClient::Staged> CallClient::stage(uint64_t bytes) {
-  const uint64_t capacity = channel_->arena().size();
+  const uint64_t capacity = staging_capacity();
   if (bytes == 0 || bytes > capacity) {
-    return error(ErrorCode::kInvalidValue, "cannot stage ", bytes, " bytes in an arena of ",
+    return error(ErrorCode::kInvalidValue, "cannot stage ", bytes, " bytes in a staging area of ",
                  capacity);
   }
   const uint64_t rounded = (bytes + kStagingAlignment - 1) / kStagingAlignment * kStagingAlignment;

@@ -35,6 +35,9 @@ namespace hiber::wire {
 struct CallClientOptions {
   uint32_t max_batch_calls = 256;                  // a batch is sent when it holds this many
   std::chrono::milliseconds reply_timeout{60000};  // kTimeout after this long without a reply
+  // The staging FIFO uses the first staging_bytes of the arena (0: all of it); the rest is the
+  // client's own, e.g. the shim's pinned host memory.
+  uint64_t staging_bytes = 0;
 };
 
 // What a reply carries besides its status.
@@ -60,15 +63,16 @@ class CallClient {
   }
 
   // Appends a call with reply = true, sends the batch and waits for the call's completion.
-  // The status is the call's own; the sticky error is not consumed.
+  // The status is the call's own; the sticky error is not consumed. A failure also becomes the
+  // sticky error unless `sticky` is false (a probe whose failure is an answer, not an error).
   template <typename Fill>
-  Result<CallResult> call(Fill&& fill) {
+  Result<CallResult> call(Fill&& fill, bool sticky = true) {
     if (batch_.empty()) batch_.reset(next_seq_);
     const uint64_t seq = next_seq_++;
     proto::Call::Builder c = batch_.add_call();
     fill(c);
     c.setReply(true);
-    awaited_.insert(seq);
+    awaited_.emplace(seq, sticky);
     Status sent = flush();
     if (!sent.ok()) {
       awaited_.erase(seq);
@@ -76,6 +80,12 @@ class CallClient {
     }
     return wait_reply(seq);
   }
+
+  // The batch being built: its calls, and an upper bound of its encoded size.
+  uint32_t batched_calls() const { return batch_.size(); }
+  uint64_t batched_bytes() const { return batch_.encoded_bytes(); }
+  // Bytes stage() can hand out at once.
+  uint64_t staging_capacity() const;
 
   // Sends the calls added so far (nothing if none). If hiberd refuses the batch before any of
   // it is sent (too large), its calls are dropped, their sequence numbers are given back, and
@@ -110,7 +120,8 @@ class CallClient {
   BatchBuilder batch_;
   uint64_t next_seq_ = 1;
   Status sticky_;
-  std::set<uint64_t> awaited_;  // calls sent with reply = true whose reply has not been taken
+  // Calls sent with reply = true whose reply has not been taken -> whether a failure is sticky.
+  std::map<uint64_t, bool> awaited_;
   std::map<uint64_t, std::pair<Status, CallResult>> replies_;  // arrived, not yet waited for
   // Batches hiberd refused as a whole (a completion with sequence 0), and the last reason: a
   // call of such a batch will never get its reply.

@@ -49,11 +49,28 @@ std::vector<char*> c_argv(const std::vector<std::string>& argv) {
   return out;
 }
 
+// The current environment with `env` ("NAME=value") added, replacing variables of the same name.
+std::vector<std::string> environment_with(const std::vector<std::string>& env) {
+  auto name_of = [](const std::string& entry) { return entry.substr(0, entry.find('=')); };
+  std::vector<std::string> out;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string entry = *e;
+    bool replaced = false;
+    for (const auto& extra : env) replaced = replaced || name_of(extra) == name_of(entry);
+    if (!replaced) out.push_back(entry);
+  }
+  out.insert(out.end(), env.begin(), env.end());
+  return out;
+}
+
 }  // namespace
 
 pid_t spawn(const std::vector<std::string>& argv, const std::string& log_path,
-            unsigned fd_limit) {
+            unsigned fd_limit, const std::vector<std::string>& env) {
   auto args = c_argv(argv);
+  // Built before fork: the child only calls async-signal-safe functions until exec.
+  const std::vector<std::string> environment = environment_with(env);
+  auto envp = c_argv(environment);
   pid_t pid = ::fork();
   if (pid == 0) {
     if (fd_limit != 0) {
@@ -66,7 +83,7 @@ pid_t spawn(const std::vector<std::string>& argv, const std::string& log_path,
       ::dup2(fd, 2);
       ::close(fd);
     }
-    ::execv(args[0], args.data());
+    ::execve(args[0], args.data(), envp.data());
     std::fprintf(stderr, "exec %s: %s\n", args[0], std::strerror(errno));
     ::_exit(127);
   }
@@ -87,11 +104,16 @@ int wait_exit(pid_t pid, std::chrono::milliseconds timeout) {
 
 ProgramResult run_program(const std::vector<std::string>& argv,
                           std::chrono::milliseconds timeout) {
+  return run_program(argv, {}, timeout);
+}
+
+ProgramResult run_program(const std::vector<std::string>& argv, const std::vector<std::string>& env,
+                          std::chrono::milliseconds timeout) {
   char tmpl[] = "/tmp/hiber-program-XXXXXX";
   int fd = ::mkstemp(tmpl);
   ::close(fd);
   ProgramResult result;
-  pid_t pid = spawn(argv, tmpl);
+  pid_t pid = spawn(argv, tmpl, 0, env);
   result.exit_code = wait_exit(pid, timeout);
   if (result.exit_code == -1) {
     ::kill(pid, SIGKILL);
@@ -105,14 +127,33 @@ ProgramResult run_program(const std::vector<std::string>& argv,
   return result;
 }
 
-Hiberd::Hiberd(std::vector<std::string> extra_flags, unsigned fd_limit) {
+namespace {
+
+HiberdOptions flag_options(std::vector<std::string> extra_flags, unsigned fd_limit) {
+  HiberdOptions options;
+  options.extra_flags = std::move(extra_flags);
+  options.fd_limit = fd_limit;
+  return options;
+}
+
+}  // namespace
+
+Hiberd::Hiberd(std::vector<std::string> extra_flags, unsigned fd_limit)
+    : Hiberd(flag_options(std::move(extra_flags), fd_limit)) {}
+
+Hiberd::Hiberd(const HiberdOptions& options) {
   char tmpl[] = "/tmp/hiberd-test-XXXXXX";
   run_dir_ = ::mkdtemp(tmpl);
   log_path_ = run_dir_ + "/hiberd.log";
-  std::vector<std::string> argv = {hiberd_path(), "--device=sim", "--run_dir=" + run_dir_,
-                                   "--sim_kernel_plugins=" + kernel_plugin_path()};
-  argv.insert(argv.end(), extra_flags.begin(), extra_flags.end());
-  pid_ = spawn(argv, log_path_, fd_limit);
+  std::vector<std::string> argv = {hiberd_path(), "--device=" + options.device,
+                                   "--run_dir=" + run_dir_};
+  if (options.device == "sim") {
+    std::string plugins = kernel_plugin_path();
+    for (const auto& plugin : options.extra_plugins) plugins += "," + plugin;
+    argv.push_back("--sim_kernel_plugins=" + plugins);
+  }
+  argv.insert(argv.end(), options.extra_flags.begin(), options.extra_flags.end());
+  pid_ = spawn(argv, log_path_, options.fd_limit);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   while (std::chrono::steady_clock::now() < deadline) {
     // Ready once the control socket accepts (a status query may be refused on purpose).
@@ -184,6 +225,11 @@ Result<StatusView> Hiberd::status() const {
         view.sessions_closed = c.getSessionsClosed();
         view.handshakes_rejected = c.getHandshakesRejected();
         view.malformed_messages = c.getMalformedMessages();
+        view.cached_modules = c.getCachedModules();
+        view.cached_module_bytes = c.getCachedModuleBytes();
+        view.module_cache_hits = c.getModuleCacheHits();
+        view.module_cache_misses = c.getModuleCacheMisses();
+        view.module_cache_unknown_hashes = c.getModuleCacheUnknownHashes();
         return Status();
       });
   if (!read.ok()) return read;

@@ -38,6 +38,24 @@ struct StatusView {
   uint64_t sessions_closed = 0;
   uint64_t handshakes_rejected = 0;
   uint64_t malformed_messages = 0;
+  // The module cache.
+  uint64_t cached_modules = 0;
+  uint64_t cached_module_bytes = 0;
+  uint64_t module_cache_hits = 0;
+  uint64_t module_cache_misses = 0;
+  uint64_t module_cache_unknown_hashes = 0;
+};
+
+// How to start a hiberd, for what the plain constructor does not cover.
+struct HiberdOptions {
+  // User-declared, so the struct is no aggregate: Hiberd({"--flag"}) keeps meaning extra flags.
+  HiberdOptions() = default;
+  std::string device = "sim";  // --device: "sim" or "cuda"
+  // With "sim": kernel plugins loaded after the test kernel plugin (their kernel names must not
+  // collide with its).
+  std::vector<std::string> extra_plugins;
+  std::vector<std::string> extra_flags;  // appended last
+  unsigned fd_limit = 0;                 // as in the plain constructor
 };
 
 class Hiberd {
@@ -46,6 +64,8 @@ class Hiberd {
   // `extra_flags` appended, and waits until its control socket answers. A non-zero
   // `fd_limit` caps the process's open files (soft and hard).
   explicit Hiberd(std::vector<std::string> extra_flags = {}, unsigned fd_limit = 0);
+  // The same, as `options` say (another device, more kernel plugins).
+  explicit Hiberd(const HiberdOptions& options);
   // Sends SIGTERM if still running and waits; a test that cares about the exit status calls
   // stop() itself.
   ~Hiberd();
@@ -100,11 +120,15 @@ struct ProgramResult {
 };
 ProgramResult run_program(const std::vector<std::string>& argv,
                           std::chrono::milliseconds timeout = std::chrono::seconds(120));
+// The same with `env` ("NAME=value" entries) added to the environment, replacing variables of
+// the same name.
+ProgramResult run_program(const std::vector<std::string>& argv, const std::vector<std::string>& env,
+                          std::chrono::milliseconds timeout = std::chrono::seconds(120));
 
 // Starts a program in the background; its output goes to `log_path`. A non-zero `fd_limit`
-// caps its open files.
+// caps its open files; `env` is added to the environment as in run_program.
 pid_t spawn(const std::vector<std::string>& argv, const std::string& log_path,
-            unsigned fd_limit = 0);
+            unsigned fd_limit = 0, const std::vector<std::string>& env = {});
 // Waits for a spawned program; exit code as in run_program, or -1 on time-out.
 int wait_exit(pid_t pid, std::chrono::milliseconds timeout);
 

@@ -128,6 +128,10 @@ struct Call {
       stream @57 :UInt64;
       params @58 :Data;            # the packed parameter buffer, laid out as functionGet says
     }
+    moduleLoadCached :group {      # (1.1) load the image hiberd already holds under this content
+      module @59 :UInt64;          # hash, so a client ships each image at most once per node;
+      sha256 @60 :Data;            # CUDA_ERROR_NOT_FOUND if hiberd holds none: send moduleLoad
+    }
   }
 }
 

@@ -60,4 +60,10 @@ struct Counters {
   handshakesRejected @2 :UInt64;
   malformedMessages @3 :UInt64;    # handshakes, batches and control requests we could not read
   controlRequests @4 :UInt64;
+  # (1.1) The module cache (server/module_cache.h): code images loaded once for every session.
+  cachedModules @5 :UInt64;        # images loaded now
+  cachedModuleBytes @6 :UInt64;    # the size of those images
+  moduleCacheHits @7 :UInt64;      # module loads served by an image already loaded
+  moduleCacheMisses @8 :UInt64;    # module loads that loaded an image
+  moduleCacheUnknownHashes @9 :UInt64;  # moduleLoadCached of a hash hiberd did not hold
 }

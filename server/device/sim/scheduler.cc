@@ -141,6 +141,10 @@ void Scheduler::worker(int g) {
     std::shared_ptr<StreamState> stream = std::move(gpu.ready.extract(gpu.ready.begin()).mapped());
     Op op = std::move(stream->queue.front());
     stream->queue.pop_front();
+    // A running callback is notification, not work: a query made in answer to it (a client
+    // that the callback woke) finds the stream idle. Synchronisation still waits for it.
+    const bool is_callback = op.kind == Op::Kind::kCallback;
+    if (is_callback) ++stream->running_callbacks;
     lock.unlock();
 
     Status status;
@@ -153,6 +157,7 @@ void Scheduler::worker(int g) {
 
     lock.lock();
     if (!status.ok() && stream->error.ok()) stream->error = std::move(status);
+    if (is_callback) --stream->running_callbacks;
     finish_op(*stream);
     stream->active = false;
     advance(std::move(stream));
@@ -168,7 +173,7 @@ Status Scheduler::synchronize(StreamState& stream) {
 
 Status Scheduler::query(StreamState& stream) {
   std::lock_guard lock(mu_);
-  if (stream.completed < stream.enqueued)
+  if (stream.completed + stream.running_callbacks < stream.enqueued)
     return error(ErrorCode::kNotReady, stream.enqueued - stream.completed,
                  " operations pending on the stream");
   return std::exchange(stream.error, Status());

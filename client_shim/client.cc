@@ -1,0 +1,507 @@
+// The session, the flush policy, errors, streams and events. Memory is in client_memory.cc,
+// code (fatbins, modules, launches) in client_code.cc.
+#include "client_shim/client.h"
+
+#include <pthread.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include <glog/logging.h>
+
+#include "common/paths.h"
+
+namespace hiber::shim {
+namespace {
+
+uint64_t env_u64(const char* name, uint64_t fallback) {
+  const char* value = std::getenv(name);
+  if (value == nullptr || *value == '\0') return fallback;
+  char* end = nullptr;
+  const unsigned long long parsed = std::strtoull(value, &end, 10);
+  if (end == nullptr || *end != '\0') {
+    LOG(WARNING) << "hibercuda: ignoring " << name << "=" << value << " (not a number)";
+    return fallback;
+  }
+  return parsed;
+}
+
+// Where the handle values programs see come from: never 0, 1 or 2 (the default streams).
+constexpr uint64_t kFirstHandle = 0x100;
+
+std::string program_name() {
+  char path[256];
+  const ssize_t n = readlink("/proc/self/exe", path, sizeof(path) - 1);
+  if (n <= 0) return "unknown";
+  path[n] = '\0';
+  const char* slash = std::strrchr(path, '/');
+  return slash ? slash + 1 : path;
+}
+
+// The staging FIFO takes this share of the arena; the rest is the pinned host heap. Pageable
+// copies go through staging in chunks (bench/wire_bench: 1 MiB chunks, a few MiB in flight
+// reach memcpy speed), so half of the default 64 MiB arena is plenty.
+constexpr uint64_t kStagingShareDivisor = 2;
+constexpr uint64_t kHostHeapAlignment = 256;
+
+}  // namespace
+
+ShimConfig ShimConfig::from_environment() {
+  ShimConfig c;
+  c.batching = env_u64("HIBER_BATCH", 1) != 0;
+  c.batch_calls = static_cast<uint32_t>(std::max<uint64_t>(1, env_u64("HIBER_BATCH_CALLS", c.batch_calls)));
+  c.batch_bytes = env_u64("HIBER_BATCH_BYTES", c.batch_bytes);
+  c.quiet_us = static_cast<uint32_t>(env_u64("HIBER_BATCH_QUIET_US", c.quiet_us));
+  c.trace = env_u64("HIBER_TRACE", 0) != 0;
+  if (!c.batching) c.batch_calls = 1;
+  return c;
+}
+
+int& thread_last_error() {
+  thread_local int last_error = 0;
+  return last_error;
+}
+
+std::vector<Client::CallConfiguration>& Client::call_configurations() {
+  thread_local std::vector<CallConfiguration> stack;
+  return stack;
+}
+
+Client& Client::get() {
+  // Never destroyed: programs call CUDA from static destructors and atexit handlers, and the
+  // flusher thread may still run while the process exits.
+  static Client* client = [] {
+    auto* c = new Client();
+    pthread_atfork([] { Client::get().mu_.lock(); },
+                   [] { Client::get().mu_.unlock(); },
+                   [] {
+                     Client& self = Client::get();
+                     self.forked_child_ = true;
+                     self.mu_.unlock();
+                   });
+    // Batched calls must not be stranded when the program exits without synchronising.
+    std::atexit([] { (void)Client::get().flush(); });
+    return c;
+  }();
+  return *client;
+}
+
+Client::Client() : config_(ShimConfig::from_environment()), next_handle_(kFirstHandle) {}
+
+Client::~Client() = default;
+
+void Client::open_locked() {
+  opened_ = true;
+  const char* run_dir_env = std::getenv("HIBER_RUN_DIR");
+  const std::string run_dir = run_dir_env && *run_dir_env ? run_dir_env : default_run_dir();
+  const char* socket_env = std::getenv("HIBER_SOCKET");
+  wire::ClientOptions options;
+  options.socket_path = socket_env && *socket_env ? socket_env : function_socket_path(run_dir);
+  const char* function_env = std::getenv("HIBER_FUNCTION_ID");
+  options.function_id = function_env && *function_env
+                            ? function_env
+                            : program_name() + "-" + std::to_string(getpid());
+  auto token = client_auth_token(auth_token_path(run_dir));
+  if (!token.ok()) {
+    open_status_ = token.status().with_context("hibercuda: no auth token");
+    LOG(ERROR) << open_status_.message();
+    return;
+  }
+  options.auth_token = *token;
+  options.requested_quota_bytes = env_u64("HIBER_QUOTA_MIB", 0) << 20;
+
+  wire::CallClientOptions call_options;
+  call_options.max_batch_calls = config_.batch_calls;
+  // The staging share is fixed when the channel is known; connect first with defaults.
+  auto channel = wire::ClientChannel::connect(options);
+  if (!channel.ok()) {
+    open_status_ = channel.status().with_context(
+        str_cat("hibercuda: cannot open a session with hiberd at ", options.socket_path));
+    LOG(ERROR) << open_status_.message();
+    return;
+  }
+  const uint64_t arena_bytes = (*channel)->arena().size();
+  call_options.staging_bytes = arena_bytes / kStagingShareDivisor / 64 * 64;
+  calls_ = std::make_unique<wire::CallClient>(std::move(channel).value(), call_options);
+
+  const wire::SessionInfo& s = calls_->session();
+  segments_ = RangeAllocator(s.grant.va_base, s.grant.va_bytes, s.grant.allocation_granularity);
+  reserve_grant_locked();
+  arena_heap_ = RangeAllocator(call_options.staging_bytes, arena_bytes - call_options.staging_bytes,
+                               kHostHeapAlignment);
+  if (config_.trace) {
+    LOG(INFO) << "hibercuda: session " << s.session_id << " with hiberd " << s.server_version.major
+              << "." << s.server_version.minor << ": " << s.devices.size() << " device(s), quota "
+              << (s.grant.quota_bytes >> 20) << " MiB, batching "
+              << (config_.batching ? "on" : "off");
+  }
+  flusher_ = std::thread([this] { flusher_main(); });
+  flusher_.detach();
+}
+
+// Device addresses are hiberd's, and nothing stops this process from mapping host memory at
+// the same addresses, which would make a host pointer look like a device one. So the grant is
+// reserved here (PROT_NONE, no memory behind it). Whatever was mapped there already (the
+// channel itself, say) is kept out of the device allocator instead.
+void Client::reserve_grant_locked() {
+  const wire::Grant& grant = calls_->session().grant;
+  void* want = reinterpret_cast<void*>(grant.va_base);
+  constexpr int kFlags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE;
+  void* got = mmap(want, grant.va_bytes, PROT_NONE, kFlags, -1, 0);
+  if (got == want) return;
+  if (got != MAP_FAILED) munmap(got, grant.va_bytes);  // a kernel without FIXED_NOREPLACE
+  // Walk the existing mappings: reserve the gaps, keep the device allocator off the rest.
+  FILE* maps = std::fopen("/proc/self/maps", "r");
+  if (maps == nullptr) {
+    LOG(WARNING) << "hibercuda: cannot reserve the device address range; host and device "
+                    "pointers may be confused";
+    return;
+  }
+  const uint64_t end = grant.va_base + grant.va_bytes;
+  uint64_t cursor = grant.va_base;
+  auto reserve_gap = [&](uint64_t from, uint64_t to) {
+    if (to <= from) return;
+    void* at = reinterpret_cast<void*>(from);
+    void* r = mmap(at, to - from, PROT_NONE, kFlags, -1, 0);
+    if (r != at) {
+      if (r != MAP_FAILED) munmap(r, to - from);
+      segments_.reserve(from, to - from);
+    }
+  };
+  unsigned long long lo = 0, hi = 0;
+  char line[512];
+  while (std::fgets(line, sizeof(line), maps) != nullptr) {
+    if (std::sscanf(line, "%llx-%llx", &lo, &hi) != 2 || hi <= cursor || lo >= end) continue;
+    reserve_gap(cursor, std::min<uint64_t>(lo, end));
+    segments_.reserve(std::max<uint64_t>(lo, grant.va_base), std::min<uint64_t>(hi, end) - std::max<uint64_t>(lo, grant.va_base));
+    cursor = std::min<uint64_t>(hi, end);
+  }
+  std::fclose(maps);
+  reserve_gap(cursor, end);
+}
+
+Status Client::ensure_open_locked() {
+  if (forked_child_) {
+    return Status(ErrorCode::kNotInitialized,
+                  "hibercuda: CUDA cannot be used in a child process after fork()");
+  }
+  if (!opened_) open_locked();
+  if (!calls_) return open_status_;
+  return Status();
+}
+
+Status Client::check_usable_locked() { return ensure_open_locked(); }
+
+Status Client::ready() {
+  std::lock_guard lock(mu_);
+  return ensure_open_locked();
+}
+
+const wire::SessionInfo* Client::session() {
+  std::lock_guard lock(mu_);
+  if (!ensure_open_locked().ok()) return nullptr;
+  return &calls_->session();
+}
+
+int Client::device_count() {
+  const wire::SessionInfo* s = session();
+  return s ? static_cast<int>(s->devices.size()) : 0;
+}
+
+Status Client::sync_point_locked(Status call_status) {
+  Status sticky = calls_->take_error();
+  return !sticky.ok() ? sticky : call_status;
+}
+
+// The flusher sleeps until the batch's quiet time is due, or without a deadline while there
+// is no batch. A caller wakes it only when it would otherwise wake too late: not during bursts
+// of calls, nor in a loop of synchronous calls that each find it still waiting out a deadline.
+void Client::flusher_main() {
+  const auto quiet = std::chrono::microseconds(config_.quiet_us);
+  std::unique_lock lock(mu_);
+  while (!stopping_) {
+    if (forked_child_) return;
+    if (calls_->batched_calls() == 0) {
+      flusher_wakes_at_ = std::chrono::steady_clock::time_point::max();
+      flusher_cv_.wait(lock);
+      continue;
+    }
+    const auto due = last_enqueue_ + quiet;
+    if (std::chrono::steady_clock::now() < due) {
+      flusher_wakes_at_ = due;
+      flusher_cv_.wait_until(lock, due);
+      continue;
+    }
+    (void)calls_->flush();  // a failure is kept as the sticky error
+  }
+}
+
+Status Client::flush() {
+  std::lock_guard lock(mu_);
+  if (!calls_ || forked_child_) return Status();
+  return calls_->flush();
+}
+
+Status Client::peek_async_error() {
+  std::lock_guard lock(mu_);
+  if (!calls_ || forked_child_) return Status();
+  return calls_->peek_error();
+}
+
+Status Client::take_async_error() {
+  std::lock_guard lock(mu_);
+  if (!calls_ || forked_child_) return Status();
+  return calls_->take_error();
+}
+
+// ---- Legacy default stream ----
+//
+// Work on the legacy default stream waits for all earlier work on blocking streams, and work
+// on a blocking stream waits for earlier work on the legacy stream. hiberd keeps streams
+// independent, so the client expresses these edges as internal events and stream waits, all
+// asynchronous, and only where work actually happened since the last edge.
+Status Client::order_for_work_locked(StreamObj* stream) {
+  if (stream == nullptr) {
+    for (auto& [key, s] : streams_) {
+      if (!s->blocking() || !s->has_unjoined_work) continue;
+      if (s->join_event == 0) {
+        s->join_event = next_handle_++;
+        const uint64_t event = s->join_event;
+        HIBER_RETURN_IF_ERROR(enqueue_locked([&](wire::proto::Call::Builder c) {
+          auto e = c.initEventCreate();
+          e.setEvent(event);
+          e.setDisableTiming(true);
+        }));
+      }
+      const uint64_t event = s->join_event, wire = s->wire;
+      HIBER_RETURN_IF_ERROR(enqueue_locked([&](wire::proto::Call::Builder c) {
+        auto r = c.initEventRecord();
+        r.setEvent(event);
+        r.setStream(wire);
+      }));
+      HIBER_RETURN_IF_ERROR(enqueue_locked([&](wire::proto::Call::Builder c) {
+        auto w = c.initStreamWaitEvent();
+        w.setStream(0);
+        w.setEvent(event);
+      }));
+      s->has_unjoined_work = false;
+    }
+    ++legacy_generation_;
+    return Status();
+  }
+  if (!stream->blocking()) return Status();
+  stream->has_unjoined_work = true;
+  if (stream->legacy_generation_seen == legacy_generation_) return Status();
+  stream->legacy_generation_seen = legacy_generation_;
+  if (legacy_join_event_ == 0) {
+    legacy_join_event_ = next_handle_++;
+    const uint64_t event = legacy_join_event_;
+    HIBER_RETURN_IF_ERROR(enqueue_locked([&](wire::proto::Call::Builder c) {
+      auto e = c.initEventCreate();
+      e.setEvent(event);
+      e.setDisableTiming(true);
+    }));
+  }
+  const uint64_t event = legacy_join_event_, wire = stream->wire;
+  HIBER_RETURN_IF_ERROR(enqueue_locked([&](wire::proto::Call::Builder c) {
+    auto r = c.initEventRecord();
+    r.setEvent(event);
+    r.setStream(0);
+  }));
+  return enqueue_locked([&](wire::proto::Call::Builder c) {
+    auto w = c.initStreamWaitEvent();
+    w.setStream(wire);
+    w.setEvent(event);
+  });
+}
+
+// ---- Streams ----
+
+Result<StreamObj*> Client::stream(const void* handle) {
+  const auto value = reinterpret_cast<uintptr_t>(handle);
+  if (value <= 2) return static_cast<StreamObj*>(nullptr);  // 0, cudaStreamLegacy, PerThread
+  std::lock_guard lock(mu_);
+  auto it = streams_.find(handle);
+  if (it == streams_.end()) {
+    return error(ErrorCode::kInvalidHandle, "unknown stream ", handle);
+  }
+  return it->second.get();
+}
+
+Result<StreamObj*> Client::create_stream(unsigned flags, int priority) {
+  std::lock_guard lock(mu_);
+  HIBER_RETURN_IF_ERROR(check_usable_locked());
+  auto s = std::make_unique<StreamObj>();
+  s->wire = next_handle_++;
+  s->flags = flags;
+  // As CUDA does, priorities outside [greatest, least] are clamped.
+  const auto [least, greatest] = stream_priority_range();
+  s->priority = std::min(least, std::max(greatest, priority));
+  s->legacy_generation_seen = legacy_generation_;
+  const uint64_t wire = s->wire;
+  const int prio = s->priority;
+  HIBER_RETURN_IF_ERROR(enqueue_locked([&](wire::proto::Call::Builder c) {
+    auto sc = c.initStreamCreate();
+    sc.setStream(wire);
+    sc.setPriority(prio);
+  }));
+  StreamObj* raw = s.get();
+  streams_.emplace(raw, std::move(s));
+  return raw;
+}
+
+Status Client::destroy_stream(StreamObj* stream) {
+  std::lock_guard lock(mu_);
+  HIBER_RETURN_IF_ERROR(check_usable_locked());
+  if (stream == nullptr) return Status(ErrorCode::kInvalidHandle, "the default stream cannot be destroyed");
+  auto it = streams_.find(stream);
+  if (it == streams_.end()) return error(ErrorCode::kInvalidHandle, "unknown stream ", stream);
+  // CUDA lets pending work finish after cudaStreamDestroy; hiberd does the same.
+  const uint64_t wire = stream->wire, join = stream->join_event;
+  if (join != 0) {
+    HIBER_RETURN_IF_ERROR(enqueue_locked([&](wire::proto::Call::Builder c) {
+      c.initEventDestroy().setEvent(join);
+    }));
+  }
+  HIBER_RETURN_IF_ERROR(enqueue_locked([&](wire::proto::Call::Builder c) {
+    c.initStreamDestroy().setStream(wire);
+  }));
+  streams_.erase(it);
+  return Status();
+}
+
+Status Client::synchronize_stream(StreamObj* stream) {
+  std::lock_guard lock(mu_);
+  HIBER_RETURN_IF_ERROR(check_usable_locked());
+  const uint64_t wire = stream_wire(stream);
+  auto reply = call_locked([&](wire::proto::Call::Builder c) {
+    c.initStreamSynchronize().setStream(wire);
+  });
+  return sync_point_locked(reply.status());
+}
+
+Status Client::query_stream(StreamObj* stream) {
+  std::lock_guard lock(mu_);
+  HIBER_RETURN_IF_ERROR(check_usable_locked());
+  const uint64_t wire = stream_wire(stream);
+  auto reply = call_locked([&](wire::proto::Call::Builder c) {
+    c.initStreamQuery().setStream(wire);
+  });
+  if (reply.status().code() == ErrorCode::kNotReady) return reply.status();
+  return sync_point_locked(reply.status());
+}
+
+Status Client::wait_event(StreamObj* stream, EventObj* event) {
+  std::lock_guard lock(mu_);
+  HIBER_RETURN_IF_ERROR(check_usable_locked());
+  HIBER_RETURN_IF_ERROR(order_for_work_locked(stream));
+  const uint64_t wire = stream_wire(stream), ev = event->wire;
+  return enqueue_locked([&](wire::proto::Call::Builder c) {
+    auto w = c.initStreamWaitEvent();
+    w.setStream(wire);
+    w.setEvent(ev);
+  });
+}
+
+// ---- Events ----
+
+Result<EventObj*> Client::event(const void* handle) {
+  std::lock_guard lock(mu_);
+  auto it = events_.find(handle);
+  if (it == events_.end()) return error(ErrorCode::kInvalidHandle, "unknown event ", handle);
+  return it->second.get();
+}
+
+Result<EventObj*> Client::create_event(unsigned flags) {
+  std::lock_guard lock(mu_);
+  HIBER_RETURN_IF_ERROR(check_usable_locked());
+  auto e = std::make_unique<EventObj>();
+  e->wire = next_handle_++;
+  e->flags = flags;
+  const uint64_t wire = e->wire;
+  const bool no_timing = (flags & 2) != 0;  // cudaEventDisableTiming
+  HIBER_RETURN_IF_ERROR(enqueue_locked([&](wire::proto::Call::Builder c) {
+    auto ec = c.initEventCreate();
+    ec.setEvent(wire);
+    ec.setDisableTiming(no_timing);
+  }));
+  EventObj* raw = e.get();
+  events_.emplace(raw, std::move(e));
+  return raw;
+}
+
+Status Client::destroy_event(EventObj* event) {
+  std::lock_guard lock(mu_);
+  HIBER_RETURN_IF_ERROR(check_usable_locked());
+  auto it = events_.find(event);
+  if (it == events_.end()) return error(ErrorCode::kInvalidHandle, "unknown event ", event);
+  const uint64_t wire = event->wire;
+  HIBER_RETURN_IF_ERROR(enqueue_locked([&](wire::proto::Call::Builder c) {
+    c.initEventDestroy().setEvent(wire);
+  }));
+  events_.erase(it);
+  return Status();
+}
+
+Status Client::record_event(EventObj* event, StreamObj* stream) {
+  std::lock_guard lock(mu_);
+  HIBER_RETURN_IF_ERROR(check_usable_locked());
+  HIBER_RETURN_IF_ERROR(order_for_work_locked(stream));
+  const uint64_t wire = event->wire, s = stream_wire(stream);
+  return enqueue_locked([&](wire::proto::Call::Builder c) {
+    auto r = c.initEventRecord();
+    r.setEvent(wire);
+    r.setStream(s);
+  });
+}
+
+Status Client::synchronize_event(EventObj* event) {
+  std::lock_guard lock(mu_);
+  HIBER_RETURN_IF_ERROR(check_usable_locked());
+  const uint64_t wire = event->wire;
+  auto reply = call_locked([&](wire::proto::Call::Builder c) {
+    c.initEventSynchronize().setEvent(wire);
+  });
+  return sync_point_locked(reply.status());
+}
+
+Status Client::query_event(EventObj* event) {
+  std::lock_guard lock(mu_);
+  HIBER_RETURN_IF_ERROR(check_usable_locked());
+  const uint64_t wire = event->wire;
+  auto reply = call_locked([&](wire::proto::Call::Builder c) {
+    c.initEventQuery().setEvent(wire);
+  });
+  if (reply.status().code() == ErrorCode::kNotReady) return reply.status();
+  return sync_point_locked(reply.status());
+}
+
+Result<float> Client::elapsed_ms(EventObj* start, EventObj* end) {
+  std::lock_guard lock(mu_);
+  HIBER_RETURN_IF_ERROR(check_usable_locked());
+  const uint64_t a = start->wire, b = end->wire;
+  auto reply = call_locked([&](wire::proto::Call::Builder c) {
+    auto e = c.initEventElapsedTime();
+    e.setStart(a);
+    e.setEnd(b);
+  });
+  if (!reply.ok()) {
+    if (reply.status().code() == ErrorCode::kNotReady) return reply.status();
+    return sync_point_locked(reply.status());
+  }
+  const float* ms = std::get_if<float>(&*reply);
+  if (ms == nullptr) return Status(ErrorCode::kUnknown, "eventElapsedTime: reply without a time");
+  return *ms;
+}
+
+Status Client::synchronize_device() {
+  std::lock_guard lock(mu_);
+  HIBER_RETURN_IF_ERROR(check_usable_locked());
+  auto reply = call_locked([&](wire::proto::Call::Builder c) { c.setDeviceSynchronize(); });
+  return sync_point_locked(reply.status());
+}
+
+}  // namespace hiber::shim

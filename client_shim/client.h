@@ -1,0 +1,292 @@
+// The shim's client core: one session with hiberd per process, shared by the CUDA runtime and
+// driver front-ends (runtime_api.cc, driver_api.cc, registration.cc).
+//
+// Everything here speaks hiber::Status, whose codes are CUresult values; the front-ends turn
+// them into cudaError_t or CUresult. The core decides what is asynchronous:
+//  - calls whose result the host does not need (launches, memsets, copies from captured
+//    sources, event records, stream waits, frees) are appended to the batch and not waited for;
+//  - the batch goes out at N calls, at B bytes, after T microseconds of quiet (a background
+//    flusher), or at any synchronous call, which then waits for its reply;
+//  - a failure of an asynchronous call is the session's sticky error, reported at the next
+//    synchronisation point and by cudaGetLastError.
+// Handles (streams, events, modules, kernels) and device addresses are chosen here, so creating
+// them costs no round trip.
+//
+// Thread safety: every public method locks the core's mutex; the API may be called from any
+// thread. A child process after fork() cannot use its parent's session: every call fails with
+// kNotInitialized there, as CUDA fails after fork.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "client_shim/range_allocator.h"
+#include "common/kernel_info.h"
+#include "common/status.h"
+#include "wire/call_client.h"
+
+namespace hiber::shim {
+
+// What the environment says (docs/shim.md lists the variables).
+struct ShimConfig {
+  bool batching = true;            // HIBER_BATCH (0 = every call is sent at once)
+  uint32_t batch_calls = 64;       // HIBER_BATCH_CALLS: N
+  uint64_t batch_bytes = 256 << 10;  // HIBER_BATCH_BYTES: B
+  uint32_t quiet_us = 50;          // HIBER_BATCH_QUIET_US: T
+  bool trace = false;              // HIBER_TRACE
+  static ShimConfig from_environment();
+};
+
+struct Dim3 {
+  uint32_t x = 1, y = 1, z = 1;
+};
+
+// A stream made by the client. Its address is the cudaStream_t / CUstream the program holds.
+struct StreamObj {
+  uint64_t wire = 0;               // the session's handle; 0 is the legacy default stream
+  unsigned flags = 0;              // cudaStreamNonBlocking = 1
+  int priority = 0;
+  bool blocking() const { return (flags & 1) == 0; }
+  // Legacy default-stream semantics (kept by the core with internal events):
+  bool has_unjoined_work = false;  // work since the legacy stream last waited for this one
+  uint64_t legacy_generation_seen = 0;
+  uint64_t join_event = 0;         // internal event recorded on this stream for the joins
+};
+
+struct EventObj {
+  uint64_t wire = 0;
+  unsigned flags = 0;              // cudaEventDisableTiming = 2
+};
+
+struct ModuleObj;
+
+// A kernel: a __global__ function registered by a fatbin, or one a program got from a module
+// it loaded itself (cuModuleGetFunction). Its address is the cudaKernel_t / CUfunction.
+struct KernelObj {
+  ModuleObj* module = nullptr;
+  std::string name;                // mangled
+  uint64_t wire = 0;               // the session's function handle; 0 until first launch
+  KernelInfo info;                 // the parameter layout, known once `wire` is set
+};
+
+// A code image: a fatbin the program's binaries registered, or a module it loaded.
+struct ModuleObj {
+  std::vector<std::byte> image;    // owned copy (registered fatbins point into the binary)
+  std::span<const std::byte> bytes;
+  uint64_t wire = 0;               // the session's module handle; 0 until first needed
+  std::vector<KernelInfo> parsed;  // kernels found in the image by the client, if it could
+  bool parse_failed = false;
+  std::vector<std::unique_ptr<KernelObj>> kernels;
+};
+
+enum class PointerKind { kDevice, kArena, kHost };
+
+struct PointerInfo {
+  PointerKind kind = PointerKind::kHost;
+  bool pinned = false;             // cudaMallocHost / cudaHostAlloc / cudaHostRegister memory
+  uint64_t arena_offset = 0;       // for kArena
+};
+
+enum class CopyKind { kHostToDevice, kDeviceToHost, kDeviceToDevice, kHostToHost, kDefault };
+
+struct MemoryInfo {
+  uint64_t free_bytes = 0;
+  uint64_t total_bytes = 0;
+};
+
+class Client {
+ public:
+  // The process's client. The session opens on first use; if that fails, every call returns
+  // the reason (logged once).
+  static Client& get();
+
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  const ShimConfig& config() const { return config_; }
+
+  // The session, once open: kNoDevice (or hiberd's own reason) if it could not be.
+  Status ready();
+  const wire::SessionInfo* session();
+  int device_count();
+
+  // ---- Errors ----
+  // The sticky error of asynchronous calls, collected without waiting; take clears it.
+  Status peek_async_error();
+  Status take_async_error();
+
+  // ---- Device memory ----
+  Result<uint64_t> malloc_device(uint64_t bytes);
+  Status free_device(uint64_t address);
+  MemoryInfo memory_info();
+  // The allocation containing `address`: {start, size}; kInvalidValue if none.
+  Result<std::pair<uint64_t, uint64_t>> device_allocation(uint64_t address);
+
+  // ---- Host memory ----
+  Result<void*> malloc_host(uint64_t bytes);
+  Status free_host(void* pointer);
+  Status register_host(void* pointer, uint64_t bytes);
+  Status unregister_host(void* pointer);
+  PointerInfo classify(const void* pointer, uint64_t bytes = 1);
+
+  // ---- Copies and memsets (stream nullptr = legacy default stream) ----
+  Status memcpy(void* dst, const void* src, uint64_t bytes, CopyKind kind, StreamObj* stream,
+                bool async);
+  Status memset(uint64_t dst, uint32_t value, int element_bytes, uint64_t count,
+                StreamObj* stream, bool async);
+
+  // ---- Streams and events ----
+  // Resolves a program's stream value: 0 and cudaStreamLegacy/PerThread (1, 2) are the default
+  // stream (returned as nullptr); anything else must be a live stream or kInvalidHandle.
+  Result<StreamObj*> stream(const void* handle);
+  Result<StreamObj*> create_stream(unsigned flags, int priority);
+  Status destroy_stream(StreamObj* stream);
+  Status synchronize_stream(StreamObj* stream);
+  Status query_stream(StreamObj* stream);
+  Status wait_event(StreamObj* stream, EventObj* event);
+  Result<EventObj*> event(const void* handle);
+  Result<EventObj*> create_event(unsigned flags);
+  Status destroy_event(EventObj* event);
+  Status record_event(EventObj* event, StreamObj* stream);
+  Status synchronize_event(EventObj* event);
+  Status query_event(EventObj* event);
+  Result<float> elapsed_ms(EventObj* start, EventObj* end);
+  Status synchronize_device();
+  std::pair<int, int> stream_priority_range() const { return {0, -5}; }  // least, greatest
+
+  // ---- Code ----
+  // Fatbins registered by binaries (__cudaRegisterFatBinary) and their kernels.
+  Result<ModuleObj*> register_fatbin(const void* fatbin_wrapper);
+  void unregister_fatbin(ModuleObj* module);
+  void register_function(ModuleObj* module, const void* host_function, const char* name);
+  // The kernel a host stub stands for; kInvalidDeviceFunction-like kNotFound if none.
+  Result<KernelObj*> kernel_for_host_function(const void* host_function);
+  Result<KernelObj*> kernel(const void* handle);
+  // Modules a program loads itself (cuModuleLoadData).
+  Result<ModuleObj*> load_module(std::span<const std::byte> image);
+  Result<ModuleObj*> module(const void* handle);
+  Status unload_module(ModuleObj* module);
+  Result<KernelObj*> module_function(ModuleObj* module, const std::string& name);
+  // The parameter layout (loads the module and resolves the kernel on first use).
+  Result<const KernelInfo*> kernel_info(KernelObj* kernel);
+  // `args[i]` points at parameter i, as cudaLaunchKernel's args.
+  Status launch(KernelObj* kernel, Dim3 grid, Dim3 block, uint32_t shared_bytes,
+                StreamObj* stream, void** args);
+
+  // For __cudaPushCallConfiguration / __cudaPopCallConfiguration (per thread, nested).
+  struct CallConfiguration {
+    Dim3 grid, block;
+    size_t shared_bytes = 0;
+    void* stream = nullptr;
+  };
+  static std::vector<CallConfiguration>& call_configurations();
+
+  // Sends what is batched (for the flusher and for tests of the policy).
+  Status flush();
+
+ private:
+  Client();
+  ~Client();  // never runs: the client lives until the process ends (see get())
+
+  Status ensure_open_locked();
+  void reserve_grant_locked();
+  void open_locked();
+  Status check_usable_locked();
+  // Appends an asynchronous call and applies the flush policy.
+  template <typename Fill>
+  Status enqueue_locked(Fill&& fill);
+  // A call whose reply the host waits for.
+  template <typename Fill>
+  Result<wire::CallResult> call_locked(Fill&& fill);
+  Status sync_point_locked(Status call_status);
+  void flusher_main();
+
+  // Legacy default-stream ordering: called before work is added to `stream`.
+  Status order_for_work_locked(StreamObj* stream);
+  uint64_t stream_wire(StreamObj* stream) const { return stream ? stream->wire : 0; }
+
+  Status load_module_locked(ModuleObj* module);
+  Status resolve_kernel_locked(KernelObj* kernel);
+  Status copy_to_device_locked(uint64_t dst, const void* src, uint64_t bytes, StreamObj* stream,
+                               bool async);
+  Status copy_from_device_locked(void* dst, uint64_t src, uint64_t bytes, StreamObj* stream,
+                                 bool async);
+  Status check_device_range_locked(uint64_t address, uint64_t bytes, const char* what);
+  PointerInfo classify_locked(const void* pointer, uint64_t bytes);
+
+  ShimConfig config_;
+  std::mutex mu_;
+  bool opened_ = false;
+  bool forked_child_ = false;
+  Status open_status_;
+  std::unique_ptr<wire::CallClient> calls_;
+  uint64_t next_handle_ = 1;
+
+  // Device memory: segments of whole granules in the grant, and small allocations packed into
+  // one-granule slabs.
+  RangeAllocator segments_;
+  uint64_t quota_used_ = 0;
+  struct Slab {
+    RangeAllocator space;
+  };
+  std::map<uint64_t, Slab> slabs_;              // slab start -> its sub-allocator
+  std::map<uint64_t, uint64_t> allocations_;    // start -> bytes asked for, every live one
+
+  // Host memory: the pinned heap in the arena, and other pinned ranges (registered, or
+  // malloc'd when the heap is full), copied through staging like pageable memory.
+  RangeAllocator arena_heap_;
+  std::map<uint64_t, uint64_t> pinned_ranges_;  // start -> bytes
+  std::map<uint64_t, uint64_t> host_allocs_;    // malloc'd cudaMallocHost fallbacks
+
+  std::unordered_map<const void*, std::unique_ptr<StreamObj>> streams_;
+  std::unordered_map<const void*, std::unique_ptr<EventObj>> events_;
+  std::unordered_map<const void*, std::unique_ptr<ModuleObj>> modules_;
+  std::unordered_map<const void*, KernelObj*> kernels_;          // every live kernel
+  std::unordered_map<const void*, KernelObj*> host_functions_;   // host stub -> kernel
+  uint64_t legacy_generation_ = 0;  // bumps with each piece of work on the legacy stream
+  uint64_t legacy_join_event_ = 0;
+
+  // The background flusher.
+  std::condition_variable flusher_cv_;
+  std::chrono::steady_clock::time_point last_enqueue_;
+  // When the flusher wakes next (max: not before it is notified).
+  std::chrono::steady_clock::time_point flusher_wakes_at_ = std::chrono::steady_clock::time_point::max();
+  bool stopping_ = false;
+  std::thread flusher_;
+};
+
+template <typename Fill>
+Status Client::enqueue_locked(Fill&& fill) {
+  const bool was_empty = calls_->batched_calls() == 0;
+  HIBER_RETURN_IF_ERROR(calls_->enqueue(std::forward<Fill>(fill)));
+  if (!config_.batching || calls_->batched_bytes() >= config_.batch_bytes) return calls_->flush();
+  last_enqueue_ = std::chrono::steady_clock::now();
+  if (was_empty && calls_->batched_calls() != 0 &&
+      flusher_wakes_at_ > last_enqueue_ + std::chrono::microseconds(config_.quiet_us)) {
+    flusher_cv_.notify_one();
+  }
+  return Status();
+}
+
+template <typename Fill>
+Result<wire::CallResult> Client::call_locked(Fill&& fill) {
+  return calls_->call(std::forward<Fill>(fill));
+}
+
+// The size of a code image given only its start, as cuModuleLoadData gets it: a fatbin's
+// header says it, an ELF file ends at its section header table, PTX text at its NUL.
+uint64_t code_image_size(const void* image);
+
+// The last error of the calling thread (cudaGetLastError), set by every failing runtime call.
+int& thread_last_error();
+
+}  // namespace hiber::shim

@@ -1,0 +1,296 @@
+// Code: fatbins registered by the program's binaries, modules it loads itself, their kernels,
+// and launches.
+//
+// Modules load lazily, at the first launch of one of their kernels, as CUDA's lazy loading
+// does: a program registers every fatbin of every library at start-up but uses few. An image is
+// shipped at most once per node: the client first asks hiberd for it by SHA-256, and sends the
+// bytes only if hiberd has never seen them. Parameter layouts come from the client's own parse
+// of the image, so resolving a kernel costs no round trip unless the parse cannot tell.
+#include <openssl/evp.h>
+
+#include <array>
+#include <cstring>
+
+#include <glog/logging.h>
+
+#include "client_shim/client.h"
+#include "common/fatbin.h"
+
+namespace hiber::shim {
+namespace {
+
+// crt/host_runtime.h / fatbinary_section.h: what __cudaRegisterFatBinary receives.
+struct FatbinWrapper {
+  int magic;
+  int version;
+  const unsigned long long* data;
+  void* filename_or_fatbins;
+};
+constexpr int kFatbinWrapperMagic = 0x466243b1;
+
+struct FatbinHeader {
+  uint32_t magic;
+  uint16_t version;
+  uint16_t header_bytes;
+  uint64_t body_bytes;
+};
+
+std::array<unsigned char, 32> sha256(std::span<const std::byte> bytes) {
+  std::array<unsigned char, 32> digest{};
+  unsigned int length = 0;
+  EVP_Digest(bytes.data(), bytes.size(), digest.data(), &length, EVP_sha256(), nullptr);
+  return digest;
+}
+
+}  // namespace
+
+uint64_t code_image_size(const void* image) {
+  const auto* bytes = static_cast<const std::byte*>(image);
+  FatbinHeader fatbin;
+  std::memcpy(&fatbin, bytes, sizeof(fatbin));
+  if (fatbin.magic == fatbin::kFatbinMagic) return uint64_t{fatbin.header_bytes} + fatbin.body_bytes;
+  if (std::memcmp(bytes, "\x7f" "ELF", 4) == 0) {
+    uint64_t section_headers;
+    uint16_t entry_bytes, entries;
+    std::memcpy(&section_headers, bytes + 0x28, 8);
+    std::memcpy(&entry_bytes, bytes + 0x3a, 2);
+    std::memcpy(&entries, bytes + 0x3c, 2);
+    return section_headers + uint64_t{entry_bytes} * entries;
+  }
+  return uint64_t{std::strlen(static_cast<const char*>(image))} + 1;
+}
+
+Result<ModuleObj*> Client::register_fatbin(const void* fatbin_wrapper) {
+  FatbinWrapper wrapper;
+  std::memcpy(&wrapper, fatbin_wrapper, sizeof(wrapper));
+  if (wrapper.magic != kFatbinWrapperMagic || wrapper.data == nullptr) {
+    return error(ErrorCode::kInvalidImage, "__cudaRegisterFatBinary: not a fatbin wrapper (magic 0x",
+                 std::hex, wrapper.magic, ")");
+  }
+  if (wrapper.version != 1) {
+    // Version 2 wrappers come from relocatable device code (-rdc), linked at run time.
+    return error(ErrorCode::kNotSupported, "__cudaRegisterFatBinary: fatbin wrapper version ",
+                 wrapper.version, " (relocatable device code) is not supported");
+  }
+  FatbinHeader header;
+  std::memcpy(&header, wrapper.data, sizeof(header));
+  if (header.magic != fatbin::kFatbinMagic) {
+    return Status(ErrorCode::kInvalidImage, "__cudaRegisterFatBinary: data is not a fatbin");
+  }
+  auto module = std::make_unique<ModuleObj>();
+  module->bytes = {reinterpret_cast<const std::byte*>(wrapper.data),
+                   uint64_t{header.header_bytes} + header.body_bytes};
+  std::lock_guard lock(mu_);
+  ModuleObj* raw = module.get();
+  modules_.emplace(raw, std::move(module));
+  return raw;
+}
+
+void Client::register_function(ModuleObj* module, const void* host_function, const char* name) {
+  std::lock_guard lock(mu_);
+  auto kernel = std::make_unique<KernelObj>();
+  kernel->module = module;
+  kernel->name = name;
+  KernelObj* raw = kernel.get();
+  module->kernels.push_back(std::move(kernel));
+  kernels_.emplace(raw, raw);
+  host_functions_[host_function] = raw;
+}
+
+void Client::unregister_fatbin(ModuleObj* module) { (void)unload_module(module); }
+
+Result<KernelObj*> Client::kernel_for_host_function(const void* host_function) {
+  std::lock_guard lock(mu_);
+  auto it = host_functions_.find(host_function);
+  if (it == host_functions_.end()) {
+    return error(ErrorCode::kNotFound, "no kernel is registered for host function ",
+                 host_function);
+  }
+  return it->second;
+}
+
+Result<KernelObj*> Client::kernel(const void* handle) {
+  std::lock_guard lock(mu_);
+  auto it = kernels_.find(handle);
+  if (it == kernels_.end()) return error(ErrorCode::kInvalidHandle, "unknown kernel ", handle);
+  return it->second;
+}
+
+Result<ModuleObj*> Client::load_module(std::span<const std::byte> image) {
+  auto module = std::make_unique<ModuleObj>();
+  module->image.assign(image.begin(), image.end());
+  module->bytes = module->image;
+  std::lock_guard lock(mu_);
+  HIBER_RETURN_IF_ERROR(check_usable_locked());
+  ModuleObj* raw = module.get();
+  modules_.emplace(raw, std::move(module));
+  // cuModuleLoadData reports a bad image at once.
+  Status loaded = load_module_locked(raw);
+  if (!loaded.ok()) {
+    modules_.erase(raw);
+    return loaded;
+  }
+  return raw;
+}
+
+Result<ModuleObj*> Client::module(const void* handle) {
+  std::lock_guard lock(mu_);
+  auto it = modules_.find(handle);
+  if (it == modules_.end()) return error(ErrorCode::kInvalidHandle, "unknown module ", handle);
+  return it->second.get();
+}
+
+Status Client::unload_module(ModuleObj* module) {
+  std::lock_guard lock(mu_);
+  auto it = modules_.find(module);
+  if (it == modules_.end()) return error(ErrorCode::kInvalidHandle, "unknown module ", module);
+  for (const auto& kernel : module->kernels) kernels_.erase(kernel.get());
+  std::erase_if(host_functions_, [module](const auto& f) { return f.second->module == module; });
+  Status unloaded;
+  if (module->wire != 0 && calls_ && !forked_child_) {
+    const uint64_t wire = module->wire;
+    unloaded = enqueue_locked([&](wire::proto::Call::Builder c) {
+      c.initModuleUnload().setModule(wire);
+    });
+  }
+  modules_.erase(it);
+  return unloaded;
+}
+
+Result<KernelObj*> Client::module_function(ModuleObj* module, const std::string& name) {
+  std::lock_guard lock(mu_);
+  HIBER_RETURN_IF_ERROR(check_usable_locked());
+  for (const auto& kernel : module->kernels) {
+    if (kernel->name == name) return kernel.get();
+  }
+  auto kernel = std::make_unique<KernelObj>();
+  kernel->module = module;
+  kernel->name = name;
+  // cuModuleGetFunction reports an unknown name at once.
+  HIBER_RETURN_IF_ERROR(resolve_kernel_locked(kernel.get()));
+  KernelObj* raw = kernel.get();
+  module->kernels.push_back(std::move(kernel));
+  kernels_.emplace(raw, raw);
+  return raw;
+}
+
+Status Client::load_module_locked(ModuleObj* module) {
+  if (module->wire != 0) return Status();
+  const uint64_t handle = next_handle_++;
+  const auto digest = sha256(module->bytes);
+  auto cached = calls_->call(
+      [&](wire::proto::Call::Builder c) {
+        auto m = c.initModuleLoadCached();
+        m.setModule(handle);
+        m.setSha256(kj::arrayPtr(digest.data(), digest.size()));
+      },
+      /*sticky=*/false);
+  if (cached.ok()) {
+    module->wire = handle;
+    return Status();
+  }
+  const ErrorCode why = cached.status().code();
+  if (why != ErrorCode::kNotFound && why != ErrorCode::kNotSupported) return cached.status();
+
+  const uint64_t size = module->bytes.size();
+  if (size > calls_->staging_capacity()) {
+    return error(ErrorCode::kNotSupported, "a code image of ", size,
+                 " bytes is larger than the channel's staging area (", calls_->staging_capacity(),
+                 " bytes); start hiberd with a larger --arena_mib");
+  }
+  HIBER_ASSIGN_OR_RETURN(wire::CallClient::Staged staged, calls_->stage(size));
+  std::memcpy(staged.bytes.data(), module->bytes.data(), size);
+  auto loaded = calls_->call([&](wire::proto::Call::Builder c) {
+    auto m = c.initModuleLoad();
+    m.setModule(handle);
+    m.setImageOffset(staged.offset);
+    m.setImageBytes(size);
+    m.setStagingEnd(staged.staging_end);
+  }, /*sticky=*/false);
+  HIBER_RETURN_IF_ERROR(loaded.status());
+  module->wire = handle;
+  return Status();
+}
+
+Status Client::resolve_kernel_locked(KernelObj* kernel) {
+  if (kernel->wire != 0) return Status();
+  ModuleObj* module = kernel->module;
+  HIBER_RETURN_IF_ERROR(load_module_locked(module));
+  if (module->parsed.empty() && !module->parse_failed) {
+    auto parsed = fatbin::image_kernels(module->bytes);
+    if (parsed.ok()) {
+      module->parsed = std::move(parsed).value();
+    } else {
+      module->parse_failed = true;
+      LOG(WARNING) << "hibercuda: cannot read kernel layouts from a code image ("
+                   << parsed.status().message() << "); asking hiberd for each kernel";
+    }
+  }
+  const KernelInfo* known = nullptr;
+  for (const KernelInfo& info : module->parsed) {
+    if (info.name == kernel->name) known = &info;
+  }
+  const uint64_t handle = next_handle_++;
+  const uint64_t module_wire = module->wire;
+  auto fill = [&](wire::proto::Call::Builder c) {
+    auto f = c.initFunctionGet();
+    f.setFunction(handle);
+    f.setModule(module_wire);
+    f.setName(kernel->name);
+  };
+  if (known != nullptr) {
+    // The layout is known: hiberd resolves the name in the background, and a failure
+    // becomes the sticky error, reported with the launch's synchronisation.
+    HIBER_RETURN_IF_ERROR(enqueue_locked(fill));
+    kernel->info = *known;
+  } else {
+    auto reply = calls_->call(fill, /*sticky=*/false);
+    HIBER_RETURN_IF_ERROR(reply.status());
+    const KernelInfo* info = std::get_if<KernelInfo>(&*reply);
+    if (info == nullptr) return Status(ErrorCode::kUnknown, "functionGet: reply without a layout");
+    kernel->info = *info;
+  }
+  kernel->wire = handle;
+  return Status();
+}
+
+Result<const KernelInfo*> Client::kernel_info(KernelObj* kernel) {
+  std::lock_guard lock(mu_);
+  HIBER_RETURN_IF_ERROR(check_usable_locked());
+  HIBER_RETURN_IF_ERROR(resolve_kernel_locked(kernel));
+  return &kernel->info;
+}
+
+Status Client::launch(KernelObj* kernel, Dim3 grid, Dim3 block, uint32_t shared_bytes,
+                      StreamObj* stream, void** args) {
+  std::lock_guard lock(mu_);
+  HIBER_RETURN_IF_ERROR(check_usable_locked());
+  HIBER_RETURN_IF_ERROR(resolve_kernel_locked(kernel));
+  const KernelInfo& info = kernel->info;
+  if (!info.params.empty() && args == nullptr) {
+    return error(ErrorCode::kInvalidValue, "launch of ", kernel->name, ": ", info.params.size(),
+                 " parameters but no arguments");
+  }
+  HIBER_RETURN_IF_ERROR(order_for_work_locked(stream));
+  const uint64_t s = stream_wire(stream);
+  const uint64_t function = kernel->wire;
+  return enqueue_locked([&](wire::proto::Call::Builder c) {
+    auto l = c.initLaunchKernel();
+    l.setFunction(function);
+    l.setGridX(grid.x);
+    l.setGridY(grid.y);
+    l.setGridZ(grid.z);
+    l.setBlockX(block.x);
+    l.setBlockY(block.y);
+    l.setBlockZ(block.z);
+    l.setSharedMemBytes(shared_bytes);
+    l.setStream(s);
+    // Packed straight into the message: parameter i goes to its offset.
+    auto params = l.initParams(info.param_bytes());
+    for (size_t i = 0; i < info.params.size(); ++i) {
+      std::memcpy(params.begin() + info.params[i].offset, args[i], info.params[i].bytes);
+    }
+  });
+}
+
+}  // namespace hiber::shim

@@ -1,0 +1,421 @@
+// Device memory placed by the client inside its grant, pinned host memory in the arena, and
+// copies and memsets between them.
+#include <sys/mman.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#include "client_shim/client.h"
+
+namespace hiber::shim {
+namespace {
+
+// Small allocations share one-granule slabs at this alignment (cudaMalloc guarantees 256).
+constexpr uint64_t kSlabAlignment = 256;
+// Pageable copies go through staging in chunks of this size (bench/wire_bench.cc: 1 MiB chunks
+// with a few MiB in flight keep up with memcpy).
+constexpr uint64_t kStagingChunk = 1 << 20;
+
+constexpr ErrorCode kHostMemoryAlreadyRegistered = static_cast<ErrorCode>(712);
+constexpr ErrorCode kHostMemoryNotRegistered = static_cast<ErrorCode>(713);
+
+const char* kind_name(CopyKind kind) {
+  switch (kind) {
+    case CopyKind::kHostToDevice: return "host-to-device";
+    case CopyKind::kDeviceToHost: return "device-to-host";
+    case CopyKind::kDeviceToDevice: return "device-to-device";
+    case CopyKind::kHostToHost: return "host-to-host";
+    case CopyKind::kDefault: return "default";
+  }
+  return "?";
+}
+
+}  // namespace
+
+// ---- Device memory ----
+
+Result<uint64_t> Client::malloc_device(uint64_t bytes) {
+  std::lock_guard lock(mu_);
+  HIBER_RETURN_IF_ERROR(check_usable_locked());
+  if (bytes == 0) return uint64_t{0};
+  const wire::Grant& grant = calls_->session().grant;
+  const uint64_t granule = grant.allocation_granularity;
+
+  auto back = [&](uint64_t size) -> Result<uint64_t> {
+    if (size > grant.quota_bytes || quota_used_ > grant.quota_bytes - size) {
+      return error(ErrorCode::kOutOfMemory, "cudaMalloc: ", bytes, " bytes would exceed the ",
+                   "function's device memory quota (", quota_used_, " of ", grant.quota_bytes,
+                   " bytes in use)");
+    }
+    auto va = segments_.allocate(size);
+    if (!va) {
+      return error(ErrorCode::kOutOfMemory, "cudaMalloc: no free range of ", size,
+                   " bytes left in the granted address range");
+    }
+    const uint64_t start = *va;
+    Status sent = enqueue_locked([&](wire::proto::Call::Builder c) {
+      auto m = c.initMemAllocate();
+      m.setVa(start);
+      m.setBytes(size);
+    });
+    if (!sent.ok()) {
+      segments_.free(start);
+      return sent;
+    }
+    quota_used_ += size;
+    return start;
+  };
+
+  if (bytes <= granule / 2) {
+    for (auto& [start, slab] : slabs_) {
+      if (auto piece = slab.space.allocate(bytes)) {
+        allocations_.emplace(*piece, bytes);
+        return *piece;
+      }
+    }
+    HIBER_ASSIGN_OR_RETURN(uint64_t start, back(granule));
+    Slab& slab = slabs_.emplace(start, Slab{RangeAllocator(start, granule, kSlabAlignment)})
+                     .first->second;
+    const uint64_t piece = *slab.space.allocate(bytes);
+    allocations_.emplace(piece, bytes);
+    return piece;
+  }
+  HIBER_ASSIGN_OR_RETURN(uint64_t start, back(segments_.round_up(bytes)));
+  allocations_.emplace(start, bytes);
+  return start;
+}
+
+Status Client::free_device(uint64_t address) {
+  std::lock_guard lock(mu_);
+  HIBER_RETURN_IF_ERROR(check_usable_locked());
+  if (address == 0) return Status();  // cudaFree(nullptr) does nothing
+  auto it = allocations_.find(address);
+  if (it == allocations_.end()) {
+    return error(ErrorCode::kInvalidValue, "cudaFree: 0x", std::hex, address,
+                 " is not the start of a device allocation");
+  }
+  allocations_.erase(it);
+  // cudaFree waits for the device, so nothing still running uses the memory when it is
+  // reused. The wait is queued, not waited for here.
+  HIBER_RETURN_IF_ERROR(enqueue_locked([](wire::proto::Call::Builder c) {
+    c.setDeviceSynchronize();
+  }));
+  uint64_t segment = address;
+  auto slab = slabs_.upper_bound(address);
+  if (slab != slabs_.begin() && address - std::prev(slab)->first < segments_.size_of(std::prev(slab)->first)) {
+    --slab;
+    slab->second.space.free(address);
+    if (!slab->second.space.empty()) return Status();
+    segment = slab->first;
+    slabs_.erase(slab);
+  }
+  const uint64_t size = segments_.free(segment);
+  quota_used_ -= size;
+  return enqueue_locked([&](wire::proto::Call::Builder c) { c.initMemFree().setVa(segment); });
+}
+
+MemoryInfo Client::memory_info() {
+  std::lock_guard lock(mu_);
+  if (!check_usable_locked().ok()) return {};
+  const uint64_t quota = calls_->session().grant.quota_bytes;
+  return {quota - quota_used_, quota};
+}
+
+Result<std::pair<uint64_t, uint64_t>> Client::device_allocation(uint64_t address) {
+  std::lock_guard lock(mu_);
+  auto it = allocations_.upper_bound(address);
+  if (it == allocations_.begin()) {
+    return error(ErrorCode::kInvalidValue, "0x", std::hex, address, " is not device memory");
+  }
+  --it;
+  if (address - it->first >= std::max<uint64_t>(it->second, 1)) {
+    return error(ErrorCode::kInvalidValue, "0x", std::hex, address, " is not device memory");
+  }
+  return std::pair<uint64_t, uint64_t>(it->first, it->second);
+}
+
+Status Client::check_device_range_locked(uint64_t address, uint64_t bytes, const char* what) {
+  auto it = allocations_.upper_bound(address);
+  if (it != allocations_.begin()) {
+    --it;
+    const uint64_t offset = address - it->first;
+    if (offset < it->second && bytes <= it->second - offset) return Status();
+  }
+  return error(ErrorCode::kInvalidValue, what, ": [0x", std::hex, address, ", 0x",
+               address + bytes, ") is not inside one device allocation");
+}
+
+// ---- Host memory ----
+
+PointerInfo Client::classify_locked(const void* pointer, uint64_t bytes) {
+  PointerInfo info;
+  const auto address = reinterpret_cast<uint64_t>(pointer);
+  if (calls_) {
+    // Device memory is what this client allocated: any other address, even inside the grant,
+    // is not a device pointer the program may use.
+    auto alloc = allocations_.upper_bound(address);
+    if (alloc != allocations_.begin()) {
+      --alloc;
+      if (address - alloc->first < std::max<uint64_t>(alloc->second, 1)) {
+        info.kind = PointerKind::kDevice;
+        return info;
+      }
+    }
+    std::span<std::byte> arena = calls_->channel().arena();
+    const auto arena_start = reinterpret_cast<uint64_t>(arena.data());
+    const uint64_t offset = address - arena_start;
+    if (address >= arena_start && offset < arena.size() && bytes <= arena.size() - offset &&
+        arena_heap_.find(offset)) {
+      info.kind = PointerKind::kArena;
+      info.pinned = true;
+      info.arena_offset = offset;
+      return info;
+    }
+  }
+  auto it = pinned_ranges_.upper_bound(address);
+  if (it != pinned_ranges_.begin()) {
+    --it;
+    info.pinned = address - it->first < it->second;
+  }
+  return info;
+}
+
+PointerInfo Client::classify(const void* pointer, uint64_t bytes) {
+  std::lock_guard lock(mu_);
+  return classify_locked(pointer, bytes);
+}
+
+Result<void*> Client::malloc_host(uint64_t bytes) {
+  std::lock_guard lock(mu_);
+  HIBER_RETURN_IF_ERROR(check_usable_locked());
+  if (bytes == 0) return static_cast<void*>(nullptr);
+  if (auto offset = arena_heap_.allocate(bytes)) {
+    return static_cast<void*>(calls_->channel().arena().data() + *offset);
+  }
+  // The arena is full: plain memory, which copies stage like pageable memory. Correct, slower.
+  const uint64_t rounded = (bytes + 4095) / 4096 * 4096;
+  void* memory = std::aligned_alloc(4096, rounded);
+  if (memory == nullptr) {
+    return error(ErrorCode::kOutOfMemory, "cudaMallocHost: cannot allocate ", bytes, " bytes");
+  }
+  const auto address = reinterpret_cast<uint64_t>(memory);
+  host_allocs_.emplace(address, bytes);
+  pinned_ranges_.emplace(address, bytes);
+  return memory;
+}
+
+Status Client::free_host(void* pointer) {
+  if (pointer == nullptr) return Status();
+  std::unique_lock lock(mu_);
+  HIBER_RETURN_IF_ERROR(check_usable_locked());
+  const auto address = reinterpret_cast<uint64_t>(pointer);
+  const PointerInfo info = classify_locked(pointer, 1);
+  if (info.kind == PointerKind::kArena && arena_heap_.size_of(info.arena_offset) != 0) {
+    // cudaFreeHost waits for the device: an async copy may still read or write the buffer.
+    auto reply = call_locked([](wire::proto::Call::Builder c) { c.setDeviceSynchronize(); });
+    Status synced = sync_point_locked(reply.status());
+    arena_heap_.free(info.arena_offset);
+    return synced;
+  }
+  auto it = host_allocs_.find(address);
+  if (it == host_allocs_.end()) {
+    return error(ErrorCode::kInvalidValue, "cudaFreeHost: ", pointer,
+                 " was not allocated by cudaMallocHost/cudaHostAlloc");
+  }
+  host_allocs_.erase(it);
+  pinned_ranges_.erase(address);
+  std::free(pointer);
+  return Status();
+}
+
+Status Client::register_host(void* pointer, uint64_t bytes) {
+  std::lock_guard lock(mu_);
+  HIBER_RETURN_IF_ERROR(check_usable_locked());
+  if (pointer == nullptr || bytes == 0) {
+    return Status(ErrorCode::kInvalidValue, "cudaHostRegister: null pointer or zero size");
+  }
+  const auto address = reinterpret_cast<uint64_t>(pointer);
+  auto next = pinned_ranges_.lower_bound(address);
+  const bool overlaps_next = next != pinned_ranges_.end() && next->first < address + bytes;
+  bool overlaps_prev = false;
+  if (next != pinned_ranges_.begin()) {
+    auto prev = std::prev(next);
+    overlaps_prev = prev->first + prev->second > address;
+  }
+  if (overlaps_next || overlaps_prev || classify_locked(pointer, 1).kind != PointerKind::kHost) {
+    return error(kHostMemoryAlreadyRegistered, "cudaHostRegister: ", pointer,
+                 " is already registered or pinned");
+  }
+  pinned_ranges_.emplace(address, bytes);
+  return Status();
+}
+
+Status Client::unregister_host(void* pointer) {
+  std::unique_lock lock(mu_);
+  HIBER_RETURN_IF_ERROR(check_usable_locked());
+  const auto address = reinterpret_cast<uint64_t>(pointer);
+  if (host_allocs_.count(address) != 0 || pinned_ranges_.count(address) == 0) {
+    return error(kHostMemoryNotRegistered, "cudaHostUnregister: ", pointer,
+                 " was not registered with cudaHostRegister");
+  }
+  pinned_ranges_.erase(address);
+  return Status();
+}
+
+// ---- Copies ----
+
+Status Client::memcpy(void* dst, const void* src, uint64_t bytes, CopyKind kind,
+                      StreamObj* stream, bool async) {
+  std::lock_guard lock(mu_);
+  HIBER_RETURN_IF_ERROR(check_usable_locked());
+  if (bytes == 0) return Status();
+  if (dst == nullptr || src == nullptr) {
+    return Status(ErrorCode::kInvalidValue, "cudaMemcpy: null pointer");
+  }
+  const bool dst_device = classify_locked(dst, bytes).kind == PointerKind::kDevice;
+  const bool src_device = classify_locked(src, bytes).kind == PointerKind::kDevice;
+  const CopyKind actual = src_device ? (dst_device ? CopyKind::kDeviceToDevice
+                                                   : CopyKind::kDeviceToHost)
+                                     : (dst_device ? CopyKind::kHostToDevice
+                                                   : CopyKind::kHostToHost);
+  if (kind != CopyKind::kDefault && kind != actual) {
+    return error(ErrorCode::kInvalidValue, "cudaMemcpy: a ", kind_name(kind), " copy from ", src,
+                 " to ", dst, ", but these pointers make it ", kind_name(actual));
+  }
+  const auto dst_address = reinterpret_cast<uint64_t>(dst);
+  const auto src_address = reinterpret_cast<uint64_t>(src);
+  switch (actual) {
+    case CopyKind::kHostToDevice:
+      return copy_to_device_locked(dst_address, src, bytes, stream, async);
+    case CopyKind::kDeviceToHost:
+      return copy_from_device_locked(dst, src_address, bytes, stream, async);
+    case CopyKind::kDeviceToDevice: {
+      HIBER_RETURN_IF_ERROR(check_device_range_locked(dst_address, bytes, "cudaMemcpy destination"));
+      HIBER_RETURN_IF_ERROR(check_device_range_locked(src_address, bytes, "cudaMemcpy source"));
+      HIBER_RETURN_IF_ERROR(order_for_work_locked(stream));
+      const uint64_t s = stream_wire(stream);
+      // Device-to-device copies never block the host, synchronous or not, as in CUDA.
+      return enqueue_locked([&](wire::proto::Call::Builder c) {
+        auto m = c.initMemcpyDtoD();
+        m.setDst(dst_address);
+        m.setSrc(src_address);
+        m.setBytes(bytes);
+        m.setStream(s);
+      });
+    }
+    default: {
+      // Host to host: in stream order, so wait for the stream first.
+      const uint64_t s = stream_wire(stream);
+      auto reply = call_locked([&](wire::proto::Call::Builder c) {
+        c.initStreamSynchronize().setStream(s);
+      });
+      HIBER_RETURN_IF_ERROR(sync_point_locked(reply.status()));
+      std::memmove(dst, src, bytes);
+      return Status();
+    }
+  }
+}
+
+Status Client::copy_to_device_locked(uint64_t dst, const void* src, uint64_t bytes,
+                                     StreamObj* stream, bool async) {
+  HIBER_RETURN_IF_ERROR(check_device_range_locked(dst, bytes, "cudaMemcpy destination"));
+  HIBER_RETURN_IF_ERROR(order_for_work_locked(stream));
+  const uint64_t s = stream_wire(stream);
+  const PointerInfo from = classify_locked(src, bytes);
+  if (from.kind == PointerKind::kArena) {
+    // Pinned memory in the arena: hiberd reads it where it is.
+    HIBER_RETURN_IF_ERROR(enqueue_locked([&](wire::proto::Call::Builder c) {
+      auto m = c.initMemcpyHtoD();
+      m.setDst(dst);
+      m.setSrcOffset(from.arena_offset);
+      m.setBytes(bytes);
+      m.setStream(s);
+    }));
+  } else {
+    // Any other host memory is captured into staging now, so the call returns with the source
+    // free for reuse, as CUDA's pageable copies do.
+    const auto* from_bytes = static_cast<const std::byte*>(src);
+    for (uint64_t done = 0; done < bytes;) {
+      const uint64_t chunk = std::min(kStagingChunk, bytes - done);
+      HIBER_ASSIGN_OR_RETURN(wire::CallClient::Staged staged, calls_->stage(chunk));
+      std::memcpy(staged.bytes.data(), from_bytes + done, chunk);
+      HIBER_RETURN_IF_ERROR(enqueue_locked([&](wire::proto::Call::Builder c) {
+        auto m = c.initMemcpyHtoD();
+        m.setDst(dst + done);
+        m.setSrcOffset(staged.offset);
+        m.setBytes(chunk);
+        m.setStagingEnd(staged.staging_end);
+        m.setStream(s);
+      }));
+      done += chunk;
+    }
+  }
+  if (async) return Status();
+  auto reply = call_locked([&](wire::proto::Call::Builder c) {
+    c.initStreamSynchronize().setStream(s);
+  });
+  return sync_point_locked(reply.status());
+}
+
+Status Client::copy_from_device_locked(void* dst, uint64_t src, uint64_t bytes,
+                                       StreamObj* stream, bool async) {
+  HIBER_RETURN_IF_ERROR(check_device_range_locked(src, bytes, "cudaMemcpy source"));
+  HIBER_RETURN_IF_ERROR(order_for_work_locked(stream));
+  const uint64_t s = stream_wire(stream);
+  const PointerInfo to = classify_locked(dst, bytes);
+  if (to.kind == PointerKind::kArena) {
+    HIBER_RETURN_IF_ERROR(enqueue_locked([&](wire::proto::Call::Builder c) {
+      auto m = c.initMemcpyDtoH();
+      m.setDstOffset(to.arena_offset);
+      m.setSrc(src);
+      m.setBytes(bytes);
+      m.setStream(s);
+    }));
+    if (async) return Status();
+    auto reply = call_locked([&](wire::proto::Call::Builder c) {
+      c.initStreamSynchronize().setStream(s);
+    });
+    return sync_point_locked(reply.status());
+  }
+  // Memory outside the arena is written by the client after each chunk's reply; the copy is
+  // synchronous, as CUDA's copies to pageable memory are.
+  auto* to_bytes = static_cast<std::byte*>(dst);
+  const uint64_t chunk_limit = std::max<uint64_t>(kStagingChunk, calls_->staging_capacity() / 2);
+  for (uint64_t done = 0; done < bytes;) {
+    const uint64_t chunk = std::min(chunk_limit, bytes - done);
+    HIBER_ASSIGN_OR_RETURN(wire::CallClient::Staged staged, calls_->stage(chunk));
+    auto reply = call_locked([&](wire::proto::Call::Builder c) {
+      auto m = c.initMemcpyDtoH();
+      m.setDstOffset(staged.offset);
+      m.setSrc(src + done);
+      m.setBytes(chunk);
+      m.setStagingEnd(staged.staging_end);
+      m.setStream(s);
+    });
+    HIBER_RETURN_IF_ERROR(sync_point_locked(reply.status()));
+    std::memcpy(to_bytes + done, staged.bytes.data(), chunk);
+    done += chunk;
+  }
+  return Status();
+}
+
+Status Client::memset(uint64_t dst, uint32_t value, int element_bytes, uint64_t count,
+                      StreamObj* stream, bool async) {
+  (void)async;  // memsets of device memory never block the host, as in CUDA
+  std::lock_guard lock(mu_);
+  HIBER_RETURN_IF_ERROR(check_usable_locked());
+  if (count == 0) return Status();
+  HIBER_RETURN_IF_ERROR(check_device_range_locked(dst, count * element_bytes, "cudaMemset"));
+  HIBER_RETURN_IF_ERROR(order_for_work_locked(stream));
+  const uint64_t s = stream_wire(stream);
+  return enqueue_locked([&](wire::proto::Call::Builder c) {
+    auto m = c.initMemset();
+    m.setDst(dst);
+    m.setValue(value);
+    m.setElementBytes(static_cast<uint8_t>(element_bytes));
+    m.setCount(count);
+    m.setStream(s);
+  });
+}
+
+}  // namespace hiber::shim

@@ -1,0 +1,843 @@
+// The CUDA runtime API (libcudart.so.13), implemented on the client core. Signatures come from
+// the toolkit's own headers, so the compiler checks them against the ABI.
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+
+#include <cstring>
+
+#include "client_shim/api_support.h"
+#include "client_shim/driver_table.h"
+
+// Deprecated entry points are still part of the ABI the shim provides.
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+
+using hiber::ErrorCode;
+using hiber::Status;
+using hiber::shim::Client;
+using hiber::shim::CopyKind;
+using hiber::shim::EventObj;
+using hiber::shim::KernelObj;
+using hiber::shim::PointerKind;
+using hiber::shim::StreamObj;
+using hiber::shim::failed;
+using hiber::shim::traced;
+
+namespace {
+
+constexpr int kRuntimeVersion = CUDART_VERSION;
+
+cudaError_t fail(const char* name, const Status& status) {
+  return static_cast<cudaError_t>(failed(name, status));
+}
+
+cudaError_t done(const char* name, const Status& status) {
+  return status.ok() ? cudaSuccess : fail(name, status);
+}
+
+cudaError_t invalid(const char* name, const char* why) {
+  return fail(name, Status(ErrorCode::kInvalidValue, why));
+}
+
+// The device the calling thread uses (cudaSetDevice). Every device the session sees is served
+// by the same session, so the choice only has to be valid.
+int& current_device() {
+  thread_local int device = 0;
+  return device;
+}
+
+Status check_device(int device) {
+  const int count = Client::get().device_count();
+  if (count == 0) return Client::get().ready().ok() ? Status(ErrorCode::kNoDevice, "no device") : Client::get().ready();
+  if (device < 0 || device >= count) {
+    return hiber::error(ErrorCode::kInvalidDevice, "device ", device, " does not exist (", count,
+                        " device(s))");
+  }
+  return Status();
+}
+
+int attribute(int device, int attr) {
+  const auto* session = Client::get().session();
+  if (session == nullptr || device < 0 || device >= static_cast<int>(session->devices.size())) return 0;
+  const auto& values = session->devices[device].attributes;
+  return attr >= 0 && attr < static_cast<int>(values.size()) ? values[attr] : 0;
+}
+
+CopyKind copy_kind(cudaMemcpyKind kind) {
+  switch (kind) {
+    case cudaMemcpyHostToHost: return CopyKind::kHostToHost;
+    case cudaMemcpyHostToDevice: return CopyKind::kHostToDevice;
+    case cudaMemcpyDeviceToHost: return CopyKind::kDeviceToHost;
+    case cudaMemcpyDeviceToDevice: return CopyKind::kDeviceToDevice;
+    default: return CopyKind::kDefault;
+  }
+}
+
+template <typename T>
+hiber::Result<T*> resolve(hiber::Result<T*> r) { return r; }
+
+cudaError_t memcpy_impl(const char* name, void* dst, const void* src, size_t bytes,
+                        cudaMemcpyKind kind, cudaStream_t stream, bool async) {
+  if (kind < cudaMemcpyHostToHost || kind > cudaMemcpyDefault) {
+    return invalid(name, "invalid cudaMemcpyKind");
+  }
+  auto s = Client::get().stream(stream);
+  if (!s.ok()) return fail(name, s.status());
+  return done(name, Client::get().memcpy(dst, src, bytes, copy_kind(kind), *s, async));
+}
+
+cudaError_t memset_impl(const char* name, void* dst, int value, size_t bytes, cudaStream_t stream,
+                        bool async) {
+  auto s = Client::get().stream(stream);
+  if (!s.ok()) return fail(name, s.status());
+  return done(name, Client::get().memset(reinterpret_cast<uint64_t>(dst),
+                                         static_cast<uint8_t>(value), 1, bytes, *s, async));
+}
+
+cudaError_t launch_impl(const char* name, const void* func, dim3 grid, dim3 block, void** args,
+                        size_t shared, cudaStream_t stream, bool by_kernel_handle) {
+  Client& client = Client::get();
+  if (Status ready = client.ready(); !ready.ok()) return fail(name, ready);
+  auto kernel = by_kernel_handle ? client.kernel(func) : client.kernel_for_host_function(func);
+  if (!kernel.ok()) {
+    return static_cast<cudaError_t>(failed(
+        name, Status(static_cast<ErrorCode>(cudaErrorInvalidDeviceFunction),
+                     kernel.status().message())));
+  }
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0 || block.x == 0 || block.y == 0 || block.z == 0) {
+    return static_cast<cudaError_t>(failed(
+        name, Status(static_cast<ErrorCode>(cudaErrorInvalidConfiguration),
+                     hiber::str_cat("launch of ", (*kernel)->name, " with a zero grid or block "
+                                    "dimension"))));
+  }
+  const uint64_t threads = uint64_t{block.x} * block.y * block.z;
+  if (threads > static_cast<uint64_t>(attribute(current_device(), CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK))) {
+    return static_cast<cudaError_t>(failed(
+        name, Status(static_cast<ErrorCode>(cudaErrorInvalidConfiguration),
+                     hiber::str_cat("launch of ", (*kernel)->name, " with ", threads,
+                                    " threads per block, above the device's limit"))));
+  }
+  auto s = client.stream(stream);
+  if (!s.ok()) return fail(name, s.status());
+  return done(name, client.launch(*kernel, {grid.x, grid.y, grid.z}, {block.x, block.y, block.z},
+                                  static_cast<uint32_t>(shared), *s, args));
+}
+
+cudaError_t event_sync_like(const char* name, cudaEvent_t event,
+                            Status (Client::*op)(EventObj*)) {
+  auto e = Client::get().event(event);
+  if (!e.ok()) return fail(name, e.status());
+  return done(name, (Client::get().*op)(*e));
+}
+
+}  // namespace
+
+#pragma GCC visibility push(default)
+extern "C" {
+
+// ---- Versions, devices ----
+
+cudaError_t cudaRuntimeGetVersion(int* version) {
+  if (version == nullptr) return invalid("cudaRuntimeGetVersion", "null pointer");
+  *version = kRuntimeVersion;
+  return cudaSuccess;
+}
+
+cudaError_t cudaDriverGetVersion(int* version) {
+  if (version == nullptr) return invalid("cudaDriverGetVersion", "null pointer");
+  *version = CUDA_VERSION;  // the driver API the shim implements
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetDeviceCount(int* count) {
+  return traced("cudaGetDeviceCount", [&] {
+    if (count == nullptr) return invalid("cudaGetDeviceCount", "null pointer");
+    *count = 0;
+    Status ready = Client::get().ready();
+    if (!ready.ok()) {
+      return fail("cudaGetDeviceCount", Status(ErrorCode::kNoDevice, ready.message()));
+    }
+    *count = Client::get().device_count();
+    return cudaSuccess;
+  });
+}
+
+cudaError_t cudaGetDevice(int* device) {
+  if (device == nullptr) return invalid("cudaGetDevice", "null pointer");
+  *device = current_device();
+  return cudaSuccess;
+}
+
+cudaError_t cudaSetDevice(int device) {
+  return traced("cudaSetDevice", [&] {
+    Status ok = check_device(device);
+    if (!ok.ok()) return fail("cudaSetDevice", ok);
+    current_device() = device;
+    return cudaSuccess;
+  });
+}
+
+cudaError_t cudaInitDevice(int device, unsigned int, unsigned int) {
+  return done("cudaInitDevice", check_device(device));
+}
+
+cudaError_t cudaGetDeviceFlags(unsigned int* flags) {
+  if (flags == nullptr) return invalid("cudaGetDeviceFlags", "null pointer");
+  *flags = cudaDeviceScheduleAuto | cudaDeviceMapHost;
+  return cudaSuccess;
+}
+
+cudaError_t cudaSetDeviceFlags(unsigned int flags) {
+  // Scheduling flags choose how the host waits; the shim always spins briefly, then sleeps.
+  if ((flags & ~(cudaDeviceScheduleMask | cudaDeviceMapHost | cudaDeviceLmemResizeToMax)) != 0) {
+    return invalid("cudaSetDeviceFlags", "unknown flags");
+  }
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
+  return traced("cudaDeviceGetAttribute", [&] {
+    if (value == nullptr) return invalid("cudaDeviceGetAttribute", "null pointer");
+    Status ok = check_device(device);
+    if (!ok.ok()) return fail("cudaDeviceGetAttribute", ok);
+    // cudaDeviceAttr and CUdevice_attribute share their values.
+    *value = attribute(device, static_cast<int>(attr));
+    return cudaSuccess;
+  });
+}
+
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
+  return traced("cudaGetDeviceProperties", [&] {
+    if (prop == nullptr) return invalid("cudaGetDeviceProperties", "null pointer");
+    Status ok = check_device(device);
+    if (!ok.ok()) return fail("cudaGetDeviceProperties", ok);
+    const auto& info = Client::get().session()->devices[device];
+    std::memset(prop, 0, sizeof(*prop));
+    std::strncpy(prop->name, info.name.c_str(), sizeof(prop->name) - 1);
+    std::memcpy(prop->uuid.bytes, info.uuid.data(), std::min(info.uuid.size(), sizeof(prop->uuid.bytes)));
+    prop->totalGlobalMem = info.total_memory_bytes;
+    auto a = [&](CUdevice_attribute attr) { return attribute(device, attr); };
+    prop->sharedMemPerBlock = a(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK);
+    prop->regsPerBlock = a(CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK);
+    prop->warpSize = a(CU_DEVICE_ATTRIBUTE_WARP_SIZE);
+    prop->memPitch = a(CU_DEVICE_ATTRIBUTE_MAX_PITCH);
+    prop->maxThreadsPerBlock = a(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK);
+    prop->maxThreadsDim[0] = a(CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X);
+    prop->maxThreadsDim[1] = a(CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y);
+    prop->maxThreadsDim[2] = a(CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z);
+    prop->maxGridSize[0] = a(CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X);
+    prop->maxGridSize[1] = a(CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y);
+    prop->maxGridSize[2] = a(CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z);
+    prop->totalConstMem = a(CU_DEVICE_ATTRIBUTE_TOTAL_CONSTANT_MEMORY);
+    prop->major = a(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR);
+    prop->minor = a(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR);
+    prop->textureAlignment = a(CU_DEVICE_ATTRIBUTE_TEXTURE_ALIGNMENT);
+    prop->texturePitchAlignment = a(CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT);
+    prop->multiProcessorCount = a(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT);
+    prop->integrated = a(CU_DEVICE_ATTRIBUTE_INTEGRATED);
+    prop->canMapHostMemory = 0;  // kernels run in hiberd and cannot see client host memory
+    prop->concurrentKernels = a(CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS);
+    prop->ECCEnabled = a(CU_DEVICE_ATTRIBUTE_ECC_ENABLED);
+    prop->pciBusID = a(CU_DEVICE_ATTRIBUTE_PCI_BUS_ID);
+    prop->pciDeviceID = a(CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID);
+    prop->pciDomainID = a(CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID);
+    prop->asyncEngineCount = a(CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT);
+    prop->unifiedAddressing = a(CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING);
+    prop->memoryBusWidth = a(CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH);
+    prop->l2CacheSize = a(CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE);
+    prop->persistingL2CacheMaxSize = a(CU_DEVICE_ATTRIBUTE_MAX_PERSISTING_L2_CACHE_SIZE);
+    prop->maxThreadsPerMultiProcessor = a(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR);
+    prop->streamPrioritiesSupported = 1;
+    prop->globalL1CacheSupported = a(CU_DEVICE_ATTRIBUTE_GLOBAL_L1_CACHE_SUPPORTED);
+    prop->localL1CacheSupported = a(CU_DEVICE_ATTRIBUTE_LOCAL_L1_CACHE_SUPPORTED);
+    prop->sharedMemPerMultiprocessor = a(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR);
+    prop->regsPerMultiprocessor = a(CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR);
+    prop->managedMemory = 0;  // cudaMallocManaged is not supported
+    prop->isMultiGpuBoard = a(CU_DEVICE_ATTRIBUTE_MULTI_GPU_BOARD);
+    prop->computePreemptionSupported = a(CU_DEVICE_ATTRIBUTE_COMPUTE_PREEMPTION_SUPPORTED);
+    prop->cooperativeLaunch = 0;  // cooperative launches are not supported
+    prop->sharedMemPerBlockOptin = a(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN);
+    prop->maxBlocksPerMultiProcessor = a(CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR);
+    prop->reservedSharedMemPerBlock = a(CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK);
+    prop->hostRegisterSupported = 1;
+    return cudaSuccess;
+  });
+}
+
+cudaError_t cudaDeviceGetPCIBusId(char* bus_id, int length, int device) {
+  if (bus_id == nullptr || length <= 0) return invalid("cudaDeviceGetPCIBusId", "bad buffer");
+  Status ok = check_device(device);
+  if (!ok.ok()) return fail("cudaDeviceGetPCIBusId", ok);
+  const std::string& id = Client::get().session()->devices[device].pci_bus_id;
+  std::strncpy(bus_id, id.c_str(), length - 1);
+  bus_id[length - 1] = '\0';
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceGetStreamPriorityRange(int* least, int* greatest) {
+  const auto [l, g] = Client::get().stream_priority_range();
+  if (least) *least = l;
+  if (greatest) *greatest = g;
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceCanAccessPeer(int* can_access, int device, int peer) {
+  if (can_access == nullptr) return invalid("cudaDeviceCanAccessPeer", "null pointer");
+  Status ok = check_device(device);
+  if (ok.ok()) ok = check_device(peer);
+  if (!ok.ok()) return fail("cudaDeviceCanAccessPeer", ok);
+  *can_access = 0;  // one session: the devices it sees are not peers of each other
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceSynchronize(void) {
+  return traced("cudaDeviceSynchronize", [] {
+    return done("cudaDeviceSynchronize", Client::get().synchronize_device());
+  });
+}
+
+cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
+  return traced("cudaMemGetInfo", [&] {
+    Status ready = Client::get().ready();
+    if (!ready.ok()) return fail("cudaMemGetInfo", ready);
+    const auto info = Client::get().memory_info();
+    if (free_bytes) *free_bytes = info.free_bytes;
+    if (total_bytes) *total_bytes = info.total_bytes;
+    return cudaSuccess;
+  });
+}
+
+// ---- Errors ----
+
+cudaError_t cudaGetLastError(void) {
+  int& last = hiber::shim::thread_last_error();
+  if (last == cudaSuccess) {
+    Status async = Client::get().take_async_error();
+    if (!async.ok()) last = static_cast<int>(async.code());
+  }
+  const int error = last;
+  last = cudaSuccess;
+  return static_cast<cudaError_t>(error);
+}
+
+cudaError_t cudaPeekAtLastError(void) {
+  const int last = hiber::shim::thread_last_error();
+  if (last != cudaSuccess) return static_cast<cudaError_t>(last);
+  return static_cast<cudaError_t>(Client::get().peek_async_error().code());
+}
+
+const char* cudaGetErrorName(cudaError_t error) {
+  const char* name = hiber::shim::runtime_error_name(error);
+  return name ? name : "cudaErrorUnknown";
+}
+
+const char* cudaGetErrorString(cudaError_t error) {
+  const char* text = hiber::shim::runtime_error_string(error);
+  return text ? text : "unknown error";
+}
+
+// ---- Device memory ----
+
+cudaError_t cudaMalloc(void** pointer, size_t bytes) {
+  return traced("cudaMalloc", [&] {
+    if (pointer == nullptr) return invalid("cudaMalloc", "null pointer");
+    auto address = Client::get().malloc_device(bytes);
+    if (!address.ok()) {
+      *pointer = nullptr;
+      ErrorCode code = address.status().code();
+      // An exhausted quota is cudaErrorMemoryAllocation, as a full GPU is.
+      if (code == ErrorCode::kOutOfMemory) code = static_cast<ErrorCode>(cudaErrorMemoryAllocation);
+      return fail("cudaMalloc", Status(code, address.status().message()));
+    }
+    *pointer = reinterpret_cast<void*>(*address);
+    return cudaSuccess;
+  });
+}
+
+cudaError_t cudaFree(void* pointer) {
+  return traced("cudaFree", [&] {
+    return done("cudaFree", Client::get().free_device(reinterpret_cast<uint64_t>(pointer)));
+  });
+}
+
+// ---- Host memory ----
+
+cudaError_t cudaMallocHost(void** pointer, size_t bytes) {
+  return traced("cudaMallocHost", [&] {
+    if (pointer == nullptr) return invalid("cudaMallocHost", "null pointer");
+    auto memory = Client::get().malloc_host(bytes);
+    if (!memory.ok()) {
+      *pointer = nullptr;
+      return fail("cudaMallocHost", memory.status());
+    }
+    *pointer = *memory;
+    return cudaSuccess;
+  });
+}
+
+cudaError_t cudaHostAlloc(void** pointer, size_t bytes, unsigned int flags) {
+  if ((flags & cudaHostAllocMapped) != 0) {
+    // Mapped memory is read by kernels in place, and kernels run in hiberd.
+    return fail("cudaHostAlloc", Status(ErrorCode::kNotSupported,
+                                        "cudaHostAllocMapped: kernels cannot map client memory"));
+  }
+  return cudaMallocHost(pointer, bytes);
+}
+
+cudaError_t cudaFreeHost(void* pointer) {
+  return traced("cudaFreeHost", [&] { return done("cudaFreeHost", Client::get().free_host(pointer)); });
+}
+
+cudaError_t cudaHostRegister(void* pointer, size_t bytes, unsigned int flags) {
+  return traced("cudaHostRegister", [&] {
+    if ((flags & (cudaHostRegisterMapped | cudaHostRegisterIoMemory)) != 0) {
+      return fail("cudaHostRegister",
+                  Status(ErrorCode::kNotSupported,
+                         "cudaHostRegisterMapped/IoMemory: kernels cannot map client memory"));
+    }
+    return done("cudaHostRegister", Client::get().register_host(pointer, bytes));
+  });
+}
+
+cudaError_t cudaHostUnregister(void* pointer) {
+  return done("cudaHostUnregister", Client::get().unregister_host(pointer));
+}
+
+cudaError_t cudaHostGetFlags(unsigned int* flags, void* pointer) {
+  if (flags == nullptr) return invalid("cudaHostGetFlags", "null pointer");
+  if (!Client::get().classify(pointer).pinned) {
+    return invalid("cudaHostGetFlags", "not memory from cudaHostAlloc");
+  }
+  *flags = cudaHostAllocDefault;
+  return cudaSuccess;
+}
+
+cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attributes, const void* pointer) {
+  return traced("cudaPointerGetAttributes", [&] {
+    if (attributes == nullptr) return invalid("cudaPointerGetAttributes", "null pointer");
+    std::memset(attributes, 0, sizeof(*attributes));
+    const auto info = Client::get().classify(pointer);
+    attributes->device = current_device();
+    if (info.kind == PointerKind::kDevice) {
+      attributes->type = cudaMemoryTypeDevice;
+      attributes->devicePointer = const_cast<void*>(pointer);
+    } else if (info.pinned) {
+      attributes->type = cudaMemoryTypeHost;
+      attributes->hostPointer = const_cast<void*>(pointer);
+    } else {
+      attributes->type = cudaMemoryTypeUnregistered;
+      attributes->device = -2;  // what CUDA reports for unregistered memory
+    }
+    return cudaSuccess;
+  });
+}
+
+// ---- Copies and memsets ----
+
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+  return traced("cudaMemcpy", [&] {
+    return memcpy_impl("cudaMemcpy", dst, src, bytes, kind, nullptr, false);
+  });
+}
+
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
+                            cudaStream_t stream) {
+  return traced("cudaMemcpyAsync", [&] {
+    return memcpy_impl("cudaMemcpyAsync", dst, src, bytes, kind, stream, true);
+  });
+}
+
+cudaError_t cudaMemset(void* dst, int value, size_t bytes) {
+  return traced("cudaMemset", [&] { return memset_impl("cudaMemset", dst, value, bytes, nullptr, false); });
+}
+
+cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t stream) {
+  return traced("cudaMemsetAsync", [&] {
+    return memset_impl("cudaMemsetAsync", dst, value, bytes, stream, true);
+  });
+}
+
+// ---- Streams ----
+
+cudaError_t cudaStreamCreateWithPriority(cudaStream_t* stream, unsigned int flags, int priority) {
+  return traced("cudaStreamCreateWithPriority", [&] {
+    if (stream == nullptr) return invalid("cudaStreamCreate", "null pointer");
+    if ((flags & ~cudaStreamNonBlocking) != 0) return invalid("cudaStreamCreate", "unknown flags");
+    auto created = Client::get().create_stream(flags, priority);
+    if (!created.ok()) return fail("cudaStreamCreate", created.status());
+    *stream = reinterpret_cast<cudaStream_t>(*created);
+    return cudaSuccess;
+  });
+}
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int flags) {
+  return cudaStreamCreateWithPriority(stream, flags, 0);
+}
+
+cudaError_t cudaStreamCreate(cudaStream_t* stream) {
+  return cudaStreamCreateWithPriority(stream, cudaStreamDefault, 0);
+}
+
+cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  return traced("cudaStreamDestroy", [&] {
+    auto s = Client::get().stream(stream);
+    if (!s.ok()) return fail("cudaStreamDestroy", s.status());
+    return done("cudaStreamDestroy", Client::get().destroy_stream(*s));
+  });
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  return traced("cudaStreamSynchronize", [&] {
+    auto s = Client::get().stream(stream);
+    if (!s.ok()) return fail("cudaStreamSynchronize", s.status());
+    return done("cudaStreamSynchronize", Client::get().synchronize_stream(*s));
+  });
+}
+
+cudaError_t cudaStreamQuery(cudaStream_t stream) {
+  return traced("cudaStreamQuery", [&] {
+    auto s = Client::get().stream(stream);
+    if (!s.ok()) return fail("cudaStreamQuery", s.status());
+    return done("cudaStreamQuery", Client::get().query_stream(*s));
+  });
+}
+
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags) {
+  return traced("cudaStreamWaitEvent", [&] {
+    if (flags != 0 && flags != cudaEventWaitDefault) return invalid("cudaStreamWaitEvent", "unknown flags");
+    auto s = Client::get().stream(stream);
+    if (!s.ok()) return fail("cudaStreamWaitEvent", s.status());
+    auto e = Client::get().event(event);
+    if (!e.ok()) return fail("cudaStreamWaitEvent", e.status());
+    return done("cudaStreamWaitEvent", Client::get().wait_event(*s, *e));
+  });
+}
+
+cudaError_t cudaStreamGetPriority(cudaStream_t stream, int* priority) {
+  if (priority == nullptr) return invalid("cudaStreamGetPriority", "null pointer");
+  auto s = Client::get().stream(stream);
+  if (!s.ok()) return fail("cudaStreamGetPriority", s.status());
+  *priority = *s ? (*s)->priority : 0;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamGetFlags(cudaStream_t stream, unsigned int* flags) {
+  if (flags == nullptr) return invalid("cudaStreamGetFlags", "null pointer");
+  auto s = Client::get().stream(stream);
+  if (!s.ok()) return fail("cudaStreamGetFlags", s.status());
+  *flags = *s ? (*s)->flags : cudaStreamDefault;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamGetDevice(cudaStream_t stream, int* device) {
+  if (device == nullptr) return invalid("cudaStreamGetDevice", "null pointer");
+  auto s = Client::get().stream(stream);
+  if (!s.ok()) return fail("cudaStreamGetDevice", s.status());
+  *device = current_device();
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamGetId(cudaStream_t stream, unsigned long long* id) {
+  if (id == nullptr) return invalid("cudaStreamGetId", "null pointer");
+  auto s = Client::get().stream(stream);
+  if (!s.ok()) return fail("cudaStreamGetId", s.status());
+  *id = *s ? (*s)->wire : 0;
+  return cudaSuccess;
+}
+
+// Stream capture (CUDA graphs) is not supported: no stream is ever capturing, and beginning a
+// capture fails loudly (an unsupported entry point).
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* status) {
+  if (status == nullptr) return invalid("cudaStreamIsCapturing", "null pointer");
+  auto s = Client::get().stream(stream);
+  if (!s.ok()) return fail("cudaStreamIsCapturing", s.status());
+  *status = cudaStreamCaptureStatusNone;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamGetCaptureInfo(cudaStream_t stream, cudaStreamCaptureStatus* status,
+                                     unsigned long long* id, cudaGraph_t* graph,
+                                     const cudaGraphNode_t** dependencies,
+                                     const cudaGraphEdgeData** edge_data, size_t* count) {
+  if (status == nullptr) return invalid("cudaStreamGetCaptureInfo", "null pointer");
+  auto s = Client::get().stream(stream);
+  if (!s.ok()) return fail("cudaStreamGetCaptureInfo", s.status());
+  *status = cudaStreamCaptureStatusNone;
+  if (id) *id = 0;
+  if (graph) *graph = nullptr;
+  if (dependencies) *dependencies = nullptr;
+  if (edge_data) *edge_data = nullptr;
+  if (count) *count = 0;
+  return cudaSuccess;
+}
+
+cudaError_t cudaThreadExchangeStreamCaptureMode(cudaStreamCaptureMode* mode) {
+  if (mode == nullptr) return invalid("cudaThreadExchangeStreamCaptureMode", "null pointer");
+  thread_local cudaStreamCaptureMode current = cudaStreamCaptureModeGlobal;
+  std::swap(current, *mode);
+  return cudaSuccess;
+}
+
+// ---- Events ----
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
+  return traced("cudaEventCreateWithFlags", [&] {
+    if (event == nullptr) return invalid("cudaEventCreate", "null pointer");
+    if ((flags & cudaEventInterprocess) != 0) {
+      return fail("cudaEventCreate", Status(ErrorCode::kNotSupported,
+                                            "cudaEventInterprocess events are not supported"));
+    }
+    if ((flags & ~(cudaEventBlockingSync | cudaEventDisableTiming)) != 0) {
+      return invalid("cudaEventCreate", "unknown flags");
+    }
+    auto created = Client::get().create_event(flags);
+    if (!created.ok()) return fail("cudaEventCreate", created.status());
+    *event = reinterpret_cast<cudaEvent_t>(*created);
+    return cudaSuccess;
+  });
+}
+
+cudaError_t cudaEventCreate(cudaEvent_t* event) { return cudaEventCreateWithFlags(event, 0); }
+
+cudaError_t cudaEventDestroy(cudaEvent_t event) {
+  return traced("cudaEventDestroy", [&] {
+    auto e = Client::get().event(event);
+    if (!e.ok()) return fail("cudaEventDestroy", e.status());
+    return done("cudaEventDestroy", Client::get().destroy_event(*e));
+  });
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+  return traced("cudaEventRecord", [&] {
+    auto e = Client::get().event(event);
+    if (!e.ok()) return fail("cudaEventRecord", e.status());
+    auto s = Client::get().stream(stream);
+    if (!s.ok()) return fail("cudaEventRecord", s.status());
+    return done("cudaEventRecord", Client::get().record_event(*e, *s));
+  });
+}
+
+cudaError_t cudaEventRecordWithFlags(cudaEvent_t event, cudaStream_t stream, unsigned int flags) {
+  if (flags != cudaEventRecordDefault) {
+    return fail("cudaEventRecordWithFlags",
+                Status(ErrorCode::kNotSupported, "event record flags other than the default"));
+  }
+  return cudaEventRecord(event, stream);
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+  return traced("cudaEventSynchronize", [&] {
+    return event_sync_like("cudaEventSynchronize", event, &Client::synchronize_event);
+  });
+}
+
+cudaError_t cudaEventQuery(cudaEvent_t event) {
+  return traced("cudaEventQuery", [&] {
+    return event_sync_like("cudaEventQuery", event, &Client::query_event);
+  });
+}
+
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+  return traced("cudaEventElapsedTime", [&] {
+    if (ms == nullptr) return invalid("cudaEventElapsedTime", "null pointer");
+    auto a = Client::get().event(start);
+    if (!a.ok()) return fail("cudaEventElapsedTime", a.status());
+    auto b = Client::get().event(end);
+    if (!b.ok()) return fail("cudaEventElapsedTime", b.status());
+    auto elapsed = Client::get().elapsed_ms(*a, *b);
+    if (!elapsed.ok()) return fail("cudaEventElapsedTime", elapsed.status());
+    *ms = *elapsed;
+    return cudaSuccess;
+  });
+}
+
+// ---- Kernels ----
+
+cudaError_t cudaLaunchKernel(const void* func, dim3 grid, dim3 block, void** args, size_t shared,
+                             cudaStream_t stream) {
+  return traced("cudaLaunchKernel", [&] {
+    return launch_impl("cudaLaunchKernel", func, grid, block, args, shared, stream, false);
+  });
+}
+
+cudaError_t cudaLaunchKernelExC(const cudaLaunchConfig_t* config, const void* func, void** args) {
+  return traced("cudaLaunchKernelExC", [&] {
+    if (config == nullptr) return invalid("cudaLaunchKernelExC", "null config");
+    for (unsigned i = 0; i < config->numAttrs; ++i) {
+      if (config->attrs[i].id != cudaLaunchAttributeIgnore) {
+        return fail("cudaLaunchKernelExC",
+                    hiber::error(ErrorCode::kNotSupported, "launch attribute ",
+                                 static_cast<int>(config->attrs[i].id), " is not supported"));
+      }
+    }
+    return launch_impl("cudaLaunchKernelExC", func, config->gridDim, config->blockDim, args,
+                       config->dynamicSmemBytes, config->stream, false);
+  });
+}
+
+cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attributes, const void* func) {
+  return traced("cudaFuncGetAttributes", [&] {
+    if (attributes == nullptr) return invalid("cudaFuncGetAttributes", "null pointer");
+    auto kernel = Client::get().kernel_for_host_function(func);
+    if (!kernel.ok()) {
+      return fail("cudaFuncGetAttributes",
+                  Status(static_cast<ErrorCode>(cudaErrorInvalidDeviceFunction),
+                         kernel.status().message()));
+    }
+    // Registers and local memory are known only to the driver in hiberd; the limits below are
+    // the device's, which is what a launch is checked against.
+    std::memset(attributes, 0, sizeof(*attributes));
+    const int device = current_device();
+    attributes->maxThreadsPerBlock = attribute(device, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK);
+    attributes->maxDynamicSharedSizeBytes =
+        attribute(device, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK);
+    const int arch = attribute(device, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR) * 10 +
+                     attribute(device, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR);
+    attributes->ptxVersion = arch;
+    attributes->binaryVersion = arch;
+    attributes->preferredShmemCarveout = -1;
+    return cudaSuccess;
+  });
+}
+
+cudaError_t cudaFuncGetName(const char** name, const void* func) {
+  if (name == nullptr) return invalid("cudaFuncGetName", "null pointer");
+  auto kernel = Client::get().kernel_for_host_function(func);
+  if (!kernel.ok()) {
+    return fail("cudaFuncGetName", Status(static_cast<ErrorCode>(cudaErrorInvalidDeviceFunction),
+                                          kernel.status().message()));
+  }
+  *name = (*kernel)->name.c_str();
+  return cudaSuccess;
+}
+
+cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value) {
+  auto kernel = Client::get().kernel_for_host_function(func);
+  if (!kernel.ok()) {
+    return fail("cudaFuncSetAttribute",
+                Status(static_cast<ErrorCode>(cudaErrorInvalidDeviceFunction),
+                       kernel.status().message()));
+  }
+  // Values that change nothing are accepted; anything else would need the attribute set in
+  // hiberd, which the protocol cannot do yet, so it fails rather than being ignored.
+  if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize &&
+      value <= attribute(current_device(), CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK)) {
+    return cudaSuccess;
+  }
+  if (attr == cudaFuncAttributePreferredSharedMemoryCarveout) return cudaSuccess;  // a hint
+  return fail("cudaFuncSetAttribute",
+              hiber::error(ErrorCode::kNotSupported, "cudaFuncSetAttribute(", static_cast<int>(attr),
+                           ", ", value, ") on ", (*kernel)->name, " is not supported"));
+}
+
+cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int* blocks, const void* func,
+                                                                   int block_size,
+                                                                   size_t shared_bytes,
+                                                                   unsigned int) {
+  if (blocks == nullptr || block_size <= 0) {
+    return invalid("cudaOccupancyMaxActiveBlocksPerMultiprocessor", "bad arguments");
+  }
+  auto kernel = Client::get().kernel_for_host_function(func);
+  if (!kernel.ok()) {
+    return fail("cudaOccupancyMaxActiveBlocksPerMultiprocessor",
+                Status(static_cast<ErrorCode>(cudaErrorInvalidDeviceFunction),
+                       kernel.status().message()));
+  }
+  // Limited by threads, blocks and shared memory per multiprocessor. Register use is known
+  // only in hiberd, so this is an upper bound for register-heavy kernels.
+  const int device = current_device();
+  const int warp = std::max(1, attribute(device, CU_DEVICE_ATTRIBUTE_WARP_SIZE));
+  const int threads = (block_size + warp - 1) / warp * warp;
+  int limit = attribute(device, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR) / threads;
+  limit = std::min(limit, attribute(device, CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR));
+  if (shared_bytes > 0) {
+    limit = std::min<int>(limit, attribute(device, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR) /
+                                     shared_bytes);
+  }
+  *blocks = std::max(0, limit);
+  return cudaSuccess;
+}
+
+cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, const void* func,
+                                                          int block_size, size_t shared_bytes) {
+  return cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(blocks, func, block_size,
+                                                                shared_bytes, 0);
+}
+
+// ---- Driver entry points ----
+
+cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** function,
+                                             unsigned int version, unsigned long long flags,
+                                             cudaDriverEntryPointQueryResult* status) {
+  return traced("cudaGetDriverEntryPointByVersion", [&] {
+    if (symbol == nullptr || function == nullptr) {
+      return invalid("cudaGetDriverEntryPoint", "null pointer");
+    }
+    (void)flags;
+    *function = hiber::shim::driver_entry_point(symbol, static_cast<int>(version));
+    if (status) {
+      *status = *function ? cudaDriverEntryPointSuccess : cudaDriverEntryPointSymbolNotFound;
+    }
+    return cudaSuccess;
+  });
+}
+
+cudaError_t cudaGetDriverEntryPoint(const char* symbol, void** function, unsigned long long flags,
+                                    cudaDriverEntryPointQueryResult* status) {
+  return cudaGetDriverEntryPointByVersion(symbol, function, CUDA_VERSION, flags, status);
+}
+
+// ---- Per-thread default stream variants (--default-stream per-thread) ----
+// The session has one default stream; per-thread default streams map onto it, which orders
+// more than CUDA does, never less.
+
+cudaError_t cudaMemcpyAsync_ptsz(void* d, const void* s, size_t n, cudaMemcpyKind k, cudaStream_t st) {
+  return cudaMemcpyAsync(d, s, n, k, st);
+}
+cudaError_t cudaMemsetAsync_ptsz(void* d, int v, size_t n, cudaStream_t st) {
+  return cudaMemsetAsync(d, v, n, st);
+}
+cudaError_t cudaMemcpy_ptds(void* d, const void* s, size_t n, cudaMemcpyKind k) {
+  return cudaMemcpy(d, s, n, k);
+}
+cudaError_t cudaMemset_ptds(void* d, int v, size_t n) { return cudaMemset(d, v, n); }
+cudaError_t cudaLaunchKernel_ptsz(const void* f, dim3 g, dim3 b, void** a, size_t sh, cudaStream_t st) {
+  return cudaLaunchKernel(f, g, b, a, sh, st);
+}
+cudaError_t cudaLaunchKernelExC_ptsz(const cudaLaunchConfig_t* c, const void* f, void** a) {
+  return cudaLaunchKernelExC(c, f, a);
+}
+cudaError_t cudaStreamSynchronize_ptsz(cudaStream_t s) { return cudaStreamSynchronize(s); }
+cudaError_t cudaStreamQuery_ptsz(cudaStream_t s) { return cudaStreamQuery(s); }
+cudaError_t cudaStreamWaitEvent_ptsz(cudaStream_t s, cudaEvent_t e, unsigned int f) {
+  return cudaStreamWaitEvent(s, e, f);
+}
+cudaError_t cudaStreamGetPriority_ptsz(cudaStream_t s, int* p) { return cudaStreamGetPriority(s, p); }
+cudaError_t cudaStreamGetFlags_ptsz(cudaStream_t s, unsigned int* f) { return cudaStreamGetFlags(s, f); }
+cudaError_t cudaStreamIsCapturing_ptsz(cudaStream_t s, cudaStreamCaptureStatus* c) {
+  return cudaStreamIsCapturing(s, c);
+}
+cudaError_t cudaEventRecord_ptsz(cudaEvent_t e, cudaStream_t s) { return cudaEventRecord(e, s); }
+cudaError_t cudaEventRecordWithFlags_ptsz(cudaEvent_t e, cudaStream_t s, unsigned int f) {
+  return cudaEventRecordWithFlags(e, s, f);
+}
+cudaError_t cudaGetDriverEntryPoint_ptsz(const char* s, void** f, unsigned long long fl,
+                                         cudaDriverEntryPointQueryResult* st) {
+  return cudaGetDriverEntryPoint(s, f, fl, st);
+}
+cudaError_t cudaGetDriverEntryPointByVersion_ptsz(const char* s, void** f, unsigned int v,
+                                                  unsigned long long fl,
+                                                  cudaDriverEntryPointQueryResult* st) {
+  return cudaGetDriverEntryPointByVersion(s, f, v, fl, st);
+}
+
+}  // extern "C"
+#pragma GCC visibility pop
+
+namespace hiber::shim {
+cudaError_t launch_registered(const void* kernel, dim3 grid, dim3 block, void** args,
+                              size_t shared, cudaStream_t stream) {
+  return traced("__cudaLaunchKernel", [&] {
+    return launch_impl("__cudaLaunchKernel", kernel, grid, block, args, shared, stream, true);
+  });
+}
+}  // namespace hiber::shim

@@ -1,0 +1,159 @@
+// Host implementations of the kernels of the programs in this folder, for the simulated GPU
+// (server/device/sim_kernel_plugin.h): built as the kernel plugin hiber_shim_programs_plugin,
+// which hiberd --device=sim loads with --sim_kernel_plugins.
+//
+// Each function runs every thread of the grid in turn and computes exactly what the CUDA kernel
+// computes, with the same expressions and the same integer widths. The mangled names must not
+// collide with tests/kernels' (hiberd refuses a kernel registered twice); a kernel defined
+// identically by two programs (vector_add) has one implementation here.
+#include <cstring>
+#include <iterator>
+
+#include "server/device/sim_kernel_plugin.h"
+
+namespace {
+
+constexpr int kSuccess = 0;
+constexpr int kInvalidValue = 1;  // CUDA_ERROR_INVALID_VALUE
+
+// Parameter i as a T (copied: the plugin ABI promises nothing about alignment beyond the ABI's).
+template <typename T>
+T arg(const HiberSimLaunch* launch, uint32_t i) {
+  T value;
+  std::memcpy(&value, launch->params[i], sizeof(T));
+  return value;
+}
+
+struct ThreadIndex {
+  HiberSimDim3 block;
+  HiberSimDim3 thread;
+};
+
+// Calls f for every thread of the grid, blocks in x-fastest order and threads likewise.
+template <typename F>
+void for_each_thread(const HiberSimLaunch* launch, F&& f) {
+  const HiberSimDim3 g = launch->grid;
+  const HiberSimDim3 b = launch->block;
+  for (uint32_t bz = 0; bz < g.z; ++bz)
+    for (uint32_t by = 0; by < g.y; ++by)
+      for (uint32_t bx = 0; bx < g.x; ++bx)
+        for (uint32_t tz = 0; tz < b.z; ++tz)
+          for (uint32_t ty = 0; ty < b.y; ++ty)
+            for (uint32_t tx = 0; tx < b.x; ++tx) f(ThreadIndex{{bx, by, bz}, {tx, ty, tz}});
+}
+
+// int i = blockIdx.x * blockDim.x + threadIdx.x: unsigned arithmetic, then int, as in CUDA.
+int int_x(const HiberSimLaunch* launch, const ThreadIndex& t) {
+  return static_cast<int>(t.block.x * launch->block.x + t.thread.x);
+}
+
+// vector_add.cu, error_cases.cu:
+//   vector_add(const float* a, const float* b, float* c, int n)
+int vector_add(const HiberSimLaunch* l) {
+  if (l->param_count != 4) return kInvalidValue;
+  auto a = arg<const float*>(l, 0);
+  auto b = arg<const float*>(l, 1);
+  auto c = arg<float*>(l, 2);
+  auto n = arg<int>(l, 3);
+  for_each_thread(l, [&](const ThreadIndex& t) {
+    int i = int_x(l, t);
+    if (i < n) c[i] = a[i] + b[i];
+  });
+  return kSuccess;
+}
+
+// saxpy_streams.cu: saxpy_kernel(int n, float a, const float* x, float* y)
+int saxpy_kernel(const HiberSimLaunch* l) {
+  if (l->param_count != 4) return kInvalidValue;
+  auto n = arg<int>(l, 0);
+  auto a = arg<float>(l, 1);
+  auto x = arg<const float*>(l, 2);
+  auto y = arg<float*>(l, 3);
+  for_each_thread(l, [&](const ThreadIndex& t) {
+    int i = int_x(l, t);
+    if (i < n) y[i] = a * x[i] + y[i];
+  });
+  return kSuccess;
+}
+
+// pinned_overlap.cu: scale_offset(const float* in, float* out, int n, float scale, float offset)
+int scale_offset(const HiberSimLaunch* l) {
+  if (l->param_count != 5) return kInvalidValue;
+  auto in = arg<const float*>(l, 0);
+  auto out = arg<float*>(l, 1);
+  auto n = arg<int>(l, 2);
+  auto scale = arg<float>(l, 3);
+  auto offset = arg<float>(l, 4);
+  for_each_thread(l, [&](const ThreadIndex& t) {
+    int i = int_x(l, t);
+    if (i < n) out[i] = in[i] * scale + offset;
+  });
+  return kSuccess;
+}
+
+// d2d_memset.cu:
+//   xor_bytes(const unsigned char* a, const unsigned char* b, unsigned char* out,
+//             unsigned long long n)
+int xor_bytes(const HiberSimLaunch* l) {
+  if (l->param_count != 4) return kInvalidValue;
+  auto a = arg<const unsigned char*>(l, 0);
+  auto b = arg<const unsigned char*>(l, 1);
+  auto out = arg<unsigned char*>(l, 2);
+  auto n = arg<unsigned long long>(l, 3);
+  for_each_thread(l, [&](const ThreadIndex& t) {
+    unsigned long long i = static_cast<unsigned long long>(t.block.x) * l->block.x + t.thread.x;
+    if (i < n) out[i] = a[i] ^ b[i];
+  });
+  return kSuccess;
+}
+
+// tiny_mlp.cu: matvec(const float* w, const float* x, float* y, int rows, int cols)
+int matvec(const HiberSimLaunch* l) {
+  if (l->param_count != 5) return kInvalidValue;
+  auto w = arg<const float*>(l, 0);
+  auto x = arg<const float*>(l, 1);
+  auto y = arg<float*>(l, 2);
+  auto rows = arg<int>(l, 3);
+  auto cols = arg<int>(l, 4);
+  for_each_thread(l, [&](const ThreadIndex& t) {
+    int r = int_x(l, t);
+    if (r >= rows) return;
+    float sum = 0.0f;
+    for (int c = 0; c < cols; ++c) sum += w[r * cols + c] * x[c];
+    y[r] = sum;
+  });
+  return kSuccess;
+}
+
+// tiny_mlp.cu: bias_relu(float* y, const float* bias, int n, int relu)
+int bias_relu(const HiberSimLaunch* l) {
+  if (l->param_count != 4) return kInvalidValue;
+  auto y = arg<float*>(l, 0);
+  auto bias = arg<const float*>(l, 1);
+  auto n = arg<int>(l, 2);
+  auto relu = arg<int>(l, 3);
+  for_each_thread(l, [&](const ThreadIndex& t) {
+    int i = int_x(l, t);
+    if (i >= n) return;
+    float v = y[i] + bias[i];
+    y[i] = relu && !(v > 0.0f) ? 0.0f : v;
+  });
+  return kSuccess;
+}
+
+const HiberSimKernel kKernels[] = {
+    {"_Z10vector_addPKfS0_Pfi", vector_add},
+    {"_Z12saxpy_kernelifPKfPf", saxpy_kernel},
+    {"_Z12scale_offsetPKfPfiff", scale_offset},
+    {"_Z9xor_bytesPKhS0_Phy", xor_bytes},
+    {"_Z6matvecPKfS0_Pfii", matvec},
+    {"_Z9bias_reluPfPKfii", bias_relu},
+};
+
+}  // namespace
+
+extern "C" __attribute__((visibility("default"))) const HiberSimKernel* hiber_sim_kernels_v1(
+    size_t* count) {
+  *count = std::size(kKernels);
+  return kKernels;
+}

@@ -1,0 +1,87 @@
+// Issue 3: unmodified CUDA programs run through hiberd. Each program of tests/shim/programs runs
+// with libhibercuda.so preloaded against a hiberd on the simulated GPU (which runs the programs'
+// kernels with hiber_shim_programs_plugin), must print its OK line and exit 0, and must leave
+// hiberd running with its session closed and no device memory held.
+#include <signal.h>
+
+#include <gtest/gtest.h>
+
+#include "tests/shim/shim_runner.h"
+
+namespace hiber::testing::shim {
+namespace {
+
+using namespace std::chrono_literals;
+
+// hiberd is up, has no session open, has closed all `expected_sessions` it opened and holds no
+// device memory for sessions.
+void expect_clean(const Hiberd& hiberd, uint64_t expected_sessions) {
+  ASSERT_EQ(::kill(hiberd.pid(), 0), 0) << "hiberd is gone:\n" << hiberd.log();
+  auto view = hiberd.wait_for(
+      [&](const StatusView& v) {
+        return v.sessions.empty() && v.sessions_closed == expected_sessions;
+      },
+      20s);
+  ASSERT_TRUE(view.ok()) << view.status() << "\nhiberd:\n" << hiberd.log();
+  EXPECT_TRUE(view->sessions.empty()) << "a session is still open";
+  EXPECT_EQ(view->sessions_opened, expected_sessions) << "one session per program run";
+  EXPECT_EQ(view->sessions_closed, expected_sessions);
+  for (uint64_t bytes : view->device_session_bytes) EXPECT_EQ(bytes, 0u) << "device memory leaked";
+}
+
+class ShimProgramTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    if (std::string why = missing_shim(); !why.empty()) GTEST_SKIP() << why;
+  }
+};
+
+TEST_P(ShimProgramTest, RunsUnmodifiedThroughHiberd) {
+  const std::string name = GetParam();
+  Hiberd hiberd(sim_hiberd_options());
+  auto result = run_through_shim(hiberd, {name, {}}, name);
+  EXPECT_EQ(result.exit_code, 0) << result.output << "\nhiberd:\n" << hiberd.log();
+  EXPECT_NE(summary_line(result.output, name), "") << result.output;
+  expect_clean(hiberd, 1);
+  EXPECT_EQ(hiberd.stop(), 0) << hiberd.log();
+}
+
+INSTANTIATE_TEST_SUITE_P(Programs, ShimProgramTest, ::testing::ValuesIn(all_programs()),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           return info.param;
+                         });
+
+TEST(ShimErrorCases, TheNextClientIsServedNormally) {
+  if (std::string why = missing_shim(); !why.empty()) GTEST_SKIP() << why;
+  Hiberd hiberd(sim_hiberd_options());
+  auto errors = run_through_shim(hiberd, {"error_cases", {"4096", "2"}}, "error_cases");
+  EXPECT_EQ(errors.exit_code, 0) << errors.output << "\nhiberd:\n" << hiberd.log();
+  for (const char* expected :
+       {"out_of_bounds_copy: cudaMemcpy(HostToDevice) -> cudaErrorInvalidValue",
+        "destroyed_stream: cudaStreamSynchronize -> cudaErrorInvalidResourceHandle",
+        "destroyed_stream: cudaMemsetAsync -> cudaErrorInvalidResourceHandle",
+        "unknown_kernel: cudaLaunchKernel(host function) -> cudaErrorInvalidDeviceFunction",
+        "over_quota_malloc: cudaMalloc(2 x total) -> cudaErrorMemoryAllocation"}) {
+    EXPECT_NE(errors.output.find(expected), std::string::npos) << expected << "\n" << errors.output;
+  }
+  EXPECT_EQ(errors.output.find("UNEXPECTED"), std::string::npos) << errors.output;
+  EXPECT_EQ(errors.output.find("WRONG"), std::string::npos) << errors.output;
+  // Another client, afterwards, on the same hiberd.
+  auto next = run_through_shim(hiberd, {"vector_add", {"100000"}}, "after-errors");
+  EXPECT_EQ(next.exit_code, 0) << next.output << "\nhiberd:\n" << hiberd.log();
+  EXPECT_NE(summary_line(next.output, "vector_add"), "") << next.output;
+  expect_clean(hiberd, 2);
+  EXPECT_EQ(hiberd.stop(), 0) << hiberd.log();
+}
+
+// Bad arguments are refused by the program itself, before any CUDA call (exit status 2): the
+// runner's own sanity check, which needs no shim.
+TEST(ShimPrograms, RefuseBadArguments) {
+  for (const std::string& name : all_programs()) {
+    auto result = run_program({program_path(name), "not-a-number"}, 60s);
+    EXPECT_EQ(result.exit_code, 2) << name << ": " << result.output;
+  }
+}
+
+}  // namespace
+}  // namespace hiber::testing::shim
