@@ -1,0 +1,41 @@
+// Helpers for host implementations of CUDA kernels (server/device/sim_kernel_plugin.h), shared
+// by the test kernel plugins.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "server/device/sim_kernel_plugin.h"
+
+namespace hiber::sim_kernels {
+
+constexpr int kSuccess = 0;
+constexpr int kInvalidValue = 1;  // CUDA_ERROR_INVALID_VALUE
+
+// Parameter i as a T (copied: the plugin ABI promises nothing about alignment beyond the ABI's).
+template <typename T>
+T arg(const HiberSimLaunch* launch, uint32_t i) {
+  T value;
+  std::memcpy(&value, launch->params[i], sizeof(T));
+  return value;
+}
+
+struct ThreadIndex {
+  HiberSimDim3 block;
+  HiberSimDim3 thread;
+};
+
+// Calls f for every thread of the grid, blocks in x-fastest order and threads likewise.
+template <typename F>
+void for_each_thread(const HiberSimLaunch* launch, F&& f) {
+  const HiberSimDim3 g = launch->grid;
+  const HiberSimDim3 b = launch->block;
+  for (uint32_t bz = 0; bz < g.z; ++bz)
+    for (uint32_t by = 0; by < g.y; ++by)
+      for (uint32_t bx = 0; bx < g.x; ++bx)
+        for (uint32_t tz = 0; tz < b.z; ++tz)
+          for (uint32_t ty = 0; ty < b.y; ++ty)
+            for (uint32_t tx = 0; tx < b.x; ++tx) f(ThreadIndex{{bx, by, bz}, {tx, ty, tz}});
+}
+
+}  // namespace hiber::sim_kernels
