@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 
 #include <cstdlib>
+#include <deque>
 #include <cstring>
 
 #include "client_shim/client.h"
@@ -348,6 +349,8 @@ Status Client::copy_to_device_locked(uint64_t dst, const void* src, uint64_t byt
         m.setStream(s);
       }));
       done += chunk;
+      // A large copy: let hiberd start on this chunk while the next one is captured.
+      if (bytes > kStagingChunk) HIBER_RETURN_IF_ERROR(calls_->flush());
     }
   }
   if (async) return Status();
@@ -378,25 +381,52 @@ Status Client::copy_from_device_locked(void* dst, uint64_t src, uint64_t bytes,
     return sync_point_locked(reply.status());
   }
   // Memory outside the arena is written by the client after each chunk's reply; the copy is
-  // synchronous, as CUDA's copies to pageable memory are.
+  // synchronous, as CUDA's copies to pageable memory are. A few chunks are in flight at once, so
+  // hiberd copies the next while the client copies out the last. The window is at most a
+  // quarter of staging, so a chunk's bytes are copied out long before staging reuses them.
   auto* to_bytes = static_cast<std::byte*>(dst);
-  const uint64_t chunk_limit = std::max<uint64_t>(kStagingChunk, calls_->staging_capacity() / 2);
-  for (uint64_t done = 0; done < bytes;) {
-    const uint64_t chunk = std::min(chunk_limit, bytes - done);
-    HIBER_ASSIGN_OR_RETURN(wire::CallClient::Staged staged, calls_->stage(chunk));
-    auto reply = call_locked([&](wire::proto::Call::Builder c) {
-      auto m = c.initMemcpyDtoH();
-      m.setDstOffset(staged.offset);
-      m.setSrc(src + done);
-      m.setBytes(chunk);
-      m.setStagingEnd(staged.staging_end);
-      m.setStream(s);
-    });
-    HIBER_RETURN_IF_ERROR(sync_point_locked(reply.status()));
-    std::memcpy(to_bytes + done, staged.bytes.data(), chunk);
-    done += chunk;
+  const uint64_t chunk_limit = std::max<uint64_t>(kStagingChunk, calls_->staging_capacity() / 16);
+  constexpr size_t kWindow = 4;
+  struct InFlight {
+    uint64_t seq;
+    std::span<std::byte> staged;
+    uint64_t offset;
+  };
+  std::deque<InFlight> in_flight;
+  Status failed;
+  uint64_t issued = 0;
+  while (issued < bytes || !in_flight.empty()) {
+    while (failed.ok() && issued < bytes && in_flight.size() < kWindow) {
+      const uint64_t chunk = std::min(chunk_limit, bytes - issued);
+      auto staged = calls_->stage(chunk);
+      if (!staged.ok()) {
+        failed = staged.status();
+        break;
+      }
+      auto seq = calls_->append_awaited([&](wire::proto::Call::Builder c) {
+        auto m = c.initMemcpyDtoH();
+        m.setDstOffset(staged->offset);
+        m.setSrc(src + issued);
+        m.setBytes(chunk);
+        m.setStagingEnd(staged->staging_end);
+        m.setStream(s);
+      });
+      if (!seq.ok()) {
+        failed = seq.status();
+        break;
+      }
+      in_flight.push_back({*seq, staged->bytes, issued});
+      issued += chunk;
+    }
+    if (Status sent = calls_->flush(); !sent.ok() && failed.ok()) failed = sent;
+    if (in_flight.empty()) break;
+    const InFlight next = in_flight.front();
+    in_flight.pop_front();
+    auto reply = calls_->wait(next.seq);
+    if (!reply.ok() && failed.ok()) failed = reply.status();
+    if (failed.ok()) std::memcpy(to_bytes + next.offset, next.staged.data(), next.staged.size());
   }
-  return Status();
+  return sync_point_locked(failed);
 }
 
 Status Client::memset(uint64_t dst, uint32_t value, int element_bytes, uint64_t count,

@@ -67,12 +67,7 @@ class CallClient {
   // sticky error unless `sticky` is false (a probe whose failure is an answer, not an error).
   template <typename Fill>
   Result<CallResult> call(Fill&& fill, bool sticky = true) {
-    if (batch_.empty()) batch_.reset(next_seq_);
-    const uint64_t seq = next_seq_++;
-    proto::Call::Builder c = batch_.add_call();
-    fill(c);
-    c.setReply(true);
-    awaited_.emplace(seq, sticky);
+    HIBER_ASSIGN_OR_RETURN(uint64_t seq, append_awaited(std::forward<Fill>(fill), sticky));
     Status sent = flush();
     if (!sent.ok()) {
       awaited_.erase(seq);
@@ -80,6 +75,22 @@ class CallClient {
     }
     return wait_reply(seq);
   }
+
+  // The two halves of call(), for pipelining: append a call whose reply will be awaited (sent
+  // with the batch: when full, or at flush()), and later wait for it. Every awaited call must
+  // be waited for.
+  template <typename Fill>
+  Result<uint64_t> append_awaited(Fill&& fill, bool sticky = true) {
+    if (batch_.full()) HIBER_RETURN_IF_ERROR(flush());
+    if (batch_.empty()) batch_.reset(next_seq_);
+    const uint64_t seq = next_seq_++;
+    proto::Call::Builder c = batch_.add_call();
+    fill(c);
+    c.setReply(true);
+    awaited_.emplace(seq, sticky);
+    return seq;
+  }
+  Result<CallResult> wait(uint64_t seq) { return wait_reply(seq); }
 
   // The batch being built: its calls, and an upper bound of its encoded size.
   uint32_t batched_calls() const { return batch_.size(); }
