@@ -161,6 +161,10 @@ class Client {
   Status query_event(EventObj* event);
   Result<float> elapsed_ms(EventObj* start, EventObj* end);
   Status synchronize_device();
+  // cudaDeviceReset: waits for the device, then frees every allocation, stream and event and
+  // unloads every module (registered fatbins load again when next used). Pinned host memory
+  // stays valid.
+  Status reset_device();
   std::pair<int, int> stream_priority_range() const { return {0, -5}; }  // least, greatest
 
   // ---- Code ----

@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <deque>
+#include <vector>
 #include <cstring>
 
 #include "client_shim/client.h"
@@ -113,6 +114,58 @@ Status Client::free_device(uint64_t address) {
   const uint64_t size = segments_.free(segment);
   quota_used_ -= size;
   return enqueue_locked([&](wire::proto::Call::Builder c) { c.initMemFree().setVa(segment); });
+}
+
+Status Client::reset_device() {
+  std::lock_guard lock(mu_);
+  HIBER_RETURN_IF_ERROR(check_usable_locked());
+  auto reply = call_locked([](wire::proto::Call::Builder c) { c.setDeviceSynchronize(); });
+  Status synced = sync_point_locked(reply.status());
+  std::vector<uint64_t> segments;
+  for (const auto& [start, bytes] : allocations_) {
+    auto slab = slabs_.upper_bound(start);
+    const bool in_slab = slab != slabs_.begin() &&
+                         start - std::prev(slab)->first < segments_.size_of(std::prev(slab)->first);
+    if (!in_slab) segments.push_back(start);
+  }
+  for (const auto& [start, slab] : slabs_) segments.push_back(start);
+  for (uint64_t segment : segments) {
+    quota_used_ -= segments_.free(segment);
+    HIBER_RETURN_IF_ERROR(enqueue_locked([&](wire::proto::Call::Builder c) {
+      c.initMemFree().setVa(segment);
+    }));
+  }
+  allocations_.clear();
+  slabs_.clear();
+  std::vector<uint64_t> events;
+  for (const auto& [key, s] : streams_) {
+    const uint64_t wire = s->wire;
+    if (s->join_event != 0) events.push_back(s->join_event);
+    HIBER_RETURN_IF_ERROR(enqueue_locked([&](wire::proto::Call::Builder c) {
+      c.initStreamDestroy().setStream(wire);
+    }));
+  }
+  for (const auto& [key, e] : events_) events.push_back(e->wire);
+  if (legacy_join_event_ != 0) events.push_back(legacy_join_event_);
+  for (uint64_t event : events) {
+    HIBER_RETURN_IF_ERROR(enqueue_locked([&](wire::proto::Call::Builder c) {
+      c.initEventDestroy().setEvent(event);
+    }));
+  }
+  streams_.clear();
+  events_.clear();
+  legacy_join_event_ = 0;
+  for (const auto& [key, module] : modules_) {
+    if (module->wire == 0) continue;
+    const uint64_t wire = module->wire;
+    HIBER_RETURN_IF_ERROR(enqueue_locked([&](wire::proto::Call::Builder c) {
+      c.initModuleUnload().setModule(wire);
+    }));
+    module->wire = 0;
+    for (const auto& kernel : module->kernels) kernel->wire = 0;
+  }
+  HIBER_RETURN_IF_ERROR(calls_->flush());
+  return synced;
 }
 
 MemoryInfo Client::memory_info() {

@@ -295,6 +295,12 @@ cudaError_t cudaDeviceSynchronize(void) {
   });
 }
 
+cudaError_t cudaDeviceReset(void) {
+  return traced("cudaDeviceReset", [] {
+    return done("cudaDeviceReset", Client::get().reset_device());
+  });
+}
+
 cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
   return traced("cudaMemGetInfo", [&] {
     Status ready = Client::get().ready();

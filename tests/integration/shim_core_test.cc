@@ -218,6 +218,57 @@ TEST(FlushByCalls, PinnedHostMemoryLivesInTheArena) {
 }
 
 
+TEST(FlushByCalls, ResetFreesEverythingAndCodeLoadsAgain) {
+  if (testing::kernels_fatbin_path().empty()) GTEST_SKIP() << "built without the CUDA toolkit";
+  auto module = client().load_module(read_file(testing::kernels_fatbin_path()));
+  ASSERT_TRUE(module.ok()) << module.status().message();
+  auto kernel = client().module_function(*module, "_Z7vec_addPKfS0_Pfi");
+  ASSERT_TRUE(kernel.ok());
+  const uint64_t big = device_buffer(8 << 20);
+  ASSERT_NE(big, 0u);
+  ASSERT_NE(device_buffer(100), 0u);
+  auto stream = client().create_stream(0, 0);
+  ASSERT_TRUE(stream.ok());
+  auto event = client().create_event(0);
+  ASSERT_TRUE(event.ok());
+  ASSERT_TRUE(client().record_event(*event, *stream).ok());
+
+  ASSERT_TRUE(client().reset_device().ok());
+  const MemoryInfo info = client().memory_info();
+  EXPECT_EQ(info.free_bytes, info.total_bytes);
+  EXPECT_EQ(client().stream(*stream).status().code(), ErrorCode::kInvalidHandle);
+  EXPECT_EQ(client().event(*event).status().code(), ErrorCode::kInvalidHandle);
+  auto view = hiberd->wait_for(
+      [](const testing::StatusView& v) {
+        for (const auto& s : v.sessions) {
+          if (s.pid == getpid()) return s.allocated_bytes == 0;
+        }
+        return false;
+      },
+      5s);
+  ASSERT_TRUE(view.ok());
+  for (const auto& s : view->sessions) {
+    if (s.pid == getpid()) {
+      EXPECT_EQ(s.allocated_bytes, 0u);
+    }
+  }
+
+  // The module loads again at the next launch, and the kernel computes the right thing.
+  constexpr int n = 256;
+  std::vector<float> x(n, 1.5f), y(n, 2.25f), out(n);
+  uint64_t a = device_buffer(n * 4), b = device_buffer(n * 4), c = device_buffer(n * 4);
+  ASSERT_TRUE(client().memcpy(reinterpret_cast<void*>(a), x.data(), n * 4, CopyKind::kHostToDevice, nullptr, false).ok());
+  ASSERT_TRUE(client().memcpy(reinterpret_cast<void*>(b), y.data(), n * 4, CopyKind::kHostToDevice, nullptr, false).ok());
+  int count = n;
+  void* args[] = {&a, &b, &c, &count};
+  ASSERT_TRUE(client().launch(*kernel, {2, 1, 1}, {128, 1, 1}, 0, nullptr, args).ok());
+  ASSERT_TRUE(client().memcpy(out.data(), reinterpret_cast<void*>(c), n * 4, CopyKind::kDeviceToHost, nullptr, false).ok());
+  for (int i = 0; i < n; ++i) ASSERT_EQ(out[i], 3.75f) << i;
+  EXPECT_TRUE(client().unload_module(*module).ok());
+  for (uint64_t p : {a, b, c}) EXPECT_TRUE(client().free_device(p).ok());
+  EXPECT_TRUE(client().synchronize_device().ok());
+}
+
 // Last, because it ends the session's usefulness: as in CUDA, an illegal address is a sticky
 // error of the whole context. The launch itself succeeds (it is asynchronous); the fault comes
 // back at the next synchronisation point, and at every one after it.
