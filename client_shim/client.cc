@@ -193,8 +193,6 @@ Status Client::ensure_open_locked() {
   return Status();
 }
 
-Status Client::check_usable_locked() { return ensure_open_locked(); }
-
 Status Client::ready() {
   std::lock_guard lock(mu_);
   return ensure_open_locked();
@@ -268,13 +266,7 @@ Status Client::order_for_work_locked(StreamObj* stream) {
     for (auto& [key, s] : streams_) {
       if (!s->blocking() || !s->has_unjoined_work) continue;
       if (s->join_event == 0) {
-        s->join_event = next_handle_++;
-        const uint64_t event = s->join_event;
-        HIBER_RETURN_IF_ERROR(enqueue_locked([&](wire::proto::Call::Builder c) {
-          auto e = c.initEventCreate();
-          e.setEvent(event);
-          e.setDisableTiming(true);
-        }));
+        HIBER_ASSIGN_OR_RETURN(s->join_event, create_wire_event_locked(/*disable_timing=*/true));
       }
       const uint64_t event = s->join_event, wire = s->wire;
       HIBER_RETURN_IF_ERROR(enqueue_locked([&](wire::proto::Call::Builder c) {
@@ -297,13 +289,7 @@ Status Client::order_for_work_locked(StreamObj* stream) {
   if (stream->legacy_generation_seen == legacy_generation_) return Status();
   stream->legacy_generation_seen = legacy_generation_;
   if (legacy_join_event_ == 0) {
-    legacy_join_event_ = next_handle_++;
-    const uint64_t event = legacy_join_event_;
-    HIBER_RETURN_IF_ERROR(enqueue_locked([&](wire::proto::Call::Builder c) {
-      auto e = c.initEventCreate();
-      e.setEvent(event);
-      e.setDisableTiming(true);
-    }));
+    HIBER_ASSIGN_OR_RETURN(legacy_join_event_, create_wire_event_locked(/*disable_timing=*/true));
   }
   const uint64_t event = legacy_join_event_, wire = stream->wire;
   HIBER_RETURN_IF_ERROR(enqueue_locked([&](wire::proto::Call::Builder c) {
@@ -316,6 +302,16 @@ Status Client::order_for_work_locked(StreamObj* stream) {
     w.setStream(wire);
     w.setEvent(event);
   });
+}
+
+Result<uint64_t> Client::create_wire_event_locked(bool disable_timing) {
+  const uint64_t handle = next_handle_++;
+  HIBER_RETURN_IF_ERROR(enqueue_locked([&](wire::proto::Call::Builder c) {
+    auto e = c.initEventCreate();
+    e.setEvent(handle);
+    e.setDisableTiming(disable_timing);
+  }));
+  return handle;
 }
 
 // ---- Streams ----
@@ -333,7 +329,7 @@ Result<StreamObj*> Client::stream(const void* handle) {
 
 Result<StreamObj*> Client::create_stream(unsigned flags, int priority) {
   std::lock_guard lock(mu_);
-  HIBER_RETURN_IF_ERROR(check_usable_locked());
+  HIBER_RETURN_IF_ERROR(ensure_open_locked());
   auto s = std::make_unique<StreamObj>();
   s->wire = next_handle_++;
   s->flags = flags;
@@ -355,7 +351,7 @@ Result<StreamObj*> Client::create_stream(unsigned flags, int priority) {
 
 Status Client::destroy_stream(StreamObj* stream) {
   std::lock_guard lock(mu_);
-  HIBER_RETURN_IF_ERROR(check_usable_locked());
+  HIBER_RETURN_IF_ERROR(ensure_open_locked());
   if (stream == nullptr) return Status(ErrorCode::kInvalidHandle, "the default stream cannot be destroyed");
   auto it = streams_.find(stream);
   if (it == streams_.end()) return error(ErrorCode::kInvalidHandle, "unknown stream ", stream);
@@ -375,7 +371,7 @@ Status Client::destroy_stream(StreamObj* stream) {
 
 Status Client::synchronize_stream(StreamObj* stream) {
   std::lock_guard lock(mu_);
-  HIBER_RETURN_IF_ERROR(check_usable_locked());
+  HIBER_RETURN_IF_ERROR(ensure_open_locked());
   const uint64_t wire = stream_wire(stream);
   auto reply = call_locked([&](wire::proto::Call::Builder c) {
     c.initStreamSynchronize().setStream(wire);
@@ -385,7 +381,7 @@ Status Client::synchronize_stream(StreamObj* stream) {
 
 Status Client::query_stream(StreamObj* stream) {
   std::lock_guard lock(mu_);
-  HIBER_RETURN_IF_ERROR(check_usable_locked());
+  HIBER_RETURN_IF_ERROR(ensure_open_locked());
   const uint64_t wire = stream_wire(stream);
   auto reply = call_locked([&](wire::proto::Call::Builder c) {
     c.initStreamQuery().setStream(wire);
@@ -396,7 +392,7 @@ Status Client::query_stream(StreamObj* stream) {
 
 Status Client::wait_event(StreamObj* stream, EventObj* event) {
   std::lock_guard lock(mu_);
-  HIBER_RETURN_IF_ERROR(check_usable_locked());
+  HIBER_RETURN_IF_ERROR(ensure_open_locked());
   HIBER_RETURN_IF_ERROR(order_for_work_locked(stream));
   const uint64_t wire = stream_wire(stream), ev = event->wire;
   return enqueue_locked([&](wire::proto::Call::Builder c) {
@@ -417,17 +413,10 @@ Result<EventObj*> Client::event(const void* handle) {
 
 Result<EventObj*> Client::create_event(unsigned flags) {
   std::lock_guard lock(mu_);
-  HIBER_RETURN_IF_ERROR(check_usable_locked());
+  HIBER_RETURN_IF_ERROR(ensure_open_locked());
   auto e = std::make_unique<EventObj>();
-  e->wire = next_handle_++;
+  HIBER_ASSIGN_OR_RETURN(e->wire, create_wire_event_locked((flags & 2) != 0));  // DisableTiming
   e->flags = flags;
-  const uint64_t wire = e->wire;
-  const bool no_timing = (flags & 2) != 0;  // cudaEventDisableTiming
-  HIBER_RETURN_IF_ERROR(enqueue_locked([&](wire::proto::Call::Builder c) {
-    auto ec = c.initEventCreate();
-    ec.setEvent(wire);
-    ec.setDisableTiming(no_timing);
-  }));
   EventObj* raw = e.get();
   events_.emplace(raw, std::move(e));
   return raw;
@@ -435,7 +424,7 @@ Result<EventObj*> Client::create_event(unsigned flags) {
 
 Status Client::destroy_event(EventObj* event) {
   std::lock_guard lock(mu_);
-  HIBER_RETURN_IF_ERROR(check_usable_locked());
+  HIBER_RETURN_IF_ERROR(ensure_open_locked());
   auto it = events_.find(event);
   if (it == events_.end()) return error(ErrorCode::kInvalidHandle, "unknown event ", event);
   const uint64_t wire = event->wire;
@@ -448,7 +437,7 @@ Status Client::destroy_event(EventObj* event) {
 
 Status Client::record_event(EventObj* event, StreamObj* stream) {
   std::lock_guard lock(mu_);
-  HIBER_RETURN_IF_ERROR(check_usable_locked());
+  HIBER_RETURN_IF_ERROR(ensure_open_locked());
   HIBER_RETURN_IF_ERROR(order_for_work_locked(stream));
   const uint64_t wire = event->wire, s = stream_wire(stream);
   return enqueue_locked([&](wire::proto::Call::Builder c) {
@@ -460,7 +449,7 @@ Status Client::record_event(EventObj* event, StreamObj* stream) {
 
 Status Client::synchronize_event(EventObj* event) {
   std::lock_guard lock(mu_);
-  HIBER_RETURN_IF_ERROR(check_usable_locked());
+  HIBER_RETURN_IF_ERROR(ensure_open_locked());
   const uint64_t wire = event->wire;
   auto reply = call_locked([&](wire::proto::Call::Builder c) {
     c.initEventSynchronize().setEvent(wire);
@@ -470,7 +459,7 @@ Status Client::synchronize_event(EventObj* event) {
 
 Status Client::query_event(EventObj* event) {
   std::lock_guard lock(mu_);
-  HIBER_RETURN_IF_ERROR(check_usable_locked());
+  HIBER_RETURN_IF_ERROR(ensure_open_locked());
   const uint64_t wire = event->wire;
   auto reply = call_locked([&](wire::proto::Call::Builder c) {
     c.initEventQuery().setEvent(wire);
@@ -481,7 +470,7 @@ Status Client::query_event(EventObj* event) {
 
 Result<float> Client::elapsed_ms(EventObj* start, EventObj* end) {
   std::lock_guard lock(mu_);
-  HIBER_RETURN_IF_ERROR(check_usable_locked());
+  HIBER_RETURN_IF_ERROR(ensure_open_locked());
   const uint64_t a = start->wire, b = end->wire;
   auto reply = call_locked([&](wire::proto::Call::Builder c) {
     auto e = c.initEventElapsedTime();
@@ -499,7 +488,7 @@ Result<float> Client::elapsed_ms(EventObj* start, EventObj* end) {
 
 Status Client::synchronize_device() {
   std::lock_guard lock(mu_);
-  HIBER_RETURN_IF_ERROR(check_usable_locked());
+  HIBER_RETURN_IF_ERROR(ensure_open_locked());
   auto reply = call_locked([&](wire::proto::Call::Builder c) { c.setDeviceSynchronize(); });
   return sync_point_locked(reply.status());
 }

@@ -128,8 +128,9 @@ class Client {
   Result<uint64_t> malloc_device(uint64_t bytes);
   Status free_device(uint64_t address);
   MemoryInfo memory_info();
-  // The allocation containing `address`: {start, size}; kInvalidValue if none.
-  Result<std::pair<uint64_t, uint64_t>> device_allocation(uint64_t address);
+  // Attribute `attr` (a CUdevice_attribute, which cudaDeviceAttr mirrors) of a device the
+  // session sees, from the handshake; 0 where unknown or for a device that does not exist.
+  int device_attribute(int device, int attr);
 
   // ---- Host memory ----
   Result<void*> malloc_host(uint64_t bytes);
@@ -198,13 +199,16 @@ class Client {
   Status flush();
 
  private:
+  struct Slab {
+    RangeAllocator space;
+  };
+
   Client();
   ~Client();  // never runs: the client lives until the process ends (see get())
 
   Status ensure_open_locked();
   void reserve_grant_locked();
   void open_locked();
-  Status check_usable_locked();
   // Appends an asynchronous call and applies the flush policy.
   template <typename Fill>
   Status enqueue_locked(Fill&& fill);
@@ -226,6 +230,11 @@ class Client {
                                  bool async);
   Status check_device_range_locked(uint64_t address, uint64_t bytes, const char* what);
   PointerInfo classify_locked(const void* pointer, uint64_t bytes);
+  // The live allocation holding `address` ({start, bytes asked for}), or nullptr.
+  const std::pair<const uint64_t, uint64_t>* allocation_holding(uint64_t address) const;
+  // The slab holding `address`, or slabs_.end().
+  std::map<uint64_t, Slab>::iterator slab_holding(uint64_t address);
+  Result<uint64_t> create_wire_event_locked(bool disable_timing);
 
   ShimConfig config_;
   std::mutex mu_;
@@ -239,9 +248,6 @@ class Client {
   // one-granule slabs.
   RangeAllocator segments_;
   uint64_t quota_used_ = 0;
-  struct Slab {
-    RangeAllocator space;
-  };
   std::map<uint64_t, Slab> slabs_;              // slab start -> its sub-allocator
   std::map<uint64_t, uint64_t> allocations_;    // start -> bytes asked for, every live one
 

@@ -121,7 +121,7 @@ Result<ModuleObj*> Client::load_module(std::span<const std::byte> image) {
   module->image.assign(image.begin(), image.end());
   module->bytes = module->image;
   std::lock_guard lock(mu_);
-  HIBER_RETURN_IF_ERROR(check_usable_locked());
+  HIBER_RETURN_IF_ERROR(ensure_open_locked());
   ModuleObj* raw = module.get();
   modules_.emplace(raw, std::move(module));
   // cuModuleLoadData reports a bad image at once.
@@ -159,7 +159,7 @@ Status Client::unload_module(ModuleObj* module) {
 
 Result<KernelObj*> Client::module_function(ModuleObj* module, const std::string& name) {
   std::lock_guard lock(mu_);
-  HIBER_RETURN_IF_ERROR(check_usable_locked());
+  HIBER_RETURN_IF_ERROR(ensure_open_locked());
   for (const auto& kernel : module->kernels) {
     if (kernel->name == name) return kernel.get();
   }
@@ -256,7 +256,7 @@ Status Client::resolve_kernel_locked(KernelObj* kernel) {
 
 Result<const KernelInfo*> Client::kernel_info(KernelObj* kernel) {
   std::lock_guard lock(mu_);
-  HIBER_RETURN_IF_ERROR(check_usable_locked());
+  HIBER_RETURN_IF_ERROR(ensure_open_locked());
   HIBER_RETURN_IF_ERROR(resolve_kernel_locked(kernel));
   return &kernel->info;
 }
@@ -264,7 +264,7 @@ Result<const KernelInfo*> Client::kernel_info(KernelObj* kernel) {
 Status Client::launch(KernelObj* kernel, Dim3 grid, Dim3 block, uint32_t shared_bytes,
                       StreamObj* stream, void** args) {
   std::lock_guard lock(mu_);
-  HIBER_RETURN_IF_ERROR(check_usable_locked());
+  HIBER_RETURN_IF_ERROR(ensure_open_locked());
   HIBER_RETURN_IF_ERROR(resolve_kernel_locked(kernel));
   const KernelInfo& info = kernel->info;
   if (!info.params.empty() && args == nullptr) {

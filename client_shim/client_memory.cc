@@ -38,7 +38,7 @@ const char* kind_name(CopyKind kind) {
 
 Result<uint64_t> Client::malloc_device(uint64_t bytes) {
   std::lock_guard lock(mu_);
-  HIBER_RETURN_IF_ERROR(check_usable_locked());
+  HIBER_RETURN_IF_ERROR(ensure_open_locked());
   if (bytes == 0) return uint64_t{0};
   const wire::Grant& grant = calls_->session().grant;
   const uint64_t granule = grant.allocation_granularity;
@@ -89,7 +89,7 @@ Result<uint64_t> Client::malloc_device(uint64_t bytes) {
 
 Status Client::free_device(uint64_t address) {
   std::lock_guard lock(mu_);
-  HIBER_RETURN_IF_ERROR(check_usable_locked());
+  HIBER_RETURN_IF_ERROR(ensure_open_locked());
   if (address == 0) return Status();  // cudaFree(nullptr) does nothing
   auto it = allocations_.find(address);
   if (it == allocations_.end()) {
@@ -103,9 +103,7 @@ Status Client::free_device(uint64_t address) {
     c.setDeviceSynchronize();
   }));
   uint64_t segment = address;
-  auto slab = slabs_.upper_bound(address);
-  if (slab != slabs_.begin() && address - std::prev(slab)->first < segments_.size_of(std::prev(slab)->first)) {
-    --slab;
+  if (auto slab = slab_holding(address); slab != slabs_.end()) {
     slab->second.space.free(address);
     if (!slab->second.space.empty()) return Status();
     segment = slab->first;
@@ -118,15 +116,12 @@ Status Client::free_device(uint64_t address) {
 
 Status Client::reset_device() {
   std::lock_guard lock(mu_);
-  HIBER_RETURN_IF_ERROR(check_usable_locked());
+  HIBER_RETURN_IF_ERROR(ensure_open_locked());
   auto reply = call_locked([](wire::proto::Call::Builder c) { c.setDeviceSynchronize(); });
   Status synced = sync_point_locked(reply.status());
   std::vector<uint64_t> segments;
   for (const auto& [start, bytes] : allocations_) {
-    auto slab = slabs_.upper_bound(start);
-    const bool in_slab = slab != slabs_.begin() &&
-                         start - std::prev(slab)->first < segments_.size_of(std::prev(slab)->first);
-    if (!in_slab) segments.push_back(start);
+    if (slab_holding(start) == slabs_.end()) segments.push_back(start);
   }
   for (const auto& [start, slab] : slabs_) segments.push_back(start);
   for (uint64_t segment : segments) {
@@ -170,30 +165,39 @@ Status Client::reset_device() {
 
 MemoryInfo Client::memory_info() {
   std::lock_guard lock(mu_);
-  if (!check_usable_locked().ok()) return {};
+  if (!ensure_open_locked().ok()) return {};
   const uint64_t quota = calls_->session().grant.quota_bytes;
   return {quota - quota_used_, quota};
 }
 
-Result<std::pair<uint64_t, uint64_t>> Client::device_allocation(uint64_t address) {
-  std::lock_guard lock(mu_);
+const std::pair<const uint64_t, uint64_t>* Client::allocation_holding(uint64_t address) const {
   auto it = allocations_.upper_bound(address);
-  if (it == allocations_.begin()) {
-    return error(ErrorCode::kInvalidValue, "0x", std::hex, address, " is not device memory");
-  }
+  if (it == allocations_.begin()) return nullptr;
   --it;
-  if (address - it->first >= std::max<uint64_t>(it->second, 1)) {
-    return error(ErrorCode::kInvalidValue, "0x", std::hex, address, " is not device memory");
-  }
-  return std::pair<uint64_t, uint64_t>(it->first, it->second);
+  // A zero-size allocation (cudaMalloc(0) returns none, but be safe) still holds its start.
+  return address - it->first < std::max<uint64_t>(it->second, 1) ? &*it : nullptr;
+}
+
+std::map<uint64_t, Client::Slab>::iterator Client::slab_holding(uint64_t address) {
+  auto slab = slabs_.upper_bound(address);
+  if (slab == slabs_.begin()) return slabs_.end();
+  --slab;
+  return address - slab->first < segments_.size_of(slab->first) ? slab : slabs_.end();
+}
+
+int Client::device_attribute(int device, int attr) {
+  std::lock_guard lock(mu_);
+  if (!ensure_open_locked().ok()) return 0;
+  const auto& devices = calls_->session().devices;
+  if (device < 0 || device >= static_cast<int>(devices.size())) return 0;
+  const auto& values = devices[device].attributes;
+  return attr >= 0 && attr < static_cast<int>(values.size()) ? values[attr] : 0;
 }
 
 Status Client::check_device_range_locked(uint64_t address, uint64_t bytes, const char* what) {
-  auto it = allocations_.upper_bound(address);
-  if (it != allocations_.begin()) {
-    --it;
-    const uint64_t offset = address - it->first;
-    if (offset < it->second && bytes <= it->second - offset) return Status();
+  if (const auto* held = allocation_holding(address)) {
+    const uint64_t offset = address - held->first;
+    if (offset < held->second && bytes <= held->second - offset) return Status();
   }
   return error(ErrorCode::kInvalidValue, what, ": [0x", std::hex, address, ", 0x",
                address + bytes, ") is not inside one device allocation");
@@ -207,13 +211,9 @@ PointerInfo Client::classify_locked(const void* pointer, uint64_t bytes) {
   if (calls_) {
     // Device memory is what this client allocated: any other address, even inside the grant,
     // is not a device pointer the program may use.
-    auto alloc = allocations_.upper_bound(address);
-    if (alloc != allocations_.begin()) {
-      --alloc;
-      if (address - alloc->first < std::max<uint64_t>(alloc->second, 1)) {
-        info.kind = PointerKind::kDevice;
-        return info;
-      }
+    if (allocation_holding(address) != nullptr) {
+      info.kind = PointerKind::kDevice;
+      return info;
     }
     std::span<std::byte> arena = calls_->channel().arena();
     const auto arena_start = reinterpret_cast<uint64_t>(arena.data());
@@ -241,7 +241,7 @@ PointerInfo Client::classify(const void* pointer, uint64_t bytes) {
 
 Result<void*> Client::malloc_host(uint64_t bytes) {
   std::lock_guard lock(mu_);
-  HIBER_RETURN_IF_ERROR(check_usable_locked());
+  HIBER_RETURN_IF_ERROR(ensure_open_locked());
   if (bytes == 0) return static_cast<void*>(nullptr);
   if (auto offset = arena_heap_.allocate(bytes)) {
     return static_cast<void*>(calls_->channel().arena().data() + *offset);
@@ -261,7 +261,7 @@ Result<void*> Client::malloc_host(uint64_t bytes) {
 Status Client::free_host(void* pointer) {
   if (pointer == nullptr) return Status();
   std::unique_lock lock(mu_);
-  HIBER_RETURN_IF_ERROR(check_usable_locked());
+  HIBER_RETURN_IF_ERROR(ensure_open_locked());
   const auto address = reinterpret_cast<uint64_t>(pointer);
   const PointerInfo info = classify_locked(pointer, 1);
   if (info.kind == PointerKind::kArena && arena_heap_.size_of(info.arena_offset) != 0) {
@@ -284,7 +284,7 @@ Status Client::free_host(void* pointer) {
 
 Status Client::register_host(void* pointer, uint64_t bytes) {
   std::lock_guard lock(mu_);
-  HIBER_RETURN_IF_ERROR(check_usable_locked());
+  HIBER_RETURN_IF_ERROR(ensure_open_locked());
   if (pointer == nullptr || bytes == 0) {
     return Status(ErrorCode::kInvalidValue, "cudaHostRegister: null pointer or zero size");
   }
@@ -306,7 +306,7 @@ Status Client::register_host(void* pointer, uint64_t bytes) {
 
 Status Client::unregister_host(void* pointer) {
   std::unique_lock lock(mu_);
-  HIBER_RETURN_IF_ERROR(check_usable_locked());
+  HIBER_RETURN_IF_ERROR(ensure_open_locked());
   const auto address = reinterpret_cast<uint64_t>(pointer);
   if (host_allocs_.count(address) != 0 || pinned_ranges_.count(address) == 0) {
     return error(kHostMemoryNotRegistered, "cudaHostUnregister: ", pointer,
@@ -321,7 +321,7 @@ Status Client::unregister_host(void* pointer) {
 Status Client::memcpy(void* dst, const void* src, uint64_t bytes, CopyKind kind,
                       StreamObj* stream, bool async) {
   std::lock_guard lock(mu_);
-  HIBER_RETURN_IF_ERROR(check_usable_locked());
+  HIBER_RETURN_IF_ERROR(ensure_open_locked());
   if (bytes == 0) return Status();
   if (dst == nullptr || src == nullptr) {
     return Status(ErrorCode::kInvalidValue, "cudaMemcpy: null pointer");
@@ -486,7 +486,7 @@ Status Client::memset(uint64_t dst, uint32_t value, int element_bytes, uint64_t 
                       StreamObj* stream, bool async) {
   (void)async;  // memsets of device memory never block the host, as in CUDA
   std::lock_guard lock(mu_);
-  HIBER_RETURN_IF_ERROR(check_usable_locked());
+  HIBER_RETURN_IF_ERROR(ensure_open_locked());
   if (count == 0) return Status();
   HIBER_RETURN_IF_ERROR(check_device_range_locked(dst, count * element_bytes, "cudaMemset"));
   HIBER_RETURN_IF_ERROR(order_for_work_locked(stream));

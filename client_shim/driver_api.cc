@@ -49,13 +49,6 @@ CUresult check_device(const char* name, CUdevice device) {
   return CUDA_SUCCESS;
 }
 
-int attribute(int device, int attr) {
-  const auto* session = Client::get().session();
-  if (session == nullptr || device < 0 || device >= static_cast<int>(session->devices.size())) return 0;
-  const auto& values = session->devices[device].attributes;
-  return attr >= 0 && attr < static_cast<int>(values.size()) ? values[attr] : 0;
-}
-
 template <typename T>
 CUresult resolved(const char* name, hiber::Result<T> result, T* out) {
   if (!result.ok()) return fail(name, result.status());
@@ -141,7 +134,7 @@ CUresult cuDeviceTotalMem(size_t* bytes, CUdevice device) {
 CUresult cuDeviceGetAttribute(int* value, CUdevice_attribute attr, CUdevice device) {
   if (value == nullptr) return invalid("cuDeviceGetAttribute");
   if (CUresult r = check_device("cuDeviceGetAttribute", device); r != CUDA_SUCCESS) return r;
-  *value = attribute(device, attr);
+  *value = Client::get().device_attribute(device, attr);
   return CUDA_SUCCESS;
 }
 
@@ -502,28 +495,27 @@ namespace hiber::shim {
 
 void* driver_entry_point(const char* symbol, int cuda_version) {
   // The shim's own object: every driver function it exports, implemented or stubbed.
-  static void* self = [] {
+  struct Self {
+    void* handle = nullptr;
+    void* base = nullptr;
+  };
+  static const Self self = [] {
     Dl_info info{};
     dladdr(reinterpret_cast<void*>(&driver_entry_point), &info);
-    return dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD);
+    return Self{dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD), info.dli_fbase};
   }();
-  if (self == nullptr || std::strncmp(symbol, "cu", 2) != 0) return nullptr;
+  if (self.handle == nullptr || std::strncmp(symbol, "cu", 2) != 0) return nullptr;
   // cuGetProcAddress changed its signature in 12.0; older callers get the old one.
   if (std::strcmp(symbol, "cuGetProcAddress") == 0 && cuda_version < 12000) {
-    return dlsym(self, "cuGetProcAddress");
+    return dlsym(self.handle, "cuGetProcAddress");
   }
   for (const char* suffix : {"_v4", "_v3", "_v2", ""}) {
     const std::string name = std::string(symbol) + suffix;
-    if (void* found = dlsym(self, name.c_str())) {
-      Dl_info where{};
-      // Only the shim's own definitions, never one of a library it depends on.
-      if (dladdr(found, &where) != 0 && where.dli_fbase == [] {
-            Dl_info me{};
-            dladdr(reinterpret_cast<void*>(&driver_entry_point), &me);
-            return me.dli_fbase;
-          }()) {
-        return found;
-      }
+    void* found = dlsym(self.handle, name.c_str());
+    // Only the shim's own definitions, never one of a library it depends on.
+    Dl_info where{};
+    if (found != nullptr && dladdr(found, &where) != 0 && where.dli_fbase == self.base) {
+      return found;
     }
   }
   return nullptr;

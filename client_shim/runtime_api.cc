@@ -55,13 +55,6 @@ Status check_device(int device) {
   return Status();
 }
 
-int attribute(int device, int attr) {
-  const auto* session = Client::get().session();
-  if (session == nullptr || device < 0 || device >= static_cast<int>(session->devices.size())) return 0;
-  const auto& values = session->devices[device].attributes;
-  return attr >= 0 && attr < static_cast<int>(values.size()) ? values[attr] : 0;
-}
-
 CopyKind copy_kind(cudaMemcpyKind kind) {
   switch (kind) {
     case cudaMemcpyHostToHost: return CopyKind::kHostToHost;
@@ -71,9 +64,6 @@ CopyKind copy_kind(cudaMemcpyKind kind) {
     default: return CopyKind::kDefault;
   }
 }
-
-template <typename T>
-hiber::Result<T*> resolve(hiber::Result<T*> r) { return r; }
 
 cudaError_t memcpy_impl(const char* name, void* dst, const void* src, size_t bytes,
                         cudaMemcpyKind kind, cudaStream_t stream, bool async) {
@@ -110,7 +100,7 @@ cudaError_t launch_impl(const char* name, const void* func, dim3 grid, dim3 bloc
                                     "dimension"))));
   }
   const uint64_t threads = uint64_t{block.x} * block.y * block.z;
-  if (threads > static_cast<uint64_t>(attribute(current_device(), CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK))) {
+  if (threads > static_cast<uint64_t>(Client::get().device_attribute(current_device(), CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK))) {
     return static_cast<cudaError_t>(failed(
         name, Status(static_cast<ErrorCode>(cudaErrorInvalidConfiguration),
                      hiber::str_cat("launch of ", (*kernel)->name, " with ", threads,
@@ -120,6 +110,16 @@ cudaError_t launch_impl(const char* name, const void* func, dim3 grid, dim3 bloc
   if (!s.ok()) return fail(name, s.status());
   return done(name, client.launch(*kernel, {grid.x, grid.y, grid.z}, {block.x, block.y, block.z},
                                   static_cast<uint32_t>(shared), *s, args));
+}
+
+// A query of one property of a stream (nullptr: the default stream).
+template <typename T, typename Get>
+cudaError_t stream_property(const char* name, cudaStream_t stream, T* out, Get get) {
+  if (out == nullptr) return invalid(name, "null pointer");
+  auto s = Client::get().stream(stream);
+  if (!s.ok()) return fail(name, s.status());
+  *out = static_cast<T>(get(*s));
+  return cudaSuccess;
 }
 
 cudaError_t event_sync_like(const char* name, cudaEvent_t event,
@@ -200,7 +200,7 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
     Status ok = check_device(device);
     if (!ok.ok()) return fail("cudaDeviceGetAttribute", ok);
     // cudaDeviceAttr and CUdevice_attribute share their values.
-    *value = attribute(device, static_cast<int>(attr));
+    *value = Client::get().device_attribute(device, static_cast<int>(attr));
     return cudaSuccess;
   });
 }
@@ -215,7 +215,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
     std::strncpy(prop->name, info.name.c_str(), sizeof(prop->name) - 1);
     std::memcpy(prop->uuid.bytes, info.uuid.data(), std::min(info.uuid.size(), sizeof(prop->uuid.bytes)));
     prop->totalGlobalMem = info.total_memory_bytes;
-    auto a = [&](CUdevice_attribute attr) { return attribute(device, attr); };
+    auto a = [&](CUdevice_attribute attr) { return Client::get().device_attribute(device, attr); };
     prop->sharedMemPerBlock = a(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK);
     prop->regsPerBlock = a(CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK);
     prop->warpSize = a(CU_DEVICE_ATTRIBUTE_WARP_SIZE);
@@ -519,35 +519,23 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
 }
 
 cudaError_t cudaStreamGetPriority(cudaStream_t stream, int* priority) {
-  if (priority == nullptr) return invalid("cudaStreamGetPriority", "null pointer");
-  auto s = Client::get().stream(stream);
-  if (!s.ok()) return fail("cudaStreamGetPriority", s.status());
-  *priority = *s ? (*s)->priority : 0;
-  return cudaSuccess;
+  return stream_property("cudaStreamGetPriority", stream, priority,
+                         [](StreamObj* s) { return s ? s->priority : 0; });
 }
 
 cudaError_t cudaStreamGetFlags(cudaStream_t stream, unsigned int* flags) {
-  if (flags == nullptr) return invalid("cudaStreamGetFlags", "null pointer");
-  auto s = Client::get().stream(stream);
-  if (!s.ok()) return fail("cudaStreamGetFlags", s.status());
-  *flags = *s ? (*s)->flags : cudaStreamDefault;
-  return cudaSuccess;
+  return stream_property("cudaStreamGetFlags", stream, flags,
+                         [](StreamObj* s) { return s ? s->flags : cudaStreamDefault; });
 }
 
 cudaError_t cudaStreamGetDevice(cudaStream_t stream, int* device) {
-  if (device == nullptr) return invalid("cudaStreamGetDevice", "null pointer");
-  auto s = Client::get().stream(stream);
-  if (!s.ok()) return fail("cudaStreamGetDevice", s.status());
-  *device = current_device();
-  return cudaSuccess;
+  return stream_property("cudaStreamGetDevice", stream, device,
+                         [](StreamObj*) { return current_device(); });
 }
 
 cudaError_t cudaStreamGetId(cudaStream_t stream, unsigned long long* id) {
-  if (id == nullptr) return invalid("cudaStreamGetId", "null pointer");
-  auto s = Client::get().stream(stream);
-  if (!s.ok()) return fail("cudaStreamGetId", s.status());
-  *id = *s ? (*s)->wire : 0;
-  return cudaSuccess;
+  return stream_property("cudaStreamGetId", stream, id,
+                         [](StreamObj* s) -> unsigned long long { return s ? s->wire : 0; });
 }
 
 // Stream capture (CUDA graphs) is not supported: no stream is ever capturing, and beginning a
@@ -693,11 +681,11 @@ cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attributes, const void* fu
     // the device's, which is what a launch is checked against.
     std::memset(attributes, 0, sizeof(*attributes));
     const int device = current_device();
-    attributes->maxThreadsPerBlock = attribute(device, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK);
+    attributes->maxThreadsPerBlock = Client::get().device_attribute(device, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK);
     attributes->maxDynamicSharedSizeBytes =
-        attribute(device, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK);
-    const int arch = attribute(device, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR) * 10 +
-                     attribute(device, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR);
+        Client::get().device_attribute(device, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK);
+    const int arch = Client::get().device_attribute(device, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR) * 10 +
+                     Client::get().device_attribute(device, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR);
     attributes->ptxVersion = arch;
     attributes->binaryVersion = arch;
     attributes->preferredShmemCarveout = -1;
@@ -726,7 +714,7 @@ cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int v
   // Values that change nothing are accepted; anything else would need the attribute set in
   // hiberd, which the protocol cannot do yet, so it fails rather than being ignored.
   if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize &&
-      value <= attribute(current_device(), CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK)) {
+      value <= Client::get().device_attribute(current_device(), CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK)) {
     return cudaSuccess;
   }
   if (attr == cudaFuncAttributePreferredSharedMemoryCarveout) return cudaSuccess;  // a hint
@@ -751,12 +739,12 @@ cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int* blocks, 
   // Limited by threads, blocks and shared memory per multiprocessor. Register use is known
   // only in hiberd, so this is an upper bound for register-heavy kernels.
   const int device = current_device();
-  const int warp = std::max(1, attribute(device, CU_DEVICE_ATTRIBUTE_WARP_SIZE));
+  const int warp = std::max(1, Client::get().device_attribute(device, CU_DEVICE_ATTRIBUTE_WARP_SIZE));
   const int threads = (block_size + warp - 1) / warp * warp;
-  int limit = attribute(device, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR) / threads;
-  limit = std::min(limit, attribute(device, CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR));
+  int limit = Client::get().device_attribute(device, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR) / threads;
+  limit = std::min(limit, Client::get().device_attribute(device, CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR));
   if (shared_bytes > 0) {
-    limit = std::min<int>(limit, attribute(device, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR) /
+    limit = std::min<int>(limit, Client::get().device_attribute(device, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR) /
                                      shared_bytes);
   }
   *blocks = std::max(0, limit);

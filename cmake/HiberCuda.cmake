@@ -24,6 +24,24 @@ else()
   message(STATUS "CUDA toolkit not found under HIBER_CUDA_ROOT=${HIBER_CUDA_ROOT} (need nvcc, cuda.h and the libcuda stub): skipping the CUDA device backend and the nvcc-compiled test programs")
 endif()
 
+# For CUDA programs built by nvcc as a user would build them (tests/shim, bench/shim_bench):
+#   HIBER_PROGRAM_GENCODE      real architectures only, so no JIT on the GPUs we run on: sm_80
+#                              and sm_90 cubins, and compute_80 PTX for anything newer;
+#   HIBER_CUDART_RPATH_FLAGS   a RUNPATH to the toolkit's libcudart.so.13 (the preloaded shim
+#                              answers in its place; natively, the real runtime loads).
+if(HIBER_HAVE_CUDA)
+  set(HIBER_PROGRAM_GENCODE
+    -gencode arch=compute_80,code=[sm_80,compute_80] -gencode arch=compute_90,code=sm_90)
+  find_library(HIBER_CUDART cudart
+    HINTS ${HIBER_CUDA_ROOT}/lib64 ${HIBER_CUDA_ROOT}/targets/x86_64-linux/lib
+    NO_DEFAULT_PATH NO_CACHE)
+  set(HIBER_CUDART_RPATH_FLAGS "")
+  if(HIBER_CUDART)
+    get_filename_component(_hiber_cudart_dir ${HIBER_CUDART} DIRECTORY)
+    set(HIBER_CUDART_RPATH_FLAGS -Xlinker=-rpath,${_hiber_cudart_dir})
+  endif()
+endif()
+
 # hiber_nvcc_fatbin(<out_var> <source.cu> [NAME stem] [OPTIONS ...] [DEPENDS headers...])
 # Compiles one .cu file to a fatbin with nvcc and sets <out_var> to the output path. DEPENDS
 # names the headers the source includes, so editing them rebuilds the fatbin.

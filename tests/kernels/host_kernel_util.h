@@ -38,4 +38,9 @@ void for_each_thread(const HiberSimLaunch* launch, F&& f) {
             for (uint32_t tx = 0; tx < b.x; ++tx) f(ThreadIndex{{bx, by, bz}, {tx, ty, tz}});
 }
 
+// int i = blockIdx.x * blockDim.x + threadIdx.x: unsigned arithmetic, then int, as in CUDA.
+inline int int_x(const HiberSimLaunch* launch, const ThreadIndex& t) {
+  return static_cast<int>(t.block.x * launch->block.x + t.thread.x);
+}
+
 }  // namespace hiber::sim_kernels

@@ -25,7 +25,7 @@ int vec_add(const HiberSimLaunch* l) {
   auto c = arg<float*>(l, 2);
   auto n = arg<int>(l, 3);
   for_each_thread(l, [&](const ThreadIndex& t) {
-    int i = static_cast<int>(t.block.x * l->block.x + t.thread.x);  // int arithmetic, as in CUDA
+    int i = int_x(l, t);
     if (i < n) c[i] = a[i] + b[i];
   });
   return kSuccess;
@@ -38,7 +38,7 @@ int saxpy(const HiberSimLaunch* l) {
   auto y = arg<float*>(l, 2);
   auto n = arg<int>(l, 3);
   for_each_thread(l, [&](const ThreadIndex& t) {
-    int i = static_cast<int>(t.block.x * l->block.x + t.thread.x);
+    int i = int_x(l, t);
     if (i < n) y[i] = a * x[i] + y[i];
   });
   return kSuccess;
@@ -102,7 +102,7 @@ int gather_ptrs(const HiberSimLaunch* l) {
   auto n = arg<int>(l, 1);
   auto out = arg<int*>(l, 2);
   for_each_thread(l, [&](const ThreadIndex& t) {
-    int i = static_cast<int>(t.block.x * l->block.x + t.thread.x);
+    int i = int_x(l, t);
     if (i < n) out[i] = *ptrs[i];
   });
   return kSuccess;

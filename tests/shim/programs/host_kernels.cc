@@ -16,11 +16,6 @@ namespace {
 
 using namespace hiber::sim_kernels;
 
-// int i = blockIdx.x * blockDim.x + threadIdx.x: unsigned arithmetic, then int, as in CUDA.
-int int_x(const HiberSimLaunch* launch, const ThreadIndex& t) {
-  return static_cast<int>(t.block.x * launch->block.x + t.thread.x);
-}
-
 // vector_add.cu, error_cases.cu:
 //   vector_add(const float* a, const float* b, float* c, int n)
 int vector_add(const HiberSimLaunch* l) {
