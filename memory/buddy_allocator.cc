@@ -1,0 +1,550 @@
+#include "memory/buddy_allocator.h"
+
+#include <algorithm>
+#include <bit>
+
+namespace hiber::memory {
+namespace {
+
+// Orders are in pages (minimum blocks): order k is 2^k pages. 2^31 pages of 2 MiB is 4 PiB.
+constexpr int kMaxOrderLimit = 31;
+
+int floor_log2(uint64_t value) { return 63 - std::countl_zero(value); }
+int ceil_log2(uint64_t value) { return value <= 1 ? 0 : floor_log2(value - 1) + 1; }
+
+}  // namespace
+
+Result<std::unique_ptr<BuddyAllocator>> BuddyAllocator::create(
+    const std::vector<uint64_t>& chunk_bytes, BuddyOptions options) {
+  const uint64_t min = options.min_block_bytes;
+  if (min == 0 || !std::has_single_bit(min)) {
+    return error(ErrorCode::kInvalidValue, "buddy: the minimum block (", min,
+                 " bytes) must be a power of two");
+  }
+  for (uint64_t size : options.shared_sizes) {
+    if (size == 0 || size % min != 0) {
+      return error(ErrorCode::kInvalidValue, "buddy: shared size ", size,
+                   " is not a multiple of the minimum block ", min);
+    }
+  }
+  uint64_t largest_pages = 1;
+  for (uint64_t bytes : chunk_bytes) largest_pages = std::max(largest_pages, bytes / min);
+  const int max_order = std::min(floor_log2(largest_pages), kMaxOrderLimit);
+  std::unique_ptr<BuddyAllocator> allocator(
+      new BuddyAllocator(std::move(options), std::countr_zero(min), max_order));
+  for (uint64_t bytes : chunk_bytes) {
+    auto added = allocator->add_chunk(bytes);
+    if (!added.ok()) return added.status();
+  }
+  return allocator;
+}
+
+BuddyAllocator::BuddyAllocator(BuddyOptions options, int page_shift, int max_order)
+    : options_(std::move(options)), page_shift_(page_shift), max_order_(max_order) {
+  free_count_.assign(orders(), 0);
+  for (uint64_t size : options_.shared_sizes) {
+    shared_pages_.push_back(static_cast<uint32_t>(size >> page_shift_));
+  }
+  shared_cache_.resize(shared_pages_.size());
+}
+
+Result<uint32_t> BuddyAllocator::add_chunk(uint64_t bytes) {
+  const uint64_t min = min_block_bytes();
+  if (bytes == 0 || bytes % min != 0) {
+    return error(ErrorCode::kInvalidValue, "buddy: chunk of ", bytes,
+                 " bytes is not a positive multiple of the minimum block ", min);
+  }
+  const uint64_t pages = bytes / min;
+  if (capacity_pages_ + pages >= kNone) {
+    return error(ErrorCode::kInvalidValue, "buddy: more than ", kNone - 1, " pages in one pool");
+  }
+  const auto chunk = static_cast<uint32_t>(chunks_.size());
+  const auto first = static_cast<uint32_t>(capacity_pages_);
+  chunks_.push_back(Chunk{first, static_cast<uint32_t>(pages)});
+  heads_.resize(chunks_.size() * orders(), kNone);
+  const size_t words = (chunks_.size() + 63) / 64;
+  if (words != nonempty_words_) {
+    std::vector<uint64_t> grown(orders() * words, 0);
+    for (int k = 0; k < orders(); ++k) {
+      for (size_t w = 0; w < nonempty_words_; ++w) {
+        grown[k * words + w] = nonempty_[k * nonempty_words_ + w];
+      }
+    }
+    nonempty_ = std::move(grown);
+    nonempty_words_ = words;
+  }
+  const size_t total = capacity_pages_ + pages;
+  free_order_.resize(total, -1);
+  next_.resize(total, kNone);
+  prev_.resize(total, kNone);
+  page_chunk_.resize(total, chunk);
+  span_pages_.resize(total, 0);
+  span_owner_.resize(total, kNoFunction);
+  span_requested_.resize(total, 0);
+  span_cached_.resize(total, 0);
+  capacity_pages_ = total;
+  free_range(chunk, 0, static_cast<uint32_t>(pages));
+  if (options_.shared_cache_bytes == 0) {
+    shared_cache_limit_ = (capacity_pages_ << page_shift_) / 16;
+  } else {
+    shared_cache_limit_ = options_.shared_cache_bytes;
+  }
+  return chunk;
+}
+
+uint64_t BuddyAllocator::max_request_bytes() const { return uint64_t{1} << (max_order_ + page_shift_); }
+
+// ---- Free lists ----
+
+void BuddyAllocator::set_nonempty(int order, uint32_t chunk, bool nonempty) {
+  uint64_t& word = nonempty_[order * nonempty_words_ + chunk / 64];
+  const uint64_t bit = uint64_t{1} << (chunk % 64);
+  word = nonempty ? (word | bit) : (word & ~bit);
+}
+
+void BuddyAllocator::push_free(uint32_t chunk, uint32_t page, int order) {
+  uint32_t& first = head(chunk, order);
+  free_order_[page] = static_cast<int8_t>(order);
+  prev_[page] = kNone;
+  next_[page] = first;
+  if (first != kNone) prev_[first] = page;
+  if (first == kNone) set_nonempty(order, chunk, true);
+  first = page;
+  ++free_count_[order];
+}
+
+void BuddyAllocator::remove_free(uint32_t chunk, uint32_t page, int order) {
+  if (prev_[page] != kNone) {
+    next_[prev_[page]] = next_[page];
+  } else {
+    head(chunk, order) = next_[page];
+  }
+  if (next_[page] != kNone) prev_[next_[page]] = prev_[page];
+  if (head(chunk, order) == kNone) set_nonempty(order, chunk, false);
+  free_order_[page] = -1;
+  next_[page] = prev_[page] = kNone;
+  --free_count_[order];
+}
+
+void BuddyAllocator::free_block(uint32_t chunk, uint32_t rel, int order) {
+  const Chunk& c = chunks_[chunk];
+  while (order < max_order_) {
+    const uint32_t buddy = rel ^ (uint32_t{1} << order);
+    if (buddy + (uint64_t{1} << order) > c.pages) break;
+    if (free_order_[c.first_page + buddy] != order) break;
+    remove_free(chunk, c.first_page + buddy, order);
+    ++counters_.merges;
+    rel = std::min(rel, buddy);
+    ++order;
+  }
+  push_free(chunk, c.first_page + rel, order);
+}
+
+void BuddyAllocator::free_range(uint32_t chunk, uint32_t rel, uint32_t pages) {
+  uint64_t pos = rel;
+  const uint64_t end = uint64_t{rel} + pages;
+  while (pos < end) {
+    int order = pos == 0 ? max_order_ : std::min(std::countr_zero(pos), max_order_);
+    while ((uint64_t{1} << order) > end - pos) --order;
+    free_block(chunk, static_cast<uint32_t>(pos), order);
+    pos += uint64_t{1} << order;
+  }
+}
+
+uint32_t BuddyAllocator::chunk_with_free(int order) const {
+  const uint64_t* words = &nonempty_[order * nonempty_words_];
+  for (size_t w = 0; w < nonempty_words_; ++w) {
+    if (words[w] != 0) return static_cast<uint32_t>(w * 64 + std::countr_zero(words[w]));
+  }
+  return kNone;
+}
+
+int BuddyAllocator::shared_index(uint32_t pages) const {
+  for (size_t i = 0; i < shared_pages_.size(); ++i) {
+    if (shared_pages_[i] == pages) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+// ---- Allocation ----
+
+void BuddyAllocator::record_span(uint32_t page, uint32_t pages, FunctionId owner,
+                                 uint64_t requested) {
+  span_pages_[page] = pages;
+  span_owner_[page] = owner;
+  span_requested_[page] = requested;
+  span_cached_[page] = 0;
+  allocated_pages_ += pages;
+  requested_bytes_ += requested;
+  ++live_allocations_;
+  ++counters_.allocations;
+  OwnerState& state = owners_[owner];
+  state.home_chunk = page_chunk_[page];
+  state.last_page = page;
+  ++state.live;
+}
+
+Allocation BuddyAllocator::take(uint32_t chunk, uint32_t page, int found, int order,
+                                uint32_t pages, FunctionId owner, uint64_t requested) {
+  remove_free(chunk, page, found);
+  for (int k = found; k > order; --k) {
+    push_free(chunk, page + (uint32_t{1} << (k - 1)), k - 1);
+    ++counters_.splits;
+  }
+  const uint32_t rel = page - chunks_[chunk].first_page;
+  const uint32_t block_pages = uint32_t{1} << order;
+  if (pages < block_pages) free_range(chunk, rel + pages, block_pages - pages);
+  record_span(page, pages, owner, requested);
+  return Allocation{{chunk, uint64_t{rel} << page_shift_}, uint64_t{pages} << page_shift_};
+}
+
+std::pair<uint32_t, int> BuddyAllocator::near_latest(const OwnerState& state, FunctionId id,
+                                                     int order) const {
+  const uint32_t last = state.last_page;
+  const uint32_t span = span_pages_[last];
+  if (span == 0 || span_cached_[last] || span_owner_[last] != id) return {kNone, -1};
+  const Chunk& c = chunks_[page_chunk_[last]];
+  const uint32_t rel = last - c.first_page;
+  // Right after it: a trimmed tail, or the next free buddy.
+  if (rel + span < c.pages && free_order_[last + span] >= order) {
+    return {last + span, free_order_[last + span]};
+  }
+  // The free buddies of its ancestors, nearest first.
+  for (int j = std::max(ceil_log2(span), order); j < max_order_; ++j) {
+    const uint32_t sibling = (rel & ~((uint32_t{1} << j) - 1)) ^ (uint32_t{1} << j);
+    if (sibling + (uint64_t{1} << j) > c.pages) continue;
+    if (free_order_[c.first_page + sibling] == j) return {c.first_page + sibling, j};
+  }
+  return {kNone, -1};
+}
+
+AllocationResult BuddyAllocator::do_allocate(uint64_t bytes, FunctionId owner,
+                                             const EvictablePredicate& evictable) {
+  const uint64_t pages64 = (bytes + min_block_bytes() - 1) >> page_shift_;
+  const int order = ceil_log2(pages64);
+  const auto block_pages = static_cast<uint32_t>(uint64_t{1} << order);
+  const uint32_t pages = options_.trim_tail ? static_cast<uint32_t>(pages64) : block_pages;
+
+  // Sharing: a cached block of exactly this size, preferably in the requester's home chunk.
+  if (const int shared = shared_index(pages); shared >= 0 && !shared_cache_[shared].empty()) {
+    std::vector<uint32_t>& cache = shared_cache_[shared];
+    size_t pick = cache.size() - 1;
+    if (options_.consolidate) {
+      if (auto it = owners_.find(owner); it != owners_.end()) {
+        // Look at the few most recent entries only: O(1), and recent ones are warm.
+        for (size_t i = cache.size(), seen = 0; i-- > 0 && seen < 8; ++seen) {
+          if (page_chunk_[cache[i]] == it->second.home_chunk) {
+            pick = i;
+            break;
+          }
+        }
+      }
+    }
+    const uint32_t page = cache[pick];
+    cache[pick] = cache.back();
+    cache.pop_back();
+    cached_pages_ -= pages;
+    ++counters_.cache_hits;
+    record_span(page, pages, owner, bytes);
+    return Allocation{{page_chunk_[page], uint64_t{page - chunks_[page_chunk_[page]].first_page}
+                                              << page_shift_},
+                      uint64_t{pages} << page_shift_};
+  }
+
+  const int region_order =
+      std::min(max_order_, ceil_log2(std::max<uint64_t>(1, options_.home_region_bytes >> page_shift_)));
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    auto known = options_.consolidate ? owners_.find(owner) : owners_.end();
+    if (known != owners_.end()) {
+      if (auto [page, found] = near_latest(known->second, owner, order); found >= 0) {
+        return take(page_chunk_[page], page, found, order, pages, owner, bytes);
+      }
+      const uint32_t home = known->second.home_chunk;
+      for (int k = order; k <= max_order_; ++k) {
+        if (head(home, k) != kNone) return take(home, head(home, k), k, order, pages, owner, bytes);
+      }
+    }
+    // Best fit; a new function (with consolidation) gets a region of its own to grow in.
+    int found = -1;
+    const bool new_owner = options_.consolidate && known == owners_.end();
+    for (int k = new_owner ? std::max(order, region_order) : order; k <= max_order_; ++k) {
+      if (free_count_[k] != 0) {
+        found = k;
+        break;
+      }
+    }
+    for (int k = max_order_; found < 0 && k >= order; --k) {
+      if (free_count_[k] != 0) found = k;
+    }
+    if (found >= 0) {
+      const uint32_t chunk = chunk_with_free(found);
+      return take(chunk, head(chunk, found), found, order, pages, owner, bytes);
+    }
+    if (attempt == 0 && cached_pages_ == 0) break;
+    release_cached();
+  }
+  ++counters_.failures;
+  if ((capacity_pages_ - allocated_pages_) >= pages) ++counters_.fragmentation_failures;
+  return make_shortfall(bytes, pages, order, owner, evictable);
+}
+
+Shortfall BuddyAllocator::make_shortfall(uint64_t bytes, uint32_t pages, int order,
+                                         FunctionId owner,
+                                         const EvictablePredicate& evictable) const {
+  Shortfall shortfall;
+  shortfall.requested_bytes = bytes;
+  shortfall.needed_bytes = uint64_t{pages} << page_shift_;
+  shortfall.free_bytes = (capacity_pages_ - allocated_pages_) << page_shift_;
+  shortfall.largest_free_bytes = largest_free_bytes();
+  const auto may_evict = [&](FunctionId f) {
+    return evictable ? evictable(f) : f != owner;
+  };
+
+  // The request needs a free aligned region of 2^order pages. For every such region, sum the
+  // allocations that overlap it (evicting one frees all of it); keep the cheapest region that
+  // holds nothing protected.
+  struct Region {
+    uint64_t pages = 0;
+    bool blocked = false;
+    std::vector<OwnerBytes> owners;
+  };
+  const uint64_t region_pages = uint64_t{1} << order;
+  uint64_t best_cost = UINT64_MAX;
+  std::vector<OwnerBytes> best_owners;
+  std::vector<Region> regions;
+  for (uint32_t chunk = 0; chunk < chunks_.size(); ++chunk) {
+    const Chunk& c = chunks_[chunk];
+    const uint64_t count = c.pages / region_pages;
+    if (count == 0) continue;
+    regions.assign(count, Region{});
+    for (uint64_t pos = 0; pos < count * region_pages;) {
+      const uint32_t page = c.first_page + static_cast<uint32_t>(pos);
+      if (free_order_[page] >= 0) {
+        pos += uint64_t{1} << free_order_[page];
+        continue;
+      }
+      const uint32_t span = span_pages_[page];
+      if (span == 0) {  // cannot happen while the invariants hold; never loop forever
+        ++pos;
+        continue;
+      }
+      if (!span_cached_[page]) {
+        const FunctionId f = span_owner_[page];
+        const bool protected_owner = !may_evict(f);
+        const uint64_t last = std::min(pos + span, count * region_pages) - 1;
+        for (uint64_t r = pos / region_pages; r <= last / region_pages; ++r) {
+          Region& region = regions[r];
+          region.blocked |= protected_owner;
+          region.pages += span;
+          auto it = std::find_if(region.owners.begin(), region.owners.end(),
+                                 [f](const OwnerBytes& o) { return o.function == f; });
+          if (it == region.owners.end()) {
+            region.owners.push_back({f, uint64_t{span} << page_shift_});
+          } else {
+            it->bytes += uint64_t{span} << page_shift_;
+          }
+        }
+      }
+      pos += span;
+    }
+    for (Region& region : regions) {
+      if (region.blocked || region.pages >= best_cost) continue;
+      best_cost = region.pages;
+      best_owners = std::move(region.owners);
+    }
+  }
+  if (best_cost != UINT64_MAX) {
+    std::sort(best_owners.begin(), best_owners.end(), [](const OwnerBytes& a, const OwnerBytes& b) {
+      return a.bytes != b.bytes ? a.bytes > b.bytes : a.function < b.function;
+    });
+    shortfall.evict_bytes = best_cost << page_shift_;
+    shortfall.evict = std::move(best_owners);
+  }
+  return shortfall;
+}
+
+Status BuddyAllocator::do_deallocate(const Allocation& allocation) noexcept {
+  const PoolLocation& where = allocation.where;
+  const uint64_t min = min_block_bytes();
+  if (where.chunk >= chunks_.size() || where.offset % min != 0 ||
+      where.offset / min >= chunks_[where.chunk].pages) {
+    return error(ErrorCode::kInvalidValue, "buddy: no allocation at chunk ", where.chunk,
+                 " offset ", where.offset);
+  }
+  const Chunk& c = chunks_[where.chunk];
+  const auto rel = static_cast<uint32_t>(where.offset >> page_shift_);
+  const uint32_t page = c.first_page + rel;
+  const uint32_t pages = span_pages_[page];
+  if (pages == 0 || span_cached_[page] || (uint64_t{pages} << page_shift_) != allocation.bytes) {
+    return error(ErrorCode::kInvalidValue, "buddy: no live allocation of ", allocation.bytes,
+                 " bytes at chunk ", where.chunk, " offset ", where.offset);
+  }
+  const FunctionId owner = span_owner_[page];
+  if (auto it = owners_.find(owner); it != owners_.end() && --it->second.live == 0) {
+    owners_.erase(it);
+  }
+  allocated_pages_ -= pages;
+  requested_bytes_ -= span_requested_[page];
+  --live_allocations_;
+  ++counters_.deallocations;
+
+  const int shared = shared_index(pages);
+  if (shared >= 0 && ((cached_pages_ + pages) << page_shift_) <= shared_cache_limit_) {
+    span_cached_[page] = 1;
+    span_owner_[page] = kNoFunction;
+    span_requested_[page] = 0;
+    cached_pages_ += pages;
+    shared_cache_[shared].push_back(page);
+    return Status();
+  }
+  span_pages_[page] = 0;
+  span_owner_[page] = kNoFunction;
+  span_requested_[page] = 0;
+  free_range(where.chunk, rel, pages);
+  return Status();
+}
+
+void BuddyAllocator::release_cached() noexcept {
+  for (std::vector<uint32_t>& cache : shared_cache_) {
+    for (uint32_t page : cache) {
+      const uint32_t chunk = page_chunk_[page];
+      const uint32_t pages = span_pages_[page];
+      span_pages_[page] = 0;
+      span_cached_[page] = 0;
+      cached_pages_ -= pages;
+      free_range(chunk, page - chunks_[chunk].first_page, pages);
+    }
+    cache.clear();
+  }
+}
+
+// ---- Reports ----
+
+uint64_t BuddyAllocator::largest_free_bytes() const {
+  for (int k = max_order_; k >= 0; --k) {
+    if (free_count_[k] != 0) return uint64_t{1} << (k + page_shift_);
+  }
+  return 0;
+}
+
+PoolStats BuddyAllocator::stats() const {
+  PoolStats stats = counters_;
+  stats.capacity_bytes = capacity_pages_ << page_shift_;
+  stats.allocated_bytes = allocated_pages_ << page_shift_;
+  stats.requested_bytes = requested_bytes_;
+  stats.cached_bytes = cached_pages_ << page_shift_;
+  stats.free_bytes = stats.capacity_bytes - stats.allocated_bytes - stats.cached_bytes;
+  stats.largest_free_bytes = largest_free_bytes();
+  stats.live_allocations = live_allocations_;
+  return stats;
+}
+
+std::vector<std::pair<PoolLocation, uint64_t>> BuddyAllocator::free_blocks() const {
+  std::vector<std::pair<PoolLocation, uint64_t>> blocks;
+  for (uint32_t chunk = 0; chunk < chunks_.size(); ++chunk) {
+    const Chunk& c = chunks_[chunk];
+    for (uint32_t rel = 0; rel < c.pages; ++rel) {
+      const int8_t order = free_order_[c.first_page + rel];
+      if (order < 0) continue;
+      blocks.push_back({{chunk, uint64_t{rel} << page_shift_}, uint64_t{1} << (order + page_shift_)});
+    }
+  }
+  return blocks;
+}
+
+Status BuddyAllocator::check_invariants() const {
+  uint64_t free_pages = 0, allocated = 0, cached = 0, live = 0, requested = 0;
+  std::vector<uint64_t> heads_seen(heads_.size(), 0);
+  for (uint32_t chunk = 0; chunk < chunks_.size(); ++chunk) {
+    const Chunk& c = chunks_[chunk];
+    for (uint64_t rel = 0; rel < c.pages;) {
+      const uint32_t page = c.first_page + static_cast<uint32_t>(rel);
+      if (page_chunk_[page] != chunk) {
+        return error(ErrorCode::kIllegalState, "page ", page, " names chunk ", page_chunk_[page]);
+      }
+      const int order = free_order_[page];
+      uint64_t length;
+      if (order >= 0) {
+        if (span_pages_[page] != 0) {
+          return error(ErrorCode::kIllegalState, "page ", page, " is both free and allocated");
+        }
+        length = uint64_t{1} << order;
+        if (rel % length != 0 || rel + length > c.pages) {
+          return error(ErrorCode::kIllegalState, "free block at chunk ", chunk, " page ", rel,
+                       " of order ", order, " is misaligned or past the chunk");
+        }
+        const uint64_t buddy = rel ^ length;
+        if (order < max_order_ && buddy + length <= c.pages &&
+            free_order_[c.first_page + buddy] == order) {
+          return error(ErrorCode::kIllegalState, "free buddies at chunk ", chunk, " pages ", rel,
+                       " and ", buddy, " (order ", order, ") were not coalesced");
+        }
+        ++heads_seen[chunk * orders() + order];
+        free_pages += length;
+      } else if (span_pages_[page] != 0) {
+        length = span_pages_[page];
+        if (rel + length > c.pages) {
+          return error(ErrorCode::kIllegalState, "allocation at chunk ", chunk, " page ", rel,
+                       " runs past the chunk");
+        }
+        if (span_cached_[page]) {
+          cached += length;
+        } else {
+          allocated += length;
+          requested += span_requested_[page];
+          ++live;
+        }
+      } else {
+        return error(ErrorCode::kIllegalState, "chunk ", chunk, " page ", rel,
+                     " is neither free nor allocated");
+      }
+      for (uint64_t i = 1; i < length; ++i) {
+        if (free_order_[page + i] >= 0 || span_pages_[page + i] != 0) {
+          return error(ErrorCode::kIllegalState, "chunk ", chunk, " page ", rel + i,
+                       " lies inside another block but heads one");
+        }
+      }
+      rel += length;
+    }
+  }
+  for (uint32_t chunk = 0; chunk < chunks_.size(); ++chunk) {
+    for (int k = 0; k < orders(); ++k) {
+      uint64_t listed = 0;
+      for (uint32_t p = head(chunk, k); p != kNone; p = next_[p]) {
+        if (free_order_[p] != k || page_chunk_[p] != chunk) {
+          return error(ErrorCode::kIllegalState, "free list (", chunk, ", ", k, ") holds page ", p);
+        }
+        if (++listed > capacity_pages_) return error(ErrorCode::kIllegalState, "free list loops");
+      }
+      if (listed != heads_seen[chunk * orders() + k]) {
+        return error(ErrorCode::kIllegalState, "free list (", chunk, ", ", k, ") has ", listed,
+                     " blocks, the pool ", heads_seen[chunk * orders() + k]);
+      }
+      const bool bit = (nonempty_[k * nonempty_words_ + chunk / 64] >> (chunk % 64)) & 1;
+      if (bit != (listed != 0)) {
+        return error(ErrorCode::kIllegalState, "non-empty bit of (", chunk, ", ", k, ") is wrong");
+      }
+    }
+  }
+  if (allocated != allocated_pages_ || cached != cached_pages_ || live != live_allocations_ ||
+      requested != requested_bytes_) {
+    return error(ErrorCode::kIllegalState, "accounting: ", allocated, " allocated pages (counted ",
+                 allocated_pages_, "), ", cached, " cached (", cached_pages_, "), ", live,
+                 " live (", live_allocations_, ")");
+  }
+  if (free_pages + allocated + cached != capacity_pages_) {
+    return error(ErrorCode::kIllegalState, free_pages, " free + ", allocated, " allocated + ",
+                 cached, " cached pages != capacity ", capacity_pages_);
+  }
+  uint64_t cache_entries = 0;
+  for (const auto& cache : shared_cache_) cache_entries += cache.size();
+  uint64_t cached_spans = 0;
+  for (uint64_t p = 0; p < capacity_pages_; ++p) cached_spans += span_cached_[p];
+  if (cache_entries != cached_spans) {
+    return error(ErrorCode::kIllegalState, "sharing cache lists ", cache_entries,
+                 " blocks, the pool marks ", cached_spans);
+  }
+  return Status();
+}
+
+}  // namespace hiber::memory

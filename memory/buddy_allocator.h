@@ -1,0 +1,159 @@
+// A binary buddy allocator over a GPU's pool: chunks reserved once at start, blocks placed in
+// them by power-of-two orders, split and coalesced in O(log n). With the paper's (§4.4)
+// extensions:
+//
+// - Minimum block 2 MiB. PyTorch's caching allocator asks the device for 2 MiB, 20 MiB and
+//   2 MiB-rounded segments only, so nothing of its requests is lost to rounding; 2 MiB is also
+//   the CUDA VMM allocation granularity of current GPUs, so every block can be mapped on its
+//   own at the function's virtual address (the mapping mechanism). A smaller minimum would
+//   place blocks that cannot be mapped alone; a larger one (Clockwork's 16 MiB pages) would
+//   waste 14 MiB on each of the many 2 MiB segments.
+// - Tail trimming. A request takes the prefix of a block of the next order up and gives the
+//   rest back as smaller free blocks (a 20 MiB segment takes 20 MiB, not 32), so waste stays
+//   below one minimum block. Freeing decomposes the prefix again and coalesces each piece.
+// - Consolidation. A function's first block starts a region of its own: it is cut from a
+//   free block of at least `home_region_bytes` where one exists (else the largest there is).
+//   Its next blocks go, in order of preference, right after its latest block, into the free
+//   buddies of that block's ancestors (its own region), then anywhere in its home chunk, and
+//   only then elsewhere. So a function's blocks end up side by side: evicting it frees large
+//   contiguous runs instead of holes, and its blocks map in few calls.
+// - Sharing. Freed blocks of the common sizes (by default 2 and 20 MiB, PyTorch's segment
+//   sizes) wait in a bounded cache and go to the next function that asks for that size,
+//   whoever it is: scratch blocks released after each request are reused with no split or
+//   coalesce. The cache is flushed before the allocator reports a shortfall.
+//
+// Offsets inside a chunk are multiples of the minimum block; a block of order k is aligned to
+// its size relative to the chunk's start. Chunks need not be powers of two: a chunk is cut
+// into aligned power-of-two pieces, which never coalesce across the chunk's end.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "common/status.h"
+#include "memory/pool_allocator.h"
+
+namespace hiber::memory {
+
+struct BuddyOptions {
+  // The smallest block: a power of two. Chunk sizes must be multiples of it.
+  uint64_t min_block_bytes = 2 * kMiB;
+  // Give back the unused tail of the power-of-two block a request was rounded up to.
+  bool trim_tail = true;
+  // Keep each function's blocks together (home chunk first).
+  bool consolidate = true;
+  // The free block a function's first allocation is cut from, when one this large exists:
+  // room for its later blocks to follow. 256 MiB is a typical CNN model with its activations
+  // (the paper's Table 4 models are 100-700 MiB).
+  uint64_t home_region_bytes = 256 * kMiB;
+  // Sizes whose freed blocks are cached for reuse across functions (multiples of the minimum
+  // block). Empty disables sharing.
+  std::vector<uint64_t> shared_sizes = {2 * kMiB, 20 * kMiB};
+  // The most the sharing cache holds; 0 means 1/16 of the pool.
+  uint64_t shared_cache_bytes = 0;
+};
+
+class BuddyAllocator final : public PoolAllocator {
+ public:
+  // One chunk per entry of `chunk_bytes`; chunk i is PoolLocation::chunk == i.
+  // kInvalidValue for a bad option or a chunk that is not a multiple of the minimum block.
+  static Result<std::unique_ptr<BuddyAllocator>> create(const std::vector<uint64_t>& chunk_bytes,
+                                                        BuddyOptions options = {});
+
+  std::string_view name() const override { return "buddy"; }
+  void release_cached() noexcept override;
+  PoolStats stats() const override;
+  Status check_invariants() const override;
+
+  // Adds a chunk (the pinned host pool grows this way, a large chunk at a time). Its index.
+  Result<uint32_t> add_chunk(uint64_t bytes);
+  uint32_t chunk_count() const { return static_cast<uint32_t>(chunks_.size()); }
+  uint64_t chunk_bytes(uint32_t chunk) const { return uint64_t{chunks_[chunk].pages} << page_shift_; }
+  uint64_t min_block_bytes() const { return uint64_t{1} << page_shift_; }
+
+  // The free blocks, sorted by (chunk, offset): {where, bytes}. For tests and reports.
+  std::vector<std::pair<PoolLocation, uint64_t>> free_blocks() const;
+
+ private:
+  struct Chunk {
+    uint32_t first_page = 0;
+    uint32_t pages = 0;
+  };
+  struct OwnerState {
+    uint32_t home_chunk = 0;
+    uint32_t last_page = 0;  // first page of its latest allocation
+    uint32_t live = 0;
+  };
+  static constexpr uint32_t kNone = UINT32_MAX;
+
+  BuddyAllocator(BuddyOptions options, int page_shift, int max_order);
+
+  AllocationResult do_allocate(uint64_t bytes, FunctionId owner,
+                               const EvictablePredicate& evictable) override;
+  Status do_deallocate(const Allocation& allocation) noexcept override;
+  uint64_t max_request_bytes() const override;
+
+  // Free lists, one per (chunk, order), last in first out.
+  uint32_t& head(uint32_t chunk, int order) { return heads_[chunk * orders() + order]; }
+  uint32_t head(uint32_t chunk, int order) const { return heads_[chunk * orders() + order]; }
+  void push_free(uint32_t chunk, uint32_t page, int order);
+  void remove_free(uint32_t chunk, uint32_t page, int order);
+  // Frees the block of `order` at chunk-relative page `rel`, coalescing with free buddies.
+  void free_block(uint32_t chunk, uint32_t rel, int order);
+  // Frees [rel, rel + pages) of a chunk as aligned power-of-two pieces.
+  void free_range(uint32_t chunk, uint32_t rel, uint32_t pages);
+  // A chunk with a free block of exactly `order`, preferring the lowest; kNone if none.
+  uint32_t chunk_with_free(int order) const;
+  void set_nonempty(int order, uint32_t chunk, bool nonempty);
+
+  int orders() const { return max_order_ + 1; }
+  int shared_index(uint32_t pages) const;
+  void record_span(uint32_t page, uint32_t pages, FunctionId owner, uint64_t requested);
+  // Takes the free block of `found` order at `page`, splits it down to `order`, keeps its
+  // first `pages` and frees the rest.
+  Allocation take(uint32_t chunk, uint32_t page, int found, int order, uint32_t pages,
+                  FunctionId owner, uint64_t requested);
+  // A free block of at least `order` next to the owner's latest allocation, in its region:
+  // {page, order}, or {kNone, -1}.
+  std::pair<uint32_t, int> near_latest(const OwnerState& owner, FunctionId id, int order) const;
+  Shortfall make_shortfall(uint64_t bytes, uint32_t pages, int order, FunctionId owner,
+                           const EvictablePredicate& evictable) const;
+  uint64_t largest_free_bytes() const;
+
+  BuddyOptions options_;
+  int page_shift_;
+  int max_order_;
+  uint64_t shared_cache_limit_ = 0;
+
+  std::vector<Chunk> chunks_;
+  std::vector<uint32_t> heads_;            // [chunk * orders + order]
+  std::vector<uint64_t> nonempty_;         // [order * words + chunk / 64]: list non-empty
+  size_t nonempty_words_ = 0;
+  std::vector<uint64_t> free_count_;       // free blocks per order
+
+  // Per page of the whole pool.
+  std::vector<int8_t> free_order_;         // order if the page heads a free block, else -1
+  std::vector<uint32_t> next_;
+  std::vector<uint32_t> prev_;
+  std::vector<uint32_t> page_chunk_;
+  std::vector<uint32_t> span_pages_;       // pages of the allocation starting here, else 0
+  std::vector<FunctionId> span_owner_;
+  std::vector<uint64_t> span_requested_;
+  std::vector<uint8_t> span_cached_;       // the allocation sits in the sharing cache
+
+  std::vector<uint32_t> shared_pages_;     // pages of each shared size
+  std::vector<std::vector<uint32_t>> shared_cache_;  // cached allocations' first pages, per size
+  std::unordered_map<FunctionId, OwnerState> owners_;
+
+  uint64_t capacity_pages_ = 0;
+  uint64_t allocated_pages_ = 0;           // live allocations (not cached)
+  uint64_t cached_pages_ = 0;
+  uint64_t requested_bytes_ = 0;
+  uint64_t live_allocations_ = 0;
+  PoolStats counters_;
+};
+
+}  // namespace hiber::memory

@@ -1,0 +1,168 @@
+#include "memory/gpu_pools.h"
+
+#include "memory/block_allocator.h"
+#include "memory/naive_allocator.h"
+
+namespace hiber::memory {
+
+Result<PoolKind> parse_pool_kind(std::string_view name) {
+  if (name == "buddy") return PoolKind::kBuddy;
+  if (name == "block") return PoolKind::kBlock;
+  if (name == "naive") return PoolKind::kNaive;
+  return error(ErrorCode::kInvalidValue, "unknown memory pool '", name,
+               "' (choose buddy, block or naive)");
+}
+
+std::string_view pool_kind_name(PoolKind kind) {
+  switch (kind) {
+    case PoolKind::kBuddy: return "buddy";
+    case PoolKind::kBlock: return "block";
+    case PoolKind::kNaive: return "naive";
+  }
+  return "?";
+}
+
+Result<std::unique_ptr<GpuPools>> GpuPools::create_buddy(
+    const std::vector<std::vector<uint64_t>>& chunks_per_gpu, BuddyOptions options) {
+  std::unique_ptr<GpuPools> pools(new GpuPools());
+  for (size_t gpu = 0; gpu < chunks_per_gpu.size(); ++gpu) {
+    auto buddy = BuddyAllocator::create(chunks_per_gpu[gpu], options);
+    if (!buddy.ok()) return buddy.status().with_context(str_cat("GPU ", gpu));
+    pools->pools_.push_back(std::move(*buddy));
+  }
+  pools->owners_.resize(pools->pools_.size());
+  return pools;
+}
+
+Result<std::unique_ptr<GpuPools>> GpuPools::create_upstream(
+    PoolKind kind, const std::vector<ChunkSource*>& upstreams, const std::vector<uint64_t>& budgets,
+    uint64_t granularity_bytes) {
+  if (kind == PoolKind::kBuddy || upstreams.size() != budgets.size() || granularity_bytes == 0) {
+    return error(ErrorCode::kInvalidValue, "GpuPools: ", pool_kind_name(kind), " with ",
+                 upstreams.size(), " upstreams and ", budgets.size(), " budgets");
+  }
+  std::unique_ptr<GpuPools> pools(new GpuPools());
+  for (size_t gpu = 0; gpu < upstreams.size(); ++gpu) {
+    if (kind == PoolKind::kBlock) {
+      pools->pools_.push_back(
+          std::make_unique<BlockAllocator>(*upstreams[gpu], budgets[gpu], granularity_bytes));
+    } else {
+      pools->pools_.push_back(
+          std::make_unique<NaiveAllocator>(*upstreams[gpu], budgets[gpu], granularity_bytes));
+    }
+  }
+  pools->owners_.resize(pools->pools_.size());
+  return pools;
+}
+
+void GpuPools::set_quota(FunctionId function, uint64_t bytes) {
+  std::lock_guard lock(mutex_);
+  if (bytes == 0) {
+    quotas_.erase(function);
+  } else {
+    quotas_[function] = bytes;
+  }
+}
+
+AllocationResult GpuPools::allocate(int gpu, uint64_t bytes, FunctionId function,
+                                    const EvictablePredicate& evictable) {
+  std::lock_guard lock(mutex_);
+  if (gpu < 0 || gpu >= gpu_count()) {
+    Shortfall shortfall;
+    shortfall.gpu = gpu;
+    shortfall.requested_bytes = shortfall.needed_bytes = bytes;
+    shortfall.never_fits = true;
+    return shortfall;
+  }
+  std::vector<uint64_t>& held = function_bytes_[function];
+  if (held.empty()) held.assign(pools_.size(), 0);
+  if (auto quota = quotas_.find(function); quota != quotas_.end()) {
+    // Rounded as the pool would round it; the minimum block of every pool is 2 MiB or less.
+    if (bytes > quota->second || held[gpu] > quota->second - bytes) {
+      Shortfall shortfall;
+      shortfall.gpu = gpu;
+      shortfall.requested_bytes = shortfall.needed_bytes = bytes;
+      shortfall.over_quota = true;
+      shortfall.never_fits = bytes > quota->second;
+      shortfall.evict_bytes = bytes > quota->second ? 0 : held[gpu] + bytes - quota->second;
+      const PoolStats now = pools_[gpu]->stats();
+      shortfall.free_bytes = now.free_bytes + now.cached_bytes;
+      shortfall.largest_free_bytes = now.largest_free_bytes;
+      return shortfall;
+    }
+  }
+  AllocationResult result = pools_[gpu]->allocate(bytes, function, evictable);
+  if (!result.ok()) {
+    result.shortfall().gpu = gpu;
+    return result;
+  }
+  owners_[gpu].emplace(key(result->where), Owned{function, result->bytes});
+  held[gpu] += result->bytes;
+  return result;
+}
+
+Status GpuPools::deallocate(int gpu, const Allocation& allocation) {
+  std::lock_guard lock(mutex_);
+  if (gpu < 0 || gpu >= gpu_count()) {
+    return error(ErrorCode::kInvalidDevice, "deallocate on GPU ", gpu, " of ", gpu_count());
+  }
+  auto owned = owners_[gpu].find(key(allocation.where));
+  if (owned == owners_[gpu].end() || owned->second.bytes != allocation.bytes) {
+    return error(ErrorCode::kInvalidValue, "GPU ", gpu, ": no live allocation of ",
+                 allocation.bytes, " bytes at chunk ", allocation.where.chunk, " offset ",
+                 allocation.where.offset);
+  }
+  HIBER_RETURN_IF_ERROR(pools_[gpu]->deallocate(allocation).with_context(str_cat("GPU ", gpu)));
+  auto held = function_bytes_.find(owned->second.function);
+  held->second[gpu] -= allocation.bytes;
+  bool none = true;
+  for (uint64_t bytes : held->second) none &= bytes == 0;
+  if (none) function_bytes_.erase(held);
+  owners_[gpu].erase(owned);
+  return Status();
+}
+
+uint64_t GpuPools::function_bytes(FunctionId function, int gpu) const {
+  std::lock_guard lock(mutex_);
+  auto it = function_bytes_.find(function);
+  if (it == function_bytes_.end() || gpu < 0 || gpu >= gpu_count()) return 0;
+  return it->second[gpu];
+}
+
+uint64_t GpuPools::function_bytes(FunctionId function) const {
+  std::lock_guard lock(mutex_);
+  auto it = function_bytes_.find(function);
+  if (it == function_bytes_.end()) return 0;
+  uint64_t total = 0;
+  for (uint64_t bytes : it->second) total += bytes;
+  return total;
+}
+
+PoolStats GpuPools::stats(int gpu) const {
+  std::lock_guard lock(mutex_);
+  return gpu >= 0 && gpu < gpu_count() ? pools_[gpu]->stats() : PoolStats{};
+}
+
+void GpuPools::release_cached() {
+  std::lock_guard lock(mutex_);
+  for (auto& pool : pools_) pool->release_cached();
+}
+
+Status GpuPools::check_invariants() const {
+  std::lock_guard lock(mutex_);
+  for (int gpu = 0; gpu < gpu_count(); ++gpu) {
+    HIBER_RETURN_IF_ERROR(pools_[gpu]->check_invariants().with_context(str_cat("GPU ", gpu)));
+    uint64_t owned = 0;
+    for (const auto& [where, entry] : owners_[gpu]) owned += entry.bytes;
+    uint64_t by_function = 0;
+    for (const auto& [function, held] : function_bytes_) by_function += held[gpu];
+    const PoolStats stats = pools_[gpu]->stats();
+    if (owned != stats.allocated_bytes || by_function != owned) {
+      return error(ErrorCode::kIllegalState, "GPU ", gpu, ": pool holds ", stats.allocated_bytes,
+                   " bytes, owners ", owned, ", functions ", by_function);
+    }
+  }
+  return Status();
+}
+
+}  // namespace hiber::memory

@@ -1,0 +1,277 @@
+// The buddy allocator's own behaviour: orders, split and coalesce, tail trimming,
+// consolidation, sharing, and what a shortfall names.
+#include "memory/buddy_allocator.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <random>
+#include <set>
+#include <vector>
+
+namespace hiber::memory {
+namespace {
+
+using FreeBlocks = std::vector<std::pair<PoolLocation, uint64_t>>;
+
+std::unique_ptr<BuddyAllocator> make(std::vector<uint64_t> chunks, BuddyOptions options = {}) {
+  auto buddy = BuddyAllocator::create(chunks, options);
+  EXPECT_TRUE(buddy.ok()) << buddy.status();
+  return std::move(*buddy);
+}
+
+BuddyOptions no_sharing() {
+  BuddyOptions options;
+  options.shared_sizes = {};
+  return options;
+}
+
+TEST(BuddyAllocator, RejectsBadOptionsAndChunks) {
+  BuddyOptions odd;
+  odd.min_block_bytes = 3 * kMiB;
+  EXPECT_EQ(BuddyAllocator::create({64 * kMiB}, odd).status().code(), ErrorCode::kInvalidValue);
+  EXPECT_EQ(BuddyAllocator::create({65 * kMiB}).status().code(), ErrorCode::kInvalidValue);
+  BuddyOptions shared;
+  shared.shared_sizes = {3 * kMiB};
+  EXPECT_EQ(BuddyAllocator::create({64 * kMiB}, shared).status().code(), ErrorCode::kInvalidValue);
+}
+
+TEST(BuddyAllocator, ANonPowerOfTwoChunkIsCutIntoAlignedPieces) {
+  auto buddy = make({(64 + 16 + 4) * kMiB});
+  const FreeBlocks expected = {{{0, 0}, 64 * kMiB}, {{0, 64 * kMiB}, 16 * kMiB},
+                               {{0, 80 * kMiB}, 4 * kMiB}};
+  EXPECT_EQ(buddy->free_blocks(), expected);
+  EXPECT_EQ(buddy->stats().largest_free_bytes, 64 * kMiB);
+}
+
+TEST(BuddyAllocator, SplitsDownToTheRequestAndCoalescesBackOnFree) {
+  auto buddy = make({64 * kMiB}, no_sharing());
+  AllocationResult a = buddy->allocate(2 * kMiB, 1);
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->where, (PoolLocation{0, 0}));
+  EXPECT_EQ(a->bytes, 2 * kMiB);
+  // 64 = 2 (taken) + 2 + 4 + 8 + 16 + 32, each free buddy pushed by one split.
+  const FreeBlocks split = {{{0, 2 * kMiB}, 2 * kMiB},   {{0, 4 * kMiB}, 4 * kMiB},
+                            {{0, 8 * kMiB}, 8 * kMiB},   {{0, 16 * kMiB}, 16 * kMiB},
+                            {{0, 32 * kMiB}, 32 * kMiB}};
+  EXPECT_EQ(buddy->free_blocks(), split);
+  EXPECT_EQ(buddy->stats().splits, 5u);
+  ASSERT_TRUE(buddy->deallocate(*a).ok());
+  EXPECT_EQ(buddy->free_blocks(), (FreeBlocks{{{0, 0}, 64 * kMiB}}));
+  EXPECT_EQ(buddy->stats().merges, 5u);
+}
+
+TEST(BuddyAllocator, TrimsTheTailSoA20MiBSegmentTakes20MiB) {
+  auto buddy = make({64 * kMiB}, no_sharing());
+  AllocationResult a = buddy->allocate(20 * kMiB, 1);
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->bytes, 20 * kMiB);
+  EXPECT_EQ(buddy->stats().internal_waste_bytes(), 0u);
+  // [0, 20) taken; [20, 24), [24, 32) and [32, 64) free.
+  const FreeBlocks free = {{{0, 20 * kMiB}, 4 * kMiB}, {{0, 24 * kMiB}, 8 * kMiB},
+                           {{0, 32 * kMiB}, 32 * kMiB}};
+  EXPECT_EQ(buddy->free_blocks(), free);
+  AllocationResult odd = buddy->allocate(5 * kMiB + 1, 1);
+  ASSERT_TRUE(odd.ok());
+  EXPECT_EQ(odd->bytes, 6 * kMiB);
+  EXPECT_EQ(buddy->stats().internal_waste_bytes(), kMiB - 1);
+  ASSERT_TRUE(buddy->deallocate(*a).ok());
+  ASSERT_TRUE(buddy->deallocate(*odd).ok());
+  EXPECT_EQ(buddy->free_blocks(), (FreeBlocks{{{0, 0}, 64 * kMiB}}));
+  EXPECT_TRUE(buddy->check_invariants().ok());
+}
+
+TEST(BuddyAllocator, WithoutTrimmingWasteIsTheRoundingToAPowerOfTwo) {
+  BuddyOptions plain = no_sharing();
+  plain.trim_tail = false;
+  auto buddy = make({64 * kMiB}, plain);
+  AllocationResult a = buddy->allocate(20 * kMiB, 1);
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->bytes, 32 * kMiB);
+  EXPECT_EQ(buddy->stats().internal_waste_bytes(), 12 * kMiB);
+}
+
+TEST(BuddyAllocator, FreeingEverythingInRandomOrderGivesBackWholeChunks) {
+  auto buddy = make({1 * kGiB, 512 * kMiB, 96 * kMiB});
+  const FreeBlocks initial = buddy->free_blocks();
+  std::mt19937_64 rng(7);
+  std::vector<Allocation> live;
+  for (int i = 0; i < 400; ++i) {
+    AllocationResult r = buddy->allocate((1 + rng() % 24) * kMiB, 1 + rng() % 5);
+    if (r.ok()) live.push_back(*r);
+  }
+  ASSERT_GT(live.size(), 50u);
+  std::shuffle(live.begin(), live.end(), rng);
+  for (const Allocation& a : live) ASSERT_TRUE(buddy->deallocate(a).ok());
+  buddy->release_cached();
+  EXPECT_EQ(buddy->free_blocks(), initial);
+  EXPECT_TRUE(buddy->check_invariants().ok());
+}
+
+TEST(BuddyAllocator, KeepsAFunctionsBlocksTogether) {
+  // Two functions allocate interleaved in one 512 MiB chunk. With consolidation each one's
+  // blocks fill a region of its own; without, they alternate.
+  const auto largest_free_after_evicting_the_first = [](bool consolidate) {
+    BuddyOptions options = no_sharing();
+    options.consolidate = consolidate;
+    auto buddy = make({512 * kMiB}, options);
+    std::vector<Allocation> first, second;
+    for (int i = 0; i < 24; ++i) {
+      first.push_back(*buddy->allocate(8 * kMiB, 1));
+      second.push_back(*buddy->allocate(8 * kMiB, 2));
+    }
+    for (const Allocation& a : first) EXPECT_TRUE(buddy->deallocate(a).ok());
+    EXPECT_TRUE(buddy->check_invariants().ok());
+    return buddy->stats().largest_free_bytes;
+  };
+  // Function 1 had [0, 256 MiB) to itself: all of it is free again.
+  EXPECT_EQ(largest_free_after_evicting_the_first(true), 256 * kMiB);
+  // Interleaved over [0, 384 MiB): only the untouched top 128 MiB is whole.
+  EXPECT_EQ(largest_free_after_evicting_the_first(false), 128 * kMiB);
+}
+
+TEST(BuddyAllocator, AFunctionsNextBlockFollowsItsLatest) {
+  auto buddy = make({512 * kMiB}, no_sharing());
+  uint64_t expected = 0;
+  for (uint64_t size : {20 * kMiB, 2 * kMiB, 6 * kMiB, 20 * kMiB, 2 * kMiB, 64 * kMiB}) {
+    AllocationResult r = buddy->allocate(size, 1);
+    ASSERT_TRUE(r.ok());
+    if (r->where.offset != expected) {
+      // Only when the tail after the latest block is too small may it skip ahead, and then
+      // to an aligned buddy of the latest block's ancestors.
+      EXPECT_GT(r->where.offset, expected);
+      EXPECT_EQ(r->where.offset % r->bytes == 0 || r->where.offset % (32 * kMiB) == 0, true);
+    }
+    expected = r->where.offset + r->bytes;
+  }
+  // 20 + 2 + 6 are packed back to back from 0.
+  auto check = make({512 * kMiB}, no_sharing());
+  EXPECT_EQ(check->allocate(20 * kMiB, 1)->where.offset, 0u);
+  EXPECT_EQ(check->allocate(2 * kMiB, 1)->where.offset, 20 * kMiB);
+  EXPECT_EQ(check->allocate(6 * kMiB, 1)->where.offset, 24 * kMiB);
+}
+
+TEST(BuddyAllocator, ANewBlockGoesToTheFunctionsHomeChunk) {
+  auto buddy = make({64 * kMiB, 64 * kMiB}, no_sharing());
+  AllocationResult a = buddy->allocate(32 * kMiB, 1);
+  AllocationResult b = buddy->allocate(64 * kMiB, 2);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->where.chunk, 0u);
+  EXPECT_EQ(b->where.chunk, 1u);
+  ASSERT_TRUE(buddy->deallocate(*b).ok());
+  // Function 1's next block lands beside its first in chunk 0, not in the emptier chunk 1.
+  AllocationResult c = buddy->allocate(16 * kMiB, 1);
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->where, (PoolLocation{0, 32 * kMiB}));
+}
+
+TEST(BuddyAllocator, SharesCommonSizesAcrossFunctionsWithoutSplitting) {
+  auto buddy = make({512 * kMiB});  // the cache holds up to 1/16: 32 MiB
+  AllocationResult a = buddy->allocate(20 * kMiB, 1);
+  ASSERT_TRUE(a.ok());
+  ASSERT_TRUE(buddy->deallocate(*a).ok());
+  EXPECT_EQ(buddy->stats().cached_bytes, 20 * kMiB);
+  const uint64_t splits = buddy->stats().splits;
+  AllocationResult b = buddy->allocate(20 * kMiB - 12345, 2);
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(b->where, a->where) << "function 2 reuses function 1's freed 20 MiB block";
+  EXPECT_EQ(buddy->stats().splits, splits);
+  EXPECT_EQ(buddy->stats().cache_hits, 1u);
+  EXPECT_EQ(buddy->stats().cached_bytes, 0u);
+  EXPECT_TRUE(buddy->check_invariants().ok());
+}
+
+TEST(BuddyAllocator, TheSharingCacheIsBoundedAndFlushedBeforeAShortfall) {
+  BuddyOptions options;
+  options.shared_cache_bytes = 8 * kMiB;
+  auto buddy = make({64 * kMiB}, options);
+  std::vector<Allocation> blocks;
+  for (int i = 0; i < 32; ++i) blocks.push_back(*buddy->allocate(2 * kMiB, 1 + i % 3));
+  for (const Allocation& a : blocks) ASSERT_TRUE(buddy->deallocate(a).ok());
+  EXPECT_EQ(buddy->stats().cached_bytes, 8 * kMiB) << "four blocks cached, the rest coalesced";
+  // 64 MiB fits only once the cache is flushed.
+  AllocationResult whole = buddy->allocate(64 * kMiB, 5);
+  ASSERT_TRUE(whole.ok());
+  EXPECT_EQ(buddy->stats().cached_bytes, 0u);
+  EXPECT_EQ(buddy->stats().failures, 0u);
+}
+
+TEST(BuddyAllocator, AShortfallNamesTheCheapestRegionsOwners) {
+  auto buddy = make({64 * kMiB}, no_sharing());
+  // Each new function starts in the largest free block (none reaches the 256 MiB home
+  // region): f1 [0,16), f2 [32,48), f3 [48,64) (twice 8 MiB), f4 [16,32).
+  EXPECT_EQ(buddy->allocate(16 * kMiB, 1)->where.offset, 0u);
+  EXPECT_EQ(buddy->allocate(16 * kMiB, 2)->where.offset, 32 * kMiB);
+  EXPECT_EQ(buddy->allocate(8 * kMiB, 3)->where.offset, 48 * kMiB);
+  EXPECT_EQ(buddy->allocate(8 * kMiB, 3)->where.offset, 56 * kMiB);
+  EXPECT_EQ(buddy->allocate(16 * kMiB, 4)->where.offset, 16 * kMiB);
+  AllocationResult r = buddy->allocate(16 * kMiB, 9);
+  ASSERT_FALSE(r.ok());
+  // Four 16 MiB regions each cost 16 MiB; the first, f1's, wins the tie.
+  EXPECT_EQ(r.shortfall().evict_bytes, 16 * kMiB);
+  EXPECT_EQ(r.shortfall().evict, (std::vector<OwnerBytes>{{1, 16 * kMiB}}));
+
+  // Protect f1 and f4 (say, executing): the answer moves on to f2's region.
+  r = buddy->allocate(16 * kMiB, 9, [](FunctionId f) { return f != 1 && f != 4; });
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.shortfall().evict, (std::vector<OwnerBytes>{{2, 16 * kMiB}}));
+
+  // 32 MiB with f3 protected: [0,32) costs f1 + f4; [32,64) holds f3.
+  r = buddy->allocate(32 * kMiB, 9, [](FunctionId f) { return f != 3; });
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.shortfall().evict_bytes, 32 * kMiB);
+  EXPECT_EQ(r.shortfall().evict, (std::vector<OwnerBytes>{{1, 16 * kMiB}, {4, 16 * kMiB}}));
+
+  // Nobody evictable: an answer, with nothing to evict.
+  r = buddy->allocate(16 * kMiB, 9, [](FunctionId) { return false; });
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.shortfall().evict_bytes, 0u);
+  EXPECT_TRUE(r.shortfall().evict.empty());
+  EXPECT_NE(r.shortfall().describe().find("nothing evictable"), std::string::npos);
+  EXPECT_EQ(buddy->stats().failures, 4u);
+}
+
+TEST(BuddyAllocator, CountsAFailureDespiteEnoughFreeBytesAsFragmentation) {
+  auto buddy = make({64 * kMiB}, no_sharing());
+  std::vector<Allocation> blocks;
+  for (int i = 0; i < 8; ++i) blocks.push_back(*buddy->allocate(8 * kMiB, 1 + i));
+  // Free every other block: 32 MiB free, in 8 MiB holes.
+  for (int i = 0; i < 8; i += 2) ASSERT_TRUE(buddy->deallocate(blocks[i]).ok());
+  AllocationResult r = buddy->allocate(16 * kMiB, 20);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.shortfall().free_bytes, 32 * kMiB);
+  EXPECT_EQ(r.shortfall().largest_free_bytes, 8 * kMiB);
+  EXPECT_EQ(r.shortfall().evict_bytes, 8 * kMiB) << "one neighbour must go";
+  EXPECT_EQ(buddy->stats().fragmentation_failures, 1u);
+  EXPECT_DOUBLE_EQ(buddy->stats().fragmentation(), 0.75);
+}
+
+TEST(BuddyAllocator, AddedChunksJoinThePool) {
+  auto buddy = make({64 * kMiB});
+  EXPECT_FALSE(buddy->allocate(128 * kMiB, 1).ok());
+  auto added = buddy->add_chunk(64 * kMiB);
+  ASSERT_TRUE(added.ok());
+  EXPECT_EQ(*added, 1u);
+  EXPECT_EQ(buddy->stats().capacity_bytes, 128 * kMiB);
+  EXPECT_TRUE(buddy->allocate(64 * kMiB, 1).ok());
+  EXPECT_TRUE(buddy->allocate(64 * kMiB, 2).ok());
+  EXPECT_TRUE(buddy->check_invariants().ok());
+}
+
+TEST(BuddyAllocator, ManyChunksUseTheirNonEmptyBitmaps) {
+  // More than 64 chunks spans several bitmap words.
+  std::vector<uint64_t> chunks(130, 4 * kMiB);
+  auto buddy = make(chunks, no_sharing());
+  std::set<uint32_t> used;
+  for (int i = 0; i < 130; ++i) {
+    AllocationResult r = buddy->allocate(4 * kMiB, 1000 + i);
+    ASSERT_TRUE(r.ok()) << i;
+    used.insert(r->where.chunk);
+  }
+  EXPECT_EQ(used.size(), 130u);
+  EXPECT_FALSE(buddy->allocate(2 * kMiB, 1).ok());
+  EXPECT_TRUE(buddy->check_invariants().ok());
+}
+
+}  // namespace
+}  // namespace hiber::memory
