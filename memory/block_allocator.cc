@@ -51,16 +51,21 @@ AllocationResult BlockAllocator::do_allocate(uint64_t bytes, FunctionId owner,
   shortfall.requested_bytes = bytes;
   shortfall.needed_bytes = needed;
   if (budget_bytes_ - live_bytes_ >= needed) {
-    auto chunk = upstream_.create_chunk(needed);
-    if (chunk.ok()) {
-      ++counters_.upstream_allocations;
-      live_.emplace(*chunk, Live{needed, bytes, owner});
-      live_bytes_ += needed;
-      requested_bytes_ += bytes;
-      ++counters_.allocations;
-      return Allocation{{*chunk, 0}, needed};
+    // The budget has room; the device may still refuse (fragmented, or shared with others).
+    // Then free more of the cache, oldest first, until it places the request or nothing is left.
+    for (;;) {
+      auto chunk = upstream_.create_chunk(needed);
+      if (chunk.ok()) {
+        ++counters_.upstream_allocations;
+        live_.emplace(*chunk, Live{needed, bytes, owner});
+        live_bytes_ += needed;
+        requested_bytes_ += bytes;
+        ++counters_.allocations;
+        return Allocation{{*chunk, 0}, needed};
+      }
+      if (by_age_.empty()) break;
+      release_oldest();
     }
-    // The device itself is fragmented or shared: it is short of what it refused.
     ++counters_.fragmentation_failures;
     shortfall.evict_bytes = needed;
   } else {

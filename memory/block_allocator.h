@@ -1,6 +1,6 @@
 // The paper's Torpor-Block ablation (§7.2): freed blocks go to one cache; a request takes a
 // cached block that is big enough, and otherwise frees cached blocks, oldest first, until the
-// device has room for a new allocation. It makes device allocations after start, so its
+// device places a new allocation. It makes device allocations after start, so its
 // latency depends on the device, and a cached block larger than the request wastes the
 // difference. Best fit among cached blocks (the smallest that is big enough), which is kinder
 // than the paper's description requires: the comparison is against a fair baseline.
@@ -44,7 +44,9 @@ class BlockAllocator final : public PoolAllocator {
   AllocationResult do_allocate(uint64_t bytes, FunctionId owner,
                                const EvictablePredicate& evictable) override;
   Status do_deallocate(const Allocation& allocation) noexcept override;
-  uint64_t max_request_bytes() const override { return budget_bytes_; }
+  uint64_t max_request_bytes() const override {
+    return budget_bytes_ / granularity_ * granularity_;  // rounded requests must fit the budget
+  }
   void release_oldest();
 
   ChunkSource& upstream_;

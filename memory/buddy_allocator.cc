@@ -58,6 +58,7 @@ Result<uint32_t> BuddyAllocator::add_chunk(uint64_t bytes) {
   if (capacity_pages_ + pages >= kNone) {
     return error(ErrorCode::kInvalidValue, "buddy: more than ", kNone - 1, " pages in one pool");
   }
+  if (const int order = floor_log2(pages); order > max_order_) raise_max_order(order);
   const auto chunk = static_cast<uint32_t>(chunks_.size());
   const auto first = static_cast<uint32_t>(capacity_pages_);
   chunks_.push_back(Chunk{first, static_cast<uint32_t>(pages)});
@@ -90,6 +91,20 @@ Result<uint32_t> BuddyAllocator::add_chunk(uint64_t bytes) {
     shared_cache_limit_ = options_.shared_cache_bytes;
   }
   return chunk;
+}
+
+// Every chunk so far is smaller than twice the largest block, so no free block of theirs gains a
+// buddy: only the per-order arrays grow.
+void BuddyAllocator::raise_max_order(int order) {
+  const int old_orders = orders();
+  max_order_ = order;
+  std::vector<uint32_t> heads(chunks_.size() * orders(), kNone);
+  for (size_t c = 0; c < chunks_.size(); ++c) {
+    std::copy_n(&heads_[c * old_orders], old_orders, &heads[c * orders()]);
+  }
+  heads_ = std::move(heads);
+  nonempty_.resize(orders() * nonempty_words_, 0);  // order-major: new orders go at the end
+  free_count_.resize(orders(), 0);
 }
 
 uint64_t BuddyAllocator::max_request_bytes() const { return uint64_t{1} << (max_order_ + page_shift_); }
@@ -169,7 +184,7 @@ int BuddyAllocator::shared_index(uint32_t pages) const {
 // ---- Allocation ----
 
 void BuddyAllocator::record_span(uint32_t page, uint32_t pages, FunctionId owner,
-                                 uint64_t requested) {
+                                 OwnerState& state, uint64_t requested) {
   span_pages_[page] = pages;
   span_owner_[page] = owner;
   span_requested_[page] = requested;
@@ -178,14 +193,14 @@ void BuddyAllocator::record_span(uint32_t page, uint32_t pages, FunctionId owner
   requested_bytes_ += requested;
   ++live_allocations_;
   ++counters_.allocations;
-  OwnerState& state = owners_[owner];
   state.home_chunk = page_chunk_[page];
   state.last_page = page;
   ++state.live;
 }
 
 Allocation BuddyAllocator::take(uint32_t chunk, uint32_t page, int found, int order,
-                                uint32_t pages, FunctionId owner, uint64_t requested) {
+                                uint32_t pages, FunctionId owner, OwnerState& state,
+                                uint64_t requested) {
   remove_free(chunk, page, found);
   for (int k = found; k > order; --k) {
     push_free(chunk, page + (uint32_t{1} << (k - 1)), k - 1);
@@ -194,8 +209,80 @@ Allocation BuddyAllocator::take(uint32_t chunk, uint32_t page, int found, int or
   const uint32_t rel = page - chunks_[chunk].first_page;
   const uint32_t block_pages = uint32_t{1} << order;
   if (pages < block_pages) free_range(chunk, rel + pages, block_pages - pages);
-  record_span(page, pages, owner, requested);
+  record_span(page, pages, owner, state, requested);
   return Allocation{{chunk, uint64_t{rel} << page_shift_}, uint64_t{pages} << page_shift_};
+}
+
+uint32_t BuddyAllocator::run_after_latest(const OwnerState& state, FunctionId id,
+                                          uint32_t pages) const {
+  const uint32_t last = state.last_page;
+  const uint32_t span = span_pages_[last];
+  if (span == 0 || span_cached_[last] || span_owner_[last] != id) return kNone;
+  const Chunk& c = chunks_[page_chunk_[last]];
+  const uint64_t start = last + span;
+  const uint64_t end = start + pages;
+  if (end > uint64_t{c.first_page} + c.pages) return kNone;
+  // Free blocks are maximal, so at most about 2 log2(pages) of them cover the run.
+  for (uint64_t page = start; page < end; page += uint64_t{1} << free_order_[page]) {
+    if (free_order_[page] < 0) return kNone;
+  }
+  return static_cast<uint32_t>(start);
+}
+
+Allocation BuddyAllocator::take_run(uint32_t chunk, uint32_t page, uint32_t pages, FunctionId owner,
+                                    OwnerState& state, uint64_t requested) {
+  const uint32_t first = chunks_[chunk].first_page;
+  const uint32_t end = page + pages;
+  for (uint32_t at = page; at < end;) {
+    const int order = free_order_[at];
+    const uint32_t block_end = at + (uint32_t{1} << order);
+    remove_free(chunk, at, order);
+    if (block_end > end) {
+      free_range(chunk, end - first, block_end - end);
+      ++counters_.splits;
+    }
+    at = block_end;
+  }
+  record_span(page, pages, owner, state, requested);
+  return Allocation{{chunk, uint64_t{page - first} << page_shift_}, uint64_t{pages} << page_shift_};
+}
+
+template <typename Visit>
+void BuddyAllocator::for_each_free_run(Visit&& visit) const {
+  for (const Chunk& c : chunks_) {
+    uint64_t start = 0, length = 0;
+    for (uint64_t rel = 0; rel < c.pages;) {
+      const uint32_t page = c.first_page + static_cast<uint32_t>(rel);
+      if (const int order = free_order_[page]; order >= 0) {
+        if (length == 0) start = page;
+        length += uint64_t{1} << order;
+        rel += uint64_t{1} << order;
+        continue;
+      }
+      if (length != 0) visit(static_cast<uint32_t>(start), length);
+      length = 0;
+      rel += std::max<uint32_t>(span_pages_[page], 1);  // an allocation, or a cached block
+    }
+    if (length != 0) visit(static_cast<uint32_t>(start), length);
+  }
+}
+
+uint32_t BuddyAllocator::find_free_run(uint32_t pages) const {
+  uint32_t best = kNone;
+  uint64_t best_length = UINT64_MAX;
+  for_each_free_run([&](uint32_t start, uint64_t length) {
+    if (length >= pages && length < best_length) {
+      best = start;
+      best_length = length;
+    }
+  });
+  return best;
+}
+
+uint64_t BuddyAllocator::largest_free_run_bytes() const {
+  uint64_t largest = 0;
+  for_each_free_run([&](uint32_t, uint64_t length) { largest = std::max(largest, length); });
+  return largest << page_shift_;
 }
 
 std::pair<uint32_t, int> BuddyAllocator::near_latest(const OwnerState& state, FunctionId id,
@@ -205,10 +292,6 @@ std::pair<uint32_t, int> BuddyAllocator::near_latest(const OwnerState& state, Fu
   if (span == 0 || span_cached_[last] || span_owner_[last] != id) return {kNone, -1};
   const Chunk& c = chunks_[page_chunk_[last]];
   const uint32_t rel = last - c.first_page;
-  // Right after it: a trimmed tail, or the next free buddy.
-  if (rel + span < c.pages && free_order_[last + span] >= order) {
-    return {last + span, free_order_[last + span]};
-  }
   // The free buddies of its ancestors, nearest first.
   for (int j = std::max(ceil_log2(span), order); j < max_order_; ++j) {
     const uint32_t sibling = (rel & ~((uint32_t{1} << j) - 1)) ^ (uint32_t{1} << j);
@@ -225,18 +308,20 @@ AllocationResult BuddyAllocator::do_allocate(uint64_t bytes, FunctionId owner,
   const auto block_pages = static_cast<uint32_t>(uint64_t{1} << order);
   const uint32_t pages = options_.trim_tail ? static_cast<uint32_t>(pages64) : block_pages;
 
+  // One lookup of the owner for the whole request; a new owner's entry goes again on failure.
+  auto [known, new_owner] = owners_.try_emplace(owner);
+  OwnerState& state = known->second;
+
   // Sharing: a cached block of exactly this size, preferably in the requester's home chunk.
   if (const int shared = shared_index(pages); shared >= 0 && !shared_cache_[shared].empty()) {
     std::vector<uint32_t>& cache = shared_cache_[shared];
     size_t pick = cache.size() - 1;
-    if (options_.consolidate) {
-      if (auto it = owners_.find(owner); it != owners_.end()) {
-        // Look at the few most recent entries only: O(1), and recent ones are warm.
-        for (size_t i = cache.size(), seen = 0; i-- > 0 && seen < 8; ++seen) {
-          if (page_chunk_[cache[i]] == it->second.home_chunk) {
-            pick = i;
-            break;
-          }
+    if (options_.consolidate && !new_owner) {
+      // Look at the few most recent entries only: O(1), and recent ones are warm.
+      for (size_t i = cache.size(), seen = 0; i-- > 0 && seen < 8; ++seen) {
+        if (page_chunk_[cache[i]] == state.home_chunk) {
+          pick = i;
+          break;
         }
       }
     }
@@ -245,7 +330,7 @@ AllocationResult BuddyAllocator::do_allocate(uint64_t bytes, FunctionId owner,
     cache.pop_back();
     cached_pages_ -= pages;
     ++counters_.cache_hits;
-    record_span(page, pages, owner, bytes);
+    record_span(page, pages, owner, state, bytes);
     return Allocation{{page_chunk_[page], uint64_t{page - chunks_[page_chunk_[page]].first_page}
                                               << page_shift_},
                       uint64_t{pages} << page_shift_};
@@ -254,20 +339,24 @@ AllocationResult BuddyAllocator::do_allocate(uint64_t bytes, FunctionId owner,
   const int region_order =
       std::min(max_order_, ceil_log2(std::max<uint64_t>(1, options_.home_region_bytes >> page_shift_)));
   for (int attempt = 0; attempt < 2; ++attempt) {
-    auto known = options_.consolidate ? owners_.find(owner) : owners_.end();
-    if (known != owners_.end()) {
-      if (auto [page, found] = near_latest(known->second, owner, order); found >= 0) {
-        return take(page_chunk_[page], page, found, order, pages, owner, bytes);
+    if (options_.consolidate && !new_owner) {
+      if (const uint32_t page = run_after_latest(state, owner, pages); page != kNone) {
+        return take_run(page_chunk_[page], page, pages, owner, state, bytes);
       }
-      const uint32_t home = known->second.home_chunk;
+      if (auto [page, found] = near_latest(state, owner, order); found >= 0) {
+        return take(page_chunk_[page], page, found, order, pages, owner, state, bytes);
+      }
+      const uint32_t home = state.home_chunk;
       for (int k = order; k <= max_order_; ++k) {
-        if (head(home, k) != kNone) return take(home, head(home, k), k, order, pages, owner, bytes);
+        if (head(home, k) != kNone) {
+          return take(home, head(home, k), k, order, pages, owner, state, bytes);
+        }
       }
     }
     // Best fit; a new function (with consolidation) gets a region of its own to grow in.
     int found = -1;
-    const bool new_owner = options_.consolidate && known == owners_.end();
-    for (int k = new_owner ? std::max(order, region_order) : order; k <= max_order_; ++k) {
+    const bool new_region = options_.consolidate && new_owner;
+    for (int k = new_region ? std::max(order, region_order) : order; k <= max_order_; ++k) {
       if (free_count_[k] != 0) {
         found = k;
         break;
@@ -278,11 +367,16 @@ AllocationResult BuddyAllocator::do_allocate(uint64_t bytes, FunctionId owner,
     }
     if (found >= 0) {
       const uint32_t chunk = chunk_with_free(found);
-      return take(chunk, head(chunk, found), found, order, pages, owner, bytes);
+      return take(chunk, head(chunk, found), found, order, pages, owner, state, bytes);
+    }
+    // No aligned block is large enough; smaller free blocks side by side may be.
+    if (const uint32_t page = find_free_run(pages); page != kNone) {
+      return take_run(page_chunk_[page], page, pages, owner, state, bytes);
     }
     if (attempt == 0 && cached_pages_ == 0) break;
     release_cached();
   }
+  if (new_owner) owners_.erase(known);
   ++counters_.failures;
   if ((capacity_pages_ - allocated_pages_) >= pages) ++counters_.fragmentation_failures;
   return make_shortfall(bytes, pages, order, owner, evictable);

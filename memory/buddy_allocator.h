@@ -11,20 +11,28 @@
 // - Tail trimming. A request takes the prefix of a block of the next order up and gives the
 //   rest back as smaller free blocks (a 20 MiB segment takes 20 MiB, not 32), so waste stays
 //   below one minimum block. Freeing decomposes the prefix again and coalesces each piece.
+// - Runs. When no free block is large enough, a request takes the shortest run of adjacent free
+//   blocks that holds it (a 20 MiB segment fits in [4, 24) MiB though no aligned 32 MiB block
+//   is free) before the allocator answers with a shortfall. The search walks the pool, O(blocks),
+//   but only on this slow path; the fast paths stay O(log n).
 // - Consolidation. A function's first block starts a region of its own: it is cut from a
 //   free block of at least `home_region_bytes` where one exists (else the largest there is).
-//   Its next blocks go, in order of preference, right after its latest block, into the free
-//   buddies of that block's ancestors (its own region), then anywhere in its home chunk, and
-//   only then elsewhere. So a function's blocks end up side by side: evicting it frees large
-//   contiguous runs instead of holes, and its blocks map in few calls.
+//   Its next blocks go, in order of preference, right after its latest block (exactly there:
+//   the pages that follow, whichever free blocks they span, so a 20 MiB segment after a 20 MiB
+//   segment does not skip to the next 32 MiB boundary), into the free buddies of that block's
+//   ancestors (its own region), then anywhere in its home chunk, and only then elsewhere. So a
+//   function's blocks end up back to back: evicting it frees large contiguous runs instead of
+//   holes, and a swap maps them in few calls (memory/translation.h). A block placed right
+//   after another need not be aligned to its own size; freeing it still decomposes it into
+//   aligned pieces that coalesce as usual.
 // - Sharing. Freed blocks of the common sizes (by default 2 and 20 MiB, PyTorch's segment
 //   sizes) wait in a bounded cache and go to the next function that asks for that size,
 //   whoever it is: scratch blocks released after each request are reused with no split or
 //   coalesce. The cache is flushed before the allocator reports a shortfall.
 //
-// Offsets inside a chunk are multiples of the minimum block; a block of order k is aligned to
-// its size relative to the chunk's start. Chunks need not be powers of two: a chunk is cut
-// into aligned power-of-two pieces, which never coalesce across the chunk's end.
+// Offsets inside a chunk are multiples of the minimum block; a free block of order k is
+// aligned to its size relative to the chunk's start. Chunks need not be powers of two: a chunk
+// is cut into aligned power-of-two pieces, which never coalesce across the chunk's end.
 #pragma once
 
 #include <cstdint>
@@ -68,7 +76,8 @@ class BuddyAllocator final : public PoolAllocator {
   PoolStats stats() const override;
   Status check_invariants() const override;
 
-  // Adds a chunk (the pinned host pool grows this way, a large chunk at a time). Its index.
+  // Adds a chunk (the pinned host pool grows this way, a large chunk at a time). Its index. A
+  // chunk larger than all before raises the largest block to its size.
   Result<uint32_t> add_chunk(uint64_t bytes);
   uint32_t chunk_count() const { return static_cast<uint32_t>(chunks_.size()); }
   uint64_t chunk_bytes(uint32_t chunk) const { return uint64_t{chunks_[chunk].pages} << page_shift_; }
@@ -76,6 +85,10 @@ class BuddyAllocator final : public PoolAllocator {
 
   // The free blocks, sorted by (chunk, offset): {where, bytes}. For tests and reports.
   std::vector<std::pair<PoolLocation, uint64_t>> free_blocks() const;
+  // The longest run of adjacent free blocks: the largest request that fits now without
+  // touching the sharing cache (stats().largest_free_bytes is the largest single free block,
+  // which needs no walk). O(blocks in the pool): for reports.
+  uint64_t largest_free_run_bytes() const;
 
  private:
   struct Chunk {
@@ -110,14 +123,31 @@ class BuddyAllocator final : public PoolAllocator {
   void set_nonempty(int order, uint32_t chunk, bool nonempty);
 
   int orders() const { return max_order_ + 1; }
+  void raise_max_order(int order);
   int shared_index(uint32_t pages) const;
-  void record_span(uint32_t page, uint32_t pages, FunctionId owner, uint64_t requested);
+  // Records a new allocation at `page` for `owner`, whose entry in owners_ is `state`.
+  void record_span(uint32_t page, uint32_t pages, FunctionId owner, OwnerState& state,
+                   uint64_t requested);
   // Takes the free block of `found` order at `page`, splits it down to `order`, keeps its
   // first `pages` and frees the rest.
   Allocation take(uint32_t chunk, uint32_t page, int found, int order, uint32_t pages,
-                  FunctionId owner, uint64_t requested);
-  // A free block of at least `order` next to the owner's latest allocation, in its region:
-  // {page, order}, or {kNone, -1}.
+                  FunctionId owner, OwnerState& state, uint64_t requested);
+  // The page right after the owner's latest allocation if the `pages` from there are free
+  // (whatever free blocks they span), else kNone.
+  uint32_t run_after_latest(const OwnerState& owner, FunctionId id, uint32_t pages) const;
+  // Takes the free pages [page, page + pages), which free blocks cover; the last block's rest
+  // is freed again.
+  Allocation take_run(uint32_t chunk, uint32_t page, uint32_t pages, FunctionId owner,
+                      OwnerState& state, uint64_t requested);
+  // Calls visit(first page, pages) for every maximal run of adjacent free blocks, chunk by
+  // chunk. O(blocks in the pool).
+  template <typename Visit>
+  void for_each_free_run(Visit&& visit) const;
+  // The first page of the shortest free run that holds `pages` (the lowest among equals), or
+  // kNone: the slow path for a request no free block can hold alone.
+  uint32_t find_free_run(uint32_t pages) const;
+  // A free block of at least `order` among the free buddies of the owner's latest
+  // allocation's ancestors (its region): {page, order}, or {kNone, -1}.
   std::pair<uint32_t, int> near_latest(const OwnerState& owner, FunctionId id, int order) const;
   Shortfall make_shortfall(uint64_t bytes, uint32_t pages, int order, FunctionId owner,
                            const EvictablePredicate& evictable) const;

@@ -1,5 +1,7 @@
 #include "memory/gpu_pools.h"
 
+#include <optional>
+
 #include "memory/block_allocator.h"
 #include "memory/naive_allocator.h"
 
@@ -74,30 +76,42 @@ AllocationResult GpuPools::allocate(int gpu, uint64_t bytes, FunctionId function
     shortfall.never_fits = true;
     return shortfall;
   }
-  std::vector<uint64_t>& held = function_bytes_[function];
-  if (held.empty()) held.assign(pools_.size(), 0);
-  if (auto quota = quotas_.find(function); quota != quotas_.end()) {
-    // Rounded as the pool would round it; the minimum block of every pool is 2 MiB or less.
-    if (bytes > quota->second || held[gpu] > quota->second - bytes) {
-      Shortfall shortfall;
-      shortfall.gpu = gpu;
-      shortfall.requested_bytes = shortfall.needed_bytes = bytes;
-      shortfall.over_quota = true;
-      shortfall.never_fits = bytes > quota->second;
-      shortfall.evict_bytes = bytes > quota->second ? 0 : held[gpu] + bytes - quota->second;
-      const PoolStats now = pools_[gpu]->stats();
-      shortfall.free_bytes = now.free_bytes + now.cached_bytes;
-      shortfall.largest_free_bytes = now.largest_free_bytes;
-      return shortfall;
+  auto held = function_bytes_.find(function);
+  const uint64_t held_here = held == function_bytes_.end() ? 0 : held->second[gpu];
+  const auto quota = quotas_.find(function);
+  // Over the quota: what the function would hold after the allocation took `taken` bytes.
+  const auto over_quota = [&](uint64_t taken) -> std::optional<Shortfall> {
+    if (quota == quotas_.end() || (taken <= quota->second && held_here <= quota->second - taken)) {
+      return std::nullopt;
     }
-  }
+    Shortfall shortfall;
+    shortfall.gpu = gpu;
+    shortfall.requested_bytes = bytes;
+    shortfall.needed_bytes = taken;
+    shortfall.over_quota = true;
+    shortfall.never_fits = taken > quota->second;
+    shortfall.evict_bytes = shortfall.never_fits ? 0 : held_here + taken - quota->second;
+    const PoolStats now = pools_[gpu]->stats();
+    shortfall.free_bytes = now.free_bytes + now.cached_bytes;
+    shortfall.largest_free_bytes = now.largest_free_bytes;
+    return shortfall;
+  };
+  // The request as asked first; then what the pool took, which rounding may have made larger.
+  if (std::optional<Shortfall> refused = over_quota(bytes)) return std::move(*refused);
   AllocationResult result = pools_[gpu]->allocate(bytes, function, evictable);
   if (!result.ok()) {
     result.shortfall().gpu = gpu;
     return result;
   }
+  if (std::optional<Shortfall> refused = over_quota(result->bytes)) {
+    (void)pools_[gpu]->deallocate(*result);  // just allocated: cannot fail
+    return std::move(*refused);
+  }
+  if (held == function_bytes_.end()) {
+    held = function_bytes_.emplace(function, std::vector<uint64_t>(pools_.size(), 0)).first;
+  }
   owners_[gpu].emplace(key(result->where), Owned{function, result->bytes});
-  held[gpu] += result->bytes;
+  held->second[gpu] += result->bytes;
   return result;
 }
 

@@ -41,7 +41,8 @@ class GpuPools {
   int gpu_count() const { return static_cast<int>(pools_.size()); }
   std::string_view pool_name() const { return pools_.empty() ? "none" : pools_[0]->name(); }
 
-  // The most a function may hold on any one GPU; 0 = no limit. Applies to later allocations.
+  // The most a function may hold on any one GPU, counted as the pools count it (after rounding);
+  // 0 = no limit. Applies to later allocations.
   void set_quota(FunctionId function, uint64_t bytes);
 
   // Places `bytes` for `function` on `gpu`. The shortfall names the GPU and, over quota, says so.

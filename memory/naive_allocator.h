@@ -30,7 +30,9 @@ class NaiveAllocator final : public PoolAllocator {
   AllocationResult do_allocate(uint64_t bytes, FunctionId owner,
                                const EvictablePredicate& evictable) override;
   Status do_deallocate(const Allocation& allocation) noexcept override;
-  uint64_t max_request_bytes() const override { return budget_bytes_; }
+  uint64_t max_request_bytes() const override {
+    return budget_bytes_ / granularity_ * granularity_;  // rounded requests must fit the budget
+  }
 
   ChunkSource& upstream_;
   uint64_t budget_bytes_;

@@ -85,7 +85,9 @@ struct PoolStats {
   uint64_t requested_bytes = 0;     // what those allocations asked for
   uint64_t cached_bytes = 0;        // free but held in a cache (block's cache, buddy's shared sizes)
   uint64_t free_bytes = 0;          // capacity - allocated - cached
-  uint64_t largest_free_bytes = 0;  // the largest request that fits now without touching caches
+  // The largest request sure to fit now without touching caches: the largest free block (the
+  // buddy allocator can also join adjacent free blocks: BuddyAllocator::largest_free_run_bytes).
+  uint64_t largest_free_bytes = 0;
   uint64_t live_allocations = 0;
   // Counters since construction.
   uint64_t allocations = 0;

@@ -130,25 +130,52 @@ TEST(BuddyAllocator, KeepsAFunctionsBlocksTogether) {
   EXPECT_EQ(largest_free_after_evicting_the_first(false), 128 * kMiB);
 }
 
-TEST(BuddyAllocator, AFunctionsNextBlockFollowsItsLatest) {
+TEST(BuddyAllocator, AFunctionsNextBlockStartsRightAfterItsLatest) {
+  // PyTorch's segments of one model, one after another: back to back from 0, with no skip to
+  // the next aligned boundary (a 20 MiB block after a 20 MiB block starts at 20, not 32).
   auto buddy = make({512 * kMiB}, no_sharing());
   uint64_t expected = 0;
-  for (uint64_t size : {20 * kMiB, 2 * kMiB, 6 * kMiB, 20 * kMiB, 2 * kMiB, 64 * kMiB}) {
+  for (uint64_t size : {20 * kMiB, 2 * kMiB, 6 * kMiB, 20 * kMiB, 20 * kMiB, 2 * kMiB, 64 * kMiB}) {
     AllocationResult r = buddy->allocate(size, 1);
     ASSERT_TRUE(r.ok());
-    if (r->where.offset != expected) {
-      // Only when the tail after the latest block is too small may it skip ahead, and then
-      // to an aligned buddy of the latest block's ancestors.
-      EXPECT_GT(r->where.offset, expected);
-      EXPECT_EQ(r->where.offset % r->bytes == 0 || r->where.offset % (32 * kMiB) == 0, true);
-    }
-    expected = r->where.offset + r->bytes;
+    EXPECT_EQ(r->where.offset, expected) << size / kMiB << " MiB";
+    expected += size;
   }
-  // 20 + 2 + 6 are packed back to back from 0.
-  auto check = make({512 * kMiB}, no_sharing());
-  EXPECT_EQ(check->allocate(20 * kMiB, 1)->where.offset, 0u);
-  EXPECT_EQ(check->allocate(2 * kMiB, 1)->where.offset, 20 * kMiB);
-  EXPECT_EQ(check->allocate(6 * kMiB, 1)->where.offset, 24 * kMiB);
+  EXPECT_TRUE(buddy->check_invariants().ok()) << buddy->check_invariants();
+  EXPECT_EQ(buddy->stats().internal_waste_bytes(), 0u);
+}
+
+TEST(BuddyAllocator, WhenTheNextPagesAreTakenTheBlockGoesToAFreeBuddyOfItsRegion) {
+  BuddyOptions options = no_sharing();
+  options.home_region_bytes = 2 * kMiB;  // new functions take the best fit, next to others
+  auto buddy = make({32 * kMiB}, options);
+  ASSERT_EQ(buddy->allocate(2 * kMiB, 1)->where.offset, 0u);
+  ASSERT_EQ(buddy->allocate(2 * kMiB, 2)->where.offset, 2 * kMiB) << "right after function 1";
+  // Function 1's next block cannot follow its latest; it takes the nearest free buddy of that
+  // block's ancestors: [4, 8).
+  AllocationResult next = buddy->allocate(4 * kMiB, 1);
+  ASSERT_TRUE(next.ok());
+  EXPECT_EQ(next->where.offset, 4 * kMiB);
+  EXPECT_TRUE(buddy->check_invariants().ok());
+}
+
+TEST(BuddyAllocator, FreeingBlocksPlacedBackToBackCoalescesThemIntoAlignedBlocks) {
+  auto buddy = make({128 * kMiB}, no_sharing());
+  std::vector<Allocation> blocks;
+  for (uint64_t size : {20 * kMiB, 20 * kMiB, 6 * kMiB, 20 * kMiB}) {
+    blocks.push_back(*buddy->allocate(size, 1));
+  }
+  // The second block [20, 40) straddles the 32 MiB boundary.
+  ASSERT_EQ(blocks[1].where.offset, 20 * kMiB);
+  ASSERT_TRUE(buddy->deallocate(blocks[1]).ok());
+  // [20, 40) comes back as aligned pieces [20, 24) [24, 32) [32, 40).
+  const FreeBlocks after_one = buddy->free_blocks();
+  EXPECT_NE(std::find(after_one.begin(), after_one.end(),
+                      std::pair<PoolLocation, uint64_t>{{0, 24 * kMiB}, 8 * kMiB}),
+            after_one.end());
+  EXPECT_TRUE(buddy->check_invariants().ok()) << buddy->check_invariants();
+  for (size_t i : {0, 3, 2}) ASSERT_TRUE(buddy->deallocate(blocks[i]).ok());
+  EXPECT_EQ(buddy->free_blocks(), (FreeBlocks{{{0, 0}, 128 * kMiB}}));
 }
 
 TEST(BuddyAllocator, ANewBlockGoesToTheFunctionsHomeChunk) {
@@ -231,12 +258,22 @@ TEST(BuddyAllocator, AShortfallNamesTheCheapestRegionsOwners) {
   EXPECT_EQ(buddy->stats().failures, 4u);
 }
 
+// Eight 8 MiB blocks of eight functions filling a 64 MiB chunk, in address order.
+std::vector<Allocation> eight_blocks(BuddyAllocator& buddy) {
+  std::vector<Allocation> blocks;
+  for (int i = 0; i < 8; ++i) blocks.push_back(*buddy.allocate(8 * kMiB, 1 + i));
+  std::sort(blocks.begin(), blocks.end(), [](const Allocation& a, const Allocation& b) {
+    return a.where.offset < b.where.offset;
+  });
+  return blocks;
+}
+
 TEST(BuddyAllocator, CountsAFailureDespiteEnoughFreeBytesAsFragmentation) {
   auto buddy = make({64 * kMiB}, no_sharing());
-  std::vector<Allocation> blocks;
-  for (int i = 0; i < 8; ++i) blocks.push_back(*buddy->allocate(8 * kMiB, 1 + i));
+  std::vector<Allocation> blocks = eight_blocks(*buddy);
   // Free every other block: 32 MiB free, in 8 MiB holes.
   for (int i = 0; i < 8; i += 2) ASSERT_TRUE(buddy->deallocate(blocks[i]).ok());
+  EXPECT_EQ(buddy->largest_free_run_bytes(), 8 * kMiB);
   AllocationResult r = buddy->allocate(16 * kMiB, 20);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.shortfall().free_bytes, 32 * kMiB);
@@ -244,6 +281,24 @@ TEST(BuddyAllocator, CountsAFailureDespiteEnoughFreeBytesAsFragmentation) {
   EXPECT_EQ(r.shortfall().evict_bytes, 8 * kMiB) << "one neighbour must go";
   EXPECT_EQ(buddy->stats().fragmentation_failures, 1u);
   EXPECT_DOUBLE_EQ(buddy->stats().fragmentation(), 0.75);
+}
+
+TEST(BuddyAllocator, ARequestNoFreeBlockHoldsTakesARunOfAdjacentFreeBlocks) {
+  auto buddy = make({64 * kMiB}, no_sharing());
+  std::vector<Allocation> blocks = eight_blocks(*buddy);
+  // [8, 16) and [16, 24) are free: adjacent, but not buddies, so no 16 MiB block exists.
+  ASSERT_TRUE(buddy->deallocate(blocks[1]).ok());
+  ASSERT_TRUE(buddy->deallocate(blocks[2]).ok());
+  EXPECT_EQ(buddy->stats().largest_free_bytes, 8 * kMiB);
+  EXPECT_EQ(buddy->largest_free_run_bytes(), 16 * kMiB);
+  AllocationResult r = buddy->allocate(16 * kMiB, 20);
+  ASSERT_TRUE(r.ok()) << r.shortfall().describe();
+  EXPECT_EQ(r->where.offset, 8 * kMiB);
+  EXPECT_EQ(buddy->stats().fragmentation_failures, 0u);
+  EXPECT_TRUE(buddy->check_invariants().ok()) << buddy->check_invariants();
+  // Freed, the run comes back as the two aligned blocks it was made of.
+  ASSERT_TRUE(buddy->deallocate(*r).ok());
+  EXPECT_EQ(buddy->free_blocks(), (FreeBlocks{{{0, 8 * kMiB}, 8 * kMiB}, {{0, 16 * kMiB}, 8 * kMiB}}));
 }
 
 TEST(BuddyAllocator, AddedChunksJoinThePool) {
@@ -256,6 +311,28 @@ TEST(BuddyAllocator, AddedChunksJoinThePool) {
   EXPECT_TRUE(buddy->allocate(64 * kMiB, 1).ok());
   EXPECT_TRUE(buddy->allocate(64 * kMiB, 2).ok());
   EXPECT_TRUE(buddy->check_invariants().ok());
+}
+
+// Regression: the largest block was fixed by the chunks given at creation, so a larger chunk
+// added later (or any chunk added to an empty pool) could only be handed out in pieces of the
+// old largest size, and requests between the two never fit.
+TEST(BuddyAllocator, AChunkLargerThanAnyBeforeRaisesTheLargestBlock) {
+  auto buddy = make({64 * kMiB, 96 * kMiB}, no_sharing());
+  ASSERT_TRUE(buddy->allocate(48 * kMiB, 1).ok());
+  ASSERT_TRUE(buddy->add_chunk(512 * kMiB).ok());
+  AllocationResult large = buddy->allocate(300 * kMiB, 2);
+  ASSERT_TRUE(large.ok()) << large.shortfall().describe();
+  EXPECT_EQ(large->where.chunk, 2u);
+  EXPECT_EQ(buddy->stats().largest_free_bytes, 128 * kMiB);
+  EXPECT_TRUE(buddy->check_invariants().ok()) << buddy->check_invariants();
+  ASSERT_TRUE(buddy->deallocate(*large).ok());
+  EXPECT_EQ(buddy->stats().largest_free_bytes, 512 * kMiB);
+
+  auto empty = make({}, no_sharing());
+  EXPECT_FALSE(empty->allocate(2 * kMiB, 1).ok());
+  ASSERT_TRUE(empty->add_chunk(64 * kMiB).ok());
+  EXPECT_TRUE(empty->allocate(64 * kMiB, 1).ok());
+  EXPECT_TRUE(empty->check_invariants().ok()) << empty->check_invariants();
 }
 
 TEST(BuddyAllocator, ManyChunksUseTheirNonEmptyBitmaps) {

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
 #include <thread>
 #include <vector>
 
@@ -67,6 +68,68 @@ TEST(GpuPools, EnforcesEachFunctionsQuotaOnEveryGpu) {
   EXPECT_TRUE(pools->allocate(1, 100 * kMiB, 8).ok());
   pools->set_quota(7, 0);
   EXPECT_TRUE(pools->allocate(1, 60 * kMiB, 7).ok());
+}
+
+// Regression: the quota was checked against the request, not against what the pool took after
+// rounding, so a function could end up over its quota by up to a minimum block per request.
+TEST(GpuPools, AQuotaCountsTheBytesThePoolTakesAfterRounding) {
+  auto pools = four_buddy_gpus();
+  pools->set_quota(7, 41 * kMiB);
+  AllocationResult rounded = pools->allocate(0, 41 * kMiB, 7);  // takes 42 MiB
+  ASSERT_FALSE(rounded.ok());
+  EXPECT_TRUE(rounded.shortfall().over_quota);
+  EXPECT_TRUE(rounded.shortfall().never_fits);
+  EXPECT_EQ(rounded.shortfall().needed_bytes, 42 * kMiB);
+  EXPECT_EQ(pools->stats(0).allocated_bytes, 0u) << "the pool's allocation was given back";
+  ASSERT_TRUE(pools->allocate(0, 40 * kMiB, 7).ok());
+  AllocationResult one_byte = pools->allocate(0, 1, 7);  // takes 2 MiB: 42 > 41
+  ASSERT_FALSE(one_byte.ok());
+  EXPECT_TRUE(one_byte.shortfall().over_quota);
+  EXPECT_FALSE(one_byte.shortfall().never_fits);
+  EXPECT_EQ(one_byte.shortfall().evict_bytes, 1 * kMiB);
+  EXPECT_EQ(pools->function_bytes(7, 0), 40 * kMiB);
+  EXPECT_TRUE(pools->check_invariants().ok()) << pools->check_invariants();
+}
+
+TEST(GpuPools, FreeingBringsAFunctionBackUnderItsQuota) {
+  auto pools = four_buddy_gpus();
+  pools->set_quota(7, 20 * kMiB);
+  AllocationResult a = pools->allocate(2, 20 * kMiB, 7);
+  ASSERT_TRUE(a.ok());
+  EXPECT_TRUE(pools->allocate(2, 2 * kMiB, 7).shortfall().over_quota);
+  ASSERT_TRUE(pools->deallocate(2, *a).ok());
+  EXPECT_TRUE(pools->allocate(2, 20 * kMiB, 7).ok());
+}
+
+TEST(GpuPools, EvictingWhatAShortfallNamesMakesTheRequestFit) {
+  auto pools = four_buddy_gpus(256 * kMiB);
+  // Eight functions fill GPU 1 with 32 MiB each, in 2 and 20 MiB segments.
+  std::map<FunctionId, std::vector<Allocation>> held;
+  for (FunctionId f = 1; f <= 8; ++f) {
+    for (uint64_t size : {20 * kMiB, 2 * kMiB, 2 * kMiB, 2 * kMiB, 2 * kMiB, 2 * kMiB, 2 * kMiB}) {
+      AllocationResult r = pools->allocate(1, size, f);
+      ASSERT_TRUE(r.ok()) << r.shortfall().describe();
+      held[f].push_back(*r);
+    }
+  }
+  // Function 9 wants 64 MiB in one block; function 3 is running and may not be evicted.
+  const auto evictable = [](FunctionId f) { return f != 3 && f != 9; };
+  AllocationResult r = pools->allocate(1, 64 * kMiB, 9, evictable);
+  ASSERT_FALSE(r.ok());
+  const Shortfall shortfall = r.shortfall();
+  EXPECT_EQ(shortfall.gpu, 1);
+  ASSERT_FALSE(shortfall.evict.empty()) << shortfall.describe();
+  uint64_t named = 0;
+  for (const OwnerBytes& owner : shortfall.evict) {
+    EXPECT_NE(owner.function, 3u);
+    named += owner.bytes;
+    for (const Allocation& a : held[owner.function]) ASSERT_TRUE(pools->deallocate(1, a).ok());
+    held.erase(owner.function);
+  }
+  EXPECT_GE(named, 64 * kMiB);
+  EXPECT_EQ(named, shortfall.evict_bytes);
+  EXPECT_TRUE(pools->allocate(1, 64 * kMiB, 9, evictable).ok());
+  EXPECT_TRUE(pools->check_invariants().ok()) << pools->check_invariants();
 }
 
 TEST(GpuPools, AShortfallNamesTheGpuAndWhoToEvict) {

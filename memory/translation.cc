@@ -1,0 +1,203 @@
+#include "memory/translation.h"
+
+#include <cstring>
+#include <utility>
+
+namespace hiber::memory {
+
+// ---- Mapping: the plan of a swap ----
+
+std::vector<VaRange> MapPlan::va_runs() const {
+  std::vector<VaRange> runs;
+  for (const MapCall& call : calls) {
+    if (!runs.empty() && runs.back().va + runs.back().bytes == call.va) {
+      runs.back().bytes += call.bytes;
+    } else {
+      runs.push_back({call.va, call.bytes});
+    }
+  }
+  return runs;
+}
+
+Result<MapPlan> plan_mapping(const BlockTable& table, int gpu, const BlockFilter& include) {
+  if (gpu < 0 || gpu >= table.gpu_count()) {
+    return error(ErrorCode::kInvalidValue, "map plan: GPU ", gpu, " of ", table.gpu_count());
+  }
+  const uint64_t granule_mask = table.granularity() - 1;
+  MapPlan plan;
+  plan.gpu = gpu;
+  for (const VirtualBlock& block : table.blocks()) {
+    if (include && !include(block)) continue;
+    const Placement& placement = block.on(gpu);
+    if (!placement.placed()) {
+      ++plan.unplaced_blocks;
+      continue;
+    }
+    const PoolLocation& where = placement.allocation.where;
+    if ((where.offset & granule_mask) != 0) {
+      return error(ErrorCode::kInvalidValue, "map plan: block ", hex_address(block.va),
+                   " is placed at offset ", where.offset, " of chunk ", where.chunk,
+                   ", not a multiple of the granularity ", table.granularity());
+    }
+    ++plan.blocks;
+    plan.bytes += block.bytes;
+    if (!plan.calls.empty()) {
+      MapCall& last = plan.calls.back();
+      if (last.va + last.bytes == block.va && last.chunk == where.chunk &&
+          last.chunk_offset + last.bytes == where.offset) {
+        last.bytes += block.bytes;
+        continue;
+      }
+    }
+    plan.calls.push_back(MapCall{block.va, block.bytes, where.chunk, where.offset});
+  }
+  return plan;
+}
+
+// ---- Kernel arguments ----
+
+Result<uint64_t> scan_kernel_params(const BlockTable& table, std::span<const std::byte> params,
+                                    const KernelInfo& kernel, std::vector<ArgumentPointer>& found) {
+  found.clear();
+  if (params.size() != kernel.param_bytes()) {
+    return error(ErrorCode::kInvalidValue, "kernel ", kernel.name, ": ", params.size(),
+                 " bytes of parameters, its layout has ", kernel.param_bytes());
+  }
+  const uint64_t base = table.range_base();
+  const uint64_t span = table.range_bytes();
+  uint64_t scanned = 0;
+  for (const ParamInfo& param : kernel.params) {
+    const uint64_t end = uint64_t{param.offset} + param.bytes;
+    if (end > params.size()) {
+      found.clear();
+      return error(ErrorCode::kInvalidValue, "kernel ", kernel.name, ": parameter at offset ",
+                   param.offset, " of ", param.bytes, " bytes lies outside the ", params.size(),
+                   "-byte buffer");
+    }
+    // Guard 1: only a parameter that can hold a pointer, and only its aligned words.
+    if (param.bytes < 8 || param.offset % 8 != 0) continue;
+    for (uint64_t at = param.offset; at + 8 <= end; at += 8) {
+      uint64_t word;
+      std::memcpy(&word, params.data() + at, sizeof(word));
+      ++scanned;
+      // Guard 2: inside the function's range, and inside (or at the end of) a live block.
+      if (word - base > span) continue;
+      const PointerTarget target = table.resolve(word);
+      if (target.found()) found.push_back({static_cast<uint32_t>(at), target});
+    }
+  }
+  return scanned;
+}
+
+// ---- The translators ----
+
+Result<PointerTarget> AddressTranslator::placed_range(uint64_t ptr, uint64_t bytes, int gpu) {
+  if (gpu < 0 || gpu >= table_.gpu_count()) {
+    ++counters_.refused;
+    return error(ErrorCode::kInvalidValue, name(), ": GPU ", gpu, " of ", table_.gpu_count());
+  }
+  Result<PointerTarget> target = table_.resolve_range(ptr, bytes);
+  if (!target.ok()) {
+    ++counters_.refused;
+    return target.status().with_context(name());
+  }
+  if (!target->block->on(gpu).placed()) {
+    ++counters_.refused;
+    return error(ErrorCode::kNotMapped, name(), ": block ", hex_address(target->block->va),
+                 " is not placed on GPU ", gpu);
+  }
+  return target;
+}
+
+Result<uint64_t> MappingTranslator::translate(uint64_t ptr, uint64_t bytes, int gpu) {
+  HIBER_RETURN_IF_ERROR(placed_range(ptr, bytes, gpu).status());
+  ++counters_.ranges;
+  return ptr;
+}
+
+Status MappingTranslator::translate_kernel_params(std::span<std::byte> params,
+                                                  const KernelInfo& kernel, int gpu) {
+  if (gpu < 0 || gpu >= table_.gpu_count() || params.size() != kernel.param_bytes()) {
+    ++counters_.refused;
+    return error(ErrorCode::kInvalidValue, "mapping: kernel ", kernel.name, " on GPU ", gpu,
+                 " with ", params.size(), " bytes of parameters, its layout has ",
+                 kernel.param_bytes());
+  }
+  ++counters_.launches;
+  return Status();
+}
+
+Result<std::unique_ptr<RewritingTranslator>> RewritingTranslator::create(
+    const BlockTable& table, std::vector<std::vector<uint64_t>> chunk_base) {
+  if (chunk_base.size() != static_cast<size_t>(table.gpu_count())) {
+    return error(ErrorCode::kInvalidValue, "rewriting: chunk bases for ", chunk_base.size(),
+                 " GPUs, the table has ", table.gpu_count());
+  }
+  if (table.range_base() < kMinRewritableAddress) {
+    return error(ErrorCode::kInvalidValue, "rewriting: the range at ",
+                 hex_address(table.range_base()),
+                 " starts below 4 GiB, where small integers would pass for pointers");
+  }
+  return std::unique_ptr<RewritingTranslator>(
+      new RewritingTranslator(table, std::move(chunk_base)));
+}
+
+Result<uint64_t> RewritingTranslator::device_address(const PointerTarget& target, int gpu) const {
+  const Placement& placement = target.block->on(gpu);
+  if (!placement.placed()) {
+    return error(ErrorCode::kNotMapped, "rewriting: block ", hex_address(target.block->va),
+                 " is not placed on GPU ", gpu);
+  }
+  const std::vector<uint64_t>& bases = chunk_base_[gpu];
+  if (placement.allocation.where.chunk >= bases.size()) {
+    return error(ErrorCode::kIllegalState, "rewriting: block ", hex_address(target.block->va),
+                 " is in chunk ", placement.allocation.where.chunk, " of GPU ", gpu, ", which has ",
+                 bases.size(), " chunks");
+  }
+  return bases[placement.allocation.where.chunk] + placement.allocation.where.offset +
+         target.offset;
+}
+
+Result<uint64_t> RewritingTranslator::translate(uint64_t ptr, uint64_t bytes, int gpu) {
+  HIBER_ASSIGN_OR_RETURN(const PointerTarget target, placed_range(ptr, bytes, gpu));
+  Result<uint64_t> address = device_address(target, gpu);
+  if (!address.ok()) {
+    ++counters_.refused;
+    return address;
+  }
+  ++counters_.ranges;
+  return address;
+}
+
+Status RewritingTranslator::translate_kernel_params(std::span<std::byte> params,
+                                                    const KernelInfo& kernel, int gpu) {
+  if (gpu < 0 || gpu >= table_.gpu_count()) {
+    ++counters_.refused;
+    return error(ErrorCode::kInvalidValue, "rewriting: GPU ", gpu, " of ", table_.gpu_count());
+  }
+  Result<uint64_t> scanned = scan_kernel_params(table_, params, kernel, found_);
+  if (!scanned.ok()) {
+    ++counters_.refused;
+    return scanned.status();
+  }
+  counters_.words_scanned += *scanned;
+  // Every address first, so that an error leaves the buffer as it was.
+  rewritten_.clear();
+  for (const ArgumentPointer& pointer : found_) {
+    Result<uint64_t> address = device_address(pointer.target, gpu);
+    if (!address.ok()) {
+      ++counters_.refused;
+      return address.status().with_context(
+          str_cat("kernel ", kernel.name, ", argument word at offset ", pointer.offset));
+    }
+    rewritten_.push_back(*address);
+  }
+  for (size_t i = 0; i < found_.size(); ++i) {
+    std::memcpy(params.data() + found_[i].offset, &rewritten_[i], sizeof(uint64_t));
+  }
+  counters_.words_rewritten += found_.size();
+  ++counters_.launches;
+  return Status();
+}
+
+}  // namespace hiber::memory
