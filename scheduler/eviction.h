@@ -15,7 +15,7 @@
 // Host copies are authoritative (DESIGN.md "Model state"): an eviction copies nothing back, it
 // only frees memory.
 //
-// Policies, selectable by name (policy_factory.h):
+// Policies, selectable by name (policy_factory.h, SchedulerOptions::eviction):
 //   "heaviness"  Torpor §5.4 (default): light models first, least recently used first among
 //                them; then heavy models, least recently used first.
 //   "lru"        least recently used (Torpor-LRU ablation).
@@ -113,17 +113,38 @@ class Evictor {
 
   // Victims on GPU g so that free_bytes(g) >= bytes afterwards, never `keep` (the model being
   // placed). Appends them to `out` in leaving order. false (and `out` unchanged) when even
-  // evicting every candidate would not make room.
+  // evicting every candidate would not make room. An over-committed GPU (more used than its
+  // capacity, after a model grew) counts its excess as needed too.
   bool plan(int g, uint64_t bytes, FunctionIndex keep, const EvictionContext& ctx,
             std::vector<Eviction>* out);
+
+  // The victims of the last plan, with their function indices (empty when it needed none or
+  // was refused).
+  const std::vector<EvictionCandidate>& victims() const { return victims_; }
 
   EvictionPolicy& policy() { return *policy_; }
   const EvictionOptions& options() const { return options_; }
 
  private:
+  // A candidate's place in the leaving order: (sole replica, key, key2, FunctionId), the two
+  // keys as one unsigned integer that orders like the pair, so that comparing is a flag check
+  // and one 128-bit comparison.
+  struct Rank {
+    unsigned __int128 keys;
+    FunctionId id;
+    uint32_t index;  // in candidates_
+    bool sole;       // no other complete replica (leaves after every duplicate)
+  };
+  static bool before(const Rank& a, const Rank& b) {
+    if (a.sole != b.sole) return b.sole;
+    if (a.keys != b.keys) return a.keys < b.keys;
+    return a.id < b.id;
+  }
+
   std::unique_ptr<EvictionPolicy> policy_;
   EvictionOptions options_;
   std::vector<EvictionCandidate> candidates_;
+  std::vector<Rank> ranks_;
   std::vector<EvictionCandidate> victims_;
 };
 

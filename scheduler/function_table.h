@@ -14,11 +14,11 @@
 #include <climits>
 #include <optional>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "common/status.h"
 #include "scheduler/heaviness.h"
+#include "scheduler/id_index.h"
 #include "scheduler/types.h"
 
 namespace hiber::scheduler {
@@ -49,11 +49,23 @@ struct WindowTotals {
   uint64_t completions = 0;  // n of RRC
   uint64_t on_time = 0;      // m of RRC
   Duration busy = 0;         // GPU time of the completed requests (dispatch to done)
+
+  WindowTotals& operator+=(const WindowTotals& o);
+  WindowTotals& operator-=(const WindowTotals& o);
+  friend bool operator==(const WindowTotals&, const WindowTotals&) = default;
 };
 
 // Counts in `buckets` buckets of width length / buckets. Bucket k covers
 // [k * width, (k + 1) * width); at time t the window is the bucket holding t and the
 // buckets - 1 before it.
+//
+// The sum over the window is kept as events come in and as totals() moves the window's end
+// forward (a cache: totals() is const but slides it), so a query is one read, or a few
+// subtractions for the buckets that left since the last one. The policies ask for a function's
+// totals on every request and the RRC threshold for every function each second; with
+// thousands of functions, a walk over every bucket would be a cache miss per bucket. Events
+// older than the window are ignored (they are forgotten already). A query for a time before
+// the window's end walks the buckets.
 class SlidingWindow {
  public:
   SlidingWindow() = default;
@@ -75,11 +87,20 @@ class SlidingWindow {
     int64_t index = INT64_MIN;
     WindowTotals totals;
   };
-  Bucket& bucket_at(Time t);
+  void add(Time t, const WindowTotals& delta);
+  // Moves the window's end to bucket `index` (> newest_), dropping buckets that leave it.
+  void slide_to(int64_t index) const;
+  // `sum` minus the buckets in (newest_ - n, end - n], those that leave when the end moves on.
+  WindowTotals without_expired(WindowTotals sum, int64_t end) const;
+  Bucket& slot(int64_t index);
   int64_t index_of(Time t) const;
+  int64_t size() const { return static_cast<int64_t>(buckets_.size()); }
 
   Duration width_ = 5 * kSecond;
   std::vector<Bucket> buckets_;
+  // The window's end: the highest bucket index written or queried.
+  mutable int64_t newest_ = INT64_MIN;
+  mutable WindowTotals sum_;  // the buckets in (newest_ - buckets, newest_]
 };
 
 // What the node has seen of one function.
@@ -90,7 +111,6 @@ struct FunctionStats {
   Time last_arrival = 0;
   MovingMean exec;            // resident executions: dispatch to done, no swap
   MovingMean host_swap;       // host->GPU swaps: dispatch to swap finished
-  bool heavy = false;         // current label (heaviness.h), recomputed on each sample
 };
 
 class FunctionTable {
@@ -113,7 +133,11 @@ class FunctionTable {
   FunctionId id(FunctionIndex i) const { return ids_[i]; }
   const FunctionSpec& spec(FunctionIndex i) const { return specs_[i]; }
   const FunctionStats& stats(FunctionIndex i) const { return stats_[i]; }
-  bool heavy(FunctionIndex i) const { return stats_[i].heavy; }
+  // The current label (heaviness.h), recomputed on each sample.
+  bool heavy(FunctionIndex i) const { return heavy_[i] != 0; }
+
+  // The model's size changed (hiberd learns it when the first run ends). REQUIRES: bytes > 0.
+  void set_model_bytes(FunctionIndex i, uint64_t bytes);
 
   // Observations (the Scheduler reports them).
   void record_arrival(FunctionIndex i, Time t);
@@ -126,13 +150,21 @@ class FunctionTable {
   // Expected host->GPU swap time: the measured mean once there is a sample, else the hint,
   // else model_bytes / host_gbps. Caching policies use it as the miss penalty.
   Duration swap_estimate(FunctionIndex i) const;
+  // Expected execution time with the model resident: the measured mean once there is a sample,
+  // else the hint, else 0 (unknown).
+  Duration exec_estimate(FunctionIndex i) const;
   // Mean GPU time per request over the window (dispatch to done); without completions in the
   // window, the execution estimate (measured mean, else hint).
   double service_seconds(FunctionIndex i, Time now) const;
   // GPU-seconds per second the function asks of the node: arrival_rate x service_seconds.
   double demand(FunctionIndex i, Time now) const;
+  // The same three from the window's totals at `now`, when the caller has them already.
+  double arrival_rate(FunctionIndex i, Time now, const WindowTotals& totals) const;
+  double service_seconds(FunctionIndex i, const WindowTotals& totals) const;
+  double demand(FunctionIndex i, Time now, const WindowTotals& totals) const;
 
   const HeavinessClassifier& classifier() const { return classifier_; }
+  const WindowOptions& window_options() const { return window_options_; }
 
  private:
   void reclassify(FunctionIndex i);
@@ -140,10 +172,12 @@ class FunctionTable {
   WindowOptions window_options_;
   HeavinessClassifier classifier_;
   double host_gbps_;
-  std::unordered_map<FunctionId, FunctionIndex> index_;
+  IdIndex index_;
   std::vector<FunctionId> ids_;
   std::vector<FunctionSpec> specs_;
   std::vector<FunctionStats> stats_;
+  // Apart from stats_, densely: eviction reads the label of every replica on a GPU.
+  std::vector<uint8_t> heavy_;
   std::vector<bool> live_;
 };
 

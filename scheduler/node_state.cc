@@ -5,7 +5,10 @@
 namespace hiber::scheduler {
 
 NodeState::NodeState(const Topology& topology)
-    : topology_(&topology), gpus_(topology.gpu_count()), available_(topology.all_gpus()) {
+    : topology_(&topology),
+      gpus_(topology.gpu_count()),
+      available_(topology.all_gpus()),
+      healthy_(topology.all_gpus()) {
   for (int g = 0; g < topology.gpu_count(); ++g) gpus_[g].capacity = topology.memory_bytes(g);
 }
 
@@ -61,11 +64,16 @@ void NodeState::remove_replica(int g, FunctionIndex f) {
   }
 }
 
-void NodeState::mark_complete(int g, FunctionIndex f) {
+void NodeState::set_replica_bytes(int g, FunctionIndex f, uint64_t bytes) {
   if (Replica* r = find(g, f)) {
-    r->loading = false;
-    holders_[f] |= gpu_bit(g);
+    gpus_[g].used = gpus_[g].used - r->bytes + bytes;
+    r->bytes = bytes;
   }
+}
+
+void NodeState::mark_complete(int g, Replica& replica) {
+  replica.loading = false;
+  holders_[replica.function] |= gpu_bit(g);
 }
 
 void NodeState::set_running(int g, RequestId request, FunctionIndex f) {
@@ -77,7 +85,17 @@ void NodeState::set_running(int g, RequestId request, FunctionIndex f) {
 void NodeState::clear_running(int g) {
   gpus_[g].running = kNoRequest;
   gpus_[g].running_function = kNoFunction;
-  available_ |= gpu_bit(g);
+  available_ |= gpu_bit(g) & healthy_;
+}
+
+void NodeState::set_healthy(int g, bool healthy) {
+  if (healthy) {
+    healthy_ |= gpu_bit(g);
+    if (gpus_[g].running == kNoRequest) available_ |= gpu_bit(g);
+  } else {
+    healthy_ &= ~gpu_bit(g);
+    available_ &= ~gpu_bit(g);
+  }
 }
 
 void NodeState::set_host_loading(int g, FunctionIndex f) {
@@ -108,8 +126,12 @@ Status NodeState::check_invariants() const {
     if (used != s.used)
       return error(ErrorCode::kIllegalState, "GPU ", g, " used ", s.used, " != replicas ", used);
     const bool running = s.running != kNoRequest;
-    if (running == ((available_ & gpu_bit(g)) != 0))
-      return error(ErrorCode::kIllegalState, "GPU ", g, " availability disagrees with its request");
+    const bool should_be_available = !running && (healthy_ & gpu_bit(g)) != 0;
+    if (should_be_available != ((available_ & gpu_bit(g)) != 0))
+      return error(ErrorCode::kIllegalState, "GPU ", g,
+                   " availability disagrees with its health and request");
+    if (running != (s.running_function != kNoFunction))
+      return error(ErrorCode::kIllegalState, "GPU ", g, " running request and function disagree");
     if (!running && s.host_loading != kNoFunction)
       return error(ErrorCode::kIllegalState, "GPU ", g, " loads from the host with no request");
     if ((s.host_loading != kNoFunction) != ((host_loading_mask_ & gpu_bit(g)) != 0))

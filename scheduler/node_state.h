@@ -45,8 +45,10 @@ class NodeState {
   int gpu_count() const { return topology_->gpu_count(); }
   const GpuState& gpu(int g) const { return gpus_[g]; }
 
-  // GPUs with no request placed on them: Algorithm 1's set A.
+  // Healthy GPUs with no request placed on them: Algorithm 1's set A.
   GpuMask available() const { return available_; }
+  // GPUs that may take requests; an unhealthy GPU is never available.
+  GpuMask healthy() const { return healthy_; }
   // GPUs holding a complete replica of f: Algorithm 1's set M.
   GpuMask holders(FunctionIndex f) const { return f < holders_.size() ? holders_[f] : 0; }
   // GPUs with a PCIe load in flight.
@@ -70,13 +72,18 @@ class NodeState {
   Replica& add_replica(int g, FunctionIndex f, uint64_t bytes, bool loading, Time now);
   // Removes f's replica from g, if present.
   void remove_replica(int g, FunctionIndex f);
-  void mark_complete(int g, FunctionIndex f);
+  // Resizes f's replica on g, if present (the model's size became known).
+  void set_replica_bytes(int g, FunctionIndex f, uint64_t bytes);
+  // The replica (on GPU g) has all its bytes.
+  void mark_complete(int g, Replica& replica);
   void set_running(int g, RequestId request, FunctionIndex f);
   void clear_running(int g);
   void set_host_loading(int g, FunctionIndex f);
+  void set_healthy(int g, bool healthy);
 
   // The invariants every event must keep: used = sum of replica bytes, holder masks match the
-  // replicas, availability matches the running requests, at most one replica per (GPU, model).
+  // replicas, availability matches health and the running requests, at most one replica per
+  // (GPU, model).
   // kIllegalState naming the first broken one. For tests and the simulator's debug mode.
   Status check_invariants() const;
 
@@ -85,6 +92,7 @@ class NodeState {
   std::vector<GpuState> gpus_;
   std::vector<GpuMask> holders_;
   GpuMask available_ = 0;
+  GpuMask healthy_ = 0;
   GpuMask host_loading_mask_ = 0;
 };
 

@@ -21,11 +21,14 @@ namespace {
 
 int lowest(GpuMask mask) { return std::countr_zero(mask); }
 
-// Available GPUs that could ever hold f's model.
+// Available GPUs the placement may choose.
+GpuMask allowed(const PlacementContext& ctx) { return ctx.node.available() & ~ctx.excluded; }
+
+// Allowed GPUs that could ever hold f's model.
 GpuMask candidates(FunctionIndex f, const PlacementContext& ctx) {
   const uint64_t bytes = ctx.functions.spec(f).model_bytes;
   GpuMask out = 0;
-  for (GpuMask m = ctx.node.available(); m != 0; m &= m - 1) {
+  for (GpuMask m = allowed(ctx); m != 0; m &= m - 1) {
     const int g = lowest(m);
     if (ctx.node.usable_bytes(g) >= bytes) out |= gpu_bit(g);
   }
@@ -57,7 +60,7 @@ class Algorithm1Placement final : public PlacementPolicy {
     const GpuMask holders = node.holders(f);  // M
 
     // Line 5-8: resident on an available GPU.
-    if (const GpuMask g = holders & node.available(); g != 0)
+    if (const GpuMask g = holders & allowed(ctx); g != 0)
       return Placement{lowest(g), Source::kResident, -1, PlacementRule::kResident};
 
     const GpuMask available = candidates(f, ctx);  // A
@@ -127,7 +130,7 @@ class RandomPlacement final : public PlacementPolicy {
 
   Placement place(FunctionIndex f, const PlacementContext& ctx) override {
     const NodeState& node = ctx.node;
-    if (const GpuMask g = node.holders(f) & node.available(); g != 0) {
+    if (const GpuMask g = node.holders(f) & allowed(ctx); g != 0) {
       const int gpu = nth_bit(g, ctx.rng.uniform(static_cast<uint64_t>(std::popcount(g))));
       return Placement{gpu, Source::kResident, -1, PlacementRule::kResident};
     }

@@ -1,6 +1,6 @@
 // Placement: which available GPU runs a request, and where its model comes from.
 //
-// Two policies, selectable by name (policy_factory.h):
+// Two policies, selectable by name (policy_factory.h, SchedulerOptions::placement):
 //
 // "algorithm1" (default): Torpor's Algorithm 1 (§5.3), exactly:
 //   1. the model is resident on an available GPU: run there, no swap;
@@ -10,6 +10,9 @@
 //      are not loading from the host; failing that, one whose loading neighbours all load
 //      light models; failing that, any available GPU;
 //   4. no GPU is available: the request waits in the queue.
+// Both only ever choose among the GPUs the context does not exclude (PlacementContext::excluded):
+// the dispatcher excludes a GPU where eviction could not make room for this model, and gShare's
+// queue names the one GPU a request may take.
 // Where the paper says "any GPU" we choose deterministically, so runs replay: in branch 1 the
 // lowest-numbered GPU; in branches 2 and 3 the candidate with the most free memory (fewest
 // evictions before the load), then the lowest number (branch 2: then the lowest holder).
@@ -63,6 +66,9 @@ struct PlacementContext {
   const NodeState& node;
   const FunctionTable& functions;
   Rng& rng;
+  // GPUs this placement must not choose, even when available (and even where the model is
+  // resident).
+  GpuMask excluded = 0;
 };
 
 class PlacementPolicy {

@@ -1,0 +1,624 @@
+#include "scheduler/scheduler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <utility>
+
+#include "scheduler/policy_factory.h"
+
+namespace hiber::scheduler {
+namespace {
+
+// One accepted request. A slot is reused once its request finishes; its generation tells the
+// ids apart.
+struct RequestSlot {
+  uint32_t generation = 0;  // of the last id issued from this slot; 0: never issued
+  bool live = false;
+  RequestState state = RequestState::kFinished;
+  FunctionIndex function = kNoFunction;
+  Time arrival = 0;
+  Time deadline = 0;
+  Time dispatched = 0;
+  uint64_t arrival_index = 0;
+  int gpu = -1;
+  Source source = Source::kResident;
+  int source_gpu = -1;
+  bool release_source = false;
+  bool pinned = false;  // holds a pin on its peer source replica
+  bool background = false;  // not a request of the function's callers (see arrive())
+};
+
+uint32_t slot_of(RequestId id) { return static_cast<uint32_t>(id); }
+uint32_t generation_of(RequestId id) { return static_cast<uint32_t>(id >> 32); }
+RequestId make_id(uint32_t slot, uint32_t generation) {
+  return (static_cast<RequestId>(generation) << 32) | slot;
+}
+
+Status validate(const SchedulerOptions& options) {
+  if (options.per_function_concurrency < 1)
+    return error(ErrorCode::kInvalidValue, "scheduler: per_function_concurrency ",
+                 options.per_function_concurrency, " is below 1");
+  if (options.window.length <= 0 || options.window.buckets < 1 ||
+      options.window.length < options.window.buckets)
+    return error(ErrorCode::kInvalidValue, "scheduler: window of ", options.window.length,
+                 " ns in ", options.window.buckets, " buckets (needs length >= buckets >= 1)");
+  const HeavinessOptions& h = options.heaviness;
+  if (!(h.heavy_ratio > 0 && std::isfinite(h.heavy_ratio)))
+    return error(ErrorCode::kInvalidValue, "scheduler: heavy_ratio ", h.heavy_ratio,
+                 " is not a finite number > 0");
+  if (!(h.ewma_alpha > 0 && h.ewma_alpha <= 1))
+    return error(ErrorCode::kInvalidValue, "scheduler: ewma_alpha ", h.ewma_alpha,
+                 " is not in (0, 1]");
+  const EvictionOptions& e = options.eviction_options;
+  if (!(e.mcache_b0 > 0 && std::isfinite(e.mcache_b0)))
+    return error(ErrorCode::kInvalidValue, "scheduler: mcache_b0 ", e.mcache_b0,
+                 " is not a finite number > 0");
+  if (e.mcache_refresh < 0)
+    return error(ErrorCode::kInvalidValue, "scheduler: mcache_refresh is negative");
+  return validate(options.queue_options);
+}
+
+// The host bandwidth swap estimates assume: the slowest PCIe switch, so estimates err long.
+double slowest_host_gbps(const Topology& topology) {
+  double gbps = 0;
+  for (int g = 0; g < topology.gpu_count(); ++g) {
+    const double h = topology.host_to_device_gbps(g);
+    if (h > 0 && (gbps == 0 || h < gbps)) gbps = h;
+  }
+  return gbps;
+}
+
+}  // namespace
+
+struct Scheduler::Impl {
+  Impl(const Topology& t, const SchedulerOptions& o, const FutureOracle* future,
+       std::unique_ptr<PlacementPolicy> placement_policy,
+       std::unique_ptr<EvictionPolicy> eviction_policy, std::unique_ptr<QueuePolicy> queue_policy)
+      : topology(t),
+        options(o),
+        oracle(future),
+        rng(o.seed),
+        node(t),
+        functions(o.window, o.heaviness, slowest_host_gbps(t)),
+        placement(std::move(placement_policy)),
+        evictor(std::move(eviction_policy), o.eviction_options),
+        queue(std::move(queue_policy)),
+        started(static_cast<size_t>(t.gpu_count()), 0) {}
+
+  // ---- Time and contexts ----
+  // Time never goes backwards: a smaller `now` is taken as the latest seen (types.h).
+  Time advance(Time now) {
+    if (!clock_started || now > last_now) last_now = now;
+    clock_started = true;
+    return last_now;
+  }
+  QueueContext queue_context() const { return QueueContext{last_now, node, functions, started}; }
+  EvictionContext eviction_context(uint64_t arrival_index) {
+    return EvictionContext{last_now, node, functions, rng, oracle, arrival_index};
+  }
+  bool valid_gpu(int g) const { return g >= 0 && g < topology.gpu_count(); }
+
+  // ---- The request table ----
+  RequestSlot* find(RequestId id) {
+    const uint32_t slot = slot_of(id);
+    if (slot >= slots.size()) return nullptr;
+    RequestSlot& r = slots[slot];
+    return r.live && r.generation == generation_of(id) ? &r : nullptr;
+  }
+  const RequestSlot* find(RequestId id) const { return const_cast<Impl*>(this)->find(id); }
+
+  Result<RequestId> acquire_slot() {
+    uint32_t slot;
+    if (!free_slots.empty()) {
+      slot = free_slots.back();
+      free_slots.pop_back();
+    } else {
+      if (slots.size() >= UINT32_MAX)
+        return error(ErrorCode::kOutOfMemory, "scheduler: 2^32 requests in flight");
+      slot = static_cast<uint32_t>(slots.size());
+      slots.emplace_back();
+    }
+    RequestSlot& r = slots[slot];
+    if (++r.generation == 0) r.generation = 1;  // ids are never 0
+    r.live = true;
+    return make_id(slot, r.generation);
+  }
+
+  void release_slot(RequestId id) {
+    RequestSlot& r = slots[slot_of(id)];
+    r = RequestSlot{.generation = r.generation};
+    free_slots.push_back(slot_of(id));
+  }
+
+  // ---- Decisions ----
+  // Starts the candidate if a GPU it may take can hold its model (after evictions). Retries
+  // placement without a GPU where eviction cannot make room.
+  bool start(const QueueCandidate& c, std::vector<Decision>* out) {
+    RequestSlot& r = slots[slot_of(c.request)];
+    const FunctionIndex f = c.function;
+    const uint64_t bytes = functions.spec(f).model_bytes;
+    const EvictionContext ectx = eviction_context(r.arrival_index);
+    GpuMask excluded = ~c.allowed;
+    while (true) {
+      const Placement p = placement->place(f, PlacementContext{node, functions, rng, excluded});
+      if (!p.placed()) return false;
+      victims.clear();
+      if (p.source == Source::kResident || evictor.plan(p.gpu, bytes, f, ectx, &victims)) {
+        commit(c.request, r, p, ectx, out);
+        return true;
+      }
+      excluded |= gpu_bit(p.gpu);
+    }
+  }
+
+  // Updates the view as if the decision were carried out, and reports it.
+  void commit(RequestId id, RequestSlot& r, const Placement& p, const EvictionContext& ectx,
+              std::vector<Decision>* out) {
+    const Time now = last_now;
+    const FunctionIndex f = r.function;
+    const int g = p.gpu;
+    Decision& d = out->emplace_back();
+    d.request = id;
+    d.function = functions.id(f);
+    d.gpu = g;
+    d.source = p.source;
+    d.source_gpu = p.source_gpu;
+    d.rule = p.rule;
+    d.arrival = r.arrival;
+    d.arrival_index = r.arrival_index;
+    d.evictions = victims;
+    drop_victims();
+    const uint64_t bytes = functions.spec(f).model_bytes;
+    switch (p.source) {
+      case Source::kResident:
+        node.find(g, f)->last_used = now;
+        r.state = RequestState::kRunning;
+        ++counters.resident_starts;
+        break;
+      case Source::kPeer:
+        node.add_replica(g, f, bytes, /*loading=*/true, now);
+        ++node.find(p.source_gpu, f)->source_pins;
+        r.pinned = true;
+        // A move when the target had to evict to fit (§5.4: one replica when full). Only with
+        // one request per function at a time: otherwise another request of the function could
+        // start on the source replica before the copy completes and lose it under its feet.
+        d.release_source = !victims.empty() && options.per_function_concurrency == 1;
+        r.state = RequestState::kLoading;
+        ++counters.peer_swaps;
+        break;
+      case Source::kHost:
+        node.add_replica(g, f, bytes, /*loading=*/true, now);
+        node.set_host_loading(g, f);
+        r.state = RequestState::kLoading;
+        ++counters.host_swaps;
+        break;
+    }
+    if (p.source != Source::kResident) evictor.policy().on_loaded(f, ectx);
+    node.set_running(g, id, f);
+    started[static_cast<size_t>(g)] = now;
+    r.gpu = g;
+    r.dispatched = now;
+    r.source = p.source;
+    r.source_gpu = p.source_gpu;
+    r.release_source = d.release_source;
+    ++counters.dispatched;
+  }
+
+  // This decision's victims (`victims`, cleared before every plan) leave the view. Not the
+  // evictor's own list: a resident start runs no plan, and that list would still hold the
+  // victims of an earlier one.
+  void drop_victims() {
+    for (const Eviction& v : victims) {
+      node.remove_replica(v.gpu, functions.find(v.function));
+      ++counters.evictions;
+      counters.evicted_bytes += v.bytes;
+    }
+  }
+
+  // ---- Ends of loads and requests ----
+  void unpin(RequestSlot& r) {
+    if (!r.pinned) return;
+    r.pinned = false;
+    Replica* source = node.find(r.source_gpu, r.function);
+    if (source != nullptr && source->source_pins > 0) --source->source_pins;
+  }
+
+  // The replica (g, f) is leaving the view outside a decision: requests copying from it no
+  // longer hold a pin on it.
+  void forget_pins(int g, FunctionIndex f) {
+    for (int x = 0; x < topology.gpu_count(); ++x) {
+      const RequestId id = node.gpu(x).running;
+      if (id == kNoRequest) continue;
+      RequestSlot& r = slots[slot_of(id)];
+      if (r.pinned && r.source_gpu == g && r.function == f) r.pinned = false;
+    }
+  }
+
+  void finish_load(RequestSlot& r, bool ok) {
+    const FunctionIndex f = r.function;
+    const int g = r.gpu;
+    unpin(r);
+    Replica* replica = node.find(g, f);
+    if (ok) {
+      if (replica != nullptr) {
+        node.mark_complete(g, *replica);
+        replica->last_used = last_now;
+      }
+      if (r.source == Source::kHost) functions.record_host_swap(f, last_now - r.dispatched);
+      if (r.release_source) node.remove_replica(r.source_gpu, f);
+    } else if (replica != nullptr && replica->loading) {
+      node.remove_replica(g, f);
+    }
+    if (r.source == Source::kHost && node.gpu(g).host_loading == f)
+      node.set_host_loading(g, kNoFunction);
+    r.state = RequestState::kRunning;
+  }
+
+  void finish(RequestId id, RequestSlot& r, bool failed, Duration exec) {
+    const Time now = last_now;
+    const FunctionIndex f = r.function;
+    const int g = r.gpu;
+    if (r.state == RequestState::kLoading) finish_load(r, /*ok=*/false);
+    if (Replica* replica = node.find(g, f); replica != nullptr && !replica->loading)
+      replica->last_used = now;
+    node.clear_running(g);
+    if (!r.background) {
+      const bool on_time = !failed && now - r.arrival <= functions.spec(f).slo;
+      functions.record_completion(f, now, on_time, now - r.dispatched);
+      if (!failed) {
+        if (exec >= 0) {
+          functions.record_exec(f, exec);
+        } else if (r.source == Source::kResident) {
+          functions.record_exec(f, now - r.dispatched);
+        }
+      }
+      ++counters.completed;
+      if (on_time) ++counters.on_time;
+      if (failed) ++counters.failed;
+    }
+    const uint32_t limit = static_cast<uint32_t>(options.per_function_concurrency);
+    const bool was_limited = in_flight[f] >= limit;
+    --in_flight[f];
+    release_slot(id);
+    const QueueContext ctx = queue_context();
+    if (was_limited && in_flight[f] < limit) queue->set_eligible(f, true, ctx);
+    queue->on_completion(f, ctx);
+  }
+
+  Status check_requests() const;
+
+  const Topology& topology;
+  SchedulerOptions options;
+  const FutureOracle* oracle;
+  Rng rng;
+  NodeState node;
+  FunctionTable functions;
+  std::unique_ptr<PlacementPolicy> placement;
+  Evictor evictor;
+  std::unique_ptr<QueuePolicy> queue;
+
+  std::vector<RequestSlot> slots;
+  std::vector<uint32_t> free_slots;
+  std::vector<uint32_t> in_flight;  // per function index: requests loading or running
+  std::vector<Time> started;        // per GPU: dispatch time of the request running there
+  SchedulerCounters counters;
+  bool clock_started = false;
+  Time last_now = 0;
+  uint64_t next_arrival_index = 0;
+  std::vector<Eviction> victims;  // scratch for plans
+};
+
+Status Scheduler::Impl::check_requests() const {
+  size_t queued = 0;
+  std::vector<uint32_t> flight(in_flight.size(), 0);
+  std::map<std::pair<int, FunctionIndex>, uint32_t> pins;
+  for (uint32_t slot = 0; slot < slots.size(); ++slot) {
+    const RequestSlot& r = slots[slot];
+    if (!r.live) continue;
+    const RequestId id = make_id(slot, r.generation);
+    if (!functions.live(r.function))
+      return error(ErrorCode::kIllegalState, "request ", id, " belongs to no registered function");
+    if (r.state == RequestState::kQueued) {
+      ++queued;
+      if (!queue->contains(id))
+        return error(ErrorCode::kIllegalState, "queued request ", id, " is not in the queue");
+      continue;
+    }
+    if (r.state != RequestState::kLoading && r.state != RequestState::kRunning)
+      return error(ErrorCode::kIllegalState, "request ", id, " is live but finished");
+    if (queue->contains(id))
+      return error(ErrorCode::kIllegalState, "dispatched request ", id, " is still queued");
+    if (!valid_gpu(r.gpu) || node.gpu(r.gpu).running != id)
+      return error(ErrorCode::kIllegalState, "dispatched request ", id, " does not hold GPU ",
+                   r.gpu);
+    ++flight[r.function];
+    const GpuState& gpu = node.gpu(r.gpu);
+    const bool loading = r.state == RequestState::kLoading;
+    const bool host_loading = loading && r.source == Source::kHost;
+    if (host_loading != (gpu.host_loading == r.function))
+      return error(ErrorCode::kIllegalState, "request ", id, " and GPU ", r.gpu,
+                   " disagree on a host load");
+    if (r.pinned) {
+      if (!loading || r.source != Source::kPeer)
+        return error(ErrorCode::kIllegalState, "request ", id, " pins a source it is not copying");
+      ++pins[{r.source_gpu, r.function}];
+    }
+  }
+  if (queued != queue->size())
+    return error(ErrorCode::kIllegalState, queued, " requests are queued, the queue holds ",
+                 queue->size());
+  for (FunctionIndex f = 0; f < in_flight.size(); ++f) {
+    if (flight[f] != in_flight[f])
+      return error(ErrorCode::kIllegalState, "function index ", f, " has ", flight[f],
+                   " requests in flight, counted ", in_flight[f]);
+    if (in_flight[f] > static_cast<uint32_t>(options.per_function_concurrency))
+      return error(ErrorCode::kIllegalState, "function index ", f, " exceeds its concurrency");
+  }
+  for (int g = 0; g < topology.gpu_count(); ++g) {
+    const GpuState& gpu = node.gpu(g);
+    if (gpu.running != kNoRequest) {
+      const RequestSlot* r = find(gpu.running);
+      if (r == nullptr || r->gpu != g || r->function != gpu.running_function)
+        return error(ErrorCode::kIllegalState, "GPU ", g, " runs request ", gpu.running,
+                     " which is not dispatched there");
+    }
+    for (const Replica& replica : gpu.replicas) {
+      if (replica.loading) {
+        const RequestSlot* r = gpu.running == kNoRequest ? nullptr : find(gpu.running);
+        if (r == nullptr || r->state != RequestState::kLoading || r->function != replica.function)
+          return error(ErrorCode::kIllegalState, "GPU ", g, " loads function index ",
+                       replica.function, " for no request");
+      }
+      auto it = pins.find({g, replica.function});
+      const uint32_t expected = it == pins.end() ? 0 : it->second;
+      if (replica.source_pins != expected)
+        return error(ErrorCode::kIllegalState, "replica of function index ", replica.function,
+                     " on GPU ", g, " has ", replica.source_pins, " pins, ", expected,
+                     " copies read it");
+    }
+  }
+  return Status();
+}
+
+// ---- Scheduler ----
+
+Result<std::unique_ptr<Scheduler>> Scheduler::create(const Topology& topology,
+                                                     const SchedulerOptions& options,
+                                                     const FutureOracle* oracle) {
+  HIBER_RETURN_IF_ERROR(validate(options));
+  HIBER_ASSIGN_OR_RETURN(std::unique_ptr<PlacementPolicy> placement,
+                         make_placement_policy(options.placement));
+  HIBER_ASSIGN_OR_RETURN(std::unique_ptr<EvictionPolicy> eviction,
+                         make_eviction_policy(options.eviction, options.eviction_options, oracle));
+  HIBER_ASSIGN_OR_RETURN(std::unique_ptr<QueuePolicy> queue,
+                         make_queue_policy(options.queue, options.queue_options));
+  auto impl = std::make_unique<Impl>(topology, options, oracle, std::move(placement),
+                                     std::move(eviction), std::move(queue));
+  return std::unique_ptr<Scheduler>(new Scheduler(std::move(impl)));
+}
+
+Scheduler::Scheduler(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Scheduler::~Scheduler() = default;
+
+// ---- Functions ----
+
+Status Scheduler::register_function(FunctionId id, const FunctionSpec& spec, Time now) {
+  Impl& s = *impl_;
+  now = s.advance(now);
+  uint64_t largest = 0;
+  for (int g = 0; g < s.topology.gpu_count(); ++g)
+    largest = std::max(largest, s.topology.memory_bytes(g));
+  if (spec.model_bytes > largest)
+    return error(ErrorCode::kInvalidValue, "function ", id, ": a model of ", spec.model_bytes,
+                 " bytes fits on no GPU (the largest has ", largest, ")");
+  HIBER_ASSIGN_OR_RETURN(const FunctionIndex f, s.functions.add(id, spec, now));
+  s.node.ensure_function_slots(s.functions.slots());
+  s.in_flight.resize(s.functions.slots(), 0);
+  s.queue->add_function(f);
+  s.queue->invalidate();
+  return Status();
+}
+
+Status Scheduler::unregister_function(FunctionId id, Time now, std::vector<RequestId>* cancelled) {
+  Impl& s = *impl_;
+  s.advance(now);
+  const FunctionIndex f = s.functions.find(id);
+  if (f == kNoFunction) return error(ErrorCode::kNotFound, "function ", id, " is not registered");
+  if (s.in_flight[f] > 0)
+    return error(ErrorCode::kIllegalState, "function ", id, " has ", s.in_flight[f],
+                 " requests loading or running");
+  std::vector<RequestId> ids;
+  s.queue->erase_function(f, &ids);
+  for (RequestId r : ids) s.release_slot(r);
+  s.counters.cancelled += ids.size();
+  if (cancelled != nullptr) cancelled->insert(cancelled->end(), ids.begin(), ids.end());
+  for (int g = 0; g < s.topology.gpu_count(); ++g) s.node.remove_replica(g, f);
+  HIBER_RETURN_IF_ERROR(s.functions.remove(id));
+  s.queue->invalidate();
+  return Status();
+}
+
+Status Scheduler::set_model_bytes(FunctionId id, uint64_t bytes) {
+  Impl& s = *impl_;
+  const FunctionIndex f = s.functions.find(id);
+  if (f == kNoFunction) return error(ErrorCode::kNotFound, "function ", id, " is not registered");
+  uint64_t largest = 0;
+  for (int g = 0; g < s.topology.gpu_count(); ++g)
+    largest = std::max(largest, s.topology.memory_bytes(g));
+  if (bytes == 0 || bytes > largest)
+    return error(ErrorCode::kInvalidValue, "function ", id, ": model size ", bytes,
+                 " is 0 or fits on no GPU (the largest has ", largest, ")");
+  s.functions.set_model_bytes(f, bytes);
+  for (int g = 0; g < s.topology.gpu_count(); ++g) s.node.set_replica_bytes(g, f, bytes);
+  return Status();
+}
+
+// ---- Requests ----
+
+Result<RequestId> Scheduler::arrive(FunctionId id, Time now, bool background) {
+  Impl& s = *impl_;
+  now = s.advance(now);
+  const FunctionIndex f = s.functions.find(id);
+  if (f == kNoFunction) return error(ErrorCode::kNotFound, "function ", id, " is not registered");
+  HIBER_ASSIGN_OR_RETURN(const RequestId request, s.acquire_slot());
+  RequestSlot& r = s.slots[slot_of(request)];
+  r.state = RequestState::kQueued;
+  r.function = f;
+  r.arrival = now;
+  r.deadline = now + s.functions.spec(f).slo;
+  r.arrival_index = s.next_arrival_index++;
+  r.background = background;
+  if (background) {
+    ++s.counters.background;
+  } else {
+    s.functions.record_arrival(f, now);
+    ++s.counters.arrivals;
+  }
+  s.queue->push(QueuedRequest{request, f, r.arrival, r.deadline, r.arrival_index},
+                s.queue_context());
+  return request;
+}
+
+void Scheduler::dispatch(Time now, std::vector<Decision>* out) {
+  Impl& s = *impl_;
+  s.advance(now);
+  if (s.queue->size() == 0 || s.node.available() == 0) return;
+  const QueueContext ctx = s.queue_context();
+  const uint32_t limit = static_cast<uint32_t>(s.options.per_function_concurrency);
+  s.queue->begin_round(ctx);
+  QueueCandidate c;
+  while (s.node.available() != 0 && s.queue->next(ctx, &c)) {
+    if (!s.start(c, out)) {
+      s.queue->pass(c, ctx);
+      continue;
+    }
+    // Ineligible first: taking the request then leaves the function out of the heap at once
+    // rather than re-keying it there only to take it out again.
+    if (++s.in_flight[c.function] >= limit) s.queue->set_eligible(c.function, false, ctx);
+    s.queue->take(c, ctx);
+  }
+  s.queue->end_round(ctx);
+}
+
+Status Scheduler::load_done(RequestId request, Time now, bool ok) {
+  Impl& s = *impl_;
+  s.advance(now);
+  RequestSlot* r = s.find(request);
+  if (r == nullptr || r->state != RequestState::kLoading)
+    return error(ErrorCode::kNotFound, "request ", request, " is not loading a model");
+  s.finish_load(*r, ok);
+  return Status();
+}
+
+Status Scheduler::done(RequestId request, Time now, const Completion& completion) {
+  Impl& s = *impl_;
+  s.advance(now);
+  RequestSlot* r = s.find(request);
+  if (r == nullptr || (r->state != RequestState::kLoading && r->state != RequestState::kRunning))
+    return error(ErrorCode::kNotFound, "request ", request, " is not dispatched");
+  s.finish(request, *r, completion.failed, completion.exec);
+  return Status();
+}
+
+Status Scheduler::cancel(RequestId request, Time now) {
+  Impl& s = *impl_;
+  s.advance(now);
+  RequestSlot* r = s.find(request);
+  if (r == nullptr) return error(ErrorCode::kNotFound, "request ", request, " is not pending");
+  ++s.counters.cancelled;
+  if (r->state == RequestState::kQueued) {
+    s.queue->erase(request, s.queue_context());
+    s.release_slot(request);
+    return Status();
+  }
+  s.finish(request, *r, /*failed=*/true, /*exec=*/-1);
+  return Status();
+}
+
+// ---- Memory and GPUs ----
+
+void Scheduler::set_reserved(int gpu, uint64_t bytes) {
+  if (impl_->valid_gpu(gpu)) impl_->node.set_reserved(gpu, bytes);
+}
+
+bool Scheduler::make_room(int gpu, uint64_t bytes, FunctionId keep, Time now,
+                          std::vector<Eviction>* out) {
+  Impl& s = *impl_;
+  s.advance(now);
+  if (!s.valid_gpu(gpu)) return false;
+  // The oracle counts from the request the room is for: the one running there, else the latest.
+  uint64_t arrival_index = s.next_arrival_index > 0 ? s.next_arrival_index - 1 : 0;
+  if (const RequestSlot* r = s.find(s.node.gpu(gpu).running)) arrival_index = r->arrival_index;
+  s.victims.clear();
+  if (!s.evictor.plan(gpu, bytes, s.functions.find(keep), s.eviction_context(arrival_index),
+                      &s.victims))
+    return false;
+  s.drop_victims();
+  out->insert(out->end(), s.victims.begin(), s.victims.end());
+  return true;
+}
+
+void Scheduler::drop_replica(int gpu, FunctionId id) {
+  Impl& s = *impl_;
+  const FunctionIndex f = s.functions.find(id);
+  if (!s.valid_gpu(gpu) || f == kNoFunction) return;
+  s.forget_pins(gpu, f);
+  s.node.remove_replica(gpu, f);
+}
+
+void Scheduler::set_gpu_healthy(int gpu, bool healthy) {
+  Impl& s = *impl_;
+  if (!s.valid_gpu(gpu) || ((s.node.healthy() & gpu_bit(gpu)) != 0) == healthy) return;
+  s.node.set_healthy(gpu, healthy);
+  if (!healthy) {
+    while (!s.node.gpu(gpu).replicas.empty()) {
+      const FunctionIndex f = s.node.gpu(gpu).replicas.back().function;
+      s.forget_pins(gpu, f);
+      s.node.remove_replica(gpu, f);
+    }
+  }
+  s.queue->invalidate();
+}
+
+// ---- Views ----
+
+Time Scheduler::next_wakeup() const {
+  const Impl& s = *impl_;
+  // With no GPU free nothing can start before an event frees one.
+  if (s.queue->size() == 0 || s.node.available() == 0) return kNever;
+  return s.queue->next_wakeup();
+}
+
+Result<RequestInfo> Scheduler::request(RequestId request) const {
+  const Impl& s = *impl_;
+  const uint32_t slot = slot_of(request);
+  const uint32_t generation = generation_of(request);
+  if (const RequestSlot* r = s.find(request)) {
+    return RequestInfo{
+        s.functions.id(r->function), r->state, r->gpu, r->arrival, r->deadline, r->dispatched};
+  }
+  // Issued from this slot before its current generation: it has finished (or was cancelled).
+  if (slot < s.slots.size() && generation != 0 && generation <= s.slots[slot].generation)
+    return RequestInfo{};
+  return error(ErrorCode::kNotFound, "request ", request, " was never issued");
+}
+
+size_t Scheduler::queued() const { return impl_->queue->size(); }
+const NodeState& Scheduler::node() const { return impl_->node; }
+const FunctionTable& Scheduler::functions() const { return impl_->functions; }
+const SchedulerCounters& Scheduler::counters() const { return impl_->counters; }
+
+double Scheduler::rrc(FunctionId id, Time now) const {
+  const FunctionIndex f = impl_->functions.find(id);
+  return f == kNoFunction ? 0.0 : function_rrc(impl_->functions, f, now);
+}
+
+Status Scheduler::check_invariants() const {
+  const Impl& s = *impl_;
+  HIBER_RETURN_IF_ERROR(s.node.check_invariants());
+  HIBER_RETURN_IF_ERROR(s.queue->check_invariants());
+  return s.check_requests();
+}
+
+}  // namespace hiber::scheduler
