@@ -10,6 +10,7 @@ packages=(
   libgflags-dev libgoogle-glog-dev
   libgtest-dev libgmock-dev googletest
   libbenchmark-dev
+  gnuplot-nox                     # hiber-sim's plots (scripts/evaluate.sh; pngcairo terminal)
   libzstd-dev liblz4-dev          # compressed fatbins (nvcc 12.8+ uses zstd, older nvcc lz4)
   libssl-dev                      # SHA-256 (libcrypto) for hiberd's module cache
   procps psmisc                   # pgrep/kill in the demo and integration scripts

@@ -1,0 +1,377 @@
+#include "sim/hiber_node.h"
+
+#include <algorithm>
+
+#include <glog/logging.h>
+
+namespace hiber::sim {
+
+using scheduler::Decision;
+using scheduler::Eviction;
+using scheduler::RequestId;
+using scheduler::Source;
+
+HiberNode::HiberNode(const HiberOptions& options, EventQueue* queue, Recorder* recorder,
+                     int node_index)
+    : options_(options), queue_(queue), recorder_(recorder), node_index_(node_index) {}
+
+HiberNode::~HiberNode() = default;
+
+Result<std::unique_ptr<HiberNode>> HiberNode::create(const NodeConfig& config,
+                                                     const HiberOptions& options,
+                                                     EventQueue* queue, Recorder* recorder,
+                                                     int node_index,
+                                                     const scheduler::FutureOracle* oracle) {
+  std::unique_ptr<HiberNode> node(new HiberNode(options, queue, recorder, node_index));
+  HIBER_ASSIGN_OR_RETURN(scheduler::Topology topology, scheduler::Topology::from_config(config));
+  node->topology_ = std::make_unique<scheduler::Topology>(std::move(topology));
+  const scheduler::Topology& topo = *node->topology_;
+  HIBER_ASSIGN_OR_RETURN(node->scheduler_,
+                         scheduler::Scheduler::create(topo, options.scheduler, oracle));
+  const int gpus = topo.gpu_count();
+  const uint64_t granularity = 2 * kMiB;
+  std::vector<uint64_t> budgets;
+  for (int g = 0; g < gpus; ++g) {
+    const uint64_t memory = topo.memory_bytes(g);
+    if (memory <= options.gpu_reserve_bytes + granularity)
+      return error(ErrorCode::kInvalidValue, "GPU ", g, " has ", memory >> 20,
+                   " MiB, not more than the ", options.gpu_reserve_bytes >> 20, " MiB reserve");
+    budgets.push_back((memory - options.gpu_reserve_bytes) / granularity * granularity);
+  }
+  if (options.pool == memory::PoolKind::kBuddy) {
+    if (options.pool_chunk_bytes < granularity)
+      return error(ErrorCode::kInvalidValue, "pool chunks must be at least 2 MiB");
+    const uint64_t chunk_max = options.pool_chunk_bytes / granularity * granularity;
+    std::vector<std::vector<uint64_t>> chunks(gpus);
+    for (int g = 0; g < gpus; ++g) {
+      for (uint64_t left = budgets[g]; left > 0;) {
+        const uint64_t chunk = std::min(left, chunk_max);
+        chunks[g].push_back(chunk);
+        left -= chunk;
+      }
+    }
+    HIBER_ASSIGN_OR_RETURN(node->pools_, memory::GpuPools::create_buddy(chunks, options.buddy));
+  } else {
+    std::vector<memory::ChunkSource*> upstreams;
+    for (int g = 0; g < gpus; ++g) {
+      node->device_.push_back(std::make_unique<TimedChunkSource>(budgets[g], options.device_malloc));
+      upstreams.push_back(node->device_.back().get());
+    }
+    HIBER_ASSIGN_OR_RETURN(node->pools_, memory::GpuPools::create_upstream(
+                                             options.pool, upstreams, budgets, granularity));
+  }
+  node->links_ = std::make_unique<LinkModel>(topo, queue, options.links);
+  node->models_.resize(gpus);
+  node->allocated_.assign(gpus, 0);
+  node->model_requested_.assign(gpus, 0);
+  node->reported_reserved_.assign(gpus, 0);
+  node->device_cost_.assign(gpus, 0);
+  for (int g = 0; g < gpus; ++g) node->update_reserved(g);
+  return node;
+}
+
+Status HiberNode::add_function(uint32_t index, const SimFunction& function, Time now) {
+  if (function.model < 0 || function.model >= static_cast<int>(paper_models().size()))
+    return error(ErrorCode::kInvalidValue, "function ", function.name, ": no model ", function.model);
+  const Model& model = paper_models()[function.model];
+  scheduler::FunctionSpec spec;
+  spec.name = function.name;
+  spec.model_bytes = model.model_bytes;
+  spec.slo = function.slo;
+  spec.tail_percentile = function.percentile;
+  // What a function's author or hiberd's first run would tell: its execution time. The swap
+  // time is left to the scheduler's own estimate (bytes over the PCIe bandwidth).
+  spec.exec_time_hint = model.exec;
+  HIBER_RETURN_IF_ERROR(scheduler_->register_function(id_of(index), spec, now));
+  if (index >= deployed_.size()) {
+    deployed_.resize(index + 1);
+    for (auto& per_gpu : models_) per_gpu.resize(index + 1);
+  }
+  deployed_[index] = {&function, &model};
+  return Status();
+}
+
+void HiberNode::arrive(uint32_t index, Time now) {
+  Result<RequestId> id = scheduler_->arrive(id_of(index), now);
+  CHECK(id.ok()) << "arrival for a function this node does not host: " << id.status();
+  Request& r = requests_[*id];
+  r.function = index;
+  r.arrival = now;
+  dispatch(now);
+}
+
+void HiberNode::dispatch(Time now) {
+  // A start can fail and free its GPU again, so ask until nothing more starts.
+  while (true) {
+    decisions_.clear();
+    scheduler_->dispatch(now, &decisions_);
+    if (decisions_.empty()) break;
+    // start() never dispatches, so decisions_ stays as it is while we walk it.
+    for (const Decision& d : decisions_) start(d, now);
+  }
+  schedule_wakeup(now);
+  if (options_.check_invariants) check(now);
+}
+
+void HiberNode::schedule_wakeup(Time now) {
+  const Time next = scheduler_->next_wakeup();
+  if (next == scheduler::Scheduler::kNever || next >= wakeup_at_) return;
+  wakeup_at_ = std::max(next, now);
+  queue_->schedule(wakeup_at_, this, kWakeup, 0);
+}
+
+void HiberNode::start(const Decision& d, Time now) {
+  auto it = requests_.find(d.request);
+  CHECK(it != requests_.end()) << "decision for an unknown request";
+  Request& r = it->second;
+  const Model& model = *deployed_[r.function].model;
+  r.gpu = d.gpu;
+  r.dispatched = now;
+  r.source = d.source;
+  r.source_gpu = d.source_gpu;
+  r.release_source = d.release_source;
+  r.started = true;
+  VLOG(1) << "t=" << now << " request " << d.request << " of function " << d.function << " on GPU "
+          << d.gpu << " from " << scheduler::source_name(d.source) << " ("
+          << scheduler::placement_rule_name(d.rule) << "), " << d.evictions.size() << " evictions";
+  for (const Eviction& e : d.evictions) {
+    free_model(e.gpu, e.function - 1);
+    ++evictions_;
+  }
+  bool ok = true;
+  if (d.source != Source::kResident) {
+    std::vector<Block>& held = models_[d.gpu][r.function];
+    if (!held.empty()) {
+      // The scheduler's view lost this replica without an eviction telling us; the pool still
+      // holds its blocks. Free them so that pool and view agree again.
+      LOG_FIRST_N(WARNING, 5) << "function " << d.function << " is loaded onto GPU " << d.gpu
+                              << " where its blocks still are: the scheduler dropped the replica "
+                                 "from its view without naming it";
+      ++lost_replicas_;
+      free_model(d.gpu, r.function);
+    }
+    for (uint64_t segment : model.segments) {
+      if (!allocate(d.gpu, segment, r.function, now, &models_[d.gpu][r.function])) {
+        ok = false;
+        break;
+      }
+    }
+  }
+  for (size_t i = 0; ok && i < model.scratch_segments.size(); ++i)
+    ok = allocate(d.gpu, model.scratch_segments[i], r.function, now, &r.scratch);
+  update_reserved(d.gpu);
+  collect_device_cost(d.gpu);
+  const scheduler::Duration delay = device_cost_[d.gpu];
+  device_cost_[d.gpu] = 0;
+  if (!ok) {
+    fail(d.request, r, now);
+    return;
+  }
+  if (d.source == Source::kResident) {
+    queue_->schedule(now + delay + model.exec, this, kDone, d.request);
+  } else {
+    queue_->schedule(now + delay + options_.pipeline.setup, this, kStartTransfer, d.request);
+  }
+}
+
+bool HiberNode::allocate(int gpu, uint64_t bytes, uint32_t index, Time now,
+                         std::vector<Block>* out) {
+  const scheduler::FunctionId id = id_of(index);
+  while (true) {
+    memory::AllocationResult a = pools_->allocate(gpu, bytes, id);
+    if (a.ok()) {
+      out->push_back({*a, bytes});
+      allocated_[gpu] += a->bytes;
+      if (out == &models_[gpu][index]) model_requested_[gpu] += bytes;
+      return true;
+    }
+    ++pool_failures_;
+    // The policy picks the victims, as it does for decisions. The view must first see what the
+    // pool holds; then we ask for more room than it believes free, so that it evicts at least
+    // this block's worth. (Evicting the region the pool's Shortfall names instead frees exactly
+    // the missing contiguous run, but bypasses the policy: the view then never fills up, the
+    // one-replica and heaviness rules never act, and compliance collapses under load.)
+    update_reserved(gpu);
+    std::vector<Eviction> evicted;
+    const uint64_t target = scheduler_->node().free_bytes(gpu) + bytes;
+    if (!scheduler_->make_room(gpu, target, id, now, &evicted) || evicted.empty()) return false;
+    VLOG(1) << "t=" << now << " GPU " << gpu << " refused " << bytes << " bytes for function " << id
+            << ": make_room evicted " << evicted.size();
+    for (const Eviction& e : evicted) {
+      free_model(e.gpu, e.function - 1);
+      ++evictions_;
+    }
+    update_reserved(gpu);
+  }
+}
+
+void HiberNode::free_blocks(int gpu, std::vector<Block>* blocks, bool model) {
+  for (const Block& b : *blocks) {
+    const Status s = pools_->deallocate(gpu, b.allocation);
+    CHECK(s.ok()) << "freeing a block the pool gave out: " << s;
+    allocated_[gpu] -= b.allocation.bytes;
+    if (model) model_requested_[gpu] -= b.requested;
+  }
+  blocks->clear();
+}
+
+void HiberNode::free_model(int gpu, uint32_t index) {
+  free_blocks(gpu, &models_[gpu][index], /*model=*/true);
+  update_reserved(gpu);
+}
+
+void HiberNode::update_reserved(int gpu) {
+  const uint64_t reserved = options_.gpu_reserve_bytes + (allocated_[gpu] - model_requested_[gpu]);
+  if (reserved == reported_reserved_[gpu]) return;
+  reported_reserved_[gpu] = reserved;
+  scheduler_->set_reserved(gpu, reserved);
+}
+
+void HiberNode::collect_device_cost(int gpu) {
+  if (device_.empty()) return;
+  device_cost_[gpu] += device_[gpu]->take_cost();
+}
+
+void HiberNode::fail(RequestId id, Request& r, Time now) {
+  if (r.source != Source::kResident) {
+    free_model(r.gpu, r.function);
+    const Status s = scheduler_->load_done(id, now, /*ok=*/false);
+    CHECK(s.ok()) << s;
+  }
+  free_blocks(r.gpu, &r.scratch, /*model=*/false);
+  update_reserved(r.gpu);
+  scheduler::Completion completion;
+  completion.failed = true;
+  const Status s = scheduler_->done(id, now, completion);
+  CHECK(s.ok()) << s;
+  recorder_->record(outcome_of(r, StartKind::kFailed));
+  requests_.erase(id);
+}
+
+Outcome HiberNode::outcome_of(const Request& r, StartKind kind) const {
+  Outcome o;
+  o.function = r.function;
+  o.node = node_index_;
+  o.gpu = r.gpu;
+  o.arrival = r.arrival;
+  o.kind = kind;
+  return o;
+}
+
+void HiberNode::on_event(int kind, uint64_t arg, Time now) {
+  switch (kind) {
+    case kStartTransfer: {
+      Request& r = requests_.at(arg);
+      const Model& model = *deployed_[r.function].model;
+      int link = r.source == Source::kPeer ? links_->peer_link(r.source_gpu, r.gpu) : -1;
+      // A peer copy without a direct link would cross PCIe; the placement never asks for one.
+      if (link < 0) link = links_->host_link(r.gpu);
+      r.pipeline = PipelinedRun(now, model.model_bytes, model.exec, options_.pipeline.group_bytes);
+      links_->start(link, model.model_bytes, this, arg);
+      break;
+    }
+    case kDone:
+      complete(arg, now);
+      dispatch(now);
+      break;
+    case kWakeup:
+      wakeup_at_ = scheduler::Scheduler::kNever;
+      dispatch(now);
+      break;
+    default:
+      LOG(FATAL) << "unknown event kind " << kind;
+  }
+}
+
+void HiberNode::transfer_progress(uint64_t tag, Time t, double bytes_done) {
+  requests_.at(tag).pipeline.observe(t, bytes_done);
+}
+
+void HiberNode::transfer_done(uint64_t tag, Time t) {
+  Request& r = requests_.at(tag);
+  r.load_end = t;
+  const Time finish = r.pipeline.finish(t);
+  const Status s = scheduler_->load_done(tag, t, /*ok=*/true);
+  CHECK(s.ok()) << s;
+  if (r.release_source) free_model(r.source_gpu, r.function);
+  queue_->schedule(finish, this, kDone, tag);
+  dispatch(t);
+}
+
+void HiberNode::complete(RequestId id, Time now) {
+  auto it = requests_.find(id);
+  CHECK(it != requests_.end());
+  Request& r = it->second;
+  free_blocks(r.gpu, &r.scratch, /*model=*/false);
+  update_reserved(r.gpu);
+  collect_device_cost(r.gpu);
+  const Status s = scheduler_->done(id, now);
+  CHECK(s.ok()) << s;
+  Outcome o = outcome_of(r, StartKind::kResident);
+  o.finish = now;
+  o.completed = true;
+  switch (r.source) {
+    case Source::kResident: o.kind = StartKind::kResident; break;
+    case Source::kPeer: o.kind = StartKind::kPeer; break;
+    case Source::kHost: o.kind = StartKind::kHost; break;
+  }
+  o.load = r.source == Source::kResident ? 0 : r.load_end - r.dispatched;
+  recorder_->record(o);
+  recorder_->add_busy(node_index_, r.gpu, r.dispatched, now);
+  requests_.erase(it);
+}
+
+void HiberNode::finish(Time now) {
+  // Blocks of a model the view no longer holds: a replica it dropped without naming it.
+  const scheduler::NodeState& view = scheduler_->node();
+  for (int g = 0; g < static_cast<int>(models_.size()); ++g) {
+    for (uint32_t i = 0; i < models_[g].size(); ++i) {
+      if (models_[g][i].empty()) continue;
+      if (view.find(g, scheduler_->functions().find(id_of(i))) == nullptr) ++lost_replicas_;
+    }
+  }
+  std::vector<RequestId> ids;
+  ids.reserve(requests_.size());
+  for (const auto& [id, r] : requests_) ids.push_back(id);
+  std::sort(ids.begin(), ids.end());
+  for (RequestId id : ids) {
+    const Request& r = requests_.at(id);
+    recorder_->record(outcome_of(r, StartKind::kUnfinished));
+    if (r.started) recorder_->add_busy(node_index_, r.gpu, r.dispatched, now);
+  }
+  requests_.clear();
+}
+
+uint64_t HiberNode::device_mallocs() const {
+  uint64_t total = 0;
+  for (const auto& d : device_) total += d->mallocs();
+  return total;
+}
+
+std::string HiberNode::summary() const {
+  const scheduler::SchedulerCounters& c = scheduler_->counters();
+  return str_cat("node ", node_index_, ": ", c.arrivals, " arrivals, ", c.completed,
+                 " completed (", c.on_time, " on time), ", c.resident_starts, " resident, ",
+                 c.peer_swaps, " peer swaps, ", c.host_swaps, " host swaps, ", evictions_,
+                 " evictions, ", pool_failures_, " pool refusals, ", device_mallocs(),
+                 " device mallocs", lost_replicas_ ? str_cat(", ", lost_replicas_, " replicas lost by the view") : "");
+}
+
+void HiberNode::check(Time now) const {
+  const Status s = scheduler_->check_invariants();
+  CHECK(s.ok()) << "at " << now << ": " << s;
+  const Status p = pools_->check_invariants();
+  CHECK(p.ok()) << "at " << now << ": " << p;
+  // Every model whose blocks the node holds is a replica in the view, and the other way round.
+  const scheduler::NodeState& view = scheduler_->node();
+  for (int g = 0; g < static_cast<int>(models_.size()); ++g) {
+    for (uint32_t i = 0; i < models_[g].size(); ++i) {
+      const scheduler::FunctionIndex f = scheduler_->functions().find(id_of(i));
+      const bool in_view = f != scheduler::kNoFunction && view.find(g, f) != nullptr;
+      CHECK_EQ(in_view, !models_[g][i].empty())
+          << "at " << now << ": GPU " << g << ", function " << id_of(i) << ": view and pool disagree";
+    }
+  }
+}
+
+}  // namespace hiber::sim
