@@ -56,6 +56,7 @@ ShimConfig ShimConfig::from_environment() {
   c.batch_bytes = env_u64("HIBER_BATCH_BYTES", c.batch_bytes);
   c.quiet_us = static_cast<uint32_t>(env_u64("HIBER_BATCH_QUIET_US", c.quiet_us));
   c.trace = env_u64("HIBER_TRACE", 0) != 0;
+  c.reply_timeout_ms = std::max<uint64_t>(1, env_u64("HIBER_REPLY_TIMEOUT_MS", c.reply_timeout_ms));
   if (!c.batching) c.batch_calls = 1;
   return c;
 }
@@ -115,6 +116,7 @@ void Client::open_locked() {
 
   wire::CallClientOptions call_options;
   call_options.max_batch_calls = config_.batch_calls;
+  call_options.reply_timeout = std::chrono::milliseconds(config_.reply_timeout_ms);
   // The staging share is fixed when the channel is known; connect first with defaults.
   auto channel = wire::ClientChannel::connect(options);
   if (!channel.ok()) {

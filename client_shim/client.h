@@ -43,6 +43,10 @@ struct ShimConfig {
   uint64_t batch_bytes = 256 << 10;  // HIBER_BATCH_BYTES: B
   uint32_t quiet_us = 50;          // HIBER_BATCH_QUIET_US: T
   bool trace = false;              // HIBER_TRACE
+  // HIBER_REPLY_TIMEOUT_MS: how long a synchronous call waits for hiberd's reply. Long: under
+  // late binding a call may wait in hiberd's queue for a GPU, and a hiberd that dies closes the
+  // socket, which ends the wait at once; only a hung hiberd meets this limit.
+  uint64_t reply_timeout_ms = 600000;
   static ShimConfig from_environment();
 };
 

@@ -3,8 +3,11 @@
 # Torpor paper (embedded default config, copies slowed to its PCIe and NVLink bandwidths), and a
 # client that connects over the wire and reports the devices, the topology, the round-trip time
 # and a checked data round trip. Then unmodified CUDA programs, compiled by nvcc, run through
-# the client shim (libhibercuda.so) with their results checked on the host, and hiberctl shows
-# the node's status.
+# the client shim (libhibercuda.so) with their results checked on the host. Then late binding:
+# six inference functions (mlp_server, an ordinary CUDA program) are registered and started, and
+# requests sent the way the node router sends them (hiberctl register, arrive, start, done) run
+# on whichever GPU hiberd picks, their models swapped in from host memory or another GPU. Last,
+# hiberctl shows the node's status.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -49,6 +52,44 @@ if [ "$have_shim" = 1 ]; then
     HIBER_RUN_DIR="$run_dir" HIBER_FUNCTION_ID="$program" \
       LD_PRELOAD="$PWD/$bin/client_shim/libhibercuda.so" "$bin/tests/shim/programs/$program"
   done
+  echo
+  echo "== late binding: six functions registered; their requests go where hiberd places them"
+  ctl() { "$bin/tools/hiberctl" --run_dir="$run_dir" "$@"; }
+  pids=()
+  for i in 0 1 2 3 4 5; do
+    # The deadline is generous: this shell's polling and hiberctl processes add tens of ms.
+    ctl register "fn-$i" --slo_ms=1000 >/dev/null
+    mkfifo "$run_dir/fn-$i.in"
+    HIBER_RUN_DIR="$run_dir" HIBER_FUNCTION_ID="fn-$i" \
+      LD_PRELOAD="$PWD/$bin/client_shim/libhibercuda.so" \
+      "$bin/tests/shim/programs/mlp_server" "$((7 + i))" 64 <"$run_dir/fn-$i.in" \
+      >"$run_dir/fn-$i.out" 2>"$run_dir/fn-$i.err" &
+    pids+=($!)
+    exec {fd}>"$run_dir/fn-$i.in"
+    fds[i]=$fd
+  done
+  for i in 0 1 2 3 4 5; do
+    until grep -q ready "$run_dir/fn-$i.out" 2>/dev/null; do sleep 0.1; done
+  done
+  # One request: arrive, start (hiberd names the GPU), the function answers, done.
+  request() {
+    local n=$1 i=$2 id gpu source source_gpu rule queued answers
+    id=$(ctl arrive "fn-$i")
+    read -r gpu source source_gpu rule queued < <(ctl start "$id")
+    answers=$(grep -c result "$run_dir/fn-$i.out" || true)
+    echo "$n $((n * 1000))" >&"${fds[i]}"
+    until [ "$(grep -c result "$run_dir/fn-$i.out")" -gt "$answers" ]; do sleep 0.01; done
+    ctl done "$id"
+    [ "$source" = peer ] && source="peer GPU $source_gpu"
+    printf '  request %2d of fn-%d: GPU %d, model %-10s (%s), answer %s ...\n' "$n" "$i" "$gpu" \
+      "$source" "$rule" "$(tail -1 "$run_dir/fn-$i.out" | cut -d' ' -f3-4)"
+  }
+  for n in $(seq 0 8); do request "$n" $(( (n * 5) % 6 )); done
+  echo "  (GPUs 0 and 1 drained and resumed: the models there leave; their host copies stay)"
+  for g in 0 1; do ctl drain --gpu=$g >/dev/null; ctl drain --gpu=$g --resume >/dev/null; done
+  for n in $(seq 9 17); do request "$n" $(( (n * 5) % 6 )); done
+  for i in 0 1 2 3 4 5; do echo quit >&"${fds[i]}"; done
+  wait "${pids[@]}"
 else
   echo "(CUDA toolkit not found at build time: the shim and its CUDA programs were not built)"
 fi

@@ -36,20 +36,32 @@ Status os_error(std::string_view what, int err) {
   return error(ErrorCode::kOperatingSystem, what, ": ", std::strerror(err));
 }
 
-// Binds a listening Unix socket at `path`. A stale socket file (nobody accepting) is replaced;
-// a live one means another hiberd serves it, which is an error rather than something to steal.
-Result<UniqueFd> listen_unix(const std::string& path, mode_t mode) {
+Result<sockaddr_un> unix_address(const std::string& path) {
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   if (path.size() >= sizeof addr.sun_path) {
     return error(ErrorCode::kInvalidValue, "socket path too long (", path.size(), " bytes): ", path);
   }
   std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  return addr;
+}
 
+// A live socket at `path` means another hiberd serves it, which is an error rather than
+// something to steal.
+Status check_not_served(const std::string& path) {
+  HIBER_ASSIGN_OR_RETURN(sockaddr_un addr, unix_address(path));
   UniqueFd probe(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (probe && ::connect(probe.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
     return error(ErrorCode::kIllegalState, "another hiberd is already serving ", path);
   }
+  return Status();
+}
+
+// Binds a listening Unix socket at `path`. A stale socket file (nobody accepting) is replaced;
+// a live one is refused (check_not_served).
+Result<UniqueFd> listen_unix(const std::string& path, mode_t mode) {
+  HIBER_RETURN_IF_ERROR(check_not_served(path));
+  HIBER_ASSIGN_OR_RETURN(sockaddr_un addr, unix_address(path));
   ::unlink(path.c_str());
 
   UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
@@ -97,19 +109,14 @@ Result<std::unique_ptr<Daemon>> Daemon::create(device::Device& device, DaemonOpt
     return Status(ErrorCode::kInvalidValue, "an auth token is required");
   }
   if (device.gpu_count() == 0) return Status(ErrorCode::kNoDevice, "the device has no GPUs");
-  uint64_t smallest_gpu = UINT64_MAX;
-  for (int g = 0; g < device.gpu_count(); ++g) {
-    smallest_gpu = std::min(smallest_gpu, device.properties(g).total_memory_bytes);
-  }
-  // A session's work runs on one GPU, so one GPU's memory is the natural ceiling.
-  if (options.max_quota_bytes == 0) options.max_quota_bytes = smallest_gpu;
-  if (options.default_quota_bytes == 0) options.default_quota_bytes = options.max_quota_bytes;
-  if (options.default_quota_bytes > options.max_quota_bytes) {
-    return error(ErrorCode::kInvalidValue, "default quota ", options.default_quota_bytes,
-                 " is above the maximum quota ", options.max_quota_bytes);
-  }
   auto loop = IoLoop::create(1024);
   if (!loop.ok()) return loop.status();
+  // The GPUs first (the elbow measurement, the pools): the sockets appear once hiberd can serve.
+  // A hiberd already serving the node holds its GPUs, so say that rather than "out of memory".
+  HIBER_RETURN_IF_ERROR(check_not_served(options.socket_path));
+  HIBER_RETURN_IF_ERROR(check_not_served(options.control_socket_path));
+  auto controller = Controller::create(device, options.controller);
+  if (!controller.ok()) return controller.status();
   auto functions = listen_unix(options.socket_path, 0666);
   if (!functions.ok()) return functions.status();
   auto control = listen_unix(options.control_socket_path, 0600);
@@ -122,15 +129,17 @@ Result<std::unique_ptr<Daemon>> Daemon::create(device::Device& device, DaemonOpt
   UniqueFd signal_fd(::signalfd(-1, &signals, SFD_CLOEXEC | SFD_NONBLOCK));
   if (!signal_fd) return os_error("signalfd", errno);
 
-  return std::unique_ptr<Daemon>(new Daemon(device, std::move(options), std::move(loop).value(),
-                                            std::move(functions).value(),
-                                            std::move(control).value(), std::move(signal_fd)));
+  return std::unique_ptr<Daemon>(new Daemon(
+      device, std::move(options), std::move(controller).value(), std::move(loop).value(),
+      std::move(functions).value(), std::move(control).value(), std::move(signal_fd)));
 }
 
-Daemon::Daemon(device::Device& device, DaemonOptions options, std::unique_ptr<IoLoop> loop,
+Daemon::Daemon(device::Device& device, DaemonOptions options,
+               std::unique_ptr<Controller> controller, std::unique_ptr<IoLoop> loop,
                UniqueFd function_listener, UniqueFd control_listener, UniqueFd signal_fd)
     : device_(device),
       options_(std::move(options)),
+      controller_(std::move(controller)),
       module_cache_(device),
       loop_(std::move(loop)),
       function_listener_(std::move(function_listener)),
@@ -144,8 +153,12 @@ Daemon::~Daemon() {
     if (connection->session) {
       connection->session->close("hiberd is exiting");
       connection->session->join();
+      if (connection->session_running) controller_->detach(connection->session->id());
     }
   }
+  // The controller before the loop: its last replies are posted to the loop. (The sessions gave
+  // their memory back when they ended.)
+  controller_.reset();
   // The loop first: it cancels and drains its operations while the buffers they point into
   // (connections, the signal buffer) still exist.
   loop_.reset();
@@ -352,6 +365,7 @@ void Daemon::maybe_forget(Connection& connection) {
   if (connection.session) {
     // A session created but never started (its Welcome could not be sent): it never opened,
     // so it is not counted as closed either.
+    controller_->withdraw(connection.session->identity().function_id, connection.session->id());
     connection.session.reset();
     --live_sessions_;
   }
@@ -361,7 +375,7 @@ void Daemon::maybe_forget(Connection& connection) {
 
 // ---- Handshake and sessions ----
 
-Status Daemon::admit(const wire::Hello& hello, uint64_t& quota) const {
+Status Daemon::admit(const wire::Hello& hello) const {
   const wire::ProtocolVersion ours = wire::current_protocol_version();
   if (hello.version.major != ours.major) {
     return error(ErrorCode::kNotSupported, "protocol ", hello.version.major, ".",
@@ -376,12 +390,6 @@ Status Daemon::admit(const wire::Hello& hello, uint64_t& quota) const {
     return error(ErrorCode::kDeviceUnavailable, "hiberd already serves ", live_sessions_,
                  " sessions (the maximum)");
   }
-  quota = hello.requested_quota_bytes == 0 ? options_.default_quota_bytes
-                                           : hello.requested_quota_bytes;
-  if (quota > options_.max_quota_bytes) {
-    return error(ErrorCode::kOutOfMemory, "requested quota of ", quota,
-                 " bytes is above the maximum of ", options_.max_quota_bytes);
-  }
   return Status();
 }
 
@@ -392,23 +400,29 @@ void Daemon::on_hello(Connection& connection) {
     reject(connection, hello.status());
     return;
   }
-  uint64_t quota = 0;
-  Status admitted = admit(*hello, quota);
+  Status admitted = admit(*hello);
   if (!admitted.ok()) {
     reject(connection, admitted);
     return;
   }
-  const int gpu = next_gpu_;
-  next_gpu_ = (next_gpu_ + 1) % device_.gpu_count();
+  auto plan = controller_->admit(hello->function_id, hello->requested_quota_bytes, next_session_id_);
+  if (!plan.ok()) {
+    reject(connection, plan.status());
+    return;
+  }
   SessionConfig config;
-  config.gpu = gpu;
-  config.quota_bytes = quota;
+  config.quota_bytes = plan->quota_bytes;
   // Room around the quota for the client's placement to fragment.
-  config.va_bytes = std::max<uint64_t>(round_up(quota + quota / 4, 1 << 21), 64 << 20);
+  config.va_bytes = std::max<uint64_t>(round_up(config.quota_bytes + config.quota_bytes / 4, 1 << 21),
+                                       64 << 20);
   config.channel = options_.channel;
+  config.implicit_lease_idle = options_.implicit_lease_idle;
+  config.memory = plan->memory;
   SessionIdentity identity{next_session_id_, hello->function_id, connection.peer};
-  auto session = Session::create(device_, module_cache_, identity, config);
+  auto session = Session::create(device_, module_cache_, controller_->pools(),
+                                 controller_->repository(), *controller_, identity, config);
   if (!session.ok()) {
+    controller_->withdraw(hello->function_id, identity.id);
     reject(connection, session.status().with_context("cannot open a session"));
     return;
   }
@@ -429,6 +443,8 @@ void Daemon::on_welcome_sent(Connection& connection) {
   connection.session_running = true;
   ++counters_.sessions_opened;
   const uint64_t id = connection.id;
+  // Before it starts: from its first call on, the session may ask for a GPU.
+  controller_->attach(connection.session.get());
   LOG(INFO) << "session " << connection.session->id() << " opened for function '"
             << connection.session->snapshot().identity.function_id << "' (pid "
             << connection.peer.pid << ", uid " << connection.peer.uid << ")";
@@ -446,6 +462,7 @@ void Daemon::on_session_exit(uint64_t connection_id) {
   if (it == connections_.end()) return;
   Connection& c = *it->second;
   c.session->join();
+  controller_->detach(c.session->id());
   SessionSnapshot last = c.session->snapshot();
   closed_sessions_malformed_ += last.malformed_messages;
   LOG(INFO) << "session " << last.identity.id << " of '" << last.identity.function_id
@@ -460,112 +477,261 @@ void Daemon::on_session_exit(uint64_t connection_id) {
 
 // ---- Control ----
 
-void Daemon::on_control_request(Connection& connection) {
-  ++counters_.control_requests;
-  auto reply = answer_control(connection.reader.message());
-  if (!reply.ok()) {
-    reject(connection, reply.status());
-    return;
-  }
-  send_frame(connection, std::move(reply).value(), -1, [this](Connection& c) {
-    c.reader.reset();
-    receive_frame(c);
-  });
-}
+namespace {
 
-Result<std::vector<std::byte>> Daemon::answer_control(const wire::Message& request) {
+// A control reply frame built by `fill`.
+Result<std::vector<std::byte>> reply_frame(
+    const std::function<void(proto::ControlReply::Builder)>& fill) {
   capnp::MallocMessageBuilder reply;
-  auto root = reply.initRoot<proto::ControlReply>();
-  Status read = wire::read_message<proto::ControlRequest>(
-      request, "control request", [&](proto::ControlRequest::Reader r) -> Status {
-        const wire::ProtocolVersion ours = wire::current_protocol_version();
-        if (r.getVersion().getMajor() != ours.major) {
-          auto e = root.initError();
-          e.setCode(static_cast<uint32_t>(ErrorCode::kNotSupported));
-          e.setMessage(str_cat("protocol ", r.getVersion().getMajor(), " is not supported; this hiberd speaks ",
-                               ours.major, ".", ours.minor));
-          return Status();
-        }
-        switch (r.which()) {
-          case proto::ControlRequest::PING:
-            root.setPong();
-            return Status();
-          case proto::ControlRequest::STATUS:
-            break;
-          default: {
-            auto e = root.initError();
-            e.setCode(static_cast<uint32_t>(ErrorCode::kNotSupported));
-            e.setMessage(str_cat("control request ", static_cast<unsigned>(r.which()),
-                                 " is not known to this hiberd"));
-            return Status();
-          }
-        }
-        auto status = root.initStatus();
-        auto version = status.initServerVersion();
-        version.setMajor(ours.major);
-        version.setMinor(ours.minor);
-        status.setBackend(device_.backend_name());
-        status.setNodeName(device_.topology().name);
-        status.setUptimeSeconds(
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count());
-
-        std::vector<SessionSnapshot> sessions;
-        for (const auto& [id, c] : connections_) {
-          if (c->session && c->session_running) sessions.push_back(c->session->snapshot());
-        }
-        std::vector<uint64_t> per_gpu(device_.gpu_count(), 0);
-        uint64_t malformed = counters_.malformed_messages + closed_sessions_malformed_;
-        for (const auto& s : sessions) {
-          per_gpu[s.gpu] += s.allocated_bytes;
-          malformed += s.malformed_messages;
-        }
-        auto devices = status.initDevices(static_cast<unsigned>(device_.gpu_count()));
-        for (int g = 0; g < device_.gpu_count(); ++g) {
-          auto d = devices[static_cast<unsigned>(g)];
-          d.setOrdinal(static_cast<uint32_t>(g));
-          d.setName(device_.properties(g).name);
-          d.setTotalBytes(device_.properties(g).total_memory_bytes);
-          d.setSessionBytes(per_gpu[g]);
-        }
-        auto list = status.initSessions(static_cast<unsigned>(sessions.size()));
-        for (size_t i = 0; i < sessions.size(); ++i) {
-          const SessionSnapshot& s = sessions[i];
-          auto out = list[static_cast<unsigned>(i)];
-          out.setId(s.identity.id);
-          out.setFunctionId(s.identity.function_id);
-          out.setPid(s.identity.peer.pid);
-          out.setUid(s.identity.peer.uid);
-          out.setGpu(static_cast<uint32_t>(s.gpu));
-          out.setAllocatedBytes(s.allocated_bytes);
-          out.setQuotaBytes(s.quota_bytes);
-          out.setBatches(s.batches);
-          out.setCalls(s.calls);
-          out.setFailedCalls(s.failed_calls);
-          out.setConnectedSeconds(s.connected_seconds);
-        }
-        auto counters = status.initCounters();
-        counters.setSessionsOpened(counters_.sessions_opened);
-        counters.setSessionsClosed(counters_.sessions_closed);
-        counters.setHandshakesRejected(counters_.handshakes_rejected);
-        counters.setMalformedMessages(malformed);
-        counters.setControlRequests(counters_.control_requests);
-        const ModuleCacheStats cache = module_cache_.stats();
-        counters.setCachedModules(cache.entries);
-        counters.setCachedModuleBytes(cache.image_bytes);
-        counters.setModuleCacheHits(cache.hits);
-        counters.setModuleCacheMisses(cache.misses);
-        counters.setModuleCacheUnknownHashes(cache.unknown_hashes);
-        return Status();
-      });
-  if (!read.ok()) {
-    ++counters_.malformed_messages;
-    return read;
-  }
+  fill(reply.initRoot<proto::ControlReply>());
   auto frame = wire::encode_frame(reply, wire::kMaxControlReplyBytes);
   if (!frame.ok()) {
     return Status(ErrorCode::kUnknown, "hiberd cannot encode its reply: " + frame.status().message());
   }
   return frame;
+}
+
+Result<std::vector<std::byte>> error_reply(const Status& status) {
+  return reply_frame([&](proto::ControlReply::Builder root) {
+    auto e = root.initError();
+    e.setCode(static_cast<uint32_t>(status.code()));
+    e.setMessage(status.message());
+  });
+}
+
+Result<std::vector<std::byte>> ok_reply() {
+  return reply_frame([](proto::ControlReply::Builder root) { root.setOk(); });
+}
+
+}  // namespace
+
+void Daemon::on_control_request(Connection& connection) {
+  ++counters_.control_requests;
+  const uint64_t id = connection.id;
+  Status read = answer_control(connection.reader.message(),
+                               [this, id](Result<std::vector<std::byte>> frame) {
+                                 reply_later(id, std::move(frame));
+                               });
+  if (!read.ok()) {
+    ++counters_.malformed_messages;
+    reject(connection, read);
+  }
+}
+
+void Daemon::reply_later(uint64_t connection_id, Result<std::vector<std::byte>> frame) {
+  loop_->post([this, connection_id, frame = std::move(frame)]() mutable {
+    auto it = connections_.find(connection_id);
+    if (it == connections_.end()) return;
+    Connection& c = *it->second;
+    if (c.state == Connection::State::kClosing) return;
+    if (!frame.ok()) {
+      reject(c, frame.status());
+      return;
+    }
+    send_frame(c, std::move(frame).value(), -1, [this](Connection& c) {
+      c.reader.reset();
+      receive_frame(c);
+    });
+  });
+}
+
+Status Daemon::answer_control(const wire::Message& request, ReplySender send) {
+  return wire::read_message<proto::ControlRequest>(
+      request, "control request", [&](proto::ControlRequest::Reader r) -> Status {
+        const wire::ProtocolVersion ours = wire::current_protocol_version();
+        if (r.getVersion().getMajor() != ours.major) {
+          send(error_reply(error(ErrorCode::kNotSupported, "protocol ", r.getVersion().getMajor(),
+                                 " is not supported; this hiberd speaks ", ours.major, ".",
+                                 ours.minor)));
+          return Status();
+        }
+        // Replies to the controller's calls come back on its thread.
+        auto reply_ok = [send](Result<Controller::Ok> done) {
+          send(done.ok() ? ok_reply() : error_reply(done.status()));
+        };
+        switch (r.which()) {
+          case proto::ControlRequest::PING:
+            send(reply_frame([](proto::ControlReply::Builder root) { root.setPong(); }));
+            return Status();
+          case proto::ControlRequest::STATUS:
+            answer_status(send);
+            return Status();
+          case proto::ControlRequest::REGISTER_FUNCTION: {
+            auto f = r.getRegisterFunction();
+            Registration registration;
+            registration.function_id = f.getFunctionId().cStr();
+            if (!(f.getSloMs() > 0) || f.getSloMs() > 1e9) {
+              send(error_reply(error(ErrorCode::kInvalidValue, "registerFunction '",
+                                     registration.function_id, "': sloMs ", f.getSloMs(),
+                                     " must be in (0, 1e9]")));
+              return Status();
+            }
+            registration.slo = static_cast<scheduler::Duration>(f.getSloMs() * 1e6);
+            registration.tail_percentile = f.getTailPercentile();
+            registration.quota_bytes = f.getQuotaBytes();
+            registration.stateful = f.getStateful();
+            if (f.getHeavyHint() != proto::Heaviness::UNKNOWN) {
+              registration.heavy_hint = f.getHeavyHint() == proto::Heaviness::HEAVY;
+            }
+            if (f.getExecMsHint() < 0 || f.getExecMsHint() > 1e9) {
+              send(error_reply(error(ErrorCode::kInvalidValue, "registerFunction: execMsHint ",
+                                     f.getExecMsHint(), " must be in [0, 1e9]")));
+              return Status();
+            }
+            registration.exec_hint = static_cast<scheduler::Duration>(f.getExecMsHint() * 1e6);
+            controller_->register_function(registration, reply_ok);
+            return Status();
+          }
+          case proto::ControlRequest::UNREGISTER_FUNCTION:
+            controller_->unregister_function(r.getUnregisterFunction().cStr(), reply_ok);
+            return Status();
+          case proto::ControlRequest::REQUEST_ARRIVED:
+            controller_->request_arrived(
+                r.getRequestArrived().cStr(), [send](Result<uint64_t> id) {
+                  if (!id.ok()) return send(error_reply(id.status()));
+                  send(reply_frame([&](proto::ControlReply::Builder root) { root.setAccepted(*id); }));
+                });
+            return Status();
+          case proto::ControlRequest::REQUEST_START:
+            controller_->request_start(r.getRequestStart(), [send](Result<StartAnswer> started) {
+              if (!started.ok()) return send(error_reply(started.status()));
+              send(reply_frame([&](proto::ControlReply::Builder root) {
+                auto out = root.initStarted();
+                out.setGpu(static_cast<uint32_t>(started->gpu));
+                out.setSource(scheduler::source_name(started->source));
+                out.setSourceGpu(started->source_gpu);
+                out.setRule(scheduler::placement_rule_name(started->rule));
+                out.setQueuedMs(started->queued_ms);
+              }));
+            });
+            return Status();
+          case proto::ControlRequest::REQUEST_DONE:
+            controller_->request_done(r.getRequestDone().getRequestId(),
+                                      r.getRequestDone().getFailed(), reply_ok);
+            return Status();
+          case proto::ControlRequest::DRAIN:
+            controller_->drain(r.getDrain().getGpu(), r.getDrain().getResume(), reply_ok);
+            return Status();
+        }
+        send(error_reply(error(ErrorCode::kNotSupported, "control request ",
+                               static_cast<unsigned>(r.which()), " is not known to this hiberd")));
+        return Status();
+      });
+}
+
+void Daemon::answer_status(ReplySender send) {
+  // The loop thread's part now; the controller's when its thread gets to it.
+  std::vector<SessionSnapshot> sessions;
+  for (const auto& [id, c] : connections_) {
+    if (c->session && c->session_running) sessions.push_back(c->session->snapshot());
+  }
+  uint64_t malformed = counters_.malformed_messages + closed_sessions_malformed_;
+  for (const auto& s : sessions) malformed += s.malformed_messages;
+  const Counters counters = counters_;
+  const ModuleCacheStats cache = module_cache_.stats();
+  const double uptime =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
+  controller_->status([this, send, sessions = std::move(sessions), malformed, counters, cache,
+                       uptime](Result<ControllerStatus> controller) {
+    if (!controller.ok()) return send(error_reply(controller.status()));
+    send(reply_frame([&](proto::ControlReply::Builder root) {
+      auto status = root.initStatus();
+      const wire::ProtocolVersion ours = wire::current_protocol_version();
+      auto version = status.initServerVersion();
+      version.setMajor(ours.major);
+      version.setMinor(ours.minor);
+      status.setBackend(device_.backend_name());
+      status.setNodeName(device_.topology().name);
+      status.setUptimeSeconds(uptime);
+      std::vector<uint64_t> session_bytes(device_.gpu_count(), 0);
+      for (int g = 0; g < device_.gpu_count(); ++g) {
+        session_bytes[g] = controller->gpus[g].pool.allocated_bytes;
+      }
+      auto devices = status.initDevices(static_cast<unsigned>(device_.gpu_count()));
+      for (int g = 0; g < device_.gpu_count(); ++g) {
+        const ControllerStatus::Gpu& gpu = controller->gpus[g];
+        auto d = devices[static_cast<unsigned>(g)];
+        d.setOrdinal(static_cast<uint32_t>(g));
+        d.setName(device_.properties(g).name);
+        d.setTotalBytes(device_.properties(g).total_memory_bytes);
+        d.setSessionBytes(session_bytes[g]);
+        d.setHealthy(gpu.healthy);
+        d.setDrained(gpu.drained);
+        d.setRunningFunction(gpu.running);
+        d.setPoolBytes(gpu.pool_bytes);
+        d.setPoolAllocatedBytes(gpu.pool.allocated_bytes);
+        d.setPoolLargestFreeBytes(gpu.pool.largest_free_bytes);
+        d.setPoolFragmentation(gpu.pool.fragmentation());
+        d.setSwapsIn(gpu.swaps_in);
+        d.setSwapInBytes(gpu.swap_in_bytes);
+        d.setSwapInSeconds(gpu.swap_in_seconds);
+        d.setEvictions(gpu.evictions);
+      }
+      auto list = status.initSessions(static_cast<unsigned>(sessions.size()));
+      for (size_t i = 0; i < sessions.size(); ++i) {
+        const SessionSnapshot& s = sessions[i];
+        auto out = list[static_cast<unsigned>(i)];
+        out.setId(s.identity.id);
+        out.setFunctionId(s.identity.function_id);
+        out.setPid(s.identity.peer.pid);
+        out.setUid(s.identity.peer.uid);
+        out.setGpu(s.gpu < 0 ? 0 : static_cast<uint32_t>(s.gpu));
+        out.setBoundGpu(s.gpu);
+        out.setAllocatedBytes(s.allocated_bytes);
+        out.setQuotaBytes(s.quota_bytes);
+        out.setBatches(s.batches);
+        out.setCalls(s.calls);
+        out.setFailedCalls(s.failed_calls);
+        out.setConnectedSeconds(s.connected_seconds);
+      }
+      auto functions = status.initFunctions(static_cast<unsigned>(controller->functions.size()));
+      for (size_t i = 0; i < controller->functions.size(); ++i) {
+        const ControllerStatus::Function& f = controller->functions[i];
+        auto out = functions[static_cast<unsigned>(i)];
+        out.setFunctionId(f.function_id);
+        out.setRegistered(f.registered);
+        out.setStateful(f.stateful);
+        out.setHeavy(f.heavy);
+        out.setModelBytes(f.model_bytes);
+        out.setHostCopyBytes(f.host_copy_bytes);
+        auto gpus = out.initResidentGpus(static_cast<unsigned>(f.resident_gpus.size()));
+        for (size_t g = 0; g < f.resident_gpus.size(); ++g) {
+          gpus.set(static_cast<unsigned>(g), static_cast<uint32_t>(f.resident_gpus[g]));
+        }
+        out.setRequests(f.requests);
+        out.setOnTime(f.on_time);
+        out.setRrc(f.rrc);
+      }
+      auto sched = status.initScheduler();
+      sched.setPlacement(controller->placement);
+      sched.setEviction(controller->eviction);
+      sched.setQueue(controller->queue);
+      sched.setQueued(controller->queued);
+      sched.setArrivals(controller->counters.arrivals);
+      sched.setCompleted(controller->counters.completed);
+      sched.setOnTime(controller->counters.on_time);
+      sched.setResidentStarts(controller->counters.resident_starts);
+      sched.setPeerSwaps(controller->counters.peer_swaps);
+      sched.setHostSwaps(controller->counters.host_swaps);
+      sched.setEvictions(controller->counters.evictions);
+      sched.setSwapGroupBytes(controller->swap_group_bytes);
+      sched.setHostPoolBytes(controller->host_pool.capacity_bytes);
+      sched.setHostPoolUsedBytes(controller->host_pool.model_bytes +
+                                 controller->host_pool.staging_bytes);
+      sched.setDrainingNode(controller->draining);
+      auto out = status.initCounters();
+      out.setSessionsOpened(counters.sessions_opened);
+      out.setSessionsClosed(counters.sessions_closed);
+      out.setHandshakesRejected(counters.handshakes_rejected);
+      out.setMalformedMessages(malformed);
+      out.setControlRequests(counters.control_requests);
+      out.setCachedModules(cache.entries);
+      out.setCachedModuleBytes(cache.image_bytes);
+      out.setModuleCacheHits(cache.hits);
+      out.setModuleCacheMisses(cache.misses);
+      out.setModuleCacheUnknownHashes(cache.unknown_hashes);
+    }));
+  });
 }
 
 // ---- Time-outs and shutdown ----

@@ -24,6 +24,7 @@
 #include "common/status.h"
 #include "common/unique_fd.h"
 #include "server/auth.h"
+#include "server/controller.h"
 #include "server/device/device.h"
 #include "server/io_loop.h"
 #include "server/module_cache.h"
@@ -38,8 +39,10 @@ struct DaemonOptions {
   std::string control_socket_path;  // the router and operators connect here
   std::string auth_token;           // functions must present it
   std::vector<uid_t> allowed_uids;  // peers of other users are refused
-  uint64_t default_quota_bytes = 0; // per session when the client asks for none; 0 = one GPU
-  uint64_t max_quota_bytes = 0;     // the most a client may ask for; 0 = one GPU
+  // Late binding: pools, policies, swaps, quotas (controller.h).
+  ControllerOptions controller;
+  // An implicit lease ends after this long without a call that needs the GPU.
+  std::chrono::microseconds implicit_lease_idle{5000};
   wire::ChannelConfig channel;
   size_t max_sessions = 1024;
   std::chrono::milliseconds handshake_timeout{5000};
@@ -64,8 +67,9 @@ class Daemon {
  private:
   struct Connection;  // a function's connection (then its session) or a control connection
 
-  Daemon(device::Device& device, DaemonOptions options, std::unique_ptr<IoLoop> loop,
-         UniqueFd function_listener, UniqueFd control_listener, UniqueFd signal_fd);
+  Daemon(device::Device& device, DaemonOptions options, std::unique_ptr<Controller> controller,
+         std::unique_ptr<IoLoop> loop, UniqueFd function_listener, UniqueFd control_listener,
+         UniqueFd signal_fd);
 
   // Accepts on one listener until shutdown; errors (EMFILE and the like) pause it briefly.
   void arm_accept(bool control);
@@ -81,12 +85,19 @@ class Daemon {
                   std::function<void(Connection&)> then);
 
   void on_hello(Connection& connection);
-  Status admit(const wire::Hello& hello, uint64_t& quota) const;
+  Status admit(const wire::Hello& hello) const;
   void on_welcome_sent(Connection& connection);
   void on_session_exit(uint64_t connection_id);
 
   void on_control_request(Connection& connection);
-  Result<std::vector<std::byte>> answer_control(const wire::Message& request);
+  // Answers a control request: at once, or later through `send_reply` (requestStart waits for
+  // the request to start, drain for the node to be quiet, status for the controller's view).
+  // An error means the request could not be read.
+  using ReplySender = std::function<void(Result<std::vector<std::byte>>)>;
+  Status answer_control(const wire::Message& request, ReplySender send_reply);
+  void answer_status(ReplySender send_reply);
+  // Sends a control reply to connection `id` if it is still there (from any thread).
+  void reply_later(uint64_t connection_id, Result<std::vector<std::byte>> frame);
 
   void reject(Connection& connection, const Status& why);
   void close_connection(Connection& connection, std::string_view why);
@@ -98,6 +109,9 @@ class Daemon {
 
   device::Device& device_;
   const DaemonOptions options_;
+  // The node's GPUs, requests and policies. Declared before connections_, so it outlives the
+  // sessions (which lease its GPUs and place their blocks in its pools).
+  std::unique_ptr<Controller> controller_;
   // Code images, shared by every session. Declared before connections_, so it outlives the
   // sessions (which give their references back as they end).
   ModuleCache module_cache_;
@@ -113,7 +127,6 @@ class Daemon {
   uint64_t next_connection_id_ = 1;
   uint64_t next_session_id_ = 1;
   size_t live_sessions_ = 0;
-  int next_gpu_ = 0;
   bool shutting_down_ = false;
   IoLoop::OpId accept_op_ = 0;
   IoLoop::OpId control_accept_op_ = 0;

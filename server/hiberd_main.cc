@@ -46,8 +46,36 @@ DEFINE_string(auth_token_file, "",
 DEFINE_string(allowed_uids, "",
               "Comma-separated uids allowed to connect (default: root and hiberd's own uid)");
 DEFINE_uint64(default_quota_mib, 0,
-              "Device memory per session when a function asks for none (0: one GPU's memory)");
-DEFINE_uint64(max_quota_mib, 0, "The most device memory a function may ask for (0: one GPU's)");
+              "Device memory per session when a function asks for none (0: one GPU's pool)");
+DEFINE_uint64(max_quota_mib, 0, "The most device memory a function may ask for (0: one GPU's pool)");
+// Late binding (docs/hiberd.md, "Late binding").
+DEFINE_string(placement, "algorithm1", "GPU choice per request: algorithm1 (Torpor's Algorithm 1) "
+                                       "or random (the Torpor-Random ablation)");
+DEFINE_string(eviction, "heaviness", "Which models leave a full GPU: heaviness (Torpor), lru, lfu, "
+                                     "random, mcache or cremebrulee");
+DEFINE_string(queue, "rrc", "Request order: rrc (Torpor's SLO-aware queue), fifo or gshare");
+DEFINE_uint64(scheduler_seed, 1, "Seed of the scheduler's random choices (random policies)");
+DEFINE_string(memory_pool, "buddy", "GPU memory management: buddy (pools reserved at start), block "
+                                    "(Torpor-Block: a cache of device allocations) or naive (one "
+                                    "device allocation per block)");
+DEFINE_uint64(gpu_reserve_mib, 512, "GPU memory left out of the pool (driver, contexts, libraries)");
+DEFINE_uint64(pool_chunk_mib, 4096, "Size of the chunks each GPU's pool is reserved in");
+DEFINE_uint64(host_pool_chunk_mib, 1024, "Host memory for model copies is pinned in chunks of this");
+DEFINE_uint64(host_pool_max_mib, 65536, "The most host memory model copies may take");
+DEFINE_bool(pinned_host_copies, true, "Keep model copies in pinned host memory (false: pageable, "
+                                      "for the swap ablation)");
+DEFINE_uint64(swap_group_kib, 0, "Bytes per swap transfer group, KiB; 0 = the elbow hiberd "
+                                 "measures on this node (see --elbow_cache)");
+DEFINE_string(elbow_cache, "", "File remembering the measured elbow (default: <run_dir>/elbow)");
+DEFINE_bool(pipelined, true, "Kernels wait only for the swap groups their arguments touch (false: "
+                             "for the whole model)");
+DEFINE_uint64(implicit_lease_idle_us, 5000,
+              "A GPU used outside any request goes back after this long without a GPU call");
+DEFINE_double(default_slo_ms, 10000, "The SLO of functions that connect without being registered");
+DEFINE_int32(sim_fail_transfers_to_gpu, -1,
+             "With --device=sim, fault injection: host-to-GPU transfers to this GPU fail after "
+             "--sim_fail_after_transfers of them (for fault tests)");
+DEFINE_uint64(sim_fail_after_transfers, 0, "See --sim_fail_transfers_to_gpu");
 DEFINE_uint64(request_ring_kib, 1024, "Request ring per session, KiB (a power of two)");
 DEFINE_uint64(completion_ring_kib, 256, "Completion ring per session, KiB (a power of two)");
 DEFINE_uint64(arena_mib, 64, "Bulk data arena per session, MiB");
@@ -83,6 +111,8 @@ Result<std::unique_ptr<device::Device>> make_device() {
     options.throttle_copies = FLAGS_sim_throttle;
     options.workers_per_gpu = FLAGS_sim_workers_per_gpu;
     options.kernel_plugins = split_commas(FLAGS_sim_kernel_plugins);
+    options.fail_transfers_to_gpu = FLAGS_sim_fail_transfers_to_gpu;
+    options.fail_after_transfers = FLAGS_sim_fail_after_transfers;
     auto sim = device::SimDevice::create(options);
     if (!sim.ok()) return sim.status();
     return std::unique_ptr<device::Device>(std::move(sim).value());
@@ -122,8 +152,29 @@ Result<server::DaemonOptions> make_options(const std::string& run_dir) {
     if (!uids.ok()) return uids.status().with_context("--allowed_uids");
     options.allowed_uids = *uids;
   }
-  options.default_quota_bytes = FLAGS_default_quota_mib << 20;
-  options.max_quota_bytes = FLAGS_max_quota_mib << 20;
+  server::ControllerOptions& c = options.controller;
+  c.default_quota_bytes = FLAGS_default_quota_mib << 20;
+  c.max_quota_bytes = FLAGS_max_quota_mib << 20;
+  c.scheduler.placement = FLAGS_placement;
+  c.scheduler.eviction = FLAGS_eviction;
+  c.scheduler.queue = FLAGS_queue;
+  c.scheduler.seed = FLAGS_scheduler_seed;
+  auto pool = memory::parse_pool_kind(FLAGS_memory_pool);
+  if (!pool.ok()) return pool.status().with_context("--memory_pool");
+  c.pools.kind = *pool;
+  c.pools.reserve_bytes = FLAGS_gpu_reserve_mib << 20;
+  c.pools.chunk_bytes = FLAGS_pool_chunk_mib << 20;
+  c.repository.chunk_bytes = FLAGS_host_pool_chunk_mib << 20;
+  c.repository.max_bytes = FLAGS_host_pool_max_mib << 20;
+  c.repository.pinned = FLAGS_pinned_host_copies;
+  c.swap_group_bytes = FLAGS_swap_group_kib << 10;
+  c.elbow_cache = FLAGS_elbow_cache.empty() ? run_dir + "/elbow" : FLAGS_elbow_cache;
+  c.pipelined = FLAGS_pipelined;
+  if (!(FLAGS_default_slo_ms > 0)) {
+    return error(ErrorCode::kInvalidValue, "--default_slo_ms must be positive");
+  }
+  c.default_slo = static_cast<scheduler::Duration>(FLAGS_default_slo_ms * 1e6);
+  options.implicit_lease_idle = std::chrono::microseconds(FLAGS_implicit_lease_idle_us);
   options.channel.request_ring_bytes = FLAGS_request_ring_kib << 10;
   options.channel.completion_ring_bytes = FLAGS_completion_ring_kib << 10;
   options.channel.arena_bytes = FLAGS_arena_mib << 20;

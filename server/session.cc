@@ -22,7 +22,6 @@ constexpr size_t kMaxStreams = 4096;
 constexpr size_t kMaxEvents = 1 << 16;
 constexpr size_t kMaxModules = 4096;
 constexpr size_t kMaxFunctions = 1 << 16;
-constexpr size_t kMaxAllocations = 1 << 16;
 
 // Completions per completion message, at most; fewer when they would not fit one ring record.
 constexpr size_t kCompletionsPerMessage = 128;
@@ -47,8 +46,6 @@ std::string hex(uint64_t v) {
   return buf;
 }
 
-uint64_t round_up(uint64_t v, uint64_t to) { return (v + to - 1) / to * to; }
-
 Status invalid(const std::string& message) { return Status(ErrorCode::kInvalidValue, message); }
 
 // Checks that a client-chosen handle can name a new object of `table`: not zero (reserved),
@@ -68,18 +65,17 @@ Status check_new_handle(const Table& table, uint64_t handle, size_t limit, std::
 }  // namespace
 
 Result<std::unique_ptr<Session>> Session::create(device::Device& device, ModuleCache& modules,
-                                                 SessionIdentity identity,
+                                                 DevicePools& pools, ModelRepository& repository,
+                                                 GpuLessor& lessor, SessionIdentity identity,
                                                  const SessionConfig& config) {
-  if (config.gpu < 0 || config.gpu >= device.gpu_count()) {
-    return error(ErrorCode::kInvalidDevice, "session GPU ", config.gpu, " does not exist");
-  }
-  const uint64_t granularity = device.allocation_granularity(config.gpu);
   auto channel = wire::ServerChannel::create(config.channel);
   if (!channel.ok()) return channel.status().with_context("creating the session channel");
-  auto va = device.reserve_address_range(round_up(config.va_bytes, granularity), granularity);
-  if (!va.ok()) return va.status().with_context("reserving the session's address range");
-  std::unique_ptr<Session> session(new Session(device, modules, std::move(identity), config,
-                                              std::move(channel).value(), *va));
+  auto memory = FunctionMemory::create(device, pools, repository, identity.id, config.va_bytes,
+                                       config.quota_bytes, config.memory);
+  if (!memory.ok()) return memory.status().with_context("the session's memory");
+  std::unique_ptr<Session> session(new Session(device, modules, lessor, std::move(identity),
+                                               config, std::move(channel).value(),
+                                               std::move(memory).value()));
   // From here the destructor releases what exists.
   // Copies read and write the arena directly; registered, the CUDA backend DMAs from it.
   const std::span<std::byte> arena = session->channel_->arena();
@@ -91,27 +87,27 @@ Result<std::unique_ptr<Session>> Session::create(device::Device& device, ModuleC
     LOG(WARNING) << "session " << session->identity_.id
                  << ": arena not registered with the device, copies will stage: " << registered;
   }
-  auto default_stream = device.create_stream(config.gpu, 0);
-  if (!default_stream.ok()) return default_stream.status().with_context("default stream");
-  session->default_stream_ = *default_stream;
-  auto sync_stream = device.create_stream(config.gpu, 0);
-  if (!sync_stream.ok()) return sync_stream.status().with_context("synchronisation stream");
-  session->sync_stream_ = *sync_stream;
   return session;
 }
 
-Session::Session(device::Device& device, ModuleCache& modules, SessionIdentity identity,
-                 const SessionConfig& config, std::unique_ptr<wire::ServerChannel> channel,
-                 DevicePtr va_base)
+Session::Session(device::Device& device, ModuleCache& modules, GpuLessor& lessor,
+                 SessionIdentity identity, const SessionConfig& config,
+                 std::unique_ptr<wire::ServerChannel> channel,
+                 std::shared_ptr<FunctionMemory> memory)
     : device_(device),
       module_cache_(modules),
+      lessor_(lessor),
       identity_(std::move(identity)),
       config_(config),
+      gpu_count_(device.gpu_count()),
       started_(std::chrono::steady_clock::now()),
       channel_(std::move(channel)),
-      va_base_(va_base),
-      granularity_(device.allocation_granularity(config.gpu)),
-      staging_([this](uint64_t end) { channel_->release_staging(end); }) {}
+      memory_(std::move(memory)),
+      staging_([this](uint64_t end) { channel_->release_staging(end); }) {
+  default_stream_.per_gpu.resize(gpu_count_);
+  sync_streams_.resize(gpu_count_);
+  swap_streams_.resize(gpu_count_);
+}
 
 Session::~Session() {
   CHECK(!thread_.joinable()) << "session " << identity_.id << " destroyed while running";
@@ -122,13 +118,14 @@ wire::SessionInfo Session::welcome() const {
   wire::SessionInfo info;
   info.session_id = identity_.id;
   info.server_version = wire::current_protocol_version();
-  info.grant.va_base = va_base_;
-  info.grant.va_bytes = round_up(config_.va_bytes, granularity_);
+  info.grant.va_base = memory_->va_base();
+  info.grant.va_bytes = memory_->va_bytes();
   info.grant.quota_bytes = config_.quota_bytes;
-  info.grant.allocation_granularity = granularity_;
+  info.grant.allocation_granularity = memory_->granularity();
   info.layout = channel_->layout();
-  // The function sees one device: the GPU its work runs on, as ordinal 0.
-  const device::DeviceProperties& props = device_.properties(config_.gpu);
+  // The function sees one device, ordinal 0: whichever GPU a lease gives it. The node's GPUs
+  // are one model (a pool of one kind), so GPU 0's properties describe every lease.
+  const device::DeviceProperties& props = device_.properties(0);
   wire::DeviceInfo dev;
   dev.ordinal = 0;
   dev.name = props.name;
@@ -152,6 +149,7 @@ void Session::close(std::string_view reason) {
             << ") closing: " << reason;
   }
   channel_->close();
+  wake();
 }
 
 void Session::join() {
@@ -161,20 +159,147 @@ void Session::join() {
 SessionSnapshot Session::snapshot() const {
   SessionSnapshot s;
   s.identity = identity_;
-  s.gpu = config_.gpu;
-  s.allocated_bytes = allocated_bytes_.load();
+  s.gpu = bound_gpu_.load();
+  s.allocated_bytes = memory_->allocated_bytes();
   s.quota_bytes = config_.quota_bytes;
   s.batches = batches_.load();
   s.calls = calls_.load();
   s.failed_calls = failed_calls_.load();
   s.malformed_messages = malformed_messages_.load();
+  s.leases = leases_.load();
   s.connected_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
   return s;
 }
 
+// ---- Leases ----
+
+void Session::grant(const Lease& lease) {
+  {
+    std::lock_guard lock(wake_mutex_);
+    commands_.push_back(GrantCommand{lease});
+  }
+  wake();
+}
+
+void Session::end_lease(uint64_t lease) {
+  {
+    std::lock_guard lock(wake_mutex_);
+    commands_.push_back(EndCommand{lease, Status()});
+  }
+  wake();
+}
+
+void Session::fail(uint64_t lease, const Status& why) {
+  {
+    std::lock_guard lock(wake_mutex_);
+    commands_.push_back(EndCommand{lease, why.ok() ? Status(ErrorCode::kUnknown, "GPU failed") : why});
+  }
+  wake();
+}
+
+void Session::wake() {
+  {
+    // Taken so that a waiter between its check and its wait cannot miss the notification.
+    std::lock_guard lock(wake_mutex_);
+  }
+  woken_.notify_all();
+  channel_->interrupt();
+}
+
+void Session::wait_for_wake(std::chrono::nanoseconds timeout) {
+  std::unique_lock lock(wake_mutex_);
+  woken_.wait_for(lock, timeout, [this] {
+    return !commands_.empty() || !posted_.empty() || channel_->closed();
+  });
+}
+
+void Session::run_commands() {
+  std::vector<Command> commands;
+  {
+    std::lock_guard lock(wake_mutex_);
+    commands.swap(commands_);
+  }
+  for (Command& command : commands) {
+    if (auto* grant = std::get_if<GrantCommand>(&command)) {
+      begin_lease(grant->lease);
+    } else {
+      const EndCommand& end = std::get<EndCommand>(command);
+      if (!lease_ || lease_->id != end.lease) {
+        // Not (or no longer) held: its grant failed and was released already.
+        continue;
+      }
+      finish_lease(end.failure);
+    }
+  }
+}
+
+void Session::begin_lease(const Lease& lease) {
+  if (lease_) {
+    // The controller grants one lease at a time; a second one is its bug. Refuse it loudly
+    // rather than run on two GPUs.
+    LOG(ERROR) << "session " << identity_.id << ": lease " << lease.id << " on GPU " << lease.gpu
+               << " granted while lease " << lease_->id << " is held; refusing it";
+    lessor_.streaming(identity_.id, lease.id,
+                      Status(ErrorCode::kIllegalState, "a second lease while one is held"));
+    lessor_.released(identity_.id, lease.id, Status());
+    return;
+  }
+  asked_for_gpu_ = false;
+  leases_.fetch_add(1, std::memory_order_relaxed);
+  const int gpu = lease.gpu;
+  // The swap runs on a stream of its own on the lease's GPU, so client work queued behind it
+  // waits only for the groups it touches.
+  auto swap_stream = device_stream(swap_streams_, 0, gpu);
+  Status bound = swap_stream.status();
+  if (bound.ok()) {
+    const uint64_t session = identity_.id;
+    const uint64_t id = lease.id;
+    bound = memory_->bind(
+        lease, *swap_stream,
+        [this, session, id](const Status& done, const SwapReport& report) {
+          lessor_.swap_done(session, id, done, report);
+        },
+        [this](int g, const memory::Shortfall& s) { return lessor_.make_room(identity_.id, g, s); });
+  }
+  lessor_.streaming(identity_.id, lease.id, bound);
+  if (!bound.ok()) {
+    LOG(WARNING) << "session " << identity_.id << " (" << identity_.function_id
+                 << "): cannot run on GPU " << gpu << ": " << bound;
+    // The calls waiting for this lease fail rather than wait for the next one.
+    lease_failure_ = bound.with_context(str_cat("GPU ", gpu));
+    quiesce();
+    (void)memory_->unbind();
+    lessor_.released(identity_.id, lease.id, bound);
+    return;
+  }
+  lease_ = lease;
+  bound_gpu_.store(gpu);
+  last_gpu_call_ = std::chrono::steady_clock::now();
+}
+
+void Session::finish_lease(const Status& failure) {
+  const Lease lease = *lease_;
+  if (!failure.ok()) {
+    LOG(WARNING) << "session " << identity_.id << " (" << identity_.function_id << "): GPU "
+                 << lease.gpu << " failed under it: " << failure;
+    // Sequence 0: an error of the session, which the client makes sticky.
+    unsent_.push_back({0, limited(failure.with_context(str_cat("GPU ", lease.gpu))), {}});
+  }
+  // Nothing of this function may run on the GPU once it is handed back.
+  quiesce();
+  Status unbound = memory_->unbind();
+  if (!unbound.ok()) LOG(ERROR) << "session " << identity_.id << ": unmapping: " << unbound;
+  lease_.reset();
+  bound_gpu_.store(-1);
+  lessor_.released(identity_.id, lease.id, failure.ok() ? unbound : failure);
+}
+
+// ---- The call stream ----
+
 void Session::run() {
   wire::Message message;
+  std::optional<uint32_t> held;  // `message` has calls waiting for a lease, from this one
   std::chrono::milliseconds retry = kMinRetry;
   while (true) {
     const size_t unsent_before = unsent_.size();
@@ -186,12 +311,49 @@ void Session::run() {
       channel_->close();
       break;
     }
-    // Wait for requests; if completions are stuck behind a full ring, come back to them.
+    if (channel_->closed()) break;
+    run_commands();
     retry = unsent_.size() < unsent_before ? kMinRetry : std::min(retry * 2, kMaxRetry);
-    const auto timeout = unsent_.empty() ? std::chrono::nanoseconds(std::chrono::hours(1))
-                                         : std::chrono::nanoseconds(retry);
+    const std::chrono::nanoseconds stuck =
+        unsent_.empty() ? std::chrono::nanoseconds(std::chrono::hours(1)) : std::chrono::nanoseconds(retry);
+
+    if (held) {
+      if (lease_) {
+        held = handle_message(message, *held);
+        if (!held && message.size() > kKeptMessageBytes) message = wire::Message();
+        continue;
+      }
+      if (!lease_failure_.ok()) {
+        fail_held(message, *held, std::exchange(lease_failure_, Status()));
+        held.reset();
+        continue;
+      }
+      if (!asked_for_gpu_) {
+        asked_for_gpu_ = true;
+        lessor_.need_gpu(identity_.id);
+      }
+      wait_for_wake(stuck);
+      continue;
+    }
+
+    // An implicit lease the function no longer uses goes back: no GPU call for a while, and no
+    // work of its left on the GPU (a program waiting for its kernels keeps its GPU, so it does
+    // not move while it computes).
+    std::chrono::nanoseconds timeout = stuck;
+    if (lease_ && lease_->implicit) {
+      const auto idle = std::chrono::steady_clock::now() - last_gpu_call_;
+      if (idle >= config_.implicit_lease_idle) {
+        if (!work_pending()) {
+          finish_lease(Status());
+          continue;
+        }
+        last_gpu_call_ = std::chrono::steady_clock::now();
+        continue;
+      }
+      timeout = std::min<std::chrono::nanoseconds>(timeout, config_.implicit_lease_idle - idle);
+    }
     Status received = channel_->receive(message, timeout);
-    // kNotReady: a device callback posted a completion; kTimeout: time to retry.
+    // kNotReady: a command or a completion is waiting; kTimeout: time to retry or to release.
     if (received.code() == ErrorCode::kTimeout || received.code() == ErrorCode::kNotReady) continue;
     if (received.code() == ErrorCode::kDeinitialized) break;
     if (!received.ok()) {
@@ -203,37 +365,45 @@ void Session::run() {
       channel_->close();
       break;
     }
-    handle_message(message);
+    batches_.fetch_add(1, std::memory_order_relaxed);
+    held = handle_message(message, 0);
     // Keep the buffer for the next message, unless a rare huge one made it big.
-    if (message.size() > kKeptMessageBytes) message = wire::Message();
+    if (!held && message.size() > kKeptMessageBytes) message = wire::Message();
   }
   teardown();
   if (on_exit_) on_exit_();
 }
 
-void Session::handle_message(const wire::Message& message) {
-  batches_.fetch_add(1, std::memory_order_relaxed);
+std::optional<uint32_t> Session::handle_message(const wire::Message& message, uint32_t first) {
+  std::optional<uint32_t> stopped_at;
   Status read = wire::read_message<proto::Batch>(
       message, "batch", [&](proto::Batch::Reader batch) -> Status {
         auto calls = batch.getCalls();
-        Status refused;
-        if (calls.size() > wire::kMaxCallsPerBatch) {
-          refused = invalid(str_cat("batch of ", calls.size(), " calls; the limit is ",
-                                    wire::kMaxCallsPerBatch));
-        } else if (batch.getFirstSeq() != next_seq_) {
-          // Calls were lost or duplicated on the client side; execute nothing of this batch.
-          refused = invalid(str_cat("batch starts at call ", batch.getFirstSeq(), " but call ",
-                                    next_seq_, " is next"));
+        if (first == 0) {
+          Status refused;
+          if (calls.size() > wire::kMaxCallsPerBatch) {
+            refused = invalid(str_cat("batch of ", calls.size(), " calls; the limit is ",
+                                      wire::kMaxCallsPerBatch));
+          } else if (batch.getFirstSeq() != next_seq_) {
+            // Calls were lost or duplicated on the client side; execute nothing of this batch.
+            refused = invalid(str_cat("batch starts at call ", batch.getFirstSeq(), " but call ",
+                                      next_seq_, " is next"));
+          }
+          if (!refused.ok()) {
+            // None of its copies will run: give their staging back.
+            uint64_t last_end = 0;
+            for (auto call : calls) last_end = std::max(last_end, staging_end_of(call));
+            release_staging_now(last_end);
+            return refused;
+          }
         }
-        if (!refused.ok()) {
-          // None of its copies will run: give their staging back.
-          uint64_t last_end = 0;
-          for (auto call : calls) last_end = std::max(last_end, staging_end_of(call));
-          release_staging_now(last_end);
-          return refused;
+        for (uint32_t i = first; i < calls.size(); ++i) {
+          if (!lease_ && needs_gpu(calls[i])) {
+            stopped_at = i;
+            return Status();
+          }
+          execute(calls[i], next_seq_++);
         }
-        for (uint32_t i = 0; i < calls.size(); ++i) execute(calls[i], next_seq_ + i);
-        next_seq_ += calls.size();
         return Status();
       });
   if (!read.ok()) {
@@ -242,6 +412,42 @@ void Session::handle_message(const wire::Message& message) {
                  << "): rejected a message: " << read;
     // Sequence 0: an error of the session, not of one call. The client makes it sticky.
     unsent_.push_back({0, limited(read), {}});
+    return std::nullopt;
+  }
+  return stopped_at;
+}
+
+void Session::fail_held(const wire::Message& message, uint32_t first, const Status& why) {
+  const Status failure = limited(why);
+  // Once, as an error of the session: the client makes it sticky, as a lost context would be.
+  unsent_.push_back({0, failure, {}});
+  (void)wire::read_message<proto::Batch>(message, "batch", [&](proto::Batch::Reader batch) {
+    auto calls = batch.getCalls();
+    for (uint32_t i = first; i < calls.size(); ++i) {
+      const uint64_t seq = next_seq_++;
+      calls_.fetch_add(1, std::memory_order_relaxed);
+      failed_calls_.fetch_add(1, std::memory_order_relaxed);
+      kj::runCatchingExceptions([&] {
+        release_staging_now(staging_end_of(calls[i]));
+        if (calls[i].getReply()) unsent_.push_back({seq, failure, {}});
+      });
+    }
+    return Status();
+  });
+}
+
+bool Session::needs_gpu(proto::Call::Reader call) {
+  switch (call.which()) {
+    case proto::Call::MEMCPY_HTO_D:
+    case proto::Call::MEMCPY_DTO_H:
+    case proto::Call::MEMCPY_DTO_D:
+    case proto::Call::MEMSET:
+    case proto::Call::STREAM_WAIT_EVENT:
+    case proto::Call::EVENT_RECORD:
+    case proto::Call::LAUNCH_KERNEL:
+      return true;
+    default:
+      return false;
   }
 }
 
@@ -249,7 +455,10 @@ void Session::execute(proto::Call::Reader call, uint64_t seq) {
   calls_.fetch_add(1, std::memory_order_relaxed);
   Outcome outcome;
   // A field the client encoded wrongly throws when read; that fails this call only.
-  kj::Maybe<kj::Exception> thrown = kj::runCatchingExceptions([&] { outcome = dispatch(call, seq); });
+  kj::Maybe<kj::Exception> thrown = kj::runCatchingExceptions([&] {
+    if (lease_ && needs_gpu(call)) last_gpu_call_ = std::chrono::steady_clock::now();
+    outcome = dispatch(call, seq);
+  });
   KJ_IF_MAYBE(e, thrown) {
     outcome = Outcome{invalid(str_cat("malformed call: ", e->getDescription().cStr()))};
   }
@@ -295,46 +504,25 @@ Session::Outcome Session::dispatch(proto::Call::Reader call, uint64_t seq) {
       return stream_destroy(call.getStreamDestroy().getStream());
     case proto::Call::STREAM_SYNCHRONIZE:
       return stream_synchronize(call.getStreamSynchronize().getStream(), seq, reply);
-    case proto::Call::STREAM_QUERY: {
-      auto s = stream(call.getStreamQuery().getStream());
-      if (!s.ok()) return {s.status()};
-      return {device_.query_stream(*s)};
-    }
-    case proto::Call::STREAM_WAIT_EVENT: {
-      auto s = stream(call.getStreamWaitEvent().getStream());
-      if (!s.ok()) return {s.status()};
-      auto e = event(call.getStreamWaitEvent().getEvent());
-      if (!e.ok()) return {e.status()};
-      return {device_.wait_event(*s, *e), {}, false, *s};
-    }
+    case proto::Call::STREAM_QUERY:
+      return stream_query(call.getStreamQuery().getStream());
+    case proto::Call::STREAM_WAIT_EVENT:
+      return stream_wait_event(call.getStreamWaitEvent().getStream(),
+                               call.getStreamWaitEvent().getEvent());
     case proto::Call::EVENT_CREATE:
       return event_create(call.getEventCreate().getEvent(),
                           call.getEventCreate().getDisableTiming());
     case proto::Call::EVENT_DESTROY:
       return event_destroy(call.getEventDestroy().getEvent());
-    case proto::Call::EVENT_RECORD: {
-      auto e = event(call.getEventRecord().getEvent());
-      if (!e.ok()) return {e.status()};
-      auto s = stream(call.getEventRecord().getStream());
-      if (!s.ok()) return {s.status()};
-      return {device_.record_event(*e, *s), {}, false, *s};
-    }
+    case proto::Call::EVENT_RECORD:
+      return event_record(call.getEventRecord().getEvent(), call.getEventRecord().getStream());
     case proto::Call::EVENT_SYNCHRONIZE:
       return event_synchronize(call.getEventSynchronize().getEvent(), seq, reply);
-    case proto::Call::EVENT_QUERY: {
-      auto e = event(call.getEventQuery().getEvent());
-      if (!e.ok()) return {e.status()};
-      return {device_.query_event(*e)};
-    }
-    case proto::Call::EVENT_ELAPSED_TIME: {
-      auto start = event(call.getEventElapsedTime().getStart());
-      if (!start.ok()) return {start.status()};
-      auto end = event(call.getEventElapsedTime().getEnd());
-      if (!end.ok()) return {end.status()};
-      auto ms = device_.elapsed_ms(*start, *end);
-      if (!ms.ok()) return {ms.status()};
-      return {Status(), *ms};
-    }
+    case proto::Call::EVENT_QUERY:
+      return event_query(call.getEventQuery().getEvent());
+    case proto::Call::EVENT_ELAPSED_TIME:
+      return event_elapsed(call.getEventElapsedTime().getStart(),
+                           call.getEventElapsedTime().getEnd());
     case proto::Call::DEVICE_SYNCHRONIZE:
       return device_synchronize(seq, reply);
     case proto::Call::MODULE_LOAD:
@@ -357,89 +545,34 @@ Session::Outcome Session::dispatch(proto::Call::Reader call, uint64_t seq) {
 // ---- Memory ----
 
 Session::Outcome Session::mem_allocate(uint64_t va, uint64_t bytes) {
-  const uint64_t va_end = va_base_ + round_up(config_.va_bytes, granularity_);
-  if (bytes == 0) return {invalid("memAllocate of 0 bytes")};
-  if (va % granularity_ != 0) {
-    return {invalid(str_cat("memAllocate at ", hex(va), ": not aligned to the allocation "
-                            "granularity ", granularity_))};
-  }
-  if (bytes > va_end - va_base_) {
-    return {error(ErrorCode::kOutOfMemory, "memAllocate of ", bytes,
-                  " bytes is larger than the session's address range")};
-  }
-  const uint64_t rounded = round_up(bytes, granularity_);
-  if (va < va_base_ || va > va_end - rounded) {
-    return {invalid(str_cat("memAllocate [", hex(va), ", +", rounded,
-                            ") is outside the session's grant [", hex(va_base_), ", ",
-                            hex(va_end), ")"))};
-  }
-  auto next = allocations_.lower_bound(va);
-  if (next != allocations_.end() && next->first < va + rounded) {
-    return {invalid(str_cat("memAllocate [", hex(va), ", +", rounded, ") overlaps the allocation at ",
-                            hex(next->first)))};
-  }
-  if (next != allocations_.begin()) {
-    auto prev = std::prev(next);
-    if (prev->first + prev->second.bytes > va) {
-      return {invalid(str_cat("memAllocate [", hex(va), ", +", rounded,
-                              ") overlaps the allocation at ", hex(prev->first)))};
-    }
-  }
-  if (allocations_.size() >= kMaxAllocations) {
-    return {error(ErrorCode::kOutOfMemory, "more than ", kMaxAllocations, " allocations")};
-  }
-  const uint64_t used = allocated_bytes_.load();
-  if (rounded > config_.quota_bytes || used > config_.quota_bytes - rounded) {
-    return {error(ErrorCode::kOutOfMemory, "memAllocate of ", rounded, " bytes exceeds the quota: ",
-                  used, " of ", config_.quota_bytes, " bytes in use")};
-  }
-  auto memory = device_.create_physical(config_.gpu, rounded);
-  if (!memory.ok()) return {memory.status().with_context("memAllocate")};
-  Status mapped = device_.map(va, rounded, *memory, 0);
-  if (mapped.ok()) {
-    const int gpus[] = {config_.gpu};
-    mapped = device_.set_access(va, rounded, gpus);
-    if (!mapped.ok()) (void)device_.unmap(va, rounded);
-  }
-  if (!mapped.ok()) {
-    (void)device_.release_physical(*memory);
-    return {mapped.with_context("memAllocate")};
-  }
-  allocations_.emplace(va, Allocation{rounded, *memory});
-  allocated_bytes_.fetch_add(rounded);
-  return {};
+  // Placed and mapped at once under a lease; otherwise recorded, and placed by the next lease.
+  const int gpu = lease_ ? lease_->gpu : -1;
+  Status added = memory_->add_block(
+      va, bytes, gpu,
+      [this](int g, const memory::Shortfall& s) { return lessor_.make_room(identity_.id, g, s); });
+  return {added.with_context("memAllocate")};
 }
 
 Session::Outcome Session::mem_free(uint64_t va) {
-  auto it = allocations_.find(va);
-  if (it == allocations_.end()) {
+  if (!memory_->is_block(va)) {
     return {invalid(str_cat("memFree of ", hex(va), ": not the start of an allocation"))};
   }
   // As cudaFree: work already enqueued may still use the memory; wait for it.
   quiesce();
-  Status unmapped = device_.unmap(va, it->second.bytes);
-  Status released = device_.release_physical(it->second.memory);
-  allocated_bytes_.fetch_sub(it->second.bytes);
-  allocations_.erase(it);
-  if (!unmapped.ok()) return {unmapped.with_context("memFree")};
-  return {released.with_context("memFree")};
-}
-
-Status Session::check_device_range(uint64_t ptr, uint64_t bytes, std::string_view what) const {
-  auto it = allocations_.upper_bound(ptr);
-  if (it != allocations_.begin()) {
-    --it;
-    const uint64_t offset = ptr - it->first;
-    if (offset < it->second.bytes && bytes <= it->second.bytes - offset) return Status();
-  }
-  return invalid(str_cat(what, ": [", hex(ptr), ", +", bytes,
-                         ") is not inside one allocation of this session"));
+  return {memory_->remove_block(va).with_context("memFree")};
 }
 
 Status Session::check_arena_range(uint64_t offset, uint64_t bytes, std::string_view what) const {
   if (wire::arena_range_ok(offset, bytes, channel_->arena().size())) return Status();
   return invalid(str_cat(what, ": arena range [", offset, ", +", bytes,
                          ") is outside the arena of ", channel_->arena().size(), " bytes"));
+}
+
+Status Session::before_access(device::Stream stream, uint64_t ptr, uint64_t bytes, bool write) {
+  waits_.clear();
+  memory_->access(ptr, bytes, write, &waits_);
+  for (const device::Event& e : waits_) HIBER_RETURN_IF_ERROR(device_.wait_event(stream, e));
+  return Status();
 }
 
 Status Session::track_staging(uint64_t staging_end, device::Stream s) {
@@ -472,11 +605,12 @@ uint64_t Session::staging_end_of(proto::Call::Reader call) {
 
 Session::Outcome Session::memcpy_htod(proto::Call::MemcpyHtoD::Reader c) {
   const uint64_t bytes = c.getBytes();
-  auto s = stream(c.getStream());
+  auto s = work_stream(c.getStream());
   if (!s.ok()) return {s.status()};
   if (bytes == 0) return {track_staging(c.getStagingEnd(), *s), {}, false, *s};
   Status checked = check_arena_range(c.getSrcOffset(), bytes, "memcpyHtoD source");
-  if (checked.ok()) checked = check_device_range(c.getDst(), bytes, "memcpyHtoD destination");
+  if (checked.ok()) checked = memory_->check_range(c.getDst(), bytes, "memcpyHtoD destination");
+  if (checked.ok()) checked = before_access(*s, c.getDst(), bytes, /*write=*/true);
   if (!checked.ok()) return {checked};
   Status copied =
       device_.copy_host_to_device(*s, c.getDst(), channel_->arena().data() + c.getSrcOffset(), bytes);
@@ -486,11 +620,12 @@ Session::Outcome Session::memcpy_htod(proto::Call::MemcpyHtoD::Reader c) {
 
 Session::Outcome Session::memcpy_dtoh(proto::Call::MemcpyDtoH::Reader c) {
   const uint64_t bytes = c.getBytes();
-  auto s = stream(c.getStream());
+  auto s = work_stream(c.getStream());
   if (!s.ok()) return {s.status()};
   if (bytes == 0) return {track_staging(c.getStagingEnd(), *s), {}, false, *s};
   Status checked = check_arena_range(c.getDstOffset(), bytes, "memcpyDtoH destination");
-  if (checked.ok()) checked = check_device_range(c.getSrc(), bytes, "memcpyDtoH source");
+  if (checked.ok()) checked = memory_->check_range(c.getSrc(), bytes, "memcpyDtoH source");
+  if (checked.ok()) checked = before_access(*s, c.getSrc(), bytes, /*write=*/false);
   if (!checked.ok()) return {checked};
   Status copied =
       device_.copy_device_to_host(*s, channel_->arena().data() + c.getDstOffset(), c.getSrc(), bytes);
@@ -500,11 +635,13 @@ Session::Outcome Session::memcpy_dtoh(proto::Call::MemcpyDtoH::Reader c) {
 
 Session::Outcome Session::memcpy_dtod(proto::Call::MemcpyDtoD::Reader c) {
   const uint64_t bytes = c.getBytes();
-  auto s = stream(c.getStream());
+  auto s = work_stream(c.getStream());
   if (!s.ok()) return {s.status()};
   if (bytes == 0) return {Status(), {}, false, *s};
-  Status checked = check_device_range(c.getSrc(), bytes, "memcpyDtoD source");
-  if (checked.ok()) checked = check_device_range(c.getDst(), bytes, "memcpyDtoD destination");
+  Status checked = memory_->check_range(c.getSrc(), bytes, "memcpyDtoD source");
+  if (checked.ok()) checked = memory_->check_range(c.getDst(), bytes, "memcpyDtoD destination");
+  if (checked.ok()) checked = before_access(*s, c.getSrc(), bytes, /*write=*/false);
+  if (checked.ok()) checked = before_access(*s, c.getDst(), bytes, /*write=*/true);
   if (!checked.ok()) return {checked};
   return {device_.copy_device_to_device(*s, c.getDst(), c.getSrc(), bytes), {}, false, *s};
 }
@@ -514,45 +651,66 @@ Session::Outcome Session::memset(proto::Call::Memset::Reader c) {
   if (element != 1 && element != 2 && element != 4) {
     return {invalid(str_cat("memset element size ", element, " (must be 1, 2 or 4)"))};
   }
-  auto s = stream(c.getStream());
+  auto s = work_stream(c.getStream());
   if (!s.ok()) return {s.status()};
   const uint64_t count = c.getCount();
   if (count == 0) return {Status(), {}, false, *s};
   if (count > UINT64_MAX / static_cast<uint64_t>(element)) return {invalid("memset size overflows")};
-  Status checked = check_device_range(c.getDst(), count * element, "memset destination");
+  Status checked = memory_->check_range(c.getDst(), count * element, "memset destination");
   if (!checked.ok()) return {checked};
   if (c.getDst() % static_cast<uint64_t>(element) != 0) {
     return {invalid(str_cat("memset destination ", hex(c.getDst()), " is not aligned to ", element,
                             " bytes"))};
   }
+  checked = before_access(*s, c.getDst(), count * element, /*write=*/true);
+  if (!checked.ok()) return {checked};
   return {device_.memset(*s, c.getDst(), c.getValue(), element, count), {}, false, *s};
 }
 
 // ---- Streams and events ----
 
-Result<device::Stream> Session::stream(uint64_t handle) const {
-  if (handle == 0) return *default_stream_;
+Result<Session::StreamEntry*> Session::stream_entry(uint64_t handle) {
+  if (handle == 0) return &default_stream_;
   auto it = streams_.find(handle);
   if (it == streams_.end()) {
     return error(ErrorCode::kInvalidHandle, "unknown stream handle ", hex(handle));
   }
-  return it->second;
+  return &it->second;
 }
 
-Result<device::Event> Session::event(uint64_t handle) const {
+Result<Session::EventEntry*> Session::event_entry(uint64_t handle) {
   auto it = events_.find(handle);
   if (it == events_.end()) {
     return error(ErrorCode::kInvalidHandle, "unknown event handle ", hex(handle));
   }
-  return it->second;
+  return &it->second;
+}
+
+Result<device::Stream> Session::device_stream(std::vector<std::optional<device::Stream>>& per_gpu,
+                                              int32_t priority, int gpu) {
+  std::optional<device::Stream>& slot = per_gpu[gpu];
+  if (!slot) {
+    auto created = device_.create_stream(gpu, priority);
+    if (!created.ok()) return created.status();
+    slot = *created;
+  }
+  return *slot;
+}
+
+Result<device::Stream> Session::work_stream(uint64_t handle) {
+  HIBER_ASSIGN_OR_RETURN(StreamEntry * entry, stream_entry(handle));
+  HIBER_ASSIGN_OR_RETURN(device::Stream s, device_stream(entry->per_gpu, entry->priority, lease_->gpu));
+  entry->last_gpu = lease_->gpu;
+  return s;
 }
 
 Session::Outcome Session::stream_create(uint64_t handle, int32_t priority) {
   Status usable = check_new_handle(streams_, handle, kMaxStreams, "streamCreate");
   if (!usable.ok()) return {usable};
-  auto created = device_.create_stream(config_.gpu, priority);
-  if (!created.ok()) return {created.status()};
-  streams_.emplace(handle, *created);
+  StreamEntry entry;
+  entry.priority = priority;
+  entry.per_gpu.resize(gpu_count_);
+  streams_.emplace(handle, std::move(entry));
   return {};
 }
 
@@ -562,29 +720,61 @@ Session::Outcome Session::stream_destroy(uint64_t handle) {
   if (it == streams_.end()) {
     return {error(ErrorCode::kInvalidHandle, "streamDestroy: unknown stream handle ", hex(handle))};
   }
-  device::Stream s = it->second;
+  const StreamEntry entry = std::move(it->second);
   streams_.erase(it);
-  // Work already on the stream still runs; this callback lets teardown know when it is done.
-  Status tracked = after(s, [](Status) {});
-  Status destroyed = device_.destroy_stream(s);
-  return {tracked.ok() ? destroyed : tracked};
+  Status result;
+  for (const std::optional<device::Stream>& s : entry.per_gpu) {
+    if (!s) continue;
+    // Work already on the stream still runs; this callback lets teardown know when it is done.
+    Status tracked = after(*s, [](Status) {});
+    Status destroyed = device_.destroy_stream(*s);
+    if (result.ok()) result = tracked.ok() ? destroyed : tracked;
+  }
+  return {result};
 }
 
 Session::Outcome Session::stream_synchronize(uint64_t handle, uint64_t seq, bool reply) {
-  auto s = stream(handle);
-  if (!s.ok()) return {s.status()};
+  auto entry = stream_entry(handle);
+  if (!entry.ok()) return {entry.status()};
   if (!reply) return {};
-  Status queued = after(*s, [this, seq](Status done) { post_completion(seq, std::move(done)); });
+  StreamEntry& e = **entry;
+  // Work drained when a lease ended reports its failure here, once, as CUDA would have.
+  if (!e.drained_error.ok()) return {std::exchange(e.drained_error, Status())};
+  if (e.last_gpu < 0 || !e.per_gpu[e.last_gpu]) return {};
+  Status queued = after(*e.per_gpu[e.last_gpu],
+                        [this, seq](Status done) { post_completion(seq, std::move(done)); });
   if (!queued.ok()) return {queued};
   return {Status(), {}, /*deferred=*/true};
+}
+
+Session::Outcome Session::stream_query(uint64_t handle) {
+  auto entry = stream_entry(handle);
+  if (!entry.ok()) return {entry.status()};
+  StreamEntry& e = **entry;
+  if (!e.drained_error.ok()) return {std::exchange(e.drained_error, Status())};
+  if (e.last_gpu < 0 || !e.per_gpu[e.last_gpu]) return {};
+  return {device_.query_stream(*e.per_gpu[e.last_gpu])};
+}
+
+Session::Outcome Session::stream_wait_event(uint64_t stream, uint64_t event) {
+  auto s = work_stream(stream);
+  if (!s.ok()) return {s.status()};
+  auto e = event_entry(event);
+  if (!e.ok()) return {e.status()};
+  // An event never recorded is complete; one recorded under an earlier lease was drained when
+  // that lease ended. Only a record on this GPU can still be pending.
+  const EventEntry& entry = **e;
+  if (entry.last_gpu != lease_->gpu) return {Status(), {}, false, *s};
+  return {device_.wait_event(*s, *entry.per_gpu[entry.last_gpu]), {}, false, *s};
 }
 
 Session::Outcome Session::event_create(uint64_t handle, bool disable_timing) {
   Status usable = check_new_handle(events_, handle, kMaxEvents, "eventCreate");
   if (!usable.ok()) return {usable};
-  auto created = device_.create_event(config_.gpu, disable_timing);
-  if (!created.ok()) return {created.status()};
-  events_.emplace(handle, *created);
+  EventEntry entry;
+  entry.disable_timing = disable_timing;
+  entry.per_gpu.resize(gpu_count_);
+  events_.emplace(handle, std::move(entry));
   return {};
 }
 
@@ -593,22 +783,91 @@ Session::Outcome Session::event_destroy(uint64_t handle) {
   if (it == events_.end()) {
     return {error(ErrorCode::kInvalidHandle, "eventDestroy: unknown event handle ", hex(handle))};
   }
-  device::Event e = it->second;
+  const EventEntry entry = std::move(it->second);
   events_.erase(it);
-  return {device_.destroy_event(e)};
+  Status result;
+  for (const std::optional<device::Event>& e : entry.per_gpu) {
+    if (!e) continue;
+    Status destroyed = device_.destroy_event(*e);
+    if (result.ok()) result = destroyed;
+  }
+  return {result};
+}
+
+Session::Outcome Session::event_record(uint64_t event, uint64_t stream) {
+  auto e = event_entry(event);
+  if (!e.ok()) return {e.status()};
+  auto s = work_stream(stream);
+  if (!s.ok()) return {s.status()};
+  EventEntry& entry = **e;
+  const int gpu = lease_->gpu;
+  if (!entry.per_gpu[gpu]) {
+    auto created = device_.create_event(gpu, entry.disable_timing);
+    if (!created.ok()) return {created.status()};
+    entry.per_gpu[gpu] = *created;
+  }
+  entry.last_gpu = gpu;
+  Status recorded = device_.record_event(*entry.per_gpu[gpu], *s);
+  if (recorded.ok() && !entry.disable_timing) {
+    entry.completed_ns->store(0);
+    recorded = after(*s, [completed = entry.completed_ns](Status) {
+      completed->store(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                           std::chrono::steady_clock::now().time_since_epoch())
+                           .count());
+    });
+  }
+  return {recorded, {}, false, *s};
 }
 
 Session::Outcome Session::event_synchronize(uint64_t handle, uint64_t seq, bool reply) {
-  auto e = event(handle);
+  auto e = event_entry(handle);
   if (!e.ok()) return {e.status()};
   if (!reply) return {};
+  const EventEntry& entry = **e;
+  if (entry.last_gpu < 0) return {};
+  const int gpu = entry.last_gpu;
+  auto sync = device_stream(sync_streams_, 0, gpu);
+  if (!sync.ok()) return {sync.status()};
   // The synchronisation stream waits for the event's latest record, then reports.
-  Status waited = device_.wait_event(*sync_stream_, *e);
+  Status waited = device_.wait_event(*sync, *entry.per_gpu[gpu]);
   if (!waited.ok()) return {waited};
-  Status queued =
-      after(*sync_stream_, [this, seq](Status done) { post_completion(seq, std::move(done)); });
+  Status queued = after(*sync, [this, seq](Status done) { post_completion(seq, std::move(done)); });
   if (!queued.ok()) return {queued};
   return {Status(), {}, true};
+}
+
+Session::Outcome Session::event_query(uint64_t handle) {
+  auto e = event_entry(handle);
+  if (!e.ok()) return {e.status()};
+  const EventEntry& entry = **e;
+  if (entry.last_gpu < 0) return {};
+  return {device_.query_event(*entry.per_gpu[entry.last_gpu])};
+}
+
+Session::Outcome Session::event_elapsed(uint64_t start, uint64_t end) {
+  auto a = event_entry(start);
+  if (!a.ok()) return {a.status()};
+  auto b = event_entry(end);
+  if (!b.ok()) return {b.status()};
+  const EventEntry& first = **a;
+  const EventEntry& last = **b;
+  if (first.last_gpu < 0 || last.last_gpu < 0) {
+    return {error(ErrorCode::kInvalidHandle, "eventElapsedTime: an event was never recorded")};
+  }
+  if (first.disable_timing || last.disable_timing) {
+    return {error(ErrorCode::kInvalidHandle, "eventElapsedTime: an event has timing disabled")};
+  }
+  if (first.last_gpu != last.last_gpu) {
+    // Recorded under leases on different GPUs: timed on the host, when each record completed.
+    const int64_t a = first.completed_ns->load(), b = last.completed_ns->load();
+    if (a == 0 || b == 0) {
+      return {error(ErrorCode::kNotReady, "eventElapsedTime: an event has not completed")};
+    }
+    return {Status(), static_cast<float>(static_cast<double>(b - a) / 1e6)};
+  }
+  auto ms = device_.elapsed_ms(*first.per_gpu[first.last_gpu], *last.per_gpu[last.last_gpu]);
+  if (!ms.ok()) return {ms.status()};
+  return {Status(), *ms};
 }
 
 Session::Outcome Session::device_synchronize(uint64_t seq, bool reply) {
@@ -618,8 +877,12 @@ Session::Outcome Session::device_synchronize(uint64_t seq, bool reply) {
     size_t remaining;
     Status first_error;
   };
-  std::vector<device::Stream> all = {*default_stream_, *sync_stream_};
-  for (const auto& [handle, s] : streams_) all.push_back(s);
+  // Failures of work drained at the end of a lease come first.
+  for (StreamEntry* e : all_entries()) {
+    if (!e->drained_error.ok()) return {std::exchange(e->drained_error, Status())};
+  }
+  const std::vector<device::Stream> all = all_streams();
+  if (all.empty()) return {};
   auto countdown = std::make_shared<Countdown>();
   countdown->remaining = all.size();
   for (const device::Stream& s : all) {
@@ -729,7 +992,7 @@ Session::Outcome Session::launch_kernel(proto::Call::LaunchKernel::Reader c) {
     return {error(ErrorCode::kInvalidHandle, "launchKernel: unknown function handle ",
                   hex(c.getFunction()))};
   }
-  auto s = stream(c.getStream());
+  auto s = work_stream(c.getStream());
   if (!s.ok()) return {s.status()};
   auto params = c.getParams();
   if (params.size() != f->second.info.param_bytes()) {
@@ -737,13 +1000,20 @@ Session::Outcome Session::launch_kernel(proto::Call::LaunchKernel::Reader c) {
                             " bytes of parameters, the kernel takes ",
                             f->second.info.param_bytes()))};
   }
+  const std::span<const std::byte> bytes = std::as_bytes(std::span(params.begin(), params.size()));
+  // The kernel waits for the swap groups its arguments point into, no more (pipelined
+  // execution), and the blocks it may write are noted for dirty tracking.
+  waits_.clear();
+  memory_->kernel_access(bytes, f->second.info, &waits_);
+  for (const device::Event& e : waits_) {
+    Status waited = device_.wait_event(*s, e);
+    if (!waited.ok()) return {waited};
+  }
   device::LaunchConfig config;
   config.grid = {c.getGridX(), c.getGridY(), c.getGridZ()};
   config.block = {c.getBlockX(), c.getBlockY(), c.getBlockZ()};
   config.shared_memory_bytes = c.getSharedMemBytes();
-  return {device_.launch(*s, f->second.function, config,
-                         std::as_bytes(std::span(params.begin(), params.size()))),
-          {}, false, *s};
+  return {device_.launch(*s, f->second.function, config, bytes), {}, false, *s};
 }
 
 // ---- Completion and teardown ----
@@ -765,10 +1035,56 @@ Status Session::after(device::Stream s, std::function<void(Status)> fn) {
   return queued;
 }
 
+bool Session::work_pending() {
+  bool pending = false;
+  for (StreamEntry* entry : all_entries()) {
+    for (const std::optional<device::Stream>& s : entry->per_gpu) {
+      if (!s) continue;
+      Status q = device_.query_stream(*s);
+      if (q.code() == ErrorCode::kNotReady) {
+        pending = true;
+      } else if (!q.ok() && entry->drained_error.ok()) {
+        // A query reports a failure once: keep it for the client's next synchronisation.
+        entry->drained_error = std::move(q);
+      }
+    }
+  }
+  return pending;
+}
+
+std::vector<Session::StreamEntry*> Session::all_entries() {
+  std::vector<StreamEntry*> entries = {&default_stream_};
+  for (auto& [handle, entry] : streams_) entries.push_back(&entry);
+  return entries;
+}
+
+std::vector<device::Stream> Session::all_streams() const {
+  std::vector<device::Stream> all;
+  auto add = [&all](const std::vector<std::optional<device::Stream>>& per_gpu) {
+    for (const std::optional<device::Stream>& s : per_gpu) {
+      if (s) all.push_back(*s);
+    }
+  };
+  add(default_stream_.per_gpu);
+  for (const auto& [handle, entry] : streams_) add(entry.per_gpu);
+  add(sync_streams_);
+  add(swap_streams_);
+  return all;
+}
+
 void Session::quiesce() {
-  if (default_stream_) (void)device_.synchronize_stream(*default_stream_);
-  if (sync_stream_) (void)device_.synchronize_stream(*sync_stream_);
-  for (const auto& [handle, s] : streams_) (void)device_.synchronize_stream(s);
+  for (StreamEntry* entry : all_entries()) {
+    for (const std::optional<device::Stream>& s : entry->per_gpu) {
+      if (!s) continue;
+      Status drained = device_.synchronize_stream(*s);
+      if (!drained.ok() && entry->drained_error.ok()) entry->drained_error = drained;
+    }
+  }
+  for (const auto* per_gpu : {&sync_streams_, &swap_streams_}) {
+    for (const std::optional<device::Stream>& s : *per_gpu) {
+      if (s) (void)device_.synchronize_stream(*s);
+    }
+  }
   std::unique_lock<std::mutex> lock(callbacks_mutex_);
   callbacks_done_.wait(lock, [this] { return pending_callbacks_ == 0; });
 }
@@ -804,15 +1120,16 @@ void Session::build_completions(capnp::MessageBuilder& message,
 void Session::post_completion(uint64_t seq, Status status, CallResult result) {
   if (!status.ok()) failed_calls_.fetch_add(1, std::memory_order_relaxed);
   {
-    std::lock_guard<std::mutex> lock(posted_mutex_);
+    std::lock_guard<std::mutex> lock(wake_mutex_);
     posted_.push_back({seq, limited(std::move(status)), std::move(result)});
   }
+  woken_.notify_all();
   channel_->interrupt();
 }
 
 Status Session::deliver() {
   {
-    std::lock_guard<std::mutex> lock(posted_mutex_);
+    std::lock_guard<std::mutex> lock(wake_mutex_);
     for (CompletionRecord& r : posted_) unsent_.push_back(std::move(r));
     posted_.clear();
   }
@@ -870,14 +1187,17 @@ void Session::teardown() {
   if (torn_down_.exchange(true)) return;
   channel_->close();
   quiesce();
-  for (const auto& [handle, e] : events_) (void)device_.destroy_event(e);
+  for (auto& [handle, entry] : events_) {
+    for (const std::optional<device::Event>& e : entry.per_gpu) {
+      if (e) (void)device_.destroy_event(*e);
+    }
+  }
   events_.clear();
-  for (const auto& [handle, s] : streams_) (void)device_.destroy_stream(s);
+  for (const device::Stream& s : all_streams()) (void)device_.destroy_stream(s);
   streams_.clear();
-  if (default_stream_) (void)device_.destroy_stream(*default_stream_);
-  if (sync_stream_) (void)device_.destroy_stream(*sync_stream_);
-  default_stream_.reset();
-  sync_stream_.reset();
+  default_stream_.per_gpu.assign(gpu_count_, std::nullopt);
+  sync_streams_.assign(gpu_count_, std::nullopt);
+  swap_streams_.assign(gpu_count_, std::nullopt);
   functions_.clear();
   // The session's work is done (quiesce): its references go back; an image no other session
   // uses is unloaded.
@@ -886,18 +1206,10 @@ void Session::teardown() {
     if (!released.ok()) LOG(ERROR) << "session " << identity_.id << ": " << released;
   }
   modules_.clear();
-  for (const auto& [va, a] : allocations_) {
-    Status unmapped = device_.unmap(va, a.bytes);
-    Status released = device_.release_physical(a.memory);
-    if (!unmapped.ok() || !released.ok()) {
-      LOG(ERROR) << "session " << identity_.id << ": releasing " << hex(va) << ": "
-                 << (unmapped.ok() ? released : unmapped);
-    }
-  }
-  allocations_.clear();
-  allocated_bytes_ = 0;
-  Status freed = device_.free_address_range(va_base_, round_up(config_.va_bytes, granularity_));
-  if (!freed.ok()) LOG(ERROR) << "session " << identity_.id << ": " << freed;
+  // Unmaps and frees every block on every GPU, and its host copies.
+  memory_->release_all();
+  lease_.reset();
+  bound_gpu_.store(-1);
   if (arena_registered_) {
     Status unregistered = device_.unregister_host_memory(channel_->arena().data());
     if (!unregistered.ok()) LOG(ERROR) << "session " << identity_.id << ": " << unregistered;

@@ -1,15 +1,26 @@
 // One client's session: executes the calls it sends on the device, on a thread of its own.
 //
-// A session owns everything the client made: its address range (the grant), the device memory
-// backing its allocations, its streams, events, functions, and its channel; its modules are
-// references to images in the daemon's ModuleCache, shared with every other session that loaded
-// the same bytes (server/module_cache.h), and it gives them back when it ends. It
-// checks every value the client sends: handles must be its own, device ranges must lie inside
-// its own allocations, arena ranges inside its arena, sizes inside the limits. A call that fails
-// gets an error completion with the CUDA error code and a message; the session keeps going. The
+// A session owns everything the client made: its memory (FunctionMemory: its address range, its
+// blocks and where each is placed on each GPU), its streams, events, functions, and its channel;
+// its modules are references to images in the daemon's ModuleCache, shared with every other
+// session that loaded the same bytes (server/module_cache.h), and it gives them back when it ends.
+// It checks every value the client sends: handles must be its own, device ranges must lie inside
+// its own blocks, arena ranges inside its arena, sizes inside the limits. A call that fails gets
+// an error completion with the CUDA error code and a message; the session keeps going. The
 // session ends when the client goes away (the daemon calls close()), when the server shuts down,
 // or when the client corrupts its request ring; it then waits for its device work to finish and
 // releases everything, so nothing outlives it.
+//
+// Late binding (server/lease.h). The session holds no GPU of its own: the controller leases it
+// one at a time. Calls that put work on a GPU (copies, memsets, launches, event records, stream
+// waits) execute on the lease's GPU; when the session has such a call and no lease, it holds the
+// call (and everything after it) and asks the controller for an implicit lease. Calls that need
+// no GPU (allocation bookkeeping, code loading, handle creation, synchronisation on work already
+// queued) run at once. Device streams and events exist per GPU and are made the first time a
+// lease puts the client's handle to work on that GPU; synchronisation waits on the GPU where the
+// handle last had work. When a lease ends (the router's done, or an implicit lease idle for
+// --implicit_lease_idle_ms), the session drains its work, unmaps its blocks and hands the GPU
+// back, so another function can never see its memory, and its next lease may be elsewhere.
 //
 // Synchronous calls (stream, event and device synchronisation) do not block the session thread:
 // device callbacks queue their completions when the work is done and interrupt the session
@@ -19,7 +30,8 @@
 // threads are shared by every session on a GPU; they must never wait on a client.)
 //
 // Thread safety: create() and the destructor on the daemon's thread; the call stream runs on the
-// session's thread; close(), snapshot() and the callbacks may run on any thread.
+// session's thread; close(), snapshot(), grant(), end_lease(), fail() and the callbacks may run
+// on any thread.
 #pragma once
 
 #include <atomic>
@@ -28,7 +40,6 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -41,6 +52,8 @@
 
 #include "server/auth.h"
 #include "server/device/device.h"
+#include "server/function_memory.h"
+#include "server/lease.h"
 #include "server/module_cache.h"
 #include "server/staging_tracker.h"
 #include "wire/handshake.h"
@@ -51,10 +64,13 @@
 namespace hiber::server {
 
 struct SessionConfig {
-  int gpu = 0;                  // the GPU this session's work runs on
   uint64_t quota_bytes = 0;     // device memory the client may allocate
   uint64_t va_bytes = 0;        // size of its address range
   wire::ChannelConfig channel;
+  // An implicit lease ends after this long without a call that needs the GPU.
+  std::chrono::microseconds implicit_lease_idle{5000};
+  // How FunctionMemory swaps and places this session's blocks.
+  FunctionMemoryOptions memory;
 };
 
 struct SessionIdentity {
@@ -66,22 +82,24 @@ struct SessionIdentity {
 // A point-in-time view for status reports.
 struct SessionSnapshot {
   SessionIdentity identity;
-  int gpu = 0;
+  int gpu = -1;                 // the lease's GPU, -1 between leases
   uint64_t allocated_bytes = 0;
   uint64_t quota_bytes = 0;
   uint64_t batches = 0;
   uint64_t calls = 0;
   uint64_t failed_calls = 0;
   uint64_t malformed_messages = 0;
+  uint64_t leases = 0;
   double connected_seconds = 0;
 };
 
 class Session {
  public:
-  // Reserves the address range, creates the channel and the default stream. `device` and
-  // `modules` (the daemon's, shared by every session) must outlive the session.
+  // Creates the session's memory (its address range), the channel and registers the arena.
+  // `device`, `modules`, `pools`, `repository` and `lessor` must outlive the session.
   static Result<std::unique_ptr<Session>> create(device::Device& device, ModuleCache& modules,
-                                                 SessionIdentity identity,
+                                                 DevicePools& pools, ModelRepository& repository,
+                                                 GpuLessor& lessor, SessionIdentity identity,
                                                  const SessionConfig& config);
   // Releases whatever is still held. REQUIRES: the thread, if started, has been joined.
   ~Session();
@@ -93,6 +111,9 @@ class Session {
   wire::SessionInfo welcome() const;
   int memfd() const { return channel_->memfd(); }
   uint64_t id() const { return identity_.id; }
+  const SessionIdentity& identity() const { return identity_; }
+  // Shared with the controller, which evicts the session's replicas from GPUs it does not run on.
+  const std::shared_ptr<FunctionMemory>& memory() const { return memory_; }
 
   // Starts serving. `on_exit` runs on the session thread after everything is released.
   void start(std::function<void()> on_exit);
@@ -100,17 +121,40 @@ class Session {
   void close(std::string_view reason);
   void join();
 
+  // ---- From the controller (any thread; acted on by the session thread) ----
+  // The session may run on lease.gpu: it places and maps its blocks there, starts the swap,
+  // and reports GpuLessor::streaming (then swap_done).
+  void grant(const Lease& lease);
+  // The lease is over: drain, unmap, report GpuLessor::released.
+  void end_lease(uint64_t lease);
+  // The lease's GPU failed: the function's work there is lost. The client sees `why` as a
+  // sticky error at its next synchronisation; the lease ends as end_lease() would.
+  void fail(uint64_t lease, const Status& why);
+
   SessionSnapshot snapshot() const;
 
  private:
-  struct Allocation {
-    uint64_t bytes;
-    device::PhysicalMemory memory;
-  };
   struct FunctionEntry {
     device::Function function;
     uint64_t module;  // the client's module handle
     KernelInfo info;
+  };
+  // A client stream: one device stream per GPU it has had work on.
+  struct StreamEntry {
+    int32_t priority = 0;
+    std::vector<std::optional<device::Stream>> per_gpu;
+    int last_gpu = -1;     // where its latest work went
+    Status drained_error;  // the first failure of work drained when a lease ended
+  };
+  // A client event: one device event per GPU it was recorded on.
+  struct EventEntry {
+    bool disable_timing = false;
+    std::vector<std::optional<device::Event>> per_gpu;
+    int last_gpu = -1;     // where it was last recorded; -1: never (complete)
+    // With timing: when its latest record completed, on the host's steady clock (ns; 0 while
+    // pending). Two records on different GPUs (the function moved between leases) are timed by
+    // these, as GPUs' event clocks cannot be compared.
+    std::shared_ptr<std::atomic<int64_t>> completed_ns = std::make_shared<std::atomic<int64_t>>(0);
   };
   // What a call produced, if anything is sent back.
   using CallResult = std::variant<std::monostate, uint64_t, float, KernelInfo>;
@@ -127,15 +171,40 @@ class Session {
     Status status;
     CallResult result;
   };
+  // Messages from the controller.
+  struct GrantCommand {
+    Lease lease;
+  };
+  struct EndCommand {
+    uint64_t lease;
+    Status failure;  // ok: an ordinary end
+  };
+  using Command = std::variant<GrantCommand, EndCommand>;
 
-  Session(device::Device& device, ModuleCache& modules, SessionIdentity identity,
-          const SessionConfig& config, std::unique_ptr<wire::ServerChannel> channel,
-          device::DevicePtr va_base);
+  Session(device::Device& device, ModuleCache& modules, GpuLessor& lessor,
+          SessionIdentity identity, const SessionConfig& config,
+          std::unique_ptr<wire::ServerChannel> channel, std::shared_ptr<FunctionMemory> memory);
 
   void run();
-  void handle_message(const wire::Message& message);
+  // Executes the calls of `message` from call `first` on. Returns the index of the first call
+  // not executed because it needs a GPU and the session holds no lease; nothing when every
+  // call ran or the message was refused.
+  std::optional<uint32_t> handle_message(const wire::Message& message, uint32_t first);
   void execute(wire::proto::Call::Reader call, uint64_t seq);
   Outcome dispatch(wire::proto::Call::Reader call, uint64_t seq);
+  static bool needs_gpu(wire::proto::Call::Reader call);
+  // Fails the calls of `message` from `first` on (they waited for a lease that could not be
+  // granted): each gets `why`, and the session reports it once as a sticky error.
+  void fail_held(const wire::Message& message, uint32_t first, const Status& why);
+
+  // Leases (session thread).
+  void run_commands();
+  void begin_lease(const Lease& lease);
+  void finish_lease(const Status& failure);
+  // Waits until the controller or a device callback has something for the session thread, the
+  // channel closes, or `timeout` passes.
+  void wait_for_wake(std::chrono::nanoseconds timeout);
+  void wake();
 
   // Call handlers.
   Outcome mem_allocate(uint64_t va, uint64_t bytes);
@@ -147,9 +216,14 @@ class Session {
   Outcome stream_create(uint64_t handle, int32_t priority);
   Outcome stream_destroy(uint64_t handle);
   Outcome stream_synchronize(uint64_t handle, uint64_t seq, bool reply);
+  Outcome stream_query(uint64_t handle);
+  Outcome stream_wait_event(uint64_t stream, uint64_t event);
   Outcome event_create(uint64_t handle, bool disable_timing);
   Outcome event_destroy(uint64_t handle);
+  Outcome event_record(uint64_t event, uint64_t stream);
   Outcome event_synchronize(uint64_t handle, uint64_t seq, bool reply);
+  Outcome event_query(uint64_t handle);
+  Outcome event_elapsed(uint64_t start, uint64_t end);
   Outcome device_synchronize(uint64_t seq, bool reply);
   Outcome module_load(wire::proto::Call::ModuleLoad::Reader c);
   Outcome module_load_cached(wire::proto::Call::ModuleLoadCached::Reader c);
@@ -157,10 +231,18 @@ class Session {
   Outcome function_get(wire::proto::Call::FunctionGet::Reader c);
   Outcome launch_kernel(wire::proto::Call::LaunchKernel::Reader c);
 
-  // Lookups and checks on client-supplied values.
-  Result<device::Stream> stream(uint64_t handle) const;
-  Result<device::Event> event(uint64_t handle) const;
-  Status check_device_range(uint64_t ptr, uint64_t bytes, std::string_view what) const;
+  // The device stream of a client handle on the lease's GPU, made on first use. REQUIRES: a
+  // lease. kInvalidHandle for a handle the client never made.
+  Result<device::Stream> work_stream(uint64_t handle);
+  // per_gpu[gpu], created with `priority` if it does not exist yet.
+  Result<device::Stream> device_stream(std::vector<std::optional<device::Stream>>& per_gpu,
+                                       int32_t priority, int gpu);
+  // The client stream entry (0 is the default stream).
+  Result<StreamEntry*> stream_entry(uint64_t handle);
+  Result<EventEntry*> event_entry(uint64_t handle);
+  // Makes `stream` wait for the swap groups that [ptr, ptr + bytes) needs (pipelined execution)
+  // and notes a write for dirty tracking.
+  Status before_access(device::Stream stream, uint64_t ptr, uint64_t bytes, bool write);
   Status check_arena_range(uint64_t offset, uint64_t bytes, std::string_view what) const;
 
   // Tracks staging used by an operation enqueued on `stream`; released when it completes.
@@ -171,7 +253,13 @@ class Session {
   static uint64_t staging_end_of(wire::proto::Call::Reader call);
   // Runs `fn(status)` when all work before it on `stream` is done; counted for quiesce().
   Status after(device::Stream stream, std::function<void(Status)> fn);
-  // Waits until every stream is idle and every callback has run.
+  // Some stream of the session still has work queued or running.
+  bool work_pending();
+  // Every device stream the session has, on every GPU; and every client stream.
+  std::vector<device::Stream> all_streams() const;
+  std::vector<StreamEntry*> all_entries();
+  // Waits until every stream is idle and every callback has run; keeps each client stream's
+  // first failure for its next synchronisation.
   void quiesce();
 
   // Queues a completion from any thread and wakes the session thread to send it.
@@ -186,41 +274,50 @@ class Session {
 
   device::Device& device_;
   ModuleCache& module_cache_;
+  GpuLessor& lessor_;
   const SessionIdentity identity_;
   const SessionConfig config_;
+  const int gpu_count_;
   const std::chrono::steady_clock::time_point started_;
   std::unique_ptr<wire::ServerChannel> channel_;
-  const device::DevicePtr va_base_;
-  const uint64_t granularity_;
+  const std::shared_ptr<FunctionMemory> memory_;
   StagingTracker staging_;
   std::thread thread_;
   std::function<void()> on_exit_;
 
   // Owned by the session thread (and by create()/the destructor when it is not running).
   uint64_t next_seq_ = 1;
-  std::optional<device::Stream> default_stream_;  // the client's stream 0
-  std::optional<device::Stream> sync_stream_;     // where event synchronisations wait
-  std::map<uint64_t, Allocation> allocations_;  // by va
-  std::unordered_map<uint64_t, device::Stream> streams_;
-  std::unordered_map<uint64_t, device::Event> events_;
+  std::optional<Lease> lease_;          // the GPU the calls execute on, if any
+  bool asked_for_gpu_ = false;          // an implicit lease is on its way
+  Status lease_failure_;                // the last grant could not be used
+  std::chrono::steady_clock::time_point last_gpu_call_;
+  StreamEntry default_stream_;          // the client's stream 0
+  std::vector<std::optional<device::Stream>> sync_streams_;  // per GPU: event synchronisation
+  std::vector<std::optional<device::Stream>> swap_streams_;  // per GPU: the model's transfers
+  std::unordered_map<uint64_t, StreamEntry> streams_;
+  std::unordered_map<uint64_t, EventEntry> events_;
   std::unordered_map<uint64_t, ModuleCache::Ref> modules_;  // each holds one cache reference
   std::unordered_map<uint64_t, FunctionEntry> functions_;
   std::deque<CompletionRecord> unsent_;  // completions not yet written to the completion ring
+  std::vector<device::Event> waits_;     // scratch for before_access
 
-  // Completions posted by device callbacks, waiting for the session thread.
-  std::mutex posted_mutex_;
-  std::vector<CompletionRecord> posted_;  // guarded by posted_mutex_
+  // Commands from the controller and completions from device callbacks, for the session thread.
+  std::mutex wake_mutex_;
+  std::condition_variable woken_;
+  std::vector<Command> commands_;        // guarded by wake_mutex_
+  std::vector<CompletionRecord> posted_;  // guarded by wake_mutex_
 
   // Device callbacks not yet run; teardown and memFree wait for zero.
   std::mutex callbacks_mutex_;
   std::condition_variable callbacks_done_;
   uint64_t pending_callbacks_ = 0;  // guarded by callbacks_mutex_
 
-  std::atomic<uint64_t> allocated_bytes_{0};
+  std::atomic<int> bound_gpu_{-1};
   std::atomic<uint64_t> batches_{0};
   std::atomic<uint64_t> calls_{0};
   std::atomic<uint64_t> failed_calls_{0};
   std::atomic<uint64_t> malformed_messages_{0};
+  std::atomic<uint64_t> leases_{0};
   std::atomic<bool> torn_down_{false};
   bool arena_registered_ = false;
 };

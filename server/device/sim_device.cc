@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstring>
 #include <map>
@@ -143,6 +144,21 @@ struct SimDevice::Impl {
     if (!owner.ok()) return owner.status().with_context(operation);
     return owner;
   }
+  // The path of a copy to or from host memory at `host`: slowed to the pageable rate unless
+  // the memory is registered.
+  sim::LinkModel::Path host_path(sim::LinkModel::Path path, const void* host, uint64_t bytes) {
+    const auto start = reinterpret_cast<uintptr_t>(host);
+    std::lock_guard lock(host_mu);
+    auto it = registered_host.upper_bound(start);
+    const bool pinned = it != registered_host.begin() && std::prev(it)->first + std::prev(it)->second >= start + bytes;
+    if (!pinned) path.rate_factor = options.pageable_rate;
+    return path;
+  }
+  // Fault injection (SimDeviceOptions::fail_transfers_to_gpu).
+  bool inject_transfer_failure(int gpu) {
+    if (gpu != options.fail_transfers_to_gpu) return false;
+    return transfers_to_failing_gpu.fetch_add(1) >= options.fail_after_transfers;
+  }
   void enqueue_copy(const std::shared_ptr<StreamState>& stream, sim::CopySpec spec,
                     std::string what) {
     scheduler.enqueue_work(stream, [this, spec = std::move(spec), what = std::move(what)] {
@@ -168,12 +184,16 @@ struct SimDevice::Impl {
   sim::HandleTable<FunctionState> functions{ids};
   std::mutex host_mu;
   std::map<uintptr_t, uint64_t> registered_host;  // start -> bytes, guarded by host_mu
+  std::atomic<uint64_t> transfers_to_failing_gpu{0};
   // Last, so it is destroyed first: it finishes work that uses everything above.
   Scheduler scheduler;
 };
 
 Result<std::unique_ptr<SimDevice>> SimDevice::create(const SimDeviceOptions& options) {
   HIBER_RETURN_IF_ERROR(check_node(options.node));
+  if (!(options.pageable_rate > 0 && options.pageable_rate <= 1))
+    return error(ErrorCode::kInvalidValue, "simulated device: pageable_rate ",
+                 options.pageable_rate, " must be in (0, 1]");
   const uint64_t granularity = options.allocation_granularity;
   const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
   if (granularity < page || (granularity & (granularity - 1)) != 0)
@@ -395,8 +415,15 @@ Status SimDevice::copy_host_to_device(Stream stream, DevicePtr dst, const void* 
   if (bytes == 0) return Status();
   if (src == nullptr) return error(ErrorCode::kInvalidValue, "copy_host_to_device: null source");
   HIBER_ASSIGN_OR_RETURN(int owner, impl_->check_range("copy_host_to_device", dst, bytes, s->gpu));
-  sim::CopySpec spec{reinterpret_cast<void*>(dst),      src, bytes, s->gpu, -1,
-                     impl_->links.host_to_device(owner)};
+  if (impl_->inject_transfer_failure(owner)) {
+    impl_->scheduler.enqueue_work(s, [dst] {
+      return error(ErrorCode::kUnknown, "copy_host_to_device to ", hex(dst),
+                   ": simulated transfer failure (fault injection)");
+    });
+    return Status();
+  }
+  sim::CopySpec spec{reinterpret_cast<void*>(dst), src, bytes, s->gpu, -1,
+                     impl_->host_path(impl_->links.host_to_device(owner), src, bytes)};
   impl_->enqueue_copy(s, std::move(spec), str_cat("copy_host_to_device to ", hex(dst)));
   return Status();
 }
@@ -408,7 +435,7 @@ Status SimDevice::copy_device_to_host(Stream stream, void* dst, DevicePtr src, u
     return error(ErrorCode::kInvalidValue, "copy_device_to_host: null destination");
   HIBER_ASSIGN_OR_RETURN(int owner, impl_->check_range("copy_device_to_host", src, bytes, s->gpu));
   sim::CopySpec spec{dst,    reinterpret_cast<const void*>(src), bytes, -1,
-                     s->gpu, impl_->links.device_to_host(owner)};
+                     s->gpu, impl_->host_path(impl_->links.device_to_host(owner), dst, bytes)};
   impl_->enqueue_copy(s, std::move(spec), str_cat("copy_device_to_host from ", hex(src)));
   return Status();
 }

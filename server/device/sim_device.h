@@ -39,6 +39,14 @@ struct SimDeviceOptions {
   int workers_per_gpu = 2;
   // Plugin shared libraries with host kernel implementations, loaded at creation.
   std::vector<std::string> kernel_plugins;
+  // With throttling, a copy to or from host memory that is not registered (pageable) moves at
+  // this fraction of the link: CUDA stages pageable memory through a pinned bounce buffer, which
+  // on PCIe 3 systems runs at about half the pinned rate.
+  double pageable_rate = 0.5;
+  // Fault injection for tests: host-to-device copies to this GPU fail (CUDA_ERROR_UNKNOWN)
+  // once fail_after_transfers of them have run. -1: never.
+  int fail_transfers_to_gpu = -1;
+  uint64_t fail_after_transfers = 0;
 };
 
 class SimDevice final : public Device {

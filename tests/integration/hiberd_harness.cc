@@ -90,6 +90,33 @@ pid_t spawn(const std::vector<std::string>& argv, const std::string& log_path,
   return pid;
 }
 
+PipedProcess spawn_piped(const std::vector<std::string>& argv, const std::string& stderr_path,
+                         const std::vector<std::string>& env) {
+  auto args = c_argv(argv);
+  const std::vector<std::string> environment = environment_with(env);
+  auto envp = c_argv(environment);
+  int in[2], out[2];
+  if (::pipe2(in, O_CLOEXEC) != 0) return {};
+  if (::pipe2(out, O_CLOEXEC) != 0) {
+    ::close(in[0]);
+    ::close(in[1]);
+    return {};
+  }
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::dup2(in[0], 0);
+    ::dup2(out[1], 1);
+    int fd = ::open(stderr_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd >= 0) ::dup2(fd, 2);
+    ::execve(args[0], args.data(), envp.data());
+    std::fprintf(stderr, "exec %s: %s\n", args[0], std::strerror(errno));
+    ::_exit(127);
+  }
+  ::close(in[0]);
+  ::close(out[1]);
+  return PipedProcess{pid, in[1], out[0]};
+}
+
 int wait_exit(pid_t pid, std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   while (true) {

@@ -132,6 +132,15 @@ pid_t spawn(const std::vector<std::string>& argv, const std::string& log_path,
 // Waits for a spawned program; exit code as in run_program, or -1 on time-out.
 int wait_exit(pid_t pid, std::chrono::milliseconds timeout);
 
+// A program started with pipes to its stdin and from its stdout (stderr goes to a file).
+struct PipedProcess {
+  pid_t pid = -1;
+  int to_stdin = -1;     // owned by the caller
+  int from_stdout = -1;  // owned by the caller
+};
+PipedProcess spawn_piped(const std::vector<std::string>& argv, const std::string& stderr_path,
+                         const std::vector<std::string>& env = {});
+
 template <typename Pred>
 Result<StatusView> Hiberd::wait_for(Pred pred, std::chrono::milliseconds timeout) const {
   const auto deadline = std::chrono::steady_clock::now() + timeout;

@@ -90,6 +90,7 @@ const std::map<std::string, std::set<std::string>>& expected_kernels() {
       {"tiny_mlp", {"_Z6matvecPKfS0_Pfii", "_Z9bias_reluPfPKfii"}},
       {"error_cases", {"_Z10vector_addPKfS0_Pfi"}},
       {"dlopen_runtime", {}},
+      {"mlp_server", {"_Z6matvecPKfS0_Pfii", "_Z9bias_reluPfPKfii", "_Z8count_upPj"}},
   };
   return kernels;
 }
@@ -317,6 +318,15 @@ TEST_F(ShimProgramKernelsTest, MatvecAndBiasRelu) {
   ASSERT_GT(negatives, 0) << "the inputs do not exercise the ReLU";
   launch(bias_relu, {2, 1, 1}, {32, 1, 1}, dy, db, rows, 1);
   EXPECT_EQ(download<float>(dy, rows), want);
+}
+
+TEST_F(ShimProgramKernelsTest, CountUpIncrementsTheCounterOnce) {
+  const Function count_up = kernel("mlp_server", "_Z8count_upPj");
+  const std::vector<unsigned int> start = {41};  // read by the copy after this line returns
+  const DevicePtr counter = upload(start);
+  // Many threads, one increment: only thread 0 of block 0 counts.
+  launch(count_up, {3, 1, 1}, {64, 1, 1}, counter);
+  EXPECT_EQ(download<unsigned int>(counter, 1), std::vector<unsigned int>{42});
 }
 
 }  // namespace

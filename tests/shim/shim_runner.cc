@@ -1,5 +1,11 @@
 #include "tests/shim/shim_runner.h"
 
+#include <poll.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+
 #include <fstream>
 #include <sstream>
 
@@ -66,6 +72,65 @@ pid_t spawn_through_shim(const Hiberd& hiberd, const ProgramRun& run,
                          const std::string& function_id, const std::string& log_path) {
   return spawn(program_argv(run), log_path, 0, shim_environment(hiberd, function_id));
 }
+
+ServedProgram::ServedProgram(const Hiberd& hiberd, const ProgramRun& run,
+                             const std::string& function_id, const std::string& stderr_path)
+    : process_(spawn_piped(program_argv(run), stderr_path, shim_environment(hiberd, function_id))) {}
+
+ServedProgram::~ServedProgram() {
+  if (process_.pid > 0 && !exited_) {
+    ::kill(process_.pid, SIGKILL);
+    (void)wait_exit(process_.pid, std::chrono::seconds(30));
+  }
+  if (process_.to_stdin >= 0) ::close(process_.to_stdin);
+  if (process_.from_stdout >= 0) ::close(process_.from_stdout);
+}
+
+bool ServedProgram::send_line(const std::string& line) {
+  const std::string text = line + "\n";
+  size_t sent = 0;
+  while (sent < text.size()) {
+    const ssize_t n = ::write(process_.to_stdin, text.data() + sent, text.size() - sent);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    sent += static_cast<size_t>(n);
+  }
+  return true;
+}
+
+std::string ServedProgram::read_line(std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (true) {
+    const size_t newline = buffered_.find('\n');
+    if (newline != std::string::npos) {
+      std::string line = buffered_.substr(0, newline);
+      buffered_.erase(0, newline + 1);
+      return line;
+    }
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return "";
+    pollfd p{process_.from_stdout, POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
+    char chunk[4096];
+    const ssize_t n = ::read(process_.from_stdout, chunk, sizeof chunk);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return "";
+    buffered_.append(chunk, static_cast<size_t>(n));
+  }
+}
+
+int ServedProgram::finish(std::chrono::milliseconds timeout) {
+  if (process_.to_stdin >= 0) {
+    ::close(process_.to_stdin);
+    process_.to_stdin = -1;
+  }
+  const int code = wait_exit(process_.pid, timeout);
+  exited_ = code != -1;
+  return code;
+}
+
+void ServedProgram::kill(int signal) { ::kill(process_.pid, signal); }
 
 std::string summary_line(const std::string& output, const std::string& name) {
   std::istringstream lines(output);

@@ -52,6 +52,30 @@ ProgramResult run_through_shim(const Hiberd& hiberd, const ProgramRun& run,
 pid_t spawn_through_shim(const Hiberd& hiberd, const ProgramRun& run,
                          const std::string& function_id, const std::string& log_path);
 
+// A program run through the shim that serves requests line by line (mlp_server): lines go to
+// its stdin, answers come from its stdout. Killed (SIGKILL) when destroyed if still running.
+class ServedProgram {
+ public:
+  ServedProgram(const Hiberd& hiberd, const ProgramRun& run, const std::string& function_id,
+                const std::string& stderr_path);
+  ~ServedProgram();
+  ServedProgram(const ServedProgram&) = delete;
+  ServedProgram& operator=(const ServedProgram&) = delete;
+
+  pid_t pid() const { return process_.pid; }
+  bool send_line(const std::string& line);
+  // The next line of output without its newline; empty on time-out or end of output.
+  std::string read_line(std::chrono::milliseconds timeout);
+  // Closes its stdin and waits; the exit code as from wait_exit.
+  int finish(std::chrono::milliseconds timeout);
+  void kill(int signal);
+
+ private:
+  PipedProcess process_;
+  std::string buffered_;
+  bool exited_ = false;
+};
+
 // The program's summary line ("<name>: OK ...") in `output`, or empty if there is none.
 std::string summary_line(const std::string& output, const std::string& name);
 

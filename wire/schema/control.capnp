@@ -1,5 +1,7 @@
 # hiberd's control socket: requests from the node router and operators (hiberctl).
-# Each request is one framed message and gets one framed reply (docs/wire-format.md).
+# Each request is one framed message and gets one framed reply (docs/wire-format.md). Replies come
+# in order; requestStart's and drain's replies wait until what they ask for has happened, so a
+# caller with several requests in flight uses one connection per waiting request.
 @0xb3a7c94e5f1d2a61;
 
 using Cxx = import "/capnp/c++.capnp";
@@ -12,7 +14,45 @@ struct ControlRequest {
   union {
     status @1 :Void;               # reply: status
     ping @2 :Void;                 # reply: pong (is hiberd alive and answering?)
+    # (1.2) Late binding: the node router's calls (docs/hiberd.md, "Requests").
+    registerFunction @3 :FunctionRegistration;  # reply: ok
+    unregisterFunction @4 :Text;   # function id; reply: ok (refused while a request runs)
+    requestArrived @5 :Text;       # function id; reply: accepted, with the request's id
+    requestStart @6 :UInt64;       # request id; reply: started, once the model is resident or
+                                   # streaming onto the GPU that runs the request
+    requestDone @7 :RequestDone;   # reply: ok; the GPU is released once the function's work
+                                   # on it has drained
+    drain @8 :Drain;               # reply: ok, once nothing runs or waits (see Drain)
   }
+}
+
+struct FunctionRegistration {
+  functionId @0 :Text;             # what the function's processes send in their Hello
+  sloMs @1 :Float64;               # deadline from arrival to done
+  tailPercentile @2 :Float64;      # share of requests that must meet it, in (0, 1); 0 = 0.98
+  quotaBytes @3 :UInt64;           # device memory the function may hold; 0 = hiberd's default
+  stateful @4 :Bool;               # swap every block both ways (KV caches and the like)
+  heavyHint @5 :Heaviness;         # until measurements exist (scheduler/heaviness.h)
+  execMsHint @6 :Float64;          # expected execution time with the model resident; 0 = unknown
+}
+
+enum Heaviness {
+  unknown @0;
+  light @1;
+  heavy @2;
+}
+
+struct RequestDone {
+  requestId @0 :UInt64;
+  failed @1 :Bool;                 # the function gave no answer (counts as a missed deadline)
+}
+
+struct Drain {
+  # -1: the whole node: new arrivals are refused from now on, and the reply comes when no request
+  # runs or waits. A GPU ordinal: that GPU takes no new requests and gives up its models; the
+  # reply comes when its running request is done. `resume` undoes either.
+  gpu @0 :Int32 = -1;
+  resume @1 :Bool;
 }
 
 struct ControlReply {
@@ -20,7 +60,18 @@ struct ControlReply {
     status @0 :NodeStatus;
     error @1 :Handshake.Rejection;
     pong @2 :Void;
+    ok @3 :Void;                   # (1.2)
+    accepted @4 :UInt64;           # (1.2) requestArrived: the request's id
+    started @5 :Started;           # (1.2)
   }
+}
+
+struct Started {
+  gpu @0 :UInt32;                  # the node's GPU that runs the request
+  source @1 :Text;                 # where its model comes from: "resident", "peer" or "host"
+  sourceGpu @2 :Int32;             # for "peer"; -1 otherwise
+  rule @3 :Text;                   # which rule of the placement policy chose the GPU
+  queuedMs @4 :Float64;            # from arrival to start
 }
 
 struct NodeStatus {
@@ -31,13 +82,28 @@ struct NodeStatus {
   devices @4 :List(DeviceStatus);
   sessions @5 :List(SessionStatus);
   counters @6 :Counters;
+  # (1.2) Late binding.
+  functions @7 :List(FunctionStatus);
+  scheduler @8 :SchedulerStatus;
 }
 
 struct DeviceStatus {
   ordinal @0 :UInt32;
   name @1 :Text;
   totalBytes @2 :UInt64;
-  sessionBytes @3 :UInt64;         # device memory backing sessions' allocations
+  sessionBytes @3 :UInt64;         # device memory backing sessions' blocks on this GPU
+  # (1.2) The GPU's executor and its pool.
+  healthy @4 :Bool;
+  drained @5 :Bool;
+  runningFunction @6 :Text;        # empty when idle
+  poolBytes @7 :UInt64;            # reserved at start
+  poolAllocatedBytes @8 :UInt64;
+  poolLargestFreeBytes @9 :UInt64;
+  poolFragmentation @10 :Float64;  # 1 - largest free block / free bytes
+  swapsIn @11 :UInt64;             # models brought here (host or peer)
+  swapInBytes @12 :UInt64;
+  evictions @13 :UInt64;
+  swapInSeconds @14 :Float64;      # time those swaps took, first copy to last group done
 }
 
 struct SessionStatus {
@@ -45,13 +111,45 @@ struct SessionStatus {
   functionId @1 :Text;
   pid @2 :Int32;
   uid @3 :UInt32;
-  gpu @4 :UInt32;
+  gpu @4 :UInt32;                  # (before 1.2) the GPU it was bound to; now = boundGpu, or 0
   allocatedBytes @5 :UInt64;
   quotaBytes @6 :UInt64;
   batches @7 :UInt64;
   calls @8 :UInt64;
   failedCalls @9 :UInt64;
   connectedSeconds @10 :Float64;
+  boundGpu @11 :Int32;             # (1.2) the GPU its calls execute on now; -1 between requests
+}
+
+struct FunctionStatus {
+  functionId @0 :Text;
+  registered @1 :Bool;             # by the router (false: a process that connected on its own)
+  stateful @2 :Bool;
+  heavy @3 :Bool;
+  modelBytes @4 :UInt64;           # 0 until its first request fixed the model
+  hostCopyBytes @5 :UInt64;        # in the pinned host pool
+  residentGpus @6 :List(UInt32);
+  requests @7 :UInt64;
+  onTime @8 :UInt64;
+  rrc @9 :Float64;
+}
+
+struct SchedulerStatus {
+  placement @0 :Text;
+  eviction @1 :Text;
+  queue @2 :Text;
+  queued @3 :UInt64;
+  arrivals @4 :UInt64;
+  completed @5 :UInt64;
+  onTime @6 :UInt64;
+  residentStarts @7 :UInt64;
+  peerSwaps @8 :UInt64;
+  hostSwaps @9 :UInt64;
+  evictions @10 :UInt64;
+  swapGroupBytes @11 :UInt64;      # the elbow hiberd measured (or loaded) for its swaps
+  hostPoolBytes @12 :UInt64;
+  hostPoolUsedBytes @13 :UInt64;
+  drainingNode @14 :Bool;
 }
 
 struct Counters {

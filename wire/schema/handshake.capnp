@@ -11,7 +11,7 @@ using Config = import "/common/node_config.capnp";
 # Minor: additions only (new calls, new fields). Both sides accept any minor of their major. A call
 # the server does not know fails with CUDA_ERROR_NOT_SUPPORTED and a message naming it.
 const protocolMajor :UInt16 = 1;
-const protocolMinor :UInt16 = 1;  # 1.1: moduleLoadCached
+const protocolMinor :UInt16 = 2;  # 1.1: moduleLoadCached; 1.2: late-binding control calls
 
 struct ProtocolVersion {
   major @0 :UInt16;

@@ -181,6 +181,14 @@ Result<int> AddressSpace::check(const DeviceRange& range) const {
   return it->second.block->gpu();
 }
 
+std::byte* AddressSpace::direct_locked(const DeviceRange& range) const {
+  if (range.bytes == 0) return nullptr;
+  auto it = std::prev(mappings_.upper_bound(range.va));  // exists: the check found it
+  const Mapping& m = it->second;
+  if (range.va + range.bytes > it->first + m.bytes) return reinterpret_cast<std::byte*>(range.va);
+  return m.block->view() + m.block_offset + (range.va - it->first);
+}
+
 Status AddressSpace::check_locked(const DeviceRange& range, ErrorCode code) const {
   if (range.bytes == 0) return Status();
   if (overflows(range.va, range.bytes))

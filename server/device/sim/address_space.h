@@ -12,6 +12,8 @@
 // (a fault there is caught by fault_guard.h) and are not checked against set_access.
 #pragma once
 
+#include <array>
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -57,16 +59,24 @@ class AddressSpace {
   // mapped at range.va (where a copy's data physically starts); otherwise kInvalidValue naming
   // the first address that is not. REQUIRES: range.bytes > 0.
   Result<int> check(const DeviceRange& range) const;
-  // Checks each range as check() does, then runs fn while no mapping can change. `code` is the
-  // error code for a range that fails the check.
+  static constexpr size_t kMaxAccessRanges = 2;
+  // Checks each range (at most kMaxAccessRanges) as check() does, then runs
+  // fn(std::span<std::byte* const> direct) while no mapping can change. direct[i] is where
+  // ranges[i]'s bytes are: in the GPU memory's view (physical_memory.h) when the range lies in
+  // one mapping, else its device address; null for an empty range. `code` is the error code for
+  // a range that fails the check.
   template <typename F>
   Status access(std::span<const DeviceRange> ranges, ErrorCode code, F&& fn) const {
+    std::array<std::byte*, kMaxAccessRanges> direct{};
+    if (ranges.size() > direct.size())
+      return error(ErrorCode::kInvalidValue, "access: ", ranges.size(), " ranges");
     std::shared_lock lock(mu_);
-    for (const DeviceRange& r : ranges) {
-      Status s = check_locked(r, code);
+    for (size_t i = 0; i < ranges.size(); ++i) {
+      Status s = check_locked(ranges[i], code);
       if (!s.ok()) return s;
+      direct[i] = direct_locked(ranges[i]);
     }
-    fn();
+    fn(std::span<std::byte* const>(direct.data(), ranges.size()));
     return Status();
   }
 
@@ -80,6 +90,8 @@ class AddressSpace {
   using MappingMap = std::map<DevicePtr, Mapping>;
 
   Status check_locked(const DeviceRange& range, ErrorCode code) const;
+  // direct[i] of access(). REQUIRES: check_locked(range) passed.
+  std::byte* direct_locked(const DeviceRange& range) const;
   // The mappings that exactly tile [va, va + bytes), or an error naming what does not.
   Result<std::pair<MappingMap::iterator, MappingMap::iterator>> whole_mappings(
       DevicePtr va, uint64_t bytes, const char* operation);

@@ -78,7 +78,7 @@ LinkModel::Path LinkModel::peer(int src, int dst) const {
 }
 
 uint64_t LinkModel::chunk_bytes(const Path& path) {
-  const double bytes = path.gbps * 1e9 * kChunkSeconds;
+  const double bytes = path.gbps * path.rate_factor * 1e9 * kChunkSeconds;
   return std::clamp(static_cast<uint64_t>(bytes), kMinChunkBytes, kMaxChunkBytes);
 }
 
@@ -94,6 +94,7 @@ void LinkModel::share() {
     if (t.finished) continue;
     t.rate = std::numeric_limits<double>::infinity();
     for (int l : t.links) t.rate = std::min(t.rate, gbps_[l] / users_[l]);
+    t.rate *= t.rate_factor;
   }
 }
 
@@ -133,6 +134,7 @@ uint64_t LinkModel::begin(const Path& path, uint64_t bytes) {
   const uint64_t id = next_id_++;
   Transfer& t = transfers_[id];
   t.links = path.links;
+  t.rate_factor = path.rate_factor;
   t.remaining = static_cast<double>(bytes);
   t.total = bytes;
   for (int l : t.links) ++users_[l];

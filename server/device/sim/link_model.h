@@ -34,6 +34,9 @@ class LinkModel {
   struct Path {
     std::vector<int> links;
     double gbps = 0;  // the slowest link's bandwidth
+    // The transfer moves at this fraction of its share of the links (a pageable host buffer
+    // goes through a bounce buffer at a fraction of the link's speed).
+    double rate_factor = 1.0;
     bool throttled() const { return !links.empty(); }
   };
 
@@ -61,6 +64,7 @@ class LinkModel {
  private:
   struct Transfer {
     std::vector<int> links;
+    double rate_factor = 1.0;
     double remaining = 0;  // bytes
     double rate = 0;       // bytes per nanosecond
     bool finished = false;

@@ -3,8 +3,15 @@
 // Each GPU's memory is one memfd the size of the GPU. It is sparse: only pages that were written
 // take host memory, and pages of freed ranges are punched out so the host gets them back.
 // Allocations are granularity-aligned ranges of it, placed first fit in a coalescing free list.
+//
+// The whole memfd is also mapped once into hiberd (view()). Copies and fills reach device memory
+// through that view, as a copy engine writes physical memory, rather than through the mapping at
+// the device address: a mapping made for one lease is new to the host's page tables, and under
+// a hypervisor the first touch of each of its pages costs about 15 us (0.3 GB/s), which would
+// swamp the link model. Kernels still run through device addresses.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -20,11 +27,16 @@ class GpuMemory {
  public:
   // Creates the memfd; `bytes` is rounded down to the granularity.
   static Result<std::unique_ptr<GpuMemory>> create(int gpu, uint64_t bytes, uint64_t granularity);
+  ~GpuMemory();
+  GpuMemory(const GpuMemory&) = delete;
+  GpuMemory& operator=(const GpuMemory&) = delete;
 
   int gpu() const { return gpu_; }
   int fd() const { return fd_.get(); }
   uint64_t total_bytes() const { return total_bytes_; }
   uint64_t free_bytes() const;
+  // The memfd mapped whole (MAP_SHARED, not populated): byte o of GPU memory is view()[o].
+  std::byte* view() const { return view_; }
 
   // The offset of a free range of `bytes` (a multiple of the granularity); kOutOfMemory if no
   // free range is that large.
@@ -33,11 +45,12 @@ class GpuMemory {
   void free(uint64_t offset, uint64_t bytes);
 
  private:
-  GpuMemory(int gpu, UniqueFd fd, uint64_t total_bytes);
+  GpuMemory(int gpu, UniqueFd fd, uint64_t total_bytes, std::byte* view);
 
   const int gpu_;
   const UniqueFd fd_;
   const uint64_t total_bytes_;
+  std::byte* const view_;
   mutable std::mutex mu_;
   std::map<uint64_t, uint64_t> free_ranges_;  // offset -> bytes; never adjacent (coalesced)
   uint64_t free_bytes_;
@@ -57,6 +70,8 @@ class PhysicalBlock {
   int gpu() const { return memory_.gpu(); }
   int fd() const { return memory_.fd(); }
   uint64_t offset() const { return offset_; }  // in the GPU's memfd
+  // This allocation's bytes through GpuMemory::view().
+  std::byte* view() const { return memory_.view() + offset_; }
   uint64_t bytes() const { return bytes_; }
 
  private:

@@ -32,7 +32,8 @@ Status Mover::chunked(uint64_t total, const LinkModel::Path& path, Ranges&& rang
     if (throttled) links_->wait_until_moved(transfer.id, offset + n);
     const auto checked = ranges(offset, n);
     HIBER_RETURN_IF_ERROR(
-        space_.access(checked, ErrorCode::kIllegalAddress, [&] { touch(offset, n); }));
+        space_.access(checked, ErrorCode::kIllegalAddress,
+                      [&](std::span<std::byte* const> direct) { touch(offset, n, direct); }));
     offset += n;
   }
   return Status();
@@ -49,7 +50,10 @@ Status Mover::copy(const CopySpec& spec) const {
   };
   // memmove: aliased mappings can make distinct device addresses overlap in memory.
   return chunked(spec.bytes, spec.path, ranges,
-                 [&](uint64_t offset, uint64_t n) { std::memmove(dst + offset, src + offset, n); });
+                 [&](uint64_t offset, uint64_t n, std::span<std::byte* const> direct) {
+                   std::memmove(direct[0] != nullptr ? direct[0] : dst + offset,
+                                direct[1] != nullptr ? direct[1] : src + offset, n);
+                 });
 }
 
 Status Mover::fill(const FillSpec& spec) const {
@@ -58,17 +62,19 @@ Status Mover::fill(const FillSpec& spec) const {
   auto ranges = [&](uint64_t offset, uint64_t n) {
     return std::array<DeviceRange, 1>{DeviceRange{spec.dst + offset, n, spec.gpu}};
   };
-  return chunked(total, spec.path, ranges, [&](uint64_t offset, uint64_t n) {
+  return chunked(total, spec.path, ranges,
+                 [&](uint64_t offset, uint64_t n, std::span<std::byte* const> direct) {
+    std::byte* at = direct[0] != nullptr ? direct[0] : dst + offset;
     switch (spec.element_bytes) {
       case 1:
-        std::memset(dst + offset, static_cast<int>(spec.value & 0xff), n);
+        std::memset(at, static_cast<int>(spec.value & 0xff), n);
         break;
       case 2:
-        std::fill_n(reinterpret_cast<uint16_t*>(dst + offset), n / 2,
+        std::fill_n(reinterpret_cast<uint16_t*>(at), n / 2,
                     static_cast<uint16_t>(spec.value));
         break;
       default:
-        std::fill_n(reinterpret_cast<uint32_t*>(dst + offset), n / 4, spec.value);
+        std::fill_n(reinterpret_cast<uint32_t*>(at), n / 4, spec.value);
         break;
     }
   });

@@ -110,6 +110,16 @@ int bias_relu(const HiberSimLaunch* l) {
   return kSuccess;
 }
 
+// mlp_server.cu: count_up(unsigned int* counter)
+int count_up(const HiberSimLaunch* l) {
+  if (l->param_count != 1) return kInvalidValue;
+  auto counter = arg<unsigned int*>(l, 0);
+  for_each_thread(l, [&](const ThreadIndex& t) {
+    if (t.block.x == 0 && t.thread.x == 0) ++*counter;
+  });
+  return kSuccess;
+}
+
 const HiberSimKernel kKernels[] = {
     {"_Z10vector_addPKfS0_Pfi", vector_add},
     {"_Z12saxpy_kernelifPKfPf", saxpy_kernel},
@@ -117,6 +127,7 @@ const HiberSimKernel kKernels[] = {
     {"_Z9xor_bytesPKhS0_Phy", xor_bytes},
     {"_Z6matvecPKfS0_Pfii", matvec},
     {"_Z9bias_reluPfPKfii", bias_relu},
+    {"_Z8count_upPj", count_up},
 };
 
 }  // namespace

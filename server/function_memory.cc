@@ -1,0 +1,668 @@
+#include "server/function_memory.h"
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+
+#include <glog/logging.h>
+
+namespace hiber::server {
+namespace {
+
+using memory::BlockKind;
+using memory::Residency;
+using memory::VirtualBlock;
+
+// Bounds what one function may create, so a client cannot exhaust the server's memory.
+constexpr size_t kMaxBlocks = 1 << 16;
+// How often a placement asks for room before it gives up: eviction frees bytes, not always a
+// region large enough in one piece, so it may take more than one round.
+constexpr int kRoomAttempts = 8;
+
+uint64_t round_up(uint64_t v, uint64_t to) { return (v + to - 1) / to * to; }
+
+// The map call that shows `block`'s placement on `gpu` at `at`.
+memory::MapCall call_for(const VirtualBlock& block, int gpu, uint64_t at) {
+  const memory::Allocation& where = block.on(gpu).allocation;
+  return memory::MapCall{at, block.bytes, where.where.chunk, where.where.offset};
+}
+
+}  // namespace
+
+Result<std::shared_ptr<FunctionMemory>> FunctionMemory::create(
+    device::Device& device, DevicePools& pools, ModelRepository& repository,
+    memory::FunctionId owner, uint64_t va_bytes, uint64_t quota_bytes,
+    const FunctionMemoryOptions& options) {
+  const uint64_t granularity = device.allocation_granularity(0);
+  const uint64_t bytes = round_up(std::max<uint64_t>(va_bytes, granularity), granularity);
+  HIBER_ASSIGN_OR_RETURN(device::DevicePtr base, device.reserve_address_range(bytes, granularity));
+  Result<memory::BlockTable> table =
+      memory::BlockTable::create(base, bytes, granularity, device.gpu_count());
+  if (!table.ok()) {
+    (void)device.free_address_range(base, bytes);
+    return table.status();
+  }
+  return std::shared_ptr<FunctionMemory>(new FunctionMemory(
+      device, pools, repository, owner, std::move(*table), quota_bytes, options));
+}
+
+FunctionMemory::FunctionMemory(device::Device& device, DevicePools& pools,
+                               ModelRepository& repository, memory::FunctionId owner,
+                               memory::BlockTable table, uint64_t quota_bytes,
+                               const FunctionMemoryOptions& options)
+    : device_(device),
+      pools_(pools),
+      repository_(repository),
+      owner_(owner),
+      va_base_(table.range_base()),
+      va_bytes_(table.range_bytes()),
+      granularity_(table.granularity()),
+      quota_bytes_(quota_bytes),
+      options_(options),
+      gpu_count_(device.gpu_count()),
+      table_(std::move(table)),
+      events_(device.gpu_count()) {}
+
+FunctionMemory::~FunctionMemory() {
+  release_all();
+  Status freed = device_.free_address_range(va_base_, va_bytes_);
+  LOG_IF(ERROR, !freed.ok()) << "function memory " << owner_ << ": " << freed;
+}
+
+std::vector<uint64_t> FunctionMemory::block_starts() const {
+  std::vector<uint64_t> starts;
+  starts.reserve(table_.size());
+  for (const VirtualBlock& block : table_.blocks()) starts.push_back(block.va);
+  return starts;
+}
+
+// ---- Blocks ----
+
+Status FunctionMemory::add_block(uint64_t va, uint64_t bytes, int gpu, const RoomMaker& room) {
+  std::unique_lock lock(mutex_);
+  if (bytes == 0) return error(ErrorCode::kInvalidValue, "an allocation of 0 bytes");
+  if (bytes > va_bytes_) {
+    return error(ErrorCode::kOutOfMemory, "an allocation of ", bytes,
+                 " bytes is larger than the session's address range");
+  }
+  const uint64_t rounded = round_up(bytes, granularity_);
+  if (table_.size() >= kMaxBlocks) {
+    return error(ErrorCode::kOutOfMemory, "more than ", kMaxBlocks, " allocations");
+  }
+  const uint64_t in_use = table_.total_bytes();
+  if (rounded > quota_bytes_ || in_use > quota_bytes_ - rounded) {
+    return error(ErrorCode::kOutOfMemory, "an allocation of ", rounded,
+                 " bytes exceeds the quota: ", in_use, " of ", quota_bytes_, " bytes in use");
+  }
+  // Before the first request every block is model (and dirty: its contents exist only on the
+  // GPU); after it, only a stateful function's.
+  const bool model = !model_fixed_ || options_.stateful;
+  HIBER_RETURN_IF_ERROR(table_.add(va, rounded, model ? BlockKind::kModel : BlockKind::kScratch)
+                            .with_context("allocation"));
+  if (model) (void)table_.set_dirty(va, true);
+  extra_[va] = Extra{};
+  if (gpu < 0) return Status();
+  // Under a lease: placed and mapped on the lease's GPU at once.
+  Status placed = place(lock, va, gpu, room);
+  if (placed.ok()) {
+    const VirtualBlock* block = table_.block_at(va);
+    (void)table_.set_residency(va, gpu, Residency::kResident);
+    extra_[va].fresh = false;
+    placed = map_calls({call_for(*block, gpu, va)}, gpu, &mapped_);
+  }
+  if (!placed.ok() && table_.block_at(va) != nullptr) {
+    for (int g = 0; g < gpu_count_; ++g) free_placement(va, g);
+    (void)table_.remove(va);
+    extra_.erase(va);
+  }
+  return placed;
+}
+
+bool FunctionMemory::is_block(uint64_t va) const {
+  std::lock_guard lock(mutex_);
+  return table_.block_at(va) != nullptr;
+}
+
+Status FunctionMemory::remove_block(uint64_t va) {
+  std::lock_guard lock(mutex_);
+  if (table_.block_at(va) == nullptr) {
+    return error(ErrorCode::kInvalidValue, "free of ", memory::hex_address(va),
+                 ": not the start of an allocation");
+  }
+  Status result;
+  // Mapped at its own address under a lease: that mapping goes first.
+  auto mapped = std::find_if(mapped_.begin(), mapped_.end(), [&](const auto& m) {
+    return m.first <= va && va < m.first + m.second;
+  });
+  if (mapped != mapped_.end()) {
+    // A map call may hold several blocks: unmap it whole and map the others back.
+    const auto [run_va, run_bytes] = *mapped;
+    mapped_.erase(mapped);
+    result = device_.unmap(run_va, run_bytes);
+    const int gpu = bound_gpu_;
+    if (result.ok() && gpu >= 0) {
+      result = map_blocks(gpu, [&](const VirtualBlock& b) {
+        return b.va != va && b.va >= run_va && b.end() <= run_va + run_bytes;
+      });
+    }
+  }
+  for (int g = 0; g < gpu_count_; ++g) free_placement(va, g);
+  repository_.release(extra_[va].host);
+  extra_.erase(va);
+  (void)table_.remove(va);
+  std::erase(access_order_, va);
+  std::erase(loading_, va);
+  return result;
+}
+
+Status FunctionMemory::check_range(uint64_t ptr, uint64_t bytes, std::string_view what) const {
+  std::lock_guard lock(mutex_);
+  Result<memory::PointerTarget> target = table_.resolve_range(ptr, bytes);
+  if (target.ok() && target->offset < target->block->bytes) return Status();
+  return error(ErrorCode::kInvalidValue, what, ": [", memory::hex_address(ptr), ", +", bytes,
+               ") is not inside one allocation of this session");
+}
+
+uint64_t FunctionMemory::allocated_bytes() const {
+  std::lock_guard lock(mutex_);
+  return table_.total_bytes();
+}
+
+// ---- Placement and mapping ----
+
+Status FunctionMemory::place(std::unique_lock<std::mutex>& lock, uint64_t va, int gpu,
+                             const RoomMaker& room) {
+  for (int attempt = 0;; ++attempt) {
+    const VirtualBlock* block = table_.block_at(va);
+    if (block == nullptr) {
+      return error(ErrorCode::kInvalidValue, "the allocation at ", memory::hex_address(va),
+                   " was freed");
+    }
+    if (block->on(gpu).placed()) return Status();
+    const uint64_t bytes = block->bytes;
+    memory::AllocationResult placed = pools_.pools().allocate(gpu, bytes, owner_);
+    if (placed.ok()) {
+      Status recorded = table_.place(va, gpu, *placed);
+      if (!recorded.ok()) (void)pools_.pools().deallocate(gpu, *placed);
+      return recorded;
+    }
+    const memory::Shortfall shortfall = placed.shortfall();
+    if (shortfall.never_fits || attempt == kRoomAttempts || !room) {
+      return error(ErrorCode::kOutOfMemory, "GPU ", gpu, ": ", shortfall.describe());
+    }
+    lock.unlock();
+    Status made = room(gpu, shortfall);
+    lock.lock();
+    if (!made.ok()) return made.with_context(str_cat("placing ", bytes, " bytes on GPU ", gpu));
+  }
+}
+
+void FunctionMemory::free_placement(uint64_t va, int gpu) {
+  const VirtualBlock* block = table_.block_at(va);
+  if (block == nullptr || !block->on(gpu).placed()) return;
+  Result<memory::Allocation> where = table_.unplace(va, gpu);
+  Status freed = where.ok() ? pools_.pools().deallocate(gpu, *where) : where.status();
+  LOG_IF(ERROR, !freed.ok()) << "function memory " << owner_ << ": " << freed;
+}
+
+Status FunctionMemory::map_blocks(int gpu, const memory::BlockFilter& include) {
+  HIBER_ASSIGN_OR_RETURN(memory::MapPlan plan, memory::plan_mapping(table_, gpu, include));
+  return map_calls(plan.calls, gpu, &mapped_);
+}
+
+Status FunctionMemory::map_calls(const std::vector<memory::MapCall>& calls, int gpu,
+                                 std::vector<std::pair<uint64_t, uint64_t>>* mapped) {
+  const int gpus[] = {gpu};
+  for (const memory::MapCall& call : calls) {
+    HIBER_ASSIGN_OR_RETURN(device::PhysicalMemory memory, pools_.physical(gpu, call.chunk));
+    HIBER_RETURN_IF_ERROR(device_.map(call.va, call.bytes, memory, call.chunk_offset));
+    mapped->emplace_back(call.va, call.bytes);
+    HIBER_RETURN_IF_ERROR(device_.set_access(call.va, call.bytes, gpus));
+  }
+  return Status();
+}
+
+void FunctionMemory::unmap_all(std::vector<std::pair<uint64_t, uint64_t>>& mapped) {
+  for (const auto& [va, bytes] : mapped) {
+    Status unmapped = device_.unmap(va, bytes);
+    LOG_IF(ERROR, !unmapped.ok()) << "function memory " << owner_ << ": " << unmapped;
+  }
+  mapped.clear();
+}
+
+void FunctionMemory::retire(Window& window) {
+  unmap_all(window.mapped);
+  (void)device_.free_address_range(window.va, window.bytes);
+}
+
+void FunctionMemory::unmap_bound() {
+  unmap_all(mapped_);
+  bound_gpu_ = -1;
+}
+
+Result<device::Event> FunctionMemory::group_event(int gpu, size_t index) {
+  std::vector<device::Event>& pool = events_[gpu];
+  while (pool.size() <= index) {
+    HIBER_ASSIGN_OR_RETURN(device::Event e, device_.create_event(gpu, /*disable_timing=*/true));
+    pool.push_back(e);
+  }
+  return pool[index];
+}
+
+Status FunctionMemory::make_host_copy(uint64_t va, uint64_t bytes) {
+  Extra& extra = extra_[va];
+  if (!extra.host) {
+    HIBER_ASSIGN_OR_RETURN(extra.host, repository_.allocate(owner_, bytes));
+  }
+  return Status();
+}
+
+void FunctionMemory::settle() {
+  if (loading_.empty() || !swap_->complete.load()) return;
+  if (swap_->failed.load()) {
+    LOG(WARNING) << "function memory " << owner_ << ": a swap onto GPU " << loading_gpu_
+                 << " failed; its " << loading_.size() << " blocks stay invalid there";
+  } else {
+    for (uint64_t va : loading_) {
+      const VirtualBlock* block = table_.block_at(va);
+      if (block != nullptr && block->on(loading_gpu_).placed()) {
+        (void)table_.set_residency(va, loading_gpu_, Residency::kResident);
+      }
+    }
+  }
+  loading_.clear();
+}
+
+// ---- Leases ----
+
+Status FunctionMemory::bind(const Lease& lease, device::Stream swap_stream, SwapDone on_done,
+                            const RoomMaker& room) {
+  std::unique_lock lock(mutex_);
+  const int gpu = lease.gpu;
+  if (bound_gpu_ >= 0) {
+    return error(ErrorCode::kIllegalState, "bind to GPU ", gpu, " while bound to GPU ", bound_gpu_);
+  }
+  settle();
+  // 1. Every block gets a place on the GPU (scratch too: re-placed, not copied), and scratch
+  //    placed elsewhere goes (its contents mean nothing between requests).
+  std::vector<uint64_t> vas = block_starts();
+  for (uint64_t va : vas) {
+    if (table_.block_at(va)->kind != BlockKind::kScratch) continue;
+    for (int g = 0; g < gpu_count_; ++g) {
+      if (g != gpu) free_placement(va, g);
+    }
+  }
+  // Largest first: a buddy pool keeps a large block's region whole only if small ones have not
+  // been scattered into it yet.
+  std::stable_sort(vas.begin(), vas.end(), [this](uint64_t a, uint64_t b) {
+    return table_.block_at(a)->bytes > table_.block_at(b)->bytes;
+  });
+  for (uint64_t va : vas) {
+    Status placed = place(lock, va, gpu, room);
+    if (!placed.ok()) return placed.with_context("binding");
+  }
+  // place() drops the lock while room is made; a block freed meanwhile is simply gone (the
+  // session serialises frees with binds, so this is defence only).
+  for (uint64_t va : block_starts()) {
+    const VirtualBlock& block = *table_.block_at(va);
+    if (block.kind == BlockKind::kScratch && !resident(block, gpu)) {
+      (void)table_.set_residency(va, gpu, Residency::kResident);
+    }
+  }
+  // 2. Map them at their own addresses, accessible from this GPU only.
+  Status mapped = map_blocks(gpu, {});
+  if (!mapped.ok()) {
+    unmap_all(mapped_);
+    return mapped.with_context("mapping");
+  }
+  bound_gpu_ = gpu;
+
+  // 3. What must travel: model blocks not resident here, in the order the function first used
+  //    them (so early groups are what early kernels need), then the rest. Each comes from the
+  //    lease's source GPU if it is resident there, else from its host copy, else (no clean host
+  //    copy: state, or a model before its first request) from any GPU where it is resident.
+  std::vector<uint64_t> order;
+  for (uint64_t va : access_order_) {
+    if (table_.block_at(va) != nullptr) order.push_back(va);
+  }
+  for (const VirtualBlock& block : table_.blocks(BlockKind::kModel)) {
+    if (std::find(access_order_.begin(), access_order_.end(), block.va) == access_order_.end()) {
+      order.push_back(block.va);
+    }
+  }
+  struct Move {
+    uint64_t va = 0;
+    int from = -1;        // a GPU, or -1 for the host copy
+    uint64_t window = 0;  // where the source is mapped for the copy
+  };
+  std::vector<Move> moving;
+  std::map<int, uint64_t> peer_bytes;  // per source GPU
+  for (uint64_t va : order) {
+    const VirtualBlock& block = *table_.block_at(va);
+    Extra& extra = extra_[va];
+    extra.group = -1;
+    if (extra.fresh) {
+      // Allocated between leases and never used: nothing to bring, its place is its home.
+      extra.fresh = false;
+      (void)table_.set_residency(va, gpu, Residency::kResident);
+      continue;
+    }
+    if (block.kind != BlockKind::kModel || resident(block, gpu)) continue;
+    int from = -1;
+    auto resident_on = [&](int g) { return g >= 0 && g != gpu && resident(block, g); };
+    if (lease.source == scheduler::Source::kPeer && resident_on(lease.source_gpu)) {
+      from = lease.source_gpu;
+    } else if (!extra.host || block.dirty) {
+      for (int g = 0; g < gpu_count_ && from < 0; ++g) {
+        if (resident_on(g)) from = g;
+      }
+      if (from < 0) {
+        unmap_bound();
+        return error(ErrorCode::kIllegalState, "the block at ", memory::hex_address(va),
+                     " has no valid copy on the host or on any GPU");
+      }
+    }
+    if (from >= 0) peer_bytes[from] += block.bytes;
+    moving.push_back(Move{va, from, 0});
+  }
+
+  // A peer copy reads its source through a window mapped for the copy only.
+  for (const auto& [from, bytes] : peer_bytes) {
+    Window window;
+    auto reserved = device_.reserve_address_range(bytes, granularity_);
+    if (!reserved.ok()) {
+      unmap_bound();
+      return reserved.status().with_context("a window for a peer copy");
+    }
+    window.va = *reserved;
+    window.bytes = bytes;
+    std::vector<memory::MapCall> pieces;
+    uint64_t offset = 0;
+    for (Move& m : moving) {
+      if (m.from != from) continue;
+      const VirtualBlock& block = *table_.block_at(m.va);
+      m.window = window.va + offset;
+      pieces.push_back(call_for(block, from, m.window));
+      offset += block.bytes;
+    }
+    Status windowed = map_calls(pieces, from, &window.mapped);
+    windows_.push_back(std::move(window));
+    if (!windowed.ok()) {
+      unmap_bound();
+      return windowed.with_context("mapping a peer copy's source");
+    }
+  }
+
+  // 4. Enqueue the transfers in groups of group_bytes, an event after each group. The moved
+  //    blocks are loading until the swap's callback says it ended (settle()).
+  swap_ = std::make_shared<SwapFlags>();
+  swap_->complete.store(moving.empty());
+  swap_groups_ = 0;
+  loading_.clear();
+  loading_gpu_ = gpu;
+  tracking_ = lease.first_request;
+  const uint64_t group_bytes = options_.group_bytes;
+  uint64_t in_group = 0;
+  uint64_t moved = 0;
+  const auto started = std::chrono::steady_clock::now();
+  Status enqueued;
+  auto close_group = [&]() -> Status {
+    HIBER_ASSIGN_OR_RETURN(device::Event e, group_event(gpu, static_cast<size_t>(swap_groups_)));
+    HIBER_RETURN_IF_ERROR(device_.record_event(e, swap_stream));
+    ++swap_groups_;
+    in_group = 0;
+    return Status();
+  };
+  for (const Move& m : moving) {
+    const VirtualBlock& block = *table_.block_at(m.va);
+    const HostCopy& host = extra_[m.va].host;
+    // Large blocks go in group-sized pieces, so the link stays busy and groups stay small.
+    const uint64_t piece = group_bytes == 0 ? block.bytes : group_bytes;
+    for (uint64_t off = 0; off < block.bytes && enqueued.ok(); off += piece) {
+      const uint64_t n = std::min(piece, block.bytes - off);
+      if (m.from >= 0) {
+        enqueued = device_.copy_peer(swap_stream, m.va + off, gpu, m.window + off, m.from, n);
+      } else {
+        enqueued = device_.copy_host_to_device(swap_stream, m.va + off, host.data + off, n);
+      }
+      in_group += n;
+      if (enqueued.ok() && (group_bytes == 0 ? off + n == block.bytes : in_group >= group_bytes)) {
+        enqueued = close_group();
+      }
+    }
+    if (!enqueued.ok()) break;
+    // The block is complete when the group holding its last byte is.
+    extra_[m.va].group = in_group == 0 ? swap_groups_ - 1 : swap_groups_;
+    moved += block.bytes;
+    loading_.push_back(m.va);
+  }
+  if (enqueued.ok() && in_group > 0) enqueued = close_group();
+
+  // 5. The first request fixes the model: every block so far is model, and dirty ones get a
+  //    host copy (read after the swap, on the same stream), so the host copy is authoritative
+  //    from now on. The copies finish before the request runs (the session waits here): the
+  //    request may write into its model blocks, and the host copy must be the model as it was.
+  if (enqueued.ok() && lease.first_request && !model_fixed_) {
+    model_fixed_ = true;
+    for (const VirtualBlock& block : table_.blocks(BlockKind::kModel)) {
+      if (!block.dirty) continue;
+      enqueued = make_host_copy(block.va, block.bytes);
+      if (enqueued.ok()) {
+        enqueued = device_.copy_device_to_host(swap_stream, extra_[block.va].host.data, block.va,
+                                               block.bytes);
+      }
+      if (!enqueued.ok()) break;
+    }
+    if (enqueued.ok()) enqueued = device_.synchronize_stream(swap_stream);
+    // Clean now. From now on a plain function's model blocks are read-only to it (not swapped
+    // back, not tracked dirty); a stateful function's blocks stay swapped both ways.
+    if (enqueued.ok()) {
+      for (uint64_t va : block_starts()) (void)table_.set_dirty(va, false);
+    }
+  }
+  if (!enqueued.ok()) {
+    // Nothing of this swap may be trusted: the moved blocks stay loading (invalid here), and
+    // the session drains its stream and unbinds.
+    loading_.clear();
+    swap_->complete.store(true);
+    return enqueued.with_context("starting the swap");
+  }
+  // Without pipelining every use waits for the last group.
+  if (!options_.pipelined && swap_groups_ > 0) {
+    for (auto& [va, extra] : extra_) extra.group = swap_groups_ - 1;
+  }
+  const uint32_t groups = static_cast<uint32_t>(swap_groups_);
+  lock.unlock();
+
+  if (moving.empty() && !lease.first_request) {
+    on_done(Status(), SwapReport{});
+    return Status();
+  }
+  // The end of the swap, reported from the device's callback thread.
+  return device_.add_callback(swap_stream, [flags = swap_, on_done = std::move(on_done), moved,
+                                            groups, started](Status status) {
+    flags->failed.store(!status.ok());
+    flags->complete.store(true);
+    SwapReport report;
+    report.bytes = moved;
+    report.groups = groups;
+    report.duration_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                             std::chrono::steady_clock::now() - started)
+                             .count();
+    on_done(status, report);
+  });
+}
+
+Status FunctionMemory::unbind() {
+  std::lock_guard lock(mutex_);
+  settle();
+  tracking_ = false;
+  for (auto& [va, extra] : extra_) extra.group = -1;
+  unmap_bound();
+  for (Window& w : windows_) retire(w);
+  windows_.clear();
+  return Status();
+}
+
+void FunctionMemory::retire_windows() {
+  std::lock_guard lock(mutex_);
+  if (!swap_->complete.load()) return;
+  for (Window& w : windows_) retire(w);
+  windows_.clear();
+}
+
+void FunctionMemory::note(const VirtualBlock& block, bool write,
+                          std::vector<device::Event>* waits) {
+  if (tracking_ && block.kind == BlockKind::kModel &&
+      std::find(access_order_.begin(), access_order_.end(), block.va) == access_order_.end()) {
+    access_order_.push_back(block.va);
+  }
+  // Writes matter only where the GPU copy may be newer than the host's: state, and everything
+  // of a function before its first request. A plain function's host copy of its model is
+  // authoritative whatever the function writes.
+  const bool tracked =
+      block.kind == BlockKind::kModel && (options_.stateful || !model_fixed_);
+  if (write && tracked && bound_gpu_ >= 0) {
+    if (!block.dirty) (void)table_.set_dirty(block.va, true);
+    // Written here: copies on other GPUs are stale now.
+    for (int g = 0; g < gpu_count_; ++g) {
+      if (g != bound_gpu_ && resident(block, g)) {
+        (void)table_.set_residency(block.va, g, Residency::kLoading);
+      }
+    }
+  }
+  const int32_t group = extra_[block.va].group;
+  if (group < 0 || swap_->complete.load() || bound_gpu_ < 0) return;
+  const device::Event e = events_[bound_gpu_][static_cast<size_t>(group)];
+  for (const device::Event& w : *waits) {
+    if (w.id == e.id) return;
+  }
+  waits->push_back(e);
+}
+
+void FunctionMemory::access(uint64_t ptr, uint64_t bytes, bool write,
+                            std::vector<device::Event>* waits) {
+  std::lock_guard lock(mutex_);
+  const memory::PointerTarget target = table_.resolve(ptr);
+  if (!target.found() || bytes == 0) return;
+  note(*target.block, write, waits);
+}
+
+void FunctionMemory::kernel_access(std::span<const std::byte> params, const KernelInfo& info,
+                                   std::vector<device::Event>* waits) {
+  std::lock_guard lock(mutex_);
+  Result<uint64_t> scanned = memory::scan_kernel_params(table_, params, info, found_);
+  // The session checked the buffer against the layout before; nothing to wait for otherwise.
+  if (!scanned.ok()) return;
+  for (const memory::ArgumentPointer& pointer : found_) {
+    // A kernel may write through any pointer it is given.
+    note(*pointer.target.block, /*write=*/true, waits);
+  }
+}
+
+// ---- The controller ----
+
+uint64_t FunctionMemory::model_bytes() const {
+  std::lock_guard lock(mutex_);
+  return table_.model_bytes();
+}
+
+uint64_t FunctionMemory::placed_bytes(int gpu) const {
+  std::lock_guard lock(mutex_);
+  uint64_t bytes = 0;
+  for (const VirtualBlock& block : table_.blocks()) {
+    if (block.on(gpu).placed()) bytes += block.on(gpu).allocation.bytes;
+  }
+  return bytes;
+}
+
+bool FunctionMemory::model_fixed() const {
+  std::lock_guard lock(mutex_);
+  return model_fixed_;
+}
+
+uint64_t FunctionMemory::host_bytes() const {
+  std::lock_guard lock(mutex_);
+  uint64_t bytes = 0;
+  for (const auto& [va, extra] : extra_) bytes += extra.host.bytes;
+  return bytes;
+}
+
+Result<uint64_t> FunctionMemory::evict(int gpu, device::Stream stream) {
+  std::lock_guard lock(mutex_);
+  if (bound_gpu_ == gpu) {
+    return error(ErrorCode::kIllegalState, "evicting function ", owner_, " from GPU ", gpu,
+                 " where it runs");
+  }
+  settle();
+  // Dirty blocks whose only valid copy is here go back to the host first (state, and
+  // everything of a function before its first request), through a window mapped for the copy.
+  std::vector<uint64_t> back;
+  uint64_t back_bytes = 0;
+  for (const VirtualBlock& block : table_.blocks(BlockKind::kModel)) {
+    if (!block.dirty || !resident(block, gpu)) continue;
+    bool elsewhere = false;
+    for (int g = 0; g < gpu_count_; ++g) elsewhere |= g != gpu && resident(block, g);
+    if (elsewhere) continue;
+    back.push_back(block.va);
+    back_bytes += block.bytes;
+  }
+  if (!back.empty()) {
+    Window window;
+    HIBER_ASSIGN_OR_RETURN(window.va, device_.reserve_address_range(back_bytes, granularity_));
+    window.bytes = back_bytes;
+    std::vector<memory::MapCall> pieces;
+    uint64_t offset = 0;
+    for (uint64_t va : back) {
+      pieces.push_back(call_for(*table_.block_at(va), gpu, window.va + offset));
+      offset += table_.block_at(va)->bytes;
+    }
+    Status copied = map_calls(pieces, gpu, &window.mapped);
+    for (size_t i = 0; i < back.size() && copied.ok(); ++i) {
+      const uint64_t bytes = table_.block_at(back[i])->bytes;
+      copied = make_host_copy(back[i], bytes);
+      if (copied.ok()) {
+        copied = device_.copy_device_to_host(stream, extra_[back[i]].host.data, pieces[i].va,
+                                             bytes);
+      }
+    }
+    if (copied.ok()) copied = device_.synchronize_stream(stream);
+    retire(window);
+    if (!copied.ok()) return copied.with_context("writing dirty blocks back to the host");
+    for (uint64_t va : back) (void)table_.set_dirty(va, false);
+  }
+  uint64_t freed = 0;
+  for (uint64_t va : block_starts()) {
+    const memory::Placement& placement = table_.block_at(va)->on(gpu);
+    if (placement.placed()) freed += placement.allocation.bytes;
+    free_placement(va, gpu);
+  }
+  return freed;
+}
+
+void FunctionMemory::forget(int gpu) {
+  std::lock_guard lock(mutex_);
+  if (bound_gpu_ == gpu) return;
+  for (uint64_t va : block_starts()) free_placement(va, gpu);
+}
+
+void FunctionMemory::release_all() {
+  std::lock_guard lock(mutex_);
+  unmap_bound();
+  for (Window& w : windows_) retire(w);
+  windows_.clear();
+  for (uint64_t va : block_starts()) {
+    for (int g = 0; g < gpu_count_; ++g) free_placement(va, g);
+    (void)table_.remove(va);
+  }
+  for (auto& [va, extra] : extra_) repository_.release(extra.host);
+  extra_.clear();
+  access_order_.clear();
+  loading_.clear();
+  for (int g = 0; g < gpu_count_; ++g) {
+    for (const device::Event& e : events_[g]) (void)device_.destroy_event(e);
+    events_[g].clear();
+  }
+}
+
+}  // namespace hiber::server

@@ -1,0 +1,79 @@
+// The model repository: where functions' models sleep in host memory (Torpor §4.1, §4.3).
+//
+// Every block a function swaps has a host copy here; for a model block the host copy is
+// authoritative, so evicting the GPU copy copies nothing back (DESIGN.md, "Model state"). The
+// memory is allocated and registered with the device (pinned) once, in large chunks, and
+// sub-allocated by memory::HostPool: nothing is pinned per request, because registering is slow
+// and serialises the driver. The pool grows by whole chunks up to a limit.
+//
+// For the swap ablation (the paper's Fig. 7) the repository can keep its copies in pageable
+// memory instead: the same chunks, never registered, so the device copies them as it would a
+// malloc'd buffer.
+//
+// Thread safety: every method may be called from any thread.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "common/status.h"
+#include "memory/host_pool.h"
+#include "server/device/device.h"
+
+namespace hiber::server {
+
+struct ModelRepositoryOptions {
+  uint64_t chunk_bytes = 1ull << 30;  // registered at a time
+  uint64_t max_bytes = 64ull << 30;   // the most the pool grows to
+  bool pinned = true;                 // register the chunks with the device
+};
+
+// One block's host copy.
+struct HostCopy {
+  memory::Allocation where;
+  std::byte* data = nullptr;
+  uint64_t bytes = 0;  // usable bytes at data (the request; the allocation may be larger)
+  explicit operator bool() const { return data != nullptr; }
+};
+
+class ModelRepository {
+ public:
+  // Maps and registers the first chunk. `gpu_count` is for the staging accounts.
+  static Result<std::unique_ptr<ModelRepository>> create(device::Device& device,
+                                                         const ModelRepositoryOptions& options);
+  // Unregisters and unmaps every chunk. REQUIRES: no copy is in flight.
+  ~ModelRepository();
+
+  // Room for `bytes` of function `function`'s blocks; grows by a chunk when full.
+  // kOutOfMemory once max_bytes is reached.
+  Result<HostCopy> allocate(memory::FunctionId function, uint64_t bytes);
+  // Staging for transfers to or from `gpu` (the elbow measurement uses it).
+  Result<HostCopy> allocate_staging(int gpu, uint64_t bytes);
+  void release(const HostCopy& copy);
+
+  bool pinned() const { return options_.pinned; }
+  memory::HostPoolStats stats() const;
+
+ private:
+  struct Chunk {
+    std::byte* data = nullptr;
+    uint64_t bytes = 0;
+    bool registered = false;
+  };
+  ModelRepository(device::Device& device, const ModelRepositoryOptions& options)
+      : device_(device), options_(options) {}
+  // REQUIRES: mutex_ held.
+  Status grow();
+  HostCopy copy_at(const memory::Allocation& where, uint64_t bytes) const;
+
+  device::Device& device_;
+  const ModelRepositoryOptions options_;
+  mutable std::mutex mutex_;
+  std::unique_ptr<memory::HostPool> pool_;  // guarded by mutex_
+  std::vector<Chunk> chunks_;               // guarded by mutex_; index = pool chunk
+};
+
+}  // namespace hiber::server

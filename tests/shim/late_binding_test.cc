@@ -1,0 +1,589 @@
+// Issue 7: late binding in hiberd. Inference functions (mlp_server: an unmodified CUDA program,
+// compiled by nvcc, run through libhibercuda.so) sleep in host memory and run each request on
+// whichever GPU of a simulated node hiberd picks; the tests drive hiberd's control calls the way
+// the node router will (registerFunction, requestArrived, requestStart, requestDone) and check
+// every answer against the CPU reference of tiny_mlp_model.h.
+#include <signal.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "tests/shim/programs/tiny_mlp_model.h"
+#include "tests/shim/shim_runner.h"
+#include "wire/control_client.h"
+#include "wire/message.h"
+#include "wire/schema/control.capnp.h"
+
+namespace hiber::testing::shim {
+namespace {
+
+using namespace std::chrono_literals;
+namespace proto = wire::proto;
+
+// A node of `gpus` small GPUs of `memory_mib` each, on PCIe switches shared by pairs, with
+// NVLinks between neighbours when `nvlink`; written to a file, its path returned.
+std::string write_node(const std::string& dir, int gpus, uint64_t memory_mib, double pcie_gbps,
+                       bool nvlink) {
+  std::ostringstream json;
+  json << R"({"name": "late-binding-test-node", "gpuModels": [{"name": "m",
+      "productName": "Hiber Test GPU", "memoryBytes": )"
+       << (memory_mib << 20) << R"(, "computeCapabilityMajor": 8, "computeCapabilityMinor": 6,
+      "multiprocessors": 10, "clockRateKhz": 1000000, "memoryClockRateKhz": 1000000,
+      "memoryBusWidthBits": 256, "l2CacheBytes": 1048576}], "gpus": [)";
+  for (int g = 0; g < gpus; ++g) {
+    json << (g ? ", " : "") << R"({"model": "m", "pcieSwitch": )" << g / 2
+         << R"(, "pciBusId": "0000:)" << 16 + g << R"(:00.0"})";
+  }
+  json << R"(], "pcieSwitches": [)";
+  for (int s = 0; s < (gpus + 1) / 2; ++s) {
+    json << (s ? ", " : "") << R"({"hostToDeviceGBps": )" << pcie_gbps
+         << R"(, "deviceToHostGBps": )" << pcie_gbps << "}";
+  }
+  json << R"(], "nvlinks": [)";
+  for (int g = 0; nvlink && g + 1 < gpus; ++g) {
+    json << (g ? ", " : "") << R"({"gpuA": )" << g << R"(, "gpuB": )" << g + 1
+         << R"(, "bandwidthGBps": )" << 4 * pcie_gbps << "}";
+  }
+  json << "]}";
+  const std::string path = dir + "/node-" + std::to_string(gpus) + "gpu.json";
+  std::ofstream(path) << json.str();
+  return path;
+}
+
+// The directory a test keeps its node configs in (hiberd gets its own run directory).
+std::string scratch_dir() {
+  static const std::string dir = [] {
+    char tmpl[] = "/tmp/hiber-late-XXXXXX";
+    const char* made = ::mkdtemp(tmpl);
+    return std::string(made ? made : "/tmp");
+  }();
+  return dir;
+}
+
+HiberdOptions late_binding_hiberd(const std::string& node, std::vector<std::string> flags = {}) {
+  HiberdOptions options = sim_hiberd_options();
+  options.extra_flags = {"--node_config=" + node, "--gpu_reserve_mib=8", "--pool_chunk_mib=64",
+                         "--host_pool_chunk_mib=64", "--implicit_lease_idle_us=2000"};
+  options.extra_flags.insert(options.extra_flags.end(), flags.begin(), flags.end());
+  return options;
+}
+
+wire::ControlClient control(const Hiberd& hiberd) {
+  auto client = wire::ControlClient::connect(hiberd.control_socket_path(), 120s);
+  EXPECT_TRUE(client.ok()) << client.status();
+  return std::move(client).value();
+}
+
+// The answer mlp_server must give for model `seed`, input `input`, table entry `entry`.
+std::string expected_answer(uint64_t seed, int input, long long entry) {
+  const std::vector<tiny_mlp::Layer> layers = tiny_mlp::make_model(seed);
+  std::vector<float> out;
+  EXPECT_TRUE(tiny_mlp::reference(layers, tiny_mlp::make_input(input), out));
+  char buf[64];
+  std::string answer = "result " + std::to_string(input);
+  for (float v : out) {
+    std::snprintf(buf, sizeof buf, " %a", static_cast<double>(v));
+    answer += buf;
+  }
+  const float value = entry >= 0 ? tiny_mlp::table_value(seed, static_cast<uint64_t>(entry)) : 0.0f;
+  std::snprintf(buf, sizeof buf, " %a", static_cast<double>(value));
+  return answer + buf;
+}
+
+// Node-wide figures from `hiberctl status`.
+struct NodeView {
+  std::vector<uint64_t> swaps_in, evictions, pool_allocated;
+  std::vector<bool> healthy;
+  std::vector<std::string> running;
+  uint64_t host_swaps = 0, peer_swaps = 0, resident_starts = 0, completed = 0, sessions = 0;
+};
+
+NodeView node_view(const Hiberd& hiberd) {
+  NodeView view;
+  auto reply = control(hiberd).status();
+  EXPECT_TRUE(reply.ok()) << reply.status();
+  if (!reply.ok()) return view;
+  Status read = wire::read_message<proto::ControlReply>(
+      *reply, "status", [&](proto::ControlReply::Reader r) -> Status {
+        auto s = r.getStatus();
+        for (auto d : s.getDevices()) {
+          view.swaps_in.push_back(d.getSwapsIn());
+          view.evictions.push_back(d.getEvictions());
+          view.pool_allocated.push_back(d.getPoolAllocatedBytes());
+          view.healthy.push_back(d.getHealthy());
+          view.running.push_back(d.getRunningFunction());
+        }
+        view.host_swaps = s.getScheduler().getHostSwaps();
+        view.peer_swaps = s.getScheduler().getPeerSwaps();
+        view.resident_starts = s.getScheduler().getResidentStarts();
+        view.completed = s.getScheduler().getCompleted();
+        view.sessions = s.getSessions().size();
+        return Status();
+      });
+  EXPECT_TRUE(read.ok()) << read;
+  return view;
+}
+
+// Waits until no GPU runs anything (leases of finished requests end a little after requestDone).
+void wait_idle(const Hiberd& hiberd) {
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  while (std::chrono::steady_clock::now() < deadline) {
+    const NodeView view = node_view(hiberd);
+    bool idle = true;
+    for (const std::string& running : view.running) idle &= running.empty();
+    if (idle) return;
+    std::this_thread::sleep_for(10ms);
+  }
+  ADD_FAILURE() << "the node did not become idle";
+}
+
+// One function: its registration, its running instance and its lock (one request at a time).
+struct Function {
+  std::string id;
+  uint64_t seed = 0;
+  std::unique_ptr<ServedProgram> program;
+  std::mutex busy;
+};
+
+class LateBindingTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (std::string why = missing_shim(); !why.empty()) GTEST_SKIP() << why;
+    // A function that dies must not take the test with it when we write to its stdin.
+    ::signal(SIGPIPE, SIG_IGN);
+  }
+
+  // Registers and starts `count` functions (seeds from `first_seed`), each with a lookup table
+  // of `table_mib`, and waits until all are ready.
+  void start_functions(const Hiberd& hiberd, int count, int table_mib, bool stateful = false,
+                       uint64_t first_seed = 1000) {
+    auto client = control(hiberd);
+    const size_t first = functions_.size();
+    for (int i = 0; i < count; ++i) {
+      auto f = std::make_unique<Function>();
+      f->id = "fn-" + std::to_string(functions_.size());
+      f->seed = first_seed + functions_.size();
+      wire::FunctionRegistration r;
+      r.function_id = f->id;
+      r.slo_ms = 2000;
+      r.stateful = stateful;
+      const Status registered = client.register_function(r);
+      ASSERT_TRUE(registered.ok()) << registered << "\n" << hiberd.log();
+      f->program = std::make_unique<ServedProgram>(
+          hiberd, ProgramRun{"mlp_server", {std::to_string(f->seed), std::to_string(table_mib)}},
+          f->id, hiberd.run_dir() + "/" + f->id + ".log");
+      functions_.push_back(std::move(f));
+    }
+    for (size_t i = first; i < functions_.size(); ++i) {
+      Function* f = functions_[i].get();
+      const std::string line = f->program->read_line(300s);
+      ASSERT_EQ(line.rfind("ready", 0), 0u)
+          << f->id << " did not start: '" << line << "'\n"
+          << read_file(hiberd.run_dir() + "/" + f->id + ".log");
+    }
+  }
+
+  struct Answer {
+    std::string line;
+    wire::Started started;
+    Status status;
+  };
+
+  // One request of function f, as the router makes it.
+  Answer request(const Hiberd& hiberd, Function& f, const std::string& line) {
+    std::lock_guard lock(f.busy);
+    Answer answer;
+    auto client = control(hiberd);
+    auto id = client.request_arrived(f.id);
+    if (!id.ok()) {
+      answer.status = id.status();
+      return answer;
+    }
+    auto started = client.request_start(*id);
+    if (!started.ok()) {
+      answer.status = started.status();
+      return answer;
+    }
+    answer.started = *started;
+    if (f.program->send_line(line)) answer.line = f.program->read_line(120s);
+    answer.status = client.request_done(*id, answer.line.empty());
+    return answer;
+  }
+
+  // Quits every function; each must exit 0, and hiberd must hold nothing afterwards.
+  void finish_all(const Hiberd& hiberd) {
+    for (auto& f : functions_) f->program->send_line("quit");
+    for (auto& f : functions_) {
+      EXPECT_EQ(f->program->finish(120s), 0)
+          << f->id << ":\n" << read_file(hiberd.run_dir() + "/" + f->id + ".log");
+    }
+    auto idle = hiberd.wait_for([](const StatusView& v) { return v.sessions.empty(); }, 60s);
+    ASSERT_TRUE(idle.ok());
+    EXPECT_TRUE(idle->sessions.empty());
+    const NodeView view = node_view(hiberd);
+    for (size_t g = 0; g < view.pool_allocated.size(); ++g) {
+      EXPECT_EQ(view.pool_allocated[g], 0u) << "GPU " << g << " still holds function memory";
+    }
+  }
+
+  // Random requests from `drivers` threads at once until `total` were answered; every answer
+  // must be exact. Returns the GPUs that ran requests.
+  std::set<int> churn(const Hiberd& hiberd, int drivers, int total, uint64_t seed) {
+    std::atomic<int> next{0};
+    std::mutex mutex;
+    std::set<int> gpus;
+    std::vector<std::string> wrong;
+    std::vector<std::thread> threads;
+    for (int d = 0; d < drivers; ++d) {
+      threads.emplace_back([&, d] {
+        std::mt19937_64 rng(seed + d);
+        while (next.fetch_add(1) < total) {
+          Function& f = *functions_[rng() % functions_.size()];
+          const int input = static_cast<int>(rng() % 64);
+          const long long entry = static_cast<long long>(rng() % (table_entries_));
+          const Answer a = request(hiberd, f, std::to_string(input) + " " + std::to_string(entry));
+          const std::string want = expected_answer(f.seed, input, entry);
+          std::lock_guard lock(mutex);
+          gpus.insert(a.started.gpu);
+          if (!a.status.ok() || a.line != want) {
+            wrong.push_back(f.id + " input " + std::to_string(input) + ": " + a.status.to_string() +
+                            "\n  got  '" + a.line + "'\n  want '" + want + "'");
+          }
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    EXPECT_TRUE(wrong.empty()) << wrong.size() << " wrong answers; the first: " << wrong.front();
+    return gpus;
+  }
+
+  std::vector<std::unique_ptr<Function>> functions_;
+  uint64_t table_entries_ = 1;
+};
+
+// 100 functions whose models (4 MiB each) are five to ten times what the GPUs' pools hold:
+// requests in random order keep evicting and swapping models; every answer must still be exact.
+TEST_F(LateBindingTest, ChurnOf100FunctionsOnTwoGpusAnswersEveryRequestExactly) {
+  const std::string node = write_node(scratch_dir(), 2, 48, 4, /*nvlink=*/true);
+  Hiberd hiberd(late_binding_hiberd(node));
+  constexpr int kFunctions = 100, kTableMib = 2;
+  table_entries_ = (kTableMib << 20) / sizeof(float);
+  start_functions(hiberd, kFunctions, kTableMib);
+  ASSERT_FALSE(HasFatalFailure());
+  const std::set<int> gpus = churn(hiberd, 4, 200, 7);
+  EXPECT_EQ(gpus, (std::set<int>{0, 1})) << "both GPUs serve requests";
+  const NodeView view = node_view(hiberd);
+  // Each GPU's pool holds about ten models of the hundred: most requests swap, and evict.
+  EXPECT_GT(view.host_swaps + view.peer_swaps, 100u);
+  EXPECT_GT(view.evictions[0] + view.evictions[1], 50u);
+  finish_all(hiberd);
+}
+
+TEST_F(LateBindingTest, ChurnOf100FunctionsOnFourGpusAnswersEveryRequestExactly) {
+  const std::string node = write_node(scratch_dir(), 4, 48, 4, /*nvlink=*/true);
+  Hiberd hiberd(late_binding_hiberd(node));
+  constexpr int kFunctions = 100, kTableMib = 2;
+  table_entries_ = (kTableMib << 20) / sizeof(float);
+  start_functions(hiberd, kFunctions, kTableMib);
+  ASSERT_FALSE(HasFatalFailure());
+  const std::set<int> gpus = churn(hiberd, 6, 200, 11);
+  EXPECT_EQ(gpus, (std::set<int>{0, 1, 2, 3})) << "every GPU serves requests";
+  const NodeView view = node_view(hiberd);
+  EXPECT_GT(view.host_swaps + view.peer_swaps, 100u);
+  uint64_t evictions = 0;
+  for (uint64_t e : view.evictions) evictions += e;
+  EXPECT_GT(evictions, 50u);
+  finish_all(hiberd);
+}
+
+// A function whose model is on a busy GPU moves to a free one over NVLink, and answers the same.
+TEST_F(LateBindingTest, AFunctionMovesToAnotherGpuOverNvlinkWithoutNoticing) {
+  const std::string node = write_node(scratch_dir(), 2, 48, 4, /*nvlink=*/true);
+  Hiberd hiberd(late_binding_hiberd(node));
+  table_entries_ = (2 << 20) / sizeof(float);
+  start_functions(hiberd, 2, 2);
+  ASSERT_FALSE(HasFatalFailure());
+  Function& a = *functions_[0];
+  Function& b = *functions_[1];
+  auto client = control(hiberd);
+  // Both models onto GPU 0: GPU 1 takes no requests while drained.
+  ASSERT_TRUE(client.drain(1).ok());
+  for (Function* f : {&a, &b}) {
+    const Answer first = request(hiberd, *f, "1 5");
+    ASSERT_TRUE(first.status.ok()) << first.status;
+    EXPECT_EQ(first.line, expected_answer(f->seed, 1, 5));
+    EXPECT_EQ(first.started.gpu, 0);
+  }
+  ASSERT_TRUE(client.drain(1, /*resume=*/true).ok());
+  wait_idle(hiberd);
+  // B runs on GPU 0 and holds it...
+  auto b_id = client.request_arrived(b.id);
+  ASSERT_TRUE(b_id.ok());
+  auto b_started = client.request_start(*b_id);
+  ASSERT_TRUE(b_started.ok()) << b_started.status();
+  EXPECT_EQ(b_started->gpu, 0);
+  EXPECT_EQ(b_started->source, "resident");
+  // ...so A, resident only on the busy GPU 0, is copied to GPU 1 over NVLink and runs there.
+  const Answer moved = request(hiberd, a, "7 99");
+  ASSERT_TRUE(moved.status.ok()) << moved.status;
+  EXPECT_EQ(moved.started.gpu, 1);
+  EXPECT_EQ(moved.started.source, "peer");
+  EXPECT_EQ(moved.started.source_gpu, 0);
+  EXPECT_EQ(moved.line, expected_answer(a.seed, 7, 99));
+  // B's request goes on where it was.
+  ASSERT_TRUE(b.program->send_line("3 4"));
+  EXPECT_EQ(b.program->read_line(60s), expected_answer(b.seed, 3, 4));
+  EXPECT_TRUE(client.request_done(*b_id).ok());
+  finish_all(hiberd);
+}
+
+// With pipelining a request whose model must be swapped in starts computing once the groups its
+// kernels read have arrived; without it, once the whole model has. On a throttled link the
+// difference is the rest of the model's transfer time.
+TEST_F(LateBindingTest, PipeliningFinishesASwappedRequestBeforeItsWholeModelArrives) {
+  constexpr double kGbps = 0.1;  // 100 MB/s: 24 MiB take 250 ms
+  constexpr int kTableMib = 24;
+  const std::string node = write_node(scratch_dir(), 1, 64, kGbps, false);
+  auto swapped_request_ms = [&](bool pipelined) {
+    Hiberd hiberd(late_binding_hiberd(
+        node, {"--sim_throttle", "--swap_group_kib=2048",
+               std::string("--pipelined=") + (pipelined ? "true" : "false")}));
+    functions_.clear();
+    table_entries_ = (static_cast<uint64_t>(kTableMib) << 20) / sizeof(float);
+    start_functions(hiberd, 1, kTableMib);
+    Function& f = *functions_[0];
+    // The first request fixes the model and the order its blocks are used in: the weights,
+    // never the table (entry -1).
+    const Answer first = request(hiberd, f, "2 -1");
+    EXPECT_EQ(first.line, expected_answer(f.seed, 2, -1));
+    // Drained, the GPU gives up the model; the next request brings it back from the host.
+    auto client = control(hiberd);
+    EXPECT_TRUE(client.drain(0).ok());
+    EXPECT_TRUE(client.drain(0, /*resume=*/true).ok());
+    const auto start = std::chrono::steady_clock::now();
+    const Answer swapped = request(hiberd, f, "3 -1");
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_TRUE(swapped.status.ok()) << swapped.status;
+    EXPECT_EQ(swapped.started.source, "host");
+    EXPECT_EQ(swapped.line, expected_answer(f.seed, 3, -1));
+    finish_all(hiberd);
+    return ms;
+  };
+  const double pipelined = swapped_request_ms(true);
+  const double swap_then_run = swapped_request_ms(false);
+  // The link model: the whole model (weights' 2 MiB block + the table) against the first group.
+  const double model_ms = ((kTableMib + 2) << 20) / (kGbps * 1e6);
+  const double first_group_ms = (2 << 20) / (kGbps * 1e6);
+  std::printf("swapped request: pipelined %.1f ms (link model: first group %.1f ms), "
+              "swap-then-run %.1f ms (link model: whole model %.1f ms)\n",
+              pipelined, first_group_ms, swap_then_run, model_ms);
+  EXPECT_GE(swap_then_run, model_ms) << "no request outruns its model's transfer";
+  EXPECT_LT(pipelined, swap_then_run - 0.5 * (model_ms - first_group_ms))
+      << "pipelining saves most of the table's transfer time";
+}
+
+// A function killed in the middle of its request: its GPU is released, its request is gone, and
+// the other functions' requests go on, exact.
+TEST_F(LateBindingTest, AFunctionKilledMidRequestReleasesItsGpuAndOthersContinue) {
+  const std::string node = write_node(scratch_dir(), 2, 48, 4, /*nvlink=*/true);
+  Hiberd hiberd(late_binding_hiberd(node));
+  table_entries_ = (2 << 20) / sizeof(float);
+  start_functions(hiberd, 3, 2);
+  ASSERT_FALSE(HasFatalFailure());
+  Function& victim = *functions_[0];
+  auto client = control(hiberd);
+  auto id = client.request_arrived(victim.id);
+  ASSERT_TRUE(id.ok());
+  auto started = client.request_start(*id);
+  ASSERT_TRUE(started.ok()) << started.status();
+  ASSERT_TRUE(victim.program->send_line("1 1"));
+  victim.program->kill(SIGKILL);
+  EXPECT_EQ(victim.program->finish(30s), 128 + SIGKILL);
+  // Its session ends and the GPU is free again.
+  auto gone = hiberd.wait_for([](const StatusView& v) { return v.sessions.size() == 2; }, 30s);
+  ASSERT_TRUE(gone.ok());
+  EXPECT_EQ(gone->sessions.size(), 2u);
+  const Status done = client.request_done(*id);
+  EXPECT_EQ(done.code(), ErrorCode::kNotFound) << "the request went with its function: " << done;
+  EXPECT_EQ(client.request_arrived(victim.id).status().code(), ErrorCode::kDeviceUnavailable)
+      << "no instance, no requests";
+  const NodeView view = node_view(hiberd);
+  EXPECT_EQ(view.running, (std::vector<std::string>{"", ""}));
+  functions_.erase(functions_.begin());
+  for (int i = 0; i < 6; ++i) {
+    Function& f = *functions_[i % 2];
+    const Answer a = request(hiberd, f, std::to_string(i) + " " + std::to_string(i * 1000));
+    EXPECT_TRUE(a.status.ok()) << a.status;
+    EXPECT_EQ(a.line, expected_answer(f.seed, i, i * 1000));
+  }
+  finish_all(hiberd);
+}
+
+// A transfer onto GPU 1 fails (fault injection): that executor is marked unhealthy, the request
+// swapping onto it gets the failure as a CUDA error, and every later request runs on GPU 0.
+TEST_F(LateBindingTest, AFailingExecutorIsRetiredAndItsRequestGetsTheError) {
+  const std::string node = write_node(scratch_dir(), 2, 48, 4, /*nvlink=*/false);
+  Hiberd hiberd(late_binding_hiberd(
+      node, {"--sim_fail_transfers_to_gpu=1", "--sim_fail_after_transfers=0"}));
+  auto client = control(hiberd);
+  // Everything starts on GPU 0.
+  ASSERT_TRUE(client.drain(1).ok());
+  table_entries_ = (2 << 20) / sizeof(float);
+  start_functions(hiberd, 3, 2);
+  ASSERT_FALSE(HasFatalFailure());
+  for (auto& f : functions_) {
+    const Answer first = request(hiberd, *f, "1 1");
+    ASSERT_TRUE(first.status.ok()) << first.status;
+    ASSERT_EQ(first.started.gpu, 0);
+  }
+  ASSERT_TRUE(client.drain(1, /*resume=*/true).ok());
+  wait_idle(hiberd);
+  Function& holder = *functions_[0];
+  Function& unlucky = *functions_[1];
+  // GPU 0 busy, so the next request is loaded from the host onto GPU 1, and the load fails.
+  auto held = client.request_arrived(holder.id);
+  ASSERT_TRUE(held.ok());
+  ASSERT_TRUE(client.request_start(*held).ok());
+  auto second = wire::ControlClient::connect(hiberd.control_socket_path(), 60s);
+  ASSERT_TRUE(second.ok());
+  auto id = second->request_arrived(unlucky.id);
+  ASSERT_TRUE(id.ok());
+  auto started = second->request_start(*id);
+  if (started.ok()) {
+    EXPECT_EQ(started->gpu, 1);
+    ASSERT_TRUE(unlucky.program->send_line("2 2"));
+    // The function sees a CUDA error and, like any CUDA program after a sticky error, gives up.
+    EXPECT_EQ(unlucky.program->read_line(60s), "");
+    EXPECT_EQ(unlucky.program->finish(60s), 1);
+  }
+  const std::string log = read_file(hiberd.run_dir() + "/" + unlucky.id + ".log");
+  EXPECT_NE(log.find("simulated transfer failure"), std::string::npos) << log;
+  (void)second->request_done(*id, true);
+  ASSERT_TRUE(holder.program->send_line("4 4"));
+  EXPECT_EQ(holder.program->read_line(60s), expected_answer(holder.seed, 4, 4));
+  EXPECT_TRUE(client.request_done(*held).ok());
+  NodeView view = node_view(hiberd);
+  EXPECT_EQ(view.healthy, (std::vector<bool>{true, false}));
+  // The rest runs on GPU 0.
+  functions_.erase(functions_.begin() + 1);
+  for (int i = 0; i < 4; ++i) {
+    Function& f = *functions_[i % 2];
+    const Answer a = request(hiberd, f, std::to_string(i) + " 9");
+    EXPECT_TRUE(a.status.ok()) << a.status;
+    EXPECT_EQ(a.started.gpu, 0);
+    EXPECT_EQ(a.line, expected_answer(f.seed, i, 9));
+  }
+  finish_all(hiberd);
+}
+
+// A stateful function's device state survives eviction and moves between GPUs; an ordinary
+// function's model comes back as it was at its first request (eviction copies nothing back).
+TEST_F(LateBindingTest, OnlyAStatefulFunctionKeepsWhatItWroteAcrossEvictions) {
+  const std::string node = write_node(scratch_dir(), 2, 48, 4, /*nvlink=*/true);
+  Hiberd hiberd(late_binding_hiberd(node));
+  table_entries_ = 1;
+  start_functions(hiberd, 1, 0, /*stateful=*/true);
+  start_functions(hiberd, 1, 0, /*stateful=*/false, 5000);
+  ASSERT_FALSE(HasFatalFailure());
+  Function& stateful = *functions_[0];
+  Function& plain = *functions_[1];
+  auto client = control(hiberd);
+  auto count = [&](Function& f) {
+    const Answer a = request(hiberd, f, "count");
+    EXPECT_TRUE(a.status.ok()) << a.status;
+    return std::make_pair(a.line, a.started.gpu);
+  };
+  EXPECT_EQ(count(stateful).first, "count 1");
+  EXPECT_EQ(count(plain).first, "count 1");
+  auto [line, gpu] = count(stateful);
+  EXPECT_EQ(line, "count 2");
+  EXPECT_EQ(count(plain).first, "count 2");
+  // Both GPUs drained in turn: every model leaves every GPU, written back only if stateful.
+  for (int g : {0, 1}) {
+    ASSERT_TRUE(client.drain(g).ok());
+    ASSERT_TRUE(client.drain(g, /*resume=*/true).ok());
+  }
+  EXPECT_EQ(count(stateful).first, "count 3") << "state survives eviction";
+  EXPECT_EQ(count(plain).first, "count 1") << "the model as it was at the first request";
+  // Moved to the other GPU while its own is drained: still its state.
+  auto [line4, gpu4] = count(stateful);
+  EXPECT_EQ(line4, "count 4");
+  ASSERT_TRUE(client.drain(gpu4).ok());
+  auto [line5, gpu5] = count(stateful);
+  EXPECT_EQ(line5, "count 5");
+  EXPECT_NE(gpu5, gpu4);
+  ASSERT_TRUE(client.drain(gpu4, /*resume=*/true).ok());
+  (void)gpu;
+  finish_all(hiberd);
+}
+
+// The control calls answer nonsense with clear errors, and a registered function runs one
+// instance per node.
+TEST_F(LateBindingTest, ControlCallsRefuseBadRequestsWithClearErrors) {
+  const std::string node = write_node(scratch_dir(), 2, 48, 4, /*nvlink=*/true);
+  Hiberd hiberd(late_binding_hiberd(node));
+  auto client = control(hiberd);
+  EXPECT_EQ(client.request_arrived("nobody").status().code(), ErrorCode::kNotFound);
+  EXPECT_EQ(client.request_start(12345).status().code(), ErrorCode::kNotFound);
+  EXPECT_EQ(client.request_done(12345).code(), ErrorCode::kNotFound);
+  EXPECT_EQ(client.drain(7).code(), ErrorCode::kInvalidDevice);
+  wire::FunctionRegistration bad;
+  bad.function_id = "f";
+  bad.slo_ms = 0;
+  EXPECT_EQ(client.register_function(bad).code(), ErrorCode::kInvalidValue) << "an SLO of 0";
+  bad.slo_ms = 100;
+  bad.tail_percentile = 1.5;
+  EXPECT_EQ(client.register_function(bad).code(), ErrorCode::kInvalidValue) << "p > 1";
+  bad.tail_percentile = 0;
+  bad.function_id = "a#b";
+  EXPECT_EQ(client.register_function(bad).code(), ErrorCode::kInvalidValue) << "'#' in an id";
+  bad.function_id = "f";
+  bad.quota_bytes = 1ull << 40;
+  EXPECT_EQ(client.register_function(bad).code(), ErrorCode::kOutOfMemory) << "a 1 TiB quota";
+  table_entries_ = 1;
+  start_functions(hiberd, 1, 0);
+  ASSERT_FALSE(HasFatalFailure());
+  Function& f = *functions_[0];
+  wire::FunctionRegistration again;
+  again.function_id = f.id;
+  again.slo_ms = 100;
+  EXPECT_EQ(client.register_function(again).code(), ErrorCode::kInvalidValue) << "registered twice";
+  EXPECT_EQ(client.unregister_function(f.id).code(), ErrorCode::kIllegalState)
+      << "its instance is still connected";
+  // A second instance of a registered function is turned away at the handshake.
+  auto second = run_through_shim(hiberd, {"mlp_server", {"1"}}, f.id, 60s);
+  EXPECT_NE(second.exit_code, 0);
+  EXPECT_NE(second.output.find("already has a connected instance"), std::string::npos)
+      << second.output;
+  // Asking twice where a request runs gets the same answer; finishing it twice does not work.
+  auto id = client.request_arrived(f.id);
+  ASSERT_TRUE(id.ok());
+  auto started = client.request_start(*id);
+  ASSERT_TRUE(started.ok()) << started.status();
+  auto again_started = client.request_start(*id);
+  ASSERT_TRUE(again_started.ok()) << again_started.status();
+  EXPECT_EQ(again_started->gpu, started->gpu);
+  ASSERT_TRUE(f.program->send_line("0 -1"));
+  EXPECT_EQ(f.program->read_line(60s), expected_answer(f.seed, 0, -1));
+  EXPECT_TRUE(client.request_done(*id).ok());
+  EXPECT_EQ(client.request_done(*id).code(), ErrorCode::kNotFound);
+  finish_all(hiberd);
+  EXPECT_TRUE(client.unregister_function(f.id).ok());
+  EXPECT_EQ(client.request_arrived(f.id).status().code(), ErrorCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace hiber::testing::shim

@@ -1,0 +1,120 @@
+// mlp_server: the tiny MLP of tiny_mlp.cu as an inference function that serves requests, the
+// way a serverless function does: it loads its model once (cudaMalloc + cudaMemcpy), says
+// "ready", then answers one request per line of stdin until "quit" or end of input.
+//
+// Usage: mlp_server <seed> [table_mib = 0]
+//   seed       which weights (tiny_mlp_model.h): every function of a test gets its own
+//   table_mib  an extra model tensor of this many MiB (a lookup table filled from the seed),
+//              so the model spans several device blocks; each request reads one entry back
+//
+// A request line: "<input index> <table entry>" (entry -1: do not read the table). Its answer:
+//   "result <input index> <8 outputs> <table value>"   floats as C99 hex (%a), exact
+// Or "count": a kernel increments a counter kept in device memory since start-up, and the
+// answer is "count <value>" (state that survives between requests only where hiberd keeps it).
+// Per request the program allocates its activations and frees them afterwards, as a framework
+// with a fresh workspace would: those are the function's scratch, the rest its model.
+// Exits 0 after "quit", 1 on a CUDA error (printed), 2 on bad arguments or a bad request line.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+#include "program_util.h"
+#include "tiny_mlp_kernels.cuh"
+#include "tiny_mlp_model.h"
+
+__global__ void count_up(unsigned int* counter) {
+  if (blockIdx.x == 0 && threadIdx.x == 0) ++*counter;
+}
+
+using namespace tiny_mlp;
+
+int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: mlp_server <seed> [table_mib]\n");
+    return program::kExitUsage;
+  }
+  const uint64_t seed = static_cast<uint64_t>(program::int_arg(argc, argv, 1, 0, 0, 1LL << 40));
+  const size_t table_mib = static_cast<size_t>(program::int_arg(argc, argv, 2, 0, 0, 1024));
+  const size_t table_entries = table_mib * (1 << 20) / sizeof(float);
+
+  CUDA_CHECK(cudaSetDevice(0));
+  const std::vector<Layer> layers = make_model(seed);
+  std::vector<float*> d_w(kLayers), d_b(kLayers);
+  for (int l = 0; l < kLayers; ++l) {
+    const Layer& layer = layers[l];
+    CUDA_CHECK(cudaMalloc(&d_w[l], layer.w.size() * sizeof(float)));
+    CUDA_CHECK(cudaMalloc(&d_b[l], layer.b.size() * sizeof(float)));
+    CUDA_CHECK(cudaMemcpy(d_w[l], layer.w.data(), layer.w.size() * sizeof(float),
+                          cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(d_b[l], layer.b.data(), layer.b.size() * sizeof(float),
+                          cudaMemcpyHostToDevice));
+  }
+  float* d_table = nullptr;
+  if (table_entries > 0) {
+    std::vector<float> table(table_entries);
+    for (size_t i = 0; i < table_entries; ++i) table[i] = table_value(seed, i);
+    CUDA_CHECK(cudaMalloc(&d_table, table_entries * sizeof(float)));
+    CUDA_CHECK(cudaMemcpy(d_table, table.data(), table_entries * sizeof(float),
+                          cudaMemcpyHostToDevice));
+  }
+  unsigned int* d_counter = nullptr;
+  CUDA_CHECK(cudaMalloc(&d_counter, sizeof(unsigned int)));
+  CUDA_CHECK(cudaMemset(d_counter, 0, sizeof(unsigned int)));
+  CUDA_CHECK(cudaDeviceSynchronize());
+  std::printf("ready seed=%llu table_mib=%zu\n", static_cast<unsigned long long>(seed), table_mib);
+
+  char line[256];
+  while (std::fgets(line, sizeof line, stdin) != nullptr) {
+    if (std::strncmp(line, "quit", 4) == 0) break;
+    if (std::strncmp(line, "count", 5) == 0) {
+      count_up<<<1, 1>>>(d_counter);
+      CUDA_CHECK_LAUNCH();
+      unsigned int value = 0;
+      CUDA_CHECK(cudaMemcpy(&value, d_counter, sizeof value, cudaMemcpyDeviceToHost));
+      std::printf("count %u\n", value);
+      continue;
+    }
+    int input = -1;
+    long long entry = 0;
+    if (std::sscanf(line, "%d %lld", &input, &entry) != 2 || input < 0 || entry < -1 ||
+        (entry >= 0 && static_cast<size_t>(entry) >= table_entries)) {
+      std::printf("bad request: %s", line);
+      return program::kExitUsage;
+    }
+    // This request's activations: scratch, allocated and freed per request.
+    std::vector<float*> d_act(kLayers + 1);
+    for (int l = 0; l <= kLayers; ++l) CUDA_CHECK(cudaMalloc(&d_act[l], kDims[l] * sizeof(float)));
+    const std::vector<float> x = make_input(input);
+    CUDA_CHECK(cudaMemcpy(d_act[0], x.data(), x.size() * sizeof(float), cudaMemcpyHostToDevice));
+    for (int l = 0; l < kLayers; ++l) {
+      const Layer& layer = layers[l];
+      const int threads = 32;
+      const int blocks = (layer.out + threads - 1) / threads;
+      matvec<<<blocks, threads>>>(d_w[l], d_act[l], d_act[l + 1], layer.out, layer.in);
+      CUDA_CHECK_LAUNCH();
+      bias_relu<<<blocks, threads>>>(d_act[l + 1], d_b[l], layer.out, layer.relu ? 1 : 0);
+      CUDA_CHECK_LAUNCH();
+    }
+    float out[kDims[kLayers]];
+    CUDA_CHECK(cudaMemcpy(out, d_act[kLayers], sizeof out, cudaMemcpyDeviceToHost));
+    float value = 0.0f;
+    if (entry >= 0) {
+      CUDA_CHECK(cudaMemcpy(&value, d_table + entry, sizeof value, cudaMemcpyDeviceToHost));
+    }
+    for (float* p : d_act) CUDA_CHECK(cudaFree(p));
+    std::printf("result %d", input);
+    for (float v : out) std::printf(" %a", static_cast<double>(v));
+    std::printf(" %a\n", static_cast<double>(value));
+  }
+  for (int l = 0; l < kLayers; ++l) {
+    CUDA_CHECK(cudaFree(d_w[l]));
+    CUDA_CHECK(cudaFree(d_b[l]));
+  }
+  if (d_table != nullptr) CUDA_CHECK(cudaFree(d_table));
+  CUDA_CHECK(cudaFree(d_counter));
+  return 0;
+}
