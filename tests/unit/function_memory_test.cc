@@ -1,0 +1,196 @@
+// FunctionMemory on the simulated device: a function's bytes follow it from GPU to GPU through
+// the host copy or a peer copy, and a copy that is not valid (stale after a write elsewhere, or
+// the target of a failed swap) is never used as a source. Every read is checked against the
+// bytes the test wrote, on the host.
+#include "server/function_memory.h"
+
+#include <gtest/gtest.h>
+
+#include <future>
+#include <memory>
+#include <vector>
+
+#include "server/device/sim_device.h"
+#include "server/device_pools.h"
+#include "server/model_repository.h"
+
+namespace hiber::server {
+namespace {
+
+constexpr uint64_t kMiB = 1 << 20;
+constexpr uint64_t kBlockBytes = 6 * kMiB;  // three granules, three 2 MiB swap groups
+
+#define ASSERT_OK(expr)                                       \
+  do {                                                        \
+    const ::hiber::Status assert_ok_status_ = (expr);         \
+    ASSERT_TRUE(assert_ok_status_.ok()) << assert_ok_status_; \
+  } while (0)
+
+std::vector<uint8_t> pattern(uint8_t seed) {
+  std::vector<uint8_t> bytes(kBlockBytes);
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<uint8_t>(i * 7 + seed);
+  return bytes;
+}
+
+class FunctionMemoryTest : public testing::Test {
+ protected:
+  void start(bool stateful, int failing_gpu = -1) {
+    device::SimDeviceOptions options;
+    for (GpuSpec& gpu : options.node.gpus) gpu.memory_bytes = 256 * kMiB;
+    options.fail_transfers_to_gpu = failing_gpu;
+    auto device = device::SimDevice::create(options);
+    ASSERT_TRUE(device.ok()) << device.status();
+    device_ = std::move(*device);
+    DevicePoolsOptions pools;
+    pools.reserve_bytes = 64 * kMiB;
+    pools.chunk_bytes = 64 * kMiB;
+    auto created = DevicePools::create(*device_, pools);
+    ASSERT_TRUE(created.ok()) << created.status();
+    pools_ = std::move(*created);
+    auto repository = ModelRepository::create(*device_, {64 * kMiB, 128 * kMiB, true});
+    ASSERT_TRUE(repository.ok()) << repository.status();
+    repository_ = std::move(*repository);
+    FunctionMemoryOptions memory_options;
+    memory_options.stateful = stateful;
+    auto memory = FunctionMemory::create(*device_, *pools_, *repository_, 1, 64 * kMiB,
+                                         64 * kMiB, memory_options);
+    ASSERT_TRUE(memory.ok()) << memory.status();
+    memory_ = std::move(*memory);
+    for (int gpu = 0; gpu < device_->gpu_count(); ++gpu) {
+      auto stream = device_->create_stream(gpu, 0);
+      ASSERT_TRUE(stream.ok()) << stream.status();
+      streams_.push_back(*stream);
+    }
+  }
+
+  void TearDown() override {
+    memory_.reset();
+    repository_.reset();
+    pools_.reset();
+  }
+
+  // Binds to `gpu` and waits for the swap; its status.
+  Status bind(int gpu, scheduler::Source source = scheduler::Source::kHost, int source_gpu = -1,
+              bool first_request = false) {
+    Lease lease;
+    lease.id = ++leases_;
+    lease.gpu = gpu;
+    lease.source = source;
+    lease.source_gpu = source_gpu;
+    lease.first_request = first_request;
+    auto done = std::make_shared<std::promise<Status>>();
+    Status bound = memory_->bind(
+        lease, streams_[gpu], [done](const Status& s, const SwapReport&) { done->set_value(s); },
+        {});
+    if (!bound.ok()) return bound;
+    return done->get_future().get();
+  }
+
+  // A write by the function under its lease, noted as the session notes a copy.
+  void write(const std::vector<uint8_t>& bytes, int gpu) {
+    std::vector<device::Event> waits;
+    memory_->access(block_, bytes.size(), /*write=*/true, &waits);
+    for (const device::Event& e : waits) ASSERT_OK(device_->wait_event(streams_[gpu], e));
+    ASSERT_OK(device_->copy_host_to_device(streams_[gpu], block_, bytes.data(), bytes.size()));
+    ASSERT_OK(device_->synchronize_stream(streams_[gpu]));
+  }
+
+  std::vector<uint8_t> read(int gpu) {
+    std::vector<uint8_t> bytes(kBlockBytes);
+    std::vector<device::Event> waits;
+    memory_->access(block_, bytes.size(), /*write=*/false, &waits);
+    for (const device::Event& e : waits) EXPECT_TRUE(device_->wait_event(streams_[gpu], e).ok());
+    EXPECT_TRUE(
+        device_->copy_device_to_host(streams_[gpu], bytes.data(), block_, bytes.size()).ok());
+    EXPECT_TRUE(device_->synchronize_stream(streams_[gpu]).ok());
+    return bytes;
+  }
+
+  // The function allocates its block and fills it on `gpu` (before its first request).
+  void load_model(int gpu, const std::vector<uint8_t>& bytes) {
+    ASSERT_OK(bind(gpu));
+    block_ = memory_->va_base();
+    ASSERT_OK(memory_->add_block(block_, kBlockBytes, gpu, {}));
+    write(bytes, gpu);
+    ASSERT_OK(memory_->unbind());
+  }
+
+  std::unique_ptr<device::SimDevice> device_;
+  std::unique_ptr<DevicePools> pools_;
+  std::unique_ptr<ModelRepository> repository_;
+  std::shared_ptr<FunctionMemory> memory_;
+  std::vector<device::Stream> streams_;
+  uint64_t block_ = 0;
+  uint64_t leases_ = 0;
+};
+
+TEST_F(FunctionMemoryTest, AModelFilledBeforeItsFirstRequestIsWrittenBackOnEvictionAndComesBack) {
+  start(/*stateful=*/false);
+  const auto model = pattern(1);
+  load_model(0, model);
+  EXPECT_EQ(memory_->model_bytes(), kBlockBytes);
+  // Before the first request the only copy is on GPU 0: eviction writes it to the host first.
+  auto freed = memory_->evict(0, streams_[0]);
+  ASSERT_TRUE(freed.ok()) << freed.status();
+  EXPECT_GE(*freed, kBlockBytes);
+  EXPECT_EQ(memory_->placed_bytes(0), 0u);
+  EXPECT_EQ(memory_->host_bytes(), kBlockBytes);
+
+  ASSERT_OK(bind(1, scheduler::Source::kHost, -1, /*first_request=*/true));
+  EXPECT_TRUE(memory_->model_fixed());
+  EXPECT_EQ(read(1), model);
+  // A plain function's writes after its first request do not change its model.
+  write(pattern(9), 1);
+  ASSERT_OK(memory_->unbind());
+  ASSERT_TRUE(memory_->evict(1, streams_[1]).ok());
+  ASSERT_OK(bind(2));
+  EXPECT_EQ(read(2), model);
+  ASSERT_OK(memory_->unbind());
+}
+
+TEST_F(FunctionMemoryTest, AStatefulFunctionsCopyWrittenElsewhereIsStaleAndNeverASource) {
+  start(/*stateful=*/true);
+  const auto first = pattern(1);
+  const auto second = pattern(2);
+  load_model(0, first);
+  ASSERT_OK(bind(1, scheduler::Source::kPeer, 0, /*first_request=*/true));
+  EXPECT_EQ(read(1), first);
+  write(second, 1);  // GPU 0's copy is stale now
+  ASSERT_OK(memory_->unbind());
+  // GPU 0 still holds a placement, but not the function's bytes: they must come from GPU 1.
+  EXPECT_GT(memory_->placed_bytes(0), 0u);
+  ASSERT_OK(bind(0, scheduler::Source::kPeer, 0));
+  EXPECT_EQ(read(0), second);
+  ASSERT_OK(memory_->unbind());
+  // Evicting GPU 0 writes the state back; GPU 1's copy is as new, so nothing is lost either way.
+  ASSERT_TRUE(memory_->evict(0, streams_[0]).ok());
+  ASSERT_TRUE(memory_->evict(1, streams_[1]).ok());
+  ASSERT_OK(bind(3));
+  EXPECT_EQ(read(3), second);
+  ASSERT_OK(memory_->unbind());
+}
+
+TEST_F(FunctionMemoryTest, AFailedSwapLeavesItsTargetInvalidAndTheNextSwapRefillsIt) {
+  start(/*stateful=*/false, /*failing_gpu=*/2);
+  const auto model = pattern(3);
+  load_model(0, model);
+  ASSERT_OK(bind(1, scheduler::Source::kHost, -1, /*first_request=*/true));  // the host copy
+  ASSERT_OK(memory_->unbind());
+  ASSERT_TRUE(memory_->evict(0, streams_[0]).ok());
+  ASSERT_TRUE(memory_->evict(1, streams_[1]).ok());
+
+  const Status failed = bind(2);
+  EXPECT_FALSE(failed.ok());
+  (void)device_->synchronize_stream(streams_[2]);
+  ASSERT_OK(memory_->unbind());
+  // GPU 2's placement holds nothing valid: a later swap onto GPU 3 may not copy from it, and
+  // GPU 3 gets the model from the host.
+  ASSERT_OK(bind(3, scheduler::Source::kPeer, 2));
+  EXPECT_EQ(read(3), model);
+  ASSERT_OK(memory_->unbind());
+  memory_->forget(2);
+  EXPECT_EQ(memory_->placed_bytes(2), 0u);
+}
+
+}  // namespace
+}  // namespace hiber::server
