@@ -13,13 +13,7 @@ class Scenario {
  public:
   Scenario(EarlyBinding kind, int gpus, uint64_t memory, std::vector<std::string> models,
            Duration keep_alive = 60 * kSecond) {
-    workload_.duration = 1000 * kSecond;
-    for (size_t i = 0; i < models.size(); ++i) {
-      const int m = *find_model(models[i]);
-      const Duration slo = paper_models()[m].model_class == ModelClass::kLanguage ? 200 * kMillisecond
-                                                                                  : 80 * kMillisecond;
-      workload_.functions.push_back({models[i] + std::to_string(i), m, 10, slo, 0.98});
-    }
+    workload_ = hand_workload(models);
     recorder_ = std::make_unique<Recorder>(workload_, 0, 1, gpus);
     EarlyBindingOptions o;
     o.kind = kind;
@@ -34,9 +28,7 @@ class Scenario {
 
   // Delivers an arrival at t, running every event before it.
   void arrive(uint32_t f, Time t) {
-    while (!queue_.empty() && queue_.next_time() <= t) queue_.run_next();
-    queue_.advance_to(t);
-    node_->arrive(f, t);
+    deliver_arrival(queue_, *node_, f, t);
   }
   Results finish() {
     while (!queue_.empty() && queue_.next_time() <= workload_.duration) queue_.run_next();

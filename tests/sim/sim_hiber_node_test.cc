@@ -32,13 +32,7 @@ const Model& model(const char* name) { return paper_models()[*find_model(name)];
 class Scenario {
  public:
   Scenario(const NodeConfig& config, std::vector<std::string> models) {
-    workload_.duration = 1000 * kSecond;
-    for (size_t i = 0; i < models.size(); ++i) {
-      const int m = *find_model(models[i]);
-      const Duration slo = paper_models()[m].model_class == ModelClass::kLanguage ? 200 * kMillisecond
-                                                                                  : 80 * kMillisecond;
-      workload_.functions.push_back({models[i] + std::to_string(i), m, 10, slo, 0.98});
-    }
+    workload_ = hand_workload(models);
     recorder_ = std::make_unique<Recorder>(workload_, 0, 1, config.gpu_count());
     HiberOptions o;
     o.check_invariants = true;
@@ -50,9 +44,7 @@ class Scenario {
   }
 
   void arrive(uint32_t f, Time t) {
-    while (!queue_.empty() && queue_.next_time() <= t) queue_.run_next();
-    queue_.advance_to(t);
-    node_->arrive(f, t);
+    deliver_arrival(queue_, *node_, f, t);
   }
   // Runs every event, then ends the run.
   void finish() {

@@ -43,16 +43,7 @@ int main(int argc, char** argv) {
 
   CUDA_CHECK(cudaSetDevice(0));
   const std::vector<Layer> layers = make_model(seed);
-  std::vector<float*> d_w(kLayers), d_b(kLayers);
-  for (int l = 0; l < kLayers; ++l) {
-    const Layer& layer = layers[l];
-    CUDA_CHECK(cudaMalloc(&d_w[l], layer.w.size() * sizeof(float)));
-    CUDA_CHECK(cudaMalloc(&d_b[l], layer.b.size() * sizeof(float)));
-    CUDA_CHECK(cudaMemcpy(d_w[l], layer.w.data(), layer.w.size() * sizeof(float),
-                          cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMemcpy(d_b[l], layer.b.data(), layer.b.size() * sizeof(float),
-                          cudaMemcpyHostToDevice));
-  }
+  const DeviceModel model = upload_model(layers);
   float* d_table = nullptr;
   if (table_entries > 0) {
     std::vector<float> table(table_entries);
@@ -90,15 +81,7 @@ int main(int argc, char** argv) {
     for (int l = 0; l <= kLayers; ++l) CUDA_CHECK(cudaMalloc(&d_act[l], kDims[l] * sizeof(float)));
     const std::vector<float> x = make_input(input);
     CUDA_CHECK(cudaMemcpy(d_act[0], x.data(), x.size() * sizeof(float), cudaMemcpyHostToDevice));
-    for (int l = 0; l < kLayers; ++l) {
-      const Layer& layer = layers[l];
-      const int threads = 32;
-      const int blocks = (layer.out + threads - 1) / threads;
-      matvec<<<blocks, threads>>>(d_w[l], d_act[l], d_act[l + 1], layer.out, layer.in);
-      CUDA_CHECK_LAUNCH();
-      bias_relu<<<blocks, threads>>>(d_act[l + 1], d_b[l], layer.out, layer.relu ? 1 : 0);
-      CUDA_CHECK_LAUNCH();
-    }
+    forward(layers, model, d_act);
     float out[kDims[kLayers]];
     CUDA_CHECK(cudaMemcpy(out, d_act[kLayers], sizeof out, cudaMemcpyDeviceToHost));
     float value = 0.0f;
@@ -110,10 +93,7 @@ int main(int argc, char** argv) {
     for (float v : out) std::printf(" %a", static_cast<double>(v));
     std::printf(" %a\n", static_cast<double>(value));
   }
-  for (int l = 0; l < kLayers; ++l) {
-    CUDA_CHECK(cudaFree(d_w[l]));
-    CUDA_CHECK(cudaFree(d_b[l]));
-  }
+  free_model(model);
   if (d_table != nullptr) CUDA_CHECK(cudaFree(d_table));
   CUDA_CHECK(cudaFree(d_counter));
   return 0;

@@ -27,18 +27,9 @@ int main(int argc, char** argv) {
   const std::vector<Layer> layers = make_model(kDefaultSeed);
 
   // Load the model: weights and biases of every layer, one buffer each.
-  std::vector<float*> d_w(kLayers), d_b(kLayers);
+  const DeviceModel model = upload_model(layers);
   size_t parameters = 0;
-  for (int l = 0; l < kLayers; ++l) {
-    const Layer& layer = layers[l];
-    CUDA_CHECK(cudaMalloc(&d_w[l], layer.w.size() * sizeof(float)));
-    CUDA_CHECK(cudaMalloc(&d_b[l], layer.b.size() * sizeof(float)));
-    CUDA_CHECK(cudaMemcpy(d_w[l], layer.w.data(), layer.w.size() * sizeof(float),
-                          cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMemcpy(d_b[l], layer.b.data(), layer.b.size() * sizeof(float),
-                          cudaMemcpyHostToDevice));
-    parameters += layer.w.size() + layer.b.size();
-  }
+  for (const Layer& layer : layers) parameters += layer.w.size() + layer.b.size();
   // Activations: one buffer per layer boundary.
   std::vector<float*> d_act(kLayers + 1);
   for (int l = 0; l <= kLayers; ++l) CUDA_CHECK(cudaMalloc(&d_act[l], kDims[l] * sizeof(float)));
@@ -54,15 +45,7 @@ int main(int argc, char** argv) {
       const std::vector<float> x = make_input(q);
       CUDA_CHECK(cudaMemcpy(d_act[0], x.data(), x.size() * sizeof(float),
                             cudaMemcpyHostToDevice));
-      for (int l = 0; l < kLayers; ++l) {
-        const Layer& layer = layers[l];
-        const int threads = 32;
-        const int blocks = (layer.out + threads - 1) / threads;
-        matvec<<<blocks, threads>>>(d_w[l], d_act[l], d_act[l + 1], layer.out, layer.in);
-        CUDA_CHECK_LAUNCH();
-        bias_relu<<<blocks, threads>>>(d_act[l + 1], d_b[l], layer.out, layer.relu ? 1 : 0);
-        CUDA_CHECK_LAUNCH();
-      }
+      forward(layers, model, d_act);
       CUDA_CHECK(cudaMemcpy(got.data(), d_act[kLayers], got.size() * sizeof(float),
                             cudaMemcpyDeviceToHost));
       exact = reference(layers, x, want) && exact;
@@ -77,10 +60,7 @@ int main(int argc, char** argv) {
     }
   }
 
-  for (int l = 0; l < kLayers; ++l) {
-    CUDA_CHECK(cudaFree(d_w[l]));
-    CUDA_CHECK(cudaFree(d_b[l]));
-  }
+  free_model(model);
   for (float* p : d_act) CUDA_CHECK(cudaFree(p));
   if (!exact) {
     std::printf("tiny_mlp: FAILED: the float reference is not exact (the model's values are "
