@@ -326,7 +326,7 @@ Status FunctionMemory::bind(const Lease& lease, device::Stream swap_stream, Swap
     if (table_.block_at(va) != nullptr) order.push_back(va);
   }
   for (const VirtualBlock& block : table_.blocks(BlockKind::kModel)) {
-    if (std::find(access_order_.begin(), access_order_.end(), block.va) == access_order_.end()) {
+    if (!extra_[block.va].ordered) {
       order.push_back(block.va);
     }
   }
@@ -513,8 +513,9 @@ void FunctionMemory::retire_windows() {
 
 void FunctionMemory::note(const VirtualBlock& block, bool write,
                           std::vector<device::Event>* waits) {
-  if (tracking_ && block.kind == BlockKind::kModel &&
-      std::find(access_order_.begin(), access_order_.end(), block.va) == access_order_.end()) {
+  Extra& extra = extra_[block.va];
+  if (tracking_ && block.kind == BlockKind::kModel && !extra.ordered) {
+    extra.ordered = true;
     access_order_.push_back(block.va);
   }
   // Writes matter only where the GPU copy may be newer than the host's: state, and everything
@@ -531,7 +532,7 @@ void FunctionMemory::note(const VirtualBlock& block, bool write,
       }
     }
   }
-  const int32_t group = extra_[block.va].group;
+  const int32_t group = extra.group;
   if (group < 0 || swap_->complete.load() || bound_gpu_ < 0) return;
   const device::Event e = events_[bound_gpu_][static_cast<size_t>(group)];
   for (const device::Event& w : *waits) {

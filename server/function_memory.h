@@ -148,6 +148,7 @@ class FunctionMemory {
     HostCopy host;            // its host copy, once made
     bool fresh = true;        // never placed: it has no contents anywhere yet
     int32_t group = -1;       // the swap group that completes it under the current lease
+    bool ordered = false;     // in access_order_
   };
   struct Window {             // a source of peer copies, mapped for the copy only
     uint64_t va = 0;
