@@ -174,26 +174,18 @@ SessionSnapshot Session::snapshot() const {
 
 // ---- Leases ----
 
-void Session::grant(const Lease& lease) {
-  {
-    std::lock_guard lock(wake_mutex_);
-    commands_.push_back(GrantCommand{lease});
-  }
-  wake();
-}
+void Session::grant(const Lease& lease) { post_command(GrantCommand{lease}); }
 
-void Session::end_lease(uint64_t lease) {
-  {
-    std::lock_guard lock(wake_mutex_);
-    commands_.push_back(EndCommand{lease, Status()});
-  }
-  wake();
-}
+void Session::end_lease(uint64_t lease) { post_command(EndCommand{lease, Status()}); }
 
 void Session::fail(uint64_t lease, const Status& why) {
+  post_command(EndCommand{lease, why.ok() ? Status(ErrorCode::kUnknown, "GPU failed") : why});
+}
+
+void Session::post_command(Command command) {
   {
     std::lock_guard lock(wake_mutex_);
-    commands_.push_back(EndCommand{lease, why.ok() ? Status(ErrorCode::kUnknown, "GPU failed") : why});
+    commands_.push_back(std::move(command));
   }
   wake();
 }

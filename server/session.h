@@ -205,6 +205,8 @@ class Session {
   // channel closes, or `timeout` passes.
   void wait_for_wake(std::chrono::nanoseconds timeout);
   void wake();
+  // Queues a command for the session thread and wakes it (any thread).
+  void post_command(Command command);
 
   // Call handlers.
   Outcome mem_allocate(uint64_t va, uint64_t bytes);
