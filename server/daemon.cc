@@ -74,6 +74,30 @@ Result<UniqueFd> listen_unix(const std::string& path, mode_t mode) {
   return fd;
 }
 
+// A control reply frame built by `fill`.
+Result<std::vector<std::byte>> reply_frame(
+    const std::function<void(proto::ControlReply::Builder)>& fill) {
+  capnp::MallocMessageBuilder reply;
+  fill(reply.initRoot<proto::ControlReply>());
+  auto frame = wire::encode_frame(reply, wire::kMaxControlReplyBytes);
+  if (!frame.ok()) {
+    return Status(ErrorCode::kUnknown, "hiberd cannot encode its reply: " + frame.status().message());
+  }
+  return frame;
+}
+
+Result<std::vector<std::byte>> error_reply(const Status& status) {
+  return reply_frame([&](proto::ControlReply::Builder root) {
+    auto e = root.initError();
+    e.setCode(static_cast<uint32_t>(status.code()));
+    e.setMessage(status.message());
+  });
+}
+
+Result<std::vector<std::byte>> ok_reply() {
+  return reply_frame([](proto::ControlReply::Builder root) { root.setOk(); });
+}
+
 bool uid_allowed(const std::vector<uid_t>& allowed, uid_t uid) {
   return std::find(allowed.begin(), allowed.end(), uid) != allowed.end();
 }
@@ -337,7 +361,8 @@ void Daemon::reject(Connection& connection, const Status& why) {
   ++counters_.handshakes_rejected;
   LOG(WARNING) << (connection.control ? "control" : "function") << " connection from pid "
                << connection.peer.pid << " uid " << connection.peer.uid << " refused: " << why;
-  auto frame = wire::encode_rejection_frame(why);
+  // Each socket refuses in its own protocol, so the client reads the reason as it reads answers.
+  auto frame = connection.control ? error_reply(why) : wire::encode_rejection_frame(why);
   if (!frame.ok() || !connection.fd) {
     close_connection(connection, why.message());
     return;
@@ -476,34 +501,6 @@ void Daemon::on_session_exit(uint64_t connection_id) {
 }
 
 // ---- Control ----
-
-namespace {
-
-// A control reply frame built by `fill`.
-Result<std::vector<std::byte>> reply_frame(
-    const std::function<void(proto::ControlReply::Builder)>& fill) {
-  capnp::MallocMessageBuilder reply;
-  fill(reply.initRoot<proto::ControlReply>());
-  auto frame = wire::encode_frame(reply, wire::kMaxControlReplyBytes);
-  if (!frame.ok()) {
-    return Status(ErrorCode::kUnknown, "hiberd cannot encode its reply: " + frame.status().message());
-  }
-  return frame;
-}
-
-Result<std::vector<std::byte>> error_reply(const Status& status) {
-  return reply_frame([&](proto::ControlReply::Builder root) {
-    auto e = root.initError();
-    e.setCode(static_cast<uint32_t>(status.code()));
-    e.setMessage(status.message());
-  });
-}
-
-Result<std::vector<std::byte>> ok_reply() {
-  return reply_frame([](proto::ControlReply::Builder root) { root.setOk(); });
-}
-
-}  // namespace
 
 void Daemon::on_control_request(Connection& connection) {
   ++counters_.control_requests;

@@ -40,12 +40,11 @@ Result<std::unique_ptr<ClientChannel>> ClientChannel::connect(const ClientOption
       .requested_quota_bytes = options.requested_quota_bytes,
   };
   HIBER_ASSIGN_OR_RETURN(const std::vector<std::byte> hello_frame, encode_hello_frame(hello));
-  HIBER_RETURN_IF_ERROR(send_frame(socket.get(), hello_frame).with_context("sending hello"));
-
   Message reply;
   UniqueFd memfd;
-  HIBER_RETURN_IF_ERROR(receive_frame(socket.get(), reply, &memfd, options.handshake_timeout)
-                            .with_context("waiting for hiberd's reply"));
+  HIBER_RETURN_IF_ERROR(
+      exchange_frame(socket.get(), hello_frame, reply, &memfd, options.handshake_timeout)
+          .with_context("sending hello and waiting for hiberd's reply"));
   HIBER_ASSIGN_OR_RETURN(SessionInfo session, decode_hello_reply(reply));
   if (session.server_version.major != hello.version.major) {
     return error(ErrorCode::kNotSupported, "hiberd speaks protocol ", session.server_version.major,

@@ -25,9 +25,9 @@ Result<Message> ControlClient::call(Fill&& fill) {
   root.getVersion().setMinor(version.minor);
   fill(root);
   HIBER_ASSIGN_OR_RETURN(std::vector<std::byte> frame, encode_frame(request));
-  HIBER_RETURN_IF_ERROR(send_frame(fd_.get(), frame));
   Message reply;
-  HIBER_RETURN_IF_ERROR(receive_frame(fd_.get(), reply, nullptr, timeout_, kMaxControlReplyBytes));
+  HIBER_RETURN_IF_ERROR(
+      exchange_frame(fd_.get(), frame, reply, nullptr, timeout_, kMaxControlReplyBytes));
   Status refused = read_message<proto::ControlReply>(
       reply, "control reply", [](proto::ControlReply::Reader r) -> Status {
         if (!r.isError()) return Status();

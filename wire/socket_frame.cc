@@ -189,6 +189,16 @@ Status receive_frame(int socket_fd, Message& out, UniqueFd* received_fd,
   return read_exact(socket_fd, out.resize(length), received_fd, deadline, true);
 }
 
+Status exchange_frame(int socket_fd, std::span<const std::byte> frame, Message& reply,
+                      UniqueFd* received_fd, std::chrono::milliseconds timeout,
+                      uint32_t max_bytes) {
+  const Status sent = send_frame(socket_fd, frame);
+  if (!sent.ok() && sent.code() != ErrorCode::kDeinitialized) return sent;
+  const Status got = receive_frame(socket_fd, reply, received_fd, timeout, max_bytes);
+  if (!sent.ok() && !got.ok()) return sent;
+  return got;
+}
+
 Result<UniqueFd> connect_unix(const std::string& path) {
   sockaddr_un address{};
   address.sun_family = AF_UNIX;

@@ -66,6 +66,14 @@ Status send_frame(int socket_fd, std::span<const std::byte> frame, int attach_fd
 Status receive_frame(int socket_fd, Message& out, UniqueFd* received_fd,
                      std::chrono::milliseconds timeout, uint32_t max_bytes = kMaxFrameBytes);
 
+// Sends `frame`, then receives the one-frame answer as receive_frame does. A peer may answer
+// and close before it reads anything (hiberd refusing a connection at accept: a uid not
+// allowed, too many waiting); the send then fails although the answer is in the socket, so
+// the answer is read (for at most `timeout`) and returned instead of the send's error.
+Status exchange_frame(int socket_fd, std::span<const std::byte> frame, Message& reply,
+                      UniqueFd* received_fd, std::chrono::milliseconds timeout,
+                      uint32_t max_bytes = kMaxFrameBytes);
+
 // Connects a blocking Unix stream socket to `path`. kNoDevice (with "hiberd is not running")
 // when nothing listens there; kInvalidValue for a path that cannot be a socket address.
 Result<UniqueFd> connect_unix(const std::string& path);

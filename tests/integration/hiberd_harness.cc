@@ -232,14 +232,16 @@ Result<StatusView> Hiberd::status() const {
   root.setStatus();
   auto frame = wire::encode_frame(request);
   if (!frame.ok()) return frame.status();
-  HIBER_RETURN_IF_ERROR(wire::send_frame(socket->get(), *frame));
   wire::Message reply;
-  HIBER_RETURN_IF_ERROR(
-      wire::receive_frame(socket->get(), reply, nullptr, std::chrono::milliseconds(5000),
-                          wire::kMaxControlReplyBytes));
+  HIBER_RETURN_IF_ERROR(wire::exchange_frame(socket->get(), *frame, reply, nullptr,
+                                             std::chrono::milliseconds(5000),
+                                             wire::kMaxControlReplyBytes));
   StatusView view;
   Status read = wire::read_message<wire::proto::ControlReply>(
       reply, "status", [&](wire::proto::ControlReply::Reader r) -> Status {
+        if (r.isError()) {
+          return Status(static_cast<ErrorCode>(r.getError().getCode()), r.getError().getMessage());
+        }
         if (!r.isStatus()) return Status(ErrorCode::kUnknown, "not a status reply");
         auto s = r.getStatus();
         for (auto x : s.getSessions()) {

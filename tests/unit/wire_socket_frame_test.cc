@@ -238,5 +238,40 @@ TEST(SocketFrameTest, SendingToAClosedPeerIsDeinitializedWithoutSigpipe) {
   EXPECT_EQ(status.code(), ErrorCode::kDeinitialized) << status;
 }
 
+// hiberd refuses some connections before reading them (a uid not allowed): it answers and
+// closes, and the client's send then fails. The answer must still reach the client.
+TEST(SocketFrameTest, ExchangeReturnsAnAnswerSentBeforeThePeerClosed) {
+  SocketPair pair;
+  const auto answer = ping_frame(42);
+  ASSERT_TRUE(send_frame(pair.b.get(), answer).ok());
+  pair.b.reset();
+  Message reply;
+  const Status status = exchange_frame(pair.a.get(), ping_frame(1), reply, nullptr, 1s);
+  ASSERT_TRUE(status.ok()) << status;
+  EXPECT_EQ(seq_of(reply), 42u);
+}
+
+TEST(SocketFrameTest, ExchangeWithAPeerThatClosedSilentlyReportsTheSend) {
+  SocketPair pair;
+  pair.b.reset();
+  Message reply;
+  const Status status = exchange_frame(pair.a.get(), ping_frame(1), reply, nullptr, 1s);
+  EXPECT_EQ(status.code(), ErrorCode::kDeinitialized) << status;
+}
+
+TEST(SocketFrameTest, ExchangeSendsThenReceives) {
+  SocketPair pair;
+  std::thread peer([&] {
+    Message request;
+    ASSERT_TRUE(receive_frame(pair.b.get(), request, nullptr, 5s).ok());
+    ASSERT_TRUE(send_frame(pair.b.get(), ping_frame(seq_of(request) + 1)).ok());
+  });
+  Message reply;
+  const Status status = exchange_frame(pair.a.get(), ping_frame(7), reply, nullptr, 5s);
+  peer.join();
+  ASSERT_TRUE(status.ok()) << status;
+  EXPECT_EQ(seq_of(reply), 8u);
+}
+
 }  // namespace
 }  // namespace hiber::wire
