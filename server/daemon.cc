@@ -115,6 +115,7 @@ struct Daemon::Connection {
   UniqueFd fd;
   PeerCredentials peer;
   std::chrono::steady_clock::time_point accepted;
+  bool late = false;    // still without a Hello, past the deadline, at the last sweep
   int outstanding = 0;  // io_uring operations in flight
 
   wire::FrameReader reader;
@@ -733,13 +734,18 @@ void Daemon::answer_status(ReplySender send) {
 
 // ---- Time-outs and shutdown ----
 
+// A connection is refused when it is late at two sweeps in a row: when hiberd itself was busy
+// (opening many sessions at once), a Hello that did arrive may wait in the completion queue
+// behind this sweep, and is handled before the next one. That is the client's slowness, not
+// hiberd's, that the time-out punishes.
 void Daemon::sweep_handshakes() {
   const auto now = std::chrono::steady_clock::now();
   std::vector<Connection*> late;
   for (auto& [id, c] : connections_) {
     if (!c->control && c->state == Connection::State::kReading &&
         now - c->accepted > options_.handshake_timeout) {
-      late.push_back(c.get());
+      if (c->late) late.push_back(c.get());
+      c->late = true;
     }
   }
   for (Connection* c : late) {

@@ -514,7 +514,8 @@ TEST(Batches, TheClientRecoversFromABatchHiberdCannotTake) {
   EXPECT_EQ((*client)->take_error().code(), ErrorCode::kInvalidValue);
   const auto start = std::chrono::steady_clock::now();
   EXPECT_TRUE((*client)->ping().ok());
-  EXPECT_LT(std::chrono::steady_clock::now() - start, 2s);
+  // Far below the 60 s a session waiting for the refused calls would take to time out.
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 10s);
   EXPECT_TRUE((*client)->take_error().ok());
 }
 

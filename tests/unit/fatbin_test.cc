@@ -609,8 +609,9 @@ TEST(ParseFatbin, ForgedDecompressedSizesCostOnlyWhatTheDataDelivers) {
     const auto elapsed = std::chrono::steady_clock::now() - start;
     expect_invalid(result, fragment);
     EXPECT_LE(largest.bytes(), size_t{1} << 20) << "allocated for a size the data never backed";
-    // Generous even for sanitizer builds: allocating and zeroing the claim takes far longer.
-    EXPECT_LT(elapsed, std::chrono::milliseconds(100));
+    // Refusing at the first inconsistency takes microseconds; producing the claimed 255 MiB would
+    // take far longer. 1 s leaves room for a loaded machine.
+    EXPECT_LT(elapsed, std::chrono::milliseconds(1000));
   }
 }
 
