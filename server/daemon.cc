@@ -706,6 +706,7 @@ void Daemon::answer_status(ReplySender send) {
       sched.setQueue(controller->queue);
       sched.setQueued(controller->queued);
       sched.setArrivals(controller->counters.arrivals);
+      sched.setBackground(controller->counters.background);
       sched.setCompleted(controller->counters.completed);
       sched.setOnTime(controller->counters.on_time);
       sched.setResidentStarts(controller->counters.resident_starts);

@@ -108,6 +108,7 @@ struct NodeView {
   std::vector<bool> healthy;
   std::vector<std::string> running;
   uint64_t host_swaps = 0, peer_swaps = 0, resident_starts = 0, completed = 0, sessions = 0;
+  uint64_t arrivals = 0, background = 0;
 };
 
 NodeView node_view(const Hiberd& hiberd) {
@@ -129,6 +130,8 @@ NodeView node_view(const Hiberd& hiberd) {
         view.peer_swaps = s.getScheduler().getPeerSwaps();
         view.resident_starts = s.getScheduler().getResidentStarts();
         view.completed = s.getScheduler().getCompleted();
+        view.arrivals = s.getScheduler().getArrivals();
+        view.background = s.getScheduler().getBackground();
         view.sessions = s.getSessions().size();
         return Status();
       });
@@ -284,7 +287,15 @@ TEST_F(LateBindingTest, ChurnOf100FunctionsOnTwoGpusAnswersEveryRequestExactly) 
   ASSERT_FALSE(HasFatalFailure());
   const std::set<int> gpus = churn(hiberd, 4, 200, 7);
   EXPECT_EQ(gpus, (std::set<int>{0, 1})) << "both GPUs serve requests";
+  wait_idle(hiberd);
   const NodeView view = node_view(hiberd);
+  // The 200 requests are the arrivals; each function filled its model outside any request, on
+  // an implicit lease: a background request. Every start is one or the other.
+  EXPECT_EQ(view.arrivals, 200u);
+  EXPECT_EQ(view.completed, 200u);
+  EXPECT_GE(view.background, uint64_t{kFunctions});
+  EXPECT_EQ(view.resident_starts + view.host_swaps + view.peer_swaps,
+            view.arrivals + view.background);
   // Each GPU's pool holds about ten models of the hundred: most requests swap, and evict.
   EXPECT_GT(view.host_swaps + view.peer_swaps, 100u);
   EXPECT_GT(view.evictions[0] + view.evictions[1], 50u);

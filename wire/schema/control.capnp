@@ -150,6 +150,8 @@ struct SchedulerStatus {
   hostPoolBytes @12 :UInt64;
   hostPoolUsedBytes @13 :UInt64;
   drainingNode @14 :Bool;
+  background @15 :UInt64;          # background requests (implicit leases: a function's GPU calls
+                                   # outside any request); in the starts, not in arrivals
 }
 
 struct Counters {
