@@ -89,6 +89,34 @@ Result<uint64_t> scan_kernel_params(const BlockTable& table, std::span<const std
   return scanned;
 }
 
+bool holds_block_pointers(const BlockTable& table, uint64_t dst, std::span<const std::byte> data) {
+  const uint64_t base = table.range_base();
+  const uint64_t span = table.range_bytes();
+  const auto pointer_at = [&](size_t at) {
+    uint64_t word;
+    std::memcpy(&word, data.data() + at, sizeof(word));
+    return word - base <= span && table.resolve(word).found();
+  };
+  size_t at = (8 - dst % 8) % 8;
+  // Eight words at a time, without a branch per word (the compiler vectorises this): almost all
+  // data has no word in the range, and only a run that has one is looked at word by word.
+  constexpr size_t kRun = 8 * sizeof(uint64_t);
+  for (; at + kRun <= data.size(); at += kRun) {
+    uint64_t words[8];
+    std::memcpy(words, data.data() + at, sizeof(words));
+    bool in_range = false;
+    for (uint64_t word : words) in_range |= word - base <= span;
+    if (!in_range) continue;
+    for (size_t i = 0; i < kRun; i += 8) {
+      if (pointer_at(at + i)) return true;
+    }
+  }
+  for (; at + 8 <= data.size(); at += 8) {
+    if (pointer_at(at)) return true;
+  }
+  return false;
+}
+
 // ---- The translators ----
 
 Result<PointerTarget> AddressTranslator::placed_range(uint64_t ptr, uint64_t bytes, int gpu) {

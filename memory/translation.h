@@ -120,6 +120,13 @@ struct ArgumentPointer {
 Result<uint64_t> scan_kernel_params(const BlockTable& table, std::span<const std::byte> params,
                                     const KernelInfo& kernel, std::vector<ArgumentPointer>& found);
 
+// Whether `data`, about to be copied to device address `dst`, holds a pointer into one of the
+// table's live blocks: an 8-byte word aligned in device memory (dst + offset a multiple of 8)
+// that passes guard 2 above. A block holding such data is a pointer table (pointer arrays for
+// batched GEMM, say): a kernel may reach through it blocks that its arguments do not name.
+// A false positive only makes its users wait longer, never read wrong data.
+bool holds_block_pointers(const BlockTable& table, uint64_t dst, std::span<const std::byte> data);
+
 // ---- One interface, two mechanisms ----
 
 struct TranslationCounters {

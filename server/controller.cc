@@ -50,6 +50,9 @@ struct Controller::State {
     bool swap_pending = false;        // a swap was started and has not reported
     bool failed = false;              // the router said so, or its GPU failed
     bool done_requested = false;      // requestDone came; the lease is ending
+    // Its lease ended before requestDone (its GPU failed, say): kept, so that requestStart and
+    // requestDone still answer how it went, until requestDone or the function's exit.
+    bool ended = false;
     bool release_source = false;
     bool drop_source_from_view = false;
     scheduler::Decision decision;
@@ -303,6 +306,10 @@ void Controller::on_detach(uint64_t session) {
                             "' exited before its request started");
       answer_start(id);
     }
+    if (r.ended) {
+      forget_request(id);
+      continue;
+    }
     if (r.swap_pending) (void)s.scheduler->load_done(id, now, false);
     if (r.granted) {
       (void)s.scheduler->done(id, now, scheduler::Completion{.failed = true});
@@ -488,6 +495,11 @@ void Controller::request_done(uint64_t request, bool failed, Reply<Ok> reply) {
     State::Request& r = it->second;
     r.done_requested = true;
     r.failed |= failed;
+    if (r.ended) {  // its lease ended already; now the router knows
+      forget_request(request);
+      reply(Ok{});
+      return;
+    }
     if (!r.granted) {
       // Never started: it leaves the queue.
       (void)s.scheduler->cancel(request, now_ns());
@@ -615,7 +627,7 @@ void Controller::on_need_gpu(uint64_t session) {
   if (t->lease != scheduler::kNoRequest || t->implicit_queued != scheduler::kNoRequest) return;
   // Queued router requests of the function will give it a lease; its calls run under that.
   for (const auto& [id, r] : s.requests) {
-    if (r.function == t->id && !r.implicit) return;
+    if (r.function == t->id && !r.implicit && !r.ended) return;
   }
   // Background: the function's own use of a GPU is not one of its callers' requests, and must
   // not weigh on its SLO statistics (RRC) or its execution times.
@@ -713,7 +725,7 @@ void Controller::released(uint64_t session, uint64_t lease, const Status& status
 void Controller::on_released(uint64_t, uint64_t lease, const Status& status) {
   State& s = *state_;
   auto it = s.requests.find(lease);
-  if (it == s.requests.end()) return;
+  if (it == s.requests.end() || it->second.ended) return;
   State::Request& r = it->second;
   const scheduler::Time now = now_ns();
   const int gpu = r.decision.gpu;
@@ -722,7 +734,7 @@ void Controller::on_released(uint64_t, uint64_t lease, const Status& status) {
     r.swap_pending = false;
     (void)s.scheduler->load_done(lease, now, false);
   }
-  if (r.start_reply && r.start_error.ok() && !r.streaming) {
+  if (r.start_error.ok() && !r.streaming) {
     r.start_error = status.ok() ? error(ErrorCode::kUnknown, "the lease ended before it started")
                                 : status;
   }
@@ -750,7 +762,11 @@ void Controller::on_released(uint64_t, uint64_t lease, const Status& status) {
       }
     }
   }
-  forget_request(lease);
+  if (r.implicit || r.done_requested) {
+    forget_request(lease);
+  } else {
+    r.ended = true;
+  }
   if (gpu >= 0) update_reserved(gpu);
 }
 
@@ -903,7 +919,7 @@ void Controller::check_drains() {
   State& s = *state_;
   if (!s.node_drains.empty()) {
     bool busy = false;
-    for (const auto& [id, r] : s.requests) busy |= !r.implicit;
+    for (const auto& [id, r] : s.requests) busy |= !r.implicit && !r.ended;
     if (!busy) {
       for (Reply<Ok>& reply : s.node_drains) reply(Ok{});
       s.node_drains.clear();

@@ -16,7 +16,9 @@
 // Faults. A session that dies frees its lease, its queued requests (their waiting router calls
 // get an error) and its memory. A transfer that fails marks its GPU's executor unhealthy: the GPU
 // takes no more requests, the models there are forgotten (their host copies bring them back
-// elsewhere), and the request that was running there gets the error as a CUDA error.
+// elsewhere), and the request that was running there gets the error as a CUDA error. A request
+// whose lease ends before the router's requestDone (such a failure can beat even its
+// requestStart) is kept: requestStart answers with the error, and requestDone forgets it.
 //
 // Threading. Everything the controller decides happens on its own thread, in the order events
 // arrive: control calls (from the daemon's event loop), lease messages (from session threads)

@@ -532,7 +532,8 @@ void FunctionMemory::note(const VirtualBlock& block, bool write,
       }
     }
   }
-  const int32_t group = extra.group;
+  // Through a pointer table a kernel may reach any block: wait for the last group, hence all.
+  const int32_t group = extra.pointer_table && swap_groups_ > 0 ? swap_groups_ - 1 : extra.group;
   if (group < 0 || swap_->complete.load() || bound_gpu_ < 0) return;
   const device::Event e = events_[bound_gpu_][static_cast<size_t>(group)];
   for (const device::Event& w : *waits) {
@@ -559,6 +560,23 @@ void FunctionMemory::kernel_access(std::span<const std::byte> params, const Kern
     // A kernel may write through any pointer it is given.
     note(*pointer.target.block, /*write=*/true, waits);
   }
+}
+
+void FunctionMemory::storing(uint64_t dst, std::span<const std::byte> data) {
+  if (!options_.pipelined) return;  // everything waits for the whole swap anyway
+  std::lock_guard lock(mutex_);
+  const memory::PointerTarget target = table_.resolve(dst);
+  if (!target.found() || extra_[target.block->va].pointer_table) return;
+  if (memory::holds_block_pointers(table_, dst, data)) extra_[target.block->va].pointer_table = true;
+}
+
+void FunctionMemory::copying(uint64_t dst, uint64_t src) {
+  if (!options_.pipelined) return;
+  std::lock_guard lock(mutex_);
+  const memory::PointerTarget from = table_.resolve(src);
+  const memory::PointerTarget to = table_.resolve(dst);
+  if (!from.found() || !to.found() || !extra_[from.block->va].pointer_table) return;
+  extra_[to.block->va].pointer_table = true;
 }
 
 // ---- The controller ----

@@ -29,7 +29,10 @@
 // copies (pinned, in groups of `group_bytes`: the elbow hiberd measured) or from another GPU's
 // replica (a peer copy, through a transient mapping of the source). Each group's completion is an
 // event; with pipelining, a kernel or copy waits only for the groups of the blocks its arguments
-// point into (access()/kernel_access()). Without it, everything waits for the whole model.
+// point into (access()/kernel_access()), or for the whole swap when one of those blocks is a
+// pointer table (data copied in from the host held pointers to the function's blocks: storing()).
+// Without it, everything waits for the whole model. What pipelining cannot see: pointers a
+// kernel computes and stores in device memory; --pipelined=false is the answer for such code.
 //
 // Thread safety: every method may be called from any thread; one mutex guards the state. The
 // session thread binds, unbinds and executes; the controller evicts replicas on GPUs the function
@@ -120,6 +123,12 @@ class FunctionMemory {
   // The same for every block a kernel's arguments point into (memory/translation.h's scan).
   void kernel_access(std::span<const std::byte> params, const KernelInfo& info,
                      std::vector<device::Event>* waits);
+  // Host data about to be copied to `dst`, and a device-to-device copy: a block that receives
+  // pointers to the function's blocks (memory::holds_block_pointers), or a copy of such a block,
+  // is a pointer table, and every later use of it waits for the whole swap, since a kernel given
+  // the table may reach any block through it.
+  void storing(uint64_t dst, std::span<const std::byte> data);
+  void copying(uint64_t dst, uint64_t src);
 
   // ---- The controller ----
   // Bytes that travel with a swap (the model): what the scheduler places.
@@ -149,6 +158,7 @@ class FunctionMemory {
     bool fresh = true;        // never placed: it has no contents anywhere yet
     int32_t group = -1;       // the swap group that completes it under the current lease
     bool ordered = false;     // in access_order_
+    bool pointer_table = false;  // holds pointers to the function's blocks: see storing()
   };
   struct Window {             // a source of peer copies, mapped for the copy only
     uint64_t va = 0;

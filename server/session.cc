@@ -613,9 +613,12 @@ Session::Outcome Session::memcpy_htod(proto::Call::MemcpyHtoD::Reader c) {
   if (checked.ok()) checked = memory_->check_range(c.getDst(), bytes, "memcpyHtoD destination");
   if (checked.ok()) checked = before_access(*s, c.getDst(), bytes, /*write=*/true);
   if (!checked.ok()) return {checked};
-  Status copied =
-      device_.copy_host_to_device(*s, c.getDst(), channel_->arena().data() + c.getSrcOffset(), bytes);
+  const std::byte* data = channel_->arena().data() + c.getSrcOffset();
+  Status copied = device_.copy_host_to_device(*s, c.getDst(), data, bytes);
   if (!copied.ok()) return {copied};
+  // Looked at while the copy runs (pointer tables, for pipelining), before any later call of
+  // the session; the staging stays the client's to reuse only after track_staging's callback.
+  memory_->storing(c.getDst(), std::span(data, bytes));
   return {track_staging(c.getStagingEnd(), *s), {}, false, *s};
 }
 
@@ -644,6 +647,7 @@ Session::Outcome Session::memcpy_dtod(proto::Call::MemcpyDtoD::Reader c) {
   if (checked.ok()) checked = before_access(*s, c.getSrc(), bytes, /*write=*/false);
   if (checked.ok()) checked = before_access(*s, c.getDst(), bytes, /*write=*/true);
   if (!checked.ok()) return {checked};
+  memory_->copying(c.getDst(), c.getSrc());
   return {device_.copy_device_to_device(*s, c.getDst(), c.getSrc(), bytes), {}, false, *s};
 }
 

@@ -223,6 +223,22 @@ Result<std::unique_ptr<wire::CallClient>> Hiberd::connect(const std::string& fun
   return wire::CallClient::connect(client_options(function_id));
 }
 
+std::string slow_node_config() {
+  static const std::string path = [] {
+    std::string p = "/tmp/hiber-slow-node-" + std::to_string(::getpid()) + ".json";
+    std::ofstream(p) << R"({
+      "name": "slow",
+      "gpuModels": [{"name": "g", "productName": "Slow GPU", "memoryBytes": 4294967296,
+                     "computeCapabilityMajor": 9, "computeCapabilityMinor": 0,
+                     "multiprocessors": 8}],
+      "gpus": [{"model": "g", "pcieSwitch": 0}],
+      "pcieSwitches": [{"hostToDeviceGBps": 0.1, "deviceToHostGBps": 0.1}]
+    })";
+    return p;
+  }();
+  return path;
+}
+
 Result<StatusView> Hiberd::status() const {
   auto socket = wire::connect_unix(control_socket_path());
   if (!socket.ok()) return socket.status();

@@ -20,6 +20,9 @@ std::string probe_path();
 std::string test_client_path();
 std::string kernel_plugin_path();
 std::string kernels_fatbin_path();  // empty when the CUDA toolkit was absent at build time
+// A one-GPU node config whose PCIe moves 0.1 GB/s: a 32 MiB copy takes a third of a second
+// when throttled (--sim_throttle). Written once per process.
+std::string slow_node_config();
 
 struct SessionView {
   uint64_t id = 0;

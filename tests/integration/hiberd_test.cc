@@ -196,22 +196,6 @@ TEST(Hiberd, RunningOutOfFileDescriptorsIsSurvived) {
   EXPECT_EQ(hiberd.stop(), 0) << hiberd.log();
 }
 
-// A node whose PCIe moves 0.1 GB/s: a 32 MiB copy takes a third of a second when throttled.
-std::string slow_node_config() {
-  static const std::string path = [] {
-    std::string p = "/tmp/hiber-slow-node-" + std::to_string(::getpid()) + ".json";
-    std::ofstream(p) << R"({
-      "name": "slow",
-      "gpuModels": [{"name": "g", "productName": "Slow GPU", "memoryBytes": 4294967296,
-                     "computeCapabilityMajor": 9, "computeCapabilityMinor": 0,
-                     "multiprocessors": 8}],
-      "gpus": [{"model": "g", "pcieSwitch": 0}],
-      "pcieSwitches": [{"hostToDeviceGBps": 0.1, "deviceToHostGBps": 0.1}]
-    })";
-    return p;
-  }();
-  return path;
-}
 
 // Queues `copies` throttled 32 MiB copies on a new session and returns its client.
 std::unique_ptr<wire::CallClient> queue_slow_copies(const Hiberd& hiberd, int copies) {

@@ -541,7 +541,8 @@ TEST(Batches, ACopyThatFailsStillGivesItsStagingBack) {
 }
 
 TEST(Batches, NotReadyIsAnAnswerNotAnError) {
-  Hiberd hiberd({"--sim_throttle", "--default_quota_mib=64"});
+  Hiberd hiberd(
+      {"--sim_throttle", "--default_quota_mib=64", "--node_config=" + slow_node_config()});
   auto client = hiberd.connect("query");
   ASSERT_TRUE(client.ok());
   const uint64_t va = (*client)->session().grant.va_base;
@@ -552,7 +553,7 @@ TEST(Batches, NotReadyIsAnAnswerNotAnError) {
   }).ok());
   auto staged = (*client)->stage(32 << 20);
   ASSERT_TRUE(staged.ok());
-  for (int i = 0; i < 8; ++i) {  // a few ms of throttled copying keeps stream 0 busy
+  for (int i = 0; i < 2; ++i) {  // 0.7 s of throttled copying keeps stream 0 busy
     ASSERT_TRUE((*client)->enqueue([&](proto::Call::Builder c) {
       auto m = c.initMemcpyHtoD();
       m.setDst(va);

@@ -90,7 +90,9 @@ const std::map<std::string, std::set<std::string>>& expected_kernels() {
       {"tiny_mlp", {"_Z6matvecPKfS0_Pfii", "_Z9bias_reluPfPKfii"}},
       {"error_cases", {"_Z10vector_addPKfS0_Pfi"}},
       {"dlopen_runtime", {}},
-      {"mlp_server", {"_Z6matvecPKfS0_Pfii", "_Z9bias_reluPfPKfii", "_Z8count_upPj"}},
+      {"mlp_server",
+       {"_Z6matvecPKfS0_Pfii", "_Z9bias_reluPfPKfii", "_Z8count_upPj",
+        "_Z14gather_throughPKPKfxPf"}},
   };
   return kernels;
 }

@@ -1,7 +1,8 @@
 // FunctionMemory on the simulated device: a function's bytes follow it from GPU to GPU through
 // the host copy or a peer copy, and a copy that is not valid (stale after a write elsewhere, or
-// the target of a failed swap) is never used as a source. Every read is checked against the
-// bytes the test wrote, on the host.
+// the target of a failed swap) is never used as a source; with pipelining, a pointer table's
+// users wait for the whole swap. Every read is checked against the bytes the test wrote, on the
+// host.
 #include "server/function_memory.h"
 
 #include <gtest/gtest.h>
@@ -34,10 +35,19 @@ std::vector<uint8_t> pattern(uint8_t seed) {
 
 class FunctionMemoryTest : public testing::Test {
  protected:
-  void start(bool stateful, int failing_gpu = -1) {
+  // `slow_link`: host copies run at 0.05 GB/s, so a swap of a few MiB stays in flight for a
+  // few hundred milliseconds, long enough to look at what a use must wait for.
+  void start(bool stateful, int failing_gpu = -1, bool slow_link = false) {
     device::SimDeviceOptions options;
     for (GpuSpec& gpu : options.node.gpus) gpu.memory_bytes = 256 * kMiB;
     options.fail_transfers_to_gpu = failing_gpu;
+    if (slow_link) {
+      options.throttle_copies = true;
+      for (PcieSwitchSpec& link : options.node.pcie_switches) {
+        link.host_to_device_gbps = 0.05;
+        link.device_to_host_gbps = 0.05;
+      }
+    }
     auto device = device::SimDevice::create(options);
     ASSERT_TRUE(device.ok()) << device.status();
     device_ = std::move(*device);
@@ -69,9 +79,9 @@ class FunctionMemoryTest : public testing::Test {
     pools_.reset();
   }
 
-  // Binds to `gpu` and waits for the swap; its status.
-  Status bind(int gpu, scheduler::Source source = scheduler::Source::kHost, int source_gpu = -1,
-              bool first_request = false) {
+  // Binds to `gpu`; the future ends with the swap.
+  std::future<Status> start_bind(int gpu, scheduler::Source source = scheduler::Source::kHost,
+                                 int source_gpu = -1, bool first_request = false) {
     Lease lease;
     lease.id = ++leases_;
     lease.gpu = gpu;
@@ -82,8 +92,33 @@ class FunctionMemoryTest : public testing::Test {
     Status bound = memory_->bind(
         lease, streams_[gpu], [done](const Status& s, const SwapReport&) { done->set_value(s); },
         {});
-    if (!bound.ok()) return bound;
-    return done->get_future().get();
+    if (!bound.ok()) done->set_value(bound);
+    return done->get_future();
+  }
+
+  // Binds to `gpu` and waits for the swap; its status.
+  Status bind(int gpu, scheduler::Source source = scheduler::Source::kHost, int source_gpu = -1,
+              bool first_request = false) {
+    return start_bind(gpu, source, source_gpu, first_request).get();
+  }
+
+  // The ids of the events a read of [va, va + 8) must wait for now.
+  std::vector<uint64_t> waits_of(uint64_t va) {
+    std::vector<device::Event> waits;
+    memory_->access(va, 8, /*write=*/false, &waits);
+    std::vector<uint64_t> ids;
+    for (const device::Event& e : waits) ids.push_back(e.id);
+    return ids;
+  }
+
+  // The session's host-to-device copy: the data is looked at, the write noted, then copied.
+  void store(uint64_t va, std::span<const std::byte> data, int gpu) {
+    memory_->storing(va, data);
+    std::vector<device::Event> waits;
+    memory_->access(va, data.size(), /*write=*/true, &waits);
+    for (const device::Event& e : waits) ASSERT_OK(device_->wait_event(streams_[gpu], e));
+    ASSERT_OK(device_->copy_host_to_device(streams_[gpu], va, data.data(), data.size()));
+    ASSERT_OK(device_->synchronize_stream(streams_[gpu]));
   }
 
   // A write by the function under its lease, noted as the session notes a copy.
@@ -190,6 +225,49 @@ TEST_F(FunctionMemoryTest, AFailedSwapLeavesItsTargetInvalidAndTheNextSwapRefill
   ASSERT_OK(memory_->unbind());
   memory_->forget(2);
   EXPECT_EQ(memory_->placed_bytes(2), 0u);
+}
+
+// Pipelining: a kernel waits only for the swap groups its arguments point into. A block that
+// holds pointers to the function's blocks (an array of weight pointers for a batched GEMM, say)
+// lets a kernel reach blocks its arguments do not name: its users wait for the whole swap.
+TEST_F(FunctionMemoryTest, UsersOfAPointerTableWaitForTheWholeSwap) {
+  start(/*stateful=*/false, -1, /*slow_link=*/true);
+  ASSERT_OK(bind(0));
+  // In order of first use, so the swap moves them in this order, one 2 MiB group each for the
+  // tables and three for the weights: tables in groups 0 and 1, the weights' end in group 4.
+  const uint64_t table = memory_->va_base();
+  const uint64_t plain = table + 2 * kMiB;
+  const uint64_t weights = table + 4 * kMiB;
+  ASSERT_OK(memory_->add_block(table, 2 * kMiB, 0, {}));
+  ASSERT_OK(memory_->add_block(plain, 2 * kMiB, 0, {}));
+  ASSERT_OK(memory_->add_block(weights, kBlockBytes, 0, {}));
+  const std::vector<uint64_t> pointers = {weights, weights + 2 * kMiB, weights + 4 * kMiB};
+  const std::vector<float> numbers(1024, 0.5f);
+  store(table, std::as_bytes(std::span(pointers)), 0);
+  store(plain, std::as_bytes(std::span(numbers)), 0);
+  const auto model = pattern(4);
+  store(weights, std::as_bytes(std::span(model)), 0);
+  ASSERT_OK(memory_->unbind());
+  ASSERT_TRUE(memory_->evict(0, streams_[0]).ok());  // written back: the host copy is the model
+
+  std::future<Status> swap = start_bind(1);
+  // A block waits for the group that completes it: the weights for the last one.
+  const std::vector<uint64_t> last_group = waits_of(weights);
+  ASSERT_EQ(last_group.size(), 1u) << "the swap (about 200 ms) ended before it was looked at";
+  EXPECT_EQ(waits_of(table), last_group) << "a user of the pointer table waits for everything";
+  const std::vector<uint64_t> plain_group = waits_of(plain);
+  ASSERT_EQ(plain_group.size(), 1u);
+  EXPECT_NE(plain_group, last_group) << "a block of plain numbers waits for its own group only";
+  // What a kernel given the table reads through it, after waiting as told, is the model.
+  std::vector<device::Event> waits;
+  memory_->access(table, 8, /*write=*/false, &waits);
+  for (const device::Event& e : waits) ASSERT_OK(device_->wait_event(streams_[1], e));
+  std::vector<uint8_t> reached(kBlockBytes);
+  ASSERT_OK(device_->copy_device_to_host(streams_[1], reached.data(), weights, kBlockBytes));
+  ASSERT_OK(device_->synchronize_stream(streams_[1]));
+  EXPECT_EQ(reached, model);
+  ASSERT_OK(swap.get());
+  ASSERT_OK(memory_->unbind());
 }
 
 }  // namespace

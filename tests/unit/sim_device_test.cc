@@ -410,9 +410,11 @@ TEST_F(SimDeviceTest, AccessGoesOnlyToTheOwnerAndItsPeers) {
   HIBER_EXPECT_OK(device_->copy_device_to_host(stream(2), host.data(), on2.va, host.size()));
   HIBER_EXPECT_CODE(device_->copy_device_to_host(stream(0), host.data(), on2.va, host.size()),
                     ErrorCode::kInvalidValue);
-  // Peers over NVLink may share.
+  // Peers over NVLink may share. (Into a buffer of its own: the copy above may still run.)
   Allocation on0 = allocate(0, g, {0, 1});
-  HIBER_EXPECT_OK(device_->copy_device_to_host(stream(1), host.data(), on0.va, host.size()));
+  Bytes from_peer(16);
+  HIBER_EXPECT_OK(
+      device_->copy_device_to_host(stream(1), from_peer.data(), on0.va, from_peer.size()));
   // A range over memory of two GPUs: each GPU granted must reach both.
   HIBER_ASSERT_OK_AND_ASSIGN(DevicePtr va, device_->reserve_address_range(2 * g, 0));
   HIBER_ASSERT_OK(device_->map(va, g, on0.memory, 0));

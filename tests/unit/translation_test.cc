@@ -402,6 +402,40 @@ TEST(KernelArgumentScan, ReportsTheBlocksAKernelTouches) {
   EXPECT_TRUE(found.empty());
 }
 
+TEST(PointerTables, DataHoldingABlockAddressAtAnAlignedWordIsAPointerTable) {
+  Placed p;
+  std::vector<uint64_t> words(64, 0);
+  for (size_t i = 0; i < words.size(); ++i) words[i] = std::bit_cast<uint64_t>(0.25 * i);
+  const auto bytes = [&] { return std::as_bytes(std::span(words)); };
+  EXPECT_FALSE(holds_block_pointers(p.table, at(40), bytes())) << "doubles are not pointers";
+  words[17] = at(20) + 4096;  // an interior pointer, as in an array of weight pointers
+  EXPECT_TRUE(holds_block_pointers(p.table, at(40), bytes()));
+  // The same word read at device addresses that are not 8-aligned is not a word the GPU reads
+  // as a pointer.
+  EXPECT_FALSE(holds_block_pointers(p.table, at(40) + 4, bytes()));
+  // One past the end of a block counts (the table's rule), a gap or a freed block does not.
+  words[17] = at(0) + p.table.resolve(at(0)).block->bytes;
+  EXPECT_TRUE(holds_block_pointers(p.table, at(40), bytes()));
+  words[17] = at(15);
+  EXPECT_FALSE(holds_block_pointers(p.table, at(40), bytes()));
+  ASSERT_TRUE(p.table.remove(at(20)).ok());
+  words[17] = at(20) + 4096;
+  EXPECT_FALSE(holds_block_pointers(p.table, at(40), bytes()));
+  // A word cut by the end of the data is not read.
+  words.back() = at(0);
+  EXPECT_TRUE(holds_block_pointers(p.table, at(40), bytes()));
+  EXPECT_FALSE(holds_block_pointers(p.table, at(40), bytes().first(bytes().size() - 1)));
+  EXPECT_FALSE(holds_block_pointers(p.table, at(40), {}));
+  // Words are read eight at a time, then one by one: a pointer in the last word of a length
+  // that is not a multiple of eight words is found.
+  words.back() = 0;
+  words.resize(61);
+  words.back() = at(10) + 8;
+  EXPECT_TRUE(holds_block_pointers(p.table, at(40), bytes()));
+  words.back() = 0;
+  EXPECT_FALSE(holds_block_pointers(p.table, at(40), bytes()));
+}
+
 // ---- Mapping: the translator ----
 
 TEST(Mapping, PassesPointersThroughOnceTheirRangeIsChecked) {

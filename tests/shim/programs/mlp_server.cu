@@ -11,6 +11,9 @@
 //   "result <input index> <8 outputs> <table value>"   floats as C99 hex (%a), exact
 // Or "count": a kernel increments a counter kept in device memory since start-up, and the
 // answer is "count <value>" (state that survives between requests only where hiberd keeps it).
+// Or "indirect <table entry>": a kernel reads the entry through an array of table pointers the
+// request uploads (as a batched GEMM reads its matrices), so its arguments never name the
+// table; the answer is "indirect <entry> <value>".
 // Per request the program allocates its activations and frees them afterwards, as a framework
 // with a fresh workspace would: those are the function's scratch, the rest its model.
 // Exits 0 after "quit", 1 on a CUDA error (printed), 2 on bad arguments or a bad request line.
@@ -27,6 +30,10 @@
 
 __global__ void count_up(unsigned int* counter) {
   if (blockIdx.x == 0 && threadIdx.x == 0) ++*counter;
+}
+
+__global__ void gather_through(const float* const* tables, long long entry, float* out) {
+  if (blockIdx.x == 0 && threadIdx.x == 0) *out = tables[0][entry];
 }
 
 using namespace tiny_mlp;
@@ -67,6 +74,29 @@ int main(int argc, char** argv) {
       unsigned int value = 0;
       CUDA_CHECK(cudaMemcpy(&value, d_counter, sizeof value, cudaMemcpyDeviceToHost));
       std::printf("count %u\n", value);
+      continue;
+    }
+    if (std::strncmp(line, "indirect", 8) == 0) {
+      long long entry = -1;
+      if (std::sscanf(line + 8, "%lld", &entry) != 1 || entry < 0 ||
+          static_cast<size_t>(entry) >= table_entries) {
+        std::printf("bad request: %s", line);
+        return program::kExitUsage;
+      }
+      // The pointer array and the output are this request's scratch.
+      const float* const tables[1] = {d_table};
+      const float** d_tables = nullptr;
+      float* d_out = nullptr;
+      CUDA_CHECK(cudaMalloc(&d_tables, sizeof tables));
+      CUDA_CHECK(cudaMalloc(&d_out, sizeof(float)));
+      CUDA_CHECK(cudaMemcpy(d_tables, tables, sizeof tables, cudaMemcpyHostToDevice));
+      gather_through<<<1, 1>>>(d_tables, entry, d_out);
+      CUDA_CHECK_LAUNCH();
+      float value = 0.0f;
+      CUDA_CHECK(cudaMemcpy(&value, d_out, sizeof value, cudaMemcpyDeviceToHost));
+      CUDA_CHECK(cudaFree(d_tables));
+      CUDA_CHECK(cudaFree(d_out));
+      std::printf("indirect %lld %a\n", entry, static_cast<double>(value));
       continue;
     }
     int input = -1;
