@@ -98,8 +98,8 @@ bool holds_block_pointers(const BlockTable& table, uint64_t dst, std::span<const
     return word - base <= span && table.resolve(word).found();
   };
   size_t at = (8 - dst % 8) % 8;
-  // Eight words at a time, without a branch per word (the compiler vectorises this): almost all
-  // data has no word in the range, and only a run that has one is looked at word by word.
+  // Eight words at a time, without a branch per word: almost all data has no word in the range,
+  // and only a run that has one is looked at word by word.
   constexpr size_t kRun = 8 * sizeof(uint64_t);
   for (; at + kRun <= data.size(); at += kRun) {
     uint64_t words[8];
