@@ -223,21 +223,22 @@ Result<std::unique_ptr<wire::CallClient>> Hiberd::connect(const std::string& fun
   return wire::CallClient::connect(client_options(function_id));
 }
 
-std::string slow_node_config() {
-  static const std::string path = [] {
-    std::string p = "/tmp/hiber-slow-node-" + std::to_string(::getpid()) + ".json";
-    std::ofstream(p) << R"({
-      "name": "slow",
-      "gpuModels": [{"name": "g", "productName": "Slow GPU", "memoryBytes": 4294967296,
-                     "computeCapabilityMajor": 9, "computeCapabilityMinor": 0,
-                     "multiprocessors": 8}],
-      "gpus": [{"model": "g", "pcieSwitch": 0}],
-      "pcieSwitches": [{"hostToDeviceGBps": 0.1, "deviceToHostGBps": 0.1}]
-    })";
-    return p;
-  }();
+std::string one_gpu_node_config(double pcie_gbps) {
+  const std::string path =
+      "/tmp/hiber-one-gpu-" + std::to_string(::getpid()) + "-" + std::to_string(pcie_gbps) + ".json";
+  std::ofstream(path) << R"({
+    "name": "one-gpu",
+    "gpuModels": [{"name": "g", "productName": "Simulated GPU", "memoryBytes": 4294967296,
+                   "computeCapabilityMajor": 9, "computeCapabilityMinor": 0,
+                   "multiprocessors": 8}],
+    "gpus": [{"model": "g", "pcieSwitch": 0}],
+    "pcieSwitches": [{"hostToDeviceGBps": )"
+                      << pcie_gbps << R"(, "deviceToHostGBps": )" << pcie_gbps << R"(}]
+  })";
   return path;
 }
+
+std::string slow_node_config() { return one_gpu_node_config(0.1); }
 
 Result<StatusView> Hiberd::status() const {
   auto socket = wire::connect_unix(control_socket_path());

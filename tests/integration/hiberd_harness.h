@@ -20,8 +20,10 @@ std::string probe_path();
 std::string test_client_path();
 std::string kernel_plugin_path();
 std::string kernels_fatbin_path();  // empty when the CUDA toolkit was absent at build time
-// A one-GPU node config whose PCIe moves 0.1 GB/s: a 32 MiB copy takes a third of a second
-// when throttled (--sim_throttle). Written once per process.
+// A node config of one simulated GPU whose PCIe moves `pcie_gbps` each way (when throttled,
+// --sim_throttle); the file lives in /tmp. slow_node_config: 0.1 GB/s, so a 32 MiB copy takes a
+// third of a second.
+std::string one_gpu_node_config(double pcie_gbps);
 std::string slow_node_config();
 
 struct SessionView {

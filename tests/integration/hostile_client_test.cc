@@ -7,7 +7,6 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
-#include <fstream>
 #include <map>
 #include <random>
 #include <thread>
@@ -610,27 +609,11 @@ struct ManualSession {
   }
 };
 
-// One simulated GPU with one worker thread: every session shares the same device threads.
-std::string one_gpu_config() {
-  static const std::string path = [] {
-    std::string p = "/tmp/hiber-one-gpu-" + std::to_string(::getpid()) + ".json";
-    std::ofstream(p) << R"({
-      "name": "one-gpu",
-      "gpuModels": [{"name": "g", "productName": "Simulated GPU", "memoryBytes": 4294967296,
-                     "computeCapabilityMajor": 9, "computeCapabilityMinor": 0,
-                     "multiprocessors": 8}],
-      "gpus": [{"model": "g", "pcieSwitch": 0}],
-      "pcieSwitches": [{"hostToDeviceGBps": 10, "deviceToHostGBps": 10}]
-    })";
-    return p;
-  }();
-  return path;
-}
-
 // A client that makes the server produce completions and never reads them must not stall
 // anybody else on its GPU (device callbacks never wait for a client), and is eventually cut off.
 TEST(Batches, AClientThatNeverReadsItsCompletionsStallsNobody) {
-  Hiberd hiberd({"--node_config=" + one_gpu_config(), "--sim_workers_per_gpu=1"});
+  // One simulated GPU with one worker thread: every session shares the same device threads.
+  Hiberd hiberd({"--node_config=" + one_gpu_node_config(10), "--sim_workers_per_gpu=1"});
   ManualSession flood(hiberd);
   ASSERT_TRUE(flood.ok());
   // Batches of synchronous calls written straight onto the request ring; the completion ring is
