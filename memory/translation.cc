@@ -56,6 +56,26 @@ Result<MapPlan> plan_mapping(const BlockTable& table, int gpu, const BlockFilter
 
 // ---- Kernel arguments ----
 
+namespace {
+
+uint64_t word_at(std::span<const std::byte> bytes, size_t at) {
+  uint64_t word;
+  std::memcpy(&word, bytes.data() + at, sizeof(word));
+  return word;
+}
+
+// Guard 2 (translation.h): inside the function's range...
+bool in_range(const BlockTable& table, uint64_t word) {
+  return word - table.range_base() <= table.range_bytes();
+}
+
+// ...and inside (or at the end of) a live block.
+PointerTarget guarded_target(const BlockTable& table, uint64_t word) {
+  return in_range(table, word) ? table.resolve(word) : PointerTarget{};
+}
+
+}  // namespace
+
 Result<uint64_t> scan_kernel_params(const BlockTable& table, std::span<const std::byte> params,
                                     const KernelInfo& kernel, std::vector<ArgumentPointer>& found) {
   found.clear();
@@ -63,8 +83,6 @@ Result<uint64_t> scan_kernel_params(const BlockTable& table, std::span<const std
     return error(ErrorCode::kInvalidValue, "kernel ", kernel.name, ": ", params.size(),
                  " bytes of parameters, its layout has ", kernel.param_bytes());
   }
-  const uint64_t base = table.range_base();
-  const uint64_t span = table.range_bytes();
   uint64_t scanned = 0;
   for (const ParamInfo& param : kernel.params) {
     const uint64_t end = uint64_t{param.offset} + param.bytes;
@@ -77,12 +95,8 @@ Result<uint64_t> scan_kernel_params(const BlockTable& table, std::span<const std
     // Guard 1: only a parameter that can hold a pointer, and only its aligned words.
     if (param.bytes < 8 || param.offset % 8 != 0) continue;
     for (uint64_t at = param.offset; at + 8 <= end; at += 8) {
-      uint64_t word;
-      std::memcpy(&word, params.data() + at, sizeof(word));
       ++scanned;
-      // Guard 2: inside the function's range, and inside (or at the end of) a live block.
-      if (word - base > span) continue;
-      const PointerTarget target = table.resolve(word);
+      const PointerTarget target = guarded_target(table, word_at(params, at));
       if (target.found()) found.push_back({static_cast<uint32_t>(at), target});
     }
   }
@@ -90,12 +104,8 @@ Result<uint64_t> scan_kernel_params(const BlockTable& table, std::span<const std
 }
 
 bool holds_block_pointers(const BlockTable& table, uint64_t dst, std::span<const std::byte> data) {
-  const uint64_t base = table.range_base();
-  const uint64_t span = table.range_bytes();
   const auto pointer_at = [&](size_t at) {
-    uint64_t word;
-    std::memcpy(&word, data.data() + at, sizeof(word));
-    return word - base <= span && table.resolve(word).found();
+    return guarded_target(table, word_at(data, at)).found();
   };
   size_t at = (8 - dst % 8) % 8;
   // Eight words at a time, without a branch per word: almost all data has no word in the range,
@@ -104,9 +114,9 @@ bool holds_block_pointers(const BlockTable& table, uint64_t dst, std::span<const
   for (; at + kRun <= data.size(); at += kRun) {
     uint64_t words[8];
     std::memcpy(words, data.data() + at, sizeof(words));
-    bool in_range = false;
-    for (uint64_t word : words) in_range |= word - base <= span;
-    if (!in_range) continue;
+    bool any_in_range = false;
+    for (uint64_t word : words) any_in_range |= in_range(table, word);
+    if (!any_in_range) continue;
     for (size_t i = 0; i < kRun; i += 8) {
       if (pointer_at(at + i)) return true;
     }
