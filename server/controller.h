@@ -1,26 +1,27 @@
-// The controller: hiberd's late binding (Torpor §4.1, §5). It owns the global view of the node:
-// every GPU's pool and executor, the model repository, the registered functions and their
-// sessions, and the request queue, and it applies the scheduler's decisions (scheduler/
-// scheduler.h): which request runs next, on which GPU, where its model comes from and what is
-// evicted to make room.
+// The controller: hiberd's late binding (Torpor §4.1, §5), as the node core's actuator. The node
+// core (node/node_core.h) makes every decision: which request runs next, on which GPU, where its
+// model comes from and what is evicted to make room; the simulator drives the same core. The
+// controller owns what the core must not: the thread that serialises its events, the clock,
+// every GPU's pool, the model repository, the registered functions and their sessions, and the
+// replies to the router's control calls. It carries the core's decisions out (node::Actuator):
 //
-// Executors. Each GPU runs one function at a time: the lease holder (server/lease.h). A request
-// the router announced (requestArrived) waits in the scheduler's queue; when it is placed, the
-// controller evicts what the decision says and grants the function's session a lease on the GPU;
-// the session maps the function's blocks there and starts the swap, and the router's
-// requestStart is answered as soon as the model is resident or streaming. requestDone ends the
-// lease; the GPU is free once the function's work on it has drained. Calls a function makes
-// outside any request (its start-up, or a program run without a router) get implicit leases the
-// same way, so one scheduler sees every use of every GPU.
+//   start   grants the function's session a lease on the GPU; the session maps the function's
+//           blocks there and starts the swap, and reports streaming, swap_done and released;
+//   end     ends the session's lease (the router's requestDone) or fails it (its GPU failed);
+//   evict   writes back dirty state and frees the function's blocks on a GPU (FunctionMemory);
+//   forget  frees them without writing back (a failed GPU, a finished move).
+//
+// Calls a function makes outside any request (its start-up, or a program run without a router)
+// get background requests the same way, so one scheduler sees every use of every GPU.
 //
 // Faults. A session that dies frees its lease, its queued requests (their waiting router calls
-// get an error) and its memory. A transfer that fails marks its GPU's executor unhealthy: the GPU
-// takes no more requests, the models there are forgotten (their host copies bring them back
-// elsewhere), and the request that was running there gets the error as a CUDA error. A request
-// whose lease ends before the router's requestDone (such a failure can beat even its
-// requestStart) is kept: requestStart answers with the error, and requestDone forgets it.
+// get an error) and its memory. A transfer that fails marks its GPU unhealthy: the GPU takes no
+// more requests, the models there are forgotten (their host copies bring them back elsewhere),
+// and the request that was running there gets the error as a CUDA error. A request whose lease
+// ends before the router's requestDone (such a failure can beat even its requestStart) is kept:
+// requestStart answers with the error, and requestDone forgets it.
 //
-// Threading. Everything the controller decides happens on its own thread, in the order events
+// Threading. Everything the core decides happens on the controller's thread, in the order events
 // arrive: control calls (from the daemon's event loop), lease messages (from session threads)
 // and swap completions (from device callbacks) are queued and handled there, so device callbacks
 // never wait and nothing here needs finer locking. Replies are callbacks, called on the
@@ -42,7 +43,9 @@
 #include <variant>
 #include <vector>
 
+#include "common/ids.h"
 #include "common/status.h"
+#include "node/node_core.h"
 #include "scheduler/scheduler.h"
 #include "scheduler/topology.h"
 #include "server/device/device.h"
@@ -91,6 +94,7 @@ struct StartAnswer {
 
 // What a function's session is created with.
 struct SessionPlan {
+  FunctionId function{0};             // owns the session's blocks
   uint64_t quota_bytes = 0;
   FunctionMemoryOptions memory;
 };
@@ -130,7 +134,7 @@ struct ControllerStatus {
   bool draining = false;
 };
 
-class Controller final : public GpuLessor {
+class Controller final : public GpuLessor, private node::Actuator {
  public:
   template <typename T>
   using Reply = std::function<void(Result<T>)>;
@@ -155,7 +159,8 @@ class Controller final : public GpuLessor {
                             uint64_t session);
   // An admitted session that never started (its creation or Welcome failed).
   void withdraw(const std::string& function_id, uint64_t session);
-  // The session exists (after Session::create): it may now be granted leases.
+  // The session exists (after Session::create, its memory owned by the plan's function): it
+  // may now be granted leases.
   void attach(Session* session);
   // The session ended and released everything (its thread has run teardown). Returns once the
   // controller no longer refers to it, so the caller may destroy it.
@@ -190,42 +195,43 @@ class Controller final : public GpuLessor {
   void run();
 
   // The controller thread's handlers (state_ is theirs alone).
+  void on_attach(Session* session, const std::string& function_id, FunctionId id,
+                 bool registered);
+  void on_detach(SessionId session);
+  void on_register(const Registration& registration, FunctionId id, Reply<Ok>& reply);
+  void on_unregister(const std::string& function_id, Reply<Ok>& reply);
   void on_arrived(const std::string& function_id, Reply<uint64_t>& reply);
-  void on_need_gpu(uint64_t session);
-  void on_streaming(uint64_t session, uint64_t lease, const Status& status);
-  void on_swap_done(uint64_t session, uint64_t lease, const Status& status,
-                    const SwapReport& report);
-  void on_released(uint64_t session, uint64_t lease, const Status& status);
-  Status on_make_room(uint64_t session, int gpu, const memory::Shortfall& shortfall);
-  void on_detach(uint64_t session);
   void on_drain(int gpu, bool resume, Reply<Ok>& reply);
   ControllerStatus on_status();
-  // Runs the scheduler's dispatch and carries out its decisions.
-  void dispatch();
-  // Frees a function's replica on a GPU (the scheduler already dropped it from its view).
-  void evict(scheduler::FunctionId function, int gpu);
-  // Tells the scheduler how much of `gpu` is used by anything but the replicas it placed.
-  void update_reserved(int gpu);
-  // The GPU's executor failed: no more requests there, its models are forgotten, the request
-  // running there fails with `why`.
-  void fail_gpu(int gpu, const Status& why);
-  // A request left the scheduler (done or cancelled): its records go.
-  void forget_request(uint64_t request);
-  void answer_start(uint64_t request);
-  void check_drains();
-  // A stream of `gpu` for the controller's own copies.
-  Result<device::Stream> service_stream(int gpu);
+  Result<device::Stream> service_stream(GpuId gpu);
+
+  // ---- node::Actuator (the controller thread) ----
+  Result<uint64_t> evict(FunctionId function, GpuId gpu) override;
+  void forget(FunctionId function, GpuId gpu) override;
+  void start(const node::Start& start) override;
+  void end(RequestId request, FunctionId function, const Status& failure) override;
+  void answer_start(RequestId request, const Result<node::StartInfo>& answer) override;
+  void drained(std::optional<GpuId> gpu) override;
+  uint64_t pool_allocated(GpuId gpu) const override;
+  uint64_t placed_bytes(FunctionId function, GpuId gpu) const override;
+  uint64_t model_bytes(FunctionId function) const override;
 
   device::Device& device_;
   const ControllerOptions options_;
   std::unique_ptr<DevicePools> pools_;
   std::unique_ptr<ModelRepository> repository_;
+  std::unique_ptr<scheduler::Topology> topology_;  // the core's
   uint64_t group_bytes_ = 0;
 
   // Registrations, readable from the daemon's thread for admit().
+  struct Registered {
+    Registration registration;
+    FunctionId id;
+  };
   std::mutex registry_mutex_;
-  std::unordered_map<std::string, Registration> registry_;  // guarded by registry_mutex_
+  std::unordered_map<std::string, Registered> registry_;      // guarded by registry_mutex_
   std::unordered_map<std::string, uint64_t> live_instances_;  // function id -> session; guarded
+  uint32_t next_function_ = 1;                                // guarded by registry_mutex_
 
   std::mutex queue_mutex_;
   std::condition_variable queue_changed_;

@@ -437,6 +437,7 @@ void Daemon::on_hello(Connection& connection) {
     return;
   }
   SessionConfig config;
+  config.function = plan->function;
   config.quota_bytes = plan->quota_bytes;
   // Room around the quota for the client's placement to fragment.
   config.va_bytes = std::max<uint64_t>(round_up(config.quota_bytes + config.quota_bytes / 4, 1 << 21),

@@ -50,6 +50,7 @@
 #include <variant>
 #include <vector>
 
+#include "common/ids.h"
 #include "server/auth.h"
 #include "server/device/device.h"
 #include "server/function_memory.h"
@@ -64,6 +65,7 @@
 namespace hiber::server {
 
 struct SessionConfig {
+  FunctionId function{0};       // owns the session's blocks (the controller's SessionPlan)
   uint64_t quota_bytes = 0;     // device memory the client may allocate
   uint64_t va_bytes = 0;        // size of its address range
   wire::ChannelConfig channel;

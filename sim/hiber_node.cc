@@ -6,9 +6,6 @@
 
 namespace hiber::sim {
 
-using scheduler::Decision;
-using scheduler::Eviction;
-using scheduler::RequestId;
 using scheduler::Source;
 
 HiberNode::HiberNode(const HiberOptions& options, EventQueue* queue, Recorder* recorder,
@@ -26,8 +23,6 @@ Result<std::unique_ptr<HiberNode>> HiberNode::create(const NodeConfig& config,
   HIBER_ASSIGN_OR_RETURN(scheduler::Topology topology, scheduler::Topology::from_config(config));
   node->topology_ = std::make_unique<scheduler::Topology>(std::move(topology));
   const scheduler::Topology& topo = *node->topology_;
-  HIBER_ASSIGN_OR_RETURN(node->scheduler_,
-                         scheduler::Scheduler::create(topo, options.scheduler, oracle));
   const int gpus = topo.gpu_count();
   const uint64_t granularity = 2 * kMiB;
   std::vector<uint64_t> budgets;
@@ -62,11 +57,14 @@ Result<std::unique_ptr<HiberNode>> HiberNode::create(const NodeConfig& config,
   }
   node->links_ = std::make_unique<LinkModel>(topo, queue, options.links);
   node->models_.resize(gpus);
+  node->model_placed_.resize(gpus);
   node->allocated_.assign(gpus, 0);
-  node->model_requested_.assign(gpus, 0);
-  node->reported_reserved_.assign(gpus, 0);
   node->device_cost_.assign(gpus, 0);
-  for (int g = 0; g < gpus; ++g) node->update_reserved(g);
+  node::NodeOptions core_options;
+  core_options.scheduler = options.scheduler;
+  core_options.outside_pool_bytes.assign(gpus, options.gpu_reserve_bytes);
+  HIBER_ASSIGN_OR_RETURN(node->core_,
+                         node::NodeCore::create(topo, core_options, *node, oracle));
   return node;
 }
 
@@ -74,7 +72,7 @@ Status HiberNode::add_function(uint32_t index, const SimFunction& function, Time
   if (function.model < 0 || function.model >= static_cast<int>(paper_models().size()))
     return error(ErrorCode::kInvalidValue, "function ", function.name, ": no model ", function.model);
   const Model& model = paper_models()[function.model];
-  scheduler::FunctionSpec spec;
+  node::FunctionSpec spec;
   spec.name = function.name;
   spec.model_bytes = model.model_bytes;
   spec.slo = function.slo;
@@ -82,17 +80,20 @@ Status HiberNode::add_function(uint32_t index, const SimFunction& function, Time
   // What a function's author or hiberd's first run would tell: its execution time. The swap
   // time is left to the scheduler's own estimate (bytes over the PCIe bandwidth).
   spec.exec_time_hint = model.exec;
-  HIBER_RETURN_IF_ERROR(scheduler_->register_function(id_of(index), spec, now));
   if (index >= deployed_.size()) {
     deployed_.resize(index + 1);
     for (auto& per_gpu : models_) per_gpu.resize(index + 1);
+    for (auto& per_gpu : model_placed_) per_gpu.resize(index + 1, 0);
   }
   deployed_[index] = {&function, &model};
-  return Status();
+  HIBER_RETURN_IF_ERROR(core_->add_function(id_of(index), spec, now));
+  // A simulated function's instance is always there.
+  return core_->attach(id_of(index));
 }
 
 void HiberNode::arrive(uint32_t index, Time now) {
-  Result<RequestId> id = scheduler_->arrive(id_of(index), now);
+  now_ = now;
+  Result<RequestId> id = core_->arrive(id_of(index), now);
   CHECK(id.ok()) << "arrival for a function this node does not host: " << id.status();
   Request& r = requests_[*id];
   r.function = index;
@@ -101,130 +102,100 @@ void HiberNode::arrive(uint32_t index, Time now) {
 }
 
 void HiberNode::dispatch(Time now) {
-  // A start can fail and free its GPU again, so ask until nothing more starts.
-  while (true) {
-    decisions_.clear();
-    scheduler_->dispatch(now, &decisions_);
-    if (decisions_.empty()) break;
-    // start() never dispatches, so decisions_ stays as it is while we walk it.
-    for (const Decision& d : decisions_) start(d, now);
-  }
+  now_ = now;
+  core_->dispatch(now);
   schedule_wakeup(now);
   if (options_.check_invariants) check(now);
 }
 
 void HiberNode::schedule_wakeup(Time now) {
-  const Time next = scheduler_->next_wakeup();
+  const Time next = core_->next_wakeup();
   if (next == scheduler::Scheduler::kNever || next >= wakeup_at_) return;
   wakeup_at_ = std::max(next, now);
   queue_->schedule(wakeup_at_, this, kWakeup, 0);
 }
 
-void HiberNode::start(const Decision& d, Time now) {
+void HiberNode::start(const node::Start& d) {
+  const Time now = now_;
   auto it = requests_.find(d.request);
-  CHECK(it != requests_.end()) << "decision for an unknown request";
+  CHECK(it != requests_.end()) << "start of an unknown request";
   Request& r = it->second;
   const Model& model = *deployed_[r.function].model;
-  r.gpu = d.gpu;
+  const int gpu = d.gpu.value();
+  r.gpu = gpu;
   r.dispatched = now;
   r.source = d.source;
-  r.source_gpu = d.source_gpu;
-  r.release_source = d.release_source;
+  r.source_gpu = d.source_gpu ? d.source_gpu->value() : -1;
   r.started = true;
   VLOG(1) << "t=" << now << " request " << d.request << " of function " << d.function << " on GPU "
-          << d.gpu << " from " << scheduler::source_name(d.source) << " ("
-          << scheduler::placement_rule_name(d.rule) << "), " << d.evictions.size() << " evictions";
-  for (const Eviction& e : d.evictions) {
-    free_model(e.gpu, e.function - 1);
-    ++evictions_;
-  }
+          << gpu << " from " << scheduler::source_name(d.source) << " ("
+          << scheduler::placement_rule_name(d.rule) << ")";
   bool ok = true;
   if (d.source != Source::kResident) {
-    std::vector<Block>& held = models_[d.gpu][r.function];
-    if (!held.empty()) {
+    if (!models_[gpu][r.function].empty()) {
       // The scheduler's view lost this replica without an eviction telling us; the pool still
       // holds its blocks. Free them so that pool and view agree again.
-      LOG_FIRST_N(WARNING, 5) << "function " << d.function << " is loaded onto GPU " << d.gpu
+      LOG_FIRST_N(WARNING, 5) << "function " << d.function << " is loaded onto GPU " << gpu
                               << " where its blocks still are: the scheduler dropped the replica "
                                  "from its view without naming it";
       ++lost_replicas_;
-      free_model(d.gpu, r.function);
+      free_model(gpu, r.function);
     }
     for (uint64_t segment : model.segments) {
-      if (!allocate(d.gpu, segment, r.function, now, &models_[d.gpu][r.function])) {
+      if (!allocate(gpu, segment, r.function, now, &models_[gpu][r.function])) {
         ok = false;
         break;
       }
     }
   }
   for (size_t i = 0; ok && i < model.scratch_segments.size(); ++i)
-    ok = allocate(d.gpu, model.scratch_segments[i], r.function, now, &r.scratch);
-  update_reserved(d.gpu);
-  collect_device_cost(d.gpu);
-  const scheduler::Duration delay = device_cost_[d.gpu];
-  device_cost_[d.gpu] = 0;
+    ok = allocate(gpu, model.scratch_segments[i], r.function, now, &r.scratch);
+  core_->memory_changed(d.gpu);
+  collect_device_cost(gpu);
+  const scheduler::Duration delay = device_cost_[gpu];
+  device_cost_[gpu] = 0;
   if (!ok) {
     fail(d.request, r, now);
     return;
   }
+  core_->streaming(d.request, Status(), now);
   if (d.source == Source::kResident) {
-    queue_->schedule(now + delay + model.exec, this, kDone, d.request);
+    queue_->schedule(now + delay + model.exec, this, kDone, d.request.value());
   } else {
-    queue_->schedule(now + delay + options_.pipeline.setup, this, kStartTransfer, d.request);
+    queue_->schedule(now + delay + options_.pipeline.setup, this, kStartTransfer,
+                     d.request.value());
   }
 }
 
 bool HiberNode::allocate(int gpu, uint64_t bytes, uint32_t index, Time now,
                          std::vector<Block>* out) {
-  const scheduler::FunctionId id = id_of(index);
+  const FunctionId id = id_of(index);
   while (true) {
-    memory::AllocationResult a = pools_->allocate(gpu, bytes, id);
+    memory::AllocationResult a = pools_->allocate(gpu, bytes, id.value());
     if (a.ok()) {
       out->push_back({*a, bytes});
       allocated_[gpu] += a->bytes;
-      if (out == &models_[gpu][index]) model_requested_[gpu] += bytes;
+      if (out == &models_[gpu][index]) model_placed_[gpu][index] += bytes;
       return true;
     }
     ++pool_failures_;
-    // The policy picks the victims, as it does for decisions. The view must first see what the
-    // pool holds; then we ask for more room than it believes free, so that it evicts at least
-    // this block's worth. (Evicting the region the pool's Shortfall names instead frees exactly
-    // the missing contiguous run, but bypasses the policy: the view then never fills up, the
-    // one-replica and heaviness rules never act, and compliance collapses under load.)
-    update_reserved(gpu);
-    std::vector<Eviction> evicted;
-    const uint64_t target = scheduler_->node().free_bytes(gpu) + bytes;
-    if (!scheduler_->make_room(gpu, target, id, now, &evicted) || evicted.empty()) return false;
-    VLOG(1) << "t=" << now << " GPU " << gpu << " refused " << bytes << " bytes for function " << id
-            << ": make_room evicted " << evicted.size();
-    for (const Eviction& e : evicted) {
-      free_model(e.gpu, e.function - 1);
-      ++evictions_;
-    }
-    update_reserved(gpu);
+    // The core's eviction policy picks the victims, as it does for decisions.
+    if (!core_->make_room(id, GpuId{gpu}, bytes, now).ok()) return false;
   }
 }
 
-void HiberNode::free_blocks(int gpu, std::vector<Block>* blocks, bool model) {
+void HiberNode::free_blocks(int gpu, std::vector<Block>* blocks, bool model, uint32_t index) {
   for (const Block& b : *blocks) {
     const Status s = pools_->deallocate(gpu, b.allocation);
     CHECK(s.ok()) << "freeing a block the pool gave out: " << s;
     allocated_[gpu] -= b.allocation.bytes;
-    if (model) model_requested_[gpu] -= b.requested;
+    if (model) model_placed_[gpu][index] -= b.requested;
   }
   blocks->clear();
 }
 
 void HiberNode::free_model(int gpu, uint32_t index) {
-  free_blocks(gpu, &models_[gpu][index], /*model=*/true);
-  update_reserved(gpu);
-}
-
-void HiberNode::update_reserved(int gpu) {
-  const uint64_t reserved = options_.gpu_reserve_bytes + (allocated_[gpu] - model_requested_[gpu]);
-  if (reserved == reported_reserved_[gpu]) return;
-  reported_reserved_[gpu] = reserved;
-  scheduler_->set_reserved(gpu, reserved);
+  free_blocks(gpu, &models_[gpu][index], /*model=*/true, index);
 }
 
 void HiberNode::collect_device_cost(int gpu) {
@@ -232,17 +203,45 @@ void HiberNode::collect_device_cost(int gpu) {
   device_cost_[gpu] += device_[gpu]->take_cost();
 }
 
+// ---- node::Actuator ----
+
+Result<uint64_t> HiberNode::evict(FunctionId function, GpuId gpu) {
+  uint64_t freed = 0;
+  for (const Block& b : models_[gpu.value()][index_of(function)]) freed += b.allocation.bytes;
+  free_model(gpu.value(), index_of(function));
+  ++evictions_;
+  return freed;
+}
+
+void HiberNode::forget(FunctionId function, GpuId gpu) {
+  free_model(gpu.value(), index_of(function));
+}
+
+void HiberNode::end(RequestId id, FunctionId, const Status& failure) {
+  // A simulated request's work ends with it (complete() or fail()), which is what led here
+  // through NodeCore::done(): nothing is left to drain but its scratch.
+  Request& r = requests_.at(id);
+  free_blocks(r.gpu, &r.scratch, /*model=*/false, r.function);
+  core_->memory_changed(GpuId{r.gpu});
+  collect_device_cost(r.gpu);
+  core_->released(id, failure, now_);
+}
+
+uint64_t HiberNode::placed_bytes(FunctionId function, GpuId gpu) const {
+  return model_placed_[gpu.value()][index_of(function)];
+}
+
+uint64_t HiberNode::model_bytes(FunctionId function) const {
+  return deployed_[index_of(function)].model->model_bytes;
+}
+
+// ---- Request ends ----
+
 void HiberNode::fail(RequestId id, Request& r, Time now) {
-  if (r.source != Source::kResident) {
-    free_model(r.gpu, r.function);
-    const Status s = scheduler_->load_done(id, now, /*ok=*/false);
-    CHECK(s.ok()) << s;
-  }
-  free_blocks(r.gpu, &r.scratch, /*model=*/false);
-  update_reserved(r.gpu);
-  scheduler::Completion completion;
-  completion.failed = true;
-  const Status s = scheduler_->done(id, now, completion);
+  if (r.source != Source::kResident) free_model(r.gpu, r.function);
+  const Status no_room = error(ErrorCode::kOutOfMemory, "no room on GPU ", r.gpu);
+  core_->streaming(id, no_room, now);
+  const Status s = core_->done(id, /*failed=*/true, now);
   CHECK(s.ok()) << s;
   recorder_->record(outcome_of(r, StartKind::kFailed));
   requests_.erase(id);
@@ -259,9 +258,10 @@ Outcome HiberNode::outcome_of(const Request& r, StartKind kind) const {
 }
 
 void HiberNode::on_event(int kind, uint64_t arg, Time now) {
+  now_ = now;
   switch (kind) {
     case kStartTransfer: {
-      Request& r = requests_.at(arg);
+      Request& r = requests_.at(RequestId{arg});
       const Model& model = *deployed_[r.function].model;
       int link = r.source == Source::kPeer ? links_->peer_link(r.source_gpu, r.gpu) : -1;
       // A peer copy without a direct link would cross PCIe; the placement never asks for one.
@@ -271,7 +271,7 @@ void HiberNode::on_event(int kind, uint64_t arg, Time now) {
       break;
     }
     case kDone:
-      complete(arg, now);
+      complete(RequestId{arg}, now);
       dispatch(now);
       break;
     case kWakeup:
@@ -284,16 +284,17 @@ void HiberNode::on_event(int kind, uint64_t arg, Time now) {
 }
 
 void HiberNode::transfer_progress(uint64_t tag, Time t, double bytes_done) {
-  requests_.at(tag).pipeline.observe(t, bytes_done);
+  requests_.at(RequestId{tag}).pipeline.observe(t, bytes_done);
 }
 
 void HiberNode::transfer_done(uint64_t tag, Time t) {
-  Request& r = requests_.at(tag);
+  now_ = t;
+  const RequestId id{tag};
+  Request& r = requests_.at(id);
   r.load_end = t;
   const Time finish = r.pipeline.finish(t);
-  const Status s = scheduler_->load_done(tag, t, /*ok=*/true);
-  CHECK(s.ok()) << s;
-  if (r.release_source) free_model(r.source_gpu, r.function);
+  const Model& model = *deployed_[r.function].model;
+  core_->swap_done(id, Status(), node::SwapStats{model.model_bytes, t - r.dispatched}, t);
   queue_->schedule(finish, this, kDone, tag);
   dispatch(t);
 }
@@ -302,10 +303,7 @@ void HiberNode::complete(RequestId id, Time now) {
   auto it = requests_.find(id);
   CHECK(it != requests_.end());
   Request& r = it->second;
-  free_blocks(r.gpu, &r.scratch, /*model=*/false);
-  update_reserved(r.gpu);
-  collect_device_cost(r.gpu);
-  const Status s = scheduler_->done(id, now);
+  const Status s = core_->done(id, /*failed=*/false, now);
   CHECK(s.ok()) << s;
   Outcome o = outcome_of(r, StartKind::kResident);
   o.finish = now;
@@ -323,11 +321,13 @@ void HiberNode::complete(RequestId id, Time now) {
 
 void HiberNode::finish(Time now) {
   // Blocks of a model the view no longer holds: a replica it dropped without naming it.
-  const scheduler::NodeState& view = scheduler_->node();
+  const scheduler::Scheduler& sched = core_->scheduler();
   for (int g = 0; g < static_cast<int>(models_.size()); ++g) {
     for (uint32_t i = 0; i < models_[g].size(); ++i) {
       if (models_[g][i].empty()) continue;
-      if (view.find(g, scheduler_->functions().find(id_of(i))) == nullptr) ++lost_replicas_;
+      if (sched.node().find(g, sched.functions().find(id_of(i).value())) == nullptr) {
+        ++lost_replicas_;
+      }
     }
   }
   std::vector<RequestId> ids;
@@ -349,7 +349,7 @@ uint64_t HiberNode::device_mallocs() const {
 }
 
 std::string HiberNode::summary() const {
-  const scheduler::SchedulerCounters& c = scheduler_->counters();
+  const scheduler::SchedulerCounters& c = core_->scheduler().counters();
   return str_cat("node ", node_index_, ": ", c.arrivals, " arrivals, ", c.completed,
                  " completed (", c.on_time, " on time), ", c.resident_starts, " resident, ",
                  c.peer_swaps, " peer swaps, ", c.host_swaps, " host swaps, ", evictions_,
@@ -358,15 +358,16 @@ std::string HiberNode::summary() const {
 }
 
 void HiberNode::check(Time now) const {
-  const Status s = scheduler_->check_invariants();
+  const scheduler::Scheduler& sched = core_->scheduler();
+  const Status s = sched.check_invariants();
   CHECK(s.ok()) << "at " << now << ": " << s;
   const Status p = pools_->check_invariants();
   CHECK(p.ok()) << "at " << now << ": " << p;
   // Every model whose blocks the node holds is a replica in the view, and the other way round.
-  const scheduler::NodeState& view = scheduler_->node();
+  const scheduler::NodeState& view = sched.node();
   for (int g = 0; g < static_cast<int>(models_.size()); ++g) {
     for (uint32_t i = 0; i < models_[g].size(); ++i) {
-      const scheduler::FunctionIndex f = scheduler_->functions().find(id_of(i));
+      const scheduler::FunctionIndex f = sched.functions().find(id_of(i).value());
       const bool in_view = f != scheduler::kNoFunction && view.find(g, f) != nullptr;
       CHECK_EQ(in_view, !models_[g][i].empty())
           << "at " << now << ": GPU " << g << ", function " << id_of(i) << ": view and pool disagree";

@@ -1,25 +1,23 @@
-// A node running Hiber: the real scheduler (scheduler/scheduler.h) decides, the real GPU pools
-// (memory/gpu_pools.h) hold the blocks, and the link model and the pipelined-execution formula
-// give the times. Nothing here chooses a GPU, a victim or a queue order; this class only carries
-// out the scheduler's decisions the way hiberd's controller and executors do, and reports back.
+// A node running Hiber: the node core (node/node_core.h) decides, exactly as in hiberd; the real
+// GPU pools (memory/gpu_pools.h) hold the blocks, and the link model and the pipelined-execution
+// formula give the times. Nothing here chooses a GPU, a victim or a queue order: this class is
+// the core's Actuator for the simulator, as server/controller.cc is hiberd's.
 //
-// Carrying out a decision for request r on GPU g:
-//   1. free the blocks of every replica in `evictions` (host copies are authoritative: nothing
-//      is copied back);
+// Carrying out a start of request r on GPU g (Actuator::start):
+//   1. the core has freed the replicas its decision evicts (evict(): the blocks go back to the
+//      pool; host copies are authoritative, nothing is copied back);
 //   2. for a swap, allocate the model's blocks on g: its PyTorch segments (models.h), one pool
 //      allocation each, as hiberd re-places a function's blocks;
 //   3. allocate r's scratch (activations and workspace) on g;
 //      if the pool refuses a block in 2 or 3 (fragmentation, or scratch the view did not count),
-//      ask the scheduler to make_room() and free what its policy names, until the block fits
-//      or nothing more can go; then r fails;
+//      ask the core to make_room() (its eviction policy picks the victims) until the block fits
+//      or nothing more can go; then r fails: streaming(error), done(failed);
 //   4. resident: r computes for the model's execution time. Swap: after the setup time, the
 //      model's bytes move over g's PCIe switch (host) or the NVLink from the source GPU (peer),
 //      sharing the link with other transfers (links.h), and r's computation follows the bytes
-//      (pipeline.h). The scheduler hears load_done when the last byte is there; a peer move
-//      then frees the source replica (release_source).
-//   5. done: r's scratch is freed and the scheduler hears done().
-// After every change of the pools the scheduler is told the bytes used by anything but models
-// (set_reserved): the per-GPU runtime reserve, scratch, and the pool's rounding and waste.
+//      (pipeline.h). The core hears swap_done when the last byte is there; a peer move then has
+//      the source replica forgotten (forget()).
+//   5. finished: the core hears done(); its end() frees r's scratch and reports released().
 //
 // The Torpor-Block ablation runs the same node with PoolKind::kBlock, whose device allocations
 // cost time (device_malloc.h); the buddy pools were reserved at start and cost nothing.
@@ -32,6 +30,7 @@
 
 #include "common/node_config.h"
 #include "memory/gpu_pools.h"
+#include "node/node_core.h"
 #include "scheduler/scheduler.h"
 #include "sim/device_malloc.h"
 #include "sim/links.h"
@@ -57,7 +56,10 @@ struct HiberOptions {
   bool check_invariants = false;
 };
 
-class HiberNode final : public Node, public EventHandler, public TransferListener {
+class HiberNode final : public Node,
+                        public EventHandler,
+                        public TransferListener,
+                        private node::Actuator {
  public:
   // `queue`, `recorder` and `oracle` must outlive the node. The oracle is needed only by the
   // oracle eviction policies; it must count this node's arrivals in order.
@@ -76,7 +78,7 @@ class HiberNode final : public Node, public EventHandler, public TransferListene
   void transfer_progress(uint64_t tag, Time t, double bytes_done) override;
   void transfer_done(uint64_t tag, Time t) override;
 
-  const scheduler::Scheduler& scheduler() const { return *scheduler_; }
+  const scheduler::Scheduler& scheduler() const { return core_->scheduler(); }
   const memory::GpuPools& pools() const { return *pools_; }
   uint64_t pool_failures() const { return pool_failures_; }
   // Replicas the node freed because a decision or make_room() named them.
@@ -98,7 +100,6 @@ class HiberNode final : public Node, public EventHandler, public TransferListene
     int gpu = -1;
     int source_gpu = -1;
     scheduler::Source source = scheduler::Source::kResident;
-    bool release_source = false;
     bool started = false;
     std::vector<Block> scratch;
     PipelinedRun pipeline;
@@ -112,38 +113,49 @@ class HiberNode final : public Node, public EventHandler, public TransferListene
   // The outcome of `r` as far as its request got: `kind`, not completed.
   Outcome outcome_of(const Request& r, StartKind kind) const;
 
-  static scheduler::FunctionId id_of(uint32_t index) { return index + 1; }
+  static FunctionId id_of(uint32_t index) { return FunctionId{index + 1}; }
+  static uint32_t index_of(FunctionId id) { return id.value() - 1; }
   void dispatch(Time now);
-  void start(const scheduler::Decision& decision, Time now);
-  void fail(scheduler::RequestId id, Request& r, Time now);
-  void complete(scheduler::RequestId id, Time now);
+  // The start failed (no room): the core hears it, and the outcome is recorded.
+  void fail(RequestId id, Request& r, Time now);
+  void complete(RequestId id, Time now);
   // Allocates `bytes` on `gpu` for function `index`, evicting through make_room if needed.
   bool allocate(int gpu, uint64_t bytes, uint32_t index, Time now, std::vector<Block>* out);
-  void free_blocks(int gpu, std::vector<Block>* blocks, bool model);
+  void free_blocks(int gpu, std::vector<Block>* blocks, bool model, uint32_t index);
   void free_model(int gpu, uint32_t index);
-  void update_reserved(int gpu);
   void collect_device_cost(int gpu);
   void schedule_wakeup(Time now);
   void check(Time now) const;
+
+  // ---- node::Actuator ----
+  Result<uint64_t> evict(FunctionId function, GpuId gpu) override;
+  void forget(FunctionId function, GpuId gpu) override;
+  void start(const node::Start& start) override;
+  void end(RequestId request, FunctionId function, const Status& failure) override;
+  // Nobody waits for a start or drains a simulated node.
+  void answer_start(RequestId, const Result<node::StartInfo>&) override {}
+  void drained(std::optional<GpuId>) override {}
+  uint64_t pool_allocated(GpuId gpu) const override { return allocated_[gpu.value()]; }
+  uint64_t placed_bytes(FunctionId function, GpuId gpu) const override;
+  uint64_t model_bytes(FunctionId function) const override;
 
   HiberOptions options_;
   EventQueue* queue_;
   Recorder* recorder_;
   int node_index_;
+  Time now_ = 0;  // of the event being handled: the actuator's calls carry no time
   std::unique_ptr<scheduler::Topology> topology_;
-  std::unique_ptr<scheduler::Scheduler> scheduler_;
   std::vector<std::unique_ptr<TimedChunkSource>> device_;  // block and naive pools only
   std::unique_ptr<memory::GpuPools> pools_;
+  std::unique_ptr<node::NodeCore> core_;
   std::unique_ptr<LinkModel> links_;
 
   std::vector<Deployed> deployed_;                        // by workload index
   std::vector<std::vector<std::vector<Block>>> models_;   // [gpu][workload index]
+  std::vector<std::vector<uint64_t>> model_placed_;       // [gpu][workload index]: requested bytes
   std::vector<uint64_t> allocated_;                       // per GPU: bytes the pool gave out
-  std::vector<uint64_t> model_requested_;                 // per GPU: model segments' bytes
-  std::vector<uint64_t> reported_reserved_;
   std::vector<scheduler::Duration> device_cost_;          // per GPU: owed by the next start
-  std::unordered_map<scheduler::RequestId, Request> requests_;
-  std::vector<scheduler::Decision> decisions_;
+  std::unordered_map<RequestId, Request> requests_;
   Time wakeup_at_ = scheduler::Scheduler::kNever;
   uint64_t pool_failures_ = 0;
   uint64_t evictions_ = 0;

@@ -1,0 +1,669 @@
+#include "node/node_core.h"
+
+#include <algorithm>
+#include <type_traits>
+#include <unordered_map>
+
+#include <glog/logging.h>
+
+namespace hiber::node {
+namespace {
+
+using scheduler::Decision;
+using scheduler::Source;
+
+int index_of(GpuId gpu) { return gpu.value(); }
+
+// Between the node's ids and the scheduler's, whichever representation the scheduler uses.
+template <typename To, typename From>
+To id_cast(From from) {
+  if constexpr (std::is_same_v<To, From>) {
+    return from;
+  } else if constexpr (std::is_integral_v<From>) {
+    return To{from};
+  } else {
+    return To{from.value()};
+  }
+}
+scheduler::FunctionId sched(FunctionId id) { return id_cast<scheduler::FunctionId>(id); }
+scheduler::RequestId sched(RequestId id) { return id_cast<scheduler::RequestId>(id); }
+FunctionId node_function(scheduler::FunctionId id) { return id_cast<FunctionId>(id); }
+RequestId node_request(scheduler::RequestId id) { return id_cast<RequestId>(id); }
+
+}  // namespace
+
+const char* phase_name(Phase phase) {
+  switch (phase) {
+    case Phase::kQueued: return "queued";
+    case Phase::kPlacing: return "placing";
+    case Phase::kRunning: return "running";
+    case Phase::kEnding: return "ending";
+    case Phase::kEnded: return "ended";
+  }
+  return "?";
+}
+
+struct NodeCore::State {
+  struct Function {
+    FunctionSpec spec;
+    bool attached = false;
+    // A caller's request was granted: what the function loaded before is its model, fixed.
+    bool model_fixed = false;
+    std::optional<RequestId> background_queued;  // need_gpu()'s request, not yet placed
+    std::optional<RequestId> lease;              // placed and not yet released
+  };
+  struct Request {
+    FunctionId function;
+    Phase phase = Phase::kQueued;
+    bool background = false;
+    Time arrival = 0;
+    bool swap_in_flight = false;      // a swap was started and has not reported
+    bool failed = false;              // the caller said so, or its GPU failed
+    bool done_said = false;           // done() came
+    bool awaited = false;             // await_start() waits for an answer
+    bool release_source = false;
+    bool drop_source_from_view = false;
+    Decision decision;
+    Status start_error;
+  };
+  struct Gpu {
+    bool healthy = true;
+    bool drained = false;
+    std::optional<RequestId> running;
+    uint64_t swaps_in = 0;
+    uint64_t swap_in_bytes = 0;
+    double swap_in_seconds = 0;
+    uint64_t evictions = 0;
+    uint64_t reported_reserved = UINT64_MAX;
+  };
+
+  std::unordered_map<FunctionId, Function> functions;
+  std::unordered_map<RequestId, Request> requests;
+  std::vector<Gpu> gpus;
+  bool draining = false;
+  // Drains not yet reported, in the order they were asked for.
+  std::vector<std::optional<GpuId>> drains;
+
+  Function* function(FunctionId id) {
+    auto it = functions.find(id);
+    return it == functions.end() ? nullptr : &it->second;
+  }
+  Request* request(RequestId id) {
+    auto it = requests.find(id);
+    return it == requests.end() ? nullptr : &it->second;
+  }
+};
+
+// ---- Creation ----
+
+NodeCore::NodeCore(const scheduler::Topology& topology, const NodeOptions& options,
+                   Actuator& actuator)
+    : topology_(topology), options_(options), actuator_(actuator),
+      state_(std::make_unique<State>()) {}
+
+NodeCore::~NodeCore() = default;
+
+Result<std::unique_ptr<NodeCore>> NodeCore::create(const scheduler::Topology& topology,
+                                                   const NodeOptions& options, Actuator& actuator,
+                                                   const scheduler::FutureOracle* oracle) {
+  const int gpus = topology.gpu_count();
+  if (!options.outside_pool_bytes.empty() &&
+      options.outside_pool_bytes.size() != static_cast<size_t>(gpus)) {
+    return error(ErrorCode::kInvalidValue, "node core: ", options.outside_pool_bytes.size(),
+                 " outside-pool sizes for ", gpus, " GPUs");
+  }
+  std::unique_ptr<NodeCore> core(new NodeCore(topology, options, actuator));
+  HIBER_ASSIGN_OR_RETURN(core->scheduler_,
+                         scheduler::Scheduler::create(topology, options.scheduler, oracle));
+  core->state_->gpus.resize(gpus);
+  for (int g = 0; g < gpus; ++g) core->update_reserved(GpuId{g});
+  return core;
+}
+
+int NodeCore::gpu_count() const { return static_cast<int>(state_->gpus.size()); }
+
+// ---- Functions ----
+
+Status NodeCore::add_function(FunctionId id, const FunctionSpec& spec, Time now) {
+  if (state_->functions.count(id) != 0) {
+    return error(ErrorCode::kInvalidValue, "function ", id, " ('", spec.name, "') exists already");
+  }
+  scheduler::FunctionSpec s;
+  s.name = spec.name;
+  s.model_bytes = spec.model_bytes;
+  s.slo = spec.slo;
+  s.tail_percentile = spec.tail_percentile;
+  s.heavy_hint = spec.heavy_hint;
+  s.exec_time_hint = spec.exec_time_hint;
+  HIBER_RETURN_IF_ERROR(scheduler_->register_function(sched(id), s, now));
+  State::Function f;
+  f.spec = spec;
+  state_->functions.emplace(id, std::move(f));
+  return Status();
+}
+
+Status NodeCore::remove_function(FunctionId id, Time now) {
+  State::Function* f = state_->function(id);
+  if (f == nullptr) return error(ErrorCode::kNotFound, "function ", id, " is unknown");
+  if (f->attached) {
+    return error(ErrorCode::kIllegalState, "function '", f->spec.name,
+                 "' still has an instance attached");
+  }
+  std::vector<scheduler::RequestId> cancelled;
+  HIBER_RETURN_IF_ERROR(scheduler_->unregister_function(sched(id), now, &cancelled));
+  // Requests that outlived the instance (ended, awaiting the caller's done) go too.
+  std::vector<RequestId> mine;
+  for (const auto& [rid, r] : state_->requests) {
+    if (r.function == id) mine.push_back(rid);
+  }
+  for (RequestId rid : mine) {
+    State::Request& r = state_->requests.at(rid);
+    if (r.awaited) {
+      r.start_error = error(ErrorCode::kDeinitialized, "function '", f->spec.name,
+                            "' was removed");
+      answer_start(rid, now);
+    }
+    state_->requests.erase(rid);
+  }
+  state_->functions.erase(id);
+  return Status();
+}
+
+bool NodeCore::has_function(FunctionId id) const { return state_->functions.count(id) != 0; }
+
+Status NodeCore::attach(FunctionId id) {
+  State::Function* f = state_->function(id);
+  if (f == nullptr) return error(ErrorCode::kNotFound, "function ", id, " is unknown");
+  if (f->attached) {
+    return error(ErrorCode::kDeviceUnavailable, "function '", f->spec.name,
+                 "' has an instance attached already");
+  }
+  f->attached = true;
+  f->model_fixed = false;
+  return Status();
+}
+
+void NodeCore::detach(FunctionId id, Time now) {
+  State::Function* f = state_->function(id);
+  if (f == nullptr || !f->attached) return;
+  // Its requests end: queued ones are withdrawn, the running one failed (the instance's work
+  // drained when it went, so its GPU is free).
+  std::vector<RequestId> mine;
+  for (const auto& [rid, r] : state_->requests) {
+    if (r.function == id) mine.push_back(rid);
+  }
+  std::sort(mine.begin(), mine.end());
+  for (RequestId rid : mine) {
+    State::Request& r = state_->requests.at(rid);
+    if (r.awaited) {
+      r.start_error = error(ErrorCode::kDeinitialized, "the instance of '", f->spec.name,
+                            "' exited before its request started");
+      answer_start(rid, now);
+    }
+    if (r.phase == Phase::kEnded) {
+      state_->requests.erase(rid);
+      continue;
+    }
+    if (r.swap_in_flight) (void)scheduler_->load_done(sched(rid), now, false);
+    if (r.phase == Phase::kQueued) {
+      (void)scheduler_->cancel(sched(rid), now);
+    } else {
+      (void)scheduler_->done(sched(rid), now, scheduler::Completion{.failed = true});
+      state_->gpus[r.decision.gpu].running.reset();
+    }
+    state_->requests.erase(rid);
+  }
+  // Its memory went with the instance.
+  for (int g = 0; g < gpu_count(); ++g) scheduler_->drop_replica(g, sched(id));
+  f->attached = false;
+  f->lease.reset();
+  f->background_queued.reset();
+  for (int g = 0; g < gpu_count(); ++g) update_reserved(GpuId{g});
+}
+
+// ---- Requests ----
+
+Result<RequestId> NodeCore::arrive(FunctionId id, Time now) {
+  State::Function* f = state_->function(id);
+  if (f == nullptr) return error(ErrorCode::kNotFound, "function ", id, " is unknown");
+  if (state_->draining) return error(ErrorCode::kDeviceUnavailable, "the node is draining");
+  if (!f->attached) {
+    return error(ErrorCode::kDeviceUnavailable, "function '", f->spec.name,
+                 "' has no connected instance");
+  }
+  HIBER_ASSIGN_OR_RETURN(scheduler::RequestId arrived, scheduler_->arrive(sched(id), now));
+  const RequestId rid = node_request(arrived);
+  State::Request r{.function = id};
+  r.arrival = now;
+  state_->requests.emplace(rid, std::move(r));
+  return rid;
+}
+
+void NodeCore::need_gpu(FunctionId id, Time now) {
+  State::Function* f = state_->function(id);
+  if (f == nullptr || !f->attached) return;
+  // A lease is on its way or held (the instance asked before it saw the grant).
+  if (f->lease || f->background_queued) return;
+  // A queued caller request will give it a lease; its work runs under that.
+  for (const auto& [rid, r] : state_->requests) {
+    if (r.function == id && !r.background && r.phase != Phase::kEnded) return;
+  }
+  // Background: the function's own use of a GPU is not one of its callers' requests, and must
+  // not weigh on its SLO statistics (RRC) or its execution times.
+  auto arrived = scheduler_->arrive(sched(id), now, /*background=*/true);
+  if (!arrived.ok()) {
+    LOG(ERROR) << "function '" << f->spec.name << "': cannot queue a background request: "
+               << arrived.status();
+    return;
+  }
+  const RequestId rid = node_request(*arrived);
+  State::Request r{.function = id};
+  r.background = true;
+  r.arrival = now;
+  state_->requests.emplace(rid, std::move(r));
+  f->background_queued = rid;
+}
+
+Status NodeCore::await_start(RequestId id, Time now) {
+  State::Request* r = state_->request(id);
+  if (r == nullptr || r->background) {
+    return error(ErrorCode::kNotFound, "no request ", id,
+                 " is waiting (unknown, finished or withdrawn)");
+  }
+  if (r->awaited) {
+    return error(ErrorCode::kInvalidValue, "request ", id, " is already being waited for");
+  }
+  r->awaited = true;
+  // A request that ended had either run (the answer says where) or failed to start (the error
+  // says why): released() sets start_error for one that never ran.
+  if (r->phase == Phase::kRunning || r->phase == Phase::kEnding || r->phase == Phase::kEnded ||
+      !r->start_error.ok()) {
+    answer_start(id, now);
+  }
+  return Status();
+}
+
+Status NodeCore::done(RequestId id, bool failed, Time now) {
+  State::Request* r = state_->request(id);
+  if (r == nullptr || r->background || r->done_said) {
+    return error(ErrorCode::kNotFound, "no request ", id, " is running (unknown or finished)");
+  }
+  r->done_said = true;
+  r->failed |= failed;
+  switch (r->phase) {
+    case Phase::kEnded:
+      // Its work ended already; now the caller knows.
+      state_->requests.erase(id);
+      return Status();
+    case Phase::kQueued:
+      (void)scheduler_->cancel(sched(id), now);
+      if (r->awaited) {
+        r->start_error = error(ErrorCode::kDeinitialized, "request ", id, " was marked done");
+        answer_start(id, now);
+      }
+      state_->requests.erase(id);
+      return Status();
+    case Phase::kPlacing:
+    case Phase::kRunning:
+      r->phase = Phase::kEnding;
+      // The GPU is free once the function's work there has drained (released()).
+      actuator_.end(id, r->function, Status());
+      return Status();
+    case Phase::kEnding:
+      return Status();
+  }
+  return Status();
+}
+
+// ---- Reports ----
+
+void NodeCore::streaming(RequestId id, const Status& status, Time now) {
+  State::Request* r = state_->request(id);
+  if (r == nullptr) return;
+  if (status.ok()) {
+    if (r->phase == Phase::kPlacing) r->phase = Phase::kRunning;
+  } else {
+    r->start_error = status;
+    r->failed = true;
+  }
+  answer_start(id, now);
+}
+
+void NodeCore::swap_done(RequestId id, const Status& status, const SwapStats& stats, Time now) {
+  State::Request* r = state_->request(id);
+  if (r == nullptr || !r->swap_in_flight) return;
+  r->swap_in_flight = false;
+  const GpuId gpu{r->decision.gpu};
+  (void)scheduler_->load_done(sched(id), now, status.ok());
+  if (!status.ok()) {
+    r->failed = true;
+    fail_gpu(gpu, status.with_context("swapping a model in"));
+    return;
+  }
+  State::Gpu& g = state_->gpus[index_of(gpu)];
+  ++g.swaps_in;
+  g.swap_in_bytes += stats.bytes;
+  g.swap_in_seconds += static_cast<double>(stats.duration) / 1e9;
+  if (r->decision.source == Source::kPeer && r->release_source) {
+    // The copy was a move: the old replica goes (the scheduler may not have dropped it itself:
+    // a function whose every block is state keeps one replica, full or not).
+    const GpuId source{r->decision.source_gpu};
+    if (r->drop_source_from_view) scheduler_->drop_replica(source.value(), sched(r->function));
+    actuator_.forget(r->function, source);
+    update_reserved(source);
+  }
+}
+
+void NodeCore::released(RequestId id, const Status& status, Time now) {
+  State::Request* r = state_->request(id);
+  if (r == nullptr || r->phase == Phase::kEnded || r->phase == Phase::kQueued) return;
+  const GpuId gpu{r->decision.gpu};
+  if (r->swap_in_flight) {
+    r->swap_in_flight = false;
+    (void)scheduler_->load_done(sched(id), now, false);
+  }
+  if (r->start_error.ok() && r->phase == Phase::kPlacing) {
+    r->start_error = status.ok() ? error(ErrorCode::kUnknown, "the lease ended before it started")
+                                 : status;
+  }
+  answer_start(id, now);
+  scheduler::Completion completion;
+  completion.failed = r->failed || !status.ok();
+  (void)scheduler_->done(sched(id), now, completion);
+  State::Gpu& g = state_->gpus[index_of(gpu)];
+  if (g.running == id) g.running.reset();
+  if (State::Function* f = state_->function(r->function)) {
+    if (f->lease == id) f->lease.reset();
+    if (f->attached) {
+      // The scheduler learns the model's real size once a run has shown it.
+      const uint64_t model = std::max<uint64_t>(actuator_.model_bytes(r->function), 1);
+      if (model != f->spec.model_bytes) {
+        f->spec.model_bytes = model;
+        (void)scheduler_->set_model_bytes(sched(r->function), model);
+      }
+      if (!g.healthy || g.drained) {
+        scheduler_->drop_replica(gpu.value(), sched(r->function));
+        if (g.healthy) {
+          evict(r->function, gpu);
+        } else {
+          actuator_.forget(r->function, gpu);
+        }
+      }
+    }
+  }
+  if (r->background || r->done_said) {
+    state_->requests.erase(id);
+  } else {
+    r->phase = Phase::kEnded;
+  }
+  update_reserved(gpu);
+}
+
+Status NodeCore::make_room(FunctionId function, GpuId gpu, uint64_t bytes, Time now) {
+  if (gpu.value() < 0 || gpu.value() >= gpu_count() || state_->function(function) == nullptr) {
+    return error(ErrorCode::kOutOfMemory, "no room on GPU ", gpu);
+  }
+  // The view must first see what the pool holds; then the policy is asked for more room than
+  // the view believes free, so that it evicts at least this block's worth. (Evicting the region
+  // the pool names as cheapest instead frees exactly the missing run, but bypasses the policy:
+  // the view then never fills up, the one-replica and heaviness rules never act, and
+  // compliance collapses under load.)
+  update_reserved(gpu);
+  const uint64_t target = scheduler_->node().free_bytes(gpu.value()) + bytes;
+  std::vector<scheduler::Eviction> victims;
+  if (!scheduler_->make_room(gpu.value(), target, sched(function), now, &victims) || victims.empty()) {
+    return error(ErrorCode::kOutOfMemory, "GPU ", gpu, " has no room for ", bytes,
+                 " more bytes: everything there is in use or protected");
+  }
+  VLOG(1) << "t=" << now << " GPU " << gpu << " refused " << bytes << " bytes for function "
+          << function << ": make_room evicts " << victims.size();
+  for (const scheduler::Eviction& v : victims) evict(node_function(v.function), GpuId{v.gpu});
+  update_reserved(gpu);
+  return Status();
+}
+
+void NodeCore::memory_changed(GpuId gpu) { update_reserved(gpu); }
+
+void NodeCore::fail_gpu(GpuId gpu, const Status& why) {
+  State::Gpu& g = state_->gpus[index_of(gpu)];
+  if (!g.healthy) return;
+  LOG(ERROR) << "GPU " << gpu << " failed (" << why << "): it takes no more requests; its "
+             << "models will be brought back from their host copies elsewhere";
+  g.healthy = false;
+  scheduler_->set_gpu_healthy(gpu.value(), false);
+  std::optional<FunctionId> runner;
+  if (g.running) runner = state_->requests.at(*g.running).function;
+  for (auto& [id, f] : state_->functions) {
+    if (f.attached && id != runner) actuator_.forget(id, gpu);
+  }
+  if (g.running) {
+    State::Request& r = state_->requests.at(*g.running);
+    r.failed = true;
+    actuator_.end(*g.running, r.function, why);
+  }
+}
+
+// ---- Operators ----
+
+Status NodeCore::drain(std::optional<GpuId> gpu, bool resume) {
+  if (gpu && (gpu->value() < 0 || gpu->value() >= gpu_count())) {
+    return error(ErrorCode::kInvalidDevice, "drain: no GPU ", *gpu);
+  }
+  if (!gpu) {
+    state_->draining = !resume;
+    if (!resume) state_->drains.push_back(std::nullopt);
+    return Status();
+  }
+  State::Gpu& g = state_->gpus[index_of(*gpu)];
+  if (resume) {
+    g.drained = false;
+    if (g.healthy) scheduler_->set_gpu_healthy(gpu->value(), true);
+    return Status();
+  }
+  g.drained = true;
+  scheduler_->set_gpu_healthy(gpu->value(), false);
+  // Its models leave (the scheduler's view already forgot them); the running one leaves when
+  // its request is done.
+  std::optional<FunctionId> runner;
+  if (g.running) runner = state_->requests.at(*g.running).function;
+  std::vector<FunctionId> resident;
+  for (const auto& [id, f] : state_->functions) {
+    if (f.attached && id != runner) resident.push_back(id);
+  }
+  std::sort(resident.begin(), resident.end());
+  for (FunctionId id : resident) evict(id, *gpu);
+  state_->drains.push_back(gpu);
+  return Status();
+}
+
+// ---- Decisions ----
+
+void NodeCore::dispatch(Time now) {
+  // A start can fail at once and free its GPU again, so ask until nothing more starts.
+  while (true) {
+    decisions_.clear();
+    scheduler_->dispatch(now, &decisions_);
+    if (decisions_.empty()) break;
+    // start_one() never dispatches, so decisions_ stays as it is while we walk it.
+    for (const Decision& d : decisions_) start_one(d, now);
+  }
+  check_drains();
+}
+
+void NodeCore::start_one(const Decision& d, Time now) {
+  const RequestId rid = node_request(d.request);
+  State::Request& r = state_->requests.at(rid);
+  State::Function* f = state_->function(r.function);
+  const GpuId gpu{d.gpu};
+  state_->gpus[d.gpu].running = rid;
+  for (const scheduler::Eviction& v : d.evictions) evict(node_function(v.function), GpuId{v.gpu});
+  r.decision = d;
+  r.phase = Phase::kPlacing;
+  if (f == nullptr || !f->attached) {
+    // The instance went away after the request queued.
+    r.start_error = error(ErrorCode::kDeinitialized, "the function's instance is gone");
+    answer_start(rid, now);
+    (void)scheduler_->cancel(d.request, now);
+    state_->gpus[d.gpu].running.reset();
+    state_->requests.erase(rid);
+    return;
+  }
+  Start start{.request = rid, .function = r.function, .gpu = gpu};
+  start.source = d.source;
+  if (d.source == Source::kPeer) start.source_gpu = GpuId{d.source_gpu};
+  start.background = r.background;
+  start.first_request = !r.background && !f->model_fixed;
+  start.rule = d.rule;
+  // A function whose every block is state keeps a single replica: copies of it are moves.
+  const bool all_state = f->spec.stateful || !f->model_fixed;
+  if (!r.background) f->model_fixed = true;
+  r.release_source = d.source == Source::kPeer && (d.release_source || all_state);
+  r.drop_source_from_view = r.release_source && !d.release_source;
+  start.release_source = r.release_source;
+  r.swap_in_flight = d.source != Source::kResident;
+  f->lease = rid;
+  if (r.background) {
+    f->background_queued.reset();
+  } else if (f->background_queued) {
+    // The instance's work runs under this request; the background one it asked for is moot.
+    (void)scheduler_->cancel(sched(*f->background_queued), now);
+    state_->requests.erase(*f->background_queued);
+    f->background_queued.reset();
+  }
+  actuator_.start(start);
+}
+
+void NodeCore::evict(FunctionId function, GpuId gpu) {
+  State::Function* f = state_->function(function);
+  if (f == nullptr || !f->attached) return;
+  Result<uint64_t> freed = actuator_.evict(function, gpu);
+  if (!freed.ok()) {
+    LOG(ERROR) << "evicting '" << f->spec.name << "' from GPU " << gpu << ": " << freed.status();
+    // A copy that failed is the GPU's fault; anything else is ours, and the GPU is fine.
+    if (freed.status().code() != ErrorCode::kIllegalState) {
+      fail_gpu(gpu, freed.status().with_context("writing a model back"));
+    }
+    return;
+  }
+  if (*freed > 0) ++state_->gpus[index_of(gpu)].evictions;
+  update_reserved(gpu);
+}
+
+void NodeCore::update_reserved(GpuId gpu) {
+  // Reserved = outside the pool + what the pool gave out that is not a model replica the view
+  // holds. A replica counts for what of it is placed: a model still being placed (or one the
+  // view sizes larger than its blocks) does not make the reserve negative.
+  const int g = index_of(gpu);
+  const scheduler::NodeState& view = scheduler_->node();
+  uint64_t models = 0;
+  for (const scheduler::Replica& replica : view.gpu(g).replicas) {
+    const FunctionId id = node_function(scheduler_->functions().id(replica.function));
+    models += std::min(replica.bytes, actuator_.placed_bytes(id, gpu));
+  }
+  const uint64_t allocated = actuator_.pool_allocated(gpu);
+  const uint64_t outside = options_.outside_pool_bytes.empty() ? 0 : options_.outside_pool_bytes[g];
+  const uint64_t reserved = outside + (allocated > models ? allocated - models : 0);
+  State::Gpu& state = state_->gpus[g];
+  if (reserved == state.reported_reserved) return;
+  state.reported_reserved = reserved;
+  scheduler_->set_reserved(g, reserved);
+}
+
+void NodeCore::answer_start(RequestId id, Time now) {
+  State::Request& r = state_->requests.at(id);
+  if (!r.awaited) return;
+  r.awaited = false;
+  if (!r.start_error.ok()) {
+    actuator_.answer_start(id, r.start_error);
+    return;
+  }
+  StartInfo info{.gpu = GpuId{r.decision.gpu}};
+  info.source = r.decision.source;
+  if (r.decision.source == Source::kPeer) info.source_gpu = GpuId{r.decision.source_gpu};
+  info.rule = r.decision.rule;
+  info.queued = now - r.arrival;
+  actuator_.answer_start(id, info);
+}
+
+void NodeCore::check_drains() {
+  auto& drains = state_->drains;
+  for (auto it = drains.begin(); it != drains.end();) {
+    bool busy = false;
+    if (!*it) {
+      for (const auto& [id, r] : state_->requests) {
+        busy |= !r.background && r.phase != Phase::kEnded;
+      }
+    } else {
+      busy = state_->gpus[index_of(**it)].running.has_value();
+    }
+    if (busy) {
+      ++it;
+      continue;
+    }
+    const std::optional<GpuId> target = *it;
+    it = drains.erase(it);
+    actuator_.drained(target);
+  }
+}
+
+Time NodeCore::next_wakeup() const { return scheduler_->next_wakeup(); }
+
+// ---- Views ----
+
+std::optional<Phase> NodeCore::phase(RequestId id) const {
+  auto it = state_->requests.find(id);
+  if (it == state_->requests.end()) return std::nullopt;
+  return it->second.phase;
+}
+
+std::optional<FunctionId> NodeCore::function_of(RequestId id) const {
+  auto it = state_->requests.find(id);
+  if (it == state_->requests.end()) return std::nullopt;
+  return it->second.function;
+}
+
+std::optional<RequestId> NodeCore::running(GpuId gpu) const {
+  return state_->gpus[index_of(gpu)].running;
+}
+
+NodeStatus NodeCore::status(Time now) const {
+  NodeStatus out;
+  for (const State::Gpu& g : state_->gpus) {
+    NodeStatus::Gpu gpu;
+    gpu.healthy = g.healthy;
+    gpu.drained = g.drained;
+    if (g.running) gpu.running = state_->requests.at(*g.running).function;
+    gpu.swaps_in = g.swaps_in;
+    gpu.swap_in_bytes = g.swap_in_bytes;
+    gpu.swap_in_seconds = g.swap_in_seconds;
+    gpu.evictions = g.evictions;
+    out.gpus.push_back(gpu);
+  }
+  const scheduler::FunctionTable& table = scheduler_->functions();
+  for (const auto& [id, f] : state_->functions) {
+    NodeStatus::Function fs{.id = id};
+    fs.name = f.spec.name;
+    fs.attached = f.attached;
+    fs.stateful = f.spec.stateful;
+    const auto index = table.find(sched(id));
+    if (index != scheduler::kNoFunction) {
+      fs.heavy = table.heavy(index);
+      fs.requests = table.stats(index).requests;
+      fs.on_time = table.stats(index).window.totals(now).on_time;
+      fs.rrc = scheduler_->rrc(sched(id), now);
+      const scheduler::GpuMask holders = scheduler_->node().holders(index);
+      for (int g = 0; g < gpu_count(); ++g) {
+        if (holders & scheduler::gpu_bit(g)) fs.resident_gpus.push_back(GpuId{g});
+      }
+    }
+    out.functions.push_back(std::move(fs));
+  }
+  std::sort(out.functions.begin(), out.functions.end(),
+            [](const auto& a, const auto& b) { return a.id < b.id; });
+  out.queued = scheduler_->queued();
+  out.counters = scheduler_->counters();
+  out.draining = state_->draining;
+  return out;
+}
+
+}  // namespace hiber::node

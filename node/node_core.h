@@ -1,0 +1,264 @@
+// The node core: every decision a Hiber node makes about its GPUs, in one single-threaded object
+// that both hiberd and hiber-sim drive. It holds the scheduler (scheduler/scheduler.h), the
+// node's functions and their requests as a state machine, the GPUs' health and drains, and the
+// reserve accounting that keeps the scheduler's view of memory true to the pools. It decides
+// what to evict, what to load, what to start and when a request is over; it acts only through an
+// Actuator, which carries the decisions out and reports back:
+//
+//   hiberd (server/controller.cc): grants a session a lease on the GPU, swaps the model with
+//     FunctionMemory, ends the lease when the router says the request is done;
+//   hiber-sim (sim/hiber_node.cc): allocates the model's blocks in the real pools, moves its
+//     bytes over the modelled links, finishes the request after its execution time.
+//
+// So the simulator measures the code that runs in production: only the actuators differ.
+//
+// The core is pure: no threads, no clock (every call is given `now`, nanoseconds on the caller's
+// clock), no I/O. The actuator may call back into the core from inside an actuator call (the
+// simulator allocates a model's blocks inside start() and asks make_room() when the pool is
+// full; a start that fails reports streaming() and released() at once); the core is written
+// for that. The actuator's calls carry no time: it knows it from the call into the core that led
+// to them.
+//
+// The life of a request (Phase):
+//
+//   arrive() / need_gpu()   kQueued     waits in the scheduler's queue
+//   dispatch()              kPlacing    placed on a GPU: evictions done, Actuator::start() called
+//   streaming(ok)           kRunning    the model is resident or streaming in; start answered
+//   done()                  kEnding     the caller's answer came; Actuator::end() drains the work
+//   released()                          the GPU is free again; the request is forgotten, or, if
+//                           kEnded      nobody has said done() yet (its GPU failed, say), kept
+//                                       ended until done() so that the caller learns how it went
+//
+// A background request (need_gpu: the function's own use of a GPU outside its callers' requests,
+// such as its start-up) is forgotten at released(); nobody waits for it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/ids.h"
+#include "common/status.h"
+#include "scheduler/scheduler.h"
+#include "scheduler/topology.h"
+
+namespace hiber::node {
+
+using scheduler::Duration;
+using scheduler::Time;
+
+struct NodeOptions {
+  scheduler::SchedulerOptions scheduler;
+  // Per GPU: bytes models can never use because they are outside the pools (the CUDA context,
+  // the pool's rounding to the granularity). The scheduler's reserve starts there.
+  std::vector<uint64_t> outside_pool_bytes;
+};
+
+// What the caller knows about a function when it adds it.
+struct FunctionSpec {
+  std::string name;                // for logs and status
+  uint64_t model_bytes = 1;        // the model's size; 1 until a first run shows it (hiberd)
+  Duration slo = 0;
+  double tail_percentile = 0.98;
+  std::optional<bool> heavy_hint;
+  Duration exec_time_hint = 0;
+  // Every block is state: a copy between GPUs is always a move (one replica only).
+  bool stateful = false;
+};
+
+// What the actuator must do to start a request: bring the function's model onto `gpu` from
+// `source` (nothing to bring when resident) and run the request there.
+struct Start {
+  RequestId request;
+  FunctionId function;
+  GpuId gpu;
+  scheduler::Source source = scheduler::Source::kResident;
+  std::optional<GpuId> source_gpu;   // Source::kPeer: the GPU holding the replica to copy
+  // Source::kPeer: the copy is a move. Once swap_done() reports it complete, the core has the
+  // actuator forget() the source replica.
+  bool release_source = false;
+  bool background = false;           // need_gpu(), not a caller's request
+  // The function's first caller request: what it loaded before is its model (hiberd fixes it).
+  bool first_request = false;
+  scheduler::PlacementRule rule = scheduler::PlacementRule::kWait;
+};
+
+// The answer the caller of await_start() gets once the request runs.
+struct StartInfo {
+  GpuId gpu;
+  scheduler::Source source = scheduler::Source::kResident;
+  std::optional<GpuId> source_gpu;
+  scheduler::PlacementRule rule = scheduler::PlacementRule::kWait;
+  Duration queued = 0;               // arrival to the answer
+};
+
+// What a finished swap moved.
+struct SwapStats {
+  uint64_t bytes = 0;
+  Duration duration = 0;
+};
+
+class Actuator {
+ public:
+  virtual ~Actuator() = default;
+
+  // Frees `function`'s replica on `gpu`; its host copy is authoritative, so only state that must
+  // survive is written back. Returns the bytes freed. An error other than kIllegalState means
+  // the GPU failed (a write-back did not complete).
+  virtual Result<uint64_t> evict(FunctionId function, GpuId gpu) = 0;
+  // Frees `function`'s replica on `gpu` without writing anything back: its GPU failed, or its
+  // bytes were moved to another GPU.
+  virtual void forget(FunctionId function, GpuId gpu) = 0;
+  // Starts a request (evictions are done). The actuator reports streaming() when the model is
+  // resident or streaming in (or the start failed), swap_done() when a swap ends, and
+  // released() when the request's work has drained and the GPU is free.
+  virtual void start(const Start& start) = 0;
+  // The request must end: drain its work and report released(). `failure` is ok for an
+  // ordinary end; otherwise the request's GPU failed and its work is lost.
+  virtual void end(RequestId request, FunctionId function, const Status& failure) = 0;
+  // The answer to await_start(): the request runs, or why it never will.
+  virtual void answer_start(RequestId request, const Result<StartInfo>& answer) = 0;
+  // A drain() finished: `gpu`, or the whole node when none.
+  virtual void drained(std::optional<GpuId> gpu) = 0;
+
+  // ---- Memory, for the reserve accounting ----
+  // Bytes `gpu`'s pool has given out, to anything.
+  virtual uint64_t pool_allocated(GpuId gpu) const = 0;
+  // Bytes of `function`'s blocks placed on `gpu`.
+  virtual uint64_t placed_bytes(FunctionId function, GpuId gpu) const = 0;
+  // The function's model size as its memory knows it now (asked when a request releases).
+  virtual uint64_t model_bytes(FunctionId function) const = 0;
+};
+
+// Where a request stands.
+enum class Phase : uint8_t { kQueued, kPlacing, kRunning, kEnding, kEnded };
+const char* phase_name(Phase phase);
+
+// A point-in-time view for status reports.
+struct NodeStatus {
+  struct Gpu {
+    bool healthy = true;
+    bool drained = false;
+    std::optional<FunctionId> running;
+    uint64_t swaps_in = 0;
+    uint64_t swap_in_bytes = 0;
+    double swap_in_seconds = 0;
+    uint64_t evictions = 0;
+  };
+  struct Function {
+    FunctionId id;
+    std::string name;
+    bool attached = false;
+    bool stateful = false;
+    bool heavy = false;
+    uint64_t requests = 0;
+    uint64_t on_time = 0;
+    double rrc = 0;
+    std::vector<GpuId> resident_gpus;
+  };
+  std::vector<Gpu> gpus;
+  std::vector<Function> functions;     // by id
+  uint64_t queued = 0;
+  scheduler::SchedulerCounters counters;
+  bool draining = false;
+};
+
+class NodeCore {
+ public:
+  // `topology`, `actuator` and `oracle` must outlive the core. The oracle is needed only by the
+  // oracle eviction policies.
+  static Result<std::unique_ptr<NodeCore>> create(const scheduler::Topology& topology,
+                                                  const NodeOptions& options, Actuator& actuator,
+                                                  const scheduler::FutureOracle* oracle = nullptr);
+  ~NodeCore();
+  NodeCore(const NodeCore&) = delete;
+  NodeCore& operator=(const NodeCore&) = delete;
+
+  // ---- Functions ----
+  // kInvalidValue for a bad spec or an id in use. The caller numbers its functions.
+  Status add_function(FunctionId id, const FunctionSpec& spec, Time now);
+  // Forgets the function and cancels its queued requests. kIllegalState while it has an
+  // instance attached; kNotFound if unknown.
+  Status remove_function(FunctionId id, Time now);
+  bool has_function(FunctionId id) const;
+  // The function has an instance that can run its requests (hiberd: a connected session).
+  Status attach(FunctionId id);
+  // The instance is gone, and its memory with it: its queued requests are withdrawn, a running
+  // one ends as failed, waiting await_start()s are answered with an error.
+  void detach(FunctionId id, Time now);
+
+  // ---- Requests ----
+  // A caller's request. kNotFound for an unknown function; kDeviceUnavailable when the node
+  // drains or the function has no instance.
+  Result<RequestId> arrive(FunctionId id, Time now);
+  // The function's instance needs a GPU outside any caller's request: a background request is
+  // queued unless it holds or awaits one already.
+  void need_gpu(FunctionId id, Time now);
+  // The caller waits for `request` to run: Actuator::answer_start() answers, now or later.
+  // kNotFound for a request not waiting (unknown, finished, background); kInvalidValue when
+  // somebody waits already.
+  Status await_start(RequestId request, Time now);
+  // The caller's request is over (`failed`: it produced no answer). A queued one leaves the
+  // queue; a running one ends (Actuator::end); an ended one is forgotten. kNotFound otherwise.
+  Status done(RequestId request, bool failed, Time now);
+
+  // ---- Reports from the actuator ----
+  // The request's model is resident or streaming in (ok), or the start failed.
+  void streaming(RequestId request, const Status& status, Time now);
+  // The request's swap finished (or failed: its GPU is taken out of service).
+  void swap_done(RequestId request, const Status& status, const SwapStats& stats, Time now);
+  // The request's work has drained; its GPU is free.
+  void released(RequestId request, const Status& status, Time now);
+  // `function` needs `bytes` more on `gpu` than its pool can give: the eviction policy frees
+  // other functions' replicas there. kOutOfMemory when nothing it may evict is left.
+  Status make_room(FunctionId function, GpuId gpu, uint64_t bytes, Time now);
+  // The actuator's memory on `gpu` changed outside a core call (blocks allocated or freed).
+  void memory_changed(GpuId gpu);
+  // A transfer on `gpu` failed: it takes no more requests, its replicas are forgotten, and the
+  // request running there ends with `why`.
+  void fail_gpu(GpuId gpu, const Status& why);
+
+  // ---- Operators ----
+  // Drains `gpu` (its replicas leave; it takes no requests) or, with none, the node (no new
+  // requests). Actuator::drained() reports the end. `resume` undoes it at once, and nothing is
+  // reported. kInvalidDevice for a GPU outside the node.
+  Status drain(std::optional<GpuId> gpu, bool resume);
+
+  // ---- Decisions ----
+  // Starts every queued request that can start now, and finishes drains that are complete.
+  // Call it after every batch of events.
+  void dispatch(Time now);
+  // When dispatch() must run even if nothing happens (lazy queue policies); kNever otherwise.
+  Time next_wakeup() const;
+
+  // ---- Views ----
+  std::optional<Phase> phase(RequestId request) const;
+  std::optional<FunctionId> function_of(RequestId request) const;
+  std::optional<RequestId> running(GpuId gpu) const;
+  NodeStatus status(Time now) const;
+  const scheduler::Scheduler& scheduler() const { return *scheduler_; }
+  int gpu_count() const;
+
+ private:
+  struct State;
+
+  NodeCore(const scheduler::Topology& topology, const NodeOptions& options, Actuator& actuator);
+
+  void start_one(const scheduler::Decision& decision, Time now);
+  void evict(FunctionId function, GpuId gpu);
+  // Tells the scheduler how much of `gpu` is used by anything but the replicas it placed.
+  void update_reserved(GpuId gpu);
+  void answer_start(RequestId id, Time now);
+  void check_drains();
+
+  const scheduler::Topology& topology_;
+  const NodeOptions options_;
+  Actuator& actuator_;
+  std::unique_ptr<scheduler::Scheduler> scheduler_;
+  std::unique_ptr<State> state_;
+  std::vector<scheduler::Decision> decisions_;  // dispatch()'s scratch
+};
+
+}  // namespace hiber::node

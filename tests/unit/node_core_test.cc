@@ -1,0 +1,496 @@
+// The node core driven with scripted events: each test checks the actuator calls it makes (what
+// it evicts, starts, ends, forgets and answers) and the state of its requests, against what the
+// request life cycle in node/node_core.h promises.
+#include "node/node_core.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "scheduler_test_support.h"
+
+namespace hiber::node {
+namespace {
+
+using scheduler::PlacementRule;
+using scheduler::Source;
+using scheduler::Topology;
+using scheduler::kGiB;
+using scheduler::kMillisecond;
+using scheduler::testing::plain_topology;
+using scheduler::testing::torpor_topology;
+
+constexpr Duration kMs = kMillisecond;
+
+// Records every call, and keeps a memory ledger that behaves like a pool: a start places the
+// model (and nothing else), evict and forget free it.
+class RecordingActuator final : public Actuator {
+ public:
+  struct EndCall {
+    RequestId request;
+    FunctionId function;
+    Status failure;
+  };
+
+  Result<uint64_t> evict(FunctionId function, GpuId gpu) override {
+    log.push_back(str_cat("evict f", function, " g", gpu));
+    const uint64_t freed = placed[{function, gpu}];
+    allocated[gpu] -= freed;
+    placed.erase({function, gpu});
+    return freed;
+  }
+  void forget(FunctionId function, GpuId gpu) override {
+    log.push_back(str_cat("forget f", function, " g", gpu));
+    allocated[gpu] -= placed[{function, gpu}];
+    placed.erase({function, gpu});
+  }
+  void start(const Start& s) override {
+    log.push_back(str_cat("start r", s.request, " f", s.function, " g", s.gpu, " ",
+                          scheduler::source_name(s.source), s.background ? " background" : "",
+                          s.release_source ? " move" : ""));
+    starts.push_back(s);
+    if (s.source != Source::kResident) {
+      const uint64_t bytes = model_sizes.count(s.function) ? model_sizes[s.function] : 0;
+      uint64_t& here = placed[{s.function, s.gpu}];
+      allocated[s.gpu] += bytes - here;
+      here = bytes;
+    }
+  }
+  void end(RequestId request, FunctionId function, const Status& failure) override {
+    log.push_back(str_cat("end r", request, failure.ok() ? "" : " failed"));
+    ends.push_back({request, function, failure});
+  }
+  void answer_start(RequestId request, const Result<StartInfo>& answer) override {
+    log.push_back(str_cat("answer r", request, answer.ok() ? " ok" : " error"));
+    answers.emplace(request, answer);
+  }
+  void drained(std::optional<GpuId> gpu) override {
+    log.push_back(gpu ? str_cat("drained g", *gpu) : std::string("drained node"));
+  }
+  uint64_t pool_allocated(GpuId gpu) const override {
+    auto it = allocated.find(gpu);
+    return it == allocated.end() ? 0 : it->second;
+  }
+  uint64_t placed_bytes(FunctionId function, GpuId gpu) const override {
+    auto it = placed.find({function, gpu});
+    return it == placed.end() ? 0 : it->second;
+  }
+  uint64_t model_bytes(FunctionId function) const override {
+    auto it = model_sizes.find(function);
+    return it == model_sizes.end() ? 1 : it->second;
+  }
+
+  std::vector<std::string> take_log() { return std::exchange(log, {}); }
+
+  std::vector<std::string> log;
+  std::vector<Start> starts;
+  std::vector<EndCall> ends;
+  std::map<RequestId, Result<StartInfo>> answers;
+  std::map<FunctionId, uint64_t> model_sizes;
+  std::map<std::pair<FunctionId, GpuId>, uint64_t> placed;
+  std::map<GpuId, uint64_t> allocated;
+};
+
+FunctionSpec spec(const std::string& name, uint64_t bytes, bool stateful = false) {
+  FunctionSpec s;
+  s.name = name;
+  s.model_bytes = bytes;
+  s.slo = 100 * kMs;
+  s.exec_time_hint = 10 * kMs;
+  s.stateful = stateful;
+  return s;
+}
+
+class NodeCoreTest : public ::testing::Test {
+ protected:
+  void make(const Topology& topology, NodeOptions options = {}) {
+    topology_ = std::make_unique<Topology>(topology);
+    auto core = NodeCore::create(*topology_, options, actuator_);
+    ASSERT_TRUE(core.ok()) << core.status();
+    core_ = std::move(core).value();
+  }
+  // Adds and attaches a function whose model is `bytes`.
+  FunctionId add(uint32_t id, uint64_t bytes, bool stateful = false) {
+    const FunctionId f{id};
+    actuator_.model_sizes[f] = bytes;
+    EXPECT_TRUE(core_->add_function(f, spec(str_cat("fn", id), bytes, stateful), now_).ok());
+    EXPECT_TRUE(core_->attach(f).ok());
+    return f;
+  }
+  RequestId arrive(FunctionId f) {
+    Result<RequestId> r = core_->arrive(f, now_);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return *r;
+  }
+  // Runs one request of `f` to its end: arrives, starts, streams, swaps, done, released.
+  Start serve(FunctionId f) {
+    const RequestId r = arrive(f);
+    core_->dispatch(now_);
+    EXPECT_FALSE(actuator_.starts.empty());
+    const Start s = actuator_.starts.back();
+    EXPECT_EQ(s.request, r);
+    core_->streaming(r, Status(), now_);
+    if (s.source != Source::kResident) core_->swap_done(r, Status(), {}, now_);
+    EXPECT_TRUE(core_->done(r, false, now_).ok());
+    core_->released(r, Status(), now_);
+    core_->dispatch(now_);
+    EXPECT_FALSE(core_->phase(r).has_value());
+    return s;
+  }
+
+  Time now_ = 0;
+  RecordingActuator actuator_;
+  std::unique_ptr<Topology> topology_;
+  std::unique_ptr<NodeCore> core_;
+};
+
+TEST_F(NodeCoreTest, ARequestLoadsFromTheHostRunsAndEndsThenTheNextRunsResident) {
+  make(plain_topology(1, 16 * kGiB));
+  const FunctionId f = add(1, kGiB);
+  const RequestId r = arrive(f);
+  EXPECT_EQ(core_->phase(r), Phase::kQueued);
+  ASSERT_TRUE(core_->await_start(r, now_).ok());
+  EXPECT_TRUE(actuator_.answers.empty()) << "nothing runs before dispatch";
+
+  now_ = 5 * kMs;
+  core_->dispatch(now_);
+  ASSERT_EQ(actuator_.starts.size(), 1u);
+  const Start& s = actuator_.starts[0];
+  EXPECT_EQ(s.function, f);
+  EXPECT_EQ(s.gpu, GpuId{0});
+  EXPECT_EQ(s.source, Source::kHost);
+  EXPECT_TRUE(s.first_request);
+  EXPECT_FALSE(s.background);
+  EXPECT_EQ(core_->phase(r), Phase::kPlacing);
+  EXPECT_EQ(core_->running(GpuId{0}), r);
+
+  now_ = 7 * kMs;
+  core_->streaming(r, Status(), now_);
+  EXPECT_EQ(core_->phase(r), Phase::kRunning);
+  ASSERT_EQ(actuator_.answers.count(r), 1u);
+  const Result<StartInfo>& answer = actuator_.answers.at(r);
+  ASSERT_TRUE(answer.ok()) << answer.status();
+  EXPECT_EQ(answer->gpu, GpuId{0});
+  EXPECT_EQ(answer->source, Source::kHost);
+  EXPECT_EQ(answer->queued, 7 * kMs) << "from arrival to the answer";
+
+  core_->swap_done(r, Status(), SwapStats{kGiB, 3 * kMs}, now_);
+  ASSERT_TRUE(core_->done(r, false, now_).ok());
+  EXPECT_EQ(core_->phase(r), Phase::kEnding);
+  ASSERT_EQ(actuator_.ends.size(), 1u);
+  EXPECT_TRUE(actuator_.ends[0].failure.ok());
+  EXPECT_EQ(core_->running(GpuId{0}), r) << "the GPU is busy until the work drains";
+  core_->released(r, Status(), now_);
+  EXPECT_FALSE(core_->phase(r).has_value()) << "done and released: forgotten";
+  EXPECT_FALSE(core_->running(GpuId{0}).has_value());
+
+  const Start second = serve(f);
+  EXPECT_EQ(second.source, Source::kResident);
+  EXPECT_FALSE(second.first_request);
+  const NodeStatus status = core_->status(now_);
+  EXPECT_EQ(status.gpus[0].swaps_in, 1u);
+  EXPECT_EQ(status.gpus[0].swap_in_bytes, kGiB);
+  EXPECT_EQ(status.counters.completed, 2u);
+  EXPECT_EQ(status.counters.on_time, 2u);
+}
+
+TEST_F(NodeCoreTest, BackgroundRequestsAreOneAtATimeAndForgottenWhenReleased) {
+  make(plain_topology(1, 16 * kGiB));
+  const FunctionId f = add(1, kGiB);
+  core_->need_gpu(f, now_);
+  core_->need_gpu(f, now_);  // asked again before the grant: still one
+  core_->dispatch(now_);
+  ASSERT_EQ(actuator_.starts.size(), 1u);
+  const Start s = actuator_.starts[0];
+  EXPECT_TRUE(s.background);
+  EXPECT_FALSE(s.first_request) << "a background request does not fix the model";
+  core_->need_gpu(f, now_);  // holds a lease: nothing more
+  core_->dispatch(now_);
+  EXPECT_EQ(actuator_.starts.size(), 1u);
+  EXPECT_EQ(core_->await_start(s.request, now_).code(), ErrorCode::kNotFound)
+      << "nobody waits for a background request";
+  core_->streaming(s.request, Status(), now_);
+  core_->swap_done(s.request, Status(), {}, now_);
+  core_->released(s.request, Status(), now_);
+  EXPECT_FALSE(core_->phase(s.request).has_value());
+  const NodeStatus status = core_->status(now_);
+  EXPECT_EQ(status.counters.background, 1u);
+  EXPECT_EQ(status.counters.arrivals, 0u);
+}
+
+TEST_F(NodeCoreTest, AQueuedCallerRequestServesTheInstancesOwnNeedsToo) {
+  make(plain_topology(1, 16 * kGiB));
+  const FunctionId busy = add(1, kGiB);
+  const FunctionId f = add(2, kGiB);
+  const RequestId hog = arrive(busy);
+  core_->dispatch(now_);  // the only GPU is taken
+  const RequestId r = arrive(f);
+  core_->need_gpu(f, now_);  // its calls will run under r's lease
+  core_->streaming(hog, Status(), now_);
+  core_->swap_done(hog, Status(), {}, now_);
+  ASSERT_TRUE(core_->done(hog, false, now_).ok());
+  core_->released(hog, Status(), now_);
+  core_->dispatch(now_);
+  ASSERT_EQ(actuator_.starts.size(), 2u);
+  EXPECT_EQ(actuator_.starts[1].request, r);
+  EXPECT_EQ(core_->status(now_).counters.background, 0u) << "no background request was made";
+}
+
+TEST_F(NodeCoreTest, AFailedGpuEndsItsRequestWhichStaysEndedUntilTheCallerSaysDone) {
+  make(plain_topology(2, 16 * kGiB));
+  const FunctionId a = add(1, kGiB);
+  const FunctionId b = add(2, kGiB);
+  const Start sb = serve(b);  // b's model stays on its GPU
+  const RequestId r = arrive(a);
+  core_->dispatch(now_);
+  const Start sa = actuator_.starts.back();
+  ASSERT_NE(sa.gpu, sb.gpu) << "Algorithm 1 keeps b's replica";
+  core_->streaming(r, Status(), now_);
+  actuator_.take_log();
+
+  core_->swap_done(r, error(ErrorCode::kUnknown, "DMA error"), {}, now_);
+  std::vector<std::string> log = actuator_.take_log();
+  EXPECT_EQ(log, (std::vector<std::string>{str_cat("forget f", b, " g", sa.gpu),
+                                           str_cat("end r", r, " failed")}))
+      << "every other function's copy there is forgotten at once; the running function's when "
+         "its request releases";
+  ASSERT_TRUE(core_->await_start(r, now_).ok());  // answered at once: it runs
+  core_->released(r, actuator_.ends.back().failure, now_);
+  EXPECT_EQ(core_->phase(r), Phase::kEnded);
+  log = actuator_.take_log();
+  EXPECT_EQ(log, (std::vector<std::string>{str_cat("answer r", r, " ok"),
+                                           str_cat("forget f", a, " g", sa.gpu)}));
+  EXPECT_TRUE(core_->done(r, false, now_).ok());
+  EXPECT_FALSE(core_->phase(r).has_value());
+  EXPECT_EQ(core_->done(r, false, now_).code(), ErrorCode::kNotFound);
+
+  // The failed GPU takes no more requests: a's next one runs on the other GPU.
+  const Start next = serve(a);
+  EXPECT_EQ(next.gpu, sb.gpu);
+  EXPECT_FALSE(core_->status(now_).gpus[sa.gpu.value()].healthy);
+}
+
+TEST_F(NodeCoreTest, AStartThatFailsAnswersTheWaiterWithItsError) {
+  make(plain_topology(1, 16 * kGiB));
+  const FunctionId f = add(1, kGiB);
+  const RequestId r = arrive(f);
+  ASSERT_TRUE(core_->await_start(r, now_).ok());
+  core_->dispatch(now_);
+  const Status why = error(ErrorCode::kOutOfMemory, "no room");
+  core_->streaming(r, why, now_);
+  ASSERT_EQ(actuator_.answers.count(r), 1u);
+  EXPECT_EQ(actuator_.answers.at(r).status().code(), ErrorCode::kOutOfMemory);
+  core_->released(r, why, now_);
+  EXPECT_EQ(core_->phase(r), Phase::kEnded);
+  EXPECT_TRUE(core_->done(r, true, now_).ok());
+  EXPECT_EQ(core_->status(now_).counters.failed, 1u);
+}
+
+TEST_F(NodeCoreTest, DecisionsEvictBeforeTheyStartAndTheActuatorFreesTheVictim) {
+  // One GPU with room for two 6 GiB models.
+  make(plain_topology(1, 13 * kGiB));
+  const FunctionId a = add(1, 6 * kGiB);
+  const FunctionId b = add(2, 6 * kGiB);
+  const FunctionId c = add(3, 6 * kGiB);
+  serve(a);
+  serve(b);
+  actuator_.take_log();
+  const Start sc = serve(c);
+  EXPECT_EQ(sc.source, Source::kHost);
+  const std::vector<std::string> log = actuator_.take_log();
+  ASSERT_GE(log.size(), 2u);
+  EXPECT_TRUE(log[0].starts_with("evict f")) << log[0];
+  EXPECT_TRUE(log[1].starts_with(str_cat("start r", sc.request))) << log[1];
+  EXPECT_EQ(actuator_.allocated[GpuId{0}], 12 * kGiB) << "two models, the victim's freed";
+  EXPECT_EQ(core_->status(now_).gpus[0].evictions, 1u);
+}
+
+TEST_F(NodeCoreTest, MakeRoomEvictsByThePolicyAndRefusesWhenNothingMayGo) {
+  make(plain_topology(1, 13 * kGiB));
+  const FunctionId a = add(1, 4 * kGiB);
+  const FunctionId b = add(2, 4 * kGiB);
+  serve(a);
+  const RequestId r = arrive(b);
+  core_->dispatch(now_);
+  core_->streaming(r, Status(), now_);
+  actuator_.take_log();
+  // b, running, needs 4 GiB of scratch that the view did not count: a's replica goes.
+  actuator_.allocated[GpuId{0}] += 2 * kGiB;  // some scratch is placed already
+  ASSERT_TRUE(core_->make_room(b, GpuId{0}, 4 * kGiB, now_).ok());
+  EXPECT_EQ(actuator_.take_log(), (std::vector<std::string>{str_cat("evict f", a, " g0")}));
+  // Nothing else may go: b runs.
+  const Status refused = core_->make_room(b, GpuId{0}, 8 * kGiB, now_);
+  EXPECT_EQ(refused.code(), ErrorCode::kOutOfMemory) << refused;
+  EXPECT_TRUE(actuator_.take_log().empty());
+}
+
+TEST_F(NodeCoreTest, TheReserveIsWhatThePoolGaveOutBeyondTheViewsPlacedReplicas) {
+  NodeOptions options;
+  options.outside_pool_bytes = {kGiB};
+  make(plain_topology(1, 16 * kGiB), options);
+  EXPECT_EQ(core_->scheduler().node().gpu(0).reserved, kGiB);
+  const FunctionId f = add(1, 2 * kGiB);
+  serve(f);
+  EXPECT_EQ(core_->scheduler().node().gpu(0).reserved, kGiB) << "the model is not reserve";
+  actuator_.allocated[GpuId{0}] += 3 * kGiB;  // scratch
+  core_->memory_changed(GpuId{0});
+  EXPECT_EQ(core_->scheduler().node().gpu(0).reserved, 4 * kGiB);
+  // A replica counts for what of it is placed: while its blocks are being placed, the rest of
+  // what the pool gave out is still reserve.
+  actuator_.placed[{f, GpuId{0}}] = kGiB;
+  core_->memory_changed(GpuId{0});
+  EXPECT_EQ(core_->scheduler().node().gpu(0).reserved, 5 * kGiB);
+}
+
+// Two GPUs joined by NVLink (GPUs 0 and 1 of the Torpor node).
+Topology nvlinked_pair(uint64_t memory) {
+  NodeConfig config = scheduler::testing::shipped_config("torpor-4gpu.json");
+  config.gpus.resize(2);
+  for (GpuSpec& gpu : config.gpus) gpu.memory_bytes = memory;
+  std::erase_if(config.nvlinks, [](const NvLinkSpec& l) { return l.gpu_a > 1 || l.gpu_b > 1; });
+  Result<Topology> topology = Topology::from_config(config);
+  EXPECT_TRUE(topology.ok()) << topology.status();
+  return std::move(topology).value();
+}
+
+TEST_F(NodeCoreTest, APeerCopyOfAFunctionWithoutAFixedModelIsAMove) {
+  // Until its first caller request every block of a function is state: one replica only.
+  make(nvlinked_pair(16 * kGiB));
+  const FunctionId f = add(1, kGiB);
+  const FunctionId other = add(2, kGiB);
+  const FunctionId third = add(3, kGiB);
+  const RequestId first = arrive(other);  // takes one GPU ...
+  core_->dispatch(now_);
+  core_->need_gpu(f, now_);               // ... so f's start-up runs on the other
+  core_->dispatch(now_);
+  ASSERT_EQ(actuator_.starts.size(), 2u);
+  const Start boot = actuator_.starts[1];
+  ASSERT_TRUE(boot.background);
+  core_->streaming(boot.request, Status(), now_);
+  core_->swap_done(boot.request, Status(), {}, now_);
+  core_->released(boot.request, Status(), now_);
+  const RequestId second = arrive(third);  // f's GPU is the only free one: third takes it
+  core_->dispatch(now_);
+  ASSERT_EQ(actuator_.starts.back().request, second);
+  ASSERT_EQ(actuator_.starts.back().gpu, boot.gpu);
+  core_->streaming(first, Status(), now_);
+  ASSERT_TRUE(core_->done(first, false, now_).ok());
+  core_->released(first, Status(), now_);  // the first GPU is free again
+  const RequestId r = arrive(f);
+  core_->dispatch(now_);
+  const Start s = actuator_.starts.back();
+  ASSERT_EQ(s.request, r);
+  ASSERT_EQ(s.source, Source::kPeer) << "f's replica is on a busy GPU one NVLink away";
+  EXPECT_TRUE(s.release_source);
+  EXPECT_EQ(s.source_gpu, boot.gpu);
+  EXPECT_TRUE(s.first_request);
+  actuator_.take_log();
+  core_->streaming(r, Status(), now_);
+  core_->swap_done(r, Status(), {}, now_);
+  EXPECT_EQ(actuator_.take_log(),
+            (std::vector<std::string>{str_cat("forget f", f, " g", boot.gpu)}));
+  const auto index = core_->scheduler().functions().find(f.value());
+  EXPECT_FALSE(core_->scheduler().node().holders(index) & scheduler::gpu_bit(boot.gpu.value()))
+      << "the source replica left the view";
+}
+
+TEST_F(NodeCoreTest, DetachWithdrawsQueuedRequestsAndFailsTheRunningOne) {
+  make(plain_topology(1, 16 * kGiB));
+  const FunctionId f = add(1, kGiB);
+  const RequestId running = arrive(f);
+  core_->dispatch(now_);
+  core_->streaming(running, Status(), now_);
+  const RequestId queued = arrive(f);
+  ASSERT_TRUE(core_->await_start(queued, now_).ok());
+  core_->detach(f, now_);
+  EXPECT_FALSE(core_->phase(running).has_value());
+  EXPECT_FALSE(core_->phase(queued).has_value());
+  ASSERT_EQ(actuator_.answers.count(queued), 1u);
+  EXPECT_EQ(actuator_.answers.at(queued).status().code(), ErrorCode::kDeinitialized);
+  EXPECT_FALSE(core_->running(GpuId{0}).has_value());
+  EXPECT_EQ(core_->arrive(f, now_).status().code(), ErrorCode::kDeviceUnavailable);
+  const NodeStatus status = core_->status(now_);
+  EXPECT_EQ(status.counters.failed, 1u);
+  EXPECT_EQ(status.counters.cancelled, 1u);
+  EXPECT_TRUE(core_->remove_function(f, now_).ok());
+  EXPECT_FALSE(core_->has_function(f));
+}
+
+TEST_F(NodeCoreTest, DrainingAGpuEvictsItsModelsAndReportsWhenItsRequestIsDone) {
+  make(plain_topology(2, 16 * kGiB));
+  const FunctionId a = add(1, kGiB);
+  const FunctionId b = add(2, kGiB);
+  const Start sa = serve(a);
+  const RequestId r = arrive(b);
+  core_->dispatch(now_);
+  const Start sb = actuator_.starts.back();
+  ASSERT_NE(sb.gpu, sa.gpu);
+  core_->streaming(r, Status(), now_);
+  actuator_.take_log();
+  ASSERT_TRUE(core_->drain(sb.gpu, /*resume=*/false).ok());
+  core_->dispatch(now_);
+  EXPECT_EQ(actuator_.take_log(), (std::vector<std::string>{str_cat("evict f", a, " g", sb.gpu)}))
+      << "b runs there: it stays until its request is done";
+  core_->swap_done(r, Status(), {}, now_);
+  ASSERT_TRUE(core_->done(r, false, now_).ok());
+  core_->released(r, Status(), now_);
+  core_->dispatch(now_);
+  EXPECT_EQ(actuator_.take_log(),
+            (std::vector<std::string>{str_cat("end r", r), str_cat("evict f", b, " g", sb.gpu),
+                                      str_cat("drained g", sb.gpu)}));
+  // Nothing runs there any more: b's next request goes to the other GPU.
+  EXPECT_EQ(serve(b).gpu, sa.gpu);
+  EXPECT_EQ(core_->drain(GpuId{7}, false).code(), ErrorCode::kInvalidDevice);
+}
+
+TEST_F(NodeCoreTest, DrainingTheNodeRefusesArrivalsAndEndsWhenCallersRequestsAreDone) {
+  make(plain_topology(1, 16 * kGiB));
+  const FunctionId f = add(1, kGiB);
+  const RequestId r = arrive(f);
+  core_->dispatch(now_);
+  actuator_.take_log();
+  ASSERT_TRUE(core_->drain(std::nullopt, false).ok());
+  core_->dispatch(now_);
+  EXPECT_TRUE(actuator_.take_log().empty());
+  EXPECT_EQ(core_->arrive(f, now_).status().code(), ErrorCode::kDeviceUnavailable);
+  core_->streaming(r, Status(), now_);
+  ASSERT_TRUE(core_->done(r, false, now_).ok());
+  core_->released(r, Status(), now_);
+  core_->dispatch(now_);
+  const std::vector<std::string> log = actuator_.take_log();
+  ASSERT_FALSE(log.empty());
+  EXPECT_EQ(log.back(), "drained node");
+}
+
+TEST_F(NodeCoreTest, BadCallsGetClearErrors) {
+  make(plain_topology(1, 16 * kGiB));
+  EXPECT_EQ(core_->arrive(FunctionId{9}, now_).status().code(), ErrorCode::kNotFound);
+  const FunctionId f{1};
+  ASSERT_TRUE(core_->add_function(f, spec("fn", kGiB), now_).ok());
+  EXPECT_EQ(core_->add_function(f, spec("fn", kGiB), now_).code(), ErrorCode::kInvalidValue);
+  EXPECT_EQ(core_->arrive(f, now_).status().code(), ErrorCode::kDeviceUnavailable)
+      << "no instance attached";
+  ASSERT_TRUE(core_->attach(f).ok());
+  EXPECT_EQ(core_->attach(f).code(), ErrorCode::kDeviceUnavailable);
+  EXPECT_EQ(core_->remove_function(f, now_).code(), ErrorCode::kIllegalState);
+  const RequestId r = arrive(f);
+  ASSERT_TRUE(core_->await_start(r, now_).ok());
+  EXPECT_EQ(core_->await_start(r, now_).code(), ErrorCode::kInvalidValue);
+  EXPECT_EQ(core_->await_start(RequestId{12345}, now_).code(), ErrorCode::kNotFound);
+  EXPECT_EQ(core_->done(RequestId{12345}, false, now_).code(), ErrorCode::kNotFound);
+  // Reports about requests the core does not know are ignored.
+  core_->streaming(RequestId{12345}, Status(), now_);
+  core_->released(RequestId{12345}, Status(), now_);
+  core_->swap_done(RequestId{12345}, Status(), {}, now_);
+  EXPECT_EQ(core_->make_room(f, GpuId{3}, kGiB, now_).code(), ErrorCode::kOutOfMemory);
+  // A queued request that the caller gives up on leaves the queue.
+  ASSERT_TRUE(core_->done(r, false, now_).ok());
+  EXPECT_EQ(actuator_.answers.at(r).status().code(), ErrorCode::kDeinitialized);
+  core_->dispatch(now_);
+  EXPECT_TRUE(actuator_.starts.empty());
+}
+
+}  // namespace
+}  // namespace hiber::node
