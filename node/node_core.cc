@@ -231,6 +231,9 @@ Result<RequestId> NodeCore::arrive(FunctionId id, Time now) {
     return error(ErrorCode::kDeviceUnavailable, "function '", f->spec.name,
                  "' has no connected instance");
   }
+  // What the instance has loaded by now (its start-up) is what this request's placement must
+  // make room for.
+  learn_model_bytes(id);
   HIBER_ASSIGN_OR_RETURN(scheduler::RequestId arrived, scheduler_->arrive(sched(id), now));
   const RequestId rid = node_request(arrived);
   State::Request r{.function = id};
@@ -376,11 +379,7 @@ void NodeCore::released(RequestId id, const Status& status, Time now) {
     if (f->lease == id) f->lease.reset();
     if (f->attached) {
       // The scheduler learns the model's real size once a run has shown it.
-      const uint64_t model = std::max<uint64_t>(actuator_.model_bytes(r->function), 1);
-      if (model != f->spec.model_bytes) {
-        f->spec.model_bytes = model;
-        (void)scheduler_->set_model_bytes(sched(r->function), model);
-      }
+      learn_model_bytes(r->function);
       if (!g.healthy || g.drained) {
         scheduler_->drop_replica(gpu.value(), sched(r->function));
         if (g.healthy) {
@@ -423,6 +422,15 @@ Status NodeCore::make_room(FunctionId function, GpuId gpu, uint64_t bytes, Time 
 }
 
 void NodeCore::memory_changed(GpuId gpu) { update_reserved(gpu); }
+
+void NodeCore::learn_model_bytes(FunctionId id) {
+  State::Function& f = state_->functions.at(id);
+  const uint64_t model = std::max<uint64_t>(actuator_.model_bytes(id), 1);
+  if (model == f.spec.model_bytes) return;
+  // A size no GPU can hold is refused, and the view keeps the old one: the placement then
+  // fails in the actuator, which reports it.
+  if (scheduler_->set_model_bytes(sched(id), model).ok()) f.spec.model_bytes = model;
+}
 
 void NodeCore::fail_gpu(GpuId gpu, const Status& why) {
   State::Gpu& g = state_->gpus[index_of(gpu)];

@@ -128,7 +128,8 @@ class Actuator {
   virtual uint64_t pool_allocated(GpuId gpu) const = 0;
   // Bytes of `function`'s blocks placed on `gpu`.
   virtual uint64_t placed_bytes(FunctionId function, GpuId gpu) const = 0;
-  // The function's model size as its memory knows it now (asked when a request releases).
+  // The function's model size as its memory knows it now (asked when a caller's request
+  // arrives, and when a request releases).
   virtual uint64_t model_bytes(FunctionId function) const = 0;
 };
 
@@ -248,6 +249,8 @@ class NodeCore {
 
   void start_one(const scheduler::Decision& decision, Time now);
   void evict(FunctionId function, GpuId gpu);
+  // Tells the scheduler the model size the actuator reports, if it changed.
+  void learn_model_bytes(FunctionId function);
   // Tells the scheduler how much of `gpu` is used by anything but the replicas it placed.
   void update_reserved(GpuId gpu);
   void answer_start(RequestId id, Time now);

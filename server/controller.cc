@@ -6,7 +6,6 @@
 #include <glog/logging.h>
 
 #include "server/elbow.h"
-#include "server/session.h"
 
 namespace hiber::server {
 namespace {
@@ -33,7 +32,7 @@ struct Controller::State {
     std::string name;                  // the function id; ad-hoc sessions get "<id>#<session>"
     bool registered = false;
     Registration registration;
-    Session* session = nullptr;
+    LeaseHolder* session = nullptr;
     std::optional<SessionId> session_id;
     std::shared_ptr<FunctionMemory> memory;
   };
@@ -207,8 +206,8 @@ void Controller::withdraw(const std::string& function_id, uint64_t session) {
   if (live != live_instances_.end() && live->second == session) live_instances_.erase(live);
 }
 
-void Controller::attach(Session* session) {
-  const std::string function_id = session->identity().function_id;
+void Controller::attach(LeaseHolder* session) {
+  const std::string& function_id = session->function_id();
   const FunctionId id{session->memory()->owner()};
   bool registered = false;
   {
@@ -216,14 +215,12 @@ void Controller::attach(Session* session) {
     auto it = registry_.find(function_id);
     registered = it != registry_.end() && it->second.id == id;
   }
-  post([this, session, function_id, id, registered](State&) {
-    on_attach(session, function_id, id, registered);
-  });
+  post([this, session, id, registered](State&) { on_attach(session, id, registered); });
 }
 
-void Controller::on_attach(Session* session, const std::string& function_id, FunctionId id,
-                           bool registered) {
+void Controller::on_attach(LeaseHolder* session, FunctionId id, bool registered) {
   State& s = *state_;
+  const std::string& function_id = session->function_id();
   const SessionId session_id{session->id()};
   if (registered) {
     if (s.tenant(id) == nullptr) {

@@ -56,7 +56,6 @@
 
 namespace hiber::server {
 
-class Session;
 
 struct ControllerOptions {
   scheduler::SchedulerOptions scheduler;
@@ -161,7 +160,7 @@ class Controller final : public GpuLessor, private node::Actuator {
   void withdraw(const std::string& function_id, uint64_t session);
   // The session exists (after Session::create, its memory owned by the plan's function): it
   // may now be granted leases.
-  void attach(Session* session);
+  void attach(LeaseHolder* session);
   // The session ended and released everything (its thread has run teardown). Returns once the
   // controller no longer refers to it, so the caller may destroy it.
   void detach(uint64_t session);
@@ -195,8 +194,7 @@ class Controller final : public GpuLessor, private node::Actuator {
   void run();
 
   // The controller thread's handlers (state_ is theirs alone).
-  void on_attach(Session* session, const std::string& function_id, FunctionId id,
-                 bool registered);
+  void on_attach(LeaseHolder* session, FunctionId id, bool registered);
   void on_detach(SessionId session);
   void on_register(const Registration& registration, FunctionId id, Reply<Ok>& reply);
   void on_unregister(const std::string& function_id, Reply<Ok>& reply);

@@ -9,18 +9,22 @@
 // another GPU: the function never notices.
 //
 // The session talks to the controller through GpuLessor; the controller talks to the session
-// through Session::grant(), Session::end_lease() and Session::fail(). Neither side ever waits
+// through LeaseHolder (grant(), end_lease() and fail()), which Session implements. Neither side ever waits
 // for the other while holding its own locks, so they cannot deadlock: everything except
 // make_room() is a message.
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <string>
 
 #include "common/status.h"
 #include "memory/pool_allocator.h"
 #include "scheduler/types.h"
 
 namespace hiber::server {
+
+class FunctionMemory;
 
 // One grant of a GPU to a session.
 struct Lease {
@@ -59,6 +63,28 @@ class GpuLessor {
   // region the pool names when the free bytes are there but in pieces). Synchronous;
   // kOutOfMemory when nothing evictable makes room.
   virtual Status make_room(uint64_t session, int gpu, const memory::Shortfall& shortfall) = 0;
+};
+
+// The session's side, as the controller sees it: a function's instance that can hold a lease.
+// Thread-safe; the controller calls it on its own thread, and it acts asynchronously, reporting
+// through GpuLessor.
+class LeaseHolder {
+ public:
+  virtual ~LeaseHolder() = default;
+  virtual uint64_t id() const = 0;
+  // The function id the instance connected as.
+  virtual const std::string& function_id() const = 0;
+  // The instance's memory, shared with the controller, which evicts its replicas from GPUs it
+  // does not run on.
+  virtual const std::shared_ptr<FunctionMemory>& memory() const = 0;
+  // The instance may run on lease.gpu: it places and maps its blocks there, starts the swap,
+  // and reports GpuLessor::streaming (then swap_done).
+  virtual void grant(const Lease& lease) = 0;
+  // The lease is over: drain, unmap, report GpuLessor::released.
+  virtual void end_lease(uint64_t lease) = 0;
+  // The lease's GPU failed: the function's work there is lost. The client sees `why` as a
+  // sticky error at its next synchronisation; the lease ends as end_lease() would.
+  virtual void fail(uint64_t lease, const Status& why) = 0;
 };
 
 }  // namespace hiber::server

@@ -95,7 +95,7 @@ struct SessionSnapshot {
   double connected_seconds = 0;
 };
 
-class Session {
+class Session final : public LeaseHolder {
  public:
   // Creates the session's memory (its address range), the channel and registers the arena.
   // `device`, `modules`, `pools`, `repository` and `lessor` must outlive the session.
@@ -104,7 +104,7 @@ class Session {
                                                  GpuLessor& lessor, SessionIdentity identity,
                                                  const SessionConfig& config);
   // Releases whatever is still held. REQUIRES: the thread, if started, has been joined.
-  ~Session();
+  ~Session() override;
 
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
@@ -112,10 +112,11 @@ class Session {
   // What the Welcome tells the client.
   wire::SessionInfo welcome() const;
   int memfd() const { return channel_->memfd(); }
-  uint64_t id() const { return identity_.id; }
+  uint64_t id() const override { return identity_.id; }
+  const std::string& function_id() const override { return identity_.function_id; }
   const SessionIdentity& identity() const { return identity_; }
   // Shared with the controller, which evicts the session's replicas from GPUs it does not run on.
-  const std::shared_ptr<FunctionMemory>& memory() const { return memory_; }
+  const std::shared_ptr<FunctionMemory>& memory() const override { return memory_; }
 
   // Starts serving. `on_exit` runs on the session thread after everything is released.
   void start(std::function<void()> on_exit);
@@ -126,12 +127,12 @@ class Session {
   // ---- From the controller (any thread; acted on by the session thread) ----
   // The session may run on lease.gpu: it places and maps its blocks there, starts the swap,
   // and reports GpuLessor::streaming (then swap_done).
-  void grant(const Lease& lease);
+  void grant(const Lease& lease) override;
   // The lease is over: drain, unmap, report GpuLessor::released.
-  void end_lease(uint64_t lease);
+  void end_lease(uint64_t lease) override;
   // The lease's GPU failed: the function's work there is lost. The client sees `why` as a
   // sticky error at its next synchronisation; the lease ends as end_lease() would.
-  void fail(uint64_t lease, const Status& why);
+  void fail(uint64_t lease, const Status& why) override;
 
   SessionSnapshot snapshot() const;
 
