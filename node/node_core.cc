@@ -251,6 +251,8 @@ void NodeCore::need_gpu(FunctionId id, Time now) {
   for (const auto& [rid, r] : state_->requests) {
     if (r.function == id && !r.background && r.phase != Phase::kEnded) return;
   }
+  // Its start-up allocated what it is loading now: the placement must make room for that.
+  learn_model_bytes(id);
   // Background: the function's own use of a GPU is not one of its callers' requests, and must
   // not weigh on its SLO statistics (RRC) or its execution times.
   auto arrived = scheduler_->arrive(sched(id), now, /*background=*/true);

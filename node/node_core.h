@@ -128,8 +128,8 @@ class Actuator {
   virtual uint64_t pool_allocated(GpuId gpu) const = 0;
   // Bytes of `function`'s blocks placed on `gpu`.
   virtual uint64_t placed_bytes(FunctionId function, GpuId gpu) const = 0;
-  // The function's model size as its memory knows it now (asked when a caller's request
-  // arrives, and when a request releases).
+  // The function's model size as its memory knows it now (asked when a request arrives, and
+  // when one releases).
   virtual uint64_t model_bytes(FunctionId function) const = 0;
 };
 

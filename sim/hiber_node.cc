@@ -71,7 +71,11 @@ Result<std::unique_ptr<HiberNode>> HiberNode::create(const NodeConfig& config,
 Status HiberNode::add_function(uint32_t index, const SimFunction& function, Time now) {
   if (function.model < 0 || function.model >= static_cast<int>(paper_models().size()))
     return error(ErrorCode::kInvalidValue, "function ", function.name, ": no model ", function.model);
-  const Model& model = paper_models()[function.model];
+  return add_function(index, function, paper_models()[function.model], now);
+}
+
+Status HiberNode::add_function(uint32_t index, const SimFunction& function, const Model& model,
+                               Time now) {
   node::FunctionSpec spec;
   spec.name = function.name;
   spec.model_bytes = model.model_bytes;
@@ -88,7 +92,13 @@ Status HiberNode::add_function(uint32_t index, const SimFunction& function, Time
   deployed_[index] = {&function, &model};
   HIBER_RETURN_IF_ERROR(core_->add_function(id_of(index), spec, now));
   // A simulated function's instance is always there.
-  return core_->attach(id_of(index));
+  HIBER_RETURN_IF_ERROR(core_->attach(id_of(index)));
+  if (options_.start_up) {
+    now_ = now;
+    core_->need_gpu(id_of(index), now);
+    dispatch(now);
+  }
+  return Status();
 }
 
 void HiberNode::arrive(uint32_t index, Time now) {
@@ -117,6 +127,13 @@ void HiberNode::schedule_wakeup(Time now) {
 
 void HiberNode::start(const node::Start& d) {
   const Time now = now_;
+  if (d.background) {
+    // A start-up: the instance loads its model (HiberOptions::start_up).
+    Request& startup = requests_[d.request];
+    startup.function = index_of(d.function);
+    startup.arrival = now;
+    startup.background = true;
+  }
   auto it = requests_.find(d.request);
   CHECK(it != requests_.end()) << "start of an unknown request";
   Request& r = it->second;
@@ -148,7 +165,7 @@ void HiberNode::start(const node::Start& d) {
       }
     }
   }
-  for (size_t i = 0; ok && i < model.scratch_segments.size(); ++i)
+  for (size_t i = 0; ok && !r.background && i < model.scratch_segments.size(); ++i)
     ok = allocate(gpu, model.scratch_segments[i], r.function, now, &r.scratch);
   core_->memory_changed(d.gpu);
   collect_device_cost(gpu);
@@ -160,7 +177,8 @@ void HiberNode::start(const node::Start& d) {
   }
   core_->streaming(d.request, Status(), now);
   if (d.source == Source::kResident) {
-    queue_->schedule(now + delay + model.exec, this, kDone, d.request.value());
+    const Duration exec = r.background ? 0 : model.exec;
+    queue_->schedule(now + delay + exec, this, kDone, d.request.value());
   } else {
     queue_->schedule(now + delay + options_.pipeline.setup, this, kStartTransfer,
                      d.request.value());
@@ -241,6 +259,13 @@ void HiberNode::fail(RequestId id, Request& r, Time now) {
   if (r.source != Source::kResident) free_model(r.gpu, r.function);
   const Status no_room = error(ErrorCode::kOutOfMemory, "no room on GPU ", r.gpu);
   core_->streaming(id, no_room, now);
+  if (r.background) {
+    // Nobody says done() for a start-up: it ends when it releases.
+    free_blocks(r.gpu, &r.scratch, /*model=*/false, r.function);
+    core_->released(id, no_room, now);
+    requests_.erase(id);
+    return;
+  }
   const Status s = core_->done(id, /*failed=*/true, now);
   CHECK(s.ok()) << s;
   recorder_->record(outcome_of(r, StartKind::kFailed));
@@ -266,7 +291,8 @@ void HiberNode::on_event(int kind, uint64_t arg, Time now) {
       int link = r.source == Source::kPeer ? links_->peer_link(r.source_gpu, r.gpu) : -1;
       // A peer copy without a direct link would cross PCIe; the placement never asks for one.
       if (link < 0) link = links_->host_link(r.gpu);
-      r.pipeline = PipelinedRun(now, model.model_bytes, model.exec, options_.pipeline.group_bytes);
+      const Duration exec = r.background ? 0 : model.exec;
+      r.pipeline = PipelinedRun(now, model.model_bytes, exec, options_.pipeline.group_bytes);
       links_->start(link, model.model_bytes, this, arg);
       break;
     }
@@ -303,6 +329,12 @@ void HiberNode::complete(RequestId id, Time now) {
   auto it = requests_.find(id);
   CHECK(it != requests_.end());
   Request& r = it->second;
+  if (r.background) {
+    // A start-up has loaded the model: its GPU is free, and no caller waits for an outcome.
+    core_->released(id, Status(), now);
+    requests_.erase(it);
+    return;
+  }
   const Status s = core_->done(id, /*failed=*/false, now);
   CHECK(s.ok()) << s;
   Outcome o = outcome_of(r, StartKind::kResident);
@@ -336,6 +368,7 @@ void HiberNode::finish(Time now) {
   std::sort(ids.begin(), ids.end());
   for (RequestId id : ids) {
     const Request& r = requests_.at(id);
+    if (r.background) continue;
     recorder_->record(outcome_of(r, StartKind::kUnfinished));
     if (r.started) recorder_->add_busy(node_index_, r.gpu, r.dispatched, now);
   }

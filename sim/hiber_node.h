@@ -52,6 +52,10 @@ struct HiberOptions {
   PipelineOptions pipeline;
   LinkOptions links;
   DeviceMallocCost device_malloc;
+  // Each function loads its model when it is deployed, under a background request, as a
+  // function's instance does at start-up in hiberd (its weights are copied in before its first
+  // request). Off: a model reaches a GPU with its function's first request.
+  bool start_up = false;
   // Check the scheduler's and the pools' invariants after every event (tests; slow).
   bool check_invariants = false;
 };
@@ -70,6 +74,9 @@ class HiberNode final : public Node,
   ~HiberNode() override;
 
   Status add_function(uint32_t index, const SimFunction& function, Time now) override;
+  // The same for a model that is not one of the paper's (function.model is ignored). `model`
+  // must outlive the node.
+  Status add_function(uint32_t index, const SimFunction& function, const Model& model, Time now);
   void arrive(uint32_t index, Time now) override;
   void finish(Time now) override;
   std::string summary() const override;
@@ -101,6 +108,7 @@ class HiberNode final : public Node,
     int source_gpu = -1;
     scheduler::Source source = scheduler::Source::kResident;
     bool started = false;
+    bool background = false;  // a start-up (HiberOptions::start_up), not an arrival
     std::vector<Block> scratch;
     PipelinedRun pipeline;
   };
