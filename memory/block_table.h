@@ -1,5 +1,5 @@
 // One function's block table: the virtual blocks it allocated, and where each one is placed on
-// each GPU (../shared/DESIGN.md "Addresses"; the paper's §4.4 "memory address management").
+// each GPU (docs/design.md "Addresses"; the paper's §4.4 "memory address management").
 //
 // A virtual block is one allocation the function made: [va, va + bytes) inside the address
 // range hiberd granted it at handshake, both multiples of the device's allocation granularity

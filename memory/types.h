@@ -29,7 +29,7 @@ enum class Residency : uint8_t {
 
 // Blocks filled before the function's first request are its model; the host copy of a model
 // block is authoritative, so eviction copies nothing back. Blocks allocated while serving
-// requests are scratch: re-placed on another GPU without copying (../shared/DESIGN.md).
+// requests are scratch: re-placed on another GPU without copying (docs/design.md).
 enum class BlockKind : uint8_t { kModel, kScratch };
 
 }  // namespace hiber::memory

@@ -12,7 +12,7 @@
 //     mCache, ...) compares only the ranking.
 //   - The greedy part: candidates leave in order until enough bytes are free. Ties of a
 //     policy's keys go to the lower FunctionId, so decisions replay.
-// Host copies are authoritative (DESIGN.md "Model state"): an eviction copies nothing back, it
+// Host copies are authoritative (docs/design.md "Model state"): an eviction copies nothing back, it
 // only frees memory.
 //
 // Policies, selectable by name (policy_factory.h, SchedulerOptions::eviction):

@@ -8,7 +8,7 @@
 //   ratio = (mean host->GPU swap time) / (mean execution time with the model resident)
 //   heavy  <=>  ratio >= heavy_ratio
 //
-// Why this ratio: Hiber pipelines a swap with the kernels that need it (DESIGN.md, "Swap
+// Why this ratio: Hiber pipelines a swap with the kernels that need it (docs/design.md, "Swap
 // engine"), so a request whose model comes from the host takes about max(exec, swap). A swap
 // shorter than the execution hides behind it; one longer than it stretches the request, and
 // another load on the same switch (which halves the bandwidth) stretches it further. The

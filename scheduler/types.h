@@ -1,6 +1,6 @@
 // The few names every part of scheduler/ shares: time, ids, GPU sets and where a load comes from.
 //
-// scheduler/ is a pure library (../shared/DESIGN.md): it never reads a clock, so time is whatever
+// scheduler/ is a pure library (docs/design.md): it never reads a clock, so time is whatever
 // the caller says it is. hiberd passes its steady clock, hiber-sim its simulated clock; both in
 // nanoseconds. Time must not go backwards between calls; a smaller `now` is taken as the latest
 // time seen (the scheduler never fails on it).

@@ -1,7 +1,7 @@
 // The model repository: where functions' models sleep in host memory (Torpor §4.1, §4.3).
 //
 // Every block a function swaps has a host copy here; for a model block the host copy is
-// authoritative, so evicting the GPU copy copies nothing back (DESIGN.md, "Model state"). The
+// authoritative, so evicting the GPU copy copies nothing back (docs/design.md, "Model state"). The
 // memory is allocated and registered with the device (pinned) once, in large chunks, and
 // sub-allocated by memory::HostPool: nothing is pinned per request, because registering is slow
 // and serialises the driver. The pool grows by whole chunks up to a limit.

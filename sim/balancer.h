@@ -1,7 +1,7 @@
 // The cluster's load balancer: which node hosts each function.
 //
 // Torpor's cluster manager routes a request "to a worker node hosting its target function"
-// (§4.1, Fig. 3); production runs that on Kubernetes (DESIGN.md), so we model only the rule, and
+// (§4.1, Fig. 3); production runs on Kubernetes (docs/design.md), so we model only the rule, and
 // keep it simple: each function is hosted by exactly one node, and functions are placed one by
 // one, in deployment order, on the node with the least expected load so far, where a function's
 // expected load is its mean request rate times its model's execution time (GPU-seconds per
