@@ -65,7 +65,7 @@ struct EvictionOptions {
 // A replica that may leave, with the policy's keys.
 struct EvictionCandidate {
   FunctionIndex function = kNoFunction;
-  FunctionId id = 0;
+  FunctionId id;
   int gpu = -1;
   uint64_t bytes = 0;
   Time last_used = 0;
@@ -99,7 +99,7 @@ class EvictionPolicy {
 
 // A replica the caller must free.
 struct Eviction {
-  FunctionId function = 0;
+  FunctionId function;
   int gpu = -1;
   uint64_t bytes = 0;
   friend bool operator==(const Eviction&, const Eviction&) = default;

@@ -133,7 +133,7 @@ class CremeBruleeEviction final : public EvictionPolicy {
     uint64_t freed = 0;
     size_t keep = 0;
     while (keep < victims.size() && freed < bytes_needed) freed += victims[keep++].bytes;
-    victims.resize(keep);
+    victims.erase(victims.begin() + static_cast<std::ptrdiff_t>(keep), victims.end());
   }
 
  private:

@@ -29,7 +29,7 @@ namespace hiber::scheduler {
 
 // A request as the queue sees it.
 struct QueuedRequest {
-  RequestId id = kNoRequest;
+  RequestId id;
   FunctionIndex function = kNoFunction;
   Time arrival = 0;
   Time deadline = 0;           // arrival + the function's SLO
@@ -92,7 +92,7 @@ class FunctionQueues {
 
  private:
   struct Entry {
-    QueuedRequest request;
+    QueuedRequest request{.id = RequestId{0}};  // meaningful while used
     int64_t tag = 0;
     uint32_t prev = kNil;
     uint32_t next = kNil;
@@ -108,7 +108,7 @@ class FunctionQueues {
     QueueKey key{};
   };
 
-  static uint32_t slot_of(RequestId id) { return static_cast<uint32_t>(id); }
+  static uint32_t slot_of(RequestId id) { return static_cast<uint32_t>(id.value()); }
   bool less(FunctionIndex a, FunctionIndex b) const { return lanes_[a].key < lanes_[b].key; }
   void place(size_t i, FunctionIndex f);
   void sift_up(size_t i);

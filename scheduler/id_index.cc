@@ -8,7 +8,7 @@ IdIndex::IdIndex() : slots_(16), shift_(64 - 4) {}
 
 size_t IdIndex::home(FunctionId id) const {
   // Fibonacci hashing: the top bits of id x 2^64 / phi spread consecutive ids apart.
-  return static_cast<size_t>((static_cast<uint64_t>(id) * 0x9e3779b97f4a7c15ULL) >> shift_);
+  return static_cast<size_t>((uint64_t{id.value()} * 0x9e3779b97f4a7c15ULL) >> shift_);
 }
 
 FunctionIndex IdIndex::find(FunctionId id) const {

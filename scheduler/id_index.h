@@ -28,7 +28,7 @@ class IdIndex {
 
  private:
   struct Slot {
-    FunctionId id = 0;
+    FunctionId id{0};                   // meaningful while not empty
     FunctionIndex index = kNoFunction;  // kNoFunction: empty
   };
   size_t home(FunctionId id) const;

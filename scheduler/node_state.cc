@@ -83,7 +83,7 @@ void NodeState::set_running(int g, RequestId request, FunctionIndex f) {
 }
 
 void NodeState::clear_running(int g) {
-  gpus_[g].running = kNoRequest;
+  gpus_[g].running.reset();
   gpus_[g].running_function = kNoFunction;
   available_ |= gpu_bit(g) & healthy_;
 }
@@ -91,7 +91,7 @@ void NodeState::clear_running(int g) {
 void NodeState::set_healthy(int g, bool healthy) {
   if (healthy) {
     healthy_ |= gpu_bit(g);
-    if (gpus_[g].running == kNoRequest) available_ |= gpu_bit(g);
+    if (!gpus_[g].running) available_ |= gpu_bit(g);
   } else {
     healthy_ &= ~gpu_bit(g);
     available_ &= ~gpu_bit(g);
@@ -125,7 +125,7 @@ Status NodeState::check_invariants() const {
     }
     if (used != s.used)
       return error(ErrorCode::kIllegalState, "GPU ", g, " used ", s.used, " != replicas ", used);
-    const bool running = s.running != kNoRequest;
+    const bool running = s.running.has_value();
     const bool should_be_available = !running && (healthy_ & gpu_bit(g)) != 0;
     if (should_be_available != ((available_ & gpu_bit(g)) != 0))
       return error(ErrorCode::kIllegalState, "GPU ", g,

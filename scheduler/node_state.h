@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "common/status.h"
@@ -31,7 +32,7 @@ struct GpuState {
   uint64_t capacity = 0;  // bytes the scheduler may place models in (the GPU's memory)
   uint64_t reserved = 0;  // bytes used for anything but models, as the memory layer reports
   uint64_t used = 0;      // bytes of the replicas below, loading ones included
-  RequestId running = kNoRequest;          // the request placed here, until it is done
+  std::optional<RequestId> running;        // the request placed here, until it is done
   FunctionIndex running_function = kNoFunction;
   FunctionIndex host_loading = kNoFunction;  // model in flight from the host (PCIe), if any
   std::vector<Replica> replicas;

@@ -143,7 +143,7 @@ class RrcQueue final : public QueuePolicy {
     while (cursor != kNil && late(f, cursor, ctx)) cursor = queues_.next(cursor);
     const uint32_t e = offered(f);
     return QueueKey{low_[f], cursor == kNil ? 1 : 0, queues_.request(e).deadline,
-                    ctx.functions.id(f)};
+                    ctx.functions.id(f).value()};
   }
 
   void relist(FunctionIndex f, const QueueContext& ctx) {

@@ -29,10 +29,10 @@ struct RequestSlot {
   bool background = false;  // not a request of the function's callers (see arrive())
 };
 
-uint32_t slot_of(RequestId id) { return static_cast<uint32_t>(id); }
-uint32_t generation_of(RequestId id) { return static_cast<uint32_t>(id >> 32); }
+uint32_t slot_of(RequestId id) { return static_cast<uint32_t>(id.value()); }
+uint32_t generation_of(RequestId id) { return static_cast<uint32_t>(id.value() >> 32); }
 RequestId make_id(uint32_t slot, uint32_t generation) {
-  return (static_cast<RequestId>(generation) << 32) | slot;
+  return RequestId{(uint64_t{generation} << 32) | slot};
 }
 
 Status validate(const SchedulerOptions& options) {
@@ -158,16 +158,15 @@ struct Scheduler::Impl {
     const Time now = last_now;
     const FunctionIndex f = r.function;
     const int g = p.gpu;
-    Decision& d = out->emplace_back();
-    d.request = id;
-    d.function = functions.id(f);
-    d.gpu = g;
-    d.source = p.source;
-    d.source_gpu = p.source_gpu;
-    d.rule = p.rule;
-    d.arrival = r.arrival;
-    d.arrival_index = r.arrival_index;
-    d.evictions = victims;
+    Decision& d = out->emplace_back(Decision{.request = id,
+                                          .function = functions.id(f),
+                                          .gpu = g,
+                                          .source = p.source,
+                                          .source_gpu = p.source_gpu,
+                                          .rule = p.rule,
+                                          .evictions = victims,
+                                          .arrival = r.arrival,
+                                          .arrival_index = r.arrival_index});
     drop_victims();
     const uint64_t bytes = functions.spec(f).model_bytes;
     switch (p.source) {
@@ -228,9 +227,9 @@ struct Scheduler::Impl {
   // longer hold a pin on it.
   void forget_pins(int g, FunctionIndex f) {
     for (int x = 0; x < topology.gpu_count(); ++x) {
-      const RequestId id = node.gpu(x).running;
-      if (id == kNoRequest) continue;
-      RequestSlot& r = slots[slot_of(id)];
+      const std::optional<RequestId> id = node.gpu(x).running;
+      if (!id) continue;
+      RequestSlot& r = slots[slot_of(*id)];
       if (r.pinned && r.source_gpu == g && r.function == f) r.pinned = false;
     }
   }
@@ -357,15 +356,15 @@ Status Scheduler::Impl::check_requests() const {
   }
   for (int g = 0; g < topology.gpu_count(); ++g) {
     const GpuState& gpu = node.gpu(g);
-    if (gpu.running != kNoRequest) {
-      const RequestSlot* r = find(gpu.running);
+    if (gpu.running) {
+      const RequestSlot* r = find(*gpu.running);
       if (r == nullptr || r->gpu != g || r->function != gpu.running_function)
-        return error(ErrorCode::kIllegalState, "GPU ", g, " runs request ", gpu.running,
+        return error(ErrorCode::kIllegalState, "GPU ", g, " runs request ", *gpu.running,
                      " which is not dispatched there");
     }
     for (const Replica& replica : gpu.replicas) {
       if (replica.loading) {
-        const RequestSlot* r = gpu.running == kNoRequest ? nullptr : find(gpu.running);
+        const RequestSlot* r = gpu.running ? find(*gpu.running) : nullptr;
         if (r == nullptr || r->state != RequestState::kLoading || r->function != replica.function)
           return error(ErrorCode::kIllegalState, "GPU ", g, " loads function index ",
                        replica.function, " for no request");
@@ -549,7 +548,8 @@ bool Scheduler::make_room(int gpu, uint64_t bytes, FunctionId keep, Time now,
   if (!s.valid_gpu(gpu)) return false;
   // The oracle counts from the request the room is for: the one running there, else the latest.
   uint64_t arrival_index = s.next_arrival_index > 0 ? s.next_arrival_index - 1 : 0;
-  if (const RequestSlot* r = s.find(s.node.gpu(gpu).running)) arrival_index = r->arrival_index;
+  if (const RequestSlot* r = s.node.gpu(gpu).running ? s.find(*s.node.gpu(gpu).running) : nullptr)
+    arrival_index = r->arrival_index;
   s.victims.clear();
   if (!s.evictor.plan(gpu, bytes, s.functions.find(keep), s.eviction_context(arrival_index),
                       &s.victims))
@@ -600,7 +600,7 @@ Result<RequestInfo> Scheduler::request(RequestId request) const {
   }
   // Issued from this slot before its current generation: it has finished (or was cancelled).
   if (slot < s.slots.size() && generation != 0 && generation <= s.slots[slot].generation)
-    return RequestInfo{};
+    return RequestInfo{.function = std::nullopt};
   return error(ErrorCode::kNotFound, "request ", request, " was never issued");
 }
 

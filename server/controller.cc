@@ -30,19 +30,19 @@ constexpr uint64_t kUnknownModelBytes = 1;
 struct Controller::State {
   struct Tenant {
     std::string name;                  // the function id; ad-hoc sessions get "<id>#<session>"
-    scheduler::FunctionId id = 0;
+    scheduler::FunctionId id{0};
     bool registered = false;
     Registration registration;
     Session* session = nullptr;
     uint64_t session_id = 0;
     std::shared_ptr<FunctionMemory> memory;
     bool had_first_request = false;
-    RequestId implicit_queued = scheduler::kNoRequest;
-    RequestId lease = scheduler::kNoRequest;  // granted and not yet released
+    std::optional<RequestId> implicit_queued;
+    std::optional<RequestId> lease;  // granted and not yet released
     uint64_t model_bytes = kUnknownModelBytes;  // as the scheduler knows it
   };
   struct Request {
-    scheduler::FunctionId function = 0;
+    scheduler::FunctionId function{0};
     bool implicit = false;
     scheduler::Time arrival = 0;
     bool granted = false;
@@ -55,14 +55,14 @@ struct Controller::State {
     bool ended = false;
     bool release_source = false;
     bool drop_source_from_view = false;
-    scheduler::Decision decision;
+    scheduler::Decision decision{.request = RequestId{0}, .function = scheduler::FunctionId{0}};
     std::optional<Reply<StartAnswer>> start_reply;
     Status start_error;
   };
   struct Executor {
     bool healthy = true;
     bool drained = false;
-    RequestId running = scheduler::kNoRequest;
+    std::optional<RequestId> running;
     std::optional<device::Stream> service;  // the controller's own work there (write-backs)
     uint64_t swaps_in = 0;
     uint64_t swap_in_bytes = 0;
@@ -79,7 +79,7 @@ struct Controller::State {
   std::unordered_map<uint64_t, scheduler::FunctionId> by_session;
   std::unordered_map<RequestId, Request> requests;
   std::vector<Executor> executors;
-  scheduler::FunctionId next_id = 1;
+  uint32_t next_id = 1;
   bool draining = false;
   std::vector<Reply<Ok>> node_drains;
   std::vector<std::pair<int, Reply<Ok>>> gpu_drains;
@@ -244,7 +244,7 @@ void Controller::attach(Session* session) {
     }
   }
   post([this, session, function_id, registered, registration](State& s) {
-    scheduler::FunctionId id = 0;
+    scheduler::FunctionId id{0};
     if (registered) {
       auto it = s.by_name.find(function_id);
       if (it == s.by_name.end()) {
@@ -255,7 +255,7 @@ void Controller::attach(Session* session) {
       id = it->second;
     } else {
       // A process that connected on its own: a tenant of its own, with the default SLO.
-      id = s.next_id++;
+      id = scheduler::FunctionId{s.next_id++};
       scheduler::FunctionSpec spec;
       spec.name = str_cat(function_id, "#", session->id());
       spec.model_bytes = kUnknownModelBytes;
@@ -277,7 +277,7 @@ void Controller::attach(Session* session) {
     t.memory = session->memory();
     t.had_first_request = false;
     t.model_bytes = kUnknownModelBytes;
-    s.by_session[session->id()] = id;
+    s.by_session.insert_or_assign(session->id(), id);
   });
 }
 
@@ -304,20 +304,20 @@ void Controller::on_detach(uint64_t session) {
     if (r.start_reply) {
       r.start_error = error(ErrorCode::kDeinitialized, "the instance of '", t->name,
                             "' exited before its request started");
-      answer_start(id);
+      answer_start(id.value());
     }
     if (r.ended) {
-      forget_request(id);
+      forget_request(id.value());
       continue;
     }
     if (r.swap_pending) (void)s.scheduler->load_done(id, now, false);
     if (r.granted) {
       (void)s.scheduler->done(id, now, scheduler::Completion{.failed = true});
-      s.executors[r.decision.gpu].running = scheduler::kNoRequest;
+      s.executors[r.decision.gpu].running = std::nullopt;
     } else {
       (void)s.scheduler->cancel(id, now);
     }
-    forget_request(id);
+    forget_request(id.value());
   }
   // Its memory went with the session.
   for (int g = 0; g < static_cast<int>(s.executors.size()); ++g) {
@@ -325,7 +325,7 @@ void Controller::on_detach(uint64_t session) {
   }
   t->session = nullptr;
   t->memory.reset();
-  t->lease = t->implicit_queued = scheduler::kNoRequest;
+  t->lease = t->implicit_queued = std::nullopt;
   s.by_session.erase(session);
   if (!t->registered) {
     std::vector<RequestId> cancelled;
@@ -372,7 +372,7 @@ void Controller::register_function(const Registration& registration, Reply<Ok> r
     registry_.emplace(r.function_id, r);
   }
   post([this, r, reply = std::move(reply)](State& s) {
-    const scheduler::FunctionId id = s.next_id++;
+    const scheduler::FunctionId id = scheduler::FunctionId{s.next_id++};
     scheduler::FunctionSpec spec;
     spec.name = r.function_id;
     spec.model_bytes = kUnknownModelBytes;
@@ -420,7 +420,7 @@ void Controller::unregister_function(const std::string& function_id, Reply<Ok> r
       reply(gone);
       return;
     }
-    for (RequestId id : cancelled) forget_request(id);
+    for (RequestId id : cancelled) forget_request(id.value());
     s.by_name.erase(function_id);
     s.tenants.erase(t->id);
     {
@@ -463,12 +463,12 @@ void Controller::on_arrived(const std::string& function_id, Reply<uint64_t>& rep
   r.function = t->id;
   r.arrival = now;
   s.requests.emplace(*id, std::move(r));
-  reply(*id);
+  reply(id->value());
 }
 
 void Controller::request_start(uint64_t request, Reply<StartAnswer> reply) {
   post([this, request, reply = std::move(reply)](State& s) {
-    auto it = s.requests.find(request);
+    auto it = s.requests.find(RequestId{request});
     if (it == s.requests.end() || it->second.implicit) {
       reply(error(ErrorCode::kNotFound, "requestStart: no request ", request,
                   " is waiting (unknown, finished or withdrawn)"));
@@ -486,7 +486,7 @@ void Controller::request_start(uint64_t request, Reply<StartAnswer> reply) {
 
 void Controller::request_done(uint64_t request, bool failed, Reply<Ok> reply) {
   post([this, request, failed, reply = std::move(reply)](State& s) {
-    auto it = s.requests.find(request);
+    auto it = s.requests.find(RequestId{request});
     if (it == s.requests.end() || it->second.implicit || it->second.done_requested) {
       reply(error(ErrorCode::kNotFound, "requestDone: no request ", request,
                   " is running (unknown or finished)"));
@@ -502,7 +502,7 @@ void Controller::request_done(uint64_t request, bool failed, Reply<Ok> reply) {
     }
     if (!r.granted) {
       // Never started: it leaves the queue.
-      (void)s.scheduler->cancel(request, now_ns());
+      (void)s.scheduler->cancel(RequestId{request}, now_ns());
       if (r.start_reply) {
         r.start_error = error(ErrorCode::kDeinitialized, "request ", request, " was marked done");
         answer_start(request);
@@ -549,7 +549,7 @@ void Controller::on_drain(int gpu, bool resume, Reply<Ok>& reply) {
   // Its models leave (the scheduler's view already forgot them); the running one leaves when
   // its request is done.
   for (auto& [id, t] : s.tenants) {
-    const bool runs_here = e.running != scheduler::kNoRequest && t.lease == e.running;
+    const bool runs_here = e.running.has_value() && t.lease == e.running;
     if (t.memory && !runs_here) evict(id, gpu);
   }
   s.gpu_drains.emplace_back(gpu, std::move(reply));
@@ -568,8 +568,8 @@ ControllerStatus Controller::on_status() {
     ControllerStatus::Gpu gpu;
     gpu.healthy = e.healthy;
     gpu.drained = e.drained;
-    if (e.running != scheduler::kNoRequest) {
-      if (State::Tenant* t = s.tenant(s.requests.at(e.running).function)) gpu.running = t->name;
+    if (e.running.has_value()) {
+      if (State::Tenant* t = s.tenant(s.requests.at(*e.running).function)) gpu.running = t->name;
     }
     gpu.pool_bytes = pools_->pool_bytes(g);
     gpu.pool = pools_->pools().stats(g);
@@ -624,7 +624,7 @@ void Controller::on_need_gpu(uint64_t session) {
   State::Tenant* t = s.tenant_of_session(session);
   if (t == nullptr) return;
   // A lease is on its way (or held: the session asked before it saw the grant).
-  if (t->lease != scheduler::kNoRequest || t->implicit_queued != scheduler::kNoRequest) return;
+  if (t->lease.has_value() || t->implicit_queued.has_value()) return;
   // Queued router requests of the function will give it a lease; its calls run under that.
   for (const auto& [id, r] : s.requests) {
     if (r.function == t->id && !r.implicit && !r.ended) return;
@@ -650,7 +650,7 @@ void Controller::streaming(uint64_t session, uint64_t lease, const Status& statu
 
 void Controller::on_streaming(uint64_t, uint64_t lease, const Status& status) {
   State& s = *state_;
-  auto it = s.requests.find(lease);
+  auto it = s.requests.find(RequestId{lease});
   if (it == s.requests.end()) return;
   State::Request& r = it->second;
   if (status.ok()) {
@@ -664,7 +664,7 @@ void Controller::on_streaming(uint64_t, uint64_t lease, const Status& status) {
 
 void Controller::answer_start(uint64_t request) {
   State& s = *state_;
-  State::Request& r = s.requests.at(request);
+  State::Request& r = s.requests.at(RequestId{request});
   if (!r.start_reply) return;
   Reply<StartAnswer> reply = std::move(*r.start_reply);
   r.start_reply.reset();
@@ -689,14 +689,14 @@ void Controller::swap_done(uint64_t session, uint64_t lease, const Status& statu
 void Controller::on_swap_done(uint64_t, uint64_t lease, const Status& status,
                               const SwapReport& report) {
   State& s = *state_;
-  auto it = s.requests.find(lease);
+  auto it = s.requests.find(RequestId{lease});
   if (it == s.requests.end()) return;
   State::Request& r = it->second;
   if (!r.swap_pending) return;
   r.swap_pending = false;
   const int gpu = r.decision.gpu;
   const scheduler::Time now = now_ns();
-  (void)s.scheduler->load_done(lease, now, status.ok());
+  (void)s.scheduler->load_done(RequestId{lease}, now, status.ok());
   State::Tenant* t = s.tenant(r.function);
   if (t != nullptr && t->memory) t->memory->retire_windows();
   State::Executor& e = s.executors[gpu];
@@ -724,7 +724,7 @@ void Controller::released(uint64_t session, uint64_t lease, const Status& status
 
 void Controller::on_released(uint64_t, uint64_t lease, const Status& status) {
   State& s = *state_;
-  auto it = s.requests.find(lease);
+  auto it = s.requests.find(RequestId{lease});
   if (it == s.requests.end() || it->second.ended) return;
   State::Request& r = it->second;
   const scheduler::Time now = now_ns();
@@ -732,7 +732,7 @@ void Controller::on_released(uint64_t, uint64_t lease, const Status& status) {
   State::Tenant* t = s.tenant(r.function);
   if (r.swap_pending) {
     r.swap_pending = false;
-    (void)s.scheduler->load_done(lease, now, false);
+    (void)s.scheduler->load_done(RequestId{lease}, now, false);
   }
   if (r.start_error.ok() && !r.streaming) {
     r.start_error = status.ok() ? error(ErrorCode::kUnknown, "the lease ended before it started")
@@ -741,10 +741,10 @@ void Controller::on_released(uint64_t, uint64_t lease, const Status& status) {
   answer_start(lease);
   scheduler::Completion completion;
   completion.failed = r.failed || !status.ok();
-  (void)s.scheduler->done(lease, now, completion);
-  if (gpu >= 0) s.executors[gpu].running = scheduler::kNoRequest;
+  (void)s.scheduler->done(RequestId{lease}, now, completion);
+  if (gpu >= 0) s.executors[gpu].running = std::nullopt;
   if (t != nullptr) {
-    if (t->lease == lease) t->lease = scheduler::kNoRequest;
+    if (t->lease == RequestId{lease}) t->lease = std::nullopt;
     if (t->memory) {
       // The scheduler learns the model's real size once a lease has shown it.
       const uint64_t model = std::max<uint64_t>(t->memory->model_bytes(), kUnknownModelBytes);
@@ -794,10 +794,10 @@ Status Controller::on_make_room(uint64_t session, int gpu, const memory::Shortfa
     // holds the block. Functions running there, or whose replica is being copied, stay.
     bool evicted = false;
     for (const memory::OwnerBytes& owner : shortfall.evict) {
-      State::Tenant* victim = s.tenant_of_session(owner.function);
+      State::Tenant* victim = s.tenant_of_session(owner.function.value());
       if (victim == nullptr || victim == t) continue;
-      const RequestId running = s.executors[gpu].running;
-      if (running != scheduler::kNoRequest && victim->lease == running) continue;
+      const std::optional<RequestId> running = s.executors[gpu].running;
+      if (running.has_value() && victim->lease == running) continue;
       if (const scheduler::Replica* r = s.scheduler->node().find(
               gpu, s.scheduler->functions().find(victim->id));
           r != nullptr && (r->loading || r->source_pins > 0)) {
@@ -832,14 +832,14 @@ void Controller::dispatch() {
     if (t == nullptr || t->session == nullptr) {
       // The instance went away after the request queued.
       r.start_error = error(ErrorCode::kDeinitialized, "the function's instance is gone");
-      answer_start(d.request);
+      answer_start(d.request.value());
       (void)s.scheduler->cancel(d.request, now_ns());
-      s.executors[d.gpu].running = scheduler::kNoRequest;
-      forget_request(d.request);
+      s.executors[d.gpu].running = std::nullopt;
+      forget_request(d.request.value());
       continue;
     }
     Lease lease;
-    lease.id = d.request;
+    lease.id = d.request.value();
     lease.gpu = d.gpu;
     lease.implicit = r.implicit;
     lease.source = d.source;
@@ -854,12 +854,12 @@ void Controller::dispatch() {
     r.swap_pending = d.source != scheduler::Source::kResident;
     t->lease = d.request;
     if (r.implicit) {
-      t->implicit_queued = scheduler::kNoRequest;
-    } else if (t->implicit_queued != scheduler::kNoRequest) {
+      t->implicit_queued = std::nullopt;
+    } else if (t->implicit_queued.has_value()) {
       // The session's calls run under this lease; the implicit request it asked for is moot.
-      (void)s.scheduler->cancel(t->implicit_queued, now_ns());
-      forget_request(t->implicit_queued);
-      t->implicit_queued = scheduler::kNoRequest;
+      (void)s.scheduler->cancel(*t->implicit_queued, now_ns());
+      forget_request(t->implicit_queued->value());
+      t->implicit_queued = std::nullopt;
     }
     t->session->grant(lease);
   }
@@ -902,18 +902,18 @@ void Controller::fail_gpu(int gpu, const Status& why) {
   e.healthy = false;
   s.scheduler->set_gpu_healthy(gpu, false);
   for (auto& [id, t] : s.tenants) {
-    const bool runs_here = e.running != scheduler::kNoRequest && t.lease == e.running;
+    const bool runs_here = e.running.has_value() && t.lease == e.running;
     if (t.memory && !runs_here) t.memory->forget(gpu);
   }
-  if (e.running != scheduler::kNoRequest) {
-    State::Request& r = s.requests.at(e.running);
+  if (e.running.has_value()) {
+    State::Request& r = s.requests.at(*e.running);
     r.failed = true;
     State::Tenant* t = s.tenant(r.function);
-    if (t != nullptr && t->session != nullptr) t->session->fail(e.running, why);
+    if (t != nullptr && t->session != nullptr) t->session->fail(e.running->value(), why);
   }
 }
 
-void Controller::forget_request(uint64_t request) { state_->requests.erase(request); }
+void Controller::forget_request(uint64_t request) { state_->requests.erase(RequestId{request}); }
 
 void Controller::check_drains() {
   State& s = *state_;
@@ -926,7 +926,7 @@ void Controller::check_drains() {
     }
   }
   for (auto it = s.gpu_drains.begin(); it != s.gpu_drains.end();) {
-    if (s.executors[it->first].running == scheduler::kNoRequest) {
+    if (!s.executors[it->first].running.has_value()) {
       it->second(Ok{});
       it = s.gpu_drains.erase(it);
     } else {

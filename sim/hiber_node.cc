@@ -135,7 +135,7 @@ void HiberNode::start(const Decision& d, Time now) {
           << d.gpu << " from " << scheduler::source_name(d.source) << " ("
           << scheduler::placement_rule_name(d.rule) << "), " << d.evictions.size() << " evictions";
   for (const Eviction& e : d.evictions) {
-    free_model(e.gpu, e.function - 1);
+    free_model(e.gpu, e.function.value() - 1);
     ++evictions_;
   }
   bool ok = true;
@@ -168,9 +168,9 @@ void HiberNode::start(const Decision& d, Time now) {
     return;
   }
   if (d.source == Source::kResident) {
-    queue_->schedule(now + delay + model.exec, this, kDone, d.request);
+    queue_->schedule(now + delay + model.exec, this, kDone, d.request.value());
   } else {
-    queue_->schedule(now + delay + options_.pipeline.setup, this, kStartTransfer, d.request);
+    queue_->schedule(now + delay + options_.pipeline.setup, this, kStartTransfer, d.request.value());
   }
 }
 
@@ -198,7 +198,7 @@ bool HiberNode::allocate(int gpu, uint64_t bytes, uint32_t index, Time now,
     VLOG(1) << "t=" << now << " GPU " << gpu << " refused " << bytes << " bytes for function " << id
             << ": make_room evicted " << evicted.size();
     for (const Eviction& e : evicted) {
-      free_model(e.gpu, e.function - 1);
+      free_model(e.gpu, e.function.value() - 1);
       ++evictions_;
     }
     update_reserved(gpu);
@@ -261,7 +261,7 @@ Outcome HiberNode::outcome_of(const Request& r, StartKind kind) const {
 void HiberNode::on_event(int kind, uint64_t arg, Time now) {
   switch (kind) {
     case kStartTransfer: {
-      Request& r = requests_.at(arg);
+      Request& r = requests_.at(scheduler::RequestId{arg});
       const Model& model = *deployed_[r.function].model;
       int link = r.source == Source::kPeer ? links_->peer_link(r.source_gpu, r.gpu) : -1;
       // A peer copy without a direct link would cross PCIe; the placement never asks for one.
@@ -271,7 +271,7 @@ void HiberNode::on_event(int kind, uint64_t arg, Time now) {
       break;
     }
     case kDone:
-      complete(arg, now);
+      complete(scheduler::RequestId{arg}, now);
       dispatch(now);
       break;
     case kWakeup:
@@ -284,14 +284,14 @@ void HiberNode::on_event(int kind, uint64_t arg, Time now) {
 }
 
 void HiberNode::transfer_progress(uint64_t tag, Time t, double bytes_done) {
-  requests_.at(tag).pipeline.observe(t, bytes_done);
+  requests_.at(scheduler::RequestId{tag}).pipeline.observe(t, bytes_done);
 }
 
 void HiberNode::transfer_done(uint64_t tag, Time t) {
-  Request& r = requests_.at(tag);
+  Request& r = requests_.at(scheduler::RequestId{tag});
   r.load_end = t;
   const Time finish = r.pipeline.finish(t);
-  const Status s = scheduler_->load_done(tag, t, /*ok=*/true);
+  const Status s = scheduler_->load_done(scheduler::RequestId{tag}, t, /*ok=*/true);
   CHECK(s.ok()) << s;
   if (r.release_source) free_model(r.source_gpu, r.function);
   queue_->schedule(finish, this, kDone, tag);

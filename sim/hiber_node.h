@@ -112,7 +112,7 @@ class HiberNode final : public Node, public EventHandler, public TransferListene
   // The outcome of `r` as far as its request got: `kind`, not completed.
   Outcome outcome_of(const Request& r, StartKind kind) const;
 
-  static scheduler::FunctionId id_of(uint32_t index) { return index + 1; }
+  static scheduler::FunctionId id_of(uint32_t index) { return scheduler::FunctionId{index + 1}; }
   void dispatch(Time now);
   void start(const scheduler::Decision& decision, Time now);
   void fail(scheduler::RequestId id, Request& r, Time now);
