@@ -24,7 +24,8 @@ void EvictionPolicy::on_loaded(FunctionIndex, const EvictionContext&) {}
 Evictor::Evictor(std::unique_ptr<EvictionPolicy> policy, const EvictionOptions& options)
     : policy_(std::move(policy)), options_(options) {}
 
-bool Evictor::plan(int g, uint64_t bytes, FunctionIndex keep, const EvictionContext& ctx,
+bool Evictor::plan(int g, uint64_t bytes, std::optional<FunctionIndex> keep,
+                   const EvictionContext& ctx,
                    std::vector<Eviction>* out) {
   const NodeState& node = ctx.node;
   const GpuState& gpu = node.gpu(g);

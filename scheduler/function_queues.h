@@ -30,7 +30,7 @@ namespace hiber::scheduler {
 // A request as the queue sees it.
 struct QueuedRequest {
   RequestId id;
-  FunctionIndex function = kNoFunction;
+  FunctionIndex function = 0;
   Time arrival = 0;
   Time deadline = 0;           // arrival + the function's SLO
   uint64_t arrival_index = 0;  // 0-based order of acceptance across the node

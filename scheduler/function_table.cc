@@ -109,7 +109,7 @@ FunctionTable::FunctionTable(const WindowOptions& window, const HeavinessOptions
     : window_options_(window), classifier_(heaviness), host_gbps_(host_gbps) {}
 
 Result<FunctionIndex> FunctionTable::add(FunctionId id, const FunctionSpec& spec, Time now) {
-  if (index_.find(id) != kNoFunction)
+  if (index_.find(id))
     return error(ErrorCode::kInvalidValue, "function ", id, " is already registered");
   if (spec.model_bytes == 0)
     return error(ErrorCode::kInvalidValue, "function ", id, ": model_bytes must be > 0");
@@ -135,14 +135,15 @@ Result<FunctionIndex> FunctionTable::add(FunctionId id, const FunctionSpec& spec
 }
 
 Status FunctionTable::remove(FunctionId id) {
-  const FunctionIndex i = index_.find(id);
-  if (i == kNoFunction) return error(ErrorCode::kNotFound, "function ", id, " is not registered");
+  const std::optional<FunctionIndex> found = index_.find(id);
+  if (!found) return error(ErrorCode::kNotFound, "function ", id, " is not registered");
+  const FunctionIndex i = *found;
   live_[i] = false;
   index_.erase(id);
   return Status();
 }
 
-FunctionIndex FunctionTable::find(FunctionId id) const { return index_.find(id); }
+std::optional<FunctionIndex> FunctionTable::find(FunctionId id) const { return index_.find(id); }
 
 void FunctionTable::set_model_bytes(FunctionIndex i, uint64_t bytes) {
   specs_[i].model_bytes = bytes;

@@ -124,7 +124,8 @@ class FunctionTable {
   // Frees the id; the slot is not reused (indices stay valid for policies' tables).
   Status remove(FunctionId id);
 
-  FunctionIndex find(FunctionId id) const;
+  // nullopt when id is not registered.
+  std::optional<FunctionIndex> find(FunctionId id) const;
   // Slots ever handed out, including removed ones: the bound for per-index tables.
   size_t slots() const { return specs_.size(); }
   size_t live_count() const { return index_.size(); }

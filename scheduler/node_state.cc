@@ -76,7 +76,7 @@ void NodeState::mark_complete(int g, Replica& replica) {
   holders_[replica.function] |= gpu_bit(g);
 }
 
-void NodeState::set_running(int g, RequestId request, FunctionIndex f) {
+void NodeState::set_running(int g, RequestId request, std::optional<FunctionIndex> f) {
   gpus_[g].running = request;
   gpus_[g].running_function = f;
   available_ &= ~gpu_bit(g);
@@ -84,7 +84,7 @@ void NodeState::set_running(int g, RequestId request, FunctionIndex f) {
 
 void NodeState::clear_running(int g) {
   gpus_[g].running.reset();
-  gpus_[g].running_function = kNoFunction;
+  gpus_[g].running_function.reset();
   available_ |= gpu_bit(g) & healthy_;
 }
 
@@ -98,9 +98,9 @@ void NodeState::set_healthy(int g, bool healthy) {
   }
 }
 
-void NodeState::set_host_loading(int g, FunctionIndex f) {
+void NodeState::set_host_loading(int g, std::optional<FunctionIndex> f) {
   gpus_[g].host_loading = f;
-  if (f == kNoFunction) {
+  if (!f) {
     host_loading_mask_ &= ~gpu_bit(g);
   } else {
     host_loading_mask_ |= gpu_bit(g);
@@ -130,11 +130,11 @@ Status NodeState::check_invariants() const {
     if (should_be_available != ((available_ & gpu_bit(g)) != 0))
       return error(ErrorCode::kIllegalState, "GPU ", g,
                    " availability disagrees with its health and request");
-    if (running != (s.running_function != kNoFunction))
+    if (running != s.running_function.has_value())
       return error(ErrorCode::kIllegalState, "GPU ", g, " running request and function disagree");
-    if (!running && s.host_loading != kNoFunction)
+    if (!running && s.host_loading)
       return error(ErrorCode::kIllegalState, "GPU ", g, " loads from the host with no request");
-    if ((s.host_loading != kNoFunction) != ((host_loading_mask_ & gpu_bit(g)) != 0))
+    if (s.host_loading.has_value() != ((host_loading_mask_ & gpu_bit(g)) != 0))
       return error(ErrorCode::kIllegalState, "GPU ", g, " host-loading mask disagrees");
   }
   for (size_t f = 0; f < holders.size(); ++f) {

@@ -21,7 +21,7 @@ namespace hiber::scheduler {
 
 // One copy of a function's model on one GPU.
 struct Replica {
-  FunctionIndex function = kNoFunction;
+  FunctionIndex function = 0;  // set by NodeState::add_replica
   uint64_t bytes = 0;
   bool loading = false;        // bytes still in flight; complete once the swap finishes
   uint32_t source_pins = 0;    // peer copies reading from this replica right now
@@ -33,8 +33,8 @@ struct GpuState {
   uint64_t reserved = 0;  // bytes used for anything but models, as the memory layer reports
   uint64_t used = 0;      // bytes of the replicas below, loading ones included
   std::optional<RequestId> running;        // the request placed here, until it is done
-  FunctionIndex running_function = kNoFunction;
-  FunctionIndex host_loading = kNoFunction;  // model in flight from the host (PCIe), if any
+  std::optional<FunctionIndex> running_function;
+  std::optional<FunctionIndex> host_loading;  // model in flight from the host (PCIe), if any
   std::vector<Replica> replicas;
 };
 
@@ -77,9 +77,9 @@ class NodeState {
   void set_replica_bytes(int g, FunctionIndex f, uint64_t bytes);
   // The replica (on GPU g) has all its bytes.
   void mark_complete(int g, Replica& replica);
-  void set_running(int g, RequestId request, FunctionIndex f);
+  void set_running(int g, RequestId request, std::optional<FunctionIndex> f);
   void clear_running(int g);
-  void set_host_loading(int g, FunctionIndex f);
+  void set_host_loading(int g, std::optional<FunctionIndex> f);
   void set_healthy(int g, bool healthy);
 
   // The invariants every event must keep: used = sum of replica bytes, holder masks match the

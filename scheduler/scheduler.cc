@@ -16,7 +16,7 @@ struct RequestSlot {
   uint32_t generation = 0;  // of the last id issued from this slot; 0: never issued
   bool live = false;
   RequestState state = RequestState::kFinished;
-  FunctionIndex function = kNoFunction;
+  FunctionIndex function = 0;  // meaningful while live
   Time arrival = 0;
   Time deadline = 0;
   Time dispatched = 0;
@@ -209,7 +209,8 @@ struct Scheduler::Impl {
   // victims of an earlier one.
   void drop_victims() {
     for (const Eviction& v : victims) {
-      node.remove_replica(v.gpu, functions.find(v.function));
+      if (const std::optional<FunctionIndex> f = functions.find(v.function))
+        node.remove_replica(v.gpu, *f);
       ++counters.evictions;
       counters.evicted_bytes += v.bytes;
     }
@@ -250,7 +251,7 @@ struct Scheduler::Impl {
       node.remove_replica(g, f);
     }
     if (r.source == Source::kHost && node.gpu(g).host_loading == f)
-      node.set_host_loading(g, kNoFunction);
+      node.set_host_loading(g, std::nullopt);
     r.state = RequestState::kRunning;
   }
 
@@ -422,8 +423,9 @@ Status Scheduler::register_function(FunctionId id, const FunctionSpec& spec, Tim
 Status Scheduler::unregister_function(FunctionId id, Time now, std::vector<RequestId>* cancelled) {
   Impl& s = *impl_;
   s.advance(now);
-  const FunctionIndex f = s.functions.find(id);
-  if (f == kNoFunction) return error(ErrorCode::kNotFound, "function ", id, " is not registered");
+  const std::optional<FunctionIndex> found = s.functions.find(id);
+  if (!found) return error(ErrorCode::kNotFound, "function ", id, " is not registered");
+  const FunctionIndex f = *found;
   if (s.in_flight[f] > 0)
     return error(ErrorCode::kIllegalState, "function ", id, " has ", s.in_flight[f],
                  " requests loading or running");
@@ -440,8 +442,9 @@ Status Scheduler::unregister_function(FunctionId id, Time now, std::vector<Reque
 
 Status Scheduler::set_model_bytes(FunctionId id, uint64_t bytes) {
   Impl& s = *impl_;
-  const FunctionIndex f = s.functions.find(id);
-  if (f == kNoFunction) return error(ErrorCode::kNotFound, "function ", id, " is not registered");
+  const std::optional<FunctionIndex> found = s.functions.find(id);
+  if (!found) return error(ErrorCode::kNotFound, "function ", id, " is not registered");
+  const FunctionIndex f = *found;
   uint64_t largest = 0;
   for (int g = 0; g < s.topology.gpu_count(); ++g)
     largest = std::max(largest, s.topology.memory_bytes(g));
@@ -458,8 +461,9 @@ Status Scheduler::set_model_bytes(FunctionId id, uint64_t bytes) {
 Result<RequestId> Scheduler::arrive(FunctionId id, Time now, bool background) {
   Impl& s = *impl_;
   now = s.advance(now);
-  const FunctionIndex f = s.functions.find(id);
-  if (f == kNoFunction) return error(ErrorCode::kNotFound, "function ", id, " is not registered");
+  const std::optional<FunctionIndex> found = s.functions.find(id);
+  if (!found) return error(ErrorCode::kNotFound, "function ", id, " is not registered");
+  const FunctionIndex f = *found;
   HIBER_ASSIGN_OR_RETURN(const RequestId request, s.acquire_slot());
   RequestSlot& r = s.slots[slot_of(request)];
   r.state = RequestState::kQueued;
@@ -561,8 +565,9 @@ bool Scheduler::make_room(int gpu, uint64_t bytes, FunctionId keep, Time now,
 
 void Scheduler::drop_replica(int gpu, FunctionId id) {
   Impl& s = *impl_;
-  const FunctionIndex f = s.functions.find(id);
-  if (!s.valid_gpu(gpu) || f == kNoFunction) return;
+  const std::optional<FunctionIndex> found = s.functions.find(id);
+  if (!s.valid_gpu(gpu) || !found) return;
+  const FunctionIndex f = *found;
   s.forget_pins(gpu, f);
   s.node.remove_replica(gpu, f);
 }
@@ -610,8 +615,8 @@ const FunctionTable& Scheduler::functions() const { return impl_->functions; }
 const SchedulerCounters& Scheduler::counters() const { return impl_->counters; }
 
 double Scheduler::rrc(FunctionId id, Time now) const {
-  const FunctionIndex f = impl_->functions.find(id);
-  return f == kNoFunction ? 0.0 : function_rrc(impl_->functions, f, now);
+  const std::optional<FunctionIndex> f = impl_->functions.find(id);
+  return f ? function_rrc(impl_->functions, *f, now) : 0.0;
 }
 
 Status Scheduler::check_invariants() const {

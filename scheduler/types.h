@@ -34,9 +34,8 @@ using FunctionId = hiber::FunctionId;
 using RequestId = hiber::RequestId;
 
 // Dense internal index of a registered function (FunctionTable). Policies use it to keep
-// per-function state in vectors instead of hash maps.
+// per-function state in vectors instead of hash maps. "None" is std::optional<FunctionIndex>.
 using FunctionIndex = uint32_t;
-inline constexpr FunctionIndex kNoFunction = std::numeric_limits<FunctionIndex>::max();
 
 // A set of GPUs, bit g for GPU g. Topology refuses nodes with more than kMaxGpus GPUs.
 using GpuMask = uint64_t;

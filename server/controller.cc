@@ -586,8 +586,8 @@ ControllerStatus Controller::on_status() {
     f.registered = t.registered;
     f.stateful = t.registration.stateful;
     f.model_bytes = t.memory ? t.memory->model_bytes() : 0;
-    const scheduler::FunctionIndex index = table.find(id);
-    if (index != scheduler::kNoFunction) {
+    if (const std::optional<scheduler::FunctionIndex> found = table.find(id)) {
+      const scheduler::FunctionIndex index = *found;
       f.heavy = table.heavy(index);
       f.requests = table.stats(index).requests;
       const scheduler::WindowTotals w = table.stats(index).window.totals(now);
@@ -798,8 +798,9 @@ Status Controller::on_make_room(uint64_t session, int gpu, const memory::Shortfa
       if (victim == nullptr || victim == t) continue;
       const std::optional<RequestId> running = s.executors[gpu].running;
       if (running.has_value() && victim->lease == running) continue;
-      if (const scheduler::Replica* r = s.scheduler->node().find(
-              gpu, s.scheduler->functions().find(victim->id));
+      const std::optional<scheduler::FunctionIndex> index =
+          s.scheduler->functions().find(victim->id);
+      if (const scheduler::Replica* r = index ? s.scheduler->node().find(gpu, *index) : nullptr;
           r != nullptr && (r->loading || r->source_pins > 0)) {
         continue;
       }

@@ -327,7 +327,8 @@ void HiberNode::finish(Time now) {
   for (int g = 0; g < static_cast<int>(models_.size()); ++g) {
     for (uint32_t i = 0; i < models_[g].size(); ++i) {
       if (models_[g][i].empty()) continue;
-      if (view.find(g, scheduler_->functions().find(id_of(i))) == nullptr) ++lost_replicas_;
+      const std::optional<scheduler::FunctionIndex> f = scheduler_->functions().find(id_of(i));
+      if (!f || view.find(g, *f) == nullptr) ++lost_replicas_;
     }
   }
   std::vector<RequestId> ids;
@@ -366,8 +367,8 @@ void HiberNode::check(Time now) const {
   const scheduler::NodeState& view = scheduler_->node();
   for (int g = 0; g < static_cast<int>(models_.size()); ++g) {
     for (uint32_t i = 0; i < models_[g].size(); ++i) {
-      const scheduler::FunctionIndex f = scheduler_->functions().find(id_of(i));
-      const bool in_view = f != scheduler::kNoFunction && view.find(g, f) != nullptr;
+      const std::optional<scheduler::FunctionIndex> f = scheduler_->functions().find(id_of(i));
+      const bool in_view = f && view.find(g, *f) != nullptr;
       CHECK_EQ(in_view, !models_[g][i].empty())
           << "at " << now << ": GPU " << g << ", function " << id_of(i) << ": view and pool disagree";
     }

@@ -52,14 +52,14 @@ class EvictionTest : public ::testing::Test {
   // The ids of the victims (their numbers), in leaving order; an empty vector with ok = false
   // when refused.
   std::vector<uint32_t> plan(Evictor& evictor, int g, uint64_t bytes, bool* ok = nullptr,
-                               FunctionIndex keep = kNoFunction, Time now = 10 * kSecond) {
+                               std::optional<FunctionIndex> keep = std::nullopt, Time now = 10 * kSecond) {
     std::vector<Eviction> out;
     const bool planned = evictor.plan(g, bytes, keep, context(now), &out);
     if (ok != nullptr) *ok = planned;
     std::vector<uint32_t> ids;
     for (const Eviction& e : out) {
       EXPECT_EQ(e.gpu, g);
-      EXPECT_EQ(e.bytes, node_.find(g, functions_.find(e.function))->bytes);
+      EXPECT_EQ(e.bytes, node_.find(g, *functions_.find(e.function))->bytes);
       ids.push_back(e.function.value());
     }
     return ids;
@@ -103,8 +103,8 @@ TEST_F(TorporEvictionTest, PlanIsEmptyWhenTheModelFitsAndRefusedWhenNothingCanMa
 }
 
 TEST_F(TorporEvictionTest, DuplicatesLeaveBeforeSoleReplicasWhenMemoryIsFull) {
-  put(1, functions_.find(FunctionId{4}), 0);                    // heavy 4 also lives on GPU 1
-  put(2, functions_.find(FunctionId{3}), 0, /*loading=*/true);  // a copy of 3 in flight is no duplicate yet
+  put(1, *functions_.find(FunctionId{4}), 0);                    // heavy 4 also lives on GPU 1
+  put(2, *functions_.find(FunctionId{3}), 0, /*loading=*/true);  // a copy of 3 in flight is no duplicate yet
   Evictor evictor(make_heaviness_eviction(), EvictionOptions{});
   EXPECT_EQ(plan(evictor, 0, kGiB), (Ids{4}));
   EXPECT_EQ(plan(evictor, 0, 2 * kGiB), (Ids{4, 2}));
@@ -115,27 +115,27 @@ TEST_F(TorporEvictionTest, DuplicatesLeaveBeforeSoleReplicasWhenMemoryIsFull) {
 }
 
 TEST_F(TorporEvictionTest, ExecutingLoadingSourceAndKeptReplicasNeverLeave) {
-  node_.set_running(0, RequestId{99}, functions_.find(FunctionId{2}));        // 2 executes on GPU 0
-  node_.find(0, functions_.find(FunctionId{1}))->source_pins = 1;  // 1 is a copy's source
-  node_.find(0, functions_.find(FunctionId{3}))->loading = true;   // 3 is still arriving
+  node_.set_running(0, RequestId{99}, *functions_.find(FunctionId{2}));        // 2 executes on GPU 0
+  node_.find(0, *functions_.find(FunctionId{1}))->source_pins = 1;  // 1 is a copy's source
+  node_.find(0, *functions_.find(FunctionId{3}))->loading = true;   // 3 is still arriving
   Evictor evictor(make_heaviness_eviction(), EvictionOptions{});
   bool ok = true;
   EXPECT_TRUE(plan(evictor, 0, 2 * kGiB, &ok).empty());
   EXPECT_FALSE(ok) << "only heavy 4 may leave: 1 GiB";
   EXPECT_EQ(plan(evictor, 0, kGiB, &ok), (Ids{4}));
-  EXPECT_TRUE(plan(evictor, 0, kGiB, &ok, /*keep=*/functions_.find(FunctionId{4})).empty());
+  EXPECT_TRUE(plan(evictor, 0, kGiB, &ok, /*keep=*/*functions_.find(FunctionId{4})).empty());
   EXPECT_FALSE(ok);
 }
 
 TEST_F(TorporEvictionTest, OverCommittedGpuEvictsItsExcessToo) {
   // Regression: function 1's model turned out to be 2 GiB. GPU 0 now holds 5 GiB in 4 GiB, and
   // making 1 GiB free takes 2 GiB of victims, not 1.
-  node_.set_replica_bytes(0, functions_.find(FunctionId{1}), 2 * kGiB);
+  node_.set_replica_bytes(0, *functions_.find(FunctionId{1}), 2 * kGiB);
   ASSERT_EQ(node_.free_bytes(0), 0u);
   Evictor evictor(make_lru_eviction(), EvictionOptions{});
   std::vector<Eviction> out;
-  ASSERT_TRUE(evictor.plan(0, kGiB, kNoFunction, context(), &out));
-  for (const Eviction& e : out) node_.remove_replica(0, functions_.find(e.function));
+  ASSERT_TRUE(evictor.plan(0, kGiB, std::nullopt, context(), &out));
+  for (const Eviction& e : out) node_.remove_replica(0, *functions_.find(e.function));
   EXPECT_EQ(out.size(), 2u);  // 3 (used at 1 s) and 4 (2 s)
   EXPECT_GE(node_.free_bytes(0), kGiB);
 }
@@ -169,7 +169,7 @@ TEST_F(TorporEvictionTest, LfuEvictsTheLeastRequestedThenTheLeastRecent) {
   const std::map<FunctionId, int> requests = {
       {FunctionId{1}, 5}, {FunctionId{2}, 1}, {FunctionId{3}, 1}, {FunctionId{4}, 9}};
   for (const auto& [id, n] : requests) {
-    for (int i = 0; i < n; ++i) functions_.record_arrival(functions_.find(id), kSecond);
+    for (int i = 0; i < n; ++i) functions_.record_arrival(*functions_.find(id), kSecond);
   }
   Evictor evictor(make_lfu_eviction(), EvictionOptions{});
   // 2 and 3 have one request each; 3 was used longer ago.
@@ -233,12 +233,12 @@ TEST_F(McacheTest, EvictsTheLowestRankFirst) {
 TEST_F(McacheTest, RanksStayUntilTheNextRebuild) {
   EvictionOptions options;  // rebuilt every 10 s
   Evictor evictor(make_mcache_eviction(options), options);
-  EXPECT_EQ(plan(evictor, 0, kGiB, nullptr, kNoFunction, 10 * kSecond), (Ids{3}));
+  EXPECT_EQ(plan(evictor, 0, kGiB, nullptr, std::nullopt, 10 * kSecond), (Ids{3}));
   // Function 3 turns popular: 200 more requests make its utility 50 x 21 = 1050 at 10 s.
-  for (int i = 0; i < 200; ++i) functions_.record_arrival(functions_.find(FunctionId{3}), 9 * kSecond);
-  EXPECT_EQ(plan(evictor, 0, kGiB, nullptr, kNoFunction, 15 * kSecond), (Ids{3}))
+  for (int i = 0; i < 200; ++i) functions_.record_arrival(*functions_.find(FunctionId{3}), 9 * kSecond);
+  EXPECT_EQ(plan(evictor, 0, kGiB, nullptr, std::nullopt, 15 * kSecond), (Ids{3}))
       << "the heap is read-only between rebuilds";
-  EXPECT_EQ(plan(evictor, 0, kGiB, nullptr, kNoFunction, 20 * kSecond), (Ids{1}))
+  EXPECT_EQ(plan(evictor, 0, kGiB, nullptr, std::nullopt, 20 * kSecond), (Ids{1}))
       << "rebuilt at 20 s";
 }
 
@@ -250,11 +250,11 @@ TEST_F(McacheTest, ALoadedModelIsRankedAgainstTheLastSnapshotAndTiesGoToLru) {
   // at 3 s, 5 at 6 s: 2 leaves before 5 although it is the more useful.
   const FunctionIndex f5 = add(FunctionId{5}, kGiB, false, 250 * kMs);
   for (int i = 0; i < 10; ++i) functions_.record_arrival(f5, 0);
-  node_.remove_replica(0, functions_.find(FunctionId{1}));
-  node_.remove_replica(0, functions_.find(FunctionId{4}));
+  node_.remove_replica(0, *functions_.find(FunctionId{1}));
+  node_.remove_replica(0, *functions_.find(FunctionId{4}));
   put(0, f5, 6 * kSecond);
   evictor.policy().on_loaded(f5, context(11 * kSecond));
-  EXPECT_EQ(plan(evictor, 0, 3 * kGiB, nullptr, kNoFunction, 11 * kSecond), (Ids{3, 2}));
+  EXPECT_EQ(plan(evictor, 0, 3 * kGiB, nullptr, std::nullopt, 11 * kSecond), (Ids{3, 2}));
 }
 
 // CremeBrulee online: utility = penalty / (size x B'), B' = 1 / rate; then the largest-first pass.

@@ -53,7 +53,7 @@ TEST_F(FacadeTest, ColdRequestLoadsFromHostThenNextRunsResident) {
   EXPECT_INVARIANTS(*s);
 
   ASSERT_TRUE(s->load_done(*r1, 5 * kMs, true).ok());
-  const FunctionIndex f = s->functions().find(FunctionId{7});
+  const FunctionIndex f = *s->functions().find(FunctionId{7});
   EXPECT_EQ(s->node().holders(f), gpu_bit(0));
   EXPECT_EQ(s->node().host_loading(), 0u);
   EXPECT_EQ(s->request(*r1)->state, RequestState::kRunning);
@@ -120,7 +120,7 @@ TEST_F(FacadeTest, AModelResidentOnlyOnABusyGpuIsCopiedAndAFullTargetMakesTheCop
   EXPECT_EQ(d[0].source_gpu, 0);
   EXPECT_EQ(d[0].evictions, (std::vector<Eviction>{{FunctionId{5}, 3, 2 * kGiB}}));
   EXPECT_TRUE(d[0].release_source);
-  const FunctionIndex fa = s->functions().find(FunctionId{1});
+  const FunctionIndex fa = *s->functions().find(FunctionId{1});
   EXPECT_EQ(s->node().find(0, fa)->source_pins, 1u);
   EXPECT_INVARIANTS(*s);
 
@@ -352,7 +352,7 @@ TEST_F(FacadeTest, AGrownModelOverCommitsItsGpuUntilTheNextPlacementThere) {
     ASSERT_TRUE(s->done(r, t + 2 * kMs).ok());
     t += 10 * kMs;
   }
-  const FunctionIndex f1 = s->functions().find(FunctionId{1});
+  const FunctionIndex f1 = *s->functions().find(FunctionId{1});
   ASSERT_EQ(s->node().holders(f1), gpu_bit(0));
   ASSERT_TRUE(s->set_model_bytes(FunctionId{1}, 4 * kGiB).ok());
   EXPECT_EQ(s->node().gpu(0).used, 4 * kGiB);
@@ -462,7 +462,7 @@ TEST_F(FacadeTest, AResidentStartEvictsNothingAfterAnEarlierPlanHadVictims) {
   EXPECT_EQ(again.source, Source::kResident);
   EXPECT_TRUE(again.evictions.empty());
   EXPECT_EQ(s->counters().evictions, 1u);
-  const FunctionIndex survivor = s->functions().find(FunctionId{2});
+  const FunctionIndex survivor = *s->functions().find(FunctionId{2});
   EXPECT_EQ(s->node().holders(survivor), gpu_bit(0)) << "the other model stays";
 }
 
@@ -471,7 +471,7 @@ TEST_F(FacadeTest, AResidentStartEvictsNothingAfterAnEarlierPlanHadVictims) {
 TEST_F(FacadeTest, BackgroundRequestsHoldAGpuButDoNotCountAsTheFunctionsRequests) {
   auto s = scheduler();
   ASSERT_TRUE(s->register_function(FunctionId{7}, spec(kGiB, /*slo=*/10 * kMs), 0).ok());
-  const FunctionIndex f = s->functions().find(FunctionId{7});
+  const FunctionIndex f = *s->functions().find(FunctionId{7});
   Result<RequestId> b = s->arrive(FunctionId{7}, 0, /*background=*/true);
   ASSERT_TRUE(b.ok());
   std::vector<Decision> d = dispatch(*s, 0);

@@ -35,7 +35,8 @@ TEST(IdIndexTest, AgreesWithAnOrderedMapThroughInsertsAndErases) {
     ASSERT_EQ(index.size(), model.size());
     const FunctionId probe = static_cast<FunctionId>(rng.uniform(600));
     auto it = model.find(probe);
-    ASSERT_EQ(index.find(probe), it == model.end() ? kNoFunction : it->second) << "step " << step;
+    ASSERT_EQ(index.find(probe), it == model.end() ? std::nullopt : std::optional<FunctionIndex>(it->second))
+        << "step " << step;
   }
   for (const auto& [id, value] : model) EXPECT_EQ(index.find(id), value);
 }
@@ -196,7 +197,7 @@ TEST_F(FunctionTableTest, RemovedIdsCanReturnUnderANewIndex) {
   ASSERT_TRUE(a.ok());
   ASSERT_TRUE(table_.remove(FunctionId{1}).ok());
   EXPECT_FALSE(table_.live(*a));
-  EXPECT_EQ(table_.find(FunctionId{1}), kNoFunction);
+  EXPECT_EQ(table_.find(FunctionId{1}), std::nullopt);
   Result<FunctionIndex> b = table_.add(FunctionId{1}, testing::spec(kGiB), 0);
   ASSERT_TRUE(b.ok());
   EXPECT_NE(*a, *b);

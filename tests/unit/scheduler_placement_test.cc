@@ -36,8 +36,8 @@ class PlacementTest : public ::testing::Test {
     return *f;
   }
 
-  // GPU g runs some request of `f` (kNoFunction: a request whose model we do not care about).
-  void busy(int g, FunctionIndex f = kNoFunction) {
+  // GPU g runs some request of `f` (none: a request whose model we do not care about).
+  void busy(int g, std::optional<FunctionIndex> f = std::nullopt) {
     node_.set_running(g, RequestId{100 + static_cast<uint64_t>(g)}, f);
   }
   // GPU g is busy loading f from the host.
@@ -196,7 +196,7 @@ TEST_F(PlacementTest, WithoutADirectLinkAPeerCopyFallsBackToTheHost) {
   NodeState node(plain);
   node.ensure_function_slots(functions_.slots());
   node.add_replica(0, f, kGiB, false, 0);
-  node.set_running(0, RequestId{1}, kNoFunction);
+  node.set_running(0, RequestId{1}, std::nullopt);
   const Placement p = algorithm1_->place(f, PlacementContext{node, functions_, rng_});
   EXPECT_EQ(p.gpu, 1);
   EXPECT_EQ(p.source, Source::kHost);
