@@ -28,7 +28,7 @@ class IdIndex {
   size_t size() const { return size_; }
 
  private:
-  static constexpr FunctionIndex kEmpty = UINT32_MAX;  // Slot::index of an empty slot
+  static constexpr FunctionIndex kEmpty{UINT32_MAX};  // Slot::index of an empty slot
   struct Slot {
     FunctionId id{0};                   // meaningful while not empty
     FunctionIndex index = kEmpty;

@@ -47,7 +47,7 @@ Replica& NodeState::add_replica(int g, FunctionIndex f, uint64_t bytes, bool loa
   GpuState& s = gpus_[g];
   s.replicas.push_back(Replica{f, bytes, loading, 0, now});
   s.used += bytes;
-  if (!loading) holders_[f] |= gpu_bit(g);
+  if (!loading) holders_[f.value()] |= gpu_bit(g);
   return s.replicas.back();
 }
 
@@ -59,7 +59,7 @@ void NodeState::remove_replica(int g, FunctionIndex f) {
     // Order of replicas carries no meaning; swap-remove keeps it O(1).
     s.replicas[i] = s.replicas.back();
     s.replicas.pop_back();
-    holders_[f] &= ~gpu_bit(g);
+    holders_[f.value()] &= ~gpu_bit(g);
     return;
   }
 }
@@ -73,7 +73,7 @@ void NodeState::set_replica_bytes(int g, FunctionIndex f, uint64_t bytes) {
 
 void NodeState::mark_complete(int g, Replica& replica) {
   replica.loading = false;
-  holders_[replica.function] |= gpu_bit(g);
+  holders_[replica.function.value()] |= gpu_bit(g);
 }
 
 void NodeState::set_running(int g, RequestId request, std::optional<FunctionIndex> f) {
@@ -115,13 +115,13 @@ Status NodeState::check_invariants() const {
     for (size_t i = 0; i < s.replicas.size(); ++i) {
       const Replica& r = s.replicas[i];
       used += r.bytes;
-      if (r.function >= holders.size())
+      if (r.function.value() >= holders.size())
         return error(ErrorCode::kIllegalState, "GPU ", g, " holds unknown function index ", r.function);
       for (size_t j = i + 1; j < s.replicas.size(); ++j) {
         if (s.replicas[j].function == r.function)
           return error(ErrorCode::kIllegalState, "GPU ", g, " holds two replicas of ", r.function);
       }
-      if (!r.loading) holders[r.function] |= gpu_bit(g);
+      if (!r.loading) holders[r.function.value()] |= gpu_bit(g);
     }
     if (used != s.used)
       return error(ErrorCode::kIllegalState, "GPU ", g, " used ", s.used, " != replicas ", used);

@@ -21,7 +21,7 @@ namespace hiber::scheduler {
 
 // One copy of a function's model on one GPU.
 struct Replica {
-  FunctionIndex function = 0;  // set by NodeState::add_replica
+  FunctionIndex function{0};  // set by NodeState::add_replica
   uint64_t bytes = 0;
   bool loading = false;        // bytes still in flight; complete once the swap finishes
   uint32_t source_pins = 0;    // peer copies reading from this replica right now
@@ -51,7 +51,7 @@ class NodeState {
   // GPUs that may take requests; an unhealthy GPU is never available.
   GpuMask healthy() const { return healthy_; }
   // GPUs holding a complete replica of f: Algorithm 1's set M.
-  GpuMask holders(FunctionIndex f) const { return f < holders_.size() ? holders_[f] : 0; }
+  GpuMask holders(FunctionIndex f) const { return f.value() < holders_.size() ? holders_[f.value()] : 0; }
   // GPUs with a PCIe load in flight.
   GpuMask host_loading() const { return host_loading_mask_; }
 

@@ -16,7 +16,7 @@ struct RequestSlot {
   uint32_t generation = 0;  // of the last id issued from this slot; 0: never issued
   bool live = false;
   RequestState state = RequestState::kFinished;
-  FunctionIndex function = 0;  // meaningful while live
+  FunctionIndex function{0};  // meaningful while live
   Time arrival = 0;
   Time deadline = 0;
   Time dispatched = 0;
@@ -278,11 +278,11 @@ struct Scheduler::Impl {
       if (failed) ++counters.failed;
     }
     const uint32_t limit = static_cast<uint32_t>(options.per_function_concurrency);
-    const bool was_limited = in_flight[f] >= limit;
-    --in_flight[f];
+    const bool was_limited = in_flight[f.value()] >= limit;
+    --in_flight[f.value()];
     release_slot(id);
     const QueueContext ctx = queue_context();
-    if (was_limited && in_flight[f] < limit) queue->set_eligible(f, true, ctx);
+    if (was_limited && in_flight[f.value()] < limit) queue->set_eligible(f, true, ctx);
     queue->on_completion(f, ctx);
   }
 
@@ -332,7 +332,7 @@ Status Scheduler::Impl::check_requests() const {
     if (!valid_gpu(r.gpu) || node.gpu(r.gpu).running != id)
       return error(ErrorCode::kIllegalState, "dispatched request ", id, " does not hold GPU ",
                    r.gpu);
-    ++flight[r.function];
+    ++flight[r.function.value()];
     const GpuState& gpu = node.gpu(r.gpu);
     const bool loading = r.state == RequestState::kLoading;
     const bool host_loading = loading && r.source == Source::kHost;
@@ -348,11 +348,11 @@ Status Scheduler::Impl::check_requests() const {
   if (queued != queue->size())
     return error(ErrorCode::kIllegalState, queued, " requests are queued, the queue holds ",
                  queue->size());
-  for (FunctionIndex f = 0; f < in_flight.size(); ++f) {
-    if (flight[f] != in_flight[f])
-      return error(ErrorCode::kIllegalState, "function index ", f, " has ", flight[f],
-                   " requests in flight, counted ", in_flight[f]);
-    if (in_flight[f] > static_cast<uint32_t>(options.per_function_concurrency))
+  for (FunctionIndex f{0}; f.value() < in_flight.size(); f = FunctionIndex{f.value() + 1}) {
+    if (flight[f.value()] != in_flight[f.value()])
+      return error(ErrorCode::kIllegalState, "function index ", f, " has ", flight[f.value()],
+                   " requests in flight, counted ", in_flight[f.value()]);
+    if (in_flight[f.value()] > static_cast<uint32_t>(options.per_function_concurrency))
       return error(ErrorCode::kIllegalState, "function index ", f, " exceeds its concurrency");
   }
   for (int g = 0; g < topology.gpu_count(); ++g) {
@@ -426,8 +426,8 @@ Status Scheduler::unregister_function(FunctionId id, Time now, std::vector<Reque
   const std::optional<FunctionIndex> found = s.functions.find(id);
   if (!found) return error(ErrorCode::kNotFound, "function ", id, " is not registered");
   const FunctionIndex f = *found;
-  if (s.in_flight[f] > 0)
-    return error(ErrorCode::kIllegalState, "function ", id, " has ", s.in_flight[f],
+  if (s.in_flight[f.value()] > 0)
+    return error(ErrorCode::kIllegalState, "function ", id, " has ", s.in_flight[f.value()],
                  " requests loading or running");
   std::vector<RequestId> ids;
   s.queue->erase_function(f, &ids);
@@ -498,7 +498,7 @@ void Scheduler::dispatch(Time now, std::vector<Decision>* out) {
     }
     // Ineligible first: taking the request then leaves the function out of the heap at once
     // rather than re-keying it there only to take it out again.
-    if (++s.in_flight[c.function] >= limit) s.queue->set_eligible(c.function, false, ctx);
+    if (++s.in_flight[c.function.value()] >= limit) s.queue->set_eligible(c.function, false, ctx);
     s.queue->take(c, ctx);
   }
   s.queue->end_round(ctx);

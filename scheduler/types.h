@@ -34,8 +34,9 @@ using FunctionId = hiber::FunctionId;
 using RequestId = hiber::RequestId;
 
 // Dense internal index of a registered function (FunctionTable). Policies use it to keep
-// per-function state in vectors instead of hash maps. "None" is std::optional<FunctionIndex>.
-using FunctionIndex = uint32_t;
+// per-function state in vectors (indexed by .value()) instead of hash maps. "None" is
+// std::optional<FunctionIndex>.
+using FunctionIndex = StrongId<struct FunctionIndexTag, uint32_t>;
 
 // A set of GPUs, bit g for GPU g. Topology refuses nodes with more than kMaxGpus GPUs.
 using GpuMask = uint64_t;

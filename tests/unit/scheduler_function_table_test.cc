@@ -28,7 +28,7 @@ TEST(IdIndexTest, AgreesWithAnOrderedMapThroughInsertsAndErases) {
     if (rng.uniform(3) != 0 && model.count(id) == 0) {
       const FunctionIndex value = static_cast<FunctionIndex>(step);
       index.insert(id, value);
-      model[id] = value;
+      model.insert_or_assign(id, value);
     } else {
       EXPECT_EQ(index.erase(id), model.erase(id) == 1);
     }

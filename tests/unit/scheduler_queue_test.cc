@@ -132,7 +132,7 @@ class QueuePolicyTest : public ::testing::Test {
   void push(QueuePolicy& q, FunctionIndex f, Time arrival, Time now) {
     const RequestId id{++next_id_};
     q.push(QueuedRequest{id, f, arrival, arrival + functions_.spec(f).slo, id.value()}, ctx(now));
-    ids_[id] = f;
+    ids_.insert_or_assign(id, f);
   }
 
   // One round at `now` in which nothing can start: the order functions are offered in (their
@@ -356,16 +356,16 @@ TEST_F(QueuePolicyTest, EraseAndEraseFunctionWithdrawRequestsInArrivalOrder) {
 // ---- The function heap against a brute-force model ----
 
 TEST(FunctionQueuesTest, HeapTopIsAlwaysTheSmallestListedKey) {
-  constexpr FunctionIndex kFunctions = 40;
+  constexpr uint32_t kFunctions = 40;
   FunctionQueues q;
-  q.add_function(kFunctions - 1);
+  q.add_function(FunctionIndex{kFunctions - 1});
   std::map<FunctionIndex, QueueKey> keys;  // the model: listed functions and their keys
   std::map<FunctionIndex, int> lane;       // requests per function
   std::map<FunctionIndex, bool> ineligible, passed;
   Rng rng(11);
   uint64_t next = 0;
   auto sync = [&](FunctionIndex f) {
-    const QueueKey key{static_cast<int64_t>(rng.uniform(50)), 0, 0, f};
+    const QueueKey key{static_cast<int64_t>(rng.uniform(50)), 0, 0, f.value()};
     q.relist(f, key);
     if (lane[f] > 0 && !ineligible[f] && !passed[f]) {
       keys[f] = key;
@@ -374,7 +374,7 @@ TEST(FunctionQueuesTest, HeapTopIsAlwaysTheSmallestListedKey) {
     }
   };
   for (int step = 0; step < 5000; ++step) {
-    const FunctionIndex f = static_cast<FunctionIndex>(rng.uniform(kFunctions));
+    const FunctionIndex f{static_cast<uint32_t>(rng.uniform(kFunctions))};
     switch (rng.uniform(6)) {
       case 0:
       case 1:
