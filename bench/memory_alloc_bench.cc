@@ -88,7 +88,8 @@ void BM_AllocateFree(benchmark::State& state, Kind kind) {
   std::mt19937_64 rng(20261124);
   std::vector<Allocation> live;
   while (pool.allocator->stats().allocated_bytes < kPoolBytes / 2) {
-    AllocationResult r = pool.allocator->allocate(draw_segment(rng), 1 + rng() % kFunctions);
+    AllocationResult r = pool.allocator->allocate(draw_segment(rng),
+                                                       FunctionId{static_cast<uint32_t>(1 + rng() % kFunctions)});
     if (!r.ok()) break;
     live.push_back(*r);
   }
@@ -109,7 +110,7 @@ void BM_AllocateFree(benchmark::State& state, Kind kind) {
   for (auto _ : state) {
     const auto start = Clock::now();
     for (int i = 0; i < kBatch; ++i, draw = (draw + 1) % kDraws) {
-      AllocationResult r = pool.allocator->allocate(sizes[draw], owners[draw]);
+      AllocationResult r = pool.allocator->allocate(sizes[draw], FunctionId{owners[draw]});
       if (!r.ok()) {
         ++failures;
         continue;

@@ -176,7 +176,7 @@ void BM_ModelChurn(benchmark::State& state, Kind kind, const std::string& name) 
     std::vector<int> on_gpu, off_gpu(functions.size());
     for (size_t i = 0; i < functions.size(); ++i) off_gpu[i] = static_cast<int>(i);
     std::mt19937_64 rng(7);
-    const auto id = [](int f) { return static_cast<FunctionId>(f + 1); };
+    const auto id = [](int f) { return FunctionId{static_cast<uint32_t>(f + 1)}; };
     const auto evict = [&](size_t slot) {
       const int f = on_gpu[slot];
       for (const Allocation& a : functions[f].placed) (void)pool->deallocate(a);
@@ -221,7 +221,7 @@ void BM_ModelChurn(benchmark::State& state, Kind kind, const std::string& name) 
           }
           size_t slot = rng() % on_gpu.size();
           if (kind == Kind::kBuddyGuided && !r.shortfall().evict.empty()) {
-            const int victim = static_cast<int>(r.shortfall().evict.front().function) - 1;
+            const int victim = static_cast<int>(r.shortfall().evict.front().function.value()) - 1;
             auto named = std::find(on_gpu.begin(), on_gpu.end(), victim);
             if (named != on_gpu.end()) slot = named - on_gpu.begin();
           }

@@ -85,8 +85,9 @@ const Workload& workload(int functions) {
   std::vector<double> cdf(static_cast<size_t>(functions));
   double sum = 0;
   for (int i = 0; i < functions; ++i) cdf[static_cast<size_t>(i)] = sum += 1.0 / (i + 1);
-  std::vector<FunctionId> rank(static_cast<size_t>(functions));
-  for (int i = 0; i < functions; ++i) rank[static_cast<size_t>(i)] = static_cast<FunctionId>(i + 1);
+  std::vector<FunctionId> rank;
+  rank.reserve(static_cast<size_t>(functions));
+  for (int i = 0; i < functions; ++i) rank.push_back(FunctionId{static_cast<uint32_t>(i + 1)});
   for (size_t i = rank.size(); i > 1; --i) std::swap(rank[i - 1], rank[rng.uniform(i)]);
   const size_t total = kBacklog + kWarmupSteps + kTimedSteps + 1000;
   for (size_t i = 0; i < total; ++i) {
@@ -146,7 +147,7 @@ void BM_Decision(benchmark::State& state, const std::string& queue, const std::s
       const InFlight& r = in_flight.front();
       if (r.loading) (void)s.load_done(r.request, now, true);
       Completion c;
-      c.exec = w.specs[r.function - 1].exec_time_hint;
+      c.exec = w.specs[r.function.value() - 1].exec_time_hint;
       (void)s.done(r.request, now, c);
       in_flight.pop_front();
     }

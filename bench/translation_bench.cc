@@ -259,8 +259,8 @@ BlockTable resnet152_placed(bool consolidate, uint64_t base) {
   BlockTable table = BlockTable::create(base, kModelRange, kGranule, 1).value();
   uint64_t va = base;
   for (size_t i = 0; i < mine.size(); ++i) {
-    AllocationResult placed = pool->allocate(mine[i], 1);
-    if (i < other.size()) (void)pool->allocate(other[i], 2);
+    AllocationResult placed = pool->allocate(mine[i], FunctionId{1});
+    if (i < other.size()) (void)pool->allocate(other[i], FunctionId{2});
     if (!placed.ok() || !table.add(va, mine[i], BlockKind::kModel).ok() ||
         !table.place(va, 0, *placed).ok()) {
       std::abort();

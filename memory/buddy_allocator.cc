@@ -6,6 +6,9 @@
 namespace hiber::memory {
 namespace {
 
+// span_owner_ of a page that heads no live allocation (never read there).
+constexpr FunctionId kNoOwner{0};
+
 // Orders are in pages (minimum blocks): order k is 2^k pages. 2^31 pages of 2 MiB is 4 PiB.
 constexpr int kMaxOrderLimit = 31;
 
@@ -80,7 +83,7 @@ Result<uint32_t> BuddyAllocator::add_chunk(uint64_t bytes) {
   prev_.resize(total, kNone);
   page_chunk_.resize(total, chunk);
   span_pages_.resize(total, 0);
-  span_owner_.resize(total, kNoFunction);
+  span_owner_.resize(total, kNoOwner);
   span_requested_.resize(total, 0);
   span_cached_.resize(total, 0);
   capacity_pages_ = total;
@@ -485,14 +488,14 @@ Status BuddyAllocator::do_deallocate(const Allocation& allocation) noexcept {
   const int shared = shared_index(pages);
   if (shared >= 0 && ((cached_pages_ + pages) << page_shift_) <= shared_cache_limit_) {
     span_cached_[page] = 1;
-    span_owner_[page] = kNoFunction;
+    span_owner_[page] = kNoOwner;
     span_requested_[page] = 0;
     cached_pages_ += pages;
     shared_cache_[shared].push_back(page);
     return Status();
   }
   span_pages_[page] = 0;
-  span_owner_[page] = kNoFunction;
+  span_owner_[page] = kNoOwner;
   span_requested_[page] = 0;
   free_range(where.chunk, rel, pages);
   return Status();

@@ -7,7 +7,7 @@ namespace {
 
 // Staging buffers are owned, for consolidation, by pseudo-functions at the top of the id
 // space, one per GPU, so they cluster apart from model copies.
-constexpr FunctionId kStagingOwnerBase = 0xFFFF0000u;
+constexpr uint32_t kStagingOwnerBase = 0xFFFF0000u;
 
 }  // namespace
 
@@ -51,8 +51,8 @@ AllocationResult HostPool::allocate_staging(int gpu, uint64_t bytes) {
     shortfall.never_fits = true;
     return shortfall;
   }
-  AllocationResult result = place(bytes, kStagingOwnerBase + static_cast<FunctionId>(gpu),
-                                  Use{kNoFunction, gpu, 0});
+  AllocationResult result = place(bytes, FunctionId{kStagingOwnerBase + static_cast<uint32_t>(gpu)},
+                                  Use{std::nullopt, gpu, 0});
   if (result.ok()) {
     staging_bytes_[gpu] += result->bytes;
   } else {
@@ -71,7 +71,7 @@ Status HostPool::release(const Allocation& allocation) {
   const Use use = it->second;
   if (use.gpu >= 0) {
     staging_bytes_[use.gpu] -= use.bytes;
-  } else if (auto held = model_bytes_.find(use.function); held != model_bytes_.end()) {
+  } else if (auto held = model_bytes_.find(*use.function); held != model_bytes_.end()) {
     held->second -= use.bytes;
     if (held->second == 0) model_bytes_.erase(held);
   }

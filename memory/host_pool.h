@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
@@ -68,7 +69,7 @@ class HostPool {
 
  private:
   struct Use {
-    FunctionId function = kNoFunction;  // a model copy's function
+    std::optional<FunctionId> function;  // a model copy's function
     int gpu = -1;                       // a staging buffer's GPU
     uint64_t bytes = 0;
   };

@@ -34,7 +34,7 @@ struct Allocation {
 };
 
 struct OwnerBytes {
-  FunctionId function = kNoFunction;
+  FunctionId function;
   uint64_t bytes = 0;
   friend bool operator==(const OwnerBytes&, const OwnerBytes&) = default;
 };

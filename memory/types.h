@@ -3,15 +3,17 @@
 
 #include <cstdint>
 
+#include "common/ids.h"
+
 namespace hiber::memory {
 
 inline constexpr uint64_t kKiB = uint64_t{1} << 10;
 inline constexpr uint64_t kMiB = uint64_t{1} << 20;
 inline constexpr uint64_t kGiB = uint64_t{1} << 30;
 
-// A function (one tenant of the node). hiberd numbers them; 0 is "nobody".
-using FunctionId = uint32_t;
-inline constexpr FunctionId kNoFunction = 0;
+// A function (one tenant of the node). hiberd numbers them; "nobody" is
+// std::optional<FunctionId>.
+using FunctionId = hiber::FunctionId;
 
 // Where a block's bytes live on one GPU: a chunk of that GPU's pool and an offset inside it.
 struct PoolLocation {

@@ -1,7 +1,6 @@
 #include "node/node_core.h"
 
 #include <algorithm>
-#include <type_traits>
 #include <unordered_map>
 
 #include <glog/logging.h>
@@ -14,21 +13,6 @@ using scheduler::Source;
 
 int index_of(GpuId gpu) { return gpu.value(); }
 
-// Between the node's ids and the scheduler's, whichever representation the scheduler uses.
-template <typename To, typename From>
-To id_cast(From from) {
-  if constexpr (std::is_same_v<To, From>) {
-    return from;
-  } else if constexpr (std::is_integral_v<From>) {
-    return To{from};
-  } else {
-    return To{from.value()};
-  }
-}
-scheduler::FunctionId sched(FunctionId id) { return id_cast<scheduler::FunctionId>(id); }
-scheduler::RequestId sched(RequestId id) { return id_cast<scheduler::RequestId>(id); }
-FunctionId node_function(scheduler::FunctionId id) { return id_cast<FunctionId>(id); }
-RequestId node_request(scheduler::RequestId id) { return id_cast<RequestId>(id); }
 
 }  // namespace
 
@@ -63,7 +47,7 @@ struct NodeCore::State {
     bool awaited = false;             // await_start() waits for an answer
     bool release_source = false;
     bool drop_source_from_view = false;
-    Decision decision;
+    std::optional<Decision> decision;  // once placed
     Status start_error;
   };
   struct Gpu {
@@ -135,7 +119,7 @@ Status NodeCore::add_function(FunctionId id, const FunctionSpec& spec, Time now)
   s.tail_percentile = spec.tail_percentile;
   s.heavy_hint = spec.heavy_hint;
   s.exec_time_hint = spec.exec_time_hint;
-  HIBER_RETURN_IF_ERROR(scheduler_->register_function(sched(id), s, now));
+  HIBER_RETURN_IF_ERROR(scheduler_->register_function(id, s, now));
   State::Function f;
   f.spec = spec;
   state_->functions.emplace(id, std::move(f));
@@ -150,7 +134,7 @@ Status NodeCore::remove_function(FunctionId id, Time now) {
                  "' still has an instance attached");
   }
   std::vector<scheduler::RequestId> cancelled;
-  HIBER_RETURN_IF_ERROR(scheduler_->unregister_function(sched(id), now, &cancelled));
+  HIBER_RETURN_IF_ERROR(scheduler_->unregister_function(id, now, &cancelled));
   // Requests that outlived the instance (ended, awaiting the caller's done) go too.
   std::vector<RequestId> mine;
   for (const auto& [rid, r] : state_->requests) {
@@ -204,17 +188,17 @@ void NodeCore::detach(FunctionId id, Time now) {
       state_->requests.erase(rid);
       continue;
     }
-    if (r.swap_in_flight) (void)scheduler_->load_done(sched(rid), now, false);
+    if (r.swap_in_flight) (void)scheduler_->load_done(rid, now, false);
     if (r.phase == Phase::kQueued) {
-      (void)scheduler_->cancel(sched(rid), now);
+      (void)scheduler_->cancel(rid, now);
     } else {
-      (void)scheduler_->done(sched(rid), now, scheduler::Completion{.failed = true});
-      state_->gpus[r.decision.gpu].running.reset();
+      (void)scheduler_->done(rid, now, scheduler::Completion{.failed = true});
+      state_->gpus[r.decision->gpu].running.reset();
     }
     state_->requests.erase(rid);
   }
   // Its memory went with the instance.
-  for (int g = 0; g < gpu_count(); ++g) scheduler_->drop_replica(g, sched(id));
+  for (int g = 0; g < gpu_count(); ++g) scheduler_->drop_replica(g, id);
   f->attached = false;
   f->lease.reset();
   f->background_queued.reset();
@@ -234,8 +218,8 @@ Result<RequestId> NodeCore::arrive(FunctionId id, Time now) {
   // What the instance has loaded by now (its start-up) is what this request's placement must
   // make room for.
   learn_model_bytes(id);
-  HIBER_ASSIGN_OR_RETURN(scheduler::RequestId arrived, scheduler_->arrive(sched(id), now));
-  const RequestId rid = node_request(arrived);
+  HIBER_ASSIGN_OR_RETURN(scheduler::RequestId arrived, scheduler_->arrive(id, now));
+  const RequestId rid = arrived;
   State::Request r{.function = id};
   r.arrival = now;
   state_->requests.emplace(rid, std::move(r));
@@ -255,13 +239,13 @@ void NodeCore::need_gpu(FunctionId id, Time now) {
   learn_model_bytes(id);
   // Background: the function's own use of a GPU is not one of its callers' requests, and must
   // not weigh on its SLO statistics (RRC) or its execution times.
-  auto arrived = scheduler_->arrive(sched(id), now, /*background=*/true);
+  auto arrived = scheduler_->arrive(id, now, /*background=*/true);
   if (!arrived.ok()) {
     LOG(ERROR) << "function '" << f->spec.name << "': cannot queue a background request: "
                << arrived.status();
     return;
   }
-  const RequestId rid = node_request(*arrived);
+  const RequestId rid = *arrived;
   State::Request r{.function = id};
   r.background = true;
   r.arrival = now;
@@ -301,7 +285,7 @@ Status NodeCore::done(RequestId id, bool failed, Time now) {
       state_->requests.erase(id);
       return Status();
     case Phase::kQueued:
-      (void)scheduler_->cancel(sched(id), now);
+      (void)scheduler_->cancel(id, now);
       if (r->awaited) {
         r->start_error = error(ErrorCode::kDeinitialized, "request ", id, " was marked done");
         answer_start(id, now);
@@ -338,8 +322,8 @@ void NodeCore::swap_done(RequestId id, const Status& status, const SwapStats& st
   State::Request* r = state_->request(id);
   if (r == nullptr || !r->swap_in_flight) return;
   r->swap_in_flight = false;
-  const GpuId gpu{r->decision.gpu};
-  (void)scheduler_->load_done(sched(id), now, status.ok());
+  const GpuId gpu{r->decision->gpu};
+  (void)scheduler_->load_done(id, now, status.ok());
   if (!status.ok()) {
     r->failed = true;
     fail_gpu(gpu, status.with_context("swapping a model in"));
@@ -349,11 +333,11 @@ void NodeCore::swap_done(RequestId id, const Status& status, const SwapStats& st
   ++g.swaps_in;
   g.swap_in_bytes += stats.bytes;
   g.swap_in_seconds += static_cast<double>(stats.duration) / 1e9;
-  if (r->decision.source == Source::kPeer && r->release_source) {
+  if (r->decision->source == Source::kPeer && r->release_source) {
     // The copy was a move: the old replica goes (the scheduler may not have dropped it itself:
     // a function whose every block is state keeps one replica, full or not).
-    const GpuId source{r->decision.source_gpu};
-    if (r->drop_source_from_view) scheduler_->drop_replica(source.value(), sched(r->function));
+    const GpuId source{r->decision->source_gpu};
+    if (r->drop_source_from_view) scheduler_->drop_replica(source.value(), r->function);
     actuator_.forget(r->function, source);
     update_reserved(source);
   }
@@ -362,10 +346,10 @@ void NodeCore::swap_done(RequestId id, const Status& status, const SwapStats& st
 void NodeCore::released(RequestId id, const Status& status, Time now) {
   State::Request* r = state_->request(id);
   if (r == nullptr || r->phase == Phase::kEnded || r->phase == Phase::kQueued) return;
-  const GpuId gpu{r->decision.gpu};
+  const GpuId gpu{r->decision->gpu};
   if (r->swap_in_flight) {
     r->swap_in_flight = false;
-    (void)scheduler_->load_done(sched(id), now, false);
+    (void)scheduler_->load_done(id, now, false);
   }
   if (r->start_error.ok() && r->phase == Phase::kPlacing) {
     r->start_error = status.ok() ? error(ErrorCode::kUnknown, "the lease ended before it started")
@@ -374,7 +358,7 @@ void NodeCore::released(RequestId id, const Status& status, Time now) {
   answer_start(id, now);
   scheduler::Completion completion;
   completion.failed = r->failed || !status.ok();
-  (void)scheduler_->done(sched(id), now, completion);
+  (void)scheduler_->done(id, now, completion);
   State::Gpu& g = state_->gpus[index_of(gpu)];
   if (g.running == id) g.running.reset();
   if (State::Function* f = state_->function(r->function)) {
@@ -383,7 +367,7 @@ void NodeCore::released(RequestId id, const Status& status, Time now) {
       // The scheduler learns the model's real size once a run has shown it.
       learn_model_bytes(r->function);
       if (!g.healthy || g.drained) {
-        scheduler_->drop_replica(gpu.value(), sched(r->function));
+        scheduler_->drop_replica(gpu.value(), r->function);
         if (g.healthy) {
           evict(r->function, gpu);
         } else {
@@ -412,13 +396,13 @@ Status NodeCore::make_room(FunctionId function, GpuId gpu, uint64_t bytes, Time 
   update_reserved(gpu);
   const uint64_t target = scheduler_->node().free_bytes(gpu.value()) + bytes;
   std::vector<scheduler::Eviction> victims;
-  if (!scheduler_->make_room(gpu.value(), target, sched(function), now, &victims) || victims.empty()) {
+  if (!scheduler_->make_room(gpu.value(), target, function, now, &victims) || victims.empty()) {
     return error(ErrorCode::kOutOfMemory, "GPU ", gpu, " has no room for ", bytes,
                  " more bytes: everything there is in use or protected");
   }
   VLOG(1) << "t=" << now << " GPU " << gpu << " refused " << bytes << " bytes for function "
           << function << ": make_room evicts " << victims.size();
-  for (const scheduler::Eviction& v : victims) evict(node_function(v.function), GpuId{v.gpu});
+  for (const scheduler::Eviction& v : victims) evict(v.function, GpuId{v.gpu});
   update_reserved(gpu);
   return Status();
 }
@@ -431,7 +415,7 @@ void NodeCore::learn_model_bytes(FunctionId id) {
   if (model == f.spec.model_bytes) return;
   // A size no GPU can hold is refused, and the view keeps the old one: the placement then
   // fails in the actuator, which reports it.
-  if (scheduler_->set_model_bytes(sched(id), model).ok()) f.spec.model_bytes = model;
+  if (scheduler_->set_model_bytes(id, model).ok()) f.spec.model_bytes = model;
 }
 
 void NodeCore::fail_gpu(GpuId gpu, const Status& why) {
@@ -501,12 +485,12 @@ void NodeCore::dispatch(Time now) {
 }
 
 void NodeCore::start_one(const Decision& d, Time now) {
-  const RequestId rid = node_request(d.request);
+  const RequestId rid = d.request;
   State::Request& r = state_->requests.at(rid);
   State::Function* f = state_->function(r.function);
   const GpuId gpu{d.gpu};
   state_->gpus[d.gpu].running = rid;
-  for (const scheduler::Eviction& v : d.evictions) evict(node_function(v.function), GpuId{v.gpu});
+  for (const scheduler::Eviction& v : d.evictions) evict(v.function, GpuId{v.gpu});
   r.decision = d;
   r.phase = Phase::kPlacing;
   if (f == nullptr || !f->attached) {
@@ -536,7 +520,7 @@ void NodeCore::start_one(const Decision& d, Time now) {
     f->background_queued.reset();
   } else if (f->background_queued) {
     // The instance's work runs under this request; the background one it asked for is moot.
-    (void)scheduler_->cancel(sched(*f->background_queued), now);
+    (void)scheduler_->cancel(*f->background_queued, now);
     state_->requests.erase(*f->background_queued);
     f->background_queued.reset();
   }
@@ -567,7 +551,7 @@ void NodeCore::update_reserved(GpuId gpu) {
   const scheduler::NodeState& view = scheduler_->node();
   uint64_t models = 0;
   for (const scheduler::Replica& replica : view.gpu(g).replicas) {
-    const FunctionId id = node_function(scheduler_->functions().id(replica.function));
+    const FunctionId id = scheduler_->functions().id(replica.function);
     models += std::min(replica.bytes, actuator_.placed_bytes(id, gpu));
   }
   const uint64_t allocated = actuator_.pool_allocated(gpu);
@@ -583,14 +567,16 @@ void NodeCore::answer_start(RequestId id, Time now) {
   State::Request& r = state_->requests.at(id);
   if (!r.awaited) return;
   r.awaited = false;
-  if (!r.start_error.ok()) {
-    actuator_.answer_start(id, r.start_error);
+  if (!r.start_error.ok() || !r.decision) {
+    actuator_.answer_start(id, r.start_error.ok() ? error(ErrorCode::kIllegalState, "request ", id,
+                                                          " has not been placed")
+                                                  : r.start_error);
     return;
   }
-  StartInfo info{.gpu = GpuId{r.decision.gpu}};
-  info.source = r.decision.source;
-  if (r.decision.source == Source::kPeer) info.source_gpu = GpuId{r.decision.source_gpu};
-  info.rule = r.decision.rule;
+  StartInfo info{.gpu = GpuId{r.decision->gpu}};
+  info.source = r.decision->source;
+  if (r.decision->source == Source::kPeer) info.source_gpu = GpuId{r.decision->source_gpu};
+  info.rule = r.decision->rule;
   info.queued = now - r.arrival;
   actuator_.answer_start(id, info);
 }
@@ -655,13 +641,12 @@ NodeStatus NodeCore::status(Time now) const {
     fs.name = f.spec.name;
     fs.attached = f.attached;
     fs.stateful = f.spec.stateful;
-    const auto index = table.find(sched(id));
-    if (index != scheduler::kNoFunction) {
-      fs.heavy = table.heavy(index);
-      fs.requests = table.stats(index).requests;
-      fs.on_time = table.stats(index).window.totals(now).on_time;
-      fs.rrc = scheduler_->rrc(sched(id), now);
-      const scheduler::GpuMask holders = scheduler_->node().holders(index);
+    if (const std::optional<scheduler::FunctionIndex> index = table.find(id)) {
+      fs.heavy = table.heavy(*index);
+      fs.requests = table.stats(*index).requests;
+      fs.on_time = table.stats(*index).window.totals(now).on_time;
+      fs.rrc = scheduler_->rrc(id, now);
+      const scheduler::GpuMask holders = scheduler_->node().holders(*index);
       for (int g = 0; g < gpu_count(); ++g) {
         if (holders & scheduler::gpu_bit(g)) fs.resident_gpus.push_back(GpuId{g});
       }

@@ -24,7 +24,8 @@ void EvictionPolicy::on_loaded(FunctionIndex, const EvictionContext&) {}
 Evictor::Evictor(std::unique_ptr<EvictionPolicy> policy, const EvictionOptions& options)
     : policy_(std::move(policy)), options_(options) {}
 
-bool Evictor::plan(int g, uint64_t bytes, FunctionIndex keep, const EvictionContext& ctx,
+bool Evictor::plan(int g, uint64_t bytes, std::optional<FunctionIndex> keep,
+                   const EvictionContext& ctx,
                    std::vector<Eviction>* out) {
   const NodeState& node = ctx.node;
   const GpuState& gpu = node.gpu(g);
@@ -41,14 +42,14 @@ bool Evictor::plan(int g, uint64_t bytes, FunctionIndex keep, const EvictionCont
     // Protected: in flight, a copy's source, executing here, or the model being placed.
     if (r.loading || r.source_pins > 0 || r.function == gpu.running_function || r.function == keep)
       continue;
-    EvictionCandidate c;
-    c.function = r.function;
-    c.id = ctx.functions.id(r.function);
-    c.gpu = g;
-    c.bytes = r.bytes;
-    c.last_used = r.last_used;
-    c.duplicate = (node.holders(r.function) & ~gpu_bit(g)) != 0;
-    candidates_.push_back(c);
+    candidates_.push_back(EvictionCandidate{
+        .function = r.function,
+        .id = ctx.functions.id(r.function),
+        .gpu = g,
+        .bytes = r.bytes,
+        .last_used = r.last_used,
+        .duplicate = (node.holders(r.function) & ~gpu_bit(g)) != 0,
+    });
     available += r.bytes;
   }
   if (available < needed) return false;

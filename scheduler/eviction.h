@@ -38,6 +38,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -64,8 +65,8 @@ struct EvictionOptions {
 
 // A replica that may leave, with the policy's keys.
 struct EvictionCandidate {
-  FunctionIndex function = kNoFunction;
-  FunctionId id = 0;
+  FunctionIndex function;
+  FunctionId id;
   int gpu = -1;
   uint64_t bytes = 0;
   Time last_used = 0;
@@ -99,7 +100,7 @@ class EvictionPolicy {
 
 // A replica the caller must free.
 struct Eviction {
-  FunctionId function = 0;
+  FunctionId function;
   int gpu = -1;
   uint64_t bytes = 0;
   friend bool operator==(const Eviction&, const Eviction&) = default;
@@ -115,7 +116,7 @@ class Evictor {
   // placed). Appends them to `out` in leaving order. false (and `out` unchanged) when even
   // evicting every candidate would not make room. An over-committed GPU (more used than its
   // capacity, after a model grew) counts its excess as needed too.
-  bool plan(int g, uint64_t bytes, FunctionIndex keep, const EvictionContext& ctx,
+  bool plan(int g, uint64_t bytes, std::optional<FunctionIndex> keep, const EvictionContext& ctx,
             std::vector<Eviction>* out);
 
   // The victims of the last plan, with their function indices (empty when it needed none or

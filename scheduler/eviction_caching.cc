@@ -30,7 +30,7 @@ class McacheEviction final : public EvictionPolicy {
     for (EvictionCandidate& c : candidates) {
       // A model cached since the last rebuild without passing on_loaded (reported loaded by
       // the caller) is ranked now, against the last snapshot, as IQ.set would have.
-      c.key = c.function < has_rank_.size() && has_rank_[c.function] ? rank_[c.function]
+      c.key = c.function.value() < has_rank_.size() && has_rank_[c.function.value()] ? rank_[c.function.value()]
                                                                       : rank_now(c.function, ctx);
       c.key2 = static_cast<double>(c.last_used);
     }
@@ -39,15 +39,15 @@ class McacheEviction final : public EvictionPolicy {
   void on_loaded(FunctionIndex f, const EvictionContext& ctx) override {
     if (!built_) rebuild(ctx);
     grow(f);
-    rank_[f] = rank_now(f, ctx);
-    has_rank_[f] = 1;
+    rank_[f.value()] = rank_now(f, ctx);
+    has_rank_[f.value()] = 1;
   }
 
  private:
   void grow(FunctionIndex f) {
-    if (f >= rank_.size()) {
-      rank_.resize(f + 1, 0);
-      has_rank_.resize(f + 1, 0);
+    if (f.value() >= rank_.size()) {
+      rank_.resize(f.value() + 1, 0);
+      has_rank_.resize(f.value() + 1, 0);
     }
   }
 
@@ -68,8 +68,8 @@ class McacheEviction final : public EvictionPolicy {
     cached_.clear();
     for (int g = 0; g < ctx.node.gpu_count(); ++g) {
       for (const Replica& r : ctx.node.gpu(g).replicas) {
-        if (r.function < slots && !seen_[r.function]) {
-          seen_[r.function] = 1;
+        if (r.function.value() < slots && !seen_[r.function.value()]) {
+          seen_[r.function.value()] = 1;
           cached_.push_back(r.function);
         }
       }
@@ -84,8 +84,8 @@ class McacheEviction final : public EvictionPolicy {
       grow(f);
       const auto lower =
           std::lower_bound(snapshot_.begin(), snapshot_.end(), utilities_[i]) - snapshot_.begin();
-      rank_[f] = std::log(static_cast<double>(lower) + b0_);
-      has_rank_[f] = 1;
+      rank_[f.value()] = std::log(static_cast<double>(lower) + b0_);
+      has_rank_[f.value()] = 1;
     }
   }
 
@@ -133,7 +133,7 @@ class CremeBruleeEviction final : public EvictionPolicy {
     uint64_t freed = 0;
     size_t keep = 0;
     while (keep < victims.size() && freed < bytes_needed) freed += victims[keep++].bytes;
-    victims.resize(keep);
+    victims.erase(victims.begin() + static_cast<std::ptrdiff_t>(keep), victims.end());
   }
 
  private:

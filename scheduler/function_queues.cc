@@ -3,13 +3,13 @@
 namespace hiber::scheduler {
 
 void FunctionQueues::add_function(FunctionIndex f) {
-  if (f >= lanes_.size()) lanes_.resize(static_cast<size_t>(f) + 1);
+  if (f.value() >= lanes_.size()) lanes_.resize(size_t{f.value()} + 1);
 }
 
 void FunctionQueues::push_back(const QueuedRequest& r, int64_t tag) {
   const uint32_t e = slot_of(r.id);
   if (e >= entries_.size()) entries_.resize(static_cast<size_t>(e) + 1);
-  Lane& lane = lanes_[r.function];
+  Lane& lane = lanes_[r.function.value()];
   Entry& entry = entries_[e];
   entry.request = r;
   entry.tag = tag;
@@ -28,7 +28,7 @@ void FunctionQueues::push_back(const QueuedRequest& r, int64_t tag) {
 
 void FunctionQueues::erase(uint32_t e) {
   Entry& entry = entries_[e];
-  Lane& lane = lanes_[entry.request.function];
+  Lane& lane = lanes_[entry.request.function.value()];
   if (entry.prev == kNil) {
     lane.head = entry.next;
   } else {
@@ -46,8 +46,8 @@ void FunctionQueues::erase(uint32_t e) {
 }
 
 void FunctionQueues::erase_lane(FunctionIndex f, std::vector<RequestId>* out) {
-  while (lanes_[f].head != kNil) {
-    const uint32_t e = lanes_[f].head;
+  while (lanes_[f.value()].head != kNil) {
+    const uint32_t e = lanes_[f.value()].head;
     if (out != nullptr) out->push_back(entries_[e].request.id);
     erase(e);
   }
@@ -60,7 +60,7 @@ uint32_t FunctionQueues::find(RequestId id) const {
 }
 
 void FunctionQueues::pass(FunctionIndex f) {
-  Lane& lane = lanes_[f];
+  Lane& lane = lanes_[f.value()];
   if (lane.passed) return;
   lane.passed = true;
   passed_.push_back(f);
@@ -70,7 +70,7 @@ void FunctionQueues::pass(FunctionIndex f) {
 const std::vector<FunctionIndex>& FunctionQueues::end_round() {
   ended_.swap(passed_);
   passed_.clear();
-  for (FunctionIndex f : ended_) lanes_[f].passed = false;
+  for (FunctionIndex f : ended_) lanes_[f.value()].passed = false;
   return ended_;
 }
 
@@ -79,7 +79,7 @@ void FunctionQueues::relist(FunctionIndex f, const QueueKey& key) {
     unlist(f);
     return;
   }
-  Lane& lane = lanes_[f];
+  Lane& lane = lanes_[f.value()];
   if (lane.position < 0) {
     lane.key = key;
     heap_.push_back(f);
@@ -97,7 +97,7 @@ void FunctionQueues::relist(FunctionIndex f, const QueueKey& key) {
 }
 
 void FunctionQueues::unlist(FunctionIndex f) {
-  Lane& lane = lanes_[f];
+  Lane& lane = lanes_[f.value()];
   if (lane.position < 0) return;
   const size_t i = static_cast<size_t>(lane.position);
   lane.position = -1;
@@ -106,12 +106,12 @@ void FunctionQueues::unlist(FunctionIndex f) {
   if (i == heap_.size()) return;
   place(i, last);
   sift_up(i);
-  sift_down(static_cast<size_t>(lanes_[last].position));
+  sift_down(static_cast<size_t>(lanes_[last.value()].position));
 }
 
 void FunctionQueues::place(size_t i, FunctionIndex f) {
   heap_[i] = f;
-  lanes_[f].position = static_cast<int32_t>(i);
+  lanes_[f.value()].position = static_cast<int32_t>(i);
 }
 
 void FunctionQueues::sift_up(size_t i) {
@@ -141,8 +141,8 @@ void FunctionQueues::sift_down(size_t i) {
 
 Status FunctionQueues::check_invariants() const {
   size_t total = 0;
-  for (FunctionIndex f = 0; f < lanes_.size(); ++f) {
-    const Lane& lane = lanes_[f];
+  for (FunctionIndex f{0}; f.value() < lanes_.size(); f = FunctionIndex{f.value() + 1}) {
+    const Lane& lane = lanes_[f.value()];
     uint32_t count = 0;
     uint32_t prev = kNil;
     for (uint32_t e = lane.head; e != kNil; e = entries_[e].next) {

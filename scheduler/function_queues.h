@@ -29,8 +29,8 @@ namespace hiber::scheduler {
 
 // A request as the queue sees it.
 struct QueuedRequest {
-  RequestId id = kNoRequest;
-  FunctionIndex function = kNoFunction;
+  RequestId id;
+  FunctionIndex function{0};
   Time arrival = 0;
   Time deadline = 0;           // arrival + the function's SLO
   uint64_t arrival_index = 0;  // 0-based order of acceptance across the node
@@ -61,15 +61,15 @@ class FunctionQueues {
 
   const QueuedRequest& request(uint32_t entry) const { return entries_[entry].request; }
   int64_t tag(uint32_t entry) const { return entries_[entry].tag; }
-  uint32_t front(FunctionIndex f) const { return lanes_[f].head; }
+  uint32_t front(FunctionIndex f) const { return lanes_[f.value()].head; }
   uint32_t next(uint32_t entry) const { return entries_[entry].next; }
-  uint32_t lane_size(FunctionIndex f) const { return f < lanes_.size() ? lanes_[f].size : 0; }
+  uint32_t lane_size(FunctionIndex f) const { return f.value() < lanes_.size() ? lanes_[f.value()].size : 0; }
   // Queued requests in all lanes.
   size_t size() const { return size_; }
 
   // ---- Which functions may be offered ----
   // false while f is at its concurrency limit (the Scheduler says when).
-  void set_eligible(FunctionIndex f, bool eligible) { lanes_[f].ineligible = !eligible; }
+  void set_eligible(FunctionIndex f, bool eligible) { lanes_[f.value()].ineligible = !eligible; }
   // Passed over in this dispatch round: unlisted until end_round().
   void pass(FunctionIndex f);
   // Clears the passed flags and returns the functions that had one, each once, for the policy
@@ -79,12 +79,12 @@ class FunctionQueues {
   // Puts f in the heap with `key` if it should be listed (see above), or takes it out.
   void relist(FunctionIndex f, const QueueKey& key);
   bool should_list(FunctionIndex f) const {
-    const Lane& l = lanes_[f];
+    const Lane& l = lanes_[f.value()];
     return l.size > 0 && !l.ineligible && !l.passed;
   }
   bool empty() const { return heap_.empty(); }
   FunctionIndex top() const { return heap_.front(); }
-  const QueueKey& key(FunctionIndex f) const { return lanes_[f].key; }
+  const QueueKey& key(FunctionIndex f) const { return lanes_[f.value()].key; }
 
   // Lanes are well-linked, sizes add up, the heap is ordered and lists exactly the functions
   // should_list() names (outside a dispatch round). kIllegalState naming the first break.
@@ -92,7 +92,7 @@ class FunctionQueues {
 
  private:
   struct Entry {
-    QueuedRequest request;
+    QueuedRequest request{.id = RequestId{0}};  // meaningful while used
     int64_t tag = 0;
     uint32_t prev = kNil;
     uint32_t next = kNil;
@@ -108,8 +108,8 @@ class FunctionQueues {
     QueueKey key{};
   };
 
-  static uint32_t slot_of(RequestId id) { return static_cast<uint32_t>(id); }
-  bool less(FunctionIndex a, FunctionIndex b) const { return lanes_[a].key < lanes_[b].key; }
+  static uint32_t slot_of(RequestId id) { return static_cast<uint32_t>(id.value()); }
+  bool less(FunctionIndex a, FunctionIndex b) const { return lanes_[a.value()].key < lanes_[b.value()].key; }
   void place(size_t i, FunctionIndex f);
   void sift_up(size_t i);
   void sift_down(size_t i);

@@ -109,7 +109,7 @@ FunctionTable::FunctionTable(const WindowOptions& window, const HeavinessOptions
     : window_options_(window), classifier_(heaviness), host_gbps_(host_gbps) {}
 
 Result<FunctionIndex> FunctionTable::add(FunctionId id, const FunctionSpec& spec, Time now) {
-  if (index_.find(id) != kNoFunction)
+  if (index_.find(id))
     return error(ErrorCode::kInvalidValue, "function ", id, " is already registered");
   if (spec.model_bytes == 0)
     return error(ErrorCode::kInvalidValue, "function ", id, ": model_bytes must be > 0");
@@ -135,68 +135,69 @@ Result<FunctionIndex> FunctionTable::add(FunctionId id, const FunctionSpec& spec
 }
 
 Status FunctionTable::remove(FunctionId id) {
-  const FunctionIndex i = index_.find(id);
-  if (i == kNoFunction) return error(ErrorCode::kNotFound, "function ", id, " is not registered");
-  live_[i] = false;
+  const std::optional<FunctionIndex> found = index_.find(id);
+  if (!found) return error(ErrorCode::kNotFound, "function ", id, " is not registered");
+  const FunctionIndex i = *found;
+  live_[i.value()] = false;
   index_.erase(id);
   return Status();
 }
 
-FunctionIndex FunctionTable::find(FunctionId id) const { return index_.find(id); }
+std::optional<FunctionIndex> FunctionTable::find(FunctionId id) const { return index_.find(id); }
 
 void FunctionTable::set_model_bytes(FunctionIndex i, uint64_t bytes) {
-  specs_[i].model_bytes = bytes;
+  specs_[i.value()].model_bytes = bytes;
   // Without a measured or registered swap time, the estimate (and so the label) follows the size.
   reclassify(i);
 }
 
 void FunctionTable::record_arrival(FunctionIndex i, Time t) {
-  FunctionStats& s = stats_[i];
+  FunctionStats& s = stats_[i.value()];
   s.window.add_arrival(t);
   ++s.requests;
   s.last_arrival = t;
 }
 
 void FunctionTable::record_completion(FunctionIndex i, Time t, bool on_time, Duration busy) {
-  stats_[i].window.add_completion(t, on_time, busy);
+  stats_[i.value()].window.add_completion(t, on_time, busy);
 }
 
 void FunctionTable::record_exec(FunctionIndex i, Duration d) {
-  stats_[i].exec.add(static_cast<double>(d), classifier_.options().ewma_alpha);
+  stats_[i.value()].exec.add(static_cast<double>(d), classifier_.options().ewma_alpha);
   reclassify(i);
 }
 
 void FunctionTable::record_host_swap(FunctionIndex i, Duration d) {
-  stats_[i].host_swap.add(static_cast<double>(d), classifier_.options().ewma_alpha);
+  stats_[i.value()].host_swap.add(static_cast<double>(d), classifier_.options().ewma_alpha);
   reclassify(i);
 }
 
 void FunctionTable::reclassify(FunctionIndex i) {
-  const FunctionSpec& spec = specs_[i];
-  FunctionStats& s = stats_[i];
+  const FunctionSpec& spec = specs_[i.value()];
+  FunctionStats& s = stats_[i.value()];
   HeavinessInputs in;
   in.host_swap = &s.host_swap;
   in.exec = &s.exec;
   in.heavy_hint = spec.heavy_hint;
   in.swap_time_hint = swap_estimate(i);
   in.exec_time_hint = spec.exec_time_hint;
-  heavy_[i] = classifier_.heavy(in) ? 1 : 0;
+  heavy_[i.value()] = classifier_.heavy(in) ? 1 : 0;
 }
 
 double FunctionTable::arrival_rate(FunctionIndex i, Time now) const {
-  return arrival_rate(i, now, stats_[i].window.totals(now));
+  return arrival_rate(i, now, stats_[i.value()].window.totals(now));
 }
 
 double FunctionTable::arrival_rate(FunctionIndex i, Time now, const WindowTotals& totals) const {
-  const FunctionStats& s = stats_[i];
+  const FunctionStats& s = stats_[i.value()];
   const Duration span = s.window.span(now, s.registered_at);
   return static_cast<double>(totals.arrivals) * kSecond / static_cast<double>(span);
 }
 
 Duration FunctionTable::swap_estimate(FunctionIndex i) const {
-  const FunctionStats& s = stats_[i];
+  const FunctionStats& s = stats_[i.value()];
   if (s.host_swap.samples > 0) return rounded(s.host_swap.value);
-  const FunctionSpec& spec = specs_[i];
+  const FunctionSpec& spec = specs_[i.value()];
   if (spec.swap_time_hint > 0) return spec.swap_time_hint;
   if (host_gbps_ <= 0) return 0;
   // bytes / (GB/s) = ns, with GB = 1e9 bytes as link speeds are quoted.
@@ -204,13 +205,13 @@ Duration FunctionTable::swap_estimate(FunctionIndex i) const {
 }
 
 Duration FunctionTable::exec_estimate(FunctionIndex i) const {
-  const FunctionStats& s = stats_[i];
+  const FunctionStats& s = stats_[i.value()];
   if (s.exec.samples > 0) return rounded(s.exec.value);
-  return specs_[i].exec_time_hint;
+  return specs_[i.value()].exec_time_hint;
 }
 
 double FunctionTable::service_seconds(FunctionIndex i, Time now) const {
-  return service_seconds(i, stats_[i].window.totals(now));
+  return service_seconds(i, stats_[i.value()].window.totals(now));
 }
 
 double FunctionTable::service_seconds(FunctionIndex i, const WindowTotals& totals) const {
@@ -220,7 +221,7 @@ double FunctionTable::service_seconds(FunctionIndex i, const WindowTotals& total
 }
 
 double FunctionTable::demand(FunctionIndex i, Time now) const {
-  return demand(i, now, stats_[i].window.totals(now));
+  return demand(i, now, stats_[i.value()].window.totals(now));
 }
 
 double FunctionTable::demand(FunctionIndex i, Time now, const WindowTotals& totals) const {

@@ -124,17 +124,18 @@ class FunctionTable {
   // Frees the id; the slot is not reused (indices stay valid for policies' tables).
   Status remove(FunctionId id);
 
-  FunctionIndex find(FunctionId id) const;
+  // nullopt when id is not registered.
+  std::optional<FunctionIndex> find(FunctionId id) const;
   // Slots ever handed out, including removed ones: the bound for per-index tables.
   size_t slots() const { return specs_.size(); }
   size_t live_count() const { return index_.size(); }
-  bool live(FunctionIndex i) const { return i < live_.size() && live_[i]; }
+  bool live(FunctionIndex i) const { return i.value() < live_.size() && live_[i.value()]; }
 
-  FunctionId id(FunctionIndex i) const { return ids_[i]; }
-  const FunctionSpec& spec(FunctionIndex i) const { return specs_[i]; }
-  const FunctionStats& stats(FunctionIndex i) const { return stats_[i]; }
+  FunctionId id(FunctionIndex i) const { return ids_[i.value()]; }
+  const FunctionSpec& spec(FunctionIndex i) const { return specs_[i.value()]; }
+  const FunctionStats& stats(FunctionIndex i) const { return stats_[i.value()]; }
   // The current label (heaviness.h), recomputed on each sample.
-  bool heavy(FunctionIndex i) const { return heavy_[i] != 0; }
+  bool heavy(FunctionIndex i) const { return heavy_[i.value()] != 0; }
 
   // The model's size changed (hiberd learns it when the first run ends). REQUIRES: bytes > 0.
   void set_model_bytes(FunctionIndex i, uint64_t bytes);

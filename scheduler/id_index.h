@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "scheduler/types.h"
@@ -18,18 +19,19 @@ class IdIndex {
  public:
   IdIndex();
 
-  // kNoFunction when absent.
-  FunctionIndex find(FunctionId id) const;
-  // REQUIRES: id is absent and index != kNoFunction.
+  // nullopt when absent.
+  std::optional<FunctionIndex> find(FunctionId id) const;
+  // REQUIRES: id is absent and index != kEmpty.
   void insert(FunctionId id, FunctionIndex index);
   // Removes id; false if it was absent.
   bool erase(FunctionId id);
   size_t size() const { return size_; }
 
  private:
+  static constexpr FunctionIndex kEmpty{UINT32_MAX};  // Slot::index of an empty slot
   struct Slot {
-    FunctionId id = 0;
-    FunctionIndex index = kNoFunction;  // kNoFunction: empty
+    FunctionId id{0};                   // meaningful while not empty
+    FunctionIndex index = kEmpty;
   };
   size_t home(FunctionId id) const;
   size_t next(size_t i) const { return (i + 1) & (slots_.size() - 1); }

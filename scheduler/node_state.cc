@@ -47,7 +47,7 @@ Replica& NodeState::add_replica(int g, FunctionIndex f, uint64_t bytes, bool loa
   GpuState& s = gpus_[g];
   s.replicas.push_back(Replica{f, bytes, loading, 0, now});
   s.used += bytes;
-  if (!loading) holders_[f] |= gpu_bit(g);
+  if (!loading) holders_[f.value()] |= gpu_bit(g);
   return s.replicas.back();
 }
 
@@ -59,7 +59,7 @@ void NodeState::remove_replica(int g, FunctionIndex f) {
     // Order of replicas carries no meaning; swap-remove keeps it O(1).
     s.replicas[i] = s.replicas.back();
     s.replicas.pop_back();
-    holders_[f] &= ~gpu_bit(g);
+    holders_[f.value()] &= ~gpu_bit(g);
     return;
   }
 }
@@ -73,34 +73,34 @@ void NodeState::set_replica_bytes(int g, FunctionIndex f, uint64_t bytes) {
 
 void NodeState::mark_complete(int g, Replica& replica) {
   replica.loading = false;
-  holders_[replica.function] |= gpu_bit(g);
+  holders_[replica.function.value()] |= gpu_bit(g);
 }
 
-void NodeState::set_running(int g, RequestId request, FunctionIndex f) {
+void NodeState::set_running(int g, RequestId request, std::optional<FunctionIndex> f) {
   gpus_[g].running = request;
   gpus_[g].running_function = f;
   available_ &= ~gpu_bit(g);
 }
 
 void NodeState::clear_running(int g) {
-  gpus_[g].running = kNoRequest;
-  gpus_[g].running_function = kNoFunction;
+  gpus_[g].running.reset();
+  gpus_[g].running_function.reset();
   available_ |= gpu_bit(g) & healthy_;
 }
 
 void NodeState::set_healthy(int g, bool healthy) {
   if (healthy) {
     healthy_ |= gpu_bit(g);
-    if (gpus_[g].running == kNoRequest) available_ |= gpu_bit(g);
+    if (!gpus_[g].running) available_ |= gpu_bit(g);
   } else {
     healthy_ &= ~gpu_bit(g);
     available_ &= ~gpu_bit(g);
   }
 }
 
-void NodeState::set_host_loading(int g, FunctionIndex f) {
+void NodeState::set_host_loading(int g, std::optional<FunctionIndex> f) {
   gpus_[g].host_loading = f;
-  if (f == kNoFunction) {
+  if (!f) {
     host_loading_mask_ &= ~gpu_bit(g);
   } else {
     host_loading_mask_ |= gpu_bit(g);
@@ -115,26 +115,26 @@ Status NodeState::check_invariants() const {
     for (size_t i = 0; i < s.replicas.size(); ++i) {
       const Replica& r = s.replicas[i];
       used += r.bytes;
-      if (r.function >= holders.size())
+      if (r.function.value() >= holders.size())
         return error(ErrorCode::kIllegalState, "GPU ", g, " holds unknown function index ", r.function);
       for (size_t j = i + 1; j < s.replicas.size(); ++j) {
         if (s.replicas[j].function == r.function)
           return error(ErrorCode::kIllegalState, "GPU ", g, " holds two replicas of ", r.function);
       }
-      if (!r.loading) holders[r.function] |= gpu_bit(g);
+      if (!r.loading) holders[r.function.value()] |= gpu_bit(g);
     }
     if (used != s.used)
       return error(ErrorCode::kIllegalState, "GPU ", g, " used ", s.used, " != replicas ", used);
-    const bool running = s.running != kNoRequest;
+    const bool running = s.running.has_value();
     const bool should_be_available = !running && (healthy_ & gpu_bit(g)) != 0;
     if (should_be_available != ((available_ & gpu_bit(g)) != 0))
       return error(ErrorCode::kIllegalState, "GPU ", g,
                    " availability disagrees with its health and request");
-    if (running != (s.running_function != kNoFunction))
+    if (running != s.running_function.has_value())
       return error(ErrorCode::kIllegalState, "GPU ", g, " running request and function disagree");
-    if (!running && s.host_loading != kNoFunction)
+    if (!running && s.host_loading)
       return error(ErrorCode::kIllegalState, "GPU ", g, " loads from the host with no request");
-    if ((s.host_loading != kNoFunction) != ((host_loading_mask_ & gpu_bit(g)) != 0))
+    if (s.host_loading.has_value() != ((host_loading_mask_ & gpu_bit(g)) != 0))
       return error(ErrorCode::kIllegalState, "GPU ", g, " host-loading mask disagrees");
   }
   for (size_t f = 0; f < holders.size(); ++f) {

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "common/status.h"
@@ -20,7 +21,7 @@ namespace hiber::scheduler {
 
 // One copy of a function's model on one GPU.
 struct Replica {
-  FunctionIndex function = kNoFunction;
+  FunctionIndex function{0};  // set by NodeState::add_replica
   uint64_t bytes = 0;
   bool loading = false;        // bytes still in flight; complete once the swap finishes
   uint32_t source_pins = 0;    // peer copies reading from this replica right now
@@ -31,9 +32,9 @@ struct GpuState {
   uint64_t capacity = 0;  // bytes the scheduler may place models in (the GPU's memory)
   uint64_t reserved = 0;  // bytes used for anything but models, as the memory layer reports
   uint64_t used = 0;      // bytes of the replicas below, loading ones included
-  RequestId running = kNoRequest;          // the request placed here, until it is done
-  FunctionIndex running_function = kNoFunction;
-  FunctionIndex host_loading = kNoFunction;  // model in flight from the host (PCIe), if any
+  std::optional<RequestId> running;        // the request placed here, until it is done
+  std::optional<FunctionIndex> running_function;
+  std::optional<FunctionIndex> host_loading;  // model in flight from the host (PCIe), if any
   std::vector<Replica> replicas;
 };
 
@@ -50,7 +51,7 @@ class NodeState {
   // GPUs that may take requests; an unhealthy GPU is never available.
   GpuMask healthy() const { return healthy_; }
   // GPUs holding a complete replica of f: Algorithm 1's set M.
-  GpuMask holders(FunctionIndex f) const { return f < holders_.size() ? holders_[f] : 0; }
+  GpuMask holders(FunctionIndex f) const { return f.value() < holders_.size() ? holders_[f.value()] : 0; }
   // GPUs with a PCIe load in flight.
   GpuMask host_loading() const { return host_loading_mask_; }
 
@@ -76,9 +77,9 @@ class NodeState {
   void set_replica_bytes(int g, FunctionIndex f, uint64_t bytes);
   // The replica (on GPU g) has all its bytes.
   void mark_complete(int g, Replica& replica);
-  void set_running(int g, RequestId request, FunctionIndex f);
+  void set_running(int g, RequestId request, std::optional<FunctionIndex> f);
   void clear_running(int g);
-  void set_host_loading(int g, FunctionIndex f);
+  void set_host_loading(int g, std::optional<FunctionIndex> f);
   void set_healthy(int g, bool healthy);
 
   // The invariants every event must keep: used = sum of replica bytes, holder masks match the

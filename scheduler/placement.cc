@@ -103,7 +103,7 @@ class Algorithm1Placement final : public PlacementPolicy {
       }
       bool all_light = true;
       for (GpuMask n = busy_neighbours; n != 0; n &= n - 1) {
-        if (ctx.functions.heavy(node.gpu(lowest(n)).host_loading)) {
+        if (ctx.functions.heavy(*node.gpu(lowest(n)).host_loading)) {
           all_light = false;
           break;
         }

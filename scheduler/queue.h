@@ -149,7 +149,7 @@ double function_rrc(const FunctionTable& functions, FunctionIndex i, Time now);
 struct RrcThreshold {
   bool everyone = true;
   double rrc = -std::numeric_limits<double>::infinity();  // -inf: nobody (the first did not fit)
-  FunctionId id = 0;
+  FunctionId id{0};  // with rrc, the last high-priority function (unless everyone)
 
   bool high(double function_rrc, FunctionId function_id) const {
     if (everyone) return true;
@@ -159,7 +159,7 @@ struct RrcThreshold {
 
 struct RrcDemand {
   double rrc = 0;
-  FunctionId id = 0;
+  FunctionId id;
   double demand = 0;  // GPU-seconds per second
 };
 
@@ -180,8 +180,8 @@ struct QueueContext {
 
 // A queued request offered to the dispatcher. It stays queued until take().
 struct QueueCandidate {
-  RequestId request = kNoRequest;
-  FunctionIndex function = kNoFunction;
+  RequestId request{0};     // set by QueuePolicy::next()
+  FunctionIndex function{0};  // set by QueuePolicy::next()
   GpuMask allowed = ~GpuMask{0};  // the GPUs it may start on
   uint32_t entry = 0;             // the policy's own handles
   uint32_t lane = 0;

@@ -178,8 +178,8 @@ class GshareQueue final : public QueuePolicy {
   // Predicted time until GPU g is free: the rest of the request running there.
   Duration remaining(int g, const QueueContext& ctx) const {
     const GpuState& gpu = ctx.node.gpu(g);
-    if (gpu.running == kNoRequest) return 0;
-    const FunctionIndex f = gpu.running_function;
+    if (!gpu.running) return 0;
+    const FunctionIndex f = *gpu.running_function;
     Duration service = predict(ctx.functions.exec_estimate(f));
     const Replica* replica = ctx.node.find(g, f);
     if (replica != nullptr && replica->loading) service += predict(ctx.functions.swap_estimate(f));

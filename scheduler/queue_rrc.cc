@@ -19,9 +19,9 @@ class RrcQueue final : public QueuePolicy {
 
   void add_function(FunctionIndex f) override {
     queues_.add_function(f);
-    if (f >= low_.size()) {
-      low_.resize(static_cast<size_t>(f) + 1, 0);
-      cursor_.resize(static_cast<size_t>(f) + 1, kNil);
+    if (f.value() >= low_.size()) {
+      low_.resize(size_t{f.value()} + 1, 0);
+      cursor_.resize(size_t{f.value()} + 1, kNil);
     }
   }
 
@@ -30,13 +30,13 @@ class RrcQueue final : public QueuePolicy {
   void push(const QueuedRequest& request, const QueueContext& ctx) override {
     const FunctionIndex f = request.function;
     if (queues_.lane_size(f) == 0) {
-      low_[f] = group_is_low(f, ctx);
-      cursor_[f] = kNil;
+      low_[f.value()] = group_is_low(f, ctx);
+      cursor_[f.value()] = kNil;
     }
     queues_.push_back(request);
     // Until a request of f is feasible, none before it was: the new one may be the first.
     const uint32_t e = queues_.find(request.id);
-    if (cursor_[f] == kNil && !late(f, e, ctx)) cursor_[f] = e;
+    if (cursor_[f.value()] == kNil && !late(f, e, ctx)) cursor_[f.value()] = e;
     relist(f, ctx);
   }
 
@@ -49,7 +49,7 @@ class RrcQueue final : public QueuePolicy {
 
   void erase_function(FunctionIndex f, std::vector<RequestId>* out) override {
     queues_.erase_lane(f, out);
-    cursor_[f] = kNil;
+    cursor_[f.value()] = kNil;
     queues_.relist(f, QueueKey{});
   }
 
@@ -63,7 +63,7 @@ class RrcQueue final : public QueuePolicy {
 
   void on_completion(FunctionIndex f, const QueueContext& ctx) override {
     if (queues_.lane_size(f) == 0) return;  // its group is decided when a request comes
-    low_[f] = group_is_low(f, ctx);
+    low_[f.value()] = group_is_low(f, ctx);
     relist(f, ctx);
   }
 
@@ -108,11 +108,11 @@ class RrcQueue final : public QueuePolicy {
 
   Status check_invariants() const override {
     HIBER_RETURN_IF_ERROR(queues_.check_invariants());
-    for (FunctionIndex f = 0; f < cursor_.size(); ++f) {
-      if (cursor_[f] == kNil) continue;
+    for (FunctionIndex f{0}; f.value() < cursor_.size(); f = FunctionIndex{f.value() + 1}) {
+      if (cursor_[f.value()] == kNil) continue;
       bool found = false;
       for (uint32_t e = queues_.front(f); e != kNil && !found; e = queues_.next(e))
-        found = e == cursor_[f];
+        found = e == cursor_[f.value()];
       if (!found)
         return error(ErrorCode::kIllegalState, "rrc: the first feasible request of function index ",
                      f, " is not in its lane");
@@ -133,17 +133,17 @@ class RrcQueue final : public QueuePolicy {
 
   // The request f offers: its first feasible one, else its oldest.
   uint32_t offered(FunctionIndex f) const {
-    return cursor_[f] != kNil ? cursor_[f] : queues_.front(f);
+    return cursor_[f.value()] != kNil ? cursor_[f.value()] : queues_.front(f);
   }
 
   // (group, late, deadline of the offered request, id); moves f's first-feasible cursor past
   // requests that have turned late.
   QueueKey key_of(FunctionIndex f, const QueueContext& ctx) {
-    uint32_t& cursor = cursor_[f];
+    uint32_t& cursor = cursor_[f.value()];
     while (cursor != kNil && late(f, cursor, ctx)) cursor = queues_.next(cursor);
     const uint32_t e = offered(f);
-    return QueueKey{low_[f], cursor == kNil ? 1 : 0, queues_.request(e).deadline,
-                    ctx.functions.id(f)};
+    return QueueKey{low_[f.value()], cursor == kNil ? 1 : 0, queues_.request(e).deadline,
+                    ctx.functions.id(f).value()};
   }
 
   void relist(FunctionIndex f, const QueueContext& ctx) {
@@ -152,7 +152,7 @@ class RrcQueue final : public QueuePolicy {
 
   void remove(uint32_t e, const QueueContext& ctx) {
     const FunctionIndex f = queues_.request(e).function;
-    if (cursor_[f] == e) cursor_[f] = queues_.next(e);
+    if (cursor_[f.value()] == e) cursor_[f.value()] = queues_.next(e);
     queues_.erase(e);
     relist(f, ctx);
   }
@@ -162,7 +162,7 @@ class RrcQueue final : public QueuePolicy {
     const FunctionTable& functions = ctx.functions;
     const Duration window = functions.window_options().length;
     demands_.clear();
-    for (FunctionIndex i = 0; i < functions.slots(); ++i) {
+    for (FunctionIndex i{0}; i.value() < functions.slots(); i = FunctionIndex{i.value() + 1}) {
       // A function whose last arrival is a window ago has none in it: skip it unread.
       if (!functions.live(i) || ctx.now - functions.stats(i).last_arrival >= window) continue;
       const WindowTotals t = functions.stats(i).window.totals(ctx.now);
@@ -175,9 +175,9 @@ class RrcQueue final : public QueuePolicy {
     threshold_ = rrc_threshold(demands_, capacity);
     last_refresh_ = ctx.now;
     refresh_due_ = false;
-    for (FunctionIndex f = 0; f < low_.size(); ++f) {
+    for (FunctionIndex f{0}; f.value() < low_.size(); f = FunctionIndex{f.value() + 1}) {
       if (queues_.lane_size(f) == 0) continue;
-      low_[f] = group_is_low(f, ctx);
+      low_[f.value()] = group_is_low(f, ctx);
       relist(f, ctx);
     }
   }

@@ -16,7 +16,7 @@ struct RequestSlot {
   uint32_t generation = 0;  // of the last id issued from this slot; 0: never issued
   bool live = false;
   RequestState state = RequestState::kFinished;
-  FunctionIndex function = kNoFunction;
+  FunctionIndex function{0};  // meaningful while live
   Time arrival = 0;
   Time deadline = 0;
   Time dispatched = 0;
@@ -29,10 +29,10 @@ struct RequestSlot {
   bool background = false;  // not a request of the function's callers (see arrive())
 };
 
-uint32_t slot_of(RequestId id) { return static_cast<uint32_t>(id); }
-uint32_t generation_of(RequestId id) { return static_cast<uint32_t>(id >> 32); }
+uint32_t slot_of(RequestId id) { return static_cast<uint32_t>(id.value()); }
+uint32_t generation_of(RequestId id) { return static_cast<uint32_t>(id.value() >> 32); }
 RequestId make_id(uint32_t slot, uint32_t generation) {
-  return (static_cast<RequestId>(generation) << 32) | slot;
+  return RequestId{(uint64_t{generation} << 32) | slot};
 }
 
 Status validate(const SchedulerOptions& options) {
@@ -158,16 +158,15 @@ struct Scheduler::Impl {
     const Time now = last_now;
     const FunctionIndex f = r.function;
     const int g = p.gpu;
-    Decision& d = out->emplace_back();
-    d.request = id;
-    d.function = functions.id(f);
-    d.gpu = g;
-    d.source = p.source;
-    d.source_gpu = p.source_gpu;
-    d.rule = p.rule;
-    d.arrival = r.arrival;
-    d.arrival_index = r.arrival_index;
-    d.evictions = victims;
+    Decision& d = out->emplace_back(Decision{.request = id,
+                                          .function = functions.id(f),
+                                          .gpu = g,
+                                          .source = p.source,
+                                          .source_gpu = p.source_gpu,
+                                          .rule = p.rule,
+                                          .evictions = victims,
+                                          .arrival = r.arrival,
+                                          .arrival_index = r.arrival_index});
     drop_victims();
     const uint64_t bytes = functions.spec(f).model_bytes;
     switch (p.source) {
@@ -210,7 +209,8 @@ struct Scheduler::Impl {
   // victims of an earlier one.
   void drop_victims() {
     for (const Eviction& v : victims) {
-      node.remove_replica(v.gpu, functions.find(v.function));
+      if (const std::optional<FunctionIndex> f = functions.find(v.function))
+        node.remove_replica(v.gpu, *f);
       ++counters.evictions;
       counters.evicted_bytes += v.bytes;
     }
@@ -228,9 +228,9 @@ struct Scheduler::Impl {
   // longer hold a pin on it.
   void forget_pins(int g, FunctionIndex f) {
     for (int x = 0; x < topology.gpu_count(); ++x) {
-      const RequestId id = node.gpu(x).running;
-      if (id == kNoRequest) continue;
-      RequestSlot& r = slots[slot_of(id)];
+      const std::optional<RequestId> id = node.gpu(x).running;
+      if (!id) continue;
+      RequestSlot& r = slots[slot_of(*id)];
       if (r.pinned && r.source_gpu == g && r.function == f) r.pinned = false;
     }
   }
@@ -251,7 +251,7 @@ struct Scheduler::Impl {
       node.remove_replica(g, f);
     }
     if (r.source == Source::kHost && node.gpu(g).host_loading == f)
-      node.set_host_loading(g, kNoFunction);
+      node.set_host_loading(g, std::nullopt);
     r.state = RequestState::kRunning;
   }
 
@@ -278,11 +278,11 @@ struct Scheduler::Impl {
       if (failed) ++counters.failed;
     }
     const uint32_t limit = static_cast<uint32_t>(options.per_function_concurrency);
-    const bool was_limited = in_flight[f] >= limit;
-    --in_flight[f];
+    const bool was_limited = in_flight[f.value()] >= limit;
+    --in_flight[f.value()];
     release_slot(id);
     const QueueContext ctx = queue_context();
-    if (was_limited && in_flight[f] < limit) queue->set_eligible(f, true, ctx);
+    if (was_limited && in_flight[f.value()] < limit) queue->set_eligible(f, true, ctx);
     queue->on_completion(f, ctx);
   }
 
@@ -332,7 +332,7 @@ Status Scheduler::Impl::check_requests() const {
     if (!valid_gpu(r.gpu) || node.gpu(r.gpu).running != id)
       return error(ErrorCode::kIllegalState, "dispatched request ", id, " does not hold GPU ",
                    r.gpu);
-    ++flight[r.function];
+    ++flight[r.function.value()];
     const GpuState& gpu = node.gpu(r.gpu);
     const bool loading = r.state == RequestState::kLoading;
     const bool host_loading = loading && r.source == Source::kHost;
@@ -348,24 +348,24 @@ Status Scheduler::Impl::check_requests() const {
   if (queued != queue->size())
     return error(ErrorCode::kIllegalState, queued, " requests are queued, the queue holds ",
                  queue->size());
-  for (FunctionIndex f = 0; f < in_flight.size(); ++f) {
-    if (flight[f] != in_flight[f])
-      return error(ErrorCode::kIllegalState, "function index ", f, " has ", flight[f],
-                   " requests in flight, counted ", in_flight[f]);
-    if (in_flight[f] > static_cast<uint32_t>(options.per_function_concurrency))
+  for (FunctionIndex f{0}; f.value() < in_flight.size(); f = FunctionIndex{f.value() + 1}) {
+    if (flight[f.value()] != in_flight[f.value()])
+      return error(ErrorCode::kIllegalState, "function index ", f, " has ", flight[f.value()],
+                   " requests in flight, counted ", in_flight[f.value()]);
+    if (in_flight[f.value()] > static_cast<uint32_t>(options.per_function_concurrency))
       return error(ErrorCode::kIllegalState, "function index ", f, " exceeds its concurrency");
   }
   for (int g = 0; g < topology.gpu_count(); ++g) {
     const GpuState& gpu = node.gpu(g);
-    if (gpu.running != kNoRequest) {
-      const RequestSlot* r = find(gpu.running);
+    if (gpu.running) {
+      const RequestSlot* r = find(*gpu.running);
       if (r == nullptr || r->gpu != g || r->function != gpu.running_function)
-        return error(ErrorCode::kIllegalState, "GPU ", g, " runs request ", gpu.running,
+        return error(ErrorCode::kIllegalState, "GPU ", g, " runs request ", *gpu.running,
                      " which is not dispatched there");
     }
     for (const Replica& replica : gpu.replicas) {
       if (replica.loading) {
-        const RequestSlot* r = gpu.running == kNoRequest ? nullptr : find(gpu.running);
+        const RequestSlot* r = gpu.running ? find(*gpu.running) : nullptr;
         if (r == nullptr || r->state != RequestState::kLoading || r->function != replica.function)
           return error(ErrorCode::kIllegalState, "GPU ", g, " loads function index ",
                        replica.function, " for no request");
@@ -423,10 +423,11 @@ Status Scheduler::register_function(FunctionId id, const FunctionSpec& spec, Tim
 Status Scheduler::unregister_function(FunctionId id, Time now, std::vector<RequestId>* cancelled) {
   Impl& s = *impl_;
   s.advance(now);
-  const FunctionIndex f = s.functions.find(id);
-  if (f == kNoFunction) return error(ErrorCode::kNotFound, "function ", id, " is not registered");
-  if (s.in_flight[f] > 0)
-    return error(ErrorCode::kIllegalState, "function ", id, " has ", s.in_flight[f],
+  const std::optional<FunctionIndex> found = s.functions.find(id);
+  if (!found) return error(ErrorCode::kNotFound, "function ", id, " is not registered");
+  const FunctionIndex f = *found;
+  if (s.in_flight[f.value()] > 0)
+    return error(ErrorCode::kIllegalState, "function ", id, " has ", s.in_flight[f.value()],
                  " requests loading or running");
   std::vector<RequestId> ids;
   s.queue->erase_function(f, &ids);
@@ -441,8 +442,9 @@ Status Scheduler::unregister_function(FunctionId id, Time now, std::vector<Reque
 
 Status Scheduler::set_model_bytes(FunctionId id, uint64_t bytes) {
   Impl& s = *impl_;
-  const FunctionIndex f = s.functions.find(id);
-  if (f == kNoFunction) return error(ErrorCode::kNotFound, "function ", id, " is not registered");
+  const std::optional<FunctionIndex> found = s.functions.find(id);
+  if (!found) return error(ErrorCode::kNotFound, "function ", id, " is not registered");
+  const FunctionIndex f = *found;
   uint64_t largest = 0;
   for (int g = 0; g < s.topology.gpu_count(); ++g)
     largest = std::max(largest, s.topology.memory_bytes(g));
@@ -459,8 +461,9 @@ Status Scheduler::set_model_bytes(FunctionId id, uint64_t bytes) {
 Result<RequestId> Scheduler::arrive(FunctionId id, Time now, bool background) {
   Impl& s = *impl_;
   now = s.advance(now);
-  const FunctionIndex f = s.functions.find(id);
-  if (f == kNoFunction) return error(ErrorCode::kNotFound, "function ", id, " is not registered");
+  const std::optional<FunctionIndex> found = s.functions.find(id);
+  if (!found) return error(ErrorCode::kNotFound, "function ", id, " is not registered");
+  const FunctionIndex f = *found;
   HIBER_ASSIGN_OR_RETURN(const RequestId request, s.acquire_slot());
   RequestSlot& r = s.slots[slot_of(request)];
   r.state = RequestState::kQueued;
@@ -495,7 +498,7 @@ void Scheduler::dispatch(Time now, std::vector<Decision>* out) {
     }
     // Ineligible first: taking the request then leaves the function out of the heap at once
     // rather than re-keying it there only to take it out again.
-    if (++s.in_flight[c.function] >= limit) s.queue->set_eligible(c.function, false, ctx);
+    if (++s.in_flight[c.function.value()] >= limit) s.queue->set_eligible(c.function, false, ctx);
     s.queue->take(c, ctx);
   }
   s.queue->end_round(ctx);
@@ -549,7 +552,8 @@ bool Scheduler::make_room(int gpu, uint64_t bytes, FunctionId keep, Time now,
   if (!s.valid_gpu(gpu)) return false;
   // The oracle counts from the request the room is for: the one running there, else the latest.
   uint64_t arrival_index = s.next_arrival_index > 0 ? s.next_arrival_index - 1 : 0;
-  if (const RequestSlot* r = s.find(s.node.gpu(gpu).running)) arrival_index = r->arrival_index;
+  if (const RequestSlot* r = s.node.gpu(gpu).running ? s.find(*s.node.gpu(gpu).running) : nullptr)
+    arrival_index = r->arrival_index;
   s.victims.clear();
   if (!s.evictor.plan(gpu, bytes, s.functions.find(keep), s.eviction_context(arrival_index),
                       &s.victims))
@@ -561,8 +565,9 @@ bool Scheduler::make_room(int gpu, uint64_t bytes, FunctionId keep, Time now,
 
 void Scheduler::drop_replica(int gpu, FunctionId id) {
   Impl& s = *impl_;
-  const FunctionIndex f = s.functions.find(id);
-  if (!s.valid_gpu(gpu) || f == kNoFunction) return;
+  const std::optional<FunctionIndex> found = s.functions.find(id);
+  if (!s.valid_gpu(gpu) || !found) return;
+  const FunctionIndex f = *found;
   s.forget_pins(gpu, f);
   s.node.remove_replica(gpu, f);
 }
@@ -600,7 +605,7 @@ Result<RequestInfo> Scheduler::request(RequestId request) const {
   }
   // Issued from this slot before its current generation: it has finished (or was cancelled).
   if (slot < s.slots.size() && generation != 0 && generation <= s.slots[slot].generation)
-    return RequestInfo{};
+    return RequestInfo{.function = std::nullopt};
   return error(ErrorCode::kNotFound, "request ", request, " was never issued");
 }
 
@@ -610,8 +615,8 @@ const FunctionTable& Scheduler::functions() const { return impl_->functions; }
 const SchedulerCounters& Scheduler::counters() const { return impl_->counters; }
 
 double Scheduler::rrc(FunctionId id, Time now) const {
-  const FunctionIndex f = impl_->functions.find(id);
-  return f == kNoFunction ? 0.0 : function_rrc(impl_->functions, f, now);
+  const std::optional<FunctionIndex> f = impl_->functions.find(id);
+  return f ? function_rrc(impl_->functions, *f, now) : 0.0;
 }
 
 Status Scheduler::check_invariants() const {

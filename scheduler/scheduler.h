@@ -35,6 +35,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -69,8 +70,8 @@ struct SchedulerOptions {
 
 // What the caller must do to start one request.
 struct Decision {
-  RequestId request = kNoRequest;
-  FunctionId function = 0;
+  RequestId request;
+  FunctionId function;
   int gpu = -1;
   Source source = Source::kResident;
   int source_gpu = -1;              // Source::kPeer: the GPU to copy from
@@ -97,7 +98,7 @@ struct Completion {
 enum class RequestState : uint8_t { kQueued, kLoading, kRunning, kFinished };
 
 struct RequestInfo {
-  FunctionId function = 0;
+  std::optional<FunctionId> function;  // none once the request has finished
   RequestState state = RequestState::kFinished;
   int gpu = -1;
   Time arrival = 0;

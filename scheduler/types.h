@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <limits>
 
+#include "common/ids.h"
+
 namespace hiber::scheduler {
 
 // Nanoseconds on the caller's clock (any epoch).
@@ -24,17 +26,17 @@ inline constexpr uint64_t kMiB = uint64_t{1} << 20;
 inline constexpr uint64_t kGiB = uint64_t{1} << 30;
 
 // A function (one tenant, one model). The caller (hiberd, hiber-sim) chooses the numbers.
-using FunctionId = uint32_t;
+using FunctionId = hiber::FunctionId;
 
 // A request the scheduler has accepted. Built by the scheduler: the low 32 bits are a slot, the
-// high 32 bits a generation, so a stale id never names a later request. 0 is "none".
-using RequestId = uint64_t;
-inline constexpr RequestId kNoRequest = 0;
+// high 32 bits a generation, so a stale id never names a later request. "None" is
+// std::optional<RequestId>.
+using RequestId = hiber::RequestId;
 
 // Dense internal index of a registered function (FunctionTable). Policies use it to keep
-// per-function state in vectors instead of hash maps.
-using FunctionIndex = uint32_t;
-inline constexpr FunctionIndex kNoFunction = std::numeric_limits<FunctionIndex>::max();
+// per-function state in vectors (indexed by .value()) instead of hash maps. "None" is
+// std::optional<FunctionIndex>.
+using FunctionIndex = StrongId<struct FunctionIndexTag, uint32_t>;
 
 // A set of GPUs, bit g for GPU g. Topology refuses nodes with more than kMaxGpus GPUs.
 using GpuMask = uint64_t;

@@ -70,7 +70,7 @@ Result<std::unique_ptr<Session>> Session::create(device::Device& device, ModuleC
                                                  const SessionConfig& config) {
   auto channel = wire::ServerChannel::create(config.channel);
   if (!channel.ok()) return channel.status().with_context("creating the session channel");
-  auto memory = FunctionMemory::create(device, pools, repository, config.function.value(), config.va_bytes,
+  auto memory = FunctionMemory::create(device, pools, repository, config.function, config.va_bytes,
                                        config.quota_bytes, config.memory);
   if (!memory.ok()) return memory.status().with_context("the session's memory");
   std::unique_ptr<Session> session(new Session(device, modules, lessor, std::move(identity),

@@ -189,7 +189,7 @@ bool HiberNode::allocate(int gpu, uint64_t bytes, uint32_t index, Time now,
                          std::vector<Block>* out) {
   const FunctionId id = id_of(index);
   while (true) {
-    memory::AllocationResult a = pools_->allocate(gpu, bytes, id.value());
+    memory::AllocationResult a = pools_->allocate(gpu, bytes, id);
     if (a.ok()) {
       out->push_back({*a, bytes});
       allocated_[gpu] += a->bytes;
@@ -357,7 +357,7 @@ void HiberNode::finish(Time now) {
   for (int g = 0; g < static_cast<int>(models_.size()); ++g) {
     for (uint32_t i = 0; i < models_[g].size(); ++i) {
       if (models_[g][i].empty()) continue;
-      if (sched.node().find(g, sched.functions().find(id_of(i).value())) == nullptr) {
+      if (const auto f = sched.functions().find(id_of(i)); !f || sched.node().find(g, *f) == nullptr) {
         ++lost_replicas_;
       }
     }
@@ -400,8 +400,8 @@ void HiberNode::check(Time now) const {
   const scheduler::NodeState& view = sched.node();
   for (int g = 0; g < static_cast<int>(models_.size()); ++g) {
     for (uint32_t i = 0; i < models_[g].size(); ++i) {
-      const scheduler::FunctionIndex f = sched.functions().find(id_of(i).value());
-      const bool in_view = f != scheduler::kNoFunction && view.find(g, f) != nullptr;
+      const std::optional<scheduler::FunctionIndex> f = sched.functions().find(id_of(i));
+      const bool in_view = f && view.find(g, *f) != nullptr;
       CHECK_EQ(in_view, !models_[g][i].empty())
           << "at " << now << ": GPU " << g << ", function " << id_of(i) << ": view and pool disagree";
     }

@@ -29,7 +29,7 @@ Result<RunOutput> simulate(const SystemSpec& system, const RunConfig& config,
         // The node's own arrival sequence, in the order its scheduler will accept them.
         std::vector<scheduler::FunctionId> sequence;
         for (const Arrival& a : workload.arrivals) {
-          if (node_of[a.function] == n) sequence.push_back(a.function + 1);
+          if (node_of[a.function] == n) sequence.push_back(scheduler::FunctionId{a.function + 1});
         }
         oracles.push_back(std::make_unique<scheduler::SequenceOracle>(sequence));
         oracle = oracles.back().get();

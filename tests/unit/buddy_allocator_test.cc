@@ -46,7 +46,7 @@ TEST(BuddyAllocator, ANonPowerOfTwoChunkIsCutIntoAlignedPieces) {
 
 TEST(BuddyAllocator, SplitsDownToTheRequestAndCoalescesBackOnFree) {
   auto buddy = make({64 * kMiB}, no_sharing());
-  AllocationResult a = buddy->allocate(2 * kMiB, 1);
+  AllocationResult a = buddy->allocate(2 * kMiB, FunctionId{1});
   ASSERT_TRUE(a.ok());
   EXPECT_EQ(a->where, (PoolLocation{0, 0}));
   EXPECT_EQ(a->bytes, 2 * kMiB);
@@ -63,7 +63,7 @@ TEST(BuddyAllocator, SplitsDownToTheRequestAndCoalescesBackOnFree) {
 
 TEST(BuddyAllocator, TrimsTheTailSoA20MiBSegmentTakes20MiB) {
   auto buddy = make({64 * kMiB}, no_sharing());
-  AllocationResult a = buddy->allocate(20 * kMiB, 1);
+  AllocationResult a = buddy->allocate(20 * kMiB, FunctionId{1});
   ASSERT_TRUE(a.ok());
   EXPECT_EQ(a->bytes, 20 * kMiB);
   EXPECT_EQ(buddy->stats().internal_waste_bytes(), 0u);
@@ -71,7 +71,7 @@ TEST(BuddyAllocator, TrimsTheTailSoA20MiBSegmentTakes20MiB) {
   const FreeBlocks free = {{{0, 20 * kMiB}, 4 * kMiB}, {{0, 24 * kMiB}, 8 * kMiB},
                            {{0, 32 * kMiB}, 32 * kMiB}};
   EXPECT_EQ(buddy->free_blocks(), free);
-  AllocationResult odd = buddy->allocate(5 * kMiB + 1, 1);
+  AllocationResult odd = buddy->allocate(5 * kMiB + 1, FunctionId{1});
   ASSERT_TRUE(odd.ok());
   EXPECT_EQ(odd->bytes, 6 * kMiB);
   EXPECT_EQ(buddy->stats().internal_waste_bytes(), kMiB - 1);
@@ -85,7 +85,7 @@ TEST(BuddyAllocator, WithoutTrimmingWasteIsTheRoundingToAPowerOfTwo) {
   BuddyOptions plain = no_sharing();
   plain.trim_tail = false;
   auto buddy = make({64 * kMiB}, plain);
-  AllocationResult a = buddy->allocate(20 * kMiB, 1);
+  AllocationResult a = buddy->allocate(20 * kMiB, FunctionId{1});
   ASSERT_TRUE(a.ok());
   EXPECT_EQ(a->bytes, 32 * kMiB);
   EXPECT_EQ(buddy->stats().internal_waste_bytes(), 12 * kMiB);
@@ -97,7 +97,8 @@ TEST(BuddyAllocator, FreeingEverythingInRandomOrderGivesBackWholeChunks) {
   std::mt19937_64 rng(7);
   std::vector<Allocation> live;
   for (int i = 0; i < 400; ++i) {
-    AllocationResult r = buddy->allocate((1 + rng() % 24) * kMiB, 1 + rng() % 5);
+    AllocationResult r = buddy->allocate((1 + rng() % 24) * kMiB,
+                                            FunctionId{static_cast<uint32_t>(1 + rng() % 5)});
     if (r.ok()) live.push_back(*r);
   }
   ASSERT_GT(live.size(), 50u);
@@ -117,8 +118,8 @@ TEST(BuddyAllocator, KeepsAFunctionsBlocksTogether) {
     auto buddy = make({512 * kMiB}, options);
     std::vector<Allocation> first, second;
     for (int i = 0; i < 24; ++i) {
-      first.push_back(*buddy->allocate(8 * kMiB, 1));
-      second.push_back(*buddy->allocate(8 * kMiB, 2));
+      first.push_back(*buddy->allocate(8 * kMiB, FunctionId{1}));
+      second.push_back(*buddy->allocate(8 * kMiB, FunctionId{2}));
     }
     for (const Allocation& a : first) EXPECT_TRUE(buddy->deallocate(a).ok());
     EXPECT_TRUE(buddy->check_invariants().ok());
@@ -136,7 +137,7 @@ TEST(BuddyAllocator, AFunctionsNextBlockStartsRightAfterItsLatest) {
   auto buddy = make({512 * kMiB}, no_sharing());
   uint64_t expected = 0;
   for (uint64_t size : {20 * kMiB, 2 * kMiB, 6 * kMiB, 20 * kMiB, 20 * kMiB, 2 * kMiB, 64 * kMiB}) {
-    AllocationResult r = buddy->allocate(size, 1);
+    AllocationResult r = buddy->allocate(size, FunctionId{1});
     ASSERT_TRUE(r.ok());
     EXPECT_EQ(r->where.offset, expected) << size / kMiB << " MiB";
     expected += size;
@@ -149,11 +150,11 @@ TEST(BuddyAllocator, WhenTheNextPagesAreTakenTheBlockGoesToAFreeBuddyOfItsRegion
   BuddyOptions options = no_sharing();
   options.home_region_bytes = 2 * kMiB;  // new functions take the best fit, next to others
   auto buddy = make({32 * kMiB}, options);
-  ASSERT_EQ(buddy->allocate(2 * kMiB, 1)->where.offset, 0u);
-  ASSERT_EQ(buddy->allocate(2 * kMiB, 2)->where.offset, 2 * kMiB) << "right after function 1";
+  ASSERT_EQ(buddy->allocate(2 * kMiB, FunctionId{1})->where.offset, 0u);
+  ASSERT_EQ(buddy->allocate(2 * kMiB, FunctionId{2})->where.offset, 2 * kMiB) << "right after function 1";
   // Function 1's next block cannot follow its latest; it takes the nearest free buddy of that
   // block's ancestors: [4, 8).
-  AllocationResult next = buddy->allocate(4 * kMiB, 1);
+  AllocationResult next = buddy->allocate(4 * kMiB, FunctionId{1});
   ASSERT_TRUE(next.ok());
   EXPECT_EQ(next->where.offset, 4 * kMiB);
   EXPECT_TRUE(buddy->check_invariants().ok());
@@ -163,7 +164,7 @@ TEST(BuddyAllocator, FreeingBlocksPlacedBackToBackCoalescesThemIntoAlignedBlocks
   auto buddy = make({128 * kMiB}, no_sharing());
   std::vector<Allocation> blocks;
   for (uint64_t size : {20 * kMiB, 20 * kMiB, 6 * kMiB, 20 * kMiB}) {
-    blocks.push_back(*buddy->allocate(size, 1));
+    blocks.push_back(*buddy->allocate(size, FunctionId{1}));
   }
   // The second block [20, 40) straddles the 32 MiB boundary.
   ASSERT_EQ(blocks[1].where.offset, 20 * kMiB);
@@ -180,26 +181,26 @@ TEST(BuddyAllocator, FreeingBlocksPlacedBackToBackCoalescesThemIntoAlignedBlocks
 
 TEST(BuddyAllocator, ANewBlockGoesToTheFunctionsHomeChunk) {
   auto buddy = make({64 * kMiB, 64 * kMiB}, no_sharing());
-  AllocationResult a = buddy->allocate(32 * kMiB, 1);
-  AllocationResult b = buddy->allocate(64 * kMiB, 2);
+  AllocationResult a = buddy->allocate(32 * kMiB, FunctionId{1});
+  AllocationResult b = buddy->allocate(64 * kMiB, FunctionId{2});
   ASSERT_TRUE(a.ok() && b.ok());
   EXPECT_EQ(a->where.chunk, 0u);
   EXPECT_EQ(b->where.chunk, 1u);
   ASSERT_TRUE(buddy->deallocate(*b).ok());
   // Function 1's next block lands beside its first in chunk 0, not in the emptier chunk 1.
-  AllocationResult c = buddy->allocate(16 * kMiB, 1);
+  AllocationResult c = buddy->allocate(16 * kMiB, FunctionId{1});
   ASSERT_TRUE(c.ok());
   EXPECT_EQ(c->where, (PoolLocation{0, 32 * kMiB}));
 }
 
 TEST(BuddyAllocator, SharesCommonSizesAcrossFunctionsWithoutSplitting) {
   auto buddy = make({512 * kMiB});  // the cache holds up to 1/16: 32 MiB
-  AllocationResult a = buddy->allocate(20 * kMiB, 1);
+  AllocationResult a = buddy->allocate(20 * kMiB, FunctionId{1});
   ASSERT_TRUE(a.ok());
   ASSERT_TRUE(buddy->deallocate(*a).ok());
   EXPECT_EQ(buddy->stats().cached_bytes, 20 * kMiB);
   const uint64_t splits = buddy->stats().splits;
-  AllocationResult b = buddy->allocate(20 * kMiB - 12345, 2);
+  AllocationResult b = buddy->allocate(20 * kMiB - 12345, FunctionId{2});
   ASSERT_TRUE(b.ok());
   EXPECT_EQ(b->where, a->where) << "function 2 reuses function 1's freed 20 MiB block";
   EXPECT_EQ(buddy->stats().splits, splits);
@@ -213,11 +214,11 @@ TEST(BuddyAllocator, TheSharingCacheIsBoundedAndFlushedBeforeAShortfall) {
   options.shared_cache_bytes = 8 * kMiB;
   auto buddy = make({64 * kMiB}, options);
   std::vector<Allocation> blocks;
-  for (int i = 0; i < 32; ++i) blocks.push_back(*buddy->allocate(2 * kMiB, 1 + i % 3));
+  for (int i = 0; i < 32; ++i) blocks.push_back(*buddy->allocate(2 * kMiB, FunctionId{static_cast<uint32_t>(1 + i % 3)}));
   for (const Allocation& a : blocks) ASSERT_TRUE(buddy->deallocate(a).ok());
   EXPECT_EQ(buddy->stats().cached_bytes, 8 * kMiB) << "four blocks cached, the rest coalesced";
   // 64 MiB fits only once the cache is flushed.
-  AllocationResult whole = buddy->allocate(64 * kMiB, 5);
+  AllocationResult whole = buddy->allocate(64 * kMiB, FunctionId{5});
   ASSERT_TRUE(whole.ok());
   EXPECT_EQ(buddy->stats().cached_bytes, 0u);
   EXPECT_EQ(buddy->stats().failures, 0u);
@@ -227,30 +228,30 @@ TEST(BuddyAllocator, AShortfallNamesTheCheapestRegionsOwners) {
   auto buddy = make({64 * kMiB}, no_sharing());
   // Each new function starts in the largest free block (none reaches the 256 MiB home
   // region): f1 [0,16), f2 [32,48), f3 [48,64) (twice 8 MiB), f4 [16,32).
-  EXPECT_EQ(buddy->allocate(16 * kMiB, 1)->where.offset, 0u);
-  EXPECT_EQ(buddy->allocate(16 * kMiB, 2)->where.offset, 32 * kMiB);
-  EXPECT_EQ(buddy->allocate(8 * kMiB, 3)->where.offset, 48 * kMiB);
-  EXPECT_EQ(buddy->allocate(8 * kMiB, 3)->where.offset, 56 * kMiB);
-  EXPECT_EQ(buddy->allocate(16 * kMiB, 4)->where.offset, 16 * kMiB);
-  AllocationResult r = buddy->allocate(16 * kMiB, 9);
+  EXPECT_EQ(buddy->allocate(16 * kMiB, FunctionId{1})->where.offset, 0u);
+  EXPECT_EQ(buddy->allocate(16 * kMiB, FunctionId{2})->where.offset, 32 * kMiB);
+  EXPECT_EQ(buddy->allocate(8 * kMiB, FunctionId{3})->where.offset, 48 * kMiB);
+  EXPECT_EQ(buddy->allocate(8 * kMiB, FunctionId{3})->where.offset, 56 * kMiB);
+  EXPECT_EQ(buddy->allocate(16 * kMiB, FunctionId{4})->where.offset, 16 * kMiB);
+  AllocationResult r = buddy->allocate(16 * kMiB, FunctionId{9});
   ASSERT_FALSE(r.ok());
   // Four 16 MiB regions each cost 16 MiB; the first, f1's, wins the tie.
   EXPECT_EQ(r.shortfall().evict_bytes, 16 * kMiB);
-  EXPECT_EQ(r.shortfall().evict, (std::vector<OwnerBytes>{{1, 16 * kMiB}}));
+  EXPECT_EQ(r.shortfall().evict, (std::vector<OwnerBytes>{{FunctionId{1}, 16 * kMiB}}));
 
   // Protect f1 and f4 (say, executing): the answer moves on to f2's region.
-  r = buddy->allocate(16 * kMiB, 9, [](FunctionId f) { return f != 1 && f != 4; });
+  r = buddy->allocate(16 * kMiB, FunctionId{9}, [](FunctionId f) { return f != FunctionId{1} && f != FunctionId{4}; });
   ASSERT_FALSE(r.ok());
-  EXPECT_EQ(r.shortfall().evict, (std::vector<OwnerBytes>{{2, 16 * kMiB}}));
+  EXPECT_EQ(r.shortfall().evict, (std::vector<OwnerBytes>{{FunctionId{2}, 16 * kMiB}}));
 
   // 32 MiB with f3 protected: [0,32) costs f1 + f4; [32,64) holds f3.
-  r = buddy->allocate(32 * kMiB, 9, [](FunctionId f) { return f != 3; });
+  r = buddy->allocate(32 * kMiB, FunctionId{9}, [](FunctionId f) { return f != FunctionId{3}; });
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.shortfall().evict_bytes, 32 * kMiB);
-  EXPECT_EQ(r.shortfall().evict, (std::vector<OwnerBytes>{{1, 16 * kMiB}, {4, 16 * kMiB}}));
+  EXPECT_EQ(r.shortfall().evict, (std::vector<OwnerBytes>{{FunctionId{1}, 16 * kMiB}, {FunctionId{4}, 16 * kMiB}}));
 
   // Nobody evictable: an answer, with nothing to evict.
-  r = buddy->allocate(16 * kMiB, 9, [](FunctionId) { return false; });
+  r = buddy->allocate(16 * kMiB, FunctionId{9}, [](FunctionId) { return false; });
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.shortfall().evict_bytes, 0u);
   EXPECT_TRUE(r.shortfall().evict.empty());
@@ -261,7 +262,7 @@ TEST(BuddyAllocator, AShortfallNamesTheCheapestRegionsOwners) {
 // Eight 8 MiB blocks of eight functions filling a 64 MiB chunk, in address order.
 std::vector<Allocation> eight_blocks(BuddyAllocator& buddy) {
   std::vector<Allocation> blocks;
-  for (int i = 0; i < 8; ++i) blocks.push_back(*buddy.allocate(8 * kMiB, 1 + i));
+  for (int i = 0; i < 8; ++i) blocks.push_back(*buddy.allocate(8 * kMiB, FunctionId{static_cast<uint32_t>(1 + i)}));
   std::sort(blocks.begin(), blocks.end(), [](const Allocation& a, const Allocation& b) {
     return a.where.offset < b.where.offset;
   });
@@ -274,7 +275,7 @@ TEST(BuddyAllocator, CountsAFailureDespiteEnoughFreeBytesAsFragmentation) {
   // Free every other block: 32 MiB free, in 8 MiB holes.
   for (int i = 0; i < 8; i += 2) ASSERT_TRUE(buddy->deallocate(blocks[i]).ok());
   EXPECT_EQ(buddy->largest_free_run_bytes(), 8 * kMiB);
-  AllocationResult r = buddy->allocate(16 * kMiB, 20);
+  AllocationResult r = buddy->allocate(16 * kMiB, FunctionId{20});
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.shortfall().free_bytes, 32 * kMiB);
   EXPECT_EQ(r.shortfall().largest_free_bytes, 8 * kMiB);
@@ -291,7 +292,7 @@ TEST(BuddyAllocator, ARequestNoFreeBlockHoldsTakesARunOfAdjacentFreeBlocks) {
   ASSERT_TRUE(buddy->deallocate(blocks[2]).ok());
   EXPECT_EQ(buddy->stats().largest_free_bytes, 8 * kMiB);
   EXPECT_EQ(buddy->largest_free_run_bytes(), 16 * kMiB);
-  AllocationResult r = buddy->allocate(16 * kMiB, 20);
+  AllocationResult r = buddy->allocate(16 * kMiB, FunctionId{20});
   ASSERT_TRUE(r.ok()) << r.shortfall().describe();
   EXPECT_EQ(r->where.offset, 8 * kMiB);
   EXPECT_EQ(buddy->stats().fragmentation_failures, 0u);
@@ -303,13 +304,13 @@ TEST(BuddyAllocator, ARequestNoFreeBlockHoldsTakesARunOfAdjacentFreeBlocks) {
 
 TEST(BuddyAllocator, AddedChunksJoinThePool) {
   auto buddy = make({64 * kMiB});
-  EXPECT_FALSE(buddy->allocate(128 * kMiB, 1).ok());
+  EXPECT_FALSE(buddy->allocate(128 * kMiB, FunctionId{1}).ok());
   auto added = buddy->add_chunk(64 * kMiB);
   ASSERT_TRUE(added.ok());
   EXPECT_EQ(*added, 1u);
   EXPECT_EQ(buddy->stats().capacity_bytes, 128 * kMiB);
-  EXPECT_TRUE(buddy->allocate(64 * kMiB, 1).ok());
-  EXPECT_TRUE(buddy->allocate(64 * kMiB, 2).ok());
+  EXPECT_TRUE(buddy->allocate(64 * kMiB, FunctionId{1}).ok());
+  EXPECT_TRUE(buddy->allocate(64 * kMiB, FunctionId{2}).ok());
   EXPECT_TRUE(buddy->check_invariants().ok());
 }
 
@@ -318,9 +319,9 @@ TEST(BuddyAllocator, AddedChunksJoinThePool) {
 // old largest size, and requests between the two never fit.
 TEST(BuddyAllocator, AChunkLargerThanAnyBeforeRaisesTheLargestBlock) {
   auto buddy = make({64 * kMiB, 96 * kMiB}, no_sharing());
-  ASSERT_TRUE(buddy->allocate(48 * kMiB, 1).ok());
+  ASSERT_TRUE(buddy->allocate(48 * kMiB, FunctionId{1}).ok());
   ASSERT_TRUE(buddy->add_chunk(512 * kMiB).ok());
-  AllocationResult large = buddy->allocate(300 * kMiB, 2);
+  AllocationResult large = buddy->allocate(300 * kMiB, FunctionId{2});
   ASSERT_TRUE(large.ok()) << large.shortfall().describe();
   EXPECT_EQ(large->where.chunk, 2u);
   EXPECT_EQ(buddy->stats().largest_free_bytes, 128 * kMiB);
@@ -329,9 +330,9 @@ TEST(BuddyAllocator, AChunkLargerThanAnyBeforeRaisesTheLargestBlock) {
   EXPECT_EQ(buddy->stats().largest_free_bytes, 512 * kMiB);
 
   auto empty = make({}, no_sharing());
-  EXPECT_FALSE(empty->allocate(2 * kMiB, 1).ok());
+  EXPECT_FALSE(empty->allocate(2 * kMiB, FunctionId{1}).ok());
   ASSERT_TRUE(empty->add_chunk(64 * kMiB).ok());
-  EXPECT_TRUE(empty->allocate(64 * kMiB, 1).ok());
+  EXPECT_TRUE(empty->allocate(64 * kMiB, FunctionId{1}).ok());
   EXPECT_TRUE(empty->check_invariants().ok()) << empty->check_invariants();
 }
 
@@ -341,12 +342,12 @@ TEST(BuddyAllocator, ManyChunksUseTheirNonEmptyBitmaps) {
   auto buddy = make(chunks, no_sharing());
   std::set<uint32_t> used;
   for (int i = 0; i < 130; ++i) {
-    AllocationResult r = buddy->allocate(4 * kMiB, 1000 + i);
+    AllocationResult r = buddy->allocate(4 * kMiB, FunctionId{static_cast<uint32_t>(1000 + i)});
     ASSERT_TRUE(r.ok()) << i;
     used.insert(r->where.chunk);
   }
   EXPECT_EQ(used.size(), 130u);
-  EXPECT_FALSE(buddy->allocate(2 * kMiB, 1).ok());
+  EXPECT_FALSE(buddy->allocate(2 * kMiB, FunctionId{1}).ok());
   EXPECT_TRUE(buddy->check_invariants().ok());
 }
 

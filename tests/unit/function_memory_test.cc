@@ -62,7 +62,7 @@ class FunctionMemoryTest : public testing::Test {
     repository_ = std::move(*repository);
     FunctionMemoryOptions memory_options;
     memory_options.stateful = stateful;
-    auto memory = FunctionMemory::create(*device_, *pools_, *repository_, 1, 64 * kMiB,
+    auto memory = FunctionMemory::create(*device_, *pools_, *repository_, FunctionId{1}, 64 * kMiB,
                                          64 * kMiB, memory_options);
     ASSERT_TRUE(memory.ok()) << memory.status();
     memory_ = std::move(*memory);

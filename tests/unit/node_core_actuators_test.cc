@@ -332,7 +332,7 @@ class HiberdSide {
       ASSERT_TRUE(plan.ok()) << plan.status();
       auto memory = server::FunctionMemory::create(*device_, controller_->pools(),
                                                    controller_->repository(),
-                                                   plan->function.value(), 256 * kMiB,
+                                                   plan->function, 256 * kMiB,
                                                    plan->quota_bytes, plan->memory);
       ASSERT_TRUE(memory.ok()) << memory.status();
       instances_.push_back(std::make_unique<Instance>(session, r.function_id, *device_,
@@ -459,8 +459,8 @@ class SimSide {
     Placement p;
     for (int g = 0; g < kGpus; ++g) {
       const scheduler::GpuState& gpu = s.node().gpu(g);
-      if (gpu.running_function != scheduler::kNoFunction &&
-          s.functions().id(gpu.running_function) == static_cast<scheduler::FunctionId>(f + 1)) {
+      if (gpu.running_function &&
+          s.functions().id(*gpu.running_function) == FunctionId{static_cast<uint32_t>(f + 1)}) {
         p.gpu = g;
       }
     }
@@ -475,8 +475,8 @@ class SimSide {
     Snapshot out;
     out.resident.resize(kModelBlocks.size());
     for (size_t f = 0; f < kModelBlocks.size(); ++f) {
-      const auto index = s.functions().find(static_cast<scheduler::FunctionId>(f + 1));
-      const scheduler::GpuMask holders = s.node().holders(index);
+      const auto index = s.functions().find(FunctionId{static_cast<uint32_t>(f + 1)});
+      const scheduler::GpuMask holders = index ? s.node().holders(*index) : 0;
       for (int g = 0; g < kGpus; ++g) {
         if (holders & scheduler::gpu_bit(g)) out.resident[f].insert(g);
       }

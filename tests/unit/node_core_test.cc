@@ -391,8 +391,9 @@ TEST_F(NodeCoreTest, APeerCopyOfAFunctionWithoutAFixedModelIsAMove) {
   core_->swap_done(r, Status(), {}, now_);
   EXPECT_EQ(actuator_.take_log(),
             (std::vector<std::string>{str_cat("forget f", f, " g", boot.gpu)}));
-  const auto index = core_->scheduler().functions().find(f.value());
-  EXPECT_FALSE(core_->scheduler().node().holders(index) & scheduler::gpu_bit(boot.gpu.value()))
+  const auto index = core_->scheduler().functions().find(f);
+  ASSERT_TRUE(index.has_value());
+  EXPECT_FALSE(core_->scheduler().node().holders(*index) & scheduler::gpu_bit(boot.gpu.value()))
       << "the source replica left the view";
 }
 

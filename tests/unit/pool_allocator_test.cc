@@ -91,7 +91,7 @@ TEST_P(PoolContract, RandomAllocateAndFreeKeepEveryByteAccountedFor) {
     const bool allocate = live.empty() || rng() % 100 < 55;
     if (allocate) {
       const uint64_t bytes = random_size();
-      const FunctionId owner = 1 + rng() % 7;
+      const FunctionId owner{static_cast<uint32_t>(1 + rng() % 7)};
       const PoolStats before = s.pool->stats();
       AllocationResult result = s.pool->allocate(bytes, owner);
       if (result.ok()) {
@@ -150,7 +150,7 @@ TEST_P(PoolContract, RandomAllocateAndFreeKeepEveryByteAccountedFor) {
 
 TEST_P(PoolContract, AFreeOfSomethingNotLiveIsRefusedAndChangesNothing) {
   Subject s = make(GetParam());
-  AllocationResult a = s.pool->allocate(6 * kMiB, 1);
+  AllocationResult a = s.pool->allocate(6 * kMiB, FunctionId{1});
   ASSERT_TRUE(a.ok());
   const PoolStats before = s.pool->stats();
   Allocation wrong_size = *a;
@@ -170,10 +170,10 @@ TEST_P(PoolContract, AFreeOfSomethingNotLiveIsRefusedAndChangesNothing) {
 
 TEST_P(PoolContract, ZeroAndHugeRequestsAreAnsweredNotFatal) {
   Subject s = make(GetParam());
-  AllocationResult zero = s.pool->allocate(0, 1);
+  AllocationResult zero = s.pool->allocate(0, FunctionId{1});
   ASSERT_FALSE(zero.ok());
   EXPECT_TRUE(zero.shortfall().never_fits);
-  AllocationResult huge = s.pool->allocate(uint64_t{1} << 50, 1);
+  AllocationResult huge = s.pool->allocate(uint64_t{1} << 50, FunctionId{1});
   ASSERT_FALSE(huge.ok());
   EXPECT_TRUE(huge.shortfall().never_fits);
   EXPECT_NE(huge.shortfall().describe().find("larger than any block"), std::string::npos);
@@ -183,19 +183,19 @@ TEST_P(PoolContract, AFullPoolSaysHowMuchMustBeEvicted) {
   Subject s = make(GetParam());
   std::vector<Allocation> held;
   for (;;) {
-    AllocationResult r = s.pool->allocate(64 * kMiB, 1 + held.size() % 3);
+    AllocationResult r = s.pool->allocate(64 * kMiB, FunctionId{static_cast<uint32_t>(1 + held.size() % 3)});
     if (!r.ok()) break;
     held.push_back(*r);
   }
   ASSERT_EQ(held.size(), kPool / (64 * kMiB));
-  AllocationResult more = s.pool->allocate(64 * kMiB, 9);
+  AllocationResult more = s.pool->allocate(64 * kMiB, FunctionId{9});
   ASSERT_FALSE(more.ok());
   const Shortfall& shortfall = more.shortfall();
   EXPECT_EQ(shortfall.free_bytes, 0u);
   EXPECT_EQ(shortfall.evict_bytes, 64 * kMiB) << shortfall.describe();
   // Evicting what it says makes the request fit.
   ASSERT_TRUE(s.pool->deallocate(held.back()).ok());
-  EXPECT_TRUE(s.pool->allocate(64 * kMiB, 9).ok());
+  EXPECT_TRUE(s.pool->allocate(64 * kMiB, FunctionId{9}).ok());
 }
 
 INSTANTIATE_TEST_SUITE_P(AllPools, PoolContract,

@@ -49,17 +49,18 @@ class EvictionTest : public ::testing::Test {
     return EvictionContext{now, node_, functions_, rng_, oracle, arrival_index};
   }
 
-  // The ids of the victims, in leaving order; an empty vector with ok = false when refused.
-  std::vector<FunctionId> plan(Evictor& evictor, int g, uint64_t bytes, bool* ok = nullptr,
-                               FunctionIndex keep = kNoFunction, Time now = 10 * kSecond) {
+  // The ids of the victims (their numbers), in leaving order; an empty vector with ok = false
+  // when refused.
+  std::vector<uint32_t> plan(Evictor& evictor, int g, uint64_t bytes, bool* ok = nullptr,
+                               std::optional<FunctionIndex> keep = std::nullopt, Time now = 10 * kSecond) {
     std::vector<Eviction> out;
     const bool planned = evictor.plan(g, bytes, keep, context(now), &out);
     if (ok != nullptr) *ok = planned;
-    std::vector<FunctionId> ids;
+    std::vector<uint32_t> ids;
     for (const Eviction& e : out) {
       EXPECT_EQ(e.gpu, g);
-      EXPECT_EQ(e.bytes, node_.find(g, functions_.find(e.function))->bytes);
-      ids.push_back(e.function);
+      EXPECT_EQ(e.bytes, node_.find(g, *functions_.find(e.function))->bytes);
+      ids.push_back(e.function.value());
     }
     return ids;
   }
@@ -70,16 +71,16 @@ class EvictionTest : public ::testing::Test {
   Rng rng_;
 };
 
-using Ids = std::vector<FunctionId>;
+using Ids = std::vector<uint32_t>;
 
 // GPU 0 full with light 1 (used at 5 s), light 2 (3 s), heavy 3 (1 s), heavy 4 (2 s).
 class TorporEvictionTest : public EvictionTest {
  protected:
   void SetUp() override {
-    put(0, add(1, kGiB, false), 5 * kSecond);
-    put(0, add(2, kGiB, false), 3 * kSecond);
-    put(0, add(3, kGiB, true), 1 * kSecond);
-    put(0, add(4, kGiB, true), 2 * kSecond);
+    put(0, add(FunctionId{1}, kGiB, false), 5 * kSecond);
+    put(0, add(FunctionId{2}, kGiB, false), 3 * kSecond);
+    put(0, add(FunctionId{3}, kGiB, true), 1 * kSecond);
+    put(0, add(FunctionId{4}, kGiB, true), 2 * kSecond);
     ASSERT_EQ(node_.free_bytes(0), 0u);
   }
 };
@@ -102,8 +103,8 @@ TEST_F(TorporEvictionTest, PlanIsEmptyWhenTheModelFitsAndRefusedWhenNothingCanMa
 }
 
 TEST_F(TorporEvictionTest, DuplicatesLeaveBeforeSoleReplicasWhenMemoryIsFull) {
-  put(1, functions_.find(4), 0);                    // heavy 4 also lives on GPU 1
-  put(2, functions_.find(3), 0, /*loading=*/true);  // a copy of 3 in flight is no duplicate yet
+  put(1, *functions_.find(FunctionId{4}), 0);                    // heavy 4 also lives on GPU 1
+  put(2, *functions_.find(FunctionId{3}), 0, /*loading=*/true);  // a copy of 3 in flight is no duplicate yet
   Evictor evictor(make_heaviness_eviction(), EvictionOptions{});
   EXPECT_EQ(plan(evictor, 0, kGiB), (Ids{4}));
   EXPECT_EQ(plan(evictor, 0, 2 * kGiB), (Ids{4, 2}));
@@ -114,27 +115,27 @@ TEST_F(TorporEvictionTest, DuplicatesLeaveBeforeSoleReplicasWhenMemoryIsFull) {
 }
 
 TEST_F(TorporEvictionTest, ExecutingLoadingSourceAndKeptReplicasNeverLeave) {
-  node_.set_running(0, 99, functions_.find(2));        // 2 executes on GPU 0
-  node_.find(0, functions_.find(1))->source_pins = 1;  // 1 is a copy's source
-  node_.find(0, functions_.find(3))->loading = true;   // 3 is still arriving
+  node_.set_running(0, RequestId{99}, *functions_.find(FunctionId{2}));        // 2 executes on GPU 0
+  node_.find(0, *functions_.find(FunctionId{1}))->source_pins = 1;  // 1 is a copy's source
+  node_.find(0, *functions_.find(FunctionId{3}))->loading = true;   // 3 is still arriving
   Evictor evictor(make_heaviness_eviction(), EvictionOptions{});
   bool ok = true;
   EXPECT_TRUE(plan(evictor, 0, 2 * kGiB, &ok).empty());
   EXPECT_FALSE(ok) << "only heavy 4 may leave: 1 GiB";
   EXPECT_EQ(plan(evictor, 0, kGiB, &ok), (Ids{4}));
-  EXPECT_TRUE(plan(evictor, 0, kGiB, &ok, /*keep=*/functions_.find(4)).empty());
+  EXPECT_TRUE(plan(evictor, 0, kGiB, &ok, /*keep=*/*functions_.find(FunctionId{4})).empty());
   EXPECT_FALSE(ok);
 }
 
 TEST_F(TorporEvictionTest, OverCommittedGpuEvictsItsExcessToo) {
   // Regression: function 1's model turned out to be 2 GiB. GPU 0 now holds 5 GiB in 4 GiB, and
   // making 1 GiB free takes 2 GiB of victims, not 1.
-  node_.set_replica_bytes(0, functions_.find(1), 2 * kGiB);
+  node_.set_replica_bytes(0, *functions_.find(FunctionId{1}), 2 * kGiB);
   ASSERT_EQ(node_.free_bytes(0), 0u);
   Evictor evictor(make_lru_eviction(), EvictionOptions{});
   std::vector<Eviction> out;
-  ASSERT_TRUE(evictor.plan(0, kGiB, kNoFunction, context(), &out));
-  for (const Eviction& e : out) node_.remove_replica(0, functions_.find(e.function));
+  ASSERT_TRUE(evictor.plan(0, kGiB, std::nullopt, context(), &out));
+  for (const Eviction& e : out) node_.remove_replica(0, *functions_.find(e.function));
   EXPECT_EQ(out.size(), 2u);  // 3 (used at 1 s) and 4 (2 s)
   EXPECT_GE(node_.free_bytes(0), kGiB);
 }
@@ -147,13 +148,13 @@ TEST_F(EvictionTest, ManyVictimsLeaveInOrderPastTheFirstFewPicks) {
   std::vector<Time> times;
   for (int i = 0; i < 16; ++i) times.push_back(i * kSecond);
   for (size_t i = times.size(); i > 1; --i) std::swap(times[i - 1], times[shuffle.uniform(i)]);
-  for (FunctionId id = 1; id <= 16; ++id) {
-    put(0, add(id, kGiB / 4), times[id - 1]);
-    used.push_back({times[id - 1], id});
+  for (FunctionId id : testing::function_ids(1, 16)) {
+    put(0, add(id, kGiB / 4), times[id.value() - 1]);
+    used.push_back({times[id.value() - 1], id});
   }
   std::sort(used.begin(), used.end());
   Ids lru;
-  for (const auto& [t, id] : used) lru.push_back(id);
+  for (const auto& [t, id] : used) lru.push_back(id.value());
   Evictor evictor(make_lru_eviction(), EvictionOptions{});
   EXPECT_EQ(plan(evictor, 0, 4 * kGiB), lru);
   EXPECT_EQ(plan(evictor, 0, 3 * kGiB), Ids(lru.begin(), lru.begin() + 12));
@@ -165,9 +166,10 @@ TEST_F(TorporEvictionTest, LruIgnoresHeaviness) {
 }
 
 TEST_F(TorporEvictionTest, LfuEvictsTheLeastRequestedThenTheLeastRecent) {
-  const std::map<FunctionId, int> requests = {{1, 5}, {2, 1}, {3, 1}, {4, 9}};
+  const std::map<FunctionId, int> requests = {
+      {FunctionId{1}, 5}, {FunctionId{2}, 1}, {FunctionId{3}, 1}, {FunctionId{4}, 9}};
   for (const auto& [id, n] : requests) {
-    for (int i = 0; i < n; ++i) functions_.record_arrival(functions_.find(id), kSecond);
+    for (int i = 0; i < n; ++i) functions_.record_arrival(*functions_.find(id), kSecond);
   }
   Evictor evictor(make_lfu_eviction(), EvictionOptions{});
   // 2 and 3 have one request each; 3 was used longer ago.
@@ -176,7 +178,7 @@ TEST_F(TorporEvictionTest, LfuEvictsTheLeastRequestedThenTheLeastRecent) {
 
 TEST_F(TorporEvictionTest, RandomEvictionPicksEveryCandidateAlikeAndReplaysUnderASeed) {
   Evictor evictor(make_random_eviction(), EvictionOptions{});
-  std::map<FunctionId, int> first;
+  std::map<uint32_t, int> first;
   for (int i = 0; i < 4000; ++i) {
     const Ids victims = plan(evictor, 0, kGiB);
     ASSERT_EQ(victims.size(), 1u);
@@ -211,10 +213,10 @@ class McacheTest : public EvictionTest {
       Duration penalty;
       int arrivals;  // in the first 10 s
       Time last_used;
-    } models[] = {{1, 100 * kMs, 20, 4 * kSecond},
-                  {2, 300 * kMs, 10, 3 * kSecond},
-                  {3, 50 * kMs, 10, 9 * kSecond},
-                  {4, 100 * kMs, 40, 1 * kSecond}};
+    } models[] = {{FunctionId{1}, 100 * kMs, 20, 4 * kSecond},
+                  {FunctionId{2}, 300 * kMs, 10, 3 * kSecond},
+                  {FunctionId{3}, 50 * kMs, 10, 9 * kSecond},
+                  {FunctionId{4}, 100 * kMs, 40, 1 * kSecond}};
     for (const auto& m : models) {
       const FunctionIndex f = add(m.id, kGiB, false, m.penalty);
       for (int i = 0; i < m.arrivals; ++i) functions_.record_arrival(f, 0);
@@ -231,12 +233,12 @@ TEST_F(McacheTest, EvictsTheLowestRankFirst) {
 TEST_F(McacheTest, RanksStayUntilTheNextRebuild) {
   EvictionOptions options;  // rebuilt every 10 s
   Evictor evictor(make_mcache_eviction(options), options);
-  EXPECT_EQ(plan(evictor, 0, kGiB, nullptr, kNoFunction, 10 * kSecond), (Ids{3}));
+  EXPECT_EQ(plan(evictor, 0, kGiB, nullptr, std::nullopt, 10 * kSecond), (Ids{3}));
   // Function 3 turns popular: 200 more requests make its utility 50 x 21 = 1050 at 10 s.
-  for (int i = 0; i < 200; ++i) functions_.record_arrival(functions_.find(3), 9 * kSecond);
-  EXPECT_EQ(plan(evictor, 0, kGiB, nullptr, kNoFunction, 15 * kSecond), (Ids{3}))
+  for (int i = 0; i < 200; ++i) functions_.record_arrival(*functions_.find(FunctionId{3}), 9 * kSecond);
+  EXPECT_EQ(plan(evictor, 0, kGiB, nullptr, std::nullopt, 15 * kSecond), (Ids{3}))
       << "the heap is read-only between rebuilds";
-  EXPECT_EQ(plan(evictor, 0, kGiB, nullptr, kNoFunction, 20 * kSecond), (Ids{1}))
+  EXPECT_EQ(plan(evictor, 0, kGiB, nullptr, std::nullopt, 20 * kSecond), (Ids{1}))
       << "rebuilt at 20 s";
 }
 
@@ -246,22 +248,22 @@ TEST_F(McacheTest, ALoadedModelIsRankedAgainstTheLastSnapshotAndTiesGoToLru) {
   // Function 5 (250 ms x 10 requests / 11 s = 227) replaces 1 and 4 on GPU 0 at 11 s: two
   // snapshot utilities are below it, so its rank is log 3, the same as function 2's. 2 was used
   // at 3 s, 5 at 6 s: 2 leaves before 5 although it is the more useful.
-  const FunctionIndex f5 = add(5, kGiB, false, 250 * kMs);
+  const FunctionIndex f5 = add(FunctionId{5}, kGiB, false, 250 * kMs);
   for (int i = 0; i < 10; ++i) functions_.record_arrival(f5, 0);
-  node_.remove_replica(0, functions_.find(1));
-  node_.remove_replica(0, functions_.find(4));
+  node_.remove_replica(0, *functions_.find(FunctionId{1}));
+  node_.remove_replica(0, *functions_.find(FunctionId{4}));
   put(0, f5, 6 * kSecond);
   evictor.policy().on_loaded(f5, context(11 * kSecond));
-  EXPECT_EQ(plan(evictor, 0, 3 * kGiB, nullptr, kNoFunction, 11 * kSecond), (Ids{3, 2}));
+  EXPECT_EQ(plan(evictor, 0, 3 * kGiB, nullptr, std::nullopt, 11 * kSecond), (Ids{3, 2}));
 }
 
 // CremeBrulee online: utility = penalty / (size x B'), B' = 1 / rate; then the largest-first pass.
 TEST_F(EvictionTest, CremeBruleeKeepsOnlyTheLargestOfItsGreedyPicksIfThatIsEnough) {
   // At 10 s, 10 requests each (1/s). Utilities in ms/s per GiB: 1 (1 GiB, 50 ms): 50;
   // 2 (2 GiB, 200 ms): 100; 3 (1 GiB, 300 ms): 300.
-  const FunctionIndex a = add(1, kGiB, false, 50 * kMs);
-  const FunctionIndex b = add(2, 2 * kGiB, false, 200 * kMs);
-  const FunctionIndex c = add(3, kGiB, false, 300 * kMs);
+  const FunctionIndex a = add(FunctionId{1}, kGiB, false, 50 * kMs);
+  const FunctionIndex b = add(FunctionId{2}, 2 * kGiB, false, 200 * kMs);
+  const FunctionIndex c = add(FunctionId{3}, kGiB, false, 300 * kMs);
   for (FunctionIndex f : {a, b, c}) {
     for (int i = 0; i < 10; ++i) functions_.record_arrival(f, 0);
     put(0, f, 0);
@@ -307,7 +309,7 @@ std::vector<TraceRow> replay_table1(const std::string& eviction, int* misses, in
     if (d.size() != 1) return rows;
     TraceRow row{d[0].source == Source::kResident, -1};
     EXPECT_LE(d[0].evictions.size(), 1u);
-    if (!d[0].evictions.empty()) row.evicted = static_cast<int>(d[0].evictions[0].function) - 1;
+    if (!d[0].evictions.empty()) row.evicted = static_cast<int>(d[0].evictions[0].function.value()) - 1;
     if (!row.hit) {
       ++*misses;
       *cost += m + 1;
@@ -354,13 +356,14 @@ TEST(EvictionTraceTest, CremeBruleeOracleReproducesCremeBruleeTableI) {
 }
 
 TEST(SequenceOracleTest, CountsRequestsUntilTheNextUseAndInfinityForNever) {
-  const std::vector<FunctionId> sequence = {5, 6, 5, 7};
+  const std::vector<FunctionId> sequence = {FunctionId{5}, FunctionId{6}, FunctionId{5},
+                                           FunctionId{7}};
   SequenceOracle oracle(sequence);
-  EXPECT_DOUBLE_EQ(oracle.requests_until_next(5, 0), 2.0);
-  EXPECT_DOUBLE_EQ(oracle.requests_until_next(6, 0), 1.0);
-  EXPECT_DOUBLE_EQ(oracle.requests_until_next(7, 1), 2.0);
-  EXPECT_TRUE(std::isinf(oracle.requests_until_next(5, 2)));
-  EXPECT_TRUE(std::isinf(oracle.requests_until_next(9, 0)));
+  EXPECT_DOUBLE_EQ(oracle.requests_until_next(FunctionId{5}, 0), 2.0);
+  EXPECT_DOUBLE_EQ(oracle.requests_until_next(FunctionId{6}, 0), 1.0);
+  EXPECT_DOUBLE_EQ(oracle.requests_until_next(FunctionId{7}, 1), 2.0);
+  EXPECT_TRUE(std::isinf(oracle.requests_until_next(FunctionId{5}, 2)));
+  EXPECT_TRUE(std::isinf(oracle.requests_until_next(FunctionId{9}, 0)));
 }
 
 }  // namespace

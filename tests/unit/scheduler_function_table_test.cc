@@ -28,14 +28,15 @@ TEST(IdIndexTest, AgreesWithAnOrderedMapThroughInsertsAndErases) {
     if (rng.uniform(3) != 0 && model.count(id) == 0) {
       const FunctionIndex value = static_cast<FunctionIndex>(step);
       index.insert(id, value);
-      model[id] = value;
+      model.insert_or_assign(id, value);
     } else {
       EXPECT_EQ(index.erase(id), model.erase(id) == 1);
     }
     ASSERT_EQ(index.size(), model.size());
     const FunctionId probe = static_cast<FunctionId>(rng.uniform(600));
     auto it = model.find(probe);
-    ASSERT_EQ(index.find(probe), it == model.end() ? kNoFunction : it->second) << "step " << step;
+    ASSERT_EQ(index.find(probe), it == model.end() ? std::nullopt : std::optional<FunctionIndex>(it->second))
+        << "step " << step;
   }
   for (const auto& [id, value] : model) EXPECT_EQ(index.find(id), value);
 }
@@ -132,7 +133,7 @@ class FunctionTableTest : public ::testing::Test {
 };
 
 TEST_F(FunctionTableTest, ArrivalRateDividesByTheCoveredSpanNotTheWholeWindow) {
-  Result<FunctionIndex> f = table_.add(1, testing::spec(kGiB), 0);
+  Result<FunctionIndex> f = table_.add(FunctionId{1}, testing::spec(kGiB), 0);
   ASSERT_TRUE(f.ok());
   for (int i = 0; i < 20; ++i) table_.record_arrival(*f, i * 500 * kMs);
   // Registered at 0: at 10 s the window has covered 10 s, 20 / 10 s = 2/s.
@@ -140,14 +141,14 @@ TEST_F(FunctionTableTest, ArrivalRateDividesByTheCoveredSpanNotTheWholeWindow) {
   // At 100 s the window is 45 s .. 100 s (buckets 9..20) and the arrivals have left.
   EXPECT_DOUBLE_EQ(table_.arrival_rate(*f, 100 * kS), 0.0);
   // Never below one bucket: 20 arrivals just after registering are 20 / 5 s.
-  Result<FunctionIndex> g = table_.add(2, testing::spec(kGiB), 0);
+  Result<FunctionIndex> g = table_.add(FunctionId{2}, testing::spec(kGiB), 0);
   ASSERT_TRUE(g.ok());
   for (int i = 0; i < 20; ++i) table_.record_arrival(*g, 0);
   EXPECT_DOUBLE_EQ(table_.arrival_rate(*g, 1 * kMs), 4.0);
 }
 
 TEST_F(FunctionTableTest, DemandIsRateTimesMeanServiceTime) {
-  Result<FunctionIndex> f = table_.add(1, testing::spec(kGiB, 100 * kMs, 10 * kMs), 0);
+  Result<FunctionIndex> f = table_.add(FunctionId{1}, testing::spec(kGiB, 100 * kMs, 10 * kMs), 0);
   ASSERT_TRUE(f.ok());
   for (int i = 0; i < 100; ++i) table_.record_arrival(*f, i * 100 * kMs);
   // No completions yet: the execution hint, 10 ms.
@@ -161,13 +162,13 @@ TEST_F(FunctionTableTest, DemandIsRateTimesMeanServiceTime) {
 
 TEST_F(FunctionTableTest, SwapAndExecEstimatesPreferMeasurementsThenHints) {
   FunctionSpec s = testing::spec(2'000'000'000, 100 * kMs, 0);
-  Result<FunctionIndex> f = table_.add(1, s, 0);
+  Result<FunctionIndex> f = table_.add(FunctionId{1}, s, 0);
   ASSERT_TRUE(f.ok());
   EXPECT_EQ(table_.swap_estimate(*f), 200 * kMs);  // 2 GB at 10 GB/s
   EXPECT_EQ(table_.exec_estimate(*f), 0);
   s.swap_time_hint = 150 * kMs;
   s.exec_time_hint = 30 * kMs;
-  Result<FunctionIndex> g = table_.add(2, s, 0);
+  Result<FunctionIndex> g = table_.add(FunctionId{2}, s, 0);
   ASSERT_TRUE(g.ok());
   EXPECT_EQ(table_.swap_estimate(*g), 150 * kMs);
   EXPECT_EQ(table_.exec_estimate(*g), 30 * kMs);
@@ -178,26 +179,26 @@ TEST_F(FunctionTableTest, SwapAndExecEstimatesPreferMeasurementsThenHints) {
 }
 
 TEST_F(FunctionTableTest, RefusesBadSpecsAndDuplicateIds) {
-  EXPECT_TRUE(table_.add(1, testing::spec(kGiB), 0).ok());
-  EXPECT_EQ(table_.add(1, testing::spec(kGiB), 0).status().code(), ErrorCode::kInvalidValue);
-  EXPECT_EQ(table_.add(2, testing::spec(0), 0).status().code(), ErrorCode::kInvalidValue);
-  EXPECT_EQ(table_.add(3, testing::spec(kGiB, 0), 0).status().code(), ErrorCode::kInvalidValue);
+  EXPECT_TRUE(table_.add(FunctionId{1}, testing::spec(kGiB), 0).ok());
+  EXPECT_EQ(table_.add(FunctionId{1}, testing::spec(kGiB), 0).status().code(), ErrorCode::kInvalidValue);
+  EXPECT_EQ(table_.add(FunctionId{2}, testing::spec(0), 0).status().code(), ErrorCode::kInvalidValue);
+  EXPECT_EQ(table_.add(FunctionId{3}, testing::spec(kGiB, 0), 0).status().code(), ErrorCode::kInvalidValue);
   FunctionSpec p = testing::spec(kGiB);
   p.tail_percentile = 1.0;
-  EXPECT_EQ(table_.add(4, p, 0).status().code(), ErrorCode::kInvalidValue);
+  EXPECT_EQ(table_.add(FunctionId{4}, p, 0).status().code(), ErrorCode::kInvalidValue);
   p.tail_percentile = 0.98;
   p.exec_time_hint = -1;
-  EXPECT_EQ(table_.add(5, p, 0).status().code(), ErrorCode::kInvalidValue);
-  EXPECT_EQ(table_.remove(9).code(), ErrorCode::kNotFound);
+  EXPECT_EQ(table_.add(FunctionId{5}, p, 0).status().code(), ErrorCode::kInvalidValue);
+  EXPECT_EQ(table_.remove(FunctionId{9}).code(), ErrorCode::kNotFound);
 }
 
 TEST_F(FunctionTableTest, RemovedIdsCanReturnUnderANewIndex) {
-  Result<FunctionIndex> a = table_.add(1, testing::spec(kGiB), 0);
+  Result<FunctionIndex> a = table_.add(FunctionId{1}, testing::spec(kGiB), 0);
   ASSERT_TRUE(a.ok());
-  ASSERT_TRUE(table_.remove(1).ok());
+  ASSERT_TRUE(table_.remove(FunctionId{1}).ok());
   EXPECT_FALSE(table_.live(*a));
-  EXPECT_EQ(table_.find(1), kNoFunction);
-  Result<FunctionIndex> b = table_.add(1, testing::spec(kGiB), 0);
+  EXPECT_EQ(table_.find(FunctionId{1}), std::nullopt);
+  Result<FunctionIndex> b = table_.add(FunctionId{1}, testing::spec(kGiB), 0);
   ASSERT_TRUE(b.ok());
   EXPECT_NE(*a, *b);
   EXPECT_EQ(table_.live_count(), 1u);

@@ -52,7 +52,7 @@ class Fuzzer {
   }
 
   std::string run(int steps) {
-    for (FunctionId id = 1; id <= 12; ++id) register_function(id, 0);
+    for (FunctionId id : testing::function_ids(1, 12)) register_function(id, 0);
     for (int step = 0; step < steps && !::testing::Test::HasFailure(); ++step) {
       now_ += static_cast<Time>(rng_.uniform(3 * kMs));
       // Now and then a caller's clock reads slightly behind: the scheduler takes the latest.
@@ -102,15 +102,16 @@ class Fuzzer {
     return n;
   }
 
-  // A random live request in one of `states`, or kNoRequest.
-  RequestId any_request(std::initializer_list<RequestState> states) {
+  // A random live request in one of `states`, if any.
+  std::optional<RequestId> any_request(std::initializer_list<RequestState> states) {
     std::vector<RequestId> ids;
     for (const auto& [id, r] : requests_) {
       for (RequestState st : states) {
         if (r.state == st) ids.push_back(id);
       }
     }
-    return ids.empty() ? kNoRequest : ids[rng_.uniform(ids.size())];
+    if (ids.empty()) return std::nullopt;
+    return ids[rng_.uniform(ids.size())];
   }
 
   void finished(RequestId id) {
@@ -144,7 +145,7 @@ class Fuzzer {
           EXPECT_EQ(requests_.count(*r), 0u);
           requests_[*r] = Request{id, RequestState::kQueued};
         }
-        trace_ << "arrive " << id << ' ' << (r.ok() ? *r : 0) << '\n';
+        trace_ << "arrive " << id << ' ' << (r.ok() ? r->value() : 0) << '\n';
         break;
       }
       case Op::kDispatch: {
@@ -174,8 +175,9 @@ class Fuzzer {
         break;
       }
       case Op::kLoadDone: {
-        const RequestId id = any_request({RequestState::kLoading});
-        if (id == kNoRequest) break;
+        const std::optional<RequestId> found = any_request({RequestState::kLoading});
+        if (!found) break;
+        const RequestId id = *found;
         const bool ok = rng_.uniform(10) != 0;
         ASSERT_TRUE(s_->load_done(id, now, ok).ok());
         requests_[id].state = RequestState::kRunning;
@@ -183,8 +185,10 @@ class Fuzzer {
         break;
       }
       case Op::kDone: {
-        const RequestId id = any_request({RequestState::kLoading, RequestState::kRunning});
-        if (id == kNoRequest) break;
+        const std::optional<RequestId> found =
+            any_request({RequestState::kLoading, RequestState::kRunning});
+        if (!found) break;
+        const RequestId id = *found;
         Completion c;
         c.failed = rng_.uniform(10) == 0;
         if (rng_.uniform(2)) c.exec = static_cast<Duration>(rng_.uniform(30 * kMs));
@@ -194,9 +198,10 @@ class Fuzzer {
         break;
       }
       case Op::kCancel: {
-        const RequestId id =
+        const std::optional<RequestId> found =
             any_request({RequestState::kQueued, RequestState::kLoading, RequestState::kRunning});
-        if (id == kNoRequest) break;
+        if (!found) break;
+        const RequestId id = *found;
         ASSERT_TRUE(s_->cancel(id, now).ok());
         finished(id);
         trace_ << "cancel " << id << '\n';
@@ -264,7 +269,7 @@ class Fuzzer {
   }
 
   struct Request {
-    FunctionId function = 0;
+    FunctionId function{0};
     RequestState state = RequestState::kQueued;
   };
 

@@ -29,12 +29,12 @@ FunctionSpec model(Duration slo) {
 TEST(GshareTest, AtRiskRequestsAreServedFirstInArrivalOrder) {
   const Topology topology = testing::plain_topology(1, 16 * kGiB);
   auto s = testing::make_scheduler(topology, gshare());
-  ASSERT_TRUE(s->register_function(1, model(1000 * kMs), 0).ok());  // slack 846 ms
-  ASSERT_TRUE(s->register_function(2, model(100 * kMs), 0).ok());   // 154 > 100: at risk
-  ASSERT_TRUE(s->register_function(3, model(120 * kMs), 0).ok());   // 154 > 120: at risk
-  const RequestId x = *s->arrive(1, 0);
-  const RequestId r2 = *s->arrive(2, 1 * kMs);
-  const RequestId r3 = *s->arrive(3, 2 * kMs);
+  ASSERT_TRUE(s->register_function(FunctionId{1}, model(1000 * kMs), 0).ok());  // slack 846 ms
+  ASSERT_TRUE(s->register_function(FunctionId{2}, model(100 * kMs), 0).ok());   // 154 > 100: at risk
+  ASSERT_TRUE(s->register_function(FunctionId{3}, model(120 * kMs), 0).ok());   // 154 > 120: at risk
+  const RequestId x = *s->arrive(FunctionId{1}, 0);
+  const RequestId r2 = *s->arrive(FunctionId{2}, 1 * kMs);
+  const RequestId r3 = *s->arrive(FunctionId{3}, 2 * kMs);
   std::vector<Decision> d = dispatch(*s, 2 * kMs);
   ASSERT_EQ(d.size(), 1u);
   EXPECT_EQ(d[0].request, r2);
@@ -63,23 +63,23 @@ class GshareLazyTest : public ::testing::Test {
  protected:
   void SetUp() override {
     s_ = testing::make_scheduler(topology_, gshare());
-    for (FunctionId id = 1; id <= 5; ++id)
-      ASSERT_TRUE(s_->register_function(id, model(id == 1 ? 200 * kMs : 1000 * kMs), 0).ok());
+    for (FunctionId id : testing::function_ids(1, 5))
+      ASSERT_TRUE(s_->register_function(id, model(id == FunctionId{1} ? 200 * kMs : 1000 * kMs), 0).ok());
     // S runs first, on GPU 0.
-    const RequestId s1 = *s_->arrive(1, 0);
+    const RequestId s1 = *s_->arrive(FunctionId{1}, 0);
     std::vector<Decision> d = dispatch(*s_, 0);
     ASSERT_EQ(d.size(), 1u);
     ASSERT_EQ(d[0].gpu, 0);
     ASSERT_TRUE(s_->load_done(s1, 100 * kMs, true).ok());
     // Three others take GPUs 1-3 while S runs.
     std::vector<RequestId> others;
-    for (FunctionId id = 3; id <= 5; ++id) others.push_back(*s_->arrive(id, 100 * kMs));
+    for (FunctionId id : testing::function_ids(3, 5)) others.push_back(*s_->arrive(id, 100 * kMs));
     d = dispatch(*s_, 100 * kMs);
     ASSERT_EQ(d.size(), 3u);
     for (size_t i = 0; i < 3; ++i) EXPECT_EQ(d[i].gpu, static_cast<int>(i) + 1);
     ASSERT_TRUE(s_->done(s1, 110 * kMs, Completion{.exec = 10 * kMs}).ok());
     // T takes GPU 0, the only idle one.
-    t_ = *s_->arrive(2, 120 * kMs);
+    t_ = *s_->arrive(FunctionId{2}, 120 * kMs);
     d = dispatch(*s_, 120 * kMs);
     ASSERT_EQ(d.size(), 1u);
     ASSERT_EQ(d[0].gpu, 0);
@@ -89,7 +89,7 @@ class GshareLazyTest : public ::testing::Test {
     ASSERT_TRUE(dispatch(*s_, 230 * kMs).empty());
     ASSERT_EQ(s_->node().available(), 0b1110u);
 
-    s2_ = *s_->arrive(1, 230 * kMs);
+    s2_ = *s_->arrive(FunctionId{1}, 230 * kMs);
     EXPECT_TRUE(dispatch(*s_, 230 * kMs).empty()) << "waits for GPU 0";
     EXPECT_EQ(s_->request(s2_)->state, RequestState::kQueued);
     EXPECT_EQ(s_->next_wakeup(), 276 * kMs);
@@ -98,8 +98,8 @@ class GshareLazyTest : public ::testing::Test {
 
   Topology topology_ = testing::torpor_topology();
   std::unique_ptr<Scheduler> s_;
-  RequestId t_ = kNoRequest;
-  RequestId s2_ = kNoRequest;
+  RequestId t_{0};   // set by SetUp
+  RequestId s2_{0};  // set by SetUp
 };
 
 TEST_F(GshareLazyTest, AWaitingRequestTakesItsBestGpuOnceItIsFree) {
@@ -130,10 +130,10 @@ TEST(GshareTest, SlackQueueServesTheSmallestSlackFirst) {
   // 300 ms) arrives at 1 ms: at 1 + 300 - 154 = 147 ms. B goes first.
   const Topology topology = testing::plain_topology(1, 16 * kGiB);
   auto s = testing::make_scheduler(topology, gshare());
-  ASSERT_TRUE(s->register_function(1, model(1000 * kMs), 0).ok());
-  ASSERT_TRUE(s->register_function(2, model(300 * kMs), 0).ok());
-  const RequestId a = *s->arrive(1, 0);
-  const RequestId b = *s->arrive(2, 1 * kMs);
+  ASSERT_TRUE(s->register_function(FunctionId{1}, model(1000 * kMs), 0).ok());
+  ASSERT_TRUE(s->register_function(FunctionId{2}, model(300 * kMs), 0).ok());
+  const RequestId a = *s->arrive(FunctionId{1}, 0);
+  const RequestId b = *s->arrive(FunctionId{2}, 1 * kMs);
   std::vector<Decision> d = dispatch(*s, 1 * kMs);
   ASSERT_EQ(d.size(), 1u);
   EXPECT_EQ(d[0].request, b);

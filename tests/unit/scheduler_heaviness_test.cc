@@ -69,10 +69,10 @@ TEST(HeavinessTest, DefaultRatioReproducesTorporTable4Labels) {
       {"DenseNet-201", 80'000'000, 28 * kMs, false}, {"EfficientNet", 21'000'000, 12 * kMs, false},
   };
   FunctionTable table(WindowOptions{}, HeavinessOptions{}, /*host_gbps=*/12.0);
-  FunctionId id = 1;
+  uint32_t id = 1;
   for (const Model& m : models) {
     FunctionSpec s = testing::spec(m.bytes, 80 * kMs, m.exec);
-    Result<FunctionIndex> f = table.add(id++, s, 0);
+    Result<FunctionIndex> f = table.add(FunctionId{id++}, s, 0);
     ASSERT_TRUE(f.ok());
     EXPECT_EQ(table.heavy(*f), m.heavy) << m.name;
   }
@@ -80,7 +80,7 @@ TEST(HeavinessTest, DefaultRatioReproducesTorporTable4Labels) {
 
 TEST(HeavinessTest, LabelFollowsMeasurementsAsTheyAccumulate) {
   FunctionTable table(WindowOptions{}, HeavinessOptions{}, 12.0);
-  Result<FunctionIndex> r = table.add(1, testing::spec(kGiB, 100 * kMs, 0, /*heavy=*/false), 0);
+  Result<FunctionIndex> r = table.add(FunctionId{1}, testing::spec(kGiB, 100 * kMs, 0, /*heavy=*/false), 0);
   ASSERT_TRUE(r.ok());
   const FunctionIndex f = *r;
   EXPECT_FALSE(table.heavy(f));  // the hint
@@ -100,7 +100,7 @@ TEST(HeavinessTest, LabelFollowsMeasurementsAsTheyAccumulate) {
 TEST(HeavinessTest, AModelGrowingPastTheThresholdTurnsHeavyWithoutMeasurements) {
   FunctionTable table(WindowOptions{}, HeavinessOptions{}, 10.0);
   // 50 MB at 10 GB/s: a 5 ms swap against 10 ms of execution, light.
-  Result<FunctionIndex> r = table.add(1, testing::spec(50'000'000, 100 * kMs, 10 * kMs), 0);
+  Result<FunctionIndex> r = table.add(FunctionId{1}, testing::spec(50'000'000, 100 * kMs, 10 * kMs), 0);
   ASSERT_TRUE(r.ok());
   EXPECT_FALSE(table.heavy(*r));
   EXPECT_EQ(table.swap_estimate(*r), 5 * kMs);

@@ -36,9 +36,9 @@ class PlacementTest : public ::testing::Test {
     return *f;
   }
 
-  // GPU g runs some request of `f` (kNoFunction: a request whose model we do not care about).
-  void busy(int g, FunctionIndex f = kNoFunction) {
-    node_.set_running(g, RequestId{100} + static_cast<RequestId>(g), f);
+  // GPU g runs some request of `f` (none: a request whose model we do not care about).
+  void busy(int g, std::optional<FunctionIndex> f = std::nullopt) {
+    node_.set_running(g, RequestId{100 + static_cast<uint64_t>(g)}, f);
   }
   // GPU g is busy loading f from the host.
   void host_loading(int g, FunctionIndex f) {
@@ -62,7 +62,7 @@ class PlacementTest : public ::testing::Test {
 };
 
 TEST_F(PlacementTest, ResidentOnAnAvailableGpuRunsThereWithoutSwap) {
-  const FunctionIndex f = add(1, kGiB);
+  const FunctionIndex f = add(FunctionId{1}, kGiB);
   resident(2, f);
   resident(3, f);
   const Placement p = place(f);
@@ -73,7 +73,7 @@ TEST_F(PlacementTest, ResidentOnAnAvailableGpuRunsThereWithoutSwap) {
 }
 
 TEST_F(PlacementTest, ResidentOnlyOnBusyGpusCopiesOverTheFastestLink) {
-  const FunctionIndex f = add(1, kGiB);
+  const FunctionIndex f = add(FunctionId{1}, kGiB);
   resident(0, f);
   busy(0);
   // Available {1,2,3}; links to holder 0: 1 at 25, 2 at 25, 3 at 50 GB/s.
@@ -85,8 +85,8 @@ TEST_F(PlacementTest, ResidentOnlyOnBusyGpusCopiesOverTheFastestLink) {
 }
 
 TEST_F(PlacementTest, EqualLinksGoToTheTargetWithMoreFreeMemoryThenTheLowestPair) {
-  const FunctionIndex f = add(1, kGiB);
-  const FunctionIndex other = add(2, 3 * kGiB);
+  const FunctionIndex f = add(FunctionId{1}, kGiB);
+  const FunctionIndex other = add(FunctionId{2}, 3 * kGiB);
   resident(0, f);
   resident(1, f);
   busy(0);
@@ -103,8 +103,8 @@ TEST_F(PlacementTest, EqualLinksGoToTheTargetWithMoreFreeMemoryThenTheLowestPair
 }
 
 TEST_F(PlacementTest, NotResidentLoadsFromHostAwayFromLoadingNeighbours) {
-  const FunctionIndex f = add(1, kGiB);
-  const FunctionIndex loader = add(2, kGiB, /*heavy=*/true);
+  const FunctionIndex f = add(FunctionId{1}, kGiB);
+  const FunctionIndex loader = add(FunctionId{2}, kGiB, /*heavy=*/true);
   host_loading(1, loader);
   // GPU 0's neighbour 1 is loading; GPUs 2 and 3 have quiet neighbours: the lower of them.
   const Placement p = place(f);
@@ -114,8 +114,8 @@ TEST_F(PlacementTest, NotResidentLoadsFromHostAwayFromLoadingNeighbours) {
 }
 
 TEST_F(PlacementTest, QuietCandidatesGoToTheMostFreeGpu) {
-  const FunctionIndex f = add(1, kGiB);
-  const FunctionIndex other = add(2, 2 * kGiB);
+  const FunctionIndex f = add(FunctionId{1}, kGiB);
+  const FunctionIndex other = add(FunctionId{2}, 2 * kGiB);
   resident(0, other);
   resident(1, other);
   resident(2, other);
@@ -123,9 +123,9 @@ TEST_F(PlacementTest, QuietCandidatesGoToTheMostFreeGpu) {
 }
 
 TEST_F(PlacementTest, WithEveryNeighbourLoadingPreferOnesLoadingLightModels) {
-  const FunctionIndex f = add(1, kGiB);
-  const FunctionIndex heavy = add(2, kGiB, /*heavy=*/true);
-  const FunctionIndex light = add(3, kGiB, /*heavy=*/false);
+  const FunctionIndex f = add(FunctionId{1}, kGiB);
+  const FunctionIndex heavy = add(FunctionId{2}, kGiB, /*heavy=*/true);
+  const FunctionIndex light = add(FunctionId{3}, kGiB, /*heavy=*/false);
   host_loading(1, heavy);  // neighbour of 0
   host_loading(3, light);  // neighbour of 2
   const Placement p = place(f);
@@ -135,10 +135,10 @@ TEST_F(PlacementTest, WithEveryNeighbourLoadingPreferOnesLoadingLightModels) {
 }
 
 TEST_F(PlacementTest, WithOnlyHeavyLoadingNeighboursTakeAnyGpuWithTheMostRoom) {
-  const FunctionIndex f = add(1, kGiB);
-  const FunctionIndex heavy_a = add(2, kGiB, /*heavy=*/true);
-  const FunctionIndex heavy_b = add(3, kGiB, /*heavy=*/true);
-  const FunctionIndex other = add(4, kGiB);
+  const FunctionIndex f = add(FunctionId{1}, kGiB);
+  const FunctionIndex heavy_a = add(FunctionId{2}, kGiB, /*heavy=*/true);
+  const FunctionIndex heavy_b = add(FunctionId{3}, kGiB, /*heavy=*/true);
+  const FunctionIndex other = add(FunctionId{4}, kGiB);
   host_loading(1, heavy_a);
   host_loading(3, heavy_b);
   resident(0, other);  // GPU 2 has more room
@@ -148,8 +148,8 @@ TEST_F(PlacementTest, WithOnlyHeavyLoadingNeighboursTakeAnyGpuWithTheMostRoom) {
 }
 
 TEST_F(PlacementTest, PeerCopiesDoNotCountAsLoadingNeighbours) {
-  const FunctionIndex f = add(1, kGiB);
-  const FunctionIndex copied = add(2, kGiB);
+  const FunctionIndex f = add(FunctionId{1}, kGiB);
+  const FunctionIndex copied = add(FunctionId{2}, kGiB);
   // GPU 1 receives a peer copy: busy and loading, but not over the switch's host link.
   busy(1, copied);
   node_.add_replica(1, copied, kGiB, /*loading=*/true, 0);
@@ -158,7 +158,7 @@ TEST_F(PlacementTest, PeerCopiesDoNotCountAsLoadingNeighbours) {
 }
 
 TEST_F(PlacementTest, NoAvailableGpuMeansWait) {
-  const FunctionIndex f = add(1, kGiB);
+  const FunctionIndex f = add(FunctionId{1}, kGiB);
   for (int g = 0; g < 4; ++g) busy(g);
   const Placement p = place(f);
   EXPECT_FALSE(p.placed());
@@ -166,7 +166,7 @@ TEST_F(PlacementTest, NoAvailableGpuMeansWait) {
 }
 
 TEST_F(PlacementTest, GpusTooSmallForTheModelAreNotCandidates) {
-  const FunctionIndex big = add(1, 6 * kGiB);
+  const FunctionIndex big = add(FunctionId{1}, 6 * kGiB);
   node_.set_reserved(2, 3 * kGiB);  // GPU 2 can never hold 6 GiB
   busy(0);
   busy(1);
@@ -177,7 +177,7 @@ TEST_F(PlacementTest, GpusTooSmallForTheModelAreNotCandidates) {
 }
 
 TEST_F(PlacementTest, ExcludedGpusAreNeverChosenEvenWhereTheModelIsResident) {
-  const FunctionIndex f = add(1, kGiB);
+  const FunctionIndex f = add(FunctionId{1}, kGiB);
   resident(0, f);
   // GPU 0 excluded: the model is "resident only on GPUs we cannot use": copy from it.
   Placement p = place(f, gpu_bit(0));
@@ -191,12 +191,12 @@ TEST_F(PlacementTest, ExcludedGpusAreNeverChosenEvenWhereTheModelIsResident) {
 }
 
 TEST_F(PlacementTest, WithoutADirectLinkAPeerCopyFallsBackToTheHost) {
-  const FunctionIndex f = add(1, kGiB);
+  const FunctionIndex f = add(FunctionId{1}, kGiB);
   const Topology plain = testing::plain_topology(2, kGpu);
   NodeState node(plain);
   node.ensure_function_slots(functions_.slots());
   node.add_replica(0, f, kGiB, false, 0);
-  node.set_running(0, 1, kNoFunction);
+  node.set_running(0, RequestId{1}, std::nullopt);
   const Placement p = algorithm1_->place(f, PlacementContext{node, functions_, rng_});
   EXPECT_EQ(p.gpu, 1);
   EXPECT_EQ(p.source, Source::kHost);
@@ -205,7 +205,7 @@ TEST_F(PlacementTest, WithoutADirectLinkAPeerCopyFallsBackToTheHost) {
 
 TEST_F(PlacementTest, RandomPlacementRunsAResidentReplicaElseAUniformHostLoad) {
   auto random = make_random_placement();
-  const FunctionIndex f = add(1, kGiB);
+  const FunctionIndex f = add(FunctionId{1}, kGiB);
   std::array<int, 4> counts{};
   for (int i = 0; i < 4000; ++i) {
     const Placement p = random->place(f, PlacementContext{node_, functions_, rng_});
@@ -227,7 +227,7 @@ TEST_F(PlacementTest, RandomPlacementRunsAResidentReplicaElseAUniformHostLoad) {
 
 TEST_F(PlacementTest, RandomPlacementReplaysUnderASeed) {
   auto random = make_random_placement();
-  const FunctionIndex f = add(1, kGiB);
+  const FunctionIndex f = add(FunctionId{1}, kGiB);
   auto draw = [&](uint64_t seed) {
     Rng rng(seed);
     std::vector<int> gpus;

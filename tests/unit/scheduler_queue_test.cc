@@ -37,7 +37,7 @@ TEST(RrcTest, FunctionRrcCountsCompletionsInTheWindow) {
   FunctionTable table(WindowOptions{}, HeavinessOptions{}, 10.0);
   FunctionSpec s = spec(kGiB);
   s.tail_percentile = 0.9;
-  Result<FunctionIndex> f = table.add(1, s, 0);
+  Result<FunctionIndex> f = table.add(FunctionId{1}, s, 0);
   ASSERT_TRUE(f.ok());
   for (int i = 0; i < 8; ++i) table.record_completion(*f, kS, true, 10 * kMs);
   for (int i = 0; i < 2; ++i) table.record_completion(*f, kS, false, 10 * kMs);
@@ -46,25 +46,28 @@ TEST(RrcTest, FunctionRrcCountsCompletionsInTheWindow) {
 }
 
 TEST(RrcTest, ThresholdAdmitsAscendingRrcWhileDemandFits) {
-  const std::vector<RrcDemand> functions = {{20, 4, 0.5}, {-10, 1, 1.0}, {5, 3, 1.0}, {0, 2, 1.5}};
+  const std::vector<RrcDemand> functions = {{20, FunctionId{4}, 0.5},
+                                           {-10, FunctionId{1}, 1.0},
+                                           {5, FunctionId{3}, 1.0},
+                                           {0, FunctionId{2}, 1.5}};
   // Cumulative demand in RRC order: 1.0, 2.5, 3.5, 4.0.
   std::vector<RrcDemand> v = functions;
   RrcThreshold t = rrc_threshold(v, 3.6);
   EXPECT_FALSE(t.everyone);
   EXPECT_DOUBLE_EQ(t.rrc, 5.0);
-  EXPECT_EQ(t.id, 3u);
-  EXPECT_TRUE(t.high(-10, 1));
-  EXPECT_TRUE(t.high(5, 3));
-  EXPECT_FALSE(t.high(20, 4));
-  EXPECT_FALSE(t.high(5, 9)) << "equal RRC, larger id: after the last admitted";
+  EXPECT_EQ(t.id, FunctionId{3});
+  EXPECT_TRUE(t.high(-10, FunctionId{1}));
+  EXPECT_TRUE(t.high(5, FunctionId{3}));
+  EXPECT_FALSE(t.high(20, FunctionId{4}));
+  EXPECT_FALSE(t.high(5, FunctionId{9})) << "equal RRC, larger id: after the last admitted";
 
   v = functions;
   EXPECT_TRUE(rrc_threshold(v, 4.0).everyone);
   v = functions;
   t = rrc_threshold(v, 0.5);  // the first does not fit: nobody is high priority
   EXPECT_FALSE(t.everyone);
-  EXPECT_FALSE(t.high(-10, 1));
-  EXPECT_FALSE(t.high(-1e9, 0));
+  EXPECT_FALSE(t.high(-10, FunctionId{1}));
+  EXPECT_FALSE(t.high(-1e9, FunctionId{0}));
   std::vector<RrcDemand> empty;
   EXPECT_TRUE(rrc_threshold(empty, 0).everyone);
 }
@@ -72,12 +75,14 @@ TEST(RrcTest, ThresholdAdmitsAscendingRrcWhileDemandFits) {
 TEST(RrcTest, ThresholdMatchesSortingAndScanningOnRandomInputs) {
   Rng rng(23);
   for (int trial = 0; trial < 2000; ++trial) {
-    std::vector<RrcDemand> v(1 + rng.uniform(40));
-    for (size_t i = 0; i < v.size(); ++i) {
-      RrcDemand& f = v[i];
-      f.rrc = static_cast<double>(rng.uniform(10)) - 5;            // many equal RRCs: ties by id
-      f.id = static_cast<FunctionId>(1000 * rng.uniform(50) + i);  // unique, in random order
+    std::vector<RrcDemand> v;
+    const size_t n = 1 + rng.uniform(40);
+    for (size_t i = 0; i < n; ++i) {
+      RrcDemand f{.id = FunctionId{0}};
+      f.rrc = static_cast<double>(rng.uniform(10)) - 5;  // many equal RRCs: ties by id
+      f.id = FunctionId{static_cast<uint32_t>(1000 * rng.uniform(50) + i)};  // unique, random order
       f.demand = rng.uniform(4) == 0 ? 0.0 : rng.uniform_double();
+      v.push_back(f);
     }
     const double capacity = rng.uniform_double() * static_cast<double>(v.size()) * 0.6;
     // The reference: sort, then admit while the running sum fits.
@@ -125,20 +130,21 @@ class QueuePolicyTest : public ::testing::Test {
   QueueContext ctx(Time now) const { return QueueContext{now, node_, functions_, started_}; }
 
   void push(QueuePolicy& q, FunctionIndex f, Time arrival, Time now) {
-    const RequestId id = ++next_id_;
-    q.push(QueuedRequest{id, f, arrival, arrival + functions_.spec(f).slo, id}, ctx(now));
-    ids_[id] = f;
+    const RequestId id{++next_id_};
+    q.push(QueuedRequest{id, f, arrival, arrival + functions_.spec(f).slo, id.value()}, ctx(now));
+    ids_.insert_or_assign(id, f);
   }
 
-  // One round at `now` in which nothing can start: the order functions are offered in.
-  std::vector<FunctionId> order(QueuePolicy& q, Time now,
-                                std::vector<RequestId>* requests = nullptr) {
-    std::vector<FunctionId> out;
+  // One round at `now` in which nothing can start: the order functions are offered in (their
+  // ids' numbers).
+  std::vector<uint32_t> order(QueuePolicy& q, Time now,
+                              std::vector<RequestId>* requests = nullptr) {
+    std::vector<uint32_t> out;
     const QueueContext c = ctx(now);
     q.begin_round(c);
     QueueCandidate candidate;
     while (q.next(c, &candidate)) {
-      out.push_back(functions_.id(candidate.function));
+      out.push_back(functions_.id(candidate.function).value());
       if (requests != nullptr) requests->push_back(candidate.request);
       q.pass(candidate, c);
     }
@@ -160,7 +166,7 @@ class QueuePolicyTest : public ::testing::Test {
   NodeState node_;
   FunctionTable functions_;
   std::vector<Time> started_;
-  RequestId next_id_ = 0;
+  uint64_t next_id_ = 0;  // the last request id pushed
   std::map<RequestId, FunctionIndex> ids_;
 };
 
@@ -170,10 +176,10 @@ class QueuePolicyTest : public ::testing::Test {
 // 10 s one request each is queued with deadlines D < C < B < A.
 class RrcLoadTest : public QueuePolicyTest {
  protected:
-  std::vector<FunctionId> order_under(double load, int healthy_gpus = 4) {
+  std::vector<uint32_t> order_under(double load, int healthy_gpus = 4) {
     const int on_time[] = {10, 9, 8, 5};
     std::vector<FunctionIndex> f;
-    for (FunctionId id = 1; id <= 4; ++id) {
+    for (FunctionId id : testing::function_ids(1, 4)) {
       FunctionSpec s = spec(kGiB, 500 * kMs, 10 * kMs);
       s.tail_percentile = 0.9;
       f.push_back(add(id, s));
@@ -194,26 +200,26 @@ class RrcLoadTest : public QueuePolicyTest {
 
 TEST_F(RrcLoadTest, UnderLightLoadEveryoneIsHighPriorityInDeadlineOrder) {
   // Demand 4 x 0.5 = 2.0 of 3.6 GPU-s/s.
-  EXPECT_EQ(order_under(5), (std::vector<FunctionId>{4, 3, 2, 1}));
+  EXPECT_EQ(order_under(5), (std::vector<uint32_t>{4, 3, 2, 1}));
 }
 
 TEST_F(RrcLoadTest, RisingLoadDemotesTheLargestRrcFirst) {
   // 1.0 each: A, B, C fit (3.0), D does not.
-  EXPECT_EQ(order_under(10), (std::vector<FunctionId>{3, 2, 1, 4}));
+  EXPECT_EQ(order_under(10), (std::vector<uint32_t>{3, 2, 1, 4}));
 }
 
 TEST_F(RrcLoadTest, HeavierLoadKeepsOnlyTheMostCompliantHigh) {
   // 2.0 each: A fits, A + B = 4.0 does not. The low group keeps its deadline order.
-  EXPECT_EQ(order_under(20), (std::vector<FunctionId>{1, 4, 3, 2}));
+  EXPECT_EQ(order_under(20), (std::vector<uint32_t>{1, 4, 3, 2}));
 }
 
 TEST_F(RrcLoadTest, WhenNobodyFitsTheGroupsMergeIntoDeadlineOrder) {
-  EXPECT_EQ(order_under(40), (std::vector<FunctionId>{4, 3, 2, 1}));
+  EXPECT_EQ(order_under(40), (std::vector<uint32_t>{4, 3, 2, 1}));
 }
 
 TEST_F(RrcLoadTest, FailedGpusLowerTheThreshold) {
   // Capacity 2 x 0.9 = 1.8: at 1.0 each only A fits.
-  EXPECT_EQ(order_under(10, /*healthy_gpus=*/2), (std::vector<FunctionId>{1, 4, 3, 2}));
+  EXPECT_EQ(order_under(10, /*healthy_gpus=*/2), (std::vector<uint32_t>{1, 4, 3, 2}));
 }
 
 TEST_F(QueuePolicyTest, RrcThresholdFollowsLoadAsTheWindowSlides) {
@@ -222,8 +228,8 @@ TEST_F(QueuePolicyTest, RrcThresholdFollowsLoadAsTheWindowSlides) {
   // the window has forgotten the burst, 2 is high priority again.
   FunctionSpec s = spec(kGiB, 5 * kS, 10 * kMs);
   s.tail_percentile = 0.9;
-  const FunctionIndex a = add(1, s);
-  const FunctionIndex b = add(2, s);
+  const FunctionIndex a = add(FunctionId{1}, s);
+  const FunctionIndex b = add(FunctionId{2}, s);
   for (int k = 0; k < 10; ++k) {
     functions_.record_completion(a, 0, true, 100 * kMs);
     functions_.record_completion(b, 0, k < 8, 100 * kMs);
@@ -238,20 +244,20 @@ TEST_F(QueuePolicyTest, RrcThresholdFollowsLoadAsTheWindowSlides) {
   // 10 s: 10/s x 0.1 s = 1 each.
   push(*q, b, 9 * kS, 10 * kS);
   push(*q, a, 9 * kS + kMs, 10 * kS);
-  EXPECT_EQ(order(*q, 10 * kS), (std::vector<FunctionId>{2, 1}));
+  EXPECT_EQ(order(*q, 10 * kS), (std::vector<uint32_t>{2, 1}));
   // 300 more arrivals of 2 at 10 s; at 11 s: 1: 100 / 11 s x 0.1 s = 0.9, 2: 400 / 11 s x 0.1 s
   // = 3.6; 4.5 > 3.6.
   for (int k = 0; k < 300; ++k) functions_.record_arrival(b, 10 * kS);
-  EXPECT_EQ(order(*q, 10 * kS + 500 * kMs), (std::vector<FunctionId>{2, 1}))
+  EXPECT_EQ(order(*q, 10 * kS + 500 * kMs), (std::vector<uint32_t>{2, 1}))
       << "the threshold is only recomputed every second";
-  EXPECT_EQ(order(*q, 11 * kS), (std::vector<FunctionId>{1, 2}));
+  EXPECT_EQ(order(*q, 11 * kS), (std::vector<uint32_t>{1, 2}));
   // At 71 s the burst (and everything else) has left the window: nobody is low.
-  EXPECT_EQ(order(*q, 71 * kS), (std::vector<FunctionId>{2, 1}));
+  EXPECT_EQ(order(*q, 71 * kS), (std::vector<uint32_t>{2, 1}));
 }
 
 TEST_F(QueuePolicyTest, RrcServesEarliestDeadlineFirstWhereFifoServesArrivalOrder) {
-  const FunctionIndex loose = add(1, spec(kGiB, 100 * kMs, 5 * kMs));
-  const FunctionIndex tight = add(2, spec(kGiB, 50 * kMs, 5 * kMs));
+  const FunctionIndex loose = add(FunctionId{1}, spec(kGiB, 100 * kMs, 5 * kMs));
+  const FunctionIndex tight = add(FunctionId{2}, spec(kGiB, 50 * kMs, 5 * kMs));
   auto rrc = make_rrc_queue(QueueOptions{});
   auto fifo = make_fifo_queue();
   for (QueuePolicy* q : {rrc.get(), fifo.get()}) {
@@ -260,13 +266,13 @@ TEST_F(QueuePolicyTest, RrcServesEarliestDeadlineFirstWhereFifoServesArrivalOrde
     push(*q, loose, 0, 0);                // deadline 100 ms
     push(*q, tight, 10 * kMs, 10 * kMs);  // deadline 60 ms
   }
-  EXPECT_EQ(order(*rrc, 10 * kMs), (std::vector<FunctionId>{2, 1}));
-  EXPECT_EQ(order(*fifo, 10 * kMs), (std::vector<FunctionId>{1, 2}));
+  EXPECT_EQ(order(*rrc, 10 * kMs), (std::vector<uint32_t>{2, 1}));
+  EXPECT_EQ(order(*fifo, 10 * kMs), (std::vector<uint32_t>{1, 2}));
 }
 
 TEST_F(QueuePolicyTest, RequestsThatCanNoLongerMeetTheirDeadlineGoBehindFeasibleOnes) {
-  const FunctionIndex slow = add(1, spec(kGiB, 50 * kMs, 30 * kMs));    // deadline 50 ms
-  const FunctionIndex quick = add(2, spec(kGiB, 200 * kMs, 10 * kMs));  // deadline 200 ms
+  const FunctionIndex slow = add(FunctionId{1}, spec(kGiB, 50 * kMs, 30 * kMs));    // deadline 50 ms
+  const FunctionIndex quick = add(FunctionId{2}, spec(kGiB, 200 * kMs, 10 * kMs));  // deadline 200 ms
   auto q = make_rrc_queue(QueueOptions{});
   QueueOptions no_demotion;
   no_demotion.demote_late = false;
@@ -278,14 +284,14 @@ TEST_F(QueuePolicyTest, RequestsThatCanNoLongerMeetTheirDeadlineGoBehindFeasible
     push(*p, quick, 0, 0);
   }
   // At 10 ms the slow one can still make it (10 + 30 <= 50): earliest deadline first.
-  EXPECT_EQ(order(*q, 10 * kMs), (std::vector<FunctionId>{1, 2}));
+  EXPECT_EQ(order(*q, 10 * kMs), (std::vector<uint32_t>{1, 2}));
   // At 30 ms it cannot (30 + 30 > 50): the feasible one goes first.
-  EXPECT_EQ(order(*q, 30 * kMs), (std::vector<FunctionId>{2, 1}));
-  EXPECT_EQ(order(*plain, 30 * kMs), (std::vector<FunctionId>{1, 2}));
+  EXPECT_EQ(order(*q, 30 * kMs), (std::vector<uint32_t>{2, 1}));
+  EXPECT_EQ(order(*plain, 30 * kMs), (std::vector<uint32_t>{1, 2}));
 }
 
 TEST_F(QueuePolicyTest, AFunctionOffersItsFirstFeasibleRequestBeforeOlderLateOnes) {
-  const FunctionIndex f = add(1, spec(kGiB, 50 * kMs, 10 * kMs));
+  const FunctionIndex f = add(FunctionId{1}, spec(kGiB, 50 * kMs, 10 * kMs));
   auto q = make_rrc_queue(QueueOptions{});
   q->add_function(f);
   push(*q, f, 0, 0);                // request 1, deadline 50 ms
@@ -293,16 +299,16 @@ TEST_F(QueuePolicyTest, AFunctionOffersItsFirstFeasibleRequestBeforeOlderLateOne
   std::vector<RequestId> offered;
   order(*q, 20 * kMs, &offered);
   order(*q, 45 * kMs, &offered);  // 45 + 10 > 50: request 1 is late
-  EXPECT_EQ(offered, (std::vector<RequestId>{1, 2}));
+  EXPECT_EQ(offered, (std::vector<RequestId>{RequestId{1}, RequestId{2}}));
   // Once the feasible one is taken, the late one is next.
   const QueueContext c = ctx(45 * kMs);
   q->begin_round(c);
   QueueCandidate candidate;
   ASSERT_TRUE(q->next(c, &candidate));
-  EXPECT_EQ(candidate.request, 2u);
+  EXPECT_EQ(candidate.request, RequestId{2});
   q->take(candidate, c);
   ASSERT_TRUE(q->next(c, &candidate));
-  EXPECT_EQ(candidate.request, 1u);
+  EXPECT_EQ(candidate.request, RequestId{1});
   q->take(candidate, c);
   EXPECT_FALSE(q->next(c, &candidate));
   q->end_round(c);
@@ -310,39 +316,39 @@ TEST_F(QueuePolicyTest, AFunctionOffersItsFirstFeasibleRequestBeforeOlderLateOne
 }
 
 TEST_F(QueuePolicyTest, IneligibleFunctionsAreNotOfferedUntilEligibleAgain) {
-  const FunctionIndex a = add(1, spec(kGiB));
-  const FunctionIndex b = add(2, spec(kGiB));
+  const FunctionIndex a = add(FunctionId{1}, spec(kGiB));
+  const FunctionIndex b = add(FunctionId{2}, spec(kGiB));
   for (const auto& q : all_policies()) {
     q->add_function(a);
     q->add_function(b);
     push(*q, a, 0, 0);
     push(*q, b, kMs, kMs);
     q->set_eligible(a, false, ctx(kMs));
-    EXPECT_EQ(order(*q, kMs), (std::vector<FunctionId>{2})) << q->name();
+    EXPECT_EQ(order(*q, kMs), (std::vector<uint32_t>{2})) << q->name();
     q->set_eligible(a, true, ctx(kMs));
     EXPECT_EQ(order(*q, kMs).size(), 2u) << q->name();
   }
 }
 
 TEST_F(QueuePolicyTest, EraseAndEraseFunctionWithdrawRequestsInArrivalOrder) {
-  const FunctionIndex a = add(1, spec(kGiB));
-  const FunctionIndex b = add(2, spec(kGiB));
+  const FunctionIndex a = add(FunctionId{1}, spec(kGiB));
+  const FunctionIndex b = add(FunctionId{2}, spec(kGiB));
   for (const auto& q : all_policies()) {
     q->add_function(a);
     q->add_function(b);
-    const RequestId first = next_id_ + 1;
+    const uint64_t first = next_id_ + 1;
     push(*q, a, 0, 0);
     push(*q, b, 0, 0);
     push(*q, a, kMs, kMs);
     push(*q, a, 2 * kMs, 2 * kMs);
-    EXPECT_TRUE(q->erase(first + 2, ctx(2 * kMs)));
-    EXPECT_FALSE(q->erase(first + 2, ctx(2 * kMs)));
-    EXPECT_FALSE(q->contains(first + 2));
+    EXPECT_TRUE(q->erase(RequestId{first + 2}, ctx(2 * kMs)));
+    EXPECT_FALSE(q->erase(RequestId{first + 2}, ctx(2 * kMs)));
+    EXPECT_FALSE(q->contains(RequestId{first + 2}));
     std::vector<RequestId> removed;
     q->erase_function(a, &removed);
-    EXPECT_EQ(removed, (std::vector<RequestId>{first, first + 3})) << q->name();
+    EXPECT_EQ(removed, (std::vector<RequestId>{RequestId{first}, RequestId{first + 3}})) << q->name();
     EXPECT_EQ(q->size(), 1u);
-    EXPECT_TRUE(q->contains(first + 1));
+    EXPECT_TRUE(q->contains(RequestId{first + 1}));
     EXPECT_TRUE(q->check_invariants().ok());
   }
 }
@@ -350,16 +356,16 @@ TEST_F(QueuePolicyTest, EraseAndEraseFunctionWithdrawRequestsInArrivalOrder) {
 // ---- The function heap against a brute-force model ----
 
 TEST(FunctionQueuesTest, HeapTopIsAlwaysTheSmallestListedKey) {
-  constexpr FunctionIndex kFunctions = 40;
+  constexpr uint32_t kFunctions = 40;
   FunctionQueues q;
-  q.add_function(kFunctions - 1);
+  q.add_function(FunctionIndex{kFunctions - 1});
   std::map<FunctionIndex, QueueKey> keys;  // the model: listed functions and their keys
   std::map<FunctionIndex, int> lane;       // requests per function
   std::map<FunctionIndex, bool> ineligible, passed;
   Rng rng(11);
-  RequestId next = 0;
+  uint64_t next = 0;
   auto sync = [&](FunctionIndex f) {
-    const QueueKey key{static_cast<int64_t>(rng.uniform(50)), 0, 0, f};
+    const QueueKey key{static_cast<int64_t>(rng.uniform(50)), 0, 0, f.value()};
     q.relist(f, key);
     if (lane[f] > 0 && !ineligible[f] && !passed[f]) {
       keys[f] = key;
@@ -368,12 +374,12 @@ TEST(FunctionQueuesTest, HeapTopIsAlwaysTheSmallestListedKey) {
     }
   };
   for (int step = 0; step < 5000; ++step) {
-    const FunctionIndex f = static_cast<FunctionIndex>(rng.uniform(kFunctions));
+    const FunctionIndex f{static_cast<uint32_t>(rng.uniform(kFunctions))};
     switch (rng.uniform(6)) {
       case 0:
       case 1:
         ++next;
-        q.push_back(QueuedRequest{next, f, 0, 0, next});
+        q.push_back(QueuedRequest{RequestId{next}, f, 0, 0, next});
         ++lane[f];
         break;
       case 2:

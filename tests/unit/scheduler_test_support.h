@@ -16,6 +16,13 @@ namespace hiber::scheduler::testing {
 
 inline constexpr Duration kMs = kMillisecond;
 
+// The function ids first..last (inclusive), in order.
+inline std::vector<FunctionId> function_ids(uint32_t first, uint32_t last) {
+  std::vector<FunctionId> ids;
+  for (uint32_t id = first; id <= last; ++id) ids.push_back(FunctionId{id});
+  return ids;
+}
+
 // configs/nodes/<name>; the test fails if it does not load.
 inline NodeConfig shipped_config(const std::string& name) {
   Result<NodeConfig> config =

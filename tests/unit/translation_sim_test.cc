@@ -120,7 +120,7 @@ class TranslationOnSimulatedGpu : public testing::Test {
     return device_->synchronize_stream(streams_[gpu]);
   }
 
-  static constexpr FunctionId kFunction = 7;
+  static constexpr FunctionId kFunction{7};
   std::unique_ptr<device::SimDevice> device_;
   uint64_t granularity_ = 0;
   GpuPool pools_[2];
