@@ -17,6 +17,11 @@
 // simplest policies over the same machinery. Each benchmark reports p50/p99/p99.9/max in ns,
 // the p99 ratio to the baseline at the same function count, and evictions and host swaps per
 // step (to show the memory pressure is real).
+//
+// CoreDecision/* runs the same steps through the node core (node/node_core.h), which hiberd's
+// controller and hiber-sim drive: its request state machine and reserve accounting on top of the
+// facade, with an actuator that only notes the starts. p99_vs_facade compares it with the
+// facade's run of the same policies.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -29,6 +34,7 @@
 #include <vector>
 
 #include "common/node_config.h"
+#include "node/node_core.h"
 #include "scheduler/oracle.h"
 #include "scheduler/policy_factory.h"
 #include "scheduler/random.h"
@@ -104,10 +110,34 @@ std::map<int, double>& baseline_p99() {
   return p99;
 }
 
+// p99 of the scheduler facade per (queue/eviction/placement, functions), for the core's runs.
+std::map<std::pair<std::string, int>, double>& facade_p99() {
+  static std::map<std::pair<std::string, int>, double> p99;
+  return p99;
+}
+
 double percentile(const std::vector<int64_t>& sorted, double p) {
   const size_t i =
       std::min(sorted.size() - 1, static_cast<size_t>(p * static_cast<double>(sorted.size())));
   return static_cast<double>(sorted[i]);
+}
+
+// Sets the step-time percentiles and the memory pressure counters; returns p99.
+double report(benchmark::State& state, std::vector<int64_t>& ns, const SchedulerCounters& before,
+              const SchedulerCounters& after, int functions) {
+  const double steps = static_cast<double>(ns.size());
+  std::sort(ns.begin(), ns.end());
+  const double p99 = percentile(ns, 0.99);
+  state.counters["p50_ns"] = percentile(ns, 0.50);
+  state.counters["p99_ns"] = p99;
+  state.counters["p999_ns"] = percentile(ns, 0.999);
+  state.counters["max_ns"] = static_cast<double>(ns.back());
+  if (baseline_p99().count(functions))
+    state.counters["p99_vs_base"] = p99 / baseline_p99()[functions];
+  state.counters["evict_per_req"] = static_cast<double>(after.evictions - before.evictions) / steps;
+  state.counters["host_per_req"] =
+      static_cast<double>(after.host_swaps - before.host_swaps) / steps;
+  return p99;
 }
 
 void BM_Decision(benchmark::State& state, const std::string& queue, const std::string& eviction,
@@ -172,22 +202,102 @@ void BM_Decision(benchmark::State& state, const std::string& queue, const std::s
     ns.push_back(d);
     state.SetIterationTime(static_cast<double>(d) * 1e-9);
   }
-  const SchedulerCounters& after = s.counters();
-  const double steps = static_cast<double>(ns.size());
-  std::sort(ns.begin(), ns.end());
-  const double p99 = percentile(ns, 0.99);
+  const double p99 = report(state, ns, before, s.counters(), functions);
   if (baseline) baseline_p99()[functions] = p99;
-  state.counters["p50_ns"] = percentile(ns, 0.50);
-  state.counters["p99_ns"] = p99;
-  state.counters["p999_ns"] = percentile(ns, 0.999);
-  state.counters["max_ns"] = static_cast<double>(ns.back());
-  if (baseline_p99().count(functions))
-    state.counters["p99_vs_base"] = p99 / baseline_p99()[functions];
-  state.counters["evict_per_req"] = static_cast<double>(after.evictions - before.evictions) / steps;
-  state.counters["host_per_req"] =
-      static_cast<double>(after.host_swaps - before.host_swaps) / steps;
+  facade_p99()[{queue + "/" + eviction + "/" + placement, functions}] = p99;
   state.counters["queued"] = static_cast<double>(s.queued());
   if (const Status st = s.check_invariants(); !st.ok()) die(st, "invariants after the run");
+}
+
+// The same steps through the node core (node/node_core.h), as hiberd's controller and hiber-sim
+// make them: the core's request state machine, reserve accounting and actuator calls on top of
+// the facade. The actuator does nothing but note the starts, so what is timed is the core.
+class NoteStarts final : public node::Actuator {
+ public:
+  explicit NoteStarts(const Workload& w) : workload_(w) {}
+  Result<uint64_t> evict(FunctionId, GpuId) override { return uint64_t{0}; }
+  void forget(FunctionId, GpuId) override {}
+  void start(const node::Start& s) override { started.push_back(s); }
+  void end(RequestId, FunctionId, const Status&) override {}
+  void answer_start(RequestId, const Result<node::StartInfo>&) override {}
+  void drained(std::optional<GpuId>) override {}
+  uint64_t pool_allocated(GpuId) const override { return 0; }
+  uint64_t placed_bytes(FunctionId f, GpuId) const override { return model_bytes(f); }
+  uint64_t model_bytes(FunctionId f) const override {
+    return workload_.specs[f.value() - 1].model_bytes;
+  }
+  std::vector<node::Start> started;
+
+ private:
+  const Workload& workload_;
+};
+
+void BM_CoreDecision(benchmark::State& state, const std::string& queue,
+                     const std::string& eviction) {
+  const int functions = static_cast<int>(state.range(0));
+  const Workload& w = workload(functions);
+  SequenceOracle oracle(w.arrivals);
+  node::NodeOptions options;
+  options.scheduler.queue = queue;
+  options.scheduler.eviction = eviction;
+  NoteStarts actuator(w);
+  auto created = node::NodeCore::create(node(), options, actuator, &oracle);
+  if (!created.ok()) die(created.status(), "creating the node core");
+  node::NodeCore& core = **created;
+  for (int i = 0; i < functions; ++i) {
+    const FunctionSpec& spec = w.specs[static_cast<size_t>(i)];
+    node::FunctionSpec f;
+    f.name = str_cat("f", i + 1);
+    f.model_bytes = spec.model_bytes;
+    f.slo = spec.slo;
+    f.exec_time_hint = spec.exec_time_hint;
+    const FunctionId id{static_cast<uint32_t>(i + 1)};
+    Status st = core.add_function(id, f, 0);
+    if (st.ok()) st = core.attach(id);
+    if (!st.ok()) die(st, "adding a function");
+  }
+  std::deque<node::Start> in_flight;  // oldest first
+  size_t next_arrival = 0;
+  Time now = 0;
+  auto arrive = [&] {
+    const Result<RequestId> r = core.arrive(w.arrivals[next_arrival++], now);
+    if (!r.ok()) die(r.status(), "arrival");
+  };
+  auto step = [&] {
+    now += kStep;
+    if (!in_flight.empty()) {
+      const node::Start& r = in_flight.front();
+      core.streaming(r.request, Status(), now);
+      if (r.source != Source::kResident) core.swap_done(r.request, Status(), {}, now);
+      (void)core.done(r.request, false, now);
+      core.released(r.request, Status(), now);
+      in_flight.pop_front();
+    }
+    arrive();
+    actuator.started.clear();
+    core.dispatch(now);
+    for (const node::Start& s : actuator.started) in_flight.push_back(s);
+  };
+
+  for (int i = 0; i < kBacklog; ++i) arrive();
+  for (int i = 0; i < kWarmupSteps; ++i) step();
+  const SchedulerCounters before = core.scheduler().counters();
+  std::vector<int64_t> ns;
+  ns.reserve(static_cast<size_t>(state.max_iterations));
+  for (auto _ : state) {
+    const Clock::time_point start = Clock::now();
+    step();
+    const Clock::time_point end = Clock::now();
+    const int64_t d = std::chrono::duration_cast<std::chrono::nanoseconds>(end - start).count();
+    ns.push_back(d);
+    state.SetIterationTime(static_cast<double>(d) * 1e-9);
+  }
+  const double p99 = report(state, ns, before, core.scheduler().counters(), functions);
+  const auto facade = facade_p99().find({queue + "/" + eviction + "/algorithm1", functions});
+  if (facade != facade_p99().end()) state.counters["p99_vs_facade"] = p99 / facade->second;
+  if (const Status st = core.scheduler().check_invariants(); !st.ok()) {
+    die(st, "invariants after the run");
+  }
 }
 
 void register_all() {
@@ -210,6 +320,18 @@ void register_all() {
     }
   }
   add("rrc", "heaviness", "random", false);
+  // The defaults and the baseline's policies again, through the node core.
+  for (const auto& [queue, eviction] :
+       {std::pair<std::string, std::string>{"fifo", "lru"}, {"rrc", "heaviness"}}) {
+    const std::string name = "CoreDecision/" + queue + "/" + eviction + "/algorithm1";
+    benchmark::RegisterBenchmark(name.c_str(), BM_CoreDecision, queue, eviction)
+        ->ArgName("functions")
+        ->Arg(1000)
+        ->Arg(10000)
+        ->Iterations(kTimedSteps)
+        ->UseManualTime()
+        ->Unit(benchmark::kNanosecond);
+  }
 }
 
 }  // namespace

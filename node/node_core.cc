@@ -65,6 +65,9 @@ struct NodeCore::State {
   std::unordered_map<RequestId, Request> requests;
   std::vector<Gpu> gpus;
   bool draining = false;
+  // GPUs whose memory changed since the scheduler last heard their reserve: it is told before it
+  // decides (dispatch, make_room), once however many changes came in between.
+  scheduler::GpuMask stale_reserves = 0;
   // Drains not yet reported, in the order they were asked for.
   std::vector<std::optional<GpuId>> drains;
 
@@ -202,7 +205,7 @@ void NodeCore::detach(FunctionId id, Time now) {
   f->attached = false;
   f->lease.reset();
   f->background_queued.reset();
-  for (int g = 0; g < gpu_count(); ++g) update_reserved(GpuId{g});
+  for (int g = 0; g < gpu_count(); ++g) reserve_changed(GpuId{g});
 }
 
 // ---- Requests ----
@@ -339,7 +342,7 @@ void NodeCore::swap_done(RequestId id, const Status& status, const SwapStats& st
     const GpuId source{r->decision->source_gpu};
     if (r->drop_source_from_view) scheduler_->drop_replica(source.value(), r->function);
     actuator_.forget(r->function, source);
-    update_reserved(source);
+    reserve_changed(source);
   }
 }
 
@@ -381,7 +384,7 @@ void NodeCore::released(RequestId id, const Status& status, Time now) {
   } else {
     r->phase = Phase::kEnded;
   }
-  update_reserved(gpu);
+  reserve_changed(gpu);
 }
 
 Status NodeCore::make_room(FunctionId function, GpuId gpu, uint64_t bytes, Time now) {
@@ -403,11 +406,10 @@ Status NodeCore::make_room(FunctionId function, GpuId gpu, uint64_t bytes, Time 
   VLOG(1) << "t=" << now << " GPU " << gpu << " refused " << bytes << " bytes for function "
           << function << ": make_room evicts " << victims.size();
   for (const scheduler::Eviction& v : victims) evict(v.function, GpuId{v.gpu});
-  update_reserved(gpu);
   return Status();
 }
 
-void NodeCore::memory_changed(GpuId gpu) { update_reserved(gpu); }
+void NodeCore::memory_changed(GpuId gpu) { reserve_changed(gpu); }
 
 void NodeCore::learn_model_bytes(FunctionId id) {
   State::Function& f = state_->functions.at(id);
@@ -475,6 +477,7 @@ Status NodeCore::drain(std::optional<GpuId> gpu, bool resume) {
 void NodeCore::dispatch(Time now) {
   // A start can fail at once and free its GPU again, so ask until nothing more starts.
   while (true) {
+    refresh_reserves();
     decisions_.clear();
     scheduler_->dispatch(now, &decisions_);
     if (decisions_.empty()) break;
@@ -540,10 +543,19 @@ void NodeCore::evict(FunctionId function, GpuId gpu) {
     return;
   }
   if (*freed > 0) ++state_->gpus[index_of(gpu)].evictions;
-  update_reserved(gpu);
+  reserve_changed(gpu);
+}
+
+void NodeCore::reserve_changed(GpuId gpu) { state_->stale_reserves |= scheduler::gpu_bit(gpu.value()); }
+
+void NodeCore::refresh_reserves() {
+  for (scheduler::GpuMask stale = state_->stale_reserves; stale != 0; stale &= stale - 1) {
+    update_reserved(GpuId{__builtin_ctzll(stale)});
+  }
 }
 
 void NodeCore::update_reserved(GpuId gpu) {
+  state_->stale_reserves &= ~scheduler::gpu_bit(gpu.value());
   // Reserved = outside the pool + what the pool gave out that is not a model replica the view
   // holds. A replica counts for what of it is placed: a model still being placed (or one the
   // view sizes larger than its blocks) does not make the reserve negative.

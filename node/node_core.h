@@ -253,6 +253,9 @@ class NodeCore {
   void learn_model_bytes(FunctionId function);
   // Tells the scheduler how much of `gpu` is used by anything but the replicas it placed.
   void update_reserved(GpuId gpu);
+  // `gpu`'s reserve may have changed: update_reserved() before the next decision.
+  void reserve_changed(GpuId gpu);
+  void refresh_reserves();
   void answer_start(RequestId id, Time now);
   void check_drains();
 

@@ -336,11 +336,13 @@ TEST_F(NodeCoreTest, TheReserveIsWhatThePoolGaveOutBeyondTheViewsPlacedReplicas)
   EXPECT_EQ(core_->scheduler().node().gpu(0).reserved, kGiB) << "the model is not reserve";
   actuator_.allocated[GpuId{0}] += 3 * kGiB;  // scratch
   core_->memory_changed(GpuId{0});
+  core_->dispatch(now_);  // the scheduler hears of it before it decides
   EXPECT_EQ(core_->scheduler().node().gpu(0).reserved, 4 * kGiB);
   // A replica counts for what of it is placed: while its blocks are being placed, the rest of
   // what the pool gave out is still reserve.
   actuator_.placed[{f, GpuId{0}}] = kGiB;
   core_->memory_changed(GpuId{0});
+  core_->dispatch(now_);
   EXPECT_EQ(core_->scheduler().node().gpu(0).reserved, 5 * kGiB);
 }
 
