@@ -9,6 +9,7 @@
 
 #include <glog/logging.h>
 
+#include "wire/call_codec.h"
 #include "wire/limits.h"
 
 namespace hiber::server {
@@ -51,10 +52,11 @@ Status invalid(const std::string& message) { return Status(ErrorCode::kInvalidVa
 // Checks that a client-chosen handle can name a new object of `table`: not zero (reserved),
 // not in use, and the session under its limit for that kind of object.
 template <typename Table>
-Status check_new_handle(const Table& table, uint64_t handle, size_t limit, std::string_view call) {
-  if (handle == 0) return invalid(str_cat(call, ": handle 0 is reserved"));
+Status check_new_handle(const Table& table, typename Table::key_type handle, size_t limit,
+                        std::string_view call) {
+  if (handle.is_zero()) return invalid(str_cat(call, ": handle 0 is reserved"));
   if (table.count(handle) != 0) {
-    return invalid(str_cat(call, ": handle ", hex(handle), " is already in use"));
+    return invalid(str_cat(call, ": handle ", hex(handle.value()), " is already in use"));
   }
   if (table.size() >= limit) {
     return error(ErrorCode::kOutOfMemory, call, ": the session already holds ", limit);
@@ -393,13 +395,13 @@ std::optional<uint32_t> Session::handle_message(const wire::Message& message, ui
           if (!refused.ok()) {
             // None of its copies will run: give their staging back.
             uint64_t last_end = 0;
-            for (auto call : calls) last_end = std::max(last_end, staging_end_of(call));
+            for (auto call : calls) last_end = std::max(last_end, wire::staging_end(call));
             release_staging_now(last_end);
             return refused;
           }
         }
         for (uint32_t i = first; i < calls.size(); ++i) {
-          if (!lease_ && needs_gpu(calls[i])) {
+          if (!lease_ && wire::runs_on_gpu(calls[i].which())) {
             stopped_at = i;
             return Status();
           }
@@ -429,7 +431,7 @@ void Session::fail_held(const wire::Message& message, uint32_t first, const Stat
       calls_.fetch_add(1, std::memory_order_relaxed);
       failed_calls_.fetch_add(1, std::memory_order_relaxed);
       kj::runCatchingExceptions([&] {
-        release_staging_now(staging_end_of(calls[i]));
+        release_staging_now(wire::staging_end(calls[i]));
         if (calls[i].getReply()) unsent_.push_back({seq, failure, {}});
       });
     }
@@ -437,38 +439,25 @@ void Session::fail_held(const wire::Message& message, uint32_t first, const Stat
   });
 }
 
-bool Session::needs_gpu(proto::Call::Reader call) {
-  switch (call.which()) {
-    case proto::Call::MEMCPY_HTO_D:
-    case proto::Call::MEMCPY_DTO_H:
-    case proto::Call::MEMCPY_DTO_D:
-    case proto::Call::MEMSET:
-    case proto::Call::STREAM_WAIT_EVENT:
-    case proto::Call::EVENT_RECORD:
-    case proto::Call::LAUNCH_KERNEL:
-      return true;
-    default:
-      return false;
-  }
-}
-
 void Session::execute(proto::Call::Reader call, uint64_t seq) {
   calls_.fetch_add(1, std::memory_order_relaxed);
   Outcome outcome;
   // A field the client encoded wrongly throws when read; that fails this call only.
+  VLOG(3) << "session " << identity_.id << ": call " << seq << " " << wire::call_name(call.which());
   kj::Maybe<kj::Exception> thrown = kj::runCatchingExceptions([&] {
-    if (lease_ && needs_gpu(call)) last_gpu_call_ = std::chrono::steady_clock::now();
+    if (lease_ && wire::runs_on_gpu(call.which())) last_gpu_call_ = std::chrono::steady_clock::now();
     outcome = dispatch(call, seq);
   });
   KJ_IF_MAYBE(e, thrown) {
-    outcome = Outcome{invalid(str_cat("malformed call: ", e->getDescription().cStr()))};
+    outcome = Outcome{invalid(str_cat("malformed call (", wire::call_name(call.which()),
+                                      "): ", e->getDescription().cStr()))};
   }
   // Not ready answers a query; it is not a failure (and, as in CUDA, not a sticky error).
   const bool failed = !outcome.status.ok() && outcome.status.code() != ErrorCode::kNotReady;
   if (failed) {
     failed_calls_.fetch_add(1, std::memory_order_relaxed);
     // A copy that never ran must still give its staging back, or the client's FIFO stalls.
-    kj::runCatchingExceptions([&] { release_staging_now(staging_end_of(call)); });
+    kj::runCatchingExceptions([&] { release_staging_now(wire::staging_end(call)); });
   }
   if (outcome.status.ok() && outcome.completes_on && call.getReply()) {
     outcome.status = after(*outcome.completes_on,
@@ -482,60 +471,17 @@ void Session::execute(proto::Call::Reader call, uint64_t seq) {
 }
 
 Session::Outcome Session::dispatch(proto::Call::Reader call, uint64_t seq) {
-  const bool reply = call.getReply();
   switch (call.which()) {
-    case proto::Call::PING:
-      return {Status(), call.getPing().getValue()};
-    case proto::Call::MEM_ALLOCATE:
-      return mem_allocate(call.getMemAllocate().getVa(), call.getMemAllocate().getBytes());
-    case proto::Call::MEM_FREE:
-      return mem_free(call.getMemFree().getVa());
-    case proto::Call::MEMCPY_HTO_D:
-      return memcpy_htod(call.getMemcpyHtoD());
-    case proto::Call::MEMCPY_DTO_H:
-      return memcpy_dtoh(call.getMemcpyDtoH());
-    case proto::Call::MEMCPY_DTO_D:
-      return memcpy_dtod(call.getMemcpyDtoD());
-    case proto::Call::MEMSET:
-      return memset(call.getMemset());
-    case proto::Call::STREAM_CREATE:
-      return stream_create(call.getStreamCreate().getStream(),
-                           call.getStreamCreate().getPriority());
-    case proto::Call::STREAM_DESTROY:
-      return stream_destroy(call.getStreamDestroy().getStream());
-    case proto::Call::STREAM_SYNCHRONIZE:
-      return stream_synchronize(call.getStreamSynchronize().getStream(), seq, reply);
-    case proto::Call::STREAM_QUERY:
-      return stream_query(call.getStreamQuery().getStream());
-    case proto::Call::STREAM_WAIT_EVENT:
-      return stream_wait_event(call.getStreamWaitEvent().getStream(),
-                               call.getStreamWaitEvent().getEvent());
-    case proto::Call::EVENT_CREATE:
-      return event_create(call.getEventCreate().getEvent(),
-                          call.getEventCreate().getDisableTiming());
-    case proto::Call::EVENT_DESTROY:
-      return event_destroy(call.getEventDestroy().getEvent());
-    case proto::Call::EVENT_RECORD:
-      return event_record(call.getEventRecord().getEvent(), call.getEventRecord().getStream());
-    case proto::Call::EVENT_SYNCHRONIZE:
-      return event_synchronize(call.getEventSynchronize().getEvent(), seq, reply);
-    case proto::Call::EVENT_QUERY:
-      return event_query(call.getEventQuery().getEvent());
-    case proto::Call::EVENT_ELAPSED_TIME:
-      return event_elapsed(call.getEventElapsedTime().getStart(),
-                           call.getEventElapsedTime().getEnd());
-    case proto::Call::DEVICE_SYNCHRONIZE:
-      return device_synchronize(seq, reply);
-    case proto::Call::MODULE_LOAD:
-      return module_load(call.getModuleLoad());
-    case proto::Call::MODULE_LOAD_CACHED:
-      return module_load_cached(call.getModuleLoadCached());
-    case proto::Call::MODULE_UNLOAD:
-      return module_unload(call.getModuleUnload().getModule());
-    case proto::Call::FUNCTION_GET:
-      return function_get(call.getFunctionGet());
-    case proto::Call::LAUNCH_KERNEL:
-      return launch_kernel(call.getLaunchKernel());
+#define HIBER_DISPATCH_kAsync(Name, handler) return handler(wire::read_call<wire::calls::Name>(call));
+#define HIBER_DISPATCH_kSync(Name, handler) \
+  return handler(wire::read_call<wire::calls::Name>(call), seq, call.getReply());
+#define HIBER_DISPATCH(Name, name, WHICH, where, timing, shape, handler, fields) \
+  case proto::Call::WHICH:                                                       \
+    HIBER_DISPATCH_##timing(Name, handler)
+    HIBER_CALLS(HIBER_DISPATCH, HIBER_CALL_IGNORED)
+#undef HIBER_DISPATCH
+#undef HIBER_DISPATCH_kSync
+#undef HIBER_DISPATCH_kAsync
   }
   const auto version = wire::current_protocol_version();
   return {error(ErrorCode::kNotSupported, "call type ", static_cast<unsigned>(call.which()),
@@ -545,22 +491,24 @@ Session::Outcome Session::dispatch(proto::Call::Reader call, uint64_t seq) {
 
 // ---- Memory ----
 
-Session::Outcome Session::mem_allocate(uint64_t va, uint64_t bytes) {
+Session::Outcome Session::ping(const wire::calls::Ping& c) { return {Status(), c.value}; }
+
+Session::Outcome Session::mem_allocate(const wire::calls::MemAllocate& c) {
   // Placed and mapped at once under a lease; otherwise recorded, and placed by the next lease.
   const int gpu = lease_ ? lease_->gpu : -1;
   Status added = memory_->add_block(
-      va, bytes, gpu,
+      c.va, c.bytes, gpu,
       [this](int g, const memory::Shortfall& s) { return lessor_.make_room(identity_.id, g, s); });
   return {added.with_context("memAllocate")};
 }
 
-Session::Outcome Session::mem_free(uint64_t va) {
-  if (!memory_->is_block(va)) {
-    return {invalid(str_cat("memFree of ", hex(va), ": not the start of an allocation"))};
+Session::Outcome Session::mem_free(const wire::calls::MemFree& c) {
+  if (!memory_->is_block(c.va)) {
+    return {invalid(str_cat("memFree of ", hex(c.va), ": not the start of an allocation"))};
   }
   // As cudaFree: work already enqueued may still use the memory; wait for it.
   quiesce();
-  return {memory_->remove_block(va).with_context("memFree")};
+  return {memory_->remove_block(c.va).with_context("memFree")};
 }
 
 Status Session::check_arena_range(uint64_t offset, uint64_t bytes, std::string_view what) const {
@@ -591,102 +539,89 @@ void Session::release_staging_now(uint64_t staging_end) {
   if (ticket.ok()) staging_.finish(*ticket);
 }
 
-uint64_t Session::staging_end_of(proto::Call::Reader call) {
-  switch (call.which()) {
-    case proto::Call::MEMCPY_HTO_D:
-      return call.getMemcpyHtoD().getStagingEnd();
-    case proto::Call::MEMCPY_DTO_H:
-      return call.getMemcpyDtoH().getStagingEnd();
-    case proto::Call::MODULE_LOAD:
-      return call.getModuleLoad().getStagingEnd();
-    default:
-      return 0;
-  }
-}
-
-Session::Outcome Session::memcpy_htod(proto::Call::MemcpyHtoD::Reader c) {
-  const uint64_t bytes = c.getBytes();
-  auto s = work_stream(c.getStream());
+Session::Outcome Session::memcpy_htod(const wire::calls::MemcpyHtoD& c) {
+  const uint64_t bytes = c.bytes;
+  auto s = work_stream(c.stream);
   if (!s.ok()) return {s.status()};
-  if (bytes == 0) return {track_staging(c.getStagingEnd(), *s), {}, false, *s};
-  Status checked = check_arena_range(c.getSrcOffset(), bytes, "memcpyHtoD source");
-  if (checked.ok()) checked = memory_->check_range(c.getDst(), bytes, "memcpyHtoD destination");
-  if (checked.ok()) checked = before_access(*s, c.getDst(), bytes, /*write=*/true);
+  if (bytes == 0) return {track_staging(c.staging_end, *s), {}, false, *s};
+  Status checked = check_arena_range(c.src_offset, bytes, "memcpyHtoD source");
+  if (checked.ok()) checked = memory_->check_range(c.dst, bytes, "memcpyHtoD destination");
+  if (checked.ok()) checked = before_access(*s, c.dst, bytes, /*write=*/true);
   if (!checked.ok()) return {checked};
-  const std::byte* data = channel_->arena().data() + c.getSrcOffset();
-  Status copied = device_.copy_host_to_device(*s, c.getDst(), data, bytes);
+  const std::byte* data = channel_->arena().data() + c.src_offset;
+  Status copied = device_.copy_host_to_device(*s, c.dst, data, bytes);
   if (!copied.ok()) return {copied};
   // Looked at while the copy runs (pointer tables, for pipelining), before any later call of
   // the session; the staging stays the client's to reuse only after track_staging's callback.
-  memory_->storing(c.getDst(), std::span(data, bytes));
-  return {track_staging(c.getStagingEnd(), *s), {}, false, *s};
+  memory_->storing(c.dst, std::span(data, bytes));
+  return {track_staging(c.staging_end, *s), {}, false, *s};
 }
 
-Session::Outcome Session::memcpy_dtoh(proto::Call::MemcpyDtoH::Reader c) {
-  const uint64_t bytes = c.getBytes();
-  auto s = work_stream(c.getStream());
+Session::Outcome Session::memcpy_dtoh(const wire::calls::MemcpyDtoH& c) {
+  const uint64_t bytes = c.bytes;
+  auto s = work_stream(c.stream);
   if (!s.ok()) return {s.status()};
-  if (bytes == 0) return {track_staging(c.getStagingEnd(), *s), {}, false, *s};
-  Status checked = check_arena_range(c.getDstOffset(), bytes, "memcpyDtoH destination");
-  if (checked.ok()) checked = memory_->check_range(c.getSrc(), bytes, "memcpyDtoH source");
-  if (checked.ok()) checked = before_access(*s, c.getSrc(), bytes, /*write=*/false);
+  if (bytes == 0) return {track_staging(c.staging_end, *s), {}, false, *s};
+  Status checked = check_arena_range(c.dst_offset, bytes, "memcpyDtoH destination");
+  if (checked.ok()) checked = memory_->check_range(c.src, bytes, "memcpyDtoH source");
+  if (checked.ok()) checked = before_access(*s, c.src, bytes, /*write=*/false);
   if (!checked.ok()) return {checked};
   Status copied =
-      device_.copy_device_to_host(*s, channel_->arena().data() + c.getDstOffset(), c.getSrc(), bytes);
+      device_.copy_device_to_host(*s, channel_->arena().data() + c.dst_offset, c.src, bytes);
   if (!copied.ok()) return {copied};
-  return {track_staging(c.getStagingEnd(), *s), {}, false, *s};
+  return {track_staging(c.staging_end, *s), {}, false, *s};
 }
 
-Session::Outcome Session::memcpy_dtod(proto::Call::MemcpyDtoD::Reader c) {
-  const uint64_t bytes = c.getBytes();
-  auto s = work_stream(c.getStream());
+Session::Outcome Session::memcpy_dtod(const wire::calls::MemcpyDtoD& c) {
+  const uint64_t bytes = c.bytes;
+  auto s = work_stream(c.stream);
   if (!s.ok()) return {s.status()};
   if (bytes == 0) return {Status(), {}, false, *s};
-  Status checked = memory_->check_range(c.getSrc(), bytes, "memcpyDtoD source");
-  if (checked.ok()) checked = memory_->check_range(c.getDst(), bytes, "memcpyDtoD destination");
-  if (checked.ok()) checked = before_access(*s, c.getSrc(), bytes, /*write=*/false);
-  if (checked.ok()) checked = before_access(*s, c.getDst(), bytes, /*write=*/true);
+  Status checked = memory_->check_range(c.src, bytes, "memcpyDtoD source");
+  if (checked.ok()) checked = memory_->check_range(c.dst, bytes, "memcpyDtoD destination");
+  if (checked.ok()) checked = before_access(*s, c.src, bytes, /*write=*/false);
+  if (checked.ok()) checked = before_access(*s, c.dst, bytes, /*write=*/true);
   if (!checked.ok()) return {checked};
-  memory_->copying(c.getDst(), c.getSrc());
-  return {device_.copy_device_to_device(*s, c.getDst(), c.getSrc(), bytes), {}, false, *s};
+  memory_->copying(c.dst, c.src);
+  return {device_.copy_device_to_device(*s, c.dst, c.src, bytes), {}, false, *s};
 }
 
-Session::Outcome Session::memset(proto::Call::Memset::Reader c) {
-  const int element = c.getElementBytes();
+Session::Outcome Session::memset(const wire::calls::Memset& c) {
+  const int element = c.element_bytes;
   if (element != 1 && element != 2 && element != 4) {
     return {invalid(str_cat("memset element size ", element, " (must be 1, 2 or 4)"))};
   }
-  auto s = work_stream(c.getStream());
+  auto s = work_stream(c.stream);
   if (!s.ok()) return {s.status()};
-  const uint64_t count = c.getCount();
+  const uint64_t count = c.count;
   if (count == 0) return {Status(), {}, false, *s};
   if (count > UINT64_MAX / static_cast<uint64_t>(element)) return {invalid("memset size overflows")};
-  Status checked = memory_->check_range(c.getDst(), count * element, "memset destination");
+  Status checked = memory_->check_range(c.dst, count * element, "memset destination");
   if (!checked.ok()) return {checked};
-  if (c.getDst() % static_cast<uint64_t>(element) != 0) {
-    return {invalid(str_cat("memset destination ", hex(c.getDst()), " is not aligned to ", element,
+  if (c.dst % static_cast<uint64_t>(element) != 0) {
+    return {invalid(str_cat("memset destination ", hex(c.dst), " is not aligned to ", element,
                             " bytes"))};
   }
-  checked = before_access(*s, c.getDst(), count * element, /*write=*/true);
+  checked = before_access(*s, c.dst, count * element, /*write=*/true);
   if (!checked.ok()) return {checked};
-  return {device_.memset(*s, c.getDst(), c.getValue(), element, count), {}, false, *s};
+  return {device_.memset(*s, c.dst, c.value, element, count), {}, false, *s};
 }
 
 // ---- Streams and events ----
 
-Result<Session::StreamEntry*> Session::stream_entry(uint64_t handle) {
-  if (handle == 0) return &default_stream_;
+Result<Session::StreamEntry*> Session::stream_entry(wire::StreamHandle handle) {
+  if (handle.is_zero()) return &default_stream_;
   auto it = streams_.find(handle);
   if (it == streams_.end()) {
-    return error(ErrorCode::kInvalidHandle, "unknown stream handle ", hex(handle));
+    return error(ErrorCode::kInvalidHandle, "unknown stream handle ", hex(handle.value()));
   }
   return &it->second;
 }
 
-Result<Session::EventEntry*> Session::event_entry(uint64_t handle) {
+Result<Session::EventEntry*> Session::event_entry(wire::EventHandle handle) {
   auto it = events_.find(handle);
   if (it == events_.end()) {
-    return error(ErrorCode::kInvalidHandle, "unknown event handle ", hex(handle));
+    return error(ErrorCode::kInvalidHandle, "unknown event handle ", hex(handle.value()));
   }
   return &it->second;
 }
@@ -702,28 +637,29 @@ Result<device::Stream> Session::device_stream(std::vector<std::optional<device::
   return *slot;
 }
 
-Result<device::Stream> Session::work_stream(uint64_t handle) {
+Result<device::Stream> Session::work_stream(wire::StreamHandle handle) {
   HIBER_ASSIGN_OR_RETURN(StreamEntry * entry, stream_entry(handle));
   HIBER_ASSIGN_OR_RETURN(device::Stream s, device_stream(entry->per_gpu, entry->priority, lease_->gpu));
   entry->last_gpu = lease_->gpu;
   return s;
 }
 
-Session::Outcome Session::stream_create(uint64_t handle, int32_t priority) {
-  Status usable = check_new_handle(streams_, handle, kMaxStreams, "streamCreate");
+Session::Outcome Session::stream_create(const wire::calls::StreamCreate& c) {
+  Status usable = check_new_handle(streams_, c.stream, kMaxStreams, "streamCreate");
   if (!usable.ok()) return {usable};
   StreamEntry entry;
-  entry.priority = priority;
+  entry.priority = c.priority;
   entry.per_gpu.resize(gpu_count_);
-  streams_.emplace(handle, std::move(entry));
+  streams_.emplace(c.stream, std::move(entry));
   return {};
 }
 
-Session::Outcome Session::stream_destroy(uint64_t handle) {
-  if (handle == 0) return {invalid("streamDestroy: the default stream cannot be destroyed")};
-  auto it = streams_.find(handle);
+Session::Outcome Session::stream_destroy(const wire::calls::StreamDestroy& c) {
+  if (c.stream.is_zero()) return {invalid("streamDestroy: the default stream cannot be destroyed")};
+  auto it = streams_.find(c.stream);
   if (it == streams_.end()) {
-    return {error(ErrorCode::kInvalidHandle, "streamDestroy: unknown stream handle ", hex(handle))};
+    return {error(ErrorCode::kInvalidHandle, "streamDestroy: unknown stream handle ",
+                  hex(c.stream.value()))};
   }
   const StreamEntry entry = std::move(it->second);
   streams_.erase(it);
@@ -738,8 +674,8 @@ Session::Outcome Session::stream_destroy(uint64_t handle) {
   return {result};
 }
 
-Session::Outcome Session::stream_synchronize(uint64_t handle, uint64_t seq, bool reply) {
-  auto entry = stream_entry(handle);
+Session::Outcome Session::stream_synchronize(const wire::calls::StreamSynchronize& c, uint64_t seq, bool reply) {
+  auto entry = stream_entry(c.stream);
   if (!entry.ok()) return {entry.status()};
   if (!reply) return {};
   StreamEntry& e = **entry;
@@ -752,8 +688,8 @@ Session::Outcome Session::stream_synchronize(uint64_t handle, uint64_t seq, bool
   return {Status(), {}, /*deferred=*/true};
 }
 
-Session::Outcome Session::stream_query(uint64_t handle) {
-  auto entry = stream_entry(handle);
+Session::Outcome Session::stream_query(const wire::calls::StreamQuery& c) {
+  auto entry = stream_entry(c.stream);
   if (!entry.ok()) return {entry.status()};
   StreamEntry& e = **entry;
   if (!e.drained_error.ok()) return {std::exchange(e.drained_error, Status())};
@@ -761,10 +697,10 @@ Session::Outcome Session::stream_query(uint64_t handle) {
   return {device_.query_stream(*e.per_gpu[e.last_gpu])};
 }
 
-Session::Outcome Session::stream_wait_event(uint64_t stream, uint64_t event) {
-  auto s = work_stream(stream);
+Session::Outcome Session::stream_wait_event(const wire::calls::StreamWaitEvent& c) {
+  auto s = work_stream(c.stream);
   if (!s.ok()) return {s.status()};
-  auto e = event_entry(event);
+  auto e = event_entry(c.event);
   if (!e.ok()) return {e.status()};
   // An event never recorded is complete; one recorded under an earlier lease was drained when
   // that lease ended. Only a record on this GPU can still be pending.
@@ -773,20 +709,21 @@ Session::Outcome Session::stream_wait_event(uint64_t stream, uint64_t event) {
   return {device_.wait_event(*s, *entry.per_gpu[entry.last_gpu]), {}, false, *s};
 }
 
-Session::Outcome Session::event_create(uint64_t handle, bool disable_timing) {
-  Status usable = check_new_handle(events_, handle, kMaxEvents, "eventCreate");
+Session::Outcome Session::event_create(const wire::calls::EventCreate& c) {
+  Status usable = check_new_handle(events_, c.event, kMaxEvents, "eventCreate");
   if (!usable.ok()) return {usable};
   EventEntry entry;
-  entry.disable_timing = disable_timing;
+  entry.disable_timing = c.disable_timing;
   entry.per_gpu.resize(gpu_count_);
-  events_.emplace(handle, std::move(entry));
+  events_.emplace(c.event, std::move(entry));
   return {};
 }
 
-Session::Outcome Session::event_destroy(uint64_t handle) {
-  auto it = events_.find(handle);
+Session::Outcome Session::event_destroy(const wire::calls::EventDestroy& c) {
+  auto it = events_.find(c.event);
   if (it == events_.end()) {
-    return {error(ErrorCode::kInvalidHandle, "eventDestroy: unknown event handle ", hex(handle))};
+    return {error(ErrorCode::kInvalidHandle, "eventDestroy: unknown event handle ",
+                  hex(c.event.value()))};
   }
   const EventEntry entry = std::move(it->second);
   events_.erase(it);
@@ -799,10 +736,10 @@ Session::Outcome Session::event_destroy(uint64_t handle) {
   return {result};
 }
 
-Session::Outcome Session::event_record(uint64_t event, uint64_t stream) {
-  auto e = event_entry(event);
+Session::Outcome Session::event_record(const wire::calls::EventRecord& c) {
+  auto e = event_entry(c.event);
   if (!e.ok()) return {e.status()};
-  auto s = work_stream(stream);
+  auto s = work_stream(c.stream);
   if (!s.ok()) return {s.status()};
   EventEntry& entry = **e;
   const int gpu = lease_->gpu;
@@ -824,8 +761,8 @@ Session::Outcome Session::event_record(uint64_t event, uint64_t stream) {
   return {recorded, {}, false, *s};
 }
 
-Session::Outcome Session::event_synchronize(uint64_t handle, uint64_t seq, bool reply) {
-  auto e = event_entry(handle);
+Session::Outcome Session::event_synchronize(const wire::calls::EventSynchronize& c, uint64_t seq, bool reply) {
+  auto e = event_entry(c.event);
   if (!e.ok()) return {e.status()};
   if (!reply) return {};
   const EventEntry& entry = **e;
@@ -841,18 +778,18 @@ Session::Outcome Session::event_synchronize(uint64_t handle, uint64_t seq, bool 
   return {Status(), {}, true};
 }
 
-Session::Outcome Session::event_query(uint64_t handle) {
-  auto e = event_entry(handle);
+Session::Outcome Session::event_query(const wire::calls::EventQuery& c) {
+  auto e = event_entry(c.event);
   if (!e.ok()) return {e.status()};
   const EventEntry& entry = **e;
   if (entry.last_gpu < 0) return {};
   return {device_.query_event(*entry.per_gpu[entry.last_gpu])};
 }
 
-Session::Outcome Session::event_elapsed(uint64_t start, uint64_t end) {
-  auto a = event_entry(start);
+Session::Outcome Session::event_elapsed(const wire::calls::EventElapsedTime& c) {
+  auto a = event_entry(c.start);
   if (!a.ok()) return {a.status()};
-  auto b = event_entry(end);
+  auto b = event_entry(c.end);
   if (!b.ok()) return {b.status()};
   const EventEntry& first = **a;
   const EventEntry& last = **b;
@@ -875,7 +812,7 @@ Session::Outcome Session::event_elapsed(uint64_t start, uint64_t end) {
   return {Status(), *ms};
 }
 
-Session::Outcome Session::device_synchronize(uint64_t seq, bool reply) {
+Session::Outcome Session::device_synchronize(const wire::calls::DeviceSynchronize&, uint64_t seq, bool reply) {
   if (!reply) return {};
   struct Countdown {
     std::mutex mutex;
@@ -914,10 +851,10 @@ Session::Outcome Session::device_synchronize(uint64_t seq, bool reply) {
 
 // ---- Code ----
 
-Session::Outcome Session::module_load(proto::Call::ModuleLoad::Reader c) {
-  const uint64_t handle = c.getModule();
-  const uint64_t bytes = c.getImageBytes();
-  Status checked = check_arena_range(c.getImageOffset(), bytes, "moduleLoad image");
+Session::Outcome Session::module_load(const wire::calls::ModuleLoad& c) {
+  const wire::ModuleHandle handle = c.module;
+  const uint64_t bytes = c.image_bytes;
+  Status checked = check_arena_range(c.image_offset, bytes, "moduleLoad image");
   if (checked.ok()) checked = check_new_handle(modules_, handle, kMaxModules, "moduleLoad");
   if (checked.ok() && bytes == 0) checked = Status(ErrorCode::kInvalidImage, "empty module image");
   // Hash and parse a private copy: the client can write its arena while we read, and the bytes
@@ -925,12 +862,12 @@ Session::Outcome Session::module_load(proto::Call::ModuleLoad::Reader c) {
   // memory goes back as soon as it is loaded.
   std::vector<std::byte> image;
   if (checked.ok()) {
-    const std::byte* src = channel_->arena().data() + c.getImageOffset();
+    const std::byte* src = channel_->arena().data() + c.image_offset;
     image.assign(src, src + bytes);
   }
   // The image bytes are no longer needed whatever happens next. (On failure, execute()
   // releases the staging too; releasing an end twice is harmless.)
-  release_staging_now(c.getStagingEnd());
+  release_staging_now(c.staging_end);
   if (!checked.ok()) return {checked};
   // The image already loaded for any session if these bytes were; loaded now otherwise.
   auto module = module_cache_.acquire_by_image(image);
@@ -939,26 +876,26 @@ Session::Outcome Session::module_load(proto::Call::ModuleLoad::Reader c) {
   return {};
 }
 
-Session::Outcome Session::module_load_cached(proto::Call::ModuleLoadCached::Reader c) {
-  const uint64_t handle = c.getModule();
+Session::Outcome Session::module_load_cached(const wire::calls::ModuleLoadCached& c) {
+  const wire::ModuleHandle handle = c.module;
   Status usable = check_new_handle(modules_, handle, kMaxModules, "moduleLoadCached");
   if (!usable.ok()) return {usable};
-  auto digest = c.getSha256();
-  if (digest.size() != std::tuple_size_v<Sha256>) {
-    return {invalid(str_cat("moduleLoadCached: a SHA-256 of ", digest.size(), " bytes (it has ",
+  if (c.sha256.size() != std::tuple_size_v<Sha256>) {
+    return {invalid(str_cat("moduleLoadCached: a SHA-256 of ", c.sha256.size(), " bytes (it has ",
                             std::tuple_size_v<Sha256>, ")"))};
   }
-  auto module = module_cache_.acquire_by_hash(
-      std::span<const std::byte, 32>(reinterpret_cast<const std::byte*>(digest.begin()), 32));
+  auto module = module_cache_.acquire_by_hash(c.sha256.first<std::tuple_size_v<Sha256>>());
   if (!module.ok()) return {module.status().with_context("moduleLoadCached")};
   modules_.emplace(handle, *module);
   return {};
 }
 
-Session::Outcome Session::module_unload(uint64_t handle) {
+Session::Outcome Session::module_unload(const wire::calls::ModuleUnload& c) {
+  const wire::ModuleHandle handle = c.module;
   auto it = modules_.find(handle);
   if (it == modules_.end()) {
-    return {error(ErrorCode::kInvalidHandle, "moduleUnload: unknown module handle ", hex(handle))};
+    return {error(ErrorCode::kInvalidHandle, "moduleUnload: unknown module handle ",
+                  hex(handle.value()))};
   }
   // Functions of the module handle die with it; launching one later is an unknown handle, not a
   // launch of freed code. The image itself stays loaded while other handles (of this session
@@ -969,43 +906,40 @@ Session::Outcome Session::module_unload(uint64_t handle) {
   return {module_cache_.release(ref).with_context("moduleUnload")};
 }
 
-Session::Outcome Session::function_get(proto::Call::FunctionGet::Reader c) {
-  const uint64_t handle = c.getFunction();
+Session::Outcome Session::function_get(const wire::calls::FunctionGet& c) {
+  const wire::FunctionHandle handle = c.function;
   Status usable = check_new_handle(functions_, handle, kMaxFunctions, "functionGet");
   if (!usable.ok()) return {usable};
-  auto module = modules_.find(c.getModule());
+  auto module = modules_.find(c.module);
   if (module == modules_.end()) {
     return {error(ErrorCode::kInvalidHandle, "functionGet: unknown module handle ",
-                  hex(c.getModule()))};
+                  hex(c.module.value()))};
   }
-  auto name = c.getName();
-  if (name.size() == 0 || name.size() > wire::kMaxNameBytes) {
-    return {invalid(str_cat("functionGet: a kernel name of ", name.size(), " bytes"))};
+  if (c.name.empty() || c.name.size() > wire::kMaxNameBytes) {
+    return {invalid(str_cat("functionGet: a kernel name of ", c.name.size(), " bytes"))};
   }
-  auto function =
-      device_.get_function(module->second.module, std::string(name.cStr(), name.size()));
+  auto function = device_.get_function(module->second.module, c.name);
   if (!function.ok()) return {function.status()};
   auto info = device_.function_info(*function);
   if (!info.ok()) return {info.status()};
-  functions_.emplace(handle, FunctionEntry{*function, c.getModule(), *info});
+  functions_.emplace(handle, FunctionEntry{*function, c.module, *info});
   return {Status(), *info};
 }
 
-Session::Outcome Session::launch_kernel(proto::Call::LaunchKernel::Reader c) {
-  auto f = functions_.find(c.getFunction());
+Session::Outcome Session::launch_kernel(const wire::calls::LaunchKernel& c) {
+  auto f = functions_.find(c.function);
   if (f == functions_.end()) {
     return {error(ErrorCode::kInvalidHandle, "launchKernel: unknown function handle ",
-                  hex(c.getFunction()))};
+                  hex(c.function.value()))};
   }
-  auto s = work_stream(c.getStream());
+  auto s = work_stream(c.stream);
   if (!s.ok()) return {s.status()};
-  auto params = c.getParams();
-  if (params.size() != f->second.info.param_bytes()) {
-    return {invalid(str_cat("launchKernel ", f->second.info.name, ": ", params.size(),
+  const std::span<const std::byte> bytes = c.params;
+  if (bytes.size() != f->second.info.param_bytes()) {
+    return {invalid(str_cat("launchKernel ", f->second.info.name, ": ", bytes.size(),
                             " bytes of parameters, the kernel takes ",
                             f->second.info.param_bytes()))};
   }
-  const std::span<const std::byte> bytes = std::as_bytes(std::span(params.begin(), params.size()));
   // The kernel waits for the swap groups its arguments point into, no more (pipelined
   // execution), and the blocks it may write are noted for dirty tracking.
   waits_.clear();
@@ -1015,9 +949,9 @@ Session::Outcome Session::launch_kernel(proto::Call::LaunchKernel::Reader c) {
     if (!waited.ok()) return {waited};
   }
   device::LaunchConfig config;
-  config.grid = {c.getGridX(), c.getGridY(), c.getGridZ()};
-  config.block = {c.getBlockX(), c.getBlockY(), c.getBlockZ()};
-  config.shared_memory_bytes = c.getSharedMemBytes();
+  config.grid = {c.grid_x, c.grid_y, c.grid_z};
+  config.block = {c.block_x, c.block_y, c.block_z};
+  config.shared_memory_bytes = c.shared_mem_bytes;
   return {device_.launch(*s, f->second.function, config, bytes), {}, false, *s};
 }
 

@@ -58,6 +58,7 @@
 #include "server/staging_tracker.h"
 #include "wire/handshake.h"
 #include "wire/message.h"
+#include "wire/call_table.h"
 #include "wire/schema/calls.capnp.h"
 #include "wire/server_channel.h"
 
@@ -136,7 +137,7 @@ class Session {
  private:
   struct FunctionEntry {
     device::Function function;
-    uint64_t module;  // the client's module handle
+    wire::ModuleHandle module;
     KernelInfo info;
   };
   // A client stream: one device stream per GPU it has had work on.
@@ -191,8 +192,8 @@ class Session {
   // call ran or the message was refused.
   std::optional<uint32_t> handle_message(const wire::Message& message, uint32_t first);
   void execute(wire::proto::Call::Reader call, uint64_t seq);
+  // Runs the call's handler (the call table, wire/call_table.h).
   Outcome dispatch(wire::proto::Call::Reader call, uint64_t seq);
-  static bool needs_gpu(wire::proto::Call::Reader call);
   // Fails the calls of `message` from `first` on (they waited for a lease that could not be
   // granted): each gets `why`, and the session reports it once as a sticky error.
   void fail_held(const wire::Message& message, uint32_t first, const Status& why);
@@ -208,40 +209,27 @@ class Session {
   // Queues a command for the session thread and wakes it (any thread).
   void post_command(Command command);
 
-  // Call handlers.
-  Outcome mem_allocate(uint64_t va, uint64_t bytes);
-  Outcome mem_free(uint64_t va);
-  Outcome memcpy_htod(wire::proto::Call::MemcpyHtoD::Reader c);
-  Outcome memcpy_dtoh(wire::proto::Call::MemcpyDtoH::Reader c);
-  Outcome memcpy_dtod(wire::proto::Call::MemcpyDtoD::Reader c);
-  Outcome memset(wire::proto::Call::Memset::Reader c);
-  Outcome stream_create(uint64_t handle, int32_t priority);
-  Outcome stream_destroy(uint64_t handle);
-  Outcome stream_synchronize(uint64_t handle, uint64_t seq, bool reply);
-  Outcome stream_query(uint64_t handle);
-  Outcome stream_wait_event(uint64_t stream, uint64_t event);
-  Outcome event_create(uint64_t handle, bool disable_timing);
-  Outcome event_destroy(uint64_t handle);
-  Outcome event_record(uint64_t event, uint64_t stream);
-  Outcome event_synchronize(uint64_t handle, uint64_t seq, bool reply);
-  Outcome event_query(uint64_t handle);
-  Outcome event_elapsed(uint64_t start, uint64_t end);
-  Outcome device_synchronize(uint64_t seq, bool reply);
-  Outcome module_load(wire::proto::Call::ModuleLoad::Reader c);
-  Outcome module_load_cached(wire::proto::Call::ModuleLoadCached::Reader c);
-  Outcome module_unload(uint64_t handle);
-  Outcome function_get(wire::proto::Call::FunctionGet::Reader c);
-  Outcome launch_kernel(wire::proto::Call::LaunchKernel::Reader c);
+  // Call handlers, one per call of the table: a synchronisation also gets its sequence number
+  // and whether the client waits for its reply.
+#define HIBER_SESSION_HANDLER_kAsync(Name, handler) Outcome handler(const wire::calls::Name& call);
+#define HIBER_SESSION_HANDLER_kSync(Name, handler) \
+  Outcome handler(const wire::calls::Name& call, uint64_t seq, bool reply);
+#define HIBER_SESSION_HANDLER(Name, name, WHICH, where, timing, shape, handler, fields) \
+  HIBER_SESSION_HANDLER_##timing(Name, handler)
+  HIBER_CALLS(HIBER_SESSION_HANDLER, HIBER_CALL_IGNORED)
+#undef HIBER_SESSION_HANDLER
+#undef HIBER_SESSION_HANDLER_kSync
+#undef HIBER_SESSION_HANDLER_kAsync
 
   // The device stream of a client handle on the lease's GPU, made on first use. REQUIRES: a
   // lease. kInvalidHandle for a handle the client never made.
-  Result<device::Stream> work_stream(uint64_t handle);
+  Result<device::Stream> work_stream(wire::StreamHandle handle);
   // per_gpu[gpu], created with `priority` if it does not exist yet.
   Result<device::Stream> device_stream(std::vector<std::optional<device::Stream>>& per_gpu,
                                        int32_t priority, int gpu);
   // The client stream entry (0 is the default stream).
-  Result<StreamEntry*> stream_entry(uint64_t handle);
-  Result<EventEntry*> event_entry(uint64_t handle);
+  Result<StreamEntry*> stream_entry(wire::StreamHandle handle);
+  Result<EventEntry*> event_entry(wire::EventHandle handle);
   // Makes `stream` wait for the swap groups that [ptr, ptr + bytes) needs (pipelined execution)
   // and notes a write for dirty tracking.
   Status before_access(device::Stream stream, uint64_t ptr, uint64_t bytes, bool write);
@@ -251,8 +239,6 @@ class Session {
   Status track_staging(uint64_t staging_end, device::Stream stream);
   // Releases staging of a call that will not run.
   void release_staging_now(uint64_t staging_end);
-  // The stagingEnd a call names, or 0.
-  static uint64_t staging_end_of(wire::proto::Call::Reader call);
   // Runs `fn(status)` when all work before it on `stream` is done; counted for quiesce().
   Status after(device::Stream stream, std::function<void(Status)> fn);
   // Some stream of the session still has work queued or running.
@@ -296,10 +282,10 @@ class Session {
   StreamEntry default_stream_;          // the client's stream 0
   std::vector<std::optional<device::Stream>> sync_streams_;  // per GPU: event synchronisation
   std::vector<std::optional<device::Stream>> swap_streams_;  // per GPU: the model's transfers
-  std::unordered_map<uint64_t, StreamEntry> streams_;
-  std::unordered_map<uint64_t, EventEntry> events_;
-  std::unordered_map<uint64_t, ModuleCache::Ref> modules_;  // each holds one cache reference
-  std::unordered_map<uint64_t, FunctionEntry> functions_;
+  std::unordered_map<wire::StreamHandle, StreamEntry> streams_;
+  std::unordered_map<wire::EventHandle, EventEntry> events_;
+  std::unordered_map<wire::ModuleHandle, ModuleCache::Ref> modules_;  // each holds one cache reference
+  std::unordered_map<wire::FunctionHandle, FunctionEntry> functions_;
   std::deque<CompletionRecord> unsent_;  // completions not yet written to the completion ring
   std::vector<device::Event> waits_;     // scratch for before_access
 
