@@ -124,10 +124,7 @@ void IoLoop::cancel(OpId op) {
 }
 
 void IoLoop::post(std::function<void()> fn) {
-  {
-    std::lock_guard<std::mutex> lock(posted_mutex_);
-    posted_.push_back(std::move(fn));
-  }
+  posted_.post(std::move(fn));
   uint64_t one = 1;
   // The eventfd counter saturates long before overflow matters; EAGAIN means already signalled.
   ssize_t n = ::write(wake_fd_.get(), &one, sizeof one);
@@ -146,12 +143,7 @@ void IoLoop::arm_wake_read() {
 }
 
 void IoLoop::run_posted() {
-  std::vector<std::function<void()>> work;
-  {
-    std::lock_guard<std::mutex> lock(posted_mutex_);
-    work.swap(posted_);
-  }
-  for (auto& fn : work) fn();
+  for (auto& fn : posted_.take_all()) fn();
 }
 
 Status IoLoop::run() {

@@ -17,11 +17,11 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <span>
 #include <unordered_map>
 #include <vector>
 
+#include "common/mailbox.h"
 #include "common/status.h"
 #include "common/unique_fd.h"
 
@@ -78,8 +78,7 @@ class IoLoop {
   // A timeout's duration must stay readable until the SQE is submitted; kept per operation.
   std::unordered_map<OpId, std::unique_ptr<__kernel_timespec>> timeout_specs_;
 
-  std::mutex posted_mutex_;
-  std::vector<std::function<void()>> posted_;  // guarded by posted_mutex_
+  Mailbox<std::function<void()>> posted_;
 };
 
 }  // namespace hiber::server

@@ -151,7 +151,9 @@ void Session::close(std::string_view reason) {
             << ") closing: " << reason;
   }
   channel_->close();
-  wake();
+  // Wakes the session thread wherever it waits: for mail, or on the channel.
+  mail_.close();
+  channel_->interrupt();
 }
 
 void Session::join() {
@@ -176,44 +178,34 @@ SessionSnapshot Session::snapshot() const {
 
 // ---- Leases ----
 
-void Session::grant(const Lease& lease) { post_command(GrantCommand{lease}); }
+void Session::grant(const Lease& lease) { post(GrantCommand{lease}); }
 
-void Session::end_lease(uint64_t lease) { post_command(EndCommand{lease, Status()}); }
+void Session::end_lease(uint64_t lease) { post(EndCommand{lease, Status()}); }
 
 void Session::fail(uint64_t lease, const Status& why) {
-  post_command(EndCommand{lease, why.ok() ? Status(ErrorCode::kUnknown, "GPU failed") : why});
+  post(EndCommand{lease, why.ok() ? Status(ErrorCode::kUnknown, "GPU failed") : why});
 }
 
-void Session::post_command(Command command) {
-  {
-    std::lock_guard lock(wake_mutex_);
-    commands_.push_back(std::move(command));
-  }
-  wake();
+void Session::post(Mail mail) {
+  // A closed session drops it: its thread is ending and acts on nothing more.
+  if (mail_.post(std::move(mail))) channel_->interrupt();
 }
 
-void Session::wake() {
-  {
-    // Taken so that a waiter between its check and its wait cannot miss the notification.
-    std::lock_guard lock(wake_mutex_);
-  }
-  woken_.notify_all();
-  channel_->interrupt();
-}
-
-void Session::wait_for_wake(std::chrono::nanoseconds timeout) {
-  std::unique_lock lock(wake_mutex_);
-  woken_.wait_for(lock, timeout, [this] {
-    return !commands_.empty() || !posted_.empty() || channel_->closed();
-  });
-}
-
-void Session::run_commands() {
+std::vector<Session::Command> Session::take_mail() {
   std::vector<Command> commands;
-  {
-    std::lock_guard lock(wake_mutex_);
-    commands.swap(commands_);
+  for (Mail& mail : mail_.take_all()) {
+    if (auto* completion = std::get_if<CompletionRecord>(&mail)) {
+      unsent_.push_back(std::move(*completion));
+    } else if (auto* grant = std::get_if<GrantCommand>(&mail)) {
+      commands.emplace_back(std::move(*grant));
+    } else {
+      commands.emplace_back(std::get<EndCommand>(std::move(mail)));
+    }
   }
+  return commands;
+}
+
+void Session::run_commands(std::vector<Command> commands) {
   for (Command& command : commands) {
     if (auto* grant = std::get_if<GrantCommand>(&command)) {
       begin_lease(grant->lease);
@@ -302,6 +294,7 @@ void Session::run() {
   std::optional<uint32_t> held;  // `message` has calls waiting for a lease, from this one
   std::chrono::milliseconds retry = kMinRetry;
   while (true) {
+    std::vector<Command> commands = take_mail();
     const size_t unsent_before = unsent_.size();
     Status delivered = deliver();
     if (!delivered.ok()) {
@@ -312,7 +305,7 @@ void Session::run() {
       break;
     }
     if (channel_->closed()) break;
-    run_commands();
+    run_commands(std::move(commands));
     retry = unsent_.size() < unsent_before ? kMinRetry : std::min(retry * 2, kMaxRetry);
     const std::chrono::nanoseconds stuck =
         unsent_.empty() ? std::chrono::nanoseconds(std::chrono::hours(1)) : std::chrono::nanoseconds(retry);
@@ -332,7 +325,7 @@ void Session::run() {
         asked_for_gpu_ = true;
         lessor_.need_gpu(identity_.id);
       }
-      wait_for_wake(stuck);
+      mail_.wait_for(stuck);
       continue;
     }
 
@@ -1058,20 +1051,10 @@ void Session::build_completions(capnp::MessageBuilder& message,
 
 void Session::post_completion(uint64_t seq, Status status, CallResult result) {
   if (!status.ok()) failed_calls_.fetch_add(1, std::memory_order_relaxed);
-  {
-    std::lock_guard<std::mutex> lock(wake_mutex_);
-    posted_.push_back({seq, limited(std::move(status)), std::move(result)});
-  }
-  woken_.notify_all();
-  channel_->interrupt();
+  post(CompletionRecord{seq, limited(std::move(status)), std::move(result)});
 }
 
 Status Session::deliver() {
-  {
-    std::lock_guard<std::mutex> lock(wake_mutex_);
-    for (CompletionRecord& r : posted_) unsent_.push_back(std::move(r));
-    posted_.clear();
-  }
   // Each message must be one ring record, so that it is written whole or not at all: a message
   // cut off half-way would leave the client's ring in the middle of a message.
   const uint64_t limit = channel_->max_unfragmented_message_bytes();

@@ -50,6 +50,7 @@
 #include <variant>
 #include <vector>
 
+#include "common/mailbox.h"
 #include "server/auth.h"
 #include "server/device/device.h"
 #include "server/function_memory.h"
@@ -181,6 +182,9 @@ class Session {
     Status failure;  // ok: an ordinary end
   };
   using Command = std::variant<GrantCommand, EndCommand>;
+  // What other threads hand the session thread: the controller's commands, and completions
+  // from device callbacks.
+  using Mail = std::variant<GrantCommand, EndCommand, CompletionRecord>;
 
   Session(device::Device& device, ModuleCache& modules, GpuLessor& lessor,
           SessionIdentity identity, const SessionConfig& config,
@@ -198,16 +202,14 @@ class Session {
   // granted): each gets `why`, and the session reports it once as a sticky error.
   void fail_held(const wire::Message& message, uint32_t first, const Status& why);
 
+  // Session thread: files the mail waiting (completions join unsent_) and returns the commands.
+  std::vector<Command> take_mail();
   // Leases (session thread).
-  void run_commands();
+  void run_commands(std::vector<Command> commands);
   void begin_lease(const Lease& lease);
   void finish_lease(const Status& failure);
-  // Waits until the controller or a device callback has something for the session thread, the
-  // channel closes, or `timeout` passes.
-  void wait_for_wake(std::chrono::nanoseconds timeout);
-  void wake();
-  // Queues a command for the session thread and wakes it (any thread).
-  void post_command(Command command);
+  // Queues mail for the session thread and wakes it (any thread).
+  void post(Mail mail);
 
   // Call handlers, one per call of the table: a synchronisation also gets its sequence number
   // and whether the client waits for its reply.
@@ -289,11 +291,8 @@ class Session {
   std::deque<CompletionRecord> unsent_;  // completions not yet written to the completion ring
   std::vector<device::Event> waits_;     // scratch for before_access
 
-  // Commands from the controller and completions from device callbacks, for the session thread.
-  std::mutex wake_mutex_;
-  std::condition_variable woken_;
-  std::vector<Command> commands_;        // guarded by wake_mutex_
-  std::vector<CompletionRecord> posted_;  // guarded by wake_mutex_
+  // For the session thread; closed when the session ends.
+  Mailbox<Mail> mail_;
 
   // Device callbacks not yet run; teardown and memFree wait for zero.
   std::mutex callbacks_mutex_;
