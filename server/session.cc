@@ -283,15 +283,7 @@ void Session::finish_lease(const Status& failure) {
 
 // ---- The call stream ----
 
-// g++ 12 warns that the value inside `held` (std::optional) may be uninitialized where it is
-// set; a known false positive (GCC bug 80635). Silenced for this function only.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
 void Session::run() {
-  wire::Message message;
-  std::optional<uint32_t> held;  // `message` has calls waiting for a lease, from this one
   std::chrono::milliseconds retry = kMinRetry;
   while (true) {
     std::vector<Command> commands = take_mail();
@@ -310,22 +302,8 @@ void Session::run() {
     const std::chrono::nanoseconds stuck =
         unsent_.empty() ? std::chrono::nanoseconds(std::chrono::hours(1)) : std::chrono::nanoseconds(retry);
 
-    if (held) {
-      if (lease_) {
-        held = handle_message(message, *held);
-        if (!held && message.size() > kKeptMessageBytes) message = wire::Message();
-        continue;
-      }
-      if (!lease_failure_.ok()) {
-        fail_held(message, *held, std::exchange(lease_failure_, Status()));
-        held.reset();
-        continue;
-      }
-      if (!asked_for_gpu_) {
-        asked_for_gpu_ = true;
-        lessor_.need_gpu(identity_.id);
-      }
-      mail_.wait_for(stuck);
+    if (held_) {
+      resume_held(stuck);
       continue;
     }
 
@@ -345,7 +323,7 @@ void Session::run() {
       }
       timeout = std::min<std::chrono::nanoseconds>(timeout, config_.implicit_lease_idle - idle);
     }
-    Status received = channel_->receive(message, timeout);
+    Status received = channel_->receive(request_, timeout);
     // kNotReady: a command or a completion is waiting; kTimeout: time to retry or to release.
     if (received.code() == ErrorCode::kTimeout || received.code() == ErrorCode::kNotReady) continue;
     if (received.code() == ErrorCode::kDeinitialized) break;
@@ -359,16 +337,35 @@ void Session::run() {
       break;
     }
     batches_.fetch_add(1, std::memory_order_relaxed);
-    held = handle_message(message, 0);
-    // Keep the buffer for the next message, unless a rare huge one made it big.
-    if (!held && message.size() > kKeptMessageBytes) message = wire::Message();
+    run_request(0);
   }
   teardown();
   if (on_exit_) on_exit_();
 }
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
+
+void Session::run_request(uint32_t first) {
+  held_ = handle_message(request_, first);
+  // Keep the buffer for the next message, unless a rare huge one made it big.
+  if (!held_ && request_.size() > kKeptMessageBytes) request_ = wire::Message();
+}
+
+void Session::resume_held(std::chrono::nanoseconds wait) {
+  const uint32_t first = *held_;
+  if (lease_) {
+    run_request(first);
+    return;
+  }
+  if (!lease_failure_.ok()) {
+    held_.reset();
+    fail_held(request_, first, std::exchange(lease_failure_, Status()));
+    return;
+  }
+  if (!asked_for_gpu_) {
+    asked_for_gpu_ = true;
+    lessor_.need_gpu(identity_.id);
+  }
+  mail_.wait_for(wait);
+}
 
 std::optional<uint32_t> Session::handle_message(const wire::Message& message, uint32_t first) {
   std::optional<uint32_t> stopped_at;

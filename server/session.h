@@ -191,6 +191,11 @@ class Session {
           std::unique_ptr<wire::ServerChannel> channel, std::shared_ptr<FunctionMemory> memory);
 
   void run();
+  // Executes request_ from call `first` on, noting in held_ where a call waits for a lease.
+  void run_request(uint32_t first);
+  // With calls held: runs them under a lease, fails them if the lease could not be granted, or
+  // asks for a lease and waits up to `wait` for it.
+  void resume_held(std::chrono::nanoseconds wait);
   // Executes the calls of `message` from call `first` on. Returns the index of the first call
   // not executed because it needs a GPU and the session holds no lease; nothing when every
   // call ran or the message was refused.
@@ -277,6 +282,8 @@ class Session {
 
   // Owned by the session thread (and by create()/the destructor when it is not running).
   uint64_t next_seq_ = 1;
+  wire::Message request_;               // the latest message from the request ring
+  std::optional<uint32_t> held_;        // request_'s calls from this one wait for a lease
   std::optional<Lease> lease_;          // the GPU the calls execute on, if any
   bool asked_for_gpu_ = false;          // an implicit lease is on its way
   Status lease_failure_;                // the last grant could not be used
