@@ -54,6 +54,7 @@
 #include "server/auth.h"
 #include "server/device/device.h"
 #include "server/function_memory.h"
+#include "server/handle_table.h"
 #include "server/lease.h"
 #include "server/module_cache.h"
 #include "server/staging_tracker.h"
@@ -141,23 +142,6 @@ class Session {
     wire::ModuleHandle module;
     KernelInfo info;
   };
-  // A client stream: one device stream per GPU it has had work on.
-  struct StreamEntry {
-    int32_t priority = 0;
-    std::vector<std::optional<device::Stream>> per_gpu;
-    int last_gpu = -1;     // where its latest work went
-    Status drained_error;  // the first failure of work drained when a lease ended
-  };
-  // A client event: one device event per GPU it was recorded on.
-  struct EventEntry {
-    bool disable_timing = false;
-    std::vector<std::optional<device::Event>> per_gpu;
-    int last_gpu = -1;     // where it was last recorded; -1: never (complete)
-    // With timing: when its latest record completed, on the host's steady clock (ns; 0 while
-    // pending). Two records on different GPUs (the function moved between leases) are timed by
-    // these, as GPUs' event clocks cannot be compared.
-    std::shared_ptr<std::atomic<int64_t>> completed_ns = std::make_shared<std::atomic<int64_t>>(0);
-  };
   // What a call produced, if anything is sent back.
   using CallResult = std::variant<std::monostate, uint64_t, float, KernelInfo>;
   struct Outcome {
@@ -231,12 +215,6 @@ class Session {
   // The device stream of a client handle on the lease's GPU, made on first use. REQUIRES: a
   // lease. kInvalidHandle for a handle the client never made.
   Result<device::Stream> work_stream(wire::StreamHandle handle);
-  // per_gpu[gpu], created with `priority` if it does not exist yet.
-  Result<device::Stream> device_stream(std::vector<std::optional<device::Stream>>& per_gpu,
-                                       int32_t priority, int gpu);
-  // The client stream entry (0 is the default stream).
-  Result<StreamEntry*> stream_entry(wire::StreamHandle handle);
-  Result<EventEntry*> event_entry(wire::EventHandle handle);
   // Makes `stream` wait for the swap groups that [ptr, ptr + bytes) needs (pipelined execution)
   // and notes a write for dirty tracking.
   Status before_access(device::Stream stream, uint64_t ptr, uint64_t bytes, bool write);
@@ -250,9 +228,6 @@ class Session {
   Status after(device::Stream stream, std::function<void(Status)> fn);
   // Some stream of the session still has work queued or running.
   bool work_pending();
-  // Every device stream the session has, on every GPU; and every client stream.
-  std::vector<device::Stream> all_streams() const;
-  std::vector<StreamEntry*> all_entries();
   // Waits until every stream is idle and every callback has run; keeps each client stream's
   // first failure for its next synchronisation.
   void quiesce();
@@ -288,12 +263,9 @@ class Session {
   bool asked_for_gpu_ = false;          // an implicit lease is on its way
   Status lease_failure_;                // the last grant could not be used
   std::chrono::steady_clock::time_point last_gpu_call_;
-  StreamEntry default_stream_;          // the client's stream 0
-  std::vector<std::optional<device::Stream>> sync_streams_;  // per GPU: event synchronisation
-  std::vector<std::optional<device::Stream>> swap_streams_;  // per GPU: the model's transfers
-  std::unordered_map<wire::StreamHandle, StreamEntry> streams_;
-  std::unordered_map<wire::EventHandle, EventEntry> events_;
-  std::unordered_map<wire::ModuleHandle, ModuleCache::Ref> modules_;  // each holds one cache reference
+  HandleTable handles_;                  // client streams and events, per GPU
+  // Each module holds one cache reference.
+  std::unordered_map<wire::ModuleHandle, ModuleCache::Ref> modules_;
   std::unordered_map<wire::FunctionHandle, FunctionEntry> functions_;
   std::deque<CompletionRecord> unsent_;  // completions not yet written to the completion ring
   std::vector<device::Event> waits_;     // scratch for before_access
