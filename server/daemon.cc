@@ -17,6 +17,7 @@
 #include <glog/logging.h>
 
 #include "common/node_config_capnp.h"
+#include "server/session.h"
 #include "wire/handshake.h"
 #include "wire/schema/control.capnp.h"
 

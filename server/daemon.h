@@ -28,8 +28,8 @@
 #include "server/device/device.h"
 #include "server/io_loop.h"
 #include "server/module_cache.h"
-#include "server/session.h"
 #include "wire/channel_layout.h"
+#include "wire/handshake.h"
 #include "wire/socket_frame.h"
 
 namespace hiber::server {

@@ -10,7 +10,6 @@
 // Thread safety: post() from any thread; everything else on the loop thread only.
 #pragma once
 
-#include <liburing.h>
 #include <sys/socket.h>
 
 #include <chrono>
@@ -24,6 +23,9 @@
 #include "common/mailbox.h"
 #include "common/status.h"
 #include "common/unique_fd.h"
+
+// liburing's submission entry; liburing itself stays out of this header.
+struct io_uring_sqe;
 
 namespace hiber::server {
 
@@ -63,20 +65,21 @@ class IoLoop {
   size_t pending_operations() const { return handlers_.size(); }
 
  private:
-  IoLoop(io_uring ring, UniqueFd wake_fd);
+  // The io_uring instance and what its operations need kept alive (io_loop.cc).
+  struct Ring;
+
+  IoLoop(std::unique_ptr<Ring> ring, UniqueFd wake_fd);
   io_uring_sqe* next_sqe();
   OpId submit(io_uring_sqe* sqe, Handler handler);
   void arm_wake_read();
   void run_posted();
 
-  io_uring ring_;
+  std::unique_ptr<Ring> ring_;
   UniqueFd wake_fd_;
   uint64_t wake_buffer_ = 0;
   OpId next_id_ = 1;
   bool stopping_ = false;
   std::unordered_map<OpId, Handler> handlers_;
-  // A timeout's duration must stay readable until the SQE is submitted; kept per operation.
-  std::unordered_map<OpId, std::unique_ptr<__kernel_timespec>> timeout_specs_;
 
   Mailbox<std::function<void()>> posted_;
 };
