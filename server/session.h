@@ -52,6 +52,7 @@
 
 #include "common/mailbox.h"
 #include "server/auth.h"
+#include "server/session_types.h"
 #include "server/device/device.h"
 #include "server/function_memory.h"
 #include "server/handle_table.h"
@@ -74,26 +75,6 @@ struct SessionConfig {
   std::chrono::microseconds implicit_lease_idle{5000};
   // How FunctionMemory swaps and places this session's blocks.
   FunctionMemoryOptions memory;
-};
-
-struct SessionIdentity {
-  uint64_t id = 0;
-  std::string function_id;
-  PeerCredentials peer;
-};
-
-// A point-in-time view for status reports.
-struct SessionSnapshot {
-  SessionIdentity identity;
-  int gpu = -1;                 // the lease's GPU, -1 between leases
-  uint64_t allocated_bytes = 0;
-  uint64_t quota_bytes = 0;
-  uint64_t batches = 0;
-  uint64_t calls = 0;
-  uint64_t failed_calls = 0;
-  uint64_t malformed_messages = 0;
-  uint64_t leases = 0;
-  double connected_seconds = 0;
 };
 
 class Session {

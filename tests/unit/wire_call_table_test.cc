@@ -51,20 +51,24 @@ T round_trip(const T& args) {
 }
 
 TEST(CallTable, ArgumentsRoundTrip) {
-  const auto copy = round_trip(calls::MemcpyHtoD{
-      .stream = StreamHandle(7), .dst = 0x1000, .src_offset = 64, .bytes = 128, .staging_end = 192});
+  const auto copy = round_trip(calls::MemcpyHtoD{.stream = StreamHandle(7),
+                                                 .dst = 0x1000,
+                                                 .src_offset = 64,
+                                                 .bytes = 128,
+                                                 .staging_end = 192});
   EXPECT_EQ(copy.stream, StreamHandle(7));
   EXPECT_EQ(copy.dst, 0x1000u);
   EXPECT_EQ(copy.src_offset, 64u);
   EXPECT_EQ(copy.bytes, 128u);
   EXPECT_EQ(copy.staging_end, 192u);
 
-  const auto record = round_trip(calls::EventRecord{.stream = StreamHandle(3), .event = EventHandle(4)});
+  const auto record =
+      round_trip(calls::EventRecord{.stream = StreamHandle(3), .event = EventHandle(4)});
   EXPECT_EQ(record.stream, StreamHandle(3));
   EXPECT_EQ(record.event, EventHandle(4));
 
-  const auto get = round_trip(
-      calls::FunctionGet{.function = FunctionHandle(9), .module = ModuleHandle(8), .name = "_Z1kv"});
+  const auto get = round_trip(calls::FunctionGet{
+      .function = FunctionHandle(9), .module = ModuleHandle(8), .name = "_Z1kv"});
   EXPECT_EQ(get.function, FunctionHandle(9));
   EXPECT_EQ(get.module, ModuleHandle(8));
   EXPECT_EQ(get.name, "_Z1kv");
