@@ -222,7 +222,8 @@ Status Client::resolve_kernel_locked(KernelObj* kernel) {
     if (info.name == kernel->name) known = &info;
   }
   const auto handle = new_handle_locked<wire::FunctionHandle>();
-  const wire::calls::FunctionGet get{.function = handle, .module = module->wire, .name = kernel->name};
+  const wire::calls::FunctionGet get{
+      .function = handle, .module = module->wire, .name = kernel->name};
   if (known != nullptr) {
     // The layout is known: hiberd resolves the name in the background, and a failure
     // becomes the sticky error, reported with the launch's synchronisation.

@@ -363,11 +363,12 @@ Status Client::copy_to_device_locked(uint64_t dst, const void* src, uint64_t byt
       const uint64_t chunk = std::min(kStagingChunk, bytes - done);
       HIBER_ASSIGN_OR_RETURN(wire::CallClient::Staged staged, calls_->stage(chunk));
       std::memcpy(staged.bytes.data(), from_bytes + done, chunk);
-      HIBER_RETURN_IF_ERROR(enqueue_locked(wire::calls::MemcpyHtoD{.stream = s,
-                                                                   .dst = dst + done,
-                                                                   .src_offset = staged.offset,
-                                                                   .bytes = chunk,
-                                                                   .staging_end = staged.staging_end}));
+      HIBER_RETURN_IF_ERROR(enqueue_locked(wire::calls::MemcpyHtoD{
+          .stream = s,
+          .dst = dst + done,
+          .src_offset = staged.offset,
+          .bytes = chunk,
+          .staging_end = staged.staging_end}));
       done += chunk;
       // A large copy: let hiberd start on this chunk while the next one is captured.
       if (bytes > kStagingChunk) HIBER_RETURN_IF_ERROR(calls_->flush());
@@ -414,11 +415,12 @@ Status Client::copy_from_device_locked(void* dst, uint64_t src, uint64_t bytes,
         failed = staged.status();
         break;
       }
-      auto seq = calls_->append_awaited(wire::calls::MemcpyDtoH{.stream = s,
-                                                                .dst_offset = staged->offset,
-                                                                .src = src + issued,
-                                                                .bytes = chunk,
-                                                                .staging_end = staged->staging_end});
+      auto seq = calls_->append_awaited(wire::calls::MemcpyDtoH{
+          .stream = s,
+          .dst_offset = staged->offset,
+          .src = src + issued,
+          .bytes = chunk,
+          .staging_end = staged->staging_end});
       if (!seq.ok()) {
         failed = seq.status();
         break;
