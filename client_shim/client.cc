@@ -267,20 +267,13 @@ Status Client::order_for_work_locked(StreamObj* stream) {
   if (stream == nullptr) {
     for (auto& [key, s] : streams_) {
       if (!s->blocking() || !s->has_unjoined_work) continue;
-      if (s->join_event == 0) {
+      if (s->join_event.is_zero()) {
         HIBER_ASSIGN_OR_RETURN(s->join_event, create_wire_event_locked(/*disable_timing=*/true));
       }
-      const uint64_t event = s->join_event, wire = s->wire;
-      HIBER_RETURN_IF_ERROR(enqueue_locked([&](wire::proto::Call::Builder c) {
-        auto r = c.initEventRecord();
-        r.setEvent(event);
-        r.setStream(wire);
-      }));
-      HIBER_RETURN_IF_ERROR(enqueue_locked([&](wire::proto::Call::Builder c) {
-        auto w = c.initStreamWaitEvent();
-        w.setStream(0);
-        w.setEvent(event);
-      }));
+      HIBER_RETURN_IF_ERROR(
+          enqueue_locked(wire::calls::EventRecord{.stream = s->wire, .event = s->join_event}));
+      HIBER_RETURN_IF_ERROR(enqueue_locked(
+          wire::calls::StreamWaitEvent{.stream = wire::StreamHandle(), .event = s->join_event}));
       s->has_unjoined_work = false;
     }
     ++legacy_generation_;
@@ -290,29 +283,19 @@ Status Client::order_for_work_locked(StreamObj* stream) {
   stream->has_unjoined_work = true;
   if (stream->legacy_generation_seen == legacy_generation_) return Status();
   stream->legacy_generation_seen = legacy_generation_;
-  if (legacy_join_event_ == 0) {
+  if (legacy_join_event_.is_zero()) {
     HIBER_ASSIGN_OR_RETURN(legacy_join_event_, create_wire_event_locked(/*disable_timing=*/true));
   }
-  const uint64_t event = legacy_join_event_, wire = stream->wire;
-  HIBER_RETURN_IF_ERROR(enqueue_locked([&](wire::proto::Call::Builder c) {
-    auto r = c.initEventRecord();
-    r.setEvent(event);
-    r.setStream(0);
-  }));
-  return enqueue_locked([&](wire::proto::Call::Builder c) {
-    auto w = c.initStreamWaitEvent();
-    w.setStream(wire);
-    w.setEvent(event);
-  });
+  HIBER_RETURN_IF_ERROR(enqueue_locked(
+      wire::calls::EventRecord{.stream = wire::StreamHandle(), .event = legacy_join_event_}));
+  return enqueue_locked(
+      wire::calls::StreamWaitEvent{.stream = stream->wire, .event = legacy_join_event_});
 }
 
-Result<uint64_t> Client::create_wire_event_locked(bool disable_timing) {
-  const uint64_t handle = next_handle_++;
-  HIBER_RETURN_IF_ERROR(enqueue_locked([&](wire::proto::Call::Builder c) {
-    auto e = c.initEventCreate();
-    e.setEvent(handle);
-    e.setDisableTiming(disable_timing);
-  }));
+Result<wire::EventHandle> Client::create_wire_event_locked(bool disable_timing) {
+  const auto handle = new_handle_locked<wire::EventHandle>();
+  HIBER_RETURN_IF_ERROR(enqueue_locked(
+      wire::calls::EventCreate{.event = handle, .disable_timing = disable_timing}));
   return handle;
 }
 
@@ -333,19 +316,14 @@ Result<StreamObj*> Client::create_stream(unsigned flags, int priority) {
   std::lock_guard lock(mu_);
   HIBER_RETURN_IF_ERROR(ensure_open_locked());
   auto s = std::make_unique<StreamObj>();
-  s->wire = next_handle_++;
+  s->wire = new_handle_locked<wire::StreamHandle>();
   s->flags = flags;
   // As CUDA does, priorities outside [greatest, least] are clamped.
   const auto [least, greatest] = stream_priority_range();
   s->priority = std::min(least, std::max(greatest, priority));
   s->legacy_generation_seen = legacy_generation_;
-  const uint64_t wire = s->wire;
-  const int prio = s->priority;
-  HIBER_RETURN_IF_ERROR(enqueue_locked([&](wire::proto::Call::Builder c) {
-    auto sc = c.initStreamCreate();
-    sc.setStream(wire);
-    sc.setPriority(prio);
-  }));
+  HIBER_RETURN_IF_ERROR(
+      enqueue_locked(wire::calls::StreamCreate{.stream = s->wire, .priority = s->priority}));
   StreamObj* raw = s.get();
   streams_.emplace(raw, std::move(s));
   return raw;
@@ -358,15 +336,10 @@ Status Client::destroy_stream(StreamObj* stream) {
   auto it = streams_.find(stream);
   if (it == streams_.end()) return error(ErrorCode::kInvalidHandle, "unknown stream ", stream);
   // CUDA lets pending work finish after cudaStreamDestroy; hiberd does the same.
-  const uint64_t wire = stream->wire, join = stream->join_event;
-  if (join != 0) {
-    HIBER_RETURN_IF_ERROR(enqueue_locked([&](wire::proto::Call::Builder c) {
-      c.initEventDestroy().setEvent(join);
-    }));
+  if (!stream->join_event.is_zero()) {
+    HIBER_RETURN_IF_ERROR(enqueue_locked(wire::calls::EventDestroy{.event = stream->join_event}));
   }
-  HIBER_RETURN_IF_ERROR(enqueue_locked([&](wire::proto::Call::Builder c) {
-    c.initStreamDestroy().setStream(wire);
-  }));
+  HIBER_RETURN_IF_ERROR(enqueue_locked(wire::calls::StreamDestroy{.stream = stream->wire}));
   streams_.erase(it);
   return Status();
 }
@@ -374,20 +347,14 @@ Status Client::destroy_stream(StreamObj* stream) {
 Status Client::synchronize_stream(StreamObj* stream) {
   std::lock_guard lock(mu_);
   HIBER_RETURN_IF_ERROR(ensure_open_locked());
-  const uint64_t wire = stream_wire(stream);
-  auto reply = call_locked([&](wire::proto::Call::Builder c) {
-    c.initStreamSynchronize().setStream(wire);
-  });
+  auto reply = call_locked(wire::calls::StreamSynchronize{.stream = stream_wire(stream)});
   return sync_point_locked(reply.status());
 }
 
 Status Client::query_stream(StreamObj* stream) {
   std::lock_guard lock(mu_);
   HIBER_RETURN_IF_ERROR(ensure_open_locked());
-  const uint64_t wire = stream_wire(stream);
-  auto reply = call_locked([&](wire::proto::Call::Builder c) {
-    c.initStreamQuery().setStream(wire);
-  });
+  auto reply = call_locked(wire::calls::StreamQuery{.stream = stream_wire(stream)});
   if (reply.status().code() == ErrorCode::kNotReady) return reply.status();
   return sync_point_locked(reply.status());
 }
@@ -396,12 +363,8 @@ Status Client::wait_event(StreamObj* stream, EventObj* event) {
   std::lock_guard lock(mu_);
   HIBER_RETURN_IF_ERROR(ensure_open_locked());
   HIBER_RETURN_IF_ERROR(order_for_work_locked(stream));
-  const uint64_t wire = stream_wire(stream), ev = event->wire;
-  return enqueue_locked([&](wire::proto::Call::Builder c) {
-    auto w = c.initStreamWaitEvent();
-    w.setStream(wire);
-    w.setEvent(ev);
-  });
+  return enqueue_locked(
+      wire::calls::StreamWaitEvent{.stream = stream_wire(stream), .event = event->wire});
 }
 
 // ---- Events ----
@@ -429,10 +392,7 @@ Status Client::destroy_event(EventObj* event) {
   HIBER_RETURN_IF_ERROR(ensure_open_locked());
   auto it = events_.find(event);
   if (it == events_.end()) return error(ErrorCode::kInvalidHandle, "unknown event ", event);
-  const uint64_t wire = event->wire;
-  HIBER_RETURN_IF_ERROR(enqueue_locked([&](wire::proto::Call::Builder c) {
-    c.initEventDestroy().setEvent(wire);
-  }));
+  HIBER_RETURN_IF_ERROR(enqueue_locked(wire::calls::EventDestroy{.event = event->wire}));
   events_.erase(it);
   return Status();
 }
@@ -441,31 +401,21 @@ Status Client::record_event(EventObj* event, StreamObj* stream) {
   std::lock_guard lock(mu_);
   HIBER_RETURN_IF_ERROR(ensure_open_locked());
   HIBER_RETURN_IF_ERROR(order_for_work_locked(stream));
-  const uint64_t wire = event->wire, s = stream_wire(stream);
-  return enqueue_locked([&](wire::proto::Call::Builder c) {
-    auto r = c.initEventRecord();
-    r.setEvent(wire);
-    r.setStream(s);
-  });
+  return enqueue_locked(
+      wire::calls::EventRecord{.stream = stream_wire(stream), .event = event->wire});
 }
 
 Status Client::synchronize_event(EventObj* event) {
   std::lock_guard lock(mu_);
   HIBER_RETURN_IF_ERROR(ensure_open_locked());
-  const uint64_t wire = event->wire;
-  auto reply = call_locked([&](wire::proto::Call::Builder c) {
-    c.initEventSynchronize().setEvent(wire);
-  });
+  auto reply = call_locked(wire::calls::EventSynchronize{.event = event->wire});
   return sync_point_locked(reply.status());
 }
 
 Status Client::query_event(EventObj* event) {
   std::lock_guard lock(mu_);
   HIBER_RETURN_IF_ERROR(ensure_open_locked());
-  const uint64_t wire = event->wire;
-  auto reply = call_locked([&](wire::proto::Call::Builder c) {
-    c.initEventQuery().setEvent(wire);
-  });
+  auto reply = call_locked(wire::calls::EventQuery{.event = event->wire});
   if (reply.status().code() == ErrorCode::kNotReady) return reply.status();
   return sync_point_locked(reply.status());
 }
@@ -473,12 +423,7 @@ Status Client::query_event(EventObj* event) {
 Result<float> Client::elapsed_ms(EventObj* start, EventObj* end) {
   std::lock_guard lock(mu_);
   HIBER_RETURN_IF_ERROR(ensure_open_locked());
-  const uint64_t a = start->wire, b = end->wire;
-  auto reply = call_locked([&](wire::proto::Call::Builder c) {
-    auto e = c.initEventElapsedTime();
-    e.setStart(a);
-    e.setEnd(b);
-  });
+  auto reply = call_locked(wire::calls::EventElapsedTime{.start = start->wire, .end = end->wire});
   if (!reply.ok()) {
     if (reply.status().code() == ErrorCode::kNotReady) return reply.status();
     return sync_point_locked(reply.status());
@@ -491,7 +436,7 @@ Result<float> Client::elapsed_ms(EventObj* start, EventObj* end) {
 Status Client::synchronize_device() {
   std::lock_guard lock(mu_);
   HIBER_RETURN_IF_ERROR(ensure_open_locked());
-  auto reply = call_locked([&](wire::proto::Call::Builder c) { c.setDeviceSynchronize(); });
+  auto reply = call_locked(wire::calls::DeviceSynchronize{});
   return sync_point_locked(reply.status());
 }
 

@@ -56,18 +56,18 @@ struct Dim3 {
 
 // A stream made by the client. Its address is the cudaStream_t / CUstream the program holds.
 struct StreamObj {
-  uint64_t wire = 0;               // the session's handle; 0 is the legacy default stream
+  wire::StreamHandle wire;         // the session's handle; 0 is the legacy default stream
   unsigned flags = 0;              // cudaStreamNonBlocking = 1
   int priority = 0;
   bool blocking() const { return (flags & 1) == 0; }
   // Legacy default-stream semantics (kept by the core with internal events):
   bool has_unjoined_work = false;  // work since the legacy stream last waited for this one
   uint64_t legacy_generation_seen = 0;
-  uint64_t join_event = 0;         // internal event recorded on this stream for the joins
+  wire::EventHandle join_event;    // internal event recorded on this stream for the joins
 };
 
 struct EventObj {
-  uint64_t wire = 0;
+  wire::EventHandle wire;
   unsigned flags = 0;              // cudaEventDisableTiming = 2
 };
 
@@ -78,7 +78,7 @@ struct ModuleObj;
 struct KernelObj {
   ModuleObj* module = nullptr;
   std::string name;                // mangled
-  uint64_t wire = 0;               // the session's function handle; 0 until first launch
+  wire::FunctionHandle wire;       // the session's function handle; 0 until first launch
   KernelInfo info;                 // the parameter layout, known once `wire` is set
 };
 
@@ -86,7 +86,7 @@ struct KernelObj {
 struct ModuleObj {
   std::vector<std::byte> image;    // owned copy (registered fatbins point into the binary)
   std::span<const std::byte> bytes;
-  uint64_t wire = 0;               // the session's module handle; 0 until first needed
+  wire::ModuleHandle wire;         // the session's module handle; 0 until first needed
   std::vector<KernelInfo> parsed;  // kernels found in the image by the client, if it could
   bool parse_failed = false;
   std::vector<std::unique_ptr<KernelObj>> kernels;
@@ -224,7 +224,14 @@ class Client {
 
   // Legacy default-stream ordering: called before work is added to `stream`.
   Status order_for_work_locked(StreamObj* stream);
-  uint64_t stream_wire(StreamObj* stream) const { return stream ? stream->wire : 0; }
+  wire::StreamHandle stream_wire(StreamObj* stream) const {
+    return stream ? stream->wire : wire::StreamHandle();
+  }
+  // A handle not yet used in the session, of any kind.
+  template <typename Handle>
+  Handle new_handle_locked() {
+    return Handle(next_handle_++);
+  }
 
   Status load_module_locked(ModuleObj* module);
   Status resolve_kernel_locked(KernelObj* kernel);
@@ -238,7 +245,7 @@ class Client {
   const std::pair<const uint64_t, uint64_t>* allocation_holding(uint64_t address) const;
   // The slab holding `address`, or slabs_.end().
   std::map<uint64_t, Slab>::iterator slab_holding(uint64_t address);
-  Result<uint64_t> create_wire_event_locked(bool disable_timing);
+  Result<wire::EventHandle> create_wire_event_locked(bool disable_timing);
 
   ShimConfig config_;
   std::mutex mu_;
@@ -247,6 +254,7 @@ class Client {
   Status open_status_;
   std::unique_ptr<wire::CallClient> calls_;
   uint64_t next_handle_ = 1;
+  std::vector<std::byte> launch_params_;  // scratch: a launch's packed parameters
 
   // Device memory: segments of whole granules in the grant, and small allocations packed into
   // one-granule slabs.
@@ -267,7 +275,7 @@ class Client {
   std::unordered_map<const void*, KernelObj*> kernels_;          // every live kernel
   std::unordered_map<const void*, KernelObj*> host_functions_;   // host stub -> kernel
   uint64_t legacy_generation_ = 0;  // bumps with each piece of work on the legacy stream
-  uint64_t legacy_join_event_ = 0;
+  wire::EventHandle legacy_join_event_;
 
   // The background flusher.
   std::condition_variable flusher_cv_;

@@ -147,11 +147,8 @@ Status Client::unload_module(ModuleObj* module) {
   for (const auto& kernel : module->kernels) kernels_.erase(kernel.get());
   std::erase_if(host_functions_, [module](const auto& f) { return f.second->module == module; });
   Status unloaded;
-  if (module->wire != 0 && calls_ && !forked_child_) {
-    const uint64_t wire = module->wire;
-    unloaded = enqueue_locked([&](wire::proto::Call::Builder c) {
-      c.initModuleUnload().setModule(wire);
-    });
+  if (!module->wire.is_zero() && calls_ && !forked_child_) {
+    unloaded = enqueue_locked(wire::calls::ModuleUnload{.module = module->wire});
   }
   modules_.erase(it);
   return unloaded;
@@ -175,15 +172,11 @@ Result<KernelObj*> Client::module_function(ModuleObj* module, const std::string&
 }
 
 Status Client::load_module_locked(ModuleObj* module) {
-  if (module->wire != 0) return Status();
-  const uint64_t handle = next_handle_++;
+  if (!module->wire.is_zero()) return Status();
+  const auto handle = new_handle_locked<wire::ModuleHandle>();
   const auto digest = sha256(module->bytes);
   auto cached = calls_->call(
-      [&](wire::proto::Call::Builder c) {
-        auto m = c.initModuleLoadCached();
-        m.setModule(handle);
-        m.setSha256(kj::arrayPtr(digest.data(), digest.size()));
-      },
+      wire::calls::ModuleLoadCached{.module = handle, .sha256 = std::as_bytes(std::span(digest))},
       /*sticky=*/false);
   if (cached.ok()) {
     module->wire = handle;
@@ -200,20 +193,18 @@ Status Client::load_module_locked(ModuleObj* module) {
   }
   HIBER_ASSIGN_OR_RETURN(wire::CallClient::Staged staged, calls_->stage(size));
   std::memcpy(staged.bytes.data(), module->bytes.data(), size);
-  auto loaded = calls_->call([&](wire::proto::Call::Builder c) {
-    auto m = c.initModuleLoad();
-    m.setModule(handle);
-    m.setImageOffset(staged.offset);
-    m.setImageBytes(size);
-    m.setStagingEnd(staged.staging_end);
-  }, /*sticky=*/false);
+  auto loaded = calls_->call(wire::calls::ModuleLoad{.module = handle,
+                                                     .image_offset = staged.offset,
+                                                     .image_bytes = size,
+                                                     .staging_end = staged.staging_end},
+                             /*sticky=*/false);
   HIBER_RETURN_IF_ERROR(loaded.status());
   module->wire = handle;
   return Status();
 }
 
 Status Client::resolve_kernel_locked(KernelObj* kernel) {
-  if (kernel->wire != 0) return Status();
+  if (!kernel->wire.is_zero()) return Status();
   ModuleObj* module = kernel->module;
   HIBER_RETURN_IF_ERROR(load_module_locked(module));
   if (module->parsed.empty() && !module->parse_failed) {
@@ -230,21 +221,16 @@ Status Client::resolve_kernel_locked(KernelObj* kernel) {
   for (const KernelInfo& info : module->parsed) {
     if (info.name == kernel->name) known = &info;
   }
-  const uint64_t handle = next_handle_++;
-  const uint64_t module_wire = module->wire;
-  auto fill = [&](wire::proto::Call::Builder c) {
-    auto f = c.initFunctionGet();
-    f.setFunction(handle);
-    f.setModule(module_wire);
-    f.setName(kernel->name);
-  };
+  const auto handle = new_handle_locked<wire::FunctionHandle>();
+  const wire::calls::FunctionGet get{
+      .function = handle, .module = module->wire, .name = kernel->name};
   if (known != nullptr) {
     // The layout is known: hiberd resolves the name in the background, and a failure
     // becomes the sticky error, reported with the launch's synchronisation.
-    HIBER_RETURN_IF_ERROR(enqueue_locked(fill));
+    HIBER_RETURN_IF_ERROR(enqueue_locked(get));
     kernel->info = *known;
   } else {
-    auto reply = calls_->call(fill, /*sticky=*/false);
+    auto reply = calls_->call(get, /*sticky=*/false);
     HIBER_RETURN_IF_ERROR(reply.status());
     const KernelInfo* info = std::get_if<KernelInfo>(&*reply);
     if (info == nullptr) return Status(ErrorCode::kUnknown, "functionGet: reply without a layout");
@@ -272,25 +258,21 @@ Status Client::launch(KernelObj* kernel, Dim3 grid, Dim3 block, uint32_t shared_
                  " parameters but no arguments");
   }
   HIBER_RETURN_IF_ERROR(order_for_work_locked(stream));
-  const uint64_t s = stream_wire(stream);
-  const uint64_t function = kernel->wire;
-  return enqueue_locked([&](wire::proto::Call::Builder c) {
-    auto l = c.initLaunchKernel();
-    l.setFunction(function);
-    l.setGridX(grid.x);
-    l.setGridY(grid.y);
-    l.setGridZ(grid.z);
-    l.setBlockX(block.x);
-    l.setBlockY(block.y);
-    l.setBlockZ(block.z);
-    l.setSharedMemBytes(shared_bytes);
-    l.setStream(s);
-    // Packed straight into the message: parameter i goes to its offset.
-    auto params = l.initParams(info.param_bytes());
-    for (size_t i = 0; i < info.params.size(); ++i) {
-      std::memcpy(params.begin() + info.params[i].offset, args[i], info.params[i].bytes);
-    }
-  });
+  // Parameter i goes to its offset in the packed buffer.
+  launch_params_.assign(info.param_bytes(), std::byte{0});
+  for (size_t i = 0; i < info.params.size(); ++i) {
+    std::memcpy(launch_params_.data() + info.params[i].offset, args[i], info.params[i].bytes);
+  }
+  return enqueue_locked(wire::calls::LaunchKernel{.stream = stream_wire(stream),
+                                                  .function = kernel->wire,
+                                                  .grid_x = grid.x,
+                                                  .grid_y = grid.y,
+                                                  .grid_z = grid.z,
+                                                  .block_x = block.x,
+                                                  .block_y = block.y,
+                                                  .block_z = block.z,
+                                                  .shared_mem_bytes = shared_bytes,
+                                                  .params = launch_params_});
 }
 
 }  // namespace hiber::shim

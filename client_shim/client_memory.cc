@@ -55,11 +55,7 @@ Result<uint64_t> Client::malloc_device(uint64_t bytes) {
                    " bytes left in the granted address range");
     }
     const uint64_t start = *va;
-    Status sent = enqueue_locked([&](wire::proto::Call::Builder c) {
-      auto m = c.initMemAllocate();
-      m.setVa(start);
-      m.setBytes(size);
-    });
+    Status sent = enqueue_locked(wire::calls::MemAllocate{.va = start, .bytes = size});
     if (!sent.ok()) {
       segments_.free(start);
       return sent;
@@ -99,9 +95,7 @@ Status Client::free_device(uint64_t address) {
   allocations_.erase(it);
   // cudaFree waits for the device, so nothing still running uses the memory when it is
   // reused. The wait is queued, not waited for here.
-  HIBER_RETURN_IF_ERROR(enqueue_locked([](wire::proto::Call::Builder c) {
-    c.setDeviceSynchronize();
-  }));
+  HIBER_RETURN_IF_ERROR(enqueue_locked(wire::calls::DeviceSynchronize{}));
   uint64_t segment = address;
   if (auto slab = slab_holding(address); slab != slabs_.end()) {
     slab->second.space.free(address);
@@ -111,13 +105,13 @@ Status Client::free_device(uint64_t address) {
   }
   const uint64_t size = segments_.free(segment);
   quota_used_ -= size;
-  return enqueue_locked([&](wire::proto::Call::Builder c) { c.initMemFree().setVa(segment); });
+  return enqueue_locked(wire::calls::MemFree{.va = segment});
 }
 
 Status Client::reset_device() {
   std::lock_guard lock(mu_);
   HIBER_RETURN_IF_ERROR(ensure_open_locked());
-  auto reply = call_locked([](wire::proto::Call::Builder c) { c.setDeviceSynchronize(); });
+  auto reply = call_locked(wire::calls::DeviceSynchronize{});
   Status synced = sync_point_locked(reply.status());
   std::vector<uint64_t> segments;
   for (const auto& [start, bytes] : allocations_) {
@@ -126,38 +120,28 @@ Status Client::reset_device() {
   for (const auto& [start, slab] : slabs_) segments.push_back(start);
   for (uint64_t segment : segments) {
     quota_used_ -= segments_.free(segment);
-    HIBER_RETURN_IF_ERROR(enqueue_locked([&](wire::proto::Call::Builder c) {
-      c.initMemFree().setVa(segment);
-    }));
+    HIBER_RETURN_IF_ERROR(enqueue_locked(wire::calls::MemFree{.va = segment}));
   }
   allocations_.clear();
   slabs_.clear();
-  std::vector<uint64_t> events;
+  std::vector<wire::EventHandle> events;
   for (const auto& [key, s] : streams_) {
-    const uint64_t wire = s->wire;
-    if (s->join_event != 0) events.push_back(s->join_event);
-    HIBER_RETURN_IF_ERROR(enqueue_locked([&](wire::proto::Call::Builder c) {
-      c.initStreamDestroy().setStream(wire);
-    }));
+    if (!s->join_event.is_zero()) events.push_back(s->join_event);
+    HIBER_RETURN_IF_ERROR(enqueue_locked(wire::calls::StreamDestroy{.stream = s->wire}));
   }
   for (const auto& [key, e] : events_) events.push_back(e->wire);
-  if (legacy_join_event_ != 0) events.push_back(legacy_join_event_);
-  for (uint64_t event : events) {
-    HIBER_RETURN_IF_ERROR(enqueue_locked([&](wire::proto::Call::Builder c) {
-      c.initEventDestroy().setEvent(event);
-    }));
+  if (!legacy_join_event_.is_zero()) events.push_back(legacy_join_event_);
+  for (wire::EventHandle event : events) {
+    HIBER_RETURN_IF_ERROR(enqueue_locked(wire::calls::EventDestroy{.event = event}));
   }
   streams_.clear();
   events_.clear();
-  legacy_join_event_ = 0;
+  legacy_join_event_ = wire::EventHandle();
   for (const auto& [key, module] : modules_) {
-    if (module->wire == 0) continue;
-    const uint64_t wire = module->wire;
-    HIBER_RETURN_IF_ERROR(enqueue_locked([&](wire::proto::Call::Builder c) {
-      c.initModuleUnload().setModule(wire);
-    }));
-    module->wire = 0;
-    for (const auto& kernel : module->kernels) kernel->wire = 0;
+    if (module->wire.is_zero()) continue;
+    HIBER_RETURN_IF_ERROR(enqueue_locked(wire::calls::ModuleUnload{.module = module->wire}));
+    module->wire = wire::ModuleHandle();
+    for (const auto& kernel : module->kernels) kernel->wire = wire::FunctionHandle();
   }
   HIBER_RETURN_IF_ERROR(calls_->flush());
   return synced;
@@ -266,7 +250,7 @@ Status Client::free_host(void* pointer) {
   const PointerInfo info = classify_locked(pointer, 1);
   if (info.kind == PointerKind::kArena && arena_heap_.size_of(info.arena_offset) != 0) {
     // cudaFreeHost waits for the device: an async copy may still read or write the buffer.
-    auto reply = call_locked([](wire::proto::Call::Builder c) { c.setDeviceSynchronize(); });
+    auto reply = call_locked(wire::calls::DeviceSynchronize{});
     Status synced = sync_point_locked(reply.status());
     arena_heap_.free(info.arena_offset);
     return synced;
@@ -347,22 +331,13 @@ Status Client::memcpy(void* dst, const void* src, uint64_t bytes, CopyKind kind,
       HIBER_RETURN_IF_ERROR(check_device_range_locked(dst_address, bytes, "cudaMemcpy destination"));
       HIBER_RETURN_IF_ERROR(check_device_range_locked(src_address, bytes, "cudaMemcpy source"));
       HIBER_RETURN_IF_ERROR(order_for_work_locked(stream));
-      const uint64_t s = stream_wire(stream);
       // Device-to-device copies never block the host, synchronous or not, as in CUDA.
-      return enqueue_locked([&](wire::proto::Call::Builder c) {
-        auto m = c.initMemcpyDtoD();
-        m.setDst(dst_address);
-        m.setSrc(src_address);
-        m.setBytes(bytes);
-        m.setStream(s);
-      });
+      return enqueue_locked(wire::calls::MemcpyDtoD{
+          .stream = stream_wire(stream), .dst = dst_address, .src = src_address, .bytes = bytes});
     }
     default: {
       // Host to host: in stream order, so wait for the stream first.
-      const uint64_t s = stream_wire(stream);
-      auto reply = call_locked([&](wire::proto::Call::Builder c) {
-        c.initStreamSynchronize().setStream(s);
-      });
+      auto reply = call_locked(wire::calls::StreamSynchronize{.stream = stream_wire(stream)});
       HIBER_RETURN_IF_ERROR(sync_point_locked(reply.status()));
       std::memmove(dst, src, bytes);
       return Status();
@@ -374,17 +349,12 @@ Status Client::copy_to_device_locked(uint64_t dst, const void* src, uint64_t byt
                                      StreamObj* stream, bool async) {
   HIBER_RETURN_IF_ERROR(check_device_range_locked(dst, bytes, "cudaMemcpy destination"));
   HIBER_RETURN_IF_ERROR(order_for_work_locked(stream));
-  const uint64_t s = stream_wire(stream);
+  const wire::StreamHandle s = stream_wire(stream);
   const PointerInfo from = classify_locked(src, bytes);
   if (from.kind == PointerKind::kArena) {
     // Pinned memory in the arena: hiberd reads it where it is.
-    HIBER_RETURN_IF_ERROR(enqueue_locked([&](wire::proto::Call::Builder c) {
-      auto m = c.initMemcpyHtoD();
-      m.setDst(dst);
-      m.setSrcOffset(from.arena_offset);
-      m.setBytes(bytes);
-      m.setStream(s);
-    }));
+    HIBER_RETURN_IF_ERROR(enqueue_locked(wire::calls::MemcpyHtoD{
+        .stream = s, .dst = dst, .src_offset = from.arena_offset, .bytes = bytes}));
   } else {
     // Any other host memory is captured into staging now, so the call returns with the source
     // free for reuse, as CUDA's pageable copies do.
@@ -393,23 +363,19 @@ Status Client::copy_to_device_locked(uint64_t dst, const void* src, uint64_t byt
       const uint64_t chunk = std::min(kStagingChunk, bytes - done);
       HIBER_ASSIGN_OR_RETURN(wire::CallClient::Staged staged, calls_->stage(chunk));
       std::memcpy(staged.bytes.data(), from_bytes + done, chunk);
-      HIBER_RETURN_IF_ERROR(enqueue_locked([&](wire::proto::Call::Builder c) {
-        auto m = c.initMemcpyHtoD();
-        m.setDst(dst + done);
-        m.setSrcOffset(staged.offset);
-        m.setBytes(chunk);
-        m.setStagingEnd(staged.staging_end);
-        m.setStream(s);
-      }));
+      HIBER_RETURN_IF_ERROR(enqueue_locked(wire::calls::MemcpyHtoD{
+          .stream = s,
+          .dst = dst + done,
+          .src_offset = staged.offset,
+          .bytes = chunk,
+          .staging_end = staged.staging_end}));
       done += chunk;
       // A large copy: let hiberd start on this chunk while the next one is captured.
       if (bytes > kStagingChunk) HIBER_RETURN_IF_ERROR(calls_->flush());
     }
   }
   if (async) return Status();
-  auto reply = call_locked([&](wire::proto::Call::Builder c) {
-    c.initStreamSynchronize().setStream(s);
-  });
+  auto reply = call_locked(wire::calls::StreamSynchronize{.stream = s});
   return sync_point_locked(reply.status());
 }
 
@@ -417,20 +383,13 @@ Status Client::copy_from_device_locked(void* dst, uint64_t src, uint64_t bytes,
                                        StreamObj* stream, bool async) {
   HIBER_RETURN_IF_ERROR(check_device_range_locked(src, bytes, "cudaMemcpy source"));
   HIBER_RETURN_IF_ERROR(order_for_work_locked(stream));
-  const uint64_t s = stream_wire(stream);
+  const wire::StreamHandle s = stream_wire(stream);
   const PointerInfo to = classify_locked(dst, bytes);
   if (to.kind == PointerKind::kArena) {
-    HIBER_RETURN_IF_ERROR(enqueue_locked([&](wire::proto::Call::Builder c) {
-      auto m = c.initMemcpyDtoH();
-      m.setDstOffset(to.arena_offset);
-      m.setSrc(src);
-      m.setBytes(bytes);
-      m.setStream(s);
-    }));
+    HIBER_RETURN_IF_ERROR(enqueue_locked(wire::calls::MemcpyDtoH{
+        .stream = s, .dst_offset = to.arena_offset, .src = src, .bytes = bytes}));
     if (async) return Status();
-    auto reply = call_locked([&](wire::proto::Call::Builder c) {
-      c.initStreamSynchronize().setStream(s);
-    });
+    auto reply = call_locked(wire::calls::StreamSynchronize{.stream = s});
     return sync_point_locked(reply.status());
   }
   // Memory outside the arena is written by the client after each chunk's reply; the copy is
@@ -456,14 +415,12 @@ Status Client::copy_from_device_locked(void* dst, uint64_t src, uint64_t bytes,
         failed = staged.status();
         break;
       }
-      auto seq = calls_->append_awaited([&](wire::proto::Call::Builder c) {
-        auto m = c.initMemcpyDtoH();
-        m.setDstOffset(staged->offset);
-        m.setSrc(src + issued);
-        m.setBytes(chunk);
-        m.setStagingEnd(staged->staging_end);
-        m.setStream(s);
-      });
+      auto seq = calls_->append_awaited(wire::calls::MemcpyDtoH{
+          .stream = s,
+          .dst_offset = staged->offset,
+          .src = src + issued,
+          .bytes = chunk,
+          .staging_end = staged->staging_end});
       if (!seq.ok()) {
         failed = seq.status();
         break;
@@ -490,15 +447,11 @@ Status Client::memset(uint64_t dst, uint32_t value, int element_bytes, uint64_t 
   if (count == 0) return Status();
   HIBER_RETURN_IF_ERROR(check_device_range_locked(dst, count * element_bytes, "cudaMemset"));
   HIBER_RETURN_IF_ERROR(order_for_work_locked(stream));
-  const uint64_t s = stream_wire(stream);
-  return enqueue_locked([&](wire::proto::Call::Builder c) {
-    auto m = c.initMemset();
-    m.setDst(dst);
-    m.setValue(value);
-    m.setElementBytes(static_cast<uint8_t>(element_bytes));
-    m.setCount(count);
-    m.setStream(s);
-  });
+  return enqueue_locked(wire::calls::Memset{.stream = stream_wire(stream),
+                                             .dst = dst,
+                                             .value = value,
+                                             .element_bytes = static_cast<uint8_t>(element_bytes),
+                                             .count = count});
 }
 
 }  // namespace hiber::shim

@@ -535,7 +535,7 @@ cudaError_t cudaStreamGetDevice(cudaStream_t stream, int* device) {
 
 cudaError_t cudaStreamGetId(cudaStream_t stream, unsigned long long* id) {
   return stream_property("cudaStreamGetId", stream, id,
-                         [](StreamObj* s) -> unsigned long long { return s ? s->wire : 0; });
+                         [](StreamObj* s) -> unsigned long long { return s ? s->wire.value() : 0; });
 }
 
 // Stream capture (CUDA graphs) is not supported: no stream is ever capturing, and beginning a

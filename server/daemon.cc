@@ -17,8 +17,9 @@
 #include <glog/logging.h>
 
 #include "common/node_config_capnp.h"
+#include "server/control_service.h"
+#include "server/session.h"
 #include "wire/handshake.h"
-#include "wire/schema/control.capnp.h"
 
 namespace hiber::server {
 namespace proto = wire::proto;
@@ -72,30 +73,6 @@ Result<UniqueFd> listen_unix(const std::string& path, mode_t mode) {
   if (::chmod(path.c_str(), mode) != 0) return os_error("chmod " + path, errno);
   if (::listen(fd.get(), 512) != 0) return os_error("listen " + path, errno);
   return fd;
-}
-
-// A control reply frame built by `fill`.
-Result<std::vector<std::byte>> reply_frame(
-    const std::function<void(proto::ControlReply::Builder)>& fill) {
-  capnp::MallocMessageBuilder reply;
-  fill(reply.initRoot<proto::ControlReply>());
-  auto frame = wire::encode_frame(reply, wire::kMaxControlReplyBytes);
-  if (!frame.ok()) {
-    return Status(ErrorCode::kUnknown, "hiberd cannot encode its reply: " + frame.status().message());
-  }
-  return frame;
-}
-
-Result<std::vector<std::byte>> error_reply(const Status& status) {
-  return reply_frame([&](proto::ControlReply::Builder root) {
-    auto e = root.initError();
-    e.setCode(static_cast<uint32_t>(status.code()));
-    e.setMessage(status.message());
-  });
-}
-
-Result<std::vector<std::byte>> ok_reply() {
-  return reply_frame([](proto::ControlReply::Builder root) { root.setOk(); });
 }
 
 bool uid_allowed(const std::vector<uid_t>& allowed, uid_t uid) {
@@ -166,6 +143,8 @@ Daemon::Daemon(device::Device& device, DaemonOptions options,
       options_(std::move(options)),
       controller_(std::move(controller)),
       module_cache_(device),
+      control_(std::make_unique<ControlService>(device, *controller_, module_cache_,
+                                                [this] { return daemon_report(); })),
       loop_(std::move(loop)),
       function_listener_(std::move(function_listener)),
       control_listener_(std::move(control_listener)),
@@ -363,7 +342,8 @@ void Daemon::reject(Connection& connection, const Status& why) {
   LOG(WARNING) << (connection.control ? "control" : "function") << " connection from pid "
                << connection.peer.pid << " uid " << connection.peer.uid << " refused: " << why;
   // Each socket refuses in its own protocol, so the client reads the reason as it reads answers.
-  auto frame = connection.control ? error_reply(why) : wire::encode_rejection_frame(why);
+  auto frame =
+      connection.control ? ControlService::error_frame(why) : wire::encode_rejection_frame(why);
   if (!frame.ok() || !connection.fd) {
     close_connection(connection, why.message());
     return;
@@ -507,10 +487,10 @@ void Daemon::on_session_exit(uint64_t connection_id) {
 void Daemon::on_control_request(Connection& connection) {
   ++counters_.control_requests;
   const uint64_t id = connection.id;
-  Status read = answer_control(connection.reader.message(),
-                               [this, id](Result<std::vector<std::byte>> frame) {
-                                 reply_later(id, std::move(frame));
-                               });
+  Status read = control_->answer(connection.reader.message(),
+                                 [this, id](Result<std::vector<std::byte>> frame) {
+                                   reply_later(id, std::move(frame));
+                                 });
   if (!read.ok()) {
     ++counters_.malformed_messages;
     reject(connection, read);
@@ -534,204 +514,22 @@ void Daemon::reply_later(uint64_t connection_id, Result<std::vector<std::byte>> 
   });
 }
 
-Status Daemon::answer_control(const wire::Message& request, ReplySender send) {
-  return wire::read_message<proto::ControlRequest>(
-      request, "control request", [&](proto::ControlRequest::Reader r) -> Status {
-        const wire::ProtocolVersion ours = wire::current_protocol_version();
-        if (r.getVersion().getMajor() != ours.major) {
-          send(error_reply(error(ErrorCode::kNotSupported, "protocol ", r.getVersion().getMajor(),
-                                 " is not supported; this hiberd speaks ", ours.major, ".",
-                                 ours.minor)));
-          return Status();
-        }
-        // Replies to the controller's calls come back on its thread.
-        auto reply_ok = [send](Result<Controller::Ok> done) {
-          send(done.ok() ? ok_reply() : error_reply(done.status()));
-        };
-        switch (r.which()) {
-          case proto::ControlRequest::PING:
-            send(reply_frame([](proto::ControlReply::Builder root) { root.setPong(); }));
-            return Status();
-          case proto::ControlRequest::STATUS:
-            answer_status(send);
-            return Status();
-          case proto::ControlRequest::REGISTER_FUNCTION: {
-            auto f = r.getRegisterFunction();
-            Registration registration;
-            registration.function_id = f.getFunctionId().cStr();
-            if (!(f.getSloMs() > 0) || f.getSloMs() > 1e9) {
-              send(error_reply(error(ErrorCode::kInvalidValue, "registerFunction '",
-                                     registration.function_id, "': sloMs ", f.getSloMs(),
-                                     " must be in (0, 1e9]")));
-              return Status();
-            }
-            registration.slo = static_cast<scheduler::Duration>(f.getSloMs() * 1e6);
-            registration.tail_percentile = f.getTailPercentile();
-            registration.quota_bytes = f.getQuotaBytes();
-            registration.stateful = f.getStateful();
-            if (f.getHeavyHint() != proto::Heaviness::UNKNOWN) {
-              registration.heavy_hint = f.getHeavyHint() == proto::Heaviness::HEAVY;
-            }
-            if (f.getExecMsHint() < 0 || f.getExecMsHint() > 1e9) {
-              send(error_reply(error(ErrorCode::kInvalidValue, "registerFunction: execMsHint ",
-                                     f.getExecMsHint(), " must be in [0, 1e9]")));
-              return Status();
-            }
-            registration.exec_hint = static_cast<scheduler::Duration>(f.getExecMsHint() * 1e6);
-            controller_->register_function(registration, reply_ok);
-            return Status();
-          }
-          case proto::ControlRequest::UNREGISTER_FUNCTION:
-            controller_->unregister_function(r.getUnregisterFunction().cStr(), reply_ok);
-            return Status();
-          case proto::ControlRequest::REQUEST_ARRIVED:
-            controller_->request_arrived(
-                r.getRequestArrived().cStr(), [send](Result<uint64_t> id) {
-                  if (!id.ok()) return send(error_reply(id.status()));
-                  send(reply_frame([&](proto::ControlReply::Builder root) { root.setAccepted(*id); }));
-                });
-            return Status();
-          case proto::ControlRequest::REQUEST_START:
-            controller_->request_start(r.getRequestStart(), [send](Result<StartAnswer> started) {
-              if (!started.ok()) return send(error_reply(started.status()));
-              send(reply_frame([&](proto::ControlReply::Builder root) {
-                auto out = root.initStarted();
-                out.setGpu(static_cast<uint32_t>(started->gpu));
-                out.setSource(scheduler::source_name(started->source));
-                out.setSourceGpu(started->source_gpu);
-                out.setRule(scheduler::placement_rule_name(started->rule));
-                out.setQueuedMs(started->queued_ms);
-              }));
-            });
-            return Status();
-          case proto::ControlRequest::REQUEST_DONE:
-            controller_->request_done(r.getRequestDone().getRequestId(),
-                                      r.getRequestDone().getFailed(), reply_ok);
-            return Status();
-          case proto::ControlRequest::DRAIN:
-            controller_->drain(r.getDrain().getGpu(), r.getDrain().getResume(), reply_ok);
-            return Status();
-        }
-        send(error_reply(error(ErrorCode::kNotSupported, "control request ",
-                               static_cast<unsigned>(r.which()), " is not known to this hiberd")));
-        return Status();
-      });
-}
-
-void Daemon::answer_status(ReplySender send) {
-  // The loop thread's part now; the controller's when its thread gets to it.
-  std::vector<SessionSnapshot> sessions;
+ControlService::DaemonReport Daemon::daemon_report() const {
+  ControlService::DaemonReport report;
   for (const auto& [id, c] : connections_) {
-    if (c->session && c->session_running) sessions.push_back(c->session->snapshot());
+    if (c->session && c->session_running) report.sessions.push_back(c->session->snapshot());
   }
-  uint64_t malformed = counters_.malformed_messages + closed_sessions_malformed_;
-  for (const auto& s : sessions) malformed += s.malformed_messages;
-  const Counters counters = counters_;
-  const ModuleCacheStats cache = module_cache_.stats();
-  const double uptime =
+  report.sessions_opened = counters_.sessions_opened;
+  report.sessions_closed = counters_.sessions_closed;
+  report.handshakes_rejected = counters_.handshakes_rejected;
+  report.malformed_messages = counters_.malformed_messages + closed_sessions_malformed_;
+  for (const SessionSnapshot& s : report.sessions) {
+    report.malformed_messages += s.malformed_messages;
+  }
+  report.control_requests = counters_.control_requests;
+  report.uptime_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
-  controller_->status([this, send, sessions = std::move(sessions), malformed, counters, cache,
-                       uptime](Result<ControllerStatus> controller) {
-    if (!controller.ok()) return send(error_reply(controller.status()));
-    send(reply_frame([&](proto::ControlReply::Builder root) {
-      auto status = root.initStatus();
-      const wire::ProtocolVersion ours = wire::current_protocol_version();
-      auto version = status.initServerVersion();
-      version.setMajor(ours.major);
-      version.setMinor(ours.minor);
-      status.setBackend(device_.backend_name());
-      status.setNodeName(device_.topology().name);
-      status.setUptimeSeconds(uptime);
-      std::vector<uint64_t> session_bytes(device_.gpu_count(), 0);
-      for (int g = 0; g < device_.gpu_count(); ++g) {
-        session_bytes[g] = controller->gpus[g].pool.allocated_bytes;
-      }
-      auto devices = status.initDevices(static_cast<unsigned>(device_.gpu_count()));
-      for (int g = 0; g < device_.gpu_count(); ++g) {
-        const ControllerStatus::Gpu& gpu = controller->gpus[g];
-        auto d = devices[static_cast<unsigned>(g)];
-        d.setOrdinal(static_cast<uint32_t>(g));
-        d.setName(device_.properties(g).name);
-        d.setTotalBytes(device_.properties(g).total_memory_bytes);
-        d.setSessionBytes(session_bytes[g]);
-        d.setHealthy(gpu.healthy);
-        d.setDrained(gpu.drained);
-        d.setRunningFunction(gpu.running);
-        d.setPoolBytes(gpu.pool_bytes);
-        d.setPoolAllocatedBytes(gpu.pool.allocated_bytes);
-        d.setPoolLargestFreeBytes(gpu.pool.largest_free_bytes);
-        d.setPoolFragmentation(gpu.pool.fragmentation());
-        d.setSwapsIn(gpu.swaps_in);
-        d.setSwapInBytes(gpu.swap_in_bytes);
-        d.setSwapInSeconds(gpu.swap_in_seconds);
-        d.setEvictions(gpu.evictions);
-      }
-      auto list = status.initSessions(static_cast<unsigned>(sessions.size()));
-      for (size_t i = 0; i < sessions.size(); ++i) {
-        const SessionSnapshot& s = sessions[i];
-        auto out = list[static_cast<unsigned>(i)];
-        out.setId(s.identity.id);
-        out.setFunctionId(s.identity.function_id);
-        out.setPid(s.identity.peer.pid);
-        out.setUid(s.identity.peer.uid);
-        out.setGpu(s.gpu < 0 ? 0 : static_cast<uint32_t>(s.gpu));
-        out.setBoundGpu(s.gpu);
-        out.setAllocatedBytes(s.allocated_bytes);
-        out.setQuotaBytes(s.quota_bytes);
-        out.setBatches(s.batches);
-        out.setCalls(s.calls);
-        out.setFailedCalls(s.failed_calls);
-        out.setConnectedSeconds(s.connected_seconds);
-      }
-      auto functions = status.initFunctions(static_cast<unsigned>(controller->functions.size()));
-      for (size_t i = 0; i < controller->functions.size(); ++i) {
-        const ControllerStatus::Function& f = controller->functions[i];
-        auto out = functions[static_cast<unsigned>(i)];
-        out.setFunctionId(f.function_id);
-        out.setRegistered(f.registered);
-        out.setStateful(f.stateful);
-        out.setHeavy(f.heavy);
-        out.setModelBytes(f.model_bytes);
-        out.setHostCopyBytes(f.host_copy_bytes);
-        auto gpus = out.initResidentGpus(static_cast<unsigned>(f.resident_gpus.size()));
-        for (size_t g = 0; g < f.resident_gpus.size(); ++g) {
-          gpus.set(static_cast<unsigned>(g), static_cast<uint32_t>(f.resident_gpus[g]));
-        }
-        out.setRequests(f.requests);
-        out.setOnTime(f.on_time);
-        out.setRrc(f.rrc);
-      }
-      auto sched = status.initScheduler();
-      sched.setPlacement(controller->placement);
-      sched.setEviction(controller->eviction);
-      sched.setQueue(controller->queue);
-      sched.setQueued(controller->queued);
-      sched.setArrivals(controller->counters.arrivals);
-      sched.setBackground(controller->counters.background);
-      sched.setCompleted(controller->counters.completed);
-      sched.setOnTime(controller->counters.on_time);
-      sched.setResidentStarts(controller->counters.resident_starts);
-      sched.setPeerSwaps(controller->counters.peer_swaps);
-      sched.setHostSwaps(controller->counters.host_swaps);
-      sched.setEvictions(controller->counters.evictions);
-      sched.setSwapGroupBytes(controller->swap_group_bytes);
-      sched.setHostPoolBytes(controller->host_pool.capacity_bytes);
-      sched.setHostPoolUsedBytes(controller->host_pool.model_bytes +
-                                 controller->host_pool.staging_bytes);
-      sched.setDrainingNode(controller->draining);
-      auto out = status.initCounters();
-      out.setSessionsOpened(counters.sessions_opened);
-      out.setSessionsClosed(counters.sessions_closed);
-      out.setHandshakesRejected(counters.handshakes_rejected);
-      out.setMalformedMessages(malformed);
-      out.setControlRequests(counters.control_requests);
-      out.setCachedModules(cache.entries);
-      out.setCachedModuleBytes(cache.image_bytes);
-      out.setModuleCacheHits(cache.hits);
-      out.setModuleCacheMisses(cache.misses);
-      out.setModuleCacheUnknownHashes(cache.unknown_hashes);
-    }));
-  });
+  return report;
 }
 
 // ---- Time-outs and shutdown ----

@@ -24,12 +24,13 @@
 #include "common/status.h"
 #include "common/unique_fd.h"
 #include "server/auth.h"
+#include "server/control_service.h"
 #include "server/controller.h"
 #include "server/device/device.h"
 #include "server/io_loop.h"
 #include "server/module_cache.h"
-#include "server/session.h"
 #include "wire/channel_layout.h"
+#include "wire/handshake.h"
 #include "wire/socket_frame.h"
 
 namespace hiber::server {
@@ -89,13 +90,10 @@ class Daemon {
   void on_welcome_sent(Connection& connection);
   void on_session_exit(uint64_t connection_id);
 
+  // Hands a control request to the control service, which answers through reply_later().
   void on_control_request(Connection& connection);
-  // Answers a control request: at once, or later through `send_reply` (requestStart waits for
-  // the request to start, drain for the node to be quiet, status for the controller's view).
-  // An error means the request could not be read.
-  using ReplySender = std::function<void(Result<std::vector<std::byte>>)>;
-  Status answer_control(const wire::Message& request, ReplySender send_reply);
-  void answer_status(ReplySender send_reply);
+  // The daemon's part of a status report (loop thread).
+  ControlService::DaemonReport daemon_report() const;
   // Sends a control reply to connection `id` if it is still there (from any thread).
   void reply_later(uint64_t connection_id, Result<std::vector<std::byte>> frame);
 
@@ -115,6 +113,8 @@ class Daemon {
   // Code images, shared by every session. Declared before connections_, so it outlives the
   // sessions (which give their references back as they end).
   ModuleCache module_cache_;
+  // Answers the control socket's requests, with the controller and the module cache.
+  std::unique_ptr<ControlService> control_;
   std::unique_ptr<IoLoop> loop_;
   UniqueFd function_listener_;
   UniqueFd control_listener_;

@@ -1,5 +1,6 @@
 #include "server/io_loop.h"
 
+#include <liburing.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -10,9 +11,15 @@
 
 namespace hiber::server {
 
-Result<std::unique_ptr<IoLoop>> IoLoop::create(unsigned queue_depth) {
+struct IoLoop::Ring {
   io_uring ring;
-  int rc = io_uring_queue_init(queue_depth, &ring, 0);
+  // A timeout's duration must stay readable until the SQE is submitted; kept per operation.
+  std::unordered_map<OpId, std::unique_ptr<__kernel_timespec>> timeout_specs;
+};
+
+Result<std::unique_ptr<IoLoop>> IoLoop::create(unsigned queue_depth) {
+  auto ring = std::make_unique<Ring>();
+  int rc = io_uring_queue_init(queue_depth, &ring->ring, 0);
   if (rc < 0) {
     return error(ErrorCode::kOperatingSystem, "io_uring_queue_init: ", std::strerror(-rc),
                  " (is io_uring disabled? see /proc/sys/kernel/io_uring_disabled)");
@@ -20,15 +27,16 @@ Result<std::unique_ptr<IoLoop>> IoLoop::create(unsigned queue_depth) {
   int wake = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (wake < 0) {
     int err = errno;
-    io_uring_queue_exit(&ring);
+    io_uring_queue_exit(&ring->ring);
     return error(ErrorCode::kOperatingSystem, "eventfd: ", std::strerror(err));
   }
-  std::unique_ptr<IoLoop> loop(new IoLoop(ring, UniqueFd(wake)));
+  std::unique_ptr<IoLoop> loop(new IoLoop(std::move(ring), UniqueFd(wake)));
   loop->arm_wake_read();
   return loop;
 }
 
-IoLoop::IoLoop(io_uring ring, UniqueFd wake_fd) : ring_(ring), wake_fd_(std::move(wake_fd)) {}
+IoLoop::IoLoop(std::unique_ptr<Ring> ring, UniqueFd wake_fd)
+    : ring_(std::move(ring)), wake_fd_(std::move(wake_fd)) {}
 
 IoLoop::~IoLoop() {
   // Operations still pending point into their owners' buffers: cancel them all and wait until
@@ -38,31 +46,31 @@ IoLoop::~IoLoop() {
     io_uring_sqe* sqe = next_sqe();
     io_uring_prep_cancel64(sqe, 0, IORING_ASYNC_CANCEL_ANY);
     io_uring_sqe_set_data64(sqe, 0);
-    io_uring_submit(&ring_);
+    io_uring_submit(&ring_->ring);
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
     while (!handlers_.empty() && std::chrono::steady_clock::now() < deadline) {
       __kernel_timespec wait{0, 50'000'000};
       io_uring_cqe* cqe = nullptr;
-      if (io_uring_wait_cqe_timeout(&ring_, &cqe, &wait) != 0) continue;
+      if (io_uring_wait_cqe_timeout(&ring_->ring, &cqe, &wait) != 0) continue;
       const OpId id = io_uring_cqe_get_data64(cqe);
       const bool more = (cqe->flags & IORING_CQE_F_MORE) != 0;
-      io_uring_cqe_seen(&ring_, cqe);
+      io_uring_cqe_seen(&ring_->ring, cqe);
       if (id != 0 && !more) handlers_.erase(id);
     }
     if (!handlers_.empty()) {
       LOG(ERROR) << handlers_.size() << " io_uring operations did not finish at exit";
     }
   }
-  io_uring_queue_exit(&ring_);
+  io_uring_queue_exit(&ring_->ring);
 }
 
 io_uring_sqe* IoLoop::next_sqe() {
-  io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+  io_uring_sqe* sqe = io_uring_get_sqe(&ring_->ring);
   while (sqe == nullptr) {
     // The submission queue is full: hand what is queued to the kernel and try again.
-    int rc = io_uring_submit(&ring_);
+    int rc = io_uring_submit(&ring_->ring);
     CHECK(rc >= 0 || rc == -EBUSY || rc == -EAGAIN) << "io_uring_submit: " << std::strerror(-rc);
-    sqe = io_uring_get_sqe(&ring_);
+    sqe = io_uring_get_sqe(&ring_->ring);
   }
   return sqe;
 }
@@ -111,7 +119,7 @@ IoLoop::OpId IoLoop::timeout(std::chrono::nanoseconds after, Handler handler) {
   io_uring_sqe* sqe = next_sqe();
   io_uring_prep_timeout(sqe, spec.get(), 0, 0);
   OpId id = submit(sqe, std::move(handler));
-  timeout_specs_.emplace(id, std::move(spec));
+  ring_->timeout_specs.emplace(id, std::move(spec));
   return id;
 }
 
@@ -124,10 +132,7 @@ void IoLoop::cancel(OpId op) {
 }
 
 void IoLoop::post(std::function<void()> fn) {
-  {
-    std::lock_guard<std::mutex> lock(posted_mutex_);
-    posted_.push_back(std::move(fn));
-  }
+  posted_.post(std::move(fn));
   uint64_t one = 1;
   // The eventfd counter saturates long before overflow matters; EAGAIN means already signalled.
   ssize_t n = ::write(wake_fd_.get(), &one, sizeof one);
@@ -146,27 +151,22 @@ void IoLoop::arm_wake_read() {
 }
 
 void IoLoop::run_posted() {
-  std::vector<std::function<void()>> work;
-  {
-    std::lock_guard<std::mutex> lock(posted_mutex_);
-    work.swap(posted_);
-  }
-  for (auto& fn : work) fn();
+  for (auto& fn : posted_.take_all()) fn();
 }
 
 Status IoLoop::run() {
   stopping_ = false;
   while (!stopping_) {
-    int rc = io_uring_submit_and_wait(&ring_, 1);
+    int rc = io_uring_submit_and_wait(&ring_->ring, 1);
     if (rc < 0 && rc != -EINTR && rc != -EBUSY && rc != -EAGAIN) {
       return error(ErrorCode::kOperatingSystem, "io_uring_submit_and_wait: ", std::strerror(-rc));
     }
     io_uring_cqe* cqe = nullptr;
-    while (io_uring_peek_cqe(&ring_, &cqe) == 0) {
+    while (io_uring_peek_cqe(&ring_->ring, &cqe) == 0) {
       OpId id = io_uring_cqe_get_data64(cqe);
       int result = cqe->res;
       bool more = (cqe->flags & IORING_CQE_F_MORE) != 0;
-      io_uring_cqe_seen(&ring_, cqe);
+      io_uring_cqe_seen(&ring_->ring, cqe);
       if (id == 0) continue;  // a cancel request's own completion
       auto it = handlers_.find(id);
       if (it == handlers_.end()) continue;
@@ -174,7 +174,7 @@ Status IoLoop::run() {
       Handler handler = more ? it->second : std::move(it->second);
       if (!more) {
         handlers_.erase(it);
-        timeout_specs_.erase(id);
+        ring_->timeout_specs.erase(id);
       }
       handler(result, more);
     }

@@ -10,20 +10,22 @@
 // Thread safety: post() from any thread; everything else on the loop thread only.
 #pragma once
 
-#include <liburing.h>
 #include <sys/socket.h>
 
 #include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <span>
 #include <unordered_map>
 #include <vector>
 
+#include "common/mailbox.h"
 #include "common/status.h"
 #include "common/unique_fd.h"
+
+// liburing's submission entry; liburing itself stays out of this header.
+struct io_uring_sqe;
 
 namespace hiber::server {
 
@@ -63,23 +65,23 @@ class IoLoop {
   size_t pending_operations() const { return handlers_.size(); }
 
  private:
-  IoLoop(io_uring ring, UniqueFd wake_fd);
+  // The io_uring instance and what its operations need kept alive (io_loop.cc).
+  struct Ring;
+
+  IoLoop(std::unique_ptr<Ring> ring, UniqueFd wake_fd);
   io_uring_sqe* next_sqe();
   OpId submit(io_uring_sqe* sqe, Handler handler);
   void arm_wake_read();
   void run_posted();
 
-  io_uring ring_;
+  std::unique_ptr<Ring> ring_;
   UniqueFd wake_fd_;
   uint64_t wake_buffer_ = 0;
   OpId next_id_ = 1;
   bool stopping_ = false;
   std::unordered_map<OpId, Handler> handlers_;
-  // A timeout's duration must stay readable until the SQE is submitted; kept per operation.
-  std::unordered_map<OpId, std::unique_ptr<__kernel_timespec>> timeout_specs_;
 
-  std::mutex posted_mutex_;
-  std::vector<std::function<void()>> posted_;  // guarded by posted_mutex_
+  Mailbox<std::function<void()>> posted_;
 };
 
 }  // namespace hiber::server

@@ -4,11 +4,12 @@
 #include <capnp/serialize.h>
 
 #include <algorithm>
-#include <cinttypes>
 #include <cstring>
 
 #include <glog/logging.h>
 
+#include "server/handle_table.h"
+#include "wire/call_codec.h"
 #include "wire/limits.h"
 
 namespace hiber::server {
@@ -16,12 +17,6 @@ namespace proto = wire::proto;
 using device::DevicePtr;
 
 namespace {
-
-// Bounds on what one session may create, so a client cannot exhaust the server's memory.
-constexpr size_t kMaxStreams = 4096;
-constexpr size_t kMaxEvents = 1 << 16;
-constexpr size_t kMaxModules = 4096;
-constexpr size_t kMaxFunctions = 1 << 16;
 
 // Completions per completion message, at most; fewer when they would not fit one ring record.
 constexpr size_t kCompletionsPerMessage = 128;
@@ -40,27 +35,7 @@ constexpr auto kMaxRetry = std::chrono::milliseconds(50);
 // A request buffer larger than this is freed after use rather than kept.
 constexpr size_t kKeptMessageBytes = 1 << 20;
 
-std::string hex(uint64_t v) {
-  char buf[24];
-  std::snprintf(buf, sizeof buf, "0x%" PRIx64, v);
-  return buf;
-}
-
 Status invalid(const std::string& message) { return Status(ErrorCode::kInvalidValue, message); }
-
-// Checks that a client-chosen handle can name a new object of `table`: not zero (reserved),
-// not in use, and the session under its limit for that kind of object.
-template <typename Table>
-Status check_new_handle(const Table& table, uint64_t handle, size_t limit, std::string_view call) {
-  if (handle == 0) return invalid(str_cat(call, ": handle 0 is reserved"));
-  if (table.count(handle) != 0) {
-    return invalid(str_cat(call, ": handle ", hex(handle), " is already in use"));
-  }
-  if (table.size() >= limit) {
-    return error(ErrorCode::kOutOfMemory, call, ": the session already holds ", limit);
-  }
-  return Status();
-}
 
 }  // namespace
 
@@ -103,11 +78,8 @@ Session::Session(device::Device& device, ModuleCache& modules, GpuLessor& lessor
       started_(std::chrono::steady_clock::now()),
       channel_(std::move(channel)),
       memory_(std::move(memory)),
-      staging_([this](uint64_t end) { channel_->release_staging(end); }) {
-  default_stream_.per_gpu.resize(gpu_count_);
-  sync_streams_.resize(gpu_count_);
-  swap_streams_.resize(gpu_count_);
-}
+      staging_([this](uint64_t end) { channel_->release_staging(end); }),
+      handles_(device, gpu_count_) {}
 
 Session::~Session() {
   CHECK(!thread_.joinable()) << "session " << identity_.id << " destroyed while running";
@@ -149,7 +121,9 @@ void Session::close(std::string_view reason) {
             << ") closing: " << reason;
   }
   channel_->close();
-  wake();
+  // Wakes the session thread wherever it waits: for mail, or on the channel.
+  mail_.close();
+  channel_->interrupt();
 }
 
 void Session::join() {
@@ -174,44 +148,34 @@ SessionSnapshot Session::snapshot() const {
 
 // ---- Leases ----
 
-void Session::grant(const Lease& lease) { post_command(GrantCommand{lease}); }
+void Session::grant(const Lease& lease) { post(GrantCommand{lease}); }
 
-void Session::end_lease(uint64_t lease) { post_command(EndCommand{lease, Status()}); }
+void Session::end_lease(uint64_t lease) { post(EndCommand{lease, Status()}); }
 
 void Session::fail(uint64_t lease, const Status& why) {
-  post_command(EndCommand{lease, why.ok() ? Status(ErrorCode::kUnknown, "GPU failed") : why});
+  post(EndCommand{lease, why.ok() ? Status(ErrorCode::kUnknown, "GPU failed") : why});
 }
 
-void Session::post_command(Command command) {
-  {
-    std::lock_guard lock(wake_mutex_);
-    commands_.push_back(std::move(command));
-  }
-  wake();
+void Session::post(Mail mail) {
+  // A closed session drops it: its thread is ending and acts on nothing more.
+  if (mail_.post(std::move(mail))) channel_->interrupt();
 }
 
-void Session::wake() {
-  {
-    // Taken so that a waiter between its check and its wait cannot miss the notification.
-    std::lock_guard lock(wake_mutex_);
-  }
-  woken_.notify_all();
-  channel_->interrupt();
-}
-
-void Session::wait_for_wake(std::chrono::nanoseconds timeout) {
-  std::unique_lock lock(wake_mutex_);
-  woken_.wait_for(lock, timeout, [this] {
-    return !commands_.empty() || !posted_.empty() || channel_->closed();
-  });
-}
-
-void Session::run_commands() {
+std::vector<Session::Command> Session::take_mail() {
   std::vector<Command> commands;
-  {
-    std::lock_guard lock(wake_mutex_);
-    commands.swap(commands_);
+  for (Mail& mail : mail_.take_all()) {
+    if (auto* completion = std::get_if<CompletionRecord>(&mail)) {
+      unsent_.push_back(std::move(*completion));
+    } else if (auto* grant = std::get_if<GrantCommand>(&mail)) {
+      commands.emplace_back(std::move(*grant));
+    } else {
+      commands.emplace_back(std::get<EndCommand>(std::move(mail)));
+    }
   }
+  return commands;
+}
+
+void Session::run_commands(std::vector<Command> commands) {
   for (Command& command : commands) {
     if (auto* grant = std::get_if<GrantCommand>(&command)) {
       begin_lease(grant->lease);
@@ -242,7 +206,7 @@ void Session::begin_lease(const Lease& lease) {
   const int gpu = lease.gpu;
   // The swap runs on a stream of its own on the lease's GPU, so client work queued behind it
   // waits only for the groups it touches.
-  auto swap_stream = device_stream(swap_streams_, 0, gpu);
+  auto swap_stream = handles_.swap_stream(gpu);
   Status bound = swap_stream.status();
   if (bound.ok()) {
     const uint64_t session = identity_.id;
@@ -289,17 +253,10 @@ void Session::finish_lease(const Status& failure) {
 
 // ---- The call stream ----
 
-// g++ 12 warns that the value inside `held` (std::optional) may be uninitialized where it is
-// set; a known false positive (GCC bug 80635). Silenced for this function only.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
 void Session::run() {
-  wire::Message message;
-  std::optional<uint32_t> held;  // `message` has calls waiting for a lease, from this one
   std::chrono::milliseconds retry = kMinRetry;
   while (true) {
+    std::vector<Command> commands = take_mail();
     const size_t unsent_before = unsent_.size();
     Status delivered = deliver();
     if (!delivered.ok()) {
@@ -310,27 +267,13 @@ void Session::run() {
       break;
     }
     if (channel_->closed()) break;
-    run_commands();
+    run_commands(std::move(commands));
     retry = unsent_.size() < unsent_before ? kMinRetry : std::min(retry * 2, kMaxRetry);
     const std::chrono::nanoseconds stuck =
         unsent_.empty() ? std::chrono::nanoseconds(std::chrono::hours(1)) : std::chrono::nanoseconds(retry);
 
-    if (held) {
-      if (lease_) {
-        held = handle_message(message, *held);
-        if (!held && message.size() > kKeptMessageBytes) message = wire::Message();
-        continue;
-      }
-      if (!lease_failure_.ok()) {
-        fail_held(message, *held, std::exchange(lease_failure_, Status()));
-        held.reset();
-        continue;
-      }
-      if (!asked_for_gpu_) {
-        asked_for_gpu_ = true;
-        lessor_.need_gpu(identity_.id);
-      }
-      wait_for_wake(stuck);
+    if (held_) {
+      resume_held(stuck);
       continue;
     }
 
@@ -350,7 +293,7 @@ void Session::run() {
       }
       timeout = std::min<std::chrono::nanoseconds>(timeout, config_.implicit_lease_idle - idle);
     }
-    Status received = channel_->receive(message, timeout);
+    Status received = channel_->receive(request_, timeout);
     // kNotReady: a command or a completion is waiting; kTimeout: time to retry or to release.
     if (received.code() == ErrorCode::kTimeout || received.code() == ErrorCode::kNotReady) continue;
     if (received.code() == ErrorCode::kDeinitialized) break;
@@ -364,16 +307,35 @@ void Session::run() {
       break;
     }
     batches_.fetch_add(1, std::memory_order_relaxed);
-    held = handle_message(message, 0);
-    // Keep the buffer for the next message, unless a rare huge one made it big.
-    if (!held && message.size() > kKeptMessageBytes) message = wire::Message();
+    run_request(0);
   }
   teardown();
   if (on_exit_) on_exit_();
 }
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
+
+void Session::run_request(uint32_t first) {
+  held_ = handle_message(request_, first);
+  // Keep the buffer for the next message, unless a rare huge one made it big.
+  if (!held_ && request_.size() > kKeptMessageBytes) request_ = wire::Message();
+}
+
+void Session::resume_held(std::chrono::nanoseconds wait) {
+  const uint32_t first = *held_;
+  if (lease_) {
+    run_request(first);
+    return;
+  }
+  if (!lease_failure_.ok()) {
+    held_.reset();
+    fail_held(request_, first, std::exchange(lease_failure_, Status()));
+    return;
+  }
+  if (!asked_for_gpu_) {
+    asked_for_gpu_ = true;
+    lessor_.need_gpu(identity_.id);
+  }
+  mail_.wait_for(wait);
+}
 
 std::optional<uint32_t> Session::handle_message(const wire::Message& message, uint32_t first) {
   std::optional<uint32_t> stopped_at;
@@ -393,13 +355,13 @@ std::optional<uint32_t> Session::handle_message(const wire::Message& message, ui
           if (!refused.ok()) {
             // None of its copies will run: give their staging back.
             uint64_t last_end = 0;
-            for (auto call : calls) last_end = std::max(last_end, staging_end_of(call));
+            for (auto call : calls) last_end = std::max(last_end, wire::staging_end(call));
             release_staging_now(last_end);
             return refused;
           }
         }
         for (uint32_t i = first; i < calls.size(); ++i) {
-          if (!lease_ && needs_gpu(calls[i])) {
+          if (!lease_ && wire::runs_on_gpu(calls[i].which())) {
             stopped_at = i;
             return Status();
           }
@@ -429,7 +391,7 @@ void Session::fail_held(const wire::Message& message, uint32_t first, const Stat
       calls_.fetch_add(1, std::memory_order_relaxed);
       failed_calls_.fetch_add(1, std::memory_order_relaxed);
       kj::runCatchingExceptions([&] {
-        release_staging_now(staging_end_of(calls[i]));
+        release_staging_now(wire::staging_end(calls[i]));
         if (calls[i].getReply()) unsent_.push_back({seq, failure, {}});
       });
     }
@@ -437,38 +399,25 @@ void Session::fail_held(const wire::Message& message, uint32_t first, const Stat
   });
 }
 
-bool Session::needs_gpu(proto::Call::Reader call) {
-  switch (call.which()) {
-    case proto::Call::MEMCPY_HTO_D:
-    case proto::Call::MEMCPY_DTO_H:
-    case proto::Call::MEMCPY_DTO_D:
-    case proto::Call::MEMSET:
-    case proto::Call::STREAM_WAIT_EVENT:
-    case proto::Call::EVENT_RECORD:
-    case proto::Call::LAUNCH_KERNEL:
-      return true;
-    default:
-      return false;
-  }
-}
-
 void Session::execute(proto::Call::Reader call, uint64_t seq) {
   calls_.fetch_add(1, std::memory_order_relaxed);
   Outcome outcome;
   // A field the client encoded wrongly throws when read; that fails this call only.
+  VLOG(3) << "session " << identity_.id << ": call " << seq << " " << wire::call_name(call.which());
   kj::Maybe<kj::Exception> thrown = kj::runCatchingExceptions([&] {
-    if (lease_ && needs_gpu(call)) last_gpu_call_ = std::chrono::steady_clock::now();
+    if (lease_ && wire::runs_on_gpu(call.which())) last_gpu_call_ = std::chrono::steady_clock::now();
     outcome = dispatch(call, seq);
   });
   KJ_IF_MAYBE(e, thrown) {
-    outcome = Outcome{invalid(str_cat("malformed call: ", e->getDescription().cStr()))};
+    outcome = Outcome{invalid(str_cat("malformed call (", wire::call_name(call.which()),
+                                      "): ", e->getDescription().cStr()))};
   }
   // Not ready answers a query; it is not a failure (and, as in CUDA, not a sticky error).
   const bool failed = !outcome.status.ok() && outcome.status.code() != ErrorCode::kNotReady;
   if (failed) {
     failed_calls_.fetch_add(1, std::memory_order_relaxed);
     // A copy that never ran must still give its staging back, or the client's FIFO stalls.
-    kj::runCatchingExceptions([&] { release_staging_now(staging_end_of(call)); });
+    kj::runCatchingExceptions([&] { release_staging_now(wire::staging_end(call)); });
   }
   if (outcome.status.ok() && outcome.completes_on && call.getReply()) {
     outcome.status = after(*outcome.completes_on,
@@ -481,544 +430,10 @@ void Session::execute(proto::Call::Reader call, uint64_t seq) {
   }
 }
 
-Session::Outcome Session::dispatch(proto::Call::Reader call, uint64_t seq) {
-  const bool reply = call.getReply();
-  switch (call.which()) {
-    case proto::Call::PING:
-      return {Status(), call.getPing().getValue()};
-    case proto::Call::MEM_ALLOCATE:
-      return mem_allocate(call.getMemAllocate().getVa(), call.getMemAllocate().getBytes());
-    case proto::Call::MEM_FREE:
-      return mem_free(call.getMemFree().getVa());
-    case proto::Call::MEMCPY_HTO_D:
-      return memcpy_htod(call.getMemcpyHtoD());
-    case proto::Call::MEMCPY_DTO_H:
-      return memcpy_dtoh(call.getMemcpyDtoH());
-    case proto::Call::MEMCPY_DTO_D:
-      return memcpy_dtod(call.getMemcpyDtoD());
-    case proto::Call::MEMSET:
-      return memset(call.getMemset());
-    case proto::Call::STREAM_CREATE:
-      return stream_create(call.getStreamCreate().getStream(),
-                           call.getStreamCreate().getPriority());
-    case proto::Call::STREAM_DESTROY:
-      return stream_destroy(call.getStreamDestroy().getStream());
-    case proto::Call::STREAM_SYNCHRONIZE:
-      return stream_synchronize(call.getStreamSynchronize().getStream(), seq, reply);
-    case proto::Call::STREAM_QUERY:
-      return stream_query(call.getStreamQuery().getStream());
-    case proto::Call::STREAM_WAIT_EVENT:
-      return stream_wait_event(call.getStreamWaitEvent().getStream(),
-                               call.getStreamWaitEvent().getEvent());
-    case proto::Call::EVENT_CREATE:
-      return event_create(call.getEventCreate().getEvent(),
-                          call.getEventCreate().getDisableTiming());
-    case proto::Call::EVENT_DESTROY:
-      return event_destroy(call.getEventDestroy().getEvent());
-    case proto::Call::EVENT_RECORD:
-      return event_record(call.getEventRecord().getEvent(), call.getEventRecord().getStream());
-    case proto::Call::EVENT_SYNCHRONIZE:
-      return event_synchronize(call.getEventSynchronize().getEvent(), seq, reply);
-    case proto::Call::EVENT_QUERY:
-      return event_query(call.getEventQuery().getEvent());
-    case proto::Call::EVENT_ELAPSED_TIME:
-      return event_elapsed(call.getEventElapsedTime().getStart(),
-                           call.getEventElapsedTime().getEnd());
-    case proto::Call::DEVICE_SYNCHRONIZE:
-      return device_synchronize(seq, reply);
-    case proto::Call::MODULE_LOAD:
-      return module_load(call.getModuleLoad());
-    case proto::Call::MODULE_LOAD_CACHED:
-      return module_load_cached(call.getModuleLoadCached());
-    case proto::Call::MODULE_UNLOAD:
-      return module_unload(call.getModuleUnload().getModule());
-    case proto::Call::FUNCTION_GET:
-      return function_get(call.getFunctionGet());
-    case proto::Call::LAUNCH_KERNEL:
-      return launch_kernel(call.getLaunchKernel());
-  }
-  const auto version = wire::current_protocol_version();
-  return {error(ErrorCode::kNotSupported, "call type ", static_cast<unsigned>(call.which()),
-                " is not known to this hiberd (protocol ", version.major, ".", version.minor,
-                "); the client speaks a newer protocol")};
-}
-
-// ---- Memory ----
-
-Session::Outcome Session::mem_allocate(uint64_t va, uint64_t bytes) {
-  // Placed and mapped at once under a lease; otherwise recorded, and placed by the next lease.
-  const int gpu = lease_ ? lease_->gpu : -1;
-  Status added = memory_->add_block(
-      va, bytes, gpu,
-      [this](int g, const memory::Shortfall& s) { return lessor_.make_room(identity_.id, g, s); });
-  return {added.with_context("memAllocate")};
-}
-
-Session::Outcome Session::mem_free(uint64_t va) {
-  if (!memory_->is_block(va)) {
-    return {invalid(str_cat("memFree of ", hex(va), ": not the start of an allocation"))};
-  }
-  // As cudaFree: work already enqueued may still use the memory; wait for it.
-  quiesce();
-  return {memory_->remove_block(va).with_context("memFree")};
-}
-
-Status Session::check_arena_range(uint64_t offset, uint64_t bytes, std::string_view what) const {
-  if (wire::arena_range_ok(offset, bytes, channel_->arena().size())) return Status();
-  return invalid(str_cat(what, ": arena range [", offset, ", +", bytes,
-                         ") is outside the arena of ", channel_->arena().size(), " bytes"));
-}
-
-Status Session::before_access(device::Stream stream, uint64_t ptr, uint64_t bytes, bool write) {
-  waits_.clear();
-  memory_->access(ptr, bytes, write, &waits_);
-  for (const device::Event& e : waits_) HIBER_RETURN_IF_ERROR(device_.wait_event(stream, e));
-  return Status();
-}
-
-Status Session::track_staging(uint64_t staging_end, device::Stream s) {
-  if (staging_end == 0) return Status();
-  auto ticket = staging_.begin(staging_end);
-  if (!ticket.ok()) return ticket.status();
-  Status queued = after(s, [this, t = *ticket](Status) { staging_.finish(t); });
-  if (!queued.ok()) staging_.finish(*ticket);
-  return queued;
-}
-
 void Session::release_staging_now(uint64_t staging_end) {
   if (staging_end == 0) return;
   auto ticket = staging_.begin(staging_end);
   if (ticket.ok()) staging_.finish(*ticket);
-}
-
-uint64_t Session::staging_end_of(proto::Call::Reader call) {
-  switch (call.which()) {
-    case proto::Call::MEMCPY_HTO_D:
-      return call.getMemcpyHtoD().getStagingEnd();
-    case proto::Call::MEMCPY_DTO_H:
-      return call.getMemcpyDtoH().getStagingEnd();
-    case proto::Call::MODULE_LOAD:
-      return call.getModuleLoad().getStagingEnd();
-    default:
-      return 0;
-  }
-}
-
-Session::Outcome Session::memcpy_htod(proto::Call::MemcpyHtoD::Reader c) {
-  const uint64_t bytes = c.getBytes();
-  auto s = work_stream(c.getStream());
-  if (!s.ok()) return {s.status()};
-  if (bytes == 0) return {track_staging(c.getStagingEnd(), *s), {}, false, *s};
-  Status checked = check_arena_range(c.getSrcOffset(), bytes, "memcpyHtoD source");
-  if (checked.ok()) checked = memory_->check_range(c.getDst(), bytes, "memcpyHtoD destination");
-  if (checked.ok()) checked = before_access(*s, c.getDst(), bytes, /*write=*/true);
-  if (!checked.ok()) return {checked};
-  const std::byte* data = channel_->arena().data() + c.getSrcOffset();
-  Status copied = device_.copy_host_to_device(*s, c.getDst(), data, bytes);
-  if (!copied.ok()) return {copied};
-  // Looked at while the copy runs (pointer tables, for pipelining), before any later call of
-  // the session; the staging stays the client's to reuse only after track_staging's callback.
-  memory_->storing(c.getDst(), std::span(data, bytes));
-  return {track_staging(c.getStagingEnd(), *s), {}, false, *s};
-}
-
-Session::Outcome Session::memcpy_dtoh(proto::Call::MemcpyDtoH::Reader c) {
-  const uint64_t bytes = c.getBytes();
-  auto s = work_stream(c.getStream());
-  if (!s.ok()) return {s.status()};
-  if (bytes == 0) return {track_staging(c.getStagingEnd(), *s), {}, false, *s};
-  Status checked = check_arena_range(c.getDstOffset(), bytes, "memcpyDtoH destination");
-  if (checked.ok()) checked = memory_->check_range(c.getSrc(), bytes, "memcpyDtoH source");
-  if (checked.ok()) checked = before_access(*s, c.getSrc(), bytes, /*write=*/false);
-  if (!checked.ok()) return {checked};
-  Status copied =
-      device_.copy_device_to_host(*s, channel_->arena().data() + c.getDstOffset(), c.getSrc(), bytes);
-  if (!copied.ok()) return {copied};
-  return {track_staging(c.getStagingEnd(), *s), {}, false, *s};
-}
-
-Session::Outcome Session::memcpy_dtod(proto::Call::MemcpyDtoD::Reader c) {
-  const uint64_t bytes = c.getBytes();
-  auto s = work_stream(c.getStream());
-  if (!s.ok()) return {s.status()};
-  if (bytes == 0) return {Status(), {}, false, *s};
-  Status checked = memory_->check_range(c.getSrc(), bytes, "memcpyDtoD source");
-  if (checked.ok()) checked = memory_->check_range(c.getDst(), bytes, "memcpyDtoD destination");
-  if (checked.ok()) checked = before_access(*s, c.getSrc(), bytes, /*write=*/false);
-  if (checked.ok()) checked = before_access(*s, c.getDst(), bytes, /*write=*/true);
-  if (!checked.ok()) return {checked};
-  memory_->copying(c.getDst(), c.getSrc());
-  return {device_.copy_device_to_device(*s, c.getDst(), c.getSrc(), bytes), {}, false, *s};
-}
-
-Session::Outcome Session::memset(proto::Call::Memset::Reader c) {
-  const int element = c.getElementBytes();
-  if (element != 1 && element != 2 && element != 4) {
-    return {invalid(str_cat("memset element size ", element, " (must be 1, 2 or 4)"))};
-  }
-  auto s = work_stream(c.getStream());
-  if (!s.ok()) return {s.status()};
-  const uint64_t count = c.getCount();
-  if (count == 0) return {Status(), {}, false, *s};
-  if (count > UINT64_MAX / static_cast<uint64_t>(element)) return {invalid("memset size overflows")};
-  Status checked = memory_->check_range(c.getDst(), count * element, "memset destination");
-  if (!checked.ok()) return {checked};
-  if (c.getDst() % static_cast<uint64_t>(element) != 0) {
-    return {invalid(str_cat("memset destination ", hex(c.getDst()), " is not aligned to ", element,
-                            " bytes"))};
-  }
-  checked = before_access(*s, c.getDst(), count * element, /*write=*/true);
-  if (!checked.ok()) return {checked};
-  return {device_.memset(*s, c.getDst(), c.getValue(), element, count), {}, false, *s};
-}
-
-// ---- Streams and events ----
-
-Result<Session::StreamEntry*> Session::stream_entry(uint64_t handle) {
-  if (handle == 0) return &default_stream_;
-  auto it = streams_.find(handle);
-  if (it == streams_.end()) {
-    return error(ErrorCode::kInvalidHandle, "unknown stream handle ", hex(handle));
-  }
-  return &it->second;
-}
-
-Result<Session::EventEntry*> Session::event_entry(uint64_t handle) {
-  auto it = events_.find(handle);
-  if (it == events_.end()) {
-    return error(ErrorCode::kInvalidHandle, "unknown event handle ", hex(handle));
-  }
-  return &it->second;
-}
-
-Result<device::Stream> Session::device_stream(std::vector<std::optional<device::Stream>>& per_gpu,
-                                              int32_t priority, int gpu) {
-  std::optional<device::Stream>& slot = per_gpu[gpu];
-  if (!slot) {
-    auto created = device_.create_stream(gpu, priority);
-    if (!created.ok()) return created.status();
-    slot = *created;
-  }
-  return *slot;
-}
-
-Result<device::Stream> Session::work_stream(uint64_t handle) {
-  HIBER_ASSIGN_OR_RETURN(StreamEntry * entry, stream_entry(handle));
-  HIBER_ASSIGN_OR_RETURN(device::Stream s, device_stream(entry->per_gpu, entry->priority, lease_->gpu));
-  entry->last_gpu = lease_->gpu;
-  return s;
-}
-
-Session::Outcome Session::stream_create(uint64_t handle, int32_t priority) {
-  Status usable = check_new_handle(streams_, handle, kMaxStreams, "streamCreate");
-  if (!usable.ok()) return {usable};
-  StreamEntry entry;
-  entry.priority = priority;
-  entry.per_gpu.resize(gpu_count_);
-  streams_.emplace(handle, std::move(entry));
-  return {};
-}
-
-Session::Outcome Session::stream_destroy(uint64_t handle) {
-  if (handle == 0) return {invalid("streamDestroy: the default stream cannot be destroyed")};
-  auto it = streams_.find(handle);
-  if (it == streams_.end()) {
-    return {error(ErrorCode::kInvalidHandle, "streamDestroy: unknown stream handle ", hex(handle))};
-  }
-  const StreamEntry entry = std::move(it->second);
-  streams_.erase(it);
-  Status result;
-  for (const std::optional<device::Stream>& s : entry.per_gpu) {
-    if (!s) continue;
-    // Work already on the stream still runs; this callback lets teardown know when it is done.
-    Status tracked = after(*s, [](Status) {});
-    Status destroyed = device_.destroy_stream(*s);
-    if (result.ok()) result = tracked.ok() ? destroyed : tracked;
-  }
-  return {result};
-}
-
-Session::Outcome Session::stream_synchronize(uint64_t handle, uint64_t seq, bool reply) {
-  auto entry = stream_entry(handle);
-  if (!entry.ok()) return {entry.status()};
-  if (!reply) return {};
-  StreamEntry& e = **entry;
-  // Work drained when a lease ended reports its failure here, once, as CUDA would have.
-  if (!e.drained_error.ok()) return {std::exchange(e.drained_error, Status())};
-  if (e.last_gpu < 0 || !e.per_gpu[e.last_gpu]) return {};
-  Status queued = after(*e.per_gpu[e.last_gpu],
-                        [this, seq](Status done) { post_completion(seq, std::move(done)); });
-  if (!queued.ok()) return {queued};
-  return {Status(), {}, /*deferred=*/true};
-}
-
-Session::Outcome Session::stream_query(uint64_t handle) {
-  auto entry = stream_entry(handle);
-  if (!entry.ok()) return {entry.status()};
-  StreamEntry& e = **entry;
-  if (!e.drained_error.ok()) return {std::exchange(e.drained_error, Status())};
-  if (e.last_gpu < 0 || !e.per_gpu[e.last_gpu]) return {};
-  return {device_.query_stream(*e.per_gpu[e.last_gpu])};
-}
-
-Session::Outcome Session::stream_wait_event(uint64_t stream, uint64_t event) {
-  auto s = work_stream(stream);
-  if (!s.ok()) return {s.status()};
-  auto e = event_entry(event);
-  if (!e.ok()) return {e.status()};
-  // An event never recorded is complete; one recorded under an earlier lease was drained when
-  // that lease ended. Only a record on this GPU can still be pending.
-  const EventEntry& entry = **e;
-  if (entry.last_gpu != lease_->gpu) return {Status(), {}, false, *s};
-  return {device_.wait_event(*s, *entry.per_gpu[entry.last_gpu]), {}, false, *s};
-}
-
-Session::Outcome Session::event_create(uint64_t handle, bool disable_timing) {
-  Status usable = check_new_handle(events_, handle, kMaxEvents, "eventCreate");
-  if (!usable.ok()) return {usable};
-  EventEntry entry;
-  entry.disable_timing = disable_timing;
-  entry.per_gpu.resize(gpu_count_);
-  events_.emplace(handle, std::move(entry));
-  return {};
-}
-
-Session::Outcome Session::event_destroy(uint64_t handle) {
-  auto it = events_.find(handle);
-  if (it == events_.end()) {
-    return {error(ErrorCode::kInvalidHandle, "eventDestroy: unknown event handle ", hex(handle))};
-  }
-  const EventEntry entry = std::move(it->second);
-  events_.erase(it);
-  Status result;
-  for (const std::optional<device::Event>& e : entry.per_gpu) {
-    if (!e) continue;
-    Status destroyed = device_.destroy_event(*e);
-    if (result.ok()) result = destroyed;
-  }
-  return {result};
-}
-
-Session::Outcome Session::event_record(uint64_t event, uint64_t stream) {
-  auto e = event_entry(event);
-  if (!e.ok()) return {e.status()};
-  auto s = work_stream(stream);
-  if (!s.ok()) return {s.status()};
-  EventEntry& entry = **e;
-  const int gpu = lease_->gpu;
-  if (!entry.per_gpu[gpu]) {
-    auto created = device_.create_event(gpu, entry.disable_timing);
-    if (!created.ok()) return {created.status()};
-    entry.per_gpu[gpu] = *created;
-  }
-  entry.last_gpu = gpu;
-  Status recorded = device_.record_event(*entry.per_gpu[gpu], *s);
-  if (recorded.ok() && !entry.disable_timing) {
-    entry.completed_ns->store(0);
-    recorded = after(*s, [completed = entry.completed_ns](Status) {
-      completed->store(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                           std::chrono::steady_clock::now().time_since_epoch())
-                           .count());
-    });
-  }
-  return {recorded, {}, false, *s};
-}
-
-Session::Outcome Session::event_synchronize(uint64_t handle, uint64_t seq, bool reply) {
-  auto e = event_entry(handle);
-  if (!e.ok()) return {e.status()};
-  if (!reply) return {};
-  const EventEntry& entry = **e;
-  if (entry.last_gpu < 0) return {};
-  const int gpu = entry.last_gpu;
-  auto sync = device_stream(sync_streams_, 0, gpu);
-  if (!sync.ok()) return {sync.status()};
-  // The synchronisation stream waits for the event's latest record, then reports.
-  Status waited = device_.wait_event(*sync, *entry.per_gpu[gpu]);
-  if (!waited.ok()) return {waited};
-  Status queued = after(*sync, [this, seq](Status done) { post_completion(seq, std::move(done)); });
-  if (!queued.ok()) return {queued};
-  return {Status(), {}, true};
-}
-
-Session::Outcome Session::event_query(uint64_t handle) {
-  auto e = event_entry(handle);
-  if (!e.ok()) return {e.status()};
-  const EventEntry& entry = **e;
-  if (entry.last_gpu < 0) return {};
-  return {device_.query_event(*entry.per_gpu[entry.last_gpu])};
-}
-
-Session::Outcome Session::event_elapsed(uint64_t start, uint64_t end) {
-  auto a = event_entry(start);
-  if (!a.ok()) return {a.status()};
-  auto b = event_entry(end);
-  if (!b.ok()) return {b.status()};
-  const EventEntry& first = **a;
-  const EventEntry& last = **b;
-  if (first.last_gpu < 0 || last.last_gpu < 0) {
-    return {error(ErrorCode::kInvalidHandle, "eventElapsedTime: an event was never recorded")};
-  }
-  if (first.disable_timing || last.disable_timing) {
-    return {error(ErrorCode::kInvalidHandle, "eventElapsedTime: an event has timing disabled")};
-  }
-  if (first.last_gpu != last.last_gpu) {
-    // Recorded under leases on different GPUs: timed on the host, when each record completed.
-    const int64_t a = first.completed_ns->load(), b = last.completed_ns->load();
-    if (a == 0 || b == 0) {
-      return {error(ErrorCode::kNotReady, "eventElapsedTime: an event has not completed")};
-    }
-    return {Status(), static_cast<float>(static_cast<double>(b - a) / 1e6)};
-  }
-  auto ms = device_.elapsed_ms(*first.per_gpu[first.last_gpu], *last.per_gpu[last.last_gpu]);
-  if (!ms.ok()) return {ms.status()};
-  return {Status(), *ms};
-}
-
-Session::Outcome Session::device_synchronize(uint64_t seq, bool reply) {
-  if (!reply) return {};
-  struct Countdown {
-    std::mutex mutex;
-    size_t remaining;
-    Status first_error;
-  };
-  // Failures of work drained at the end of a lease come first.
-  for (StreamEntry* e : all_entries()) {
-    if (!e->drained_error.ok()) return {std::exchange(e->drained_error, Status())};
-  }
-  const std::vector<device::Stream> all = all_streams();
-  if (all.empty()) return {};
-  auto countdown = std::make_shared<Countdown>();
-  countdown->remaining = all.size();
-  for (const device::Stream& s : all) {
-    Status queued = after(s, [this, seq, countdown](Status done) {
-      bool last = false;
-      Status result;
-      {
-        std::lock_guard<std::mutex> lock(countdown->mutex);
-        if (!done.ok() && countdown->first_error.ok()) countdown->first_error = done;
-        last = --countdown->remaining == 0;
-        result = countdown->first_error;
-      }
-      if (last) post_completion(seq, std::move(result));
-    });
-    if (!queued.ok()) {
-      // Account for the callbacks that will never come, so the last one still reports.
-      std::lock_guard<std::mutex> lock(countdown->mutex);
-      if (countdown->first_error.ok()) countdown->first_error = queued;
-      if (--countdown->remaining == 0) return {countdown->first_error};
-    }
-  }
-  return {Status(), {}, true};
-}
-
-// ---- Code ----
-
-Session::Outcome Session::module_load(proto::Call::ModuleLoad::Reader c) {
-  const uint64_t handle = c.getModule();
-  const uint64_t bytes = c.getImageBytes();
-  Status checked = check_arena_range(c.getImageOffset(), bytes, "moduleLoad image");
-  if (checked.ok()) checked = check_new_handle(modules_, handle, kMaxModules, "moduleLoad");
-  if (checked.ok() && bytes == 0) checked = Status(ErrorCode::kInvalidImage, "empty module image");
-  // Hash and parse a private copy: the client can write its arena while we read, and the bytes
-  // the cache keys an image by must be the bytes it loaded. A local, so that a large image's
-  // memory goes back as soon as it is loaded.
-  std::vector<std::byte> image;
-  if (checked.ok()) {
-    const std::byte* src = channel_->arena().data() + c.getImageOffset();
-    image.assign(src, src + bytes);
-  }
-  // The image bytes are no longer needed whatever happens next. (On failure, execute()
-  // releases the staging too; releasing an end twice is harmless.)
-  release_staging_now(c.getStagingEnd());
-  if (!checked.ok()) return {checked};
-  // The image already loaded for any session if these bytes were; loaded now otherwise.
-  auto module = module_cache_.acquire_by_image(image);
-  if (!module.ok()) return {module.status().with_context("moduleLoad")};
-  modules_.emplace(handle, *module);
-  return {};
-}
-
-Session::Outcome Session::module_load_cached(proto::Call::ModuleLoadCached::Reader c) {
-  const uint64_t handle = c.getModule();
-  Status usable = check_new_handle(modules_, handle, kMaxModules, "moduleLoadCached");
-  if (!usable.ok()) return {usable};
-  auto digest = c.getSha256();
-  if (digest.size() != std::tuple_size_v<Sha256>) {
-    return {invalid(str_cat("moduleLoadCached: a SHA-256 of ", digest.size(), " bytes (it has ",
-                            std::tuple_size_v<Sha256>, ")"))};
-  }
-  auto module = module_cache_.acquire_by_hash(
-      std::span<const std::byte, 32>(reinterpret_cast<const std::byte*>(digest.begin()), 32));
-  if (!module.ok()) return {module.status().with_context("moduleLoadCached")};
-  modules_.emplace(handle, *module);
-  return {};
-}
-
-Session::Outcome Session::module_unload(uint64_t handle) {
-  auto it = modules_.find(handle);
-  if (it == modules_.end()) {
-    return {error(ErrorCode::kInvalidHandle, "moduleUnload: unknown module handle ", hex(handle))};
-  }
-  // Functions of the module handle die with it; launching one later is an unknown handle, not a
-  // launch of freed code. The image itself stays loaded while other handles (of this session
-  // or others) use it.
-  std::erase_if(functions_, [handle](const auto& f) { return f.second.module == handle; });
-  const ModuleCache::Ref ref = it->second;
-  modules_.erase(it);
-  return {module_cache_.release(ref).with_context("moduleUnload")};
-}
-
-Session::Outcome Session::function_get(proto::Call::FunctionGet::Reader c) {
-  const uint64_t handle = c.getFunction();
-  Status usable = check_new_handle(functions_, handle, kMaxFunctions, "functionGet");
-  if (!usable.ok()) return {usable};
-  auto module = modules_.find(c.getModule());
-  if (module == modules_.end()) {
-    return {error(ErrorCode::kInvalidHandle, "functionGet: unknown module handle ",
-                  hex(c.getModule()))};
-  }
-  auto name = c.getName();
-  if (name.size() == 0 || name.size() > wire::kMaxNameBytes) {
-    return {invalid(str_cat("functionGet: a kernel name of ", name.size(), " bytes"))};
-  }
-  auto function =
-      device_.get_function(module->second.module, std::string(name.cStr(), name.size()));
-  if (!function.ok()) return {function.status()};
-  auto info = device_.function_info(*function);
-  if (!info.ok()) return {info.status()};
-  functions_.emplace(handle, FunctionEntry{*function, c.getModule(), *info});
-  return {Status(), *info};
-}
-
-Session::Outcome Session::launch_kernel(proto::Call::LaunchKernel::Reader c) {
-  auto f = functions_.find(c.getFunction());
-  if (f == functions_.end()) {
-    return {error(ErrorCode::kInvalidHandle, "launchKernel: unknown function handle ",
-                  hex(c.getFunction()))};
-  }
-  auto s = work_stream(c.getStream());
-  if (!s.ok()) return {s.status()};
-  auto params = c.getParams();
-  if (params.size() != f->second.info.param_bytes()) {
-    return {invalid(str_cat("launchKernel ", f->second.info.name, ": ", params.size(),
-                            " bytes of parameters, the kernel takes ",
-                            f->second.info.param_bytes()))};
-  }
-  const std::span<const std::byte> bytes = std::as_bytes(std::span(params.begin(), params.size()));
-  // The kernel waits for the swap groups its arguments point into, no more (pipelined
-  // execution), and the blocks it may write are noted for dirty tracking.
-  waits_.clear();
-  memory_->kernel_access(bytes, f->second.info, &waits_);
-  for (const device::Event& e : waits_) {
-    Status waited = device_.wait_event(*s, e);
-    if (!waited.ok()) return {waited};
-  }
-  device::LaunchConfig config;
-  config.grid = {c.getGridX(), c.getGridY(), c.getGridZ()};
-  config.block = {c.getBlockX(), c.getBlockY(), c.getBlockZ()};
-  config.shared_memory_bytes = c.getSharedMemBytes();
-  return {device_.launch(*s, f->second.function, config, bytes), {}, false, *s};
 }
 
 // ---- Completion and teardown ----
@@ -1042,7 +457,7 @@ Status Session::after(device::Stream s, std::function<void(Status)> fn) {
 
 bool Session::work_pending() {
   bool pending = false;
-  for (StreamEntry* entry : all_entries()) {
+  for (ClientStream* entry : handles_.client_streams()) {
     for (const std::optional<device::Stream>& s : entry->per_gpu) {
       if (!s) continue;
       Status q = device_.query_stream(*s);
@@ -1057,39 +472,15 @@ bool Session::work_pending() {
   return pending;
 }
 
-std::vector<Session::StreamEntry*> Session::all_entries() {
-  std::vector<StreamEntry*> entries = {&default_stream_};
-  for (auto& [handle, entry] : streams_) entries.push_back(&entry);
-  return entries;
-}
-
-std::vector<device::Stream> Session::all_streams() const {
-  std::vector<device::Stream> all;
-  auto add = [&all](const std::vector<std::optional<device::Stream>>& per_gpu) {
-    for (const std::optional<device::Stream>& s : per_gpu) {
-      if (s) all.push_back(*s);
-    }
-  };
-  add(default_stream_.per_gpu);
-  for (const auto& [handle, entry] : streams_) add(entry.per_gpu);
-  add(sync_streams_);
-  add(swap_streams_);
-  return all;
-}
-
 void Session::quiesce() {
-  for (StreamEntry* entry : all_entries()) {
+  for (ClientStream* entry : handles_.client_streams()) {
     for (const std::optional<device::Stream>& s : entry->per_gpu) {
       if (!s) continue;
       Status drained = device_.synchronize_stream(*s);
       if (!drained.ok() && entry->drained_error.ok()) entry->drained_error = drained;
     }
   }
-  for (const auto* per_gpu : {&sync_streams_, &swap_streams_}) {
-    for (const std::optional<device::Stream>& s : *per_gpu) {
-      if (s) (void)device_.synchronize_stream(*s);
-    }
-  }
+  for (const device::Stream& s : handles_.own_streams()) (void)device_.synchronize_stream(s);
   std::unique_lock<std::mutex> lock(callbacks_mutex_);
   callbacks_done_.wait(lock, [this] { return pending_callbacks_ == 0; });
 }
@@ -1124,20 +515,10 @@ void Session::build_completions(capnp::MessageBuilder& message,
 
 void Session::post_completion(uint64_t seq, Status status, CallResult result) {
   if (!status.ok()) failed_calls_.fetch_add(1, std::memory_order_relaxed);
-  {
-    std::lock_guard<std::mutex> lock(wake_mutex_);
-    posted_.push_back({seq, limited(std::move(status)), std::move(result)});
-  }
-  woken_.notify_all();
-  channel_->interrupt();
+  post(CompletionRecord{seq, limited(std::move(status)), std::move(result)});
 }
 
 Status Session::deliver() {
-  {
-    std::lock_guard<std::mutex> lock(wake_mutex_);
-    for (CompletionRecord& r : posted_) unsent_.push_back(std::move(r));
-    posted_.clear();
-  }
   // Each message must be one ring record, so that it is written whole or not at all: a message
   // cut off half-way would leave the client's ring in the middle of a message.
   const uint64_t limit = channel_->max_unfragmented_message_bytes();
@@ -1192,17 +573,7 @@ void Session::teardown() {
   if (torn_down_.exchange(true)) return;
   channel_->close();
   quiesce();
-  for (auto& [handle, entry] : events_) {
-    for (const std::optional<device::Event>& e : entry.per_gpu) {
-      if (e) (void)device_.destroy_event(*e);
-    }
-  }
-  events_.clear();
-  for (const device::Stream& s : all_streams()) (void)device_.destroy_stream(s);
-  streams_.clear();
-  default_stream_.per_gpu.assign(gpu_count_, std::nullopt);
-  sync_streams_.assign(gpu_count_, std::nullopt);
-  swap_streams_.assign(gpu_count_, std::nullopt);
+  handles_.destroy_all();
   functions_.clear();
   // The session's work is done (quiesce): its references go back; an image no other session
   // uses is unloaded.

@@ -51,14 +51,18 @@
 #include <vector>
 
 #include "common/ids.h"
+#include "common/mailbox.h"
 #include "server/auth.h"
+#include "server/session_types.h"
 #include "server/device/device.h"
 #include "server/function_memory.h"
+#include "server/handle_table.h"
 #include "server/lease.h"
 #include "server/module_cache.h"
 #include "server/staging_tracker.h"
 #include "wire/handshake.h"
 #include "wire/message.h"
+#include "wire/call_table.h"
 #include "wire/schema/calls.capnp.h"
 #include "wire/server_channel.h"
 
@@ -73,26 +77,6 @@ struct SessionConfig {
   std::chrono::microseconds implicit_lease_idle{5000};
   // How FunctionMemory swaps and places this session's blocks.
   FunctionMemoryOptions memory;
-};
-
-struct SessionIdentity {
-  uint64_t id = 0;
-  std::string function_id;
-  PeerCredentials peer;
-};
-
-// A point-in-time view for status reports.
-struct SessionSnapshot {
-  SessionIdentity identity;
-  int gpu = -1;                 // the lease's GPU, -1 between leases
-  uint64_t allocated_bytes = 0;
-  uint64_t quota_bytes = 0;
-  uint64_t batches = 0;
-  uint64_t calls = 0;
-  uint64_t failed_calls = 0;
-  uint64_t malformed_messages = 0;
-  uint64_t leases = 0;
-  double connected_seconds = 0;
 };
 
 class Session final : public LeaseHolder {
@@ -139,25 +123,8 @@ class Session final : public LeaseHolder {
  private:
   struct FunctionEntry {
     device::Function function;
-    uint64_t module;  // the client's module handle
+    wire::ModuleHandle module;
     KernelInfo info;
-  };
-  // A client stream: one device stream per GPU it has had work on.
-  struct StreamEntry {
-    int32_t priority = 0;
-    std::vector<std::optional<device::Stream>> per_gpu;
-    int last_gpu = -1;     // where its latest work went
-    Status drained_error;  // the first failure of work drained when a lease ended
-  };
-  // A client event: one device event per GPU it was recorded on.
-  struct EventEntry {
-    bool disable_timing = false;
-    std::vector<std::optional<device::Event>> per_gpu;
-    int last_gpu = -1;     // where it was last recorded; -1: never (complete)
-    // With timing: when its latest record completed, on the host's steady clock (ns; 0 while
-    // pending). Two records on different GPUs (the function moved between leases) are timed by
-    // these, as GPUs' event clocks cannot be compared.
-    std::shared_ptr<std::atomic<int64_t>> completed_ns = std::make_shared<std::atomic<int64_t>>(0);
   };
   // What a call produced, if anything is sent back.
   using CallResult = std::variant<std::monostate, uint64_t, float, KernelInfo>;
@@ -183,68 +150,55 @@ class Session final : public LeaseHolder {
     Status failure;  // ok: an ordinary end
   };
   using Command = std::variant<GrantCommand, EndCommand>;
+  // What other threads hand the session thread: the controller's commands, and completions
+  // from device callbacks.
+  using Mail = std::variant<GrantCommand, EndCommand, CompletionRecord>;
 
   Session(device::Device& device, ModuleCache& modules, GpuLessor& lessor,
           SessionIdentity identity, const SessionConfig& config,
           std::unique_ptr<wire::ServerChannel> channel, std::shared_ptr<FunctionMemory> memory);
 
   void run();
+  // Executes request_ from call `first` on, noting in held_ where a call waits for a lease.
+  void run_request(uint32_t first);
+  // With calls held: runs them under a lease, fails them if the lease could not be granted, or
+  // asks for a lease and waits up to `wait` for it.
+  void resume_held(std::chrono::nanoseconds wait);
   // Executes the calls of `message` from call `first` on. Returns the index of the first call
   // not executed because it needs a GPU and the session holds no lease; nothing when every
   // call ran or the message was refused.
   std::optional<uint32_t> handle_message(const wire::Message& message, uint32_t first);
   void execute(wire::proto::Call::Reader call, uint64_t seq);
+  // Runs the call's handler (the call table, wire/call_table.h).
   Outcome dispatch(wire::proto::Call::Reader call, uint64_t seq);
-  static bool needs_gpu(wire::proto::Call::Reader call);
   // Fails the calls of `message` from `first` on (they waited for a lease that could not be
   // granted): each gets `why`, and the session reports it once as a sticky error.
   void fail_held(const wire::Message& message, uint32_t first, const Status& why);
 
+  // Session thread: files the mail waiting (completions join unsent_) and returns the commands.
+  std::vector<Command> take_mail();
   // Leases (session thread).
-  void run_commands();
+  void run_commands(std::vector<Command> commands);
   void begin_lease(const Lease& lease);
   void finish_lease(const Status& failure);
-  // Waits until the controller or a device callback has something for the session thread, the
-  // channel closes, or `timeout` passes.
-  void wait_for_wake(std::chrono::nanoseconds timeout);
-  void wake();
-  // Queues a command for the session thread and wakes it (any thread).
-  void post_command(Command command);
+  // Queues mail for the session thread and wakes it (any thread).
+  void post(Mail mail);
 
-  // Call handlers.
-  Outcome mem_allocate(uint64_t va, uint64_t bytes);
-  Outcome mem_free(uint64_t va);
-  Outcome memcpy_htod(wire::proto::Call::MemcpyHtoD::Reader c);
-  Outcome memcpy_dtoh(wire::proto::Call::MemcpyDtoH::Reader c);
-  Outcome memcpy_dtod(wire::proto::Call::MemcpyDtoD::Reader c);
-  Outcome memset(wire::proto::Call::Memset::Reader c);
-  Outcome stream_create(uint64_t handle, int32_t priority);
-  Outcome stream_destroy(uint64_t handle);
-  Outcome stream_synchronize(uint64_t handle, uint64_t seq, bool reply);
-  Outcome stream_query(uint64_t handle);
-  Outcome stream_wait_event(uint64_t stream, uint64_t event);
-  Outcome event_create(uint64_t handle, bool disable_timing);
-  Outcome event_destroy(uint64_t handle);
-  Outcome event_record(uint64_t event, uint64_t stream);
-  Outcome event_synchronize(uint64_t handle, uint64_t seq, bool reply);
-  Outcome event_query(uint64_t handle);
-  Outcome event_elapsed(uint64_t start, uint64_t end);
-  Outcome device_synchronize(uint64_t seq, bool reply);
-  Outcome module_load(wire::proto::Call::ModuleLoad::Reader c);
-  Outcome module_load_cached(wire::proto::Call::ModuleLoadCached::Reader c);
-  Outcome module_unload(uint64_t handle);
-  Outcome function_get(wire::proto::Call::FunctionGet::Reader c);
-  Outcome launch_kernel(wire::proto::Call::LaunchKernel::Reader c);
+  // Call handlers, one per call of the table: a synchronisation also gets its sequence number
+  // and whether the client waits for its reply.
+#define HIBER_SESSION_HANDLER_kAsync(Name, handler) Outcome handler(const wire::calls::Name& call);
+#define HIBER_SESSION_HANDLER_kSync(Name, handler) \
+  Outcome handler(const wire::calls::Name& call, uint64_t seq, bool reply);
+#define HIBER_SESSION_HANDLER(Name, name, WHICH, where, timing, shape, handler, fields) \
+  HIBER_SESSION_HANDLER_##timing(Name, handler)
+  HIBER_CALLS(HIBER_SESSION_HANDLER, HIBER_CALL_IGNORED)
+#undef HIBER_SESSION_HANDLER
+#undef HIBER_SESSION_HANDLER_kSync
+#undef HIBER_SESSION_HANDLER_kAsync
 
   // The device stream of a client handle on the lease's GPU, made on first use. REQUIRES: a
   // lease. kInvalidHandle for a handle the client never made.
-  Result<device::Stream> work_stream(uint64_t handle);
-  // per_gpu[gpu], created with `priority` if it does not exist yet.
-  Result<device::Stream> device_stream(std::vector<std::optional<device::Stream>>& per_gpu,
-                                       int32_t priority, int gpu);
-  // The client stream entry (0 is the default stream).
-  Result<StreamEntry*> stream_entry(uint64_t handle);
-  Result<EventEntry*> event_entry(uint64_t handle);
+  Result<device::Stream> work_stream(wire::StreamHandle handle);
   // Makes `stream` wait for the swap groups that [ptr, ptr + bytes) needs (pipelined execution)
   // and notes a write for dirty tracking.
   Status before_access(device::Stream stream, uint64_t ptr, uint64_t bytes, bool write);
@@ -254,15 +208,10 @@ class Session final : public LeaseHolder {
   Status track_staging(uint64_t staging_end, device::Stream stream);
   // Releases staging of a call that will not run.
   void release_staging_now(uint64_t staging_end);
-  // The stagingEnd a call names, or 0.
-  static uint64_t staging_end_of(wire::proto::Call::Reader call);
   // Runs `fn(status)` when all work before it on `stream` is done; counted for quiesce().
   Status after(device::Stream stream, std::function<void(Status)> fn);
   // Some stream of the session still has work queued or running.
   bool work_pending();
-  // Every device stream the session has, on every GPU; and every client stream.
-  std::vector<device::Stream> all_streams() const;
-  std::vector<StreamEntry*> all_entries();
   // Waits until every stream is idle and every callback has run; keeps each client stream's
   // first failure for its next synchronisation.
   void quiesce();
@@ -292,25 +241,21 @@ class Session final : public LeaseHolder {
 
   // Owned by the session thread (and by create()/the destructor when it is not running).
   uint64_t next_seq_ = 1;
+  wire::Message request_;               // the latest message from the request ring
+  std::optional<uint32_t> held_;        // request_'s calls from this one wait for a lease
   std::optional<Lease> lease_;          // the GPU the calls execute on, if any
   bool asked_for_gpu_ = false;          // an implicit lease is on its way
   Status lease_failure_;                // the last grant could not be used
   std::chrono::steady_clock::time_point last_gpu_call_;
-  StreamEntry default_stream_;          // the client's stream 0
-  std::vector<std::optional<device::Stream>> sync_streams_;  // per GPU: event synchronisation
-  std::vector<std::optional<device::Stream>> swap_streams_;  // per GPU: the model's transfers
-  std::unordered_map<uint64_t, StreamEntry> streams_;
-  std::unordered_map<uint64_t, EventEntry> events_;
-  std::unordered_map<uint64_t, ModuleCache::Ref> modules_;  // each holds one cache reference
-  std::unordered_map<uint64_t, FunctionEntry> functions_;
+  HandleTable handles_;                  // client streams and events, per GPU
+  // Each module holds one cache reference.
+  std::unordered_map<wire::ModuleHandle, ModuleCache::Ref> modules_;
+  std::unordered_map<wire::FunctionHandle, FunctionEntry> functions_;
   std::deque<CompletionRecord> unsent_;  // completions not yet written to the completion ring
   std::vector<device::Event> waits_;     // scratch for before_access
 
-  // Commands from the controller and completions from device callbacks, for the session thread.
-  std::mutex wake_mutex_;
-  std::condition_variable woken_;
-  std::vector<Command> commands_;        // guarded by wake_mutex_
-  std::vector<CompletionRecord> posted_;  // guarded by wake_mutex_
+  // For the session thread; closed when the session ends.
+  Mailbox<Mail> mail_;
 
   // Device callbacks not yet run; teardown and memFree wait for zero.
   std::mutex callbacks_mutex_;

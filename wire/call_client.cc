@@ -52,7 +52,7 @@ Status CallClient::flush() {
 }
 
 Status CallClient::ping() {
-  auto reply = call([](proto::Call::Builder c) { c.initPing().setValue(0x70696e67); });
+  auto reply = call(calls::Ping{.value = 0x70696e67});
   return reply.status();
 }
 

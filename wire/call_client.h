@@ -27,6 +27,7 @@
 #include "common/kernel_info.h"
 #include "common/status.h"
 #include "wire/batch_builder.h"
+#include "wire/call_codec.h"
 #include "wire/client_channel.h"
 #include "wire/schema/calls.capnp.h"
 
@@ -53,11 +54,12 @@ class CallClient {
   const SessionInfo& session() const { return channel_->session(); }
   ClientChannel& channel() { return *channel_; }
 
-  // Appends an asynchronous call; fill(proto::Call::Builder) sets it. Sends the batch when full.
+  // Appends an asynchronous call: `fill` is its argument struct (wire/call_table.h), or sets a
+  // proto::Call::Builder itself. Sends the batch when full.
   template <typename Fill>
   Status enqueue(Fill&& fill) {
     if (batch_.empty()) batch_.reset(next_seq_);
-    fill(batch_.add_call());
+    fill_call(batch_.add_call(), fill);
     ++next_seq_;
     return batch_.full() ? flush() : Status();
   }
@@ -85,7 +87,7 @@ class CallClient {
     if (batch_.empty()) batch_.reset(next_seq_);
     const uint64_t seq = next_seq_++;
     proto::Call::Builder c = batch_.add_call();
-    fill(c);
+    fill_call(c, fill);
     c.setReply(true);
     awaited_.emplace(seq, sticky);
     return seq;

@@ -2,9 +2,9 @@
 
 #include <capnp/message.h>
 
+#include "wire/control_codec.h"
 #include "wire/handshake.h"
 #include "wire/limits.h"
-#include "wire/schema/control.capnp.h"
 #include "wire/socket_frame.h"
 
 namespace hiber::wire {
@@ -15,15 +15,10 @@ Result<ControlClient> ControlClient::connect(const std::string& control_socket_p
   return ControlClient(std::move(fd), timeout);
 }
 
-// Sends the request `fill` builds and returns the reply, or hiberd's error as a Status.
-template <typename Fill>
-Result<Message> ControlClient::call(Fill&& fill) {
+Result<Message> ControlClient::exchange(control::RequestBody body) {
   capnp::MallocMessageBuilder request;
-  auto root = request.initRoot<proto::ControlRequest>();
-  const ProtocolVersion version = current_protocol_version();
-  root.initVersion().setMajor(version.major);
-  root.getVersion().setMinor(version.minor);
-  fill(root);
+  write_control_request(request.initRoot<proto::ControlRequest>(),
+                        control::Request{current_protocol_version(), std::move(body)});
   HIBER_ASSIGN_OR_RETURN(std::vector<std::byte> frame, encode_frame(request));
   Message reply;
   HIBER_RETURN_IF_ERROR(
@@ -37,98 +32,49 @@ Result<Message> ControlClient::call(Fill&& fill) {
   return reply;
 }
 
-namespace {
-
-// Reads a reply expected to be of kind `which`.
-template <typename Read>
-Status read_reply(const Message& reply, proto::ControlReply::Which which, Read&& read) {
-  return read_message<proto::ControlReply>(
-      reply, "control reply", [&](proto::ControlReply::Reader r) -> Status {
-        if (r.which() != which) {
-          return error(ErrorCode::kInvalidValue, "hiberd answered with reply kind ",
-                       static_cast<unsigned>(r.which()), ", not ", static_cast<unsigned>(which));
-        }
-        return read(r);
-      });
-}
-
-Status expect_ok(const Result<Message>& reply) {
+template <typename T>
+Result<T> ControlClient::call(control::RequestBody body) {
+  HIBER_ASSIGN_OR_RETURN(Message message, exchange(std::move(body)));
+  Result<control::Reply> reply = Status(ErrorCode::kInvalidValue, "no control reply");
+  HIBER_RETURN_IF_ERROR(read_message<proto::ControlReply>(
+      message, "control reply", [&](proto::ControlReply::Reader r) -> Status {
+        reply = read_control_reply(r);
+        return Status();
+      }));
   if (!reply.ok()) return reply.status();
-  return read_reply(*reply, proto::ControlReply::OK, [](auto) { return Status(); });
+  if (T* answer = std::get_if<T>(&*reply)) return std::move(*answer);
+  return error(ErrorCode::kInvalidValue, "hiberd answered with reply kind ", reply->index(),
+               " of control::Reply, not ", control::Reply(T{}).index());
 }
 
-}  // namespace
+Status ControlClient::ping() { return call<control::Pong>(control::Ping{}).status(); }
 
-Status ControlClient::ping() {
-  auto reply = call([](proto::ControlRequest::Builder r) { r.setPing(); });
-  if (!reply.ok()) return reply.status();
-  return read_reply(*reply, proto::ControlReply::PONG, [](auto) { return Status(); });
-}
-
-Status ControlClient::register_function(const FunctionRegistration& f) {
-  return expect_ok(call([&](proto::ControlRequest::Builder r) {
-    auto out = r.initRegisterFunction();
-    out.setFunctionId(f.function_id);
-    out.setSloMs(f.slo_ms);
-    out.setTailPercentile(f.tail_percentile);
-    out.setQuotaBytes(f.quota_bytes);
-    out.setStateful(f.stateful);
-    out.setHeavyHint(!f.heavy ? proto::Heaviness::UNKNOWN
-                              : (*f.heavy ? proto::Heaviness::HEAVY : proto::Heaviness::LIGHT));
-    out.setExecMsHint(f.exec_ms_hint);
-  }));
+Status ControlClient::register_function(const FunctionRegistration& registration) {
+  return call<control::Ok>(registration).status();
 }
 
 Status ControlClient::unregister_function(const std::string& function_id) {
-  return expect_ok(
-      call([&](proto::ControlRequest::Builder r) { r.setUnregisterFunction(function_id); }));
+  return call<control::Ok>(control::UnregisterFunction{function_id}).status();
 }
 
 Result<uint64_t> ControlClient::request_arrived(const std::string& function_id) {
-  auto reply = call([&](proto::ControlRequest::Builder r) { r.setRequestArrived(function_id); });
-  if (!reply.ok()) return reply.status();
-  uint64_t id = 0;
-  HIBER_RETURN_IF_ERROR(read_reply(*reply, proto::ControlReply::ACCEPTED, [&](auto r) {
-    id = r.getAccepted();
-    return Status();
-  }));
-  return id;
+  HIBER_ASSIGN_OR_RETURN(auto accepted,
+                         call<control::Accepted>(control::RequestArrived{function_id}));
+  return accepted.request_id;
 }
 
 Result<Started> ControlClient::request_start(uint64_t request) {
-  auto reply = call([&](proto::ControlRequest::Builder r) { r.setRequestStart(request); });
-  if (!reply.ok()) return reply.status();
-  Started started;
-  HIBER_RETURN_IF_ERROR(read_reply(*reply, proto::ControlReply::STARTED, [&](auto r) {
-    auto s = r.getStarted();
-    started.gpu = static_cast<int>(s.getGpu());
-    started.source = s.getSource().cStr();
-    started.source_gpu = s.getSourceGpu();
-    started.rule = s.getRule().cStr();
-    started.queued_ms = s.getQueuedMs();
-    return Status();
-  }));
-  return started;
+  return call<Started>(control::RequestStart{request});
 }
 
 Status ControlClient::request_done(uint64_t request, bool failed) {
-  return expect_ok(call([&](proto::ControlRequest::Builder r) {
-    auto done = r.initRequestDone();
-    done.setRequestId(request);
-    done.setFailed(failed);
-  }));
+  return call<control::Ok>(RequestDone{request, failed}).status();
 }
 
 Status ControlClient::drain(int gpu, bool resume) {
-  return expect_ok(call([&](proto::ControlRequest::Builder r) {
-    auto d = r.initDrain();
-    d.setGpu(gpu);
-    d.setResume(resume);
-  }));
+  return call<control::Ok>(Drain{gpu, resume}).status();
 }
 
-Result<Message> ControlClient::status() {
-  return call([](proto::ControlRequest::Builder r) { r.setStatus(); });
-}
+Result<Message> ControlClient::status() { return exchange(control::StatusQuery{}); }
 
 }  // namespace hiber::wire

@@ -11,32 +11,14 @@
 
 #include <chrono>
 #include <cstdint>
-#include <optional>
 #include <string>
 
 #include "common/status.h"
 #include "common/unique_fd.h"
+#include "wire/control_types.h"
 #include "wire/message.h"
 
 namespace hiber::wire {
-
-struct FunctionRegistration {
-  std::string function_id;
-  double slo_ms = 0;
-  double tail_percentile = 0;        // 0: hiberd's default (0.98)
-  uint64_t quota_bytes = 0;          // 0: hiberd's default
-  bool stateful = false;
-  std::optional<bool> heavy;         // a hint until hiberd has measured
-  double exec_ms_hint = 0;
-};
-
-struct Started {
-  int gpu = -1;
-  std::string source;                // "resident", "peer" or "host"
-  int source_gpu = -1;
-  std::string rule;
-  double queued_ms = 0;
-};
 
 class ControlClient {
  public:
@@ -58,8 +40,11 @@ class ControlClient {
  private:
   ControlClient(UniqueFd fd, std::chrono::milliseconds timeout)
       : fd_(std::move(fd)), timeout_(timeout) {}
-  template <typename Fill>
-  Result<Message> call(Fill&& fill);
+  // Sends a request and returns hiberd's reply message, or its error answer as a Status.
+  Result<Message> exchange(control::RequestBody body);
+  // The same, for a reply of kind T.
+  template <typename T>
+  Result<T> call(control::RequestBody body);
 
   UniqueFd fd_;
   std::chrono::milliseconds timeout_;

@@ -1,4 +1,5 @@
 # Unit tests of wire/. Each runs in seconds, and under ThreadSanitizer (HIBER_SANITIZE=thread).
-foreach(part doorbell ring message batch_builder socket_frame handshake channel)
+foreach(part doorbell ring message batch_builder call_table control_codec socket_frame handshake
+    channel)
   hiber_test(wire_${part}_test LABEL unit SOURCES wire_${part}_test.cc LIBS hiber_wire TIMEOUT 120)
 endforeach()

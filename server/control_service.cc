@@ -1,0 +1,253 @@
+#include "server/control_service.h"
+
+#include <capnp/message.h>
+
+#include <variant>
+
+#include "scheduler/scheduler.h"
+#include "wire/control_codec.h"
+#include "wire/handshake.h"
+#include "wire/limits.h"
+#include "wire/schema/control.capnp.h"
+#include "wire/socket_frame.h"
+
+namespace hiber::server {
+namespace proto = wire::proto;
+namespace control = wire::control;
+
+namespace {
+
+template <typename... Fs>
+struct Overloaded : Fs... {
+  using Fs::operator()...;
+};
+template <typename... Fs>
+Overloaded(Fs...) -> Overloaded<Fs...>;
+
+// A control reply frame built by `fill`.
+Result<std::vector<std::byte>> reply_frame(
+    const std::function<void(proto::ControlReply::Builder)>& fill) {
+  capnp::MallocMessageBuilder reply;
+  fill(reply.initRoot<proto::ControlReply>());
+  auto frame = wire::encode_frame(reply, wire::kMaxControlReplyBytes);
+  if (!frame.ok()) {
+    return Status(ErrorCode::kUnknown,
+                  "hiberd cannot encode its reply: " + frame.status().message());
+  }
+  return frame;
+}
+
+Result<std::vector<std::byte>> reply_frame(const control::Reply& reply) {
+  return reply_frame(
+      [&](proto::ControlReply::Builder root) { wire::write_control_reply(root, reply); });
+}
+
+// The controller's registration from the router's, or why it is refused.
+Result<Registration> registration_of(const wire::FunctionRegistration& f) {
+  if (!(f.slo_ms > 0) || f.slo_ms > 1e9) {
+    return error(ErrorCode::kInvalidValue, "registerFunction '", f.function_id, "': sloMs ",
+                 f.slo_ms, " must be in (0, 1e9]");
+  }
+  if (f.exec_ms_hint < 0 || f.exec_ms_hint > 1e9) {
+    return error(ErrorCode::kInvalidValue, "registerFunction: execMsHint ", f.exec_ms_hint,
+                 " must be in [0, 1e9]");
+  }
+  Registration registration;
+  registration.function_id = f.function_id;
+  registration.slo = static_cast<scheduler::Duration>(f.slo_ms * 1e6);
+  registration.tail_percentile = f.tail_percentile;
+  registration.quota_bytes = f.quota_bytes;
+  registration.stateful = f.stateful;
+  registration.heavy_hint = f.heavy;
+  registration.exec_hint = static_cast<scheduler::Duration>(f.exec_ms_hint * 1e6);
+  return registration;
+}
+
+}  // namespace
+
+ControlService::ControlService(device::Device& device, Controller& controller,
+                               const ModuleCache& modules,
+                               std::function<DaemonReport()> daemon_report)
+    : device_(device),
+      controller_(controller),
+      modules_(modules),
+      daemon_report_(std::move(daemon_report)) {}
+
+Result<std::vector<std::byte>> ControlService::error_frame(const Status& why) {
+  return reply_frame(control::Reply(why));
+}
+
+Status ControlService::answer(const wire::Message& message, ReplySender send) {
+  Result<control::Request> request = Status(ErrorCode::kInvalidValue, "no control request");
+  HIBER_RETURN_IF_ERROR(wire::read_message<proto::ControlRequest>(
+      message, "control request", [&](proto::ControlRequest::Reader r) -> Status {
+        request = wire::read_control_request(r);
+        return Status();
+      }));
+  // A request kind this hiberd does not know is answered, not a malformed message.
+  if (!request.ok()) {
+    send(error_frame(request.status()));
+    return Status();
+  }
+  const wire::ProtocolVersion ours = wire::current_protocol_version();
+  if (request->version.major != ours.major) {
+    send(error_frame(error(ErrorCode::kNotSupported, "protocol ", request->version.major,
+                           " is not supported; this hiberd speaks ", ours.major, ".",
+                           ours.minor)));
+    return Status();
+  }
+  // Replies to the controller's calls come back on its thread.
+  auto reply_ok = [send](Result<Controller::Ok> done) {
+    send(reply_frame(done.ok() ? control::Reply(control::Ok{}) : control::Reply(done.status())));
+  };
+  std::visit(
+      Overloaded{
+          [&](const control::StatusQuery&) { answer_status(send); },
+          [&](const control::Ping&) { send(reply_frame(control::Reply(control::Pong{}))); },
+          [&](const wire::FunctionRegistration& f) {
+            auto registration = registration_of(f);
+            if (!registration.ok()) return send(error_frame(registration.status()));
+            controller_.register_function(*registration, reply_ok);
+          },
+          [&](const control::UnregisterFunction& u) {
+            controller_.unregister_function(u.function_id, reply_ok);
+          },
+          [&](const control::RequestArrived& a) {
+            controller_.request_arrived(a.function_id, [send](Result<uint64_t> id) {
+              if (!id.ok()) return send(error_frame(id.status()));
+              send(reply_frame(control::Reply(control::Accepted{*id})));
+            });
+          },
+          [&](const control::RequestStart& s) {
+            controller_.request_start(s.request_id, [send](Result<StartAnswer> started) {
+              if (!started.ok()) return send(error_frame(started.status()));
+              send(reply_frame(control::Reply(
+                  wire::Started{.gpu = started->gpu,
+                                .source = scheduler::source_name(started->source),
+                                .source_gpu = started->source_gpu,
+                                .rule = scheduler::placement_rule_name(started->rule),
+                                .queued_ms = started->queued_ms})));
+            });
+          },
+          [&](const wire::RequestDone& d) {
+            controller_.request_done(d.request_id, d.failed, reply_ok);
+          },
+          [&](const wire::Drain& d) { controller_.drain(d.gpu, d.resume, reply_ok); },
+      },
+      request->body);
+  return Status();
+}
+
+void ControlService::answer_status(ReplySender send) {
+  // The daemon's part now; the controller's when its thread gets to it.
+  DaemonReport report = daemon_report_();
+  const ModuleCacheStats cache = modules_.stats();
+  controller_.status([this, send, report = std::move(report),
+                      cache](Result<ControllerStatus> controller) {
+    if (!controller.ok()) return send(error_frame(controller.status()));
+    const std::vector<SessionSnapshot>& sessions = report.sessions;
+    const DaemonReport& counters = report;
+    const uint64_t malformed = report.malformed_messages;
+    const double uptime = report.uptime_seconds;
+    send(reply_frame([&](proto::ControlReply::Builder root) {
+      auto status = root.initStatus();
+      const wire::ProtocolVersion ours = wire::current_protocol_version();
+      auto version = status.initServerVersion();
+      version.setMajor(ours.major);
+      version.setMinor(ours.minor);
+      status.setBackend(device_.backend_name());
+      status.setNodeName(device_.topology().name);
+      status.setUptimeSeconds(uptime);
+      std::vector<uint64_t> session_bytes(device_.gpu_count(), 0);
+      for (int g = 0; g < device_.gpu_count(); ++g) {
+        session_bytes[g] = controller->gpus[g].pool.allocated_bytes;
+      }
+      auto devices = status.initDevices(static_cast<unsigned>(device_.gpu_count()));
+      for (int g = 0; g < device_.gpu_count(); ++g) {
+        const ControllerStatus::Gpu& gpu = controller->gpus[g];
+        auto d = devices[static_cast<unsigned>(g)];
+        d.setOrdinal(static_cast<uint32_t>(g));
+        d.setName(device_.properties(g).name);
+        d.setTotalBytes(device_.properties(g).total_memory_bytes);
+        d.setSessionBytes(session_bytes[g]);
+        d.setHealthy(gpu.healthy);
+        d.setDrained(gpu.drained);
+        d.setRunningFunction(gpu.running);
+        d.setPoolBytes(gpu.pool_bytes);
+        d.setPoolAllocatedBytes(gpu.pool.allocated_bytes);
+        d.setPoolLargestFreeBytes(gpu.pool.largest_free_bytes);
+        d.setPoolFragmentation(gpu.pool.fragmentation());
+        d.setSwapsIn(gpu.swaps_in);
+        d.setSwapInBytes(gpu.swap_in_bytes);
+        d.setSwapInSeconds(gpu.swap_in_seconds);
+        d.setEvictions(gpu.evictions);
+      }
+      auto list = status.initSessions(static_cast<unsigned>(sessions.size()));
+      for (size_t i = 0; i < sessions.size(); ++i) {
+        const SessionSnapshot& s = sessions[i];
+        auto out = list[static_cast<unsigned>(i)];
+        out.setId(s.identity.id);
+        out.setFunctionId(s.identity.function_id);
+        out.setPid(s.identity.peer.pid);
+        out.setUid(s.identity.peer.uid);
+        out.setGpu(s.gpu < 0 ? 0 : static_cast<uint32_t>(s.gpu));
+        out.setBoundGpu(s.gpu);
+        out.setAllocatedBytes(s.allocated_bytes);
+        out.setQuotaBytes(s.quota_bytes);
+        out.setBatches(s.batches);
+        out.setCalls(s.calls);
+        out.setFailedCalls(s.failed_calls);
+        out.setConnectedSeconds(s.connected_seconds);
+      }
+      auto functions = status.initFunctions(static_cast<unsigned>(controller->functions.size()));
+      for (size_t i = 0; i < controller->functions.size(); ++i) {
+        const ControllerStatus::Function& f = controller->functions[i];
+        auto out = functions[static_cast<unsigned>(i)];
+        out.setFunctionId(f.function_id);
+        out.setRegistered(f.registered);
+        out.setStateful(f.stateful);
+        out.setHeavy(f.heavy);
+        out.setModelBytes(f.model_bytes);
+        out.setHostCopyBytes(f.host_copy_bytes);
+        auto gpus = out.initResidentGpus(static_cast<unsigned>(f.resident_gpus.size()));
+        for (size_t g = 0; g < f.resident_gpus.size(); ++g) {
+          gpus.set(static_cast<unsigned>(g), static_cast<uint32_t>(f.resident_gpus[g]));
+        }
+        out.setRequests(f.requests);
+        out.setOnTime(f.on_time);
+        out.setRrc(f.rrc);
+      }
+      auto sched = status.initScheduler();
+      sched.setPlacement(controller->placement);
+      sched.setEviction(controller->eviction);
+      sched.setQueue(controller->queue);
+      sched.setQueued(controller->queued);
+      sched.setArrivals(controller->counters.arrivals);
+      sched.setBackground(controller->counters.background);
+      sched.setCompleted(controller->counters.completed);
+      sched.setOnTime(controller->counters.on_time);
+      sched.setResidentStarts(controller->counters.resident_starts);
+      sched.setPeerSwaps(controller->counters.peer_swaps);
+      sched.setHostSwaps(controller->counters.host_swaps);
+      sched.setEvictions(controller->counters.evictions);
+      sched.setSwapGroupBytes(controller->swap_group_bytes);
+      sched.setHostPoolBytes(controller->host_pool.capacity_bytes);
+      sched.setHostPoolUsedBytes(controller->host_pool.model_bytes +
+                                 controller->host_pool.staging_bytes);
+      sched.setDrainingNode(controller->draining);
+      auto out = status.initCounters();
+      out.setSessionsOpened(counters.sessions_opened);
+      out.setSessionsClosed(counters.sessions_closed);
+      out.setHandshakesRejected(counters.handshakes_rejected);
+      out.setMalformedMessages(malformed);
+      out.setControlRequests(counters.control_requests);
+      out.setCachedModules(cache.entries);
+      out.setCachedModuleBytes(cache.image_bytes);
+      out.setModuleCacheHits(cache.hits);
+      out.setModuleCacheMisses(cache.misses);
+      out.setModuleCacheUnknownHashes(cache.unknown_hashes);
+    }));
+  });
+}
+
+}  // namespace hiber::server

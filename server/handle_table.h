@@ -1,0 +1,111 @@
+// A session's client streams and events, and the device streams and events behind them on each
+// GPU: a client handle names one object, which has a device object on each GPU where a lease put
+// it to work, made on first use there.
+//
+// Also the session's own per-GPU streams: one for event synchronisation, one for the model's
+// swap transfers.
+//
+// Thread safety: the session thread only.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "common/status.h"
+#include "server/device/device.h"
+#include "wire/call_table.h"
+
+namespace hiber::server {
+
+// Checks that a client-chosen handle can name a new object: not zero (reserved), not in use,
+// and the session under `limit` objects of that kind (`held` now). `call` names the call in
+// errors.
+Status check_new_handle(uint64_t handle, bool in_use, size_t held, size_t limit,
+                        std::string_view call);
+// The same for a new key of `table`.
+template <typename Table>
+Status check_new_handle(const Table& table, typename Table::key_type handle, size_t limit,
+                        std::string_view call) {
+  return check_new_handle(handle.value(), table.count(handle) != 0, table.size(), limit, call);
+}
+
+// A client stream: one device stream per GPU it has had work on.
+struct ClientStream {
+  int32_t priority = 0;
+  std::vector<std::optional<device::Stream>> per_gpu;
+  int last_gpu = -1;     // where its latest work went
+  Status drained_error;  // the first failure of work drained when a lease ended
+};
+
+// A client event: one device event per GPU it was recorded on.
+struct ClientEvent {
+  bool disable_timing = false;
+  std::vector<std::optional<device::Event>> per_gpu;
+  int last_gpu = -1;  // where it was last recorded; -1: never (complete)
+  // With timing: when its latest record completed, on the host's steady clock (ns; 0 while
+  // pending). Two records on different GPUs (the function moved between leases) are timed by
+  // these, as GPUs' event clocks cannot be compared.
+  std::shared_ptr<std::atomic<int64_t>> completed_ns = std::make_shared<std::atomic<int64_t>>(0);
+};
+
+class HandleTable {
+ public:
+  // `device` must outlive the table.
+  HandleTable(device::Device& device, int gpu_count);
+
+  HandleTable(const HandleTable&) = delete;
+  HandleTable& operator=(const HandleTable&) = delete;
+
+  // The client's stream (handle 0: the default stream) or event; kInvalidHandle if it never
+  // made it.
+  Result<ClientStream*> stream(wire::StreamHandle handle);
+  Result<ClientEvent*> event(wire::EventHandle handle);
+
+  // New client objects, checked as check_new_handle() does.
+  Status add_stream(wire::StreamHandle handle, int32_t priority);
+  Status add_event(wire::EventHandle handle, bool disable_timing);
+  // Forgets a client object and returns it, so the caller can retire its device objects. The
+  // default stream cannot be removed.
+  Result<ClientStream> remove_stream(wire::StreamHandle handle);
+  Result<ClientEvent> remove_event(wire::EventHandle handle);
+
+  // The device stream of a client stream on `gpu`, made on first use; `gpu` becomes where its
+  // latest work went.
+  Result<device::Stream> work_stream(wire::StreamHandle handle, int gpu);
+  // The device event of a client event on `gpu`, made on first use.
+  Result<device::Event> event_on(ClientEvent& event, int gpu);
+  // The session's own streams on `gpu`, made on first use.
+  Result<device::Stream> sync_stream(int gpu);
+  Result<device::Stream> swap_stream(int gpu);
+
+  // Every client stream, the default stream first.
+  std::vector<ClientStream*> client_streams();
+  // The session's own device streams (synchronisation, swaps), on every GPU.
+  std::vector<device::Stream> own_streams() const;
+  // Every device stream: the client streams' and the session's own.
+  std::vector<device::Stream> all_streams() const;
+
+  // Destroys every device stream and event and forgets every client object. REQUIRES: no work
+  // is left on them.
+  void destroy_all();
+
+ private:
+  using PerGpuStreams = std::vector<std::optional<device::Stream>>;
+  // per_gpu[gpu], created with `priority` if it does not exist yet.
+  Result<device::Stream> device_stream(PerGpuStreams& per_gpu, int32_t priority, int gpu);
+
+  device::Device& device_;
+  const int gpu_count_;
+  ClientStream default_stream_;  // the client's stream 0
+  PerGpuStreams sync_streams_;   // per GPU: event synchronisation
+  PerGpuStreams swap_streams_;   // per GPU: the model's transfers
+  std::unordered_map<wire::StreamHandle, ClientStream> streams_;
+  std::unordered_map<wire::EventHandle, ClientEvent> events_;
+};
+
+}  // namespace hiber::server

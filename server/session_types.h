@@ -1,0 +1,32 @@
+// Who a session serves and what it reports, apart from the session itself (server/session.h),
+// so that status reports can name sessions without the call machinery.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "server/auth.h"
+
+namespace hiber::server {
+
+struct SessionIdentity {
+  uint64_t id = 0;
+  std::string function_id;
+  PeerCredentials peer;
+};
+
+// A point-in-time view for status reports.
+struct SessionSnapshot {
+  SessionIdentity identity;
+  int gpu = -1;                 // the lease's GPU, -1 between leases
+  uint64_t allocated_bytes = 0;
+  uint64_t quota_bytes = 0;
+  uint64_t batches = 0;
+  uint64_t calls = 0;
+  uint64_t failed_calls = 0;
+  uint64_t malformed_messages = 0;
+  uint64_t leases = 0;
+  double connected_seconds = 0;
+};
+
+}  // namespace hiber::server

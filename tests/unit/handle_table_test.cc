@@ -1,0 +1,93 @@
+// HandleTable: client handles are checked, and each client stream or event gets a device object
+// on each GPU where it is put to work.
+#include "server/handle_table.h"
+
+#include <gtest/gtest.h>
+
+#include <memory>
+
+#include "server/device/sim_device.h"
+
+namespace hiber::server {
+namespace {
+
+using wire::EventHandle;
+using wire::StreamHandle;
+
+class HandleTableTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    device::SimDeviceOptions options;
+    for (GpuSpec& gpu : options.node.gpus) gpu.memory_bytes = 64 << 20;
+    auto device = device::SimDevice::create(options);
+    ASSERT_TRUE(device.ok()) << device.status();
+    device_ = std::move(*device);
+    ASSERT_GE(device_->gpu_count(), 2);
+    table_ = std::make_unique<HandleTable>(*device_, device_->gpu_count());
+  }
+  void TearDown() override {
+    if (table_) table_->destroy_all();
+  }
+
+  std::unique_ptr<device::SimDevice> device_;
+  std::unique_ptr<HandleTable> table_;
+};
+
+TEST_F(HandleTableTest, RefusesReservedAndDuplicateHandles) {
+  EXPECT_EQ(table_->add_stream(StreamHandle(0), 0).code(), ErrorCode::kInvalidValue);
+  EXPECT_TRUE(table_->add_stream(StreamHandle(5), 0).ok());
+  EXPECT_EQ(table_->add_stream(StreamHandle(5), 0).code(), ErrorCode::kInvalidValue);
+  // Handles of different kinds live apart: event 5 is not stream 5.
+  EXPECT_TRUE(table_->add_event(EventHandle(5), false).ok());
+  EXPECT_EQ(table_->event(EventHandle(6)).status().code(), ErrorCode::kInvalidHandle);
+  EXPECT_EQ(table_->stream(StreamHandle(6)).status().code(), ErrorCode::kInvalidHandle);
+}
+
+TEST_F(HandleTableTest, TheDefaultStreamAlwaysExistsAndCannotBeRemoved) {
+  auto stream = table_->stream(StreamHandle());
+  ASSERT_TRUE(stream.ok());
+  EXPECT_EQ(table_->remove_stream(StreamHandle()).status().code(), ErrorCode::kInvalidValue);
+  EXPECT_EQ(table_->client_streams().size(), 1u);
+}
+
+TEST_F(HandleTableTest, AStreamGetsOneDeviceStreamPerGpuItWorksOn) {
+  ASSERT_TRUE(table_->add_stream(StreamHandle(1), 0).ok());
+  auto on0 = table_->work_stream(StreamHandle(1), 0);
+  ASSERT_TRUE(on0.ok());
+  auto again = table_->work_stream(StreamHandle(1), 0);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(on0->id, again->id);
+  auto on1 = table_->work_stream(StreamHandle(1), 1);
+  ASSERT_TRUE(on1.ok());
+  EXPECT_EQ(on1->gpu, 1);
+  EXPECT_NE(on0->id, on1->id);
+  EXPECT_EQ((*table_->stream(StreamHandle(1)))->last_gpu, 1);
+  EXPECT_EQ(table_->all_streams().size(), 2u);
+
+  auto removed = table_->remove_stream(StreamHandle(1));
+  ASSERT_TRUE(removed.ok());
+  EXPECT_TRUE(removed->per_gpu[0].has_value());
+  EXPECT_TRUE(removed->per_gpu[1].has_value());
+  for (const auto& s : removed->per_gpu) {
+    if (s) {
+      EXPECT_TRUE(device_->destroy_stream(*s).ok());
+    }
+  }
+  EXPECT_TRUE(table_->all_streams().empty());
+}
+
+TEST_F(HandleTableTest, AnEventGetsADeviceEventOnFirstUseOnAGpu) {
+  ASSERT_TRUE(table_->add_event(EventHandle(2), true).ok());
+  ClientEvent* event = *table_->event(EventHandle(2));
+  EXPECT_EQ(event->last_gpu, -1);
+  auto first = table_->event_on(*event, 1);
+  ASSERT_TRUE(first.ok());
+  auto second = table_->event_on(*event, 1);
+  ASSERT_TRUE(second.ok());
+  EXPECT_EQ(first->id, second->id);
+  EXPECT_EQ(first->gpu, 1);
+  EXPECT_FALSE(event->per_gpu[0].has_value());
+}
+
+}  // namespace
+}  // namespace hiber::server

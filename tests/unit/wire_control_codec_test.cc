@@ -1,0 +1,102 @@
+// The control messages' typed structs round-trip through Cap'n Proto.
+#include "wire/control_codec.h"
+
+#include <capnp/message.h>
+#include <gtest/gtest.h>
+
+namespace hiber::wire {
+namespace {
+
+control::Request round_trip(control::RequestBody body) {
+  capnp::MallocMessageBuilder message;
+  auto root = message.initRoot<proto::ControlRequest>();
+  write_control_request(root, control::Request{ProtocolVersion{1, 2}, std::move(body)});
+  auto read = read_control_request(root.asReader());
+  EXPECT_TRUE(read.ok()) << read.status();
+  return *read;
+}
+
+control::Reply round_trip(const control::Reply& reply) {
+  capnp::MallocMessageBuilder message;
+  auto root = message.initRoot<proto::ControlReply>();
+  write_control_reply(root, reply);
+  auto read = read_control_reply(root.asReader());
+  EXPECT_TRUE(read.ok()) << read.status();
+  return *read;
+}
+
+TEST(ControlCodec, RequestsRoundTrip) {
+  const control::Request registered = round_trip(FunctionRegistration{.function_id = "resnet",
+                                                                     .slo_ms = 80,
+                                                                     .tail_percentile = 0.99,
+                                                                     .quota_bytes = 1 << 20,
+                                                                     .stateful = true,
+                                                                     .heavy = false,
+                                                                     .exec_ms_hint = 12});
+  EXPECT_EQ(registered.version.major, 1);
+  EXPECT_EQ(registered.version.minor, 2);
+  const auto* f = std::get_if<FunctionRegistration>(&registered.body);
+  ASSERT_NE(f, nullptr);
+  EXPECT_EQ(f->function_id, "resnet");
+  EXPECT_EQ(f->slo_ms, 80);
+  EXPECT_EQ(f->tail_percentile, 0.99);
+  EXPECT_EQ(f->quota_bytes, 1u << 20);
+  EXPECT_TRUE(f->stateful);
+  EXPECT_EQ(f->heavy, std::optional<bool>(false));
+  EXPECT_EQ(f->exec_ms_hint, 12);
+
+  const auto unknown_heaviness = round_trip(FunctionRegistration{.function_id = "x"});
+  EXPECT_FALSE(std::get<FunctionRegistration>(unknown_heaviness.body).heavy.has_value());
+
+  const auto done = round_trip(RequestDone{.request_id = 9, .failed = true});
+  EXPECT_EQ(std::get<RequestDone>(done.body).request_id, 9u);
+  EXPECT_TRUE(std::get<RequestDone>(done.body).failed);
+
+  const auto drain = round_trip(Drain{.gpu = 3, .resume = true});
+  EXPECT_EQ(std::get<Drain>(drain.body).gpu, 3);
+  EXPECT_TRUE(std::get<Drain>(drain.body).resume);
+
+  EXPECT_EQ(std::get<control::RequestStart>(round_trip(control::RequestStart{5}).body).request_id,
+            5u);
+  EXPECT_EQ(
+      std::get<control::RequestArrived>(round_trip(control::RequestArrived{"f"}).body).function_id,
+      "f");
+  EXPECT_TRUE(
+      std::holds_alternative<control::StatusQuery>(round_trip(control::StatusQuery{}).body));
+}
+
+TEST(ControlCodec, DrainDefaultsToTheWholeNode) {
+  capnp::MallocMessageBuilder message;
+  auto root = message.initRoot<proto::ControlRequest>();
+  root.initDrain();
+  auto read = read_control_request(root.asReader());
+  ASSERT_TRUE(read.ok());
+  EXPECT_EQ(std::get<Drain>(read->body).gpu, -1);
+}
+
+TEST(ControlCodec, RepliesRoundTrip) {
+  const auto started = round_trip(control::Reply(Started{
+      .gpu = 2, .source = "peer", .source_gpu = 1, .rule = "r", .queued_ms = 3.5}));
+  const auto& s = std::get<Started>(started);
+  EXPECT_EQ(s.gpu, 2);
+  EXPECT_EQ(s.source, "peer");
+  EXPECT_EQ(s.source_gpu, 1);
+  EXPECT_EQ(s.rule, "r");
+  EXPECT_EQ(s.queued_ms, 3.5);
+
+  const auto accepted = round_trip(control::Reply(control::Accepted{7}));
+  EXPECT_EQ(std::get<control::Accepted>(accepted).request_id, 7u);
+  const auto refused = round_trip(control::Reply(Status(ErrorCode::kNotFound, "no such function")));
+  EXPECT_EQ(std::get<Status>(refused).code(), ErrorCode::kNotFound);
+  EXPECT_EQ(std::get<Status>(refused).message(), "no such function");
+}
+
+TEST(ControlCodec, AStatusReplyIsNotAShortAnswer) {
+  capnp::MallocMessageBuilder message;
+  auto root = message.initRoot<proto::ControlReply>();
+  root.initStatus();
+  EXPECT_EQ(read_control_reply(root.asReader()).status().code(), ErrorCode::kInvalidValue);
+}
+
+}  // namespace
+}  // namespace hiber::wire

@@ -1,0 +1,153 @@
+#include "wire/control_codec.h"
+
+#include <type_traits>
+
+namespace hiber::wire {
+namespace {
+
+template <typename... Fs>
+struct Overloaded : Fs... {
+  using Fs::operator()...;
+};
+template <typename... Fs>
+Overloaded(Fs...) -> Overloaded<Fs...>;
+
+proto::Heaviness heaviness(std::optional<bool> heavy) {
+  if (!heavy) return proto::Heaviness::UNKNOWN;
+  return *heavy ? proto::Heaviness::HEAVY : proto::Heaviness::LIGHT;
+}
+
+std::optional<bool> heaviness(proto::Heaviness heavy) {
+  if (heavy == proto::Heaviness::UNKNOWN) return std::nullopt;
+  return heavy == proto::Heaviness::HEAVY;
+}
+
+}  // namespace
+
+void write_control_request(proto::ControlRequest::Builder out, const control::Request& request) {
+  auto version = out.initVersion();
+  version.setMajor(request.version.major);
+  version.setMinor(request.version.minor);
+  std::visit(Overloaded{
+                 [&](const control::StatusQuery&) { out.setStatus(); },
+                 [&](const control::Ping&) { out.setPing(); },
+                 [&](const FunctionRegistration& f) {
+                   auto r = out.initRegisterFunction();
+                   r.setFunctionId(f.function_id);
+                   r.setSloMs(f.slo_ms);
+                   r.setTailPercentile(f.tail_percentile);
+                   r.setQuotaBytes(f.quota_bytes);
+                   r.setStateful(f.stateful);
+                   r.setHeavyHint(heaviness(f.heavy));
+                   r.setExecMsHint(f.exec_ms_hint);
+                 },
+                 [&](const control::UnregisterFunction& u) {
+                   out.setUnregisterFunction(u.function_id);
+                 },
+                 [&](const control::RequestArrived& a) { out.setRequestArrived(a.function_id); },
+                 [&](const control::RequestStart& s) { out.setRequestStart(s.request_id); },
+                 [&](const RequestDone& d) {
+                   auto r = out.initRequestDone();
+                   r.setRequestId(d.request_id);
+                   r.setFailed(d.failed);
+                 },
+                 [&](const Drain& d) {
+                   auto r = out.initDrain();
+                   r.setGpu(d.gpu);
+                   r.setResume(d.resume);
+                 },
+             },
+             request.body);
+}
+
+Result<control::Request> read_control_request(proto::ControlRequest::Reader in) {
+  control::Request request;
+  request.version = {in.getVersion().getMajor(), in.getVersion().getMinor()};
+  switch (in.which()) {
+    case proto::ControlRequest::STATUS:
+      request.body = control::StatusQuery{};
+      return request;
+    case proto::ControlRequest::PING:
+      request.body = control::Ping{};
+      return request;
+    case proto::ControlRequest::REGISTER_FUNCTION: {
+      auto f = in.getRegisterFunction();
+      request.body = FunctionRegistration{.function_id = f.getFunctionId().cStr(),
+                                          .slo_ms = f.getSloMs(),
+                                          .tail_percentile = f.getTailPercentile(),
+                                          .quota_bytes = f.getQuotaBytes(),
+                                          .stateful = f.getStateful(),
+                                          .heavy = heaviness(f.getHeavyHint()),
+                                          .exec_ms_hint = f.getExecMsHint()};
+      return request;
+    }
+    case proto::ControlRequest::UNREGISTER_FUNCTION:
+      request.body = control::UnregisterFunction{in.getUnregisterFunction().cStr()};
+      return request;
+    case proto::ControlRequest::REQUEST_ARRIVED:
+      request.body = control::RequestArrived{in.getRequestArrived().cStr()};
+      return request;
+    case proto::ControlRequest::REQUEST_START:
+      request.body = control::RequestStart{in.getRequestStart()};
+      return request;
+    case proto::ControlRequest::REQUEST_DONE:
+      request.body =
+          RequestDone{in.getRequestDone().getRequestId(), in.getRequestDone().getFailed()};
+      return request;
+    case proto::ControlRequest::DRAIN:
+      request.body = Drain{in.getDrain().getGpu(), in.getDrain().getResume()};
+      return request;
+  }
+  return error(ErrorCode::kNotSupported, "control request ", static_cast<unsigned>(in.which()),
+               " is not known to this hiberd");
+}
+
+void write_control_reply(proto::ControlReply::Builder out, const control::Reply& reply) {
+  std::visit(Overloaded{
+                 [&](const control::Pong&) { out.setPong(); },
+                 [&](const control::Ok&) { out.setOk(); },
+                 [&](const control::Accepted& a) { out.setAccepted(a.request_id); },
+                 [&](const Started& s) {
+                   auto r = out.initStarted();
+                   r.setGpu(static_cast<uint32_t>(s.gpu));
+                   r.setSource(s.source);
+                   r.setSourceGpu(s.source_gpu);
+                   r.setRule(s.rule);
+                   r.setQueuedMs(s.queued_ms);
+                 },
+                 [&](const Status& e) {
+                   auto r = out.initError();
+                   r.setCode(static_cast<uint32_t>(e.code()));
+                   r.setMessage(e.message());
+                 },
+             },
+             reply);
+}
+
+Result<control::Reply> read_control_reply(proto::ControlReply::Reader in) {
+  switch (in.which()) {
+    case proto::ControlReply::PONG:
+      return control::Reply(control::Pong{});
+    case proto::ControlReply::OK:
+      return control::Reply(control::Ok{});
+    case proto::ControlReply::ACCEPTED:
+      return control::Reply(control::Accepted{in.getAccepted()});
+    case proto::ControlReply::STARTED: {
+      auto s = in.getStarted();
+      return control::Reply(Started{.gpu = static_cast<int>(s.getGpu()),
+                                    .source = s.getSource().cStr(),
+                                    .source_gpu = s.getSourceGpu(),
+                                    .rule = s.getRule().cStr(),
+                                    .queued_ms = s.getQueuedMs()});
+    }
+    case proto::ControlReply::ERROR:
+      return control::Reply(Status(static_cast<ErrorCode>(in.getError().getCode()),
+                                   in.getError().getMessage()));
+    case proto::ControlReply::STATUS:
+      break;
+  }
+  return error(ErrorCode::kInvalidValue, "a control reply of kind ",
+               static_cast<unsigned>(in.which()), " where a short answer was expected");
+}
+
+}  // namespace hiber::wire
