@@ -119,14 +119,9 @@ Status ControlService::answer(const wire::Message& message, ReplySender send) {
             });
           },
           [&](const control::RequestStart& s) {
-            controller_.request_start(s.request_id, [send](Result<StartAnswer> started) {
+            controller_.request_start(s.request_id, [send](Result<wire::Started> started) {
               if (!started.ok()) return send(error_frame(started.status()));
-              send(reply_frame(control::Reply(
-                  wire::Started{.gpu = started->gpu,
-                                .source = scheduler::source_name(started->source),
-                                .source_gpu = started->source_gpu,
-                                .rule = scheduler::placement_rule_name(started->rule),
-                                .queued_ms = started->queued_ms})));
+              send(reply_frame(control::Reply(*started)));
             });
           },
           [&](const wire::RequestDone& d) {

@@ -41,7 +41,7 @@ struct Controller::State {
   std::unordered_map<FunctionId, Tenant> tenants;
   std::unordered_map<std::string, FunctionId> by_name;
   std::unordered_map<SessionId, FunctionId> by_session;
-  std::unordered_map<RequestId, Reply<StartAnswer>> start_replies;
+  std::unordered_map<RequestId, Reply<wire::Started>> start_replies;
   std::deque<std::pair<std::optional<GpuId>, Reply<Ok>>> drain_replies;  // in the order asked
   std::vector<std::optional<device::Stream>> service;  // per GPU: the controller's write-backs
 
@@ -105,11 +105,7 @@ Controller::Controller(device::Device& device, const ControllerOptions& options)
     : device_(device), options_(options) {}
 
 Controller::~Controller() {
-  {
-    std::lock_guard lock(queue_mutex_);
-    stopping_ = true;
-  }
-  queue_changed_.notify_all();
+  events_.close();
   if (thread_.joinable()) thread_.join();
   if (state_) {
     for (const std::optional<device::Stream>& stream : state_->service) {
@@ -120,12 +116,11 @@ Controller::~Controller() {
   }
 }
 
-void Controller::post(Event event) {
-  {
-    std::lock_guard lock(queue_mutex_);
-    events_.push_back(std::move(event));
-  }
-  queue_changed_.notify_one();
+bool Controller::post(Event event) {
+  if (events_.post(std::move(event))) return true;
+  // Sessions and control connections end before the controller does.
+  LOG(DFATAL) << "an event for the controller after it stopped";
+  return false;
 }
 
 // ---- Plumbing ----
@@ -134,29 +129,22 @@ template <typename T>
 T Controller::call(std::function<T(State&)> fn) {
   std::promise<T> promise;
   std::future<T> future = promise.get_future();
-  post([&promise, &fn](State& state) { promise.set_value(fn(state)); });
+  if (!post([&promise, &fn](State& state) { promise.set_value(fn(state)); })) return T{};
   return future.get();
 }
 
 void Controller::run() {
-  std::vector<Event> batch;
   while (true) {
-    {
-      std::unique_lock lock(queue_mutex_);
-      const scheduler::Time wakeup = state_->core->next_wakeup();
-      auto ready = [this] { return stopping_ || !events_.empty(); };
-      if (wakeup == scheduler::Scheduler::kNever) {
-        queue_changed_.wait(lock, ready);
-      } else {
-        const auto delay = std::chrono::nanoseconds(std::max<int64_t>(0, wakeup - now_ns()));
-        queue_changed_.wait_for(lock, delay, ready);
-      }
-      if (stopping_ && events_.empty()) return;
-      batch.assign(std::make_move_iterator(events_.begin()), std::make_move_iterator(events_.end()));
-      events_.clear();
-    }
+    const scheduler::Time wakeup = state_->core->next_wakeup();
+    // Without a wakeup the thread sleeps until an event comes; the hour only bounds the wait.
+    const std::chrono::nanoseconds delay =
+        wakeup == scheduler::Scheduler::kNever
+            ? std::chrono::nanoseconds(std::chrono::hours(1))
+            : std::chrono::nanoseconds(std::max<int64_t>(0, wakeup - now_ns()));
+    events_.wait_for(delay);
+    std::vector<Event> batch = events_.take_all();
+    if (batch.empty() && events_.closed()) return;
     for (Event& event : batch) event(*state_);
-    batch.clear();
     // Every event may have freed a GPU or queued a request.
     state_->core->dispatch(now_ns());
   }
@@ -407,7 +395,7 @@ void Controller::on_arrived(const std::string& function_id, Reply<uint64_t>& rep
   reply(id->value());
 }
 
-void Controller::request_start(uint64_t request, Reply<StartAnswer> reply) {
+void Controller::request_start(uint64_t request, Reply<wire::Started> reply) {
   post([this, request, reply = std::move(reply)](State& s) mutable {
     const RequestId id{request};
     if (s.start_replies.count(id) != 0) {
@@ -418,7 +406,7 @@ void Controller::request_start(uint64_t request, Reply<StartAnswer> reply) {
     auto [slot, inserted] = s.start_replies.emplace(id, std::move(reply));
     Status waiting = s.core->await_start(id, now_ns());
     if (!waiting.ok()) {
-      Reply<StartAnswer> refused = std::move(slot->second);
+      Reply<wire::Started> refused = std::move(slot->second);
       s.start_replies.erase(slot);
       refused(waiting.with_context("requestStart"));
     }
@@ -602,19 +590,17 @@ void Controller::end(RequestId request, FunctionId function, const Status& failu
 void Controller::answer_start(RequestId request, const Result<node::StartInfo>& answer) {
   auto it = state_->start_replies.find(request);
   if (it == state_->start_replies.end()) return;
-  Reply<StartAnswer> reply = std::move(it->second);
+  Reply<wire::Started> reply = std::move(it->second);
   state_->start_replies.erase(it);
   if (!answer.ok()) {
     reply(answer.status());
     return;
   }
-  StartAnswer out;
-  out.gpu = answer->gpu.value();
-  out.source = answer->source;
-  out.source_gpu = answer->source_gpu ? answer->source_gpu->value() : -1;
-  out.rule = answer->rule;
-  out.queued_ms = static_cast<double>(answer->queued) / 1e6;
-  reply(out);
+  reply(wire::Started{.gpu = answer->gpu.value(),
+                      .source = scheduler::source_name(answer->source),
+                      .source_gpu = answer->source_gpu ? answer->source_gpu->value() : -1,
+                      .rule = scheduler::placement_rule_name(answer->rule),
+                      .queued_ms = static_cast<double>(answer->queued) / 1e6});
 }
 
 void Controller::drained(std::optional<GpuId> gpu) {

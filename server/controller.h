@@ -44,6 +44,7 @@
 #include <vector>
 
 #include "common/ids.h"
+#include "common/mailbox.h"
 #include "common/status.h"
 #include "node/node_core.h"
 #include "scheduler/scheduler.h"
@@ -53,6 +54,7 @@
 #include "server/function_memory.h"
 #include "server/lease.h"
 #include "server/model_repository.h"
+#include "wire/control_types.h"
 
 namespace hiber::server {
 
@@ -80,15 +82,6 @@ struct Registration {
   bool stateful = false;
   std::optional<bool> heavy_hint;
   scheduler::Duration exec_hint = 0;
-};
-
-// The answer to requestStart.
-struct StartAnswer {
-  int gpu = -1;
-  scheduler::Source source = scheduler::Source::kHost;
-  int source_gpu = -1;
-  scheduler::PlacementRule rule = scheduler::PlacementRule::kWait;
-  double queued_ms = 0;
 };
 
 // What a function's session is created with.
@@ -169,7 +162,7 @@ class Controller final : public GpuLessor, private node::Actuator {
   void register_function(const Registration& registration, Reply<Ok> reply);
   void unregister_function(const std::string& function_id, Reply<Ok> reply);
   void request_arrived(const std::string& function_id, Reply<uint64_t> reply);
-  void request_start(uint64_t request, Reply<StartAnswer> reply);
+  void request_start(uint64_t request, Reply<wire::Started> reply);
   void request_done(uint64_t request, bool failed, Reply<Ok> reply);
   void drain(int gpu, bool resume, Reply<Ok> reply);
   void status(Reply<ControllerStatus> reply);
@@ -187,7 +180,8 @@ class Controller final : public GpuLessor, private node::Actuator {
   using Event = std::function<void(State&)>;
 
   Controller(device::Device& device, const ControllerOptions& options);
-  void post(Event event);
+  // False (and logged) once the controller has stopped.
+  bool post(Event event);
   // Runs `fn` on the controller thread and waits for its result.
   template <typename T>
   T call(std::function<T(State&)> fn);
@@ -231,10 +225,7 @@ class Controller final : public GpuLessor, private node::Actuator {
   std::unordered_map<std::string, uint64_t> live_instances_;  // function id -> session; guarded
   uint32_t next_function_ = 1;                                // guarded by registry_mutex_
 
-  std::mutex queue_mutex_;
-  std::condition_variable queue_changed_;
-  std::deque<Event> events_;  // guarded by queue_mutex_
-  bool stopping_ = false;     // guarded by queue_mutex_
+  Mailbox<Event> events_;  // for the controller thread, in arrival order
 
   std::unique_ptr<State> state_;  // the controller thread's
   std::thread thread_;

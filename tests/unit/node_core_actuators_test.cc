@@ -58,7 +58,7 @@ NodeConfig node_config() {
 // What a step observed of one request.
 struct Placement {
   int gpu = -1;
-  Source source = Source::kResident;
+  std::string source;  // scheduler::source_name()
   friend bool operator==(const Placement&, const Placement&) = default;
 };
 
@@ -70,7 +70,7 @@ struct Snapshot {
 };
 
 std::ostream& operator<<(std::ostream& out, const Placement& p) {
-  return out << "GPU " << p.gpu << " from " << scheduler::source_name(p.source);
+  return out << "GPU " << p.gpu << " from " << p.source;
 }
 std::ostream& operator<<(std::ostream& out, const Snapshot& s) {
   out << "{resident:";
@@ -347,7 +347,7 @@ class HiberdSide {
         const std::string name = str_cat("fn", f);
         const uint64_t id = wait_reply<uint64_t>(
             [&](auto reply) { controller_->request_arrived(name, std::move(reply)); });
-        const server::StartAnswer answer = wait_reply<server::StartAnswer>(
+        const wire::Started answer = wait_reply<wire::Started>(
             [&](auto reply) { controller_->request_start(id, std::move(reply)); });
         placements->push_back({answer.gpu, answer.source});
         instances_[f]->wait_swap_done(id);
@@ -465,9 +465,9 @@ class SimSide {
       }
     }
     const scheduler::SchedulerCounters& now = s.counters();
-    p.source = now.host_swaps > before.host_swaps   ? Source::kHost
-               : now.peer_swaps > before.peer_swaps ? Source::kPeer
-                                                    : Source::kResident;
+    p.source = scheduler::source_name(now.host_swaps > before.host_swaps   ? Source::kHost
+                                      : now.peer_swaps > before.peer_swaps ? Source::kPeer
+                                                                           : Source::kResident);
     return p;
   }
   Snapshot snapshot() {
