@@ -126,7 +126,7 @@ bool FunctionMemory::is_block(uint64_t va) const {
 Status FunctionMemory::remove_block(uint64_t va) {
   std::lock_guard lock(mutex_);
   if (table_.block_at(va) == nullptr) {
-    return error(ErrorCode::kInvalidValue, "free of ", memory::hex_address(va),
+    return error(ErrorCode::kInvalidValue, "free of ", hex(va),
                  ": not the start of an allocation");
   }
   Status result;
@@ -159,7 +159,7 @@ Status FunctionMemory::check_range(uint64_t ptr, uint64_t bytes, std::string_vie
   std::lock_guard lock(mutex_);
   Result<memory::PointerTarget> target = table_.resolve_range(ptr, bytes);
   if (target.ok() && target->offset < target->block->bytes) return Status();
-  return error(ErrorCode::kInvalidValue, what, ": [", memory::hex_address(ptr), ", +", bytes,
+  return error(ErrorCode::kInvalidValue, what, ": [", hex(ptr), ", +", bytes,
                ") is not inside one allocation of this session");
 }
 
@@ -175,7 +175,7 @@ Status FunctionMemory::place(std::unique_lock<std::mutex>& lock, uint64_t va, in
   for (int attempt = 0;; ++attempt) {
     const VirtualBlock* block = table_.block_at(va);
     if (block == nullptr) {
-      return error(ErrorCode::kInvalidValue, "the allocation at ", memory::hex_address(va),
+      return error(ErrorCode::kInvalidValue, "the allocation at ", hex(va),
                    " was freed");
     }
     if (block->on(gpu).placed()) return Status();
@@ -358,7 +358,7 @@ Status FunctionMemory::bind(const Lease& lease, device::Stream swap_stream, Swap
       }
       if (from < 0) {
         unmap_bound();
-        return error(ErrorCode::kIllegalState, "the block at ", memory::hex_address(va),
+        return error(ErrorCode::kIllegalState, "the block at ", hex(va),
                      " has no valid copy on the host or on any GPU");
       }
     }

@@ -86,12 +86,6 @@ Handle from_id(uint64_t id) {
   return reinterpret_cast<Handle>(static_cast<uintptr_t>(id));
 }
 
-std::string hex(uint64_t value) {
-  char text[24];
-  std::snprintf(text, sizeof text, "0x%llx", static_cast<unsigned long long>(value));
-  return text;
-}
-
 // `status` with "<context>: " in front when it is an error. The context is built only then, so
 // the hot paths (copies, launches) format nothing when they succeed.
 template <typename MakeContext>

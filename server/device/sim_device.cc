@@ -41,8 +41,6 @@ constexpr int kAttrMaxGridDimY = 6;
 constexpr int kAttrMaxGridDimZ = 7;
 constexpr int kAttrMaxSharedMemoryPerBlockOptin = 97;
 
-std::string hex(uint64_t v) { return str_cat("0x", std::hex, v); }
-
 struct ModuleState {
   explicit ModuleState(std::vector<KernelInfo> k) : kernels(std::move(k)) {}
   const std::vector<KernelInfo> kernels;  // sorted by name

@@ -11,8 +11,6 @@
 namespace hiber::device::sim {
 namespace {
 
-std::string hex(uint64_t v) { return str_cat("0x", std::hex, v); }
-
 bool overflows(uint64_t va, uint64_t bytes) { return bytes > UINT64_MAX - va; }
 
 // Reserves [va, va + bytes) as inaccessible address space, replacing whatever is there.
@@ -69,7 +67,7 @@ Status AddressSpace::free(DevicePtr va, uint64_t bytes) {
     return error(ErrorCode::kInvalidValue, "free_address_range: ", hex(mapped->first),
                  " in the range is still mapped; unmap it first");
   if (::munmap(reinterpret_cast<void*>(va), bytes) != 0)
-    return error(ErrorCode::kOperatingSystem, "free_address_range: munmap: ", std::strerror(errno));
+    return os_error("free_address_range: munmap");
   reservations_.erase(it);
   return Status();
 }

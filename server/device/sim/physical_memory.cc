@@ -18,7 +18,7 @@ Result<std::unique_ptr<GpuMemory>> GpuMemory::create(int gpu, uint64_t bytes,
                  " bytes of memory is less than one allocation granule (", granularity, ")");
   std::string name = str_cat("hiber-sim-gpu", gpu);
   UniqueFd fd(::memfd_create(name.c_str(), MFD_CLOEXEC));
-  if (!fd) return error(ErrorCode::kOperatingSystem, "memfd_create: ", std::strerror(errno));
+  if (!fd) return os_error("memfd_create");
   if (::ftruncate(fd.get(), static_cast<off_t>(usable)) != 0)
     return error(ErrorCode::kOperatingSystem, "ftruncate of GPU ", gpu, " memory to ", usable,
                  " bytes: ", std::strerror(errno));
