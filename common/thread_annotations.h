@@ -25,12 +25,18 @@
 
 // A function called with the given mutexes held (and returning with them held).
 #define REQUIRES(...) HIBER_THREAD_ANNOTATION_(requires_capability(__VA_ARGS__))
+#define REQUIRES_SHARED(...) HIBER_THREAD_ANNOTATION_(requires_shared_capability(__VA_ARGS__))
 // A function called without the given mutexes held (it takes them itself).
 #define EXCLUDES(...) HIBER_THREAD_ANNOTATION_(locks_excluded(__VA_ARGS__))
 
 // A function that takes, or releases, the given mutexes (none named: `this`, for a lock type).
 #define ACQUIRE(...) HIBER_THREAD_ANNOTATION_(acquire_capability(__VA_ARGS__))
 #define RELEASE(...) HIBER_THREAD_ANNOTATION_(release_capability(__VA_ARGS__))
+// The same for a reader's (shared) hold of a SharedMutex.
+#define ACQUIRE_SHARED(...) HIBER_THREAD_ANNOTATION_(acquire_shared_capability(__VA_ARGS__))
+#define RELEASE_SHARED(...) HIBER_THREAD_ANNOTATION_(release_shared_capability(__VA_ARGS__))
+// Releases whichever hold, exclusive or shared (a scoped lock's destructor).
+#define RELEASE_GENERIC(...) HIBER_THREAD_ANNOTATION_(release_generic_capability(__VA_ARGS__))
 // A function that takes the mutexes when it returns `result`.
 #define TRY_ACQUIRE(...) HIBER_THREAD_ANNOTATION_(try_acquire_capability(__VA_ARGS__))
 
