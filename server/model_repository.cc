@@ -59,8 +59,8 @@ Status ModelRepository::grow() {
   Status added;
   if (!pool_) {
     auto pool = memory::HostPool::create({chunk.bytes}, device_.gpu_count());
-    if (pool.ok()) pool_ = std::move(pool).value();
     added = pool.status();
+    if (pool.ok()) pool_ = std::move(pool).value();
   } else {
     added = pool_->add_chunk(chunk.bytes).status();
   }
