@@ -61,6 +61,21 @@ class SCOPED_CAPABILITY MutexLock {
   std::unique_lock<std::mutex> lock_;
 };
 
+// Releases a Mutex that the caller holds (through a MutexLock) for its own scope, and takes it
+// again when the scope ends, by return or by exception: for work that must not run under it.
+class SCOPED_CAPABILITY MutexUnlock {
+ public:
+  explicit MutexUnlock(Mutex& mutex) RELEASE(mutex) : mutex_(mutex) { mutex_.unlock(); }
+  // RELEASE() ends the scope; Clang's analysis knows that ending an unlocking scope takes the
+  // mutex back.
+  ~MutexUnlock() RELEASE() { mutex_.lock(); }
+  MutexUnlock(const MutexUnlock&) = delete;
+  MutexUnlock& operator=(const MutexUnlock&) = delete;
+
+ private:
+  Mutex& mutex_;
+};
+
 // A readers-writer lock: MutexLock-like WriterLock for writers, ReaderLock for readers.
 class CAPABILITY("mutex") SharedMutex {
  public:

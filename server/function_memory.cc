@@ -187,10 +187,11 @@ Status FunctionMemory::place(uint64_t va, int gpu, const RoomMaker& room) {
     if (shortfall.never_fits || attempt == kRoomAttempts || !room) {
       return error(ErrorCode::kOutOfMemory, "GPU ", gpu, ": ", shortfall.describe());
     }
-    // The caller's MutexLock still owns mutex_ and finds it held again on return.
-    mutex_.unlock();
-    Status made = room(gpu, shortfall);
-    mutex_.lock();
+    Status made;
+    {
+      MutexUnlock unlocked(mutex_);
+      made = room(gpu, shortfall);
+    }
     if (!made.ok()) return made.with_context(str_cat("placing ", bytes, " bytes on GPU ", gpu));
   }
 }
