@@ -229,7 +229,7 @@ class CudaDevice final : public Device {
   };
   mutable Mutex mappings_mutex_;
   std::map<DevicePtr, Reservation> reservations_ GUARDED_BY(mappings_mutex_);  // by start
-  std::map<DevicePtr, Mapping> mappings_ GUARDED_BY(mappings_mutex_);  // by start address
+  std::map<DevicePtr, Mapping> mappings_ GUARDED_BY(mappings_mutex_);          // by start address
 
   struct KernelState {
     KernelInfo info;
@@ -240,8 +240,7 @@ class CudaDevice final : public Device {
   mutable SharedMutex kernels_mutex_;
   // Kernels by handle, and the kernels handed out per module.
   std::unordered_map<CUkernel, KernelState> kernels_ GUARDED_BY(kernels_mutex_);
-  std::unordered_map<CUlibrary, std::vector<CUkernel>> module_kernels_
-      GUARDED_BY(kernels_mutex_);
+  std::unordered_map<CUlibrary, std::vector<CUkernel>> module_kernels_ GUARDED_BY(kernels_mutex_);
 };
 
 // ---- Creation ----
