@@ -6,7 +6,6 @@
 // work here: both return at once, as shim_bench_params does on a GPU for the arguments the
 // benchmark passes (n = 0). The mangled names must not collide with other plugins' (hiberd
 // refuses a kernel registered twice).
-#include <iterator>
 
 #include "server/device/sim_kernel_plugin.h"
 
@@ -28,8 +27,4 @@ const HiberSimKernel kKernels[] = {
 
 }  // namespace
 
-extern "C" __attribute__((visibility("default"))) const HiberSimKernel* hiber_sim_kernels_v1(
-    size_t* count) {
-  *count = std::size(kKernels);
-  return kKernels;
-}
+HIBER_SIM_KERNELS_V1(kKernels)

@@ -38,6 +38,23 @@ inline int failed(const char* name, const Status& status) {
   return code;
 }
 
+// An entry point's result as the API's error type, Code (cudaError_t or CUresult: 0 is success
+// in both). Lambdas, so that each API's file binds them to its type once and keeps the default
+// argument: `constexpr auto& fail = hiber::shim::fail<CUresult>;`.
+template <typename Code>
+inline constexpr auto fail =
+    [](const char* name, const Status& status) { return static_cast<Code>(failed(name, status)); };
+
+template <typename Code>
+inline constexpr auto done = [](const char* name, const Status& status) {
+  return status.ok() ? Code{} : fail<Code>(name, status);
+};
+
+template <typename Code>
+inline constexpr auto invalid = [](const char* name, const char* why = "invalid argument") {
+  return fail<Code>(name, Status(ErrorCode::kInvalidValue, why));
+};
+
 // An entry point hibercuda does not implement: its name is logged once, and the API's
 // "not supported" error returned. Never a silent success.
 extern "C" int hiber_shim_unsupported(const char* name);

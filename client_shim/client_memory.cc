@@ -89,7 +89,7 @@ Status Client::free_device(uint64_t address) {
   if (address == 0) return Status();  // cudaFree(nullptr) does nothing
   auto it = allocations_.find(address);
   if (it == allocations_.end()) {
-    return error(ErrorCode::kInvalidValue, "cudaFree: 0x", std::hex, address,
+    return error(ErrorCode::kInvalidValue, "cudaFree: ", hex(address),
                  " is not the start of a device allocation");
   }
   allocations_.erase(it);
@@ -183,8 +183,8 @@ Status Client::check_device_range_locked(uint64_t address, uint64_t bytes, const
     const uint64_t offset = address - held->first;
     if (offset < held->second && bytes <= held->second - offset) return Status();
   }
-  return error(ErrorCode::kInvalidValue, what, ": [0x", std::hex, address, ", 0x",
-               address + bytes, ") is not inside one device allocation");
+  return error(ErrorCode::kInvalidValue, what, ": [", hex(address), ", ", hex(address + bytes),
+               ") is not inside one device allocation");
 }
 
 // ---- Host memory ----

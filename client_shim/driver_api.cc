@@ -15,22 +15,13 @@ using hiber::ErrorCode;
 using hiber::Status;
 using hiber::shim::Client;
 using hiber::shim::CopyKind;
-using hiber::shim::failed;
 using hiber::shim::traced;
 
 namespace {
 
-CUresult fail(const char* name, const Status& status) {
-  return static_cast<CUresult>(failed(name, status));
-}
-
-CUresult done(const char* name, const Status& status) {
-  return status.ok() ? CUDA_SUCCESS : fail(name, status);
-}
-
-CUresult invalid(const char* name) {
-  return fail(name, Status(ErrorCode::kInvalidValue, "invalid argument"));
-}
+constexpr auto& fail = hiber::shim::fail<CUresult>;
+constexpr auto& done = hiber::shim::done<CUresult>;
+constexpr auto& invalid = hiber::shim::invalid<CUresult>;
 
 // The primary context of the session's devices: one object, handed out as CUcontext.
 struct PrimaryContext {

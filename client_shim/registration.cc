@@ -59,9 +59,10 @@ cudaError_t __cudaGetKernel(cudaKernel_t* kernel, const void* host_function) {
   auto found = Client::get().kernel_for_host_function(host_function);
   if (!found.ok()) {
     *kernel = nullptr;
-    return static_cast<cudaError_t>(hiber::shim::failed(
-        "__cudaGetKernel", hiber::Status(static_cast<hiber::ErrorCode>(cudaErrorInvalidDeviceFunction),
-                                         found.status().message())));
+    return hiber::shim::fail<cudaError_t>(
+        "__cudaGetKernel",
+        hiber::Status(static_cast<hiber::ErrorCode>(cudaErrorInvalidDeviceFunction),
+                      found.status().message()));
   }
   *kernel = reinterpret_cast<cudaKernel_t>(*found);
   return cudaSuccess;

@@ -19,24 +19,15 @@ using hiber::shim::EventObj;
 using hiber::shim::KernelObj;
 using hiber::shim::PointerKind;
 using hiber::shim::StreamObj;
-using hiber::shim::failed;
 using hiber::shim::traced;
 
 namespace {
 
 constexpr int kRuntimeVersion = CUDART_VERSION;
 
-cudaError_t fail(const char* name, const Status& status) {
-  return static_cast<cudaError_t>(failed(name, status));
-}
-
-cudaError_t done(const char* name, const Status& status) {
-  return status.ok() ? cudaSuccess : fail(name, status);
-}
-
-cudaError_t invalid(const char* name, const char* why) {
-  return fail(name, Status(ErrorCode::kInvalidValue, why));
-}
+constexpr auto& fail = hiber::shim::fail<cudaError_t>;
+constexpr auto& done = hiber::shim::done<cudaError_t>;
+constexpr auto& invalid = hiber::shim::invalid<cudaError_t>;
 
 // The device the calling thread uses (cudaSetDevice). Every device the session sees is served
 // by the same session, so the choice only has to be valid.
@@ -89,22 +80,19 @@ cudaError_t launch_impl(const char* name, const void* func, dim3 grid, dim3 bloc
   if (Status ready = client.ready(); !ready.ok()) return fail(name, ready);
   auto kernel = by_kernel_handle ? client.kernel(func) : client.kernel_for_host_function(func);
   if (!kernel.ok()) {
-    return static_cast<cudaError_t>(failed(
-        name, Status(static_cast<ErrorCode>(cudaErrorInvalidDeviceFunction),
-                     kernel.status().message())));
+    return fail(name, Status(static_cast<ErrorCode>(cudaErrorInvalidDeviceFunction),
+                             kernel.status().message()));
   }
   if (grid.x == 0 || grid.y == 0 || grid.z == 0 || block.x == 0 || block.y == 0 || block.z == 0) {
-    return static_cast<cudaError_t>(failed(
-        name, Status(static_cast<ErrorCode>(cudaErrorInvalidConfiguration),
-                     hiber::str_cat("launch of ", (*kernel)->name, " with a zero grid or block "
-                                    "dimension"))));
+    return fail(name, Status(static_cast<ErrorCode>(cudaErrorInvalidConfiguration),
+                             hiber::str_cat("launch of ", (*kernel)->name,
+                                            " with a zero grid or block dimension")));
   }
   const uint64_t threads = uint64_t{block.x} * block.y * block.z;
   if (threads > static_cast<uint64_t>(Client::get().device_attribute(current_device(), CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK))) {
-    return static_cast<cudaError_t>(failed(
-        name, Status(static_cast<ErrorCode>(cudaErrorInvalidConfiguration),
-                     hiber::str_cat("launch of ", (*kernel)->name, " with ", threads,
-                                    " threads per block, above the device's limit"))));
+    return fail(name, Status(static_cast<ErrorCode>(cudaErrorInvalidConfiguration),
+                             hiber::str_cat("launch of ", (*kernel)->name, " with ", threads,
+                                            " threads per block, above the device's limit")));
   }
   auto s = client.stream(stream);
   if (!s.ok()) return fail(name, s.status());

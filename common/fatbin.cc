@@ -55,8 +55,6 @@ constexpr uint64_t kMaxParamBytes = 1 << 20;
 
 Status invalid(const std::string& what) { return Status(ErrorCode::kInvalidImage, what); }
 
-std::string hex(uint64_t v) { return str_cat("0x", std::hex, v); }
-
 // Little-endian reads at an offset the caller has bounds-checked.
 template <typename T>
 T load(std::span<const std::byte> bytes, size_t offset) {

@@ -1,5 +1,6 @@
 #include "common/status.h"
 
+#include <cstring>
 #include <ostream>
 
 namespace hiber {
@@ -54,5 +55,11 @@ Status Status::with_context(std::string_view context) const {
 std::ostream& operator<<(std::ostream& out, const Status& status) {
   return out << status.to_string();
 }
+
+Status os_error(std::string_view what, int err) {
+  return error(ErrorCode::kOperatingSystem, what, ": ", std::strerror(err));
+}
+
+std::string hex(uint64_t value) { return str_cat("0x", std::hex, value); }
 
 }  // namespace hiber

@@ -7,6 +7,7 @@
 // static_asserts every value below against cuda.h.
 #pragma once
 
+#include <cerrno>
 #include <cstdint>
 #include <sstream>
 #include <string>
@@ -92,6 +93,13 @@ template <typename... Args>
 Status error(ErrorCode code, const Args&... args) {
   return Status(code, str_cat(args...));
 }
+
+// A failed system call: kOperatingSystem, "<what>: <strerror(err)>". `err` defaults to errno, read
+// at the call, so call it before anything else can change errno.
+Status os_error(std::string_view what, int err = errno);
+
+// "0x1f": an address, handle or size as error messages show it.
+std::string hex(uint64_t value);
 
 // Either a value or an error Status.
 template <typename T>

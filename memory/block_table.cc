@@ -6,12 +6,10 @@
 
 namespace hiber::memory {
 
-std::string hex_address(uint64_t address) { return str_cat("0x", std::hex, address); }
-
 namespace {
 
 Status no_block_at(uint64_t va) {
-  return error(ErrorCode::kInvalidValue, "block table: no block starts at ", hex_address(va));
+  return error(ErrorCode::kInvalidValue, "block table: no block starts at ", hex(va));
 }
 
 }  // namespace
@@ -26,11 +24,11 @@ Result<BlockTable> BlockTable::create(uint64_t range_base, uint64_t range_bytes,
                  " is not a power of two");
   }
   if (range_bytes == 0 || range_base % granularity != 0 || range_bytes % granularity != 0) {
-    return error(ErrorCode::kInvalidValue, "block table: range [", hex_address(range_base), ", +",
+    return error(ErrorCode::kInvalidValue, "block table: range [", hex(range_base), ", +",
                  range_bytes, ") is empty or not aligned to the granularity ", granularity);
   }
   if (range_bytes > UINT64_MAX - range_base) {
-    return error(ErrorCode::kInvalidValue, "block table: range [", hex_address(range_base), ", +",
+    return error(ErrorCode::kInvalidValue, "block table: range [", hex(range_base), ", +",
                  range_bytes, ") wraps around");
   }
   if (range_bytes / granularity > kMaxPages) {
@@ -95,9 +93,9 @@ Status BlockTable::add(uint64_t va, uint64_t bytes, BlockKind kind) {
   const uint64_t rel = va - range_base_;
   if (bytes == 0 || ((va | bytes) & page_mask_) != 0 || va < range_base_ || rel > range_bytes_ ||
       bytes > range_bytes_ - rel) {
-    return error(ErrorCode::kInvalidValue, "block table: block [", hex_address(va), ", +", bytes,
+    return error(ErrorCode::kInvalidValue, "block table: block [", hex(va), ", +", bytes,
                  ") is empty, not aligned to ", granularity(), " or outside the range [",
-                 hex_address(range_base_), ", +", range_bytes_, ")");
+                 hex(range_base_), ", +", range_bytes_, ")");
   }
   auto next = blocks_.lower_bound(va);
   const VirtualBlock* clash = nullptr;
@@ -105,8 +103,8 @@ Status BlockTable::add(uint64_t va, uint64_t bytes, BlockKind kind) {
   if (next != blocks_.begin() && std::prev(next)->second.end() > va)
     clash = &std::prev(next)->second;
   if (clash != nullptr) {
-    return error(ErrorCode::kInvalidValue, "block table: block [", hex_address(va), ", +", bytes,
-                 ") overlaps the block [", hex_address(clash->va), ", +", clash->bytes, ")");
+    return error(ErrorCode::kInvalidValue, "block table: block [", hex(va), ", +", bytes,
+                 ") overlaps the block [", hex(clash->va), ", +", clash->bytes, ")");
   }
   auto it = blocks_.emplace_hint(next, va, VirtualBlock{va, bytes, kind, false, {}});
   VirtualBlock& block = it->second;
@@ -140,12 +138,11 @@ Result<VirtualBlock> BlockTable::remove(uint64_t va) {
 Result<PointerTarget> BlockTable::resolve_range(uint64_t ptr, uint64_t bytes) const {
   const PointerTarget target = resolve(ptr);
   if (!target.found()) {
-    return error(ErrorCode::kInvalidValue, "address ", hex_address(ptr),
-                 " is in no block of the function");
+    return error(ErrorCode::kInvalidValue, "address ", hex(ptr), " is in no block of the function");
   }
   if (bytes > target.block->bytes - target.offset) {
-    return error(ErrorCode::kInvalidValue, "range [", hex_address(ptr), ", +", bytes,
-                 ") runs past the end of its block [", hex_address(target.block->va), ", +",
+    return error(ErrorCode::kInvalidValue, "range [", hex(ptr), ", +", bytes,
+                 ") runs past the end of its block [", hex(target.block->va), ", +",
                  target.block->bytes, ")");
   }
   return target;
@@ -182,13 +179,13 @@ Status BlockTable::place(uint64_t va, int gpu, const Allocation& where) {
   if (block == nullptr) return no_block_at(va);
   Placement& placement = block->placements[gpu];
   if (placement.placed()) {
-    return error(ErrorCode::kInvalidValue, "block table: block ", hex_address(va),
+    return error(ErrorCode::kInvalidValue, "block table: block ", hex(va),
                  " is already placed on GPU ", gpu, " (chunk ", placement.allocation.where.chunk,
                  " offset ", placement.allocation.where.offset, ")");
   }
   if (where.bytes < block->bytes) {
     return error(ErrorCode::kInvalidValue, "block table: an allocation of ", where.bytes,
-                 " bytes cannot hold block ", hex_address(va), " of ", block->bytes);
+                 " bytes cannot hold block ", hex(va), " of ", block->bytes);
   }
   placement = Placement{Residency::kLoading, where};
   --residency_[gpu].evicted.blocks;
@@ -204,7 +201,7 @@ Status BlockTable::set_residency(uint64_t va, int gpu, Residency residency) {
   if (block == nullptr) return no_block_at(va);
   Placement& placement = block->placements[gpu];
   if (residency == Residency::kEvicted || !placement.placed()) {
-    return error(ErrorCode::kInvalidValue, "block table: block ", hex_address(va), " on GPU ", gpu,
+    return error(ErrorCode::kInvalidValue, "block table: block ", hex(va), " on GPU ", gpu,
                  residency == Residency::kEvicted ? ": evict with unplace()" : " is not placed");
   }
   ResidencyCount& from = count(gpu, placement.residency);
@@ -223,8 +220,8 @@ Result<Allocation> BlockTable::unplace(uint64_t va, int gpu) {
   if (block == nullptr) return no_block_at(va);
   Placement& placement = block->placements[gpu];
   if (!placement.placed()) {
-    return error(ErrorCode::kInvalidValue, "block table: block ", hex_address(va),
-                 " is not placed on GPU ", gpu);
+    return error(ErrorCode::kInvalidValue, "block table: block ", hex(va), " is not placed on GPU ",
+                 gpu);
   }
   ResidencyCount& from = count(gpu, placement.residency);
   --from.blocks;

@@ -84,9 +84,6 @@ struct GpuResidency {
   friend bool operator==(const GpuResidency&, const GpuResidency&) = default;
 };
 
-// "0x7f0000200000": how addresses appear in messages.
-std::string hex_address(uint64_t address);
-
 class BlockTable {
  public:
   static constexpr int kLeafBits = 10;

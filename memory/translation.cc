@@ -35,7 +35,7 @@ Result<MapPlan> plan_mapping(const BlockTable& table, int gpu, const BlockFilter
     }
     const PoolLocation& where = placement.allocation.where;
     if ((where.offset & granule_mask) != 0) {
-      return error(ErrorCode::kInvalidValue, "map plan: block ", hex_address(block.va),
+      return error(ErrorCode::kInvalidValue, "map plan: block ", hex(block.va),
                    " is placed at offset ", where.offset, " of chunk ", where.chunk,
                    ", not a multiple of the granularity ", table.granularity());
     }
@@ -141,7 +141,7 @@ Result<PointerTarget> AddressTranslator::placed_range(uint64_t ptr, uint64_t byt
   }
   if (!target->block->on(gpu).placed()) {
     ++counters_.refused;
-    return error(ErrorCode::kNotMapped, name(), ": block ", hex_address(target->block->va),
+    return error(ErrorCode::kNotMapped, name(), ": block ", hex(target->block->va),
                  " is not placed on GPU ", gpu);
   }
   return target;
@@ -172,8 +172,7 @@ Result<std::unique_ptr<RewritingTranslator>> RewritingTranslator::create(
                  " GPUs, the table has ", table.gpu_count());
   }
   if (table.range_base() < kMinRewritableAddress) {
-    return error(ErrorCode::kInvalidValue, "rewriting: the range at ",
-                 hex_address(table.range_base()),
+    return error(ErrorCode::kInvalidValue, "rewriting: the range at ", hex(table.range_base()),
                  " starts below 4 GiB, where small integers would pass for pointers");
   }
   return std::unique_ptr<RewritingTranslator>(
@@ -183,12 +182,12 @@ Result<std::unique_ptr<RewritingTranslator>> RewritingTranslator::create(
 Result<uint64_t> RewritingTranslator::device_address(const PointerTarget& target, int gpu) const {
   const Placement& placement = target.block->on(gpu);
   if (!placement.placed()) {
-    return error(ErrorCode::kNotMapped, "rewriting: block ", hex_address(target.block->va),
+    return error(ErrorCode::kNotMapped, "rewriting: block ", hex(target.block->va),
                  " is not placed on GPU ", gpu);
   }
   const std::vector<uint64_t>& bases = chunk_base_[gpu];
   if (placement.allocation.where.chunk >= bases.size()) {
-    return error(ErrorCode::kIllegalState, "rewriting: block ", hex_address(target.block->va),
+    return error(ErrorCode::kIllegalState, "rewriting: block ", hex(target.block->va),
                  " is in chunk ", placement.allocation.where.chunk, " of GPU ", gpu, ", which has ",
                  bases.size(), " chunks");
   }

@@ -18,10 +18,6 @@ namespace {
 constexpr size_t kTokenRandomBytes = 32;
 constexpr size_t kMaxTokenFileBytes = 256;
 
-Status os_error(std::string_view what, int err) {
-  return error(ErrorCode::kOperatingSystem, what, ": ", std::strerror(err));
-}
-
 std::string trim(std::string s) {
   while (!s.empty() && (s.back() == '\n' || s.back() == '\r' || s.back() == ' ')) s.pop_back();
   return s;

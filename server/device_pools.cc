@@ -5,6 +5,8 @@
 
 #include <glog/logging.h>
 
+#include "common/mutex.h"
+
 namespace hiber::server {
 
 // A ChunkSource whose chunks are device allocations on one GPU.
@@ -20,7 +22,7 @@ class DevicePools::DeviceChunks final : public memory::ChunkSource {
 
   Result<uint32_t> create_chunk(uint64_t bytes) override {
     HIBER_ASSIGN_OR_RETURN(device::PhysicalMemory memory, device_.create_physical(gpu_, bytes));
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     const uint32_t id = next_id_++;
     chunks_.emplace(id, memory);
     return id;
@@ -29,7 +31,7 @@ class DevicePools::DeviceChunks final : public memory::ChunkSource {
   void release_chunk(uint32_t chunk) noexcept override {
     device::PhysicalMemory memory;
     {
-      std::lock_guard lock(mutex_);
+      MutexLock lock(mutex_);
       auto it = chunks_.find(chunk);
       if (it == chunks_.end()) return;
       memory = it->second;
@@ -40,7 +42,7 @@ class DevicePools::DeviceChunks final : public memory::ChunkSource {
   }
 
   Result<device::PhysicalMemory> find(uint32_t chunk) const {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     auto it = chunks_.find(chunk);
     if (it == chunks_.end()) {
       return error(ErrorCode::kInvalidValue, "GPU ", gpu_, " has no allocation ", chunk);
@@ -51,9 +53,10 @@ class DevicePools::DeviceChunks final : public memory::ChunkSource {
  private:
   device::Device& device_;
   const int gpu_;
-  mutable std::mutex mutex_;
-  uint32_t next_id_ = 0;  // ids are never reused, so a stale one cannot name a new allocation
-  std::unordered_map<uint32_t, device::PhysicalMemory> chunks_;
+  mutable Mutex mutex_;
+  // Ids are never reused, so a stale one cannot name a new allocation.
+  uint32_t next_id_ GUARDED_BY(mutex_) = 0;
+  std::unordered_map<uint32_t, device::PhysicalMemory> chunks_ GUARDED_BY(mutex_);
 };
 
 DevicePools::DevicePools(device::Device& device, memory::PoolKind kind)

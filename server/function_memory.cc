@@ -79,7 +79,7 @@ std::vector<uint64_t> FunctionMemory::block_starts() const {
 // ---- Blocks ----
 
 Status FunctionMemory::add_block(uint64_t va, uint64_t bytes, int gpu, const RoomMaker& room) {
-  std::unique_lock lock(mutex_);
+  MutexLock lock(mutex_);
   if (bytes == 0) return error(ErrorCode::kInvalidValue, "an allocation of 0 bytes");
   if (bytes > va_bytes_) {
     return error(ErrorCode::kOutOfMemory, "an allocation of ", bytes,
@@ -103,7 +103,7 @@ Status FunctionMemory::add_block(uint64_t va, uint64_t bytes, int gpu, const Roo
   extra_[va] = Extra{};
   if (gpu < 0) return Status();
   // Under a lease: placed and mapped on the lease's GPU at once.
-  Status placed = place(lock, va, gpu, room);
+  Status placed = place(va, gpu, room);
   if (placed.ok()) {
     const VirtualBlock* block = table_.block_at(va);
     (void)table_.set_residency(va, gpu, Residency::kResident);
@@ -119,15 +119,14 @@ Status FunctionMemory::add_block(uint64_t va, uint64_t bytes, int gpu, const Roo
 }
 
 bool FunctionMemory::is_block(uint64_t va) const {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   return table_.block_at(va) != nullptr;
 }
 
 Status FunctionMemory::remove_block(uint64_t va) {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   if (table_.block_at(va) == nullptr) {
-    return error(ErrorCode::kInvalidValue, "free of ", memory::hex_address(va),
-                 ": not the start of an allocation");
+    return error(ErrorCode::kInvalidValue, "free of ", hex(va), ": not the start of an allocation");
   }
   Status result;
   // Mapped at its own address under a lease: that mapping goes first.
@@ -156,27 +155,25 @@ Status FunctionMemory::remove_block(uint64_t va) {
 }
 
 Status FunctionMemory::check_range(uint64_t ptr, uint64_t bytes, std::string_view what) const {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   Result<memory::PointerTarget> target = table_.resolve_range(ptr, bytes);
   if (target.ok() && target->offset < target->block->bytes) return Status();
-  return error(ErrorCode::kInvalidValue, what, ": [", memory::hex_address(ptr), ", +", bytes,
+  return error(ErrorCode::kInvalidValue, what, ": [", hex(ptr), ", +", bytes,
                ") is not inside one allocation of this session");
 }
 
 uint64_t FunctionMemory::allocated_bytes() const {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   return table_.total_bytes();
 }
 
 // ---- Placement and mapping ----
 
-Status FunctionMemory::place(std::unique_lock<std::mutex>& lock, uint64_t va, int gpu,
-                             const RoomMaker& room) {
+Status FunctionMemory::place(uint64_t va, int gpu, const RoomMaker& room) {
   for (int attempt = 0;; ++attempt) {
     const VirtualBlock* block = table_.block_at(va);
     if (block == nullptr) {
-      return error(ErrorCode::kInvalidValue, "the allocation at ", memory::hex_address(va),
-                   " was freed");
+      return error(ErrorCode::kInvalidValue, "the allocation at ", hex(va), " was freed");
     }
     if (block->on(gpu).placed()) return Status();
     const uint64_t bytes = block->bytes;
@@ -190,9 +187,11 @@ Status FunctionMemory::place(std::unique_lock<std::mutex>& lock, uint64_t va, in
     if (shortfall.never_fits || attempt == kRoomAttempts || !room) {
       return error(ErrorCode::kOutOfMemory, "GPU ", gpu, ": ", shortfall.describe());
     }
-    lock.unlock();
-    Status made = room(gpu, shortfall);
-    lock.lock();
+    Status made;
+    {
+      MutexUnlock unlocked(mutex_);
+      made = room(gpu, shortfall);
+    }
     if (!made.ok()) return made.with_context(str_cat("placing ", bytes, " bytes on GPU ", gpu));
   }
 }
@@ -277,7 +276,7 @@ void FunctionMemory::settle() {
 
 Status FunctionMemory::bind(const Lease& lease, device::Stream swap_stream, SwapDone on_done,
                             const RoomMaker& room) {
-  std::unique_lock lock(mutex_);
+  MutexLock lock(mutex_);
   const int gpu = lease.gpu;
   if (bound_gpu_ >= 0) {
     return error(ErrorCode::kIllegalState, "bind to GPU ", gpu, " while bound to GPU ", bound_gpu_);
@@ -294,11 +293,11 @@ Status FunctionMemory::bind(const Lease& lease, device::Stream swap_stream, Swap
   }
   // Largest first: a buddy pool keeps a large block's region whole only if small ones have not
   // been scattered into it yet.
-  std::stable_sort(vas.begin(), vas.end(), [this](uint64_t a, uint64_t b) {
+  std::stable_sort(vas.begin(), vas.end(), [this](uint64_t a, uint64_t b) REQUIRES(mutex_) {
     return table_.block_at(a)->bytes > table_.block_at(b)->bytes;
   });
   for (uint64_t va : vas) {
-    Status placed = place(lock, va, gpu, room);
+    Status placed = place(va, gpu, room);
     if (!placed.ok()) return placed.with_context("binding");
   }
   // place() drops the lock while room is made; a block freed meanwhile is simply gone (the
@@ -358,7 +357,7 @@ Status FunctionMemory::bind(const Lease& lease, device::Stream swap_stream, Swap
       }
       if (from < 0) {
         unmap_bound();
-        return error(ErrorCode::kIllegalState, "the block at ", memory::hex_address(va),
+        return error(ErrorCode::kIllegalState, "the block at ", hex(va),
                      " has no valid copy on the host or on any GPU");
       }
     }
@@ -406,7 +405,7 @@ Status FunctionMemory::bind(const Lease& lease, device::Stream swap_stream, Swap
   uint64_t moved = 0;
   const auto started = std::chrono::steady_clock::now();
   Status enqueued;
-  auto close_group = [&]() -> Status {
+  auto close_group = [&]() REQUIRES(mutex_) -> Status {
     HIBER_ASSIGN_OR_RETURN(device::Event e, group_event(gpu, static_cast<size_t>(swap_groups_)));
     HIBER_RETURN_IF_ERROR(device_.record_event(e, swap_stream));
     ++swap_groups_;
@@ -494,7 +493,7 @@ Status FunctionMemory::bind(const Lease& lease, device::Stream swap_stream, Swap
 }
 
 Status FunctionMemory::unbind() {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   settle();
   tracking_ = false;
   for (auto& [va, extra] : extra_) extra.group = -1;
@@ -505,7 +504,7 @@ Status FunctionMemory::unbind() {
 }
 
 void FunctionMemory::retire_windows() {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   if (!swap_->complete.load()) return;
   for (Window& w : windows_) retire(w);
   windows_.clear();
@@ -544,7 +543,7 @@ void FunctionMemory::note(const VirtualBlock& block, bool write,
 
 void FunctionMemory::access(uint64_t ptr, uint64_t bytes, bool write,
                             std::vector<device::Event>* waits) {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   const memory::PointerTarget target = table_.resolve(ptr);
   if (!target.found() || bytes == 0) return;
   note(*target.block, write, waits);
@@ -552,7 +551,7 @@ void FunctionMemory::access(uint64_t ptr, uint64_t bytes, bool write,
 
 void FunctionMemory::kernel_access(std::span<const std::byte> params, const KernelInfo& info,
                                    std::vector<device::Event>* waits) {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   Result<uint64_t> scanned = memory::scan_kernel_params(table_, params, info, found_);
   // The session checked the buffer against the layout before; nothing to wait for otherwise.
   if (!scanned.ok()) return;
@@ -564,7 +563,7 @@ void FunctionMemory::kernel_access(std::span<const std::byte> params, const Kern
 
 void FunctionMemory::storing(uint64_t dst, std::span<const std::byte> data) {
   if (!options_.pipelined) return;  // everything waits for the whole swap anyway
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   const memory::PointerTarget target = table_.resolve(dst);
   if (!target.found() || extra_[target.block->va].pointer_table) return;
   if (memory::holds_block_pointers(table_, dst, data)) extra_[target.block->va].pointer_table = true;
@@ -572,7 +571,7 @@ void FunctionMemory::storing(uint64_t dst, std::span<const std::byte> data) {
 
 void FunctionMemory::copying(uint64_t dst, uint64_t src) {
   if (!options_.pipelined) return;
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   const memory::PointerTarget from = table_.resolve(src);
   const memory::PointerTarget to = table_.resolve(dst);
   if (!from.found() || !to.found() || !extra_[from.block->va].pointer_table) return;
@@ -582,12 +581,12 @@ void FunctionMemory::copying(uint64_t dst, uint64_t src) {
 // ---- The controller ----
 
 uint64_t FunctionMemory::model_bytes() const {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   return table_.model_bytes();
 }
 
 uint64_t FunctionMemory::placed_bytes(int gpu) const {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   uint64_t bytes = 0;
   for (const VirtualBlock& block : table_.blocks()) {
     if (block.on(gpu).placed()) bytes += block.on(gpu).allocation.bytes;
@@ -596,19 +595,19 @@ uint64_t FunctionMemory::placed_bytes(int gpu) const {
 }
 
 bool FunctionMemory::model_fixed() const {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   return model_fixed_;
 }
 
 uint64_t FunctionMemory::host_bytes() const {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   uint64_t bytes = 0;
   for (const auto& [va, extra] : extra_) bytes += extra.host.bytes;
   return bytes;
 }
 
 Result<uint64_t> FunctionMemory::evict(int gpu, device::Stream stream) {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   if (bound_gpu_ == gpu) {
     return error(ErrorCode::kIllegalState, "evicting function ", owner_, " from GPU ", gpu,
                  " where it runs");
@@ -660,13 +659,13 @@ Result<uint64_t> FunctionMemory::evict(int gpu, device::Stream stream) {
 }
 
 void FunctionMemory::forget(int gpu) {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   if (bound_gpu_ == gpu) return;
   for (uint64_t va : block_starts()) free_placement(va, gpu);
 }
 
 void FunctionMemory::release_all() {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   unmap_bound();
   for (Window& w : windows_) retire(w);
   windows_.clear();

@@ -45,12 +45,12 @@
 #include <memory>
 #include <optional>
 #include <unordered_map>
-#include <mutex>
 #include <span>
 #include <string_view>
 #include <vector>
 
 #include "common/kernel_info.h"
+#include "common/mutex.h"
 #include "common/status.h"
 #include "memory/block_table.h"
 #include "memory/translation.h"
@@ -170,31 +170,31 @@ class FunctionMemory {
                  memory::FunctionId owner, memory::BlockTable table, uint64_t quota_bytes,
                  const FunctionMemoryOptions& options);
 
-  // Everything below: REQUIRES mutex_ held.
   // Blocks still loading from the last swap become resident once it has finished well; after a
   // failed swap they stay loading, i.e. without valid contents, and the next swap refills them.
-  void settle();
+  void settle() REQUIRES(mutex_);
   // The start address of every block, so that loops may change the table.
-  std::vector<uint64_t> block_starts() const;
+  std::vector<uint64_t> block_starts() const REQUIRES(mutex_);
   // Places the block at `va` on `gpu` if it is not, asking `room` for space (the lock is dropped
   // while it runs). kOutOfMemory when no room can be made.
-  Status place(std::unique_lock<std::mutex>& lock, uint64_t va, int gpu, const RoomMaker& room);
+  Status place(uint64_t va, int gpu, const RoomMaker& room) REQUIRES(mutex_);
   // Frees the block's placement on `gpu`, if any.
-  void free_placement(uint64_t va, int gpu);
+  void free_placement(uint64_t va, int gpu) REQUIRES(mutex_);
   // Maps the chosen blocks placed on `gpu` at their own addresses, accessible from `gpu` only.
-  Status map_blocks(int gpu, const memory::BlockFilter& include);
+  Status map_blocks(int gpu, const memory::BlockFilter& include) REQUIRES(mutex_);
   // Maps `calls` (for a window: at window addresses) with access for `gpu`.
   Status map_calls(const std::vector<memory::MapCall>& calls, int gpu,
-                   std::vector<std::pair<uint64_t, uint64_t>>* mapped);
-  void unmap_all(std::vector<std::pair<uint64_t, uint64_t>>& mapped);
-  void retire(Window& window);
-  void unmap_bound();
+                   std::vector<std::pair<uint64_t, uint64_t>>* mapped) REQUIRES(mutex_);
+  void unmap_all(std::vector<std::pair<uint64_t, uint64_t>>& mapped) REQUIRES(mutex_);
+  void retire(Window& window) REQUIRES(mutex_);
+  void unmap_bound() REQUIRES(mutex_);
   // The event that ends group `index` of swaps onto `gpu`, made on first use.
-  Result<device::Event> group_event(int gpu, size_t index);
+  Result<device::Event> group_event(int gpu, size_t index) REQUIRES(mutex_);
   // A use of `block` (a write, or not) under the lease: pipelining waits, dirty tracking, and
   // the order of first uses.
-  void note(const memory::VirtualBlock& block, bool write, std::vector<device::Event>* waits);
-  Status make_host_copy(uint64_t va, uint64_t bytes);
+  void note(const memory::VirtualBlock& block, bool write, std::vector<device::Event>* waits)
+      REQUIRES(mutex_);
+  Status make_host_copy(uint64_t va, uint64_t bytes) REQUIRES(mutex_);
   bool resident(const memory::VirtualBlock& block, int gpu) const {
     return block.on(gpu).residency == memory::Residency::kResident;
   }
@@ -210,21 +210,21 @@ class FunctionMemory {
   const FunctionMemoryOptions options_;
   const int gpu_count_;
 
-  mutable std::mutex mutex_;
-  // Guarded by mutex_:
-  memory::BlockTable table_;
-  std::unordered_map<uint64_t, Extra> extra_;         // by va
-  bool model_fixed_ = false;
-  int bound_gpu_ = -1;
-  std::vector<std::pair<uint64_t, uint64_t>> mapped_; // (va, bytes) at own addresses
-  std::vector<uint64_t> access_order_;                // model blocks, first use first
-  bool tracking_ = false;                             // recording access_order_
-  std::vector<uint64_t> loading_;                     // blocks the last swap brings ...
-  int loading_gpu_ = -1;                              // ... onto this GPU
-  std::vector<std::vector<device::Event>> events_;    // per GPU, reused per swap
-  int32_t swap_groups_ = 0;
-  std::vector<Window> windows_;
-  std::vector<memory::ArgumentPointer> found_;        // kernel_access's scratch
+  mutable Mutex mutex_;
+  memory::BlockTable table_ GUARDED_BY(mutex_);
+  std::unordered_map<uint64_t, Extra> extra_ GUARDED_BY(mutex_);  // by va
+  bool model_fixed_ GUARDED_BY(mutex_) = false;
+  int bound_gpu_ GUARDED_BY(mutex_) = -1;
+  // (va, bytes) at own addresses
+  std::vector<std::pair<uint64_t, uint64_t>> mapped_ GUARDED_BY(mutex_);
+  std::vector<uint64_t> access_order_ GUARDED_BY(mutex_);  // model blocks, first use first
+  bool tracking_ GUARDED_BY(mutex_) = false;               // recording access_order_
+  std::vector<uint64_t> loading_ GUARDED_BY(mutex_);       // blocks the last swap brings ...
+  int loading_gpu_ GUARDED_BY(mutex_) = -1;                // ... onto this GPU
+  std::vector<std::vector<device::Event>> events_ GUARDED_BY(mutex_);  // per GPU, per swap
+  int32_t swap_groups_ GUARDED_BY(mutex_) = 0;
+  std::vector<Window> windows_ GUARDED_BY(mutex_);
+  std::vector<memory::ArgumentPointer> found_ GUARDED_BY(mutex_);  // kernel_access's scratch
   // Set by a swap's completion callback (a device thread, which must not take mutex_); one per
   // swap, so a late callback of an earlier swap cannot mark a later one complete.
   struct SwapFlags {

@@ -18,7 +18,7 @@ Result<std::unique_ptr<ModelRepository>> ModelRepository::create(
                  memory::HostPool::kMinBlockBytes, " and fit the maximum)");
   }
   std::unique_ptr<ModelRepository> repository(new ModelRepository(device, options));
-  std::lock_guard lock(repository->mutex_);
+  MutexLock lock(repository->mutex_);
   HIBER_RETURN_IF_ERROR(repository->grow());
   return repository;
 }
@@ -59,8 +59,8 @@ Status ModelRepository::grow() {
   Status added;
   if (!pool_) {
     auto pool = memory::HostPool::create({chunk.bytes}, device_.gpu_count());
-    if (pool.ok()) pool_ = std::move(pool).value();
     added = pool.status();
+    if (pool.ok()) pool_ = std::move(pool).value();
   } else {
     added = pool_->add_chunk(chunk.bytes).status();
   }
@@ -78,7 +78,7 @@ HostCopy ModelRepository::copy_at(const memory::Allocation& where, uint64_t byte
 }
 
 Result<HostCopy> ModelRepository::allocate(memory::FunctionId function, uint64_t bytes) {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   while (true) {
     memory::AllocationResult placed = pool_->allocate_model_copy(function, bytes);
     if (placed.ok()) return copy_at(*placed, bytes);
@@ -91,7 +91,7 @@ Result<HostCopy> ModelRepository::allocate(memory::FunctionId function, uint64_t
 }
 
 Result<HostCopy> ModelRepository::allocate_staging(int gpu, uint64_t bytes) {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   while (true) {
     memory::AllocationResult placed = pool_->allocate_staging(gpu, bytes);
     if (placed.ok()) return copy_at(*placed, bytes);
@@ -105,13 +105,13 @@ Result<HostCopy> ModelRepository::allocate_staging(int gpu, uint64_t bytes) {
 
 void ModelRepository::release(const HostCopy& copy) {
   if (!copy) return;
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   Status released = pool_->release(copy.where);
   LOG_IF(ERROR, !released.ok()) << "model repository: " << released;
 }
 
 memory::HostPoolStats ModelRepository::stats() const {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   return pool_->stats();
 }
 

@@ -16,9 +16,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <vector>
 
+#include "common/mutex.h"
 #include "common/status.h"
 #include "memory/host_pool.h"
 #include "server/device/device.h"
@@ -65,15 +65,14 @@ class ModelRepository {
   };
   ModelRepository(device::Device& device, const ModelRepositoryOptions& options)
       : device_(device), options_(options) {}
-  // REQUIRES: mutex_ held.
-  Status grow();
-  HostCopy copy_at(const memory::Allocation& where, uint64_t bytes) const;
+  Status grow() REQUIRES(mutex_);
+  HostCopy copy_at(const memory::Allocation& where, uint64_t bytes) const REQUIRES(mutex_);
 
   device::Device& device_;
   const ModelRepositoryOptions options_;
-  mutable std::mutex mutex_;
-  std::unique_ptr<memory::HostPool> pool_;  // guarded by mutex_
-  std::vector<Chunk> chunks_;               // guarded by mutex_; index = pool chunk
+  mutable Mutex mutex_;
+  std::unique_ptr<memory::HostPool> pool_ GUARDED_BY(mutex_);
+  std::vector<Chunk> chunks_ GUARDED_BY(mutex_);  // index = pool chunk
 };
 
 }  // namespace hiber::server

@@ -62,8 +62,7 @@ ModuleCache::~ModuleCache() {
   }
 }
 
-ModuleCache::Lookup ModuleCache::find_locked(std::unique_lock<std::mutex>& lock,
-                                             const Sha256& digest, Ref& ref) {
+ModuleCache::Lookup ModuleCache::find_locked(MutexLock& lock, const Sha256& digest, Ref& ref) {
   while (true) {
     auto it = entries_.find(digest);
     if (it == entries_.end()) return Lookup::kAbsent;
@@ -77,14 +76,14 @@ ModuleCache::Lookup ModuleCache::find_locked(std::unique_lock<std::mutex>& lock,
     }
     // Another caller is loading these bytes: wait for it, then look again (it may have failed
     // and left the map, or been loaded and already released by its only user).
-    load_done_.wait(lock, [&] { return !entry->loading; });
+    lock.wait(load_done_, [&] { return !entry->loading; });
   }
 }
 
 Result<ModuleCache::Ref> ModuleCache::acquire_by_image(std::span<const std::byte> image) {
   // Hashing hundreds of MiB takes a while: outside the lock.
   const Sha256 digest = sha256(image);
-  std::unique_lock lock(mutex_);
+  MutexLock lock(mutex_);
   Ref ref;
   if (find_locked(lock, digest, ref) == Lookup::kFound) return ref;
 
@@ -116,7 +115,7 @@ Result<ModuleCache::Ref> ModuleCache::acquire_by_image(std::span<const std::byte
 Result<ModuleCache::Ref> ModuleCache::acquire_by_hash(std::span<const std::byte, 32> digest) {
   Sha256 key;
   std::memcpy(key.data(), digest.data(), key.size());
-  std::unique_lock lock(mutex_);
+  MutexLock lock(mutex_);
   Ref ref;
   if (find_locked(lock, key, ref) == Lookup::kFound) return ref;
   ++stats_.unknown_hashes;
@@ -127,7 +126,7 @@ Result<ModuleCache::Ref> ModuleCache::acquire_by_hash(std::span<const std::byte,
 Status ModuleCache::release(const Ref& ref) {
   std::shared_ptr<Entry> entry;
   {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     auto it = entries_.find(ref.sha256);
     if (it == entries_.end() || it->second->loading || it->second->module.id != ref.module.id ||
         it->second->references == 0) {
@@ -149,7 +148,7 @@ Status ModuleCache::release(const Ref& ref) {
 }
 
 ModuleCacheStats ModuleCache::stats() const {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   return stats_;
 }
 

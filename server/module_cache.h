@@ -30,11 +30,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <span>
 #include <string>
 #include <unordered_map>
 
+#include "common/mutex.h"
 #include "common/status.h"
 #include "server/device/device.h"
 
@@ -97,14 +97,14 @@ class ModuleCache {
 
   // With mutex_ held through `lock`: waits out a load of `digest` in progress, then takes a
   // reference to the loaded entry if there is one.
-  Lookup find_locked(std::unique_lock<std::mutex>& lock, const Sha256& digest, Ref& ref);
+  Lookup find_locked(MutexLock& lock, const Sha256& digest, Ref& ref) REQUIRES(mutex_);
 
   device::Device& device_;
-  mutable std::mutex mutex_;
+  mutable Mutex mutex_;
   std::condition_variable load_done_;  // a load in progress finished (or failed)
-  // Loaded entries and loads in progress. Guarded by mutex_.
-  std::unordered_map<Sha256, std::shared_ptr<Entry>, DigestHash> entries_;
-  ModuleCacheStats stats_;  // guarded by mutex_
+  // Loaded entries and loads in progress.
+  std::unordered_map<Sha256, std::shared_ptr<Entry>, DigestHash> entries_ GUARDED_BY(mutex_);
+  ModuleCacheStats stats_ GUARDED_BY(mutex_);
 };
 
 }  // namespace hiber::server

@@ -6,7 +6,7 @@ StagingTracker::StagingTracker(std::function<void(uint64_t)> release)
     : release_(std::move(release)) {}
 
 Result<StagingTracker::Ticket> StagingTracker::begin(uint64_t end) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   if (end < last_end_) {
     return error(ErrorCode::kInvalidValue, "staging end ", end,
                  " is before the previous call's end ", last_end_,
@@ -21,7 +21,7 @@ void StagingTracker::finish(Ticket ticket) {
   uint64_t released = 0;
   bool advanced = false;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     if (ticket < first_ticket_ || ticket - first_ticket_ >= entries_.size()) return;
     entries_[ticket - first_ticket_].finished = true;
     while (!entries_.empty() && entries_.front().finished) {
@@ -35,7 +35,7 @@ void StagingTracker::finish(Ticket ticket) {
 }
 
 size_t StagingTracker::outstanding() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   return entries_.size();
 }
 

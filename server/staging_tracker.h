@@ -11,8 +11,8 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
-#include <mutex>
 
+#include "common/mutex.h"
 #include "common/status.h"
 
 namespace hiber::server {
@@ -43,10 +43,10 @@ class StagingTracker {
   };
 
   std::function<void(uint64_t)> release_;
-  mutable std::mutex mutex_;
-  std::deque<Entry> entries_;  // guarded by mutex_; entries_[0] has ticket first_ticket_
-  Ticket first_ticket_ = 0;    // guarded by mutex_
-  uint64_t last_end_ = 0;      // guarded by mutex_
+  mutable Mutex mutex_;
+  std::deque<Entry> entries_ GUARDED_BY(mutex_);  // entries_[0] has ticket first_ticket_
+  Ticket first_ticket_ GUARDED_BY(mutex_) = 0;
+  uint64_t last_end_ GUARDED_BY(mutex_) = 0;
 };
 
 }  // namespace hiber::server

@@ -41,7 +41,7 @@ DEFINE_string(placement, "algorithm1", "Hiber placement policy: algorithm1, rand
 DEFINE_string(eviction, "heaviness", "Hiber eviction policy: heaviness, lru, lfu, random, mcache, "
                                      "cremebrulee, cremebrulee-oracle, belady");
 DEFINE_string(queue, "rrc", "Hiber queue policy: rrc, fifo, gshare");
-DEFINE_string(pool, "buddy", "Hiber GPU pool: buddy, block, naive");
+DEFINE_string(memory_pool, "buddy", "Hiber GPU pool: buddy, block, naive");
 DEFINE_double(keep_alive_s, 60, "INFless-KA keep-alive window, seconds");
 DEFINE_bool(check_invariants, false, "Check the scheduler's and pools' invariants after every "
                                      "event (slow)");
@@ -102,7 +102,7 @@ Result<HiberOptions> hiber_options() {
   h.scheduler.eviction = FLAGS_eviction;
   h.scheduler.queue = FLAGS_queue;
   h.scheduler.seed = FLAGS_seed;
-  HIBER_ASSIGN_OR_RETURN(h.pool, memory::parse_pool_kind(FLAGS_pool));
+  HIBER_ASSIGN_OR_RETURN(h.pool, memory::parse_pool_kind(FLAGS_memory_pool));
   if (!(FLAGS_pcie_efficiency > 0 && FLAGS_pcie_efficiency <= 1))
     return error(ErrorCode::kInvalidValue, "--pcie_efficiency must be in (0, 1]");
   if (FLAGS_swap_setup_us < 0 || FLAGS_group_mib <= 0 || FLAGS_gpu_reserve_mib < 0)

@@ -19,10 +19,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-Status os_error(std::string_view what) {
-  return error(ErrorCode::kOperatingSystem, what, ": ", std::strerror(errno));
-}
-
 // The time left until `deadline`, saturating for "no deadline".
 std::chrono::nanoseconds remaining(Clock::time_point deadline) {
   if (deadline == Clock::time_point::max()) return std::chrono::nanoseconds::max();

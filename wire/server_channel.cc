@@ -11,13 +11,6 @@
 #include <glog/logging.h>
 
 namespace hiber::wire {
-namespace {
-
-Status os_error(std::string_view what) {
-  return error(ErrorCode::kOperatingSystem, what, ": ", std::strerror(errno));
-}
-
-}  // namespace
 
 Result<std::unique_ptr<ServerChannel>> ServerChannel::create(const ChannelConfig& config) {
   HIBER_ASSIGN_OR_RETURN(const ChannelLayout layout, make_layout(config));

@@ -17,10 +17,6 @@ static_assert(std::endian::native == std::endian::little, "the length prefix is 
 // SCM_RIGHTS room for a few descriptors: one is expected; more are read so they can be closed.
 constexpr size_t kMaxReceivedFds = 8;
 
-Status os_error(std::string_view what) {
-  return error(ErrorCode::kOperatingSystem, what, ": ", std::strerror(errno));
-}
-
 Status length_error(uint32_t length, uint32_t max_bytes) {
   return error(ErrorCode::kInvalidValue, "frame length ", length, " is not in [1, ", max_bytes,
                "]");

@@ -23,13 +23,10 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
-#include <mutex>
 #include <optional>
-#include <shared_mutex>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -37,6 +34,7 @@
 #include <glog/logging.h>
 
 #include "common/fatbin.h"
+#include "common/mutex.h"
 #include "server/device/cuda_driver.h"
 #include "server/device/cuda_topology.h"
 
@@ -84,12 +82,6 @@ uint64_t to_id(Handle handle) {
 template <typename Handle>
 Handle from_id(uint64_t id) {
   return reinterpret_cast<Handle>(static_cast<uintptr_t>(id));
-}
-
-std::string hex(uint64_t value) {
-  char text[24];
-  std::snprintf(text, sizeof text, "0x%llx", static_cast<unsigned long long>(value));
-  return text;
 }
 
 // `status` with "<context>: " in front when it is an error. The context is built only then, so
@@ -235,9 +227,9 @@ class CudaDevice final : public Device {
     uint64_t bytes = 0;           // as asked for, and as free_address_range must give back
     uint64_t driver_bytes = 0;    // bytes rounded up to max_granularity_: what the driver holds
   };
-  mutable std::mutex mappings_mutex_;
-  std::map<DevicePtr, Reservation> reservations_;  // by start; GUARDED_BY(mappings_mutex_)
-  std::map<DevicePtr, Mapping> mappings_;       // by start address; GUARDED_BY(mappings_mutex_)
+  mutable Mutex mappings_mutex_;
+  std::map<DevicePtr, Reservation> reservations_ GUARDED_BY(mappings_mutex_);  // by start
+  std::map<DevicePtr, Mapping> mappings_ GUARDED_BY(mappings_mutex_);          // by start address
 
   struct KernelState {
     KernelInfo info;
@@ -245,10 +237,10 @@ class CudaDevice final : public Device {
     // (0: the GPU's default per-block limit applies).
     std::vector<uint32_t> max_dynamic_shared;
   };
-  mutable std::shared_mutex kernels_mutex_;
-  // GUARDED_BY(kernels_mutex_): kernels by handle, and the kernels handed out per module.
-  std::unordered_map<CUkernel, KernelState> kernels_;
-  std::unordered_map<CUlibrary, std::vector<CUkernel>> module_kernels_;
+  mutable SharedMutex kernels_mutex_;
+  // Kernels by handle, and the kernels handed out per module.
+  std::unordered_map<CUkernel, KernelState> kernels_ GUARDED_BY(kernels_mutex_);
+  std::unordered_map<CUlibrary, std::vector<CUkernel>> module_kernels_ GUARDED_BY(kernels_mutex_);
 };
 
 // ---- Creation ----
@@ -592,13 +584,13 @@ Status CudaDevice::allow_dynamic_shared_memory(CUkernel kernel, int gpu, uint32_
                           "'s limit of ", opt_in, " per block"));
   }
   {
-    std::shared_lock lock(kernels_mutex_);
+    ReaderLock lock(kernels_mutex_);
     auto it = kernels_.find(kernel);
     if (it != kernels_.end() && it->second.max_dynamic_shared[gpu] >= bytes) return Status();
   }
   // Exclusive while asking the driver, so two launches raising the limit at once cannot leave
   // the smaller value set and the larger one cached.
-  std::unique_lock lock(kernels_mutex_);
+  WriterLock lock(kernels_mutex_);
   auto it = kernels_.find(kernel);
   if (it == kernels_.end()) {
     return Status(ErrorCode::kInvalidHandle,
@@ -665,14 +657,14 @@ Result<DevicePtr> CudaDevice::reserve_address_range(uint64_t bytes, uint64_t ali
   CUdeviceptr va = 0;
   HIBER_RETURN_IF_ERROR(HIBER_CU(cuMemAddressReserve, &va, driver_bytes, alignment, 0, 0)
                             .with_context(str_cat("reserve_address_range(", bytes, " bytes)")));
-  std::lock_guard lock(mappings_mutex_);
+  MutexLock lock(mappings_mutex_);
   reservations_.emplace(va, Reservation{bytes, driver_bytes});
   return static_cast<DevicePtr>(va);
 }
 
 Status CudaDevice::free_address_range(DevicePtr va, uint64_t bytes) {
   auto where = [&] { return str_cat("free_address_range(", hex(va), ", ", bytes, ")"); };
-  std::lock_guard lock(mappings_mutex_);
+  MutexLock lock(mappings_mutex_);
   // cuMemAddressFree takes back exactly what cuMemAddressReserve gave.
   auto reserved = reservations_.find(va);
   if (reserved == reservations_.end() || reserved->second.bytes != bytes) {
@@ -747,7 +739,7 @@ Status CudaDevice::map(DevicePtr va, uint64_t bytes, PhysicalMemory memory, uint
   }
   if (va + bytes < va) return Status(ErrorCode::kInvalidValue, where() + ": address overflow");
 
-  std::lock_guard lock(mappings_mutex_);
+  MutexLock lock(mappings_mutex_);
   // Inside one reserved range: the driver maps only into reservations.
   auto reserved = reservations_.upper_bound(va);
   if (reserved == reservations_.begin() ||
@@ -780,7 +772,7 @@ Status CudaDevice::map(DevicePtr va, uint64_t bytes, PhysicalMemory memory, uint
 Status CudaDevice::unmap(DevicePtr va, uint64_t bytes) {
   auto where = [&] { return str_cat("unmap(", hex(va), ", ", bytes, " bytes)"); };
   if (bytes == 0) return Status(ErrorCode::kInvalidValue, where() + ": nothing to unmap");
-  std::lock_guard lock(mappings_mutex_);
+  MutexLock lock(mappings_mutex_);
   auto first = mappings_.lower_bound(va);
   if (first != mappings_.begin()) {
     auto before = std::prev(first);
@@ -817,7 +809,7 @@ Status CudaDevice::set_access(DevicePtr va, uint64_t bytes, std::span<const int>
     wanted[g] = true;
   }
 
-  std::lock_guard lock(mappings_mutex_);
+  MutexLock lock(mappings_mutex_);
   // The GPUs whose memory backs the range; the range must be mapped end to end.
   std::vector<bool> owner(gpu_count(), false);
   uint64_t covered = va;
@@ -1101,7 +1093,7 @@ Status CudaDevice::unload_module(Module module) {
     return Status(ErrorCode::kInvalidHandle, "unload_module: handle 0 was not made by load_module");
   }
   auto library = from_id<CUlibrary>(module.id);
-  std::unique_lock lock(kernels_mutex_);
+  WriterLock lock(kernels_mutex_);
   HIBER_RETURN_IF_ERROR(HIBER_CU(cuLibraryUnload, library));
   // Its kernels are gone; a later library may reuse their handle values.
   if (auto it = module_kernels_.find(library); it != module_kernels_.end()) {
@@ -1124,7 +1116,7 @@ Result<Function> CudaDevice::get_function(Module module, const std::string& name
   }
   HIBER_RETURN_IF_ERROR(cu_.check(r, "cuLibraryGetKernel").with_context(name));
   {
-    std::shared_lock lock(kernels_mutex_);
+    ReaderLock lock(kernels_mutex_);
     if (kernels_.count(kernel) != 0) return Function{to_id(kernel)};
   }
 
@@ -1151,7 +1143,7 @@ Result<Function> CudaDevice::get_function(Module module, const std::string& name
     info.params.push_back({static_cast<uint32_t>(offset), static_cast<uint32_t>(size)});
   }
 
-  std::unique_lock lock(kernels_mutex_);
+  WriterLock lock(kernels_mutex_);
   KernelState state{std::move(info), std::vector<uint32_t>(gpus_.size(), 0)};
   if (kernels_.emplace(kernel, std::move(state)).second) {
     module_kernels_[library].push_back(kernel);
@@ -1160,7 +1152,7 @@ Result<Function> CudaDevice::get_function(Module module, const std::string& name
 }
 
 Result<KernelInfo> CudaDevice::function_info(Function function) {
-  std::shared_lock lock(kernels_mutex_);
+  ReaderLock lock(kernels_mutex_);
   auto it = kernels_.find(from_id<CUkernel>(function.id));
   if (it == kernels_.end()) {
     return Status(ErrorCode::kInvalidHandle,
@@ -1173,7 +1165,7 @@ Status CudaDevice::launch(Stream stream, Function function, const LaunchConfig& 
                           std::span<const std::byte> params) {
   auto kernel = from_id<CUkernel>(function.id);
   {
-    std::shared_lock lock(kernels_mutex_);
+    ReaderLock lock(kernels_mutex_);
     auto it = kernels_.find(kernel);
     if (it == kernels_.end()) {
       return Status(ErrorCode::kInvalidHandle,
@@ -1204,7 +1196,7 @@ Status CudaDevice::launch(Stream stream, Function function, const LaunchConfig& 
                config.grid.y, config.grid.z, config.block.x, config.block.y, config.block.z,
                config.shared_memory_bytes, s, nullptr, size != 0 ? extra : nullptr);
   return on_error(std::move(launched), [&] {
-    std::shared_lock lock(kernels_mutex_);
+    ReaderLock lock(kernels_mutex_);
     auto it = kernels_.find(kernel);
     return str_cat("launch(", it != kernels_.end() ? it->second.info.name : "?", ", grid ",
                    config.grid.x, "x", config.grid.y, "x", config.grid.z, ", block ",

@@ -14,9 +14,9 @@
 #include <cstddef>
 #include <cstring>
 #include <map>
-#include <mutex>
 
 #include "common/fatbin.h"
+#include "common/mutex.h"
 #include "server/device/sim/address_space.h"
 #include "server/device/sim/fault_guard.h"
 #include "server/device/sim/handle_table.h"
@@ -41,14 +41,12 @@ constexpr int kAttrMaxGridDimY = 6;
 constexpr int kAttrMaxGridDimZ = 7;
 constexpr int kAttrMaxSharedMemoryPerBlockOptin = 97;
 
-std::string hex(uint64_t v) { return str_cat("0x", std::hex, v); }
-
 struct ModuleState {
   explicit ModuleState(std::vector<KernelInfo> k) : kernels(std::move(k)) {}
   const std::vector<KernelInfo> kernels;  // sorted by name
-  std::mutex mu;
-  bool unloaded = false;                      // guarded by mu
-  std::map<std::string, uint64_t> functions;  // name -> function id, guarded by mu
+  Mutex mu;
+  bool unloaded GUARDED_BY(mu) = false;
+  std::map<std::string, uint64_t> functions GUARDED_BY(mu);  // name -> function id
 };
 
 struct FunctionState {
@@ -148,7 +146,7 @@ struct SimDevice::Impl {
   // the memory is registered.
   sim::LinkModel::Path host_path(sim::LinkModel::Path path, const void* host, uint64_t bytes) {
     const auto start = reinterpret_cast<uintptr_t>(host);
-    std::lock_guard lock(host_mu);
+    MutexLock lock(host_mu);
     auto it = registered_host.upper_bound(start);
     const bool pinned = it != registered_host.begin() && std::prev(it)->first + std::prev(it)->second >= start + bytes;
     if (!pinned) path.rate_factor = options.pageable_rate;
@@ -182,8 +180,8 @@ struct SimDevice::Impl {
   sim::HandleTable<EventState> events{ids};
   sim::HandleTable<ModuleState> modules{ids};
   sim::HandleTable<FunctionState> functions{ids};
-  std::mutex host_mu;
-  std::map<uintptr_t, uint64_t> registered_host;  // start -> bytes, guarded by host_mu
+  Mutex host_mu;
+  std::map<uintptr_t, uint64_t> registered_host GUARDED_BY(host_mu);  // start -> bytes
   std::atomic<uint64_t> transfers_to_failing_gpu{0};
   // Last, so it is destroyed first: it finishes work that uses everything above.
   Scheduler scheduler;
@@ -308,7 +306,7 @@ Status SimDevice::register_host_memory(void* ptr, uint64_t bytes) {
   const auto start = reinterpret_cast<uintptr_t>(ptr);
   if (ptr == nullptr || bytes == 0 || bytes > UINTPTR_MAX - start)
     return error(ErrorCode::kInvalidValue, "register_host_memory: null pointer or bad size");
-  std::lock_guard lock(impl_->host_mu);
+  MutexLock lock(impl_->host_mu);
   auto& ranges = impl_->registered_host;
   auto next = ranges.lower_bound(start);
   bool overlaps =
@@ -322,7 +320,7 @@ Status SimDevice::register_host_memory(void* ptr, uint64_t bytes) {
 }
 
 Status SimDevice::unregister_host_memory(void* ptr) {
-  std::lock_guard lock(impl_->host_mu);
+  MutexLock lock(impl_->host_mu);
   if (impl_->registered_host.erase(reinterpret_cast<uintptr_t>(ptr)) == 0)
     return error(ErrorCode::kInvalidValue,
                  "unregister_host_memory: ", hex(reinterpret_cast<uintptr_t>(ptr)),
@@ -523,7 +521,7 @@ Result<Module> SimDevice::load_module(std::span<const std::byte> image) {
 Status SimDevice::unload_module(Module module) {
   auto state = impl_->modules.erase(module.id);
   if (!state) return error(ErrorCode::kInvalidHandle, "module ", module.id, " does not exist");
-  std::lock_guard lock(state->mu);
+  MutexLock lock(state->mu);
   state->unloaded = true;
   for (const auto& [name, id] : state->functions) impl_->functions.erase(id);
   return Status();
@@ -537,7 +535,7 @@ Result<Function> SimDevice::get_function(Module module, const std::string& name)
   if (it == state->kernels.end() || it->name != name)
     return error(ErrorCode::kNotFound, "module ", module.id, " has no kernel named ", name,
                  " (it has ", state->kernels.size(), ")");
-  std::lock_guard lock(state->mu);
+  MutexLock lock(state->mu);
   if (state->unloaded)
     return error(ErrorCode::kInvalidHandle, "module ", module.id, " was unloaded");
   auto [known, inserted] = state->functions.try_emplace(name, 0);

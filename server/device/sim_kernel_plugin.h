@@ -50,6 +50,20 @@ typedef const HiberSimKernel* (*HiberSimKernelsV1Fn)(size_t* count);
 
 #ifdef __cplusplus
 }
+#define HIBER_SIM_EXTERN_C_ extern "C"
+#else
+#define HIBER_SIM_EXTERN_C_
 #endif
+
+/* Defines a plugin's hiber_sim_kernels_v1 over its table, an array of HiberSimKernel:
+ *   static const HiberSimKernel kKernels[] = {{"_Z4noopv", noop}};
+ *   HIBER_SIM_KERNELS_V1(kKernels)
+ * It exports that one symbol even where the plugin is built with hidden visibility. */
+#define HIBER_SIM_KERNELS_V1(table)                                                \
+  HIBER_SIM_EXTERN_C_ __attribute__((visibility("default"))) const HiberSimKernel* \
+  hiber_sim_kernels_v1(size_t* count) {                                            \
+    *count = sizeof(table) / sizeof((table)[0]);                                   \
+    return table;                                                                  \
+  }
 
 #endif /* HIBER_SERVER_DEVICE_SIM_KERNEL_PLUGIN_H_ */

@@ -43,4 +43,25 @@ inline int int_x(const HiberSimLaunch* launch, const ThreadIndex& t) {
   return static_cast<int>(t.block.x * launch->block.x + t.thread.x);
 }
 
+// Calls f(i) for every thread's i = int_x(...) below n: an elementwise kernel's
+// `if (i < n) ...`.
+template <typename F>
+void for_each_index(const HiberSimLaunch* launch, int n, F&& f) {
+  for_each_thread(launch, [&](const ThreadIndex& t) {
+    const int i = int_x(launch, t);
+    if (i < n) f(i);
+  });
+}
+
+// c[i] = a[i] + b[i] for (const float* a, const float* b, float* c, int n): a kernel both the
+// test kernels (vec_add) and the shim programs (vector_add) have, under their own names.
+inline int add_vectors(const HiberSimLaunch* l) {
+  if (l->param_count != 4) return kInvalidValue;
+  auto a = arg<const float*>(l, 0);
+  auto b = arg<const float*>(l, 1);
+  auto c = arg<float*>(l, 2);
+  for_each_index(l, arg<int>(l, 3), [&](int i) { c[i] = a[i] + b[i]; });
+  return kSuccess;
+}
+
 }  // namespace hiber::sim_kernels

@@ -1,6 +1,5 @@
 // A kernel plugin that collides with hiber_test_kernels_plugin: it also implements _Z4noopv,
 // besides a kernel of its own. For the simulated device's duplicate-registration tests.
-#include <iterator>
 
 #include "server/device/sim_kernel_plugin.h"
 
@@ -16,8 +15,4 @@ const HiberSimKernel kKernels[] = {
 
 }  // namespace
 
-extern "C" __attribute__((visibility("default"))) const HiberSimKernel* hiber_sim_kernels_v1(
-    size_t* count) {
-  *count = std::size(kKernels);
-  return kKernels;
-}
+HIBER_SIM_KERNELS_V1(kKernels)

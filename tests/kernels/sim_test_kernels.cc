@@ -3,7 +3,6 @@
 // exactly what the CUDA kernel computes, so a test can compare the two backends byte for byte.
 #include <atomic>
 #include <cstring>
-#include <iterator>
 
 #include "server/device/sim_kernel_plugin.h"
 #include "tests/kernels/host_kernel_util.h"
@@ -18,29 +17,12 @@ uint64_t global_x(const HiberSimLaunch* launch, const ThreadIndex& t) {
   return uint64_t{t.block.x} * launch->block.x + t.thread.x;
 }
 
-int vec_add(const HiberSimLaunch* l) {
-  if (l->param_count != 4) return kInvalidValue;
-  auto a = arg<const float*>(l, 0);
-  auto b = arg<const float*>(l, 1);
-  auto c = arg<float*>(l, 2);
-  auto n = arg<int>(l, 3);
-  for_each_thread(l, [&](const ThreadIndex& t) {
-    int i = int_x(l, t);
-    if (i < n) c[i] = a[i] + b[i];
-  });
-  return kSuccess;
-}
-
 int saxpy(const HiberSimLaunch* l) {
   if (l->param_count != 4) return kInvalidValue;
   auto a = arg<float>(l, 0);
   auto x = arg<const float*>(l, 1);
   auto y = arg<float*>(l, 2);
-  auto n = arg<int>(l, 3);
-  for_each_thread(l, [&](const ThreadIndex& t) {
-    int i = int_x(l, t);
-    if (i < n) y[i] = a * x[i] + y[i];
-  });
+  for_each_index(l, arg<int>(l, 3), [&](int i) { y[i] = a * x[i] + y[i]; });
   return kSuccess;
 }
 
@@ -101,10 +83,7 @@ int gather_ptrs(const HiberSimLaunch* l) {
   auto ptrs = arg<int* const*>(l, 0);
   auto n = arg<int>(l, 1);
   auto out = arg<int*>(l, 2);
-  for_each_thread(l, [&](const ThreadIndex& t) {
-    int i = int_x(l, t);
-    if (i < n) out[i] = *ptrs[i];
-  });
+  for_each_index(l, n, [&](int i) { out[i] = *ptrs[i]; });
   return kSuccess;
 }
 
@@ -145,7 +124,7 @@ int noop(const HiberSimLaunch* l) { return l->param_count == 0 ? kSuccess : kInv
 
 namespace names = hiber::test_kernels;
 const HiberSimKernel kKernels[] = {
-    {names::kVecAdd, vec_add},          {names::kSaxpy, saxpy},
+    {names::kVecAdd, add_vectors},      {names::kSaxpy, saxpy},
     {names::kIotaU64, iota_u64},        {names::kOddParams, odd_params},
     {names::kBigParam, big_param},      {names::kSumI32, sum_i32},
     {names::kGatherPtrs, gather_ptrs},  {names::kWriteValue, write_value},
@@ -155,8 +134,4 @@ const HiberSimKernel kKernels[] = {
 
 }  // namespace
 
-extern "C" __attribute__((visibility("default"))) const HiberSimKernel* hiber_sim_kernels_v1(
-    size_t* count) {
-  *count = std::size(kKernels);
-  return kKernels;
-}
+HIBER_SIM_KERNELS_V1(kKernels)

@@ -1,4 +1,4 @@
-// Issue 7: late binding in hiberd. Inference functions (mlp_server: an unmodified CUDA program,
+// Late binding in hiberd. Inference functions (mlp_server: an unmodified CUDA program,
 // compiled by nvcc, run through libhibercuda.so) sleep in host memory and run each request on
 // whichever GPU of a simulated node hiberd picks; the tests drive hiberd's control calls the way
 // the node router will (registerFunction, requestArrived, requestStart, requestDone) and check

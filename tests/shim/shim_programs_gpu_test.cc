@@ -1,4 +1,4 @@
-// Issue 3 on a real GPU: every program of tests/shim/programs runs natively (the real
+// The CUDA programs on a real GPU: every program of tests/shim/programs runs natively (the real
 // libcudart.so.13 and driver) and then through the shim against hiberd --device=cuda; both runs
 // must succeed and print the same summary line (it holds a checksum of the results).
 // Skips with one line where there is no usable GPU: no libcuda.so.1, a libcuda.so.1 that is the

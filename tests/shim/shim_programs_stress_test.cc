@@ -1,6 +1,6 @@
-// Issue 3 under load: six clients at once, each running CUDA programs in a loop through the shim
-// against one hiberd on the simulated GPU, with larger sizes; one client is SIGKILLed in the
-// middle of its run. Every other run must succeed with exact results, hiberd must stay up, and
+// The CUDA programs under load: six clients at once, each running CUDA programs in a loop through
+// the shim against one hiberd on the simulated GPU, with larger sizes; one client is SIGKILLed in
+// the middle of its run. Every other run must succeed with exact results, hiberd must stay up, and
 // afterwards every session must be closed with no device memory held.
 #include <signal.h>
 

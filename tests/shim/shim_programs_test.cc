@@ -1,4 +1,4 @@
-// Issue 3: unmodified CUDA programs run through hiberd. Each program of tests/shim/programs runs
+// Unmodified CUDA programs run through hiberd. Each program of tests/shim/programs runs
 // with libhibercuda.so preloaded against a hiberd on the simulated GPU (which runs the programs'
 // kernels with hiber_shim_programs_plugin), must print its OK line and exit 0, and must leave
 // hiberd running with its session closed and no device memory held.

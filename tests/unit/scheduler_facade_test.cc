@@ -447,7 +447,9 @@ TEST_F(FacadeTest, AResidentStartEvictsNothingAfterAnEarlierPlanHadVictims) {
     EXPECT_TRUE(r.ok());
     std::vector<Decision> d = dispatch(*s, now);
     EXPECT_EQ(d.size(), 1u);
-    if (d.size() == 1 && d[0].source != Source::kResident) EXPECT_TRUE(s->load_done(*r, ++now, true).ok());
+    if (d.size() == 1 && d[0].source != Source::kResident) {
+      EXPECT_TRUE(s->load_done(*r, ++now, true).ok());
+    }
     EXPECT_TRUE(s->done(*r, ++now).ok());
     EXPECT_INVARIANTS(*s);
     return d.empty() ? Decision{.request = RequestId{0}, .function = id} : d[0];

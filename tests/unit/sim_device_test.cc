@@ -26,6 +26,7 @@
 #include <thread>
 #include <tuple>
 
+#include "tests/kernels/host_kernel_util.h"
 #include "tests/unit/device_contract.h"
 
 namespace hiber::device {
@@ -91,19 +92,15 @@ constexpr std::string_view kSimOnlyPtx = R"(
 .visible .entry sim_unimplemented() { ret; }
 )";
 
-template <typename T>
-T param(const HiberSimLaunch* l, uint32_t i) {
-  T value;
-  std::memcpy(&value, l->params[i], sizeof(T));
-  return value;
-}
+using sim_kernels::arg;
+
 int sim_poke(const HiberSimLaunch* l) {
-  *param<int*>(l, 0) = param<int>(l, 1);
+  *arg<int*>(l, 0) = arg<int>(l, 1);
   return 0;
 }
-int sim_fail(const HiberSimLaunch* l) { return param<int>(l, 0); }
+int sim_fail(const HiberSimLaunch* l) { return arg<int>(l, 0); }
 int sim_copy_param(const HiberSimLaunch* l) {
-  *param<uint64_t*>(l, 0) = param<uint64_t>(l, 1);
+  *arg<uint64_t*>(l, 0) = arg<uint64_t>(l, 1);
   return 0;
 }
 

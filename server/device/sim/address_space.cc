@@ -11,8 +11,6 @@
 namespace hiber::device::sim {
 namespace {
 
-std::string hex(uint64_t v) { return str_cat("0x", std::hex, v); }
-
 bool overflows(uint64_t va, uint64_t bytes) { return bytes > UINT64_MAX - va; }
 
 // Reserves [va, va + bytes) as inaccessible address space, replacing whatever is there.
@@ -53,13 +51,13 @@ Result<DevicePtr> AddressSpace::reserve(uint64_t bytes, uint64_t alignment) {
   if (va > base) ::munmap(p, va - base);
   if (base + span > va + bytes)
     ::munmap(reinterpret_cast<void*>(va + bytes), base + span - va - bytes);
-  std::unique_lock lock(mu_);
+  WriterLock lock(mu_);
   reservations_.emplace(va, bytes);
   return va;
 }
 
 Status AddressSpace::free(DevicePtr va, uint64_t bytes) {
-  std::unique_lock lock(mu_);
+  WriterLock lock(mu_);
   auto it = reservations_.find(va);
   if (it == reservations_.end() || it->second != bytes)
     return error(ErrorCode::kInvalidValue, "free_address_range: [", hex(va), ", +", bytes,
@@ -69,7 +67,7 @@ Status AddressSpace::free(DevicePtr va, uint64_t bytes) {
     return error(ErrorCode::kInvalidValue, "free_address_range: ", hex(mapped->first),
                  " in the range is still mapped; unmap it first");
   if (::munmap(reinterpret_cast<void*>(va), bytes) != 0)
-    return error(ErrorCode::kOperatingSystem, "free_address_range: munmap: ", std::strerror(errno));
+    return os_error("free_address_range: munmap");
   reservations_.erase(it);
   return Status();
 }
@@ -95,7 +93,7 @@ Status AddressSpace::map(DevicePtr va, uint64_t bytes, std::shared_ptr<PhysicalB
   if (offset > block->bytes() || bytes > block->bytes() - offset)
     return error(ErrorCode::kInvalidValue, "map: [", offset, ", +", bytes,
                  ") is outside the physical allocation of ", block->bytes(), " bytes");
-  std::unique_lock lock(mu_);
+  WriterLock lock(mu_);
   if (reservation_of(va, bytes) == reservations_.end())
     return error(ErrorCode::kInvalidValue, "map: [", hex(va), ", +", bytes,
                  ") is not inside one reserved address range");
@@ -148,7 +146,7 @@ AddressSpace::whole_mappings(DevicePtr va, uint64_t bytes, const char* operation
 Status AddressSpace::unmap(DevicePtr va, uint64_t bytes) {
   std::vector<Mapping> removed;  // dropped after the lock: freeing memory punches holes
   {
-    std::unique_lock lock(mu_);
+    WriterLock lock(mu_);
     HIBER_ASSIGN_OR_RETURN(auto range, whole_mappings(va, bytes, "unmap"));
     if (!map_inaccessible(va, bytes))
       return error(ErrorCode::kMapFailed, "unmap: mmap at ", hex(va), ": ", std::strerror(errno));
@@ -160,7 +158,7 @@ Status AddressSpace::unmap(DevicePtr va, uint64_t bytes) {
 
 Status AddressSpace::set_access(DevicePtr va, uint64_t bytes, uint64_t gpu_mask,
                                 std::span<const uint64_t> reachers) {
-  std::unique_lock lock(mu_);
+  WriterLock lock(mu_);
   HIBER_ASSIGN_OR_RETURN(auto range, whole_mappings(va, bytes, "set_access"));
   for (auto it = range.first; it != range.second; ++it) {
     const int owner = it->second.block->gpu();
@@ -175,7 +173,7 @@ Status AddressSpace::set_access(DevicePtr va, uint64_t bytes, uint64_t gpu_mask,
 }
 
 Result<int> AddressSpace::check(const DeviceRange& range) const {
-  std::shared_lock lock(mu_);
+  ReaderLock lock(mu_);
   HIBER_RETURN_IF_ERROR(check_locked(range, ErrorCode::kInvalidValue));
   auto it = std::prev(mappings_.upper_bound(range.va));  // exists: the check found it
   return it->second.block->gpu();

@@ -17,9 +17,9 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <shared_mutex>
 #include <span>
 
+#include "common/mutex.h"
 #include "common/status.h"
 #include "server/device/device.h"
 #include "server/device/sim/physical_memory.h"
@@ -70,7 +70,7 @@ class AddressSpace {
     std::array<std::byte*, kMaxAccessRanges> direct{};
     if (ranges.size() > direct.size())
       return error(ErrorCode::kInvalidValue, "access: ", ranges.size(), " ranges");
-    std::shared_lock lock(mu_);
+    ReaderLock lock(mu_);
     for (size_t i = 0; i < ranges.size(); ++i) {
       Status s = check_locked(ranges[i], code);
       if (!s.ok()) return s;
@@ -89,19 +89,20 @@ class AddressSpace {
   };
   using MappingMap = std::map<DevicePtr, Mapping>;
 
-  Status check_locked(const DeviceRange& range, ErrorCode code) const;
+  Status check_locked(const DeviceRange& range, ErrorCode code) const REQUIRES_SHARED(mu_);
   // direct[i] of access(). REQUIRES: check_locked(range) passed.
-  std::byte* direct_locked(const DeviceRange& range) const;
+  std::byte* direct_locked(const DeviceRange& range) const REQUIRES_SHARED(mu_);
   // The mappings that exactly tile [va, va + bytes), or an error naming what does not.
   Result<std::pair<MappingMap::iterator, MappingMap::iterator>> whole_mappings(
-      DevicePtr va, uint64_t bytes, const char* operation);
+      DevicePtr va, uint64_t bytes, const char* operation) REQUIRES(mu_);
   // The reserved range containing [va, va + bytes), or end().
-  std::map<DevicePtr, uint64_t>::const_iterator reservation_of(DevicePtr va, uint64_t bytes) const;
+  std::map<DevicePtr, uint64_t>::const_iterator reservation_of(DevicePtr va, uint64_t bytes) const
+      REQUIRES_SHARED(mu_);
 
   const uint64_t granularity_;
-  mutable std::shared_mutex mu_;
-  std::map<DevicePtr, uint64_t> reservations_;  // start -> bytes
-  MappingMap mappings_;                         // start -> mapping, never overlapping
+  mutable SharedMutex mu_;
+  std::map<DevicePtr, uint64_t> reservations_ GUARDED_BY(mu_);  // start -> bytes
+  MappingMap mappings_ GUARDED_BY(mu_);  // start -> mapping, never overlapping
 };
 
 }  // namespace hiber::device::sim

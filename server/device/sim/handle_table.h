@@ -5,9 +5,10 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <unordered_map>
 #include <vector>
+
+#include "common/mutex.h"
 
 namespace hiber::device::sim {
 
@@ -29,21 +30,21 @@ class HandleTable {
 
   uint64_t insert(std::shared_ptr<T> object) {
     uint64_t id = ids_.next();
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     objects_.emplace(id, std::move(object));
     return id;
   }
 
   // nullptr if `id` is not in the table.
   std::shared_ptr<T> find(uint64_t id) const {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     auto it = objects_.find(id);
     return it == objects_.end() ? nullptr : it->second;
   }
 
   // Removes and returns the object; nullptr if `id` is not in the table.
   std::shared_ptr<T> erase(uint64_t id) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     auto it = objects_.find(id);
     if (it == objects_.end()) return nullptr;
     std::shared_ptr<T> object = std::move(it->second);
@@ -53,8 +54,8 @@ class HandleTable {
 
  private:
   IdSource& ids_;
-  mutable std::mutex mu_;
-  std::unordered_map<uint64_t, std::shared_ptr<T>> objects_;
+  mutable Mutex mu_;
+  std::unordered_map<uint64_t, std::shared_ptr<T>> objects_ GUARDED_BY(mu_);
 };
 
 }  // namespace hiber::device::sim

@@ -36,7 +36,7 @@ Status KernelRegistry::load_plugin(const std::string& path) {
                                 HIBER_SIM_KERNELS_V1_SYMBOL, " returned no table for ", count,
                                 " kernels"));
 
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   std::set<std::string> names;
   for (size_t i = 0; i < count; ++i) {
     const HiberSimKernel& k = table[i];
@@ -63,7 +63,7 @@ Status KernelRegistry::add(const std::string& name, HiberSimKernelFn run,
                            const std::string& source) {
   if (name.empty() || run == nullptr)
     return error(ErrorCode::kInvalidValue, "register_kernel: empty name or null function");
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto [it, inserted] = kernels_.try_emplace(name, Entry{run, source});
   if (!inserted)
     return error(ErrorCode::kInvalidValue, "kernel ", name, " from ", source,
@@ -72,7 +72,7 @@ Status KernelRegistry::add(const std::string& name, HiberSimKernelFn run,
 }
 
 HiberSimKernelFn KernelRegistry::find(const std::string& name) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = kernels_.find(name);
   return it == kernels_.end() ? nullptr : it->second.run;
 }

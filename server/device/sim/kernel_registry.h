@@ -1,11 +1,11 @@
 // Host implementations of kernels, by mangled name (server/device/sim_kernel_plugin.h).
 #pragma once
 
-#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "common/mutex.h"
 #include "common/status.h"
 #include "server/device/sim_kernel_plugin.h"
 
@@ -32,9 +32,9 @@ class KernelRegistry {
     std::string source;  // plugin path, or "register_kernel()"
   };
 
-  mutable std::mutex mu_;
-  std::unordered_map<std::string, Entry> kernels_;
-  std::vector<void*> plugins_;  // dlopen handles
+  mutable Mutex mu_;
+  std::unordered_map<std::string, Entry> kernels_ GUARDED_BY(mu_);
+  std::vector<void*> plugins_ GUARDED_BY(mu_);  // dlopen handles
 };
 
 }  // namespace hiber::device::sim

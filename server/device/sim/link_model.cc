@@ -129,7 +129,7 @@ void LinkModel::advance(Clock::time_point now) {
 }
 
 uint64_t LinkModel::begin(const Path& path, uint64_t bytes) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   advance(Clock::now());
   const uint64_t id = next_id_++;
   Transfer& t = transfers_[id];
@@ -145,7 +145,7 @@ uint64_t LinkModel::begin(const Path& path, uint64_t bytes) {
 
 void LinkModel::wait_until_moved(uint64_t transfer, uint64_t bytes) {
   using Ns = std::chrono::duration<double, std::nano>;
-  std::unique_lock lock(mu_);
+  MutexLock lock(mu_);
   while (true) {
     const Clock::time_point now = Clock::now();
     advance(now);
@@ -157,12 +157,12 @@ void LinkModel::wait_until_moved(uint64_t transfer, uint64_t bytes) {
     double ns = (static_cast<double>(bytes) - moved) / t.rate;
     for (const auto& [id, other] : transfers_)
       if (!other.finished) ns = std::min(ns, other.remaining / other.rate);
-    changed_.wait_until(lock, now + std::chrono::ceil<Clock::duration>(Ns(ns)));
+    lock.wait_until(changed_, now + std::chrono::ceil<Clock::duration>(Ns(ns)));
   }
 }
 
 void LinkModel::end(uint64_t transfer) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   advance(Clock::now());
   auto it = transfers_.find(transfer);
   if (it == transfers_.end()) return;

@@ -18,9 +18,9 @@
 #include <condition_variable>
 #include <cstdint>
 #include <map>
-#include <mutex>
 #include <vector>
 
+#include "common/mutex.h"
 #include "common/node_config.h"
 
 namespace hiber::device::sim {
@@ -55,11 +55,11 @@ class LinkModel {
   static uint64_t chunk_bytes(const Path& path);
 
   // A transfer of `bytes` over `path` starts now. REQUIRES: path.throttled().
-  uint64_t begin(const Path& path, uint64_t bytes);
+  uint64_t begin(const Path& path, uint64_t bytes) EXCLUDES(mu_);
   // Blocks until the transfer has moved `bytes` (of its total) in model time.
-  void wait_until_moved(uint64_t transfer, uint64_t bytes);
+  void wait_until_moved(uint64_t transfer, uint64_t bytes) EXCLUDES(mu_);
   // The transfer leaves (finished, or abandoned early, which frees its share at once).
-  void end(uint64_t transfer);
+  void end(uint64_t transfer) EXCLUDES(mu_);
 
  private:
   struct Transfer {
@@ -74,10 +74,10 @@ class LinkModel {
   int add_link(double gbps);
   Path make_path(std::vector<int> links) const;
   // Moves the model to `now`, finishing transfers (and re-sharing their links) in time order.
-  void advance(Clock::time_point now);
-  void progress(double ns);
-  void share();
-  void leave(Transfer& t);
+  void advance(Clock::time_point now) REQUIRES(mu_);
+  void progress(double ns) REQUIRES(mu_);
+  void share() REQUIRES(mu_);
+  void leave(Transfer& t) REQUIRES(mu_);
 
   const NodeConfig& node_;
   std::vector<double> gbps_;                                // per link
@@ -86,13 +86,12 @@ class LinkModel {
   std::vector<std::pair<int, int>> nvlink_;                 // per NVLink: a->b, b->a
   std::vector<std::vector<std::pair<int, int>>> nvswitch_;  // per fabric, per GPU: send, receive
 
-  std::mutex mu_;
-  std::condition_variable changed_;  // a transfer arrived or left
-  // Guarded by mu_.
-  std::vector<int> users_;  // per link: unfinished transfers crossing it
-  std::map<uint64_t, Transfer> transfers_;
-  uint64_t next_id_ = 1;
-  Clock::time_point now_;  // how far the model has advanced
+  Mutex mu_;
+  std::condition_variable changed_;         // a transfer arrived or left
+  std::vector<int> users_ GUARDED_BY(mu_);  // per link: unfinished transfers crossing it
+  std::map<uint64_t, Transfer> transfers_ GUARDED_BY(mu_);
+  uint64_t next_id_ GUARDED_BY(mu_) = 1;
+  Clock::time_point now_ GUARDED_BY(mu_);  // how far the model has advanced
 };
 
 }  // namespace hiber::device::sim

@@ -18,7 +18,7 @@ Result<std::unique_ptr<GpuMemory>> GpuMemory::create(int gpu, uint64_t bytes,
                  " bytes of memory is less than one allocation granule (", granularity, ")");
   std::string name = str_cat("hiber-sim-gpu", gpu);
   UniqueFd fd(::memfd_create(name.c_str(), MFD_CLOEXEC));
-  if (!fd) return error(ErrorCode::kOperatingSystem, "memfd_create: ", std::strerror(errno));
+  if (!fd) return os_error("memfd_create");
   if (::ftruncate(fd.get(), static_cast<off_t>(usable)) != 0)
     return error(ErrorCode::kOperatingSystem, "ftruncate of GPU ", gpu, " memory to ", usable,
                  " bytes: ", std::strerror(errno));
@@ -40,12 +40,12 @@ GpuMemory::GpuMemory(int gpu, UniqueFd fd, uint64_t total_bytes, std::byte* view
 GpuMemory::~GpuMemory() { ::munmap(view_, total_bytes_); }
 
 uint64_t GpuMemory::free_bytes() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return free_bytes_;
 }
 
 Result<uint64_t> GpuMemory::allocate(uint64_t bytes) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   for (auto it = free_ranges_.begin(); it != free_ranges_.end(); ++it) {
     if (it->second < bytes) continue;
     const uint64_t offset = it->first;
@@ -66,7 +66,7 @@ void GpuMemory::free(uint64_t offset, uint64_t bytes) {
     LOG(WARNING) << "simulated GPU " << gpu_ << ": punching out " << bytes << " bytes at " << offset
                  << " failed (" << std::strerror(errno)
                  << "); the host keeps that memory until the device is destroyed";
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto next = free_ranges_.lower_bound(offset);
   uint64_t start = offset;
   uint64_t end = offset + bytes;

@@ -15,8 +15,8 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 
+#include "common/mutex.h"
 #include "common/status.h"
 #include "common/unique_fd.h"
 
@@ -51,9 +51,10 @@ class GpuMemory {
   const UniqueFd fd_;
   const uint64_t total_bytes_;
   std::byte* const view_;
-  mutable std::mutex mu_;
-  std::map<uint64_t, uint64_t> free_ranges_;  // offset -> bytes; never adjacent (coalesced)
-  uint64_t free_bytes_;
+  mutable Mutex mu_;
+  // offset -> bytes; never adjacent (coalesced)
+  std::map<uint64_t, uint64_t> free_ranges_ GUARDED_BY(mu_);
+  uint64_t free_bytes_ GUARDED_BY(mu_);
 };
 
 // One physical allocation. Its range goes back to the GPU when the last reference is dropped:

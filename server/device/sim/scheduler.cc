@@ -12,9 +12,9 @@ Scheduler::Scheduler(int gpus, int workers_per_gpu) {
 
 Scheduler::~Scheduler() {
   {
-    std::unique_lock lock(mu_);
+    MutexLock lock(mu_);
     // Every enqueued operation can finish: a wait only ever awaits a record enqueued before it.
-    done_cv_.wait(lock, [&] { return pending_ops_ == 0; });
+    lock.wait(done_cv_, [&]() REQUIRES(mu_) { return pending_ops_ == 0; });
     stopping_ = true;
   }
   for (auto& gpu : gpus_) gpu->work_cv.notify_all();
@@ -40,7 +40,7 @@ void Scheduler::enqueue_work(const std::shared_ptr<StreamState>& stream, Work wo
   Op op;
   op.kind = Op::Kind::kWork;
   op.work = std::move(work);
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   enqueue(stream, std::move(op));
 }
 
@@ -49,7 +49,7 @@ void Scheduler::enqueue_callback(const std::shared_ptr<StreamState>& stream,
   Op op;
   op.kind = Op::Kind::kCallback;
   op.callback = std::move(callback);
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   enqueue(stream, std::move(op));
 }
 
@@ -58,7 +58,7 @@ void Scheduler::enqueue_record(const std::shared_ptr<StreamState>& stream,
   Op op;
   op.kind = Op::Kind::kRecord;
   op.event = event;
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   op.generation = ++event->recorded;
   event->pending.insert(op.generation);
   enqueue(stream, std::move(op));
@@ -66,7 +66,7 @@ void Scheduler::enqueue_record(const std::shared_ptr<StreamState>& stream,
 
 void Scheduler::enqueue_wait(const std::shared_ptr<StreamState>& stream,
                              const std::shared_ptr<EventState>& event) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   const uint64_t generation = event->recorded;
   if (!event->pending.contains(generation)) return;  // never recorded, or already complete
   Op op;
@@ -134,9 +134,9 @@ void Scheduler::advance(std::shared_ptr<StreamState> first) {
 
 void Scheduler::worker(int g) {
   Gpu& gpu = *gpus_[g];
-  std::unique_lock lock(mu_);
+  MutexLock lock(mu_);
   while (true) {
-    gpu.work_cv.wait(lock, [&] { return stopping_ || !gpu.ready.empty(); });
+    lock.wait(gpu.work_cv, [&]() REQUIRES(mu_) { return stopping_ || !gpu.ready.empty(); });
     if (gpu.ready.empty()) return;  // stopping, and nothing left
     std::shared_ptr<StreamState> stream = std::move(gpu.ready.extract(gpu.ready.begin()).mapped());
     Op op = std::move(stream->queue.front());
@@ -165,14 +165,14 @@ void Scheduler::worker(int g) {
 }
 
 Status Scheduler::synchronize(StreamState& stream) {
-  std::unique_lock lock(mu_);
+  MutexLock lock(mu_);
   const uint64_t target = stream.enqueued;
-  done_cv_.wait(lock, [&] { return stream.completed >= target; });
+  lock.wait(done_cv_, [&] { return stream.completed >= target; });
   return std::exchange(stream.error, Status());
 }
 
 Status Scheduler::query(StreamState& stream) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (stream.completed + stream.running_callbacks < stream.enqueued)
     return error(ErrorCode::kNotReady, stream.enqueued - stream.completed,
                  " operations pending on the stream");
@@ -180,21 +180,21 @@ Status Scheduler::query(StreamState& stream) {
 }
 
 Status Scheduler::synchronize(EventState& event) {
-  std::unique_lock lock(mu_);
+  MutexLock lock(mu_);
   const uint64_t generation = event.recorded;
-  done_cv_.wait(lock, [&] { return !event.pending.contains(generation); });
+  lock.wait(done_cv_, [&] { return !event.pending.contains(generation); });
   return event.error;
 }
 
 Status Scheduler::query(EventState& event) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (event.pending.contains(event.recorded))
     return error(ErrorCode::kNotReady, "the event's latest record is pending");
   return event.error;
 }
 
 Result<float> Scheduler::elapsed_ms(EventState& start, EventState& end) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   for (EventState* e : {&start, &end}) {
     if (!e->timing)
       return error(ErrorCode::kInvalidHandle,

@@ -18,11 +18,11 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <thread>
 #include <vector>
 
+#include "common/mutex.h"
 #include "common/status.h"
 #include "server/device/device.h"
 
@@ -111,14 +111,16 @@ class Scheduler {
   };
 
  private:
-  void enqueue(const std::shared_ptr<StreamState>& stream, Op op);
+  void enqueue(const std::shared_ptr<StreamState>& stream, Op op) REQUIRES(mu_);
   // Runs what a stream can run inline and hands the rest to a worker or parks it; repeats for
-  // every stream that this wakes. REQUIRES: mu_ held, stream not active.
-  void advance(std::shared_ptr<StreamState> stream);
-  void finish_op(StreamState& stream);
+  // every stream that this wakes. REQUIRES: stream not active.
+  void advance(std::shared_ptr<StreamState> stream) REQUIRES(mu_);
+  void finish_op(StreamState& stream) REQUIRES(mu_);
   void worker(int gpu);
 
-  std::mutex mu_;
+  // Also guards the streams' and events' states and each Gpu's ready map (their "Guarded by"
+  // is a comment: the analysis cannot name another object's mutex).
+  Mutex mu_;
   std::condition_variable done_cv_;  // an operation finished or an event completed
   struct Gpu {
     std::condition_variable work_cv;
@@ -126,9 +128,9 @@ class Scheduler {
     std::map<std::pair<int, uint64_t>, std::shared_ptr<StreamState>> ready;
   };
   std::vector<std::unique_ptr<Gpu>> gpus_;
-  uint64_t ticket_ = 0;
-  uint64_t pending_ops_ = 0;  // enqueued and not finished, over all streams
-  bool stopping_ = false;
+  uint64_t ticket_ GUARDED_BY(mu_) = 0;
+  uint64_t pending_ops_ GUARDED_BY(mu_) = 0;  // enqueued and not finished, over all streams
+  bool stopping_ GUARDED_BY(mu_) = false;
   std::vector<std::thread> workers_;
 };
 

@@ -9,11 +9,7 @@
 #include <vector>
 
 #include "program_util.h"
-
-__global__ void vector_add(const float* a, const float* b, float* c, int n) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) c[i] = a[i] + b[i];
-}
+#include "vector_add_kernel.cuh"
 
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
