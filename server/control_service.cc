@@ -181,12 +181,13 @@ void ControlService::answer_status(ReplySender send) {
       for (size_t i = 0; i < sessions.size(); ++i) {
         const SessionSnapshot& s = sessions[i];
         auto out = list[static_cast<unsigned>(i)];
-        out.setId(s.identity.id);
+        out.setId(s.identity.id.value());
         out.setFunctionId(s.identity.function_id);
         out.setPid(s.identity.peer.pid);
         out.setUid(s.identity.peer.uid);
-        out.setGpu(s.gpu < 0 ? 0 : static_cast<uint32_t>(s.gpu));
-        out.setBoundGpu(s.gpu);
+        // The wire's "between requests" is -1 (and 0 in the pre-1.2 field).
+        out.setGpu(s.gpu ? static_cast<uint32_t>(s.gpu->value()) : 0);
+        out.setBoundGpu(s.gpu ? s.gpu->value() : -1);
         out.setAllocatedBytes(s.allocated_bytes);
         out.setQuotaBytes(s.quota_bytes);
         out.setBatches(s.batches);

@@ -153,7 +153,7 @@ void Controller::run() {
 // ---- Sessions ----
 
 Result<SessionPlan> Controller::admit(const std::string& function_id, uint64_t requested_quota,
-                                      uint64_t session) {
+                                      SessionId session) {
   const uint64_t one_gpu = pools_->pool_bytes(0);
   const uint64_t max_quota = options_.max_quota_bytes != 0 ? options_.max_quota_bytes : one_gpu;
   SessionPlan plan;
@@ -178,7 +178,7 @@ Result<SessionPlan> Controller::admit(const std::string& function_id, uint64_t r
                  max_quota);
   }
   if (registered != registry_.end()) {
-    live_instances_[function_id] = session;
+    live_instances_.insert_or_assign(function_id, session);
     plan.function = registered->second.id;
   } else {
     // A program that connected on its own is a function of its own for as long as it lives.
@@ -188,7 +188,7 @@ Result<SessionPlan> Controller::admit(const std::string& function_id, uint64_t r
   return plan;
 }
 
-void Controller::withdraw(const std::string& function_id, uint64_t session) {
+void Controller::withdraw(const std::string& function_id, SessionId session) {
   std::lock_guard lock(registry_mutex_);
   auto live = live_instances_.find(function_id);
   if (live != live_instances_.end() && live->second == session) live_instances_.erase(live);
@@ -209,7 +209,7 @@ void Controller::attach(LeaseHolder* session) {
 void Controller::on_attach(LeaseHolder* session, FunctionId id, bool registered) {
   State& s = *state_;
   const std::string& function_id = session->function_id();
-  const SessionId session_id{session->id()};
+  const SessionId session_id = session->id();
   if (registered) {
     if (s.tenant(id) == nullptr) {
       LOG(ERROR) << "session " << session_id << ": function '" << function_id
@@ -244,9 +244,9 @@ void Controller::on_attach(LeaseHolder* session, FunctionId id, bool registered)
   s.by_session.emplace(session_id, id);
 }
 
-void Controller::detach(uint64_t session) {
+void Controller::detach(SessionId session) {
   call<bool>([this, session](State&) {
-    on_detach(SessionId{session});
+    on_detach(session);
     return true;
   });
 }
@@ -272,7 +272,7 @@ void Controller::on_detach(SessionId session) {
   } else {
     std::lock_guard lock(registry_mutex_);
     auto live = live_instances_.find(t.name);
-    if (live != live_instances_.end() && live->second == session.value()) {
+    if (live != live_instances_.end() && live->second == session) {
       live_instances_.erase(live);
     }
   }
@@ -504,43 +504,41 @@ ControllerStatus Controller::on_status() {
 
 // ---- GpuLessor: what sessions report ----
 
-void Controller::need_gpu(uint64_t session) {
+void Controller::need_gpu(SessionId session) {
   post([session](State& s) {
-    auto it = s.by_session.find(SessionId{session});
+    auto it = s.by_session.find(session);
     if (it != s.by_session.end()) s.core->need_gpu(it->second, now_ns());
   });
 }
 
-void Controller::streaming(uint64_t, uint64_t lease, const Status& status) {
-  post([lease, status](State& s) { s.core->streaming(RequestId{lease}, status, now_ns()); });
+void Controller::streaming(SessionId, RequestId lease, const Status& status) {
+  post([lease, status](State& s) { s.core->streaming(lease, status, now_ns()); });
 }
 
-void Controller::swap_done(uint64_t session, uint64_t lease, const Status& status,
+void Controller::swap_done(SessionId session, RequestId lease, const Status& status,
                            const SwapReport& report) {
   post([session, lease, status, report](State& s) {
     // Device callbacks cannot unmap the sources of finished peer copies; this thread can.
-    if (State::Tenant* t = s.tenant_of_session(SessionId{session}); t != nullptr && t->memory) {
+    if (State::Tenant* t = s.tenant_of_session(session); t != nullptr && t->memory) {
       t->memory->retire_windows();
     }
-    s.core->swap_done(RequestId{lease}, status,
-                      node::SwapStats{report.bytes, report.duration_ns}, now_ns());
+    s.core->swap_done(lease, status, node::SwapStats{report.bytes, report.duration_ns}, now_ns());
   });
 }
 
-void Controller::released(uint64_t, uint64_t lease, const Status& status) {
-  post([lease, status](State& s) { s.core->released(RequestId{lease}, status, now_ns()); });
+void Controller::released(SessionId, RequestId lease, const Status& status) {
+  post([lease, status](State& s) { s.core->released(lease, status, now_ns()); });
 }
 
-Status Controller::make_room(uint64_t session, int gpu, const memory::Shortfall& shortfall) {
+Status Controller::make_room(SessionId session, GpuId gpu, const memory::Shortfall& shortfall) {
   return call<Status>([session, gpu, &shortfall](State& s) {
-    const State::Tenant* t = s.tenant_of_session(SessionId{session});
-    if (t == nullptr) return error(ErrorCode::kOutOfMemory, "no room on GPU ", gpu);
+    auto it = s.by_session.find(session);
+    if (it == s.by_session.end()) return error(ErrorCode::kOutOfMemory, "no room on GPU ", gpu);
     if (shortfall.over_quota) {
       // Its own quota is the limit: evicting other functions would not help.
       return error(ErrorCode::kOutOfMemory, "GPU ", gpu, ": ", shortfall.describe());
     }
-    return s.core->make_room(s.by_session.at(SessionId{session}), GpuId{gpu},
-                             shortfall.needed_bytes, now_ns());
+    return s.core->make_room(it->second, gpu, shortfall.needed_bytes, now_ns());
   });
 }
 
@@ -550,12 +548,12 @@ Result<uint64_t> Controller::evict(FunctionId function, GpuId gpu) {
   State::Tenant* t = state_->tenant(function);
   if (t == nullptr || !t->memory) return uint64_t{0};
   HIBER_ASSIGN_OR_RETURN(device::Stream stream, service_stream(gpu));
-  return t->memory->evict(gpu.value(), stream);
+  return t->memory->evict(gpu, stream);
 }
 
 void Controller::forget(FunctionId function, GpuId gpu) {
   State::Tenant* t = state_->tenant(function);
-  if (t != nullptr && t->memory) t->memory->forget(gpu.value());
+  if (t != nullptr && t->memory) t->memory->forget(gpu);
 }
 
 void Controller::start(const node::Start& start) {
@@ -566,12 +564,10 @@ void Controller::start(const node::Start& start) {
                 << ", which has no session";
     return;
   }
-  Lease lease;
-  lease.id = start.request.value();
-  lease.gpu = start.gpu.value();
+  Lease lease{.id = start.request, .gpu = start.gpu};
   lease.implicit = start.background;
   lease.source = start.source;
-  lease.source_gpu = start.source_gpu ? start.source_gpu->value() : -1;
+  lease.source_gpu = start.source_gpu;
   lease.release_source = start.release_source;
   lease.first_request = start.first_request;
   t->session->grant(lease);
@@ -581,9 +577,9 @@ void Controller::end(RequestId request, FunctionId function, const Status& failu
   State::Tenant* t = state_->tenant(function);
   if (t == nullptr || t->session == nullptr) return;  // its detach ends the request
   if (failure.ok()) {
-    t->session->end_lease(request.value());
+    t->session->end_lease(request);
   } else {
-    t->session->fail(request.value(), failure);
+    t->session->fail(request, failure);
   }
 }
 
@@ -619,7 +615,7 @@ uint64_t Controller::pool_allocated(GpuId gpu) const {
 
 uint64_t Controller::placed_bytes(FunctionId function, GpuId gpu) const {
   const State::Tenant* t = state_->tenant(function);
-  return t != nullptr && t->memory ? t->memory->placed_bytes(gpu.value()) : 0;
+  return t != nullptr && t->memory ? t->memory->placed_bytes(gpu) : 0;
 }
 
 uint64_t Controller::model_bytes(FunctionId function) const {

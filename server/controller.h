@@ -148,15 +148,15 @@ class Controller final : public GpuLessor, private node::Actuator {
   // function already has a live instance, or asks for more than it may). A registered
   // function's instance slot is taken for `session` until detach() or withdraw().
   Result<SessionPlan> admit(const std::string& function_id, uint64_t requested_quota,
-                            uint64_t session);
+                            SessionId session);
   // An admitted session that never started (its creation or Welcome failed).
-  void withdraw(const std::string& function_id, uint64_t session);
+  void withdraw(const std::string& function_id, SessionId session);
   // The session exists (after Session::create, its memory owned by the plan's function): it
   // may now be granted leases.
   void attach(LeaseHolder* session);
   // The session ended and released everything (its thread has run teardown). Returns once the
   // controller no longer refers to it, so the caller may destroy it.
-  void detach(uint64_t session);
+  void detach(SessionId session);
 
   // ---- Control calls (any thread; replies come on the controller thread) ----
   void register_function(const Registration& registration, Reply<Ok> reply);
@@ -168,12 +168,12 @@ class Controller final : public GpuLessor, private node::Actuator {
   void status(Reply<ControllerStatus> reply);
 
   // ---- GpuLessor (session threads, device callbacks) ----
-  void need_gpu(uint64_t session) override;
-  void streaming(uint64_t session, uint64_t lease, const Status& status) override;
-  void swap_done(uint64_t session, uint64_t lease, const Status& status,
+  void need_gpu(SessionId session) override;
+  void streaming(SessionId session, RequestId lease, const Status& status) override;
+  void swap_done(SessionId session, RequestId lease, const Status& status,
                  const SwapReport& report) override;
-  void released(uint64_t session, uint64_t lease, const Status& status) override;
-  Status make_room(uint64_t session, int gpu, const memory::Shortfall& shortfall) override;
+  void released(SessionId session, RequestId lease, const Status& status) override;
+  Status make_room(SessionId session, GpuId gpu, const memory::Shortfall& shortfall) override;
 
  private:
   struct State;
@@ -222,7 +222,7 @@ class Controller final : public GpuLessor, private node::Actuator {
   };
   std::mutex registry_mutex_;
   std::unordered_map<std::string, Registered> registry_;      // guarded by registry_mutex_
-  std::unordered_map<std::string, uint64_t> live_instances_;  // function id -> session; guarded
+  std::unordered_map<std::string, SessionId> live_instances_;  // function id -> session; guarded
   uint32_t next_function_ = 1;                                // guarded by registry_mutex_
 
   Mailbox<Event> events_;  // for the controller thread, in arrival order

@@ -433,7 +433,7 @@ void Daemon::on_hello(Connection& connection) {
     reject(connection, session.status().with_context("cannot open a session"));
     return;
   }
-  ++next_session_id_;
+  next_session_id_ = SessionId{next_session_id_.value() + 1};
   ++live_sessions_;
   connection.session = std::move(session).value();
   auto frame = wire::encode_welcome_frame(connection.session->welcome());

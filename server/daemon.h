@@ -21,6 +21,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/ids.h"
 #include "common/status.h"
 #include "common/unique_fd.h"
 #include "server/auth.h"
@@ -125,7 +126,7 @@ class Daemon {
   // Loop thread only.
   std::unordered_map<uint64_t, std::unique_ptr<Connection>> connections_;
   uint64_t next_connection_id_ = 1;
-  uint64_t next_session_id_ = 1;
+  SessionId next_session_id_{1};
   size_t live_sessions_ = 0;
   bool shutting_down_ = false;
   IoLoop::OpId accept_op_ = 0;

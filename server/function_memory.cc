@@ -78,7 +78,8 @@ std::vector<uint64_t> FunctionMemory::block_starts() const {
 
 // ---- Blocks ----
 
-Status FunctionMemory::add_block(uint64_t va, uint64_t bytes, int gpu, const RoomMaker& room) {
+Status FunctionMemory::add_block(uint64_t va, uint64_t bytes, std::optional<GpuId> lease_gpu,
+                                 const RoomMaker& room) {
   MutexLock lock(mutex_);
   if (bytes == 0) return error(ErrorCode::kInvalidValue, "an allocation of 0 bytes");
   if (bytes > va_bytes_) {
@@ -101,8 +102,9 @@ Status FunctionMemory::add_block(uint64_t va, uint64_t bytes, int gpu, const Roo
                             .with_context("allocation"));
   if (model) (void)table_.set_dirty(va, true);
   extra_[va] = Extra{};
-  if (gpu < 0) return Status();
+  if (!lease_gpu) return Status();
   // Under a lease: placed and mapped on the lease's GPU at once.
+  const int gpu = lease_gpu->value();
   Status placed = place(va, gpu, room);
   if (placed.ok()) {
     const VirtualBlock* block = table_.block_at(va);
@@ -138,9 +140,8 @@ Status FunctionMemory::remove_block(uint64_t va) {
     const auto [run_va, run_bytes] = *mapped;
     mapped_.erase(mapped);
     result = device_.unmap(run_va, run_bytes);
-    const int gpu = bound_gpu_;
-    if (result.ok() && gpu >= 0) {
-      result = map_blocks(gpu, [&](const VirtualBlock& b) {
+    if (result.ok() && bound_gpu_) {
+      result = map_blocks(*bound_gpu_, [&](const VirtualBlock& b) {
         return b.va != va && b.va >= run_va && b.end() <= run_va + run_bytes;
       });
     }
@@ -190,7 +191,7 @@ Status FunctionMemory::place(uint64_t va, int gpu, const RoomMaker& room) {
     Status made;
     {
       MutexUnlock unlocked(mutex_);
-      made = room(gpu, shortfall);
+      made = room(GpuId{gpu}, shortfall);
     }
     if (!made.ok()) return made.with_context(str_cat("placing ", bytes, " bytes on GPU ", gpu));
   }
@@ -236,7 +237,7 @@ void FunctionMemory::retire(Window& window) {
 
 void FunctionMemory::unmap_bound() {
   unmap_all(mapped_);
-  bound_gpu_ = -1;
+  bound_gpu_.reset();
 }
 
 Result<device::Event> FunctionMemory::group_event(int gpu, size_t index) {
@@ -257,19 +258,21 @@ Status FunctionMemory::make_host_copy(uint64_t va, uint64_t bytes) {
 }
 
 void FunctionMemory::settle() {
-  if (loading_.empty() || !swap_->complete.load()) return;
+  if (loading_.empty() || !swap_->complete.load() || !loading_gpu_) return;
+  const int gpu = *loading_gpu_;
   if (swap_->failed.load()) {
-    LOG(WARNING) << "function memory " << owner_ << ": a swap onto GPU " << loading_gpu_
+    LOG(WARNING) << "function memory " << owner_ << ": a swap onto GPU " << gpu
                  << " failed; its " << loading_.size() << " blocks stay invalid there";
   } else {
     for (uint64_t va : loading_) {
       const VirtualBlock* block = table_.block_at(va);
-      if (block != nullptr && block->on(loading_gpu_).placed()) {
-        (void)table_.set_residency(va, loading_gpu_, Residency::kResident);
+      if (block != nullptr && block->on(gpu).placed()) {
+        (void)table_.set_residency(va, gpu, Residency::kResident);
       }
     }
   }
   loading_.clear();
+  loading_gpu_.reset();
 }
 
 // ---- Leases ----
@@ -277,9 +280,9 @@ void FunctionMemory::settle() {
 Status FunctionMemory::bind(const Lease& lease, device::Stream swap_stream, SwapDone on_done,
                             const RoomMaker& room) {
   MutexLock lock(mutex_);
-  const int gpu = lease.gpu;
-  if (bound_gpu_ >= 0) {
-    return error(ErrorCode::kIllegalState, "bind to GPU ", gpu, " while bound to GPU ", bound_gpu_);
+  const int gpu = lease.gpu.value();
+  if (bound_gpu_) {
+    return error(ErrorCode::kIllegalState, "bind to GPU ", gpu, " while bound to GPU ", *bound_gpu_);
   }
   settle();
   // 1. Every block gets a place on the GPU (scratch too: re-placed, not copied), and scratch
@@ -349,8 +352,9 @@ Status FunctionMemory::bind(const Lease& lease, device::Stream swap_stream, Swap
     if (block.kind != BlockKind::kModel || resident(block, gpu)) continue;
     int from = -1;
     auto resident_on = [&](int g) { return g >= 0 && g != gpu && resident(block, g); };
-    if (lease.source == scheduler::Source::kPeer && resident_on(lease.source_gpu)) {
-      from = lease.source_gpu;
+    if (lease.source == scheduler::Source::kPeer && lease.source_gpu &&
+        resident_on(lease.source_gpu->value())) {
+      from = lease.source_gpu->value();
     } else if (!extra.host || block.dirty) {
       for (int g = 0; g < gpu_count_ && from < 0; ++g) {
         if (resident_on(g)) from = g;
@@ -522,19 +526,19 @@ void FunctionMemory::note(const VirtualBlock& block, bool write,
   // authoritative whatever the function writes.
   const bool tracked =
       block.kind == BlockKind::kModel && (options_.stateful || !model_fixed_);
-  if (write && tracked && bound_gpu_ >= 0) {
+  if (write && tracked && bound_gpu_) {
     if (!block.dirty) (void)table_.set_dirty(block.va, true);
     // Written here: copies on other GPUs are stale now.
     for (int g = 0; g < gpu_count_; ++g) {
-      if (g != bound_gpu_ && resident(block, g)) {
+      if (g != *bound_gpu_ && resident(block, g)) {
         (void)table_.set_residency(block.va, g, Residency::kLoading);
       }
     }
   }
   // Through a pointer table a kernel may reach any block: wait for the last group, hence all.
   const int32_t group = extra.pointer_table && swap_groups_ > 0 ? swap_groups_ - 1 : extra.group;
-  if (group < 0 || swap_->complete.load() || bound_gpu_ < 0) return;
-  const device::Event e = events_[bound_gpu_][static_cast<size_t>(group)];
+  if (group < 0 || swap_->complete.load() || !bound_gpu_) return;
+  const device::Event e = events_[*bound_gpu_][static_cast<size_t>(group)];
   for (const device::Event& w : *waits) {
     if (w.id == e.id) return;
   }
@@ -585,7 +589,8 @@ uint64_t FunctionMemory::model_bytes() const {
   return table_.model_bytes();
 }
 
-uint64_t FunctionMemory::placed_bytes(int gpu) const {
+uint64_t FunctionMemory::placed_bytes(GpuId on) const {
+  const int gpu = on.value();
   MutexLock lock(mutex_);
   uint64_t bytes = 0;
   for (const VirtualBlock& block : table_.blocks()) {
@@ -606,7 +611,8 @@ uint64_t FunctionMemory::host_bytes() const {
   return bytes;
 }
 
-Result<uint64_t> FunctionMemory::evict(int gpu, device::Stream stream) {
+Result<uint64_t> FunctionMemory::evict(GpuId from, device::Stream stream) {
+  const int gpu = from.value();
   MutexLock lock(mutex_);
   if (bound_gpu_ == gpu) {
     return error(ErrorCode::kIllegalState, "evicting function ", owner_, " from GPU ", gpu,
@@ -658,7 +664,8 @@ Result<uint64_t> FunctionMemory::evict(int gpu, device::Stream stream) {
   return freed;
 }
 
-void FunctionMemory::forget(int gpu) {
+void FunctionMemory::forget(GpuId from) {
+  const int gpu = from.value();
   MutexLock lock(mutex_);
   if (bound_gpu_ == gpu) return;
   for (uint64_t va : block_starts()) free_placement(va, gpu);

@@ -49,6 +49,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/ids.h"
 #include "common/kernel_info.h"
 #include "common/mutex.h"
 #include "common/status.h"
@@ -72,7 +73,7 @@ struct FunctionMemoryOptions {
 
 // Makes room on `gpu` for what `shortfall` says did not fit (GpuLessor::make_room);
 // kOutOfMemory if it cannot.
-using RoomMaker = std::function<Status(int gpu, const memory::Shortfall& shortfall)>;
+using RoomMaker = std::function<Status(GpuId gpu, const memory::Shortfall& shortfall)>;
 // Reports the end of a swap (on a device callback thread).
 using SwapDone = std::function<void(const Status&, const SwapReport&)>;
 
@@ -98,10 +99,10 @@ class FunctionMemory {
   memory::FunctionId owner() const { return owner_; }
 
   // ---- Blocks (the session thread) ----
-  // Records [va, va + bytes). With gpu >= 0 (a lease) it is placed and mapped there at once,
+  // Records [va, va + bytes). With a GPU (a lease) it is placed and mapped there at once,
   // asking `room` for space if the pool is full. kInvalidValue for a range outside the grant,
   // misaligned or overlapping; kOutOfMemory over the quota or when no room can be made.
-  Status add_block(uint64_t va, uint64_t bytes, int gpu, const RoomMaker& room);
+  Status add_block(uint64_t va, uint64_t bytes, std::optional<GpuId> gpu, const RoomMaker& room);
   bool is_block(uint64_t va) const;
   // Unmaps and frees the block everywhere. REQUIRES: no work uses it (the session quiesced).
   Status remove_block(uint64_t va);
@@ -134,16 +135,16 @@ class FunctionMemory {
   // Bytes that travel with a swap (the model): what the scheduler places.
   uint64_t model_bytes() const;
   // Bytes placed on `gpu` now.
-  uint64_t placed_bytes(int gpu) const;
+  uint64_t placed_bytes(GpuId gpu) const;
   // The first request came: blocks allocated from now on are scratch (unless stateful).
   bool model_fixed() const;
   // Drops the function's copy on `gpu`: dirty blocks are first written back to their host
   // copies (on `stream`, a stream of `gpu`, waited for), then every placement there is freed.
   // REQUIRES: the function does not run on `gpu`. Bytes freed.
-  Result<uint64_t> evict(int gpu, device::Stream stream);
+  Result<uint64_t> evict(GpuId gpu, device::Stream stream);
   // Frees every placement on `gpu` without copying anything back: the GPU failed, or the
   // function's bytes there were moved to another GPU.
-  void forget(int gpu);
+  void forget(GpuId gpu);
   // Unmaps the source windows of finished peer copies (device callbacks cannot).
   void retire_windows();
   // Unmaps and frees everything everywhere, host copies included (the session ended).
@@ -214,13 +215,13 @@ class FunctionMemory {
   memory::BlockTable table_ GUARDED_BY(mutex_);
   std::unordered_map<uint64_t, Extra> extra_ GUARDED_BY(mutex_);  // by va
   bool model_fixed_ GUARDED_BY(mutex_) = false;
-  int bound_gpu_ GUARDED_BY(mutex_) = -1;
+  std::optional<int> bound_gpu_ GUARDED_BY(mutex_);
   // (va, bytes) at own addresses
   std::vector<std::pair<uint64_t, uint64_t>> mapped_ GUARDED_BY(mutex_);
   std::vector<uint64_t> access_order_ GUARDED_BY(mutex_);  // model blocks, first use first
   bool tracking_ GUARDED_BY(mutex_) = false;               // recording access_order_
   std::vector<uint64_t> loading_ GUARDED_BY(mutex_);       // blocks the last swap brings ...
-  int loading_gpu_ GUARDED_BY(mutex_) = -1;                // ... onto this GPU
+  std::optional<int> loading_gpu_ GUARDED_BY(mutex_);      // ... onto this GPU
   std::vector<std::vector<device::Event>> events_ GUARDED_BY(mutex_);  // per GPU, per swap
   int32_t swap_groups_ GUARDED_BY(mutex_) = 0;
   std::vector<Window> windows_ GUARDED_BY(mutex_);

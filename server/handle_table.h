@@ -38,7 +38,7 @@ Status check_new_handle(const Table& table, typename Table::key_type handle, siz
 struct ClientStream {
   int32_t priority = 0;
   std::vector<std::optional<device::Stream>> per_gpu;
-  int last_gpu = -1;     // where its latest work went
+  std::optional<int> last_gpu;  // where its latest work went
   Status drained_error;  // the first failure of work drained when a lease ended
 };
 
@@ -46,7 +46,7 @@ struct ClientStream {
 struct ClientEvent {
   bool disable_timing = false;
   std::vector<std::optional<device::Event>> per_gpu;
-  int last_gpu = -1;  // where it was last recorded; -1: never (complete)
+  std::optional<int> last_gpu;  // where it was last recorded; none: never (complete)
   // With timing: when its latest record completed, on the host's steady clock (ns; 0 while
   // pending). Two records on different GPUs (the function moved between leases) are timed by
   // these, as GPUs' event clocks cannot be compared.

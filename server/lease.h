@@ -16,8 +16,10 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
+#include "common/ids.h"
 #include "common/status.h"
 #include "memory/pool_allocator.h"
 #include "scheduler/types.h"
@@ -28,11 +30,11 @@ class FunctionMemory;
 
 // One grant of a GPU to a session.
 struct Lease {
-  uint64_t id = 0;                 // the scheduler's RequestId
-  int gpu = -1;
+  RequestId id;                    // the request it serves
+  GpuId gpu;
   bool implicit = false;           // asked for by the session, not announced by the router
   scheduler::Source source = scheduler::Source::kHost;  // where the model's bytes come from
-  int source_gpu = -1;             // Source::kPeer: the GPU holding the replica to copy
+  std::optional<GpuId> source_gpu;  // Source::kPeer: the GPU holding the replica to copy
   bool release_source = false;     // Source::kPeer: free the source replica once copied
   bool first_request = false;      // the function's first router request: the model is fixed
 };
@@ -50,19 +52,19 @@ class GpuLessor {
  public:
   virtual ~GpuLessor() = default;
   // The session has calls that need a GPU and holds no lease: queue an implicit request.
-  virtual void need_gpu(uint64_t session) = 0;
+  virtual void need_gpu(SessionId session) = 0;
   // The lease's swap has been enqueued (the model is streaming or resident), or it failed.
-  virtual void streaming(uint64_t session, uint64_t lease, const Status& status) = 0;
+  virtual void streaming(SessionId session, RequestId lease, const Status& status) = 0;
   // The lease's swap finished: every group is on the GPU (or the transfer failed).
-  virtual void swap_done(uint64_t session, uint64_t lease, const Status& status,
+  virtual void swap_done(SessionId session, RequestId lease, const Status& status,
                          const SwapReport& report) = 0;
   // The session drained its work on the lease's GPU and unmapped; the GPU is free.
-  virtual void released(uint64_t session, uint64_t lease, const Status& status) = 0;
+  virtual void released(SessionId session, RequestId lease, const Status& status) = 0;
   // A block does not fit `gpu`'s pool, as `shortfall` says: evict other functions' models there
   // so that it does (by the eviction policy when bytes are short; the owners of the cheapest
   // region the pool names when the free bytes are there but in pieces). Synchronous;
   // kOutOfMemory when nothing evictable makes room.
-  virtual Status make_room(uint64_t session, int gpu, const memory::Shortfall& shortfall) = 0;
+  virtual Status make_room(SessionId session, GpuId gpu, const memory::Shortfall& shortfall) = 0;
 };
 
 // The session's side, as the controller sees it: a function's instance that can hold a lease.
@@ -71,7 +73,7 @@ class GpuLessor {
 class LeaseHolder {
  public:
   virtual ~LeaseHolder() = default;
-  virtual uint64_t id() const = 0;
+  virtual SessionId id() const = 0;
   // The function id the instance connected as.
   virtual const std::string& function_id() const = 0;
   // The instance's memory, shared with the controller, which evicts its replicas from GPUs it
@@ -81,10 +83,10 @@ class LeaseHolder {
   // and reports GpuLessor::streaming (then swap_done).
   virtual void grant(const Lease& lease) = 0;
   // The lease is over: drain, unmap, report GpuLessor::released.
-  virtual void end_lease(uint64_t lease) = 0;
+  virtual void end_lease(RequestId lease) = 0;
   // The lease's GPU failed: the function's work there is lost. The client sees `why` as a
   // sticky error at its next synchronisation; the lease ends as end_lease() would.
-  virtual void fail(uint64_t lease, const Status& why) = 0;
+  virtual void fail(RequestId lease, const Status& why) = 0;
 };
 
 }  // namespace hiber::server

@@ -88,7 +88,7 @@ Session::~Session() {
 
 wire::SessionInfo Session::welcome() const {
   wire::SessionInfo info;
-  info.session_id = identity_.id;
+  info.session_id = identity_.id.value();
   info.server_version = wire::current_protocol_version();
   info.grant.va_base = memory_->va_base();
   info.grant.va_bytes = memory_->va_bytes();
@@ -150,9 +150,9 @@ SessionSnapshot Session::snapshot() const {
 
 void Session::grant(const Lease& lease) { post(GrantCommand{lease}); }
 
-void Session::end_lease(uint64_t lease) { post(EndCommand{lease, Status()}); }
+void Session::end_lease(RequestId lease) { post(EndCommand{lease, Status()}); }
 
-void Session::fail(uint64_t lease, const Status& why) {
+void Session::fail(RequestId lease, const Status& why) {
   post(EndCommand{lease, why.ok() ? Status(ErrorCode::kUnknown, "GPU failed") : why});
 }
 
@@ -203,20 +203,20 @@ void Session::begin_lease(const Lease& lease) {
   }
   asked_for_gpu_ = false;
   leases_.fetch_add(1, std::memory_order_relaxed);
-  const int gpu = lease.gpu;
+  const int gpu = lease.gpu.value();
   // The swap runs on a stream of its own on the lease's GPU, so client work queued behind it
   // waits only for the groups it touches.
   auto swap_stream = handles_.swap_stream(gpu);
   Status bound = swap_stream.status();
   if (bound.ok()) {
-    const uint64_t session = identity_.id;
-    const uint64_t id = lease.id;
+    const SessionId session = identity_.id;
+    const RequestId id = lease.id;
     bound = memory_->bind(
         lease, *swap_stream,
         [this, session, id](const Status& done, const SwapReport& report) {
           lessor_.swap_done(session, id, done, report);
         },
-        [this](int g, const memory::Shortfall& s) { return lessor_.make_room(identity_.id, g, s); });
+        [this](GpuId g, const memory::Shortfall& s) { return lessor_.make_room(identity_.id, g, s); });
   }
   lessor_.streaming(identity_.id, lease.id, bound);
   if (!bound.ok()) {
@@ -230,7 +230,7 @@ void Session::begin_lease(const Lease& lease) {
     return;
   }
   lease_ = lease;
-  bound_gpu_.store(gpu);
+  bound_gpu_.store(lease.gpu);
   last_gpu_call_ = std::chrono::steady_clock::now();
 }
 
@@ -247,7 +247,7 @@ void Session::finish_lease(const Status& failure) {
   Status unbound = memory_->unbind();
   if (!unbound.ok()) LOG(ERROR) << "session " << identity_.id << ": unmapping: " << unbound;
   lease_.reset();
-  bound_gpu_.store(-1);
+  bound_gpu_.store(std::nullopt);
   lessor_.released(identity_.id, lease.id, failure.ok() ? unbound : failure);
 }
 
@@ -585,7 +585,7 @@ void Session::teardown() {
   // Unmaps and frees every block on every GPU, and its host copies.
   memory_->release_all();
   lease_.reset();
-  bound_gpu_.store(-1);
+  bound_gpu_.store(std::nullopt);
   if (arena_registered_) {
     Status unregistered = device_.unregister_host_memory(channel_->arena().data());
     if (!unregistered.ok()) LOG(ERROR) << "session " << identity_.id << ": " << unregistered;

@@ -96,7 +96,7 @@ class Session final : public LeaseHolder {
   // What the Welcome tells the client.
   wire::SessionInfo welcome() const;
   int memfd() const { return channel_->memfd(); }
-  uint64_t id() const override { return identity_.id; }
+  SessionId id() const override { return identity_.id; }
   const std::string& function_id() const override { return identity_.function_id; }
   const SessionIdentity& identity() const { return identity_; }
   // Shared with the controller, which evicts the session's replicas from GPUs it does not run on.
@@ -113,10 +113,10 @@ class Session final : public LeaseHolder {
   // and reports GpuLessor::streaming (then swap_done).
   void grant(const Lease& lease) override;
   // The lease is over: drain, unmap, report GpuLessor::released.
-  void end_lease(uint64_t lease) override;
+  void end_lease(RequestId lease) override;
   // The lease's GPU failed: the function's work there is lost. The client sees `why` as a
   // sticky error at its next synchronisation; the lease ends as end_lease() would.
-  void fail(uint64_t lease, const Status& why) override;
+  void fail(RequestId lease, const Status& why) override;
 
   SessionSnapshot snapshot() const;
 
@@ -146,7 +146,7 @@ class Session final : public LeaseHolder {
     Lease lease;
   };
   struct EndCommand {
-    uint64_t lease;
+    RequestId lease;
     Status failure;  // ok: an ordinary end
   };
   using Command = std::variant<GrantCommand, EndCommand>;
@@ -262,7 +262,7 @@ class Session final : public LeaseHolder {
   std::condition_variable callbacks_done_;
   uint64_t pending_callbacks_ = 0;  // guarded by callbacks_mutex_
 
-  std::atomic<int> bound_gpu_{-1};
+  std::atomic<std::optional<GpuId>> bound_gpu_{};  // the lease's, for snapshots
   std::atomic<uint64_t> batches_{0};
   std::atomic<uint64_t> calls_{0};
   std::atomic<uint64_t> failed_calls_{0};

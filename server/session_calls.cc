@@ -57,10 +57,10 @@ Session::Outcome Session::ping(const wire::calls::Ping& c) { return {Status(), c
 
 Session::Outcome Session::mem_allocate(const wire::calls::MemAllocate& c) {
   // Placed and mapped at once under a lease; otherwise recorded, and placed by the next lease.
-  const int gpu = lease_ ? lease_->gpu : -1;
+  const std::optional<GpuId> gpu = lease_ ? std::optional<GpuId>(lease_->gpu) : std::nullopt;
   Status added = memory_->add_block(
       c.va, c.bytes, gpu,
-      [this](int g, const memory::Shortfall& s) { return lessor_.make_room(identity_.id, g, s); });
+      [this](GpuId g, const memory::Shortfall& s) { return lessor_.make_room(identity_.id, g, s); });
   return {added.with_context("memAllocate")};
 }
 
@@ -166,7 +166,7 @@ Session::Outcome Session::memset(const wire::calls::Memset& c) {
 // ---- Streams and events ----
 
 Result<device::Stream> Session::work_stream(wire::StreamHandle handle) {
-  return handles_.work_stream(handle, lease_->gpu);
+  return handles_.work_stream(handle, lease_->gpu.value());
 }
 
 Session::Outcome Session::stream_create(const wire::calls::StreamCreate& c) {
@@ -195,8 +195,8 @@ Session::Outcome Session::stream_synchronize(const wire::calls::StreamSynchroniz
   ClientStream& e = **entry;
   // Work drained when a lease ended reports its failure here, once, as CUDA would have.
   if (!e.drained_error.ok()) return {std::exchange(e.drained_error, Status())};
-  if (e.last_gpu < 0 || !e.per_gpu[e.last_gpu]) return {};
-  Status queued = after(*e.per_gpu[e.last_gpu],
+  if (!e.last_gpu || !e.per_gpu[*e.last_gpu]) return {};
+  Status queued = after(*e.per_gpu[*e.last_gpu],
                         [this, seq](Status done) { post_completion(seq, std::move(done)); });
   if (!queued.ok()) return {queued};
   return {Status(), {}, /*deferred=*/true};
@@ -207,8 +207,8 @@ Session::Outcome Session::stream_query(const wire::calls::StreamQuery& c) {
   if (!entry.ok()) return {entry.status()};
   ClientStream& e = **entry;
   if (!e.drained_error.ok()) return {std::exchange(e.drained_error, Status())};
-  if (e.last_gpu < 0 || !e.per_gpu[e.last_gpu]) return {};
-  return {device_.query_stream(*e.per_gpu[e.last_gpu])};
+  if (!e.last_gpu || !e.per_gpu[*e.last_gpu]) return {};
+  return {device_.query_stream(*e.per_gpu[*e.last_gpu])};
 }
 
 Session::Outcome Session::stream_wait_event(const wire::calls::StreamWaitEvent& c) {
@@ -219,8 +219,8 @@ Session::Outcome Session::stream_wait_event(const wire::calls::StreamWaitEvent& 
   // An event never recorded is complete; one recorded under an earlier lease was drained when
   // that lease ended. Only a record on this GPU can still be pending.
   const ClientEvent& entry = **e;
-  if (entry.last_gpu != lease_->gpu) return {Status(), {}, false, *s};
-  return {device_.wait_event(*s, *entry.per_gpu[entry.last_gpu]), {}, false, *s};
+  if (entry.last_gpu != lease_->gpu.value()) return {Status(), {}, false, *s};
+  return {device_.wait_event(*s, *entry.per_gpu[*entry.last_gpu]), {}, false, *s};
 }
 
 Session::Outcome Session::event_create(const wire::calls::EventCreate& c) {
@@ -245,9 +245,9 @@ Session::Outcome Session::event_record(const wire::calls::EventRecord& c) {
   auto s = work_stream(c.stream);
   if (!s.ok()) return {s.status()};
   ClientEvent& entry = **e;
-  auto event = handles_.event_on(entry, lease_->gpu);
+  auto event = handles_.event_on(entry, lease_->gpu.value());
   if (!event.ok()) return {event.status()};
-  entry.last_gpu = lease_->gpu;
+  entry.last_gpu = lease_->gpu.value();
   Status recorded = device_.record_event(*event, *s);
   if (recorded.ok() && !entry.disable_timing) {
     entry.completed_ns->store(0);
@@ -266,8 +266,8 @@ Session::Outcome Session::event_synchronize(const wire::calls::EventSynchronize&
   if (!e.ok()) return {e.status()};
   if (!reply) return {};
   const ClientEvent& entry = **e;
-  if (entry.last_gpu < 0) return {};
-  const int gpu = entry.last_gpu;
+  if (!entry.last_gpu) return {};
+  const int gpu = *entry.last_gpu;
   auto sync = handles_.sync_stream(gpu);
   if (!sync.ok()) return {sync.status()};
   // The synchronisation stream waits for the event's latest record, then reports.
@@ -282,8 +282,8 @@ Session::Outcome Session::event_query(const wire::calls::EventQuery& c) {
   auto e = handles_.event(c.event);
   if (!e.ok()) return {e.status()};
   const ClientEvent& entry = **e;
-  if (entry.last_gpu < 0) return {};
-  return {device_.query_event(*entry.per_gpu[entry.last_gpu])};
+  if (!entry.last_gpu) return {};
+  return {device_.query_event(*entry.per_gpu[*entry.last_gpu])};
 }
 
 Session::Outcome Session::event_elapsed(const wire::calls::EventElapsedTime& c) {
@@ -293,7 +293,7 @@ Session::Outcome Session::event_elapsed(const wire::calls::EventElapsedTime& c) 
   if (!b.ok()) return {b.status()};
   const ClientEvent& first = **a;
   const ClientEvent& last = **b;
-  if (first.last_gpu < 0 || last.last_gpu < 0) {
+  if (!first.last_gpu || !last.last_gpu) {
     return {error(ErrorCode::kInvalidHandle, "eventElapsedTime: an event was never recorded")};
   }
   if (first.disable_timing || last.disable_timing) {
@@ -307,7 +307,7 @@ Session::Outcome Session::event_elapsed(const wire::calls::EventElapsedTime& c) 
     }
     return {Status(), static_cast<float>(static_cast<double>(b - a) / 1e6)};
   }
-  auto ms = device_.elapsed_ms(*first.per_gpu[first.last_gpu], *last.per_gpu[last.last_gpu]);
+  auto ms = device_.elapsed_ms(*first.per_gpu[*first.last_gpu], *last.per_gpu[*last.last_gpu]);
   if (!ms.ok()) return {ms.status()};
   return {Status(), *ms};
 }

@@ -3,14 +3,16 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
+#include "common/ids.h"
 #include "server/auth.h"
 
 namespace hiber::server {
 
 struct SessionIdentity {
-  uint64_t id = 0;
+  SessionId id{0};  // set when the session is made
   std::string function_id;
   PeerCredentials peer;
 };
@@ -18,7 +20,7 @@ struct SessionIdentity {
 // A point-in-time view for status reports.
 struct SessionSnapshot {
   SessionIdentity identity;
-  int gpu = -1;                 // the lease's GPU, -1 between leases
+  std::optional<GpuId> gpu;     // the lease's GPU; none between leases
   uint64_t allocated_bytes = 0;
   uint64_t quota_bytes = 0;
   uint64_t batches = 0;

@@ -82,11 +82,9 @@ class FunctionMemoryTest : public testing::Test {
   // Binds to `gpu`; the future ends with the swap.
   std::future<Status> start_bind(int gpu, scheduler::Source source = scheduler::Source::kHost,
                                  int source_gpu = -1, bool first_request = false) {
-    Lease lease;
-    lease.id = ++leases_;
-    lease.gpu = gpu;
+    Lease lease{.id = RequestId{++leases_}, .gpu = GpuId{gpu}};
     lease.source = source;
-    lease.source_gpu = source_gpu;
+    if (source_gpu >= 0) lease.source_gpu = GpuId{source_gpu};
     lease.first_request = first_request;
     auto done = std::make_shared<std::promise<Status>>();
     Status bound = memory_->bind(
@@ -145,7 +143,7 @@ class FunctionMemoryTest : public testing::Test {
   void load_model(int gpu, const std::vector<uint8_t>& bytes) {
     ASSERT_OK(bind(gpu));
     block_ = memory_->va_base();
-    ASSERT_OK(memory_->add_block(block_, kBlockBytes, gpu, {}));
+    ASSERT_OK(memory_->add_block(block_, kBlockBytes, GpuId{gpu}, {}));
     write(bytes, gpu);
     ASSERT_OK(memory_->unbind());
   }
@@ -165,10 +163,10 @@ TEST_F(FunctionMemoryTest, AModelFilledBeforeItsFirstRequestIsWrittenBackOnEvict
   load_model(0, model);
   EXPECT_EQ(memory_->model_bytes(), kBlockBytes);
   // Before the first request the only copy is on GPU 0: eviction writes it to the host first.
-  auto freed = memory_->evict(0, streams_[0]);
+  auto freed = memory_->evict(GpuId{0}, streams_[0]);
   ASSERT_TRUE(freed.ok()) << freed.status();
   EXPECT_GE(*freed, kBlockBytes);
-  EXPECT_EQ(memory_->placed_bytes(0), 0u);
+  EXPECT_EQ(memory_->placed_bytes(GpuId{0}), 0u);
   EXPECT_EQ(memory_->host_bytes(), kBlockBytes);
 
   ASSERT_OK(bind(1, scheduler::Source::kHost, -1, /*first_request=*/true));
@@ -177,7 +175,7 @@ TEST_F(FunctionMemoryTest, AModelFilledBeforeItsFirstRequestIsWrittenBackOnEvict
   // A plain function's writes after its first request do not change its model.
   write(pattern(9), 1);
   ASSERT_OK(memory_->unbind());
-  ASSERT_TRUE(memory_->evict(1, streams_[1]).ok());
+  ASSERT_TRUE(memory_->evict(GpuId{1}, streams_[1]).ok());
   ASSERT_OK(bind(2));
   EXPECT_EQ(read(2), model);
   ASSERT_OK(memory_->unbind());
@@ -193,13 +191,13 @@ TEST_F(FunctionMemoryTest, AStatefulFunctionsCopyWrittenElsewhereIsStaleAndNever
   write(second, 1);  // GPU 0's copy is stale now
   ASSERT_OK(memory_->unbind());
   // GPU 0 still holds a placement, but not the function's bytes: they must come from GPU 1.
-  EXPECT_GT(memory_->placed_bytes(0), 0u);
+  EXPECT_GT(memory_->placed_bytes(GpuId{0}), 0u);
   ASSERT_OK(bind(0, scheduler::Source::kPeer, 0));
   EXPECT_EQ(read(0), second);
   ASSERT_OK(memory_->unbind());
   // Evicting GPU 0 writes the state back; GPU 1's copy is as new, so nothing is lost either way.
-  ASSERT_TRUE(memory_->evict(0, streams_[0]).ok());
-  ASSERT_TRUE(memory_->evict(1, streams_[1]).ok());
+  ASSERT_TRUE(memory_->evict(GpuId{0}, streams_[0]).ok());
+  ASSERT_TRUE(memory_->evict(GpuId{1}, streams_[1]).ok());
   ASSERT_OK(bind(3));
   EXPECT_EQ(read(3), second);
   ASSERT_OK(memory_->unbind());
@@ -211,8 +209,8 @@ TEST_F(FunctionMemoryTest, AFailedSwapLeavesItsTargetInvalidAndTheNextSwapRefill
   load_model(0, model);
   ASSERT_OK(bind(1, scheduler::Source::kHost, -1, /*first_request=*/true));  // the host copy
   ASSERT_OK(memory_->unbind());
-  ASSERT_TRUE(memory_->evict(0, streams_[0]).ok());
-  ASSERT_TRUE(memory_->evict(1, streams_[1]).ok());
+  ASSERT_TRUE(memory_->evict(GpuId{0}, streams_[0]).ok());
+  ASSERT_TRUE(memory_->evict(GpuId{1}, streams_[1]).ok());
 
   const Status failed = bind(2);
   EXPECT_FALSE(failed.ok());
@@ -223,8 +221,8 @@ TEST_F(FunctionMemoryTest, AFailedSwapLeavesItsTargetInvalidAndTheNextSwapRefill
   ASSERT_OK(bind(3, scheduler::Source::kPeer, 2));
   EXPECT_EQ(read(3), model);
   ASSERT_OK(memory_->unbind());
-  memory_->forget(2);
-  EXPECT_EQ(memory_->placed_bytes(2), 0u);
+  memory_->forget(GpuId{2});
+  EXPECT_EQ(memory_->placed_bytes(GpuId{2}), 0u);
 }
 
 // Pipelining: a kernel waits only for the swap groups its arguments point into. A block that
@@ -238,9 +236,9 @@ TEST_F(FunctionMemoryTest, UsersOfAPointerTableWaitForTheWholeSwap) {
   const uint64_t table = memory_->va_base();
   const uint64_t plain = table + 2 * kMiB;
   const uint64_t weights = table + 4 * kMiB;
-  ASSERT_OK(memory_->add_block(table, 2 * kMiB, 0, {}));
-  ASSERT_OK(memory_->add_block(plain, 2 * kMiB, 0, {}));
-  ASSERT_OK(memory_->add_block(weights, kBlockBytes, 0, {}));
+  ASSERT_OK(memory_->add_block(table, 2 * kMiB, GpuId{0}, {}));
+  ASSERT_OK(memory_->add_block(plain, 2 * kMiB, GpuId{0}, {}));
+  ASSERT_OK(memory_->add_block(weights, kBlockBytes, GpuId{0}, {}));
   const std::vector<uint64_t> pointers = {weights, weights + 2 * kMiB, weights + 4 * kMiB};
   const std::vector<float> numbers(1024, 0.5f);
   store(table, std::as_bytes(std::span(pointers)), 0);
@@ -248,7 +246,7 @@ TEST_F(FunctionMemoryTest, UsersOfAPointerTableWaitForTheWholeSwap) {
   const auto model = pattern(4);
   store(weights, std::as_bytes(std::span(model)), 0);
   ASSERT_OK(memory_->unbind());
-  ASSERT_TRUE(memory_->evict(0, streams_[0]).ok());  // written back: the host copy is the model
+  ASSERT_TRUE(memory_->evict(GpuId{0}, streams_[0]).ok());  // written back: the host copy is the model
 
   std::future<Status> swap = start_bind(1);
   // A block waits for the group that completes it: the weights for the last one.

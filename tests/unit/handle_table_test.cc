@@ -79,7 +79,7 @@ TEST_F(HandleTableTest, AStreamGetsOneDeviceStreamPerGpuItWorksOn) {
 TEST_F(HandleTableTest, AnEventGetsADeviceEventOnFirstUseOnAGpu) {
   ASSERT_TRUE(table_->add_event(EventHandle(2), true).ok());
   ClientEvent* event = *table_->event(EventHandle(2));
-  EXPECT_EQ(event->last_gpu, -1);
+  EXPECT_FALSE(event->last_gpu.has_value()) << "never recorded";
   auto first = table_->event_on(*event, 1);
   ASSERT_TRUE(first.ok());
   auto second = table_->event_on(*event, 1);

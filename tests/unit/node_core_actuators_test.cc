@@ -110,7 +110,7 @@ std::vector<std::vector<int>> workload() {
 
 class Instance final : public server::LeaseHolder {
  public:
-  Instance(uint64_t id, std::string name, device::Device& device, server::GpuLessor& lessor,
+  Instance(SessionId id, std::string name, device::Device& device, server::GpuLessor& lessor,
            std::shared_ptr<server::FunctionMemory> memory)
       : id_(id), name_(std::move(name)), device_(device), lessor_(lessor),
         memory_(std::move(memory)), next_va_(memory_->va_base()) {
@@ -128,28 +128,28 @@ class Instance final : public server::LeaseHolder {
     }
   }
 
-  uint64_t id() const override { return id_; }
+  SessionId id() const override { return id_; }
   const std::string& function_id() const override { return name_; }
   const std::shared_ptr<server::FunctionMemory>& memory() const override { return memory_; }
   void grant(const server::Lease& lease) override { post({lease, std::nullopt, Status()}); }
-  void end_lease(uint64_t lease) override { post({std::nullopt, lease, Status()}); }
-  void fail(uint64_t lease, const Status& why) override { post({std::nullopt, lease, why}); }
+  void end_lease(RequestId lease) override { post({std::nullopt, lease, Status()}); }
+  void fail(RequestId lease, const Status& why) override { post({std::nullopt, lease, why}); }
 
   // Start-up, as a function's process does it: allocate the model's blocks, then write them,
   // which needs a GPU (a background lease, given back once the writes are done).
   void start_up(int blocks) {
     for (int i = 0; i < blocks; ++i) {
-      ASSERT_TRUE(memory_->add_block(next_va_, kBlock, -1, {}).ok());
+      ASSERT_TRUE(memory_->add_block(next_va_, kBlock, std::nullopt, {}).ok());
       model_.push_back(next_va_);
       next_va_ += kBlock;
     }
     lessor_.need_gpu(id_);
     wait([&] { return startups_done_ > 0; });
   }
-  void wait_swap_done(uint64_t lease) {
+  void wait_swap_done(RequestId lease) {
     wait([&] { return swaps_done_.count(lease) != 0; });
   }
-  void wait_released(uint64_t lease) {
+  void wait_released(RequestId lease) {
     wait([&] { return released_.count(lease) != 0; });
   }
   Status failure() {
@@ -160,7 +160,7 @@ class Instance final : public server::LeaseHolder {
  private:
   struct Command {
     std::optional<server::Lease> grant;
-    std::optional<uint64_t> end;
+    std::optional<RequestId> end;
     Status why;
   };
 
@@ -202,9 +202,9 @@ class Instance final : public server::LeaseHolder {
   }
 
   void begin(const server::Lease& lease) {
-    auto& stream = streams_[lease.gpu];
-    if (!stream) stream = *device_.create_stream(lease.gpu, 0);
-    const uint64_t id = lease.id;
+    auto& stream = streams_[lease.gpu.value()];
+    if (!stream) stream = *device_.create_stream(lease.gpu.value(), 0);
+    const RequestId id = lease.id;
     Status bound = memory_->bind(
         lease, *stream,
         [this, id](const Status& done, const server::SwapReport& report) {
@@ -216,7 +216,7 @@ class Instance final : public server::LeaseHolder {
           }
           changed_.notify_all();
         },
-        [this](int g, const memory::Shortfall& s) { return lessor_.make_room(id_, g, s); });
+        [this](GpuId g, const memory::Shortfall& s) { return lessor_.make_room(id_, g, s); });
     lessor_.streaming(id_, lease.id, bound);
     note_failure(bound);
     lease_ = lease;
@@ -246,7 +246,7 @@ class Instance final : public server::LeaseHolder {
     for (int i = 0; i < kScratchBlocks; ++i) {
       const uint64_t va = next_va_ + i * kBlock;
       Status placed = memory_->add_block(va, kBlock, lease.gpu,
-                                         [this](int g, const memory::Shortfall& s) {
+                                         [this](GpuId g, const memory::Shortfall& s) {
                                            return lessor_.make_room(id_, g, s);
                                          });
       note_failure(placed);
@@ -269,7 +269,7 @@ class Instance final : public server::LeaseHolder {
     changed_.notify_all();
   }
 
-  const uint64_t id_;
+  const SessionId id_;
   const std::string name_;
   device::Device& device_;
   server::GpuLessor& lessor_;
@@ -283,8 +283,8 @@ class Instance final : public server::LeaseHolder {
   std::mutex mutex_;
   std::condition_variable changed_;
   std::deque<Command> commands_;
-  std::set<uint64_t> swaps_done_;
-  std::set<uint64_t> released_;
+  std::set<RequestId> swaps_done_;
+  std::set<RequestId> released_;
   int startups_done_ = 0;
   Status failure_;
   bool stopping_ = false;
@@ -327,7 +327,7 @@ class HiberdSide {
       r.exec_hint = 400 * kMs;
       wait_reply<server::Controller::Ok>(
           [&](auto reply) { controller_->register_function(r, std::move(reply)); });
-      const uint64_t session = f + 1;
+      const SessionId session{f + 1};
       auto plan = controller_->admit(r.function_id, 0, session);
       ASSERT_TRUE(plan.ok()) << plan.status();
       auto memory = server::FunctionMemory::create(*device_, controller_->pools(),
@@ -350,14 +350,14 @@ class HiberdSide {
         const wire::Started answer = wait_reply<wire::Started>(
             [&](auto reply) { controller_->request_start(id, std::move(reply)); });
         placements->push_back({answer.gpu, answer.source});
-        instances_[f]->wait_swap_done(id);
+        instances_[f]->wait_swap_done(RequestId{id});
         requests.push_back(id);
       }
       for (size_t i = 0; i < step.size(); ++i) {
         wait_reply<server::Controller::Ok>([&](auto reply) {
           controller_->request_done(requests[i], false, std::move(reply));
         });
-        instances_[step[i]]->wait_released(requests[i]);
+        instances_[step[i]]->wait_released(RequestId{requests[i]});
       }
       snapshots->push_back(snapshot());
     }
