@@ -159,7 +159,7 @@ Result<SessionPlan> Controller::admit(const std::string& function_id, uint64_t r
   SessionPlan plan;
   plan.memory.pipelined = options_.pipelined;
   plan.memory.group_bytes = group_bytes_;
-  std::lock_guard lock(registry_mutex_);
+  MutexLock lock(registry_mutex_);
   auto registered = registry_.find(function_id);
   uint64_t quota = requested_quota;
   if (registered != registry_.end()) {
@@ -189,7 +189,7 @@ Result<SessionPlan> Controller::admit(const std::string& function_id, uint64_t r
 }
 
 void Controller::withdraw(const std::string& function_id, SessionId session) {
-  std::lock_guard lock(registry_mutex_);
+  MutexLock lock(registry_mutex_);
   auto live = live_instances_.find(function_id);
   if (live != live_instances_.end() && live->second == session) live_instances_.erase(live);
 }
@@ -199,7 +199,7 @@ void Controller::attach(LeaseHolder* session) {
   const FunctionId id{session->memory()->owner()};
   bool registered = false;
   {
-    std::lock_guard lock(registry_mutex_);
+    MutexLock lock(registry_mutex_);
     auto it = registry_.find(function_id);
     registered = it != registry_.end() && it->second.id == id;
   }
@@ -270,7 +270,7 @@ void Controller::on_detach(SessionId session) {
     s.by_name.erase(t.name);
     s.tenants.erase(id);
   } else {
-    std::lock_guard lock(registry_mutex_);
+    MutexLock lock(registry_mutex_);
     auto live = live_instances_.find(t.name);
     if (live != live_instances_.end() && live->second == session) {
       live_instances_.erase(live);
@@ -302,7 +302,7 @@ void Controller::register_function(const Registration& registration, Reply<Ok> r
   }
   FunctionId id{0};
   {
-    std::lock_guard lock(registry_mutex_);
+    MutexLock lock(registry_mutex_);
     if (registry_.count(r.function_id) != 0) {
       reply(error(ErrorCode::kInvalidValue, "function '", r.function_id, "' is already registered"));
       return;
@@ -325,7 +325,7 @@ void Controller::on_register(const Registration& r, FunctionId id, Reply<Ok>& re
   spec.stateful = r.stateful;
   Status added = s.core->add_function(id, spec, now_ns());
   if (!added.ok()) {
-    std::lock_guard lock(registry_mutex_);
+    MutexLock lock(registry_mutex_);
     registry_.erase(r.function_id);
     reply(added);
     return;
@@ -369,7 +369,7 @@ void Controller::on_unregister(const std::string& function_id, Reply<Ok>& reply)
   s.by_name.erase(function_id);
   s.tenants.erase(id);
   {
-    std::lock_guard lock(registry_mutex_);
+    MutexLock lock(registry_mutex_);
     registry_.erase(function_id);
   }
   reply(Ok{});

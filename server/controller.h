@@ -45,6 +45,8 @@
 
 #include "common/ids.h"
 #include "common/mailbox.h"
+#include "common/mutex.h"
+#include "common/thread_annotations.h"
 #include "common/status.h"
 #include "node/node_core.h"
 #include "scheduler/scheduler.h"
@@ -220,10 +222,11 @@ class Controller final : public GpuLessor, private node::Actuator {
     Registration registration;
     FunctionId id;
   };
-  std::mutex registry_mutex_;
-  std::unordered_map<std::string, Registered> registry_;      // guarded by registry_mutex_
-  std::unordered_map<std::string, SessionId> live_instances_;  // function id -> session; guarded
-  uint32_t next_function_ = 1;                                // guarded by registry_mutex_
+  Mutex registry_mutex_;
+  std::unordered_map<std::string, Registered> registry_ GUARDED_BY(registry_mutex_);
+  // Function id -> the session of its instance.
+  std::unordered_map<std::string, SessionId> live_instances_ GUARDED_BY(registry_mutex_);
+  uint32_t next_function_ GUARDED_BY(registry_mutex_) = 1;
 
   Mailbox<Event> events_;  // for the controller thread, in arrival order
 

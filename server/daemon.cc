@@ -33,10 +33,6 @@ constexpr size_t kMaxPendingConnections = 256;
 // How long accepting pauses after an error such as running out of file descriptors.
 constexpr auto kAcceptRetry = std::chrono::milliseconds(100);
 
-Status os_error(std::string_view what, int err) {
-  return error(ErrorCode::kOperatingSystem, what, ": ", std::strerror(err));
-}
-
 Result<sockaddr_un> unix_address(const std::string& path) {
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;

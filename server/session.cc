@@ -440,16 +440,16 @@ void Session::release_staging_now(uint64_t staging_end) {
 
 Status Session::after(device::Stream s, std::function<void(Status)> fn) {
   {
-    std::lock_guard<std::mutex> lock(callbacks_mutex_);
+    MutexLock lock(callbacks_mutex_);
     ++pending_callbacks_;
   }
   Status queued = device_.add_callback(s, [this, fn = std::move(fn)](Status status) {
     fn(std::move(status));
-    std::lock_guard<std::mutex> lock(callbacks_mutex_);
+    MutexLock lock(callbacks_mutex_);
     if (--pending_callbacks_ == 0) callbacks_done_.notify_all();
   });
   if (!queued.ok()) {
-    std::lock_guard<std::mutex> lock(callbacks_mutex_);
+    MutexLock lock(callbacks_mutex_);
     if (--pending_callbacks_ == 0) callbacks_done_.notify_all();
   }
   return queued;
@@ -481,8 +481,8 @@ void Session::quiesce() {
     }
   }
   for (const device::Stream& s : handles_.own_streams()) (void)device_.synchronize_stream(s);
-  std::unique_lock<std::mutex> lock(callbacks_mutex_);
-  callbacks_done_.wait(lock, [this] { return pending_callbacks_ == 0; });
+  MutexLock lock(callbacks_mutex_);
+  lock.wait(callbacks_done_, [this]() REQUIRES(callbacks_mutex_) { return pending_callbacks_ == 0; });
 }
 
 void Session::build_completions(capnp::MessageBuilder& message,

@@ -52,6 +52,8 @@
 
 #include "common/ids.h"
 #include "common/mailbox.h"
+#include "common/mutex.h"
+#include "common/thread_annotations.h"
 #include "server/auth.h"
 #include "server/session_types.h"
 #include "server/device/device.h"
@@ -258,9 +260,9 @@ class Session final : public LeaseHolder {
   Mailbox<Mail> mail_;
 
   // Device callbacks not yet run; teardown and memFree wait for zero.
-  std::mutex callbacks_mutex_;
+  Mutex callbacks_mutex_;
   std::condition_variable callbacks_done_;
-  uint64_t pending_callbacks_ = 0;  // guarded by callbacks_mutex_
+  uint64_t pending_callbacks_ GUARDED_BY(callbacks_mutex_) = 0;
 
   std::atomic<std::optional<GpuId>> bound_gpu_{};  // the lease's, for snapshots
   std::atomic<uint64_t> batches_{0};

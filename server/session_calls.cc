@@ -21,12 +21,6 @@ namespace {
 constexpr size_t kMaxModules = 4096;
 constexpr size_t kMaxFunctions = 1 << 16;
 
-std::string hex(uint64_t v) {
-  char buf[24];
-  std::snprintf(buf, sizeof buf, "0x%" PRIx64, v);
-  return buf;
-}
-
 Status invalid(const std::string& message) { return Status(ErrorCode::kInvalidValue, message); }
 
 }  // namespace
