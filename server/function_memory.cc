@@ -61,7 +61,7 @@ FunctionMemory::FunctionMemory(device::Device& device, DevicePools& pools,
       options_(options),
       gpu_count_(device.gpu_count()),
       table_(std::move(table)),
-      events_(device.gpu_count()) {}
+      swap_(device, device.gpu_count(), options.group_bytes) {}
 
 FunctionMemory::~FunctionMemory() {
   release_all();
@@ -240,15 +240,6 @@ void FunctionMemory::unmap_bound() {
   bound_gpu_.reset();
 }
 
-Result<device::Event> FunctionMemory::group_event(int gpu, size_t index) {
-  std::vector<device::Event>& pool = events_[gpu];
-  while (pool.size() <= index) {
-    HIBER_ASSIGN_OR_RETURN(device::Event e, device_.create_event(gpu, /*disable_timing=*/true));
-    pool.push_back(e);
-  }
-  return pool[index];
-}
-
 Status FunctionMemory::make_host_copy(uint64_t va, uint64_t bytes) {
   Extra& extra = extra_[va];
   if (!extra.host) {
@@ -258,9 +249,9 @@ Status FunctionMemory::make_host_copy(uint64_t va, uint64_t bytes) {
 }
 
 void FunctionMemory::settle() {
-  if (loading_.empty() || !swap_->complete.load() || !loading_gpu_) return;
+  if (loading_.empty() || !swap_.complete() || !loading_gpu_) return;
   const int gpu = *loading_gpu_;
-  if (swap_->failed.load()) {
+  if (swap_.failed()) {
     LOG(WARNING) << "function memory " << owner_ << ": a swap onto GPU " << gpu
                  << " failed; its " << loading_.size() << " blocks stay invalid there";
   } else {
@@ -396,50 +387,29 @@ Status FunctionMemory::bind(const Lease& lease, device::Stream swap_stream, Swap
     }
   }
 
-  // 4. Enqueue the transfers in groups of group_bytes, an event after each group. The moved
-  //    blocks are loading until the swap's callback says it ended (settle()).
-  swap_ = std::make_shared<SwapFlags>();
-  swap_->complete.store(moving.empty());
-  swap_groups_ = 0;
+  // 4. The transfers, in groups of the elbow size, an event after each (server/swap_engine.h).
+  //    The moved blocks are loading until the swap's callback says it ended (settle()).
+  std::vector<SwapEngine::Transfer> transfers;
+  transfers.reserve(moving.size());
+  for (const Move& m : moving) {
+    SwapEngine::Transfer t{.dst = m.va, .bytes = table_.block_at(m.va)->bytes};
+    if (m.from >= 0) {
+      t.from_gpu = m.from;
+      t.from_va = m.window;
+    } else {
+      t.host = extra_[m.va].host.data;
+    }
+    transfers.push_back(t);
+  }
   loading_.clear();
   loading_gpu_ = gpu;
   tracking_ = lease.first_request;
-  const uint64_t group_bytes = options_.group_bytes;
-  uint64_t in_group = 0;
-  uint64_t moved = 0;
-  const auto started = std::chrono::steady_clock::now();
-  Status enqueued;
-  auto close_group = [&]() REQUIRES(mutex_) -> Status {
-    HIBER_ASSIGN_OR_RETURN(device::Event e, group_event(gpu, static_cast<size_t>(swap_groups_)));
-    HIBER_RETURN_IF_ERROR(device_.record_event(e, swap_stream));
-    ++swap_groups_;
-    in_group = 0;
-    return Status();
-  };
-  for (const Move& m : moving) {
-    const VirtualBlock& block = *table_.block_at(m.va);
-    const HostCopy& host = extra_[m.va].host;
-    // Large blocks go in group-sized pieces, so the link stays busy and groups stay small.
-    const uint64_t piece = group_bytes == 0 ? block.bytes : group_bytes;
-    for (uint64_t off = 0; off < block.bytes && enqueued.ok(); off += piece) {
-      const uint64_t n = std::min(piece, block.bytes - off);
-      if (m.from >= 0) {
-        enqueued = device_.copy_peer(swap_stream, m.va + off, gpu, m.window + off, m.from, n);
-      } else {
-        enqueued = device_.copy_host_to_device(swap_stream, m.va + off, host.data + off, n);
-      }
-      in_group += n;
-      if (enqueued.ok() && (group_bytes == 0 ? off + n == block.bytes : in_group >= group_bytes)) {
-        enqueued = close_group();
-      }
-    }
-    if (!enqueued.ok()) break;
-    // The block is complete when the group holding its last byte is.
-    extra_[m.va].group = in_group == 0 ? swap_groups_ - 1 : swap_groups_;
-    moved += block.bytes;
-    loading_.push_back(m.va);
+  Result<std::vector<int32_t>> groups = swap_.start(gpu, swap_stream, transfers);
+  Status enqueued = groups.status();
+  for (size_t i = 0; groups.ok() && i < moving.size(); ++i) {
+    extra_[moving[i].va].group = (*groups)[i];
+    loading_.push_back(moving[i].va);
   }
-  if (enqueued.ok() && in_group > 0) enqueued = close_group();
 
   // 5. The first request fixes the model: every block so far is model, and dirty ones get a
   //    host copy (read after the swap, on the same stream), so the host copy is authoritative
@@ -467,33 +437,19 @@ Status FunctionMemory::bind(const Lease& lease, device::Stream swap_stream, Swap
     // Nothing of this swap may be trusted: the moved blocks stay loading (invalid here), and
     // the session drains its stream and unbinds.
     loading_.clear();
-    swap_->complete.store(true);
     return enqueued.with_context("starting the swap");
   }
   // Without pipelining every use waits for the last group.
-  if (!options_.pipelined && swap_groups_ > 0) {
-    for (auto& [va, extra] : extra_) extra.group = swap_groups_ - 1;
+  if (!options_.pipelined && swap_.groups() > 0) {
+    for (auto& [va, extra] : extra_) extra.group = swap_.groups() - 1;
   }
-  const uint32_t groups = static_cast<uint32_t>(swap_groups_);
-  lock.unlock();
-
   if (moving.empty() && !lease.first_request) {
+    lock.unlock();
     on_done(Status(), SwapReport{});
     return Status();
   }
   // The end of the swap, reported from the device's callback thread.
-  return device_.add_callback(swap_stream, [flags = swap_, on_done = std::move(on_done), moved,
-                                            groups, started](Status status) {
-    flags->failed.store(!status.ok());
-    flags->complete.store(true);
-    SwapReport report;
-    report.bytes = moved;
-    report.groups = groups;
-    report.duration_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                             std::chrono::steady_clock::now() - started)
-                             .count();
-    on_done(status, report);
-  });
+  return swap_.report_end(swap_stream, std::move(on_done));
 }
 
 Status FunctionMemory::unbind() {
@@ -509,7 +465,7 @@ Status FunctionMemory::unbind() {
 
 void FunctionMemory::retire_windows() {
   MutexLock lock(mutex_);
-  if (!swap_->complete.load()) return;
+  if (!swap_.complete()) return;
   for (Window& w : windows_) retire(w);
   windows_.clear();
 }
@@ -536,9 +492,10 @@ void FunctionMemory::note(const VirtualBlock& block, bool write,
     }
   }
   // Through a pointer table a kernel may reach any block: wait for the last group, hence all.
-  const int32_t group = extra.pointer_table && swap_groups_ > 0 ? swap_groups_ - 1 : extra.group;
-  if (group < 0 || swap_->complete.load() || !bound_gpu_) return;
-  const device::Event e = events_[*bound_gpu_][static_cast<size_t>(group)];
+  const int32_t group =
+      extra.pointer_table && swap_.groups() > 0 ? swap_.groups() - 1 : extra.group;
+  if (group < 0 || swap_.complete() || !bound_gpu_) return;
+  const device::Event e = swap_.group_event(*bound_gpu_, group);
   for (const device::Event& w : *waits) {
     if (w.id == e.id) return;
   }
@@ -684,10 +641,7 @@ void FunctionMemory::release_all() {
   extra_.clear();
   access_order_.clear();
   loading_.clear();
-  for (int g = 0; g < gpu_count_; ++g) {
-    for (const device::Event& e : events_[g]) (void)device_.destroy_event(e);
-    events_[g].clear();
-  }
+  swap_.release();
 }
 
 }  // namespace hiber::server

@@ -26,8 +26,9 @@
 // function's kernel can reach it.
 //
 // Swapping onto a GPU (bind). Blocks whose contents must be there and are not come from the host
-// copies (pinned, in groups of `group_bytes`: the elbow hiberd measured) or from another GPU's
-// replica (a peer copy, through a transient mapping of the source). Each group's completion is an
+// copies (pinned) or from another GPU's replica (a peer copy, through a transient mapping of the
+// source). bind decides what travels and from where; the swap engine (server/swap_engine.h) moves
+// it in groups of `group_bytes` (the elbow hiberd measured), and each group's completion is an
 // event; with pipelining, a kernel or copy waits only for the groups of the blocks its arguments
 // point into (access()/kernel_access()), or for the whole swap when one of those blocks is a
 // pointer table (data copied in from the host held pointers to the function's blocks: storing()).
@@ -59,6 +60,7 @@
 #include "server/device_pools.h"
 #include "server/lease.h"
 #include "server/model_repository.h"
+#include "server/swap_engine.h"
 
 namespace hiber::server {
 
@@ -74,8 +76,6 @@ struct FunctionMemoryOptions {
 // Makes room on `gpu` for what `shortfall` says did not fit (GpuLessor::make_room);
 // kOutOfMemory if it cannot.
 using RoomMaker = std::function<Status(GpuId gpu, const memory::Shortfall& shortfall)>;
-// Reports the end of a swap (on a device callback thread).
-using SwapDone = std::function<void(const Status&, const SwapReport&)>;
 
 class FunctionMemory {
  public:
@@ -189,8 +189,6 @@ class FunctionMemory {
   void unmap_all(std::vector<std::pair<uint64_t, uint64_t>>& mapped) REQUIRES(mutex_);
   void retire(Window& window) REQUIRES(mutex_);
   void unmap_bound() REQUIRES(mutex_);
-  // The event that ends group `index` of swaps onto `gpu`, made on first use.
-  Result<device::Event> group_event(int gpu, size_t index) REQUIRES(mutex_);
   // A use of `block` (a write, or not) under the lease: pipelining waits, dirty tracking, and
   // the order of first uses.
   void note(const memory::VirtualBlock& block, bool write, std::vector<device::Event>* waits)
@@ -222,17 +220,9 @@ class FunctionMemory {
   bool tracking_ GUARDED_BY(mutex_) = false;               // recording access_order_
   std::vector<uint64_t> loading_ GUARDED_BY(mutex_);       // blocks the last swap brings ...
   std::optional<int> loading_gpu_ GUARDED_BY(mutex_);      // ... onto this GPU
-  std::vector<std::vector<device::Event>> events_ GUARDED_BY(mutex_);  // per GPU, per swap
-  int32_t swap_groups_ GUARDED_BY(mutex_) = 0;
+  SwapEngine swap_ GUARDED_BY(mutex_);  // the transfers of the current (or last) swap
   std::vector<Window> windows_ GUARDED_BY(mutex_);
   std::vector<memory::ArgumentPointer> found_ GUARDED_BY(mutex_);  // kernel_access's scratch
-  // Set by a swap's completion callback (a device thread, which must not take mutex_); one per
-  // swap, so a late callback of an earlier swap cannot mark a later one complete.
-  struct SwapFlags {
-    std::atomic<bool> complete{true};
-    std::atomic<bool> failed{false};
-  };
-  std::shared_ptr<SwapFlags> swap_ = std::make_shared<SwapFlags>();
 };
 
 }  // namespace hiber::server
