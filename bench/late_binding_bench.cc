@@ -67,19 +67,20 @@ double percentile(std::vector<double> v, double p) {
 void result(const std::string& name, double value, const std::string& unit,
             const std::string& extra = "") {
   std::printf("RESULT label=%s name=%s value=%.3f unit=%s%s%s\n",
-              FLAGS_label.empty() ? FLAGS_device.c_str() : FLAGS_label.c_str(), name.c_str(),
-              value, unit.c_str(), extra.empty() ? "" : " ", extra.c_str());
+              FLAGS_label.empty() ? FLAGS_device.c_str() : FLAGS_label.c_str(), name.c_str(), value,
+              unit.c_str(), extra.empty() ? "" : " ", extra.c_str());
 }
 
 // A one- or two-GPU simulated node with small GPUs and the given link, written to `dir`.
 std::string node_config(const std::string& dir, uint64_t memory_mib, double gbps) {
   std::ostringstream json;
   json << R"({"name": "late-binding-bench", "gpuModels": [{"name": "m", "productName": "Bench GPU",
-    "memoryBytes": )" << (memory_mib << 20)
+    "memoryBytes": )"
+       << (memory_mib << 20)
        << R"(, "computeCapabilityMajor": 9, "computeCapabilityMinor": 0, "multiprocessors": 132}],
     "gpus": [{"model": "m", "pcieSwitch": 0, "pciBusId": "0000:10:00.0"}],
-    "pcieSwitches": [{"hostToDeviceGBps": )" << gbps << R"(, "deviceToHostGBps": )" << gbps
-       << "}]}";
+    "pcieSwitches": [{"hostToDeviceGBps": )"
+       << gbps << R"(, "deviceToHostGBps": )" << gbps << "}]}";
   const std::string path = dir + "/node-" + std::to_string(memory_mib) + ".json";
   std::ofstream(path) << json.str();
   return path;
@@ -231,7 +232,8 @@ void latency(const std::string& dir) {
       pings.push_back(ms_since(start));
     }
     (void)node.request(client, 0, "0 0");  // the first request fixes the model
-    for (int i = 0; i < FLAGS_requests; ++i) starts.push_back(node.request(client, 0, "1 1").start_ms);
+    for (int i = 0; i < FLAGS_requests; ++i)
+      starts.push_back(node.request(client, 0, "1 1").start_ms);
     const double base = percentile(pings, 0.5);
     result("control_ping_p50", base, "ms");
     result("start_warm_p50", percentile(starts, 0.5), "ms",
@@ -251,15 +253,15 @@ void latency(const std::string& dir) {
       swapped += t.source == "host";
     }
     result("start_swap_p50", percentile(starts, 0.5), "ms",
-           "p99=" + std::to_string(percentile(starts, 0.99)) + " swapped=" +
-               std::to_string(swapped) + "/" + std::to_string(starts.size()));
+           "p99=" + std::to_string(percentile(starts, 0.99)) +
+               " swapped=" + std::to_string(swapped) + "/" + std::to_string(starts.size()));
   }
 }
 
 void swap(const std::string& dir) {
-  Node node(sim_flags(node_config(dir, 16 + 2 * FLAGS_model_mib, FLAGS_pcie_gbps),
-                      {"--sim_throttle"}),
-            1, FLAGS_model_mib);
+  Node node(
+      sim_flags(node_config(dir, 16 + 2 * FLAGS_model_mib, FLAGS_pcie_gbps), {"--sim_throttle"}), 1,
+      FLAGS_model_mib);
   auto client = node.control();
   (void)node.request(client, 0, "0 0");
   const long long last = (static_cast<long long>(FLAGS_model_mib) << 20) / 4 - 1;
@@ -287,8 +289,8 @@ void swap(const std::string& dir) {
   if (FLAGS_device == "sim") {
     const double model_ms = bytes / static_cast<double>(swaps) / (FLAGS_pcie_gbps * 1e9) * 1e3;
     result("swap_in_ms", per_swap_ms, "ms",
-           "baseline=link_model:" + std::to_string(model_ms) + " ratio=" +
-               std::to_string(per_swap_ms / model_ms) + " bytes=" +
+           "baseline=link_model:" + std::to_string(model_ms) +
+               " ratio=" + std::to_string(per_swap_ms / model_ms) + " bytes=" +
                std::to_string(static_cast<uint64_t>(bytes / static_cast<double>(swaps))));
   }
   const double peak = node.pinned_peak_gbps();
@@ -330,11 +332,11 @@ void ablation(const std::string& dir) {
       base_whole = w;
     }
     result("fig7_" + c.name + "_first_block", f, "ms",
-           "baseline=pageable_whole:" + std::to_string(base_first) + " ratio=" +
-               std::to_string(f / base_first));
+           "baseline=pageable_whole:" + std::to_string(base_first) +
+               " ratio=" + std::to_string(f / base_first));
     result("fig7_" + c.name + "_whole_model", w, "ms",
-           "baseline=pageable_whole:" + std::to_string(base_whole) + " ratio=" +
-               std::to_string(w / base_whole));
+           "baseline=pageable_whole:" + std::to_string(base_whole) +
+               " ratio=" + std::to_string(w / base_whole));
   }
 }
 

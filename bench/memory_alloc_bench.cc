@@ -88,8 +88,8 @@ void BM_AllocateFree(benchmark::State& state, Kind kind) {
   std::mt19937_64 rng(20261124);
   std::vector<Allocation> live;
   while (pool.allocator->stats().allocated_bytes < kPoolBytes / 2) {
-    AllocationResult r = pool.allocator->allocate(draw_segment(rng),
-                                                       FunctionId{static_cast<uint32_t>(1 + rng() % kFunctions)});
+    AllocationResult r = pool.allocator->allocate(
+        draw_segment(rng), FunctionId{static_cast<uint32_t>(1 + rng() % kFunctions)});
     if (!r.ok()) break;
     live.push_back(*r);
   }

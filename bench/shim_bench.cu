@@ -50,8 +50,8 @@
 
 // Kernels. Their host implementations for the simulated GPU are in shim_bench_kernels.cc, under
 // these (mangled) names: keep the two in step.
-__global__ void shim_bench_empty() {}                                        // _Z16shim_bench_emptyv
-__global__ void shim_bench_params(float* p, int n, float a) {                // _Z17shim_bench_paramsPfif
+__global__ void shim_bench_empty() {}                          // _Z16shim_bench_emptyv
+__global__ void shim_bench_params(float* p, int n, float a) {  // _Z17shim_bench_paramsPfif
   // Never true for the arguments the benchmark passes (n = 0): the launch is as cheap as the
   // empty one on a GPU, only its parameters differ.
   if (static_cast<int>(threadIdx.x) < n) p[threadIdx.x] *= a;
@@ -59,14 +59,14 @@ __global__ void shim_bench_params(float* p, int n, float a) {                // 
 
 namespace {
 
-#define CHECK(call)                                                                    \
-  do {                                                                                 \
-    cudaError_t e_ = (call);                                                           \
-    if (e_ != cudaSuccess) {                                                           \
+#define CHECK(call)                                                                       \
+  do {                                                                                    \
+    cudaError_t e_ = (call);                                                              \
+    if (e_ != cudaSuccess) {                                                              \
       std::fprintf(stderr, "shim_bench: %s:%d: %s: %s (%d)\n", __FILE__, __LINE__, #call, \
-                   cudaGetErrorString(e_), static_cast<int>(e_));                      \
-      std::exit(1);                                                                    \
-    }                                                                                  \
+                   cudaGetErrorString(e_), static_cast<int>(e_));                         \
+      std::exit(1);                                                                       \
+    }                                                                                     \
   } while (0)
 
 std::string g_label = "run";
@@ -184,8 +184,7 @@ void bench_launch(int n, int burst) {
     CHECK(cudaGetLastError());
     CHECK(cudaDeviceSynchronize());
     const int64_t w2 = wall_ns();
-    report("launch_cpu_" + kernel, double(t1 - t0) / n / 1000, "us/launch", -1, "floor",
-           floor_us);
+    report("launch_cpu_" + kernel, double(t1 - t0) / n / 1000, "us/launch", -1, "floor", floor_us);
     report("launch_process_cpu_" + kernel, double(p1 - p0) / n / 1000, "us/launch");
     report("launch_wall_" + kernel, double(w1 - w0) / n / 1000, "us/launch");
     report("launch_then_sync_" + kernel, double(w2 - w1) / 1000, "us");
@@ -220,7 +219,7 @@ void bench_throughput(int n) {
     const int64_t w1 = wall_ns();
     CHECK(cudaGetLastError());
     report(std::string("throughput_") + (with_params ? "params3" : "empty"),
-            n / (double(w1 - w0) / 1e9), "launches/s");
+           n / (double(w1 - w0) / 1e9), "launches/s");
   }
 }
 

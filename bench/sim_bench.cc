@@ -63,8 +63,15 @@ void BM_NodeHourOfTrace(benchmark::State& state) {
   const Workload w = hour_of_trace(static_cast<int>(state.range(0)), 60);
   run(state, w, 1);
 }
-BENCHMARK(BM_NodeHourOfTrace)->Arg(250)->Arg(500)->Arg(1000)->Arg(2000)->Arg(4000)
-    ->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(1);
+BENCHMARK(BM_NodeHourOfTrace)
+    ->Arg(250)
+    ->Arg(500)
+    ->Arg(1000)
+    ->Arg(2000)
+    ->Arg(4000)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->Iterations(1);
 
 // Clusters of 1 to 8 nodes, 1,000 functions per node.
 void BM_ClusterHourOfTrace(benchmark::State& state) {
@@ -72,8 +79,14 @@ void BM_ClusterHourOfTrace(benchmark::State& state) {
   const Workload w = hour_of_trace(1000 * nodes, 60);
   run(state, w, nodes);
 }
-BENCHMARK(BM_ClusterHourOfTrace)->Arg(1)->Arg(2)->Arg(4)->Arg(8)
-    ->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(1);
+BENCHMARK(BM_ClusterHourOfTrace)
+    ->Arg(1)
+    ->Arg(2)
+    ->Arg(4)
+    ->Arg(8)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->Iterations(1);
 
 // The paper's §7.3 rates (5-30 r/m per function): a loaded node. 560 functions is Fig. 11's
 // largest point; an hour of it is about 590,000 requests.
@@ -84,8 +97,12 @@ void BM_NodeHourPaperRates(benchmark::State& state) {
   const Workload w = *synthetic_workload(o);
   run(state, w, 1);
 }
-BENCHMARK(BM_NodeHourPaperRates)->Arg(160)->Arg(560)
-    ->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(1);
+BENCHMARK(BM_NodeHourPaperRates)
+    ->Arg(160)
+    ->Arg(560)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->Iterations(1);
 
 // The baseline: the event loop alone, for the events of one node's hour at 1,000 functions.
 class Nothing final : public EventHandler {

@@ -85,30 +85,31 @@ bool hung_up(int socket) {
     if (!status.ok()) die(status, "receive");
     replies.clear();
     uint64_t released = 0;
-    const Status read = read_message<proto::Batch>(message, "batch", [&](proto::Batch::Reader batch) {
-      const auto calls = batch.getCalls();
-      for (uint32_t i = 0; i < calls.size(); ++i) {
-        const auto call = calls[i];
-        ++calls_seen;
-        switch (call.which()) {
-          case proto::Call::MEMCPY_HTO_D: {
-            const auto copy = call.getMemcpyHtoD();
-            const uint64_t src = copy.getSrcOffset(), bytes = copy.getBytes(), dst = copy.getDst();
-            if (!arena_range_ok(src, bytes, arena.size()) || !arena_range_ok(dst, bytes, device.size())) {
-              return Status(ErrorCode::kInvalidValue, "copy out of range");
+    const Status read =
+        read_message<proto::Batch>(message, "batch", [&](proto::Batch::Reader batch) {
+          const auto calls = batch.getCalls();
+          for (uint32_t i = 0; i < calls.size(); ++i) {
+            const auto call = calls[i];
+            ++calls_seen;
+            switch (call.which()) {
+              case proto::Call::MEMCPY_HTO_D: {
+                const auto copy = call.getMemcpyHtoD();
+                const uint64_t src = copy.getSrcOffset(), bytes = copy.getBytes(),
+                               dst = copy.getDst();
+                if (!arena_range_ok(src, bytes, arena.size()) ||
+                    !arena_range_ok(dst, bytes, device.size())) {
+                  return Status(ErrorCode::kInvalidValue, "copy out of range");
+                }
+                std::memcpy(device.data() + dst, arena.data() + src, bytes);
+                released = std::max(released, copy.getStagingEnd());
+                break;
+              }
+              default: benchmark::DoNotOptimize(call.which()); break;
             }
-            std::memcpy(device.data() + dst, arena.data() + src, bytes);
-            released = std::max(released, copy.getStagingEnd());
-            break;
+            if (call.getReply()) replies.push_back(batch.getFirstSeq() + i);
           }
-          default:
-            benchmark::DoNotOptimize(call.which());
-            break;
-        }
-        if (call.getReply()) replies.push_back(batch.getFirstSeq() + i);
-      }
-      return Status();
-    });
+          return Status();
+        });
     if (!read.ok()) die(read, "batch");
     if (released != 0) channel.release_staging(released);
     if (replies.empty()) continue;
@@ -195,14 +196,15 @@ uint64_t sync_ping(BatchBuilder& builder) {
   Message message;
   if (Status s = f.client->receive(message, 10s); !s.ok()) die(s, "receive");
   uint64_t seen = 0;
-  const Status read = read_message<proto::ServerMessage>(message, "completion", [&](proto::ServerMessage::Reader m) {
-    const auto completions = m.getCompletions();
-    if (completions.size() != 1 || completions[0].getSeq() != f.seq - 1) {
-      return Status(ErrorCode::kInvalidValue, "unexpected completion");
-    }
-    seen = completions[0].getResult().getPing();
-    return Status();
-  });
+  const Status read = read_message<proto::ServerMessage>(
+      message, "completion", [&](proto::ServerMessage::Reader m) {
+        const auto completions = m.getCompletions();
+        if (completions.size() != 1 || completions[0].getSeq() != f.seq - 1) {
+          return Status(ErrorCode::kInvalidValue, "unexpected completion");
+        }
+        seen = completions[0].getResult().getPing();
+        return Status();
+      });
   if (!read.ok()) die(read, "completion");
   return seen;
 }
@@ -278,8 +280,8 @@ void BM_AsyncCalls(benchmark::State& state) {
   const uint64_t seen = sync_ping(ping) - seen_before - 1;
   if (seen != calls) state.SkipWithError("the server did not see every call");
   state.SetItemsProcessed(static_cast<int64_t>(calls));
-  state.counters["ns_per_call"] =
-      benchmark::Counter(static_cast<double>(calls), benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+  state.counters["ns_per_call"] = benchmark::Counter(
+      static_cast<double>(calls), benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
 }
 
 // Pipelined host-to-device copies through the arena: the client stages chunks of user data in

@@ -19,8 +19,9 @@ auto traced(const char* name, Body&& body) {
   if (!trace) return body();
   const auto start = std::chrono::steady_clock::now();
   auto result = body();
-  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                      std::chrono::steady_clock::now() - start).count();
+  const auto ns =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start)
+          .count();
   LOG(INFO) << "hibercuda trace: " << name << " " << ns / 1000.0 << " us -> "
             << static_cast<int>(result);
   return result;

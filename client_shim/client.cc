@@ -52,7 +52,8 @@ constexpr uint64_t kHostHeapAlignment = 256;
 ShimConfig ShimConfig::from_environment() {
   ShimConfig c;
   c.batching = env_u64("HIBER_BATCH", 1) != 0;
-  c.batch_calls = static_cast<uint32_t>(std::max<uint64_t>(1, env_u64("HIBER_BATCH_CALLS", c.batch_calls)));
+  c.batch_calls =
+      static_cast<uint32_t>(std::max<uint64_t>(1, env_u64("HIBER_BATCH_CALLS", c.batch_calls)));
   c.batch_bytes = env_u64("HIBER_BATCH_BYTES", c.batch_bytes);
   c.quiet_us = static_cast<uint32_t>(env_u64("HIBER_BATCH_QUIET_US", c.quiet_us));
   c.trace = env_u64("HIBER_TRACE", 0) != 0;
@@ -76,8 +77,7 @@ Client& Client::get() {
   // flusher thread may still run while the process exits.
   static Client* client = [] {
     auto* c = new Client();
-    pthread_atfork([] { Client::get().mu_.lock(); },
-                   [] { Client::get().mu_.unlock(); },
+    pthread_atfork([] { Client::get().mu_.lock(); }, [] { Client::get().mu_.unlock(); },
                    [] {
                      Client& self = Client::get();
                      self.forked_child_ = true;
@@ -178,7 +178,8 @@ void Client::reserve_grant_locked() {
   while (std::fgets(line, sizeof(line), maps) != nullptr) {
     if (std::sscanf(line, "%llx-%llx", &lo, &hi) != 2 || hi <= cursor || lo >= end) continue;
     reserve_gap(cursor, std::min<uint64_t>(lo, end));
-    segments_.reserve(std::max<uint64_t>(lo, grant.va_base), std::min<uint64_t>(hi, end) - std::max<uint64_t>(lo, grant.va_base));
+    segments_.reserve(std::max<uint64_t>(lo, grant.va_base),
+                      std::min<uint64_t>(hi, end) - std::max<uint64_t>(lo, grant.va_base));
     cursor = std::min<uint64_t>(hi, end);
   }
   std::fclose(maps);
@@ -294,8 +295,8 @@ Status Client::order_for_work_locked(StreamObj* stream) {
 
 Result<wire::EventHandle> Client::create_wire_event_locked(bool disable_timing) {
   const auto handle = new_handle_locked<wire::EventHandle>();
-  HIBER_RETURN_IF_ERROR(enqueue_locked(
-      wire::calls::EventCreate{.event = handle, .disable_timing = disable_timing}));
+  HIBER_RETURN_IF_ERROR(
+      enqueue_locked(wire::calls::EventCreate{.event = handle, .disable_timing = disable_timing}));
   return handle;
 }
 
@@ -332,7 +333,8 @@ Result<StreamObj*> Client::create_stream(unsigned flags, int priority) {
 Status Client::destroy_stream(StreamObj* stream) {
   std::lock_guard lock(mu_);
   HIBER_RETURN_IF_ERROR(ensure_open_locked());
-  if (stream == nullptr) return Status(ErrorCode::kInvalidHandle, "the default stream cannot be destroyed");
+  if (stream == nullptr)
+    return Status(ErrorCode::kInvalidHandle, "the default stream cannot be destroyed");
   auto it = streams_.find(stream);
   if (it == streams_.end()) return error(ErrorCode::kInvalidHandle, "unknown stream ", stream);
   // CUDA lets pending work finish after cudaStreamDestroy; hiberd does the same.

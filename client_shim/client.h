@@ -38,11 +38,11 @@ namespace hiber::shim {
 
 // What the environment says (docs/shim.md lists the variables).
 struct ShimConfig {
-  bool batching = true;            // HIBER_BATCH (0 = every call is sent at once)
-  uint32_t batch_calls = 64;       // HIBER_BATCH_CALLS: N
+  bool batching = true;              // HIBER_BATCH (0 = every call is sent at once)
+  uint32_t batch_calls = 64;         // HIBER_BATCH_CALLS: N
   uint64_t batch_bytes = 256 << 10;  // HIBER_BATCH_BYTES: B
-  uint32_t quiet_us = 50;          // HIBER_BATCH_QUIET_US: T
-  bool trace = false;              // HIBER_TRACE
+  uint32_t quiet_us = 50;            // HIBER_BATCH_QUIET_US: T
+  bool trace = false;                // HIBER_TRACE
   // HIBER_REPLY_TIMEOUT_MS: how long a synchronous call waits for hiberd's reply. Long: under
   // late binding a call may wait in hiberd's queue for a GPU, and a hiberd that dies closes the
   // socket, which ends the wait at once; only a hung hiberd meets this limit.
@@ -56,19 +56,19 @@ struct Dim3 {
 
 // A stream made by the client. Its address is the cudaStream_t / CUstream the program holds.
 struct StreamObj {
-  wire::StreamHandle wire;         // the session's handle; 0 is the legacy default stream
-  unsigned flags = 0;              // cudaStreamNonBlocking = 1
+  wire::StreamHandle wire;  // the session's handle; 0 is the legacy default stream
+  unsigned flags = 0;       // cudaStreamNonBlocking = 1
   int priority = 0;
   bool blocking() const { return (flags & 1) == 0; }
   // Legacy default-stream semantics (kept by the core with internal events):
   bool has_unjoined_work = false;  // work since the legacy stream last waited for this one
   uint64_t legacy_generation_seen = 0;
-  wire::EventHandle join_event;    // internal event recorded on this stream for the joins
+  wire::EventHandle join_event;  // internal event recorded on this stream for the joins
 };
 
 struct EventObj {
   wire::EventHandle wire;
-  unsigned flags = 0;              // cudaEventDisableTiming = 2
+  unsigned flags = 0;  // cudaEventDisableTiming = 2
 };
 
 struct ModuleObj;
@@ -77,14 +77,14 @@ struct ModuleObj;
 // it loaded itself (cuModuleGetFunction). Its address is the cudaKernel_t / CUfunction.
 struct KernelObj {
   ModuleObj* module = nullptr;
-  std::string name;                // mangled
-  wire::FunctionHandle wire;       // the session's function handle; 0 until first launch
-  KernelInfo info;                 // the parameter layout, known once `wire` is set
+  std::string name;           // mangled
+  wire::FunctionHandle wire;  // the session's function handle; 0 until first launch
+  KernelInfo info;            // the parameter layout, known once `wire` is set
 };
 
 // A code image: a fatbin the program's binaries registered, or a module it loaded.
 struct ModuleObj {
-  std::vector<std::byte> image;    // owned copy (registered fatbins point into the binary)
+  std::vector<std::byte> image;  // owned copy (registered fatbins point into the binary)
   std::span<const std::byte> bytes;
   wire::ModuleHandle wire;         // the session's module handle; 0 until first needed
   std::vector<KernelInfo> parsed;  // kernels found in the image by the client, if it could
@@ -96,8 +96,8 @@ enum class PointerKind { kDevice, kArena, kHost };
 
 struct PointerInfo {
   PointerKind kind = PointerKind::kHost;
-  bool pinned = false;             // cudaMallocHost / cudaHostAlloc / cudaHostRegister memory
-  uint64_t arena_offset = 0;       // for kArena
+  bool pinned = false;        // cudaMallocHost / cudaHostAlloc / cudaHostRegister memory
+  uint64_t arena_offset = 0;  // for kArena
 };
 
 enum class CopyKind { kHostToDevice, kDeviceToHost, kDeviceToDevice, kHostToHost, kDefault };
@@ -146,8 +146,8 @@ class Client {
   // ---- Copies and memsets (stream nullptr = legacy default stream) ----
   Status memcpy(void* dst, const void* src, uint64_t bytes, CopyKind kind, StreamObj* stream,
                 bool async);
-  Status memset(uint64_t dst, uint32_t value, int element_bytes, uint64_t count,
-                StreamObj* stream, bool async);
+  Status memset(uint64_t dst, uint32_t value, int element_bytes, uint64_t count, StreamObj* stream,
+                bool async);
 
   // ---- Streams and events ----
   // Resolves a program's stream value: 0 and cudaStreamLegacy/PerThread (1, 2) are the default
@@ -188,8 +188,8 @@ class Client {
   // The parameter layout (loads the module and resolves the kernel on first use).
   Result<const KernelInfo*> kernel_info(KernelObj* kernel);
   // `args[i]` points at parameter i, as cudaLaunchKernel's args.
-  Status launch(KernelObj* kernel, Dim3 grid, Dim3 block, uint32_t shared_bytes,
-                StreamObj* stream, void** args);
+  Status launch(KernelObj* kernel, Dim3 grid, Dim3 block, uint32_t shared_bytes, StreamObj* stream,
+                void** args);
 
   // For __cudaPushCallConfiguration / __cudaPopCallConfiguration (per thread, nested).
   struct CallConfiguration {
@@ -260,8 +260,8 @@ class Client {
   // one-granule slabs.
   RangeAllocator segments_;
   uint64_t quota_used_ = 0;
-  std::map<uint64_t, Slab> slabs_;              // slab start -> its sub-allocator
-  std::map<uint64_t, uint64_t> allocations_;    // start -> bytes asked for, every live one
+  std::map<uint64_t, Slab> slabs_;            // slab start -> its sub-allocator
+  std::map<uint64_t, uint64_t> allocations_;  // start -> bytes asked for, every live one
 
   // Host memory: the pinned heap in the arena, and other pinned ranges (registered, or
   // malloc'd when the heap is full), copied through staging like pageable memory.
@@ -272,8 +272,8 @@ class Client {
   std::unordered_map<const void*, std::unique_ptr<StreamObj>> streams_;
   std::unordered_map<const void*, std::unique_ptr<EventObj>> events_;
   std::unordered_map<const void*, std::unique_ptr<ModuleObj>> modules_;
-  std::unordered_map<const void*, KernelObj*> kernels_;          // every live kernel
-  std::unordered_map<const void*, KernelObj*> host_functions_;   // host stub -> kernel
+  std::unordered_map<const void*, KernelObj*> kernels_;         // every live kernel
+  std::unordered_map<const void*, KernelObj*> host_functions_;  // host stub -> kernel
   uint64_t legacy_generation_ = 0;  // bumps with each piece of work on the legacy stream
   wire::EventHandle legacy_join_event_;
 
@@ -281,7 +281,8 @@ class Client {
   std::condition_variable flusher_cv_;
   std::chrono::steady_clock::time_point last_enqueue_;
   // When the flusher wakes next (max: not before it is notified).
-  std::chrono::steady_clock::time_point flusher_wakes_at_ = std::chrono::steady_clock::time_point::max();
+  std::chrono::steady_clock::time_point flusher_wakes_at_ =
+      std::chrono::steady_clock::time_point::max();
   bool stopping_ = false;
   std::thread flusher_;
 };

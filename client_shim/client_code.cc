@@ -48,8 +48,12 @@ uint64_t code_image_size(const void* image) {
   const auto* bytes = static_cast<const std::byte*>(image);
   FatbinHeader fatbin;
   std::memcpy(&fatbin, bytes, sizeof(fatbin));
-  if (fatbin.magic == fatbin::kFatbinMagic) return uint64_t{fatbin.header_bytes} + fatbin.body_bytes;
-  if (std::memcmp(bytes, "\x7f" "ELF", 4) == 0) {
+  if (fatbin.magic == fatbin::kFatbinMagic)
+    return uint64_t{fatbin.header_bytes} + fatbin.body_bytes;
+  if (std::memcmp(bytes,
+                  "\x7f"
+                  "ELF",
+                  4) == 0) {
     uint64_t section_headers;
     uint16_t entry_bytes, entries;
     std::memcpy(&section_headers, bytes + 0x28, 8);
@@ -64,8 +68,9 @@ Result<ModuleObj*> Client::register_fatbin(const void* fatbin_wrapper) {
   FatbinWrapper wrapper;
   std::memcpy(&wrapper, fatbin_wrapper, sizeof(wrapper));
   if (wrapper.magic != kFatbinWrapperMagic || wrapper.data == nullptr) {
-    return error(ErrorCode::kInvalidImage, "__cudaRegisterFatBinary: not a fatbin wrapper (magic 0x",
-                 std::hex, wrapper.magic, ")");
+    return error(ErrorCode::kInvalidImage,
+                 "__cudaRegisterFatBinary: not a fatbin wrapper (magic 0x", std::hex, wrapper.magic,
+                 ")");
   }
   if (wrapper.version != 1) {
     // Version 2 wrappers come from relocatable device code (-rdc), linked at run time.
@@ -103,8 +108,7 @@ Result<KernelObj*> Client::kernel_for_host_function(const void* host_function) {
   std::lock_guard lock(mu_);
   auto it = host_functions_.find(host_function);
   if (it == host_functions_.end()) {
-    return error(ErrorCode::kNotFound, "no kernel is registered for host function ",
-                 host_function);
+    return error(ErrorCode::kNotFound, "no kernel is registered for host function ", host_function);
   }
   return it->second;
 }

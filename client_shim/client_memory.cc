@@ -3,9 +3,9 @@
 #include <sys/mman.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <deque>
 #include <vector>
-#include <cstring>
 
 #include "client_shim/client.h"
 
@@ -72,8 +72,8 @@ Result<uint64_t> Client::malloc_device(uint64_t bytes) {
       }
     }
     HIBER_ASSIGN_OR_RETURN(uint64_t start, back(granule));
-    Slab& slab = slabs_.emplace(start, Slab{RangeAllocator(start, granule, kSlabAlignment)})
-                     .first->second;
+    Slab& slab =
+        slabs_.emplace(start, Slab{RangeAllocator(start, granule, kSlabAlignment)}).first->second;
     const uint64_t piece = *slab.space.allocate(bytes);
     allocations_.emplace(piece, bytes);
     return piece;
@@ -302,8 +302,8 @@ Status Client::unregister_host(void* pointer) {
 
 // ---- Copies ----
 
-Status Client::memcpy(void* dst, const void* src, uint64_t bytes, CopyKind kind,
-                      StreamObj* stream, bool async) {
+Status Client::memcpy(void* dst, const void* src, uint64_t bytes, CopyKind kind, StreamObj* stream,
+                      bool async) {
   std::lock_guard lock(mu_);
   HIBER_RETURN_IF_ERROR(ensure_open_locked());
   if (bytes == 0) return Status();
@@ -312,10 +312,9 @@ Status Client::memcpy(void* dst, const void* src, uint64_t bytes, CopyKind kind,
   }
   const bool dst_device = classify_locked(dst, bytes).kind == PointerKind::kDevice;
   const bool src_device = classify_locked(src, bytes).kind == PointerKind::kDevice;
-  const CopyKind actual = src_device ? (dst_device ? CopyKind::kDeviceToDevice
-                                                   : CopyKind::kDeviceToHost)
-                                     : (dst_device ? CopyKind::kHostToDevice
-                                                   : CopyKind::kHostToHost);
+  const CopyKind actual = src_device
+                              ? (dst_device ? CopyKind::kDeviceToDevice : CopyKind::kDeviceToHost)
+                              : (dst_device ? CopyKind::kHostToDevice : CopyKind::kHostToHost);
   if (kind != CopyKind::kDefault && kind != actual) {
     return error(ErrorCode::kInvalidValue, "cudaMemcpy: a ", kind_name(kind), " copy from ", src,
                  " to ", dst, ", but these pointers make it ", kind_name(actual));
@@ -328,7 +327,8 @@ Status Client::memcpy(void* dst, const void* src, uint64_t bytes, CopyKind kind,
     case CopyKind::kDeviceToHost:
       return copy_from_device_locked(dst, src_address, bytes, stream, async);
     case CopyKind::kDeviceToDevice: {
-      HIBER_RETURN_IF_ERROR(check_device_range_locked(dst_address, bytes, "cudaMemcpy destination"));
+      HIBER_RETURN_IF_ERROR(
+          check_device_range_locked(dst_address, bytes, "cudaMemcpy destination"));
       HIBER_RETURN_IF_ERROR(check_device_range_locked(src_address, bytes, "cudaMemcpy source"));
       HIBER_RETURN_IF_ERROR(order_for_work_locked(stream));
       // Device-to-device copies never block the host, synchronous or not, as in CUDA.
@@ -363,12 +363,12 @@ Status Client::copy_to_device_locked(uint64_t dst, const void* src, uint64_t byt
       const uint64_t chunk = std::min(kStagingChunk, bytes - done);
       HIBER_ASSIGN_OR_RETURN(wire::CallClient::Staged staged, calls_->stage(chunk));
       std::memcpy(staged.bytes.data(), from_bytes + done, chunk);
-      HIBER_RETURN_IF_ERROR(enqueue_locked(wire::calls::MemcpyHtoD{
-          .stream = s,
-          .dst = dst + done,
-          .src_offset = staged.offset,
-          .bytes = chunk,
-          .staging_end = staged.staging_end}));
+      HIBER_RETURN_IF_ERROR(
+          enqueue_locked(wire::calls::MemcpyHtoD{.stream = s,
+                                                 .dst = dst + done,
+                                                 .src_offset = staged.offset,
+                                                 .bytes = chunk,
+                                                 .staging_end = staged.staging_end}));
       done += chunk;
       // A large copy: let hiberd start on this chunk while the next one is captured.
       if (bytes > kStagingChunk) HIBER_RETURN_IF_ERROR(calls_->flush());
@@ -379,8 +379,8 @@ Status Client::copy_to_device_locked(uint64_t dst, const void* src, uint64_t byt
   return sync_point_locked(reply.status());
 }
 
-Status Client::copy_from_device_locked(void* dst, uint64_t src, uint64_t bytes,
-                                       StreamObj* stream, bool async) {
+Status Client::copy_from_device_locked(void* dst, uint64_t src, uint64_t bytes, StreamObj* stream,
+                                       bool async) {
   HIBER_RETURN_IF_ERROR(check_device_range_locked(src, bytes, "cudaMemcpy source"));
   HIBER_RETURN_IF_ERROR(order_for_work_locked(stream));
   const wire::StreamHandle s = stream_wire(stream);
@@ -415,12 +415,12 @@ Status Client::copy_from_device_locked(void* dst, uint64_t src, uint64_t bytes,
         failed = staged.status();
         break;
       }
-      auto seq = calls_->append_awaited(wire::calls::MemcpyDtoH{
-          .stream = s,
-          .dst_offset = staged->offset,
-          .src = src + issued,
-          .bytes = chunk,
-          .staging_end = staged->staging_end});
+      auto seq =
+          calls_->append_awaited(wire::calls::MemcpyDtoH{.stream = s,
+                                                         .dst_offset = staged->offset,
+                                                         .src = src + issued,
+                                                         .bytes = chunk,
+                                                         .staging_end = staged->staging_end});
       if (!seq.ok()) {
         failed = seq.status();
         break;
@@ -448,10 +448,10 @@ Status Client::memset(uint64_t dst, uint32_t value, int element_bytes, uint64_t 
   HIBER_RETURN_IF_ERROR(check_device_range_locked(dst, count * element_bytes, "cudaMemset"));
   HIBER_RETURN_IF_ERROR(order_for_work_locked(stream));
   return enqueue_locked(wire::calls::Memset{.stream = stream_wire(stream),
-                                             .dst = dst,
-                                             .value = value,
-                                             .element_bytes = static_cast<uint8_t>(element_bytes),
-                                             .count = count});
+                                            .dst = dst,
+                                            .value = value,
+                                            .element_bytes = static_cast<uint8_t>(element_bytes),
+                                            .count = count});
 }
 
 }  // namespace hiber::shim

@@ -35,7 +35,8 @@ CUresult check_device(const char* name, CUdevice device) {
   if (!initialized) return fail(name, Status(ErrorCode::kNotInitialized, "cuInit was not called"));
   const int count = Client::get().device_count();
   if (device < 0 || device >= count || device >= 64) {
-    return fail(name, hiber::error(ErrorCode::kInvalidDevice, "device ", device, " does not exist"));
+    return fail(name,
+                hiber::error(ErrorCode::kInvalidDevice, "device ", device, " does not exist"));
   }
   return CUDA_SUCCESS;
 }
@@ -86,7 +87,8 @@ CUresult cuDriverGetVersion(int* version) {
 
 CUresult cuDeviceGetCount(int* count) {
   if (count == nullptr) return invalid("cuDeviceGetCount");
-  if (!initialized) return fail("cuDeviceGetCount", Status(ErrorCode::kNotInitialized, "cuInit was not called"));
+  if (!initialized)
+    return fail("cuDeviceGetCount", Status(ErrorCode::kNotInitialized, "cuInit was not called"));
   *count = Client::get().device_count();
   return CUDA_SUCCESS;
 }
@@ -187,9 +189,8 @@ CUresult cuCtxGetDevice(CUdevice* device) {
 }
 
 CUresult cuCtxSynchronize(void) {
-  return traced("cuCtxSynchronize", [] {
-    return done("cuCtxSynchronize", Client::get().synchronize_device());
-  });
+  return traced("cuCtxSynchronize",
+                [] { return done("cuCtxSynchronize", Client::get().synchronize_device()); });
 }
 
 // ---- Errors ----
@@ -256,18 +257,21 @@ CUresult cuMemAllocHost(void** pointer, size_t bytes) {
 
 CUresult cuMemHostAlloc(void** pointer, size_t bytes, unsigned int flags) {
   if (flags & CU_MEMHOSTALLOC_DEVICEMAP) {
-    return fail("cuMemHostAlloc", Status(ErrorCode::kNotSupported,
-                                         "CU_MEMHOSTALLOC_DEVICEMAP: kernels cannot map client memory"));
+    return fail("cuMemHostAlloc",
+                Status(ErrorCode::kNotSupported,
+                       "CU_MEMHOSTALLOC_DEVICEMAP: kernels cannot map client memory"));
   }
   return cuMemAllocHost(pointer, bytes);
 }
 
-CUresult cuMemFreeHost(void* pointer) { return done("cuMemFreeHost", Client::get().free_host(pointer)); }
+CUresult cuMemFreeHost(void* pointer) {
+  return done("cuMemFreeHost", Client::get().free_host(pointer));
+}
 
 CUresult cuMemHostRegister(void* pointer, size_t bytes, unsigned int flags) {
   if (flags & (CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_IOMEMORY)) {
-    return fail("cuMemHostRegister", Status(ErrorCode::kNotSupported,
-                                            "device-mapped host memory is not supported"));
+    return fail("cuMemHostRegister",
+                Status(ErrorCode::kNotSupported, "device-mapped host memory is not supported"));
   }
   return done("cuMemHostRegister", Client::get().register_host(pointer, bytes));
 }
@@ -283,7 +287,8 @@ CUresult cuMemcpyDtoH(void* dst, CUdeviceptr src, size_t bytes) {
   return copy("cuMemcpyDtoH", dst, dev_ptr(src), bytes, CopyKind::kDeviceToHost, nullptr, false);
 }
 CUresult cuMemcpyDtoD(CUdeviceptr dst, CUdeviceptr src, size_t bytes) {
-  return copy("cuMemcpyDtoD", dev_ptr(dst), dev_ptr(src), bytes, CopyKind::kDeviceToDevice, nullptr, false);
+  return copy("cuMemcpyDtoD", dev_ptr(dst), dev_ptr(src), bytes, CopyKind::kDeviceToDevice, nullptr,
+              false);
 }
 CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t bytes) {
   return copy("cuMemcpy", dev_ptr(dst), dev_ptr(src), bytes, CopyKind::kDefault, nullptr, false);
@@ -295,7 +300,8 @@ CUresult cuMemcpyDtoHAsync(void* dst, CUdeviceptr src, size_t bytes, CUstream st
   return copy("cuMemcpyDtoHAsync", dst, dev_ptr(src), bytes, CopyKind::kDeviceToHost, stream, true);
 }
 CUresult cuMemcpyDtoDAsync(CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream stream) {
-  return copy("cuMemcpyDtoDAsync", dev_ptr(dst), dev_ptr(src), bytes, CopyKind::kDeviceToDevice, stream, true);
+  return copy("cuMemcpyDtoDAsync", dev_ptr(dst), dev_ptr(src), bytes, CopyKind::kDeviceToDevice,
+              stream, true);
 }
 CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream stream) {
   return copy("cuMemcpyAsync", dev_ptr(dst), dev_ptr(src), bytes, CopyKind::kDefault, stream, true);
@@ -413,9 +419,9 @@ CUresult cuModuleLoadData(CUmodule* module, const void* image) {
     if (module == nullptr || image == nullptr) return invalid("cuModuleLoadData");
     const auto* bytes = static_cast<const std::byte*>(image);
     hiber::shim::ModuleObj* loaded = nullptr;
-    CUresult r = resolved("cuModuleLoadData",
-                          Client::get().load_module({bytes, hiber::shim::code_image_size(image)}),
-                          &loaded);
+    CUresult r =
+        resolved("cuModuleLoadData",
+                 Client::get().load_module({bytes, hiber::shim::code_image_size(image)}), &loaded);
     *module = reinterpret_cast<CUmodule>(loaded);
     return r;
   });
@@ -473,9 +479,9 @@ CUresult cuLaunchKernel(CUfunction function, unsigned int grid_x, unsigned int g
     if (!kernel.ok()) return fail("cuLaunchKernel", kernel.status());
     auto s = Client::get().stream(stream);
     if (!s.ok()) return fail("cuLaunchKernel", s.status());
-    return done("cuLaunchKernel", Client::get().launch(*kernel, {grid_x, grid_y, grid_z},
-                                                       {block_x, block_y, block_z}, shared_bytes,
-                                                       *s, params));
+    return done("cuLaunchKernel",
+                Client::get().launch(*kernel, {grid_x, grid_y, grid_z}, {block_x, block_y, block_z},
+                                     shared_bytes, *s, params));
   });
 }
 

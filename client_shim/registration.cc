@@ -9,8 +9,8 @@ using hiber::shim::Client;
 using hiber::shim::ModuleObj;
 
 namespace hiber::shim {
-cudaError_t launch_registered(const void* kernel, dim3 grid, dim3 block, void** args,
-                              size_t shared, cudaStream_t stream);
+cudaError_t launch_registered(const void* kernel, dim3 grid, dim3 block, void** args, size_t shared,
+                              cudaStream_t stream);
 }
 
 namespace {
@@ -78,7 +78,8 @@ cudaError_t __cudaLaunchKernel_ptsz(cudaKernel_t kernel, dim3 grid, dim3 block, 
   return hiber::shim::launch_registered(kernel, grid, block, args, shared, stream);
 }
 
-unsigned __cudaPushCallConfiguration(dim3 grid, dim3 block, size_t shared, struct CUstream_st* stream) {
+unsigned __cudaPushCallConfiguration(dim3 grid, dim3 block, size_t shared,
+                                     struct CUstream_st* stream) {
   Client::call_configurations().push_back(
       {{grid.x, grid.y, grid.z}, {block.x, block.y, block.z}, shared, stream});
   return 0;

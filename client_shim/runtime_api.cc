@@ -38,7 +38,9 @@ int& current_device() {
 
 Status check_device(int device) {
   const int count = Client::get().device_count();
-  if (count == 0) return Client::get().ready().ok() ? Status(ErrorCode::kNoDevice, "no device") : Client::get().ready();
+  if (count == 0)
+    return Client::get().ready().ok() ? Status(ErrorCode::kNoDevice, "no device")
+                                      : Client::get().ready();
   if (device < 0 || device >= count) {
     return hiber::error(ErrorCode::kInvalidDevice, "device ", device, " does not exist (", count,
                         " device(s))");
@@ -89,7 +91,8 @@ cudaError_t launch_impl(const char* name, const void* func, dim3 grid, dim3 bloc
                                             " with a zero grid or block dimension")));
   }
   const uint64_t threads = uint64_t{block.x} * block.y * block.z;
-  if (threads > static_cast<uint64_t>(Client::get().device_attribute(current_device(), CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK))) {
+  if (threads > static_cast<uint64_t>(Client::get().device_attribute(
+                    current_device(), CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK))) {
     return fail(name, Status(static_cast<ErrorCode>(cudaErrorInvalidConfiguration),
                              hiber::str_cat("launch of ", (*kernel)->name, " with ", threads,
                                             " threads per block, above the device's limit")));
@@ -110,8 +113,7 @@ cudaError_t stream_property(const char* name, cudaStream_t stream, T* out, Get g
   return cudaSuccess;
 }
 
-cudaError_t event_sync_like(const char* name, cudaEvent_t event,
-                            Status (Client::*op)(EventObj*)) {
+cudaError_t event_sync_like(const char* name, cudaEvent_t event, Status (Client::*op)(EventObj*)) {
   auto e = Client::get().event(event);
   if (!e.ok()) return fail(name, e.status());
   return done(name, (Client::get().*op)(*e));
@@ -201,7 +203,8 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
     const auto& info = Client::get().session()->devices[device];
     std::memset(prop, 0, sizeof(*prop));
     std::strncpy(prop->name, info.name.c_str(), sizeof(prop->name) - 1);
-    std::memcpy(prop->uuid.bytes, info.uuid.data(), std::min(info.uuid.size(), sizeof(prop->uuid.bytes)));
+    std::memcpy(prop->uuid.bytes, info.uuid.data(),
+                std::min(info.uuid.size(), sizeof(prop->uuid.bytes)));
     prop->totalGlobalMem = info.total_memory_bytes;
     auto a = [&](CUdevice_attribute attr) { return Client::get().device_attribute(device, attr); };
     prop->sharedMemPerBlock = a(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK);
@@ -278,15 +281,13 @@ cudaError_t cudaDeviceCanAccessPeer(int* can_access, int device, int peer) {
 }
 
 cudaError_t cudaDeviceSynchronize(void) {
-  return traced("cudaDeviceSynchronize", [] {
-    return done("cudaDeviceSynchronize", Client::get().synchronize_device());
-  });
+  return traced("cudaDeviceSynchronize",
+                [] { return done("cudaDeviceSynchronize", Client::get().synchronize_device()); });
 }
 
 cudaError_t cudaDeviceReset(void) {
-  return traced("cudaDeviceReset", [] {
-    return done("cudaDeviceReset", Client::get().reset_device());
-  });
+  return traced("cudaDeviceReset",
+                [] { return done("cudaDeviceReset", Client::get().reset_device()); });
 }
 
 cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
@@ -378,7 +379,8 @@ cudaError_t cudaHostAlloc(void** pointer, size_t bytes, unsigned int flags) {
 }
 
 cudaError_t cudaFreeHost(void* pointer) {
-  return traced("cudaFreeHost", [&] { return done("cudaFreeHost", Client::get().free_host(pointer)); });
+  return traced("cudaFreeHost",
+                [&] { return done("cudaFreeHost", Client::get().free_host(pointer)); });
 }
 
 cudaError_t cudaHostRegister(void* pointer, size_t bytes, unsigned int flags) {
@@ -428,9 +430,8 @@ cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attributes, const vo
 // ---- Copies and memsets ----
 
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
-  return traced("cudaMemcpy", [&] {
-    return memcpy_impl("cudaMemcpy", dst, src, bytes, kind, nullptr, false);
-  });
+  return traced("cudaMemcpy",
+                [&] { return memcpy_impl("cudaMemcpy", dst, src, bytes, kind, nullptr, false); });
 }
 
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
@@ -441,13 +442,13 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
 }
 
 cudaError_t cudaMemset(void* dst, int value, size_t bytes) {
-  return traced("cudaMemset", [&] { return memset_impl("cudaMemset", dst, value, bytes, nullptr, false); });
+  return traced("cudaMemset",
+                [&] { return memset_impl("cudaMemset", dst, value, bytes, nullptr, false); });
 }
 
 cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t stream) {
-  return traced("cudaMemsetAsync", [&] {
-    return memset_impl("cudaMemsetAsync", dst, value, bytes, stream, true);
-  });
+  return traced("cudaMemsetAsync",
+                [&] { return memset_impl("cudaMemsetAsync", dst, value, bytes, stream, true); });
 }
 
 // ---- Streams ----
@@ -497,7 +498,8 @@ cudaError_t cudaStreamQuery(cudaStream_t stream) {
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags) {
   return traced("cudaStreamWaitEvent", [&] {
-    if (flags != 0 && flags != cudaEventWaitDefault) return invalid("cudaStreamWaitEvent", "unknown flags");
+    if (flags != 0 && flags != cudaEventWaitDefault)
+      return invalid("cudaStreamWaitEvent", "unknown flags");
     auto s = Client::get().stream(stream);
     if (!s.ok()) return fail("cudaStreamWaitEvent", s.status());
     auto e = Client::get().event(event);
@@ -522,8 +524,9 @@ cudaError_t cudaStreamGetDevice(cudaStream_t stream, int* device) {
 }
 
 cudaError_t cudaStreamGetId(cudaStream_t stream, unsigned long long* id) {
-  return stream_property("cudaStreamGetId", stream, id,
-                         [](StreamObj* s) -> unsigned long long { return s ? s->wire.value() : 0; });
+  return stream_property("cudaStreamGetId", stream, id, [](StreamObj* s) -> unsigned long long {
+    return s ? s->wire.value() : 0;
+  });
 }
 
 // Stream capture (CUDA graphs) is not supported: no stream is ever capturing, and beginning a
@@ -613,9 +616,8 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
 }
 
 cudaError_t cudaEventQuery(cudaEvent_t event) {
-  return traced("cudaEventQuery", [&] {
-    return event_sync_like("cudaEventQuery", event, &Client::query_event);
-  });
+  return traced("cudaEventQuery",
+                [&] { return event_sync_like("cudaEventQuery", event, &Client::query_event); });
 }
 
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
@@ -669,11 +671,13 @@ cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attributes, const void* fu
     // the device's, which is what a launch is checked against.
     std::memset(attributes, 0, sizeof(*attributes));
     const int device = current_device();
-    attributes->maxThreadsPerBlock = Client::get().device_attribute(device, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK);
+    attributes->maxThreadsPerBlock =
+        Client::get().device_attribute(device, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK);
     attributes->maxDynamicSharedSizeBytes =
         Client::get().device_attribute(device, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK);
-    const int arch = Client::get().device_attribute(device, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR) * 10 +
-                     Client::get().device_attribute(device, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR);
+    const int arch =
+        Client::get().device_attribute(device, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR) * 10 +
+        Client::get().device_attribute(device, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR);
     attributes->ptxVersion = arch;
     attributes->binaryVersion = arch;
     attributes->preferredShmemCarveout = -1;
@@ -695,20 +699,22 @@ cudaError_t cudaFuncGetName(const char** name, const void* func) {
 cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value) {
   auto kernel = Client::get().kernel_for_host_function(func);
   if (!kernel.ok()) {
-    return fail("cudaFuncSetAttribute",
-                Status(static_cast<ErrorCode>(cudaErrorInvalidDeviceFunction),
-                       kernel.status().message()));
+    return fail(
+        "cudaFuncSetAttribute",
+        Status(static_cast<ErrorCode>(cudaErrorInvalidDeviceFunction), kernel.status().message()));
   }
   // Values that change nothing are accepted; anything else would need the attribute set in
   // hiberd, which the protocol cannot do yet, so it fails rather than being ignored.
   if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize &&
-      value <= Client::get().device_attribute(current_device(), CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK)) {
+      value <= Client::get().device_attribute(current_device(),
+                                              CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK)) {
     return cudaSuccess;
   }
   if (attr == cudaFuncAttributePreferredSharedMemoryCarveout) return cudaSuccess;  // a hint
-  return fail("cudaFuncSetAttribute",
-              hiber::error(ErrorCode::kNotSupported, "cudaFuncSetAttribute(", static_cast<int>(attr),
-                           ", ", value, ") on ", (*kernel)->name, " is not supported"));
+  return fail(
+      "cudaFuncSetAttribute",
+      hiber::error(ErrorCode::kNotSupported, "cudaFuncSetAttribute(", static_cast<int>(attr), ", ",
+                   value, ") on ", (*kernel)->name, " is not supported"));
 }
 
 cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int* blocks, const void* func,
@@ -720,20 +726,26 @@ cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int* blocks, 
   }
   auto kernel = Client::get().kernel_for_host_function(func);
   if (!kernel.ok()) {
-    return fail("cudaOccupancyMaxActiveBlocksPerMultiprocessor",
-                Status(static_cast<ErrorCode>(cudaErrorInvalidDeviceFunction),
-                       kernel.status().message()));
+    return fail(
+        "cudaOccupancyMaxActiveBlocksPerMultiprocessor",
+        Status(static_cast<ErrorCode>(cudaErrorInvalidDeviceFunction), kernel.status().message()));
   }
   // Limited by threads, blocks and shared memory per multiprocessor. Register use is known
   // only in hiberd, so this is an upper bound for register-heavy kernels.
   const int device = current_device();
-  const int warp = std::max(1, Client::get().device_attribute(device, CU_DEVICE_ATTRIBUTE_WARP_SIZE));
+  const int warp =
+      std::max(1, Client::get().device_attribute(device, CU_DEVICE_ATTRIBUTE_WARP_SIZE));
   const int threads = (block_size + warp - 1) / warp * warp;
-  int limit = Client::get().device_attribute(device, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR) / threads;
-  limit = std::min(limit, Client::get().device_attribute(device, CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR));
+  int limit =
+      Client::get().device_attribute(device, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR) /
+      threads;
+  limit = std::min(limit, Client::get().device_attribute(
+                              device, CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR));
   if (shared_bytes > 0) {
-    limit = std::min<int>(limit, Client::get().device_attribute(device, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR) /
-                                     shared_bytes);
+    limit =
+        std::min<int>(limit, Client::get().device_attribute(
+                                 device, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR) /
+                                 shared_bytes);
   }
   *blocks = std::max(0, limit);
   return cudaSuccess;
@@ -772,7 +784,8 @@ cudaError_t cudaGetDriverEntryPoint(const char* symbol, void** function, unsigne
 // The session has one default stream; per-thread default streams map onto it, which orders
 // more than CUDA does, never less.
 
-cudaError_t cudaMemcpyAsync_ptsz(void* d, const void* s, size_t n, cudaMemcpyKind k, cudaStream_t st) {
+cudaError_t cudaMemcpyAsync_ptsz(void* d, const void* s, size_t n, cudaMemcpyKind k,
+                                 cudaStream_t st) {
   return cudaMemcpyAsync(d, s, n, k, st);
 }
 cudaError_t cudaMemsetAsync_ptsz(void* d, int v, size_t n, cudaStream_t st) {
@@ -782,7 +795,8 @@ cudaError_t cudaMemcpy_ptds(void* d, const void* s, size_t n, cudaMemcpyKind k) 
   return cudaMemcpy(d, s, n, k);
 }
 cudaError_t cudaMemset_ptds(void* d, int v, size_t n) { return cudaMemset(d, v, n); }
-cudaError_t cudaLaunchKernel_ptsz(const void* f, dim3 g, dim3 b, void** a, size_t sh, cudaStream_t st) {
+cudaError_t cudaLaunchKernel_ptsz(const void* f, dim3 g, dim3 b, void** a, size_t sh,
+                                  cudaStream_t st) {
   return cudaLaunchKernel(f, g, b, a, sh, st);
 }
 cudaError_t cudaLaunchKernelExC_ptsz(const cudaLaunchConfig_t* c, const void* f, void** a) {
@@ -793,8 +807,12 @@ cudaError_t cudaStreamQuery_ptsz(cudaStream_t s) { return cudaStreamQuery(s); }
 cudaError_t cudaStreamWaitEvent_ptsz(cudaStream_t s, cudaEvent_t e, unsigned int f) {
   return cudaStreamWaitEvent(s, e, f);
 }
-cudaError_t cudaStreamGetPriority_ptsz(cudaStream_t s, int* p) { return cudaStreamGetPriority(s, p); }
-cudaError_t cudaStreamGetFlags_ptsz(cudaStream_t s, unsigned int* f) { return cudaStreamGetFlags(s, f); }
+cudaError_t cudaStreamGetPriority_ptsz(cudaStream_t s, int* p) {
+  return cudaStreamGetPriority(s, p);
+}
+cudaError_t cudaStreamGetFlags_ptsz(cudaStream_t s, unsigned int* f) {
+  return cudaStreamGetFlags(s, f);
+}
 cudaError_t cudaStreamIsCapturing_ptsz(cudaStream_t s, cudaStreamCaptureStatus* c) {
   return cudaStreamIsCapturing(s, c);
 }
@@ -816,8 +834,8 @@ cudaError_t cudaGetDriverEntryPointByVersion_ptsz(const char* s, void** f, unsig
 #pragma GCC visibility pop
 
 namespace hiber::shim {
-cudaError_t launch_registered(const void* kernel, dim3 grid, dim3 block, void** args,
-                              size_t shared, cudaStream_t stream) {
+cudaError_t launch_registered(const void* kernel, dim3 grid, dim3 block, void** args, size_t shared,
+                              cudaStream_t stream) {
   return traced("__cudaLaunchKernel", [&] {
     return launch_impl("__cudaLaunchKernel", kernel, grid, block, args, shared, stream, true);
   });

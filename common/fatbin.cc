@@ -139,8 +139,8 @@ Result<std::vector<std::byte>> decompress_lz4(std::span<const std::byte> data,
       static_cast<size_t>(std::min<uint64_t>(declared_bytes, kFirstOutputBytes)));
   while (out.size() < declared_bytes) {
     const int capacity = static_cast<int>(out.size());
-    const int got = LZ4_decompress_safe_partial(src, reinterpret_cast<char*>(out.data()),
-                                                src_bytes, capacity, capacity);
+    const int got = LZ4_decompress_safe_partial(src, reinterpret_cast<char*>(out.data()), src_bytes,
+                                                capacity, capacity);
     if (got < 0) return invalid(str_cat(where, ": LZ4 data is corrupt"));
     if (got < capacity)
       return invalid(

@@ -30,9 +30,9 @@ enum class CodeKind { kPtx, kCubin };
 
 struct CodeEntry {
   CodeKind kind = CodeKind::kCubin;
-  uint32_t arch = 0;               // SM version: 80 for sm_80 / compute_80
+  uint32_t arch = 0;  // SM version: 80 for sm_80 / compute_80
   bool was_compressed = false;
-  std::vector<std::byte> code;     // decompressed payload
+  std::vector<std::byte> code;  // decompressed payload
 };
 
 inline constexpr uint32_t kFatbinMagic = 0xBA55ED50;

@@ -65,7 +65,8 @@ Result<NodeConfig> node_config_from_capnp(config::NodeConfig::Reader in) {
     auto g = gpus[i];
     auto it = models.find(g.getModel());
     if (it == models.end())
-      return invalid(str_cat("gpus[", i, "].model '", g.getModel().cStr(), "' is not in gpuModels"));
+      return invalid(
+          str_cat("gpus[", i, "].model '", g.getModel().cStr(), "' is not in gpuModels"));
     if (g.getPcieSwitch() >= out.pcie_switches.size())
       return invalid(str_cat("gpus[", i, "].pcieSwitch ", g.getPcieSwitch(), " does not exist (",
                              out.pcie_switches.size(), " switches)"));
@@ -164,8 +165,10 @@ void node_config_to_capnp(const NodeConfig& config, config::NodeConfig::Builder 
   }
   auto switches = out.initPcieSwitches(static_cast<unsigned>(config.pcie_switches.size()));
   for (size_t i = 0; i < config.pcie_switches.size(); ++i) {
-    switches[static_cast<unsigned>(i)].setHostToDeviceGBps(config.pcie_switches[i].host_to_device_gbps);
-    switches[static_cast<unsigned>(i)].setDeviceToHostGBps(config.pcie_switches[i].device_to_host_gbps);
+    switches[static_cast<unsigned>(i)].setHostToDeviceGBps(
+        config.pcie_switches[i].host_to_device_gbps);
+    switches[static_cast<unsigned>(i)].setDeviceToHostGBps(
+        config.pcie_switches[i].device_to_host_gbps);
   }
   auto links = out.initNvlinks(static_cast<unsigned>(config.nvlinks.size()));
   for (size_t i = 0; i < config.nvlinks.size(); ++i) {
@@ -221,10 +224,9 @@ Result<NodeConfig> parse_node_config(std::string_view json) {
   auto root = message.initRoot<config::NodeConfig>();
   capnp::JsonCodec codec;
   // kj reports JSON and type errors as exceptions; turn them into a Status for the caller.
-  kj::Maybe<kj::Exception> failure = kj::runCatchingExceptions([&]() {
-    codec.decode(kj::ArrayPtr<const char>(json.data(), json.size()), root);
-  });
-  KJ_IF_MAYBE(e, failure) {
+  kj::Maybe<kj::Exception> failure = kj::runCatchingExceptions(
+      [&]() { codec.decode(kj::ArrayPtr<const char>(json.data(), json.size()), root); });
+  KJ_IF_MAYBE (e, failure) {
     return invalid(str_cat("not valid JSON for the NodeConfig schema (common/node_config.capnp): ",
                            e->getDescription().cStr()));
   }

@@ -15,8 +15,8 @@
 namespace hiber {
 
 struct GpuSpec {
-  std::string model;          // key of the model in the config
-  std::string product_name;   // "Tesla V100-SXM2-16GB"
+  std::string model;         // key of the model in the config
+  std::string product_name;  // "Tesla V100-SXM2-16GB"
   uint64_t memory_bytes = 0;
   int compute_capability_major = 0;
   int compute_capability_minor = 0;
@@ -26,8 +26,8 @@ struct GpuSpec {
   int memory_clock_rate_khz = 0;
   int memory_bus_width_bits = 0;
   int l2_cache_bytes = 0;
-  int pcie_switch = 0;        // index into NodeConfig::pcie_switches
-  std::string pci_bus_id;     // "0000:3b:00.0"
+  int pcie_switch = 0;     // index into NodeConfig::pcie_switches
+  std::string pci_bus_id;  // "0000:3b:00.0"
 };
 
 struct PcieSwitchSpec {

@@ -30,7 +30,8 @@ Result<std::string> client_auth_token(const std::string& token_file) {
   }
   std::string token;
   std::getline(in, token);
-  if (token.empty()) return error(ErrorCode::kNotPermitted, "auth token file ", token_file, " is empty");
+  if (token.empty())
+    return error(ErrorCode::kNotPermitted, "auth token file ", token_file, " is empty");
   return token;
 }
 

@@ -19,36 +19,36 @@ namespace hiber {
 
 enum class ErrorCode : uint32_t {
   kSuccess = 0,
-  kInvalidValue = 1,            // CUDA_ERROR_INVALID_VALUE: malformed input, bad argument
-  kOutOfMemory = 2,             // CUDA_ERROR_OUT_OF_MEMORY
-  kNotInitialized = 3,          // CUDA_ERROR_NOT_INITIALIZED
-  kDeinitialized = 4,           // CUDA_ERROR_DEINITIALIZED: the session or server is gone
-  kStubLibrary = 34,            // CUDA_ERROR_STUB_LIBRARY: libcuda is the toolkit stub
-  kDeviceUnavailable = 46,      // CUDA_ERROR_DEVICE_UNAVAILABLE: hiberd is full or draining
-  kNoDevice = 100,              // CUDA_ERROR_NO_DEVICE
-  kInvalidDevice = 101,         // CUDA_ERROR_INVALID_DEVICE
-  kInvalidImage = 200,          // CUDA_ERROR_INVALID_IMAGE: a fatbin or cubin we cannot read
-  kInvalidContext = 201,        // CUDA_ERROR_INVALID_CONTEXT
-  kMapFailed = 205,             // CUDA_ERROR_MAP_FAILED
-  kAlreadyMapped = 208,         // CUDA_ERROR_ALREADY_MAPPED
-  kNoBinaryForGpu = 209,        // CUDA_ERROR_NO_BINARY_FOR_GPU
-  kNotMapped = 211,             // CUDA_ERROR_NOT_MAPPED
-  kPeerAccessUnsupported = 217, // CUDA_ERROR_PEER_ACCESS_UNSUPPORTED
-  kInvalidPtx = 218,            // CUDA_ERROR_INVALID_PTX
-  kInvalidSource = 300,         // CUDA_ERROR_INVALID_SOURCE
-  kFileNotFound = 301,          // CUDA_ERROR_FILE_NOT_FOUND
-  kOperatingSystem = 304,       // CUDA_ERROR_OPERATING_SYSTEM: a system call failed
-  kInvalidHandle = 400,         // CUDA_ERROR_INVALID_HANDLE
-  kIllegalState = 401,          // CUDA_ERROR_ILLEGAL_STATE
-  kNotFound = 500,              // CUDA_ERROR_NOT_FOUND: unknown kernel or symbol
-  kNotReady = 600,              // CUDA_ERROR_NOT_READY
-  kIllegalAddress = 700,        // CUDA_ERROR_ILLEGAL_ADDRESS
-  kLaunchOutOfResources = 701,  // CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES
-  kLaunchFailed = 719,          // CUDA_ERROR_LAUNCH_FAILED
-  kNotPermitted = 800,          // CUDA_ERROR_NOT_PERMITTED: authentication or credentials
-  kNotSupported = 801,          // CUDA_ERROR_NOT_SUPPORTED: unknown call, unimplemented API
-  kTimeout = 909,               // CUDA_ERROR_TIMEOUT
-  kUnknown = 999,               // CUDA_ERROR_UNKNOWN
+  kInvalidValue = 1,             // CUDA_ERROR_INVALID_VALUE: malformed input, bad argument
+  kOutOfMemory = 2,              // CUDA_ERROR_OUT_OF_MEMORY
+  kNotInitialized = 3,           // CUDA_ERROR_NOT_INITIALIZED
+  kDeinitialized = 4,            // CUDA_ERROR_DEINITIALIZED: the session or server is gone
+  kStubLibrary = 34,             // CUDA_ERROR_STUB_LIBRARY: libcuda is the toolkit stub
+  kDeviceUnavailable = 46,       // CUDA_ERROR_DEVICE_UNAVAILABLE: hiberd is full or draining
+  kNoDevice = 100,               // CUDA_ERROR_NO_DEVICE
+  kInvalidDevice = 101,          // CUDA_ERROR_INVALID_DEVICE
+  kInvalidImage = 200,           // CUDA_ERROR_INVALID_IMAGE: a fatbin or cubin we cannot read
+  kInvalidContext = 201,         // CUDA_ERROR_INVALID_CONTEXT
+  kMapFailed = 205,              // CUDA_ERROR_MAP_FAILED
+  kAlreadyMapped = 208,          // CUDA_ERROR_ALREADY_MAPPED
+  kNoBinaryForGpu = 209,         // CUDA_ERROR_NO_BINARY_FOR_GPU
+  kNotMapped = 211,              // CUDA_ERROR_NOT_MAPPED
+  kPeerAccessUnsupported = 217,  // CUDA_ERROR_PEER_ACCESS_UNSUPPORTED
+  kInvalidPtx = 218,             // CUDA_ERROR_INVALID_PTX
+  kInvalidSource = 300,          // CUDA_ERROR_INVALID_SOURCE
+  kFileNotFound = 301,           // CUDA_ERROR_FILE_NOT_FOUND
+  kOperatingSystem = 304,        // CUDA_ERROR_OPERATING_SYSTEM: a system call failed
+  kInvalidHandle = 400,          // CUDA_ERROR_INVALID_HANDLE
+  kIllegalState = 401,           // CUDA_ERROR_ILLEGAL_STATE
+  kNotFound = 500,               // CUDA_ERROR_NOT_FOUND: unknown kernel or symbol
+  kNotReady = 600,               // CUDA_ERROR_NOT_READY
+  kIllegalAddress = 700,         // CUDA_ERROR_ILLEGAL_ADDRESS
+  kLaunchOutOfResources = 701,   // CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES
+  kLaunchFailed = 719,           // CUDA_ERROR_LAUNCH_FAILED
+  kNotPermitted = 800,           // CUDA_ERROR_NOT_PERMITTED: authentication or credentials
+  kNotSupported = 801,           // CUDA_ERROR_NOT_SUPPORTED: unknown call, unimplemented API
+  kTimeout = 909,                // CUDA_ERROR_TIMEOUT
+  kUnknown = 999,                // CUDA_ERROR_UNKNOWN
 };
 
 // "CUDA_ERROR_INVALID_VALUE"; "CUDA_ERROR_<n>" for a code outside the list above.
@@ -133,15 +133,15 @@ class [[nodiscard]] Result {
 #define HIBER_CONCAT_(a, b) HIBER_CONCAT_INNER_(a, b)
 
 // Returns the Status of `expr` from the enclosing function if it is an error.
-#define HIBER_RETURN_IF_ERROR(expr)                     \
-  do {                                                  \
-    ::hiber::Status hiber_status_ = (expr);             \
-    if (!hiber_status_.ok()) return hiber_status_;      \
+#define HIBER_RETURN_IF_ERROR(expr)                \
+  do {                                             \
+    ::hiber::Status hiber_status_ = (expr);        \
+    if (!hiber_status_.ok()) return hiber_status_; \
   } while (0)
 
 // `lhs = value of expr`, or returns its error from the enclosing function.
-#define HIBER_ASSIGN_OR_RETURN(lhs, expr)                                  \
-  auto HIBER_CONCAT_(hiber_result_, __LINE__) = (expr);                    \
-  if (!HIBER_CONCAT_(hiber_result_, __LINE__).ok())                        \
-    return HIBER_CONCAT_(hiber_result_, __LINE__).status();                \
+#define HIBER_ASSIGN_OR_RETURN(lhs, expr)                   \
+  auto HIBER_CONCAT_(hiber_result_, __LINE__) = (expr);     \
+  if (!HIBER_CONCAT_(hiber_result_, __LINE__).ok())         \
+    return HIBER_CONCAT_(hiber_result_, __LINE__).status(); \
   lhs = std::move(HIBER_CONCAT_(hiber_result_, __LINE__)).value()

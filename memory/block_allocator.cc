@@ -103,7 +103,8 @@ PoolStats BlockAllocator::stats() const {
   // The device places each new allocation; as far as this allocator knows, free bytes are one
   // piece. The largest cached block may be larger still.
   stats.largest_free_bytes = stats.free_bytes;
-  if (!by_size_.empty()) stats.largest_free_bytes = std::max(stats.largest_free_bytes, by_size_.rbegin()->first);
+  if (!by_size_.empty())
+    stats.largest_free_bytes = std::max(stats.largest_free_bytes, by_size_.rbegin()->first);
   stats.live_allocations = live_.size();
   return stats;
 }

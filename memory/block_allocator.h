@@ -52,9 +52,9 @@ class BlockAllocator final : public PoolAllocator {
   ChunkSource& upstream_;
   uint64_t budget_bytes_;
   uint64_t granularity_;
-  std::list<Cached> by_age_;                   // oldest first
-  std::multimap<uint64_t, Age> by_size_;       // cached blocks by size
-  std::unordered_map<uint32_t, Live> live_;    // by chunk
+  std::list<Cached> by_age_;                 // oldest first
+  std::multimap<uint64_t, Age> by_size_;     // cached blocks by size
+  std::unordered_map<uint32_t, Live> live_;  // by chunk
   uint64_t live_bytes_ = 0;
   uint64_t cached_bytes_ = 0;
   uint64_t requested_bytes_ = 0;

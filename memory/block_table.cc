@@ -72,12 +72,9 @@ const VirtualBlock* BlockTable::block_at(uint64_t va) const {
 ResidencyCount& BlockTable::count(int gpu, Residency residency) {
   GpuResidency& summary = residency_[gpu];
   switch (residency) {
-    case Residency::kEvicted:
-      return summary.evicted;
-    case Residency::kLoading:
-      return summary.loading;
-    case Residency::kResident:
-      break;
+    case Residency::kEvicted: return summary.evicted;
+    case Residency::kLoading: return summary.loading;
+    case Residency::kResident: break;
   }
   return summary.resident;
 }

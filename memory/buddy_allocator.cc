@@ -110,7 +110,9 @@ void BuddyAllocator::raise_max_order(int order) {
   free_count_.resize(orders(), 0);
 }
 
-uint64_t BuddyAllocator::max_request_bytes() const { return uint64_t{1} << (max_order_ + page_shift_); }
+uint64_t BuddyAllocator::max_request_bytes() const {
+  return uint64_t{1} << (max_order_ + page_shift_);
+}
 
 // ---- Free lists ----
 
@@ -186,8 +188,8 @@ int BuddyAllocator::shared_index(uint32_t pages) const {
 
 // ---- Allocation ----
 
-void BuddyAllocator::record_span(uint32_t page, uint32_t pages, FunctionId owner,
-                                 OwnerState& state, uint64_t requested) {
+void BuddyAllocator::record_span(uint32_t page, uint32_t pages, FunctionId owner, OwnerState& state,
+                                 uint64_t requested) {
   span_pages_[page] = pages;
   span_owner_[page] = owner;
   span_requested_[page] = requested;
@@ -201,9 +203,8 @@ void BuddyAllocator::record_span(uint32_t page, uint32_t pages, FunctionId owner
   ++state.live;
 }
 
-Allocation BuddyAllocator::take(uint32_t chunk, uint32_t page, int found, int order,
-                                uint32_t pages, FunctionId owner, OwnerState& state,
-                                uint64_t requested) {
+Allocation BuddyAllocator::take(uint32_t chunk, uint32_t page, int found, int order, uint32_t pages,
+                                FunctionId owner, OwnerState& state, uint64_t requested) {
   remove_free(chunk, page, found);
   for (int k = found; k > order; --k) {
     push_free(chunk, page + (uint32_t{1} << (k - 1)), k - 1);
@@ -334,13 +335,13 @@ AllocationResult BuddyAllocator::do_allocate(uint64_t bytes, FunctionId owner,
     cached_pages_ -= pages;
     ++counters_.cache_hits;
     record_span(page, pages, owner, state, bytes);
-    return Allocation{{page_chunk_[page], uint64_t{page - chunks_[page_chunk_[page]].first_page}
-                                              << page_shift_},
-                      uint64_t{pages} << page_shift_};
+    return Allocation{
+        {page_chunk_[page], uint64_t{page - chunks_[page_chunk_[page]].first_page} << page_shift_},
+        uint64_t{pages} << page_shift_};
   }
 
-  const int region_order =
-      std::min(max_order_, ceil_log2(std::max<uint64_t>(1, options_.home_region_bytes >> page_shift_)));
+  const int region_order = std::min(
+      max_order_, ceil_log2(std::max<uint64_t>(1, options_.home_region_bytes >> page_shift_)));
   for (int attempt = 0; attempt < 2; ++attempt) {
     if (options_.consolidate && !new_owner) {
       if (const uint32_t page = run_after_latest(state, owner, pages); page != kNone) {
@@ -393,9 +394,7 @@ Shortfall BuddyAllocator::make_shortfall(uint64_t bytes, uint32_t pages, int ord
   shortfall.needed_bytes = uint64_t{pages} << page_shift_;
   shortfall.free_bytes = (capacity_pages_ - allocated_pages_) << page_shift_;
   shortfall.largest_free_bytes = largest_free_bytes();
-  const auto may_evict = [&](FunctionId f) {
-    return evictable ? evictable(f) : f != owner;
-  };
+  const auto may_evict = [&](FunctionId f) { return evictable ? evictable(f) : f != owner; };
 
   // The request needs a free aligned region of 2^order pages. For every such region, sum the
   // allocations that overlap it (evicting one frees all of it); keep the cheapest region that
@@ -543,7 +542,8 @@ std::vector<std::pair<PoolLocation, uint64_t>> BuddyAllocator::free_blocks() con
     for (uint32_t rel = 0; rel < c.pages; ++rel) {
       const int8_t order = free_order_[c.first_page + rel];
       if (order < 0) continue;
-      blocks.push_back({{chunk, uint64_t{rel} << page_shift_}, uint64_t{1} << (order + page_shift_)});
+      blocks.push_back(
+          {{chunk, uint64_t{rel} << page_shift_}, uint64_t{1} << (order + page_shift_)});
     }
   }
   return blocks;

@@ -80,7 +80,9 @@ class BuddyAllocator final : public PoolAllocator {
   // chunk larger than all before raises the largest block to its size.
   Result<uint32_t> add_chunk(uint64_t bytes);
   uint32_t chunk_count() const { return static_cast<uint32_t>(chunks_.size()); }
-  uint64_t chunk_bytes(uint32_t chunk) const { return uint64_t{chunks_[chunk].pages} << page_shift_; }
+  uint64_t chunk_bytes(uint32_t chunk) const {
+    return uint64_t{chunks_[chunk].pages} << page_shift_;
+  }
   uint64_t min_block_bytes() const { return uint64_t{1} << page_shift_; }
 
   // The free blocks, sorted by (chunk, offset): {where, bytes}. For tests and reports.
@@ -159,27 +161,27 @@ class BuddyAllocator final : public PoolAllocator {
   uint64_t shared_cache_limit_ = 0;
 
   std::vector<Chunk> chunks_;
-  std::vector<uint32_t> heads_;            // [chunk * orders + order]
-  std::vector<uint64_t> nonempty_;         // [order * words + chunk / 64]: list non-empty
+  std::vector<uint32_t> heads_;     // [chunk * orders + order]
+  std::vector<uint64_t> nonempty_;  // [order * words + chunk / 64]: list non-empty
   size_t nonempty_words_ = 0;
-  std::vector<uint64_t> free_count_;       // free blocks per order
+  std::vector<uint64_t> free_count_;  // free blocks per order
 
   // Per page of the whole pool.
-  std::vector<int8_t> free_order_;         // order if the page heads a free block, else -1
+  std::vector<int8_t> free_order_;  // order if the page heads a free block, else -1
   std::vector<uint32_t> next_;
   std::vector<uint32_t> prev_;
   std::vector<uint32_t> page_chunk_;
-  std::vector<uint32_t> span_pages_;       // pages of the allocation starting here, else 0
+  std::vector<uint32_t> span_pages_;  // pages of the allocation starting here, else 0
   std::vector<FunctionId> span_owner_;
   std::vector<uint64_t> span_requested_;
-  std::vector<uint8_t> span_cached_;       // the allocation sits in the sharing cache
+  std::vector<uint8_t> span_cached_;  // the allocation sits in the sharing cache
 
-  std::vector<uint32_t> shared_pages_;     // pages of each shared size
+  std::vector<uint32_t> shared_pages_;               // pages of each shared size
   std::vector<std::vector<uint32_t>> shared_cache_;  // cached allocations' first pages, per size
   std::unordered_map<FunctionId, OwnerState> owners_;
 
   uint64_t capacity_pages_ = 0;
-  uint64_t allocated_pages_ = 0;           // live allocations (not cached)
+  uint64_t allocated_pages_ = 0;  // live allocations (not cached)
   uint64_t cached_pages_ = 0;
   uint64_t requested_bytes_ = 0;
   uint64_t live_allocations_ = 0;

@@ -64,11 +64,13 @@ class GpuPools {
     uint64_t bytes;
   };
   GpuPools() = default;
-  static uint64_t key(const PoolLocation& where) { return uint64_t{where.chunk} << 40 | where.offset; }
+  static uint64_t key(const PoolLocation& where) {
+    return uint64_t{where.chunk} << 40 | where.offset;
+  }
 
   mutable std::mutex mutex_;
   std::vector<std::unique_ptr<PoolAllocator>> pools_;
-  std::vector<std::unordered_map<uint64_t, Owned>> owners_;            // per GPU, by location
+  std::vector<std::unordered_map<uint64_t, Owned>> owners_;               // per GPU, by location
   std::unordered_map<FunctionId, std::vector<uint64_t>> function_bytes_;  // per GPU
   std::unordered_map<FunctionId, uint64_t> quotas_;
 };

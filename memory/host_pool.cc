@@ -84,8 +84,8 @@ uint64_t HostPool::release_function(FunctionId function) {
   std::vector<Allocation> owned;
   for (const auto& [where, use] : live_) {
     if (use.gpu < 0 && use.function == function) {
-      owned.push_back(Allocation{{static_cast<uint32_t>(where >> 40), where & ((uint64_t{1} << 40) - 1)},
-                                 use.bytes});
+      owned.push_back(Allocation{
+          {static_cast<uint32_t>(where >> 40), where & ((uint64_t{1} << 40) - 1)}, use.bytes});
     }
   }
   uint64_t released = 0;

@@ -70,11 +70,13 @@ class HostPool {
  private:
   struct Use {
     std::optional<FunctionId> function;  // a model copy's function
-    int gpu = -1;                       // a staging buffer's GPU
+    int gpu = -1;                        // a staging buffer's GPU
     uint64_t bytes = 0;
   };
   explicit HostPool(std::unique_ptr<BuddyAllocator> buddy, int gpu_count);
-  static uint64_t key(const PoolLocation& where) { return uint64_t{where.chunk} << 40 | where.offset; }
+  static uint64_t key(const PoolLocation& where) {
+    return uint64_t{where.chunk} << 40 | where.offset;
+  }
   AllocationResult place(uint64_t bytes, FunctionId owner, Use use);
 
   std::unique_ptr<BuddyAllocator> buddy_;

@@ -10,7 +10,8 @@ NaiveAllocator::~NaiveAllocator() {
   for (const auto& [chunk, live] : live_) upstream_.release_chunk(chunk);
 }
 
-AllocationResult NaiveAllocator::do_allocate(uint64_t bytes, FunctionId, const EvictablePredicate&) {
+AllocationResult NaiveAllocator::do_allocate(uint64_t bytes, FunctionId,
+                                             const EvictablePredicate&) {
   const uint64_t needed = round_up(bytes, granularity_);
   Shortfall shortfall;
   shortfall.requested_bytes = bytes;

@@ -56,8 +56,8 @@ Status PoolAllocator::deallocate(const Allocation& allocation) noexcept {
 
 Result<uint32_t> CountingChunkSource::create_chunk(uint64_t bytes) {
   if (bytes == 0 || bytes > capacity_bytes_ - live_bytes_) {
-    return error(ErrorCode::kOutOfMemory, "device has ", capacity_bytes_ - live_bytes_,
-                 " of ", capacity_bytes_, " bytes free; ", bytes, " requested");
+    return error(ErrorCode::kOutOfMemory, "device has ", capacity_bytes_ - live_bytes_, " of ",
+                 capacity_bytes_, " bytes free; ", bytes, " requested");
   }
   uint32_t id;
   if (!free_ids_.empty()) {

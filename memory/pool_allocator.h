@@ -41,13 +41,13 @@ struct OwnerBytes {
 
 // Why a request did not fit, and what eviction would make it fit.
 struct Shortfall {
-  int gpu = -1;                  // set by GpuPools; -1 for a bare allocator
+  int gpu = -1;  // set by GpuPools; -1 for a bare allocator
   uint64_t requested_bytes = 0;
-  uint64_t needed_bytes = 0;     // what it would take from the pool after rounding
-  uint64_t free_bytes = 0;       // free now, including caches the allocator would flush
+  uint64_t needed_bytes = 0;  // what it would take from the pool after rounding
+  uint64_t free_bytes = 0;    // free now, including caches the allocator would flush
   uint64_t largest_free_bytes = 0;
-  bool over_quota = false;       // the function's own quota on this GPU is the limit
-  bool never_fits = false;       // larger than the pool could ever give one block
+  bool over_quota = false;  // the function's own quota on this GPU is the limit
+  bool never_fits = false;  // larger than the pool could ever give one block
   // The cheapest eviction that makes the request fit: these functions' allocations, with
   // the bytes of theirs that would be freed. For the buddy allocator it is the contiguous
   // region holding the fewest evictable bytes; for block and naive, whose placement is the
@@ -80,11 +80,11 @@ class AllocationResult {
 using EvictablePredicate = std::function<bool(FunctionId)>;
 
 struct PoolStats {
-  uint64_t capacity_bytes = 0;      // the pool (buddy) or the device budget (block, naive)
-  uint64_t allocated_bytes = 0;     // taken by live allocations
-  uint64_t requested_bytes = 0;     // what those allocations asked for
-  uint64_t cached_bytes = 0;        // free but held in a cache (block's cache, buddy's shared sizes)
-  uint64_t free_bytes = 0;          // capacity - allocated - cached
+  uint64_t capacity_bytes = 0;   // the pool (buddy) or the device budget (block, naive)
+  uint64_t allocated_bytes = 0;  // taken by live allocations
+  uint64_t requested_bytes = 0;  // what those allocations asked for
+  uint64_t cached_bytes = 0;     // free but held in a cache (block's cache, buddy's shared sizes)
+  uint64_t free_bytes = 0;       // capacity - allocated - cached
   // The largest request sure to fit now without touching caches: the largest free block (the
   // buddy allocator can also join adjacent free blocks: BuddyAllocator::largest_free_run_bytes).
   uint64_t largest_free_bytes = 0;
@@ -97,7 +97,7 @@ struct PoolStats {
   uint64_t splits = 0;
   uint64_t merges = 0;
   uint64_t cache_hits = 0;
-  uint64_t upstream_allocations = 0;    // device allocations made after start
+  uint64_t upstream_allocations = 0;  // device allocations made after start
   uint64_t upstream_releases = 0;
 
   // Rounding waste inside live allocations.
@@ -167,7 +167,7 @@ class CountingChunkSource final : public ChunkSource {
   uint64_t capacity_bytes_;
   uint64_t live_bytes_ = 0;
   uint64_t live_chunks_ = 0;
-  std::vector<uint64_t> bytes_;      // by chunk id; 0 = free id
+  std::vector<uint64_t> bytes_;  // by chunk id; 0 = free id
   std::vector<uint32_t> free_ids_;
 };
 

@@ -13,7 +13,6 @@ using scheduler::Source;
 
 int index_of(GpuId gpu) { return gpu.value(); }
 
-
 }  // namespace
 
 const char* phase_name(Phase phase) {
@@ -41,10 +40,10 @@ struct NodeCore::State {
     Phase phase = Phase::kQueued;
     bool background = false;
     Time arrival = 0;
-    bool swap_in_flight = false;      // a swap was started and has not reported
-    bool failed = false;              // the caller said so, or its GPU failed
-    bool done_said = false;           // done() came
-    bool awaited = false;             // await_start() waits for an answer
+    bool swap_in_flight = false;  // a swap was started and has not reported
+    bool failed = false;          // the caller said so, or its GPU failed
+    bool done_said = false;       // done() came
+    bool awaited = false;         // await_start() waits for an answer
     bool release_source = false;
     bool drop_source_from_view = false;
     std::optional<Decision> decision;  // once placed
@@ -85,7 +84,9 @@ struct NodeCore::State {
 
 NodeCore::NodeCore(const scheduler::Topology& topology, const NodeOptions& options,
                    Actuator& actuator)
-    : topology_(topology), options_(options), actuator_(actuator),
+    : topology_(topology),
+      options_(options),
+      actuator_(actuator),
       state_(std::make_unique<State>()) {}
 
 NodeCore::~NodeCore() = default;
@@ -146,8 +147,7 @@ Status NodeCore::remove_function(FunctionId id, Time now) {
   for (RequestId rid : mine) {
     State::Request& r = state_->requests.at(rid);
     if (r.awaited) {
-      r.start_error = error(ErrorCode::kDeinitialized, "function '", f->spec.name,
-                            "' was removed");
+      r.start_error = error(ErrorCode::kDeinitialized, "function '", f->spec.name, "' was removed");
       answer_start(rid, now);
     }
     state_->requests.erase(rid);
@@ -244,8 +244,8 @@ void NodeCore::need_gpu(FunctionId id, Time now) {
   // not weigh on its SLO statistics (RRC) or its execution times.
   auto arrived = scheduler_->arrive(id, now, /*background=*/true);
   if (!arrived.ok()) {
-    LOG(ERROR) << "function '" << f->spec.name << "': cannot queue a background request: "
-               << arrived.status();
+    LOG(ERROR) << "function '" << f->spec.name
+               << "': cannot queue a background request: " << arrived.status();
     return;
   }
   const RequestId rid = *arrived;
@@ -301,8 +301,7 @@ Status NodeCore::done(RequestId id, bool failed, Time now) {
       // The GPU is free once the function's work there has drained (released()).
       actuator_.end(id, r->function, Status());
       return Status();
-    case Phase::kEnding:
-      return Status();
+    case Phase::kEnding: return Status();
   }
   return Status();
 }
@@ -355,8 +354,8 @@ void NodeCore::released(RequestId id, const Status& status, Time now) {
     (void)scheduler_->load_done(id, now, false);
   }
   if (r->start_error.ok() && r->phase == Phase::kPlacing) {
-    r->start_error = status.ok() ? error(ErrorCode::kUnknown, "the lease ended before it started")
-                                 : status;
+    r->start_error =
+        status.ok() ? error(ErrorCode::kUnknown, "the lease ended before it started") : status;
   }
   answer_start(id, now);
   scheduler::Completion completion;
@@ -546,7 +545,9 @@ void NodeCore::evict(FunctionId function, GpuId gpu) {
   reserve_changed(gpu);
 }
 
-void NodeCore::reserve_changed(GpuId gpu) { state_->stale_reserves |= scheduler::gpu_bit(gpu.value()); }
+void NodeCore::reserve_changed(GpuId gpu) {
+  state_->stale_reserves |= scheduler::gpu_bit(gpu.value());
+}
 
 void NodeCore::refresh_reserves() {
   for (scheduler::GpuMask stale = state_->stale_reserves; stale != 0; stale &= stale - 1) {

@@ -58,8 +58,8 @@ struct NodeOptions {
 
 // What the caller knows about a function when it adds it.
 struct FunctionSpec {
-  std::string name;                // for logs and status
-  uint64_t model_bytes = 1;        // the model's size; 1 until a first run shows it (hiberd)
+  std::string name;          // for logs and status
+  uint64_t model_bytes = 1;  // the model's size; 1 until a first run shows it (hiberd)
   Duration slo = 0;
   double tail_percentile = 0.98;
   std::optional<bool> heavy_hint;
@@ -75,11 +75,11 @@ struct Start {
   FunctionId function;
   GpuId gpu;
   scheduler::Source source = scheduler::Source::kResident;
-  std::optional<GpuId> source_gpu;   // Source::kPeer: the GPU holding the replica to copy
+  std::optional<GpuId> source_gpu;  // Source::kPeer: the GPU holding the replica to copy
   // Source::kPeer: the copy is a move. Once swap_done() reports it complete, the core has the
   // actuator forget() the source replica.
   bool release_source = false;
-  bool background = false;           // need_gpu(), not a caller's request
+  bool background = false;  // need_gpu(), not a caller's request
   // The function's first caller request: what it loaded before is its model (hiberd fixes it).
   bool first_request = false;
   scheduler::PlacementRule rule = scheduler::PlacementRule::kWait;
@@ -91,7 +91,7 @@ struct StartInfo {
   scheduler::Source source = scheduler::Source::kResident;
   std::optional<GpuId> source_gpu;
   scheduler::PlacementRule rule = scheduler::PlacementRule::kWait;
-  Duration queued = 0;               // arrival to the answer
+  Duration queued = 0;  // arrival to the answer
 };
 
 // What a finished swap moved.
@@ -160,7 +160,7 @@ struct NodeStatus {
     std::vector<GpuId> resident_gpus;
   };
   std::vector<Gpu> gpus;
-  std::vector<Function> functions;     // by id
+  std::vector<Function> functions;  // by id
   uint64_t queued = 0;
   scheduler::SchedulerCounters counters;
   bool draining = false;

@@ -25,8 +25,7 @@ Evictor::Evictor(std::unique_ptr<EvictionPolicy> policy, const EvictionOptions& 
     : policy_(std::move(policy)), options_(options) {}
 
 bool Evictor::plan(int g, uint64_t bytes, std::optional<FunctionIndex> keep,
-                   const EvictionContext& ctx,
-                   std::vector<Eviction>* out) {
+                   const EvictionContext& ctx, std::vector<Eviction>* out) {
   const NodeState& node = ctx.node;
   const GpuState& gpu = node.gpu(g);
   // Not bytes - free_bytes(g): free_bytes is 0 on an over-committed GPU, which would hide the

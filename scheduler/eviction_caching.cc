@@ -30,8 +30,9 @@ class McacheEviction final : public EvictionPolicy {
     for (EvictionCandidate& c : candidates) {
       // A model cached since the last rebuild without passing on_loaded (reported loaded by
       // the caller) is ranked now, against the last snapshot, as IQ.set would have.
-      c.key = c.function.value() < has_rank_.size() && has_rank_[c.function.value()] ? rank_[c.function.value()]
-                                                                      : rank_now(c.function, ctx);
+      c.key = c.function.value() < has_rank_.size() && has_rank_[c.function.value()]
+                  ? rank_[c.function.value()]
+                  : rank_now(c.function, ctx);
       c.key2 = static_cast<double>(c.last_used);
     }
   }
@@ -126,10 +127,9 @@ class CremeBruleeEviction final : public EvictionPolicy {
 
   // Largest first among the greedy picks, until enough is free.
   void refine(std::vector<EvictionCandidate>& victims, uint64_t bytes_needed) const override {
-    std::stable_sort(victims.begin(), victims.end(),
-                     [](const EvictionCandidate& a, const EvictionCandidate& b) {
-                       return a.bytes > b.bytes;
-                     });
+    std::stable_sort(
+        victims.begin(), victims.end(),
+        [](const EvictionCandidate& a, const EvictionCandidate& b) { return a.bytes > b.bytes; });
     uint64_t freed = 0;
     size_t keep = 0;
     while (keep < victims.size() && freed < bytes_needed) freed += victims[keep++].bytes;

@@ -63,7 +63,9 @@ class FunctionQueues {
   int64_t tag(uint32_t entry) const { return entries_[entry].tag; }
   uint32_t front(FunctionIndex f) const { return lanes_[f.value()].head; }
   uint32_t next(uint32_t entry) const { return entries_[entry].next; }
-  uint32_t lane_size(FunctionIndex f) const { return f.value() < lanes_.size() ? lanes_[f.value()].size : 0; }
+  uint32_t lane_size(FunctionIndex f) const {
+    return f.value() < lanes_.size() ? lanes_[f.value()].size : 0;
+  }
   // Queued requests in all lanes.
   size_t size() const { return size_; }
 
@@ -109,7 +111,9 @@ class FunctionQueues {
   };
 
   static uint32_t slot_of(RequestId id) { return static_cast<uint32_t>(id.value()); }
-  bool less(FunctionIndex a, FunctionIndex b) const { return lanes_[a.value()].key < lanes_[b.value()].key; }
+  bool less(FunctionIndex a, FunctionIndex b) const {
+    return lanes_[a.value()].key < lanes_[b.value()].key;
+  }
   void place(size_t i, FunctionIndex f);
   void sift_up(size_t i);
   void sift_down(size_t i);

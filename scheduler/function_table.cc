@@ -62,7 +62,7 @@ WindowTotals SlidingWindow::without_expired(WindowTotals sum, int64_t end) const
 
 void SlidingWindow::slide_to(int64_t index) const {
   sum_ = newest_ == INT64_MIN || index - newest_ >= size() ? WindowTotals{}
-                                                            : without_expired(sum_, index);
+                                                           : without_expired(sum_, index);
   newest_ = index;
 }
 

@@ -10,8 +10,8 @@
 //     time (the GPU time from dispatch to completion, swap included).
 #pragma once
 
-#include <cstdint>
 #include <climits>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
@@ -106,11 +106,11 @@ class SlidingWindow {
 // What the node has seen of one function.
 struct FunctionStats {
   SlidingWindow window;
-  uint64_t requests = 0;      // all arrivals since registration (LFU's frequency)
+  uint64_t requests = 0;  // all arrivals since registration (LFU's frequency)
   Time registered_at = 0;
   Time last_arrival = 0;
-  MovingMean exec;            // resident executions: dispatch to done, no swap
-  MovingMean host_swap;       // host->GPU swaps: dispatch to swap finished
+  MovingMean exec;       // resident executions: dispatch to done, no swap
+  MovingMean host_swap;  // host->GPU swaps: dispatch to swap finished
 };
 
 class FunctionTable {

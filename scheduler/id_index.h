@@ -30,7 +30,7 @@ class IdIndex {
  private:
   static constexpr FunctionIndex kEmpty{UINT32_MAX};  // Slot::index of an empty slot
   struct Slot {
-    FunctionId id{0};                   // meaningful while not empty
+    FunctionId id{0};  // meaningful while not empty
     FunctionIndex index = kEmpty;
   };
   size_t home(FunctionId id) const;

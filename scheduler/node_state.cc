@@ -116,7 +116,8 @@ Status NodeState::check_invariants() const {
       const Replica& r = s.replicas[i];
       used += r.bytes;
       if (r.function.value() >= holders.size())
-        return error(ErrorCode::kIllegalState, "GPU ", g, " holds unknown function index ", r.function);
+        return error(ErrorCode::kIllegalState, "GPU ", g, " holds unknown function index ",
+                     r.function);
       for (size_t j = i + 1; j < s.replicas.size(); ++j) {
         if (s.replicas[j].function == r.function)
           return error(ErrorCode::kIllegalState, "GPU ", g, " holds two replicas of ", r.function);

@@ -23,16 +23,16 @@ namespace hiber::scheduler {
 struct Replica {
   FunctionIndex function{0};  // set by NodeState::add_replica
   uint64_t bytes = 0;
-  bool loading = false;        // bytes still in flight; complete once the swap finishes
-  uint32_t source_pins = 0;    // peer copies reading from this replica right now
-  Time last_used = 0;          // last dispatch or completion of a request on this replica
+  bool loading = false;      // bytes still in flight; complete once the swap finishes
+  uint32_t source_pins = 0;  // peer copies reading from this replica right now
+  Time last_used = 0;        // last dispatch or completion of a request on this replica
 };
 
 struct GpuState {
   uint64_t capacity = 0;  // bytes the scheduler may place models in (the GPU's memory)
   uint64_t reserved = 0;  // bytes used for anything but models, as the memory layer reports
   uint64_t used = 0;      // bytes of the replicas below, loading ones included
-  std::optional<RequestId> running;        // the request placed here, until it is done
+  std::optional<RequestId> running;  // the request placed here, until it is done
   std::optional<FunctionIndex> running_function;
   std::optional<FunctionIndex> host_loading;  // model in flight from the host (PCIe), if any
   std::vector<Replica> replicas;
@@ -51,7 +51,9 @@ class NodeState {
   // GPUs that may take requests; an unhealthy GPU is never available.
   GpuMask healthy() const { return healthy_; }
   // GPUs holding a complete replica of f: Algorithm 1's set M.
-  GpuMask holders(FunctionIndex f) const { return f.value() < holders_.size() ? holders_[f.value()] : 0; }
+  GpuMask holders(FunctionIndex f) const {
+    return f.value() < holders_.size() ? holders_[f.value()] : 0;
+  }
   // GPUs with a PCIe load in flight.
   GpuMask host_loading() const { return host_loading_mask_; }
 

@@ -64,7 +64,7 @@ class Algorithm1Placement final : public PlacementPolicy {
       return Placement{lowest(g), Source::kResident, -1, PlacementRule::kResident};
 
     const GpuMask available = candidates(f, ctx);  // A
-    if (available == 0) return Placement{};  // line 2: queue
+    if (available == 0) return Placement{};        // line 2: queue
 
     // Line 10-11: fastest link between an available GPU and a holder.
     if (holders != 0) {
@@ -111,9 +111,11 @@ class Algorithm1Placement final : public PlacementPolicy {
       if (all_light) light |= gpu_bit(g);
     }
     if (quiet != 0)
-      return Placement{most_free(quiet, node), Source::kHost, -1, PlacementRule::kHostQuietNeighbours};
+      return Placement{most_free(quiet, node), Source::kHost, -1,
+                       PlacementRule::kHostQuietNeighbours};
     if (light != 0)
-      return Placement{most_free(light, node), Source::kHost, -1, PlacementRule::kHostLightNeighbours};
+      return Placement{most_free(light, node), Source::kHost, -1,
+                       PlacementRule::kHostLightNeighbours};
     return Placement{most_free(available, node), Source::kHost, -1, PlacementRule::kHostAny};
   }
 };

@@ -42,13 +42,13 @@ namespace hiber::scheduler {
 
 // Which rule chose a placement; tests assert it and metrics count it.
 enum class PlacementRule : uint8_t {
-  kWait,                // no available GPU (that can hold the model)
-  kResident,            // Algorithm 1 line 8
-  kPeer,                // line 11
-  kHostQuietNeighbours, // line 13: no neighbour loading from the host
-  kHostLightNeighbours, // line 15: neighbours load light models only
-  kHostAny,             // line 17
-  kRandom,              // the "random" policy's host load
+  kWait,                 // no available GPU (that can hold the model)
+  kResident,             // Algorithm 1 line 8
+  kPeer,                 // line 11
+  kHostQuietNeighbours,  // line 13: no neighbour loading from the host
+  kHostLightNeighbours,  // line 15: neighbours load light models only
+  kHostAny,              // line 17
+  kRandom,               // the "random" policy's host load
 };
 
 const char* placement_rule_name(PlacementRule rule);

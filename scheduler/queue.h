@@ -180,8 +180,8 @@ struct QueueContext {
 
 // A queued request offered to the dispatcher. It stays queued until take().
 struct QueueCandidate {
-  RequestId request{0};     // set by QueuePolicy::next()
-  FunctionIndex function{0};  // set by QueuePolicy::next()
+  RequestId request{0};           // set by QueuePolicy::next()
+  FunctionIndex function{0};      // set by QueuePolicy::next()
   GpuMask allowed = ~GpuMask{0};  // the GPUs it may start on
   uint32_t entry = 0;             // the policy's own handles
   uint32_t lane = 0;

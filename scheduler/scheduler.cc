@@ -25,7 +25,7 @@ struct RequestSlot {
   Source source = Source::kResident;
   int source_gpu = -1;
   bool release_source = false;
-  bool pinned = false;  // holds a pin on its peer source replica
+  bool pinned = false;      // holds a pin on its peer source replica
   bool background = false;  // not a request of the function's callers (see arrive())
 };
 
@@ -159,14 +159,14 @@ struct Scheduler::Impl {
     const FunctionIndex f = r.function;
     const int g = p.gpu;
     Decision& d = out->emplace_back(Decision{.request = id,
-                                          .function = functions.id(f),
-                                          .gpu = g,
-                                          .source = p.source,
-                                          .source_gpu = p.source_gpu,
-                                          .rule = p.rule,
-                                          .evictions = victims,
-                                          .arrival = r.arrival,
-                                          .arrival_index = r.arrival_index});
+                                             .function = functions.id(f),
+                                             .gpu = g,
+                                             .source = p.source,
+                                             .source_gpu = p.source_gpu,
+                                             .rule = p.rule,
+                                             .evictions = victims,
+                                             .arrival = r.arrival,
+                                             .arrival_index = r.arrival_index});
     drop_victims();
     const uint64_t bytes = functions.spec(f).model_bytes;
     switch (p.source) {

@@ -74,7 +74,7 @@ struct Decision {
   FunctionId function;
   int gpu = -1;
   Source source = Source::kResident;
-  int source_gpu = -1;              // Source::kPeer: the GPU to copy from
+  int source_gpu = -1;  // Source::kPeer: the GPU to copy from
   PlacementRule rule = PlacementRule::kWait;
   // Replicas to free on `gpu` before the model is brought there, in order.
   std::vector<Eviction> evictions;
@@ -83,12 +83,12 @@ struct Decision {
   // its view by then). Keeps "at most one replica when memory is full" (§5.4).
   bool release_source = false;
   Time arrival = 0;
-  uint64_t arrival_index = 0;       // 0-based order of acceptance (oracle policies)
+  uint64_t arrival_index = 0;  // 0-based order of acceptance (oracle policies)
 };
 
 // How a request ended, as the caller saw it.
 struct Completion {
-  bool failed = false;   // the request did not produce an answer (counted as late)
+  bool failed = false;  // the request did not produce an answer (counted as late)
   // Execution time with the model resident, if the caller measured it apart from the swap;
   // < 0: unknown (for a resident start the scheduler then takes dispatch -> done).
   Duration exec = -1;
@@ -107,13 +107,13 @@ struct RequestInfo {
 };
 
 struct SchedulerCounters {
-  uint64_t arrivals = 0;     // requests of the functions' callers (not background ones)
-  uint64_t background = 0;   // background requests (arrive(..., background = true))
-  uint64_t dispatched = 0;   // requests started, background ones included
-  uint64_t completed = 0;  // callers' requests that ended (done, or cancelled once dispatched)
-  uint64_t on_time = 0;    // of those, within their SLO and not failed
-  uint64_t failed = 0;     // of those, failed (a cancelled dispatched request is one)
-  uint64_t cancelled = 0;  // cancel(), and queued requests of unregistered functions
+  uint64_t arrivals = 0;    // requests of the functions' callers (not background ones)
+  uint64_t background = 0;  // background requests (arrive(..., background = true))
+  uint64_t dispatched = 0;  // requests started, background ones included
+  uint64_t completed = 0;   // callers' requests that ended (done, or cancelled once dispatched)
+  uint64_t on_time = 0;     // of those, within their SLO and not failed
+  uint64_t failed = 0;      // of those, failed (a cancelled dispatched request is one)
+  uint64_t cancelled = 0;   // cancel(), and queued requests of unregistered functions
   uint64_t resident_starts = 0;
   uint64_t peer_swaps = 0;
   uint64_t host_swaps = 0;

@@ -65,8 +65,9 @@ Result<Topology> Topology::from_config(const NodeConfig& config) {
           static_cast<int>(std::find(speeds.begin(), speeds.end(), gbps) - speeds.begin());
       t.peers_by_speed_[a].push_back(b);
     }
-    std::stable_sort(t.peers_by_speed_[a].begin(), t.peers_by_speed_[a].end(),
-                     [&](int x, int y) { return t.peer_gbps_[a * n + x] > t.peer_gbps_[a * n + y]; });
+    std::stable_sort(t.peers_by_speed_[a].begin(), t.peers_by_speed_[a].end(), [&](int x, int y) {
+      return t.peer_gbps_[a * n + x] > t.peer_gbps_[a * n + y];
+    });
   }
   return t;
 }

@@ -92,44 +92,42 @@ Status ControlService::answer(const wire::Message& message, ReplySender send) {
   const wire::ProtocolVersion ours = wire::current_protocol_version();
   if (request->version.major != ours.major) {
     send(error_frame(error(ErrorCode::kNotSupported, "protocol ", request->version.major,
-                           " is not supported; this hiberd speaks ", ours.major, ".",
-                           ours.minor)));
+                           " is not supported; this hiberd speaks ", ours.major, ".", ours.minor)));
     return Status();
   }
   // Replies to the controller's calls come back on its thread.
   auto reply_ok = [send](Result<Controller::Ok> done) {
     send(reply_frame(done.ok() ? control::Reply(control::Ok{}) : control::Reply(done.status())));
   };
-  std::visit(
-      Overloaded{
-          [&](const control::StatusQuery&) { answer_status(send); },
-          [&](const control::Ping&) { send(reply_frame(control::Reply(control::Pong{}))); },
-          [&](const wire::FunctionRegistration& f) {
-            auto registration = registration_of(f);
-            if (!registration.ok()) return send(error_frame(registration.status()));
-            controller_.register_function(*registration, reply_ok);
-          },
-          [&](const control::UnregisterFunction& u) {
-            controller_.unregister_function(u.function_id, reply_ok);
-          },
-          [&](const control::RequestArrived& a) {
-            controller_.request_arrived(a.function_id, [send](Result<uint64_t> id) {
-              if (!id.ok()) return send(error_frame(id.status()));
-              send(reply_frame(control::Reply(control::Accepted{*id})));
-            });
-          },
-          [&](const control::RequestStart& s) {
-            controller_.request_start(s.request_id, [send](Result<wire::Started> started) {
-              if (!started.ok()) return send(error_frame(started.status()));
-              send(reply_frame(control::Reply(*started)));
-            });
-          },
-          [&](const wire::RequestDone& d) {
-            controller_.request_done(d.request_id, d.failed, reply_ok);
-          },
-          [&](const wire::Drain& d) { controller_.drain(d.gpu, d.resume, reply_ok); },
-      },
-      request->body);
+  std::visit(Overloaded{
+                 [&](const control::StatusQuery&) { answer_status(send); },
+                 [&](const control::Ping&) { send(reply_frame(control::Reply(control::Pong{}))); },
+                 [&](const wire::FunctionRegistration& f) {
+                   auto registration = registration_of(f);
+                   if (!registration.ok()) return send(error_frame(registration.status()));
+                   controller_.register_function(*registration, reply_ok);
+                 },
+                 [&](const control::UnregisterFunction& u) {
+                   controller_.unregister_function(u.function_id, reply_ok);
+                 },
+                 [&](const control::RequestArrived& a) {
+                   controller_.request_arrived(a.function_id, [send](Result<uint64_t> id) {
+                     if (!id.ok()) return send(error_frame(id.status()));
+                     send(reply_frame(control::Reply(control::Accepted{*id})));
+                   });
+                 },
+                 [&](const control::RequestStart& s) {
+                   controller_.request_start(s.request_id, [send](Result<wire::Started> started) {
+                     if (!started.ok()) return send(error_frame(started.status()));
+                     send(reply_frame(control::Reply(*started)));
+                   });
+                 },
+                 [&](const wire::RequestDone& d) {
+                   controller_.request_done(d.request_id, d.failed, reply_ok);
+                 },
+                 [&](const wire::Drain& d) { controller_.drain(d.gpu, d.resume, reply_ok); },
+             },
+             request->body);
   return Status();
 }
 

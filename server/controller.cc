@@ -29,7 +29,7 @@ struct Controller::State {
   // A function the node knows: registered by the router, or an instance that connected on its
   // own (a program run by hand), which is forgotten when it disconnects.
   struct Tenant {
-    std::string name;                  // the function id; ad-hoc sessions get "<id>#<session>"
+    std::string name;  // the function id; ad-hoc sessions get "<id>#<session>"
     bool registered = false;
     Registration registration;
     LeaseHolder* session = nullptr;
@@ -88,8 +88,8 @@ Result<std::unique_ptr<Controller>> Controller::create(device::Device& device,
   }
   auto state = std::make_unique<State>();
   state->service.resize(device.gpu_count());
-  HIBER_ASSIGN_OR_RETURN(state->core, node::NodeCore::create(*controller->topology_, core_options,
-                                                             *controller));
+  HIBER_ASSIGN_OR_RETURN(state->core,
+                         node::NodeCore::create(*controller->topology_, core_options, *controller));
   controller->state_ = std::move(state);
   LOG(INFO) << "controller: placement " << options.scheduler.placement << ", eviction "
             << options.scheduler.eviction << ", queue " << options.scheduler.queue << ", "
@@ -172,7 +172,8 @@ Result<SessionPlan> Controller::admit(const std::string& function_id, uint64_t r
     plan.memory.stateful = r.stateful;
     if (r.quota_bytes != 0) quota = r.quota_bytes;
   }
-  if (quota == 0) quota = options_.default_quota_bytes != 0 ? options_.default_quota_bytes : one_gpu;
+  if (quota == 0)
+    quota = options_.default_quota_bytes != 0 ? options_.default_quota_bytes : one_gpu;
   if (quota > max_quota) {
     return error(ErrorCode::kOutOfMemory, "a quota of ", quota, " bytes is above the maximum of ",
                  max_quota);
@@ -284,12 +285,14 @@ void Controller::register_function(const Registration& registration, Reply<Ok> r
   Registration r = registration;
   if (r.tail_percentile == 0) r.tail_percentile = 0.98;
   if (r.function_id.empty() || r.function_id.find('#') != std::string::npos) {
-    reply(error(ErrorCode::kInvalidValue, "registerFunction: a function id must be non-empty "
-                                          "and must not contain '#'"));
+    reply(error(ErrorCode::kInvalidValue,
+                "registerFunction: a function id must be non-empty "
+                "and must not contain '#'"));
     return;
   }
   if (!(r.slo > 0) || !(r.tail_percentile > 0 && r.tail_percentile < 1)) {
-    reply(error(ErrorCode::kInvalidValue, "registerFunction '", r.function_id, "': the SLO must be > 0 "
+    reply(error(ErrorCode::kInvalidValue, "registerFunction '", r.function_id,
+                "': the SLO must be > 0 "
                 "and the tail percentile in (0, 1)"));
     return;
   }
@@ -304,7 +307,8 @@ void Controller::register_function(const Registration& registration, Reply<Ok> r
   {
     MutexLock lock(registry_mutex_);
     if (registry_.count(r.function_id) != 0) {
-      reply(error(ErrorCode::kInvalidValue, "function '", r.function_id, "' is already registered"));
+      reply(
+          error(ErrorCode::kInvalidValue, "function '", r.function_id, "' is already registered"));
       return;
     }
     id = FunctionId{next_function_++};
@@ -356,8 +360,7 @@ void Controller::on_unregister(const std::string& function_id, Reply<Ok>& reply)
   }
   if (t->session != nullptr) {
     reply(error(ErrorCode::kIllegalState, "function '", function_id,
-                "' still has a connected instance (session ", *t->session_id,
-                "); stop it first"));
+                "' still has a connected instance (session ", *t->session_id, "); stop it first"));
     return;
   }
   const FunctionId id = s.by_name.at(function_id);
@@ -376,7 +379,9 @@ void Controller::on_unregister(const std::string& function_id, Reply<Ok>& reply)
 }
 
 void Controller::request_arrived(const std::string& function_id, Reply<uint64_t> reply) {
-  post([this, function_id, reply = std::move(reply)](State&) mutable { on_arrived(function_id, reply); });
+  post([this, function_id, reply = std::move(reply)](State&) mutable {
+    on_arrived(function_id, reply);
+  });
 }
 
 void Controller::on_arrived(const std::string& function_id, Reply<uint64_t>& reply) {
@@ -425,7 +430,9 @@ void Controller::request_done(uint64_t request, bool failed, Reply<Ok> reply) {
 }
 
 void Controller::drain(int gpu, bool resume, Reply<Ok> reply) {
-  post([this, gpu, resume, reply = std::move(reply)](State&) mutable { on_drain(gpu, resume, reply); });
+  post([this, gpu, resume, reply = std::move(reply)](State&) mutable {
+    on_drain(gpu, resume, reply);
+  });
 }
 
 void Controller::on_drain(int gpu, bool resume, Reply<Ok>& reply) {

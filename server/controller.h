@@ -46,8 +46,8 @@
 #include "common/ids.h"
 #include "common/mailbox.h"
 #include "common/mutex.h"
-#include "common/thread_annotations.h"
 #include "common/status.h"
+#include "common/thread_annotations.h"
 #include "node/node_core.h"
 #include "scheduler/scheduler.h"
 #include "scheduler/topology.h"
@@ -60,19 +60,18 @@
 
 namespace hiber::server {
 
-
 struct ControllerOptions {
   scheduler::SchedulerOptions scheduler;
   DevicePoolsOptions pools;
   ModelRepositoryOptions repository;
   // Transfer groups of a swap. 0: measure the elbow at start (or load it from elbow_cache).
   uint64_t swap_group_bytes = 0;
-  std::string elbow_cache;            // file remembering the measured elbow; "" = none
+  std::string elbow_cache;  // file remembering the measured elbow; "" = none
   bool pipelined = true;
   // For functions that connect without being registered (a program run by hand).
   scheduler::Duration default_slo = 10 * scheduler::kSecond;
-  uint64_t default_quota_bytes = 0;   // 0: one GPU's pool
-  uint64_t max_quota_bytes = 0;       // 0: one GPU's pool
+  uint64_t default_quota_bytes = 0;  // 0: one GPU's pool
+  uint64_t max_quota_bytes = 0;      // 0: one GPU's pool
 };
 
 // What the router registers (control.capnp FunctionRegistration).
@@ -80,7 +79,7 @@ struct Registration {
   std::string function_id;
   scheduler::Duration slo = 0;
   double tail_percentile = 0.98;
-  uint64_t quota_bytes = 0;           // 0: the default
+  uint64_t quota_bytes = 0;  // 0: the default
   bool stateful = false;
   std::optional<bool> heavy_hint;
   scheduler::Duration exec_hint = 0;
@@ -88,7 +87,7 @@ struct Registration {
 
 // What a function's session is created with.
 struct SessionPlan {
-  FunctionId function{0};             // owns the session's blocks
+  FunctionId function{0};  // owns the session's blocks
   uint64_t quota_bytes = 0;
   FunctionMemoryOptions memory;
 };
@@ -98,7 +97,7 @@ struct ControllerStatus {
   struct Gpu {
     bool healthy = true;
     bool drained = false;
-    std::string running;              // function id, "" when idle
+    std::string running;  // function id, "" when idle
     uint64_t pool_bytes = 0;
     memory::PoolStats pool;
     uint64_t swaps_in = 0;

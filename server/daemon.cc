@@ -37,7 +37,8 @@ Result<sockaddr_un> unix_address(const std::string& path) {
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   if (path.size() >= sizeof addr.sun_path) {
-    return error(ErrorCode::kInvalidValue, "socket path too long (", path.size(), " bytes): ", path);
+    return error(ErrorCode::kInvalidValue, "socket path too long (", path.size(),
+                 " bytes): ", path);
   }
   std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
   return addr;
@@ -127,9 +128,9 @@ Result<std::unique_ptr<Daemon>> Daemon::create(device::Device& device, DaemonOpt
   UniqueFd signal_fd(::signalfd(-1, &signals, SFD_CLOEXEC | SFD_NONBLOCK));
   if (!signal_fd) return os_error("signalfd", errno);
 
-  return std::unique_ptr<Daemon>(new Daemon(
-      device, std::move(options), std::move(controller).value(), std::move(loop).value(),
-      std::move(functions).value(), std::move(control).value(), std::move(signal_fd)));
+  return std::unique_ptr<Daemon>(
+      new Daemon(device, std::move(options), std::move(controller).value(), std::move(loop).value(),
+                 std::move(functions).value(), std::move(control).value(), std::move(signal_fd)));
 }
 
 Daemon::Daemon(device::Device& device, DaemonOptions options,
@@ -213,8 +214,7 @@ void Daemon::arm_signals() {
     auto* info = reinterpret_cast<signalfd_siginfo*>(signal_buffer_.data());
     const char* name = info->ssi_signo == SIGINT ? "SIGINT" : "SIGTERM";
     if (shutting_down_) {
-      LOG(ERROR) << name << " again: exiting without waiting for " << live_sessions_
-                 << " sessions";
+      LOG(ERROR) << name << " again: exiting without waiting for " << live_sessions_ << " sessions";
       std::_Exit(2);
     }
     begin_shutdown(name);
@@ -272,37 +272,38 @@ IoLoop::Handler Daemon::track(Connection& connection,
 
 void Daemon::receive_frame(Connection& connection) {
   connection.state = Connection::State::kReading;
-  loop_->recv(connection.fd.get(), connection.buffer, track(connection, [this](Connection& c, int n) {
-    // The connection may have been refused meanwhile (a time-out, shutdown); then this read is
-    // only the socket shutting down.
-    if (c.state != Connection::State::kReading) return;
-    if (n <= 0) {
-      close_connection(c, n == 0 ? "peer closed the connection" : std::strerror(-n));
-      return;
-    }
-    std::span<const std::byte> bytes(c.buffer.data(), static_cast<size_t>(n));
-    size_t used = c.reader.feed(bytes);
-    if (!c.reader.error().ok()) {
-      ++counters_.malformed_messages;
-      reject(c, c.reader.error());
-      return;
-    }
-    if (!c.reader.complete()) {
-      receive_frame(c);
-      return;
-    }
-    if (used != bytes.size()) {
-      ++counters_.malformed_messages;
-      reject(c, Status(ErrorCode::kInvalidValue,
-                       "bytes after the request: send one message and wait for the answer"));
-      return;
-    }
-    if (c.control) {
-      on_control_request(c);
-    } else {
-      on_hello(c);
-    }
-  }));
+  loop_->recv(
+      connection.fd.get(), connection.buffer, track(connection, [this](Connection& c, int n) {
+        // The connection may have been refused meanwhile (a time-out, shutdown); then this read is
+        // only the socket shutting down.
+        if (c.state != Connection::State::kReading) return;
+        if (n <= 0) {
+          close_connection(c, n == 0 ? "peer closed the connection" : std::strerror(-n));
+          return;
+        }
+        std::span<const std::byte> bytes(c.buffer.data(), static_cast<size_t>(n));
+        size_t used = c.reader.feed(bytes);
+        if (!c.reader.error().ok()) {
+          ++counters_.malformed_messages;
+          reject(c, c.reader.error());
+          return;
+        }
+        if (!c.reader.complete()) {
+          receive_frame(c);
+          return;
+        }
+        if (used != bytes.size()) {
+          ++counters_.malformed_messages;
+          reject(c, Status(ErrorCode::kInvalidValue,
+                           "bytes after the request: send one message and wait for the answer"));
+          return;
+        }
+        if (c.control) {
+          on_control_request(c);
+        } else {
+          on_hello(c);
+        }
+      }));
 }
 
 void Daemon::send_frame(Connection& connection, std::vector<std::byte> frame, int attach_fd,
@@ -407,7 +408,8 @@ void Daemon::on_hello(Connection& connection) {
     reject(connection, admitted);
     return;
   }
-  auto plan = controller_->admit(hello->function_id, hello->requested_quota_bytes, next_session_id_);
+  auto plan =
+      controller_->admit(hello->function_id, hello->requested_quota_bytes, next_session_id_);
   if (!plan.ok()) {
     reject(connection, plan.status());
     return;
@@ -416,8 +418,8 @@ void Daemon::on_hello(Connection& connection) {
   config.function = plan->function;
   config.quota_bytes = plan->quota_bytes;
   // Room around the quota for the client's placement to fragment.
-  config.va_bytes = std::max<uint64_t>(round_up(config.quota_bytes + config.quota_bytes / 4, 1 << 21),
-                                       64 << 20);
+  config.va_bytes =
+      std::max<uint64_t>(round_up(config.quota_bytes + config.quota_bytes / 4, 1 << 21), 64 << 20);
   config.channel = options_.channel;
   config.implicit_lease_idle = options_.implicit_lease_idle;
   config.memory = plan->memory;
@@ -483,10 +485,9 @@ void Daemon::on_session_exit(uint64_t connection_id) {
 void Daemon::on_control_request(Connection& connection) {
   ++counters_.control_requests;
   const uint64_t id = connection.id;
-  Status read = control_->answer(connection.reader.message(),
-                                 [this, id](Result<std::vector<std::byte>> frame) {
-                                   reply_later(id, std::move(frame));
-                                 });
+  Status read = control_->answer(
+      connection.reader.message(),
+      [this, id](Result<std::vector<std::byte>> frame) { reply_later(id, std::move(frame)); });
   if (!read.ok()) {
     ++counters_.malformed_messages;
     reject(connection, read);

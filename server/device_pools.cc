@@ -16,7 +16,8 @@ class DevicePools::DeviceChunks final : public memory::ChunkSource {
   ~DeviceChunks() override {
     for (const auto& [id, memory] : chunks_) {
       Status released = device_.release_physical(memory);
-      LOG_IF(ERROR, !released.ok()) << "GPU " << gpu_ << ": releasing chunk " << id << ": " << released;
+      LOG_IF(ERROR, !released.ok())
+          << "GPU " << gpu_ << ": releasing chunk " << id << ": " << released;
     }
   }
 
@@ -38,7 +39,8 @@ class DevicePools::DeviceChunks final : public memory::ChunkSource {
       chunks_.erase(it);
     }
     Status released = device_.release_physical(memory);
-    LOG_IF(ERROR, !released.ok()) << "GPU " << gpu_ << ": releasing chunk " << chunk << ": " << released;
+    LOG_IF(ERROR, !released.ok()) << "GPU " << gpu_ << ": releasing chunk " << chunk << ": "
+                                  << released;
   }
 
   Result<device::PhysicalMemory> find(uint32_t chunk) const {
@@ -81,7 +83,8 @@ Result<std::unique_ptr<DevicePools>> DevicePools::create(device::Device& device,
       const uint64_t unit = std::max(granularity, options.buddy.min_block_bytes);
       // As few chunks as chunk_bytes allows, of equal size, covering all but the reserve.
       const uint64_t usable = info.free_bytes - options.reserve_bytes;
-      const uint64_t count = (usable + options.chunk_bytes - 1) / std::max<uint64_t>(options.chunk_bytes, 1);
+      const uint64_t count =
+          (usable + options.chunk_bytes - 1) / std::max<uint64_t>(options.chunk_bytes, 1);
       const uint64_t chunk = usable / std::max<uint64_t>(count, 1) / unit * unit;
       if (chunk == 0) {
         return error(ErrorCode::kOutOfMemory, "GPU ", g, ": less than one block (", unit,

@@ -77,7 +77,8 @@ Result<std::vector<ElbowSample>> measure_transfers(device::Device& device,
     event = *e;
     double rate = 0;  // bytes per second, from the last size
     for (uint64_t size = kSmallest; size <= largest; size *= 2) {
-      if (rate > 0 && static_cast<double>(size) / rate > std::chrono::duration<double>(kSlowCopy).count()) {
+      if (rate > 0 &&
+          static_cast<double>(size) / rate > std::chrono::duration<double>(kSlowCopy).count()) {
         break;
       }
       uint64_t count = std::max<uint64_t>(1, kBytesPerTrial / size);

@@ -16,8 +16,8 @@
 namespace hiber::server {
 
 struct ElbowSample {
-  uint64_t bytes = 0;   // one transfer
-  double gbps = 0;      // throughput of back-to-back transfers of this size
+  uint64_t bytes = 0;  // one transfer
+  double gbps = 0;     // throughput of back-to-back transfers of this size
 };
 
 // The elbow of `samples` (ascending sizes): the smallest size reaching `fraction` of the best

@@ -252,8 +252,8 @@ void FunctionMemory::settle() {
   if (loading_.empty() || !swap_.complete() || !loading_gpu_) return;
   const int gpu = *loading_gpu_;
   if (swap_.failed()) {
-    LOG(WARNING) << "function memory " << owner_ << ": a swap onto GPU " << gpu
-                 << " failed; its " << loading_.size() << " blocks stay invalid there";
+    LOG(WARNING) << "function memory " << owner_ << ": a swap onto GPU " << gpu << " failed; its "
+                 << loading_.size() << " blocks stay invalid there";
   } else {
     for (uint64_t va : loading_) {
       const VirtualBlock* block = table_.block_at(va);
@@ -273,7 +273,8 @@ Status FunctionMemory::bind(const Lease& lease, device::Stream swap_stream, Swap
   MutexLock lock(mutex_);
   const int gpu = lease.gpu.value();
   if (bound_gpu_) {
-    return error(ErrorCode::kIllegalState, "bind to GPU ", gpu, " while bound to GPU ", *bound_gpu_);
+    return error(ErrorCode::kIllegalState, "bind to GPU ", gpu, " while bound to GPU ",
+                 *bound_gpu_);
   }
   settle();
   // 1. Every block gets a place on the GPU (scratch too: re-placed, not copied), and scratch
@@ -480,8 +481,7 @@ void FunctionMemory::note(const VirtualBlock& block, bool write,
   // Writes matter only where the GPU copy may be newer than the host's: state, and everything
   // of a function before its first request. A plain function's host copy of its model is
   // authoritative whatever the function writes.
-  const bool tracked =
-      block.kind == BlockKind::kModel && (options_.stateful || !model_fixed_);
+  const bool tracked = block.kind == BlockKind::kModel && (options_.stateful || !model_fixed_);
   if (write && tracked && bound_gpu_) {
     if (!block.dirty) (void)table_.set_dirty(block.va, true);
     // Written here: copies on other GPUs are stale now.
@@ -527,7 +527,8 @@ void FunctionMemory::storing(uint64_t dst, std::span<const std::byte> data) {
   MutexLock lock(mutex_);
   const memory::PointerTarget target = table_.resolve(dst);
   if (!target.found() || extra_[target.block->va].pointer_table) return;
-  if (memory::holds_block_pointers(table_, dst, data)) extra_[target.block->va].pointer_table = true;
+  if (memory::holds_block_pointers(table_, dst, data))
+    extra_[target.block->va].pointer_table = true;
 }
 
 void FunctionMemory::copying(uint64_t dst, uint64_t src) {
@@ -603,8 +604,8 @@ Result<uint64_t> FunctionMemory::evict(GpuId from, device::Stream stream) {
       const uint64_t bytes = table_.block_at(back[i])->bytes;
       copied = make_host_copy(back[i], bytes);
       if (copied.ok()) {
-        copied = device_.copy_device_to_host(stream, extra_[back[i]].host.data, pieces[i].va,
-                                             bytes);
+        copied =
+            device_.copy_device_to_host(stream, extra_[back[i]].host.data, pieces[i].va, bytes);
       }
     }
     if (copied.ok()) copied = device_.synchronize_stream(stream);

@@ -45,9 +45,9 @@
 #include <functional>
 #include <memory>
 #include <optional>
-#include <unordered_map>
 #include <span>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "common/ids.h"
@@ -81,11 +81,10 @@ class FunctionMemory {
  public:
   // Reserves the function's address range of `va_bytes` (rounded to the granularity).
   // `owner` names the function in the pools' accounting.
-  static Result<std::shared_ptr<FunctionMemory>> create(device::Device& device,
-                                                        DevicePools& pools,
+  static Result<std::shared_ptr<FunctionMemory>> create(device::Device& device, DevicePools& pools,
                                                         ModelRepository& repository,
-                                                        memory::FunctionId owner,
-                                                        uint64_t va_bytes, uint64_t quota_bytes,
+                                                        memory::FunctionId owner, uint64_t va_bytes,
+                                                        uint64_t quota_bytes,
                                                         const FunctionMemoryOptions& options);
   // release_all(), then frees the address range.
   ~FunctionMemory();
@@ -155,13 +154,13 @@ class FunctionMemory {
  private:
   // What the block table does not keep about a block.
   struct Extra {
-    HostCopy host;            // its host copy, once made
-    bool fresh = true;        // never placed: it has no contents anywhere yet
-    int32_t group = -1;       // the swap group that completes it under the current lease
-    bool ordered = false;     // in access_order_
+    HostCopy host;               // its host copy, once made
+    bool fresh = true;           // never placed: it has no contents anywhere yet
+    int32_t group = -1;          // the swap group that completes it under the current lease
+    bool ordered = false;        // in access_order_
     bool pointer_table = false;  // holds pointers to the function's blocks: see storing()
   };
-  struct Window {             // a source of peer copies, mapped for the copy only
+  struct Window {  // a source of peer copies, mapped for the copy only
     uint64_t va = 0;
     uint64_t bytes = 0;
     std::vector<std::pair<uint64_t, uint64_t>> mapped;

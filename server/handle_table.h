@@ -39,7 +39,7 @@ struct ClientStream {
   int32_t priority = 0;
   std::vector<std::optional<device::Stream>> per_gpu;
   std::optional<int> last_gpu;  // where its latest work went
-  Status drained_error;  // the first failure of work drained when a lease ended
+  Status drained_error;         // the first failure of work drained when a lease ended
 };
 
 // A client event: one device event per GPU it was recorded on.

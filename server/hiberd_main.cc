@@ -47,28 +47,37 @@ DEFINE_string(allowed_uids, "",
               "Comma-separated uids allowed to connect (default: root and hiberd's own uid)");
 DEFINE_uint64(default_quota_mib, 0,
               "Device memory per session when a function asks for none (0: one GPU's pool)");
-DEFINE_uint64(max_quota_mib, 0, "The most device memory a function may ask for (0: one GPU's pool)");
+DEFINE_uint64(max_quota_mib, 0,
+              "The most device memory a function may ask for (0: one GPU's pool)");
 // Late binding (docs/hiberd.md, "Late binding").
-DEFINE_string(placement, "algorithm1", "GPU choice per request: algorithm1 (Torpor's Algorithm 1) "
-                                       "or random (the Torpor-Random ablation)");
-DEFINE_string(eviction, "heaviness", "Which models leave a full GPU: heaviness (Torpor), lru, lfu, "
-                                     "random, mcache or cremebrulee");
+DEFINE_string(placement, "algorithm1",
+              "GPU choice per request: algorithm1 (Torpor's Algorithm 1) "
+              "or random (the Torpor-Random ablation)");
+DEFINE_string(eviction, "heaviness",
+              "Which models leave a full GPU: heaviness (Torpor), lru, lfu, "
+              "random, mcache or cremebrulee");
 DEFINE_string(queue, "rrc", "Request order: rrc (Torpor's SLO-aware queue), fifo or gshare");
 DEFINE_uint64(scheduler_seed, 1, "Seed of the scheduler's random choices (random policies)");
-DEFINE_string(memory_pool, "buddy", "GPU memory management: buddy (pools reserved at start), block "
-                                    "(Torpor-Block: a cache of device allocations) or naive (one "
-                                    "device allocation per block)");
-DEFINE_uint64(gpu_reserve_mib, 512, "GPU memory left out of the pool (driver, contexts, libraries)");
+DEFINE_string(memory_pool, "buddy",
+              "GPU memory management: buddy (pools reserved at start), block "
+              "(Torpor-Block: a cache of device allocations) or naive (one "
+              "device allocation per block)");
+DEFINE_uint64(gpu_reserve_mib, 512,
+              "GPU memory left out of the pool (driver, contexts, libraries)");
 DEFINE_uint64(pool_chunk_mib, 4096, "Size of the chunks each GPU's pool is reserved in");
-DEFINE_uint64(host_pool_chunk_mib, 1024, "Host memory for model copies is pinned in chunks of this");
+DEFINE_uint64(host_pool_chunk_mib, 1024,
+              "Host memory for model copies is pinned in chunks of this");
 DEFINE_uint64(host_pool_max_mib, 65536, "The most host memory model copies may take");
-DEFINE_bool(pinned_host_copies, true, "Keep model copies in pinned host memory (false: pageable, "
-                                      "for the swap ablation)");
-DEFINE_uint64(swap_group_kib, 0, "Bytes per swap transfer group, KiB; 0 = the elbow hiberd "
-                                 "measures on this node (see --elbow_cache)");
+DEFINE_bool(pinned_host_copies, true,
+            "Keep model copies in pinned host memory (false: pageable, "
+            "for the swap ablation)");
+DEFINE_uint64(swap_group_kib, 0,
+              "Bytes per swap transfer group, KiB; 0 = the elbow hiberd "
+              "measures on this node (see --elbow_cache)");
 DEFINE_string(elbow_cache, "", "File remembering the measured elbow (default: <run_dir>/elbow)");
-DEFINE_bool(pipelined, true, "Kernels wait only for the swap groups their arguments touch (false: "
-                             "for the whole model)");
+DEFINE_bool(pipelined, true,
+            "Kernels wait only for the swap groups their arguments touch (false: "
+            "for the whole model)");
 DEFINE_uint64(implicit_lease_idle_us, 5000,
               "A GPU used outside any request goes back after this long without a GPU call");
 DEFINE_double(default_slo_ms, 10000, "The SLO of functions that connect without being registered");
@@ -141,8 +150,8 @@ Result<server::DaemonOptions> make_options(const std::string& run_dir) {
   options.socket_path = FLAGS_socket.empty() ? function_socket_path(run_dir) : FLAGS_socket;
   options.control_socket_path =
       FLAGS_control_socket.empty() ? control_socket_path(run_dir) : FLAGS_control_socket;
-  auto token = server::load_or_create_token(
-      FLAGS_auth_token_file.empty() ? auth_token_path(run_dir) : FLAGS_auth_token_file);
+  auto token = server::load_or_create_token(FLAGS_auth_token_file.empty() ? auth_token_path(run_dir)
+                                                                          : FLAGS_auth_token_file);
   if (!token.ok()) return token.status();
   options.auth_token = *token;
   if (FLAGS_allowed_uids.empty()) {
@@ -198,7 +207,8 @@ Status prepare_run_dir(const std::string& run_dir) {
   }
   struct stat st {};
   if (::lstat(run_dir.c_str(), &st) != 0) {
-    return error(ErrorCode::kOperatingSystem, "run directory ", run_dir, ": ", std::strerror(errno));
+    return error(ErrorCode::kOperatingSystem, "run directory ", run_dir, ": ",
+                 std::strerror(errno));
   }
   if (!S_ISDIR(st.st_mode)) {
     return error(ErrorCode::kNotPermitted, "run directory ", run_dir, " is not a directory");

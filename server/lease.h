@@ -9,8 +9,8 @@
 // another GPU: the function never notices.
 //
 // The session talks to the controller through GpuLessor; the controller talks to the session
-// through LeaseHolder (grant(), end_lease() and fail()), which Session implements. Neither side ever waits
-// for the other while holding its own locks, so they cannot deadlock: everything except
+// through LeaseHolder (grant(), end_lease() and fail()), which Session implements. Neither side
+// ever waits for the other while holding its own locks, so they cannot deadlock: everything except
 // make_room() is a message.
 #pragma once
 
@@ -30,20 +30,20 @@ class FunctionMemory;
 
 // One grant of a GPU to a session.
 struct Lease {
-  RequestId id;                    // the request it serves
+  RequestId id;  // the request it serves
   GpuId gpu;
-  bool implicit = false;           // asked for by the session, not announced by the router
+  bool implicit = false;  // asked for by the session, not announced by the router
   scheduler::Source source = scheduler::Source::kHost;  // where the model's bytes come from
   std::optional<GpuId> source_gpu;  // Source::kPeer: the GPU holding the replica to copy
-  bool release_source = false;     // Source::kPeer: free the source replica once copied
-  bool first_request = false;      // the function's first router request: the model is fixed
+  bool release_source = false;      // Source::kPeer: free the source replica once copied
+  bool first_request = false;       // the function's first router request: the model is fixed
 };
 
 // What a swap moved, for the scheduler's heaviness measurements and the status report.
 struct SwapReport {
   uint64_t bytes = 0;
   uint32_t groups = 0;
-  int64_t duration_ns = 0;         // from the first copy enqueued to the last group done
+  int64_t duration_ns = 0;  // from the first copy enqueued to the last group done
 };
 
 // The controller's side, as a session sees it. Thread-safe; called from session threads and

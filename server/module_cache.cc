@@ -35,8 +35,8 @@ std::string to_hex(const Sha256& digest) {
 
 // An image loaded, or being loaded by one caller while others wait for it.
 struct ModuleCache::Entry {
-  bool loading = true;      // a caller is in Device::load_module for it
-  device::Module module;    // once loaded
+  bool loading = true;    // a caller is in Device::load_module for it
+  device::Module module;  // once loaded
   uint64_t image_bytes = 0;
   uint64_t references = 0;  // Refs handed out and not released
 };

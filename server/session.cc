@@ -48,8 +48,8 @@ Result<std::unique_ptr<Session>> Session::create(device::Device& device, ModuleC
   auto memory = FunctionMemory::create(device, pools, repository, config.function, config.va_bytes,
                                        config.quota_bytes, config.memory);
   if (!memory.ok()) return memory.status().with_context("the session's memory");
-  std::unique_ptr<Session> session(new Session(device, modules, lessor, std::move(identity),
-                                               config, std::move(channel).value(),
+  std::unique_ptr<Session> session(new Session(device, modules, lessor, std::move(identity), config,
+                                               std::move(channel).value(),
                                                std::move(memory).value()));
   // From here the destructor releases what exists.
   // Copies read and write the arena directly; registered, the CUDA backend DMAs from it.
@@ -216,7 +216,9 @@ void Session::begin_lease(const Lease& lease) {
         [this, session, id](const Status& done, const SwapReport& report) {
           lessor_.swap_done(session, id, done, report);
         },
-        [this](GpuId g, const memory::Shortfall& s) { return lessor_.make_room(identity_.id, g, s); });
+        [this](GpuId g, const memory::Shortfall& s) {
+          return lessor_.make_room(identity_.id, g, s);
+        });
   }
   lessor_.streaming(identity_.id, lease.id, bound);
   if (!bound.ok()) {
@@ -269,8 +271,9 @@ void Session::run() {
     if (channel_->closed()) break;
     run_commands(std::move(commands));
     retry = unsent_.size() < unsent_before ? kMinRetry : std::min(retry * 2, kMaxRetry);
-    const std::chrono::nanoseconds stuck =
-        unsent_.empty() ? std::chrono::nanoseconds(std::chrono::hours(1)) : std::chrono::nanoseconds(retry);
+    const std::chrono::nanoseconds stuck = unsent_.empty()
+                                               ? std::chrono::nanoseconds(std::chrono::hours(1))
+                                               : std::chrono::nanoseconds(retry);
 
     if (held_) {
       resume_held(stuck);
@@ -339,8 +342,8 @@ void Session::resume_held(std::chrono::nanoseconds wait) {
 
 std::optional<uint32_t> Session::handle_message(const wire::Message& message, uint32_t first) {
   std::optional<uint32_t> stopped_at;
-  Status read = wire::read_message<proto::Batch>(
-      message, "batch", [&](proto::Batch::Reader batch) -> Status {
+  Status read =
+      wire::read_message<proto::Batch>(message, "batch", [&](proto::Batch::Reader batch) -> Status {
         auto calls = batch.getCalls();
         if (first == 0) {
           Status refused;
@@ -405,10 +408,11 @@ void Session::execute(proto::Call::Reader call, uint64_t seq) {
   // A field the client encoded wrongly throws when read; that fails this call only.
   VLOG(3) << "session " << identity_.id << ": call " << seq << " " << wire::call_name(call.which());
   kj::Maybe<kj::Exception> thrown = kj::runCatchingExceptions([&] {
-    if (lease_ && wire::runs_on_gpu(call.which())) last_gpu_call_ = std::chrono::steady_clock::now();
+    if (lease_ && wire::runs_on_gpu(call.which()))
+      last_gpu_call_ = std::chrono::steady_clock::now();
     outcome = dispatch(call, seq);
   });
-  KJ_IF_MAYBE(e, thrown) {
+  KJ_IF_MAYBE (e, thrown) {
     outcome = Outcome{invalid(str_cat("malformed call (", wire::call_name(call.which()),
                                       "): ", e->getDescription().cStr()))};
   }
@@ -482,12 +486,14 @@ void Session::quiesce() {
   }
   for (const device::Stream& s : handles_.own_streams()) (void)device_.synchronize_stream(s);
   MutexLock lock(callbacks_mutex_);
-  lock.wait(callbacks_done_, [this]() REQUIRES(callbacks_mutex_) { return pending_callbacks_ == 0; });
+  lock.wait(callbacks_done_,
+            [this]() REQUIRES(callbacks_mutex_) { return pending_callbacks_ == 0; });
 }
 
 void Session::build_completions(capnp::MessageBuilder& message,
                                 std::deque<CompletionRecord>::const_iterator first, size_t count) {
-  auto list = message.initRoot<proto::ServerMessage>().initCompletions(static_cast<unsigned>(count));
+  auto list =
+      message.initRoot<proto::ServerMessage>().initCompletions(static_cast<unsigned>(count));
   for (size_t i = 0; i < count; ++i, ++first) {
     const CompletionRecord& r = *first;
     auto c = list[static_cast<unsigned>(i)];

@@ -55,25 +55,25 @@
 #include "common/mutex.h"
 #include "common/thread_annotations.h"
 #include "server/auth.h"
-#include "server/session_types.h"
 #include "server/device/device.h"
 #include "server/function_memory.h"
 #include "server/handle_table.h"
 #include "server/lease.h"
 #include "server/module_cache.h"
+#include "server/session_types.h"
 #include "server/staging_tracker.h"
+#include "wire/call_table.h"
 #include "wire/handshake.h"
 #include "wire/message.h"
-#include "wire/call_table.h"
 #include "wire/schema/calls.capnp.h"
 #include "wire/server_channel.h"
 
 namespace hiber::server {
 
 struct SessionConfig {
-  FunctionId function{0};       // owns the session's blocks (the controller's SessionPlan)
-  uint64_t quota_bytes = 0;     // device memory the client may allocate
-  uint64_t va_bytes = 0;        // size of its address range
+  FunctionId function{0};    // owns the session's blocks (the controller's SessionPlan)
+  uint64_t quota_bytes = 0;  // device memory the client may allocate
+  uint64_t va_bytes = 0;     // size of its address range
   wire::ChannelConfig channel;
   // An implicit lease ends after this long without a call that needs the GPU.
   std::chrono::microseconds implicit_lease_idle{5000};
@@ -156,9 +156,9 @@ class Session final : public LeaseHolder {
   // from device callbacks.
   using Mail = std::variant<GrantCommand, EndCommand, CompletionRecord>;
 
-  Session(device::Device& device, ModuleCache& modules, GpuLessor& lessor,
-          SessionIdentity identity, const SessionConfig& config,
-          std::unique_ptr<wire::ServerChannel> channel, std::shared_ptr<FunctionMemory> memory);
+  Session(device::Device& device, ModuleCache& modules, GpuLessor& lessor, SessionIdentity identity,
+          const SessionConfig& config, std::unique_ptr<wire::ServerChannel> channel,
+          std::shared_ptr<FunctionMemory> memory);
 
   void run();
   // Executes request_ from call `first` on, noting in held_ where a call waits for a lease.
@@ -243,13 +243,13 @@ class Session final : public LeaseHolder {
 
   // Owned by the session thread (and by create()/the destructor when it is not running).
   uint64_t next_seq_ = 1;
-  wire::Message request_;               // the latest message from the request ring
-  std::optional<uint32_t> held_;        // request_'s calls from this one wait for a lease
-  std::optional<Lease> lease_;          // the GPU the calls execute on, if any
-  bool asked_for_gpu_ = false;          // an implicit lease is on its way
-  Status lease_failure_;                // the last grant could not be used
+  wire::Message request_;         // the latest message from the request ring
+  std::optional<uint32_t> held_;  // request_'s calls from this one wait for a lease
+  std::optional<Lease> lease_;    // the GPU the calls execute on, if any
+  bool asked_for_gpu_ = false;    // an implicit lease is on its way
+  Status lease_failure_;          // the last grant could not be used
   std::chrono::steady_clock::time_point last_gpu_call_;
-  HandleTable handles_;                  // client streams and events, per GPU
+  HandleTable handles_;  // client streams and events, per GPU
   // Each module holds one cache reference.
   std::unordered_map<wire::ModuleHandle, ModuleCache::Ref> modules_;
   std::unordered_map<wire::FunctionHandle, FunctionEntry> functions_;

@@ -32,8 +32,7 @@ Session::Outcome Session::dispatch(proto::Call::Reader call, uint64_t seq) {
 #define HIBER_DISPATCH_kSync(Name, handler) \
   return handler(wire::read_call<wire::calls::Name>(call), seq, call.getReply());
 #define HIBER_DISPATCH(Name, name, WHICH, where, timing, shape, handler, fields) \
-  case proto::Call::WHICH:                                                       \
-    HIBER_DISPATCH_##timing(Name, handler)
+  case proto::Call::WHICH: HIBER_DISPATCH_##timing(Name, handler)
     HIBER_CALLS(HIBER_DISPATCH, HIBER_CALL_IGNORED)
 #undef HIBER_DISPATCH
 #undef HIBER_DISPATCH_kSync
@@ -52,9 +51,10 @@ Session::Outcome Session::ping(const wire::calls::Ping& c) { return {Status(), c
 Session::Outcome Session::mem_allocate(const wire::calls::MemAllocate& c) {
   // Placed and mapped at once under a lease; otherwise recorded, and placed by the next lease.
   const std::optional<GpuId> gpu = lease_ ? std::optional<GpuId>(lease_->gpu) : std::nullopt;
-  Status added = memory_->add_block(
-      c.va, c.bytes, gpu,
-      [this](GpuId g, const memory::Shortfall& s) { return lessor_.make_room(identity_.id, g, s); });
+  Status added =
+      memory_->add_block(c.va, c.bytes, gpu, [this](GpuId g, const memory::Shortfall& s) {
+        return lessor_.make_room(identity_.id, g, s);
+      });
   return {added.with_context("memAllocate")};
 }
 
@@ -145,12 +145,13 @@ Session::Outcome Session::memset(const wire::calls::Memset& c) {
   if (!s.ok()) return {s.status()};
   const uint64_t count = c.count;
   if (count == 0) return {Status(), {}, false, *s};
-  if (count > UINT64_MAX / static_cast<uint64_t>(element)) return {invalid("memset size overflows")};
+  if (count > UINT64_MAX / static_cast<uint64_t>(element))
+    return {invalid("memset size overflows")};
   Status checked = memory_->check_range(c.dst, count * element, "memset destination");
   if (!checked.ok()) return {checked};
   if (c.dst % static_cast<uint64_t>(element) != 0) {
-    return {invalid(str_cat("memset destination ", hex(c.dst), " is not aligned to ", element,
-                            " bytes"))};
+    return {invalid(
+        str_cat("memset destination ", hex(c.dst), " is not aligned to ", element, " bytes"))};
   }
   checked = before_access(*s, c.dst, count * element, /*write=*/true);
   if (!checked.ok()) return {checked};
@@ -181,8 +182,8 @@ Session::Outcome Session::stream_destroy(const wire::calls::StreamDestroy& c) {
   return {result};
 }
 
-Session::Outcome Session::stream_synchronize(const wire::calls::StreamSynchronize& c,
-                                             uint64_t seq, bool reply) {
+Session::Outcome Session::stream_synchronize(const wire::calls::StreamSynchronize& c, uint64_t seq,
+                                             bool reply) {
   auto entry = handles_.stream(c.stream);
   if (!entry.ok()) return {entry.status()};
   if (!reply) return {};
@@ -254,8 +255,8 @@ Session::Outcome Session::event_record(const wire::calls::EventRecord& c) {
   return {recorded, {}, false, *s};
 }
 
-Session::Outcome Session::event_synchronize(const wire::calls::EventSynchronize& c,
-                                            uint64_t seq, bool reply) {
+Session::Outcome Session::event_synchronize(const wire::calls::EventSynchronize& c, uint64_t seq,
+                                            bool reply) {
   auto e = handles_.event(c.event);
   if (!e.ok()) return {e.status()};
   if (!reply) return {};
@@ -306,8 +307,8 @@ Session::Outcome Session::event_elapsed(const wire::calls::EventElapsedTime& c) 
   return {Status(), *ms};
 }
 
-Session::Outcome Session::device_synchronize(const wire::calls::DeviceSynchronize&,
-                                             uint64_t seq, bool reply) {
+Session::Outcome Session::device_synchronize(const wire::calls::DeviceSynchronize&, uint64_t seq,
+                                             bool reply) {
   if (!reply) return {};
   struct Countdown {
     std::mutex mutex;
@@ -431,9 +432,9 @@ Session::Outcome Session::launch_kernel(const wire::calls::LaunchKernel& c) {
   if (!s.ok()) return {s.status()};
   const std::span<const std::byte> bytes = c.params;
   if (bytes.size() != f->second.info.param_bytes()) {
-    return {invalid(str_cat("launchKernel ", f->second.info.name, ": ", bytes.size(),
-                            " bytes of parameters, the kernel takes ",
-                            f->second.info.param_bytes()))};
+    return {
+        invalid(str_cat("launchKernel ", f->second.info.name, ": ", bytes.size(),
+                        " bytes of parameters, the kernel takes ", f->second.info.param_bytes()))};
   }
   // The kernel waits for the swap groups its arguments point into, no more (pipelined
   // execution), and the blocks it may write are noted for dirty tracking.

@@ -20,7 +20,7 @@ struct SessionIdentity {
 // A point-in-time view for status reports.
 struct SessionSnapshot {
   SessionIdentity identity;
-  std::optional<GpuId> gpu;     // the lease's GPU; none between leases
+  std::optional<GpuId> gpu;  // the lease's GPU; none between leases
   uint64_t allocated_bytes = 0;
   uint64_t quota_bytes = 0;
   uint64_t batches = 0;

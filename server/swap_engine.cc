@@ -77,19 +77,19 @@ Result<std::vector<int32_t>> SwapEngine::start(int gpu, device::Stream stream,
 }
 
 Status SwapEngine::report_end(device::Stream stream, SwapDone on_done) {
-  return device_.add_callback(stream, [flags = flags_, on_done = std::move(on_done),
-                                       moved = moved_, groups = static_cast<uint32_t>(groups_),
-                                       started = started_](Status status) {
-    flags->failed.store(!status.ok());
-    flags->complete.store(true);
-    SwapReport report;
-    report.bytes = moved;
-    report.groups = groups;
-    report.duration_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                             std::chrono::steady_clock::now() - started)
-                             .count();
-    on_done(status, report);
-  });
+  return device_.add_callback(
+      stream, [flags = flags_, on_done = std::move(on_done), moved = moved_,
+               groups = static_cast<uint32_t>(groups_), started = started_](Status status) {
+        flags->failed.store(!status.ok());
+        flags->complete.store(true);
+        SwapReport report;
+        report.bytes = moved;
+        report.groups = groups;
+        report.duration_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                 std::chrono::steady_clock::now() - started)
+                                 .count();
+        on_done(status, report);
+      });
 }
 
 }  // namespace hiber::server

@@ -36,11 +36,11 @@ class SwapEngine {
  public:
   // One block's bytes: from a host copy, or from another GPU through a window.
   struct Transfer {
-    uint64_t dst = 0;                  // the block's own address on the target GPU
+    uint64_t dst = 0;  // the block's own address on the target GPU
     uint64_t bytes = 0;
-    const std::byte* host = nullptr;   // the host copy, or ...
-    std::optional<int> from_gpu;       // ... the GPU holding the replica ...
-    uint64_t from_va = 0;              // ... mapped here for the copy
+    const std::byte* host = nullptr;  // the host copy, or ...
+    std::optional<int> from_gpu;      // ... the GPU holding the replica ...
+    uint64_t from_va = 0;             // ... mapped here for the copy
   };
 
   // `group_bytes` 0: one group per block (the per-parameter ablation).

@@ -40,7 +40,8 @@ Result<std::vector<TraceFunction>> parse_azure_trace(std::string_view csv) {
     if (line.empty()) continue;
     const std::vector<std::string_view> fields = split_fields(line);
     if (line_no == 1) {
-      static constexpr std::string_view kHead[] = {"HashOwner", "HashApp", "HashFunction", "Trigger"};
+      static constexpr std::string_view kHead[] = {"HashOwner", "HashApp", "HashFunction",
+                                                   "Trigger"};
       if (fields.size() < 5)
         return error(ErrorCode::kInvalidValue, "line 1: header has ", fields.size(),
                      " fields; need HashOwner,HashApp,HashFunction,Trigger,1..N");

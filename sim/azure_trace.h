@@ -24,8 +24,8 @@ struct TraceFunction {
   std::string owner;
   std::string app;
   std::string function;
-  std::string trigger;                // "http", "timer", "queue", "event", ...
-  std::vector<uint32_t> per_minute;   // invocations in minute 1, 2, ...
+  std::string trigger;               // "http", "timer", "queue", "event", ...
+  std::vector<uint32_t> per_minute;  // invocations in minute 1, 2, ...
 };
 
 // Parses a whole file. Every error names the line (and column) at fault: a header that is not
@@ -38,12 +38,12 @@ Result<std::vector<TraceFunction>> load_azure_trace(const std::string& path);
 std::string format_azure_trace(const std::vector<TraceFunction>& functions);
 
 struct TraceOptions {
-  int start_minute = 0;        // 0-based first minute to replay
-  int minutes = 60;            // how many
-  bool http_only = false;      // keep only HTTP-triggered functions (mCache's filter)
-  int max_functions = 0;       // the first N rows kept after filtering; 0 = all
+  int start_minute = 0;    // 0-based first minute to replay
+  int minutes = 60;        // how many
+  bool http_only = false;  // keep only HTTP-triggered functions (mCache's filter)
+  int max_functions = 0;   // the first N rows kept after filtering; 0 = all
   uint64_t seed = 1;
-  std::vector<int> models;     // round-robin over these; empty = all eight
+  std::vector<int> models;  // round-robin over these; empty = all eight
   Deadlines deadlines;
 };
 

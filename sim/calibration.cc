@@ -14,7 +14,12 @@ class SwapLoop final : public TransferListener, public EventHandler {
  public:
   SwapLoop(LinkModel* links, EventQueue* queue, int link, const Model& model,
            const PipelineOptions& pipeline, int runs)
-      : links_(links), queue_(queue), link_(link), model_(model), pipeline_(pipeline), runs_(runs) {}
+      : links_(links),
+        queue_(queue),
+        link_(link),
+        model_(model),
+        pipeline_(pipeline),
+        runs_(runs) {}
 
   void begin(Time now) {
     started_ = now;
@@ -65,7 +70,8 @@ SwapLatency swap_latency(const NodeConfig& config, const Model& model,
                                                           pipeline.group_bytes,
                                                           model_links.share(host, 1));
   double fastest = 0;
-  for (int b = 1; b < topology->gpu_count(); ++b) fastest = std::max(fastest, topology->peer_gbps(0, b));
+  for (int b = 1; b < topology->gpu_count(); ++b)
+    fastest = std::max(fastest, topology->peer_gbps(0, b));
   for (int a = 0; a < topology->gpu_count(); ++a) {
     for (int b = a + 1; b < topology->gpu_count(); ++b) {
       const int link = model_links.peer_link(a, b);

@@ -16,7 +16,8 @@ Result<uint32_t> TimedChunkSource::create_chunk(uint64_t bytes) {
 
 void TimedChunkSource::release_chunk(uint32_t chunk) noexcept {
   const uint64_t bytes = chunk < chunk_bytes_.size() ? chunk_bytes_[chunk] : 0;
-  pending_ += cost_.free_fixed + cost_.free_per_mib * static_cast<scheduler::Duration>(bytes / scheduler::kMiB);
+  pending_ += cost_.free_fixed +
+              cost_.free_per_mib * static_cast<scheduler::Duration>(bytes / scheduler::kMiB);
   ++frees_;
   counting_.release_chunk(chunk);
 }

@@ -37,7 +37,8 @@ Result<std::unique_ptr<EarlyBindingNode>> EarlyBindingNode::create(
     Recorder* recorder, int node_index) {
   if (config.gpus.empty()) return error(ErrorCode::kInvalidValue, "a node needs GPUs");
   if (options.keep_alive < 0) return error(ErrorCode::kInvalidValue, "keep-alive must be >= 0");
-  std::unique_ptr<EarlyBindingNode> node(new EarlyBindingNode(options, queue, recorder, node_index));
+  std::unique_ptr<EarlyBindingNode> node(
+      new EarlyBindingNode(options, queue, recorder, node_index));
   for (const GpuSpec& g : config.gpus) {
     if (g.memory_bytes <= options.gpu_reserve_bytes)
       return error(ErrorCode::kInvalidValue, "GPU memory ", g.memory_bytes,
@@ -61,7 +62,8 @@ int EarlyBindingNode::roomiest(uint64_t bytes) const {
 
 Status EarlyBindingNode::add_function(uint32_t index, const SimFunction& function, Time now) {
   if (function.model < 0 || function.model >= static_cast<int>(paper_models().size()))
-    return error(ErrorCode::kInvalidValue, "function ", function.name, ": no model ", function.model);
+    return error(ErrorCode::kInvalidValue, "function ", function.name, ": no model ",
+                 function.model);
   if (index >= instances_.size()) instances_.resize(index + 1);
   Instance& inst = instances_[index];
   if (inst.function != nullptr)
@@ -90,12 +92,8 @@ void EarlyBindingNode::arrive(uint32_t index, Time now) {
   Instance& inst = instances_[index];
   CHECK(inst.function != nullptr) << "arrival for a function this node does not host";
   switch (inst.state) {
-    case State::kWarm:
-      enqueue(index, {index, now, 0, StartKind::kWarm}, now);
-      return;
-    case State::kStarting:
-      inst.waiting.push_back(now);
-      return;
+    case State::kWarm: enqueue(index, {index, now, 0, StartKind::kWarm}, now); return;
+    case State::kStarting: inst.waiting.push_back(now); return;
     case State::kNone:
       if (options_.kind != EarlyBinding::kInflessKeepAlive) {
         ++rejected_;
@@ -234,7 +232,8 @@ void EarlyBindingNode::on_event(int kind, uint64_t arg, Time now) {
     case kReady: {
       const uint32_t index = static_cast<uint32_t>(arg);
       Instance& inst = instances_[index];
-      if (inst.version != static_cast<uint32_t>(arg >> 32) || inst.state != State::kStarting) return;
+      if (inst.version != static_cast<uint32_t>(arg >> 32) || inst.state != State::kStarting)
+        return;
       inst.state = State::kWarm;
       inst.last_used = now;
       std::vector<Time> waiting;
@@ -258,8 +257,7 @@ void EarlyBindingNode::on_event(int kind, uint64_t arg, Time now) {
       retry_pending(now);
       return;
     }
-    default:
-      LOG(FATAL) << "unknown event kind " << kind;
+    default: LOG(FATAL) << "unknown event kind " << kind;
   }
 }
 

@@ -92,11 +92,11 @@ class EarlyBindingNode final : public Node, public EventHandler {
     uint64_t footprint = 0;
     Duration exec = 0;
     Duration cold_start = 0;
-    uint32_t in_flight = 0;       // queued or running on its GPU
+    uint32_t in_flight = 0;  // queued or running on its GPU
     Time last_used = 0;
-    uint32_t version = 0;         // invalidates keep-alive and ready events
-    bool pending = false;         // in pending_, waiting for memory
-    std::vector<Time> waiting;    // arrivals waiting for the instance to start
+    uint32_t version = 0;       // invalidates keep-alive and ready events
+    bool pending = false;       // in pending_, waiting for memory
+    std::vector<Time> waiting;  // arrivals waiting for the instance to start
   };
 
   EarlyBindingNode(const EarlyBindingOptions& options, EventQueue* queue, Recorder* recorder,

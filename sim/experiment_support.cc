@@ -25,8 +25,8 @@ NodeConfig single_gpu(const NodeConfig& config) {
   return out;
 }
 
-SystemSpec hiber_system(const ExperimentOptions& options, std::string label,
-                        std::string placement, std::string eviction, std::string queue) {
+SystemSpec hiber_system(const ExperimentOptions& options, std::string label, std::string placement,
+                        std::string eviction, std::string queue) {
   SystemSpec s;
   s.label = std::move(label);
   s.kind = SystemKind::kHiber;
@@ -65,7 +65,8 @@ Duration scaled(const ExperimentOptions& options, Duration d) {
 
 std::vector<Result<RunOutput>> run_all(const std::vector<std::function<Result<RunOutput>()>>& jobs,
                                        int threads) {
-  std::vector<Result<RunOutput>> results(jobs.size(), Result<RunOutput>(error(ErrorCode::kUnknown, "not run")));
+  std::vector<Result<RunOutput>> results(jobs.size(),
+                                         Result<RunOutput>(error(ErrorCode::kUnknown, "not run")));
   std::atomic<size_t> next{0};
   auto worker = [&] {
     for (size_t i = next++; i < jobs.size(); i = next++) results[i] = jobs[i]();
@@ -89,10 +90,14 @@ std::string file_in(const ExperimentOptions& options, const std::string& name) {
 }
 
 CsvTable results_table(const std::string& x_name) {
-  return CsvTable({"system", x_name, "functions_with_requests", "compliant", "executed",
-                   "compliant_ratio", "requests", "completed", "on_time", "p50_ms", "p98_ms",
-                   "mean_gpu_load", "hit_ratio", "mean_load_ms", "resident", "peer", "host",
-                   "warm", "cold", "failed", "rejected", "unfinished"});
+  return CsvTable({"system",    x_name,         "functions_with_requests",
+                   "compliant", "executed",     "compliant_ratio",
+                   "requests",  "completed",    "on_time",
+                   "p50_ms",    "p98_ms",       "mean_gpu_load",
+                   "hit_ratio", "mean_load_ms", "resident",
+                   "peer",      "host",         "warm",
+                   "cold",      "failed",       "rejected",
+                   "unfinished"});
 }
 
 void add_results_row(CsvTable* table, const std::string& system, const std::string& x,

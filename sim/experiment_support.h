@@ -24,8 +24,7 @@ SystemSpec hiber_system(const ExperimentOptions& options, std::string label,
 SystemSpec early_system(const ExperimentOptions& options, std::string label, EarlyBinding kind);
 
 // §7.3's workload: n functions, rates from Fig. 2 between 5 and 30 r/m, models round-robin.
-SyntheticOptions paper_workload(const ExperimentOptions& options, int functions,
-                                Duration measured);
+SyntheticOptions paper_workload(const ExperimentOptions& options, int functions, Duration measured);
 
 Duration scaled(const ExperimentOptions& options, Duration d);
 

@@ -7,8 +7,8 @@
 namespace hiber::sim {
 
 const std::vector<std::string_view>& experiment_names() {
-  static const std::vector<std::string_view> names = {"calibration", "fig10", "fig11", "fig12",
-                                                      "fig14", "caching", "queue"};
+  static const std::vector<std::string_view> names = {"calibration", "fig10",   "fig11", "fig12",
+                                                      "fig14",       "caching", "queue"};
   return names;
 }
 
@@ -23,18 +23,19 @@ Result<ExperimentResult> run_experiment(std::string_view name, const ExperimentO
   if (name == "queue") return experiment_queue(options);
   std::string known;
   for (std::string_view n : experiment_names()) known += str_cat(known.empty() ? "" : ", ", n);
-  return error(ErrorCode::kInvalidValue, "unknown experiment '", name, "' (known: ", known, ", all)");
+  return error(ErrorCode::kInvalidValue, "unknown experiment '", name, "' (known: ", known,
+               ", all)");
 }
 
 std::string evaluation_preamble(const ExperimentOptions& options) {
   std::vector<std::vector<std::string>> models;
   for (const ModelSpec& s : paper_model_specs()) {
     const Model m = make_model(s);
-    models.push_back({m.name, model_class_name(m.model_class), fmt(s.remote_ms, 0),
-                      fmt(s.native_ms, 0), std::to_string(m.model_bytes >> 20),
-                      std::to_string(m.scratch_bytes >> 20),
-                      str_cat(fmt(s.native_footprint_gib, 2), s.native_footprint_measured ? "" : " (est.)"),
-                      str_cat(fmt(s.cold_start_s, 0), s.cold_start_measured ? "" : " (est.)")});
+    models.push_back(
+        {m.name, model_class_name(m.model_class), fmt(s.remote_ms, 0), fmt(s.native_ms, 0),
+         std::to_string(m.model_bytes >> 20), std::to_string(m.scratch_bytes >> 20),
+         str_cat(fmt(s.native_footprint_gib, 2), s.native_footprint_measured ? "" : " (est.)"),
+         str_cat(fmt(s.cold_start_s, 0), s.cold_start_measured ? "" : " (est.)")});
   }
   return str_cat(
       "# Hiber evaluation: the Torpor paper's experiments in hiber-sim\n\n",
@@ -44,12 +45,16 @@ std::string evaluation_preamble(const ExperimentOptions& options) {
       "simulator, its timing model and its assumptions are described in [sim.md](sim.md).\n\n",
       "The simulator runs Hiber's real scheduler (scheduler/) and GPU pools (memory/) against "
       "simulated time. The baselines that are other systems (Native, INFless-KA, NonSwap) are "
-      "modelled in sim/early_binding_node.h. Seed ", options.seed, "; a run is deterministic "
-      "for its seed. Node: ", options.node.name, " (", options.node.gpu_count(), " GPUs",
+      "modelled in sim/early_binding_node.h. Seed ",
+      options.seed,
+      "; a run is deterministic "
+      "for its seed. Node: ",
+      options.node.name, " (", options.node.gpu_count(), " GPUs",
       options.gpu_memory_bytes ? str_cat(", memory set to ", options.gpu_memory_bytes >> 30,
                                          " GiB per GPU as in the paper's §7")
                                : "",
-      "). ", options.time_scale == 1.0 ? "" : str_cat("Durations scaled by ", options.time_scale, ". "),
+      "). ",
+      options.time_scale == 1.0 ? "" : str_cat("Durations scaled by ", options.time_scale, ". "),
       "\n\nThe models (Table 4 latencies; blocks are the PyTorch segments a swap moves; "
       "estimates marked):\n\n",
       markdown_table({"model", "class", "remoting (ms)", "native (ms)", "blocks (MiB)",

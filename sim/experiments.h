@@ -44,8 +44,8 @@ struct ExperimentOptions {
 };
 
 struct ExperimentResult {
-  std::string markdown;             // the section of docs/evaluation.md
-  std::vector<std::string> files;   // CSV files written
+  std::string markdown;            // the section of docs/evaluation.md
+  std::vector<std::string> files;  // CSV files written
   // One line each for the report's summary table: what the paper claims, what we measured.
   std::string paper;
   std::string ours;

@@ -33,16 +33,17 @@ Result<ExperimentResult> experiment_caching(const ExperimentOptions& options) {
     if (requested[f]) models_bytes += m.model_bytes;
   }
 
-  const std::vector<std::string> policies = {"lfu", "lru", "random", "mcache", "cremebrulee",
-                                             "heaviness", "belady", "cremebrulee-oracle"};
+  const std::vector<std::string> policies = {
+      "lfu", "lru", "random", "mcache", "cremebrulee", "heaviness", "belady", "cremebrulee-oracle"};
   const std::vector<int> capacities = {40, 60, 80};
   std::vector<std::function<Result<RunOutput>()>> jobs;
   for (int capacity : capacities) {
     // "Capacity" is the share of all requested models the GPU can hold (mCache: at 100% "all
     // models can be simultaneously loaded"); the runtime reserve and one request's scratch
     // come on top.
-    const uint64_t memory = (models_bytes * capacity / 100 + scratch + options.hiber.gpu_reserve_bytes) /
-                            (2 * kMiB) * (2 * kMiB);
+    const uint64_t memory =
+        (models_bytes * capacity / 100 + scratch + options.hiber.gpu_reserve_bytes) / (2 * kMiB) *
+        (2 * kMiB);
     const NodeConfig config = with_gpu_memory(single_gpu(options.node), memory);
     for (const std::string& policy : policies) {
       SystemSpec system = hiber_system(options, policy, "algorithm1", policy, "rrc");
@@ -74,7 +75,8 @@ Result<ExperimentResult> experiment_caching(const ExperimentOptions& options) {
       const Results& r = result(c, p);
       const double gain = gain_vs_lfu(c, p);
       if (policies[p] == "mcache" || policies[p] == "cremebrulee")
-        gains += str_cat(gains.empty() ? "" : ", ", policies[p], "@", capacities[c], "% ", pct(gain));
+        gains +=
+            str_cat(gains.empty() ? "" : ", ", policies[p], "@", capacities[c], "% ", pct(gain));
       rows.push_back({std::to_string(capacities[c]) + "%", policies[p], pct(r.hit_ratio),
                       fmt(r.mean_load_ms, 2), p == 0 ? "-" : pct(gain), pct(r.compliant_ratio)});
     }
@@ -106,8 +108,9 @@ Result<ExperimentResult> experiment_caching(const ExperimentOptions& options) {
             "once a minute: their windowed rates are mostly zero, and those policies fall back "
             "to an LRU-like order. The oracles bound what any policy could reach.\n"
           : "";
-  out.paper = "mCache: 27%, 43%, 62% less load time than LFU at 40/60/80%; CremeBrulee up to 16.6% "
-              "better than LFU";
+  out.paper =
+      "mCache: 27%, 43%, 62% less load time than LFU at 40/60/80%; CremeBrulee up to 16.6% "
+      "better than LFU";
   out.ours = str_cat("load time against LFU (positive: less): ", gains);
   out.markdown = str_cat(
       "## Caching policies (mCache, CremeBrulee)\n\n",
@@ -115,19 +118,21 @@ Result<ExperimentResult> experiment_caching(const ExperimentOptions& options) {
       kFunctions, " functions with Fig. 2's popularity below its 90th percentile (",
       workload.arrivals.size(), " requests in ", w.duration / kSecond,
       " s), models round-robin, the cache cold at start. Capacity is the share of all "
-      "requested models (", models_bytes >> 20,
+      "requested models (",
+      models_bytes >> 20,
       " MiB) the GPU holds, as in mCache. Load time: from dispatch to the model being complete "
       "on the GPU, 0 for a hit, averaged over requests. Every policy is the scheduler's own "
       "(scheduler/eviction.h); Belady and CremeBrulee-oracle read the future arrival sequence. "
-      "Command: `", command_line("caching"), "`.\n\n",
+      "Command: `",
+      command_line("caching"), "`.\n\n",
       "Papers: mCache (Table 3, 7 models, an NFS-backed V100) cuts mean load time against LFU by "
       "27%, 43% and 62% at 40, 60 and 80% (LRU: 15%, 25%, 41%). CremeBrulee is up to 16.6% "
       "better than popularity (LFU) and its oracle up to 12.2% better than BeladyMIN. Their "
       "penalties are loads from disk or NFS (seconds); ours are PCIe swaps from host memory "
       "(milliseconds), so only the relative gains compare.\n\n",
-      markdown_table({"capacity", "policy", "hit ratio", "mean load (ms)", "gain vs LFU",
-                      "SLO-compliant"},
-                     rows),
+      markdown_table(
+          {"capacity", "policy", "hit ratio", "mean load (ms)", "gain vs LFU", "SLO-compliant"},
+          rows),
       "\n", notes, "\n![Caching](evaluation/caching.png)\n\n");
   return out;
 }

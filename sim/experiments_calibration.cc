@@ -34,9 +34,11 @@ Result<ExperimentResult> experiment_calibration(const ExperimentOptions& options
                 fmt(to_ms(m.paper_swap_nvlink), 1), fmt(to_ms(s.nvlink), 2)});
     rows4.push_back({m.name, std::to_string(m.model_bytes >> 20), fmt(to_ms(m.exec), 0),
                      fmt(to_ms(m.paper_swap_pcie), 0), with_error(s.pcie, m.paper_swap_pcie),
-                     fmt(to_ms(m.paper_swap_nvlink), 0), with_error(s.nvlink, m.paper_swap_nvlink)});
+                     fmt(to_ms(m.paper_swap_nvlink), 0),
+                     with_error(s.nvlink, m.paper_swap_nvlink)});
     abs_error += std::abs(to_ms(s.pcie) - to_ms(m.paper_swap_pcie)) / to_ms(m.paper_swap_pcie);
-    abs_error += std::abs(to_ms(s.nvlink) - to_ms(m.paper_swap_nvlink)) / to_ms(m.paper_swap_nvlink);
+    abs_error +=
+        std::abs(to_ms(s.nvlink) - to_ms(m.paper_swap_nvlink)) / to_ms(m.paper_swap_nvlink);
   }
   HIBER_RETURN_IF_ERROR(table4.write(file_in(options, "calibration_table4.csv")));
   out.files.push_back("calibration_table4.csv");
@@ -53,8 +55,8 @@ Result<ExperimentResult> experiment_calibration(const ExperimentOptions& options
     std::vector<std::string> cells = {names[r]};
     for (int c = 0; c < 3; ++c) {
       const Model& column = paper_models()[*find_model(names[c])];
-      const Duration d = contended_latency(options.node, row, r == c ? nullptr : &column,
-                                           pipeline, links, 50);
+      const Duration d =
+          contended_latency(options.node, row, r == c ? nullptr : &column, pipeline, links, 50);
       table3.add({names[r], r == c ? "none" : names[c], fmt(paper3[r][c], 0), fmt(to_ms(d), 2)});
       cells.push_back(str_cat(fmt(to_ms(d), 0), " (paper ", fmt(paper3[r][c], 0), ")"));
       if (r == 1 && c == 2) resnet_next_to_bert = to_ms(d);
@@ -65,16 +67,20 @@ Result<ExperimentResult> experiment_calibration(const ExperimentOptions& options
   HIBER_RETURN_IF_ERROR(table3.write(file_in(options, "calibration_table3.csv")));
   out.files.push_back("calibration_table3.csv");
 
-  out.paper = "Table 4: swap latencies alone (e.g. ResNet-152 25 ms over PCIe, 20 ms over NVLink); "
-              "Table 3: ResNet-152 43 ms next to a Bert-qa swap, Bert-qa 240 ms next to ResNet-152";
+  out.paper =
+      "Table 4: swap latencies alone (e.g. ResNet-152 25 ms over PCIe, 20 ms over NVLink); "
+      "Table 3: ResNet-152 43 ms next to a Bert-qa swap, Bert-qa 240 ms next to ResNet-152";
   out.ours = str_cat("mean error ", pct(abs_error / (2 * paper_models().size())),
                      " over Table 4's 16 swap latencies; ", fmt(resnet_next_to_bert, 0), " and ",
                      fmt(bert_next_to_resnet, 0), " ms");
   out.markdown = str_cat(
       "## Calibration: the timing model against Table 4 and Table 3\n\n",
       "Swap latency of one request whose model is swapped in, alone on the node (Table 4): "
-      "setup ", fmt(to_ms(pipeline.setup), 2), " ms, then the model's PyTorch segments over "
-      "one PCIe switch (", options.node.pcie_switches.empty() ? 0 : options.node.pcie_switches[0].host_to_device_gbps,
+      "setup ",
+      fmt(to_ms(pipeline.setup), 2),
+      " ms, then the model's PyTorch segments over "
+      "one PCIe switch (",
+      options.node.pcie_switches.empty() ? 0 : options.node.pcie_switches[0].host_to_device_gbps,
       " GB/s) or the node's fastest NVLink, one transfer getting ", pct(links.transfer_efficiency),
       " of the link, computation pipelined behind ", options.hiber.pipeline.group_bytes >> 20,
       " MiB groups (docs/sim.md). Command: `", command_line("calibration"), "`.\n\n",

@@ -19,8 +19,7 @@ constexpr int kDetailCounts[] = {1000, 2500};
 Result<ExperimentResult> experiment_fig14(const ExperimentOptions& options) {
   const NodeConfig config = with_gpu_memory(options.node, options.gpu_memory_bytes);
   const std::vector<SystemSpec> systems = {
-      hiber_system(options, "hiber"),
-      early_system(options, "native", EarlyBinding::kNative),
+      hiber_system(options, "hiber"), early_system(options, "native", EarlyBinding::kNative),
       early_system(options, "nonswap", EarlyBinding::kNonSwap),
       hiber_system(options, "simpleswap", "random", "lru", "fifo")};
   const std::vector<int> counts = {500, 1000, 1500, 2000, 2500};
@@ -78,7 +77,8 @@ Result<ExperimentResult> experiment_fig14(const ExperimentOptions& options) {
       const Results& r = at(s, detail);
       for (size_t q = 0; q < r.normalized_quantile_levels.size(); ++q)
         latency.add({std::to_string(detail_count), systems[s].label,
-                     fmt(r.normalized_quantile_levels[q], 6), fmt(r.normalized_latency_quantiles[q], 4)});
+                     fmt(r.normalized_quantile_levels[q], 6),
+                     fmt(r.normalized_latency_quantiles[q], 4)});
       double mean_var = 0;
       double max_var = 0;
       for (size_t n = 0; n < r.node_load_variance.size(); ++n) {
@@ -88,9 +88,10 @@ Result<ExperimentResult> experiment_fig14(const ExperimentOptions& options) {
         max_var = std::max(max_var, r.node_load_variance[n]);
       }
       const std::vector<double>& lq = r.normalized_latency_quantiles;
-      detail_rows.push_back({std::to_string(detail_count), systems[s].label, fmt(lq[lq.size() / 2], 2),
-                             fmt(lq[lq.size() - 2], 2), fmt(lq.back(), 2), fmt(mean_var, 4),
-                             fmt(max_var, 4), pct(r.mean_gpu_load)});
+      detail_rows.push_back({std::to_string(detail_count), systems[s].label,
+                             fmt(lq[lq.size() / 2], 2), fmt(lq[lq.size() - 2], 2),
+                             fmt(lq.back(), 2), fmt(mean_var, 4), fmt(max_var, 4),
+                             pct(r.mean_gpu_load)});
     }
   }
   HIBER_RETURN_IF_ERROR(latency.write(file_in(options, "fig14b_latency.csv")));
@@ -102,16 +103,17 @@ Result<ExperimentResult> experiment_fig14(const ExperimentOptions& options) {
   const size_t at2500 = index_of(2500);
   const std::vector<double>& simple_tail = at(3, at2500).normalized_latency_quantiles;
   const std::vector<double>& nonswap_tail = at(2, at2500).normalized_latency_quantiles;
-  out.paper = "at 1000 functions only Torpor is SLO-compliant; Native holds about 500; SimpleSwap's and "
-              "NonSwap's tails exceed 4x and 7x the deadline";
-  out.ours = str_cat("at 1000: Hiber ", pct(at(0, at1000).compliant_ratio), ", Native ",
-                     pct(at(1, at1000).compliant_ratio), ", NonSwap ", pct(at(2, at1000).compliant_ratio),
-                     ", SimpleSwap ", pct(at(3, at1000).compliant_ratio),
-                     "; at 2500: Hiber ", pct(at(0, at2500).compliant_ratio), ", NonSwap ",
-                     pct(at(2, at2500).compliant_ratio), ", SimpleSwap ",
-                     pct(at(3, at2500).compliant_ratio), "; 127/128 tails ",
-                     fmt(at(0, at2500).normalized_latency_quantiles.back(), 2), ", ",
-                     fmt(nonswap_tail.back(), 2), ", ", fmt(simple_tail.back(), 2));
+  out.paper =
+      "at 1000 functions only Torpor is SLO-compliant; Native holds about 500; SimpleSwap's and "
+      "NonSwap's tails exceed 4x and 7x the deadline";
+  out.ours =
+      str_cat("at 1000: Hiber ", pct(at(0, at1000).compliant_ratio), ", Native ",
+              pct(at(1, at1000).compliant_ratio), ", NonSwap ", pct(at(2, at1000).compliant_ratio),
+              ", SimpleSwap ", pct(at(3, at1000).compliant_ratio), "; at 2500: Hiber ",
+              pct(at(0, at2500).compliant_ratio), ", NonSwap ", pct(at(2, at2500).compliant_ratio),
+              ", SimpleSwap ", pct(at(3, at2500).compliant_ratio), "; 127/128 tails ",
+              fmt(at(0, at2500).normalized_latency_quantiles.back(), 2), ", ",
+              fmt(nonswap_tail.back(), 2), ", ", fmt(simple_tail.back(), 2));
   out.markdown = str_cat(
       "## Fig. 14: a cluster of 6 nodes\n\n",
       "Setup (§7.4): 6 nodes like Fig. 10's behind the load balancer of sim/balancer.h (each "
@@ -130,10 +132,10 @@ Result<ExperimentResult> experiment_fig14(const ExperimentOptions& options) {
       "deadline (latency / deadline < 1), SimpleSwap's and NonSwap's tails exceed 4x and 7x; "
       "Torpor and SimpleSwap balance GPU load across a node far better than NonSwap. Ours, at "
       "1000 and 2500 functions (the plot shows 2500):\n\n",
-      markdown_table({"functions", "system", "median latency / deadline", "63/64 quantile",
-                      "127/128 quantile", "load variance (mean over nodes)",
-                      "load variance (worst node)", "mean GPU load"},
-                     detail_rows),
+      markdown_table(
+          {"functions", "system", "median latency / deadline", "63/64 quantile", "127/128 quantile",
+           "load variance (mean over nodes)", "load variance (worst node)", "mean GPU load"},
+          detail_rows),
       "\n![Fig. 14a](evaluation/fig14a.png)\n![Fig. 14b](evaluation/fig14b.png)\n\n");
   return out;
 }

@@ -76,8 +76,7 @@ Status write_results(const ExperimentOptions& options, const std::string& name,
 Result<ExperimentResult> experiment_fig10(const ExperimentOptions& options) {
   const NodeConfig config = with_gpu_memory(options.node, options.gpu_memory_bytes);
   const std::vector<SystemSpec> systems = {
-      hiber_system(options, "hiber"),
-      early_system(options, "native", EarlyBinding::kNative),
+      hiber_system(options, "hiber"), early_system(options, "native", EarlyBinding::kNative),
       early_system(options, "infless-ka", EarlyBinding::kInflessKeepAlive)};
   const std::vector<int> counts = {40, 60, 80, 100, 120, 140, 160};
   HIBER_ASSIGN_OR_RETURN(std::vector<RunOutput> runs, sweep(options, config, systems, counts));
@@ -87,13 +86,14 @@ Result<ExperimentResult> experiment_fig10(const ExperimentOptions& options) {
   const size_t last = counts.size() - 1;
   auto at160 = [&](size_t s) -> const Results& { return runs[s * counts.size() + last].results; };
   std::vector<std::vector<std::string>> right = {
-      {"hiber (late binding)", std::to_string(at160(0).executed), std::to_string(at160(0).compliant),
-       "160", "160"},
+      {"hiber (late binding)", std::to_string(at160(0).executed),
+       std::to_string(at160(0).compliant), "160", "160"},
       {"native", std::to_string(at160(1).executed), std::to_string(at160(1).compliant), "72", "-"},
       {"infless-ka", std::to_string(at160(2).executed), std::to_string(at160(2).compliant), "112",
        "7"}};
-  out.paper = "at 160 functions: Torpor 160 of 160 SLO-compliant; Native executes 72; INFless-KA "
-              "executes 112, 7 compliant";
+  out.paper =
+      "at 160 functions: Torpor 160 of 160 SLO-compliant; Native executes 72; INFless-KA "
+      "executes 112, 7 compliant";
   out.ours = str_cat("Hiber ", at160(0).compliant, " of 160; Native executes ", at160(1).executed,
                      " (", at160(1).compliant, " compliant); INFless-KA executes ",
                      at160(2).executed, ", ", at160(2).compliant, " compliant");
@@ -146,11 +146,13 @@ Result<ExperimentResult> experiment_fig11(const ExperimentOptions& options) {
   const Results& full560 = runs[counts.size() - 1].results;
   std::string ablations;
   for (size_t sys = 1; sys < systems.size(); ++sys) {
-    ablations += str_cat(sys == 1 ? "" : ", ", systems[sys].label, " ",
-                         pct(runs[sys * counts.size() + counts.size() - 1].results.compliant_ratio));
+    ablations +=
+        str_cat(sys == 1 ? "" : ", ", systems[sys].label, " ",
+                pct(runs[sys * counts.size() + counts.size() - 1].results.compliant_ratio));
   }
-  out.paper = "at 560 functions: full Torpor over 80% SLO-compliant; FIFO, Random, LRU, Block worse, "
-              "Random worst";
+  out.paper =
+      "at 560 functions: full Torpor over 80% SLO-compliant; FIFO, Random, LRU, Block worse, "
+      "Random worst";
   out.ours = str_cat("at 560: Hiber ", pct(full560.compliant_ratio), "; ", ablations);
   out.markdown = str_cat(
       "## Fig. 11: the full policies against their ablations\n\n",
@@ -160,11 +162,12 @@ Result<ExperimentResult> experiment_fig11(const ExperimentOptions& options) {
       "(cudaMalloc/cudaFree model in sim/device_malloc.h) instead of the buddy pool reserved at "
       "start. hiber-ideal-pool is not in the paper: the full policies over an allocator with no "
       "fragmentation and free device allocations, an upper bound that shows what the buddy "
-      "pool's layout costs. Command: `", command_line("fig11"), "`.\n\n",
+      "pool's layout costs. Command: `",
+      command_line("fig11"), "`.\n\n",
       "Paper: full Torpor keeps over 80% of functions SLO-compliant at 560; every ablation does "
-      "worse, Random worst.\n\nOurs at 560: ", pct(full560.compliant_ratio), " (",
-      full560.compliant, " of ", full560.functions_with_requests, ").\n\n",
-      ratio_table(systems, counts, runs), "\n",
+      "worse, Random worst.\n\nOurs at 560: ",
+      pct(full560.compliant_ratio), " (", full560.compliant, " of ",
+      full560.functions_with_requests, ").\n\n", ratio_table(systems, counts, runs), "\n",
       full560.compliant_ratio >= 0.8 ? "The full policies keep the paper's claim at 560. "
                                      : "The full policies stay below the paper's 80% at 560. ",
       "The ablations rank as in the paper, Random worst. The ideal allocator keeps ",
@@ -186,7 +189,8 @@ Result<ExperimentResult> experiment_fig12(const ExperimentOptions& options) {
   const Model& bert_model = paper_models()[bert_index];
   const Model& dense_model = paper_models()[dense_index];
   const double dense_bytes = 0.4 / 0.6 * bert * static_cast<double>(bert_model.model_bytes);
-  const int dense = static_cast<int>(dense_bytes / static_cast<double>(dense_model.model_bytes) + 0.5);
+  const int dense =
+      static_cast<int>(dense_bytes / static_cast<double>(dense_model.model_bytes) + 0.5);
   const uint64_t footprint = bert * bert_model.model_bytes + dense * dense_model.model_bytes;
   const int gpus = options.node.gpu_count();
   // The Bert-qa functions spread evenly through the round-robin list.
@@ -199,15 +203,15 @@ Result<ExperimentResult> experiment_fig12(const ExperimentOptions& options) {
   const std::vector<SystemSpec> systems = {hiber_system(options, "hiber"),
                                            hiber_system(options, "hiber-lru", "algorithm1", "lru")};
   ExperimentResult out;
-  CsvTable table({"capacity_pct", "policy", "model", "p90_ms", "p98_ms", "deadline_ms",
-                  "compliant", "functions", "requests"});
+  CsvTable table({"capacity_pct", "policy", "model", "p90_ms", "p98_ms", "deadline_ms", "compliant",
+                  "functions", "requests"});
   std::vector<std::vector<std::string>> rows;
   std::string sizes;
   std::string bert_p98;
   bool heaviness_shorter = true;  // Bert-qa's p98 below LRU's, DenseNet-201's within 10%
   for (int capacity : {70, 80}) {
-    const uint64_t per_gpu =
-        (footprint * capacity / 100 / gpus + options.hiber.gpu_reserve_bytes) / (2 * kMiB) * (2 * kMiB);
+    const uint64_t per_gpu = (footprint * capacity / 100 / gpus + options.hiber.gpu_reserve_bytes) /
+                             (2 * kMiB) * (2 * kMiB);
     sizes += str_cat(sizes.empty() ? "" : " and ", per_gpu >> 20, " MiB (", capacity, "%)");
     const NodeConfig config = with_gpu_memory(options.node, per_gpu);
     HIBER_ASSIGN_OR_RETURN(std::vector<RunOutput> runs,
@@ -217,8 +221,9 @@ Result<ExperimentResult> experiment_fig12(const ExperimentOptions& options) {
                                         {bert + dense}, runs, &out));
     const Results& heavy = runs[0].results;
     const Results& lru = runs[1].results;
-    heaviness_shorter &= heavy.latency_by_model[bert_index].p98 < lru.latency_by_model[bert_index].p98 &&
-                         heavy.latency_by_model[dense_index].p98 <= 1.1 * lru.latency_by_model[dense_index].p98;
+    heaviness_shorter &=
+        heavy.latency_by_model[bert_index].p98 < lru.latency_by_model[bert_index].p98 &&
+        heavy.latency_by_model[dense_index].p98 <= 1.1 * lru.latency_by_model[dense_index].p98;
     for (size_t s = 0; s < systems.size(); ++s) {
       const Results& r = runs[s].results;
       bert_p98 += str_cat(bert_p98.empty() ? "" : "; ", capacity, "% pools, ", systems[s].label,
@@ -231,7 +236,8 @@ Result<ExperimentResult> experiment_fig12(const ExperimentOptions& options) {
         const std::string deadline = model.model_class == ModelClass::kLanguage ? "200" : "80";
         table.add({std::to_string(capacity), systems[s].label, model.name, fmt(q.p90, 2),
                    fmt(q.p98, 2), deadline, std::to_string(r.compliant_by_model[m]),
-                   std::to_string(r.functions_by_model[m]), std::to_string(r.requests_by_model[m])});
+                   std::to_string(r.functions_by_model[m]),
+                   std::to_string(r.requests_by_model[m])});
         rows.push_back({str_cat(capacity, "%"), systems[s].label, model.name, fmt(q.p90, 1),
                         fmt(q.p98, 1), deadline,
                         str_cat(r.compliant_by_model[m], " of ", r.functions_by_model[m])});
@@ -247,17 +253,21 @@ Result<ExperimentResult> experiment_fig12(const ExperimentOptions& options) {
             "deadline: when a GPU fills with Bert-qa models, one of them must go, because "
             "eviction only chooses among the replicas on the GPU that needs room.\n"
           : "";
-  out.paper = "Bert-qa p98 above its 200 ms deadline under LRU, within it under heaviness-aware "
-              "eviction; DenseNet-201 unharmed";
+  out.paper =
+      "Bert-qa p98 above its 200 ms deadline under LRU, within it under heaviness-aware "
+      "eviction; DenseNet-201 unharmed";
   out.ours = str_cat("Bert-qa p98: ", bert_p98);
   out.markdown = str_cat(
-      "## Fig. 12: heaviness-aware eviction against LRU\n\n",
-      "Setup: ", bert, " Bert-qa functions and ", dense,
+      "## Fig. 12: heaviness-aware eviction against LRU\n\n", "Setup: ", bert,
+      " Bert-qa functions and ", dense,
       " DenseNet-201 functions, so that Bert-qa holds 60% of the models' footprint (",
-      footprint >> 20, " MiB). The paper does not give the GPUs' size for this figure; we run "
-      "two: each of the ", gpus, " GPUs has ", sizes,
+      footprint >> 20,
+      " MiB). The paper does not give the GPUs' size for this figure; we run "
+      "two: each of the ",
+      gpus, " GPUs has ", sizes,
       " of the footprint in its pools, besides the runtime reserve). Rates, arrivals and "
-      "deadlines as in Fig. 10. Command: `", command_line("fig12"), "`.\n\n",
+      "deadlines as in Fig. 10. Command: `",
+      command_line("fig12"), "`.\n\n",
       "Paper: under LRU, Bert-qa's tail latency exceeds its 200 ms deadline; heaviness-aware "
       "eviction meets it without hurting DenseNet-201 (80 ms).\n\n",
       markdown_table({"pools", "policy", "model", "p90 (ms)", "p98 (ms)", "deadline (ms)",
@@ -282,7 +292,8 @@ Result<ExperimentResult> experiment_queue(const ExperimentOptions& options) {
     HIBER_ASSIGN_OR_RETURN(std::vector<RunOutput> runs,
                            sweep(options, config, systems, counts,
                                  [pattern](SyntheticOptions* w) { w->pattern = pattern; }));
-    HIBER_RETURN_IF_ERROR(write_results(options, "queue_" + name + ".csv", systems, counts, runs, &out));
+    HIBER_RETURN_IF_ERROR(
+        write_results(options, "queue_" + name + ".csv", systems, counts, runs, &out));
     tables += str_cat("\n", name, " arrivals:\n\n", ratio_table(systems, counts, runs));
     at_top += str_cat(at_top.empty() ? "" : "; ", name, ":");
     for (size_t sys = 0; sys < systems.size(); ++sys) {
@@ -296,10 +307,11 @@ Result<ExperimentResult> experiment_queue(const ExperimentOptions& options) {
       "## Queueing: RRC against FIFO and gShare\n\n",
       "Setup: as Fig. 11, with Poisson arrivals and with bursty ones (on/off, the same mean "
       "rate packed into 1/6 of the time). The placement and eviction stay Hiber's; only the "
-      "queue policy changes. Command: `", command_line("queue"), "`.\n\n",
+      "queue policy changes. Command: `",
+      command_line("queue"), "`.\n\n",
       "Paper (§5.2, Fig. 11's FIFO ablation): RRC's prioritisation keeps more functions "
-      "SLO-compliant than FIFO when the node is loaded.\n", tables,
-      "\n![Queueing](evaluation/queue.png)\n\n");
+      "SLO-compliant than FIFO when the node is loaded.\n",
+      tables, "\n![Queueing](evaluation/queue.png)\n\n");
   return out;
 }
 

@@ -15,9 +15,8 @@ HiberNode::HiberNode(const HiberOptions& options, EventQueue* queue, Recorder* r
 HiberNode::~HiberNode() = default;
 
 Result<std::unique_ptr<HiberNode>> HiberNode::create(const NodeConfig& config,
-                                                     const HiberOptions& options,
-                                                     EventQueue* queue, Recorder* recorder,
-                                                     int node_index,
+                                                     const HiberOptions& options, EventQueue* queue,
+                                                     Recorder* recorder, int node_index,
                                                      const scheduler::FutureOracle* oracle) {
   std::unique_ptr<HiberNode> node(new HiberNode(options, queue, recorder, node_index));
   HIBER_ASSIGN_OR_RETURN(scheduler::Topology topology, scheduler::Topology::from_config(config));
@@ -49,11 +48,12 @@ Result<std::unique_ptr<HiberNode>> HiberNode::create(const NodeConfig& config,
   } else {
     std::vector<memory::ChunkSource*> upstreams;
     for (int g = 0; g < gpus; ++g) {
-      node->device_.push_back(std::make_unique<TimedChunkSource>(budgets[g], options.device_malloc));
+      node->device_.push_back(
+          std::make_unique<TimedChunkSource>(budgets[g], options.device_malloc));
       upstreams.push_back(node->device_.back().get());
     }
-    HIBER_ASSIGN_OR_RETURN(node->pools_, memory::GpuPools::create_upstream(
-                                             options.pool, upstreams, budgets, granularity));
+    HIBER_ASSIGN_OR_RETURN(node->pools_, memory::GpuPools::create_upstream(options.pool, upstreams,
+                                                                           budgets, granularity));
   }
   node->links_ = std::make_unique<LinkModel>(topo, queue, options.links);
   node->models_.resize(gpus);
@@ -63,14 +63,14 @@ Result<std::unique_ptr<HiberNode>> HiberNode::create(const NodeConfig& config,
   node::NodeOptions core_options;
   core_options.scheduler = options.scheduler;
   core_options.outside_pool_bytes.assign(gpus, options.gpu_reserve_bytes);
-  HIBER_ASSIGN_OR_RETURN(node->core_,
-                         node::NodeCore::create(topo, core_options, *node, oracle));
+  HIBER_ASSIGN_OR_RETURN(node->core_, node::NodeCore::create(topo, core_options, *node, oracle));
   return node;
 }
 
 Status HiberNode::add_function(uint32_t index, const SimFunction& function, Time now) {
   if (function.model < 0 || function.model >= static_cast<int>(paper_models().size()))
-    return error(ErrorCode::kInvalidValue, "function ", function.name, ": no model ", function.model);
+    return error(ErrorCode::kInvalidValue, "function ", function.name, ": no model ",
+                 function.model);
   return add_function(index, function, paper_models()[function.model], now);
 }
 
@@ -304,8 +304,7 @@ void HiberNode::on_event(int kind, uint64_t arg, Time now) {
       wakeup_at_ = scheduler::Scheduler::kNever;
       dispatch(now);
       break;
-    default:
-      LOG(FATAL) << "unknown event kind " << kind;
+    default: LOG(FATAL) << "unknown event kind " << kind;
   }
 }
 
@@ -357,7 +356,8 @@ void HiberNode::finish(Time now) {
   for (int g = 0; g < static_cast<int>(models_.size()); ++g) {
     for (uint32_t i = 0; i < models_[g].size(); ++i) {
       if (models_[g][i].empty()) continue;
-      if (const auto f = sched.functions().find(id_of(i)); !f || sched.node().find(g, *f) == nullptr) {
+      if (const auto f = sched.functions().find(id_of(i));
+          !f || sched.node().find(g, *f) == nullptr) {
         ++lost_replicas_;
       }
     }
@@ -383,11 +383,11 @@ uint64_t HiberNode::device_mallocs() const {
 
 std::string HiberNode::summary() const {
   const scheduler::SchedulerCounters& c = core_->scheduler().counters();
-  return str_cat("node ", node_index_, ": ", c.arrivals, " arrivals, ", c.completed,
-                 " completed (", c.on_time, " on time), ", c.resident_starts, " resident, ",
-                 c.peer_swaps, " peer swaps, ", c.host_swaps, " host swaps, ", evictions_,
-                 " evictions, ", pool_failures_, " pool refusals, ", device_mallocs(),
-                 " device mallocs", lost_replicas_ ? str_cat(", ", lost_replicas_, " replicas lost by the view") : "");
+  return str_cat("node ", node_index_, ": ", c.arrivals, " arrivals, ", c.completed, " completed (",
+                 c.on_time, " on time), ", c.resident_starts, " resident, ", c.peer_swaps,
+                 " peer swaps, ", c.host_swaps, " host swaps, ", evictions_, " evictions, ",
+                 pool_failures_, " pool refusals, ", device_mallocs(), " device mallocs",
+                 lost_replicas_ ? str_cat(", ", lost_replicas_, " replicas lost by the view") : "");
 }
 
 void HiberNode::check(Time now) const {
@@ -402,8 +402,8 @@ void HiberNode::check(Time now) const {
     for (uint32_t i = 0; i < models_[g].size(); ++i) {
       const std::optional<scheduler::FunctionIndex> f = sched.functions().find(id_of(i));
       const bool in_view = f && view.find(g, *f) != nullptr;
-      CHECK_EQ(in_view, !models_[g][i].empty())
-          << "at " << now << ": GPU " << g << ", function " << id_of(i) << ": view and pool disagree";
+      CHECK_EQ(in_view, !models_[g][i].empty()) << "at " << now << ": GPU " << g << ", function "
+                                                << id_of(i) << ": view and pool disagree";
     }
   }
 }

@@ -158,11 +158,11 @@ class HiberNode final : public Node,
   std::unique_ptr<node::NodeCore> core_;
   std::unique_ptr<LinkModel> links_;
 
-  std::vector<Deployed> deployed_;                        // by workload index
-  std::vector<std::vector<std::vector<Block>>> models_;   // [gpu][workload index]
-  std::vector<std::vector<uint64_t>> model_placed_;       // [gpu][workload index]: requested bytes
-  std::vector<uint64_t> allocated_;                       // per GPU: bytes the pool gave out
-  std::vector<scheduler::Duration> device_cost_;          // per GPU: owed by the next start
+  std::vector<Deployed> deployed_;                       // by workload index
+  std::vector<std::vector<std::vector<Block>>> models_;  // [gpu][workload index]
+  std::vector<std::vector<uint64_t>> model_placed_;      // [gpu][workload index]: requested bytes
+  std::vector<uint64_t> allocated_;                      // per GPU: bytes the pool gave out
+  std::vector<scheduler::Duration> device_cost_;         // per GPU: owed by the next start
   std::unordered_map<RequestId, Request> requests_;
   Time wakeup_at_ = scheduler::Scheduler::kNever;
   uint64_t pool_failures_ = 0;

@@ -17,7 +17,8 @@ LinkModel::LinkModel(const scheduler::Topology& topology, EventQueue* queue,
                      const LinkOptions& options)
     : queue_(queue), options_(options), gpu_count_(topology.gpu_count()) {
   const NodeConfig& config = topology.config();
-  for (const PcieSwitchSpec& s : config.pcie_switches) links_.push_back({s.host_to_device_gbps, {}});
+  for (const PcieSwitchSpec& s : config.pcie_switches)
+    links_.push_back({s.host_to_device_gbps, {}});
   for (int g = 0; g < gpu_count_; ++g) host_link_of_gpu_.push_back(config.gpus[g].pcie_switch);
   peer_link_.assign(static_cast<size_t>(gpu_count_) * gpu_count_, -1);
   for (int a = 0; a < gpu_count_; ++a) {

@@ -22,29 +22,33 @@
 #include "sim/experiments.h"
 
 // What to do.
-DEFINE_string(experiment, "", "Run one of the paper's experiments (calibration, fig10, fig11, "
-                              "fig12, fig14, caching, queue) or 'all'; empty: one run of the "
-                              "workload described by the other flags");
+DEFINE_string(experiment, "",
+              "Run one of the paper's experiments (calibration, fig10, fig11, "
+              "fig12, fig14, caching, queue) or 'all'; empty: one run of the "
+              "workload described by the other flags");
 DEFINE_string(out, ".", "Folder for CSV files");
 DEFINE_string(report, "", "With --experiment=all: write the evaluation report (Markdown) here");
 DEFINE_string(write_trace, "", "Write the workload as an Azure Functions trace CSV and exit");
 
 // The node.
 DEFINE_string(node_config, "", "Node config JSON (default: the embedded Torpor 4-GPU node)");
-DEFINE_double(gpu_memory_gib, 32, "Memory of every GPU in GiB (the paper's V100s have 32); "
-                                  "0 keeps the config's");
+DEFINE_double(gpu_memory_gib, 32,
+              "Memory of every GPU in GiB (the paper's V100s have 32); "
+              "0 keeps the config's");
 DEFINE_int32(nodes, 1, "Nodes behind the load balancer (single runs)");
 
 // The system.
 DEFINE_string(system, "hiber", "hiber, native, infless-ka or nonswap");
 DEFINE_string(placement, "algorithm1", "Hiber placement policy: algorithm1, random");
-DEFINE_string(eviction, "heaviness", "Hiber eviction policy: heaviness, lru, lfu, random, mcache, "
-                                     "cremebrulee, cremebrulee-oracle, belady");
+DEFINE_string(eviction, "heaviness",
+              "Hiber eviction policy: heaviness, lru, lfu, random, mcache, "
+              "cremebrulee, cremebrulee-oracle, belady");
 DEFINE_string(queue, "rrc", "Hiber queue policy: rrc, fifo, gshare");
 DEFINE_string(memory_pool, "buddy", "Hiber GPU pool: buddy, block, naive");
 DEFINE_double(keep_alive_s, 60, "INFless-KA keep-alive window, seconds");
-DEFINE_bool(check_invariants, false, "Check the scheduler's and pools' invariants after every "
-                                     "event (slow)");
+DEFINE_bool(check_invariants, false,
+            "Check the scheduler's and pools' invariants after every "
+            "event (slow)");
 
 // The timing model.
 DEFINE_double(pcie_efficiency, 0.88, "Share of a link one transfer gets alone");
@@ -106,8 +110,9 @@ Result<HiberOptions> hiber_options() {
   if (!(FLAGS_pcie_efficiency > 0 && FLAGS_pcie_efficiency <= 1))
     return error(ErrorCode::kInvalidValue, "--pcie_efficiency must be in (0, 1]");
   if (FLAGS_swap_setup_us < 0 || FLAGS_group_mib <= 0 || FLAGS_gpu_reserve_mib < 0)
-    return error(ErrorCode::kInvalidValue, "--swap_setup_us, --gpu_reserve_mib must be >= 0 and "
-                                           "--group_mib > 0");
+    return error(ErrorCode::kInvalidValue,
+                 "--swap_setup_us, --gpu_reserve_mib must be >= 0 and "
+                 "--group_mib > 0");
   if (FLAGS_malloc_us < 0 || FLAGS_malloc_us_per_mib < 0 || FLAGS_free_us < 0 ||
       FLAGS_free_us_per_mib < 0)
     return error(ErrorCode::kInvalidValue, "device allocation costs must be >= 0");
@@ -180,7 +185,8 @@ Status run_experiments(const ExperimentOptions& options) {
   for (std::string_view name : names) {
     LOG(INFO) << "experiment " << name;
     HIBER_ASSIGN_OR_RETURN(ExperimentResult r, run_experiment(name, options));
-    for (const std::string& f : r.files) std::printf("wrote %s/%s\n", options.out_dir.c_str(), f.c_str());
+    for (const std::string& f : r.files)
+      std::printf("wrote %s/%s\n", options.out_dir.c_str(), f.c_str());
     std::printf("%s: paper: %s\n%s: ours: %s\n", std::string(name).c_str(), r.paper.c_str(),
                 std::string(name).c_str(), r.ours.c_str());
     if (FLAGS_report.empty()) std::printf("\n%s", r.markdown.c_str());
@@ -197,7 +203,8 @@ Status run_once(const NodeConfig& node, const HiberOptions& hiber) {
   HIBER_ASSIGN_OR_RETURN(Workload w, workload());
   if (!FLAGS_write_trace.empty()) {
     const int minutes = static_cast<int>((w.duration + 60 * kSecond - 1) / (60 * kSecond));
-    HIBER_RETURN_IF_ERROR(write_file(FLAGS_write_trace, format_azure_trace(trace_from_workload(w, minutes))));
+    HIBER_RETURN_IF_ERROR(
+        write_file(FLAGS_write_trace, format_azure_trace(trace_from_workload(w, minutes))));
     std::printf("wrote %s: %zu functions, %d minutes, %zu invocations\n", FLAGS_write_trace.c_str(),
                 w.functions.size(), minutes, w.arrivals.size());
     return Status();
@@ -215,7 +222,8 @@ Status run_once(const NodeConfig& node, const HiberOptions& hiber) {
                    "' (known: hiber, native, infless-ka, nonswap)");
     system.early.kind = *kind;
     system.early.keep_alive = seconds(FLAGS_keep_alive_s);
-    if (system.early.kind == EarlyBinding::kNonSwap) system.early.gpu_reserve_bytes = hiber.gpu_reserve_bytes;
+    if (system.early.kind == EarlyBinding::kNonSwap)
+      system.early.gpu_reserve_bytes = hiber.gpu_reserve_bytes;
   }
   RunConfig run;
   run.node = with_gpu_memory(node, static_cast<uint64_t>(FLAGS_gpu_memory_gib * kGiB));

@@ -23,7 +23,8 @@ double quantile(std::vector<float>& sample, double q) {
   if (sample.empty()) return 0;
   const size_t rank = static_cast<size_t>(std::ceil(q * static_cast<double>(sample.size())));
   const size_t index = std::min(sample.size() - 1, rank == 0 ? 0 : rank - 1);
-  std::nth_element(sample.begin(), sample.begin() + static_cast<std::ptrdiff_t>(index), sample.end());
+  std::nth_element(sample.begin(), sample.begin() + static_cast<std::ptrdiff_t>(index),
+                   sample.end());
   return sample[index];
 }
 
@@ -55,13 +56,15 @@ void Recorder::record(const Outcome& o) {
     }
   }
   latency_ms_by_model_[fn.model].push_back(latency_ms);
-  normalized_.push_back(static_cast<float>(latency_ms / (static_cast<double>(fn.slo) / kMillisecond)));
+  normalized_.push_back(
+      static_cast<float>(latency_ms / (static_cast<double>(fn.slo) / kMillisecond)));
 }
 
 void Recorder::add_busy(int node, int gpu, Time from, Time to) {
   from = std::max(from, measure_from_);
   to = std::min(to, measure_to_);
-  if (to > from) busy_[static_cast<size_t>(node) * gpus_per_node_ + gpu] += static_cast<double>(to - from);
+  if (to > from)
+    busy_[static_cast<size_t>(node) * gpus_per_node_ + gpu] += static_cast<double>(to - from);
 }
 
 Results Recorder::results() const {
@@ -79,13 +82,15 @@ Results Recorder::results() const {
     const int model = workload_->functions[i].model;
     ++r.functions_by_model[model];
     const double p = workload_->functions[i].percentile;
-    const uint64_t needed = static_cast<uint64_t>(std::ceil(p * static_cast<double>(f.requests) - 1e-9));
+    const uint64_t needed =
+        static_cast<uint64_t>(std::ceil(p * static_cast<double>(f.requests) - 1e-9));
     if (f.on_time >= needed) {
       ++r.compliant;
       ++r.compliant_by_model[model];
     }
   }
-  r.compliant_ratio = r.functions_with_requests ? static_cast<double>(r.compliant) / r.functions_with_requests : 0;
+  r.compliant_ratio =
+      r.functions_with_requests ? static_cast<double>(r.compliant) / r.functions_with_requests : 0;
   std::copy(std::begin(by_kind_), std::end(by_kind_), std::begin(r.by_kind));
   const uint64_t late_binding = by_kind_[0] + by_kind_[1] + by_kind_[2];
   r.hit_ratio = late_binding ? static_cast<double>(by_kind_[0]) / late_binding : 0;
@@ -118,7 +123,8 @@ Results Recorder::results() const {
     const double* loads = r.gpu_load.data() + static_cast<size_t>(n) * gpus_per_node_;
     const double max = *std::max_element(loads, loads + gpus_per_node_);
     double mean = 0, var = 0;
-    for (int g = 0; g < gpus_per_node_; ++g) mean += (max > 0 ? loads[g] / max : 0) / gpus_per_node_;
+    for (int g = 0; g < gpus_per_node_; ++g)
+      mean += (max > 0 ? loads[g] / max : 0) / gpus_per_node_;
     for (int g = 0; g < gpus_per_node_; ++g) {
       const double x = (max > 0 ? loads[g] / max : 0) - mean;
       var += x * x / gpus_per_node_;

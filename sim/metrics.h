@@ -46,8 +46,8 @@ struct Outcome {
   int node = 0;
   int gpu = -1;
   Time arrival = 0;
-  Time finish = 0;        // meaningful when completed
-  Duration load = 0;      // dispatch to model ready (swaps, cold starts)
+  Time finish = 0;    // meaningful when completed
+  Duration load = 0;  // dispatch to model ready (swaps, cold starts)
   StartKind kind = StartKind::kUnfinished;
   bool completed = false;
 };
@@ -65,14 +65,14 @@ struct Results {
   uint64_t completed = 0;
   uint64_t on_time = 0;
   uint64_t by_kind[kStartKinds] = {};
-  double hit_ratio = 0;        // resident starts / started late-binding requests
-  double mean_load_ms = 0;     // over started requests, hits counted as 0
-  LatencyQuantiles latency;    // all requests
+  double hit_ratio = 0;      // resident starts / started late-binding requests
+  double mean_load_ms = 0;   // over started requests, hits counted as 0
+  LatencyQuantiles latency;  // all requests
   std::vector<LatencyQuantiles> latency_by_model;  // per paper_models() index
   std::vector<uint64_t> requests_by_model;
-  std::vector<int> functions_by_model;   // with requests
+  std::vector<int> functions_by_model;  // with requests
   std::vector<int> compliant_by_model;
-  std::vector<double> gpu_load;          // node-major
+  std::vector<double> gpu_load;            // node-major
   std::vector<double> node_load_variance;  // per node, loads normalised to the node's max
   double mean_gpu_load = 0;
   // Latency / deadline at the quantiles 1/128, 1/64, ..., 1/2, ..., 63/64, 127/128 (Fig. 14b).
@@ -103,8 +103,8 @@ class Recorder {
   int gpus_per_node_;
   std::vector<PerFunction> functions_;
   std::vector<std::vector<float>> latency_ms_by_model_;  // +inf for unfinished
-  std::vector<float> normalized_;                         // latency / deadline
-  std::vector<double> busy_;                              // ns, node-major
+  std::vector<float> normalized_;                        // latency / deadline
+  std::vector<double> busy_;                             // ns, node-major
   uint64_t by_kind_[kStartKinds] = {};
   double load_sum_ns_ = 0;
   uint64_t load_count_ = 0;

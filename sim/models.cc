@@ -5,12 +5,12 @@
 namespace hiber::sim {
 namespace {
 
-constexpr uint64_t kSmallTensor = 1 * kMiB;      // PyTorch kSmallSize
-constexpr uint64_t kSmallSegment = 2 * kMiB;     // kSmallBuffer
-constexpr uint64_t kLargeSegment = 20 * kMiB;    // kLargeBuffer
-constexpr uint64_t kMinLargeAlloc = 10 * kMiB;   // kMinLargeAlloc
-constexpr uint64_t kRoundLarge = 2 * kMiB;       // kRoundLarge
-constexpr uint64_t kMinBlock = 512;              // kMinBlockSize
+constexpr uint64_t kSmallTensor = 1 * kMiB;     // PyTorch kSmallSize
+constexpr uint64_t kSmallSegment = 2 * kMiB;    // kSmallBuffer
+constexpr uint64_t kLargeSegment = 20 * kMiB;   // kLargeBuffer
+constexpr uint64_t kMinLargeAlloc = 10 * kMiB;  // kMinLargeAlloc
+constexpr uint64_t kRoundLarge = 2 * kMiB;      // kRoundLarge
+constexpr uint64_t kMinBlock = 512;             // kMinBlockSize
 
 uint64_t round_up(uint64_t value, uint64_t multiple) {
   return (value + multiple - 1) / multiple * multiple;
@@ -26,8 +26,8 @@ Duration ms(double value) { return static_cast<Duration>(std::llround(value * 1e
 // (1024->512, 2 MiB), then per block 3x3 512 (9 MiB) and the 1x1 convolutions (4 MiB), the
 // downsample (1024->2048, 8 MiB), and fc (2048x1000, 7.8 MiB).
 std::vector<TensorGroup> resnet_tail() {
-  return {{1, 2}, {1, 9}, {1, 4}, {1, 8}, {1, 4}, {1, 4}, {1, 9}, {1, 4}, {1, 4}, {1, 9},
-          {1, 4}, {1, 7.8125}};
+  return {{1, 2}, {1, 9}, {1, 4}, {1, 8}, {1, 4}, {1, 4},
+          {1, 9}, {1, 4}, {1, 4}, {1, 9}, {1, 4}, {1, 7.8125}};
 }
 
 std::vector<TensorGroup> resnet(int layer3_blocks) {
@@ -52,59 +52,118 @@ std::vector<TensorGroup> bert_large() {
 std::vector<ModelSpec> build_specs() {
   std::vector<ModelSpec> specs;
   // name, class, remoting, native, swap-PCIe, swap-NVLink (Table 4)
-  specs.push_back({.name = "densenet169", .model_class = ModelClass::kVision,
-                   .remote_ms = 25, .native_ms = 30, .paper_swap_pcie_ms = 27,
+  specs.push_back({.name = "densenet169",
+                   .model_class = ModelClass::kVision,
+                   .remote_ms = 25,
+                   .native_ms = 30,
+                   .paper_swap_pcie_ms = 27,
                    .paper_swap_nvlink_ms = 26,
                    // Transition 1280->640 and the 1664x1000 classifier; the dense layers are small.
-                   .small_mib = 44.5, .tensors = {{1, 3.125}, {1, 6.35}},
+                   .small_mib = 44.5,
+                   .tensors = {{1, 3.125}, {1, 6.35}},
                    .scratch = {{3, 20}},  // concatenated feature maps
-                   .native_footprint_gib = 0, .cold_start_s = 8});
-  specs.push_back({.name = "densenet201", .model_class = ModelClass::kVision,
-                   .remote_ms = 28, .native_ms = 36, .paper_swap_pcie_ms = 30,
+                   .native_footprint_gib = 0,
+                   .cold_start_s = 8});
+  specs.push_back({.name = "densenet201",
+                   .model_class = ModelClass::kVision,
+                   .remote_ms = 28,
+                   .native_ms = 36,
+                   .paper_swap_pcie_ms = 30,
                    .paper_swap_nvlink_ms = 30,
-                   .small_mib = 63.0, .tensors = {{1, 6.125}, {1, 7.32}},
+                   .small_mib = 63.0,
+                   .tensors = {{1, 6.125}, {1, 7.32}},
                    .scratch = {{3, 20}},
-                   .native_footprint_gib = 0, .cold_start_s = 8});
-  specs.push_back({.name = "inception_v3", .model_class = ModelClass::kVision,
-                   .remote_ms = 14, .native_ms = 19, .paper_swap_pcie_ms = 17,
+                   .native_footprint_gib = 0,
+                   .cold_start_s = 8});
+  specs.push_back({.name = "inception_v3",
+                   .model_class = ModelClass::kVision,
+                   .remote_ms = 14,
+                   .native_ms = 19,
+                   .paper_swap_pcie_ms = 17,
                    .paper_swap_nvlink_ms = 16,
                    // Mixed_6a/7a reductions, Mixed_7b/7c branches, the auxiliary head, fc.
                    .small_mib = 36.1,
-                   .tensors = {{1, 3.8}, {1, 2.1}, {1, 1.56}, {1, 1.88}, {2, 1.69}, {1, 2.19},
-                               {1, 5.9}, {2, 1.69}, {1, 2.5}, {1, 3.0}, {2, 1.69}, {1, 3.5},
-                               {1, 5.9}, {2, 1.69}, {1, 1.5}, {1, 9.4}, {1, 2.93}, {1, 7.8125}},
+                   .tensors = {{1, 3.8},
+                               {1, 2.1},
+                               {1, 1.56},
+                               {1, 1.88},
+                               {2, 1.69},
+                               {1, 2.19},
+                               {1, 5.9},
+                               {2, 1.69},
+                               {1, 2.5},
+                               {1, 3.0},
+                               {2, 1.69},
+                               {1, 3.5},
+                               {1, 5.9},
+                               {2, 1.69},
+                               {1, 1.5},
+                               {1, 9.4},
+                               {1, 2.93},
+                               {1, 7.8125}},
                    .scratch = {{2, 20}},
-                   .native_footprint_gib = 0, .cold_start_s = 8});
-  specs.push_back({.name = "efficientnet_b0", .model_class = ModelClass::kVision,
-                   .remote_ms = 12, .native_ms = 17, .paper_swap_pcie_ms = 13,
+                   .native_footprint_gib = 0,
+                   .cold_start_s = 8});
+  specs.push_back({.name = "efficientnet_b0",
+                   .model_class = ModelClass::kVision,
+                   .remote_ms = 12,
+                   .native_ms = 17,
+                   .paper_swap_pcie_ms = 13,
                    .paper_swap_nvlink_ms = 13,
-                   .small_mib = 12.3, .tensors = {{1, 1.4}, {1, 1.56}, {1, 4.88}},
+                   .small_mib = 12.3,
+                   .tensors = {{1, 1.4}, {1, 1.56}, {1, 4.88}},
                    .scratch = {{2, 20}},
-                   .native_footprint_gib = 0, .cold_start_s = 8});
-  specs.push_back({.name = "resnet50", .model_class = ModelClass::kVision,
-                   .remote_ms = 9, .native_ms = 11, .paper_swap_pcie_ms = 13,
+                   .native_footprint_gib = 0,
+                   .cold_start_s = 8});
+  specs.push_back({.name = "resnet50",
+                   .model_class = ModelClass::kVision,
+                   .remote_ms = 9,
+                   .native_ms = 11,
+                   .paper_swap_pcie_ms = 13,
                    .paper_swap_nvlink_ms = 11,
-                   .small_mib = 17.2, .tensors = resnet(6), .scratch = {{2, 20}},
-                   .native_footprint_gib = 0, .cold_start_s = 8});
-  specs.push_back({.name = "resnet101", .model_class = ModelClass::kVision,
-                   .remote_ms = 14, .native_ms = 20, .paper_swap_pcie_ms = 22,
+                   .small_mib = 17.2,
+                   .tensors = resnet(6),
+                   .scratch = {{2, 20}},
+                   .native_footprint_gib = 0,
+                   .cold_start_s = 8});
+  specs.push_back({.name = "resnet101",
+                   .model_class = ModelClass::kVision,
+                   .remote_ms = 14,
+                   .native_ms = 20,
+                   .paper_swap_pcie_ms = 22,
                    .paper_swap_nvlink_ms = 16,
-                   .small_mib = 51.4, .tensors = resnet(23), .scratch = {{2, 20}},
-                   .native_footprint_gib = 0, .cold_start_s = 8});
-  specs.push_back({.name = "resnet152", .model_class = ModelClass::kVision,
-                   .remote_ms = 17, .native_ms = 25, .paper_swap_pcie_ms = 25,
+                   .small_mib = 51.4,
+                   .tensors = resnet(23),
+                   .scratch = {{2, 20}},
+                   .native_footprint_gib = 0,
+                   .cold_start_s = 8});
+  specs.push_back({.name = "resnet152",
+                   .model_class = ModelClass::kVision,
+                   .remote_ms = 17,
+                   .native_ms = 25,
+                   .paper_swap_pcie_ms = 25,
                    .paper_swap_nvlink_ms = 20,
-                   .small_mib = 81.8, .tensors = resnet(36), .scratch = {{2, 20}},
-                   .native_footprint_gib = 1.6, .native_footprint_measured = true,
-                   .cold_start_s = 8, .cold_start_measured = true});
-  specs.push_back({.name = "bertqa", .model_class = ModelClass::kLanguage,
-                   .remote_ms = 43, .native_ms = 42, .paper_swap_pcie_ms = 144,
+                   .small_mib = 81.8,
+                   .tensors = resnet(36),
+                   .scratch = {{2, 20}},
+                   .native_footprint_gib = 1.6,
+                   .native_footprint_measured = true,
+                   .cold_start_s = 8,
+                   .cold_start_measured = true});
+  specs.push_back({.name = "bertqa",
+                   .model_class = ModelClass::kLanguage,
+                   .remote_ms = 43,
+                   .native_ms = 42,
+                   .paper_swap_pcie_ms = 144,
                    .paper_swap_nvlink_ms = 45,
                    // Biases, LayerNorms, token-type embeddings and the QA head.
-                   .small_mib = 4.8, .tensors = bert_large(),
+                   .small_mib = 4.8,
+                   .tensors = bert_large(),
                    .scratch = {{4, 20}, {1, 48}},  // attention scores of 2 x 16 heads x 512^2
-                   .native_footprint_gib = 2.4, .native_footprint_measured = true,
-                   .cold_start_s = 11, .cold_start_measured = true});
+                   .native_footprint_gib = 2.4,
+                   .native_footprint_measured = true,
+                   .cold_start_s = 11,
+                   .cold_start_measured = true});
   // The estimated footprints: weights plus ResNet-152's measured runtime overhead.
   const ModelSpec& r152 = specs[6];
   double r152_weights = r152.small_mib;
@@ -138,14 +197,16 @@ std::vector<uint64_t> pytorch_segments(double small_mib, const std::vector<Tenso
       }
       size_t best = free_tails.size();
       for (size_t k = 0; k < free_tails.size(); ++k) {
-        if (free_tails[k] >= bytes && (best == free_tails.size() || free_tails[k] < free_tails[best]))
+        if (free_tails[k] >= bytes &&
+            (best == free_tails.size() || free_tails[k] < free_tails[best]))
           best = k;
       }
       if (best < free_tails.size()) {
         free_tails[best] -= bytes;
         continue;
       }
-      const uint64_t segment = bytes < kMinLargeAlloc ? kLargeSegment : round_up(bytes, kRoundLarge);
+      const uint64_t segment =
+          bytes < kMinLargeAlloc ? kLargeSegment : round_up(bytes, kRoundLarge);
       large.push_back(segment);
       // PyTorch splits a large-pool block only if more than kSmallSize remains.
       if (segment - bytes > kSmallTensor) free_tails.push_back(segment - bytes);
@@ -179,7 +240,8 @@ Model make_model(const ModelSpec& spec) {
   m.segments = pytorch_segments(spec.small_mib, spec.tensors);
   for (uint64_t s : m.segments) m.model_bytes += s;
   for (const TensorGroup& g : spec.scratch) {
-    for (int i = 0; i < g.count; ++i) m.scratch_segments.push_back(round_up(mib_bytes(g.mib), kRoundLarge));
+    for (int i = 0; i < g.count; ++i)
+      m.scratch_segments.push_back(round_up(mib_bytes(g.mib), kRoundLarge));
   }
   for (uint64_t s : m.scratch_segments) m.scratch_bytes += s;
   m.native_footprint = static_cast<uint64_t>(std::llround(spec.native_footprint_gib * kGiB));

@@ -31,12 +31,12 @@
 namespace hiber::sim {
 
 using scheduler::Duration;
-using scheduler::Time;
+using scheduler::kGiB;
+using scheduler::kMiB;
 using scheduler::kMicrosecond;
 using scheduler::kMillisecond;
 using scheduler::kSecond;
-using scheduler::kMiB;
-using scheduler::kGiB;
+using scheduler::Time;
 
 // The paper's two deadline classes (§7: CV 80 ms and Bert-qa 200 ms on a node).
 enum class ModelClass : uint8_t { kVision, kLanguage };
@@ -58,12 +58,12 @@ struct ModelSpec {
   double paper_swap_pcie_ms = 0;
   double paper_swap_nvlink_ms = 0;
   double small_mib = 0;
-  std::vector<TensorGroup> tensors;        // > 1 MiB, load order
-  std::vector<TensorGroup> scratch;        // per request, as PyTorch segments
+  std::vector<TensorGroup> tensors;  // > 1 MiB, load order
+  std::vector<TensorGroup> scratch;  // per request, as PyTorch segments
   double native_footprint_gib = 0;
   bool native_footprint_measured = false;  // from Table 1, else estimated
   double cold_start_s = 0;
-  bool cold_start_measured = false;        // from Table 1, else estimated
+  bool cold_start_measured = false;  // from Table 1, else estimated
 };
 
 // PyTorch's CUDA caching allocator (c10/cuda/CUDACachingAllocator.cpp) asks the device for
@@ -79,10 +79,10 @@ std::vector<uint64_t> pytorch_segments(double small_mib, const std::vector<Tenso
 struct Model {
   std::string name;
   ModelClass model_class = ModelClass::kVision;
-  Duration exec = 0;          // resident execution under Hiber (GPU remoting)
-  Duration native_exec = 0;   // native execution (early-binding baselines)
+  Duration exec = 0;         // resident execution under Hiber (GPU remoting)
+  Duration native_exec = 0;  // native execution (early-binding baselines)
   Duration cold_start = 0;
-  uint64_t weight_bytes = 0;  // the tensors themselves
+  uint64_t weight_bytes = 0;       // the tensors themselves
   std::vector<uint64_t> segments;  // the model's blocks: what a swap allocates and copies
   uint64_t model_bytes = 0;        // sum of segments
   std::vector<uint64_t> scratch_segments;

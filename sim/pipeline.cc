@@ -44,7 +44,8 @@ Duration PipelinedRun::constant_rate(uint64_t bytes, Duration exec, uint64_t gro
   const double s = static_cast<double>(bytes);
   const double g = static_cast<double>(std::min(group_bytes, bytes));
   const double e = static_cast<double>(exec);
-  return static_cast<Duration>(std::llround(std::max(g / bytes_per_ns + e, s / bytes_per_ns + e * g / s)));
+  return static_cast<Duration>(
+      std::llround(std::max(g / bytes_per_ns + e, s / bytes_per_ns + e * g / s)));
 }
 
 }  // namespace hiber::sim

@@ -34,18 +34,20 @@ Result<RunOutput> simulate(const SystemSpec& system, const RunConfig& config,
         oracles.push_back(std::make_unique<scheduler::SequenceOracle>(sequence));
         oracle = oracles.back().get();
       }
-      HIBER_ASSIGN_OR_RETURN(std::unique_ptr<HiberNode> node,
-                             HiberNode::create(config.node, system.hiber, &queue, &recorder, n, oracle));
+      HIBER_ASSIGN_OR_RETURN(
+          std::unique_ptr<HiberNode> node,
+          HiberNode::create(config.node, system.hiber, &queue, &recorder, n, oracle));
       nodes.push_back(std::move(node));
     } else {
-      HIBER_ASSIGN_OR_RETURN(std::unique_ptr<EarlyBindingNode> node,
-                             EarlyBindingNode::create(config.node, system.early, &queue, &recorder, n));
+      HIBER_ASSIGN_OR_RETURN(
+          std::unique_ptr<EarlyBindingNode> node,
+          EarlyBindingNode::create(config.node, system.early, &queue, &recorder, n));
       nodes.push_back(std::move(node));
     }
   }
   for (size_t f = 0; f < workload.functions.size(); ++f) {
-    HIBER_RETURN_IF_ERROR(nodes[node_of[f]]->add_function(static_cast<uint32_t>(f),
-                                                           workload.functions[f], 0));
+    HIBER_RETURN_IF_ERROR(
+        nodes[node_of[f]]->add_function(static_cast<uint32_t>(f), workload.functions[f], 0));
   }
 
   const Time end = workload.duration + config.drain;

@@ -44,8 +44,8 @@ struct Deadlines {
 // One deployed function.
 struct SimFunction {
   std::string name;
-  int model = 0;              // index into paper_models()
-  double rate_per_min = 0;    // mean request rate
+  int model = 0;            // index into paper_models()
+  double rate_per_min = 0;  // mean request rate
   Duration slo = 0;
   double percentile = 0.98;
 };

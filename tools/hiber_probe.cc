@@ -13,17 +13,19 @@
 #include <gflags/gflags.h>
 #include <glog/logging.h>
 
-#include "common/node_config.h"
 #include "common/cli.h"
-#include "common/paths.h"
 #include "common/device_attributes.h"
+#include "common/node_config.h"
+#include "common/paths.h"
 #include "wire/call_client.h"
 
-DEFINE_string(run_dir, "", "hiberd's run directory (default: $HIBER_RUN_DIR, /run/hiber as root, "
-                           "else /tmp/hiber-<uid>)");
+DEFINE_string(run_dir, "",
+              "hiberd's run directory (default: $HIBER_RUN_DIR, /run/hiber as root, "
+              "else /tmp/hiber-<uid>)");
 DEFINE_string(socket, "", "hiberd's function socket (default: <run_dir>/hiberd.sock)");
-DEFINE_string(auth_token_file, "", "Token file (default: <run_dir>/auth-token; "
-                                   "$HIBER_AUTH_TOKEN wins)");
+DEFINE_string(auth_token_file, "",
+              "Token file (default: <run_dir>/auth-token; "
+              "$HIBER_AUTH_TOKEN wins)");
 DEFINE_string(function_id, "hiber-probe", "Function identity to present");
 DEFINE_uint64(quota_mib, 0, "Device memory to ask for (0: hiberd's default)");
 DEFINE_int32(pings, 2000, "Synchronous round trips to time");
@@ -49,7 +51,9 @@ void print_session(const wire::SessionInfo& s) {
               s.layout.request_ring_bytes >> 10, s.layout.completion_ring_bytes >> 10,
               s.layout.arena_bytes >> 20);
   for (const wire::DeviceInfo& d : s.devices) {
-    auto attr = [&](int i) { return i < static_cast<int>(d.attributes.size()) ? d.attributes[i] : 0; };
+    auto attr = [&](int i) {
+      return i < static_cast<int>(d.attributes.size()) ? d.attributes[i] : 0;
+    };
     std::printf("  device %u: %s, %" PRIu64 " MiB, compute capability %d.%d, %d SMs, bus %s\n",
                 d.ordinal, d.name.c_str(), d.total_memory_bytes >> 20,
                 attr(kAttrComputeCapabilityMajor), attr(kAttrComputeCapabilityMinor),
@@ -68,9 +72,13 @@ Status time_round_trips(wire::CallClient& client, int count) {
     us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - start).count());
   }
   std::sort(us.begin(), us.end());
-  auto pct = [&](double p) { return us[std::min(us.size() - 1, static_cast<size_t>(p * us.size()))]; };
-  std::printf("round trip over %d synchronous calls: min %.1f us, p50 %.1f us, p99 %.1f us, "
-              "max %.1f us\n", count, us.front(), pct(0.50), pct(0.99), us.back());
+  auto pct = [&](double p) {
+    return us[std::min(us.size() - 1, static_cast<size_t>(p * us.size()))];
+  };
+  std::printf(
+      "round trip over %d synchronous calls: min %.1f us, p50 %.1f us, p99 %.1f us, "
+      "max %.1f us\n",
+      count, us.front(), pct(0.50), pct(0.99), us.back());
   return Status();
 }
 
@@ -91,7 +99,8 @@ Status data_round_trip(wire::CallClient& client, uint64_t bytes) {
   std::vector<uint8_t> expected(bytes), back(bytes);
   for (const char* pass : {"cold", "warm"}) {
     const uint8_t salt = pass[0];
-    for (uint64_t i = 0; i < bytes; ++i) expected[i] = static_cast<uint8_t>(i * 131 + (i >> 12) + salt);
+    for (uint64_t i = 0; i < bytes; ++i)
+      expected[i] = static_cast<uint8_t>(i * 131 + (i >> 12) + salt);
     const auto start = Clock::now();
     for (uint64_t done = 0; done < bytes; done += chunk) {
       const uint64_t n = std::min(chunk, bytes - done);
@@ -137,7 +146,8 @@ Status data_round_trip(wire::CallClient& client, uint64_t bytes) {
                    " is ", static_cast<int>(*mismatch.first), ", expected ",
                    static_cast<int>(*mismatch.second));
     }
-    std::printf("data round trip (%s): %" PRIu64 " KiB host->device, memset, device->host in "
+    std::printf("data round trip (%s): %" PRIu64
+                " KiB host->device, memset, device->host in "
                 "%.2f ms (%.2f GB/s each way): matches the host reference\n",
                 pass, bytes >> 10, seconds * 1e3, bytes / seconds / 1e9);
   }
@@ -180,9 +190,10 @@ int run() {
 }  // namespace hiber
 
 int main(int argc, char** argv) {
-  hiber::init_program(&argc, &argv,
-                      "hiber-probe: connects to hiberd as a function and reports what it sees: devices, "
-                      "topology, round-trip time and a checked data round trip.",
-                      __FILE__);
+  hiber::init_program(
+      &argc, &argv,
+      "hiber-probe: connects to hiberd as a function and reports what it sees: devices, "
+      "topology, round-trip time and a checked data round trip.",
+      __FILE__);
   return hiber::run();
 }

@@ -25,8 +25,9 @@
 #include "wire/message.h"
 #include "wire/schema/control.capnp.h"
 
-DEFINE_string(run_dir, "", "hiberd's run directory (default: $HIBER_RUN_DIR, /run/hiber as root, "
-                           "else /tmp/hiber-<uid>)");
+DEFINE_string(run_dir, "",
+              "hiberd's run directory (default: $HIBER_RUN_DIR, /run/hiber as root, "
+              "else /tmp/hiber-<uid>)");
 DEFINE_string(control_socket, "", "hiberd's control socket (default: <run_dir>/control.sock)");
 DEFINE_int32(timeout_ms, 30000, "How long to wait for hiberd's answer");
 DEFINE_double(slo_ms, 0, "register: the function's deadline, ms");
@@ -49,27 +50,25 @@ void print_status(proto::NodeStatus::Reader s) {
               s.getServerVersion().getMinor(), s.getNodeName().cStr(), s.getBackend().cStr(),
               s.getUptimeSeconds());
   for (auto d : s.getDevices()) {
-    std::printf("  GPU %u %s%s%s: pool %" PRIu64 " MiB, %" PRIu64 " MiB placed, largest free %" PRIu64
-                " MiB, fragmentation %.2f; running '%s'; %" PRIu64 " swaps in (%" PRIu64
-                " MiB), %" PRIu64 " evictions\n",
-                d.getOrdinal(), d.getName().cStr(), d.getHealthy() ? "" : " UNHEALTHY",
-                d.getDrained() ? " drained" : "", d.getPoolBytes() >> 20,
-                d.getPoolAllocatedBytes() >> 20, d.getPoolLargestFreeBytes() >> 20,
-                d.getPoolFragmentation(), d.getRunningFunction().cStr(), d.getSwapsIn(),
-                d.getSwapInBytes() >> 20, d.getEvictions());
+    std::printf(
+        "  GPU %u %s%s%s: pool %" PRIu64 " MiB, %" PRIu64 " MiB placed, largest free %" PRIu64
+        " MiB, fragmentation %.2f; running '%s'; %" PRIu64 " swaps in (%" PRIu64 " MiB), %" PRIu64
+        " evictions\n",
+        d.getOrdinal(), d.getName().cStr(), d.getHealthy() ? "" : " UNHEALTHY",
+        d.getDrained() ? " drained" : "", d.getPoolBytes() >> 20, d.getPoolAllocatedBytes() >> 20,
+        d.getPoolLargestFreeBytes() >> 20, d.getPoolFragmentation(), d.getRunningFunction().cStr(),
+        d.getSwapsIn(), d.getSwapInBytes() >> 20, d.getEvictions());
   }
   auto q = s.getScheduler();
   std::printf("  scheduler: placement %s, eviction %s, queue %s%s; %" PRIu64 " queued, %" PRIu64
               " arrived, %" PRIu64 " done (%" PRIu64 " on time), %" PRIu64
               " background; starts: %" PRIu64 " resident, %" PRIu64 " peer, %" PRIu64
-              " host; %" PRIu64
-              " evictions; swap groups of %" PRIu64 " KiB; host pool %" PRIu64 " of %" PRIu64
-              " MiB\n",
+              " host; %" PRIu64 " evictions; swap groups of %" PRIu64 " KiB; host pool %" PRIu64
+              " of %" PRIu64 " MiB\n",
               q.getPlacement().cStr(), q.getEviction().cStr(), q.getQueue().cStr(),
               q.getDrainingNode() ? " (draining)" : "", q.getQueued(), q.getArrivals(),
               q.getCompleted(), q.getOnTime(), q.getBackground(), q.getResidentStarts(),
-              q.getPeerSwaps(),
-              q.getHostSwaps(), q.getEvictions(), q.getSwapGroupBytes() >> 10,
+              q.getPeerSwaps(), q.getHostSwaps(), q.getEvictions(), q.getSwapGroupBytes() >> 10,
               q.getHostPoolUsedBytes() >> 20, q.getHostPoolBytes() >> 20);
   std::printf("  %u functions\n", s.getFunctions().size());
   for (auto f : s.getFunctions()) {
@@ -89,8 +88,8 @@ void print_status(proto::NodeStatus::Reader s) {
     std::printf("    session %" PRIu64 " '%s' pid %d uid %u GPU %d: %" PRIu64 " of %" PRIu64
                 " MiB, %" PRIu64 " batches, %" PRIu64 " calls (%" PRIu64 " failed), %.1f s\n",
                 x.getId(), x.getFunctionId().cStr(), x.getPid(), x.getUid(), x.getBoundGpu(),
-                x.getAllocatedBytes() >> 20, x.getQuotaBytes() >> 20, x.getBatches(),
-                x.getCalls(), x.getFailedCalls(), x.getConnectedSeconds());
+                x.getAllocatedBytes() >> 20, x.getQuotaBytes() >> 20, x.getBatches(), x.getCalls(),
+                x.getFailedCalls(), x.getConnectedSeconds());
   }
   auto c = s.getCounters();
   std::printf("  counters: sessions opened %" PRIu64 ", closed %" PRIu64

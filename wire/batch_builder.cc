@@ -153,7 +153,8 @@ class BatchBuilder::Arena {
     const auto segments = message_->getSegmentsForOutput();
     zero_words(first_.data(), first_segment_words(calls_written_));
     // Segment i > 0 is later_[i - 1]: capnp numbers segments in the order it asked for them.
-    for (size_t i = 1; i < segments.size(); ++i) zero_words(later_[i - 1].data(), segments[i].size());
+    for (size_t i = 1; i < segments.size(); ++i)
+      zero_words(later_[i - 1].data(), segments[i].size());
     list_ = nullptr;
     message_.reset();
     first_given_ = false;

@@ -11,18 +11,15 @@ constexpr uint64_t kStagingAlignment = 64;
 CallResult result_of(proto::Completion::Reader c) {
   auto r = c.getResult();
   switch (r.which()) {
-    case proto::Completion::Result::PING:
-      return r.getPing();
-    case proto::Completion::Result::ELAPSED_MS:
-      return r.getElapsedMs();
+    case proto::Completion::Result::PING: return r.getPing();
+    case proto::Completion::Result::ELAPSED_MS: return r.getElapsedMs();
     case proto::Completion::Result::KERNEL: {
       KernelInfo info;
       info.name = r.getKernel().getName();
       for (auto p : r.getKernel().getParams()) info.params.push_back({p.getOffset(), p.getBytes()});
       return info;
     }
-    default:
-      return std::monostate{};
+    default: return std::monostate{};
   }
 }
 

@@ -42,8 +42,7 @@ struct CallClientOptions {
 };
 
 // What a reply carries besides its status.
-using CallResult = std::variant<std::monostate, uint64_t /*ping*/, float /*elapsedMs*/,
-                                KernelInfo>;
+using CallResult = std::variant<std::monostate, uint64_t /*ping*/, float /*elapsedMs*/, KernelInfo>;
 
 class CallClient {
  public:
@@ -114,9 +113,9 @@ class CallClient {
   Status take_error();
 
   struct Staged {
-    uint64_t offset = 0;        // in the arena
-    std::span<std::byte> bytes; // where to write (or, after the reply, read)
-    uint64_t staging_end = 0;   // for the call's stagingEnd
+    uint64_t offset = 0;         // in the arena
+    std::span<std::byte> bytes;  // where to write (or, after the reply, read)
+    uint64_t staging_end = 0;    // for the call's stagingEnd
   };
   // Room for `bytes` in the staging FIFO, waiting (after sending what is batched) for the server
   // to release space. kInvalidValue if bytes is 0 or larger than the arena.

@@ -17,8 +17,7 @@ uint64_t staging_end_of(Group group) {
 std::string_view call_name(proto::Call::Which which) {
   switch (which) {
 #define HIBER_CALL_NAME(Name, name, WHICH, where, timing, shape, handler, fields) \
-  case proto::Call::WHICH:                                                        \
-    return calls::Name::kName;
+  case proto::Call::WHICH: return calls::Name::kName;
     HIBER_CALLS(HIBER_CALL_NAME, HIBER_CALL_IGNORED)
 #undef HIBER_CALL_NAME
   }
@@ -28,8 +27,7 @@ std::string_view call_name(proto::Call::Which which) {
 bool runs_on_gpu(proto::Call::Which which) {
   switch (which) {
 #define HIBER_CALL_WHERE(Name, name, WHICH, where, timing, shape, handler, fields) \
-  case proto::Call::WHICH:                                                         \
-    return calls::Name::kWhere == Where::kGpu;
+  case proto::Call::WHICH: return calls::Name::kWhere == Where::kGpu;
     HIBER_CALLS(HIBER_CALL_WHERE, HIBER_CALL_IGNORED)
 #undef HIBER_CALL_WHERE
   }
@@ -39,8 +37,7 @@ bool runs_on_gpu(proto::Call::Which which) {
 uint64_t staging_end(proto::Call::Reader call) {
   switch (call.which()) {
 #define HIBER_CALL_STAGING(Name, name, WHICH, where, timing, shape, handler, fields) \
-  case proto::Call::WHICH:                                                           \
-    return staging_end_of(call.get##Name());
+  case proto::Call::WHICH: return staging_end_of(call.get##Name());
     HIBER_CALLS(HIBER_CALL_STAGING, HIBER_CALL_IGNORED)
 #undef HIBER_CALL_STAGING
   }

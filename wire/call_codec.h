@@ -59,11 +59,11 @@ T read_call(proto::Call::Reader call);
   auto group = call.get##Name();            \
   HIBER_CALL_EXPAND fields
 #define HIBER_CALL_READ_VOID(Name, fields)
-#define HIBER_CALL_READER(Name, name, WHICH, where, timing, shape, handler, fields)  \
-  template <>                                                                        \
+#define HIBER_CALL_READER(Name, name, WHICH, where, timing, shape, handler, fields)      \
+  template <>                                                                            \
   inline calls::Name read_call<calls::Name>([[maybe_unused]] proto::Call::Reader call) { \
-    calls::Name args;                                                                \
-    HIBER_CALL_READ_##shape(Name, fields) return args;                               \
+    calls::Name args;                                                                    \
+    HIBER_CALL_READ_##shape(Name, fields) return args;                                   \
   }
 HIBER_CALLS(HIBER_CALL_READER, HIBER_CALL_READ_FIELD)
 #undef HIBER_CALL_READER
@@ -78,9 +78,9 @@ HIBER_CALLS(HIBER_CALL_READER, HIBER_CALL_READ_FIELD)
   auto group = call.init##Name();            \
   HIBER_CALL_EXPAND fields
 #define HIBER_CALL_WRITE_VOID(Name, fields) call.set##Name();
-#define HIBER_CALL_WRITER(Name, name, WHICH, where, timing, shape, handler, fields)      \
+#define HIBER_CALL_WRITER(Name, name, WHICH, where, timing, shape, handler, fields)             \
   inline void write_call(proto::Call::Builder call, [[maybe_unused]] const calls::Name& args) { \
-    HIBER_CALL_WRITE_##shape(Name, fields)                                                \
+    HIBER_CALL_WRITE_##shape(Name, fields)                                                      \
   }
 HIBER_CALLS(HIBER_CALL_WRITER, HIBER_CALL_WRITE_FIELD)
 #undef HIBER_CALL_WRITER

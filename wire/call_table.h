@@ -131,7 +131,7 @@ namespace calls {
 #define HIBER_CALL_MEMBER(type, field, Capnp) type field{};
 #define HIBER_CALL_STRUCT(Name, name, WHICH, where, timing, shape, handler, fields) \
   struct Name {                                                                     \
-    static constexpr std::string_view kName = #name;                               \
+    static constexpr std::string_view kName = #name;                                \
     static constexpr Where kWhere = Where::where;                                   \
     static constexpr Timing kTiming = Timing::timing;                               \
     HIBER_CALL_EXPAND fields                                                        \

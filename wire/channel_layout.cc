@@ -32,8 +32,9 @@ bool add(uint64_t a, uint64_t b, uint64_t& sum) { return !__builtin_add_overflow
 
 Result<ChannelLayout> make_layout(const ChannelConfig& config) {
   const auto ring_bytes = [](uint64_t requested) {
-    return requested == 0 || requested > kMaxRingBytes ? 0
-                                                       : std::max(kMinRingBytes, std::bit_ceil(requested));
+    return requested == 0 || requested > kMaxRingBytes
+               ? 0
+               : std::max(kMinRingBytes, std::bit_ceil(requested));
   };
   ChannelLayout layout;
   layout.request_ring_bytes = ring_bytes(config.request_ring_bytes);
@@ -55,7 +56,8 @@ Result<ChannelLayout> make_layout(const ChannelConfig& config) {
 
   // The channel header page, then each ring's header page and data, then the arena.
   layout.request_ring_offset = kPageBytes;
-  layout.completion_ring_offset = layout.request_ring_offset + kPageBytes + layout.request_ring_bytes;
+  layout.completion_ring_offset =
+      layout.request_ring_offset + kPageBytes + layout.request_ring_bytes;
   layout.arena_offset = layout.completion_ring_offset + kPageBytes + layout.completion_ring_bytes;
   layout.memfd_bytes = layout.arena_offset + layout.arena_bytes;
   return layout;

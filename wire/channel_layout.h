@@ -22,8 +22,8 @@ inline constexpr uint64_t kChannelMagic = 0x4c4e4843'52424948;  // "HIBRCHNL"
 inline constexpr uint32_t kChannelLayoutVersion = 1;
 
 struct alignas(64) ChannelHeader {
-  uint64_t magic;                    // kChannelMagic
-  uint32_t layout_version;           // kChannelLayoutVersion
+  uint64_t magic;           // kChannelMagic
+  uint32_t layout_version;  // kChannelLayoutVersion
   uint32_t reserved;
   // Written by the server: the client's staging bytes up to here are no longer needed.
   alignas(64) std::atomic<uint64_t> staging_released{0};
@@ -35,9 +35,9 @@ static_assert(sizeof(ChannelHeader) <= 4096);
 
 // What a channel should look like; sizes are rounded up to what the layout needs.
 struct ChannelConfig {
-  uint64_t request_ring_bytes = 1 << 20;      // power of two
+  uint64_t request_ring_bytes = 1 << 20;       // power of two
   uint64_t completion_ring_bytes = 256 << 10;  // power of two
-  uint64_t arena_bytes = 64 << 20;            // multiple of a page
+  uint64_t arena_bytes = 64 << 20;             // multiple of a page
   uint64_t max_message_bytes = 16 << 20;
 };
 

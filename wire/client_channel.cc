@@ -51,7 +51,7 @@ Result<std::unique_ptr<ClientChannel>> ClientChannel::connect(const ClientOption
     return Status(ErrorCode::kInvalidValue, "hiberd's welcome came without the channel memfd");
   }
 
-  struct stat st{};
+  struct stat st {};
   if (::fstat(memfd.get(), &st) != 0) return os_error("fstat of the channel memfd");
   HIBER_RETURN_IF_ERROR(validate_layout(session.layout, static_cast<uint64_t>(st.st_size)));
   void* base = ::mmap(nullptr, session.layout.memfd_bytes, PROT_READ | PROT_WRITE, MAP_SHARED,
@@ -63,15 +63,13 @@ Result<std::unique_ptr<ClientChannel>> ClientChannel::connect(const ClientOption
     const auto version = header->layout_version;
     ::munmap(base, session.layout.memfd_bytes);
     return error(ErrorCode::kInvalidValue, "the channel memfd has magic ", magic, " and layout ",
-                 "version ", version, "; expected ", kChannelMagic, " and ",
-                 kChannelLayoutVersion);
+                 "version ", version, "; expected ", kChannelMagic, " and ", kChannelLayoutVersion);
   }
   return std::unique_ptr<ClientChannel>(new ClientChannel(
       std::move(socket), std::move(memfd), static_cast<std::byte*>(base), std::move(session)));
 }
 
-ClientChannel::ClientChannel(UniqueFd socket, UniqueFd memfd, std::byte* base,
-                             SessionInfo session)
+ClientChannel::ClientChannel(UniqueFd socket, UniqueFd memfd, std::byte* base, SessionInfo session)
     : socket_(std::move(socket)),
       memfd_(std::move(memfd)),
       base_(base),
@@ -157,13 +155,12 @@ Status ClientChannel::receive(Message& out, std::chrono::nanoseconds timeout) {
   for (;;) {
     if (server_gone_) return take_last(out);
     const auto left = remaining(deadline);
-    Status status = completions_.read(out, [this] { return server_closed(); },
-                                      std::min<std::chrono::nanoseconds>(left, kAliveCheckInterval));
+    Status status = completions_.read(
+        out, [this] { return server_closed(); },
+        std::min<std::chrono::nanoseconds>(left, kAliveCheckInterval));
     switch (status.code()) {
-      case ErrorCode::kSuccess:
-        return status;
-      case ErrorCode::kDeinitialized:
-        return take_last(out);
+      case ErrorCode::kSuccess: return status;
+      case ErrorCode::kDeinitialized: return take_last(out);
       case ErrorCode::kTimeout:
         // A zero timeout is a poll of the ring: it should not cost a system call.
         if (left > std::chrono::nanoseconds::zero() && !server_alive()) return take_last(out);
@@ -173,9 +170,7 @@ Status ClientChannel::receive(Message& out, std::chrono::nanoseconds timeout) {
                        " ms");
         }
         break;
-      default:
-        broken_ = status;
-        return status;
+      default: broken_ = status; return status;
     }
   }
 }
@@ -190,14 +185,12 @@ Status ClientChannel::wait_staging_released(uint64_t position, std::chrono::nano
   for (;;) {
     if (server_gone_ && staging_released() < position) return gone();
     const auto left = remaining(deadline);
-    switch (wait(views_.header->staging_bell, staging_spin_,
-                 [&] { return staging_released() >= position; }, [this] { return server_closed(); },
-                 std::min<std::chrono::nanoseconds>(left, kAliveCheckInterval))) {
-      case WaitResult::kReady:
-        return Status();
-      case WaitResult::kCancelled:
-        server_gone_ = true;
-        return gone();
+    switch (wait(
+        views_.header->staging_bell, staging_spin_, [&] { return staging_released() >= position; },
+        [this] { return server_closed(); },
+        std::min<std::chrono::nanoseconds>(left, kAliveCheckInterval))) {
+      case WaitResult::kReady: return Status();
+      case WaitResult::kCancelled: server_gone_ = true; return gone();
       case WaitResult::kTimedOut:
         if (left > std::chrono::nanoseconds::zero() && !server_alive()) return gone();
         if (left <= kAliveCheckInterval) {

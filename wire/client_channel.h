@@ -26,7 +26,7 @@
 namespace hiber::wire {
 
 struct ClientOptions {
-  std::string socket_path;          // hiberd's function socket
+  std::string socket_path;  // hiberd's function socket
   std::string function_id;
   std::string auth_token;
   uint64_t requested_quota_bytes = 0;  // 0 = the server's default

@@ -22,8 +22,9 @@ namespace hiber::wire {
 
 class ControlClient {
  public:
-  static Result<ControlClient> connect(const std::string& control_socket_path,
-                                       std::chrono::milliseconds timeout = std::chrono::seconds(30));
+  static Result<ControlClient> connect(
+      const std::string& control_socket_path,
+      std::chrono::milliseconds timeout = std::chrono::seconds(30));
 
   Status ping();
   Status register_function(const FunctionRegistration& registration);

@@ -28,48 +28,43 @@ void write_control_request(proto::ControlRequest::Builder out, const control::Re
   auto version = out.initVersion();
   version.setMajor(request.version.major);
   version.setMinor(request.version.minor);
-  std::visit(Overloaded{
-                 [&](const control::StatusQuery&) { out.setStatus(); },
-                 [&](const control::Ping&) { out.setPing(); },
-                 [&](const FunctionRegistration& f) {
-                   auto r = out.initRegisterFunction();
-                   r.setFunctionId(f.function_id);
-                   r.setSloMs(f.slo_ms);
-                   r.setTailPercentile(f.tail_percentile);
-                   r.setQuotaBytes(f.quota_bytes);
-                   r.setStateful(f.stateful);
-                   r.setHeavyHint(heaviness(f.heavy));
-                   r.setExecMsHint(f.exec_ms_hint);
-                 },
-                 [&](const control::UnregisterFunction& u) {
-                   out.setUnregisterFunction(u.function_id);
-                 },
-                 [&](const control::RequestArrived& a) { out.setRequestArrived(a.function_id); },
-                 [&](const control::RequestStart& s) { out.setRequestStart(s.request_id); },
-                 [&](const RequestDone& d) {
-                   auto r = out.initRequestDone();
-                   r.setRequestId(d.request_id);
-                   r.setFailed(d.failed);
-                 },
-                 [&](const Drain& d) {
-                   auto r = out.initDrain();
-                   r.setGpu(d.gpu);
-                   r.setResume(d.resume);
-                 },
-             },
-             request.body);
+  std::visit(
+      Overloaded{
+          [&](const control::StatusQuery&) { out.setStatus(); },
+          [&](const control::Ping&) { out.setPing(); },
+          [&](const FunctionRegistration& f) {
+            auto r = out.initRegisterFunction();
+            r.setFunctionId(f.function_id);
+            r.setSloMs(f.slo_ms);
+            r.setTailPercentile(f.tail_percentile);
+            r.setQuotaBytes(f.quota_bytes);
+            r.setStateful(f.stateful);
+            r.setHeavyHint(heaviness(f.heavy));
+            r.setExecMsHint(f.exec_ms_hint);
+          },
+          [&](const control::UnregisterFunction& u) { out.setUnregisterFunction(u.function_id); },
+          [&](const control::RequestArrived& a) { out.setRequestArrived(a.function_id); },
+          [&](const control::RequestStart& s) { out.setRequestStart(s.request_id); },
+          [&](const RequestDone& d) {
+            auto r = out.initRequestDone();
+            r.setRequestId(d.request_id);
+            r.setFailed(d.failed);
+          },
+          [&](const Drain& d) {
+            auto r = out.initDrain();
+            r.setGpu(d.gpu);
+            r.setResume(d.resume);
+          },
+      },
+      request.body);
 }
 
 Result<control::Request> read_control_request(proto::ControlRequest::Reader in) {
   control::Request request;
   request.version = {in.getVersion().getMajor(), in.getVersion().getMinor()};
   switch (in.which()) {
-    case proto::ControlRequest::STATUS:
-      request.body = control::StatusQuery{};
-      return request;
-    case proto::ControlRequest::PING:
-      request.body = control::Ping{};
-      return request;
+    case proto::ControlRequest::STATUS: request.body = control::StatusQuery{}; return request;
+    case proto::ControlRequest::PING: request.body = control::Ping{}; return request;
     case proto::ControlRequest::REGISTER_FUNCTION: {
       auto f = in.getRegisterFunction();
       request.body = FunctionRegistration{.function_id = f.getFunctionId().cStr(),
@@ -126,12 +121,9 @@ void write_control_reply(proto::ControlReply::Builder out, const control::Reply&
 
 Result<control::Reply> read_control_reply(proto::ControlReply::Reader in) {
   switch (in.which()) {
-    case proto::ControlReply::PONG:
-      return control::Reply(control::Pong{});
-    case proto::ControlReply::OK:
-      return control::Reply(control::Ok{});
-    case proto::ControlReply::ACCEPTED:
-      return control::Reply(control::Accepted{in.getAccepted()});
+    case proto::ControlReply::PONG: return control::Reply(control::Pong{});
+    case proto::ControlReply::OK: return control::Reply(control::Ok{});
+    case proto::ControlReply::ACCEPTED: return control::Reply(control::Accepted{in.getAccepted()});
     case proto::ControlReply::STARTED: {
       auto s = in.getStarted();
       return control::Reply(Started{.gpu = static_cast<int>(s.getGpu()),
@@ -141,10 +133,9 @@ Result<control::Reply> read_control_reply(proto::ControlReply::Reader in) {
                                     .queued_ms = s.getQueuedMs()});
     }
     case proto::ControlReply::ERROR:
-      return control::Reply(Status(static_cast<ErrorCode>(in.getError().getCode()),
-                                   in.getError().getMessage()));
-    case proto::ControlReply::STATUS:
-      break;
+      return control::Reply(
+          Status(static_cast<ErrorCode>(in.getError().getCode()), in.getError().getMessage()));
+    case proto::ControlReply::STATUS: break;
   }
   return error(ErrorCode::kInvalidValue, "a control reply of kind ",
                static_cast<unsigned>(in.which()), " where a short answer was expected");

@@ -20,17 +20,17 @@ namespace hiber::wire {
 struct FunctionRegistration {
   std::string function_id;
   double slo_ms = 0;
-  double tail_percentile = 0;        // 0: hiberd's default (0.98)
-  uint64_t quota_bytes = 0;          // 0: hiberd's default
+  double tail_percentile = 0;  // 0: hiberd's default (0.98)
+  uint64_t quota_bytes = 0;    // 0: hiberd's default
   bool stateful = false;
-  std::optional<bool> heavy;         // a hint until hiberd has measured
+  std::optional<bool> heavy;  // a hint until hiberd has measured
   double exec_ms_hint = 0;
 };
 
 // requestDone.
 struct RequestDone {
   uint64_t request_id = 0;
-  bool failed = false;               // the function gave no answer
+  bool failed = false;  // the function gave no answer
 };
 
 // drain: gpu -1 is the whole node.
@@ -42,9 +42,9 @@ struct Drain {
 // The answer to requestStart.
 struct Started {
   int gpu = -1;
-  std::string source;                // "resident", "peer" or "host"
-  int source_gpu = -1;               // for "peer"
-  std::string rule;                  // the placement rule that chose the GPU
+  std::string source;   // "resident", "peer" or "host"
+  int source_gpu = -1;  // for "peer"
+  std::string rule;     // the placement rule that chose the GPU
   double queued_ms = 0;
 };
 
@@ -65,14 +65,14 @@ using RequestBody = std::variant<StatusQuery, Ping, FunctionRegistration, Unregi
                                  RequestArrived, RequestStart, RequestDone, Drain>;
 
 struct Request {
-  ProtocolVersion version;           // the sender's
+  ProtocolVersion version;  // the sender's
   RequestBody body;
 };
 
 struct Pong {};
 struct Ok {};
 struct Accepted {
-  uint64_t request_id = 0;           // requestArrived: the new request's id
+  uint64_t request_id = 0;  // requestArrived: the new request's id
 };
 // Every reply but status; a Status is hiberd's error answer (never ok).
 using Reply = std::variant<Pong, Ok, Accepted, Started, Status>;

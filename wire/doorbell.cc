@@ -5,8 +5,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <algorithm>
+#include <cerrno>
 #include <climits>
 
 #include <glog/logging.h>
@@ -39,7 +39,8 @@ void ring_always(Doorbell& bell) {
 AdaptiveSpin::AdaptiveSpin(std::chrono::nanoseconds min, std::chrono::nanoseconds max)
     : min_(min), max_(max), budget_(max) {
   CHECK(min >= std::chrono::nanoseconds::zero() && min <= max)
-      << "AdaptiveSpin: need 0 <= min <= max, got " << min.count() << " and " << max.count() << " ns";
+      << "AdaptiveSpin: need 0 <= min <= max, got " << min.count() << " and " << max.count()
+      << " ns";
 }
 
 void AdaptiveSpin::record(bool during_spin, std::chrono::nanoseconds waited) {
@@ -71,10 +72,8 @@ bool futex_wait(std::atomic<uint32_t>& word, uint32_t expected, std::chrono::nan
     case EAGAIN:  // the word changed before we slept: a wake-up we did not have to wait for
     case EINTR:   // a signal; callers re-check and wait again
       return true;
-    case ETIMEDOUT:
-      return false;
-    default:
-      PLOG(FATAL) << "FUTEX_WAIT failed";
+    case ETIMEDOUT: return false;
+    default: PLOG(FATAL) << "FUTEX_WAIT failed";
   }
   return false;
 }

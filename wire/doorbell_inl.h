@@ -18,8 +18,8 @@ inline void cpu_relax() {
 }
 
 // now + timeout, saturating: callers pass nanoseconds::max() for "no timeout".
-inline std::chrono::steady_clock::time_point deadline_after(std::chrono::steady_clock::time_point now,
-                                                            std::chrono::nanoseconds timeout) {
+inline std::chrono::steady_clock::time_point deadline_after(
+    std::chrono::steady_clock::time_point now, std::chrono::nanoseconds timeout) {
   if (timeout <= std::chrono::nanoseconds::zero()) return now;
   if (timeout >= std::chrono::steady_clock::time_point::max() - now) {
     return std::chrono::steady_clock::time_point::max();
@@ -77,9 +77,9 @@ WaitResult wait(Doorbell& bell, AdaptiveSpin& spin, Ready&& ready, Cancelled&& c
       result = WaitResult::kTimedOut;
       break;
     }
-    futex_wait(bell.epoch, epoch,
-               deadline == Clock::time_point::max() ? std::chrono::nanoseconds::max()
-                                                    : deadline - now);
+    futex_wait(
+        bell.epoch, epoch,
+        deadline == Clock::time_point::max() ? std::chrono::nanoseconds::max() : deadline - now);
   }
   bell.sleepers.fetch_sub(1, std::memory_order_relaxed);
   const auto waited = Clock::now() - start;

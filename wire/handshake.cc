@@ -26,13 +26,13 @@ Status check_hello(const Hello& hello, std::string_view what) {
   for (size_t i = 0; i < hello.function_id.size(); ++i) {
     const auto c = static_cast<unsigned char>(hello.function_id[i]);
     if (c < 0x20 || c > 0x7e) {
-      return invalid(what, str_cat("the function id has a non-printable byte ", int{c},
-                                   " at offset ", i));
+      return invalid(
+          what, str_cat("the function id has a non-printable byte ", int{c}, " at offset ", i));
     }
   }
   if (hello.auth_token.size() > kMaxAuthTokenBytes) {
-    return invalid(what, str_cat("the auth token has ", hello.auth_token.size(),
-                                 " bytes; at most ", kMaxAuthTokenBytes, " are allowed"));
+    return invalid(what, str_cat("the auth token has ", hello.auth_token.size(), " bytes; at most ",
+                                 kMaxAuthTokenBytes, " are allowed"));
   }
   return Status();
 }
@@ -53,12 +53,12 @@ Status check_session(const SessionInfo& session, std::string_view what) {
   for (const DeviceInfo& device : session.devices) {
     const std::string where = str_cat("device ", device.ordinal);
     if (device.uuid.size() != 16) {
-      return invalid(what, str_cat(where, " has a uuid of ", device.uuid.size(),
-                                   " bytes instead of 16"));
+      return invalid(what,
+                     str_cat(where, " has a uuid of ", device.uuid.size(), " bytes instead of 16"));
     }
     if (device.name.size() > kMaxNameBytes || device.pci_bus_id.size() > kMaxNameBytes) {
-      return invalid(what, str_cat(where, " has a name or PCI bus id over ", kMaxNameBytes,
-                                   " bytes"));
+      return invalid(what,
+                     str_cat(where, " has a name or PCI bus id over ", kMaxNameBytes, " bytes"));
     }
     if (device.attributes.size() > kMaxDeviceAttributes) {
       return invalid(what, str_cat(where, " has ", device.attributes.size(),
@@ -108,9 +108,9 @@ Status decode_welcome(proto::Welcome::Reader welcome, SessionInfo& out) {
   out.devices.clear();
   for (const auto device : devices) {
     if (device.getAttributes().size() > kMaxDeviceAttributes) {
-      return invalid(kWhat, str_cat("device ", device.getOrdinal(), " has ",
-                                    device.getAttributes().size(), " attributes; at most ",
-                                    kMaxDeviceAttributes));
+      return invalid(kWhat,
+                     str_cat("device ", device.getOrdinal(), " has ", device.getAttributes().size(),
+                             " attributes; at most ", kMaxDeviceAttributes));
     }
     if (device.getName().size() > kMaxNameBytes || device.getPciBusId().size() > kMaxNameBytes ||
         device.getUuid().size() > kMaxNameBytes) {
@@ -152,8 +152,8 @@ Result<std::vector<std::byte>> encode_hello_frame(const Hello& hello) {
   auto root = message.initRoot<proto::Hello>();
   version_to(hello.version, root.initVersion());
   root.setFunctionId(hello.function_id);
-  root.setAuthToken(capnp::Data::Reader(reinterpret_cast<const capnp::byte*>(hello.auth_token.data()),
-                                        hello.auth_token.size()));
+  root.setAuthToken(capnp::Data::Reader(
+      reinterpret_cast<const capnp::byte*>(hello.auth_token.data()), hello.auth_token.size()));
   root.setRequestedQuotaBytes(hello.requested_quota_bytes);
   return encode_frame(message);
 }
@@ -162,11 +162,12 @@ Result<Hello> decode_hello(const Message& frame) {
   Hello hello;
   HIBER_RETURN_IF_ERROR(read_message<proto::Hello>(frame, "hello", [&](proto::Hello::Reader in) {
     // Sizes first: nothing oversized is copied.
-    if (in.getFunctionId().size() > kMaxFunctionIdBytes || in.getAuthToken().size() > kMaxAuthTokenBytes) {
-      return invalid("hello", str_cat("function id of ", in.getFunctionId().size(),
-                                      " bytes or auth token of ", in.getAuthToken().size(),
-                                      " bytes exceeds its limit (", kMaxFunctionIdBytes, ", ",
-                                      kMaxAuthTokenBytes, ")"));
+    if (in.getFunctionId().size() > kMaxFunctionIdBytes ||
+        in.getAuthToken().size() > kMaxAuthTokenBytes) {
+      return invalid(
+          "hello", str_cat("function id of ", in.getFunctionId().size(), " bytes or auth token of ",
+                           in.getAuthToken().size(), " bytes exceeds its limit (",
+                           kMaxFunctionIdBytes, ", ", kMaxAuthTokenBytes, ")"));
     }
     hello.version = version_from(in.getVersion());
     hello.function_id = text(in.getFunctionId());
@@ -213,7 +214,8 @@ Result<std::vector<std::byte>> encode_welcome_frame(const SessionInfo& session) 
     out.setPciBusId(in.pci_bus_id);
     out.setTotalMemoryBytes(in.total_memory_bytes);
     auto attributes = out.initAttributes(static_cast<unsigned>(in.attributes.size()));
-    for (size_t a = 0; a < in.attributes.size(); ++a) attributes.set(static_cast<unsigned>(a), in.attributes[a]);
+    for (size_t a = 0; a < in.attributes.size(); ++a)
+      attributes.set(static_cast<unsigned>(a), in.attributes[a]);
   }
   node_config_to_capnp(session.node, welcome.initNode());
   return encode_frame(message);
@@ -234,13 +236,11 @@ Result<std::vector<std::byte>> encode_rejection_frame(const Status& why) {
 Result<SessionInfo> decode_hello_reply(const Message& frame) {
   SessionInfo session;
   Status rejection;
-  HIBER_RETURN_IF_ERROR(read_message<proto::HelloReply>(
-      frame, "hello reply", [&](proto::HelloReply::Reader reply) {
+  HIBER_RETURN_IF_ERROR(
+      read_message<proto::HelloReply>(frame, "hello reply", [&](proto::HelloReply::Reader reply) {
         switch (reply.which()) {
-          case proto::HelloReply::WELCOME:
-            return decode_welcome(reply.getWelcome(), session);
-          case proto::HelloReply::REJECTED:
-            return decode_rejection(reply.getRejected(), rejection);
+          case proto::HelloReply::WELCOME: return decode_welcome(reply.getWelcome(), session);
+          case proto::HelloReply::REJECTED: return decode_rejection(reply.getRejected(), rejection);
         }
         return invalid("hello reply", str_cat("unknown reply kind ", int{reply.which()}));
       }));

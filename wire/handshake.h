@@ -38,7 +38,7 @@ struct Grant {
 struct DeviceInfo {
   uint32_t ordinal = 0;
   std::string name;
-  std::vector<uint8_t> uuid;        // 16 bytes
+  std::vector<uint8_t> uuid;  // 16 bytes
   std::string pci_bus_id;
   uint64_t total_memory_bytes = 0;
   std::vector<int32_t> attributes;  // indexed by CUdevice_attribute; 0 where not known

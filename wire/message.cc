@@ -44,8 +44,7 @@ Status check_framing(const Message& message, std::string_view what) {
   }
   const uint64_t table_words = segments / 2 + 1;
   if (table_words > words) {
-    return invalid("message of ", words, " words ends inside its table of ", segments,
-                   " segments");
+    return invalid("message of ", words, " words ends inside its table of ", segments, " segments");
   }
   uint64_t total = table_words;
   for (uint64_t i = 0; i < segments; ++i) total += u32_at(1 + i);

@@ -136,7 +136,8 @@ Status RingConsumer::try_read(Message& out) {
     if (header.flags & kRecordPadding) {
       if (header.flags != kRecordPadding || header.length != 0) {
         return corrupt(str_cat("padding record at position ", head_, " has flags ", header.flags,
-                               " and length ", header.length, "; expected only the padding flag "
+                               " and length ", header.length,
+                               "; expected only the padding flag "
                                "and length 0"));
       }
       if (to_end >= max_record) {
@@ -166,8 +167,8 @@ Status RingConsumer::try_read(Message& out) {
                              " bytes) crosses the end of the ring"));
     }
     if (record > published) {
-      return corrupt(str_cat("record at position ", head_, " (", record, " bytes) extends past the ",
-                             published, " published bytes"));
+      return corrupt(str_cat("record at position ", head_, " (", record,
+                             " bytes) extends past the ", published, " published bytes"));
     }
 
     const bool first = header.flags & kRecordFirst;

@@ -54,7 +54,7 @@ enum RecordFlags : uint32_t {
 struct RingView {
   RingHeader* header = nullptr;
   std::byte* data = nullptr;
-  uint64_t capacity = 0;         // a power of two
+  uint64_t capacity = 0;  // a power of two
   uint64_t max_message_bytes = 0;
 };
 
@@ -108,7 +108,8 @@ class RingProducer {
   // As above, with nothing to do between waits.
   template <typename CanContinue>
   Status write(std::span<const std::span<const std::byte>> pieces, CanContinue&& can_continue) {
-    return write(pieces, can_continue, [] {}, [] { return false; });
+    return write(
+        pieces, can_continue, [] {}, [] { return false; });
   }
 
   // Bytes that can be written now without waiting (for tests and flush heuristics); 0 while the

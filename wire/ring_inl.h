@@ -57,10 +57,9 @@ Status RingConsumer::read(Message& out, Cancelled&& cancelled, std::chrono::nano
     const auto remaining = deadline == std::chrono::steady_clock::time_point::max()
                                ? std::chrono::nanoseconds::max()
                                : std::chrono::nanoseconds(std::max(deadline, now) - now);
-    switch (wait(ring_.header->not_empty, spin_, [this] { return has_data(); }, cancelled,
-                 remaining)) {
-      case WaitResult::kReady:
-        break;
+    switch (wait(
+        ring_.header->not_empty, spin_, [this] { return has_data(); }, cancelled, remaining)) {
+      case WaitResult::kReady: break;
       case WaitResult::kCancelled:
         return Status(ErrorCode::kDeinitialized, "the channel is closed");
       case WaitResult::kTimedOut:

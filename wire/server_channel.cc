@@ -23,8 +23,8 @@ Result<std::unique_ptr<ServerChannel>> ServerChannel::create(const ChannelConfig
   if (::fcntl(memfd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
     return os_error("sealing the channel memfd");
   }
-  void* base = ::mmap(nullptr, layout.memfd_bytes, PROT_READ | PROT_WRITE, MAP_SHARED,
-                      memfd.get(), 0);
+  void* base =
+      ::mmap(nullptr, layout.memfd_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, memfd.get(), 0);
   if (base == MAP_FAILED) return os_error(str_cat("mmap of ", layout.memfd_bytes, " bytes"));
 
   // The memfd is zero-filled; start the objects' lifetimes and stamp the header.
@@ -81,7 +81,8 @@ Status ServerChannel::send(capnp::MessageBuilder& message, std::chrono::nanoseco
                    max_unfragmented_message_bytes(), " bytes travel as one record");
     }
   }
-  const auto deadline = doorbell_internal::deadline_after(std::chrono::steady_clock::now(), timeout);
+  const auto deadline =
+      doorbell_internal::deadline_after(std::chrono::steady_clock::now(), timeout);
   bool timed_out = false;
   const Status status = completions_.write(
       pieces,

@@ -87,7 +87,7 @@ class ServerChannel {
   std::atomic<bool> interrupted_{false};
   RingConsumer requests_;
   std::mutex send_mutex_;
-  RingProducer completions_;  // guarded by send_mutex_
+  RingProducer completions_;              // guarded by send_mutex_
   std::vector<capnp::word> frame_table_;  // guarded by send_mutex_
   // Serialises release_staging, so the shared counter never moves backwards.
   std::mutex staging_mutex_;

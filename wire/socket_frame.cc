@@ -70,7 +70,8 @@ Status read_exact(int fd, std::span<std::byte> bytes, UniqueFd* received_fd,
     const ssize_t n = ::recvmsg(fd, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
     if (n < 0) {
       if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
-      if (errno == ECONNRESET) return Status(ErrorCode::kDeinitialized, "the peer reset the socket");
+      if (errno == ECONNRESET)
+        return Status(ErrorCode::kDeinitialized, "the peer reset the socket");
       return os_error("recvmsg");
     }
     collect_fds(msg, received_fd);
@@ -92,8 +93,8 @@ Result<std::vector<std::byte>> encode_frame(capnp::MessageBuilder& message, uint
   size_t length = 0;
   for (const auto& piece : pieces) length += piece.size();
   if (length > max_bytes) {
-    return error(ErrorCode::kInvalidValue, "message of ", length, " bytes exceeds the ",
-                 max_bytes, "-byte frame limit");
+    return error(ErrorCode::kInvalidValue, "message of ", length, " bytes exceeds the ", max_bytes,
+                 "-byte frame limit");
   }
   std::vector<std::byte> frame(sizeof(uint32_t));
   frame.reserve(sizeof(uint32_t) + length);
@@ -140,7 +141,8 @@ Status send_frame(int socket_fd, std::span<const std::byte> frame, int attach_fd
   size_t sent = 0;
   bool attach = attach_fd >= 0;
   while (sent < frame.size()) {
-    iovec iov{.iov_base = const_cast<std::byte*>(frame.data() + sent), .iov_len = frame.size() - sent};
+    iovec iov{.iov_base = const_cast<std::byte*>(frame.data() + sent),
+              .iov_len = frame.size() - sent};
     alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
     msghdr msg{};
     msg.msg_iov = &iov;

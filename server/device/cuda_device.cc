@@ -179,9 +179,9 @@ class CudaDevice final : public Device {
     CUdevice device = 0;
     CUcontext context = nullptr;  // the primary context, retained until destruction
     DeviceProperties properties;
-    uint64_t granularity = 0;     // CU_MEM_ALLOC_GRANULARITY_MINIMUM, see allocation_granularity
-    int least_priority = 0;       // cuCtxGetStreamPriorityRange: numerically largest
-    int greatest_priority = 0;    // numerically smallest
+    uint64_t granularity = 0;   // CU_MEM_ALLOC_GRANULARITY_MINIMUM, see allocation_granularity
+    int least_priority = 0;     // cuCtxGetStreamPriorityRange: numerically largest
+    int greatest_priority = 0;  // numerically smallest
   };
   struct Mapping {
     uint64_t bytes = 0;
@@ -224,8 +224,8 @@ class CudaDevice final : public Device {
   uint64_t max_granularity_ = 0;
 
   struct Reservation {
-    uint64_t bytes = 0;           // as asked for, and as free_address_range must give back
-    uint64_t driver_bytes = 0;    // bytes rounded up to max_granularity_: what the driver holds
+    uint64_t bytes = 0;         // as asked for, and as free_address_range must give back
+    uint64_t driver_bytes = 0;  // bytes rounded up to max_granularity_: what the driver holds
   };
   mutable Mutex mappings_mutex_;
   std::map<DevicePtr, Reservation> reservations_ GUARDED_BY(mappings_mutex_);  // by start
@@ -298,12 +298,11 @@ Status CudaDevice::init_gpu(int ordinal) {
   };
 
   char name[256] = {};
-  HIBER_RETURN_IF_ERROR(HIBER_CU(cuDeviceGetName, name, sizeof name - 1, gpu.device)
-                            .with_context(context("name")));
+  HIBER_RETURN_IF_ERROR(
+      HIBER_CU(cuDeviceGetName, name, sizeof name - 1, gpu.device).with_context(context("name")));
   p.name = name;
   CUuuid uuid;
-  HIBER_RETURN_IF_ERROR(
-      HIBER_CU(cuDeviceGetUuid, &uuid, gpu.device).with_context(context("uuid")));
+  HIBER_RETURN_IF_ERROR(HIBER_CU(cuDeviceGetUuid, &uuid, gpu.device).with_context(context("uuid")));
   std::memcpy(p.uuid.data(), uuid.bytes, p.uuid.size());
   char bus_id[64] = {};
   HIBER_RETURN_IF_ERROR(HIBER_CU(cuDeviceGetPCIBusId, bus_id, sizeof bus_id - 1, gpu.device)
@@ -346,13 +345,12 @@ Status CudaDevice::init_gpu(int ordinal) {
   // the driver still backs them with large pages where it can.
   CUmemAllocationProp prop = device_allocation_prop(gpu.device);
   size_t granularity = 0;
-  HIBER_RETURN_IF_ERROR(HIBER_CU(cuMemGetAllocationGranularity, &granularity, &prop,
-                                 CU_MEM_ALLOC_GRANULARITY_MINIMUM)
-                            .with_context(context("allocation granularity")));
+  HIBER_RETURN_IF_ERROR(
+      HIBER_CU(cuMemGetAllocationGranularity, &granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM)
+          .with_context(context("allocation granularity")));
   if (!is_power_of_two(granularity)) {
-    return Status(ErrorCode::kNotSupported,
-                  context(str_cat("allocation granularity ", granularity,
-                                  " is not a power of two")));
+    return Status(ErrorCode::kNotSupported, context(str_cat("allocation granularity ", granularity,
+                                                            " is not a power of two")));
   }
   gpu.granularity = granularity;
 
@@ -371,9 +369,8 @@ Status CudaDevice::init_peers() {
     for (int p = 0; p < n; ++p) {
       if (p == g) continue;
       int can = 0;
-      HIBER_RETURN_IF_ERROR(
-          HIBER_CU(cuDeviceCanAccessPeer, &can, gpus_[g].device, gpus_[p].device)
-              .with_context(str_cat("GPU ", g, " -> GPU ", p)));
+      HIBER_RETURN_IF_ERROR(HIBER_CU(cuDeviceCanAccessPeer, &can, gpus_[g].device, gpus_[p].device)
+                                .with_context(str_cat("GPU ", g, " -> GPU ", p)));
       peer_[g][p] = can != 0;
     }
   }
@@ -446,12 +443,12 @@ Status CudaDevice::discover_topology() {
       for (auto [src, dst] : {std::pair{a, b}, std::pair{b, a}}) {
         int value = 0;
         HIBER_RETURN_IF_ERROR(HIBER_CU(cuDeviceGetP2PAttribute, &value,
-                                       CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED,
-                                       gpus_[src].device, gpus_[dst].device));
+                                       CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED, gpus_[src].device,
+                                       gpus_[dst].device));
         access &= value != 0 ? 1 : 0;
         HIBER_RETURN_IF_ERROR(HIBER_CU(cuDeviceGetP2PAttribute, &value,
-                                       CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK,
-                                       gpus_[src].device, gpus_[dst].device));
+                                       CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK, gpus_[src].device,
+                                       gpus_[dst].device));
         rank = std::max(rank, value);
         HIBER_RETURN_IF_ERROR(HIBER_CU(cuDeviceGetP2PAttribute, &value,
                                        CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED,
@@ -491,11 +488,12 @@ Status CudaDevice::use_configured_topology(const NodeConfig& node) {
     }
     const std::string& actual = gpus_[g].properties.pci_bus_id;
     if (*configured != actual) {
-      return Status(ErrorCode::kInvalidValue,
-                    str_cat("node config '", node.name, "': GPU ", g, " is at PCI bus ",
-                            *configured, " in the config but the driver's GPU ", g, " is at ",
-                            actual, " (set CUDA_DEVICE_ORDER=PCI_BUS_ID so the driver numbers "
-                                    "GPUs in bus order)"));
+      return Status(
+          ErrorCode::kInvalidValue,
+          str_cat("node config '", node.name, "': GPU ", g, " is at PCI bus ", *configured,
+                  " in the config but the driver's GPU ", g, " is at ", actual,
+                  " (set CUDA_DEVICE_ORDER=PCI_BUS_ID so the driver numbers "
+                  "GPUs in bus order)"));
     }
   }
   topology_ = node;
@@ -598,12 +596,11 @@ Status CudaDevice::allow_dynamic_shared_memory(CUkernel kernel, int gpu, uint32_
   }
   uint32_t& allowed = it->second.max_dynamic_shared[gpu];
   if (allowed >= bytes) return Status();
-  HIBER_RETURN_IF_ERROR(HIBER_CU(cuKernelSetAttribute,
-                                 CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                 static_cast<int>(bytes), kernel, gpus_[gpu].device)
-                            .with_context(str_cat("launch(", it->second.info.name, ") on GPU ",
-                                                  gpu, " with ", bytes,
-                                                  " bytes of dynamic shared memory")));
+  HIBER_RETURN_IF_ERROR(
+      HIBER_CU(cuKernelSetAttribute, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+               static_cast<int>(bytes), kernel, gpus_[gpu].device)
+          .with_context(str_cat("launch(", it->second.info.name, ") on GPU ", gpu, " with ", bytes,
+                                " bytes of dynamic shared memory")));
   allowed = bytes;
   return Status();
 }
@@ -645,8 +642,8 @@ Result<DevicePtr> CudaDevice::reserve_address_range(uint64_t bytes, uint64_t ali
                           min_granularity_, ")"));
   }
   if (alignment != 0 && !is_power_of_two(alignment)) {
-    return Status(ErrorCode::kInvalidValue, str_cat("reserve_address_range: alignment ",
-                                                    alignment, " is not a power of two"));
+    return Status(ErrorCode::kInvalidValue, str_cat("reserve_address_range: alignment ", alignment,
+                                                    " is not a power of two"));
   }
   // Anything mapped into the range must sit on its GPU's granularity boundary, so the range
   // starts on the largest one, and the driver reserves whole units of it.
@@ -677,9 +674,9 @@ Status CudaDevice::free_address_range(DevicePtr va, uint64_t bytes) {
     if (before->first + before->second.bytes > va) it = before;
   }
   if (it != mappings_.end() && it->first < va + bytes) {
-    return Status(ErrorCode::kInvalidValue,
-                  where() + ": " + str_cat(hex(it->first), " (", it->second.bytes,
-                                    " bytes) is still mapped; unmap it first"));
+    return Status(ErrorCode::kInvalidValue, where() + ": " +
+                                                str_cat(hex(it->first), " (", it->second.bytes,
+                                                        " bytes) is still mapped; unmap it first"));
   }
   HIBER_RETURN_IF_ERROR(use_gpu(0));
   HIBER_RETURN_IF_ERROR(
@@ -692,23 +689,24 @@ Result<PhysicalMemory> CudaDevice::create_physical(int gpu, uint64_t bytes) {
   HIBER_RETURN_IF_ERROR(use_gpu(gpu));
   const uint64_t granularity = gpus_[gpu].granularity;
   if (bytes == 0 || bytes % granularity != 0) {
-    return Status(ErrorCode::kInvalidValue,
-                  str_cat("create_physical(GPU ", gpu, "): ", bytes,
-                          " bytes is not a positive multiple of the allocation granularity ",
-                          granularity));
+    return Status(
+        ErrorCode::kInvalidValue,
+        str_cat("create_physical(GPU ", gpu, "): ", bytes,
+                " bytes is not a positive multiple of the allocation granularity ", granularity));
   }
   CUmemAllocationProp prop = device_allocation_prop(gpus_[gpu].device);
   CUmemGenericAllocationHandle handle = 0;
-  HIBER_RETURN_IF_ERROR(HIBER_CU(cuMemCreate, &handle, bytes, &prop, 0)
-                            .with_context(str_cat("create_physical(GPU ", gpu, ", ", bytes,
-                                                  " bytes)")));
+  HIBER_RETURN_IF_ERROR(
+      HIBER_CU(cuMemCreate, &handle, bytes, &prop, 0)
+          .with_context(str_cat("create_physical(GPU ", gpu, ", ", bytes, " bytes)")));
   return PhysicalMemory{static_cast<uint64_t>(handle), gpu, bytes};
 }
 
 Status CudaDevice::release_physical(PhysicalMemory memory) {
   if (memory.id == 0) {
-    return Status(ErrorCode::kInvalidHandle, "release_physical: handle 0 was not made by "
-                                             "create_physical");
+    return Status(ErrorCode::kInvalidHandle,
+                  "release_physical: handle 0 was not made by "
+                  "create_physical");
   }
   HIBER_RETURN_IF_ERROR(use_gpu(memory.gpu));
   return HIBER_CU(cuMemRelease, static_cast<CUmemGenericAllocationHandle>(memory.id))
@@ -717,8 +715,9 @@ Status CudaDevice::release_physical(PhysicalMemory memory) {
 
 Status CudaDevice::map(DevicePtr va, uint64_t bytes, PhysicalMemory memory, uint64_t offset) {
   if (memory.id == 0) {
-    return Status(ErrorCode::kInvalidHandle, "map: physical memory handle 0 was not made by "
-                                             "create_physical");
+    return Status(ErrorCode::kInvalidHandle,
+                  "map: physical memory handle 0 was not made by "
+                  "create_physical");
   }
   HIBER_RETURN_IF_ERROR(use_gpu(memory.gpu));
   const uint64_t g = gpus_[memory.gpu].granularity;
@@ -729,9 +728,10 @@ Status CudaDevice::map(DevicePtr va, uint64_t bytes, PhysicalMemory memory, uint
   if (bytes == 0) return Status(ErrorCode::kInvalidValue, where() + ": nothing to map");
   if (va % g != 0 || bytes % g != 0 || offset % g != 0) {
     return Status(ErrorCode::kInvalidValue,
-                  where() + ": " + str_cat("address, size and offset must be multiples of the "
-                                    "allocation granularity ",
-                                    g));
+                  where() + ": " +
+                      str_cat("address, size and offset must be multiples of the "
+                              "allocation granularity ",
+                              g));
   }
   if (offset > memory.bytes || bytes > memory.bytes - offset) {
     return Status(ErrorCode::kInvalidValue,
@@ -750,20 +750,21 @@ Status CudaDevice::map(DevicePtr va, uint64_t bytes, PhysicalMemory memory, uint
   auto next = mappings_.lower_bound(va);
   if (next != mappings_.end() && next->first < va + bytes) {
     return Status(ErrorCode::kAlreadyMapped,
-                  where() + ": " + str_cat("overlaps the mapping at ", hex(next->first), " (",
-                                    next->second.bytes, " bytes)"));
+                  where() + ": " +
+                      str_cat("overlaps the mapping at ", hex(next->first), " (",
+                              next->second.bytes, " bytes)"));
   }
   if (next != mappings_.begin()) {
     auto before = std::prev(next);
     if (before->first + before->second.bytes > va) {
       return Status(ErrorCode::kAlreadyMapped,
-                    where() + ": " + str_cat("overlaps the mapping at ", hex(before->first), " (",
-                                      before->second.bytes, " bytes)"));
+                    where() + ": " +
+                        str_cat("overlaps the mapping at ", hex(before->first), " (",
+                                before->second.bytes, " bytes)"));
     }
   }
   HIBER_RETURN_IF_ERROR(
-      HIBER_CU(cuMemMap, va, bytes, offset, static_cast<CUmemGenericAllocationHandle>(memory.id),
-               0)
+      HIBER_CU(cuMemMap, va, bytes, offset, static_cast<CUmemGenericAllocationHandle>(memory.id), 0)
           .with_context(where()));
   mappings_.emplace(va, Mapping{bytes, memory.gpu});
   return Status();
@@ -779,17 +780,18 @@ Status CudaDevice::unmap(DevicePtr va, uint64_t bytes) {
     if (before->first + before->second.bytes > va) {
       // cuMemUnmap cannot split a mapping.
       return Status(ErrorCode::kInvalidValue,
-                    where() + ": " + str_cat("starts inside the mapping at ", hex(before->first),
-                                             " (", before->second.bytes,
-                                             " bytes); unmap whole mappings"));
+                    where() + ": " +
+                        str_cat("starts inside the mapping at ", hex(before->first), " (",
+                                before->second.bytes, " bytes); unmap whole mappings"));
     }
   }
   auto last = first;
   while (last != mappings_.end() && last->first < va + bytes) {
     if (last->first + last->second.bytes > va + bytes) {
       return Status(ErrorCode::kInvalidValue,
-                    where() + ": " + str_cat("ends inside the mapping at ", hex(last->first), " (",
-                                      last->second.bytes, " bytes); unmap whole mappings"));
+                    where() + ": " +
+                        str_cat("ends inside the mapping at ", hex(last->first), " (",
+                                last->second.bytes, " bytes); unmap whole mappings"));
     }
     ++last;
   }
@@ -837,8 +839,9 @@ Status CudaDevice::set_access(DevicePtr va, uint64_t bytes, std::span<const int>
       reaches_all = false;
       if (wanted[g]) {
         return Status(ErrorCode::kPeerAccessUnsupported,
-                      where() + ": " + str_cat("GPU ", g, " cannot access memory of GPU ", o,
-                                        " (no peer access between them)"));
+                      where() + ": " +
+                          str_cat("GPU ", g, " cannot access memory of GPU ", o,
+                                  " (no peer access between them)"));
       }
     }
     if (!wanted[g] && !reaches_all) continue;
@@ -1003,8 +1006,8 @@ Status CudaDevice::copy_device_to_device(Stream stream, DevicePtr dst, DevicePtr
   });
 }
 
-Status CudaDevice::copy_peer(Stream stream, DevicePtr dst, int dst_gpu, DevicePtr src,
-                             int src_gpu, uint64_t bytes) {
+Status CudaDevice::copy_peer(Stream stream, DevicePtr dst, int dst_gpu, DevicePtr src, int src_gpu,
+                             uint64_t bytes) {
   if (!valid_gpu(dst_gpu)) return no_such_gpu(dst_gpu).with_context("copy_peer destination");
   if (!valid_gpu(src_gpu)) return no_such_gpu(src_gpu).with_context("copy_peer source");
   HIBER_ASSIGN_OR_RETURN(CUstream s, use_stream(stream));
@@ -1031,8 +1034,7 @@ Status CudaDevice::memset(Stream stream, DevicePtr dst, uint32_t value, int elem
     return str_cat("memset(", hex(dst), ", ", count, " x ", element_bytes, " bytes)");
   };
   if (element_bytes != 1 && element_bytes != 2 && element_bytes != 4) {
-    return Status(ErrorCode::kInvalidValue,
-                  where() + ": element size must be 1, 2 or 4 bytes");
+    return Status(ErrorCode::kInvalidValue, where() + ": element size must be 1, 2 or 4 bytes");
   }
   if (dst % static_cast<uint64_t>(element_bytes) != 0) {
     return Status(ErrorCode::kInvalidValue,
@@ -1042,13 +1044,12 @@ Status CudaDevice::memset(Stream stream, DevicePtr dst, uint32_t value, int elem
   if (count == 0) return Status();
   switch (element_bytes) {
     case 1:
-      return on_error(
-          HIBER_CU(cuMemsetD8Async, dst, static_cast<unsigned char>(value), count, s), where);
+      return on_error(HIBER_CU(cuMemsetD8Async, dst, static_cast<unsigned char>(value), count, s),
+                      where);
     case 2:
-      return on_error(
-          HIBER_CU(cuMemsetD16Async, dst, static_cast<unsigned short>(value), count, s), where);
-    default:
-      return on_error(HIBER_CU(cuMemsetD32Async, dst, value, count, s), where);
+      return on_error(HIBER_CU(cuMemsetD16Async, dst, static_cast<unsigned short>(value), count, s),
+                      where);
+    default: return on_error(HIBER_CU(cuMemsetD32Async, dst, value, count, s), where);
   }
 }
 
@@ -1066,8 +1067,9 @@ Result<Module> CudaDevice::load_module(std::span<const std::byte> image) {
     // The driver accepts the wrapper nvcc emits around a fatbin, but it holds a pointer into
     // the client's address space, which means nothing here.
     return Status(ErrorCode::kInvalidImage,
-                  where() + ": a fatbin wrapper (__fatBinC_Wrapper_t) holds a host pointer; send "
-                            "the fatbin it points to");
+                  where() +
+                      ": a fatbin wrapper (__fatBinC_Wrapper_t) holds a host pointer; send "
+                      "the fatbin it points to");
   }
   Result<std::vector<KernelInfo>> readable = fatbin::image_kernels(image);
   if (!readable.ok()) return readable.status().with_context(where());
@@ -1186,14 +1188,11 @@ Status CudaDevice::launch(Stream stream, Function function, const LaunchConfig& 
   // The packed buffer goes in `extra`; the driver copies it before cuLaunchKernel returns. A
   // CUkernel may be launched as a CUfunction (CUDA 12.0+), in the context of the stream.
   size_t size = params.size();
-  void* extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER,
-                   const_cast<std::byte*>(params.data()),
-                   CU_LAUNCH_PARAM_BUFFER_SIZE,
-                   &size,
-                   CU_LAUNCH_PARAM_END};
+  void* extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, const_cast<std::byte*>(params.data()),
+                   CU_LAUNCH_PARAM_BUFFER_SIZE, &size, CU_LAUNCH_PARAM_END};
   Status launched =
-      HIBER_CU(cuLaunchKernel, reinterpret_cast<CUfunction>(kernel), config.grid.x,
-               config.grid.y, config.grid.z, config.block.x, config.block.y, config.block.z,
+      HIBER_CU(cuLaunchKernel, reinterpret_cast<CUfunction>(kernel), config.grid.x, config.grid.y,
+               config.grid.z, config.block.x, config.block.y, config.block.z,
                config.shared_memory_bytes, s, nullptr, size != 0 ? extra : nullptr);
   return on_error(std::move(launched), [&] {
     ReaderLock lock(kernels_mutex_);

@@ -15,11 +15,11 @@ namespace hiber::device::cuda_driver {
 // (`name` is expanded here, so cuMemGetInfo is checked as cuMemGetInfo_v2): the version we ask
 // cuGetProcAddress for is the ABI our calls are compiled against. decltype does not odr-use the
 // function, so nothing links against libcuda.
-#define HIBER_CUDA_CHECK_SIGNATURE_(name, version)                                        \
-  static_assert(std::is_same_v<PFN_##name##_v##version, decltype(&name)>,                 \
-                "HIBER_CUDA_DRIVER_ENTRY_POINTS: " #name " at version " #version          \
-                " does not have the signature cuda.h declares; use the version whose "   \
-                "PFN typedef in cudaTypedefs.h matches");                                 \
+#define HIBER_CUDA_CHECK_SIGNATURE_(name, version)                                     \
+  static_assert(std::is_same_v<PFN_##name##_v##version, decltype(&name)>,              \
+                "HIBER_CUDA_DRIVER_ENTRY_POINTS: " #name " at version " #version       \
+                " does not have the signature cuda.h declares; use the version whose " \
+                "PFN typedef in cudaTypedefs.h matches");                              \
   static_assert(version <= CUDA_VERSION, #name ": version newer than the CUDA headers");
 HIBER_CUDA_DRIVER_ENTRY_POINTS(HIBER_CUDA_CHECK_SIGNATURE_)
 #undef HIBER_CUDA_CHECK_SIGNATURE_
@@ -27,37 +27,37 @@ HIBER_CUDA_DRIVER_ENTRY_POINTS(HIBER_CUDA_CHECK_SIGNATURE_)
 // Our error codes are CUresult values, so a driver error reaches a client unchanged. One row per
 // ErrorCode enumerator; the switch below makes -Wswitch (in -Wall) name any enumerator added
 // to common/status.h without a row here.
-#define HIBER_CUDA_ERROR_CODES_(X)                                \
-  X(kSuccess, CUDA_SUCCESS)                                       \
-  X(kInvalidValue, CUDA_ERROR_INVALID_VALUE)                      \
-  X(kOutOfMemory, CUDA_ERROR_OUT_OF_MEMORY)                       \
-  X(kNotInitialized, CUDA_ERROR_NOT_INITIALIZED)                  \
-  X(kDeinitialized, CUDA_ERROR_DEINITIALIZED)                     \
-  X(kStubLibrary, CUDA_ERROR_STUB_LIBRARY)                        \
-  X(kDeviceUnavailable, CUDA_ERROR_DEVICE_UNAVAILABLE)            \
-  X(kNoDevice, CUDA_ERROR_NO_DEVICE)                              \
-  X(kInvalidDevice, CUDA_ERROR_INVALID_DEVICE)                    \
-  X(kInvalidImage, CUDA_ERROR_INVALID_IMAGE)                      \
-  X(kInvalidContext, CUDA_ERROR_INVALID_CONTEXT)                  \
-  X(kMapFailed, CUDA_ERROR_MAP_FAILED)                            \
-  X(kAlreadyMapped, CUDA_ERROR_ALREADY_MAPPED)                    \
-  X(kNoBinaryForGpu, CUDA_ERROR_NO_BINARY_FOR_GPU)                \
-  X(kNotMapped, CUDA_ERROR_NOT_MAPPED)                            \
-  X(kPeerAccessUnsupported, CUDA_ERROR_PEER_ACCESS_UNSUPPORTED)   \
-  X(kInvalidPtx, CUDA_ERROR_INVALID_PTX)                          \
-  X(kInvalidSource, CUDA_ERROR_INVALID_SOURCE)                    \
-  X(kFileNotFound, CUDA_ERROR_FILE_NOT_FOUND)                     \
-  X(kOperatingSystem, CUDA_ERROR_OPERATING_SYSTEM)                \
-  X(kInvalidHandle, CUDA_ERROR_INVALID_HANDLE)                    \
-  X(kIllegalState, CUDA_ERROR_ILLEGAL_STATE)                      \
-  X(kNotFound, CUDA_ERROR_NOT_FOUND)                              \
-  X(kNotReady, CUDA_ERROR_NOT_READY)                              \
-  X(kIllegalAddress, CUDA_ERROR_ILLEGAL_ADDRESS)                  \
-  X(kLaunchOutOfResources, CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES)    \
-  X(kLaunchFailed, CUDA_ERROR_LAUNCH_FAILED)                      \
-  X(kNotPermitted, CUDA_ERROR_NOT_PERMITTED)                      \
-  X(kNotSupported, CUDA_ERROR_NOT_SUPPORTED)                      \
-  X(kTimeout, CUDA_ERROR_TIMEOUT)                                 \
+#define HIBER_CUDA_ERROR_CODES_(X)                              \
+  X(kSuccess, CUDA_SUCCESS)                                     \
+  X(kInvalidValue, CUDA_ERROR_INVALID_VALUE)                    \
+  X(kOutOfMemory, CUDA_ERROR_OUT_OF_MEMORY)                     \
+  X(kNotInitialized, CUDA_ERROR_NOT_INITIALIZED)                \
+  X(kDeinitialized, CUDA_ERROR_DEINITIALIZED)                   \
+  X(kStubLibrary, CUDA_ERROR_STUB_LIBRARY)                      \
+  X(kDeviceUnavailable, CUDA_ERROR_DEVICE_UNAVAILABLE)          \
+  X(kNoDevice, CUDA_ERROR_NO_DEVICE)                            \
+  X(kInvalidDevice, CUDA_ERROR_INVALID_DEVICE)                  \
+  X(kInvalidImage, CUDA_ERROR_INVALID_IMAGE)                    \
+  X(kInvalidContext, CUDA_ERROR_INVALID_CONTEXT)                \
+  X(kMapFailed, CUDA_ERROR_MAP_FAILED)                          \
+  X(kAlreadyMapped, CUDA_ERROR_ALREADY_MAPPED)                  \
+  X(kNoBinaryForGpu, CUDA_ERROR_NO_BINARY_FOR_GPU)              \
+  X(kNotMapped, CUDA_ERROR_NOT_MAPPED)                          \
+  X(kPeerAccessUnsupported, CUDA_ERROR_PEER_ACCESS_UNSUPPORTED) \
+  X(kInvalidPtx, CUDA_ERROR_INVALID_PTX)                        \
+  X(kInvalidSource, CUDA_ERROR_INVALID_SOURCE)                  \
+  X(kFileNotFound, CUDA_ERROR_FILE_NOT_FOUND)                   \
+  X(kOperatingSystem, CUDA_ERROR_OPERATING_SYSTEM)              \
+  X(kInvalidHandle, CUDA_ERROR_INVALID_HANDLE)                  \
+  X(kIllegalState, CUDA_ERROR_ILLEGAL_STATE)                    \
+  X(kNotFound, CUDA_ERROR_NOT_FOUND)                            \
+  X(kNotReady, CUDA_ERROR_NOT_READY)                            \
+  X(kIllegalAddress, CUDA_ERROR_ILLEGAL_ADDRESS)                \
+  X(kLaunchOutOfResources, CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES)  \
+  X(kLaunchFailed, CUDA_ERROR_LAUNCH_FAILED)                    \
+  X(kNotPermitted, CUDA_ERROR_NOT_PERMITTED)                    \
+  X(kNotSupported, CUDA_ERROR_NOT_SUPPORTED)                    \
+  X(kTimeout, CUDA_ERROR_TIMEOUT)                               \
   X(kUnknown, CUDA_ERROR_UNKNOWN)
 
 #define HIBER_CUDA_SAME_CODE_(ours, theirs) \
@@ -69,8 +69,7 @@ namespace {
 [[maybe_unused]] constexpr CUresult cuda_result_of(ErrorCode code) {
   switch (code) {
 #define HIBER_CUDA_CASE_(ours, theirs) \
-  case ErrorCode::ours:                \
-    return theirs;
+  case ErrorCode::ours: return theirs;
     HIBER_CUDA_ERROR_CODES_(HIBER_CUDA_CASE_)
 #undef HIBER_CUDA_CASE_
   }
@@ -136,8 +135,9 @@ Result<const CudaDriver*> load_driver_once() {
   auto get_proc = reinterpret_cast<GetProcAddressFn>(dlsym(handle, "cuGetProcAddress_v2"));
   if (get_proc == nullptr) {
     return Status(ErrorCode::kNotSupported,
-                  str_cat(where, " has no cuGetProcAddress_v2: the NVIDIA driver is older than "
-                                 "CUDA 12.0; Hiber needs a driver for CUDA ",
+                  str_cat(where,
+                          " has no cuGetProcAddress_v2: the NVIDIA driver is older than "
+                          "CUDA 12.0; Hiber needs a driver for CUDA ",
                           kRequiredDriverVersion / 1000, ".", kRequiredDriverVersion % 1000 / 10,
                           " or newer"));
   }
@@ -149,15 +149,16 @@ Result<const CudaDriver*> load_driver_once() {
     CUresult r = get_proc(name, out, version, CU_GET_PROC_ADDRESS_LEGACY_STREAM, &found);
     if (r == CUDA_ERROR_STUB_LIBRARY) {
       return Status(ErrorCode::kStubLibrary,
-                    str_cat(where, " is the CUDA toolkit's stub library, not an NVIDIA driver: "
-                                   "no GPU can be used (remove the stubs directory from "
-                                   "LD_LIBRARY_PATH on a GPU machine)"));
+                    str_cat(where,
+                            " is the CUDA toolkit's stub library, not an NVIDIA driver: "
+                            "no GPU can be used (remove the stubs directory from "
+                            "LD_LIBRARY_PATH on a GPU machine)"));
     }
     if (r != CUDA_SUCCESS || found != CU_GET_PROC_ADDRESS_SUCCESS || *out == nullptr) {
-      return Status(ErrorCode::kNotSupported,
-                    str_cat("cuGetProcAddress(", name, ", version ", version, ") in ", where,
-                            " failed: ", describe_result(nullptr, r), ", ",
-                            query_result_name(found)));
+      return Status(
+          ErrorCode::kNotSupported,
+          str_cat("cuGetProcAddress(", name, ", version ", version, ") in ", where,
+                  " failed: ", describe_result(nullptr, r), ", ", query_result_name(found)));
     }
     return Status();
   };
@@ -168,9 +169,9 @@ Result<const CudaDriver*> load_driver_once() {
                                 reinterpret_cast<void**>(&driver->pfn_cuDriverGetVersion)));
   CUresult r = driver->pfn_cuDriverGetVersion(&driver->driver_version);
   if (r != CUDA_SUCCESS) {
-    return Status(static_cast<ErrorCode>(static_cast<uint32_t>(r)),
-                  str_cat("cuDriverGetVersion in ", where, " failed: ",
-                          describe_result(nullptr, r)));
+    return Status(
+        static_cast<ErrorCode>(static_cast<uint32_t>(r)),
+        str_cat("cuDriverGetVersion in ", where, " failed: ", describe_result(nullptr, r)));
   }
   if (driver->driver_version < kRequiredDriverVersion) {
     return Status(ErrorCode::kNotSupported,
@@ -180,17 +181,17 @@ Result<const CudaDriver*> load_driver_once() {
                           kRequiredDriverVersion % 1000 / 10, " or newer"));
   }
 
-#define HIBER_CUDA_RESOLVE_(name, version)                                                  \
-  HIBER_RETURN_IF_ERROR(                                                                    \
-      resolve(#name, version, reinterpret_cast<void**>(&driver->pfn_##name)));
+#define HIBER_CUDA_RESOLVE_(name, version) \
+  HIBER_RETURN_IF_ERROR(resolve(#name, version, reinterpret_cast<void**>(&driver->pfn_##name)));
   HIBER_CUDA_DRIVER_ENTRY_POINTS(HIBER_CUDA_RESOLVE_)
 #undef HIBER_CUDA_RESOLVE_
 
   r = driver->pfn_cuInit(0);
   if (r == CUDA_ERROR_STUB_LIBRARY) {
     return Status(ErrorCode::kStubLibrary,
-                  str_cat(where, " is the CUDA toolkit's stub library, not an NVIDIA driver: "
-                                 "cuInit returned CUDA_ERROR_STUB_LIBRARY"));
+                  str_cat(where,
+                          " is the CUDA toolkit's stub library, not an NVIDIA driver: "
+                          "cuInit returned CUDA_ERROR_STUB_LIBRARY"));
   }
   if (r == CUDA_ERROR_NO_DEVICE) {
     return Status(ErrorCode::kNoDevice,
@@ -198,8 +199,9 @@ Result<const CudaDriver*> load_driver_once() {
                           describe_result(driver.get(), r)));
   }
   if (r != CUDA_SUCCESS) {
-    return driver->check(r, "cuInit").with_context(
-        str_cat("the NVIDIA driver (", where, ") is installed but cannot be initialised"));
+    return driver->check(r, "cuInit")
+        .with_context(
+            str_cat("the NVIDIA driver (", where, ") is installed but cannot be initialised"));
   }
   LOG(INFO) << "CUDA driver " << where << " (CUDA " << driver->driver_version / 1000 << "."
             << driver->driver_version % 1000 / 10 << ") loaded";

@@ -114,8 +114,8 @@ struct CudaDriver {
   HIBER_CUDA_DRIVER_ENTRY_POINTS(HIBER_CUDA_PFN_MEMBER_)
 #undef HIBER_CUDA_PFN_MEMBER_
 
-  int driver_version = 0;     // cuDriverGetVersion: 13000 for CUDA 13.0
-  std::string library_path;   // where libcuda.so.1 was found
+  int driver_version = 0;    // cuDriverGetVersion: 13000 for CUDA 13.0
+  std::string library_path;  // where libcuda.so.1 was found
 
   // A Status for a CUresult: success, or the error with the code unchanged (our ErrorCode values
   // are CUresult values) and "<call>: <CUDA_ERROR_NAME> (<description>)" as the message.

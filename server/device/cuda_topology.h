@@ -51,10 +51,10 @@ std::string uplink_device_path(std::string_view gpu_path);
 
 // GPUs grouped by shared PCIe uplink, with each group's estimated host bandwidth.
 struct PcieLayout {
-  std::vector<int> switch_of_gpu;             // per GPU, an index into `switches`
-  std::vector<PcieSwitchSpec> switches;       // in order of first GPU
-  std::vector<std::string> uplink_paths;      // per switch, the device grouped on ("" if unknown)
-  std::vector<std::string> notes;             // one line per fallback taken, for the log
+  std::vector<int> switch_of_gpu;         // per GPU, an index into `switches`
+  std::vector<PcieSwitchSpec> switches;   // in order of first GPU
+  std::vector<std::string> uplink_paths;  // per switch, the device grouped on ("" if unknown)
+  std::vector<std::string> notes;         // one line per fallback taken, for the log
 };
 
 // Discovers the PCIe layout of `bus_ids` (normalized) under `sysfs_root` ("/sys" on a real

@@ -82,7 +82,7 @@ struct DeviceProperties {
   int ordinal = 0;
   std::string name;
   std::array<uint8_t, 16> uuid{};
-  std::string pci_bus_id;       // "0000:3b:00.0"
+  std::string pci_bus_id;  // "0000:3b:00.0"
   uint64_t total_memory_bytes = 0;
   std::vector<int32_t> attributes = std::vector<int32_t>(kAttrCount, 0);
 

@@ -148,7 +148,8 @@ struct SimDevice::Impl {
     const auto start = reinterpret_cast<uintptr_t>(host);
     MutexLock lock(host_mu);
     auto it = registered_host.upper_bound(start);
-    const bool pinned = it != registered_host.begin() && std::prev(it)->first + std::prev(it)->second >= start + bytes;
+    const bool pinned = it != registered_host.begin() &&
+                        std::prev(it)->first + std::prev(it)->second >= start + bytes;
     if (!pinned) path.rate_factor = options.pageable_rate;
     return path;
   }
@@ -420,7 +421,11 @@ Status SimDevice::copy_host_to_device(Stream stream, DevicePtr dst, const void* 
     });
     return Status();
   }
-  sim::CopySpec spec{reinterpret_cast<void*>(dst), src, bytes, s->gpu, -1,
+  sim::CopySpec spec{reinterpret_cast<void*>(dst),
+                     src,
+                     bytes,
+                     s->gpu,
+                     -1,
                      impl_->host_path(impl_->links.host_to_device(owner), src, bytes)};
   impl_->enqueue_copy(s, std::move(spec), str_cat("copy_host_to_device to ", hex(dst)));
   return Status();
@@ -432,7 +437,8 @@ Status SimDevice::copy_device_to_host(Stream stream, void* dst, DevicePtr src, u
   if (dst == nullptr)
     return error(ErrorCode::kInvalidValue, "copy_device_to_host: null destination");
   HIBER_ASSIGN_OR_RETURN(int owner, impl_->check_range("copy_device_to_host", src, bytes, s->gpu));
-  sim::CopySpec spec{dst,    reinterpret_cast<const void*>(src), bytes, -1,
+  sim::CopySpec spec{dst,    reinterpret_cast<const void*>(src),
+                     bytes,  -1,
                      s->gpu, impl_->host_path(impl_->links.device_to_host(owner), dst, bytes)};
   impl_->enqueue_copy(s, std::move(spec), str_cat("copy_device_to_host from ", hex(src)));
   return Status();

@@ -26,13 +26,13 @@ typedef struct HiberSimDim3 {
 } HiberSimDim3;
 
 typedef struct HiberSimLaunch {
-  const char* name;            /* the mangled kernel name */
+  const char* name; /* the mangled kernel name */
   HiberSimDim3 grid;
   HiberSimDim3 block;
   uint32_t shared_memory_bytes;
-  int32_t gpu;                 /* the simulated GPU running the launch */
+  int32_t gpu; /* the simulated GPU running the launch */
   uint32_t param_count;
-  void* const* params;         /* params[i] points at parameter i, like cuLaunchKernel's kernelParams */
+  void* const* params; /* params[i] points at parameter i, like cuLaunchKernel's kernelParams */
 } HiberSimLaunch;
 
 /* Runs the whole grid. Returns 0 (CUDA_SUCCESS) or a CUresult value, which becomes the error of

@@ -98,7 +98,10 @@ Bytes fake_fatbin() { return fatbin_of(1, bytes_of(kFakePtx)); }
 Bytes tiny_cubin() {
   const std::string_view names("\0.shstrtab\0", 11);
   Bytes elf(64 + 16 + 2 * 64);
-  std::memcpy(elf.data(), "\x7f" "ELF\x02\x01\x01", 7);
+  std::memcpy(elf.data(),
+              "\x7f"
+              "ELF\x02\x01\x01",
+              7);
   poke<uint16_t>(elf, 16, 2);    // ET_EXEC
   poke<uint16_t>(elf, 18, 190);  // EM_CUDA
   poke<uint64_t>(elf, 40, 80);   // section headers
@@ -108,8 +111,8 @@ Bytes tiny_cubin() {
   poke<uint16_t>(elf, 62, 1);
   std::memcpy(elf.data() + 64, names.data(), names.size());
   const size_t shstrtab = 80 + 64;
-  poke<uint32_t>(elf, shstrtab, 1);       // name
-  poke<uint32_t>(elf, shstrtab + 4, 3);   // SHT_STRTAB
+  poke<uint32_t>(elf, shstrtab, 1);        // name
+  poke<uint32_t>(elf, shstrtab + 4, 3);    // SHT_STRTAB
   poke<uint64_t>(elf, shstrtab + 24, 64);  // offset
   poke<uint64_t>(elf, shstrtab + 32, names.size());
   return elf;
@@ -188,9 +191,9 @@ TEST_F(CudaDeviceFakeTest, ReadsPropertiesAndNormalizesBusIds) {
   EXPECT_EQ(p.total_memory_bytes, 16ull << 30);
   EXPECT_EQ(p.attribute(kAttrWarpSize), 32);
   EXPECT_EQ(p.attribute(kAttrComputeCapabilityMajor), 9);
-  EXPECT_EQ(p.attribute(20), 1020);   // filled by index
-  EXPECT_EQ(p.attribute(92), 0);      // CUDA_ERROR_NOT_SUPPORTED
-  EXPECT_EQ(p.attribute(150), 0);     // past CU_DEVICE_ATTRIBUTE_MAX: CUDA_ERROR_INVALID_VALUE
+  EXPECT_EQ(p.attribute(20), 1020);  // filled by index
+  EXPECT_EQ(p.attribute(92), 0);     // CUDA_ERROR_NOT_SUPPORTED
+  EXPECT_EQ(p.attribute(150), 0);    // past CU_DEVICE_ATTRIBUTE_MAX: CUDA_ERROR_INVALID_VALUE
   EXPECT_EQ(p.attribute(0), 0);
   EXPECT_EQ(device_->allocation_granularity(0), kGranularity);
   Result<MemoryInfo> info = device_->memory_info(1);
@@ -284,8 +287,7 @@ TEST_F(CudaDeviceFakeTest, ReservesInAnyGpusGranularity) {
   EXPECT_EQ(d.map(*va + 3 * kGranularity, kGranularity, *memory, 0).code(),
             ErrorCode::kInvalidValue)
       << "past the range asked for";
-  EXPECT_EQ(d.reserve_address_range(kGranularity / 2, 0).status().code(),
-            ErrorCode::kInvalidValue);
+  EXPECT_EQ(d.reserve_address_range(kGranularity / 2, 0).status().code(), ErrorCode::kInvalidValue);
   EXPECT_EQ(d.free_address_range(*va, 2 * kLarge).code(), ErrorCode::kInvalidValue)
       << "given back as it was asked for";
   EXPECT_TRUE(d.unmap(*va + 2 * kGranularity, kGranularity).ok());
@@ -366,12 +368,12 @@ TEST_F(CudaDeviceFakeTest, ChecksMapsAndUnmapsAgainstItsMappingTable) {
   EXPECT_THAT(overlap.message(), HasSubstr("overlaps the mapping at"));
   EXPECT_EQ(device_->map(*va + 3 * g, 2 * g, *memory, 0).code(), ErrorCode::kAlreadyMapped);
 
-  EXPECT_TRUE(device_->set_access(*va, 3 * g, std::vector<int>{1}).ok());   // two mappings
-  EXPECT_EQ(device_->set_access(*va, 5 * g, std::vector<int>{1}).code(),    // the hole
+  EXPECT_TRUE(device_->set_access(*va, 3 * g, std::vector<int>{1}).ok());  // two mappings
+  EXPECT_EQ(device_->set_access(*va, 5 * g, std::vector<int>{1}).code(),   // the hole
             ErrorCode::kNotMapped);
   EXPECT_EQ(device_->set_access(*va + 5 * g, g, std::vector<int>{1}).code(), ErrorCode::kNotMapped);
-  EXPECT_EQ(device_->unmap(*va + g, g).code(), ErrorCode::kInvalidValue);       // inside one
-  EXPECT_EQ(device_->unmap(*va, g).code(), ErrorCode::kInvalidValue);           // half of one
+  EXPECT_EQ(device_->unmap(*va + g, g).code(), ErrorCode::kInvalidValue);  // inside one
+  EXPECT_EQ(device_->unmap(*va, g).code(), ErrorCode::kInvalidValue);      // half of one
   EXPECT_EQ(device_->unmap(*va + 6 * g, g).code(), ErrorCode::kNotMapped);
   EXPECT_EQ(device_->free_address_range(*va, 8 * g).code(), ErrorCode::kInvalidValue);
 
@@ -395,14 +397,14 @@ TEST_F(CudaDeviceFakeTest, SetAccessNamesEveryGpuSoOthersLoseAccess) {
     return out;
   };
   using Flags = std::vector<std::pair<int, unsigned long long>>;
-  EXPECT_EQ(last_call(), (Flags{{0, CU_MEM_ACCESS_FLAGS_PROT_READWRITE},
-                                {1, CU_MEM_ACCESS_FLAGS_PROT_NONE}}));
+  EXPECT_EQ(last_call(),
+            (Flags{{0, CU_MEM_ACCESS_FLAGS_PROT_READWRITE}, {1, CU_MEM_ACCESS_FLAGS_PROT_NONE}}));
   ASSERT_TRUE(device_->set_access(va, kGranularity, std::vector<int>{1, 1}).ok());
-  EXPECT_EQ(last_call(), (Flags{{0, CU_MEM_ACCESS_FLAGS_PROT_NONE},
-                                {1, CU_MEM_ACCESS_FLAGS_PROT_READWRITE}}));
+  EXPECT_EQ(last_call(),
+            (Flags{{0, CU_MEM_ACCESS_FLAGS_PROT_NONE}, {1, CU_MEM_ACCESS_FLAGS_PROT_READWRITE}}));
   ASSERT_TRUE(device_->set_access(va, kGranularity, std::vector<int>{}).ok());
-  EXPECT_EQ(last_call(), (Flags{{0, CU_MEM_ACCESS_FLAGS_PROT_NONE},
-                                {1, CU_MEM_ACCESS_FLAGS_PROT_NONE}}));
+  EXPECT_EQ(last_call(),
+            (Flags{{0, CU_MEM_ACCESS_FLAGS_PROT_NONE}, {1, CU_MEM_ACCESS_FLAGS_PROT_NONE}}));
   EXPECT_EQ(device_->set_access(va, kGranularity, std::vector<int>{2}).code(),
             ErrorCode::kInvalidDevice);
   EXPECT_EQ(device_->set_access(va, 0, std::vector<int>{0}).code(), ErrorCode::kInvalidValue);
@@ -599,13 +601,12 @@ TEST_F(CudaDeviceFakeTest, LaunchRefusesDimensionsBeyondTheGpusLimits) {
   Result<Function> noop = device_->get_function(*module, "_Z4noopv");
   Result<Stream> s = device_->create_stream(0, 0);
   ASSERT_TRUE(noop.ok() && s.ok());
-  for (LaunchConfig bad : {LaunchConfig{{0, 1, 1}, {1, 1, 1}, 0},
-                           LaunchConfig{{1, 1, 1}, {1, 0, 1}, 0},
-                           LaunchConfig{{1, 1, 1}, {1025, 1, 1}, 0},
-                           LaunchConfig{{1, 1, 1}, {64, 32, 1}, 0},   // 2048 threads
-                           LaunchConfig{{1, 1, 1}, {1, 1, 65}, 0},
-                           LaunchConfig{{1, 65536, 1}, {1, 1, 1}, 0},
-                           LaunchConfig{{1, 1, 65536}, {1, 1, 1}, 0}}) {
+  for (LaunchConfig bad :
+       {LaunchConfig{{0, 1, 1}, {1, 1, 1}, 0}, LaunchConfig{{1, 1, 1}, {1, 0, 1}, 0},
+        LaunchConfig{{1, 1, 1}, {1025, 1, 1}, 0},
+        LaunchConfig{{1, 1, 1}, {64, 32, 1}, 0},  // 2048 threads
+        LaunchConfig{{1, 1, 1}, {1, 1, 65}, 0}, LaunchConfig{{1, 65536, 1}, {1, 1, 1}, 0},
+        LaunchConfig{{1, 1, 65536}, {1, 1, 1}, 0}}) {
     Status refused = device_->launch(*s, *noop, bad, {});
     EXPECT_EQ(refused.code(), ErrorCode::kInvalidValue) << refused;
   }
@@ -765,8 +766,8 @@ TEST_F(CudaDeviceFakeTest, KernelsOptInToMoreThan48KiBOfSharedMemoryPerGpu) {
       EXPECT_EQ(a.attribute, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES);
       set.emplace_back(a.gpu, a.value);
     }
-    EXPECT_THAT(set, ElementsAre(std::pair{1, 64 << 10}, std::pair{1, 100 << 10},
-                                 std::pair{0, 64 << 10}));
+    EXPECT_THAT(
+        set, ElementsAre(std::pair{1, 64 << 10}, std::pair{1, 100 << 10}, std::pair{0, 64 << 10}));
   }
   EXPECT_TRUE(device_->destroy_stream(*s0).ok());
   EXPECT_TRUE(device_->destroy_stream(*s1).ok());

@@ -104,13 +104,13 @@ TEST(CudaTopology, ParsesSysfsLinkSpeeds) {
 }
 
 TEST(CudaTopology, EstimatesPcieBandwidthFromSpeedAndWidth) {
-  EXPECT_NEAR(topo::pcie_link_gbps(2.5, 16), 4.0, 1e-9);       // PCIe 1.0 x16, 8b/10b
-  EXPECT_NEAR(topo::pcie_link_gbps(5.0, 16), 8.0, 1e-9);       // PCIe 2.0 x16
-  EXPECT_NEAR(topo::pcie_link_gbps(8.0, 16), 15.754, 1e-3);    // PCIe 3.0 x16, 128b/130b
-  EXPECT_NEAR(topo::pcie_link_gbps(16.0, 16), 31.508, 1e-3);   // PCIe 4.0 x16
-  EXPECT_NEAR(topo::pcie_link_gbps(32.0, 16), 63.015, 1e-3);   // PCIe 5.0 x16
-  EXPECT_NEAR(topo::pcie_link_gbps(16.0, 8), 15.754, 1e-3);    // PCIe 4.0 x8
-  EXPECT_NEAR(topo::pcie_link_gbps(64.0, 16), 121.0, 1e-3);    // PCIe 6.0 x16, FLIT
+  EXPECT_NEAR(topo::pcie_link_gbps(2.5, 16), 4.0, 1e-9);      // PCIe 1.0 x16, 8b/10b
+  EXPECT_NEAR(topo::pcie_link_gbps(5.0, 16), 8.0, 1e-9);      // PCIe 2.0 x16
+  EXPECT_NEAR(topo::pcie_link_gbps(8.0, 16), 15.754, 1e-3);   // PCIe 3.0 x16, 128b/130b
+  EXPECT_NEAR(topo::pcie_link_gbps(16.0, 16), 31.508, 1e-3);  // PCIe 4.0 x16
+  EXPECT_NEAR(topo::pcie_link_gbps(32.0, 16), 63.015, 1e-3);  // PCIe 5.0 x16
+  EXPECT_NEAR(topo::pcie_link_gbps(16.0, 8), 15.754, 1e-3);   // PCIe 4.0 x8
+  EXPECT_NEAR(topo::pcie_link_gbps(64.0, 16), 121.0, 1e-3);   // PCIe 6.0 x16, FLIT
   EXPECT_NEAR(topo::kDefaultPcieGbps, topo::pcie_link_gbps(16.0, 16), 1e-9);
 }
 
@@ -150,8 +150,7 @@ class FakeSysfs {
   // Registers a device by its bus id (the last path component), as a relative symlink.
   void link(const std::string& path) {
     std::string bus_id = fs::path(path).filename().string();
-    fs::create_directory_symlink("../../../devices/" + path,
-                                 root_ + "/bus/pci/devices/" + bus_id);
+    fs::create_directory_symlink("../../../devices/" + path, root_ + "/bus/pci/devices/" + bus_id);
   }
   const std::string& root() const { return root_; }
 

@@ -1,7 +1,8 @@
 // The CUDA backend on a real GPU: the shared Device behavioural suite
 // (tests/unit/device_contract.h) instantiated for it, and what only the CUDA backend has to get
 // right (driver properties, topology discovery, access revocation enforced by the hardware,
-// parameter layouts from the driver). Without a GPU every test skips with one line saying why, and the binary passes.
+// parameter layouts from the driver). Without a GPU every test skips with one line saying why, and
+// the binary passes.
 //
 // Tests that make a GPU fault on purpose run in a child process (gtest's "threadsafe" death-test
 // style re-executes this binary for them): a fault poisons the CUDA context for the rest of the
@@ -29,9 +30,9 @@
 namespace hiber::device {
 namespace {
 
-using ::testing::HasSubstr;
 using testing::DeviceContractTest;
 using testing::DeviceUnderTest;
+using ::testing::HasSubstr;
 
 bool means_no_gpu(const Status& s) {
   return s.code() == ErrorCode::kNoDevice || s.code() == ErrorCode::kStubLibrary ||
@@ -228,8 +229,7 @@ TEST_F(CudaDeviceTest, ReportsGranularityAndMemory) {
     EXPECT_LE(info->total_bytes, device_->properties(g).total_memory_bytes);
   }
   EXPECT_EQ(device_->allocation_granularity(-1), 0u);
-  EXPECT_EQ(device_->memory_info(device_->gpu_count()).status().code(),
-            ErrorCode::kInvalidDevice);
+  EXPECT_EQ(device_->memory_info(device_->gpu_count()).status().code(), ErrorCode::kInvalidDevice);
 }
 
 // ---- Virtual memory ----
@@ -258,8 +258,8 @@ TEST_F(CudaDeviceTest, ChecksMappingsBeforeTheDriverSeesThem) {
 
   ASSERT_TRUE(device_->map(*va, 2 * g, *memory, 0).ok());
   EXPECT_EQ(device_->map(*va + g, g, *memory, 0).code(), ErrorCode::kAlreadyMapped);
-  EXPECT_EQ(device_->unmap(*va, g).code(), ErrorCode::kInvalidValue);          // half a mapping
-  EXPECT_EQ(device_->unmap(*va + 2 * g, g).code(), ErrorCode::kNotMapped);     // nothing there
+  EXPECT_EQ(device_->unmap(*va, g).code(), ErrorCode::kInvalidValue);       // half a mapping
+  EXPECT_EQ(device_->unmap(*va + 2 * g, g).code(), ErrorCode::kNotMapped);  // nothing there
   EXPECT_EQ(device_->set_access(*va, 3 * g, std::vector<int>{0}).code(), ErrorCode::kNotMapped);
   EXPECT_EQ(device_->set_access(*va, 2 * g, std::vector<int>{device_->gpu_count()}).code(),
             ErrorCode::kInvalidDevice);
@@ -425,8 +425,8 @@ TEST_F(CudaDeviceTest, RegistersHostMemoryForEveryGpu) {
 // ---- Code ----
 
 TEST_F(CudaDeviceTest, ReadsParameterLayoutsFromTheDriverForEveryImageKind) {
-  for (const char* path : {HIBER_TEST_KERNELS_FATBIN, HIBER_TEST_KERNELS_CUBIN,
-                           HIBER_TEST_KERNELS_PTX}) {
+  for (const char* path :
+       {HIBER_TEST_KERNELS_FATBIN, HIBER_TEST_KERNELS_CUBIN, HIBER_TEST_KERNELS_PTX}) {
     SCOPED_TRACE(path);
     std::vector<std::byte> image = read_file(path);
     ASSERT_FALSE(image.empty());

@@ -34,7 +34,7 @@ struct FakeCudaLaunch {
   unsigned grid[3];
   unsigned block[3];
   unsigned shared_memory_bytes;
-  int gpu;                       // of the stream's context
+  int gpu;  // of the stream's context
   bool had_extra;
   std::vector<std::byte> params;
 };
@@ -50,10 +50,10 @@ struct FakeCudaCopy {
   std::string kind;  // "HtoD", "DtoH", "DtoD", "Peer", "D8", "D16", "D32"
   CUdeviceptr dst;
   CUdeviceptr src;
-  size_t count;      // bytes for copies, elements for memsets
-  unsigned value;    // memsets
-  int gpu;           // of the stream's context
-  int dst_gpu;       // Peer: the contexts given
+  size_t count;    // bytes for copies, elements for memsets
+  unsigned value;  // memsets
+  int gpu;         // of the stream's context
+  int dst_gpu;     // Peer: the contexts given
   int src_gpu;
 };
 
@@ -66,21 +66,21 @@ struct FakeCuda {
   int driver_version = 13000;
   int init_result = 0;
   bool p2p = true;
-  bool p2p_atomics = true;  // false: peers over PCIe (no native atomics)
-  std::map<int, size_t> granularity;  // per GPU, where not the default 2 MiB
+  bool p2p_atomics = true;                  // false: peers over PCIe (no native atomics)
+  std::map<int, size_t> granularity;        // per GPU, where not the default 2 MiB
   CUresult callback_status = CUDA_SUCCESS;  // what stream callbacks are told
 
   // Observations.
   std::vector<std::pair<std::string, int>> resolved;  // cuGetProcAddress (name, version)
   std::set<unsigned long long> resolve_flags;
-  std::map<int, int> primary_context_refs;             // GPU -> retain count
-  std::set<std::pair<int, int>> peer_access;          // (current GPU, peer GPU) enabled
+  std::map<int, int> primary_context_refs;    // GPU -> retain count
+  std::set<std::pair<int, int>> peer_access;  // (current GPU, peer GPU) enabled
   std::vector<std::vector<CUmemAccessDesc>> set_access_calls;
   std::vector<FakeCudaLaunch> launches;
   std::vector<FakeCudaKernelAttribute> kernel_attributes;  // cuKernelSetAttribute
   int library_loads = 0;                                   // cuLibraryLoadData calls
   std::vector<FakeCudaCopy> copies;
-  std::vector<int> stream_priorities;                  // as passed to the driver
+  std::vector<int> stream_priorities;  // as passed to the driver
   std::vector<unsigned> stream_flags;
   std::vector<size_t> reserve_alignments;
   std::vector<size_t> reserve_sizes;

@@ -26,11 +26,22 @@ FakeCuda& state() {
 
 // Objects behind the opaque handles. Each starts with a tag so a handle of the wrong kind is
 // caught instead of misread.
-enum Tag : unsigned { kContextTag = 0xC0C0, kStreamTag = 0x5757, kEventTag = 0xE7E7,
-                      kLibraryTag = 0x1B1B, kKernelTag = 0x4E4E };
+enum Tag : unsigned {
+  kContextTag = 0xC0C0,
+  kStreamTag = 0x5757,
+  kEventTag = 0xE7E7,
+  kLibraryTag = 0x1B1B,
+  kKernelTag = 0x4E4E
+};
 
-struct FakeContext { unsigned tag = kContextTag; int gpu = 0; };
-struct FakeStream { unsigned tag = kStreamTag; int gpu = 0; };
+struct FakeContext {
+  unsigned tag = kContextTag;
+  int gpu = 0;
+};
+struct FakeStream {
+  unsigned tag = kStreamTag;
+  int gpu = 0;
+};
 struct FakeEvent {
   unsigned tag = kEventTag;
   int gpu = 0;
@@ -44,7 +55,10 @@ struct FakeKernel {
   // GPU -> CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES; guarded by the state's mutex.
   std::map<int, int> max_dynamic_shared = {};
 };
-struct FakeLibrary { unsigned tag = kLibraryTag; std::vector<FakeKernel*> kernels; };
+struct FakeLibrary {
+  unsigned tag = kLibraryTag;
+  std::vector<FakeKernel*> kernels;
+};
 
 FakeContext* contexts() {
   static FakeContext all[8] = {{kContextTag, 0}, {kContextTag, 1}, {kContextTag, 2},
@@ -88,9 +102,11 @@ CUresult fake_cuGetErrorName(CUresult error, const char** str) {
     case CUDA_ERROR_INVALID_HANDLE: *str = "CUDA_ERROR_INVALID_HANDLE"; return CUDA_SUCCESS;
     case CUDA_ERROR_NO_DEVICE: *str = "CUDA_ERROR_NO_DEVICE"; return CUDA_SUCCESS;
     case CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED:
-      *str = "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED"; return CUDA_SUCCESS;
+      *str = "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED";
+      return CUDA_SUCCESS;
     case CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED:
-      *str = "CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED"; return CUDA_SUCCESS;
+      *str = "CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED";
+      return CUDA_SUCCESS;
     default: *str = nullptr; return CUDA_ERROR_INVALID_VALUE;
   }
 }
@@ -249,7 +265,10 @@ struct Vmm {
   std::map<CUdeviceptr, size_t> reserved;
   std::map<CUmemGenericAllocationHandle, std::pair<int, size_t>> physical;  // gpu, bytes
   CUmemGenericAllocationHandle next_handle = 1;
-  struct Mapping { size_t bytes; std::map<int, unsigned long long> access; };
+  struct Mapping {
+    size_t bytes;
+    std::map<int, unsigned long long> access;
+  };
   std::map<CUdeviceptr, Mapping> mapped;
   std::set<void*> host_registered;
 };
@@ -278,8 +297,8 @@ CUresult fake_cuMemGetAllocationGranularity(size_t* granularity, const CUmemAllo
   return CUDA_SUCCESS;
 }
 
-CUresult fake_cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t alignment,
-                                  CUdeviceptr addr, unsigned long long flags) {
+CUresult fake_cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t alignment, CUdeviceptr addr,
+                                  unsigned long long flags) {
   if (size == 0 || size % 4096 != 0 || addr != 0 || flags != 0) return CUDA_ERROR_INVALID_VALUE;
   std::lock_guard lock(state().mutex);
   state().reserve_alignments.push_back(alignment);
@@ -362,7 +381,7 @@ CUresult fake_cuMemGetAccess(unsigned long long* flags, const CUmemLocation* loc
     if (ptr >= va && ptr < va + m.bytes) {
       auto it = m.access.find(location->id);
       *flags = it == m.access.end() ? static_cast<unsigned long long>(CU_MEM_ACCESS_FLAGS_PROT_NONE)
-                                   : it->second;
+                                    : it->second;
       return CUDA_SUCCESS;
     }
   }
@@ -381,8 +400,7 @@ CUresult fake_cuMemHostRegister(void* p, size_t bytes, unsigned int flags) {
 
 CUresult fake_cuMemHostUnregister(void* p) {
   std::lock_guard lock(state().mutex);
-  return vmm().host_registered.erase(p) == 1 ? CUDA_SUCCESS
-                                             : CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+  return vmm().host_registered.erase(p) == 1 ? CUDA_SUCCESS : CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
 }
 
 // ---- Streams and events ----
@@ -511,9 +529,8 @@ CUresult fake_cuMemcpyDtoDAsync(CUdeviceptr dst, CUdeviceptr src, size_t bytes, 
 
 CUresult fake_cuMemcpyPeerAsync(CUdeviceptr dst, CUcontext dst_context, CUdeviceptr src,
                                 CUcontext src_context, size_t bytes, CUstream s) {
-  return record_copy(
-      {"Peer", dst, src, bytes, 0, 0, gpu_of(dst_context), gpu_of(src_context)}, s,
-      "cuMemcpyPeerAsync");
+  return record_copy({"Peer", dst, src, bytes, 0, 0, gpu_of(dst_context), gpu_of(src_context)}, s,
+                     "cuMemcpyPeerAsync");
 }
 
 CUresult fake_cuMemsetD8Async(CUdeviceptr dst, unsigned char value, size_t n, CUstream s) {
@@ -532,16 +549,18 @@ CUresult fake_cuMemsetD32Async(CUdeviceptr dst, unsigned int value, size_t n, CU
 
 // Every library has the same three kernels (layouts as nvcc gives them).
 CUresult fake_cuLibraryLoadData(CUlibrary* library, const void* code, CUjit_option* jit_options,
-                                void** jit_values, unsigned int jit_count,
-                                CUlibraryOption* options, void** option_values,
-                                unsigned int option_count) {
+                                void** jit_values, unsigned int jit_count, CUlibraryOption* options,
+                                void** option_values, unsigned int option_count) {
   if (code == nullptr || jit_options != nullptr || jit_values != nullptr || jit_count != 0 ||
       options != nullptr || option_values != nullptr || option_count != 0) {
     return CUDA_ERROR_INVALID_VALUE;
   }
   uint32_t magic = 0;
   std::memcpy(&magic, code, sizeof magic);
-  if (magic != 0xBA55ED50u && std::memcmp(code, "\x7f" "ELF", 4) != 0) {
+  if (magic != 0xBA55ED50u && std::memcmp(code,
+                                          "\x7f"
+                                          "ELF",
+                                          4) != 0) {
     // PTX: read as the driver does, up to the NUL (ASan catches a missing one).
     std::string text(static_cast<const char*>(code));
     if (text.find(".version") == std::string::npos) return CUDA_ERROR_INVALID_PTX;
@@ -604,7 +623,7 @@ CUresult fake_cuKernelGetParamInfo(CUkernel kernel, size_t index, size_t* offset
 }
 
 CUresult fake_cuKernelSetAttribute(CUfunction_attribute attribute, int value, CUkernel kernel,
-                                  CUdevice dev) {
+                                   CUdevice dev) {
   FakeKernel* k = kernel_of(kernel);
   if (k == nullptr || !valid_device(dev)) return CUDA_ERROR_INVALID_VALUE;
   if (attribute == CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES &&
@@ -636,8 +655,8 @@ CUresult fake_cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, uns
       return CUDA_ERROR_INVALID_VALUE;
     }
   }
-  FakeCudaLaunch launch{k->name, {gx, gy, gz}, {bx, by, bz}, shared_bytes, s->gpu,
-                        extra != nullptr, {}};
+  FakeCudaLaunch launch{k->name, {gx, gy, gz}, {bx, by, bz}, shared_bytes, s->gpu, extra != nullptr,
+                        {}};
   if (extra != nullptr) {
     if (extra[0] != CU_LAUNCH_PARAM_BUFFER_POINTER || extra[2] != CU_LAUNCH_PARAM_BUFFER_SIZE ||
         extra[4] != CU_LAUNCH_PARAM_END) {

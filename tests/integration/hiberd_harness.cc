@@ -65,8 +65,8 @@ std::vector<std::string> environment_with(const std::vector<std::string>& env) {
 
 }  // namespace
 
-pid_t spawn(const std::vector<std::string>& argv, const std::string& log_path,
-            unsigned fd_limit, const std::vector<std::string>& env) {
+pid_t spawn(const std::vector<std::string>& argv, const std::string& log_path, unsigned fd_limit,
+            const std::vector<std::string>& env) {
   auto args = c_argv(argv);
   // Built before fork: the child only calls async-signal-safe functions until exec.
   const std::vector<std::string> environment = environment_with(env);
@@ -129,8 +129,7 @@ int wait_exit(pid_t pid, std::chrono::milliseconds timeout) {
   }
 }
 
-ProgramResult run_program(const std::vector<std::string>& argv,
-                          std::chrono::milliseconds timeout) {
+ProgramResult run_program(const std::vector<std::string>& argv, std::chrono::milliseconds timeout) {
   return run_program(argv, {}, timeout);
 }
 
@@ -224,8 +223,8 @@ Result<std::unique_ptr<wire::CallClient>> Hiberd::connect(const std::string& fun
 }
 
 std::string one_gpu_node_config(double pcie_gbps) {
-  const std::string path =
-      "/tmp/hiber-one-gpu-" + std::to_string(::getpid()) + "-" + std::to_string(pcie_gbps) + ".json";
+  const std::string path = "/tmp/hiber-one-gpu-" + std::to_string(::getpid()) + "-" +
+                           std::to_string(pcie_gbps) + ".json";
   std::ofstream(path) << R"({
     "name": "one-gpu",
     "gpuModels": [{"name": "g", "productName": "Simulated GPU", "memoryBytes": 4294967296,
@@ -262,8 +261,8 @@ Result<StatusView> Hiberd::status() const {
         if (!r.isStatus()) return Status(ErrorCode::kUnknown, "not a status reply");
         auto s = r.getStatus();
         for (auto x : s.getSessions()) {
-          view.sessions.push_back({x.getId(), x.getFunctionId(), x.getPid(),
-                                   x.getAllocatedBytes(), x.getCalls(), x.getFailedCalls()});
+          view.sessions.push_back({x.getId(), x.getFunctionId(), x.getPid(), x.getAllocatedBytes(),
+                                   x.getCalls(), x.getFailedCalls()});
         }
         for (auto d : s.getDevices()) view.device_session_bytes.push_back(d.getSessionBytes());
         auto c = s.getCounters();

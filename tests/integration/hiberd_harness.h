@@ -100,7 +100,8 @@ class Hiberd {
   // close asynchronously), or after `timeout`.
   int settled_fds(std::chrono::milliseconds timeout = std::chrono::seconds(10)) const;
   // Polls until hiberd has `expected` fds open or `timeout` passes; returns the last count.
-  int wait_for_fds(int expected, std::chrono::milliseconds timeout = std::chrono::seconds(10)) const;
+  int wait_for_fds(int expected,
+                   std::chrono::milliseconds timeout = std::chrono::seconds(10)) const;
   // User + system CPU time hiberd has used.
   std::chrono::milliseconds cpu_time() const;
   // Lines of hiberd's log (stderr).

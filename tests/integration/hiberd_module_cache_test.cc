@@ -30,19 +30,19 @@ Bytes read_file(const std::string& path) {
 }
 
 // Checks of a Status that print it.
-#define EXPECT_OK(expr)                                 \
-  do {                                                  \
-    const ::hiber::Status s_ = (expr);                  \
-    EXPECT_TRUE(s_.ok()) << #expr << ": " << s_;        \
+#define EXPECT_OK(expr)                          \
+  do {                                           \
+    const ::hiber::Status s_ = (expr);           \
+    EXPECT_TRUE(s_.ok()) << #expr << ": " << s_; \
   } while (0)
-#define ASSERT_OK(expr)                                 \
-  do {                                                  \
-    const ::hiber::Status s_ = (expr);                  \
-    ASSERT_TRUE(s_.ok()) << #expr << ": " << s_;        \
+#define ASSERT_OK(expr)                          \
+  do {                                           \
+    const ::hiber::Status s_ = (expr);           \
+    ASSERT_TRUE(s_.ok()) << #expr << ": " << s_; \
   } while (0)
-#define EXPECT_CODE(expr, expected)                     \
-  do {                                                  \
-    const ::hiber::Status s_ = (expr);                  \
+#define EXPECT_CODE(expr, expected)                          \
+  do {                                                       \
+    const ::hiber::Status s_ = (expr);                       \
     EXPECT_EQ(s_.code(), (expected)) << #expr << ": " << s_; \
   } while (0)
 
@@ -305,7 +305,8 @@ TEST(ModuleCache, PtxImagesAreSharedAcrossSessions) {
     f.setFunction(3);
     f.setModule(1);
     f.setName("cache_probe");
-  }), ErrorCode::kInvalidHandle);
+  }),
+              ErrorCode::kInvalidHandle);
   EXPECT_OK(b.call([](proto::Call::Builder c) {
     auto f = c.initFunctionGet();
     f.setFunction(3);

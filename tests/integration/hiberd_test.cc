@@ -27,7 +27,8 @@ std::vector<std::string> client_argv(const Hiberd& hiberd, const std::string& mo
   return argv;
 }
 
-bool wait_for_line(const std::string& path, const std::string& text, std::chrono::milliseconds timeout) {
+bool wait_for_line(const std::string& path, const std::string& text,
+                   std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   while (std::chrono::steady_clock::now() < deadline) {
     std::ifstream in(path);
@@ -164,10 +165,11 @@ TEST(Hiberd, ShutsDownCleanlyWithSessionsOpen) {
     ASSERT_TRUE(c.ok()) << c.status();
     const uint64_t va = (*c)->session().grant.va_base;
     ASSERT_TRUE((*c)->enqueue([&](proto::Call::Builder call) {
-      auto a = call.initMemAllocate();
-      a.setVa(va);
-      a.setBytes(8 << 20);
-    }).ok());
+                      auto a = call.initMemAllocate();
+                      a.setVa(va);
+                      a.setBytes(8 << 20);
+                    })
+                    .ok());
     ASSERT_TRUE((*c)->ping().ok());
     clients.push_back(std::move(c).value());
   }
@@ -196,7 +198,6 @@ TEST(Hiberd, RunningOutOfFileDescriptorsIsSurvived) {
   EXPECT_EQ(hiberd.stop(), 0) << hiberd.log();
 }
 
-
 // Queues `copies` throttled 32 MiB copies on a new session and returns its client.
 std::unique_ptr<wire::CallClient> queue_slow_copies(const Hiberd& hiberd, int copies) {
   auto c = hiberd.connect("busy");
@@ -204,27 +205,29 @@ std::unique_ptr<wire::CallClient> queue_slow_copies(const Hiberd& hiberd, int co
   if (!c.ok()) return nullptr;
   const uint64_t va = (*c)->session().grant.va_base;
   EXPECT_TRUE((*c)->enqueue([&](proto::Call::Builder call) {
-    auto a = call.initMemAllocate();
-    a.setVa(va);
-    a.setBytes(32 << 20);
-  }).ok());
+                    auto a = call.initMemAllocate();
+                    a.setVa(va);
+                    a.setBytes(32 << 20);
+                  })
+                  .ok());
   auto staged = (*c)->stage(32 << 20);
   EXPECT_TRUE(staged.ok());
   for (int i = 0; i < copies && staged.ok(); ++i) {
     EXPECT_TRUE((*c)->enqueue([&](proto::Call::Builder call) {
-      auto m = call.initMemcpyHtoD();
-      m.setDst(va);
-      m.setSrcOffset(staged->offset);
-      m.setBytes(32 << 20);
-    }).ok());
+                      auto m = call.initMemcpyHtoD();
+                      m.setDst(va);
+                      m.setSrcOffset(staged->offset);
+                      m.setBytes(32 << 20);
+                    })
+                    .ok());
   }
   EXPECT_TRUE((*c)->flush().ok());
   return std::move(c).value();
 }
 
 TEST(Hiberd, ShutdownDoesNotWaitForeverForDeviceWork) {
-  Hiberd hiberd({"--sim_throttle", "--shutdown_timeout_ms=1000",
-                 "--node_config=" + slow_node_config()});
+  Hiberd hiberd(
+      {"--sim_throttle", "--shutdown_timeout_ms=1000", "--node_config=" + slow_node_config()});
   auto client = queue_slow_copies(hiberd, 40);  // about 13 s of copying
   ASSERT_NE(client, nullptr);
   std::this_thread::sleep_for(100ms);
@@ -313,8 +316,8 @@ TEST(Hiberd, EnforcesTheQuotaAndTheGrant) {
 TEST(Hiberd, LaunchesKernelsFromARealFatbin) {
   if (kernels_fatbin_path().empty()) GTEST_SKIP() << "built without the CUDA toolkit: no fatbin";
   Hiberd hiberd;
-  auto result = run_program(client_argv(hiberd, "verify",
-                                        {"--iterations=1", "--fatbin=" + kernels_fatbin_path()}));
+  auto result = run_program(
+      client_argv(hiberd, "verify", {"--iterations=1", "--fatbin=" + kernels_fatbin_path()}));
   EXPECT_EQ(result.exit_code, 0) << result.output << "\nhiberd:\n" << hiberd.log();
   EXPECT_NE(result.output.find("and vec_add"), std::string::npos);
 }

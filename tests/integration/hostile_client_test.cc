@@ -17,10 +17,10 @@
 #include "tests/integration/hiberd_harness.h"
 #include "wire/batch_builder.h"
 #include "wire/channel_layout.h"
-#include "wire/ring.h"
 #include "wire/handshake.h"
 #include "wire/limits.h"
 #include "wire/message.h"
+#include "wire/ring.h"
 #include "wire/schema/handshake.capnp.h"
 #include "wire/socket_frame.h"
 
@@ -359,12 +359,13 @@ TEST(Batches, BadArgumentsGetTheirOwnErrors) {
     m.setSrcOffset(arena - 8);
     m.setBytes(16);
   });
-  expect("copy with a wrapping arena offset", ErrorCode::kInvalidValue, [&](proto::Call::Builder c) {
-    auto m = c.initMemcpyDtoH();
-    m.setDstOffset(UINT64_MAX - 4);
-    m.setSrc(va);
-    m.setBytes(16);
-  });
+  expect("copy with a wrapping arena offset", ErrorCode::kInvalidValue,
+         [&](proto::Call::Builder c) {
+           auto m = c.initMemcpyDtoH();
+           m.setDstOffset(UINT64_MAX - 4);
+           m.setSrc(va);
+           m.setBytes(16);
+         });
   expect("copy into memory it does not own", ErrorCode::kInvalidValue, [&](proto::Call::Builder c) {
     auto m = c.initMemcpyHtoD();
     m.setDst(va + (4 << 20) - 8);
@@ -390,9 +391,8 @@ TEST(Batches, BadArgumentsGetTheirOwnErrors) {
     m.setElementBytes(4);
     m.setCount(UINT64_MAX / 2);
   });
-  expect("unknown stream", ErrorCode::kInvalidHandle, [&](proto::Call::Builder c) {
-    c.initStreamSynchronize().setStream(77);
-  });
+  expect("unknown stream", ErrorCode::kInvalidHandle,
+         [&](proto::Call::Builder c) { c.initStreamSynchronize().setStream(77); });
   expect("stream handle 0", ErrorCode::kInvalidValue,
          [&](proto::Call::Builder c) { c.initStreamCreate().setStream(0); });
   expect("stream", ErrorCode::kSuccess,
@@ -410,9 +410,8 @@ TEST(Batches, BadArgumentsGetTheirOwnErrors) {
     f.setModule(42);
     f.setName("k");
   });
-  expect("unknown function", ErrorCode::kInvalidHandle, [&](proto::Call::Builder c) {
-    c.initLaunchKernel().setFunction(9);
-  });
+  expect("unknown function", ErrorCode::kInvalidHandle,
+         [&](proto::Call::Builder c) { c.initLaunchKernel().setFunction(9); });
   // A module image that is not code.
   std::memset(raw.channel().arena().data(), 0x5a, 4096);
   expect("garbage module image", ErrorCode::kInvalidImage, [&](proto::Call::Builder c) {
@@ -527,14 +526,16 @@ TEST(Batches, ACopyThatFailsStillGivesItsStagingBack) {
   for (int i = 0; i < 20; ++i) {
     auto staged = (*client)->stage(400 << 10);
     ASSERT_TRUE(staged.ok()) << "round " << i << ": " << staged.status();
-    ASSERT_TRUE((*client)->enqueue([&](proto::Call::Builder c) {
-      auto m = c.initMemcpyHtoD();
-      m.setDst((*client)->session().grant.va_base);
-      m.setSrcOffset(staged->offset);
-      m.setBytes(400 << 10);
-      m.setStagingEnd(staged->staging_end);
-      m.setStream(99);
-    }).ok());
+    ASSERT_TRUE((*client)
+                    ->enqueue([&](proto::Call::Builder c) {
+                      auto m = c.initMemcpyHtoD();
+                      m.setDst((*client)->session().grant.va_base);
+                      m.setSrcOffset(staged->offset);
+                      m.setBytes(400 << 10);
+                      m.setStagingEnd(staged->staging_end);
+                      m.setStream(99);
+                    })
+                    .ok());
   }
   EXPECT_EQ((*client)->take_error().code(), ErrorCode::kInvalidHandle);
 }
@@ -545,20 +546,24 @@ TEST(Batches, NotReadyIsAnAnswerNotAnError) {
   auto client = hiberd.connect("query");
   ASSERT_TRUE(client.ok());
   const uint64_t va = (*client)->session().grant.va_base;
-  ASSERT_TRUE((*client)->enqueue([&](proto::Call::Builder c) {
-    auto a = c.initMemAllocate();
-    a.setVa(va);
-    a.setBytes(32 << 20);
-  }).ok());
+  ASSERT_TRUE((*client)
+                  ->enqueue([&](proto::Call::Builder c) {
+                    auto a = c.initMemAllocate();
+                    a.setVa(va);
+                    a.setBytes(32 << 20);
+                  })
+                  .ok());
   auto staged = (*client)->stage(32 << 20);
   ASSERT_TRUE(staged.ok());
   for (int i = 0; i < 2; ++i) {  // 0.7 s of throttled copying keeps stream 0 busy
-    ASSERT_TRUE((*client)->enqueue([&](proto::Call::Builder c) {
-      auto m = c.initMemcpyHtoD();
-      m.setDst(va);
-      m.setSrcOffset(staged->offset);
-      m.setBytes(32 << 20);
-    }).ok());
+    ASSERT_TRUE((*client)
+                    ->enqueue([&](proto::Call::Builder c) {
+                      auto m = c.initMemcpyHtoD();
+                      m.setDst(va);
+                      m.setSrcOffset(staged->offset);
+                      m.setBytes(32 << 20);
+                    })
+                    .ok());
   }
   auto query = (*client)->call([](proto::Call::Builder c) { c.initStreamQuery().setStream(0); });
   EXPECT_EQ(query.status().code(), ErrorCode::kNotReady) << query.status();
@@ -632,9 +637,10 @@ TEST(Batches, AClientThatNeverReadsItsCompletionsStallsNobody) {
     if (!requests.write(pieces, [&] { return !flood.closed_by_server(); }).ok()) break;
   }
   // Meanwhile, on the same GPU and the same device thread, another function works normally.
-  auto result = run_program({test_client_path(), "--mode=verify", "--socket=" + hiberd.socket_path(),
-                             "--token=" + hiberd.token(), "--iterations=3"},
-                            60s);
+  auto result =
+      run_program({test_client_path(), "--mode=verify", "--socket=" + hiberd.socket_path(),
+                   "--token=" + hiberd.token(), "--iterations=3"},
+                  60s);
   EXPECT_EQ(result.exit_code, 0) << result.output;
   // The flooding session is cut off once too many completions wait for it.
   const auto deadline = std::chrono::steady_clock::now() + 30s;

@@ -174,12 +174,22 @@ TEST(FlushByCalls, KernelsRunWithLayoutsTheClientParsed) {
     y[i] = static_cast<float>(3 * i);
   }
   uint64_t a = device_buffer(n * 4), b = device_buffer(n * 4), c = device_buffer(n * 4);
-  ASSERT_TRUE(client().memcpy(reinterpret_cast<void*>(a), x.data(), n * 4, CopyKind::kHostToDevice, nullptr, false).ok());
-  ASSERT_TRUE(client().memcpy(reinterpret_cast<void*>(b), y.data(), n * 4, CopyKind::kHostToDevice, nullptr, false).ok());
+  ASSERT_TRUE(client()
+                  .memcpy(reinterpret_cast<void*>(a), x.data(), n * 4, CopyKind::kHostToDevice,
+                          nullptr, false)
+                  .ok());
+  ASSERT_TRUE(client()
+                  .memcpy(reinterpret_cast<void*>(b), y.data(), n * 4, CopyKind::kHostToDevice,
+                          nullptr, false)
+                  .ok());
   int count = n;
   void* args[] = {&a, &b, &c, &count};
-  ASSERT_TRUE(client().launch(*kernel, {(n + 127) / 128, 1, 1}, {128, 1, 1}, 0, nullptr, args).ok());
-  ASSERT_TRUE(client().memcpy(out.data(), reinterpret_cast<void*>(c), n * 4, CopyKind::kDeviceToHost, nullptr, false).ok());
+  ASSERT_TRUE(
+      client().launch(*kernel, {(n + 127) / 128, 1, 1}, {128, 1, 1}, 0, nullptr, args).ok());
+  ASSERT_TRUE(client()
+                  .memcpy(out.data(), reinterpret_cast<void*>(c), n * 4, CopyKind::kDeviceToHost,
+                          nullptr, false)
+                  .ok());
   for (int i = 0; i < n; ++i) ASSERT_EQ(out[i], x[i] + y[i]) << i;
 
   // A second load of the same image is found by its hash in hiberd.
@@ -209,17 +219,23 @@ TEST(FlushByCalls, PinnedHostMemoryLivesInTheArena) {
   const uint64_t d = device_buffer(1 << 20);
   auto stream = client().create_stream(0, 0);
   ASSERT_TRUE(stream.ok());
-  ASSERT_TRUE(client().memcpy(reinterpret_cast<void*>(d), bytes, 1 << 19, CopyKind::kHostToDevice, *stream, true).ok());
-  ASSERT_TRUE(client().memcpy(bytes + (1 << 19), reinterpret_cast<void*>(d), 1 << 19, CopyKind::kDeviceToHost, *stream, true).ok());
+  ASSERT_TRUE(client()
+                  .memcpy(reinterpret_cast<void*>(d), bytes, 1 << 19, CopyKind::kHostToDevice,
+                          *stream, true)
+                  .ok());
+  ASSERT_TRUE(client()
+                  .memcpy(bytes + (1 << 19), reinterpret_cast<void*>(d), 1 << 19,
+                          CopyKind::kDeviceToHost, *stream, true)
+                  .ok());
   ASSERT_TRUE(client().synchronize_stream(*stream).ok());
-  for (int i = 0; i < (1 << 19); ++i) ASSERT_EQ(bytes[(1 << 19) + i], static_cast<unsigned char>(i * 7)) << i;
+  for (int i = 0; i < (1 << 19); ++i)
+    ASSERT_EQ(bytes[(1 << 19) + i], static_cast<unsigned char>(i * 7)) << i;
   EXPECT_TRUE(client().destroy_stream(*stream).ok());
   EXPECT_TRUE(client().free_device(d).ok());
   Status freed = client().free_host(*pinned);
   EXPECT_TRUE(freed.ok()) << freed.message();
   EXPECT_FALSE(client().free_host(*pinned).ok());
 }
-
 
 TEST(FlushByCalls, ResetFreesEverythingAndCodeLoadsAgain) {
   if (testing::kernels_fatbin_path().empty()) GTEST_SKIP() << "built without the CUDA toolkit";
@@ -260,12 +276,21 @@ TEST(FlushByCalls, ResetFreesEverythingAndCodeLoadsAgain) {
   constexpr int n = 256;
   std::vector<float> x(n, 1.5f), y(n, 2.25f), out(n);
   uint64_t a = device_buffer(n * 4), b = device_buffer(n * 4), c = device_buffer(n * 4);
-  ASSERT_TRUE(client().memcpy(reinterpret_cast<void*>(a), x.data(), n * 4, CopyKind::kHostToDevice, nullptr, false).ok());
-  ASSERT_TRUE(client().memcpy(reinterpret_cast<void*>(b), y.data(), n * 4, CopyKind::kHostToDevice, nullptr, false).ok());
+  ASSERT_TRUE(client()
+                  .memcpy(reinterpret_cast<void*>(a), x.data(), n * 4, CopyKind::kHostToDevice,
+                          nullptr, false)
+                  .ok());
+  ASSERT_TRUE(client()
+                  .memcpy(reinterpret_cast<void*>(b), y.data(), n * 4, CopyKind::kHostToDevice,
+                          nullptr, false)
+                  .ok());
   int count = n;
   void* args[] = {&a, &b, &c, &count};
   ASSERT_TRUE(client().launch(*kernel, {2, 1, 1}, {128, 1, 1}, 0, nullptr, args).ok());
-  ASSERT_TRUE(client().memcpy(out.data(), reinterpret_cast<void*>(c), n * 4, CopyKind::kDeviceToHost, nullptr, false).ok());
+  ASSERT_TRUE(client()
+                  .memcpy(out.data(), reinterpret_cast<void*>(c), n * 4, CopyKind::kDeviceToHost,
+                          nullptr, false)
+                  .ok());
   for (int i = 0; i < n; ++i) ASSERT_EQ(out[i], 3.75f) << i;
   EXPECT_TRUE(client().unload_module(*module).ok());
   for (uint64_t p : {a, b, c}) EXPECT_TRUE(client().free_device(p).ok());

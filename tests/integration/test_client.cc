@@ -36,13 +36,13 @@ namespace {
 
 namespace proto = wire::proto;
 
-#define CHECK_OK(expr)                                                      \
-  do {                                                                      \
-    ::hiber::Status s_ = (expr);                                            \
-    if (!s_.ok()) {                                                         \
+#define CHECK_OK(expr)                                                              \
+  do {                                                                              \
+    ::hiber::Status s_ = (expr);                                                    \
+    if (!s_.ok()) {                                                                 \
       std::fprintf(stderr, "test-client: %s: %s\n", #expr, s_.to_string().c_str()); \
-      std::exit(1);                                                         \
-    }                                                                       \
+      std::exit(1);                                                                 \
+    }                                                                               \
   } while (0)
 
 template <typename T>
@@ -78,12 +78,12 @@ void download(wire::CallClient& c, void* dst, uint64_t src, uint64_t bytes) {
     const uint64_t n = std::min(chunk, bytes - done);
     auto staged = value_or_exit(c.stage(n), "stage");
     value_or_exit(c.call([&](proto::Call::Builder call) {
-                    auto m = call.initMemcpyDtoH();
-                    m.setDstOffset(staged.offset);
-                    m.setSrc(src + done);
-                    m.setBytes(n);
-                    m.setStagingEnd(staged.staging_end);
-                  }),
+      auto m = call.initMemcpyDtoH();
+      m.setDstOffset(staged.offset);
+      m.setSrc(src + done);
+      m.setBytes(n);
+      m.setStagingEnd(staged.staging_end);
+    }),
                   "memcpyDtoH");
     std::memcpy(static_cast<char*>(dst) + done, staged.bytes.data(), n);
   }
@@ -126,11 +126,11 @@ void check_vec_add(wire::CallClient& c, uint64_t a, uint64_t b, uint64_t out, ui
     m.setStagingEnd(staged.staging_end);
   }));
   auto info = value_or_exit(c.call([&](proto::Call::Builder call) {
-                              auto f = call.initFunctionGet();
-                              f.setFunction(7);
-                              f.setModule(1);
-                              f.setName(HIBER_VEC_ADD_KERNEL);
-                            }),
+    auto f = call.initFunctionGet();
+    f.setFunction(7);
+    f.setModule(1);
+    f.setName(HIBER_VEC_ADD_KERNEL);
+  }),
                             "functionGet");
   const KernelInfo* kernel = std::get_if<KernelInfo>(&info);
   if (kernel == nullptr || kernel->params.size() != 4) {

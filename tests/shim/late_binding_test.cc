@@ -192,9 +192,8 @@ class LateBindingTest : public ::testing::Test {
     for (size_t i = first; i < functions_.size(); ++i) {
       Function* f = functions_[i].get();
       const std::string line = f->program->read_line(300s);
-      ASSERT_EQ(line.rfind("ready", 0), 0u)
-          << f->id << " did not start: '" << line << "'\n"
-          << read_file(hiberd.run_dir() + "/" + f->id + ".log");
+      ASSERT_EQ(line.rfind("ready", 0), 0u) << f->id << " did not start: '" << line << "'\n"
+                                            << read_file(hiberd.run_dir() + "/" + f->id + ".log");
     }
   }
 
@@ -229,8 +228,8 @@ class LateBindingTest : public ::testing::Test {
   void finish_all(const Hiberd& hiberd) {
     for (auto& f : functions_) f->program->send_line("quit");
     for (auto& f : functions_) {
-      EXPECT_EQ(f->program->finish(120s), 0)
-          << f->id << ":\n" << read_file(hiberd.run_dir() + "/" + f->id + ".log");
+      EXPECT_EQ(f->program->finish(120s), 0) << f->id << ":\n"
+                                             << read_file(hiberd.run_dir() + "/" + f->id + ".log");
     }
     auto idle = hiberd.wait_for([](const StatusView& v) { return v.sessions.empty(); }, 60s);
     ASSERT_TRUE(idle.ok());
@@ -368,9 +367,9 @@ TEST_F(LateBindingTest, PipeliningFinishesASwappedRequestBeforeItsWholeModelArri
   constexpr int kTableMib = 24;
   const std::string node = write_node(scratch_dir(), 1, 64, kGbps, false);
   auto swapped_request_ms = [&](bool pipelined) {
-    Hiberd hiberd(late_binding_hiberd(
-        node, {"--sim_throttle", "--swap_group_kib=2048",
-               std::string("--pipelined=") + (pipelined ? "true" : "false")}));
+    Hiberd hiberd(
+        late_binding_hiberd(node, {"--sim_throttle", "--swap_group_kib=2048",
+                                   std::string("--pipelined=") + (pipelined ? "true" : "false")}));
     functions_.clear();
     table_entries_ = (static_cast<uint64_t>(kTableMib) << 20) / sizeof(float);
     start_functions(hiberd, 1, kTableMib);
@@ -398,9 +397,10 @@ TEST_F(LateBindingTest, PipeliningFinishesASwappedRequestBeforeItsWholeModelArri
   // The link model: the whole model (weights' 2 MiB block + the table) against the first group.
   const double model_ms = ((kTableMib + 2) << 20) / (kGbps * 1e6);
   const double first_group_ms = (2 << 20) / (kGbps * 1e6);
-  std::printf("swapped request: pipelined %.1f ms (link model: first group %.1f ms), "
-              "swap-then-run %.1f ms (link model: whole model %.1f ms)\n",
-              pipelined, first_group_ms, swap_then_run, model_ms);
+  std::printf(
+      "swapped request: pipelined %.1f ms (link model: first group %.1f ms), "
+      "swap-then-run %.1f ms (link model: whole model %.1f ms)\n",
+      pipelined, first_group_ms, swap_then_run, model_ms);
   EXPECT_GE(swap_then_run, model_ms) << "no request outruns its model's transfer";
   EXPECT_LT(pipelined, swap_then_run - 0.5 * (model_ms - first_group_ms))
       << "pipelining saves most of the table's transfer time";
@@ -415,8 +415,8 @@ TEST_F(LateBindingTest, AKernelReadingTheModelThroughAPointerArrayWaitsForTheSwa
   constexpr double kGbps = 0.1;  // 100 MB/s: the 24 MiB table takes 250 ms
   constexpr int kTableMib = 24;
   const std::string node = write_node(scratch_dir(), 2, 64, kGbps, false);
-  Hiberd hiberd(late_binding_hiberd(node, {"--sim_throttle", "--swap_group_kib=2048",
-                                           "--pipelined=true"}));
+  Hiberd hiberd(
+      late_binding_hiberd(node, {"--sim_throttle", "--swap_group_kib=2048", "--pipelined=true"}));
   table_entries_ = (static_cast<uint64_t>(kTableMib) << 20) / sizeof(float);
   start_functions(hiberd, 1, kTableMib);
   ASSERT_FALSE(HasFatalFailure());
@@ -486,8 +486,8 @@ TEST_F(LateBindingTest, AFunctionKilledMidRequestReleasesItsGpuAndOthersContinue
 // swapping onto it gets the failure as a CUDA error, and every later request runs on GPU 0.
 TEST_F(LateBindingTest, AFailingExecutorIsRetiredAndItsRequestGetsTheError) {
   const std::string node = write_node(scratch_dir(), 2, 48, 4, /*nvlink=*/false);
-  Hiberd hiberd(late_binding_hiberd(
-      node, {"--sim_fail_transfers_to_gpu=1", "--sim_fail_after_transfers=0"}));
+  Hiberd hiberd(
+      late_binding_hiberd(node, {"--sim_fail_transfers_to_gpu=1", "--sim_fail_after_transfers=0"}));
   auto client = control(hiberd);
   // Everything starts on GPU 0.
   ASSERT_TRUE(client.drain(1).ok());

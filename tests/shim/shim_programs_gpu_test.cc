@@ -56,7 +56,9 @@ TEST_P(ShimGpuTest, MatchesTheNativeRun) {
   auto shimmed = run_through_shim(hiberd, {name, {}}, name);
   EXPECT_EQ(shimmed.exit_code, 0) << shimmed.output << "\nhiberd:\n" << hiberd.log();
   EXPECT_EQ(summary_line(shimmed.output, name), native_summary)
-      << "native:\n" << native.output << "\nthrough the shim:\n" << shimmed.output;
+      << "native:\n"
+      << native.output << "\nthrough the shim:\n"
+      << shimmed.output;
   auto view = hiberd.wait_for([](const StatusView& v) { return v.sessions.empty(); }, 20s);
   ASSERT_TRUE(view.ok()) << view.status() << "\n" << hiberd.log();
   EXPECT_TRUE(view->sessions.empty());

@@ -39,7 +39,8 @@ Bytes elf_section(const Bytes& file, const std::string& name) {
   Elf64_Ehdr eh;
   if (file.size() < sizeof(eh)) return {};
   std::memcpy(&eh, file.data(), sizeof(eh));
-  if (std::memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0 || eh.e_ident[EI_CLASS] != ELFCLASS64) return {};
+  if (std::memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0 || eh.e_ident[EI_CLASS] != ELFCLASS64)
+    return {};
   auto section = [&](unsigned i) {
     Elf64_Shdr sh{};
     const size_t at = eh.e_shoff + size_t{i} * eh.e_shentsize;
@@ -174,8 +175,9 @@ class ShimProgramKernelsTest : public ::testing::Test {
     allocations_.push_back(a);
     EXPECT_TRUE(device_->memset(stream_, a.va, 0, 1, a.bytes).ok());
     if (!values.empty()) {
-      EXPECT_TRUE(device_->copy_host_to_device(stream_, a.va, values.data(),
-                                               values.size() * sizeof(T)).ok());
+      EXPECT_TRUE(
+          device_->copy_host_to_device(stream_, a.va, values.data(), values.size() * sizeof(T))
+              .ok());
     }
     return a.va;
   }
@@ -284,7 +286,8 @@ TEST_F(ShimProgramKernelsTest, XorBytes) {
     b[i] = static_cast<unsigned char>(i ^ 0x5A);
     want[i] = a[i] ^ b[i];
   }
-  const DevicePtr da = upload(a), db = upload(b), dout = upload(std::vector<unsigned char>{}, n + 23);
+  const DevicePtr da = upload(a), db = upload(b),
+                  dout = upload(std::vector<unsigned char>{}, n + 23);
   launch(f, {4, 1, 1}, {256, 1, 1}, da, db, dout, n);
   EXPECT_EQ(download<unsigned char>(dout, n + 23), want);
 }

@@ -64,12 +64,13 @@ TEST(ShimStress, SixClientsInLoopsOneKilled) {
 
   // The sixth client: a long saxpy_streams, killed once it has its session and device memory.
   const std::string victim_log = hiberd.run_dir() + "/victim.log";
-  const pid_t victim = spawn_through_shim(
-      hiberd, {"saxpy_streams", {"1048576", "1000000", "4"}}, "stress-victim", victim_log);
+  const pid_t victim = spawn_through_shim(hiberd, {"saxpy_streams", {"1048576", "1000000", "4"}},
+                                          "stress-victim", victim_log);
   bool victim_killed = false;
   [&] {
     ASSERT_TRUE(wait_for_text(victim_log, "saxpy_streams: start", 120s))
-        << "the victim never started:\n" << read_file(victim_log);
+        << "the victim never started:\n"
+        << read_file(victim_log);
     // Its session, once hiberd has seen its allocations (the shim may send them in a later
     // batch than the one cudaMalloc returned from).
     auto seen = hiberd.wait_for(

@@ -12,9 +12,9 @@
 namespace hiber::testing::shim {
 
 const std::vector<std::string>& all_programs() {
-  static const std::vector<std::string> programs = {
-      "vector_add", "saxpy_streams", "pinned_overlap", "d2d_memset",
-      "tiny_mlp",   "dlopen_runtime", "error_cases"};
+  static const std::vector<std::string> programs = {"vector_add", "saxpy_streams", "pinned_overlap",
+                                                    "d2d_memset", "tiny_mlp",      "dlopen_runtime",
+                                                    "error_cases"};
   return programs;
 }
 
@@ -63,8 +63,7 @@ std::vector<std::string> shim_environment(const Hiberd& hiberd, const std::strin
 }
 
 ProgramResult run_through_shim(const Hiberd& hiberd, const ProgramRun& run,
-                               const std::string& function_id,
-                               std::chrono::milliseconds timeout) {
+                               const std::string& function_id, std::chrono::milliseconds timeout) {
   return run_program(program_argv(run), shim_environment(hiberd, function_id), timeout);
 }
 
@@ -75,7 +74,8 @@ pid_t spawn_through_shim(const Hiberd& hiberd, const ProgramRun& run,
 
 ServedProgram::ServedProgram(const Hiberd& hiberd, const ProgramRun& run,
                              const std::string& function_id, const std::string& stderr_path)
-    : process_(spawn_piped(program_argv(run), stderr_path, shim_environment(hiberd, function_id))) {}
+    : process_(spawn_piped(program_argv(run), stderr_path, shim_environment(hiberd, function_id))) {
+}
 
 ServedProgram::~ServedProgram() {
   if (process_.pid > 0 && !exited_) {

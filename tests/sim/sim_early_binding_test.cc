@@ -27,9 +27,7 @@ class Scenario {
   }
 
   // Delivers an arrival at t, running every event before it.
-  void arrive(uint32_t f, Time t) {
-    deliver_arrival(queue_, *node_, f, t);
-  }
+  void arrive(uint32_t f, Time t) { deliver_arrival(queue_, *node_, f, t); }
   Results finish() {
     while (!queue_.empty() && queue_.next_time() <= workload_.duration) queue_.run_next();
     node_->finish(workload_.duration);

@@ -36,16 +36,15 @@ class Scenario {
     recorder_ = std::make_unique<Recorder>(workload_, 0, 1, config.gpu_count());
     HiberOptions o;
     o.check_invariants = true;
-    Result<std::unique_ptr<HiberNode>> node = HiberNode::create(config, o, &queue_, recorder_.get(), 0);
+    Result<std::unique_ptr<HiberNode>> node =
+        HiberNode::create(config, o, &queue_, recorder_.get(), 0);
     EXPECT_TRUE(node.ok()) << node.status();
     node_ = std::move(*node);
     for (uint32_t f = 0; f < workload_.functions.size(); ++f)
       EXPECT_TRUE(node_->add_function(f, workload_.functions[f], 0).ok());
   }
 
-  void arrive(uint32_t f, Time t) {
-    deliver_arrival(queue_, *node_, f, t);
-  }
+  void arrive(uint32_t f, Time t) { deliver_arrival(queue_, *node_, f, t); }
   // Runs every event, then ends the run.
   void finish() {
     while (!queue_.empty()) queue_.run_next();

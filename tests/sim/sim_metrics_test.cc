@@ -65,7 +65,7 @@ TEST(Recorder, AFunctionCompliesWhenItsP98IsWithinTheDeadline) {
 TEST(Recorder, GpuLoadIsTheBusyShareOfTheMeasuredWindow) {
   const Workload w = two_functions();  // measured window [10 s, 100 s): 90 s
   Recorder rec(w, 10 * kSecond, 1, 4);
-  rec.add_busy(0, 0, 0, 100 * kSecond);          // clipped to 90 s: load 1
+  rec.add_busy(0, 0, 0, 100 * kSecond);            // clipped to 90 s: load 1
   rec.add_busy(0, 1, 10 * kSecond, 55 * kSecond);  // 45 s: 0.5
   rec.add_busy(0, 2, 50 * kSecond, 95 * kSecond);  // 45 s: 0.5
   const Results r = rec.results();

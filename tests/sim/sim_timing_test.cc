@@ -126,7 +126,7 @@ TEST(Models, TableHoldsThePapersEightModels) {
   ASSERT_EQ(paper_models().size(), 8u);
   const Model& bert = paper_models()[*find_model("bertqa")];
   EXPECT_EQ(bert.model_class, ModelClass::kLanguage);
-  EXPECT_EQ(bert.exec, 43 * kMillisecond);        // Table 4, GPU remoting
+  EXPECT_EQ(bert.exec, 43 * kMillisecond);         // Table 4, GPU remoting
   EXPECT_EQ(bert.native_exec, 42 * kMillisecond);  // Table 4, native
   EXPECT_EQ(bert.cold_start, 11 * kSecond);        // Table 1
   EXPECT_EQ(bert.native_footprint, static_cast<uint64_t>(2.4 * kGiB + 0.5));

@@ -153,7 +153,8 @@ TEST(AzureTrace, SpreadsEachMinutesInvocationsOverThatMinute) {
 }
 
 TEST(AzureTrace, NamesTheLineOfAMalformedRow) {
-  Result<std::vector<TraceFunction>> bad_header = parse_azure_trace("Owner,App,Function,Trigger,1\n");
+  Result<std::vector<TraceFunction>> bad_header =
+      parse_azure_trace("Owner,App,Function,Trigger,1\n");
   ASSERT_FALSE(bad_header.ok());
   EXPECT_NE(bad_header.status().message().find("line 1"), std::string::npos);
   Result<std::vector<TraceFunction>> short_row =

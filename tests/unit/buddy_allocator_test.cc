@@ -38,8 +38,8 @@ TEST(BuddyAllocator, RejectsBadOptionsAndChunks) {
 
 TEST(BuddyAllocator, ANonPowerOfTwoChunkIsCutIntoAlignedPieces) {
   auto buddy = make({(64 + 16 + 4) * kMiB});
-  const FreeBlocks expected = {{{0, 0}, 64 * kMiB}, {{0, 64 * kMiB}, 16 * kMiB},
-                               {{0, 80 * kMiB}, 4 * kMiB}};
+  const FreeBlocks expected = {
+      {{0, 0}, 64 * kMiB}, {{0, 64 * kMiB}, 16 * kMiB}, {{0, 80 * kMiB}, 4 * kMiB}};
   EXPECT_EQ(buddy->free_blocks(), expected);
   EXPECT_EQ(buddy->stats().largest_free_bytes, 64 * kMiB);
 }
@@ -51,8 +51,10 @@ TEST(BuddyAllocator, SplitsDownToTheRequestAndCoalescesBackOnFree) {
   EXPECT_EQ(a->where, (PoolLocation{0, 0}));
   EXPECT_EQ(a->bytes, 2 * kMiB);
   // 64 = 2 (taken) + 2 + 4 + 8 + 16 + 32, each free buddy pushed by one split.
-  const FreeBlocks split = {{{0, 2 * kMiB}, 2 * kMiB},   {{0, 4 * kMiB}, 4 * kMiB},
-                            {{0, 8 * kMiB}, 8 * kMiB},   {{0, 16 * kMiB}, 16 * kMiB},
+  const FreeBlocks split = {{{0, 2 * kMiB}, 2 * kMiB},
+                            {{0, 4 * kMiB}, 4 * kMiB},
+                            {{0, 8 * kMiB}, 8 * kMiB},
+                            {{0, 16 * kMiB}, 16 * kMiB},
                             {{0, 32 * kMiB}, 32 * kMiB}};
   EXPECT_EQ(buddy->free_blocks(), split);
   EXPECT_EQ(buddy->stats().splits, 5u);
@@ -68,8 +70,8 @@ TEST(BuddyAllocator, TrimsTheTailSoA20MiBSegmentTakes20MiB) {
   EXPECT_EQ(a->bytes, 20 * kMiB);
   EXPECT_EQ(buddy->stats().internal_waste_bytes(), 0u);
   // [0, 20) taken; [20, 24), [24, 32) and [32, 64) free.
-  const FreeBlocks free = {{{0, 20 * kMiB}, 4 * kMiB}, {{0, 24 * kMiB}, 8 * kMiB},
-                           {{0, 32 * kMiB}, 32 * kMiB}};
+  const FreeBlocks free = {
+      {{0, 20 * kMiB}, 4 * kMiB}, {{0, 24 * kMiB}, 8 * kMiB}, {{0, 32 * kMiB}, 32 * kMiB}};
   EXPECT_EQ(buddy->free_blocks(), free);
   AllocationResult odd = buddy->allocate(5 * kMiB + 1, FunctionId{1});
   ASSERT_TRUE(odd.ok());
@@ -97,8 +99,8 @@ TEST(BuddyAllocator, FreeingEverythingInRandomOrderGivesBackWholeChunks) {
   std::mt19937_64 rng(7);
   std::vector<Allocation> live;
   for (int i = 0; i < 400; ++i) {
-    AllocationResult r = buddy->allocate((1 + rng() % 24) * kMiB,
-                                            FunctionId{static_cast<uint32_t>(1 + rng() % 5)});
+    AllocationResult r =
+        buddy->allocate((1 + rng() % 24) * kMiB, FunctionId{static_cast<uint32_t>(1 + rng() % 5)});
     if (r.ok()) live.push_back(*r);
   }
   ASSERT_GT(live.size(), 50u);
@@ -151,7 +153,8 @@ TEST(BuddyAllocator, WhenTheNextPagesAreTakenTheBlockGoesToAFreeBuddyOfItsRegion
   options.home_region_bytes = 2 * kMiB;  // new functions take the best fit, next to others
   auto buddy = make({32 * kMiB}, options);
   ASSERT_EQ(buddy->allocate(2 * kMiB, FunctionId{1})->where.offset, 0u);
-  ASSERT_EQ(buddy->allocate(2 * kMiB, FunctionId{2})->where.offset, 2 * kMiB) << "right after function 1";
+  ASSERT_EQ(buddy->allocate(2 * kMiB, FunctionId{2})->where.offset, 2 * kMiB)
+      << "right after function 1";
   // Function 1's next block cannot follow its latest; it takes the nearest free buddy of that
   // block's ancestors: [4, 8).
   AllocationResult next = buddy->allocate(4 * kMiB, FunctionId{1});
@@ -214,7 +217,8 @@ TEST(BuddyAllocator, TheSharingCacheIsBoundedAndFlushedBeforeAShortfall) {
   options.shared_cache_bytes = 8 * kMiB;
   auto buddy = make({64 * kMiB}, options);
   std::vector<Allocation> blocks;
-  for (int i = 0; i < 32; ++i) blocks.push_back(*buddy->allocate(2 * kMiB, FunctionId{static_cast<uint32_t>(1 + i % 3)}));
+  for (int i = 0; i < 32; ++i)
+    blocks.push_back(*buddy->allocate(2 * kMiB, FunctionId{static_cast<uint32_t>(1 + i % 3)}));
   for (const Allocation& a : blocks) ASSERT_TRUE(buddy->deallocate(a).ok());
   EXPECT_EQ(buddy->stats().cached_bytes, 8 * kMiB) << "four blocks cached, the rest coalesced";
   // 64 MiB fits only once the cache is flushed.
@@ -240,7 +244,8 @@ TEST(BuddyAllocator, AShortfallNamesTheCheapestRegionsOwners) {
   EXPECT_EQ(r.shortfall().evict, (std::vector<OwnerBytes>{{FunctionId{1}, 16 * kMiB}}));
 
   // Protect f1 and f4 (say, executing): the answer moves on to f2's region.
-  r = buddy->allocate(16 * kMiB, FunctionId{9}, [](FunctionId f) { return f != FunctionId{1} && f != FunctionId{4}; });
+  r = buddy->allocate(16 * kMiB, FunctionId{9},
+                      [](FunctionId f) { return f != FunctionId{1} && f != FunctionId{4}; });
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.shortfall().evict, (std::vector<OwnerBytes>{{FunctionId{2}, 16 * kMiB}}));
 
@@ -248,7 +253,8 @@ TEST(BuddyAllocator, AShortfallNamesTheCheapestRegionsOwners) {
   r = buddy->allocate(32 * kMiB, FunctionId{9}, [](FunctionId f) { return f != FunctionId{3}; });
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.shortfall().evict_bytes, 32 * kMiB);
-  EXPECT_EQ(r.shortfall().evict, (std::vector<OwnerBytes>{{FunctionId{1}, 16 * kMiB}, {FunctionId{4}, 16 * kMiB}}));
+  EXPECT_EQ(r.shortfall().evict,
+            (std::vector<OwnerBytes>{{FunctionId{1}, 16 * kMiB}, {FunctionId{4}, 16 * kMiB}}));
 
   // Nobody evictable: an answer, with nothing to evict.
   r = buddy->allocate(16 * kMiB, FunctionId{9}, [](FunctionId) { return false; });
@@ -262,7 +268,8 @@ TEST(BuddyAllocator, AShortfallNamesTheCheapestRegionsOwners) {
 // Eight 8 MiB blocks of eight functions filling a 64 MiB chunk, in address order.
 std::vector<Allocation> eight_blocks(BuddyAllocator& buddy) {
   std::vector<Allocation> blocks;
-  for (int i = 0; i < 8; ++i) blocks.push_back(*buddy.allocate(8 * kMiB, FunctionId{static_cast<uint32_t>(1 + i)}));
+  for (int i = 0; i < 8; ++i)
+    blocks.push_back(*buddy.allocate(8 * kMiB, FunctionId{static_cast<uint32_t>(1 + i)}));
   std::sort(blocks.begin(), blocks.end(), [](const Allocation& a, const Allocation& b) {
     return a.where.offset < b.where.offset;
   });
@@ -299,7 +306,8 @@ TEST(BuddyAllocator, ARequestNoFreeBlockHoldsTakesARunOfAdjacentFreeBlocks) {
   EXPECT_TRUE(buddy->check_invariants().ok()) << buddy->check_invariants();
   // Freed, the run comes back as the two aligned blocks it was made of.
   ASSERT_TRUE(buddy->deallocate(*r).ok());
-  EXPECT_EQ(buddy->free_blocks(), (FreeBlocks{{{0, 8 * kMiB}, 8 * kMiB}, {{0, 16 * kMiB}, 8 * kMiB}}));
+  EXPECT_EQ(buddy->free_blocks(),
+            (FreeBlocks{{{0, 8 * kMiB}, 8 * kMiB}, {{0, 16 * kMiB}, 8 * kMiB}}));
 }
 
 TEST(BuddyAllocator, AddedChunksJoinThePool) {

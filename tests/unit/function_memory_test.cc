@@ -87,9 +87,9 @@ class FunctionMemoryTest : public testing::Test {
     if (source_gpu >= 0) lease.source_gpu = GpuId{source_gpu};
     lease.first_request = first_request;
     auto done = std::make_shared<std::promise<Status>>();
-    Status bound = memory_->bind(
-        lease, streams_[gpu], [done](const Status& s, const SwapReport&) { done->set_value(s); },
-        {});
+    Status bound =
+        memory_->bind(lease, streams_[gpu],
+                      [done](const Status& s, const SwapReport&) { done->set_value(s); }, {});
     if (!bound.ok()) done->set_value(bound);
     return done->get_future();
   }
@@ -246,7 +246,8 @@ TEST_F(FunctionMemoryTest, UsersOfAPointerTableWaitForTheWholeSwap) {
   const auto model = pattern(4);
   store(weights, std::as_bytes(std::span(model)), 0);
   ASSERT_OK(memory_->unbind());
-  ASSERT_TRUE(memory_->evict(GpuId{0}, streams_[0]).ok());  // written back: the host copy is the model
+  ASSERT_TRUE(
+      memory_->evict(GpuId{0}, streams_[0]).ok());  // written back: the host copy is the model
 
   std::future<Status> swap = start_bind(1);
   // A block waits for the group that completes it: the weights for the last one.

@@ -53,7 +53,9 @@ TEST(HostPool, ReportsFragmentationAsLargestFreeOverFree) {
   auto pool = make({64 * kMiB});
   EXPECT_DOUBLE_EQ(pool->stats().largest_free_ratio(), 1.0);
   std::vector<Allocation> blocks;
-  for (int i = 0; i < 8; ++i) blocks.push_back(*pool->allocate_model_copy(FunctionId{static_cast<uint32_t>(1 + i)}, 8 * kMiB));
+  for (int i = 0; i < 8; ++i)
+    blocks.push_back(
+        *pool->allocate_model_copy(FunctionId{static_cast<uint32_t>(1 + i)}, 8 * kMiB));
   EXPECT_DOUBLE_EQ(pool->stats().largest_free_ratio(), 1.0) << "nothing free counts as whole";
   // Free functions 1, 3, 5, 7: 32 MiB free, but how much of it in one piece?
   for (int i = 0; i < 8; i += 2) ASSERT_TRUE(pool->release(blocks[i]).ok());
@@ -84,8 +86,10 @@ TEST(HostPool, RandomUseKeepsTheAccountsExact) {
   for (int step = 0; step < 3000; ++step) {
     if (live.empty() || rng() % 100 < 55) {
       const uint64_t bytes = 1 + rng() % (12 * kMiB);
-      AllocationResult r = rng() % 3 == 0 ? pool->allocate_staging(rng() % 4, bytes)
-                                          : pool->allocate_model_copy(FunctionId{static_cast<uint32_t>(1 + rng() % 9)}, bytes);
+      AllocationResult r =
+          rng() % 3 == 0
+              ? pool->allocate_staging(rng() % 4, bytes)
+              : pool->allocate_model_copy(FunctionId{static_cast<uint32_t>(1 + rng() % 9)}, bytes);
       if (r.ok()) live.push_back(*r);
     } else {
       const size_t i = rng() % live.size();

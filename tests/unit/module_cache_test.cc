@@ -153,8 +153,8 @@ class CountingDevice final : public Device {
                                uint64_t bytes) override {
     return sim_->copy_device_to_device(stream, dst, src, bytes);
   }
-  Status copy_peer(device::Stream stream, device::DevicePtr dst, int dst_gpu,
-                   device::DevicePtr src, int src_gpu, uint64_t bytes) override {
+  Status copy_peer(device::Stream stream, device::DevicePtr dst, int dst_gpu, device::DevicePtr src,
+                   int src_gpu, uint64_t bytes) override {
     return sim_->copy_peer(stream, dst, dst_gpu, src, src_gpu, bytes);
   }
   Status memset(device::Stream stream, device::DevicePtr dst, uint32_t value, int element_bytes,
@@ -208,8 +208,7 @@ TEST(Sha256, MatchesTheStandardTestVectors) {
   // FIPS 180-2, appendix B.1, and the empty message.
   EXPECT_EQ(sha256(bytes_of("abc")),
             digest_of("ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"));
-  EXPECT_EQ(to_hex(sha256({})),
-            "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  EXPECT_EQ(to_hex(sha256({})), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
 }
 
 TEST_F(ModuleCacheTest, TheSameImageTwiceIsLoadedOnce) {

@@ -116,20 +116,43 @@ INSTANTIATE_TEST_SUITE_P(
     Cases, NodeConfigRejects,
     ::testing::Values(
         BadConfig{"not json", "{\"name\": ", "not valid JSON"},
-        BadConfig{"wrong type", replace(kMinimal, "\"name\": \"n\"", "\"name\": 5"), "not valid JSON"},
+        BadConfig{"wrong type", replace(kMinimal, "\"name\": \"n\"", "\"name\": 5"),
+                  "not valid JSON"},
         BadConfig{"no name", replace(kMinimal, "\"name\": \"n\"", "\"name\": \"\""), "'name'"},
-        BadConfig{"no gpus", replace(kMinimal, "[{\"model\": \"m\", \"pcieSwitch\": 0}, {\"model\": \"m\", \"pcieSwitch\": 0}]", "[]"), "'gpus' is empty"},
-        BadConfig{"unknown model", replace(kMinimal, "{\"model\": \"m\", \"pcieSwitch\": 0},", "{\"model\": \"x\", \"pcieSwitch\": 0},"), "not in gpuModels"},
-        BadConfig{"missing switch", replace(kMinimal, "{\"model\": \"m\", \"pcieSwitch\": 0},", "{\"model\": \"m\", \"pcieSwitch\": 3},"), "pcieSwitch 3"},
+        BadConfig{
+            "no gpus",
+            replace(
+                kMinimal,
+                "[{\"model\": \"m\", \"pcieSwitch\": 0}, {\"model\": \"m\", \"pcieSwitch\": 0}]",
+                "[]"),
+            "'gpus' is empty"},
+        BadConfig{"unknown model",
+                  replace(kMinimal, "{\"model\": \"m\", \"pcieSwitch\": 0},",
+                          "{\"model\": \"x\", \"pcieSwitch\": 0},"),
+                  "not in gpuModels"},
+        BadConfig{"missing switch",
+                  replace(kMinimal, "{\"model\": \"m\", \"pcieSwitch\": 0},",
+                          "{\"model\": \"m\", \"pcieSwitch\": 3},"),
+                  "pcieSwitch 3"},
         BadConfig{"zero memory", replace(kMinimal, "1073741824", "0"), "memoryBytes"},
-        BadConfig{"zero bandwidth", replace(kMinimal, "\"hostToDeviceGBps\": 10", "\"hostToDeviceGBps\": 0"), "bandwidths"},
+        BadConfig{"zero bandwidth",
+                  replace(kMinimal, "\"hostToDeviceGBps\": 10", "\"hostToDeviceGBps\": 0"),
+                  "bandwidths"},
         BadConfig{"self link", replace(kMinimal, "\"gpuB\": 1", "\"gpuB\": 0"), "itself"},
-        BadConfig{"link to nowhere", replace(kMinimal, "\"gpuB\": 1", "\"gpuB\": 9"), "does not exist"},
-        BadConfig{"negative link", replace(kMinimal, "\"bandwidthGBps\": 20", "\"bandwidthGBps\": -1"), "bandwidthGBps"},
-        BadConfig{"duplicate link", replace(kMinimal, "\"bandwidthGBps\": 20}]", "\"bandwidthGBps\": 20}, {\"gpuA\": 1, \"gpuB\": 0, \"bandwidthGBps\": 5}]"), "duplicates"}),
+        BadConfig{"link to nowhere", replace(kMinimal, "\"gpuB\": 1", "\"gpuB\": 9"),
+                  "does not exist"},
+        BadConfig{"negative link",
+                  replace(kMinimal, "\"bandwidthGBps\": 20", "\"bandwidthGBps\": -1"),
+                  "bandwidthGBps"},
+        BadConfig{
+            "duplicate link",
+            replace(kMinimal, "\"bandwidthGBps\": 20}]",
+                    "\"bandwidthGBps\": 20}, {\"gpuA\": 1, \"gpuB\": 0, \"bandwidthGBps\": 5}]"),
+            "duplicates"}),
     [](const auto& info) {
       std::string name = info.param.what;
-      for (char& c : name) if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+      for (char& c : name)
+        if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
       return name;
     });
 

@@ -51,7 +51,8 @@ NodeConfig node_config() {
   NodeConfig c = default_node_config();
   c.gpus.resize(kGpus);
   for (GpuSpec& g : c.gpus) g.memory_bytes = kGpuMemory;
-  std::erase_if(c.nvlinks, [](const NvLinkSpec& l) { return l.gpu_a >= kGpus || l.gpu_b >= kGpus; });
+  std::erase_if(c.nvlinks,
+                [](const NvLinkSpec& l) { return l.gpu_a >= kGpus || l.gpu_b >= kGpus; });
   return c;
 }
 
@@ -80,8 +81,8 @@ std::ostream& operator<<(std::ostream& out, const Snapshot& s) {
     out << "]";
   }
   return out << ", evictions " << s.evictions << ", host " << s.host_swaps << ", peer "
-             << s.peer_swaps << ", resident " << s.resident_starts << ", completed "
-             << s.completed << "}";
+             << s.peer_swaps << ", resident " << s.resident_starts << ", completed " << s.completed
+             << "}";
 }
 
 // The workload: each step runs one or two functions' requests at once.
@@ -112,8 +113,12 @@ class Instance final : public server::LeaseHolder {
  public:
   Instance(SessionId id, std::string name, device::Device& device, server::GpuLessor& lessor,
            std::shared_ptr<server::FunctionMemory> memory)
-      : id_(id), name_(std::move(name)), device_(device), lessor_(lessor),
-        memory_(std::move(memory)), next_va_(memory_->va_base()) {
+      : id_(id),
+        name_(std::move(name)),
+        device_(device),
+        lessor_(lessor),
+        memory_(std::move(memory)),
+        next_va_(memory_->va_base()) {
     thread_ = std::thread([this] { run(); });
   }
   ~Instance() override {
@@ -245,10 +250,9 @@ class Instance final : public server::LeaseHolder {
     // addresses every time (past the model).
     for (int i = 0; i < kScratchBlocks; ++i) {
       const uint64_t va = next_va_ + i * kBlock;
-      Status placed = memory_->add_block(va, kBlock, lease.gpu,
-                                         [this](GpuId g, const memory::Shortfall& s) {
-                                           return lessor_.make_room(id_, g, s);
-                                         });
+      Status placed = memory_->add_block(
+          va, kBlock, lease.gpu,
+          [this](GpuId g, const memory::Shortfall& s) { return lessor_.make_room(id_, g, s); });
       note_failure(placed);
       if (placed.ok()) scratch_.push_back(va);
     }
@@ -331,9 +335,8 @@ class HiberdSide {
       auto plan = controller_->admit(r.function_id, 0, session);
       ASSERT_TRUE(plan.ok()) << plan.status();
       auto memory = server::FunctionMemory::create(*device_, controller_->pools(),
-                                                   controller_->repository(),
-                                                   plan->function, 256 * kMiB,
-                                                   plan->quota_bytes, plan->memory);
+                                                   controller_->repository(), plan->function,
+                                                   256 * kMiB, plan->quota_bytes, plan->memory);
       ASSERT_TRUE(memory.ok()) << memory.status();
       instances_.push_back(std::make_unique<Instance>(session, r.function_id, *device_,
                                                       *controller_, std::move(*memory)));
@@ -354,16 +357,15 @@ class HiberdSide {
         requests.push_back(id);
       }
       for (size_t i = 0; i < step.size(); ++i) {
-        wait_reply<server::Controller::Ok>([&](auto reply) {
-          controller_->request_done(requests[i], false, std::move(reply));
-        });
+        wait_reply<server::Controller::Ok>(
+            [&](auto reply) { controller_->request_done(requests[i], false, std::move(reply)); });
         instances_[step[i]]->wait_released(RequestId{requests[i]});
       }
       snapshots->push_back(snapshot());
     }
     for (auto& instance : instances_) {
-      EXPECT_TRUE(instance->failure().ok()) << instance->function_id() << ": "
-                                            << instance->failure();
+      EXPECT_TRUE(instance->failure().ok())
+          << instance->function_id() << ": " << instance->failure();
       controller_->detach(instance->id());
     }
     instances_.clear();

@@ -14,11 +14,11 @@
 namespace hiber::node {
 namespace {
 
+using scheduler::kGiB;
+using scheduler::kMillisecond;
 using scheduler::PlacementRule;
 using scheduler::Source;
 using scheduler::Topology;
-using scheduler::kGiB;
-using scheduler::kMillisecond;
 using scheduler::testing::plain_topology;
 using scheduler::testing::torpor_topology;
 
@@ -365,7 +365,7 @@ TEST_F(NodeCoreTest, APeerCopyOfAFunctionWithoutAFixedModelIsAMove) {
   const FunctionId third = add(3, kGiB);
   const RequestId first = arrive(other);  // takes one GPU ...
   core_->dispatch(now_);
-  core_->need_gpu(f, now_);               // ... so f's start-up runs on the other
+  core_->need_gpu(f, now_);  // ... so f's start-up runs on the other
   core_->dispatch(now_);
   ASSERT_EQ(actuator_.starts.size(), 2u);
   const Start boot = actuator_.starts[1];

@@ -56,8 +56,8 @@ void expect_no_overlap(const std::vector<Live>& live) {
   std::map<std::pair<uint32_t, uint64_t>, uint64_t> ranges;
   for (const Live& l : live) {
     ASSERT_GE(l.allocation.bytes, l.requested);
-    auto [it, inserted] = ranges.emplace(std::pair{l.allocation.where.chunk, l.allocation.where.offset},
-                                         l.allocation.bytes);
+    auto [it, inserted] = ranges.emplace(
+        std::pair{l.allocation.where.chunk, l.allocation.where.offset}, l.allocation.bytes);
     ASSERT_TRUE(inserted) << "two allocations at chunk " << l.allocation.where.chunk << " offset "
                           << l.allocation.where.offset;
   }
@@ -103,14 +103,15 @@ TEST_P(PoolContract, RandomAllocateAndFreeKeepEveryByteAccountedFor) {
         EXPECT_GE(shortfall.needed_bytes, bytes);
         EXPECT_FALSE(shortfall.over_quota);
         // A request never fails while one free block (cache included) could hold it whole.
-        EXPECT_LT(before.largest_free_bytes, shortfall.needed_bytes) << GetParam() << " step " << step;
+        EXPECT_LT(before.largest_free_bytes, shortfall.needed_bytes)
+            << GetParam() << " step " << step;
         // Others' allocations can always be evicted to make room, so "nothing evictable makes
         // room" means the requester's own blocks (not evictable for its own request) lie in
         // every region that could hold it.
         if (!shortfall.never_fits && shortfall.evict_bytes == 0) {
-          EXPECT_TRUE(std::any_of(live.begin(), live.end(),
-                                  [&](const Live& l) { return l.owner == owner; }))
-              << shortfall.describe();
+          EXPECT_TRUE(std::any_of(live.begin(), live.end(), [&](const Live& l) {
+            return l.owner == owner;
+          })) << shortfall.describe();
         }
       }
     } else {
@@ -132,7 +133,8 @@ TEST_P(PoolContract, RandomAllocateAndFreeKeepEveryByteAccountedFor) {
       ASSERT_EQ(stats.requested_bytes, requested);
       ASSERT_EQ(stats.internal_waste_bytes(), allocated - requested);
       ASSERT_EQ(stats.live_allocations, live.size());
-      ASSERT_EQ(stats.allocated_bytes + stats.cached_bytes + stats.free_bytes, stats.capacity_bytes);
+      ASSERT_EQ(stats.allocated_bytes + stats.cached_bytes + stats.free_bytes,
+                stats.capacity_bytes);
     }
   }
   EXPECT_GT(failures, 0u) << "the sequence should have filled the pool at least once";
@@ -183,7 +185,8 @@ TEST_P(PoolContract, AFullPoolSaysHowMuchMustBeEvicted) {
   Subject s = make(GetParam());
   std::vector<Allocation> held;
   for (;;) {
-    AllocationResult r = s.pool->allocate(64 * kMiB, FunctionId{static_cast<uint32_t>(1 + held.size() % 3)});
+    AllocationResult r =
+        s.pool->allocate(64 * kMiB, FunctionId{static_cast<uint32_t>(1 + held.size() % 3)});
     if (!r.ok()) break;
     held.push_back(*r);
   }

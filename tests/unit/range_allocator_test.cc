@@ -3,8 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <map>
-#include <vector>
 #include <random>
+#include <vector>
 
 namespace hiber::shim {
 namespace {

@@ -52,7 +52,8 @@ class EvictionTest : public ::testing::Test {
   // The ids of the victims (their numbers), in leaving order; an empty vector with ok = false
   // when refused.
   std::vector<uint32_t> plan(Evictor& evictor, int g, uint64_t bytes, bool* ok = nullptr,
-                               std::optional<FunctionIndex> keep = std::nullopt, Time now = 10 * kSecond) {
+                             std::optional<FunctionIndex> keep = std::nullopt,
+                             Time now = 10 * kSecond) {
     std::vector<Eviction> out;
     const bool planned = evictor.plan(g, bytes, keep, context(now), &out);
     if (ok != nullptr) *ok = planned;
@@ -103,8 +104,9 @@ TEST_F(TorporEvictionTest, PlanIsEmptyWhenTheModelFitsAndRefusedWhenNothingCanMa
 }
 
 TEST_F(TorporEvictionTest, DuplicatesLeaveBeforeSoleReplicasWhenMemoryIsFull) {
-  put(1, *functions_.find(FunctionId{4}), 0);                    // heavy 4 also lives on GPU 1
-  put(2, *functions_.find(FunctionId{3}), 0, /*loading=*/true);  // a copy of 3 in flight is no duplicate yet
+  put(1, *functions_.find(FunctionId{4}), 0);  // heavy 4 also lives on GPU 1
+  put(2, *functions_.find(FunctionId{3}), 0,
+      /*loading=*/true);  // a copy of 3 in flight is no duplicate yet
   Evictor evictor(make_heaviness_eviction(), EvictionOptions{});
   EXPECT_EQ(plan(evictor, 0, kGiB), (Ids{4}));
   EXPECT_EQ(plan(evictor, 0, 2 * kGiB), (Ids{4, 2}));
@@ -115,9 +117,9 @@ TEST_F(TorporEvictionTest, DuplicatesLeaveBeforeSoleReplicasWhenMemoryIsFull) {
 }
 
 TEST_F(TorporEvictionTest, ExecutingLoadingSourceAndKeptReplicasNeverLeave) {
-  node_.set_running(0, RequestId{99}, *functions_.find(FunctionId{2}));        // 2 executes on GPU 0
-  node_.find(0, *functions_.find(FunctionId{1}))->source_pins = 1;  // 1 is a copy's source
-  node_.find(0, *functions_.find(FunctionId{3}))->loading = true;   // 3 is still arriving
+  node_.set_running(0, RequestId{99}, *functions_.find(FunctionId{2}));  // 2 executes on GPU 0
+  node_.find(0, *functions_.find(FunctionId{1}))->source_pins = 1;       // 1 is a copy's source
+  node_.find(0, *functions_.find(FunctionId{3}))->loading = true;        // 3 is still arriving
   Evictor evictor(make_heaviness_eviction(), EvictionOptions{});
   bool ok = true;
   EXPECT_TRUE(plan(evictor, 0, 2 * kGiB, &ok).empty());
@@ -235,7 +237,8 @@ TEST_F(McacheTest, RanksStayUntilTheNextRebuild) {
   Evictor evictor(make_mcache_eviction(options), options);
   EXPECT_EQ(plan(evictor, 0, kGiB, nullptr, std::nullopt, 10 * kSecond), (Ids{3}));
   // Function 3 turns popular: 200 more requests make its utility 50 x 21 = 1050 at 10 s.
-  for (int i = 0; i < 200; ++i) functions_.record_arrival(*functions_.find(FunctionId{3}), 9 * kSecond);
+  for (int i = 0; i < 200; ++i)
+    functions_.record_arrival(*functions_.find(FunctionId{3}), 9 * kSecond);
   EXPECT_EQ(plan(evictor, 0, kGiB, nullptr, std::nullopt, 15 * kSecond), (Ids{3}))
       << "the heap is read-only between rebuilds";
   EXPECT_EQ(plan(evictor, 0, kGiB, nullptr, std::nullopt, 20 * kSecond), (Ids{1}))
@@ -309,7 +312,8 @@ std::vector<TraceRow> replay_table1(const std::string& eviction, int* misses, in
     if (d.size() != 1) return rows;
     TraceRow row{d[0].source == Source::kResident, -1};
     EXPECT_LE(d[0].evictions.size(), 1u);
-    if (!d[0].evictions.empty()) row.evicted = static_cast<int>(d[0].evictions[0].function.value()) - 1;
+    if (!d[0].evictions.empty())
+      row.evicted = static_cast<int>(d[0].evictions[0].function.value()) - 1;
     if (!row.hit) {
       ++*misses;
       *cost += m + 1;
@@ -357,7 +361,7 @@ TEST(EvictionTraceTest, CremeBruleeOracleReproducesCremeBruleeTableI) {
 
 TEST(SequenceOracleTest, CountsRequestsUntilTheNextUseAndInfinityForNever) {
   const std::vector<FunctionId> sequence = {FunctionId{5}, FunctionId{6}, FunctionId{5},
-                                           FunctionId{7}};
+                                            FunctionId{7}};
   SequenceOracle oracle(sequence);
   EXPECT_DOUBLE_EQ(oracle.requests_until_next(FunctionId{5}, 0), 2.0);
   EXPECT_DOUBLE_EQ(oracle.requests_until_next(FunctionId{6}, 0), 1.0);

@@ -95,7 +95,8 @@ TEST_F(FacadeTest, AModelResidentOnlyOnABusyGpuIsCopiedAndAFullTargetMakesTheCop
   auto s = make_scheduler(small);
   ASSERT_TRUE(s->register_function(FunctionId{1}, spec(2 * kGiB), 0).ok());  // A
   ASSERT_TRUE(s->register_function(FunctionId{2}, spec(kGiB), 0).ok());      // B
-  for (FunctionId c : testing::function_ids(3, 5)) ASSERT_TRUE(s->register_function(c, spec(2 * kGiB), 0).ok());
+  for (FunctionId c : testing::function_ids(3, 5))
+    ASSERT_TRUE(s->register_function(c, spec(2 * kGiB), 0).ok());
   auto run = [&](FunctionId f, Time t, int expected_gpu) {
     const RequestId r = *s->arrive(f, t);
     const std::vector<Decision> d = dispatch(*s, t);
@@ -170,7 +171,8 @@ TEST_F(FacadeTest, ARequestThatCannotBePlacedDoesNotBlockTheNextFunction) {
   auto s = scheduler();
   ASSERT_TRUE(s->register_function(FunctionId{1}, spec(3 * kGiB), 0).ok());  // big
   ASSERT_TRUE(s->register_function(FunctionId{2}, spec(kGiB), 0).ok());      // small
-  for (FunctionId f : testing::function_ids(10, 12)) ASSERT_TRUE(s->register_function(f, spec(kGiB), 0).ok());
+  for (FunctionId f : testing::function_ids(10, 12))
+    ASSERT_TRUE(s->register_function(f, spec(kGiB), 0).ok());
   for (FunctionId f : testing::function_ids(10, 12)) ASSERT_TRUE(s->arrive(f, 0).ok());
   ASSERT_EQ(dispatch(*s, 0).size(), 3u);  // GPUs 0..2 busy
   s->set_reserved(3, 2 * kGiB);           // GPU 3 can never hold 3 GiB
@@ -260,7 +262,8 @@ TEST_F(FacadeTest, UnregisterCancelsQueuedRequestsButNotRunningOnes) {
   const RequestId r2 = *s->arrive(FunctionId{1}, kMs);
   const RequestId r3 = *s->arrive(FunctionId{1}, kMs);
   std::vector<RequestId> cancelled;
-  EXPECT_EQ(s->unregister_function(FunctionId{1}, kMs, &cancelled).code(), ErrorCode::kIllegalState);
+  EXPECT_EQ(s->unregister_function(FunctionId{1}, kMs, &cancelled).code(),
+            ErrorCode::kIllegalState);
   EXPECT_TRUE(cancelled.empty());
   ASSERT_TRUE(s->load_done(r1, 2 * kMs, true).ok());
   ASSERT_TRUE(s->done(r1, 3 * kMs).ok());
@@ -282,10 +285,12 @@ TEST_F(FacadeTest, UnregisterCancelsQueuedRequestsButNotRunningOnes) {
 
 TEST_F(FacadeTest, MakeRoomEvictsButNeverTheRunningOrKeptModel) {
   auto s = scheduler();
-  for (FunctionId f : testing::function_ids(1, 4)) ASSERT_TRUE(s->register_function(f, spec(kGiB), 0).ok());
+  for (FunctionId f : testing::function_ids(1, 4))
+    ASSERT_TRUE(s->register_function(f, spec(kGiB), 0).ok());
   // Models 1..4 all go to GPU 0: the first while the node is idle, the others while GPUs 1-3
   // run three other functions.
-  for (FunctionId f : testing::function_ids(10, 12)) ASSERT_TRUE(s->register_function(f, spec(kGiB), 0).ok());
+  for (FunctionId f : testing::function_ids(10, 12))
+    ASSERT_TRUE(s->register_function(f, spec(kGiB), 0).ok());
   Time t = 0;
   for (FunctionId f : testing::function_ids(1, 4)) {
     const RequestId r = *s->arrive(f, t);
@@ -343,9 +348,11 @@ TEST_F(FacadeTest, AnUnhealthyGpuGetsNoRequestsAndLosesItsReplicas) {
 
 TEST_F(FacadeTest, AGrownModelOverCommitsItsGpuUntilTheNextPlacementThere) {
   auto s = scheduler();
-  for (FunctionId f : testing::function_ids(1, 5)) ASSERT_TRUE(s->register_function(f, spec(kGiB), 0).ok());
+  for (FunctionId f : testing::function_ids(1, 5))
+    ASSERT_TRUE(s->register_function(f, spec(kGiB), 0).ok());
   Time t = 0;
-  for (FunctionId f : testing::function_ids(1, 4)) {  // 1..4 end up on GPUs 0..3, then 1 runs again on 0
+  for (FunctionId f :
+       testing::function_ids(1, 4)) {  // 1..4 end up on GPUs 0..3, then 1 runs again on 0
     const RequestId r = *s->arrive(f, t);
     ASSERT_EQ(dispatch(*s, t).size(), 1u);
     ASSERT_TRUE(s->load_done(r, t + kMs, true).ok());
@@ -438,7 +445,8 @@ TEST_F(FacadeTest, CreateRefusesUnknownPoliciesAndBadOptions) {
 TEST_F(FacadeTest, AResidentStartEvictsNothingAfterAnEarlierPlanHadVictims) {
   auto s = scheduler();
   // GPU memory 4 GiB: three 1.5 GiB models cannot share a GPU.
-  for (FunctionId id : testing::function_ids(1, 3)) ASSERT_TRUE(s->register_function(id, spec(1536 * kMiB), 0).ok());
+  for (FunctionId id : testing::function_ids(1, 3))
+    ASSERT_TRUE(s->register_function(id, spec(1536 * kMiB), 0).ok());
   Time now = 0;
   // 1 then 2 load onto GPU 0 only (the others are drained), 2 evicting nothing, 3 evicting 1.
   for (int g : {1, 2, 3}) s->set_gpu_healthy(g, false);

@@ -35,7 +35,8 @@ TEST(IdIndexTest, AgreesWithAnOrderedMapThroughInsertsAndErases) {
     ASSERT_EQ(index.size(), model.size());
     const FunctionId probe = static_cast<FunctionId>(rng.uniform(600));
     auto it = model.find(probe);
-    ASSERT_EQ(index.find(probe), it == model.end() ? std::nullopt : std::optional<FunctionIndex>(it->second))
+    ASSERT_EQ(index.find(probe),
+              it == model.end() ? std::nullopt : std::optional<FunctionIndex>(it->second))
         << "step " << step;
   }
   for (const auto& [id, value] : model) EXPECT_EQ(index.find(id), value);
@@ -180,9 +181,12 @@ TEST_F(FunctionTableTest, SwapAndExecEstimatesPreferMeasurementsThenHints) {
 
 TEST_F(FunctionTableTest, RefusesBadSpecsAndDuplicateIds) {
   EXPECT_TRUE(table_.add(FunctionId{1}, testing::spec(kGiB), 0).ok());
-  EXPECT_EQ(table_.add(FunctionId{1}, testing::spec(kGiB), 0).status().code(), ErrorCode::kInvalidValue);
-  EXPECT_EQ(table_.add(FunctionId{2}, testing::spec(0), 0).status().code(), ErrorCode::kInvalidValue);
-  EXPECT_EQ(table_.add(FunctionId{3}, testing::spec(kGiB, 0), 0).status().code(), ErrorCode::kInvalidValue);
+  EXPECT_EQ(table_.add(FunctionId{1}, testing::spec(kGiB), 0).status().code(),
+            ErrorCode::kInvalidValue);
+  EXPECT_EQ(table_.add(FunctionId{2}, testing::spec(0), 0).status().code(),
+            ErrorCode::kInvalidValue);
+  EXPECT_EQ(table_.add(FunctionId{3}, testing::spec(kGiB, 0), 0).status().code(),
+            ErrorCode::kInvalidValue);
   FunctionSpec p = testing::spec(kGiB);
   p.tail_percentile = 1.0;
   EXPECT_EQ(table_.add(FunctionId{4}, p, 0).status().code(), ErrorCode::kInvalidValue);

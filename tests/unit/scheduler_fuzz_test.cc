@@ -134,9 +134,7 @@ class Fuzzer {
 
   void step(Op op, Time now) {
     switch (op) {
-      case Op::kRegister:
-        register_function(any_function(), now);
-        break;
+      case Op::kRegister: register_function(any_function(), now); break;
       case Op::kArrive: {
         const FunctionId id = any_function();
         Result<RequestId> r = s_->arrive(id, now);
@@ -244,18 +242,14 @@ class Fuzzer {
         }
         break;
       }
-      case Op::kReserve:
-        s_->set_reserved(any_gpu(), rng_.uniform(kGpu / 2));
-        break;
+      case Op::kReserve: s_->set_reserved(any_gpu(), rng_.uniform(kGpu / 2)); break;
       case Op::kResize: {
         const FunctionId id = any_function();
         const Status st = s_->set_model_bytes(id, kGiB / 4 + rng_.uniform(5 * kGiB));
         EXPECT_EQ(st.ok(), registered_.count(id) == 1) << st;
         break;
       }
-      case Op::kDrop:
-        s_->drop_replica(any_gpu(), any_function());
-        break;
+      case Op::kDrop: s_->drop_replica(any_gpu(), any_function()); break;
       case Op::kStale: {
         if (finished_.empty()) break;
         const RequestId id = finished_[rng_.uniform(finished_.size())];

@@ -30,8 +30,8 @@ TEST(GshareTest, AtRiskRequestsAreServedFirstInArrivalOrder) {
   const Topology topology = testing::plain_topology(1, 16 * kGiB);
   auto s = testing::make_scheduler(topology, gshare());
   ASSERT_TRUE(s->register_function(FunctionId{1}, model(1000 * kMs), 0).ok());  // slack 846 ms
-  ASSERT_TRUE(s->register_function(FunctionId{2}, model(100 * kMs), 0).ok());   // 154 > 100: at risk
-  ASSERT_TRUE(s->register_function(FunctionId{3}, model(120 * kMs), 0).ok());   // 154 > 120: at risk
+  ASSERT_TRUE(s->register_function(FunctionId{2}, model(100 * kMs), 0).ok());  // 154 > 100: at risk
+  ASSERT_TRUE(s->register_function(FunctionId{3}, model(120 * kMs), 0).ok());  // 154 > 120: at risk
   const RequestId x = *s->arrive(FunctionId{1}, 0);
   const RequestId r2 = *s->arrive(FunctionId{2}, 1 * kMs);
   const RequestId r3 = *s->arrive(FunctionId{3}, 2 * kMs);
@@ -64,7 +64,8 @@ class GshareLazyTest : public ::testing::Test {
   void SetUp() override {
     s_ = testing::make_scheduler(topology_, gshare());
     for (FunctionId id : testing::function_ids(1, 5))
-      ASSERT_TRUE(s_->register_function(id, model(id == FunctionId{1} ? 200 * kMs : 1000 * kMs), 0).ok());
+      ASSERT_TRUE(
+          s_->register_function(id, model(id == FunctionId{1} ? 200 * kMs : 1000 * kMs), 0).ok());
     // S runs first, on GPU 0.
     const RequestId s1 = *s_->arrive(FunctionId{1}, 0);
     std::vector<Decision> d = dispatch(*s_, 0);

@@ -80,7 +80,8 @@ TEST(HeavinessTest, DefaultRatioReproducesTorporTable4Labels) {
 
 TEST(HeavinessTest, LabelFollowsMeasurementsAsTheyAccumulate) {
   FunctionTable table(WindowOptions{}, HeavinessOptions{}, 12.0);
-  Result<FunctionIndex> r = table.add(FunctionId{1}, testing::spec(kGiB, 100 * kMs, 0, /*heavy=*/false), 0);
+  Result<FunctionIndex> r =
+      table.add(FunctionId{1}, testing::spec(kGiB, 100 * kMs, 0, /*heavy=*/false), 0);
   ASSERT_TRUE(r.ok());
   const FunctionIndex f = *r;
   EXPECT_FALSE(table.heavy(f));  // the hint
@@ -100,7 +101,8 @@ TEST(HeavinessTest, LabelFollowsMeasurementsAsTheyAccumulate) {
 TEST(HeavinessTest, AModelGrowingPastTheThresholdTurnsHeavyWithoutMeasurements) {
   FunctionTable table(WindowOptions{}, HeavinessOptions{}, 10.0);
   // 50 MB at 10 GB/s: a 5 ms swap against 10 ms of execution, light.
-  Result<FunctionIndex> r = table.add(FunctionId{1}, testing::spec(50'000'000, 100 * kMs, 10 * kMs), 0);
+  Result<FunctionIndex> r =
+      table.add(FunctionId{1}, testing::spec(50'000'000, 100 * kMs, 10 * kMs), 0);
   ASSERT_TRUE(r.ok());
   EXPECT_FALSE(table.heavy(*r));
   EXPECT_EQ(table.swap_estimate(*r), 5 * kMs);

@@ -47,9 +47,9 @@ TEST(RrcTest, FunctionRrcCountsCompletionsInTheWindow) {
 
 TEST(RrcTest, ThresholdAdmitsAscendingRrcWhileDemandFits) {
   const std::vector<RrcDemand> functions = {{20, FunctionId{4}, 0.5},
-                                           {-10, FunctionId{1}, 1.0},
-                                           {5, FunctionId{3}, 1.0},
-                                           {0, FunctionId{2}, 1.5}};
+                                            {-10, FunctionId{1}, 1.0},
+                                            {5, FunctionId{3}, 1.0},
+                                            {0, FunctionId{2}, 1.5}};
   // Cumulative demand in RRC order: 1.0, 2.5, 3.5, 4.0.
   std::vector<RrcDemand> v = functions;
   RrcThreshold t = rrc_threshold(v, 3.6);
@@ -271,8 +271,9 @@ TEST_F(QueuePolicyTest, RrcServesEarliestDeadlineFirstWhereFifoServesArrivalOrde
 }
 
 TEST_F(QueuePolicyTest, RequestsThatCanNoLongerMeetTheirDeadlineGoBehindFeasibleOnes) {
-  const FunctionIndex slow = add(FunctionId{1}, spec(kGiB, 50 * kMs, 30 * kMs));    // deadline 50 ms
-  const FunctionIndex quick = add(FunctionId{2}, spec(kGiB, 200 * kMs, 10 * kMs));  // deadline 200 ms
+  const FunctionIndex slow = add(FunctionId{1}, spec(kGiB, 50 * kMs, 30 * kMs));  // deadline 50 ms
+  const FunctionIndex quick =
+      add(FunctionId{2}, spec(kGiB, 200 * kMs, 10 * kMs));  // deadline 200 ms
   auto q = make_rrc_queue(QueueOptions{});
   QueueOptions no_demotion;
   no_demotion.demote_late = false;
@@ -346,7 +347,8 @@ TEST_F(QueuePolicyTest, EraseAndEraseFunctionWithdrawRequestsInArrivalOrder) {
     EXPECT_FALSE(q->contains(RequestId{first + 2}));
     std::vector<RequestId> removed;
     q->erase_function(a, &removed);
-    EXPECT_EQ(removed, (std::vector<RequestId>{RequestId{first}, RequestId{first + 3}})) << q->name();
+    EXPECT_EQ(removed, (std::vector<RequestId>{RequestId{first}, RequestId{first + 3}}))
+        << q->name();
     EXPECT_EQ(q->size(), 1u);
     EXPECT_TRUE(q->contains(RequestId{first + 1}));
     EXPECT_TRUE(q->check_invariants().ok());

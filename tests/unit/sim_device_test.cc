@@ -74,11 +74,11 @@ DeviceUnderTest nvswitch_sim() {
 
 // The suite on the default node (Torpor's 4 V100s), unthrottled and throttled, and on the
 // 8-GPU NVSwitch node.
-INSTANTIATE_TEST_SUITE_P(Sim, DeviceContractTest,
-                         ::testing::Values(DeviceUnderTest{"Sim", sim_factory(options_with_plugin()),
-                                                           kFatbin},
-                                           throttled_sim(), nvswitch_sim()),
-                         testing::device_test_name);
+INSTANTIATE_TEST_SUITE_P(
+    Sim, DeviceContractTest,
+    ::testing::Values(DeviceUnderTest{"Sim", sim_factory(options_with_plugin()), kFatbin},
+                      throttled_sim(), nvswitch_sim()),
+    testing::device_test_name);
 
 // ---- Helpers ----
 

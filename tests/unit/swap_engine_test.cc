@@ -151,10 +151,10 @@ TEST_F(SwapEngineTest, AnEmptySwapIsCompleteAtOnceAndAFailedOneSaysSo) {
     return;
   }
   std::promise<Status> ended;
-  ASSERT_TRUE(engine
-                  .report_end(streams_[0],
-                              [&](const Status& s, const SwapReport&) { ended.set_value(s); })
-                  .ok());
+  ASSERT_TRUE(
+      engine
+          .report_end(streams_[0], [&](const Status& s, const SwapReport&) { ended.set_value(s); })
+          .ok());
   EXPECT_FALSE(ended.get_future().get().ok());
   EXPECT_TRUE(engine.complete());
   EXPECT_TRUE(engine.failed());

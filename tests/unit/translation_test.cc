@@ -129,7 +129,8 @@ PlanShape plan_a_model(bool consolidate) {
   std::vector<std::pair<uint64_t, PoolLocation>> placed;  // (va, where), address order
   for (uint64_t bytes : segments) {
     AllocationResult mine = (*pool)->allocate(bytes, FunctionId{1});
-    AllocationResult other = (*pool)->allocate(2 * kMiB, FunctionId{2});  // another function's scratch
+    AllocationResult other =
+        (*pool)->allocate(2 * kMiB, FunctionId{2});  // another function's scratch
     EXPECT_TRUE(mine.ok() && other.ok());
     EXPECT_TRUE(table.add(va, bytes, BlockKind::kModel).ok());
     EXPECT_TRUE(table.place(va, 0, *mine).ok());

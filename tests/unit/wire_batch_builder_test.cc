@@ -85,11 +85,13 @@ void fill(proto::Call::Builder call, StructSchema::Field kind, uint64_t seed, si
       }
       case capnp::schema::Type::DATA: {
         const std::string s = text_for(seed, blob_bytes);
-        group.set(field, capnp::Data::Reader(reinterpret_cast<const capnp::byte*>(s.data()), s.size()));
+        group.set(field,
+                  capnp::Data::Reader(reinterpret_cast<const capnp::byte*>(s.data()), s.size()));
         break;
       }
       default:
-        FAIL() << "calls.capnp has a field type this test does not know: " << field.getProto().getName().cStr();
+        FAIL() << "calls.capnp has a field type this test does not know: "
+               << field.getProto().getName().cStr();
     }
   }
 }
@@ -97,7 +99,7 @@ void fill(proto::Call::Builder call, StructSchema::Field kind, uint64_t seed, si
 void check(proto::Call::Reader call, StructSchema::Field kind, uint64_t seed, size_t blob_bytes) {
   DynamicStruct::Reader dynamic = call;
   ASSERT_EQ(call.getReply(), seed % 2 == 0);
-  KJ_IF_MAYBE(which, dynamic.which()) {
+  KJ_IF_MAYBE (which, dynamic.which()) {
     ASSERT_EQ(which->getIndex(), kind.getIndex()) << "call kind";
   } else {
     FAIL() << "no union member set";
@@ -110,21 +112,28 @@ void check(proto::Call::Reader call, StructSchema::Field kind, uint64_t seed, si
     const std::string name = field.getProto().getName().cStr();
     switch (field.getType().which()) {
       case capnp::schema::Type::BOOL: EXPECT_EQ(value.as<bool>(), v % 2 == 1) << name; break;
-      case capnp::schema::Type::UINT8: EXPECT_EQ(value.as<uint8_t>(), static_cast<uint8_t>(v)) << name; break;
-      case capnp::schema::Type::INT32: EXPECT_EQ(value.as<int32_t>(), static_cast<int32_t>(v)) << name; break;
-      case capnp::schema::Type::UINT32: EXPECT_EQ(value.as<uint32_t>(), static_cast<uint32_t>(v)) << name; break;
+      case capnp::schema::Type::UINT8:
+        EXPECT_EQ(value.as<uint8_t>(), static_cast<uint8_t>(v)) << name;
+        break;
+      case capnp::schema::Type::INT32:
+        EXPECT_EQ(value.as<int32_t>(), static_cast<int32_t>(v)) << name;
+        break;
+      case capnp::schema::Type::UINT32:
+        EXPECT_EQ(value.as<uint32_t>(), static_cast<uint32_t>(v)) << name;
+        break;
       case capnp::schema::Type::UINT64: EXPECT_EQ(value.as<uint64_t>(), v) << name; break;
       case capnp::schema::Type::TEXT:
-        EXPECT_EQ(std::string(value.as<capnp::Text>().cStr()), text_for(seed, blob_bytes % 200 + 1)) << name;
+        EXPECT_EQ(std::string(value.as<capnp::Text>().cStr()), text_for(seed, blob_bytes % 200 + 1))
+            << name;
         break;
       case capnp::schema::Type::DATA: {
         const auto data = value.as<capnp::Data>();
         EXPECT_EQ(std::string(reinterpret_cast<const char*>(data.begin()), data.size()),
-                  text_for(seed, blob_bytes)) << name;
+                  text_for(seed, blob_bytes))
+            << name;
         break;
       }
-      default:
-        FAIL() << name;
+      default: FAIL() << name;
     }
   }
 }
@@ -143,14 +152,15 @@ TEST(BatchBuilderTest, EveryCallKindRoundTrips) {
   for (size_t k = 0; k < kinds.size(); ++k) fill(builder.add_call(), kinds[k], k, 100 + k);
   EXPECT_EQ(builder.size(), kinds.size());
   const Message message = join(builder.finish());
-  const Status status = read_message<proto::Batch>(message, "batch", [&](proto::Batch::Reader batch) {
-    EXPECT_EQ(batch.getFirstSeq(), 1000u);
-    // getCalls() once: every call of it charges the whole list to the traversal limit.
-    const auto calls = batch.getCalls();
-    EXPECT_EQ(calls.size(), kinds.size());
-    for (size_t k = 0; k < kinds.size(); ++k) check(calls[k], kinds[k], k, 100 + k);
-    return Status();
-  });
+  const Status status =
+      read_message<proto::Batch>(message, "batch", [&](proto::Batch::Reader batch) {
+        EXPECT_EQ(batch.getFirstSeq(), 1000u);
+        // getCalls() once: every call of it charges the whole list to the traversal limit.
+        const auto calls = batch.getCalls();
+        EXPECT_EQ(calls.size(), kinds.size());
+        for (size_t k = 0; k < kinds.size(); ++k) check(calls[k], kinds[k], k, 100 + k);
+        return Status();
+      });
   ASSERT_TRUE(status.ok()) << status;
 }
 
@@ -217,7 +227,8 @@ TEST(BatchBuilderTest, EncodedBytesBoundsMultiSegmentBatches) {
   for (int i = 0; i < 10; ++i) {
     auto launch = builder.add_call().initLaunchKernel();
     const std::string params(5000, 'x');
-    launch.setParams(capnp::Data::Reader(reinterpret_cast<const capnp::byte*>(params.data()), params.size()));
+    launch.setParams(
+        capnp::Data::Reader(reinterpret_cast<const capnp::byte*>(params.data()), params.size()));
   }
   const uint64_t estimate = builder.encoded_bytes();
   const Message message = join(builder.finish());
@@ -238,7 +249,8 @@ TEST(BatchBuilderTest, ReuseAcrossBatchesKeepsEveryBatchExact) {
       const Message message = join(builder.finish());
       const auto reference = reference_pings(round, count);
       ASSERT_EQ(message.size(), reference.size()) << round;
-      ASSERT_EQ(std::memcmp(message.bytes().data(), reference.data(), reference.size()), 0) << round;
+      ASSERT_EQ(std::memcmp(message.bytes().data(), reference.data(), reference.size()), 0)
+          << round;
       continue;
     }
     builder.reset(round);
@@ -252,15 +264,16 @@ TEST(BatchBuilderTest, ReuseAcrossBatchesKeepsEveryBatchExact) {
     }
     if (round % 7 == 3) continue;  // abandoned without finish(): reset must still clean up
     const Message message = join(builder.finish());
-    const Status status = read_message<proto::Batch>(message, "batch", [&](proto::Batch::Reader batch) {
-      EXPECT_EQ(batch.getFirstSeq(), round);
-      const auto calls = batch.getCalls();
-      EXPECT_EQ(calls.size(), count);
-      for (uint32_t i = 0; i < count; ++i) {
-        check(calls[i], kinds[added[i].first], round * 1000 + i, added[i].second);
-      }
-      return Status();
-    });
+    const Status status =
+        read_message<proto::Batch>(message, "batch", [&](proto::Batch::Reader batch) {
+          EXPECT_EQ(batch.getFirstSeq(), round);
+          const auto calls = batch.getCalls();
+          EXPECT_EQ(calls.size(), count);
+          for (uint32_t i = 0; i < count; ++i) {
+            check(calls[i], kinds[added[i].first], round * 1000 + i, added[i].second);
+          }
+          return Status();
+        });
     ASSERT_TRUE(status.ok()) << "round " << round << ": " << status;
   }
 }
@@ -275,7 +288,8 @@ uint64_t allocations_for_batches(BatchBuilder& builder, int batches, bool with_p
       if (with_params) {
         auto launch = call.initLaunchKernel();
         launch.setFunction(i);
-        launch.setParams(capnp::Data::Reader(reinterpret_cast<const capnp::byte*>(params.data()), params.size()));
+        launch.setParams(capnp::Data::Reader(reinterpret_cast<const capnp::byte*>(params.data()),
+                                             params.size()));
       } else {
         call.initPing().setValue(i);
       }

@@ -136,8 +136,11 @@ class TestServer {
   }
 
   ClientOptions options() const {
-    return ClientOptions{.socket_path = path_, .function_id = "fn-1", .auth_token = "token",
-                         .requested_quota_bytes = 1 << 30, .handshake_timeout = 5s};
+    return ClientOptions{.socket_path = path_,
+                         .function_id = "fn-1",
+                         .auth_token = "token",
+                         .requested_quota_bytes = 1 << 30,
+                         .handshake_timeout = 5s};
   }
   // After the client connected.
   ServerChannel& channel() {
@@ -244,10 +247,12 @@ std::vector<std::pair<uint64_t, uint64_t>> completions_of(const Message& message
   EXPECT_TRUE(read_message<proto::ServerMessage>(message, "server message",
                                                  [&](proto::ServerMessage::Reader m) {
                                                    for (auto c : m.getCompletions()) {
-                                                     out.emplace_back(c.getSeq(), c.getResult().getPing());
+                                                     out.emplace_back(c.getSeq(),
+                                                                      c.getResult().getPing());
                                                    }
                                                    return Status();
-                                                 }).ok());
+                                                 })
+                  .ok());
   return out;
 }
 
@@ -394,10 +399,11 @@ TEST(ChannelTest, SendTimesOutWhenTheClientStopsReading) {
   Message message;
   for (int i = 1; i < sent; ++i) {
     ASSERT_TRUE(client->receive(message, 1s).ok()) << i;
-    ASSERT_TRUE(read_message<proto::ServerMessage>(message, "m", [&](proto::ServerMessage::Reader m) {
-                  EXPECT_EQ(m.getCompletions()[0].getSeq(), static_cast<uint64_t>(i));
-                  return Status();
-                }).ok());
+    ASSERT_TRUE(
+        read_message<proto::ServerMessage>(message, "m", [&](proto::ServerMessage::Reader m) {
+          EXPECT_EQ(m.getCompletions()[0].getSeq(), static_cast<uint64_t>(i));
+          return Status();
+        }).ok());
   }
   EXPECT_EQ(client->receive(message, 10ms).code(), ErrorCode::kTimeout);
 }
@@ -571,8 +577,8 @@ TEST(ChannelTest, ServerRejectsACorruptRequestRing) {
   ServerChannel& channel = server.channel();
   // A hostile client writes the request ring's header directly.
   const ChannelLayout& layout = channel.layout();
-  void* base = ::mmap(nullptr, layout.memfd_bytes, PROT_READ | PROT_WRITE, MAP_SHARED,
-                      channel.memfd(), 0);
+  void* base =
+      ::mmap(nullptr, layout.memfd_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, channel.memfd(), 0);
   ASSERT_NE(base, MAP_FAILED);
   const ChannelViews views = views_of(static_cast<std::byte*>(base), layout);
   views.requests.header->tail.store(layout.request_ring_bytes * 3);
@@ -628,8 +634,10 @@ TEST(ChannelTest, ManySessionsAtOnce) {
           call.setReply(i == 3);
           call.initPing().setValue(seq + i + s);
         }
-        if (!clients[s]->send_pieces(builder.finish()).ok() || !clients[s]->receive(message, 5s).ok() ||
-            completions_of(message) != std::vector<std::pair<uint64_t, uint64_t>>{{seq + 3, seq + 3 + s}}) {
+        if (!clients[s]->send_pieces(builder.finish()).ok() ||
+            !clients[s]->receive(message, 5s).ok() ||
+            completions_of(message) !=
+                std::vector<std::pair<uint64_t, uint64_t>>{{seq + 3, seq + 3 + s}}) {
           ++failures;
           break;
         }

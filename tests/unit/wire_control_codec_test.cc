@@ -27,12 +27,12 @@ control::Reply round_trip(const control::Reply& reply) {
 
 TEST(ControlCodec, RequestsRoundTrip) {
   const control::Request registered = round_trip(FunctionRegistration{.function_id = "resnet",
-                                                                     .slo_ms = 80,
-                                                                     .tail_percentile = 0.99,
-                                                                     .quota_bytes = 1 << 20,
-                                                                     .stateful = true,
-                                                                     .heavy = false,
-                                                                     .exec_ms_hint = 12});
+                                                                      .slo_ms = 80,
+                                                                      .tail_percentile = 0.99,
+                                                                      .quota_bytes = 1 << 20,
+                                                                      .stateful = true,
+                                                                      .heavy = false,
+                                                                      .exec_ms_hint = 12});
   EXPECT_EQ(registered.version.major, 1);
   EXPECT_EQ(registered.version.minor, 2);
   const auto* f = std::get_if<FunctionRegistration>(&registered.body);
@@ -75,8 +75,8 @@ TEST(ControlCodec, DrainDefaultsToTheWholeNode) {
 }
 
 TEST(ControlCodec, RepliesRoundTrip) {
-  const auto started = round_trip(control::Reply(Started{
-      .gpu = 2, .source = "peer", .source_gpu = 1, .rule = "r", .queued_ms = 3.5}));
+  const auto started = round_trip(control::Reply(
+      Started{.gpu = 2, .source = "peer", .source_gpu = 1, .rule = "r", .queued_ms = 3.5}));
   const auto& s = std::get<Started>(started);
   EXPECT_EQ(s.gpu, 2);
   EXPECT_EQ(s.source, "peer");

@@ -50,7 +50,9 @@ TEST(DoorbellTest, ZeroTimeoutPollsWithoutTouchingTheBudget) {
   Doorbell bell;
   AdaptiveSpin spin;
   for (int i = 0; i < 100; ++i) {
-    EXPECT_EQ(wait(bell, spin, [] { return false; }, [] { return false; }, 0ns), WaitResult::kTimedOut);
+    EXPECT_EQ(wait(
+                  bell, spin, [] { return false; }, [] { return false; }, 0ns),
+              WaitResult::kTimedOut);
   }
   EXPECT_EQ(spin.budget(), kMaxSpin);
   EXPECT_EQ(bell.sleepers.load(), 0u);
@@ -80,14 +82,17 @@ TEST(FutexTest, WaitReturnsAtOnceWhenTheWordDiffers) {
 TEST(DoorbellTest, ReadyConditionReturnsWithoutWaiting) {
   Doorbell bell;
   AdaptiveSpin spin;
-  EXPECT_EQ(wait(bell, spin, [] { return true; }, [] { return false; }, 0ns), WaitResult::kReady);
+  EXPECT_EQ(wait(
+                bell, spin, [] { return true; }, [] { return false; }, 0ns),
+            WaitResult::kReady);
 }
 
 TEST(DoorbellTest, TimesOut) {
   Doorbell bell;
   AdaptiveSpin spin;
   const auto start = std::chrono::steady_clock::now();
-  EXPECT_EQ(wait(bell, spin, [] { return false; }, [] { return false; }, 30ms),
+  EXPECT_EQ(wait(
+                bell, spin, [] { return false; }, [] { return false; }, 30ms),
             WaitResult::kTimedOut);
   EXPECT_GE(std::chrono::steady_clock::now() - start, 30ms);
   EXPECT_EQ(bell.sleepers.load(), 0u);
@@ -130,8 +135,9 @@ void ping_pong(std::chrono::nanoseconds spin_max, int rounds) {
     AdaptiveSpin spin(0ns, spin_max);
     for (int i = 0; i < rounds; ++i) {
       const uint64_t mine = 2 * static_cast<uint64_t>(i) + static_cast<uint64_t>(me);
-      if (wait(bells[me], spin, [&] { return turn.load(std::memory_order_acquire) == mine; },
-               [] { return false; }, 10s) != WaitResult::kReady) {
+      if (wait(
+              bells[me], spin, [&] { return turn.load(std::memory_order_acquire) == mine; },
+              [] { return false; }, 10s) != WaitResult::kReady) {
         ++timeouts;
         return;
       }
@@ -162,7 +168,8 @@ TEST(DoorbellTest, NoLostWakeUpsWithManyWaitersOnOneBell) {
       AdaptiveSpin spin(0ns, 1us);
       for (uint64_t seen = 0; seen < kTarget;) {
         const uint64_t next = seen + 1;
-        if (wait(bell, spin, [&] { return counter.load() >= next; }, [] { return false; }, 10s) !=
+        if (wait(
+                bell, spin, [&] { return counter.load() >= next; }, [] { return false; }, 10s) !=
             WaitResult::kReady) {
           ++failures;
           return;
@@ -188,7 +195,8 @@ TEST(DoorbellTest, AnIdleSleeperBurnsNoCpu) {
     AdaptiveSpin spin;  // the defaults: spins at most kMaxSpin, then sleeps
     const auto cpu_start = thread_cpu_time();
     const auto start = std::chrono::steady_clock::now();
-    EXPECT_EQ(wait(bell, spin, [] { return false; }, [] { return false; }, 300ms),
+    EXPECT_EQ(wait(
+                  bell, spin, [] { return false; }, [] { return false; }, 300ms),
               WaitResult::kTimedOut);
     wall = std::chrono::steady_clock::now() - start;
     cpu = thread_cpu_time() - cpu_start;

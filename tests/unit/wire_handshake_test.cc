@@ -41,8 +41,10 @@ SessionInfo valid_session() {
   SessionInfo session;
   session.session_id = 17;
   session.server_version = ProtocolVersion{1, 3};
-  session.grant = Grant{.va_base = 0x7f0000000000, .va_bytes = 1ull << 36,
-                        .quota_bytes = 12ull << 30, .allocation_granularity = 2 << 20};
+  session.grant = Grant{.va_base = 0x7f0000000000,
+                        .va_bytes = 1ull << 36,
+                        .quota_bytes = 12ull << 30,
+                        .allocation_granularity = 2 << 20};
   session.layout = make_layout(ChannelConfig{}).value();
   for (uint32_t d = 0; d < 2; ++d) {
     DeviceInfo device;
@@ -80,8 +82,8 @@ TEST(HandshakeTest, HelloLimitsAreCheckedOnBothSides) {
     capnp::MallocMessageBuilder builder;
     auto root = builder.initRoot<proto::Hello>();
     root.setFunctionId(capnp::Text::Reader(hello.function_id.c_str(), hello.function_id.size()));
-    root.setAuthToken(capnp::Data::Reader(reinterpret_cast<const capnp::byte*>(hello.auth_token.data()),
-                                          hello.auth_token.size()));
+    root.setAuthToken(capnp::Data::Reader(
+        reinterpret_cast<const capnp::byte*>(hello.auth_token.data()), hello.auth_token.size()));
     const auto decoded = decode_hello(body_of(builder));
     EXPECT_EQ(decoded.status().code(), ErrorCode::kInvalidValue) << why;
   };

@@ -29,7 +29,8 @@ std::vector<std::byte> batch_bytes(int calls) {
     auto launch = list[i].initLaunchKernel();
     launch.setFunction(i);
     const std::byte params[12] = {std::byte{1}, std::byte{2}};
-    launch.setParams(capnp::Data::Reader(reinterpret_cast<const capnp::byte*>(params), sizeof(params)));
+    launch.setParams(
+        capnp::Data::Reader(reinterpret_cast<const capnp::byte*>(params), sizeof(params)));
   }
   return frame_bytes(builder);
 }
@@ -38,7 +39,8 @@ Status read_batch(const Message& message, int* calls = nullptr) {
   return read_message<proto::Batch>(message, "batch", [&](proto::Batch::Reader batch) {
     if (calls) *calls = static_cast<int>(batch.getCalls().size());
     for (auto call : batch.getCalls()) {
-      if (call.which() == proto::Call::LAUNCH_KERNEL) (void)call.getLaunchKernel().getParams().size();
+      if (call.which() == proto::Call::LAUNCH_KERNEL)
+        (void)call.getLaunchKernel().getParams().size();
     }
     return Status();
   });
@@ -71,7 +73,8 @@ TEST(MessageTest, FramePiecesMatchFrameBytes) {
   builder.initRoot<proto::Batch>().initCalls(3)[1].initPing().setValue(77);
   std::vector<capnp::word> table;
   std::vector<std::byte> joined;
-  for (auto piece : frame_pieces(builder, table)) joined.insert(joined.end(), piece.begin(), piece.end());
+  for (auto piece : frame_pieces(builder, table))
+    joined.insert(joined.end(), piece.begin(), piece.end());
   EXPECT_EQ(joined, frame_bytes(builder));
 }
 
@@ -145,13 +148,14 @@ TEST(MessageTest, TraversalLimitStopsAmplification) {
   // Reading the same list over and over costs traversal budget each time; a hostile message
   // uses overlapping pointers to the same effect.
   const Message message = to_message(batch_bytes(100));
-  const Status status = read_message<proto::Batch>(message, "batch", [](proto::Batch::Reader batch) {
-    uint64_t sum = 0;
-    for (int i = 0; i < 10; ++i) {
-      for (auto call : batch.getCalls()) sum += call.getLaunchKernel().getParams().size();
-    }
-    return sum > 0 ? Status() : Status(ErrorCode::kUnknown, "unreachable");
-  });
+  const Status status =
+      read_message<proto::Batch>(message, "batch", [](proto::Batch::Reader batch) {
+        uint64_t sum = 0;
+        for (int i = 0; i < 10; ++i) {
+          for (auto call : batch.getCalls()) sum += call.getLaunchKernel().getParams().size();
+        }
+        return sum > 0 ? Status() : Status(ErrorCode::kUnknown, "unreachable");
+      });
   EXPECT_EQ(status.code(), ErrorCode::kInvalidValue);
   EXPECT_NE(status.message().find("traversal limit"), std::string::npos) << status;
 }

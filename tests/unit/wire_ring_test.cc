@@ -33,10 +33,12 @@ class TestRing {
   RingHeader& header() { return *view_.header; }
 
   // Writes a raw record at ring offset `offset` (for forging).
-  void put(uint64_t offset, uint32_t length, uint32_t flags, std::span<const std::byte> payload = {}) {
+  void put(uint64_t offset, uint32_t length, uint32_t flags,
+           std::span<const std::byte> payload = {}) {
     const RecordHeader h{length, flags};
     std::memcpy(view_.data + offset, &h, sizeof(h));
-    if (!payload.empty()) std::memcpy(view_.data + offset + sizeof(h), payload.data(), payload.size());
+    if (!payload.empty())
+      std::memcpy(view_.data + offset + sizeof(h), payload.data(), payload.size());
   }
   void publish(uint64_t tail) { view_.header->tail.store(tail); }
 
@@ -139,7 +141,10 @@ TEST(RingTest, GatherWritesConcatenatePieces) {
                                                all.subspan(5, 1500), all.subspan(1505)};
   std::thread reader([&] {
     Message message;
-    ASSERT_TRUE(consumer.read(message, [] { return false; }, 10s).ok());
+    ASSERT_TRUE(consumer
+                    .read(
+                        message, [] { return false; }, 10s)
+                    .ok());
     EXPECT_TRUE(same(message, bytes));
   });
   ASSERT_TRUE(producer.write(pieces, [] { return true; }).ok());
@@ -158,7 +163,11 @@ TEST(RingTest, FullRingBlocksTheProducerWithoutLoss) {
       const uint64_t used = ring.header().tail.load() - ring.header().head.load();
       if (used > max_used) max_used = used;
       if (i % 200 == 0) std::this_thread::sleep_for(2ms);
-      ASSERT_TRUE(consumer.read(message, [] { return false; }, 10s).ok()) << i;
+      ASSERT_TRUE(consumer
+                      .read(
+                          message, [] { return false; }, 10s)
+                      .ok())
+          << i;
       ASSERT_TRUE(same(message, content(i, 1 + (i * 7919) % 900))) << "message " << i;
     }
   });
@@ -178,9 +187,15 @@ TEST(RingTest, MessageLargerThanTheRingGoesThroughInFragments) {
     RingConsumer consumer(ring.view());
     Message message;
     for (int round = 0; round < 20; ++round) {
-      ASSERT_TRUE(consumer.read(message, [] { return false; }, 10s).ok());
+      ASSERT_TRUE(consumer
+                      .read(
+                          message, [] { return false; }, 10s)
+                      .ok());
       ASSERT_TRUE(same(message, big)) << round;
-      ASSERT_TRUE(consumer.read(message, [] { return false; }, 10s).ok());
+      ASSERT_TRUE(consumer
+                      .read(
+                          message, [] { return false; }, 10s)
+                      .ok());
       ASSERT_TRUE(same(message, small)) << round;
     }
   });
@@ -228,7 +243,10 @@ TEST(RingTest, ManyChannelsAtOnce) {
       RingConsumer consumer(rings[p]->view());
       Message message;
       for (uint64_t i = 0; i < kMessages; ++i) {
-        if (!consumer.read(message, [] { return false; }, 20s).ok() ||
+        if (!consumer
+                 .read(
+                     message, [] { return false; }, 20s)
+                 .ok() ||
             !same(message, content(i * kPairs + p, 1 + (i * 131 + p) % 3000))) {
           ++bad;
           return;
@@ -244,8 +262,16 @@ TEST(RingTest, ReadTimesOutAndIsCancelled) {
   TestRing ring(4096);
   RingConsumer consumer(ring.view());
   Message message;
-  EXPECT_EQ(consumer.read(message, [] { return false; }, 10ms).code(), ErrorCode::kTimeout);
-  EXPECT_EQ(consumer.read(message, [] { return true; }, 10s).code(), ErrorCode::kDeinitialized);
+  EXPECT_EQ(consumer
+                .read(
+                    message, [] { return false; }, 10ms)
+                .code(),
+            ErrorCode::kTimeout);
+  EXPECT_EQ(consumer
+                .read(
+                    message, [] { return true; }, 10s)
+                .code(),
+            ErrorCode::kDeinitialized);
 }
 
 TEST(RingTest, BlockedProducerStopsWhenItCannotContinue) {

@@ -30,10 +30,11 @@ std::vector<std::byte> ping_frame(uint64_t value, size_t text_bytes = 0) {
 
 uint64_t seq_of(const Message& message) {
   uint64_t seq = 0;
-  EXPECT_TRUE(read_message<proto::Completion>(message, "completion", [&](proto::Completion::Reader c) {
-                seq = c.getSeq();
-                return Status();
-              }).ok());
+  EXPECT_TRUE(
+      read_message<proto::Completion>(message, "completion", [&](proto::Completion::Reader c) {
+        seq = c.getSeq();
+        return Status();
+      }).ok());
   return seq;
 }
 
@@ -132,7 +133,8 @@ TEST(SocketFrameTest, SendsAndReceivesWithADescriptor) {
   ASSERT_TRUE(receive_frame(pair.b.get(), message, &received, 1s).ok());
   EXPECT_EQ(seq_of(message), 9u);
   ASSERT_TRUE(received.valid());
-  struct stat original{}, copy{};
+  struct stat original {
+  }, copy{};
   ASSERT_EQ(::fstat(memfd.get(), &original), 0);
   ASSERT_EQ(::fstat(received.get(), &copy), 0);
   EXPECT_EQ(original.st_ino, copy.st_ino);

@@ -22,8 +22,8 @@ Result<std::unique_ptr<GpuMemory>> GpuMemory::create(int gpu, uint64_t bytes,
   if (::ftruncate(fd.get(), static_cast<off_t>(usable)) != 0)
     return error(ErrorCode::kOperatingSystem, "ftruncate of GPU ", gpu, " memory to ", usable,
                  " bytes: ", std::strerror(errno));
-  void* view = ::mmap(nullptr, usable, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE,
-                      fd.get(), 0);
+  void* view =
+      ::mmap(nullptr, usable, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd.get(), 0);
   if (view == MAP_FAILED)
     return error(ErrorCode::kOperatingSystem, "mapping GPU ", gpu, " memory (", usable,
                  " bytes): ", std::strerror(errno));
@@ -32,7 +32,10 @@ Result<std::unique_ptr<GpuMemory>> GpuMemory::create(int gpu, uint64_t bytes,
 }
 
 GpuMemory::GpuMemory(int gpu, UniqueFd fd, uint64_t total_bytes, std::byte* view)
-    : gpu_(gpu), fd_(std::move(fd)), total_bytes_(total_bytes), view_(view),
+    : gpu_(gpu),
+      fd_(std::move(fd)),
+      total_bytes_(total_bytes),
+      view_(view),
       free_bytes_(total_bytes) {
   free_ranges_.emplace(0, total_bytes);
 }

@@ -90,8 +90,8 @@ class Scheduler {
     uint64_t enqueued = 0;
     uint64_t completed = 0;
     uint64_t running_callbacks = 0;  // callbacks running now (done for query(), not for sync)
-    bool active = false;  // ready, running on a worker, or parked on an event
-    Status error;         // first error since the last synchronize / query
+    bool active = false;             // ready, running on a worker, or parked on an event
+    Status error;                    // first error since the last synchronize / query
   };
 
   struct EventState {

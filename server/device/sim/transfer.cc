@@ -64,20 +64,18 @@ Status Mover::fill(const FillSpec& spec) const {
   };
   return chunked(total, spec.path, ranges,
                  [&](uint64_t offset, uint64_t n, std::span<std::byte* const> direct) {
-    std::byte* at = direct[0] != nullptr ? direct[0] : dst + offset;
-    switch (spec.element_bytes) {
-      case 1:
-        std::memset(at, static_cast<int>(spec.value & 0xff), n);
-        break;
-      case 2:
-        std::fill_n(reinterpret_cast<uint16_t*>(at), n / 2,
-                    static_cast<uint16_t>(spec.value));
-        break;
-      default:
-        std::fill_n(reinterpret_cast<uint32_t*>(at), n / 4, spec.value);
-        break;
-    }
-  });
+                   std::byte* at = direct[0] != nullptr ? direct[0] : dst + offset;
+                   switch (spec.element_bytes) {
+                     case 1: std::memset(at, static_cast<int>(spec.value & 0xff), n); break;
+                     case 2:
+                       std::fill_n(reinterpret_cast<uint16_t*>(at), n / 2,
+                                   static_cast<uint16_t>(spec.value));
+                       break;
+                     default:
+                       std::fill_n(reinterpret_cast<uint32_t*>(at), n / 4, spec.value);
+                       break;
+                   }
+                 });
 }
 
 }  // namespace hiber::device::sim

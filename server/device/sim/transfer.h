@@ -43,8 +43,8 @@ class Mover {
   Status fill(const FillSpec& spec) const;
 
  private:
-  // Calls touch(offset, bytes, direct) for consecutive chunks of [0, total), each under the checks of
-  // ranges(offset, bytes) (direct: AddressSpace::access), paced by the link model along `path`.
+  // Calls touch(offset, bytes, direct) for consecutive chunks of [0, total), each under the checks
+  // of ranges(offset, bytes) (direct: AddressSpace::access), paced by the link model along `path`.
   template <typename Ranges, typename Touch>
   Status chunked(uint64_t total, const LinkModel::Path& path, Ranges&& ranges, Touch&& touch) const;
 

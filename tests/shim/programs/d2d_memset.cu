@@ -81,8 +81,7 @@ int main(int argc, char** argv) {
 
     // Memsets of a: whole, then odd ranges on the stream; the value's low byte is what counts.
     CUDA_CHECK(cudaMemset(d_a, 0xAB, n));
-    CUDA_CHECK(cudaMemsetAsync(d_a + 1001 % n, 0x5C, std::min<size_t>(4097, n - 1001 % n),
-                               stream));
+    CUDA_CHECK(cudaMemsetAsync(d_a + 1001 % n, 0x5C, std::min<size_t>(4097, n - 1001 % n), stream));
     CUDA_CHECK(cudaMemsetAsync(d_a + n - 1, 0, 1, stream));
     CUDA_CHECK(cudaMemsetAsync(d_a + 1, 0x1FF, 3, stream));  // 0xFF
     CUDA_CHECK(cudaStreamSynchronize(stream));

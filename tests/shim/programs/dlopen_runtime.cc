@@ -140,8 +140,8 @@ int main(int argc, char** argv) {
     return program::kExitCudaError;
   }
   dlerror();
-  drv.GetProcAddressV2 = reinterpret_cast<decltype(drv.GetProcAddressV2)>(
-      dlsym(libcuda, "cuGetProcAddress_v2"));
+  drv.GetProcAddressV2 =
+      reinterpret_cast<decltype(drv.GetProcAddressV2)>(dlsym(libcuda, "cuGetProcAddress_v2"));
   if (drv.GetProcAddressV2 == nullptr &&
       !find(libcuda, "libcuda.so.1", "cuGetProcAddress", drv.GetProcAddressV1)) {
     return program::kExitCudaError;
@@ -165,8 +165,9 @@ int main(int argc, char** argv) {
     check_driver(reinterpret_cast<CUresultInt (*)(int*)>(proc)(&proc_devices),
                  "cuDeviceGetCount from cuGetProcAddress");
   }
-  std::printf("dlopen_runtime: driver version %d, %d devices (runtime %d, by cuGetProcAddress %d)\n",
-              driver_version, driver_devices, runtime_devices, proc_devices);
+  std::printf(
+      "dlopen_runtime: driver version %d, %d devices (runtime %d, by cuGetProcAddress %d)\n",
+      driver_version, driver_devices, runtime_devices, proc_devices);
   bool ok = mismatches == 0;
   if (driver_version <= 0 || driver_devices != runtime_devices || proc == nullptr ||
       proc_devices != driver_devices) {

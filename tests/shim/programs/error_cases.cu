@@ -54,10 +54,11 @@ void expect_last_error(const char* which, cudaError_t want) {
   const cudaError_t second = cudaGetLastError();
   const cudaError_t sync = cudaDeviceSynchronize();
   if (peek != want || first != want || second != cudaSuccess || sync != cudaSuccess) {
-    std::printf("error_cases: %s: cudaPeekAtLastError %s, cudaGetLastError %s then %s, "
-                "cudaDeviceSynchronize %s; expected %s, %s, cudaSuccess, cudaSuccess\n",
-                which, name_of(peek), name_of(first), name_of(second), name_of(sync),
-                name_of(want), name_of(want));
+    std::printf(
+        "error_cases: %s: cudaPeekAtLastError %s, cudaGetLastError %s then %s, "
+        "cudaDeviceSynchronize %s; expected %s, %s, cudaSuccess, cudaSuccess\n",
+        which, name_of(peek), name_of(first), name_of(second), name_of(sync), name_of(want),
+        name_of(want));
     ++g_failures;
   }
 }

@@ -56,8 +56,8 @@ int main(int argc, char** argv) {
     std::vector<float> table(table_entries);
     for (size_t i = 0; i < table_entries; ++i) table[i] = table_value(seed, i);
     CUDA_CHECK(cudaMalloc(&d_table, table_entries * sizeof(float)));
-    CUDA_CHECK(cudaMemcpy(d_table, table.data(), table_entries * sizeof(float),
-                          cudaMemcpyHostToDevice));
+    CUDA_CHECK(
+        cudaMemcpy(d_table, table.data(), table_entries * sizeof(float), cudaMemcpyHostToDevice));
   }
   unsigned int* d_counter = nullptr;
   CUDA_CHECK(cudaMalloc(&d_counter, sizeof(unsigned int)));

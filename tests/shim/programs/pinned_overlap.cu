@@ -60,9 +60,8 @@ int main(int argc, char** argv) {
       cudaStream_t s = streams[c % stream_count];
       CUDA_CHECK(cudaMemcpyAsync(d_in + begin, in + begin, count * sizeof(float),
                                  cudaMemcpyHostToDevice, s));
-      scale_offset<<<(count + threads - 1) / threads, threads, 0, s>>>(d_in + begin,
-                                                                      d_out + begin, count,
-                                                                      scale, offset);
+      scale_offset<<<(count + threads - 1) / threads, threads, 0, s>>>(d_in + begin, d_out + begin,
+                                                                       count, scale, offset);
       CUDA_CHECK_LAUNCH();
       CUDA_CHECK(cudaMemcpyAsync(out + begin, d_out + begin, count * sizeof(float),
                                  cudaMemcpyDeviceToHost, s));

@@ -34,8 +34,8 @@ inline long long int_arg(int argc, char** argv, int index, long long fallback, l
   char* end = nullptr;
   const long long value = std::strtoll(argv[index], &end, 0);
   if (errno != 0 || end == argv[index] || *end != '\0' || value < min || value > max) {
-    std::fprintf(stderr, "%s: argument %d (\"%s\") must be an integer in [%lld, %lld]\n",
-                 argv[0], index, argv[index], min, max);
+    std::fprintf(stderr, "%s: argument %d (\"%s\") must be an integer in [%lld, %lld]\n", argv[0],
+                 index, argv[index], min, max);
     std::exit(kExitUsage);
   }
   return value;
@@ -76,14 +76,14 @@ size_t count_mismatches(const char* what, const T* got, const T* want, size_t n)
 
 // Checks a CUDA runtime call; on failure prints where, the error's name and description, and
 // exits with status 1.
-#define CUDA_CHECK(call)                                                                  \
-  do {                                                                                    \
-    const cudaError_t cuda_check_err_ = (call);                                           \
-    if (cuda_check_err_ != cudaSuccess) {                                                 \
-      std::fprintf(stderr, "%s:%d: %s failed: %s: %s\n", __FILE__, __LINE__, #call,       \
+#define CUDA_CHECK(call)                                                                    \
+  do {                                                                                      \
+    const cudaError_t cuda_check_err_ = (call);                                             \
+    if (cuda_check_err_ != cudaSuccess) {                                                   \
+      std::fprintf(stderr, "%s:%d: %s failed: %s: %s\n", __FILE__, __LINE__, #call,         \
                    cudaGetErrorName(cuda_check_err_), cudaGetErrorString(cuda_check_err_)); \
-      std::exit(program::kExitCudaError);                                                 \
-    }                                                                                     \
+      std::exit(program::kExitCudaError);                                                   \
+    }                                                                                       \
   } while (0)
 
 // Checks the launch just made (<<<>>> reports configuration errors through cudaGetLastError).

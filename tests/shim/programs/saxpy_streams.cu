@@ -62,8 +62,7 @@ int main(int argc, char** argv) {
   float *d_x = nullptr, *d_y = nullptr;
   CUDA_CHECK(cudaMalloc(&d_x, bytes));
   CUDA_CHECK(cudaMalloc(&d_y, bytes));
-  std::printf("saxpy_streams: start n=%d iterations=%d streams=%d\n", n, iterations,
-              stream_count);
+  std::printf("saxpy_streams: start n=%d iterations=%d streams=%d\n", n, iterations, stream_count);
 
   // Chunk k is [first[k], first[k + 1]); a_k cycles through 1, 2, 3.
   std::vector<int> first(stream_count + 1);
@@ -82,8 +81,8 @@ int main(int argc, char** argv) {
       const int count = first[k + 1] - first[k];
       CUDA_CHECK(cudaStreamWaitEvent(streams[k], ready, 0));
       if (count > 0) {
-        saxpy_kernel<<<blocks_for(count), threads, 0, streams[k]>>>(
-            count, a_of(k), d_x + first[k], d_y + first[k]);
+        saxpy_kernel<<<blocks_for(count), threads, 0, streams[k]>>>(count, a_of(k), d_x + first[k],
+                                                                    d_y + first[k]);
         CUDA_CHECK_LAUNCH();
       }
       CUDA_CHECK(cudaEventRecord(done[k], streams[k]));
@@ -140,7 +139,7 @@ int main(int argc, char** argv) {
   program::Checksum checksum;
   checksum.add(got_x.data(), bytes);
   checksum.add(got_y.data(), bytes);
-  std::printf("saxpy_streams: OK n=%d iterations=%d streams=%d checksum=%016llx\n", n,
-              iterations, stream_count, checksum.value());
+  std::printf("saxpy_streams: OK n=%d iterations=%d streams=%d checksum=%016llx\n", n, iterations,
+              stream_count, checksum.value());
   return 0;
 }

@@ -33,8 +33,8 @@ int main(int argc, char** argv) {
   // Activations: one buffer per layer boundary.
   std::vector<float*> d_act(kLayers + 1);
   for (int l = 0; l <= kLayers; ++l) CUDA_CHECK(cudaMalloc(&d_act[l], kDims[l] * sizeof(float)));
-  std::printf("tiny_mlp: start layers=%d parameters=%zu inputs=%d rounds=%d\n", kLayers,
-              parameters, inputs, rounds);
+  std::printf("tiny_mlp: start layers=%d parameters=%zu inputs=%d rounds=%d\n", kLayers, parameters,
+              inputs, rounds);
 
   program::Checksum checksum;
   size_t mismatches = 0;
@@ -43,8 +43,7 @@ int main(int argc, char** argv) {
   for (int round = 0; round < rounds; ++round) {
     for (int q = 0; q < inputs; ++q) {
       const std::vector<float> x = make_input(q);
-      CUDA_CHECK(cudaMemcpy(d_act[0], x.data(), x.size() * sizeof(float),
-                            cudaMemcpyHostToDevice));
+      CUDA_CHECK(cudaMemcpy(d_act[0], x.data(), x.size() * sizeof(float), cudaMemcpyHostToDevice));
       forward(layers, model, d_act);
       CUDA_CHECK(cudaMemcpy(got.data(), d_act[kLayers], got.size() * sizeof(float),
                             cudaMemcpyDeviceToHost));
@@ -63,8 +62,9 @@ int main(int argc, char** argv) {
   free_model(model);
   for (float* p : d_act) CUDA_CHECK(cudaFree(p));
   if (!exact) {
-    std::printf("tiny_mlp: FAILED: the float reference is not exact (the model's values are "
-                "wrong)\n");
+    std::printf(
+        "tiny_mlp: FAILED: the float reference is not exact (the model's values are "
+        "wrong)\n");
     return program::kExitMismatch;
   }
   if (mismatches != 0) {

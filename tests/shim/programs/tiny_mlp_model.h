@@ -77,7 +77,7 @@ inline std::vector<float> make_input(int index) {
 // The CPU reference in float (as the kernels compute it) and, to check the exactness argument,
 // in double. Returns false if the two differ.
 inline bool reference(const std::vector<Layer>& layers, const std::vector<float>& input,
-               std::vector<float>& out) {
+                      std::vector<float>& out) {
   std::vector<float> x = input;
   std::vector<double> xd(input.begin(), input.end());
   for (const Layer& layer : layers) {
