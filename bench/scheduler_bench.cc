@@ -122,6 +122,22 @@ double percentile(const std::vector<int64_t>& sorted, double p) {
   return static_cast<double>(sorted[i]);
 }
 
+// Runs `step` once per benchmark iteration; each step's own duration, in ns.
+template <typename Step>
+std::vector<int64_t> time_steps(benchmark::State& state, Step& step) {
+  std::vector<int64_t> ns;
+  ns.reserve(static_cast<size_t>(state.max_iterations));
+  for (auto _ : state) {
+    const Clock::time_point start = Clock::now();
+    step();
+    const Clock::time_point end = Clock::now();
+    const int64_t d = std::chrono::duration_cast<std::chrono::nanoseconds>(end - start).count();
+    ns.push_back(d);
+    state.SetIterationTime(static_cast<double>(d) * 1e-9);
+  }
+  return ns;
+}
+
 // Sets the step-time percentiles and the memory pressure counters; returns p99.
 double report(benchmark::State& state, std::vector<int64_t>& ns, const SchedulerCounters& before,
               const SchedulerCounters& after, int functions) {
@@ -192,16 +208,7 @@ void BM_Decision(benchmark::State& state, const std::string& queue, const std::s
   for (int i = 0; i < kWarmupSteps; ++i) step();
   const SchedulerCounters before = s.counters();
 
-  std::vector<int64_t> ns;
-  ns.reserve(static_cast<size_t>(state.max_iterations));
-  for (auto _ : state) {
-    const Clock::time_point start = Clock::now();
-    step();
-    const Clock::time_point end = Clock::now();
-    const int64_t d = std::chrono::duration_cast<std::chrono::nanoseconds>(end - start).count();
-    ns.push_back(d);
-    state.SetIterationTime(static_cast<double>(d) * 1e-9);
-  }
+  std::vector<int64_t> ns = time_steps(state, step);
   const double p99 = report(state, ns, before, s.counters(), functions);
   if (baseline) baseline_p99()[functions] = p99;
   facade_p99()[{queue + "/" + eviction + "/" + placement, functions}] = p99;
@@ -282,16 +289,7 @@ void BM_CoreDecision(benchmark::State& state, const std::string& queue,
   for (int i = 0; i < kBacklog; ++i) arrive();
   for (int i = 0; i < kWarmupSteps; ++i) step();
   const SchedulerCounters before = core.scheduler().counters();
-  std::vector<int64_t> ns;
-  ns.reserve(static_cast<size_t>(state.max_iterations));
-  for (auto _ : state) {
-    const Clock::time_point start = Clock::now();
-    step();
-    const Clock::time_point end = Clock::now();
-    const int64_t d = std::chrono::duration_cast<std::chrono::nanoseconds>(end - start).count();
-    ns.push_back(d);
-    state.SetIterationTime(static_cast<double>(d) * 1e-9);
-  }
+  std::vector<int64_t> ns = time_steps(state, step);
   const double p99 = report(state, ns, before, core.scheduler().counters(), functions);
   const auto facade = facade_p99().find({queue + "/" + eviction + "/algorithm1", functions});
   if (facade != facade_p99().end()) state.counters["p99_vs_facade"] = p99 / facade->second;

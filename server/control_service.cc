@@ -4,6 +4,7 @@
 
 #include <variant>
 
+#include "common/overloaded.h"
 #include "scheduler/scheduler.h"
 #include "wire/control_codec.h"
 #include "wire/handshake.h"
@@ -16,13 +17,6 @@ namespace proto = wire::proto;
 namespace control = wire::control;
 
 namespace {
-
-template <typename... Fs>
-struct Overloaded : Fs... {
-  using Fs::operator()...;
-};
-template <typename... Fs>
-Overloaded(Fs...) -> Overloaded<Fs...>;
 
 // A control reply frame built by `fill`.
 Result<std::vector<std::byte>> reply_frame(

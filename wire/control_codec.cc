@@ -2,15 +2,10 @@
 
 #include <type_traits>
 
+#include "common/overloaded.h"
+
 namespace hiber::wire {
 namespace {
-
-template <typename... Fs>
-struct Overloaded : Fs... {
-  using Fs::operator()...;
-};
-template <typename... Fs>
-Overloaded(Fs...) -> Overloaded<Fs...>;
 
 proto::Heaviness heaviness(std::optional<bool> heavy) {
   if (!heavy) return proto::Heaviness::UNKNOWN;
