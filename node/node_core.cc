@@ -26,6 +26,60 @@ const char* phase_name(Phase phase) {
   return "?";
 }
 
+// Requests by id. The scheduler builds a RequestId from a slot (low 32 bits) and a generation
+// (common/ids.h), and reuses slots, so a vector indexed by slot holds them without hashing or an
+// allocation per request; the stored id tells a live request from a stale id.
+template <typename Request>
+class RequestTable {
+ public:
+  Request* find(RequestId id) {
+    const size_t slot = slot_of(id);
+    if (slot >= slots_.size() || slots_[slot].id != id) return nullptr;
+    return &*slots_[slot].request;
+  }
+  const Request* find(RequestId id) const { return const_cast<RequestTable*>(this)->find(id); }
+  Request& at(RequestId id) {
+    Request* r = find(id);
+    CHECK(r != nullptr) << "request " << id << " is unknown to the node core";
+    return *r;
+  }
+  void emplace(RequestId id, Request request) {
+    const size_t slot = slot_of(id);
+    if (slot >= slots_.size()) slots_.resize(slot + 1);
+    CHECK(!slots_[slot].id) << "request " << id << " reuses the slot of " << *slots_[slot].id;
+    slots_[slot].id = id;
+    slots_[slot].request.emplace(std::move(request));
+  }
+  void erase(RequestId id) {
+    const size_t slot = slot_of(id);
+    if (slot >= slots_.size() || slots_[slot].id != id) return;
+    slots_[slot].id.reset();
+    slots_[slot].request.reset();
+  }
+  // The live requests' ids, in slot order.
+  std::vector<RequestId> ids() const {
+    std::vector<RequestId> out;
+    for (const Slot& s : slots_) {
+      if (s.id) out.push_back(*s.id);
+    }
+    return out;
+  }
+  template <typename F>
+  void for_each(F f) const {
+    for (const Slot& s : slots_) {
+      if (s.id) f(*s.id, *s.request);
+    }
+  }
+
+ private:
+  struct Slot {
+    std::optional<RequestId> id;
+    std::optional<Request> request;
+  };
+  static size_t slot_of(RequestId id) { return static_cast<size_t>(id.value() & 0xffffffffu); }
+  std::vector<Slot> slots_;
+};
+
 struct NodeCore::State {
   struct Function {
     FunctionSpec spec;
@@ -61,7 +115,7 @@ struct NodeCore::State {
   };
 
   std::unordered_map<FunctionId, Function> functions;
-  std::unordered_map<RequestId, Request> requests;
+  RequestTable<Request> requests;
   std::vector<Gpu> gpus;
   bool draining = false;
   // GPUs whose memory changed since the scheduler last heard their reserve: it is told before it
@@ -74,10 +128,7 @@ struct NodeCore::State {
     auto it = functions.find(id);
     return it == functions.end() ? nullptr : &it->second;
   }
-  Request* request(RequestId id) {
-    auto it = requests.find(id);
-    return it == requests.end() ? nullptr : &it->second;
-  }
+  Request* request(RequestId id) { return requests.find(id); }
 };
 
 // ---- Creation ----
@@ -141,9 +192,9 @@ Status NodeCore::remove_function(FunctionId id, Time now) {
   HIBER_RETURN_IF_ERROR(scheduler_->unregister_function(id, now, &cancelled));
   // Requests that outlived the instance (ended, awaiting the caller's done) go too.
   std::vector<RequestId> mine;
-  for (const auto& [rid, r] : state_->requests) {
+  state_->requests.for_each([&](RequestId rid, const State::Request& r) {
     if (r.function == id) mine.push_back(rid);
-  }
+  });
   for (RequestId rid : mine) {
     State::Request& r = state_->requests.at(rid);
     if (r.awaited) {
@@ -176,9 +227,9 @@ void NodeCore::detach(FunctionId id, Time now) {
   // Its requests end: queued ones are withdrawn, the running one failed (the instance's work
   // drained when it went, so its GPU is free).
   std::vector<RequestId> mine;
-  for (const auto& [rid, r] : state_->requests) {
+  state_->requests.for_each([&](RequestId rid, const State::Request& r) {
     if (r.function == id) mine.push_back(rid);
-  }
+  });
   std::sort(mine.begin(), mine.end());
   for (RequestId rid : mine) {
     State::Request& r = state_->requests.at(rid);
@@ -235,9 +286,11 @@ void NodeCore::need_gpu(FunctionId id, Time now) {
   // A lease is on its way or held (the instance asked before it saw the grant).
   if (f->lease || f->background_queued) return;
   // A queued caller request will give it a lease; its work runs under that.
-  for (const auto& [rid, r] : state_->requests) {
-    if (r.function == id && !r.background && r.phase != Phase::kEnded) return;
-  }
+  bool caller_waits = false;
+  state_->requests.for_each([&](RequestId, const State::Request& r) {
+    caller_waits |= r.function == id && !r.background && r.phase != Phase::kEnded;
+  });
+  if (caller_waits) return;
   // Its start-up allocated what it is loading now: the placement must make room for that.
   learn_model_bytes(id);
   // Background: the function's own use of a GPU is not one of its callers' requests, and must
@@ -562,10 +615,10 @@ void NodeCore::update_reserved(GpuId gpu) {
   // view sizes larger than its blocks) does not make the reserve negative.
   const int g = index_of(gpu);
   const scheduler::NodeState& view = scheduler_->node();
+  const scheduler::FunctionTable& functions = scheduler_->functions();
   uint64_t models = 0;
   for (const scheduler::Replica& replica : view.gpu(g).replicas) {
-    const FunctionId id = scheduler_->functions().id(replica.function);
-    models += std::min(replica.bytes, actuator_.placed_bytes(id, gpu));
+    models += std::min(replica.bytes, actuator_.placed_bytes(functions.id(replica.function), gpu));
   }
   const uint64_t allocated = actuator_.pool_allocated(gpu);
   const uint64_t outside = options_.outside_pool_bytes.empty() ? 0 : options_.outside_pool_bytes[g];
@@ -599,9 +652,9 @@ void NodeCore::check_drains() {
   for (auto it = drains.begin(); it != drains.end();) {
     bool busy = false;
     if (!*it) {
-      for (const auto& [id, r] : state_->requests) {
+      state_->requests.for_each([&](RequestId, const State::Request& r) {
         busy |= !r.background && r.phase != Phase::kEnded;
-      }
+      });
     } else {
       busy = state_->gpus[index_of(**it)].running.has_value();
     }
@@ -620,15 +673,15 @@ Time NodeCore::next_wakeup() const { return scheduler_->next_wakeup(); }
 // ---- Views ----
 
 std::optional<Phase> NodeCore::phase(RequestId id) const {
-  auto it = state_->requests.find(id);
-  if (it == state_->requests.end()) return std::nullopt;
-  return it->second.phase;
+  const State::Request* r = state_->requests.find(id);
+  if (r == nullptr) return std::nullopt;
+  return r->phase;
 }
 
 std::optional<FunctionId> NodeCore::function_of(RequestId id) const {
-  auto it = state_->requests.find(id);
-  if (it == state_->requests.end()) return std::nullopt;
-  return it->second.function;
+  const State::Request* r = state_->requests.find(id);
+  if (r == nullptr) return std::nullopt;
+  return r->function;
 }
 
 std::optional<RequestId> NodeCore::running(GpuId gpu) const {
