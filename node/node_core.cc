@@ -26,16 +26,14 @@ const char* phase_name(Phase phase) {
   return "?";
 }
 
-// Requests by id. The scheduler builds a RequestId from a slot (low 32 bits) and a generation
-// (common/ids.h), and reuses slots, so a vector indexed by slot holds them without hashing or an
-// allocation per request; the stored id tells a live request from a stale id.
+// Requests by id. (Not a vector indexed by the scheduler's slot: a request that ended before
+// its caller said done() outlives its scheduler slot, which a later request may then reuse.)
 template <typename Request>
 class RequestTable {
  public:
   Request* find(RequestId id) {
-    const size_t slot = slot_of(id);
-    if (slot >= slots_.size() || slots_[slot].id != id) return nullptr;
-    return &*slots_[slot].request;
+    auto it = requests_.find(id);
+    return it == requests_.end() ? nullptr : &it->second;
   }
   const Request* find(RequestId id) const { return const_cast<RequestTable*>(this)->find(id); }
   Request& at(RequestId id) {
@@ -44,40 +42,17 @@ class RequestTable {
     return *r;
   }
   void emplace(RequestId id, Request request) {
-    const size_t slot = slot_of(id);
-    if (slot >= slots_.size()) slots_.resize(slot + 1);
-    CHECK(!slots_[slot].id) << "request " << id << " reuses the slot of " << *slots_[slot].id;
-    slots_[slot].id = id;
-    slots_[slot].request.emplace(std::move(request));
+    const bool added = requests_.emplace(id, std::move(request)).second;
+    CHECK(added) << "request " << id << " exists already";
   }
-  void erase(RequestId id) {
-    const size_t slot = slot_of(id);
-    if (slot >= slots_.size() || slots_[slot].id != id) return;
-    slots_[slot].id.reset();
-    slots_[slot].request.reset();
-  }
-  // The live requests' ids, in slot order.
-  std::vector<RequestId> ids() const {
-    std::vector<RequestId> out;
-    for (const Slot& s : slots_) {
-      if (s.id) out.push_back(*s.id);
-    }
-    return out;
-  }
+  void erase(RequestId id) { requests_.erase(id); }
   template <typename F>
   void for_each(F f) const {
-    for (const Slot& s : slots_) {
-      if (s.id) f(*s.id, *s.request);
-    }
+    for (const auto& [id, r] : requests_) f(id, r);
   }
 
  private:
-  struct Slot {
-    std::optional<RequestId> id;
-    std::optional<Request> request;
-  };
-  static size_t slot_of(RequestId id) { return static_cast<size_t>(id.value() & 0xffffffffu); }
-  std::vector<Slot> slots_;
+  std::unordered_map<RequestId, Request> requests_;
 };
 
 struct NodeCore::State {

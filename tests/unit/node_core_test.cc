@@ -272,6 +272,29 @@ TEST_F(NodeCoreTest, AFailedGpuEndsItsRequestWhichStaysEndedUntilTheCallerSaysDo
   EXPECT_FALSE(core_->status(now_).gpus[sa.gpu.value()].healthy);
 }
 
+TEST_F(NodeCoreTest, AnEndedRequestOutlivesItsSchedulerSlotWhichALaterRequestReuses) {
+  make(plain_topology(2, 16 * kGiB));
+  const FunctionId a = add(1, kGiB);
+  const FunctionId b = add(2, kGiB);
+  const RequestId ended = arrive(a);
+  core_->dispatch(now_);
+  core_->streaming(ended, Status(), now_);
+  core_->fail_gpu(actuator_.starts.back().gpu, error(ErrorCode::kUnknown, "ECC error"));
+  core_->released(ended, actuator_.ends.back().failure, now_);
+  ASSERT_EQ(core_->phase(ended), Phase::kEnded) << "kept until the caller says done";
+  // The scheduler is done with it: its slot goes to the next request.
+  const RequestId next = arrive(b);
+  EXPECT_EQ(next.value() & 0xffffffffu, ended.value() & 0xffffffffu) << "the slot is reused";
+  EXPECT_NE(next, ended);
+  EXPECT_EQ(core_->phase(ended), Phase::kEnded);
+  EXPECT_EQ(core_->phase(next), Phase::kQueued);
+  core_->dispatch(now_);
+  EXPECT_EQ(actuator_.starts.back().request, next);
+  ASSERT_TRUE(core_->done(ended, true, now_).ok());
+  EXPECT_FALSE(core_->phase(ended).has_value());
+  EXPECT_EQ(core_->phase(next), Phase::kPlacing);
+}
+
 TEST_F(NodeCoreTest, AStartThatFailsAnswersTheWaiterWithItsError) {
   make(plain_topology(1, 16 * kGiB));
   const FunctionId f = add(1, kGiB);
