@@ -23,6 +23,19 @@ bool map_inaccessible(DevicePtr va, uint64_t bytes) {
 // Larger requests than this cannot be met by a 47-bit user address space anyway.
 constexpr uint64_t kMaxReserveBytes = uint64_t{1} << 46;
 
+// Device addresses go to clients, which keep their grant free in their own address space too
+// (client_shim reserves it with MAP_FIXED_NOREPLACE, and what is already mapped there is lost
+// to cudaMalloc). Ranges the kernel picks for hiberd lie among the libraries and mmaps that
+// clients have at the same heights, so a grant could collide with most of a client's. Reserve
+// from here instead: above every sanitizer's shadow (ASan's ends at 0x10007fff7fff; this is
+// the start of ThreadSanitizer's high application range) and 1.5 TiB below where Linux places
+// mappings top-down from the stack, where a process almost never has anything.
+constexpr uint64_t kPreferredBase = 0x7e8000000000;
+constexpr uint64_t kPreferredEnd = 0x7f8000000000;
+constexpr int kPreferredTries = 16;
+
+uint64_t align_up(uint64_t v, uint64_t align) { return (v + align - 1) & ~(align - 1); }
+
 }  // namespace
 
 AddressSpace::~AddressSpace() {
@@ -40,6 +53,24 @@ Result<DevicePtr> AddressSpace::reserve(uint64_t bytes, uint64_t alignment) {
   if (bytes > kMaxReserveBytes || align > kMaxReserveBytes)
     return error(ErrorCode::kOutOfMemory, "reserve_address_range: ", bytes, " bytes aligned to ",
                  align, " exceed the address space");
+  {
+    WriterLock lock(mu_);
+    for (int attempt = 0; attempt < kPreferredTries; ++attempt) {
+      const uint64_t want = align_up(next_preferred_, align);
+      if (want >= kPreferredEnd || bytes > kPreferredEnd - want) break;
+      void* p = ::mmap(reinterpret_cast<void*>(want), bytes, PROT_NONE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
+      if (p == reinterpret_cast<void*>(want)) {
+        next_preferred_ = want + bytes;
+        reservations_.emplace(want, bytes);
+        return want;
+      }
+      // Taken (or a kernel without MAP_FIXED_NOREPLACE put it elsewhere): skip past it.
+      if (p != MAP_FAILED) ::munmap(p, bytes);
+      next_preferred_ = want + std::max<uint64_t>(bytes, uint64_t{1} << 30);
+    }
+  }
+  // The preferred region is used up or taken: anywhere the kernel likes.
   // Over-reserve by the alignment, then trim both ends.
   const uint64_t span = bytes + align;
   void* p = ::mmap(nullptr, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);

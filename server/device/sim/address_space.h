@@ -102,6 +102,9 @@ class AddressSpace {
   const uint64_t granularity_;
   mutable SharedMutex mu_;
   std::map<DevicePtr, uint64_t> reservations_ GUARDED_BY(mu_);  // start -> bytes
+  // Where the next reservation is tried in the preferred region (address_space.cc); freed
+  // ranges there are not reused.
+  uint64_t next_preferred_ GUARDED_BY(mu_) = 0x7e8000000000;
   MappingMap mappings_ GUARDED_BY(mu_);  // start -> mapping, never overlapping
 };
 
