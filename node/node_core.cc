@@ -15,46 +15,6 @@ int index_of(GpuId gpu) { return gpu.value(); }
 
 }  // namespace
 
-const char* phase_name(Phase phase) {
-  switch (phase) {
-    case Phase::kQueued: return "queued";
-    case Phase::kPlacing: return "placing";
-    case Phase::kRunning: return "running";
-    case Phase::kEnding: return "ending";
-    case Phase::kEnded: return "ended";
-  }
-  return "?";
-}
-
-// Requests by id. (Not a vector indexed by the scheduler's slot: a request that ended before
-// its caller said done() outlives its scheduler slot, which a later request may then reuse.)
-template <typename Request>
-class RequestTable {
- public:
-  Request* find(RequestId id) {
-    auto it = requests_.find(id);
-    return it == requests_.end() ? nullptr : &it->second;
-  }
-  const Request* find(RequestId id) const { return const_cast<RequestTable*>(this)->find(id); }
-  Request& at(RequestId id) {
-    Request* r = find(id);
-    CHECK(r != nullptr) << "request " << id << " is unknown to the node core";
-    return *r;
-  }
-  void emplace(RequestId id, Request request) {
-    const bool added = requests_.emplace(id, std::move(request)).second;
-    CHECK(added) << "request " << id << " exists already";
-  }
-  void erase(RequestId id) { requests_.erase(id); }
-  template <typename F>
-  void for_each(F f) const {
-    for (const auto& [id, r] : requests_) f(id, r);
-  }
-
- private:
-  std::unordered_map<RequestId, Request> requests_;
-};
-
 struct NodeCore::State {
   struct Function {
     FunctionSpec spec;
@@ -90,7 +50,9 @@ struct NodeCore::State {
   };
 
   std::unordered_map<FunctionId, Function> functions;
-  RequestTable<Request> requests;
+  // Not a vector indexed by the scheduler's slot: a request that ended before its caller said
+  // done() outlives its scheduler slot, which a later request may then reuse.
+  std::unordered_map<RequestId, Request> requests;
   std::vector<Gpu> gpus;
   bool draining = false;
   // GPUs whose memory changed since the scheduler last heard their reserve: it is told before it
@@ -103,7 +65,10 @@ struct NodeCore::State {
     auto it = functions.find(id);
     return it == functions.end() ? nullptr : &it->second;
   }
-  Request* request(RequestId id) { return requests.find(id); }
+  Request* request(RequestId id) {
+    auto it = requests.find(id);
+    return it == requests.end() ? nullptr : &it->second;
+  }
 };
 
 // ---- Creation ----
@@ -167,9 +132,9 @@ Status NodeCore::remove_function(FunctionId id, Time now) {
   HIBER_RETURN_IF_ERROR(scheduler_->unregister_function(id, now, &cancelled));
   // Requests that outlived the instance (ended, awaiting the caller's done) go too.
   std::vector<RequestId> mine;
-  state_->requests.for_each([&](RequestId rid, const State::Request& r) {
+  for (const auto& [rid, r] : state_->requests) {
     if (r.function == id) mine.push_back(rid);
-  });
+  }
   for (RequestId rid : mine) {
     State::Request& r = state_->requests.at(rid);
     if (r.awaited) {
@@ -202,9 +167,9 @@ void NodeCore::detach(FunctionId id, Time now) {
   // Its requests end: queued ones are withdrawn, the running one failed (the instance's work
   // drained when it went, so its GPU is free).
   std::vector<RequestId> mine;
-  state_->requests.for_each([&](RequestId rid, const State::Request& r) {
+  for (const auto& [rid, r] : state_->requests) {
     if (r.function == id) mine.push_back(rid);
-  });
+  }
   std::sort(mine.begin(), mine.end());
   for (RequestId rid : mine) {
     State::Request& r = state_->requests.at(rid);
@@ -261,11 +226,9 @@ void NodeCore::need_gpu(FunctionId id, Time now) {
   // A lease is on its way or held (the instance asked before it saw the grant).
   if (f->lease || f->background_queued) return;
   // A queued caller request will give it a lease; its work runs under that.
-  bool caller_waits = false;
-  state_->requests.for_each([&](RequestId, const State::Request& r) {
-    caller_waits |= r.function == id && !r.background && r.phase != Phase::kEnded;
-  });
-  if (caller_waits) return;
+  for (const auto& [rid, r] : state_->requests) {
+    if (r.function == id && !r.background && r.phase != Phase::kEnded) return;
+  }
   // Its start-up allocated what it is loading now: the placement must make room for that.
   learn_model_bytes(id);
   // Background: the function's own use of a GPU is not one of its callers' requests, and must
@@ -627,9 +590,8 @@ void NodeCore::check_drains() {
   for (auto it = drains.begin(); it != drains.end();) {
     bool busy = false;
     if (!*it) {
-      state_->requests.for_each([&](RequestId, const State::Request& r) {
+      for (const auto& [id, r] : state_->requests)
         busy |= !r.background && r.phase != Phase::kEnded;
-      });
     } else {
       busy = state_->gpus[index_of(**it)].running.has_value();
     }
@@ -648,15 +610,9 @@ Time NodeCore::next_wakeup() const { return scheduler_->next_wakeup(); }
 // ---- Views ----
 
 std::optional<Phase> NodeCore::phase(RequestId id) const {
-  const State::Request* r = state_->requests.find(id);
-  if (r == nullptr) return std::nullopt;
-  return r->phase;
-}
-
-std::optional<FunctionId> NodeCore::function_of(RequestId id) const {
-  const State::Request* r = state_->requests.find(id);
-  if (r == nullptr) return std::nullopt;
-  return r->function;
+  auto it = state_->requests.find(id);
+  if (it == state_->requests.end()) return std::nullopt;
+  return it->second.phase;
 }
 
 std::optional<RequestId> NodeCore::running(GpuId gpu) const {

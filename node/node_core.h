@@ -135,7 +135,6 @@ class Actuator {
 
 // Where a request stands.
 enum class Phase : uint8_t { kQueued, kPlacing, kRunning, kEnding, kEnded };
-const char* phase_name(Phase phase);
 
 // A point-in-time view for status reports.
 struct NodeStatus {
@@ -236,7 +235,6 @@ class NodeCore {
 
   // ---- Views ----
   std::optional<Phase> phase(RequestId request) const;
-  std::optional<FunctionId> function_of(RequestId request) const;
   std::optional<RequestId> running(GpuId gpu) const;
   NodeStatus status(Time now) const;
   const scheduler::Scheduler& scheduler() const { return *scheduler_; }
