@@ -263,6 +263,24 @@ TEST_F(SimDeviceTest, AliasedMappingsShowTheSameBytesThroughHostPointers) {
   HIBER_EXPECT_OK(device_->free_address_range(b, g));
 }
 
+// Clients reserve their grant of device addresses in their own process, so the addresses come
+// from a region processes leave empty, not from among hiberd's own mmaps and libraries (where a
+// client has its own, and a grant could collide with them: see address_space.cc).
+TEST_F(SimDeviceTest, AddressRangesComeFromTheRegionClientsKeepFree) {
+  make_default();
+  const uint64_t g = device_->allocation_granularity(0);
+  HIBER_ASSERT_OK_AND_ASSIGN(DevicePtr a, device_->reserve_address_range(32 * g, 0));
+  HIBER_ASSERT_OK_AND_ASSIGN(DevicePtr b, device_->reserve_address_range(g, 4 * g));
+  for (DevicePtr va : {a, b}) {
+    EXPECT_GE(va, 0x7e8000000000u) << std::hex << va;
+    EXPECT_LT(va, 0x7f8000000000u) << std::hex << va;
+  }
+  EXPECT_EQ(b % (4 * g), 0u) << "aligned as asked";
+  EXPECT_TRUE(b >= a + 32 * g || b + g <= a) << "disjoint";
+  HIBER_EXPECT_OK(device_->free_address_range(a, 32 * g));
+  HIBER_EXPECT_OK(device_->free_address_range(b, g));
+}
+
 TEST_F(SimDeviceTest, FreedMemoryReturnsToTheGpuAndTheHost) {
   make_default();
   const uint64_t g = device_->allocation_granularity(0);
