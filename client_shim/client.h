@@ -29,6 +29,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "client_shim/library_client.h"
 #include "client_shim/range_allocator.h"
 #include "common/kernel_info.h"
 #include "common/status.h"
@@ -199,6 +200,16 @@ class Client {
   };
   static std::vector<CallConfiguration>& call_configurations();
 
+  // ---- Remoted libraries (client_shim/library_client.h) ----
+  Result<LibraryHandleObj*> create_library_handle(wire::Library library);
+  Status destroy_library_handle(LibraryHandleObj* handle);
+  Result<LibraryHandleObj*> library_handle(const void* handle, wire::Library library);
+  Status set_library_stream(LibraryHandleObj* handle, void* stream);
+  Status library_call(LibraryHandleObj* handle, wire::LibraryOp op,
+                      std::span<const std::byte> args);
+  Result<std::vector<std::byte>> library_query(LibraryHandleObj* handle, wire::LibraryOp op,
+                                               std::span<const std::byte> args);
+
   // Sends what is batched (for the flusher and for tests of the policy).
   Status flush();
 
@@ -274,6 +285,7 @@ class Client {
   std::unordered_map<const void*, std::unique_ptr<ModuleObj>> modules_;
   std::unordered_map<const void*, KernelObj*> kernels_;         // every live kernel
   std::unordered_map<const void*, KernelObj*> host_functions_;  // host stub -> kernel
+  std::unordered_map<const void*, std::unique_ptr<LibraryHandleObj>> library_handles_;
   uint64_t legacy_generation_ = 0;  // bumps with each piece of work on the legacy stream
   wire::EventHandle legacy_join_event_;
 

@@ -522,6 +522,14 @@ void FunctionMemory::kernel_access(std::span<const std::byte> params, const Kern
   }
 }
 
+void FunctionMemory::access_all(std::vector<device::Event>* waits) {
+  MutexLock lock(mutex_);
+  std::vector<uint64_t> vas;
+  for (const memory::VirtualBlock& block : table_.blocks()) vas.push_back(block.va);
+  // note() may mark blocks dirty: not while iterating the table.
+  for (uint64_t va : vas) note(*table_.block_at(va), /*write=*/true, waits);
+}
+
 void FunctionMemory::storing(uint64_t dst, std::span<const std::byte> data) {
   if (!options_.pipelined) return;  // everything waits for the whole swap anyway
   MutexLock lock(mutex_);

@@ -123,6 +123,9 @@ class FunctionMemory {
   // The same for every block a kernel's arguments point into (memory/translation.h's scan).
   void kernel_access(std::span<const std::byte> params, const KernelInfo& info,
                      std::vector<device::Event>* waits);
+  // The same for every block: a call that reaches memory through pointers stored in device
+  // memory (a batched GEMM's pointer arrays) may read or write any of them.
+  void access_all(std::vector<device::Event>* waits);
   // Host data about to be copied to `dst`, and a device-to-device copy: a block that receives
   // pointers to the function's blocks (memory::holds_block_pointers), or a copy of such a block,
   // is a pointer table, and every later use of it waits for the whole swap, since a kernel given

@@ -8,6 +8,7 @@
 
 #include <glog/logging.h>
 
+#include "server/device/library.h"
 #include "server/handle_table.h"
 #include "wire/call_codec.h"
 #include "wire/limits.h"
@@ -513,6 +514,9 @@ void Session::build_completions(capnp::MessageBuilder& message,
         params[static_cast<unsigned>(p)].setOffset(info->params[p].offset);
         params[static_cast<unsigned>(p)].setBytes(info->params[p].bytes);
       }
+    } else if (const auto* answer = std::get_if<wire::LibraryAnswer>(&r.result)) {
+      result.setLibrary(capnp::Data::Reader(reinterpret_cast<const kj::byte*>(answer->bytes.data()),
+                                            answer->bytes.size()));
     } else {
       result.setNone();
     }
@@ -581,6 +585,10 @@ void Session::teardown() {
   quiesce();
   handles_.destroy_all();
   functions_.clear();
+  for (wire::Library library : {wire::Library::kBlas, wire::Library::kDnn}) {
+    if (device::LibraryBackend* backend = device_.library(library))
+      backend->release(identity_.id.value(), std::nullopt);
+  }
   // The session's work is done (quiesce): its references go back; an image no other session
   // uses is unloaded.
   for (const auto& [handle, ref] : modules_) {

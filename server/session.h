@@ -59,11 +59,13 @@
 #include "server/function_memory.h"
 #include "server/handle_table.h"
 #include "server/lease.h"
+#include "server/library_calls.h"
 #include "server/module_cache.h"
 #include "server/session_types.h"
 #include "server/staging_tracker.h"
 #include "wire/call_table.h"
 #include "wire/handshake.h"
+#include "wire/library.h"
 #include "wire/message.h"
 #include "wire/schema/calls.capnp.h"
 #include "wire/server_channel.h"
@@ -129,7 +131,7 @@ class Session final : public LeaseHolder {
     KernelInfo info;
   };
   // What a call produced, if anything is sent back.
-  using CallResult = std::variant<std::monostate, uint64_t, float, KernelInfo>;
+  using CallResult = std::variant<std::monostate, uint64_t, float, KernelInfo, wire::LibraryAnswer>;
   struct Outcome {
     Status status;
     CallResult result;
@@ -255,6 +257,7 @@ class Session final : public LeaseHolder {
   std::unordered_map<wire::FunctionHandle, FunctionEntry> functions_;
   std::deque<CompletionRecord> unsent_;  // completions not yet written to the completion ring
   std::vector<device::Event> waits_;     // scratch for before_access
+  LibraryCalls libraries_;               // library handles, and the checks of library calls
 
   // For the session thread; closed when the session ends.
   Mailbox<Mail> mail_;

@@ -7,6 +7,7 @@
 
 #include <glog/logging.h>
 
+#include "server/device/library.h"
 #include "server/handle_table.h"
 #include "server/session.h"
 #include "wire/call_codec.h"
@@ -449,6 +450,70 @@ Session::Outcome Session::launch_kernel(const wire::calls::LaunchKernel& c) {
   config.block = {c.block_x, c.block_y, c.block_z};
   config.shared_memory_bytes = c.shared_mem_bytes;
   return {device_.launch(*s, f->second.function, config, bytes), {}, false, *s};
+}
+
+// ---- Remoted libraries (wire/library.h) ----
+
+Session::Outcome Session::library_handle_create(const wire::calls::LibraryHandleCreate& c) {
+  Status made = libraries_.create_handle(c.handle, c.library);
+  if (!made.ok()) return {made};
+  const auto library = static_cast<wire::Library>(c.library);
+  if (device_.library(library) == nullptr) {
+    (void)libraries_.destroy_handle(c.handle);
+    return {error(ErrorCode::kNotSupported, "libraryHandleCreate: hiberd's ",
+                  device_.backend_name(), " device does not run ", wire::library_name(library))};
+  }
+  return {Status()};
+}
+
+Session::Outcome Session::library_handle_destroy(const wire::calls::LibraryHandleDestroy& c) {
+  Result<wire::Library> library = libraries_.library(c.handle);
+  Status destroyed = libraries_.destroy_handle(c.handle);
+  if (destroyed.ok()) {
+    if (device::LibraryBackend* backend = device_.library(*library))
+      backend->release(identity_.id.value(), c.handle);
+  }
+  return {destroyed};
+}
+
+Session::Outcome Session::library_call(const wire::calls::LibraryCall& c) {
+  Result<LibraryAccess> access = libraries_.check_call(c.handle, c.op, c.args);
+  if (!access.ok()) return {access.status()};
+  device::LibraryBackend* backend = device_.library(*libraries_.library(c.handle));
+  auto s = work_stream(c.stream);
+  if (!s.ok()) return {s.status()};
+  // Operands inside the session's own blocks only; the call waits for the swap groups they lie
+  // in (pipelined execution), or for the whole model when it reaches memory through pointers.
+  waits_.clear();
+  for (const LibraryOperand& operand : access->operands) {
+    if (operand.bytes == 0) continue;
+    Status inside = memory_->check_range(operand.ptr, operand.bytes, operand.what);
+    if (!inside.ok())
+      return {inside.with_context(wire::library_name(*libraries_.library(c.handle)))};
+    memory_->access(operand.ptr, operand.bytes, operand.write, &waits_);
+  }
+  if (access->through_pointers) memory_->access_all(&waits_);
+  for (const device::Event& e : waits_) {
+    Status waited = device_.wait_event(*s, e);
+    if (!waited.ok()) return {waited};
+  }
+  const device::LibraryCall call{identity_.id.value(), c.handle, static_cast<wire::LibraryOp>(c.op),
+                                 c.args};
+  return {backend->run(*s, call), {}, false, *s};
+}
+
+Session::Outcome Session::library_query(const wire::calls::LibraryQuery& c) {
+  Status checked = libraries_.check_query(c.handle, c.op, c.args);
+  if (!checked.ok()) return {checked};
+  device::LibraryBackend* backend = device_.library(*libraries_.library(c.handle));
+  // Answers hold for the GPU model that runs the work: the lease's, or the first GPU's between
+  // leases (a node's GPUs are of one model).
+  const int gpu = lease_ ? lease_->gpu.value() : 0;
+  const device::LibraryCall call{identity_.id.value(), c.handle, static_cast<wire::LibraryOp>(c.op),
+                                 c.args};
+  Result<std::vector<std::byte>> answer = backend->answer(gpu, call);
+  if (!answer.ok()) return {answer.status()};
+  return {Status(), wire::LibraryAnswer{std::move(answer).value()}};
 }
 
 }  // namespace hiber::server

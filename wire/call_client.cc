@@ -19,6 +19,11 @@ CallResult result_of(proto::Completion::Reader c) {
       for (auto p : r.getKernel().getParams()) info.params.push_back({p.getOffset(), p.getBytes()});
       return info;
     }
+    case proto::Completion::Result::LIBRARY: {
+      auto data = r.getLibrary();
+      auto bytes = std::as_bytes(std::span(data.begin(), data.size()));
+      return LibraryAnswer{std::vector<std::byte>(bytes.begin(), bytes.end())};
+    }
     default: return std::monostate{};
   }
 }

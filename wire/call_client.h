@@ -29,6 +29,7 @@
 #include "wire/batch_builder.h"
 #include "wire/call_codec.h"
 #include "wire/client_channel.h"
+#include "wire/library.h"
 #include "wire/schema/calls.capnp.h"
 
 namespace hiber::wire {
@@ -42,7 +43,8 @@ struct CallClientOptions {
 };
 
 // What a reply carries besides its status.
-using CallResult = std::variant<std::monostate, uint64_t /*ping*/, float /*elapsedMs*/, KernelInfo>;
+using CallResult =
+    std::variant<std::monostate, uint64_t /*ping*/, float /*elapsedMs*/, KernelInfo, LibraryAnswer>;
 
 class CallClient {
  public:

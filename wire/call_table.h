@@ -50,6 +50,7 @@ using StreamHandle = Handle<struct StreamTag>;
 using EventHandle = Handle<struct EventTag>;
 using ModuleHandle = Handle<struct ModuleTag>;
 using FunctionHandle = Handle<struct FunctionTag>;
+using LibraryHandle = Handle<struct LibraryTag>;  // a cuBLAS/cuBLASLt or cuDNN handle
 
 enum class Where { kHost, kGpu };
 enum class Timing { kAsync, kSync };
@@ -117,7 +118,19 @@ enum class Timing { kAsync, kSync };
      F(std::span<const std::byte>, params, Params)))                                               \
   X(ModuleLoadCached, moduleLoadCached, MODULE_LOAD_CACHED, kHost, kAsync, GROUP,                  \
     module_load_cached,                                                                            \
-    (F(::hiber::wire::ModuleHandle, module, Module) F(std::span<const std::byte>, sha256, Sha256)))
+    (F(::hiber::wire::ModuleHandle, module, Module) F(std::span<const std::byte>, sha256, Sha256))) \
+  X(LibraryHandleCreate, libraryHandleCreate, LIBRARY_HANDLE_CREATE, kHost, kAsync, GROUP,         \
+    library_handle_create,                                                                         \
+    (F(::hiber::wire::LibraryHandle, handle, Handle) F(uint8_t, library, Library)))                \
+  X(LibraryHandleDestroy, libraryHandleDestroy, LIBRARY_HANDLE_DESTROY, kHost, kAsync, GROUP,      \
+    library_handle_destroy,                                                                        \
+    (F(::hiber::wire::LibraryHandle, handle, Handle)))                                             \
+  X(LibraryCall, libraryCall, LIBRARY_CALL, kGpu, kAsync, GROUP, library_call,                     \
+    (F(::hiber::wire::StreamHandle, stream, Stream) F(::hiber::wire::LibraryHandle, handle, Handle) \
+     F(uint16_t, op, Op) F(std::span<const std::byte>, args, Args)))                               \
+  X(LibraryQuery, libraryQuery, LIBRARY_QUERY, kHost, kAsync, GROUP, library_query,                \
+    (F(::hiber::wire::LibraryHandle, handle, Handle) F(uint16_t, op, Op)                           \
+     F(std::span<const std::byte>, args, Args)))
 // clang-format on
 
 #define HIBER_CALL_EXPAND(...) __VA_ARGS__

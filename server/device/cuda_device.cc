@@ -173,6 +173,9 @@ class CudaDevice final : public Device {
   Result<KernelInfo> function_info(Function function) override;
   Status launch(Stream stream, Function function, const LaunchConfig& config,
                 std::span<const std::byte> params) override;
+  // The real cuBLAS, cuBLASLt and cuDNN are not wired to this backend yet: library handles fail
+  // with kNotSupported at creation, naming the library.
+  LibraryBackend* library(wire::Library) override { return nullptr; }
 
  private:
   struct Gpu {

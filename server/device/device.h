@@ -32,6 +32,7 @@
 #include "common/kernel_info.h"
 #include "common/node_config.h"
 #include "common/status.h"
+#include "wire/library.h"
 
 namespace hiber::device {
 
@@ -59,6 +60,8 @@ struct Module {
 struct Function {
   uint64_t id = 0;
 };
+
+class LibraryBackend;
 
 struct Dim3 {
   uint32_t x = 1;
@@ -193,6 +196,10 @@ class Device {
   // the kernel's param_bytes().
   virtual Status launch(Stream stream, Function function, const LaunchConfig& config,
                         std::span<const std::byte> params) = 0;
+
+  // ---- Remoted libraries (server/device/library.h) ----
+  // The backend that runs `library`'s calls, or nullptr where this device has none.
+  virtual LibraryBackend* library(wire::Library library) = 0;
 };
 
 // Creates physical chunks of `chunk_bytes` on `gpu` until only `reserve_bytes` of its memory

@@ -18,6 +18,8 @@
 #include "common/fatbin.h"
 #include "common/mutex.h"
 #include "server/device/sim/address_space.h"
+#include "server/device/sim/blas_host.h"
+#include "server/device/sim/dnn_host.h"
 #include "server/device/sim/fault_guard.h"
 #include "server/device/sim/handle_table.h"
 #include "server/device/sim/kernel_registry.h"
@@ -184,6 +186,9 @@ struct SimDevice::Impl {
   Mutex host_mu;
   std::map<uintptr_t, uint64_t> registered_host GUARDED_BY(host_mu);  // start -> bytes
   std::atomic<uint64_t> transfers_to_failing_gpu{0};
+  // Remoted libraries' host implementations (made once the device exists).
+  std::unique_ptr<LibraryBackend> blas;
+  std::unique_ptr<LibraryBackend> dnn;
   // Last, so it is destroyed first: it finishes work that uses everything above.
   Scheduler scheduler;
 };
@@ -217,7 +222,10 @@ Result<std::unique_ptr<SimDevice>> SimDevice::create(const SimDeviceOptions& opt
   return std::unique_ptr<SimDevice>(new SimDevice(std::move(impl)));
 }
 
-SimDevice::SimDevice(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+SimDevice::SimDevice(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {
+  impl_->blas = sim::make_blas_backend(*this);
+  impl_->dnn = sim::make_dnn_backend(*this);
+}
 SimDevice::~SimDevice() = default;
 
 Status SimDevice::load_kernel_plugin(const std::string& path) {
@@ -619,6 +627,42 @@ Status SimDevice::launch(Stream stream, Function function, const LaunchConfig& c
     return Status();
   });
   return Status();
+}
+
+// What one host library call hands to its worker.
+struct HostWork {
+  std::string what;
+  std::function<Status()> work;
+  Status result;
+};
+
+Status SimDevice::enqueue_host_work(Stream stream, std::span<const Operand> operands,
+                                    std::string what, std::function<Status()> work) {
+  HIBER_ASSIGN_OR_RETURN(auto s, impl_->stream(stream));
+  for (const Operand& o : operands) {
+    if (o.bytes == 0) continue;
+    HIBER_RETURN_IF_ERROR(impl_->check_range(what.c_str(), o.va, o.bytes, s->gpu).status());
+  }
+  auto data = std::make_shared<HostWork>(HostWork{std::move(what), std::move(work), Status()});
+  impl_->scheduler.enqueue_work(s, [data] {
+    auto body = [](void* arg) {
+      auto* d = static_cast<HostWork*>(arg);
+      d->result = d->work();
+    };
+    if (std::optional<sim::Fault> fault = sim::run_guarded(body, data.get()))
+      return error(ErrorCode::kIllegalAddress, data->what, " touched ", hex(fault->address), " (",
+                   strsignal(fault->signal), "), which is not mapped memory of the simulated GPU");
+    return data->result.with_context(data->what);
+  });
+  return Status();
+}
+
+LibraryBackend* SimDevice::library(wire::Library library) {
+  switch (library) {
+    case wire::Library::kBlas: return impl_->blas.get();
+    case wire::Library::kDnn: return impl_->dnn.get();
+  }
+  return nullptr;
 }
 
 }  // namespace hiber::device

@@ -19,7 +19,9 @@
 //    kIllegalAddress instead of crashing the process.
 #pragma once
 
+#include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -105,6 +107,21 @@ class SimDevice final : public Device {
   Result<KernelInfo> function_info(Function function) override;
   Status launch(Stream stream, Function function, const LaunchConfig& config,
                 std::span<const std::byte> params) override;
+  LibraryBackend* library(wire::Library library) override;
+
+  // A device range a host implementation reads or writes.
+  struct Operand {
+    DevicePtr va = 0;
+    uint64_t bytes = 0;
+  };
+  // Host implementations of library calls (sim/blas_host.cc, sim/dnn_host.cc) run here: `work`
+  // runs on `stream`'s worker in stream order, as a kernel does. Every operand must be mapped
+  // and accessible from the stream's GPU (checked now: kInvalidValue naming the address). A
+  // fault inside `work` fails it with kIllegalAddress naming `what`; its frames are abandoned,
+  // so `work` must take no lock and allocate nothing it needs freed while it touches device
+  // memory (scratch belongs in what the closure owns).
+  Status enqueue_host_work(Stream stream, std::span<const Operand> operands, std::string what,
+                           std::function<Status()> work);
 
  private:
   struct Impl;

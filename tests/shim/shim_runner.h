@@ -28,7 +28,9 @@ std::string program_path(const std::string& name);
 std::vector<std::string> program_argv(const ProgramRun& run);
 // The kernel plugin with the host implementations of the programs' kernels.
 std::string programs_plugin_path();
-// libhibercuda.so; empty where the build has no hibercuda target yet.
+// What LD_PRELOAD lists for a program: libhibercuda.so, then the replacement libraries
+// (libhibercublas.so, ...) built here, colon-separated; empty where the build has no hibercuda
+// target yet.
 std::string shim_library_path();
 // The sanitizer runtime the shim was built against (libasan.so, libtsan.so), which must be
 // preloaded before it into the uninstrumented programs; empty in a build without sanitizers.

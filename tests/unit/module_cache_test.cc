@@ -171,6 +171,7 @@ class CountingDevice final : public Device {
                 const device::LaunchConfig& config, std::span<const std::byte> params) override {
     return sim_->launch(stream, function, config, params);
   }
+  device::LibraryBackend* library(wire::Library library) override { return sim_->library(library); }
 
  private:
   std::unique_ptr<device::SimDevice> sim_;

@@ -132,6 +132,24 @@ struct Call {
       module @59 :UInt64;          # hash, so a client ships each image at most once per node;
       sha256 @60 :Data;            # CUDA_ERROR_NOT_FOUND if hiberd holds none: send moduleLoad
     }
+    libraryHandleCreate :group {   # (1.3) a cuBLAS/cuBLASLt (library 1) or cuDNN (2) handle
+      handle @61 :UInt64;
+      library @62 :UInt8;
+    }
+    libraryHandleDestroy :group {
+      handle @63 :UInt64;
+    }
+    libraryCall :group {           # a library's compute call (wire/library.h), ordered on stream
+      stream @64 :UInt64;
+      handle @65 :UInt64;
+      op @66 :UInt16;
+      args @67 :Data;              # the operation's argument struct
+    }
+    libraryQuery :group {          # result: library (the answer's bytes)
+      handle @68 :UInt64;
+      op @69 :UInt16;
+      args @70 :Data;
+    }
   }
 }
 
@@ -157,6 +175,7 @@ struct Completion {
     ping @4 :UInt64;
     elapsedMs @5 :Float32;
     kernel @6 :KernelInfo;
+    library @7 :Data;              # a libraryQuery's answer
   }
 }
 

@@ -1,0 +1,87 @@
+// The checks of cuBLAS and cuBLASLt calls: values in range, and the device ranges each call
+// reads and writes, computed from its shapes the way the libraries address memory.
+#include "server/library_calls.h"
+#include "wire/blas_ops.h"
+
+namespace hiber::server {
+namespace {
+
+using wire::blas::BatchKind;
+using wire::blas::Gemm;
+
+Result<LibraryAccess> check_gemm(std::span<const std::byte> bytes) {
+  HIBER_ASSIGN_OR_RETURN(Gemm g, wire::read_op<Gemm>(bytes, "cuBLAS gemm"));
+  if (g.m < 0 || g.n < 0 || g.k < 0 || g.batch_count < 0)
+    return error(ErrorCode::kInvalidValue, "cuBLAS gemm: negative size (m ", g.m, ", n ", g.n,
+                 ", k ", g.k, ", batch ", g.batch_count, ")");
+  if (g.transa > 2 || g.transb > 2)
+    return error(ErrorCode::kInvalidValue, "cuBLAS gemm: transa ", unsigned{g.transa},
+                 " or transb ", unsigned{g.transb}, " is not a cublasOperation_t");
+  if (g.pointer_mode > 1)
+    return error(ErrorCode::kInvalidValue, "cuBLAS gemm: pointer mode ", unsigned{g.pointer_mode});
+  if (g.batch != BatchKind::kSingle && g.batch != BatchKind::kStrided &&
+      g.batch != BatchKind::kPointerArray)
+    return error(ErrorCode::kInvalidValue, "cuBLAS gemm: batch kind ",
+                 static_cast<unsigned>(g.batch));
+  HIBER_ASSIGN_OR_RETURN(uint64_t a_size, wire::blas::element_bytes(g.a_type, "A"));
+  HIBER_ASSIGN_OR_RETURN(uint64_t b_size, wire::blas::element_bytes(g.b_type, "B"));
+  HIBER_ASSIGN_OR_RETURN(uint64_t c_size, wire::blas::element_bytes(g.c_type, "C"));
+  HIBER_ASSIGN_OR_RETURN(uint64_t scale_size, wire::blas::scale_bytes(g.compute_type, g.c_type));
+
+  LibraryAccess access;
+  if (g.pointer_mode == 1) {
+    access.operands.push_back({g.alpha_ptr, scale_size, false, "alpha"});
+    access.operands.push_back({g.beta_ptr, scale_size, false, "beta"});
+  }
+  if (g.workspace_bytes > 0)
+    access.operands.push_back({g.workspace, g.workspace_bytes, true, "workspace"});
+  if (g.m == 0 || g.n == 0 || g.batch_count == 0) return access;  // nothing to touch
+
+  const bool ta = g.transa != 0;
+  const bool tb = g.transb != 0;
+  // Stored shapes: op(A) is m x k, so A is m x k, or k x m when transposed.
+  const wire::blas::MatrixShape a{ta ? g.k : g.m, ta ? g.m : g.k, g.lda, a_size, "A"};
+  const wire::blas::MatrixShape b{tb ? g.n : g.k, tb ? g.k : g.n, g.ldb, b_size, "B"};
+  const wire::blas::MatrixShape c{g.m, g.n, g.ldc, c_size, "C"};
+  if (g.batch == BatchKind::kPointerArray) {
+    // The arrays are read here; the matrices they point to are reached through them.
+    HIBER_RETURN_IF_ERROR(wire::blas::check_shape(a));
+    HIBER_RETURN_IF_ERROR(wire::blas::check_shape(b));
+    HIBER_RETURN_IF_ERROR(wire::blas::check_shape(c));
+    const uint64_t array_bytes = uint64_t{8} * static_cast<uint64_t>(g.batch_count);
+    access.operands.push_back({g.a, array_bytes, false, "the A pointer array"});
+    access.operands.push_back({g.b, array_bytes, false, "the B pointer array"});
+    access.operands.push_back({g.c, array_bytes, false, "the C pointer array"});
+    access.through_pointers = true;
+    return access;
+  }
+  const int32_t batches = g.batch == BatchKind::kStrided ? g.batch_count : 1;
+  // g.k == 0: C = beta * C, A and B are not read.
+  if (g.k > 0) {
+    HIBER_ASSIGN_OR_RETURN(uint64_t a_bytes, wire::blas::batched_extent(a, batches, g.stride_a));
+    HIBER_ASSIGN_OR_RETURN(uint64_t b_bytes, wire::blas::batched_extent(b, batches, g.stride_b));
+    access.operands.push_back({g.a, a_bytes, false, "A"});
+    access.operands.push_back({g.b, b_bytes, false, "B"});
+  }
+  HIBER_ASSIGN_OR_RETURN(uint64_t c_bytes, wire::blas::batched_extent(c, batches, g.stride_c));
+  access.operands.push_back({g.c, c_bytes, true, "C"});
+  return access;
+}
+
+}  // namespace
+
+Result<LibraryAccess> check_blas_call(wire::LibraryOp op, std::span<const std::byte> args) {
+  switch (op) {
+    case wire::LibraryOp::kBlasGemm: return check_gemm(args);
+    default: break;
+  }
+  return error(ErrorCode::kNotSupported, "cuBLAS operation ", static_cast<unsigned>(op),
+               " is not a compute call hiberd runs");
+}
+
+Status check_blas_query(wire::LibraryOp op, std::span<const std::byte>) {
+  return error(ErrorCode::kNotSupported, "cuBLAS query ", static_cast<unsigned>(op),
+               " is not one hiberd answers");
+}
+
+}  // namespace hiber::server

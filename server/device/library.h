@@ -1,0 +1,46 @@
+// Remoted libraries (cuBLAS, cuBLASLt, cuDNN) on a device: what each backend runs.
+//
+// The session checks a library call first (server/library_calls.h: its handle is the session's,
+// its values are in range, its operands lie inside the session's memory, and their swap groups
+// are waited for), then hands it to the device's backend for the library:
+//   - CUDA: the real libraries, with a library handle per owner, client handle and GPU, so a
+//     function moved to another GPU gets fresh handles there;
+//   - simulated: host implementations, run in stream order like kernels.
+// A backend answers kNotSupported, naming what, for anything it cannot run exactly.
+//
+// Thread safety: every method may be called from any thread.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "common/status.h"
+#include "server/device/device.h"
+#include "wire/library.h"
+
+namespace hiber::device {
+
+// A library call as the session hands it over.
+struct LibraryCall {
+  uint64_t owner = 0;  // the session: backends keep handles and plans per owner
+  wire::LibraryHandle handle;
+  wire::LibraryOp op{};
+  std::span<const std::byte> args;  // the operation's argument struct; valid during the call only
+};
+
+class LibraryBackend {
+ public:
+  virtual ~LibraryBackend() = default;
+  // Enqueues a compute call on `stream`; its failure after enqueueing is the stream's error.
+  virtual Status run(Stream stream, const LibraryCall& call) = 0;
+  // Answers a query (heuristics, finalizing a plan) for work that will run on `gpu`.
+  virtual Result<std::vector<std::byte>> answer(int gpu, const LibraryCall& call) = 0;
+  // Forgets what was kept for `owner`'s `handle` (every handle if none). Work already enqueued
+  // still runs.
+  virtual void release(uint64_t owner, std::optional<wire::LibraryHandle> handle) = 0;
+};
+
+}  // namespace hiber::device

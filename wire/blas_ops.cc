@@ -1,0 +1,107 @@
+#include "wire/blas_ops.h"
+
+namespace hiber::wire::blas {
+namespace {
+
+// Values of cudaDataType_t (library_types.h) and cublasComputeType_t (cublas_api.h); the wire
+// carries the API's numbers, and wire/ builds without the toolkit's headers.
+enum DataType : int32_t {
+  kR16F = 2,
+  kC16F = 6,
+  kR16BF = 14,
+  kR32F = 0,
+  kC32F = 4,
+  kR64F = 1,
+  kC64F = 5,
+  kR8I = 3,
+  kR32I = 10,
+  kR8U = 8,
+  kR8F_E4M3 = 28,
+  kR8F_E5M2 = 29,
+};
+enum ComputeType : int32_t {
+  k16F = 64,
+  k16FPedantic = 65,
+  k32F = 68,
+  k32FPedantic = 69,
+  k32FFast16F = 74,
+  k32FFast16BF = 75,
+  k32FFastTF32 = 77,
+  k64F = 70,
+  k64FPedantic = 71,
+  k32I = 72,
+  k32IPedantic = 73,
+};
+
+constexpr int64_t kMaxExtent = int64_t{1} << 48;
+
+}  // namespace
+
+Result<uint64_t> element_bytes(int32_t data_type, std::string_view what) {
+  switch (data_type) {
+    case kR8I:
+    case kR8U:
+    case kR8F_E4M3:
+    case kR8F_E5M2: return 1;
+    case kR16F:
+    case kR16BF: return 2;
+    case kR32F:
+    case kR32I:
+    case kC16F: return 4;
+    case kR64F:
+    case kC32F: return 8;
+    case kC64F: return 16;
+  }
+  return error(ErrorCode::kNotSupported, what, ": data type ", data_type,
+               " is not a cudaDataType_t Hiber remotes");
+}
+
+Result<uint64_t> scale_bytes(int32_t compute_type, int32_t c_type) {
+  const bool complex = c_type == kC32F || c_type == kC64F || c_type == kC16F;
+  switch (compute_type) {
+    case k16F:
+    case k16FPedantic: return complex ? 4 : 2;
+    case k32F:
+    case k32FPedantic:
+    case k32FFast16F:
+    case k32FFast16BF:
+    case k32FFastTF32: return complex ? 8 : 4;
+    case k64F:
+    case k64FPedantic: return complex ? 16 : 8;
+    case k32I:
+    case k32IPedantic: return 4;
+    // Legacy calls name a cudaDataType_t as the compute type.
+    case kR16F: return 2;
+    case kR32F: return 4;
+    case kR64F: return 8;
+    case kC32F: return 8;
+    case kC64F: return 16;
+  }
+  return error(ErrorCode::kNotSupported, "compute type ", compute_type,
+               " is not a cublasComputeType_t Hiber remotes");
+}
+
+Status check_shape(const MatrixShape& s) {
+  if (s.rows < 0 || s.cols < 0 || s.ld < std::max<int64_t>(1, s.rows))
+    return error(ErrorCode::kInvalidValue, s.what, ": ", s.rows, " x ", s.cols,
+                 " with leading dimension ", s.ld, " (it must be at least max(1, rows))");
+  return Status();
+}
+
+Result<uint64_t> batched_extent(const MatrixShape& s, int64_t batches, int64_t stride) {
+  HIBER_RETURN_IF_ERROR(check_shape(s));
+  if (batches < 0 || stride < 0)
+    return error(ErrorCode::kInvalidValue, s.what, ": ", batches, " batches ", stride,
+                 " elements apart");
+  if (s.rows == 0 || s.cols == 0 || batches == 0) return 0;
+  // In 128 bits, so no client's numbers overflow the check.
+  const __int128 one = static_cast<__int128>(s.cols - 1) * s.ld + s.rows;
+  const __int128 elements = static_cast<__int128>(batches - 1) * stride + one;
+  const __int128 bytes = elements * static_cast<__int128>(s.element_bytes);
+  if (bytes > kMaxExtent)
+    return error(ErrorCode::kInvalidValue, s.what, ": ", s.rows, " x ", s.cols, " (ld ", s.ld,
+                 ") times ", batches, " spans more than 2^48 bytes");
+  return static_cast<uint64_t>(bytes);
+}
+
+}  // namespace hiber::wire::blas

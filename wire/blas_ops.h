@@ -1,0 +1,75 @@
+// cuBLAS and cuBLASLt operations on the wire (wire/library.h): one argument struct per
+// operation. Enumerations carry the API's own values (cublasOperation_t, cudaDataType_t,
+// cublasComputeType_t, ...), so no table translates them and the CUDA backend passes them on.
+// Structs have no implicit padding (checked below), so what is sent is exactly the fields.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+#include <type_traits>
+
+#include "common/status.h"
+#include "wire/library.h"
+
+namespace hiber::wire::blas {
+
+// A host scalar (alpha, beta) by value, in the call's scale type: up to a double complex.
+struct Scalar {
+  std::byte bytes[16];
+};
+
+enum class BatchKind : uint8_t {
+  kSingle = 0,
+  kStrided = 1,       // matrix i at base + i * stride
+  kPointerArray = 2,  // a, b, c are device arrays of batch_count device pointers
+};
+
+// kBlasGemm: every cuBLAS GEMM form (cublas{S,D,H}gemm, GemmEx and their batched forms):
+// C = alpha * op(A) op(B) + beta * C, column-major, op(A) m x k, op(B) k x n.
+struct Gemm {
+  static constexpr LibraryOp kOp = LibraryOp::kBlasGemm;
+  uint64_t a = 0, b = 0, c = 0;  // device addresses (kPointerArray: of the pointer arrays)
+  // Pointer mode device: the addresses of alpha and beta, read when the call runs.
+  uint64_t alpha_ptr = 0, beta_ptr = 0;
+  uint64_t workspace = 0, workspace_bytes = 0;  // cublasSetWorkspace's, 0 for cuBLAS's own
+  int64_t lda = 0, ldb = 0, ldc = 0;
+  int64_t stride_a = 0, stride_b = 0, stride_c = 0;  // kStrided, in elements
+  Scalar alpha{}, beta{};                            // pointer mode host
+  int32_t m = 0, n = 0, k = 0;
+  int32_t batch_count = 1;
+  int32_t a_type = 0, b_type = 0, c_type = 0;  // cudaDataType_t
+  int32_t compute_type = 0;                    // cublasComputeType_t
+  int32_t algo = -1;                           // cublasGemmAlgo_t (CUBLAS_GEMM_DEFAULT)
+  int32_t math_mode = 0;                       // cublasMath_t of the handle
+  int32_t atomics_mode = 0;                    // cublasAtomicsMode_t of the handle
+  uint8_t transa = 0, transb = 0;              // cublasOperation_t
+  uint8_t pointer_mode = 0;                    // cublasPointerMode_t: 0 host, 1 device
+  BatchKind batch = BatchKind::kSingle;
+  uint8_t reserved[8] = {};
+};
+static_assert(std::has_unique_object_representations_v<Gemm>, "no padding on the wire");
+
+// ---- Shapes, shared by the client's checks, hiberd's and the host implementations ----
+
+// Bytes of one element of a cudaDataType_t; kNotSupported for a type no remoted call takes.
+Result<uint64_t> element_bytes(int32_t data_type, std::string_view what);
+// Bytes of alpha and beta for a cublasComputeType_t (or, for the legacy calls that name none, a
+// cudaDataType_t compute type) with output type `c_type`.
+Result<uint64_t> scale_bytes(int32_t compute_type, int32_t c_type);
+
+// A column-major matrix as stored: rows x cols, leading dimension ld, in elements.
+struct MatrixShape {
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int64_t ld = 0;
+  uint64_t element_bytes = 0;
+  const char* what = "";
+};
+// ld >= max(1, rows); kInvalidValue naming the matrix otherwise.
+Status check_shape(const MatrixShape& shape);
+// Bytes from the first element of the first matrix to the end of the last of `batches`
+// matrices `stride` elements apart; kInvalidValue for a bad shape or a size beyond 2^48.
+Result<uint64_t> batched_extent(const MatrixShape& shape, int64_t batches, int64_t stride);
+
+}  // namespace hiber::wire::blas
