@@ -406,6 +406,11 @@ Result<CoverageReport> scan(const std::string& path, const ScanOptions& options)
         dependency.file = &cuda_files.back();
       }
     }
+    if (dependency.file == nullptr) {
+      notes.push_back(str_cat(name,
+                              " is not on this machine: unversioned imports are attributed to it "
+                              "by their names"));
+    }
     cuda_libraries.push_back(std::move(dependency));
   }
 
