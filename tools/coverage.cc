@@ -248,7 +248,8 @@ CoverageReport assess(const std::vector<const ElfFile*>& scanned,
 
   CoverageReport report;
   for (auto& [key, entry] : found) {
-    auto& [symbol, version] = entry;
+    ImportedSymbol& symbol = entry.first;
+    const std::string& version = entry.second;
     const CudaLibrary kind = classify_library(symbol.library);
     if (kind == CudaLibrary::kNvrtc) {
       symbol.coverage = Coverage::kLocal;
@@ -324,7 +325,9 @@ class DependencyWalker {
  private:
   std::string in_dirs(const std::string& name, const std::vector<std::string>& dirs) const {
     for (const std::string& dir : dirs) {
-      std::string path = dir + "/" + name;
+      std::string path = dir;
+      path += '/';
+      path += name;
       if (fits(path)) return path;
     }
     return "";

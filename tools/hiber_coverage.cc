@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <string>
+#include <string_view>
 #include <system_error>
 #include <vector>
 
@@ -42,6 +43,27 @@ std::string find_shim_dir() {
   return "";
 }
 
+// gflags exits 1 on a flag it does not know, which here means "stubs found": catch it first.
+// Returns the first unknown flag's name, or "".
+std::string first_unknown_flag(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    std::string_view arg = argv[i];
+    if (arg == "--") break;
+    if (arg.size() < 2 || arg[0] != '-') continue;
+    arg.remove_prefix(arg[1] == '-' ? 2 : 1);
+    std::string name(arg.substr(0, arg.find('=')));
+    gflags::CommandLineFlagInfo info;
+    if (gflags::GetCommandLineFlagInfo(name.c_str(), &info)) continue;
+    // --noflag negates a bool flag.
+    if (name.rfind("no", 0) == 0 && gflags::GetCommandLineFlagInfo(name.c_str() + 2, &info) &&
+        info.type == "bool") {
+      continue;
+    }
+    return name;
+  }
+  return "";
+}
+
 int run(const std::string& path) {
   ScanOptions options;
   options.shim_dir = FLAGS_shim_dir.empty() ? find_shim_dir() : FLAGS_shim_dir;
@@ -72,12 +94,16 @@ int run(const std::string& path) {
 }  // namespace hiber::coverage
 
 int main(int argc, char** argv) {
+  if (std::string flag = hiber::coverage::first_unknown_flag(argc, argv); !flag.empty()) {
+    std::fprintf(stderr, "hiber-coverage: unknown flag --%s (see --help)\n", flag.c_str());
+    return hiber::coverage::kExitError;
+  }
   hiber::init_program(
       &argc, &argv,
-      "hiber-coverage: the CUDA runtime/driver, cuBLAS, cuBLASLt, cuDNN, NVRTC and "
-      "NVML symbols FILE imports (through its NEEDED libraries too), each with the\n"
-      "library it binds to and whether Hiber remotes it, has only a stub, or lacks "
-      "it (NVRTC: local, runs in the client).\n"
+      "hiber-coverage: the CUDA runtime/driver, cuBLAS, cuBLASLt, cuDNN, NVRTC and NVML symbols\n"
+      "FILE imports (itself and through its NEEDED libraries), each with the library it binds to\n"
+      "and whether Hiber remotes it, has only a stub, or lacks it (NVRTC: local, runs in the\n"
+      "client). See docs/coverage.md.\n"
       "  hiber-coverage [--summary | --json] [--shim_dir=DIR] FILE\n"
       "Exit status: 0 all remoted or local, 1 a stub or missing symbol, 2 an error.",
       __FILE__);

@@ -202,6 +202,9 @@ TEST(Coverage, MissingAndNonElfFilesAreErrors) {
   ToolRun no_file = run_tool("");
   EXPECT_EQ(no_file.exit_code, 2);
   EXPECT_THAT(no_file.output, HasSubstr("usage: hiber-coverage"));
+  ToolRun unknown_flag = run_tool("--no_such_flag " + program("graph_stub"));
+  EXPECT_EQ(unknown_flag.exit_code, 2);  // not 1, which means "stubs found"
+  EXPECT_THAT(unknown_flag.output, HasSubstr("unknown flag --no_such_flag"));
   ToolRun bad_shim_dir = run_tool("--shim_dir=/no/such/dir " + program("graph_stub"));
   EXPECT_EQ(bad_shim_dir.exit_code, 2);
   EXPECT_THAT(bad_shim_dir.output, HasSubstr("is not a folder"));
