@@ -17,3 +17,5 @@ endif()
 pkg_check_modules(URING REQUIRED IMPORTED_TARGET liburing)
 pkg_check_modules(ZSTD REQUIRED IMPORTED_TARGET libzstd)
 pkg_check_modules(LZ4 REQUIRED IMPORTED_TARGET liblz4)
+# elfutils libelf: hiber-coverage reads programs' dynamic symbols and version needs.
+pkg_check_modules(LIBELF REQUIRED IMPORTED_TARGET libelf)

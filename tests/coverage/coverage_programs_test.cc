@@ -1,0 +1,222 @@
+// The hiber-coverage binary on nvcc-built programs (built, never run; no GPU needed), with its
+// default --shim_dir (the build tree's client_shim/, found from the tool's own location):
+//   - every runtime symbol the shim's test programs import is remoted, exit 0;
+//   - graph_stub imports cudaGraphCreate, a stub in libhibercuda.so: printed as stub, exit 1;
+//   - cublas_create imports cublasCreate_v2 from libcublas.so.13: attributed there, with the
+//     status libhibercublas.so gives (missing while it is not built), and the exit status
+//     agrees with the statuses printed;
+//   - driver_calls imports cuInit, cuMemAlloc_v2 (remoted) and cuGraphCreate (a stub),
+//     unversioned, from libcuda.so.1;
+//   - transitive_user needs only libcoverage_forwarder.so (RUNPATH $ORIGIN), whose
+//     cudaGraphCreate import is found by following NEEDED;
+//   - a missing file and a file that is not ELF: exit 2 with a clear message.
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "tools/elf_file.h"
+
+namespace hiber::coverage {
+namespace {
+
+using ::testing::HasSubstr;
+
+struct ToolRun {
+  int exit_code = -1;
+  std::string output;  // stdout, then stderr
+};
+
+ToolRun run_tool(const std::string& args) {
+  std::string command = std::string(HIBER_COVERAGE_TOOL) + " " + args + " 2>&1";
+  ToolRun run;
+  FILE* pipe = ::popen(command.c_str(), "r");
+  if (pipe == nullptr) return run;
+  std::array<char, 4096> buffer;
+  size_t n;
+  while ((n = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0) {
+    run.output.append(buffer.data(), n);
+  }
+  int status = ::pclose(pipe);
+  run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return run;
+}
+
+struct SymbolLine {
+  std::string library;
+  std::string status;
+};
+
+// "library  symbol  status" lines by symbol; notes and the summary are left out.
+std::map<std::string, SymbolLine> symbol_lines(const std::string& output) {
+  std::map<std::string, SymbolLine> lines;
+  std::istringstream in(output);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("note: ", 0) == 0 || line.rfind("summary:", 0) == 0) continue;
+    std::istringstream fields(line);
+    std::string library, symbol, status, extra;
+    if (fields >> library >> symbol >> status && !(fields >> extra)) {
+      lines[symbol] = {library, status};
+    }
+  }
+  return lines;
+}
+
+std::string program(const std::string& name) {
+  return std::string(HIBER_COVERAGE_PROGRAMS_DIR) + "/" + name;
+}
+
+bool is_stub_or_missing(const SymbolLine& line) {
+  return line.status == "stub" || line.status == "missing";
+}
+
+class ShimProgramCoverage : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ShimProgramCoverage, EveryRuntimeSymbolIsRemoted) {
+  ToolRun run = run_tool(std::string(HIBER_SHIM_PROGRAMS_DIR) + "/" + GetParam());
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  auto lines = symbol_lines(run.output);
+  for (const auto& [symbol, line] : lines) {
+    EXPECT_EQ(line.library, "libcudart.so.13") << symbol;
+    EXPECT_EQ(line.status, "remoted") << symbol;
+  }
+  if (GetParam() == "dlopen_runtime") {
+    EXPECT_TRUE(lines.empty()) << run.output;  // -cudart none: it needs no CUDA library
+  } else {
+    EXPECT_TRUE(lines.contains("cudaMalloc") || lines.contains("cudaMallocHost")) << run.output;
+  }
+  EXPECT_THAT(run.output, HasSubstr("summary:"));
+}
+
+INSTANTIATE_TEST_SUITE_P(Programs, ShimProgramCoverage,
+                         ::testing::Values("vector_add", "saxpy_streams", "pinned_overlap",
+                                           "d2d_memset", "tiny_mlp", "error_cases",
+                                           "dlopen_runtime", "mlp_server"));
+
+// The programs' point is a symbol the shim only stubs; say so plainly once graphs are remoted.
+void expect_shim_stubs(const std::string& symbol, const std::string& version) {
+  auto shim = read_elf_file(std::string(HIBER_SHIM_DIR) + "/libhibercuda.so");
+  ASSERT_TRUE(shim.ok()) << shim.status();
+  const ElfSymbol* definition = shim->find_export(symbol, version);
+  ASSERT_NE(definition, nullptr) << symbol;
+  ASSERT_TRUE(definition->weak) << "libhibercuda.so remotes " << symbol
+                                << " now: pick another stub for tests/coverage/programs/";
+}
+
+void expect_graph_create_is_a_stub() { expect_shim_stubs("cudaGraphCreate", "libcudart.so.13"); }
+
+TEST(Coverage, AStubIsPrintedAndFails) {
+  expect_graph_create_is_a_stub();
+  ToolRun run = run_tool(program("graph_stub"));
+  EXPECT_EQ(run.exit_code, 1) << run.output;
+  auto lines = symbol_lines(run.output);
+  ASSERT_TRUE(lines.contains("cudaGraphCreate")) << run.output;
+  EXPECT_EQ(lines["cudaGraphCreate"].library, "libcudart.so.13");
+  EXPECT_EQ(lines["cudaGraphCreate"].status, "stub");
+  EXPECT_EQ(lines["cudaGetDeviceCount"].status, "remoted") << run.output;
+}
+
+TEST(Coverage, SummaryOnlyPrintsNoSymbolLines) {
+  ToolRun run = run_tool("--summary " + program("graph_stub"));
+  EXPECT_EQ(run.exit_code, 1) << run.output;
+  EXPECT_TRUE(symbol_lines(run.output).empty()) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("summary: libcudart.so.13: "));
+  EXPECT_THAT(run.output, HasSubstr(" stub"));
+}
+
+TEST(Coverage, JsonCarriesTheSameStatuses) {
+  ToolRun run = run_tool("--json " + program("graph_stub"));
+  EXPECT_EQ(run.exit_code, 1) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("{\"library\": \"libcudart.so.13\", \"symbol\": "
+                                    "\"cudaGraphCreate\", \"status\": \"stub\""));
+  EXPECT_THAT(run.output, HasSubstr("\"complete\": false"));
+}
+
+TEST(Coverage, CublasImportsAreAttributedToLibcublas) {
+  ToolRun run = run_tool(program("cublas_create"));
+  auto lines = symbol_lines(run.output);
+  for (const char* symbol : {"cublasCreate_v2", "cublasDestroy_v2"}) {
+    ASSERT_TRUE(lines.contains(symbol)) << symbol << "\n" << run.output;
+    EXPECT_EQ(lines[symbol].library, "libcublas.so.13") << symbol;
+  }
+  EXPECT_EQ(lines["cudaGetDeviceCount"].library, "libcudart.so.13");
+  EXPECT_EQ(lines["cudaGetDeviceCount"].status, "remoted");
+  const bool replacement_built =
+      std::filesystem::exists(std::string(HIBER_SHIM_DIR) + "/libhibercublas.so");
+  if (replacement_built) {
+    EXPECT_THAT(lines["cublasCreate_v2"].status, ::testing::AnyOf("remoted", "stub", "missing"));
+  } else {
+    EXPECT_EQ(lines["cublasCreate_v2"].status, "missing");
+    EXPECT_THAT(run.output, HasSubstr("note: libhibercublas.so (the replacement for "
+                                      "libcublas.so.13) is not built"));
+  }
+  bool any_not_remoted = false;
+  for (const auto& [symbol, line] : lines) any_not_remoted |= is_stub_or_missing(line);
+  EXPECT_EQ(run.exit_code, any_not_remoted ? 1 : 0) << run.output;
+}
+
+// Unversioned imports: attributed to libcuda.so.1 by its exports where the driver is installed,
+// by their names where it is not (as on a build machine).
+TEST(Coverage, DriverImportsAreAttributedToLibcuda) {
+  expect_shim_stubs("cuGraphCreate", "");
+  ToolRun run = run_tool(program("driver_calls"));
+  EXPECT_EQ(run.exit_code, 1) << run.output;
+  auto lines = symbol_lines(run.output);
+  for (const char* symbol : {"cuInit", "cuMemAlloc_v2", "cuGraphCreate"}) {
+    ASSERT_TRUE(lines.contains(symbol)) << symbol << "\n" << run.output;
+    EXPECT_EQ(lines[symbol].library, "libcuda.so.1") << symbol;
+  }
+  EXPECT_EQ(lines["cuInit"].status, "remoted");
+  EXPECT_EQ(lines["cuMemAlloc_v2"].status, "remoted");
+  EXPECT_EQ(lines["cuGraphCreate"].status, "stub");
+}
+
+TEST(Coverage, FollowsNeededLibrariesThroughOrigin) {
+  expect_graph_create_is_a_stub();
+  ToolRun run = run_tool(program("transitive_user"));
+  EXPECT_EQ(run.exit_code, 1) << run.output;
+  auto lines = symbol_lines(run.output);
+  ASSERT_TRUE(lines.contains("cudaGraphCreate")) << run.output;
+  EXPECT_EQ(lines["cudaGraphCreate"].status, "stub");
+  ToolRun json = run_tool("--json " + program("transitive_user"));
+  EXPECT_THAT(json.output,
+              HasSubstr("\"importers\": [\"" + program("libcoverage_forwarder.so") + "\"]"));
+}
+
+TEST(Coverage, MissingAndNonElfFilesAreErrors) {
+  ToolRun missing = run_tool(program("no_such_program"));
+  EXPECT_EQ(missing.exit_code, 2);
+  EXPECT_THAT(missing.output, HasSubstr("no_such_program: No such file or directory"));
+  ToolRun not_elf = run_tool(std::string(HIBER_SOURCE_DIR) + "/README.md");
+  EXPECT_EQ(not_elf.exit_code, 2);
+  EXPECT_THAT(not_elf.output, HasSubstr("README.md: not an ELF file"));
+  ToolRun no_file = run_tool("");
+  EXPECT_EQ(no_file.exit_code, 2);
+  EXPECT_THAT(no_file.output, HasSubstr("usage: hiber-coverage"));
+  ToolRun unknown_flag = run_tool("--no_such_flag " + program("graph_stub"));
+  EXPECT_EQ(unknown_flag.exit_code, 2);  // not 1, which means "stubs found"
+  EXPECT_THAT(unknown_flag.output, HasSubstr("unknown flag --no_such_flag"));
+  ToolRun bad_shim_dir = run_tool("--shim_dir=/no/such/dir " + program("graph_stub"));
+  EXPECT_EQ(bad_shim_dir.exit_code, 2);
+  EXPECT_THAT(bad_shim_dir.output, HasSubstr("is not a folder"));
+}
+
+TEST(Coverage, HelpListsTheFlags) {
+  ToolRun run = run_tool("--help");
+  EXPECT_EQ(run.exit_code, 0);
+  for (const char* flag : {"-shim_dir", "-summary", "-json"}) {
+    EXPECT_THAT(run.output, HasSubstr(flag));
+  }
+}
+
+}  // namespace
+}  // namespace hiber::coverage

@@ -1,0 +1,259 @@
+// hiber-coverage's pure parts: which library a NEEDED name is, the loader's search path pieces,
+// how imports are attributed to CUDA libraries and judged against the replacements, and the
+// output. The ELF files are described in memory; coverage_programs_test reads real ones.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "tools/coverage.h"
+
+namespace hiber::coverage {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+
+ElfSymbol versioned_import(std::string name, std::string library) {
+  return {std::move(name), library, library, false, false};
+}
+ElfSymbol unversioned_import(std::string name) { return {std::move(name), "", "", false, false}; }
+ElfSymbol strong_export(std::string name, std::string version = "") {
+  return {std::move(name), std::move(version), "", false, false};
+}
+ElfSymbol weak_export(std::string name, std::string version = "") {
+  return {std::move(name), std::move(version), "", true, false};
+}
+
+const ImportedSymbol* find(const CoverageReport& report, const std::string& library,
+                           const std::string& symbol) {
+  for (const ImportedSymbol& s : report.symbols) {
+    if (s.library == library && s.symbol == symbol) return &s;
+  }
+  return nullptr;
+}
+
+TEST(ClassifyLibrary, NamesTheCudaLibrariesBySoname) {
+  EXPECT_EQ(classify_library("libcudart.so.13"), CudaLibrary::kRuntime);
+  EXPECT_EQ(classify_library("libcudart.so.12.8.90"), CudaLibrary::kRuntime);
+  EXPECT_EQ(classify_library("libcudart.so"), CudaLibrary::kRuntime);
+  EXPECT_EQ(classify_library("libcuda.so.1"), CudaLibrary::kDriver);
+  EXPECT_EQ(classify_library("/usr/lib/x86_64-linux-gnu/libcuda.so.1"), CudaLibrary::kDriver);
+  EXPECT_EQ(classify_library("libcublas.so.13"), CudaLibrary::kCublas);
+  EXPECT_EQ(classify_library("libcublasLt.so.13"), CudaLibrary::kCublasLt);
+  EXPECT_EQ(classify_library("libcudnn.so.9"), CudaLibrary::kCudnn);
+  EXPECT_EQ(classify_library("libcudnn_ops.so.9"), CudaLibrary::kCudnn);
+  EXPECT_EQ(classify_library("libnvidia-ml.so.1"), CudaLibrary::kNvml);
+  EXPECT_EQ(classify_library("libnvrtc.so.13"), CudaLibrary::kNvrtc);
+  EXPECT_EQ(classify_library("libnvrtc-builtins.so.13.0"), CudaLibrary::kNvrtc);
+  // Near misses stay ordinary libraries, followed like any other.
+  EXPECT_EQ(classify_library("libcudadevrt.a"), CudaLibrary::kNone);
+  EXPECT_EQ(classify_library("libcufft.so.12"), CudaLibrary::kNone);
+  EXPECT_EQ(classify_library("libcublasfoo.so.1"), CudaLibrary::kNone);
+  EXPECT_EQ(classify_library("libcudnnx.so.9"), CudaLibrary::kNone);
+  EXPECT_EQ(classify_library("libc.so.6"), CudaLibrary::kNone);
+}
+
+TEST(ClassifyLibrary, EachHasItsReplacement) {
+  EXPECT_EQ(replacement_for(CudaLibrary::kRuntime), "libhibercuda.so");
+  EXPECT_EQ(replacement_for(CudaLibrary::kDriver), "libhibercuda.so");
+  EXPECT_EQ(replacement_for(CudaLibrary::kCublas), "libhibercublas.so");
+  EXPECT_EQ(replacement_for(CudaLibrary::kCublasLt), "libhibercublasLt.so");
+  EXPECT_EQ(replacement_for(CudaLibrary::kCudnn), "libhibercudnn.so");
+  EXPECT_EQ(replacement_for(CudaLibrary::kNvml), "libhibernvml.so");
+  EXPECT_EQ(replacement_for(CudaLibrary::kNvrtc), "");
+  EXPECT_EQ(replacement_for(CudaLibrary::kNone), "");
+}
+
+TEST(ClassifyLibrary, SymbolNamesSayTheirLibrary) {
+  EXPECT_EQ(library_by_symbol_name("cudaMalloc"), CudaLibrary::kRuntime);
+  EXPECT_EQ(library_by_symbol_name("__cudaRegisterFatBinary"), CudaLibrary::kRuntime);
+  EXPECT_EQ(library_by_symbol_name("cuMemAlloc_v2"), CudaLibrary::kDriver);
+  EXPECT_EQ(library_by_symbol_name("cublasCreate_v2"), CudaLibrary::kCublas);
+  EXPECT_EQ(library_by_symbol_name("cublasLtCreate"), CudaLibrary::kCublasLt);
+  EXPECT_EQ(library_by_symbol_name("cudnnCreate"), CudaLibrary::kCudnn);
+  EXPECT_EQ(library_by_symbol_name("nvmlInit_v2"), CudaLibrary::kNvml);
+  EXPECT_EQ(library_by_symbol_name("nvrtcCompileProgram"), CudaLibrary::kNvrtc);
+  EXPECT_EQ(library_by_symbol_name("cu"), CudaLibrary::kNone);
+  EXPECT_EQ(library_by_symbol_name("curandCreate"), CudaLibrary::kNone);
+  EXPECT_EQ(library_by_symbol_name("malloc"), CudaLibrary::kNone);
+}
+
+TEST(SearchPath, OriginIsTheObjectsFolder) {
+  EXPECT_THAT(expand_origin({"$ORIGIN", "${ORIGIN}/../lib", "/opt/cuda/lib64", "$ORIGINX", "$LIB/x",
+                             "/a/$PLATFORM"},
+                            "/opt/app/bin"),
+              ElementsAre("/opt/app/bin", "/opt/app/bin/../lib", "/opt/cuda/lib64"));
+  EXPECT_THAT(expand_origin({}, "/x"), IsEmpty());
+}
+
+TEST(SearchPath, ParsesLdconfigOutput) {
+  auto cache = parse_ldconfig_output(
+      "1234 libs found in cache `/etc/ld.so.cache'\n"
+      "\tlibz.so.1 (libc6,x86-64) => /lib/x86_64-linux-gnu/libz.so.1\n"
+      "\tlibz.so.1 (libc6) => /lib/i386-linux-gnu/libz.so.1\n"
+      "\tlibcudart.so.13 (libc6,x86-64) => /usr/local/cuda/lib64/libcudart.so.13\n"
+      "\tlibfoo.so (libc6,x86-64, hwcap: 0x0000000000000001) => /usr/lib/libfoo.so  \n"
+      "Cache generated by: ldconfig (GNU libc) stable release version 2.36\n");
+  ASSERT_EQ(cache.size(), 3u);
+  EXPECT_THAT(cache["libz.so.1"],
+              ElementsAre("/lib/x86_64-linux-gnu/libz.so.1", "/lib/i386-linux-gnu/libz.so.1"));
+  EXPECT_THAT(cache["libcudart.so.13"], ElementsAre("/usr/local/cuda/lib64/libcudart.so.13"));
+  EXPECT_THAT(cache["libfoo.so"], ElementsAre("/usr/lib/libfoo.so"));
+}
+
+TEST(FindExport, MatchesVersionsAsTheLoaderDoes) {
+  ElfFile shim;
+  shim.exports = {strong_export("cudaMalloc", "libcudart.so.13"), strong_export("cuInit")};
+  ElfSymbol old_default = strong_export("cudaOld", "V1");
+  old_default.hidden_version = true;
+  shim.exports.push_back(old_default);
+  EXPECT_NE(shim.find_export("cudaMalloc", "libcudart.so.13"), nullptr);
+  EXPECT_NE(shim.find_export("cudaMalloc", ""), nullptr);
+  EXPECT_EQ(shim.find_export("cudaMalloc", "libcudart.so.12"), nullptr);
+  // An unversioned definition satisfies a versioned reference.
+  EXPECT_NE(shim.find_export("cuInit", "libcuda.so.1"), nullptr);
+  // A hidden (non-default) version only a reference naming it reaches.
+  EXPECT_EQ(shim.find_export("cudaOld", ""), nullptr);
+  EXPECT_NE(shim.find_export("cudaOld", "V1"), nullptr);
+  EXPECT_EQ(shim.find_export("cudaFree", ""), nullptr);
+}
+
+// A program needing libcudart.so.13 and libcuda.so.1, and a shim with one remoted runtime call,
+// one stub, one driver call.
+struct Fixture {
+  Fixture() {
+    program.path = "/app/program";
+    program.needed = {"libcudart.so.13", "libcuda.so.1", "libc.so.6"};
+    program.imports = {versioned_import("cudaMalloc", "libcudart.so.13"),
+                       versioned_import("cudaGraphCreate", "libcudart.so.13"),
+                       versioned_import("cudaNotThere", "libcudart.so.13"),
+                       versioned_import("printf", "GLIBC_2.2.5"),
+                       unversioned_import("cuInit"),
+                       unversioned_import("__gmon_start__")};
+    program.imports[3].version_library = "libc.so.6";
+    ElfFile shim;
+    shim.soname = "libcudart.so.13";
+    shim.exports = {strong_export("cudaMalloc", "libcudart.so.13"),
+                    weak_export("cudaGraphCreate", "libcudart.so.13"), strong_export("cuInit")};
+    replacements.emplace("libhibercuda.so", std::move(shim));
+  }
+  ElfFile program;
+  std::map<std::string, ElfFile> replacements;
+};
+
+TEST(Assess, StrongIsRemotedWeakIsStubAbsentIsMissing) {
+  Fixture f;
+  // Neither CUDA library is on this machine: cuInit goes to libcuda.so.1 by its name.
+  CoverageReport report = assess(
+      {&f.program}, {{"libcudart.so.13", nullptr}, {"libcuda.so.1", nullptr}}, f.replacements, {});
+  ASSERT_EQ(report.symbols.size(), 4u);
+  EXPECT_EQ(find(report, "libcudart.so.13", "cudaMalloc")->coverage, Coverage::kRemoted);
+  EXPECT_EQ(find(report, "libcudart.so.13", "cudaGraphCreate")->coverage, Coverage::kStub);
+  EXPECT_EQ(find(report, "libcudart.so.13", "cudaNotThere")->coverage, Coverage::kMissing);
+  EXPECT_EQ(find(report, "libcuda.so.1", "cuInit")->coverage, Coverage::kRemoted);
+  EXPECT_THAT(find(report, "libcuda.so.1", "cuInit")->importers, ElementsAre("/app/program"));
+  EXPECT_THAT(report.notes, IsEmpty());
+  EXPECT_EQ(exit_code(report), 1);
+  // Sorted by library, then symbol.
+  EXPECT_EQ(report.symbols[0].library, "libcuda.so.1");
+  EXPECT_EQ(report.symbols[1].symbol, "cudaGraphCreate");
+  EXPECT_EQ(report.symbols[3].symbol, "cudaNotThere");
+}
+
+TEST(Assess, UnversionedImportsGoToTheFirstCudaLibraryExportingThem) {
+  Fixture f;
+  f.program.imports = {unversioned_import("cuInit"), unversioned_import("cudaMalloc")};
+  ElfFile runtime;  // a runtime that happens to export cuInit too
+  runtime.exports = {strong_export("cudaMalloc"), strong_export("cuInit")};
+  ElfFile driver;
+  driver.exports = {strong_export("cuInit")};
+  CoverageReport report = assess(
+      {&f.program}, {{"libcudart.so.13", &runtime}, {"libcuda.so.1", &driver}}, f.replacements, {});
+  ASSERT_EQ(report.symbols.size(), 2u);
+  EXPECT_NE(find(report, "libcudart.so.13", "cuInit"), nullptr);
+  EXPECT_NE(find(report, "libcudart.so.13", "cudaMalloc"), nullptr);
+  EXPECT_EQ(exit_code(report), 0);
+}
+
+TEST(Assess, ImportsOfEveryScannedFileCountOnceEach) {
+  Fixture f;
+  ElfFile library;
+  library.path = "/app/libuses.so";
+  library.imports = {versioned_import("cudaMalloc", "libcudart.so.13"),
+                     versioned_import("cudaMalloc", "libcudart.so.13")};
+  CoverageReport report = assess({&f.program, &library}, {}, f.replacements, {"a note"});
+  EXPECT_THAT(find(report, "libcudart.so.13", "cudaMalloc")->importers,
+              ElementsAre("/app/program", "/app/libuses.so"));
+  EXPECT_THAT(report.notes, ElementsAre("a note"));
+  // cuInit is unversioned and no CUDA library is listed: not attributed.
+  EXPECT_EQ(find(report, "libcuda.so.1", "cuInit"), nullptr);
+}
+
+TEST(Assess, AReplacementNotBuiltMakesItsSymbolsMissing) {
+  Fixture f;
+  f.program.imports = {versioned_import("cublasCreate_v2", "libcublas.so.13"),
+                       versioned_import("cudaMalloc", "libcudart.so.13")};
+  CoverageReport report = assess({&f.program}, {}, f.replacements, {});
+  EXPECT_EQ(find(report, "libcublas.so.13", "cublasCreate_v2")->coverage, Coverage::kMissing);
+  EXPECT_EQ(find(report, "libcudart.so.13", "cudaMalloc")->coverage, Coverage::kRemoted);
+  ASSERT_EQ(report.notes.size(), 1u);
+  EXPECT_THAT(report.notes[0], HasSubstr("libhibercublas.so"));
+  EXPECT_THAT(report.notes[0], HasSubstr("not built"));
+}
+
+TEST(Assess, AnotherVersionOfTheRuntimeIsMissingWithANote) {
+  Fixture f;
+  f.program.imports = {versioned_import("cudaMalloc", "libcudart.so.12")};
+  CoverageReport report = assess({&f.program}, {}, f.replacements, {});
+  EXPECT_EQ(find(report, "libcudart.so.12", "cudaMalloc")->coverage, Coverage::kMissing);
+  ASSERT_EQ(report.notes.size(), 1u);
+  EXPECT_THAT(report.notes[0], HasSubstr("defines no version libcudart.so.12"));
+}
+
+TEST(Assess, NvrtcIsLocal) {
+  Fixture f;
+  f.program.imports = {versioned_import("nvrtcCreateProgram", "libnvrtc.so.13")};
+  CoverageReport report = assess({&f.program}, {}, f.replacements, {});
+  EXPECT_EQ(find(report, "libnvrtc.so.13", "nvrtcCreateProgram")->coverage, Coverage::kLocal);
+  EXPECT_EQ(exit_code(report), 0);
+}
+
+CoverageReport sample_report() {
+  CoverageReport report;
+  report.file = "prog";
+  report.shim_dir = "/shim";
+  report.symbols = {{"libcublas.so.13", "cublasCreate_v2", Coverage::kMissing, {"prog"}},
+                    {"libcudart.so.13", "cudaGraphCreate", Coverage::kStub, {"prog"}},
+                    {"libcudart.so.13", "cudaMalloc", Coverage::kRemoted, {"prog", "lib\"q"}}};
+  report.notes = {"libhibercublas.so is not built"};
+  return report;
+}
+
+TEST(Output, TextIsOneAlignedLinePerSymbolThenNotesThenSummary) {
+  EXPECT_EQ(format_text(sample_report(), false),
+            "libcublas.so.13  cublasCreate_v2  missing\n"
+            "libcudart.so.13  cudaGraphCreate  stub\n"
+            "libcudart.so.13  cudaMalloc       remoted\n"
+            "note: libhibercublas.so is not built\n"
+            "summary: libcublas.so.13: 1 missing; libcudart.so.13: 1 remoted, 1 stub\n");
+  EXPECT_EQ(format_text(sample_report(), true),
+            "note: libhibercublas.so is not built\n"
+            "summary: libcublas.so.13: 1 missing; libcudart.so.13: 1 remoted, 1 stub\n");
+  EXPECT_EQ(format_text(CoverageReport{}, false), "summary: no CUDA symbols imported\n");
+}
+
+TEST(Output, Json) {
+  std::string json = format_json(sample_report());
+  EXPECT_THAT(json, HasSubstr("\"file\": \"prog\""));
+  EXPECT_THAT(json, HasSubstr("{\"library\": \"libcudart.so.13\", \"symbol\": \"cudaMalloc\", "
+                              "\"status\": \"remoted\", \"importers\": [\"prog\", \"lib\\\"q\"]}"));
+  EXPECT_THAT(json, HasSubstr("\"libcudart.so.13\": {\"remoted\": 1, \"stub\": 1, \"missing\": 0, "
+                              "\"local\": 0}"));
+  EXPECT_THAT(json, HasSubstr("\"notes\": [\"libhibercublas.so is not built\"]"));
+  EXPECT_THAT(json, HasSubstr("\"complete\": false"));
+  EXPECT_THAT(format_json(CoverageReport{}), HasSubstr("\"symbols\": [],"));
+  EXPECT_THAT(format_json(CoverageReport{}), HasSubstr("\"complete\": true"));
+}
+
+}  // namespace
+}  // namespace hiber::coverage
