@@ -29,6 +29,11 @@ DEFINE_string(node_config, "",
               "Node config (JSON, see configs/nodes/). For --device=sim it defines the simulated "
               "GPUs and links (default: the embedded Torpor 4-GPU node); for --device=cuda it "
               "overrides the discovered topology's bandwidths");
+DEFINE_string(cuda_library_path, "/usr/local/cuda/lib64",
+              "With --device=cuda, folders (colon-separated) searched for the real "
+              "libcublas.so.13, libcublasLt.so.13 and libcudnn.so.9 after the loader's default "
+              "search path (LD_LIBRARY_PATH, ldconfig); they are opened when a client first uses "
+              "them, and a missing one fails only that library's handles");
 DEFINE_bool(sim_throttle, false,
             "With --device=sim, slow copies to the config's PCIe and NVLink bandwidths");
 DEFINE_string(sim_kernel_plugins, "",
@@ -98,10 +103,10 @@ DEFINE_uint64(shutdown_timeout_ms, 30000,
 namespace hiber {
 namespace {
 
-std::vector<std::string> split_commas(const std::string& list) {
+std::vector<std::string> split_list(const std::string& list, char separator) {
   std::vector<std::string> items;
   std::stringstream in(list);
-  for (std::string item; std::getline(in, item, ',');) {
+  for (std::string item; std::getline(in, item, separator);) {
     if (!item.empty()) items.push_back(item);
   }
   return items;
@@ -119,7 +124,7 @@ Result<std::unique_ptr<device::Device>> make_device() {
     if (node) options.node = *node;
     options.throttle_copies = FLAGS_sim_throttle;
     options.workers_per_gpu = FLAGS_sim_workers_per_gpu;
-    options.kernel_plugins = split_commas(FLAGS_sim_kernel_plugins);
+    options.kernel_plugins = split_list(FLAGS_sim_kernel_plugins, ',');
     options.fail_transfers_to_gpu = FLAGS_sim_fail_transfers_to_gpu;
     options.fail_after_transfers = FLAGS_sim_fail_after_transfers;
     auto sim = device::SimDevice::create(options);
@@ -130,6 +135,7 @@ Result<std::unique_ptr<device::Device>> make_device() {
 #if HIBER_HAVE_CUDA
     device::CudaDeviceOptions options;
     options.node = node;
+    options.libraries.folders = split_list(FLAGS_cuda_library_path, ':');
     auto cuda = device::create_cuda_device(options);
     if (!cuda.ok()) {
       return cuda.status().with_context(
