@@ -95,7 +95,7 @@ int main(int argc, char** argv) {
       }
       // Scratch: 1.0 as B, the two results, and the pointer arrays of the batched call.
       float* d_scratch = nullptr;  // [one, direct, batched]
-      void** d_arrays = nullptr;  // [A, B, C]
+      void** d_arrays = nullptr;   // [A, B, C]
       CUDA_CHECK(cudaMalloc(&d_scratch, 3 * sizeof(float)));
       CUDA_CHECK(cudaMalloc(&d_arrays, 3 * sizeof(void*)));
       const float one = 1.0f, zero = 0.0f;
@@ -104,11 +104,10 @@ int main(int argc, char** argv) {
       CUDA_CHECK(cudaMemcpy(d_arrays, arrays, sizeof arrays, cudaMemcpyHostToDevice));
       bool ok = cublasSgemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, 1, 1, 1, &one, d_table + entry, 1,
                             d_scratch, 1, &zero, d_scratch + 1, 1) == CUBLAS_STATUS_SUCCESS;
-      ok = ok && cublasGemmBatchedEx(blas, CUBLAS_OP_N, CUBLAS_OP_N, 1, 1, 1, &one, d_arrays,
-                                     CUDA_R_32F, 1, d_arrays + 1, CUDA_R_32F, 1, &zero,
-                                     d_arrays + 2, CUDA_R_32F, 1,
-                                     1, CUBLAS_COMPUTE_32F,
-                                     CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS;
+      ok = ok &&
+           cublasGemmBatchedEx(blas, CUBLAS_OP_N, CUBLAS_OP_N, 1, 1, 1, &one, d_arrays, CUDA_R_32F,
+                               1, d_arrays + 1, CUDA_R_32F, 1, &zero, d_arrays + 2, CUDA_R_32F, 1,
+                               1, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS;
       if (!ok) {
         std::fprintf(stderr, "mlp_server: a cuBLAS call failed\n");
         return program::kExitCudaError;
