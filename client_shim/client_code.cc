@@ -266,8 +266,8 @@ Status Client::launch(KernelObj* kernel, Dim3 grid, Dim3 block, uint32_t shared_
   // Dynamic shared memory above the default per-block limit needs the kernel's
   // cudaFuncAttributeMaxDynamicSharedMemorySize raised first, as in CUDA (hiberd then raises the
   // real function's limit before launching).
-  const int limit = kernel->max_dynamic_shared.value_or(
-      attribute_locked(0, kAttrMaxSharedMemoryPerBlock));
+  const int limit =
+      kernel->max_dynamic_shared.value_or(attribute_locked(0, kAttrMaxSharedMemoryPerBlock));
   if (shared_bytes > static_cast<uint32_t>(std::max(limit, 0))) {
     return error(ErrorCode::kInvalidValue, "launch of ", kernel->name, " with ", shared_bytes,
                  " bytes of dynamic shared memory, above its limit of ", limit,
@@ -301,11 +301,10 @@ int Client::max_active_blocks(int device, int block_size, uint64_t dynamic_share
   const int warp = std::max(1, attribute_locked(device, kAttrWarpSize));
   const int threads = (block_size + warp - 1) / warp * warp;
   int limit = attribute_locked(device, kAttrMaxThreadsPerMultiprocessor) / threads;
-  limit = std::min(limit,
-                   attribute_locked(device, kAttrMaxBlocksPerMultiprocessor));
+  limit = std::min(limit, attribute_locked(device, kAttrMaxBlocksPerMultiprocessor));
   if (dynamic_shared > 0) {
-    const uint64_t per_sm = static_cast<uint64_t>(std::max(
-        0, attribute_locked(device, kAttrMaxSharedMemoryPerMultiprocessor)));
+    const uint64_t per_sm = static_cast<uint64_t>(
+        std::max(0, attribute_locked(device, kAttrMaxSharedMemoryPerMultiprocessor)));
     limit = std::min<int64_t>(limit, static_cast<int64_t>(per_sm / dynamic_shared));
   }
   return std::max(0, limit);

@@ -598,19 +598,15 @@ CUresult cuFuncGetAttribute(int* value, CUfunction_attribute attr, CUfunction fu
       *value = (*kernel)->preferred_carveout;
       return CUDA_SUCCESS;
     case CU_FUNC_ATTRIBUTE_PTX_VERSION:
-    case CU_FUNC_ATTRIBUTE_BINARY_VERSION:
-      *value = arch;
-      return CUDA_SUCCESS;
-    case CU_FUNC_ATTRIBUTE_CACHE_MODE_CA:
-      *value = 0;
-      return CUDA_SUCCESS;
+    case CU_FUNC_ATTRIBUTE_BINARY_VERSION: *value = arch; return CUDA_SUCCESS;
+    case CU_FUNC_ATTRIBUTE_CACHE_MODE_CA: *value = 0; return CUDA_SUCCESS;
     default:
       // Registers, static shared / constant / local memory and cluster attributes are known
       // only to the driver in hiberd; a made-up 0 would mislead tuning code.
-      return fail("cuFuncGetAttribute",
-                  hiber::error(ErrorCode::kNotSupported, "cuFuncGetAttribute(",
-                               static_cast<int>(attr), ") of ", (*kernel)->name,
-                               ": the client does not know this attribute"));
+      return fail(
+          "cuFuncGetAttribute",
+          hiber::error(ErrorCode::kNotSupported, "cuFuncGetAttribute(", static_cast<int>(attr),
+                       ") of ", (*kernel)->name, ": the client does not know this attribute"));
   }
 }
 
@@ -630,14 +626,15 @@ CUresult cuFuncSetAttribute(CUfunction function, CUfunction_attribute attr, int 
       return CUDA_SUCCESS;
     }
     case CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT:
-      if (value < -1 || value > 100) return invalid("cuFuncSetAttribute", "carveout not in -1..100");
+      if (value < -1 || value > 100)
+        return invalid("cuFuncSetAttribute", "carveout not in -1..100");
       (*kernel)->preferred_carveout = value;  // a hint
       return CUDA_SUCCESS;
     default:
-      return fail("cuFuncSetAttribute",
-                  hiber::error(ErrorCode::kNotSupported, "cuFuncSetAttribute(",
-                               static_cast<int>(attr), ", ", value, ") on ", (*kernel)->name,
-                               " is not supported"));
+      return fail(
+          "cuFuncSetAttribute",
+          hiber::error(ErrorCode::kNotSupported, "cuFuncSetAttribute(", static_cast<int>(attr),
+                       ", ", value, ") on ", (*kernel)->name, " is not supported"));
   }
 }
 
@@ -671,8 +668,7 @@ CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, CUfunction fun
 
 // The block size with the most resident threads per multiprocessor (ties: the larger block),
 // by the same device-limits model as cuOccupancyMaxActiveBlocksPerMultiprocessor.
-CUresult cuOccupancyMaxPotentialBlockSizeWithFlags(int* min_grid, int* block,
-                                                   CUfunction function,
+CUresult cuOccupancyMaxPotentialBlockSizeWithFlags(int* min_grid, int* block, CUfunction function,
                                                    CUoccupancyB2DSize shared_of_block,
                                                    size_t shared_bytes, int block_limit,
                                                    unsigned int) {
@@ -710,8 +706,7 @@ CUresult cuOccupancyMaxPotentialBlockSize(int* min_grid, int* block, CUfunction 
 
 // ---- Module globals ----
 
-CUresult cuModuleGetGlobal(CUdeviceptr* address, size_t* bytes, CUmodule module,
-                           const char* name) {
+CUresult cuModuleGetGlobal(CUdeviceptr* address, size_t* bytes, CUmodule module, const char* name) {
   if (name == nullptr) return invalid("cuModuleGetGlobal");
   auto m = Client::get().module(module);
   if (!m.ok()) return fail("cuModuleGetGlobal", m.status());
@@ -731,9 +726,10 @@ CUresult cuPointerGetAttribute(void* data, CUpointer_attribute attr, CUdeviceptr
   if (data == nullptr) return invalid("cuPointerGetAttribute");
   const auto range = Client::get().pointer_range(dev_ptr(pointer));
   if (!range) {
-    return fail("cuPointerGetAttribute",
-                hiber::error(ErrorCode::kInvalidValue, "cuPointerGetAttribute: ", hiber::hex(pointer),
-                             " is not memory the shim allocated or registered"));
+    return fail(
+        "cuPointerGetAttribute",
+        hiber::error(ErrorCode::kInvalidValue, "cuPointerGetAttribute: ", hiber::hex(pointer),
+                     " is not memory the shim allocated or registered"));
   }
   const bool device = range->kind == hiber::shim::PointerKind::kDevice;
   switch (attr) {
@@ -792,9 +788,7 @@ CUresult cuPointerGetAttributes(unsigned int count, CUpointer_attribute* attribu
         case CU_POINTER_ATTRIBUTE_CONTEXT: *static_cast<CUcontext*>(data[i]) = nullptr; break;
         case CU_POINTER_ATTRIBUTE_MEMORY_TYPE: *static_cast<unsigned*>(data[i]) = 0; break;
         case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
-        case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
-          *static_cast<CUdeviceptr*>(data[i]) = 0;
-          break;
+        case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: *static_cast<CUdeviceptr*>(data[i]) = 0; break;
         case CU_POINTER_ATTRIBUTE_HOST_POINTER: *static_cast<void**>(data[i]) = nullptr; break;
         case CU_POINTER_ATTRIBUTE_IS_MANAGED:
         case CU_POINTER_ATTRIBUTE_MAPPED:
@@ -817,9 +811,9 @@ CUresult cuPointerGetAttributes(unsigned int count, CUpointer_attribute* attribu
 CUresult cuMemGetAddressRange(CUdeviceptr* base, size_t* bytes, CUdeviceptr pointer) {
   const auto range = Client::get().pointer_range(dev_ptr(pointer));
   if (!range || range->kind != hiber::shim::PointerKind::kDevice) {
-    return fail("cuMemGetAddressRange",
-                hiber::error(ErrorCode::kInvalidValue, "cuMemGetAddressRange: ", hiber::hex(pointer),
-                             " is not in a device allocation"));
+    return fail("cuMemGetAddressRange", hiber::error(ErrorCode::kInvalidValue,
+                                                     "cuMemGetAddressRange: ", hiber::hex(pointer),
+                                                     " is not in a device allocation"));
   }
   if (base) *base = range->start;
   if (bytes) *bytes = range->bytes;
@@ -856,11 +850,11 @@ CUresult cuStreamAddCallback(CUstream stream, CUstreamCallback callback, void* d
     if (callback == nullptr || flags != 0) return invalid("cuStreamAddCallback");
     auto s = Client::get().stream(stream);
     if (!s.ok()) return fail("cuStreamAddCallback", s.status());
-    return done("cuStreamAddCallback",
-                Client::get().launch_host_function(
-                    *s, [stream, callback, data](const Status& status) {
-                      callback(stream, static_cast<CUresult>(status.code()), data);
-                    }));
+    return done(
+        "cuStreamAddCallback",
+        Client::get().launch_host_function(*s, [stream, callback, data](const Status& status) {
+          callback(stream, static_cast<CUresult>(status.code()), data);
+        }));
   });
 }
 
@@ -906,10 +900,10 @@ CUresult cuLinkComplete(CUlinkState state, void** image, size_t* bytes) {
   if (link->inputs.size() != 1 ||
       (link->types[0] != CU_JIT_INPUT_CUBIN && link->types[0] != CU_JIT_INPUT_PTX &&
        link->types[0] != CU_JIT_INPUT_FATBINARY)) {
-    return fail("cuLinkComplete",
-                hiber::error(ErrorCode::kNotSupported, "cuLinkComplete: linking ",
-                             link->inputs.size(),
-                             " input(s) is not supported; only one cubin, PTX or fatbin image"));
+    return fail(
+        "cuLinkComplete",
+        hiber::error(ErrorCode::kNotSupported, "cuLinkComplete: linking ", link->inputs.size(),
+                     " input(s) is not supported; only one cubin, PTX or fatbin image"));
   }
   link->output = link->inputs[0];
   if (link->types[0] == CU_JIT_INPUT_PTX && link->output.back() != std::byte{0}) {

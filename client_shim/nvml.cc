@@ -98,9 +98,9 @@ nvmlReturn_t copy_string(const std::string& value, char* out, unsigned int lengt
   return NVML_SUCCESS;
 }
 
-#define HIBER_NVML_DEVICE(device, index)                    \
-  if (!initialized()) return NVML_ERROR_UNINITIALIZED;      \
-  const int index = index_of(device);                       \
+#define HIBER_NVML_DEVICE(device, index)               \
+  if (!initialized()) return NVML_ERROR_UNINITIALIZED; \
+  const int index = index_of(device);                  \
   if (index < 0) return NVML_ERROR_INVALID_ARGUMENT
 
 }  // namespace
@@ -282,8 +282,8 @@ nvmlReturn_t nvmlDeviceGetPciInfo(nvmlDevice_t device, nvmlPciInfo_t* pci) {
 nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int* major, int* minor) {
   HIBER_NVML_DEVICE(device, i);
   if (major == nullptr || minor == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
-  if (nvmlReturn_t r = from_cu(
-          cuDeviceGetAttribute(major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, i));
+  if (nvmlReturn_t r =
+          from_cu(cuDeviceGetAttribute(major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, i));
       r != NVML_SUCCESS) {
     return r;
   }
@@ -321,14 +321,13 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t* me
 // shares its GPUs (utilisation, clocks, power and temperatures are the node's; processes and
 // topology are hiberd's): NVML_ERROR_NOT_SUPPORTED, logged once per name. Declared without
 // parameters: the C calling convention lets a caller pass any.
-#define HIBER_NVML_UNSUPPORTED(name)                                                      \
-  nvmlReturn_t name() {                                                                   \
-    static std::once_flag logged;                                                         \
-    std::call_once(logged, [] {                                                           \
-      std::fprintf(stderr, "hibernvml: %s is not supported (NVML_ERROR_NOT_SUPPORTED)\n", \
-                   #name);                                                                \
-    });                                                                                   \
-    return NVML_ERROR_NOT_SUPPORTED;                                                      \
+#define HIBER_NVML_UNSUPPORTED(name)                                                              \
+  nvmlReturn_t name() {                                                                           \
+    static std::once_flag logged;                                                                 \
+    std::call_once(logged, [] {                                                                   \
+      std::fprintf(stderr, "hibernvml: %s is not supported (NVML_ERROR_NOT_SUPPORTED)\n", #name); \
+    });                                                                                           \
+    return NVML_ERROR_NOT_SUPPORTED;                                                              \
   }
 HIBER_NVML_UNSUPPORTED(nvmlDeviceGetUtilizationRates)
 HIBER_NVML_UNSUPPORTED(nvmlDeviceGetComputeRunningProcesses)

@@ -111,8 +111,7 @@ hiber::Result<KernelObj*> func_kernel(const void* func) {
   if (kernel.ok()) return kernel;
   auto by_handle = Client::get().kernel(func);
   if (by_handle.ok()) return by_handle;
-  return Status(static_cast<ErrorCode>(cudaErrorInvalidDeviceFunction),
-                kernel.status().message());
+  return Status(static_cast<ErrorCode>(cudaErrorInvalidDeviceFunction), kernel.status().message());
 }
 
 // A query of one property of a stream (nullptr: the default stream).
@@ -687,9 +686,9 @@ cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attributes, const void* fu
         client.device_attribute(device, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK);
     attributes->maxDynamicSharedSizeBytes = (*kernel)->max_dynamic_shared.value_or(
         client.device_attribute(device, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK));
-    const int arch = client.device_attribute(device, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR) *
-                         10 +
-                     client.device_attribute(device, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR);
+    const int arch =
+        client.device_attribute(device, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR) * 10 +
+        client.device_attribute(device, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR);
     attributes->ptxVersion = arch;
     attributes->binaryVersion = arch;
     attributes->preferredShmemCarveout = (*kernel)->preferred_carveout;
@@ -733,7 +732,8 @@ cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int v
     }
     case cudaFuncAttributePreferredSharedMemoryCarveout:
       // A hint the driver may ignore; kept for cudaFuncGetAttributes.
-      if (value < -1 || value > 100) return invalid("cudaFuncSetAttribute", "carveout not in -1..100");
+      if (value < -1 || value > 100)
+        return invalid("cudaFuncSetAttribute", "carveout not in -1..100");
       (*kernel)->preferred_carveout = value;
       return cudaSuccess;
     default:
@@ -814,11 +814,11 @@ cudaError_t cudaStreamAddCallback(cudaStream_t stream, cudaStreamCallback_t call
     auto s = Client::get().stream(stream);
     if (!s.ok()) return fail("cudaStreamAddCallback", s.status());
     // Called with the stream's status, success or the error of its work, as CUDA does.
-    return done("cudaStreamAddCallback",
-                Client::get().launch_host_function(
-                    *s, [stream, callback, data](const Status& status) {
-                      callback(stream, static_cast<cudaError_t>(status.code()), data);
-                    }));
+    return done(
+        "cudaStreamAddCallback",
+        Client::get().launch_host_function(*s, [stream, callback, data](const Status& status) {
+          callback(stream, static_cast<cudaError_t>(status.code()), data);
+        }));
   });
 }
 
