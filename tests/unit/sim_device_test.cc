@@ -173,7 +173,12 @@ class SimDeviceTest : public ::testing::Test {
     ASSERT_TRUE(device.ok()) << device.status();
     device_ = std::move(device).value();
   }
-  void make_default() { make(SimDeviceOptions{}); }
+  // The paper's 4-GPU node: these tests name GPUs and peers of its topology.
+  void make_default() {
+    SimDeviceOptions options;
+    options.node = paper_node_config();
+    make(options);
+  }
 
   // Sim-only kernels: the hand-written PTX module with host implementations registered.
   Module load_sim_kernels() {
