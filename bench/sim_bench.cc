@@ -40,7 +40,7 @@ Workload hour_of_trace(int functions, double max_rate_per_min) {
 
 void run(benchmark::State& state, const Workload& workload, int nodes) {
   ExperimentOptions options;
-  options.node = default_node_config();
+  options.node = paper_node_config();
   RunConfig config;
   config.node = with_gpu_memory(options.node, 32 * kGiB);
   config.nodes = nodes;

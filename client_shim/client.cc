@@ -264,7 +264,10 @@ Status Client::take_async_error() {
 // on a blocking stream waits for earlier work on the legacy stream. hiberd keeps streams
 // independent, so the client expresses these edges as internal events and stream waits, all
 // asynchronous, and only where work actually happened since the last edge.
-Status Client::order_for_work_locked(StreamObj* stream) {
+Status Client::order_for_work_locked(StreamObj* stream, bool hold_for_host_calls) {
+  // Work submitted after a host function must not run before it has returned (see
+  // launch_host_function): hold it here until then.
+  if (hold_for_host_calls) wait_host_calls_locked(stream, /*all=*/false);
   if (stream == nullptr) {
     for (auto& [key, s] : streams_) {
       if (!s->blocking() || !s->has_unjoined_work) continue;
@@ -350,6 +353,8 @@ Status Client::synchronize_stream(StreamObj* stream) {
   std::lock_guard lock(mu_);
   HIBER_RETURN_IF_ERROR(ensure_open_locked());
   auto reply = call_locked(wire::calls::StreamSynchronize{.stream = stream_wire(stream)});
+  // The stream's host functions are part of its work.
+  wait_host_calls_locked(stream, /*all=*/false);
   return sync_point_locked(reply.status());
 }
 
@@ -439,7 +444,94 @@ Status Client::synchronize_device() {
   std::lock_guard lock(mu_);
   HIBER_RETURN_IF_ERROR(ensure_open_locked());
   auto reply = call_locked(wire::calls::DeviceSynchronize{});
+  wait_host_calls_locked(nullptr, /*all=*/true);
   return sync_point_locked(reply.status());
+}
+
+// ---- Host functions ----
+//
+// hiberd cannot call into the client, and a stream in hiberd cannot wait for the client without
+// a protocol of its own, so the order is kept here: a marker event is recorded on the stream
+// (asynchronously), the host-call thread waits for it in hiberd (polling eventQuery, so it never
+// holds the client's mutex while the GPU works) and then runs the function; meanwhile any later
+// work for that stream waits in order_for_work_locked. The thread that submits the host function
+// itself does not wait.
+
+bool Client::host_calls_pending_locked(const StreamObj* stream, bool all) const {
+  if (host_calls_pending_.empty()) return false;
+  if (all) return true;
+  auto pending = [&](wire::StreamHandle s) { return host_calls_pending_.count(s) != 0; };
+  if (pending(stream_wire(const_cast<StreamObj*>(stream)))) return true;
+  if (stream == nullptr) {
+    // Legacy default stream: it follows every blocking stream's earlier work.
+    for (const auto& [key, s] : streams_) {
+      if (s->blocking() && pending(s->wire)) return true;
+    }
+    return false;
+  }
+  // A blocking stream follows the legacy default stream's earlier work.
+  return stream->blocking() && pending(wire::StreamHandle());
+}
+
+void Client::wait_host_calls_locked(const StreamObj* stream, bool all) {
+  // A host function that itself submitted work to its own stream would wait for itself forever;
+  // CUDA forbids CUDA calls in host functions, so refuse to wait on the host-call thread.
+  if (std::this_thread::get_id() == host_caller_id_) return;
+  host_calls_cv_.wait(mu_, [&] { return !host_calls_pending_locked(stream, all); });
+}
+
+Status Client::launch_host_function(StreamObj* stream, HostCall run) {
+  std::lock_guard lock(mu_);
+  HIBER_RETURN_IF_ERROR(ensure_open_locked());
+  // Ordered like any work on the stream, but not held behind earlier host functions: the
+  // host-call thread runs them in submission order anyway.
+  HIBER_RETURN_IF_ERROR(order_for_work_locked(stream, /*hold_for_host_calls=*/false));
+  HIBER_ASSIGN_OR_RETURN(const wire::EventHandle marker,
+                         create_wire_event_locked(/*disable_timing=*/true));
+  HIBER_RETURN_IF_ERROR(
+      enqueue_locked(wire::calls::EventRecord{.stream = stream_wire(stream), .event = marker}));
+  ++host_calls_pending_[stream_wire(stream)];
+  host_calls_.push_back(PendingHostCall{stream_wire(stream), marker, std::move(run)});
+  if (!host_caller_started_) {
+    host_caller_started_ = true;
+    std::thread([this] { host_caller_main(); }).detach();
+  }
+  host_calls_cv_.notify_all();
+  return Status();
+}
+
+void Client::host_caller_main() {
+  std::unique_lock lock(mu_);
+  host_caller_id_ = std::this_thread::get_id();
+  constexpr auto kMaxPoll = std::chrono::milliseconds(1);
+  for (;;) {
+    host_calls_cv_.wait(lock, [&] { return !host_calls_.empty() || forked_child_; });
+    if (forked_child_) return;
+    PendingHostCall call = std::move(host_calls_.front());
+    host_calls_.pop_front();
+    Status status;
+    for (auto poll = std::chrono::microseconds(20);;) {
+      // Not sticky: an error here is the stream's, already the session's sticky error.
+      auto reply = calls_->call(wire::calls::EventQuery{.event = call.marker}, /*sticky=*/false);
+      if (reply.ok()) break;
+      if (reply.status().code() != ErrorCode::kNotReady) {
+        status = reply.status();
+        break;
+      }
+      lock.unlock();
+      std::this_thread::sleep_for(poll);
+      lock.lock();
+      poll = std::min<std::chrono::microseconds>(poll * 2, kMaxPoll);
+    }
+    (void)enqueue_locked(wire::calls::EventDestroy{.event = call.marker});
+    if (status.ok()) status = calls_->peek_error();
+    lock.unlock();
+    call.run(status);
+    lock.lock();
+    auto it = host_calls_pending_.find(call.stream);
+    if (it != host_calls_pending_.end() && --it->second <= 0) host_calls_pending_.erase(it);
+    host_calls_cv_.notify_all();
+  }
 }
 
 }  // namespace hiber::shim

@@ -20,9 +20,12 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <thread>
@@ -81,6 +84,12 @@ struct KernelObj {
   std::string name;           // mangled
   wire::FunctionHandle wire;  // the session's function handle; 0 until first launch
   KernelInfo info;            // the parameter layout, known once `wire` is set
+  // cudaFuncAttributeMaxDynamicSharedMemorySize as the program set it; std::nullopt: the
+  // device's default per-block limit (48 KiB). Launches are checked against it, as CUDA does;
+  // hiberd raises the real function's limit itself before a launch that needs more.
+  std::optional<int> max_dynamic_shared;
+  int preferred_carveout = -1;  // cudaFuncAttributePreferredSharedMemoryCarveout (a hint)
+  int cache_config = 0;         // CUfunc_cache (a hint)
 };
 
 // A code image: a fatbin the program's binaries registered, or a module it loaded.
@@ -102,6 +111,14 @@ struct PointerInfo {
 };
 
 enum class CopyKind { kHostToDevice, kDeviceToHost, kDeviceToDevice, kHostToHost, kDefault };
+
+// The allocation a pointer lies in, for cuPointerGetAttribute(s), cuMemGetAddressRange and
+// cudaPointerGetAttributes.
+struct PointerRange {
+  PointerKind kind = PointerKind::kHost;  // kDevice, or kArena / kHost for pinned host memory
+  uint64_t start = 0;
+  uint64_t bytes = 0;
+};
 
 struct MemoryInfo {
   uint64_t free_bytes = 0;
@@ -143,6 +160,9 @@ class Client {
   Status register_host(void* pointer, uint64_t bytes);
   Status unregister_host(void* pointer);
   PointerInfo classify(const void* pointer, uint64_t bytes = 1);
+  // The device allocation or pinned host range holding `pointer`; std::nullopt for any other
+  // address (pageable host memory, freed or foreign memory).
+  std::optional<PointerRange> pointer_range(const void* pointer);
 
   // ---- Copies and memsets (stream nullptr = legacy default stream) ----
   Status memcpy(void* dst, const void* src, uint64_t bytes, CopyKind kind, StreamObj* stream,
@@ -173,6 +193,16 @@ class Client {
   Status reset_device();
   std::pair<int, int> stream_priority_range() const { return {0, -5}; }  // least, greatest
 
+  // ---- Host functions in stream order (cudaLaunchHostFunc, cudaStreamAddCallback) ----
+  // `run` runs on the client's host-call thread once all earlier work on `stream` is done; it
+  // gets that work's status (an error of the stream's work, or of the session). Later work on
+  // the stream (and, by the legacy default stream's rules, on the streams it orders) is held in
+  // the client, blocking the thread that submits it, until `run` has returned; so nothing
+  // submitted after the host function runs before it. Host functions run one at a time, in the
+  // order they were submitted.
+  using HostCall = std::function<void(const Status&)>;
+  Status launch_host_function(StreamObj* stream, HostCall run);
+
   // ---- Code ----
   // Fatbins registered by binaries (__cudaRegisterFatBinary) and their kernels.
   Result<ModuleObj*> register_fatbin(const void* fatbin_wrapper);
@@ -188,6 +218,10 @@ class Client {
   Result<KernelObj*> module_function(ModuleObj* module, const std::string& name);
   // The parameter layout (loads the module and resolves the kernel on first use).
   Result<const KernelInfo*> kernel_info(KernelObj* kernel);
+  // Blocks of `block_size` threads with `dynamic_shared` bytes each that one multiprocessor of
+  // `device` holds at once, from the device's limits (an upper bound: register and static
+  // shared memory use are not known to the client).
+  int max_active_blocks(int device, int block_size, uint64_t dynamic_shared);
   // `args[i]` points at parameter i, as cudaLaunchKernel's args.
   Status launch(KernelObj* kernel, Dim3 grid, Dim3 block, uint32_t shared_bytes, StreamObj* stream,
                 void** args);
@@ -234,7 +268,9 @@ class Client {
   void flusher_main();
 
   // Legacy default-stream ordering: called before work is added to `stream`.
-  Status order_for_work_locked(StreamObj* stream);
+  // Unless `hold_for_host_calls` is false, it first waits for pending host functions that the
+  // work must follow (releasing the mutex meanwhile).
+  Status order_for_work_locked(StreamObj* stream, bool hold_for_host_calls = true);
   wire::StreamHandle stream_wire(StreamObj* stream) const {
     return stream ? stream->wire : wire::StreamHandle();
   }
@@ -250,6 +286,7 @@ class Client {
                                bool async);
   Status copy_from_device_locked(void* dst, uint64_t src, uint64_t bytes, StreamObj* stream,
                                  bool async);
+  int attribute_locked(int device, int attr) const;
   Status check_device_range_locked(uint64_t address, uint64_t bytes, const char* what);
   PointerInfo classify_locked(const void* pointer, uint64_t bytes);
   // The live allocation holding `address` ({start, bytes asked for}), or nullptr.
@@ -257,6 +294,11 @@ class Client {
   // The slab holding `address`, or slabs_.end().
   std::map<uint64_t, Slab>::iterator slab_holding(uint64_t address);
   Result<wire::EventHandle> create_wire_event_locked(bool disable_timing);
+  // Host functions: waits (releasing mu_) until no host function that work on `stream` must
+  // follow is pending; `all` waits for every pending one.
+  void wait_host_calls_locked(const StreamObj* stream, bool all);
+  bool host_calls_pending_locked(const StreamObj* stream, bool all) const;
+  void host_caller_main();
 
   ShimConfig config_;
   std::mutex mu_;
@@ -288,6 +330,20 @@ class Client {
   std::unordered_map<const void*, std::unique_ptr<LibraryHandleObj>> library_handles_;
   uint64_t legacy_generation_ = 0;  // bumps with each piece of work on the legacy stream
   wire::EventHandle legacy_join_event_;
+
+  // Host functions waiting for their stream (host_caller_main runs them in order), and how many
+  // are pending per stream (by the session's handle; 0 is the legacy default stream), counted
+  // until each has returned.
+  struct PendingHostCall {
+    wire::StreamHandle stream;
+    wire::EventHandle marker;  // recorded on the stream after the work the call follows
+    HostCall run;
+  };
+  std::deque<PendingHostCall> host_calls_;
+  std::unordered_map<wire::StreamHandle, int> host_calls_pending_;
+  std::condition_variable_any host_calls_cv_;
+  bool host_caller_started_ = false;
+  std::thread::id host_caller_id_;
 
   // The background flusher.
   std::condition_variable flusher_cv_;

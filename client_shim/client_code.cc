@@ -14,6 +14,8 @@
 #include <glog/logging.h>
 
 #include "client_shim/client.h"
+
+#include "common/device_attributes.h"
 #include "common/fatbin.h"
 
 namespace hiber::shim {
@@ -261,6 +263,17 @@ Status Client::launch(KernelObj* kernel, Dim3 grid, Dim3 block, uint32_t shared_
     return error(ErrorCode::kInvalidValue, "launch of ", kernel->name, ": ", info.params.size(),
                  " parameters but no arguments");
   }
+  // Dynamic shared memory above the default per-block limit needs the kernel's
+  // cudaFuncAttributeMaxDynamicSharedMemorySize raised first, as in CUDA (hiberd then raises the
+  // real function's limit before launching).
+  const int limit =
+      kernel->max_dynamic_shared.value_or(attribute_locked(0, kAttrMaxSharedMemoryPerBlock));
+  if (shared_bytes > static_cast<uint32_t>(std::max(limit, 0))) {
+    return error(ErrorCode::kInvalidValue, "launch of ", kernel->name, " with ", shared_bytes,
+                 " bytes of dynamic shared memory, above its limit of ", limit,
+                 " (raise it with cudaFuncSetAttribute(cudaFuncAttributeMaxDynamicSharedMemorySize)"
+                 " or cuFuncSetAttribute, up to the device's opt-in limit)");
+  }
   HIBER_RETURN_IF_ERROR(order_for_work_locked(stream));
   // Parameter i goes to its offset in the packed buffer.
   launch_params_.assign(info.param_bytes(), std::byte{0});
@@ -277,6 +290,24 @@ Status Client::launch(KernelObj* kernel, Dim3 grid, Dim3 block, uint32_t shared_
                                                   .block_z = block.z,
                                                   .shared_mem_bytes = shared_bytes,
                                                   .params = launch_params_});
+}
+
+// Occupancy from what the client knows: the device's limits on threads, blocks and shared memory
+// per multiprocessor and the launch's dynamic shared memory. Registers and static shared memory
+// are known only to the driver in hiberd, so for kernels limited by them this is an upper bound.
+int Client::max_active_blocks(int device, int block_size, uint64_t dynamic_shared) {
+  std::lock_guard lock(mu_);
+  if (!ensure_open_locked().ok() || block_size <= 0) return 0;
+  const int warp = std::max(1, attribute_locked(device, kAttrWarpSize));
+  const int threads = (block_size + warp - 1) / warp * warp;
+  int limit = attribute_locked(device, kAttrMaxThreadsPerMultiprocessor) / threads;
+  limit = std::min(limit, attribute_locked(device, kAttrMaxBlocksPerMultiprocessor));
+  if (dynamic_shared > 0) {
+    const uint64_t per_sm = static_cast<uint64_t>(
+        std::max(0, attribute_locked(device, kAttrMaxSharedMemoryPerMultiprocessor)));
+    limit = std::min<int64_t>(limit, static_cast<int64_t>(per_sm / dynamic_shared));
+  }
+  return std::max(0, limit);
 }
 
 }  // namespace hiber::shim

@@ -112,6 +112,7 @@ Status Client::reset_device() {
   std::lock_guard lock(mu_);
   HIBER_RETURN_IF_ERROR(ensure_open_locked());
   auto reply = call_locked(wire::calls::DeviceSynchronize{});
+  wait_host_calls_locked(nullptr, /*all=*/true);
   Status synced = sync_point_locked(reply.status());
   std::vector<uint64_t> segments;
   for (const auto& [start, bytes] : allocations_) {
@@ -172,6 +173,11 @@ std::map<uint64_t, Client::Slab>::iterator Client::slab_holding(uint64_t address
 int Client::device_attribute(int device, int attr) {
   std::lock_guard lock(mu_);
   if (!ensure_open_locked().ok()) return 0;
+  return attribute_locked(device, attr);
+}
+
+int Client::attribute_locked(int device, int attr) const {
+  if (!calls_) return 0;
   const auto& devices = calls_->session().devices;
   if (device < 0 || device >= static_cast<int>(devices.size())) return 0;
   const auto& values = devices[device].attributes;
@@ -221,6 +227,31 @@ PointerInfo Client::classify_locked(const void* pointer, uint64_t bytes) {
 PointerInfo Client::classify(const void* pointer, uint64_t bytes) {
   std::lock_guard lock(mu_);
   return classify_locked(pointer, bytes);
+}
+
+std::optional<PointerRange> Client::pointer_range(const void* pointer) {
+  std::lock_guard lock(mu_);
+  const auto address = reinterpret_cast<uint64_t>(pointer);
+  if (calls_) {
+    if (const auto* held = allocation_holding(address)) {
+      return PointerRange{PointerKind::kDevice, held->first, held->second};
+    }
+    std::span<std::byte> arena = calls_->channel().arena();
+    const auto arena_start = reinterpret_cast<uint64_t>(arena.data());
+    if (address >= arena_start && address - arena_start < arena.size()) {
+      if (auto block = arena_heap_.find(address - arena_start)) {
+        return PointerRange{PointerKind::kArena, arena_start + block->first, block->second};
+      }
+    }
+  }
+  auto it = pinned_ranges_.upper_bound(address);
+  if (it != pinned_ranges_.begin()) {
+    --it;
+    if (address - it->first < it->second) {
+      return PointerRange{PointerKind::kHost, it->first, it->second};
+    }
+  }
+  return std::nullopt;
 }
 
 Result<void*> Client::malloc_host(uint64_t bytes) {

@@ -1,14 +1,32 @@
-// dlopen interposition: a program or library that loads the CUDA runtime or driver by name
-// (libcudart.so*, libcuda.so*) gets the shim itself, so its later dlsym calls find the shim's
-// functions. cuBLAS and cuDNN reach the driver this way (dlopen("libcuda.so.1") and then
-// cuGetProcAddress).
+// dlopen interposition.
 //
-// Limitation: the real dlopen resolves a bare name with the RUNPATH of its caller, and the
-// caller is now the shim. Libraries loaded by absolute path, or found on the default search
-// path, are unaffected.
+// - A load of the CUDA runtime or driver by name (libcudart.so*, libcuda.so*) gets the shim
+//   itself, so its later dlsym calls find the shim's functions.
+// - A load of a library Hiber replaces gets the replacement, a file next to libhibercuda.so:
+//   libcublasLt* -> libhibercublasLt.so, libcublas* -> libhibercublas.so,
+//   libcudnn* -> libhibercudnn.so, libnvidia-ml.so* -> libhibernvml.so. Where the replacement
+//   is not installed, the load fails with dlerror() naming the missing file (and one log line):
+//   never the real library, whose internals would reach for driver entry points the shim lacks.
+// - Any other bare name (no slash) is looked up with the search path of the *caller* of dlopen,
+//   as the real dlopen would: the real dlopen sees the shim as its caller, so its DT_RUNPATH /
+//   DT_RPATH would be the shim's. The caller's (found with __builtin_return_address and dladdr;
+//   $ORIGIN expanded) are tried first, then the real dlopen's own search (LD_LIBRARY_PATH, the
+//   cache, the default folders). So libtorch_cuda.so's dlopen("libnvrtc.so.13") still finds
+//   NVRTC in the pip wheel folder its RPATH names.
+//
+// Limitation: a DT_RPATH (not RUNPATH) also applies the RPATHs of the libraries that loaded the
+// caller; only the caller's own are used here. $LIB and $PLATFORM are not expanded (folders
+// naming them are skipped).
 #include <dlfcn.h>
+#include <elf.h>
+#include <link.h>
+#include <unistd.h>
 
+#include <cstdio>
 #include <cstring>
+#include <string>
+#include <string_view>
+#include <vector>
 
 namespace {
 
@@ -19,19 +37,103 @@ DlopenFn real_dlopen() {
   return real;
 }
 
-bool is_cuda_library(const char* file) {
+std::string_view base_name(const char* file) {
   const char* slash = std::strrchr(file, '/');
-  const char* base = slash ? slash + 1 : file;
-  return std::strncmp(base, "libcudart.so", 12) == 0 || std::strncmp(base, "libcuda.so", 10) == 0;
+  return slash ? slash + 1 : file;
+}
+
+bool starts_with(std::string_view s, std::string_view prefix) {
+  return s.substr(0, prefix.size()) == prefix;
+}
+
+bool is_cuda_library(std::string_view base) {
+  return starts_with(base, "libcudart.so") || starts_with(base, "libcuda.so");
+}
+
+// The replacement's file name for a library Hiber replaces, or nullptr.
+const char* replacement_for(std::string_view base) {
+  if (starts_with(base, "libcublasLt")) return "libhibercublasLt.so";
+  if (starts_with(base, "libcublas")) return "libhibercublas.so";
+  if (starts_with(base, "libcudnn")) return "libhibercudnn.so";
+  if (starts_with(base, "libnvidia-ml.so")) return "libhibernvml.so";
+  return nullptr;
 }
 
 const char* shim_path() {
   static const char* path = [] {
     Dl_info info{};
-    dladdr(reinterpret_cast<void*>(&is_cuda_library), &info);
+    dladdr(reinterpret_cast<void*>(&real_dlopen), &info);
     return info.dli_fname;
   }();
   return path;
+}
+
+std::string dir_of(const std::string& path) {
+  const auto slash = path.rfind('/');
+  return slash == std::string::npos ? "." : path.substr(0, slash);
+}
+
+// The caller's DT_RUNPATH (or, without one, DT_RPATH) folders, $ORIGIN expanded.
+std::vector<std::string> caller_search_path(const void* caller) {
+  std::vector<std::string> dirs;
+  Dl_info info{};
+  link_map* map = nullptr;
+  if (caller == nullptr ||
+      dladdr1(caller, &info, reinterpret_cast<void**>(&map), RTLD_DL_LINKMAP) == 0 ||
+      map == nullptr || map->l_ld == nullptr) {
+    return dirs;
+  }
+  const char* strtab = nullptr;
+  const ElfW(Dyn)* runpath = nullptr;
+  const ElfW(Dyn)* rpath = nullptr;
+  for (const ElfW(Dyn)* d = map->l_ld; d->d_tag != DT_NULL; ++d) {
+    if (d->d_tag == DT_STRTAB) {
+      // glibc relocates the dynamic section's pointers in place on most targets; an address
+      // below the load base is still an unrelocated offset.
+      auto p = static_cast<uintptr_t>(d->d_un.d_ptr);
+      if (p < map->l_addr) p += map->l_addr;
+      strtab = reinterpret_cast<const char*>(p);
+    } else if (d->d_tag == DT_RUNPATH) {
+      runpath = d;
+    } else if (d->d_tag == DT_RPATH) {
+      rpath = d;
+    }
+  }
+  const ElfW(Dyn)* entry = runpath ? runpath : rpath;
+  if (strtab == nullptr || entry == nullptr) return dirs;
+  // The main program's l_name is empty; its path is /proc/self/exe.
+  std::string object = info.dli_fname ? info.dli_fname : "";
+  if (map->l_name == nullptr || map->l_name[0] == '\0') {
+    char exe[4096];
+    const ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    if (n > 0) object.assign(exe, n);
+  }
+  char resolved[4096];
+  if (realpath(object.c_str(), resolved) != nullptr) object = resolved;
+  const std::string origin = dir_of(object);
+  std::string_view list(strtab + entry->d_un.d_val);
+  while (!list.empty()) {
+    const auto colon = list.find(':');
+    std::string dir(list.substr(0, colon));
+    list = colon == std::string_view::npos ? std::string_view() : list.substr(colon + 1);
+    for (const char* token : {"${ORIGIN}", "$ORIGIN"}) {
+      for (auto at = dir.find(token); at != std::string::npos; at = dir.find(token)) {
+        dir.replace(at, std::strlen(token), origin);
+      }
+    }
+    if (dir.empty() || dir.find('$') != std::string::npos) continue;
+    dirs.push_back(std::move(dir));
+  }
+  return dirs;
+}
+
+void* open_replacement(DlopenFn real, const char* name, const char* replacement, int mode) {
+  const std::string path = dir_of(shim_path()) + "/" + replacement;
+  if (access(path.c_str(), F_OK) != 0) {
+    std::fprintf(stderr, "hibercuda: dlopen(\"%s\"): its replacement %s is not installed\n", name,
+                 path.c_str());
+  }
+  return real(path.c_str(), mode);  // fails with dlerror() naming the path if it is missing
 }
 
 }  // namespace
@@ -40,8 +142,18 @@ const char* shim_path() {
 extern "C" void* dlopen(const char* file, int mode) {
   DlopenFn real = real_dlopen();
   if (real == nullptr) return nullptr;
-  if (file != nullptr && is_cuda_library(file) && shim_path() != nullptr) {
-    return real(shim_path(), mode);
+  if (file == nullptr || shim_path() == nullptr) return real(file, mode);
+  const std::string_view base = base_name(file);
+  if (is_cuda_library(base)) return real(shim_path(), mode);
+  if (const char* replacement = replacement_for(base)) {
+    return open_replacement(real, file, replacement, mode);
+  }
+  if (std::strchr(file, '/') == nullptr) {
+    for (const std::string& dir : caller_search_path(__builtin_return_address(0))) {
+      const std::string path = dir + "/" + file;
+      if (access(path.c_str(), F_OK) != 0) continue;
+      if (void* handle = real(path.c_str(), mode)) return handle;
+    }
   }
   return real(file, mode);
 }

@@ -5,8 +5,12 @@
 #include <cuda.h>
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <string>
+#include <vector>
 
 #include "client_shim/api_support.h"
 #include "client_shim/driver_table.h"
@@ -30,6 +34,42 @@ struct PrimaryContext {
 PrimaryContext primary_contexts[64];
 
 bool initialized = false;
+
+// The calling thread's context stack (cuCtxPushCurrent / cuCtxPopCurrent / cuCtxSetCurrent) over
+// the primary contexts. Empty: the thread uses device 0's primary context, which is current
+// everywhere once cuInit succeeded (the shim has one context per device, and every device of
+// the session shares one address space, so which one is current changes nothing hiberd sees).
+std::vector<CUcontext>& context_stack() {
+  thread_local std::vector<CUcontext> stack;
+  return stack;
+}
+
+PrimaryContext* as_primary(CUcontext context) {
+  auto* primary = reinterpret_cast<PrimaryContext*>(context);
+  if (primary < primary_contexts || primary >= primary_contexts + 64) return nullptr;
+  return primary;
+}
+
+CUcontext current_context() {
+  auto& stack = context_stack();
+  if (!stack.empty()) return stack.back();
+  primary_contexts[0].device = 0;
+  return reinterpret_cast<CUcontext>(&primary_contexts[0]);
+}
+
+// The kernel a CUfunction names, or CUDA_ERROR_INVALID_HANDLE.
+hiber::Result<hiber::shim::KernelObj*> function_kernel(CUfunction function) {
+  auto kernel = Client::get().kernel(function);
+  if (!kernel.ok()) return Status(ErrorCode::kInvalidHandle, kernel.status().message());
+  return kernel;
+}
+
+// cuLink state: the inputs, collected in the client (linking happens on Complete).
+struct LinkState {
+  std::vector<std::vector<std::byte>> inputs;
+  std::vector<CUjitInputType> types;
+  std::vector<std::byte> output;
+};
 
 CUresult check_device(const char* name, CUdevice device) {
   if (!initialized) return fail(name, Status(ErrorCode::kNotInitialized, "cuInit was not called"));
@@ -167,24 +207,58 @@ CUresult cuDevicePrimaryCtxSetFlags(CUdevice device, unsigned int) {
 
 CUresult cuCtxGetCurrent(CUcontext* context) {
   if (context == nullptr) return invalid("cuCtxGetCurrent");
-  *context = initialized || Client::get().ready().ok()
-                 ? reinterpret_cast<CUcontext>(&primary_contexts[0])
-                 : nullptr;
+  *context = initialized || Client::get().ready().ok() ? current_context() : nullptr;
   return CUDA_SUCCESS;
 }
 
 CUresult cuCtxSetCurrent(CUcontext context) {
-  if (context == nullptr) return CUDA_SUCCESS;
-  auto* primary = reinterpret_cast<PrimaryContext*>(context);
-  if (primary < primary_contexts || primary >= primary_contexts + 64) {
+  auto& stack = context_stack();
+  if (context == nullptr) {
+    // Unbinding leaves the implicit primary context of device 0 (see context_stack).
+    if (!stack.empty()) stack.pop_back();
+    return CUDA_SUCCESS;
+  }
+  if (as_primary(context) == nullptr) {
     return fail("cuCtxSetCurrent", Status(ErrorCode::kInvalidContext, "not a primary context"));
   }
+  if (stack.empty()) {
+    stack.push_back(context);
+  } else {
+    stack.back() = context;
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult cuCtxPushCurrent(CUcontext context) {
+  if (as_primary(context) == nullptr) {
+    return fail("cuCtxPushCurrent", Status(ErrorCode::kInvalidContext,
+                                           "not a primary context (the shim has no other)"));
+  }
+  context_stack().push_back(context);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuCtxPopCurrent(CUcontext* context) {
+  auto& stack = context_stack();
+  if (stack.empty()) {
+    return fail("cuCtxPopCurrent",
+                Status(ErrorCode::kInvalidContext, "no context was pushed on this thread"));
+  }
+  if (context != nullptr) *context = stack.back();
+  stack.pop_back();
   return CUDA_SUCCESS;
 }
 
 CUresult cuCtxGetDevice(CUdevice* device) {
   if (device == nullptr) return invalid("cuCtxGetDevice");
-  *device = 0;
+  *device = as_primary(current_context())->device;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuCtxGetStreamPriorityRange(int* least, int* greatest) {
+  const auto [l, g] = Client::get().stream_priority_range();
+  if (least) *least = l;
+  if (greatest) *greatest = g;
   return CUDA_SUCCESS;
 }
 
@@ -483,6 +557,367 @@ CUresult cuLaunchKernel(CUfunction function, unsigned int grid_x, unsigned int g
                 Client::get().launch(*kernel, {grid_x, grid_y, grid_z}, {block_x, block_y, block_z},
                                      shared_bytes, *s, params));
   });
+}
+
+CUresult cuLaunchKernelEx(const CUlaunchConfig* config, CUfunction function, void** params,
+                          void** extra) {
+  return traced("cuLaunchKernelEx", [&] {
+    if (config == nullptr) return invalid("cuLaunchKernelEx", "null config");
+    for (unsigned i = 0; i < config->numAttrs; ++i) {
+      if (config->attrs[i].id != CU_LAUNCH_ATTRIBUTE_IGNORE) {
+        return fail("cuLaunchKernelEx",
+                    hiber::error(ErrorCode::kNotSupported, "launch attribute ",
+                                 static_cast<int>(config->attrs[i].id),
+                                 " is not supported (only CU_LAUNCH_ATTRIBUTE_IGNORE)"));
+      }
+    }
+    return cuLaunchKernel(function, config->gridDimX, config->gridDimY, config->gridDimZ,
+                          config->blockDimX, config->blockDimY, config->blockDimZ,
+                          config->sharedMemBytes, config->hStream, params, extra);
+  });
+}
+
+// ---- Function attributes and occupancy ----
+
+CUresult cuFuncGetAttribute(int* value, CUfunction_attribute attr, CUfunction function) {
+  if (value == nullptr) return invalid("cuFuncGetAttribute");
+  auto kernel = function_kernel(function);
+  if (!kernel.ok()) return fail("cuFuncGetAttribute", kernel.status());
+  Client& client = Client::get();
+  const int arch = client.device_attribute(0, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR) * 10 +
+                   client.device_attribute(0, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR);
+  switch (attr) {
+    case CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK:
+      *value = client.device_attribute(0, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK);
+      return CUDA_SUCCESS;
+    case CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES:
+      *value = (*kernel)->max_dynamic_shared.value_or(
+          client.device_attribute(0, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK));
+      return CUDA_SUCCESS;
+    case CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT:
+      *value = (*kernel)->preferred_carveout;
+      return CUDA_SUCCESS;
+    case CU_FUNC_ATTRIBUTE_PTX_VERSION:
+    case CU_FUNC_ATTRIBUTE_BINARY_VERSION: *value = arch; return CUDA_SUCCESS;
+    case CU_FUNC_ATTRIBUTE_CACHE_MODE_CA: *value = 0; return CUDA_SUCCESS;
+    default:
+      // Registers, static shared / constant / local memory and cluster attributes are known
+      // only to the driver in hiberd; a made-up 0 would mislead tuning code.
+      return fail(
+          "cuFuncGetAttribute",
+          hiber::error(ErrorCode::kNotSupported, "cuFuncGetAttribute(", static_cast<int>(attr),
+                       ") of ", (*kernel)->name, ": the client does not know this attribute"));
+  }
+}
+
+CUresult cuFuncSetAttribute(CUfunction function, CUfunction_attribute attr, int value) {
+  auto kernel = function_kernel(function);
+  if (!kernel.ok()) return fail("cuFuncSetAttribute", kernel.status());
+  switch (attr) {
+    case CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: {
+      const int optin =
+          Client::get().device_attribute(0, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN);
+      if (value < 0 || value > optin) {
+        return invalid("cuFuncSetAttribute",
+                       "CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES outside [0, the device's "
+                       "opt-in limit]");
+      }
+      (*kernel)->max_dynamic_shared = value;
+      return CUDA_SUCCESS;
+    }
+    case CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT:
+      if (value < -1 || value > 100)
+        return invalid("cuFuncSetAttribute", "carveout not in -1..100");
+      (*kernel)->preferred_carveout = value;  // a hint
+      return CUDA_SUCCESS;
+    default:
+      return fail(
+          "cuFuncSetAttribute",
+          hiber::error(ErrorCode::kNotSupported, "cuFuncSetAttribute(", static_cast<int>(attr),
+                       ", ", value, ") on ", (*kernel)->name, " is not supported"));
+  }
+}
+
+CUresult cuFuncSetCacheConfig(CUfunction function, CUfunc_cache config) {
+  auto kernel = function_kernel(function);
+  if (!kernel.ok()) return fail("cuFuncSetCacheConfig", kernel.status());
+  if (config < CU_FUNC_CACHE_PREFER_NONE || config > CU_FUNC_CACHE_PREFER_EQUAL) {
+    return invalid("cuFuncSetCacheConfig");
+  }
+  (*kernel)->cache_config = config;  // a preference the driver may ignore, as CUDA says
+  return CUDA_SUCCESS;
+}
+
+CUresult cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int* blocks, CUfunction function,
+                                                              int block_size, size_t shared_bytes,
+                                                              unsigned int) {
+  if (blocks == nullptr || block_size <= 0) {
+    return invalid("cuOccupancyMaxActiveBlocksPerMultiprocessor");
+  }
+  auto kernel = function_kernel(function);
+  if (!kernel.ok()) return fail("cuOccupancyMaxActiveBlocksPerMultiprocessor", kernel.status());
+  *blocks = Client::get().max_active_blocks(0, block_size, shared_bytes);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, CUfunction function,
+                                                     int block_size, size_t shared_bytes) {
+  return cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(blocks, function, block_size,
+                                                              shared_bytes, 0);
+}
+
+// The block size with the most resident threads per multiprocessor (ties: the larger block),
+// by the same device-limits model as cuOccupancyMaxActiveBlocksPerMultiprocessor.
+CUresult cuOccupancyMaxPotentialBlockSizeWithFlags(int* min_grid, int* block, CUfunction function,
+                                                   CUoccupancyB2DSize shared_of_block,
+                                                   size_t shared_bytes, int block_limit,
+                                                   unsigned int) {
+  if (min_grid == nullptr || block == nullptr) return invalid("cuOccupancyMaxPotentialBlockSize");
+  auto kernel = function_kernel(function);
+  if (!kernel.ok()) return fail("cuOccupancyMaxPotentialBlockSize", kernel.status());
+  Client& client = Client::get();
+  const int warp = std::max(1, client.device_attribute(0, CU_DEVICE_ATTRIBUTE_WARP_SIZE));
+  int max_block = client.device_attribute(0, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK);
+  if (block_limit > 0) max_block = std::min(max_block, block_limit);
+  const int shared_limit = (*kernel)->max_dynamic_shared.value_or(
+      client.device_attribute(0, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK));
+  int best_block = 0, best_blocks = 0, best_threads = 0;
+  for (int size = max_block / warp * warp; size > 0; size -= warp) {
+    const size_t shared = shared_of_block ? shared_of_block(size) : shared_bytes;
+    if (shared > static_cast<size_t>(std::max(shared_limit, 0))) continue;
+    const int blocks = client.max_active_blocks(0, size, shared);
+    if (blocks * size > best_threads) {
+      best_threads = blocks * size;
+      best_blocks = blocks;
+      best_block = size;
+    }
+  }
+  *block = best_block;
+  *min_grid = best_blocks * client.device_attribute(0, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuOccupancyMaxPotentialBlockSize(int* min_grid, int* block, CUfunction function,
+                                          CUoccupancyB2DSize shared_of_block, size_t shared_bytes,
+                                          int block_limit) {
+  return cuOccupancyMaxPotentialBlockSizeWithFlags(min_grid, block, function, shared_of_block,
+                                                   shared_bytes, block_limit, 0);
+}
+
+// ---- Module globals ----
+
+CUresult cuModuleGetGlobal(CUdeviceptr* address, size_t* bytes, CUmodule module, const char* name) {
+  if (name == nullptr) return invalid("cuModuleGetGlobal");
+  auto m = Client::get().module(module);
+  if (!m.ok()) return fail("cuModuleGetGlobal", m.status());
+  (void)address;
+  (void)bytes;
+  // hiberd loads one module for every session and GPU (module_cache.h), so a __device__
+  // variable's storage is shared by every function using the image: handing its address to one
+  // function would let it write another's state. Not supported until per-session globals exist.
+  return fail("cuModuleGetGlobal",
+              hiber::error(ErrorCode::kNotSupported, "cuModuleGetGlobal(", name,
+                           "): __device__ variables of loaded modules are not supported"));
+}
+
+// ---- Pointers ----
+
+CUresult cuPointerGetAttribute(void* data, CUpointer_attribute attr, CUdeviceptr pointer) {
+  if (data == nullptr) return invalid("cuPointerGetAttribute");
+  const auto range = Client::get().pointer_range(dev_ptr(pointer));
+  if (!range) {
+    return fail(
+        "cuPointerGetAttribute",
+        hiber::error(ErrorCode::kInvalidValue, "cuPointerGetAttribute: ", hiber::hex(pointer),
+                     " is not memory the shim allocated or registered"));
+  }
+  const bool device = range->kind == hiber::shim::PointerKind::kDevice;
+  switch (attr) {
+    case CU_POINTER_ATTRIBUTE_CONTEXT:
+      *static_cast<CUcontext*>(data) = current_context();
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+      *static_cast<unsigned*>(data) = device ? CU_MEMORYTYPE_DEVICE : CU_MEMORYTYPE_HOST;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
+      // Kernels cannot reach client host memory: pinned memory has no device pointer.
+      if (!device) return invalid("cuPointerGetAttribute", "host memory has no device pointer");
+      *static_cast<CUdeviceptr*>(data) = pointer;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_HOST_POINTER:
+      if (device) return invalid("cuPointerGetAttribute", "device memory has no host pointer");
+      *static_cast<void**>(data) = dev_ptr(pointer);
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_IS_MANAGED:
+    case CU_POINTER_ATTRIBUTE_MAPPED:
+      *static_cast<bool*>(data) = attr == CU_POINTER_ATTRIBUTE_MAPPED;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+      *static_cast<int*>(data) = device ? 0 : as_primary(current_context())->device;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+      *static_cast<CUdeviceptr*>(data) = range->start;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+      *static_cast<size_t*>(data) = range->bytes;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_BUFFER_ID:
+      *static_cast<unsigned long long*>(data) = range->start;  // unique while allocated
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_SYNC_MEMOPS:
+      *static_cast<bool*>(data) = true;  // hiberd's copies are ordered with kernels already
+      return CUDA_SUCCESS;
+    default:
+      return fail("cuPointerGetAttribute",
+                  hiber::error(ErrorCode::kNotSupported, "cuPointerGetAttribute(",
+                               static_cast<int>(attr), ") is not supported"));
+  }
+}
+
+CUresult cuPointerGetAttributes(unsigned int count, CUpointer_attribute* attributes, void** data,
+                                CUdeviceptr pointer) {
+  if (attributes == nullptr || data == nullptr) return invalid("cuPointerGetAttributes");
+  // Unlike cuPointerGetAttribute, memory the shim does not know is no error: its attributes
+  // read as 0 (memory type 0, context NULL), as CUDA documents.
+  const bool known = Client::get().pointer_range(dev_ptr(pointer)).has_value();
+  for (unsigned i = 0; i < count; ++i) {
+    if (data[i] == nullptr) continue;
+    CUresult r = known ? cuPointerGetAttribute(data[i], attributes[i], pointer) : CUDA_SUCCESS;
+    if (!known || r == CUDA_ERROR_INVALID_VALUE) {
+      switch (attributes[i]) {
+        case CU_POINTER_ATTRIBUTE_CONTEXT: *static_cast<CUcontext*>(data[i]) = nullptr; break;
+        case CU_POINTER_ATTRIBUTE_MEMORY_TYPE: *static_cast<unsigned*>(data[i]) = 0; break;
+        case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
+        case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: *static_cast<CUdeviceptr*>(data[i]) = 0; break;
+        case CU_POINTER_ATTRIBUTE_HOST_POINTER: *static_cast<void**>(data[i]) = nullptr; break;
+        case CU_POINTER_ATTRIBUTE_IS_MANAGED:
+        case CU_POINTER_ATTRIBUTE_MAPPED:
+        case CU_POINTER_ATTRIBUTE_SYNC_MEMOPS: *static_cast<bool*>(data[i]) = false; break;
+        case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: *static_cast<int*>(data[i]) = -2; break;
+        case CU_POINTER_ATTRIBUTE_RANGE_SIZE: *static_cast<size_t*>(data[i]) = 0; break;
+        case CU_POINTER_ATTRIBUTE_BUFFER_ID: *static_cast<unsigned long long*>(data[i]) = 0; break;
+        default:
+          return fail("cuPointerGetAttributes",
+                      hiber::error(ErrorCode::kNotSupported, "pointer attribute ",
+                                   static_cast<int>(attributes[i]), " is not supported"));
+      }
+    } else if (r != CUDA_SUCCESS) {
+      return r;
+    }
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemGetAddressRange(CUdeviceptr* base, size_t* bytes, CUdeviceptr pointer) {
+  const auto range = Client::get().pointer_range(dev_ptr(pointer));
+  if (!range || range->kind != hiber::shim::PointerKind::kDevice) {
+    return fail("cuMemGetAddressRange", hiber::error(ErrorCode::kInvalidValue,
+                                                     "cuMemGetAddressRange: ", hiber::hex(pointer),
+                                                     " is not in a device allocation"));
+  }
+  if (base) *base = range->start;
+  if (bytes) *bytes = range->bytes;
+  return CUDA_SUCCESS;
+}
+
+// ---- Streams: capture and host functions ----
+
+// Stream capture (CUDA graphs) is not supported: no stream is ever capturing, and beginning a
+// capture fails loudly (an unsupported entry point).
+CUresult cuStreamIsCapturing(CUstream stream, CUstreamCaptureStatus* status) {
+  if (status == nullptr) return invalid("cuStreamIsCapturing");
+  auto s = Client::get().stream(stream);
+  if (!s.ok()) return fail("cuStreamIsCapturing", s.status());
+  *status = CU_STREAM_CAPTURE_STATUS_NONE;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuLaunchHostFunc(CUstream stream, CUhostFn fn, void* data) {
+  return traced("cuLaunchHostFunc", [&] {
+    if (fn == nullptr) return invalid("cuLaunchHostFunc");
+    auto s = Client::get().stream(stream);
+    if (!s.ok()) return fail("cuLaunchHostFunc", s.status());
+    return done("cuLaunchHostFunc",
+                Client::get().launch_host_function(*s, [fn, data](const Status& status) {
+                  if (status.ok()) fn(data);  // never after an error, as CUDA documents
+                }));
+  });
+}
+
+CUresult cuStreamAddCallback(CUstream stream, CUstreamCallback callback, void* data,
+                             unsigned int flags) {
+  return traced("cuStreamAddCallback", [&] {
+    if (callback == nullptr || flags != 0) return invalid("cuStreamAddCallback");
+    auto s = Client::get().stream(stream);
+    if (!s.ok()) return fail("cuStreamAddCallback", s.status());
+    return done(
+        "cuStreamAddCallback",
+        Client::get().launch_host_function(*s, [stream, callback, data](const Status& status) {
+          callback(stream, static_cast<CUresult>(status.code()), data);
+        }));
+  });
+}
+
+// ---- Linking (cuLink*) ----
+// The inputs stay in the client until cuLinkComplete. One input that is already a loadable
+// image (a cubin, a fatbin or PTX: what NVRTC produces) is the result as it is, and
+// cuModuleLoadData then ships it to hiberd like any image. Linking several inputs (relocatable
+// device code, libraries) would need the driver's linker in hiberd: not supported yet.
+
+CUresult cuLinkCreate(unsigned int, CUjit_option*, void**, CUlinkState* state) {
+  if (state == nullptr) return invalid("cuLinkCreate");
+  // JIT options tune compilation and logging in the driver; they do not change results.
+  *state = reinterpret_cast<CUlinkState>(new LinkState());
+  return CUDA_SUCCESS;
+}
+
+CUresult cuLinkAddData(CUlinkState state, CUjitInputType type, void* data, size_t bytes,
+                       const char*, unsigned int, CUjit_option*, void**) {
+  if (state == nullptr || data == nullptr || bytes == 0) return invalid("cuLinkAddData");
+  auto* link = reinterpret_cast<LinkState*>(state);
+  const auto* begin = static_cast<const std::byte*>(data);
+  link->inputs.emplace_back(begin, begin + bytes);
+  link->types.push_back(type);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuLinkAddFile(CUlinkState state, CUjitInputType type, const char* path, unsigned int,
+                       CUjit_option*, void**) {
+  if (state == nullptr || path == nullptr) return invalid("cuLinkAddFile");
+  std::ifstream file(path, std::ios::binary);
+  if (!file) {
+    return fail("cuLinkAddFile",
+                hiber::error(ErrorCode::kFileNotFound, "cuLinkAddFile: cannot open ", path));
+  }
+  std::vector<char> text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  if (type == CU_JIT_INPUT_PTX) text.push_back('\0');  // PTX images end at their NUL
+  return cuLinkAddData(state, type, text.data(), text.size(), path, 0, nullptr, nullptr);
+}
+
+CUresult cuLinkComplete(CUlinkState state, void** image, size_t* bytes) {
+  if (state == nullptr || image == nullptr) return invalid("cuLinkComplete");
+  auto* link = reinterpret_cast<LinkState*>(state);
+  if (link->inputs.size() != 1 ||
+      (link->types[0] != CU_JIT_INPUT_CUBIN && link->types[0] != CU_JIT_INPUT_PTX &&
+       link->types[0] != CU_JIT_INPUT_FATBINARY)) {
+    return fail(
+        "cuLinkComplete",
+        hiber::error(ErrorCode::kNotSupported, "cuLinkComplete: linking ", link->inputs.size(),
+                     " input(s) is not supported; only one cubin, PTX or fatbin image"));
+  }
+  link->output = link->inputs[0];
+  if (link->types[0] == CU_JIT_INPUT_PTX && link->output.back() != std::byte{0}) {
+    link->output.push_back(std::byte{0});
+  }
+  *image = link->output.data();
+  if (bytes) *bytes = link->output.size();
+  return CUDA_SUCCESS;
+}
+
+CUresult cuLinkDestroy(CUlinkState state) {
+  if (state == nullptr) return invalid("cuLinkDestroy");
+  delete reinterpret_cast<LinkState*>(state);
+  return CUDA_SUCCESS;
 }
 
 }  // extern "C"

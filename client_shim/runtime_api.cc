@@ -3,6 +3,7 @@
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "client_shim/api_support.h"
@@ -101,6 +102,16 @@ cudaError_t launch_impl(const char* name, const void* func, dim3 grid, dim3 bloc
   if (!s.ok()) return fail(name, s.status());
   return done(name, client.launch(*kernel, {grid.x, grid.y, grid.z}, {block.x, block.y, block.z},
                                   static_cast<uint32_t>(shared), *s, args));
+}
+
+// The kernel a runtime "func" argument names: a host stub (the usual form), or a cudaKernel_t /
+// cudaFunction_t the shim handed out. cudaErrorInvalidDeviceFunction if neither.
+hiber::Result<KernelObj*> func_kernel(const void* func) {
+  auto kernel = Client::get().kernel_for_host_function(func);
+  if (kernel.ok()) return kernel;
+  auto by_handle = Client::get().kernel(func);
+  if (by_handle.ok()) return by_handle;
+  return Status(static_cast<ErrorCode>(cudaErrorInvalidDeviceFunction), kernel.status().message());
 }
 
 // A query of one property of a stream (nullptr: the default stream).
@@ -411,13 +422,15 @@ cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attributes, const vo
   return traced("cudaPointerGetAttributes", [&] {
     if (attributes == nullptr) return invalid("cudaPointerGetAttributes", "null pointer");
     std::memset(attributes, 0, sizeof(*attributes));
-    const auto info = Client::get().classify(pointer);
-    attributes->device = current_device();
-    if (info.kind == PointerKind::kDevice) {
+    const auto range = Client::get().pointer_range(pointer);
+    if (range && range->kind == PointerKind::kDevice) {
       attributes->type = cudaMemoryTypeDevice;
+      attributes->device = 0;  // every device of the session shares one address space
       attributes->devicePointer = const_cast<void*>(pointer);
-    } else if (info.pinned) {
+    } else if (range) {
+      // Pinned host memory; kernels cannot reach client memory, so it has no device pointer.
       attributes->type = cudaMemoryTypeHost;
+      attributes->device = current_device();
       attributes->hostPointer = const_cast<void*>(pointer);
     } else {
       attributes->type = cudaMemoryTypeUnregistered;
@@ -661,60 +674,84 @@ cudaError_t cudaLaunchKernelExC(const cudaLaunchConfig_t* config, const void* fu
 cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attributes, const void* func) {
   return traced("cudaFuncGetAttributes", [&] {
     if (attributes == nullptr) return invalid("cudaFuncGetAttributes", "null pointer");
-    auto kernel = Client::get().kernel_for_host_function(func);
-    if (!kernel.ok()) {
-      return fail("cudaFuncGetAttributes",
-                  Status(static_cast<ErrorCode>(cudaErrorInvalidDeviceFunction),
-                         kernel.status().message()));
-    }
-    // Registers and local memory are known only to the driver in hiberd; the limits below are
-    // the device's, which is what a launch is checked against.
+    auto kernel = func_kernel(func);
+    if (!kernel.ok()) return fail("cudaFuncGetAttributes", kernel.status());
+    // Registers, static shared, constant and local memory are known only to the driver in
+    // hiberd and read 0 here; the limits are the device's, which is what a launch is checked
+    // against, and the dynamic shared memory limit is the kernel's as the program set it.
     std::memset(attributes, 0, sizeof(*attributes));
     const int device = current_device();
+    Client& client = Client::get();
     attributes->maxThreadsPerBlock =
-        Client::get().device_attribute(device, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK);
-    attributes->maxDynamicSharedSizeBytes =
-        Client::get().device_attribute(device, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK);
+        client.device_attribute(device, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK);
+    attributes->maxDynamicSharedSizeBytes = (*kernel)->max_dynamic_shared.value_or(
+        client.device_attribute(device, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK));
     const int arch =
-        Client::get().device_attribute(device, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR) * 10 +
-        Client::get().device_attribute(device, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR);
+        client.device_attribute(device, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR) * 10 +
+        client.device_attribute(device, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR);
     attributes->ptxVersion = arch;
     attributes->binaryVersion = arch;
-    attributes->preferredShmemCarveout = -1;
+    attributes->preferredShmemCarveout = (*kernel)->preferred_carveout;
     return cudaSuccess;
   });
 }
 
 cudaError_t cudaFuncGetName(const char** name, const void* func) {
   if (name == nullptr) return invalid("cudaFuncGetName", "null pointer");
-  auto kernel = Client::get().kernel_for_host_function(func);
-  if (!kernel.ok()) {
-    return fail("cudaFuncGetName", Status(static_cast<ErrorCode>(cudaErrorInvalidDeviceFunction),
-                                          kernel.status().message()));
-  }
+  auto kernel = func_kernel(func);
+  if (!kernel.ok()) return fail("cudaFuncGetName", kernel.status());
   *name = (*kernel)->name.c_str();
   return cudaSuccess;
 }
 
+cudaError_t cudaGetFuncBySymbol(cudaFunction_t* function, const void* symbol) {
+  if (function == nullptr) return invalid("cudaGetFuncBySymbol", "null pointer");
+  auto kernel = func_kernel(symbol);
+  if (!kernel.ok()) return fail("cudaGetFuncBySymbol", kernel.status());
+  // The shim's kernel object is also the driver's CUfunction (cuLaunchKernel takes it).
+  *function = reinterpret_cast<cudaFunction_t>(*kernel);
+  return cudaSuccess;
+}
+
 cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value) {
-  auto kernel = Client::get().kernel_for_host_function(func);
-  if (!kernel.ok()) {
-    return fail(
-        "cudaFuncSetAttribute",
-        Status(static_cast<ErrorCode>(cudaErrorInvalidDeviceFunction), kernel.status().message()));
+  auto kernel = func_kernel(func);
+  if (!kernel.ok()) return fail("cudaFuncSetAttribute", kernel.status());
+  switch (attr) {
+    case cudaFuncAttributeMaxDynamicSharedMemorySize: {
+      // Up to the device's opt-in limit, as CUDA allows; the launch then may use that much, and
+      // hiberd sets the real function's attribute before launching it (cuda_device.cc).
+      const int optin = Client::get().device_attribute(
+          current_device(), CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN);
+      if (value < 0 || value > optin) {
+        return invalid("cudaFuncSetAttribute",
+                       "cudaFuncAttributeMaxDynamicSharedMemorySize outside [0, the device's "
+                       "opt-in limit]");
+      }
+      (*kernel)->max_dynamic_shared = value;
+      return cudaSuccess;
+    }
+    case cudaFuncAttributePreferredSharedMemoryCarveout:
+      // A hint the driver may ignore; kept for cudaFuncGetAttributes.
+      if (value < -1 || value > 100)
+        return invalid("cudaFuncSetAttribute", "carveout not in -1..100");
+      (*kernel)->preferred_carveout = value;
+      return cudaSuccess;
+    default:
+      return fail("cudaFuncSetAttribute",
+                  hiber::error(ErrorCode::kNotSupported, "cudaFuncSetAttribute(",
+                               static_cast<int>(attr), ", ", value, ") on ", (*kernel)->name,
+                               " is not supported (cluster attributes cannot be forwarded)"));
   }
-  // Values that change nothing are accepted; anything else would need the attribute set in
-  // hiberd, which the protocol cannot do yet, so it fails rather than being ignored.
-  if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize &&
-      value <= Client::get().device_attribute(current_device(),
-                                              CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK)) {
-    return cudaSuccess;
+}
+
+cudaError_t cudaFuncSetCacheConfig(const void* func, cudaFuncCache config) {
+  auto kernel = func_kernel(func);
+  if (!kernel.ok()) return fail("cudaFuncSetCacheConfig", kernel.status());
+  if (config < cudaFuncCachePreferNone || config > cudaFuncCachePreferEqual) {
+    return invalid("cudaFuncSetCacheConfig");
   }
-  if (attr == cudaFuncAttributePreferredSharedMemoryCarveout) return cudaSuccess;  // a hint
-  return fail(
-      "cudaFuncSetAttribute",
-      hiber::error(ErrorCode::kNotSupported, "cudaFuncSetAttribute(", static_cast<int>(attr), ", ",
-                   value, ") on ", (*kernel)->name, " is not supported"));
+  (*kernel)->cache_config = config;  // a preference the driver may ignore, as CUDA says
+  return cudaSuccess;
 }
 
 cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int* blocks, const void* func,
@@ -724,30 +761,9 @@ cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int* blocks, 
   if (blocks == nullptr || block_size <= 0) {
     return invalid("cudaOccupancyMaxActiveBlocksPerMultiprocessor", "bad arguments");
   }
-  auto kernel = Client::get().kernel_for_host_function(func);
-  if (!kernel.ok()) {
-    return fail(
-        "cudaOccupancyMaxActiveBlocksPerMultiprocessor",
-        Status(static_cast<ErrorCode>(cudaErrorInvalidDeviceFunction), kernel.status().message()));
-  }
-  // Limited by threads, blocks and shared memory per multiprocessor. Register use is known
-  // only in hiberd, so this is an upper bound for register-heavy kernels.
-  const int device = current_device();
-  const int warp =
-      std::max(1, Client::get().device_attribute(device, CU_DEVICE_ATTRIBUTE_WARP_SIZE));
-  const int threads = (block_size + warp - 1) / warp * warp;
-  int limit =
-      Client::get().device_attribute(device, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR) /
-      threads;
-  limit = std::min(limit, Client::get().device_attribute(
-                              device, CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR));
-  if (shared_bytes > 0) {
-    limit =
-        std::min<int>(limit, Client::get().device_attribute(
-                                 device, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR) /
-                                 shared_bytes);
-  }
-  *blocks = std::max(0, limit);
+  auto kernel = func_kernel(func);
+  if (!kernel.ok()) return fail("cudaOccupancyMaxActiveBlocksPerMultiprocessor", kernel.status());
+  *blocks = Client::get().max_active_blocks(current_device(), block_size, shared_bytes);
   return cudaSuccess;
 }
 
@@ -755,6 +771,55 @@ cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, const voi
                                                           int block_size, size_t shared_bytes) {
   return cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(blocks, func, block_size,
                                                                 shared_bytes, 0);
+}
+
+cudaError_t cudaOccupancyAvailableDynamicSMemPerBlock(size_t* bytes, const void* func,
+                                                      int blocks_per_sm, int block_size) {
+  if (bytes == nullptr || blocks_per_sm <= 0 || block_size <= 0) {
+    return invalid("cudaOccupancyAvailableDynamicSMemPerBlock", "bad arguments");
+  }
+  auto kernel = func_kernel(func);
+  if (!kernel.ok()) return fail("cudaOccupancyAvailableDynamicSMemPerBlock", kernel.status());
+  if (Client::get().max_active_blocks(current_device(), block_size, 0) < blocks_per_sm) {
+    *bytes = 0;
+    return cudaSuccess;
+  }
+  const auto per_sm = static_cast<size_t>(Client::get().device_attribute(
+      current_device(), CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR));
+  const auto per_block = static_cast<size_t>(Client::get().device_attribute(
+      current_device(), CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN));
+  *bytes = std::min(per_sm / blocks_per_sm, per_block);
+  return cudaSuccess;
+}
+
+// ---- Host functions (run by the shim's host-call thread, in stream order; client.h) ----
+
+cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void* data) {
+  return traced("cudaLaunchHostFunc", [&] {
+    if (fn == nullptr) return invalid("cudaLaunchHostFunc", "null function");
+    auto s = Client::get().stream(stream);
+    if (!s.ok()) return fail("cudaLaunchHostFunc", s.status());
+    // As CUDA documents, not called at all once the stream's work has failed.
+    return done("cudaLaunchHostFunc",
+                Client::get().launch_host_function(*s, [fn, data](const Status& status) {
+                  if (status.ok()) fn(data);
+                }));
+  });
+}
+
+cudaError_t cudaStreamAddCallback(cudaStream_t stream, cudaStreamCallback_t callback, void* data,
+                                  unsigned int flags) {
+  return traced("cudaStreamAddCallback", [&] {
+    if (callback == nullptr || flags != 0) return invalid("cudaStreamAddCallback");
+    auto s = Client::get().stream(stream);
+    if (!s.ok()) return fail("cudaStreamAddCallback", s.status());
+    // Called with the stream's status, success or the error of its work, as CUDA does.
+    return done(
+        "cudaStreamAddCallback",
+        Client::get().launch_host_function(*s, [stream, callback, data](const Status& status) {
+          callback(stream, static_cast<cudaError_t>(status.code()), data);
+        }));
+  });
 }
 
 // ---- Driver entry points ----
@@ -803,6 +868,13 @@ cudaError_t cudaLaunchKernelExC_ptsz(const cudaLaunchConfig_t* c, const void* f,
   return cudaLaunchKernelExC(c, f, a);
 }
 cudaError_t cudaStreamSynchronize_ptsz(cudaStream_t s) { return cudaStreamSynchronize(s); }
+cudaError_t cudaLaunchHostFunc_ptsz(cudaStream_t s, cudaHostFn_t fn, void* data) {
+  return cudaLaunchHostFunc(s, fn, data);
+}
+cudaError_t cudaStreamAddCallback_ptsz(cudaStream_t s, cudaStreamCallback_t cb, void* data,
+                                       unsigned int flags) {
+  return cudaStreamAddCallback(s, cb, data, flags);
+}
 cudaError_t cudaStreamQuery_ptsz(cudaStream_t s) { return cudaStreamQuery(s); }
 cudaError_t cudaStreamWaitEvent_ptsz(cudaStream_t s, cudaEvent_t e, unsigned int f) {
   return cudaStreamWaitEvent(s, e, f);

@@ -243,17 +243,39 @@ Result<NodeConfig> load_node_config(const std::string& path) {
   return config;
 }
 
+namespace {
+
+NodeConfig parse_embedded(std::string_view json) {
+  Result<NodeConfig> parsed = parse_node_config(json);
+  if (!parsed.ok()) {
+    std::fprintf(stderr, "an embedded node config is invalid: %s\n",
+                 parsed.status().to_string().c_str());
+    std::abort();
+  }
+  return std::move(parsed).value();
+}
+
+}  // namespace
+
 const NodeConfig& default_node_config() {
-  static const NodeConfig config = [] {
-    Result<NodeConfig> parsed = parse_node_config(default_node_config_json());
-    if (!parsed.ok()) {
-      std::fprintf(stderr, "embedded default node config is invalid: %s\n",
-                   parsed.status().to_string().c_str());
-      std::abort();
-    }
-    return std::move(parsed).value();
-  }();
+  static const NodeConfig config = parse_embedded(default_node_config_json());
   return config;
+}
+
+const NodeConfig& paper_node_config() {
+  static const NodeConfig config = parse_embedded(paper_node_config_json());
+  return config;
+}
+
+std::optional<NodeConfig> embedded_node_config(std::string_view name) {
+  if (name == default_node_config().name) return default_node_config();
+  if (name == paper_node_config().name) return paper_node_config();
+  return std::nullopt;
+}
+
+Result<NodeConfig> node_config_by_name_or_path(const std::string& name_or_path) {
+  if (auto embedded = embedded_node_config(name_or_path)) return *std::move(embedded);
+  return load_node_config(name_or_path);
 }
 
 std::string describe(const NodeConfig& config) {

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -76,10 +77,23 @@ Result<NodeConfig> parse_node_config(std::string_view json);
 // Reads and parses a file; errors start with the path.
 Result<NodeConfig> load_node_config(const std::string& path);
 
-// The node Hiber runs on when no config is given: the Torpor paper's 4-GPU node
-// (configs/nodes/torpor-4gpu.json, embedded at build time).
+// The node Hiber runs on when no config is given: 8 H100s on one NVSwitch
+// (configs/nodes/nvswitch-8gpu.json, embedded at build time). An H100 (9.0) because CUDA 13,
+// cuBLAS 13 and cuDNN 9 no longer support the paper's V100s (7.0).
 std::string_view default_node_config_json();
 const NodeConfig& default_node_config();
+
+// The Torpor paper's 4x V100 node (configs/nodes/torpor-4gpu.json, embedded), which hiber-sim's
+// paper experiments and scripts/evaluate.sh name explicitly.
+inline constexpr std::string_view kPaperNodeName = "torpor-4gpu";
+std::string_view paper_node_config_json();
+const NodeConfig& paper_node_config();
+
+// An embedded config by its name ("nvswitch-8gpu", "torpor-4gpu"), or std::nullopt.
+std::optional<NodeConfig> embedded_node_config(std::string_view name);
+
+// `name_or_path`: an embedded config's name, else a JSON file to load.
+Result<NodeConfig> node_config_by_name_or_path(const std::string& name_or_path);
 
 // A multi-line human-readable summary (GPUs, switches, links).
 std::string describe(const NodeConfig& config);

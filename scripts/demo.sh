@@ -17,11 +17,17 @@ targets=(hiberd hiber-probe hiberctl)
 have_shim=0
 if grep -q 'hibercuda' build/release/build.ninja 2>/dev/null; then
   have_shim=1
-  targets+=(hibercuda hiber_shim_programs hiber_shim_programs_plugin)
+  targets+=(hibercuda hibercublas hibercublasLt hibercudnn hiber-coverage hiber_shim_programs
+            hiber_shim_programs_plugin)
 fi
 cmake --build --preset release --target "${targets[@]}"
 
 bin=build/release
+# The shim, then the replacement cuBLAS, cuBLASLt and cuDNN (programs linked with -lcublas etc.).
+preload="$PWD/$bin/client_shim/libhibercuda.so"
+for library in libhibercublas.so libhibercublasLt.so libhibercudnn.so; do
+  preload+=" $PWD/$bin/client_shim/$library"
+done
 run_dir=$(mktemp -d /tmp/hiber-demo-XXXXXX)
 plugins=""
 [ "$have_shim" = 1 ] && plugins="--sim_kernel_plugins=$bin/tests/shim/libhiber_shim_programs_plugin.so"
@@ -50,7 +56,15 @@ if [ "$have_shim" = 1 ]; then
     xargs -I{} echo "tiny_mlp imports {} symbols @libcudart.so.13; the preloaded shim answers them"
   for program in vector_add saxpy_streams tiny_mlp; do
     HIBER_RUN_DIR="$run_dir" HIBER_FUNCTION_ID="$program" \
-      LD_PRELOAD="$PWD/$bin/client_shim/libhibercuda.so" "$bin/tests/shim/programs/$program"
+      LD_PRELOAD="$preload" "$bin/tests/shim/programs/$program"
+  done
+  echo
+  echo "== unmodified cuBLAS/cuDNN programs (linked -lcublas -lcublasLt -lcudnn) run through the"
+  echo "   replacement libraries; hiber-coverage lists what each imports and whether it is remoted:"
+  for program in library_gemm; do
+    "$bin/tools/hiber-coverage" --summary "$bin/tests/shim/programs/$program"
+    HIBER_RUN_DIR="$run_dir" HIBER_FUNCTION_ID="$program" \
+      LD_PRELOAD="$preload" "$bin/tests/shim/programs/$program"
   done
   echo
   echo "== late binding: six functions registered; their requests go where hiberd places them"
@@ -60,8 +74,7 @@ if [ "$have_shim" = 1 ]; then
     # The deadline is generous: this shell's polling and hiberctl processes add tens of ms.
     ctl register "fn-$i" --slo_ms=1000 >/dev/null
     mkfifo "$run_dir/fn-$i.in"
-    HIBER_RUN_DIR="$run_dir" HIBER_FUNCTION_ID="fn-$i" \
-      LD_PRELOAD="$PWD/$bin/client_shim/libhibercuda.so" \
+    HIBER_RUN_DIR="$run_dir" HIBER_FUNCTION_ID="fn-$i" LD_PRELOAD="$preload" \
       "$bin/tests/shim/programs/mlp_server" "$((7 + i))" 64 <"$run_dir/fn-$i.in" \
       >"$run_dir/fn-$i.out" 2>"$run_dir/fn-$i.err" &
     pids+=($!)

@@ -26,9 +26,10 @@ DEFINE_string(device, "cuda",
               "GPU backend: 'cuda' (the node's GPUs through the CUDA driver) or 'sim' (simulated "
               "GPUs in host memory, for machines without a GPU)");
 DEFINE_string(node_config, "",
-              "Node config (JSON, see configs/nodes/). For --device=sim it defines the simulated "
-              "GPUs and links (default: the embedded Torpor 4-GPU node); for --device=cuda it "
-              "overrides the discovered topology's bandwidths");
+              "Node config: a JSON file (see configs/nodes/) or an embedded one by name "
+              "(nvswitch-8gpu, torpor-4gpu). For --device=sim it defines the simulated GPUs and "
+              "links (default: nvswitch-8gpu, 8 H100s; torpor-4gpu is the paper's 4x V100 "
+              "node); for --device=cuda it overrides the discovered topology's bandwidths");
 DEFINE_string(cuda_library_path, "/usr/local/cuda/lib64",
               "With --device=cuda, folders (colon-separated) searched for the real "
               "libcublas.so.13, libcublasLt.so.13 and libcudnn.so.9 after the loader's default "
@@ -115,7 +116,7 @@ std::vector<std::string> split_list(const std::string& list, char separator) {
 Result<std::unique_ptr<device::Device>> make_device() {
   std::optional<NodeConfig> node;
   if (!FLAGS_node_config.empty()) {
-    auto loaded = load_node_config(FLAGS_node_config);
+    auto loaded = node_config_by_name_or_path(FLAGS_node_config);
     if (!loaded.ok()) return loaded.status();
     node = std::move(loaded).value();
   }

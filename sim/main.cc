@@ -31,7 +31,11 @@ DEFINE_string(report, "", "With --experiment=all: write the evaluation report (M
 DEFINE_string(write_trace, "", "Write the workload as an Azure Functions trace CSV and exit");
 
 // The node.
-DEFINE_string(node_config, "", "Node config JSON (default: the embedded Torpor 4-GPU node)");
+// The paper's experiments run on the paper's node, so it is hiber-sim's default by name (the
+// library default, default_node_config(), is an H100 node).
+DEFINE_string(node_config, "torpor-4gpu",
+              "Node config: an embedded one by name (torpor-4gpu: the paper's 4x V100 node; "
+              "nvswitch-8gpu: 8x H100), or a JSON file");
 DEFINE_double(gpu_memory_gib, 32,
               "Memory of every GPU in GiB (the paper's V100s have 32); "
               "0 keeps the config's");
@@ -96,8 +100,8 @@ Duration seconds(double s) { return static_cast<Duration>(std::llround(s * kSeco
 Duration micros(double us) { return static_cast<Duration>(std::llround(us * kMicrosecond)); }
 
 Result<NodeConfig> node_config() {
-  if (FLAGS_node_config.empty()) return default_node_config();
-  return load_node_config(FLAGS_node_config);
+  if (FLAGS_node_config.empty()) return paper_node_config();
+  return node_config_by_name_or_path(FLAGS_node_config);
 }
 
 Result<HiberOptions> hiber_options() {

@@ -41,7 +41,6 @@ constexpr int kMaxWorkersPerGpu = 64;
 // CUdevice_attribute values that device.h does not name.
 constexpr int kAttrMaxGridDimY = 6;
 constexpr int kAttrMaxGridDimZ = 7;
-constexpr int kAttrMaxSharedMemoryPerBlockOptin = 97;
 
 struct ModuleState {
   explicit ModuleState(std::vector<KernelInfo> k) : kernels(std::move(k)) {}

@@ -445,6 +445,41 @@ TEST_F(LateBindingTest, AKernelReadingTheModelThroughAPointerArrayWaitsForTheSwa
   finish_all(hiberd);
 }
 
+// Library calls are exact under pipelining too. A request's cuBLAS calls read a model entry in
+// the swap's last group while the model is still arriving on a GPU that never held it: one names
+// the entry as its operand (hiberd waits for that group), one reaches it through a pointer array
+// as batched GEMMs do (hiberd cannot see where, so it waits for the whole model). Both read the
+// model's value, not the empty memory of the new GPU.
+TEST_F(LateBindingTest, LibraryCallsReadingTheModelWaitForItsSwap) {
+  constexpr double kGbps = 0.1;  // 100 MB/s: the 24 MiB table takes 250 ms
+  constexpr int kTableMib = 24;
+  const std::string node = write_node(scratch_dir(), 2, 64, kGbps, false);
+  Hiberd hiberd(
+      late_binding_hiberd(node, {"--sim_throttle", "--swap_group_kib=2048", "--pipelined=true"}));
+  table_entries_ = (static_cast<uint64_t>(kTableMib) << 20) / sizeof(float);
+  start_functions(hiberd, 1, kTableMib);
+  ASSERT_FALSE(HasFatalFailure());
+  Function& f = *functions_[0];
+  const Answer first = request(hiberd, f, "2 -1");
+  ASSERT_TRUE(first.status.ok()) << first.status;
+  const int first_gpu = first.started.gpu;
+  auto client = control(hiberd);
+  ASSERT_TRUE(client.drain(first_gpu).ok());
+  const uint64_t entry = table_entries_ - 1;  // in the swap's last group
+  const float value = tiny_mlp::table_value(f.seed, entry);
+  ASSERT_NE(value, 0.0f);
+  const Answer gemm = request(hiberd, f, "gemm " + std::to_string(entry));
+  ASSERT_TRUE(gemm.status.ok()) << gemm.status;
+  EXPECT_EQ(gemm.started.gpu, 1 - first_gpu);
+  EXPECT_EQ(gemm.started.source, "host");
+  char want[96];
+  std::snprintf(want, sizeof want, "gemm %llu %a %a", static_cast<unsigned long long>(entry),
+                static_cast<double>(value), static_cast<double>(value));
+  EXPECT_EQ(gemm.line, want);
+  EXPECT_TRUE(client.drain(first_gpu, /*resume=*/true).ok());
+  finish_all(hiberd);
+}
+
 // A function killed in the middle of its request: its GPU is released, its request is gone, and
 // the other functions' requests go on, exact.
 TEST_F(LateBindingTest, AFunctionKilledMidRequestReleasesItsGpuAndOthersContinue) {

@@ -19,7 +19,7 @@ TEST(Calibration, SwapLatenciesStayNearTable4) {
   const PipelineOptions pipeline;
   const LinkOptions links;
   for (const Model& m : paper_models()) {
-    const SwapLatency s = swap_latency(default_node_config(), m, pipeline, links);
+    const SwapLatency s = swap_latency(paper_node_config(), m, pipeline, links);
     EXPECT_NEAR(ms(s.pcie), ms(m.paper_swap_pcie), 0.12 * ms(m.paper_swap_pcie)) << m.name;
     EXPECT_NEAR(ms(s.nvlink), ms(m.paper_swap_nvlink), 0.12 * ms(m.paper_swap_nvlink)) << m.name;
     // A swap never beats the resident run, and PCIe is never faster than NVLink.
@@ -31,7 +31,7 @@ TEST(Calibration, SwapLatenciesStayNearTable4) {
 TEST(Calibration, ContentionSlowsHeavyModelsAsTable3Does) {
   const PipelineOptions pipeline;
   const LinkOptions links;
-  const NodeConfig& node = default_node_config();
+  const NodeConfig& node = paper_node_config();
   const Model& densenet = paper_models()[*find_model("densenet169")];
   const Model& resnet = paper_models()[*find_model("resnet152")];
   const Model& bert = paper_models()[*find_model("bertqa")];
@@ -55,7 +55,7 @@ std::string read(const std::string& path) {
 
 TEST(Experiments, RunOnTwoThreadsAndWriteTheSameFilesEveryTime) {
   ExperimentOptions options;
-  options.node = default_node_config();
+  options.node = paper_node_config();
   options.time_scale = 0.05;  // 30 s measured
   options.threads = 2;
   std::string first;

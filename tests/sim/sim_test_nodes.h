@@ -17,7 +17,7 @@ namespace hiber::sim {
 // The first `gpus` GPUs of the Torpor node (GPUs 0 and 1 share a switch, as do 2 and 3), with
 // the links among them, each GPU with `memory` bytes.
 inline NodeConfig torpor_gpus(int gpus, uint64_t memory) {
-  NodeConfig c = default_node_config();
+  NodeConfig c = paper_node_config();
   c.gpus.resize(gpus);
   for (GpuSpec& g : c.gpus) g.memory_bytes = memory;
   std::vector<NvLinkSpec> links;

@@ -52,7 +52,7 @@ void drain(EventQueue& queue) {
 
 class Links : public ::testing::Test {
  protected:
-  Links() : topology_(*scheduler::Topology::from_config(default_node_config())) {}
+  Links() : topology_(*scheduler::Topology::from_config(paper_node_config())) {}
   scheduler::Topology topology_;
   EventQueue queue_;
   LinkOptions options_;  // efficiency 0.88: 12 GB/s PCIe -> 10.56 bytes/ns alone

@@ -67,10 +67,23 @@ TEST(NodeConfig, TheNvSwitchNodeConnectsEveryPair) {
   EXPECT_FALSE(config->share_pcie_switch(5, 6));
 }
 
-TEST(NodeConfig, TheEmbeddedDefaultIsTheTorporFile) {
+TEST(NodeConfig, TheEmbeddedDefaultIsTheH100FileAndThePaperNodeIsNamed) {
   EXPECT_EQ(default_node_config_json(),
-            read_file(source_dir() + "/configs/nodes/torpor-4gpu.json"));
-  EXPECT_EQ(default_node_config().name, "torpor-4gpu");
+            read_file(source_dir() + "/configs/nodes/nvswitch-8gpu.json"));
+  EXPECT_EQ(default_node_config().name, "nvswitch-8gpu");
+  // CUDA 13, cuBLAS 13 and cuDNN 9 need at least 7.5.
+  EXPECT_GE(default_node_config().gpus[0].compute_capability_major * 10 +
+                default_node_config().gpus[0].compute_capability_minor,
+            75);
+  EXPECT_EQ(paper_node_config_json(), read_file(source_dir() + "/configs/nodes/torpor-4gpu.json"));
+  EXPECT_EQ(paper_node_config().name, kPaperNodeName);
+  ASSERT_TRUE(embedded_node_config("torpor-4gpu").has_value());
+  EXPECT_EQ(embedded_node_config("torpor-4gpu")->gpus.size(), 4u);
+  EXPECT_FALSE(embedded_node_config("no-such-node").has_value());
+  auto by_name = node_config_by_name_or_path("nvswitch-8gpu");
+  ASSERT_TRUE(by_name.ok()) << by_name.status();
+  EXPECT_EQ(by_name->gpus.size(), 8u);
+  EXPECT_FALSE(node_config_by_name_or_path("/no/such/file.json").ok());
 }
 
 TEST(NodeConfig, MissingPciBusIdsAreMadeUpAndUnique) {

@@ -48,7 +48,7 @@ constexpr int kScratchBlocks = 2;
 
 // GPUs 0 and 1 of the Torpor node (one PCIe switch, one NVLink), with small memories.
 NodeConfig node_config() {
-  NodeConfig c = default_node_config();
+  NodeConfig c = paper_node_config();  // the topology these cases were written for
   c.gpus.resize(kGpus);
   for (GpuSpec& g : c.gpus) g.memory_bytes = kGpuMemory;
   std::erase_if(c.nvlinks,

@@ -62,22 +62,22 @@ DeviceUnderTest throttled_sim() {
   return {"SimThrottled", sim_factory(options), kFatbin};
 }
 
-DeviceUnderTest nvswitch_sim() {
+DeviceUnderTest torpor_sim() {
   auto create = []() -> Result<std::unique_ptr<Device>> {
     SimDeviceOptions options = options_with_plugin();
     HIBER_ASSIGN_OR_RETURN(options.node,
-                           load_node_config(HIBER_SOURCE_DIR "/configs/nodes/nvswitch-8gpu.json"));
+                           load_node_config(HIBER_SOURCE_DIR "/configs/nodes/torpor-4gpu.json"));
     return sim_factory(options)();
   };
-  return {"SimNvSwitch", create, kFatbin};
+  return {"SimTorpor", create, kFatbin};
 }
 
-// The suite on the default node (Torpor's 4 V100s), unthrottled and throttled, and on the
-// 8-GPU NVSwitch node.
+// The suite on the default node (8 H100s on one NVSwitch), unthrottled and throttled, and on
+// the paper's 4x V100 node (PCIe switches and point-to-point NVLink).
 INSTANTIATE_TEST_SUITE_P(
     Sim, DeviceContractTest,
     ::testing::Values(DeviceUnderTest{"Sim", sim_factory(options_with_plugin()), kFatbin},
-                      throttled_sim(), nvswitch_sim()),
+                      throttled_sim(), torpor_sim()),
     testing::device_test_name);
 
 // ---- Helpers ----
@@ -173,7 +173,12 @@ class SimDeviceTest : public ::testing::Test {
     ASSERT_TRUE(device.ok()) << device.status();
     device_ = std::move(device).value();
   }
-  void make_default() { make(SimDeviceOptions{}); }
+  // The paper's 4-GPU node: these tests name GPUs and peers of its topology.
+  void make_default() {
+    SimDeviceOptions options;
+    options.node = paper_node_config();
+    make(options);
+  }
 
   // Sim-only kernels: the hand-written PTX module with host implementations registered.
   Module load_sim_kernels() {
@@ -889,7 +894,8 @@ TEST_F(SimDeviceTest, KernelPluginErrorsNameWhatWentWrong) {
 
 TEST_F(SimDeviceTest, ModulesOfAnyArchitectureLoad) {
   make_default();
-  // The default node's V100s (7.0) cannot run sm_80+ code, but the simulator runs host code.
+  // Real GPUs run only code of their architecture (the default node's H100s: sm_90), but the
+  // simulator runs host code for any.
   for (const char* path :
        {kFatbin,
 #ifdef HIBER_TEST_KERNELS_FATBIN

@@ -105,7 +105,45 @@ int gather_through(const HiberSimLaunch* l) {
   return kSuccess;
 }
 
+// runtime_gaps.cu: shared_reverse(const float* in, float* out, int per_thread), dynamic shared
+// memory of blockDim.x * per_thread floats: each block's span reversed.
+int shared_reverse(const HiberSimLaunch* l) {
+  if (l->param_count != 3) return kInvalidValue;
+  auto in = arg<const float*>(l, 0);
+  auto out = arg<float*>(l, 1);
+  auto per_thread = arg<int>(l, 2);
+  const uint64_t span = uint64_t{l->block.x} * static_cast<uint64_t>(per_thread);
+  if (l->shared_memory_bytes < span * sizeof(float)) return kInvalidValue;  // as tile[] overflow
+  for (uint32_t b = 0; b < l->grid.x; ++b) {
+    for (uint64_t k = 0; k < span; ++k) out[b * span + k] = in[b * span + span - 1 - k];
+  }
+  return kSuccess;
+}
+
+// runtime_gaps.cu: add_one(float* data, int n)
+int add_one(const HiberSimLaunch* l) {
+  if (l->param_count != 2) return kInvalidValue;
+  auto data = arg<float*>(l, 0);
+  for_each_index(l, arg<int>(l, 1), [&](int i) { data[i] += 1.0f; });
+  return kSuccess;
+}
+
+// ptx_affine.cu (loaded as PTX): hiber_ptx_affine(float* y, const float* x, float a, float b,
+// int n)
+int ptx_affine(const HiberSimLaunch* l) {
+  if (l->param_count != 5) return kInvalidValue;
+  auto y = arg<float*>(l, 0);
+  auto x = arg<const float*>(l, 1);
+  auto a = arg<float>(l, 2);
+  auto b = arg<float>(l, 3);
+  for_each_index(l, arg<int>(l, 4), [&](int i) { y[i] = a * x[i] + b; });
+  return kSuccess;
+}
+
 const HiberSimKernel kKernels[] = {
+    {"_Z14shared_reversePKfPfi", shared_reverse},
+    {"_Z7add_onePfi", add_one},
+    {"hiber_ptx_affine", ptx_affine},
     {"_Z10vector_addPKfS0_Pfi", add_vectors},  // vector_add.cu, error_cases.cu
     {"_Z12saxpy_kernelifPKfPf", saxpy_kernel},
     {"_Z12scale_offsetPKfPfiff", scale_offset},

@@ -14,9 +14,14 @@
 // Or "indirect <table entry>": a kernel reads the entry through an array of table pointers the
 // request uploads (as a batched GEMM reads its matrices), so its arguments never name the
 // table; the answer is "indirect <entry> <value>".
+// Or "gemm <table entry>": cuBLAS reads the entry twice, by a 1x1 cublasSgemm whose A is the
+// entry (hiberd sees the operand and waits for its swap group) and by a 1x1 cublasGemmBatchedEx
+// whose A comes from a pointer array (hiberd cannot see where: it waits for the whole model);
+// the answer is "gemm <entry> <value> <value>".
 // Per request the program allocates its activations and frees them afterwards, as a framework
 // with a fresh workspace would: those are the function's scratch, the rest its model.
 // Exits 0 after "quit", 1 on a CUDA error (printed), 2 on bad arguments or a bad request line.
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -62,6 +67,11 @@ int main(int argc, char** argv) {
   unsigned int* d_counter = nullptr;
   CUDA_CHECK(cudaMalloc(&d_counter, sizeof(unsigned int)));
   CUDA_CHECK(cudaMemset(d_counter, 0, sizeof(unsigned int)));
+  cublasHandle_t blas = nullptr;
+  if (cublasCreate(&blas) != CUBLAS_STATUS_SUCCESS) {
+    std::fprintf(stderr, "mlp_server: cublasCreate failed\n");
+    return program::kExitCudaError;
+  }
   CUDA_CHECK(cudaDeviceSynchronize());
   std::printf("ready seed=%llu table_mib=%zu\n", static_cast<unsigned long long>(seed), table_mib);
 
@@ -74,6 +84,40 @@ int main(int argc, char** argv) {
       unsigned int value = 0;
       CUDA_CHECK(cudaMemcpy(&value, d_counter, sizeof value, cudaMemcpyDeviceToHost));
       std::printf("count %u\n", value);
+      continue;
+    }
+    if (std::strncmp(line, "gemm", 4) == 0) {
+      long long entry = -1;
+      if (std::sscanf(line + 4, "%lld", &entry) != 1 || entry < 0 ||
+          static_cast<size_t>(entry) >= table_entries) {
+        std::printf("bad request: %s", line);
+        return program::kExitUsage;
+      }
+      // Scratch: 1.0 as B, the two results, and the pointer arrays of the batched call.
+      float* d_scratch = nullptr;  // [one, direct, batched]
+      void** d_arrays = nullptr;   // [A, B, C]
+      CUDA_CHECK(cudaMalloc(&d_scratch, 3 * sizeof(float)));
+      CUDA_CHECK(cudaMalloc(&d_arrays, 3 * sizeof(void*)));
+      const float one = 1.0f, zero = 0.0f;
+      CUDA_CHECK(cudaMemcpy(d_scratch, &one, sizeof one, cudaMemcpyHostToDevice));
+      void* arrays[3] = {d_table + entry, d_scratch, d_scratch + 2};
+      CUDA_CHECK(cudaMemcpy(d_arrays, arrays, sizeof arrays, cudaMemcpyHostToDevice));
+      bool ok = cublasSgemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, 1, 1, 1, &one, d_table + entry, 1,
+                            d_scratch, 1, &zero, d_scratch + 1, 1) == CUBLAS_STATUS_SUCCESS;
+      ok = ok &&
+           cublasGemmBatchedEx(blas, CUBLAS_OP_N, CUBLAS_OP_N, 1, 1, 1, &one, d_arrays, CUDA_R_32F,
+                               1, d_arrays + 1, CUDA_R_32F, 1, &zero, d_arrays + 2, CUDA_R_32F, 1,
+                               1, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS;
+      if (!ok) {
+        std::fprintf(stderr, "mlp_server: a cuBLAS call failed\n");
+        return program::kExitCudaError;
+      }
+      float values[2] = {0, 0};
+      CUDA_CHECK(cudaMemcpy(values, d_scratch + 1, sizeof values, cudaMemcpyDeviceToHost));
+      CUDA_CHECK(cudaFree(d_scratch));
+      CUDA_CHECK(cudaFree(d_arrays));
+      std::printf("gemm %lld %a %a\n", entry, static_cast<double>(values[0]),
+                  static_cast<double>(values[1]));
       continue;
     }
     if (std::strncmp(line, "indirect", 8) == 0) {
@@ -123,6 +167,7 @@ int main(int argc, char** argv) {
     for (float v : out) std::printf(" %a", static_cast<double>(v));
     std::printf(" %a\n", static_cast<double>(value));
   }
+  if (cublasDestroy(blas) != CUBLAS_STATUS_SUCCESS) return program::kExitCudaError;
   free_model(model);
   if (d_table != nullptr) CUDA_CHECK(cudaFree(d_table));
   CUDA_CHECK(cudaFree(d_counter));

@@ -1,0 +1,54 @@
+// The runtime and driver calls PyTorch needs beyond the basics, NVML, and dlopen through the
+// caller's RUNPATH, each a program run through the shim against hiberd --device=sim
+// (tests/shim/programs: runtime_gaps.cu, nvml_query.cc, dlopen_rpath.cc; each compares with its
+// own CPU reference or with the CUDA runtime's answers and prints "<name>: OK" only then).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "tests/shim/shim_runner.h"
+
+namespace hiber::testing::shim {
+namespace {
+
+class ShimGapsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (std::string why = missing_shim(); !why.empty()) GTEST_SKIP() << why;
+  }
+
+  void expect_ok(const std::string& name, std::vector<std::string> args) {
+    Hiberd hiberd(sim_hiberd_options());
+    auto result = run_through_shim(hiberd, {name, std::move(args)}, name);
+    EXPECT_EQ(result.exit_code, 0) << result.output << "\nhiberd:\n" << hiberd.log();
+    EXPECT_NE(summary_line(result.output, name), "") << result.output;
+    EXPECT_EQ(result.output.find("WRONG"), std::string::npos) << result.output;
+    last_output_ = result.output;
+    EXPECT_EQ(hiberd.stop(), 0) << hiberd.log();
+  }
+
+  std::string last_output_;
+};
+
+TEST_F(ShimGapsTest, RuntimeAndDriverGapsBehaveAsCudaDocuments) {
+  expect_ok("runtime_gaps", {HIBER_GAPS_PTX});
+  EXPECT_NE(last_output_.find("64 KiB without the attribute -> cudaErrorInvalidValue"),
+            std::string::npos)
+      << last_output_;
+  EXPECT_NE(last_output_.find("host functions ran in stream order"), std::string::npos);
+  EXPECT_NE(last_output_.find("PTX linked, loaded and launched"), std::string::npos);
+}
+
+TEST_F(ShimGapsTest, NvmlAgreesWithCuda) { expect_ok("nvml_query", {}); }
+
+TEST_F(ShimGapsTest, BareDlopenSearchesTheCallersRunpath) {
+  // The target is reachable only through the caller's RUNPATH.
+  const std::filesystem::path target(HIBER_RPATH_TARGET);
+  ASSERT_EQ(target.parent_path().filename(), "rpath_dir");
+  ASSERT_EQ(std::filesystem::path(HIBER_RPATH_CALLER).parent_path(),
+            target.parent_path().parent_path());
+  expect_ok("dlopen_rpath", {HIBER_RPATH_CALLER});
+}
+
+}  // namespace
+}  // namespace hiber::testing::shim
