@@ -181,9 +181,10 @@ std::shared_ptr<const Support> support_of(const DescPtr& op_graph) {
     std::memcpy(&handle, h->bytes.data(), sizeof(void*));
   auto obj = hiber::shim::library_handle(handle, hiber::wire::Library::kDnn);
   if (!obj.ok()) {
-    support->status = hiber::error(ErrorCode::kInvalidValue,
-                                   "the operation graph's CUDNN_ATTR_OPERATIONGRAPH_HANDLE is not a "
-                                   "live cuDNN handle");
+    support->status =
+        hiber::error(ErrorCode::kInvalidValue,
+                     "the operation graph's CUDNN_ATTR_OPERATIONGRAPH_HANDLE is not a "
+                     "live cuDNN handle");
     return support;  // not cached: the program may set a good handle on a new graph
   }
   auto answer = hiber::shim::library_query(*obj, hiber::wire::LibraryOp::kDnnFinalize, encoded);
@@ -231,14 +232,16 @@ cudnnStatus_t finalize_engine(const DescPtr& d) {
   DescPtr graph = ref(*d, wdnn::kEngineOperationGraph, wdnn::kOperationGraph);
   int64_t index = 0;
   if (graph == nullptr || !scalar(*d, wdnn::kEngineGlobalIndex, wdnn::kTypeInt64, &index))
-    return bad_param(kCall, "CUDNN_ATTR_ENGINE_OPERATION_GRAPH and CUDNN_ATTR_ENGINE_GLOBAL_INDEX "
-                            "must be set");
+    return bad_param(kCall,
+                     "CUDNN_ATTR_ENGINE_OPERATION_GRAPH and CUDNN_ATTR_ENGINE_GLOBAL_INDEX "
+                     "must be set");
   auto support = support_of(graph);
   if (!support->status.ok()) return fail(kCall, support->status);
   if (index < 0 || index >= static_cast<int64_t>(support->engines.size()))
-    return not_supported(kCall, "engine " + std::to_string(index) + " does not exist: hiberd's "
-                                "device has " + std::to_string(support->engines.size()) +
-                                " engines");
+    return not_supported(kCall, "engine " + std::to_string(index) +
+                                    " does not exist: hiberd's "
+                                    "device has " +
+                                    std::to_string(support->engines.size()) + " engines");
   const wdnn::EngineSupport& e = support->engines[index];
   if (!e.supported)
     return not_supported(kCall, "engine " + std::to_string(index) +
@@ -259,7 +262,8 @@ cudnnStatus_t finalize(const DescPtr& d) {
     case wdnn::kEngineCfg: {
       DescPtr engine = ref(*d, wdnn::kEngineCfgEngine, wdnn::kEngine);
       if (engine == nullptr)
-        return bad_param("cudnnBackendFinalize(ENGINECFG)", "CUDNN_ATTR_ENGINECFG_ENGINE is not set");
+        return bad_param("cudnnBackendFinalize(ENGINECFG)",
+                         "CUDNN_ATTR_ENGINECFG_ENGINE is not set");
       if (const Value* knobs = attr(*d, wdnn::kEngineCfgKnobChoices);
           knobs != nullptr && knobs->count > 0)
         return not_supported("cudnnBackendFinalize(ENGINECFG)",
@@ -272,8 +276,9 @@ cudnnStatus_t finalize(const DescPtr& d) {
       DescPtr graph = ref(*d, wdnn::kEngineHeurOperationGraph, wdnn::kOperationGraph);
       int32_t mode = 0;
       if (graph == nullptr || !scalar(*d, wdnn::kEngineHeurMode, wdnn::kTypeHeurMode, &mode))
-        return bad_param(kCall, "CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH and "
-                                "CUDNN_ATTR_ENGINEHEUR_MODE must be set");
+        return bad_param(kCall,
+                         "CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH and "
+                         "CUDNN_ATTR_ENGINEHEUR_MODE must be set");
       auto support = support_of(graph);
       if (!support->status.ok()) return fail(kCall, support->status);
       return CUDNN_STATUS_SUCCESS;
@@ -283,8 +288,9 @@ cudnnStatus_t finalize(const DescPtr& d) {
       DescPtr cfg = ref(*d, wdnn::kPlanEngineConfig, wdnn::kEngineCfg);
       const Value* h = attr(*d, wdnn::kPlanHandle);
       if (cfg == nullptr || h == nullptr)
-        return bad_param(kCall, "CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG and "
-                                "CUDNN_ATTR_EXECUTION_PLAN_HANDLE must be set");
+        return bad_param(kCall,
+                         "CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG and "
+                         "CUDNN_ATTR_EXECUTION_PLAN_HANDLE must be set");
       wdnn::Graph g = graph_of(d);
       auto plan = wdnn::interpret_plan(g);
       if (!plan.ok()) return fail(kCall, plan.status());
@@ -305,8 +311,8 @@ cudnnStatus_t finalize(const DescPtr& d) {
       return CUDNN_STATUS_SUCCESS;
     }
   }
-  return not_supported("cudnnBackendFinalize", wdnn::descriptor_type_name(d->type) +
-                                                   " is not supported by Hiber");
+  return not_supported("cudnnBackendFinalize",
+                       wdnn::descriptor_type_name(d->type) + " is not supported by Hiber");
 }
 
 // ---- Getting attributes ----
@@ -423,10 +429,9 @@ cudnnStatus_t get_attribute(const DescPtr& d, int32_t name, int32_t type, int64_
       if (d->type != wdnn::kExecutionPlan || !want(wdnn::kTypeChar)) break;
       if (!d->finalized) return CUDNN_STATUS_BAD_PARAM_NOT_FINALIZED;
       // The plan's name comes from the engine's global index, as cuDNN's does.
-      const std::string json = "{\"engine\":" + std::to_string(d->engine.global_index) +
-                               ",\"knobs\":[],\"hiber\":true}";
-      return give(type, json.c_str(), static_cast<int64_t>(json.size() + 1), requested, count,
-                  out);
+      const std::string json =
+          "{\"engine\":" + std::to_string(d->engine.global_index) + ",\"knobs\":[],\"hiber\":true}";
+      return give(type, json.c_str(), static_cast<int64_t>(json.size() + 1), requested, count, out);
     }
     default: break;
   }
@@ -435,9 +440,9 @@ cudnnStatus_t get_attribute(const DescPtr& d, int32_t name, int32_t type, int64_
     return bad_param(kCall, wdnn::descriptor_type_name(d->type) + ": attribute " +
                                 std::to_string(name) + " is not set");
   if (v->type != type)
-    return fail(kCall, hiber::error(ErrorCode::kInvalidValue, wdnn::descriptor_type_name(d->type),
-                                    ": attribute ", name, " has attribute type ", v->type,
-                                    ", not ", type));
+    return fail(
+        kCall, hiber::error(ErrorCode::kInvalidValue, wdnn::descriptor_type_name(d->type),
+                            ": attribute ", name, " has attribute type ", v->type, ", not ", type));
   if (type != wdnn::kTypeBackendDescriptor)
     return give(type, v->bytes.data(), v->count, requested, count, out);
   if (count != nullptr) *count = v->count;
@@ -453,12 +458,11 @@ cudnnStatus_t get_attribute(const DescPtr& d, int32_t name, int32_t type, int64_
 
 HIBER_API cudnnStatus_t cudnnBackendCreateDescriptor(cudnnBackendDescriptorType_t type,
                                                      cudnnBackendDescriptor_t* descriptor) {
-  if (descriptor == nullptr)
-    return bad_param("cudnnBackendCreateDescriptor", "descriptor is NULL");
+  if (descriptor == nullptr) return bad_param("cudnnBackendCreateDescriptor", "descriptor is NULL");
   if (!supported_type(type))
-    return not_supported("cudnnBackendCreateDescriptor",
-                         wdnn::descriptor_type_name(type) + " (type " + std::to_string(type) +
-                             ") is not supported by Hiber");
+    return not_supported("cudnnBackendCreateDescriptor", wdnn::descriptor_type_name(type) +
+                                                             " (type " + std::to_string(type) +
+                                                             ") is not supported by Hiber");
   auto d = std::make_shared<Desc>();
   d->type = type;
   std::lock_guard lock(mu);
@@ -497,12 +501,13 @@ HIBER_API cudnnStatus_t cudnnBackendSetAttribute(cudnnBackendDescriptor_t descri
     return bad_param(kCall, wdnn::descriptor_type_name(d->type) + " is already finalized");
   const size_t each = wdnn::attr_element_bytes(type);
   if (each == 0)
-    return not_supported(kCall, "attribute type " + std::to_string(type) + " of attribute " +
-                                    std::to_string(name));
+    return not_supported(
+        kCall, "attribute type " + std::to_string(type) + " of attribute " + std::to_string(name));
   if (count < 0 || count > static_cast<int64_t>(wdnn::kMaxAttrElements) ||
       (count > 0 && elements == nullptr))
     return bad_param(kCall, "attribute " + std::to_string(name) + ": " + std::to_string(count) +
-                                " elements at " + std::to_string(reinterpret_cast<uintptr_t>(elements)));
+                                " elements at " +
+                                std::to_string(reinterpret_cast<uintptr_t>(elements)));
   Value v;
   v.type = type;
   v.count = count;
@@ -514,10 +519,9 @@ HIBER_API cudnnStatus_t cudnnBackendSetAttribute(cudnnBackendDescriptor_t descri
         return bad_param(kCall, "attribute " + std::to_string(name) + ": element " +
                                     std::to_string(i) + " is not a live backend descriptor");
       if (!r->finalized)
-        return fail(kCall, hiber::error(ErrorCode::kInvalidValue, "attribute ", name,
-                                        ": element ", i, " (a ",
-                                        wdnn::descriptor_type_name(r->type),
-                                        ") is not finalized"));
+        return fail(
+            kCall, hiber::error(ErrorCode::kInvalidValue, "attribute ", name, ": element ", i,
+                                " (a ", wdnn::descriptor_type_name(r->type), ") is not finalized"));
       v.refs.push_back(std::move(r));
     }
   } else {

@@ -161,9 +161,8 @@ HIBER_API cudnnStatus_t cudnnDestroyTensorDescriptor(cudnnTensorDescriptor_t des
 }
 
 HIBER_API cudnnStatus_t cudnnSetTensor4dDescriptor(cudnnTensorDescriptor_t desc,
-                                                   cudnnTensorFormat_t format,
-                                                   cudnnDataType_t type, int n, int c, int h,
-                                                   int w) {
+                                                   cudnnTensorFormat_t format, cudnnDataType_t type,
+                                                   int n, int c, int h, int w) {
   if (format != CUDNN_TENSOR_NCHW && format != CUDNN_TENSOR_NHWC)
     return not_supported("cudnnSetTensor4dDescriptor",
                          "tensor format " + std::to_string(format) + " (NCHW and NHWC only)");
@@ -224,8 +223,8 @@ HIBER_API cudnnStatus_t cudnnGetTensor4dDescriptor(const cudnnTensorDescriptor_t
 }
 
 HIBER_API cudnnStatus_t cudnnGetTensorNdDescriptor(const cudnnTensorDescriptor_t desc,
-                                                   int requested, cudnnDataType_t* type,
-                                                   int* rank, int dim_a[], int stride_a[]) {
+                                                   int requested, cudnnDataType_t* type, int* rank,
+                                                   int dim_a[], int stride_a[]) {
   const auto* s = shape_of(desc, "cudnnGetTensorNdDescriptor", "tensorDesc");
   if (s == nullptr) return CUDNN_STATUS_BAD_PARAM;
   if (type != nullptr) *type = static_cast<cudnnDataType_t>(s->data_type);
@@ -256,9 +255,8 @@ HIBER_API cudnnStatus_t cudnnDestroyFilterDescriptor(cudnnFilterDescriptor_t des
 }
 
 HIBER_API cudnnStatus_t cudnnSetFilterNdDescriptor(cudnnFilterDescriptor_t desc,
-                                                   cudnnDataType_t type,
-                                                   cudnnTensorFormat_t format, int rank,
-                                                   const int dims[]) {
+                                                   cudnnDataType_t type, cudnnTensorFormat_t format,
+                                                   int rank, const int dims[]) {
   auto* f = filters().find(desc);
   if (f == nullptr) return bad_param("cudnnSetFilterNdDescriptor", "not a live filter descriptor");
   if (dims == nullptr || rank < 3 || rank > wdnn::kMaxDims)
@@ -276,9 +274,8 @@ HIBER_API cudnnStatus_t cudnnSetFilterNdDescriptor(cudnnFilterDescriptor_t desc,
 }
 
 HIBER_API cudnnStatus_t cudnnSetFilter4dDescriptor(cudnnFilterDescriptor_t desc,
-                                                   cudnnDataType_t type,
-                                                   cudnnTensorFormat_t format, int k, int c, int h,
-                                                   int w) {
+                                                   cudnnDataType_t type, cudnnTensorFormat_t format,
+                                                   int k, int c, int h, int w) {
   const int dims[4] = {k, c, h, w};
   return cudnnSetFilterNdDescriptor(desc, type, format, 4, dims);
 }
@@ -345,10 +342,8 @@ HIBER_API cudnnStatus_t cudnnGetPoolingNdForwardOutputDim(const cudnnPoolingDesc
                                                           int rank, int out[]) {
   auto* p = poolings().find(desc);
   const auto* s = shape_of(input, "cudnnGetPoolingNdForwardOutputDim", "inputTensorDesc");
-  if (p == nullptr || s == nullptr || out == nullptr || rank != s->rank ||
-      rank != p->spatial + 2)
-    return bad_param("cudnnGetPoolingNdForwardOutputDim",
-                     "descriptors or nbDims do not agree");
+  if (p == nullptr || s == nullptr || out == nullptr || rank != s->rank || rank != p->spatial + 2)
+    return bad_param("cudnnGetPoolingNdForwardOutputDim", "descriptors or nbDims do not agree");
   out[0] = static_cast<int>(s->dims[0]);
   out[1] = static_cast<int>(s->dims[1]);
   for (int i = 0; i < p->spatial; ++i)
@@ -373,13 +368,14 @@ HIBER_API cudnnStatus_t cudnnGetPooling2dForwardOutputDim(const cudnnPoolingDesc
 }
 
 HIBER_API cudnnStatus_t cudnnPoolingForward(cudnnHandle_t handle,
-                                            const cudnnPoolingDescriptor_t desc,
-                                            const void* alpha, const cudnnTensorDescriptor_t x_desc,
-                                            const void* x, const void* beta,
-                                            const cudnnTensorDescriptor_t y_desc, void* y) {
+                                            const cudnnPoolingDescriptor_t desc, const void* alpha,
+                                            const cudnnTensorDescriptor_t x_desc, const void* x,
+                                            const void* beta, const cudnnTensorDescriptor_t y_desc,
+                                            void* y) {
   constexpr const char* kCall = "cudnnPoolingForward";
   auto* p = poolings().find(desc);
-  if (p == nullptr || p->spatial == 0) return bad_param(kCall, "not a live, set pooling descriptor");
+  if (p == nullptr || p->spatial == 0)
+    return bad_param(kCall, "not a live, set pooling descriptor");
   const auto* xs = shape_of(x_desc, kCall, "xDesc");
   const auto* ys = shape_of(y_desc, kCall, "yDesc");
   if (xs == nullptr || ys == nullptr) return CUDNN_STATUS_BAD_PARAM;
@@ -443,8 +439,7 @@ HIBER_API cudnnStatus_t cudnnSetActivationDescriptorSwishBeta(cudnnActivationDes
 }
 
 HIBER_API cudnnStatus_t cudnnActivationForward(cudnnHandle_t handle,
-                                               cudnnActivationDescriptor_t desc,
-                                               const void* alpha,
+                                               cudnnActivationDescriptor_t desc, const void* alpha,
                                                const cudnnTensorDescriptor_t x_desc, const void* x,
                                                const void* beta,
                                                const cudnnTensorDescriptor_t y_desc, void* y) {
@@ -471,8 +466,8 @@ HIBER_API cudnnStatus_t cudnnActivationForward(cudnnHandle_t handle,
 HIBER_API cudnnStatus_t cudnnSoftmaxForward(cudnnHandle_t handle, cudnnSoftmaxAlgorithm_t algo,
                                             cudnnSoftmaxMode_t mode, const void* alpha,
                                             const cudnnTensorDescriptor_t x_desc, const void* x,
-                                            const void* beta,
-                                            const cudnnTensorDescriptor_t y_desc, void* y) {
+                                            const void* beta, const cudnnTensorDescriptor_t y_desc,
+                                            void* y) {
   constexpr const char* kCall = "cudnnSoftmaxForward";
   const auto* xs = shape_of(x_desc, kCall, "xDesc");
   const auto* ys = shape_of(y_desc, kCall, "yDesc");

@@ -16,11 +16,11 @@ Result<LibraryOperand> operand(const dnn::TensorShape& shape, uint64_t ptr, bool
 
 // The operands of a legacy call: its checked struct's tensors.
 template <typename Op>
-Result<LibraryAccess> legacy(std::span<const std::byte> args, const char* name,
-                             std::initializer_list<std::tuple<const dnn::TensorShape Op::*,
-                                                              const uint64_t Op::*, bool,
-                                                              const char*>>
-                                 tensors) {
+Result<LibraryAccess> legacy(
+    std::span<const std::byte> args, const char* name,
+    std::initializer_list<
+        std::tuple<const dnn::TensorShape Op::*, const uint64_t Op::*, bool, const char*>>
+        tensors) {
   HIBER_ASSIGN_OR_RETURN(Op op, wire::read_op<Op>(args, name));
   HIBER_RETURN_IF_ERROR(dnn::check_op(op));
   LibraryAccess access;

@@ -26,8 +26,8 @@ class Reader {
   }
   Result<std::span<const std::byte>> take(size_t n, std::string_view what) {
     if (bytes_.size() - offset_ < n)
-      return error(ErrorCode::kInvalidValue, "cuDNN graph: ", what, " needs ", n,
-                   " bytes, only ", bytes_.size() - offset_, " remain");
+      return error(ErrorCode::kInvalidValue, "cuDNN graph: ", what, " needs ", n, " bytes, only ",
+                   bytes_.size() - offset_, " remain");
     auto out = bytes_.subspan(offset_, n);
     offset_ += n;
     return out;
@@ -177,8 +177,8 @@ Result<Tensor> tensor_of(const Node& node) {
                    ": CUDNN_ATTR_TENSOR_IS_VIRTUAL must be one BOOLEAN");
     t.is_virtual = v->bytes[0] != std::byte{0};
   }
-  if (const Attr* v = node.find(kTensorIsByValue); v != nullptr && v->type == kTypeBoolean &&
-                                                   v->count() == 1 && v->bytes[0] != std::byte{0})
+  if (const Attr* v = node.find(kTensorIsByValue);
+      v != nullptr && v->type == kTypeBoolean && v->count() == 1 && v->bytes[0] != std::byte{0})
     t.by_value = true;
   HIBER_RETURN_IF_ERROR(tensor_extent(t).status());
   return t;
@@ -448,15 +448,15 @@ Result<Graph> decode_graph(std::span<const std::byte> bytes) {
       HIBER_ASSIGN_OR_RETURN(uint32_t count, r.read<uint32_t>("an element count"));
       const size_t each = attr_element_bytes(a.type);
       if (each == 0 || a.type == kTypeHandle || a.type == kTypeVoidPtr)
-        return error(ErrorCode::kInvalidValue, "cuDNN graph: descriptor ", n, " attribute ",
-                     a.name, " has attribute type ", a.type, ", which no graph carries");
+        return error(ErrorCode::kInvalidValue, "cuDNN graph: descriptor ", n, " attribute ", a.name,
+                     " has attribute type ", a.type, ", which no graph carries");
       if (count > kMaxAttrElements)
-        return error(ErrorCode::kInvalidValue, "cuDNN graph: descriptor ", n, " attribute ",
-                     a.name, " has ", count, " elements (at most ", kMaxAttrElements, ")");
+        return error(ErrorCode::kInvalidValue, "cuDNN graph: descriptor ", n, " attribute ", a.name,
+                     " has ", count, " elements (at most ", kMaxAttrElements, ")");
       for (uint32_t j = 0; j < i; ++j)
         if (node.attrs[j].name == a.name)
-          return error(ErrorCode::kInvalidValue, "cuDNN graph: descriptor ", n,
-                       " sets attribute ", a.name, " twice");
+          return error(ErrorCode::kInvalidValue, "cuDNN graph: descriptor ", n, " sets attribute ",
+                       a.name, " twice");
       HIBER_ASSIGN_OR_RETURN(auto data, r.take(size_t{count} * each, "an attribute's elements"));
       a.bytes.assign(data.begin(), data.end());
       if (a.type == kTypeBackendDescriptor) {
@@ -479,8 +479,8 @@ Result<uint64_t> tensor_extent(const Tensor& t) {
   __int128 last = 0;
   for (int i = 0; i < t.rank && i < kMaxDims; ++i) {
     if (t.dims[i] < 1 || t.strides[i] < 1)
-      return error(ErrorCode::kInvalidValue, "tensor ", t.uid, ": dimension ", i, " is ",
-                   t.dims[i], " with stride ", t.strides[i]);
+      return error(ErrorCode::kInvalidValue, "tensor ", t.uid, ": dimension ", i, " is ", t.dims[i],
+                   " with stride ", t.strides[i]);
     last += static_cast<__int128>(t.dims[i] - 1) * t.strides[i];
     if (last > kMaxExtent)
       return error(ErrorCode::kInvalidValue, "tensor ", t.uid, " spans more than 2^48 elements");
@@ -500,7 +500,8 @@ Result<OpGraph> interpret_operation_graph(const Graph& g) {
   HIBER_ASSIGN_OR_RETURN(const Attr* ops,
                          attr_of(root, kOperationGraphOps, {kTypeBackendDescriptor}, true));
   if (ops->count() == 0)
-    return error(ErrorCode::kInvalidValue, "operation graph: CUDNN_ATTR_OPERATIONGRAPH_OPS is empty");
+    return error(ErrorCode::kInvalidValue,
+                 "operation graph: CUDNN_ATTR_OPERATIONGRAPH_OPS is empty");
   OpGraph out;
   for (size_t i = 0; i < ops->count(); ++i) {
     const Node& op = g.nodes[element<uint64_t>(*ops, i)];
@@ -508,8 +509,7 @@ Result<OpGraph> interpret_operation_graph(const Graph& g) {
       case kOpConvForward: HIBER_RETURN_IF_ERROR(conv_forward(g, op, out)); break;
       case kOpPointwise: HIBER_RETURN_IF_ERROR(pointwise(g, op, out)); break;
       default:
-        return error(ErrorCode::kNotSupported, "operation graph: a ",
-                     descriptor_type_name(op.type),
+        return error(ErrorCode::kNotSupported, "operation graph: a ", descriptor_type_name(op.type),
                      " is not an operation Hiber runs (convolution forward, pointwise)");
     }
   }
@@ -544,7 +544,8 @@ Status check_finalizable(const Graph& g) {
 Result<Plan> interpret_plan(const Graph& g) {
   if (g.nodes.empty() || g.nodes.back().type != kExecutionPlan)
     return error(ErrorCode::kInvalidValue, "cuDNN graph: the root is not an execution plan");
-  HIBER_ASSIGN_OR_RETURN(size_t cfg, ref_one(g, g.nodes.back(), kPlanEngineConfig, kEngineCfg, true));
+  HIBER_ASSIGN_OR_RETURN(size_t cfg,
+                         ref_one(g, g.nodes.back(), kPlanEngineConfig, kEngineCfg, true));
   HIBER_ASSIGN_OR_RETURN(size_t engine, ref_one(g, g.nodes[cfg], kEngineCfgEngine, kEngine, true));
   HIBER_ASSIGN_OR_RETURN(size_t opg,
                          ref_one(g, g.nodes[engine], kEngineOperationGraph, kOperationGraph, true));
@@ -701,8 +702,7 @@ Status check_op(const BatchNormInference& op) {
                  op.epsilon, " (below CUDNN_BN_MIN_EPSILON)");
   // Spatial: bn is 1 x C x 1 x 1; per activation: 1 x C x H x W.
   bool ok = op.bn.rank == op.x.rank && op.bn.dims[0] == 1 && op.bn.dims[1] == op.x.dims[1];
-  for (int i = 2; ok && i < op.x.rank; ++i)
-    ok = op.bn.dims[i] == (op.mode == 0 ? op.x.dims[i] : 1);
+  for (int i = 2; ok && i < op.x.rank; ++i) ok = op.bn.dims[i] == (op.mode == 0 ? op.x.dims[i] : 1);
   if (!ok)
     return error(ErrorCode::kInvalidValue,
                  "cudnnBatchNormalizationForwardInference: the scale/bias/mean/variance "

@@ -37,8 +37,8 @@ class Builder {
     g.nodes.push_back(std::move(n));
     return g.nodes.size() - 1;
   }
-  uint64_t tensor(int64_t uid, int32_t type, std::vector<int64_t> dims, std::vector<int64_t> strides,
-                  bool is_virtual = false) {
+  uint64_t tensor(int64_t uid, int32_t type, std::vector<int64_t> dims,
+                  std::vector<int64_t> strides, bool is_virtual = false) {
     dnn::Node n{dnn::kTensor, {}};
     attr<int32_t>(n, dnn::kTensorDataType, dnn::kTypeDataType, {type});
     attr(n, dnn::kTensorDimensions, dnn::kTypeInt64, dims);
@@ -244,13 +244,14 @@ std::vector<std::byte> define(uint64_t id, const dnn::Graph& g) {
 TEST(DnnChecks, ExecuteOperandsComeFromDimsStridesAndType) {
   server::DnnGraphs graphs;
   ConvCase c{.nhwc = true, .type = dnn::kHalf};
-  ASSERT_TRUE(server::check_dnn_call(wire::LibraryOp::kDnnDefineGraph, define(7, conv_plan(c)),
-                                     graphs)
-                  .ok());
+  ASSERT_TRUE(
+      server::check_dnn_call(wire::LibraryOp::kDnnDefineGraph, define(7, conv_plan(c)), graphs)
+          .ok());
   dnn::Execute e;
   e.header.graph_id = 7;
   e.entries = {{1, 0x1000}, {2, 0x20000}, {3, 0x30000}};
-  auto access = server::check_dnn_call(wire::LibraryOp::kDnnExecute, dnn::encode_execute(e), graphs);
+  auto access =
+      server::check_dnn_call(wire::LibraryOp::kDnnExecute, dnn::encode_execute(e), graphs);
   ASSERT_TRUE(access.ok()) << access.status();
   ASSERT_EQ(access->operands.size(), 3u);
   const ConvShapes s = shapes(c);
@@ -299,12 +300,14 @@ TEST(DnnChecks, RefusesUnknownUidsGraphsAndBadDescriptors) {
           .ok());
   dnn::Graph not_plan = conv_plan({});
   not_plan.nodes.pop_back();
-  auto refused = server::check_dnn_call(wire::LibraryOp::kDnnDefineGraph, define(3, not_plan), graphs);
+  auto refused =
+      server::check_dnn_call(wire::LibraryOp::kDnnDefineGraph, define(3, not_plan), graphs);
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.status().message().find("not an execution plan"), std::string::npos);
   std::vector<std::byte> garbage(40, std::byte{0x5a});
-  EXPECT_EQ(server::check_dnn_call(wire::LibraryOp::kDnnDefineGraph, garbage, graphs).status().code(),
-            ErrorCode::kInvalidValue);
+  EXPECT_EQ(
+      server::check_dnn_call(wire::LibraryOp::kDnnDefineGraph, garbage, graphs).status().code(),
+      ErrorCode::kInvalidValue);
   EXPECT_EQ(server::check_dnn_call(wire::LibraryOp::kDnnExecute, garbage, graphs).status().code(),
             ErrorCode::kInvalidValue);
   EXPECT_EQ(server::check_dnn_query(wire::LibraryOp::kDnnFinalize, garbage).code(),
@@ -433,7 +436,8 @@ INSTANTIATE_TEST_SUITE_P(
                       ConvCase{.nhwc = true, .pad = 0, .stride = 2, .groups = 2},
                       ConvCase{.type = dnn::kHalf, .pad = 1, .stride = 1, .groups = 2},
                       ConvCase{.nhwc = true, .type = dnn::kHalf, .dilation = 2, .groups = 2},
-                      ConvCase{.fused = true}, ConvCase{.nhwc = true, .type = dnn::kHalf, .fused = true}));
+                      ConvCase{.fused = true},
+                      ConvCase{.nhwc = true, .type = dnn::kHalf, .fused = true}));
 
 TEST(DnnHost, BatchNormPoolingSoftmaxActivationAddTensor) {
   // x: 1 x 2 x 3 x 4, NCHW, fp32.
@@ -508,7 +512,9 @@ TEST(DnnHost, BatchNormPoolingSoftmaxActivationAddTensor) {
     device::sim::activation_forward(a);
     for (int i = 0; i < 24; ++i) {
       const double v = x[i];
-      const double f = mode == 0 ? 1 / (1 + std::exp(-v)) : mode == 1 ? std::max(v, 0.0) : std::tanh(v);
+      const double f = mode == 0   ? 1 / (1 + std::exp(-v))
+                       : mode == 1 ? std::max(v, 0.0)
+                                   : std::tanh(v);
       EXPECT_NEAR(out[i], 2 * f + 1, 1e-5) << "mode " << mode;
     }
   }

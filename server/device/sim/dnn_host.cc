@@ -32,20 +32,17 @@ class SimDnn final : public LibraryBackend {
         return legacy<dnn::BatchNormInference>(
             stream, call, "cudnnBatchNormalizationForwardInference",
             [](const dnn::BatchNormInference& op) {
-              return std::vector<SimDevice::Operand>{{op.x_ptr, extent(op.x)},
-                                                     {op.y_ptr, extent(op.y)},
-                                                     {op.scale, extent(op.bn)},
-                                                     {op.bias, extent(op.bn)},
-                                                     {op.mean, extent(op.bn)},
-                                                     {op.variance, extent(op.bn)}};
+              return std::vector<SimDevice::Operand>{
+                  {op.x_ptr, extent(op.x)}, {op.y_ptr, extent(op.y)}, {op.scale, extent(op.bn)},
+                  {op.bias, extent(op.bn)}, {op.mean, extent(op.bn)}, {op.variance, extent(op.bn)}};
             },
             batch_norm_inference);
       case wire::LibraryOp::kDnnPooling:
         return legacy<dnn::Pooling>(stream, call, "cudnnPoolingForward", xy<dnn::Pooling>,
                                     pooling_forward);
       case wire::LibraryOp::kDnnActivation:
-        return legacy<dnn::Activation>(stream, call, "cudnnActivationForward",
-                                       xy<dnn::Activation>, activation_forward);
+        return legacy<dnn::Activation>(stream, call, "cudnnActivationForward", xy<dnn::Activation>,
+                                       activation_forward);
       case wire::LibraryOp::kDnnSoftmax:
         return legacy<dnn::Softmax>(stream, call, "cudnnSoftmaxForward", xy<dnn::Softmax>,
                                     softmax_forward);
@@ -149,8 +146,7 @@ class SimDnn final : public LibraryBackend {
   SimDevice& device_;
   Mutex mu_;
   // Defined graphs by owner (session) and the client's graph id.
-  std::map<uint64_t, std::map<uint64_t, std::shared_ptr<const dnn::Plan>>> graphs_
-      GUARDED_BY(mu_);
+  std::map<uint64_t, std::map<uint64_t, std::shared_ptr<const dnn::Plan>>> graphs_ GUARDED_BY(mu_);
 };
 
 }  // namespace

@@ -141,8 +141,9 @@ Result<Chain> chain_of(const dnn::OpGraph& g) {
       if (!used[i] && g.ops[i].x == current) next = static_cast<int>(i);
     if (next < 0) break;
     if (!g.tensors[current].is_virtual && !(c.conv < 0 && current == c.source))
-      return error(ErrorCode::kNotSupported, "the simulated GPU's engine fuses pointwise ops "
-                                             "only through virtual tensors");
+      return error(ErrorCode::kNotSupported,
+                   "the simulated GPU's engine fuses pointwise ops "
+                   "only through virtual tensors");
     used[next] = true;
     c.pointwise.push_back(next);
     current = g.ops[next].y;
@@ -165,8 +166,8 @@ Result<Chain> chain_of(const dnn::OpGraph& g) {
 Status host_engine_supports(const dnn::OpGraph& g) {
   for (const dnn::Tensor& t : g.tensors)
     if (host_type(t.data_type) < 0)
-      return error(ErrorCode::kNotSupported, "tensor ", t.uid, " has cudnnDataType_t ",
-                   t.data_type, "; the simulated GPU runs FLOAT, DOUBLE, HALF and BFLOAT16");
+      return error(ErrorCode::kNotSupported, "tensor ", t.uid, " has cudnnDataType_t ", t.data_type,
+                   "; the simulated GPU runs FLOAT, DOUBLE, HALF and BFLOAT16");
   HIBER_ASSIGN_OR_RETURN(Chain c, chain_of(g));
   if (c.conv >= 0) {
     const dnn::Op& conv = g.ops[c.conv];
@@ -209,9 +210,8 @@ Status run_op_graph(const dnn::OpGraph& g, std::span<const dnn::Bound> bound) {
 
   if (c.conv < 0) {
     const View& src = views[c.source];
-    for_each(out.rank, out.dims, [&](const int64_t* coord) {
-      out.store(coord, finish(coord, src.load(coord)));
-    });
+    for_each(out.rank, out.dims,
+             [&](const int64_t* coord) { out.store(coord, finish(coord, src.load(coord))); });
     return Status();
   }
 
@@ -289,8 +289,8 @@ void batch_norm_inference(const dnn::BatchNormInference& op) {
   for_each(x.rank, x.dims, [&](const int64_t* coord) {
     // bn's dims of size 1 (N always; spatial ones in spatial mode) broadcast.
     const double inv = 1.0 / std::sqrt(var.load(coord) + op.epsilon);
-    const double v = scale.load(coord) * (x.load(coord) - mean.load(coord)) * inv +
-                     bias.load(coord);
+    const double v =
+        scale.load(coord) * (x.load(coord) - mean.load(coord)) * inv + bias.load(coord);
     y.store(coord, blend(v, op.alpha, op.beta, y, coord));
   });
 }
@@ -337,13 +337,13 @@ void activation_forward(const dnn::Activation& op) {
     const double v = x.load(coord);
     double r = v;
     switch (op.mode) {
-      case 0: r = 1.0 / (1.0 + std::exp(-v)); break;                      // SIGMOID
-      case 1: r = v > 0 ? v : 0; break;                                   // RELU
-      case 2: r = std::tanh(v); break;                                    // TANH
-      case 3: r = std::min(std::max(v, 0.0), op.coef); break;             // CLIPPED_RELU
-      case 4: r = v > 0 ? v : op.coef * (std::exp(v) - 1); break;         // ELU
-      case 5: r = v; break;                                               // IDENTITY
-      case 6: r = v / (1.0 + std::exp(-op.coef * v)); break;              // SWISH
+      case 0: r = 1.0 / (1.0 + std::exp(-v)); break;               // SIGMOID
+      case 1: r = v > 0 ? v : 0; break;                            // RELU
+      case 2: r = std::tanh(v); break;                             // TANH
+      case 3: r = std::min(std::max(v, 0.0), op.coef); break;      // CLIPPED_RELU
+      case 4: r = v > 0 ? v : op.coef * (std::exp(v) - 1); break;  // ELU
+      case 5: r = v; break;                                        // IDENTITY
+      case 6: r = v / (1.0 + std::exp(-op.coef * v)); break;       // SWISH
     }
     if (std::isnan(v) && op.nan_propagation == 1) r = v;
     y.store(coord, blend(r, op.alpha, op.beta, y, coord));

@@ -9,8 +9,8 @@
 // Then the error paths a program can meet: an engine index the device lacks, an unsupported
 // descriptor type, a pointer that is no descriptor; each must return cuDNN's documented status.
 //
-// Argument: passes per case (default 2). Prints "library_cnn: OK cases=4 errors=4" (nothing that differs between a GPU and the
-// simulated one).
+// Argument: passes per case (default 2). Prints "library_cnn: OK cases=4 errors=4" (nothing that
+// differs between a GPU and the simulated one).
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
 #include <cudnn.h>
@@ -21,25 +21,25 @@
 
 #include "program_util.h"
 
-#define CUDNN_CHECK(call)                                                                     \
-  do {                                                                                        \
-    cudnnStatus_t s_ = (call);                                                                \
-    if (s_ != CUDNN_STATUS_SUCCESS) {                                                         \
-      char m_[512];                                                                           \
-      cudnnGetLastErrorString(m_, sizeof(m_));                                                \
-      std::printf("library_cnn: FAILED: %s = %s (%s) at line %d\n", #call,                    \
-                  cudnnGetErrorString(s_), m_, __LINE__);                                     \
-      std::exit(program::kExitCudaError);                                                     \
-    }                                                                                         \
+#define CUDNN_CHECK(call)                                                  \
+  do {                                                                     \
+    cudnnStatus_t s_ = (call);                                             \
+    if (s_ != CUDNN_STATUS_SUCCESS) {                                      \
+      char m_[512];                                                        \
+      cudnnGetLastErrorString(m_, sizeof(m_));                             \
+      std::printf("library_cnn: FAILED: %s = %s (%s) at line %d\n", #call, \
+                  cudnnGetErrorString(s_), m_, __LINE__);                  \
+      std::exit(program::kExitCudaError);                                  \
+    }                                                                      \
   } while (0)
-#define CUBLAS_CHECK(call)                                                                    \
-  do {                                                                                        \
-    cublasStatus_t s_ = (call);                                                               \
-    if (s_ != CUBLAS_STATUS_SUCCESS) {                                                        \
-      std::printf("library_cnn: FAILED: %s = %d at line %d\n", #call, static_cast<int>(s_),   \
-                  __LINE__);                                                                  \
-      std::exit(program::kExitCudaError);                                                     \
-    }                                                                                         \
+#define CUBLAS_CHECK(call)                                                                  \
+  do {                                                                                      \
+    cublasStatus_t s_ = (call);                                                             \
+    if (s_ != CUBLAS_STATUS_SUCCESS) {                                                      \
+      std::printf("library_cnn: FAILED: %s = %d at line %d\n", #call, static_cast<int>(s_), \
+                  __LINE__);                                                                \
+      std::exit(program::kExitCudaError);                                                   \
+    }                                                                                       \
   } while (0)
 
 namespace {
@@ -63,7 +63,9 @@ void strides_of(bool nhwc, int n, int c, int h, int w, int64_t* s) {
 
 // Values exactly representable in fp16 (multiples of 1/8 of small integers), so the fp16 case
 // starts from the same numbers as the fp32 one.
-float value(int i, int mod, int shift) { return static_cast<float>((i * 7 + shift) % mod - mod / 2) / 8.0f; }
+float value(int i, int mod, int shift) {
+  return static_cast<float>((i * 7 + shift) % mod - mod / 2) / 8.0f;
+}
 
 struct Data {
   std::vector<float> x, w, scale, bias, mean, var, fc;
@@ -111,13 +113,15 @@ std::vector<double> reference(const Data& d, bool nhwc) {
     double mx = -1e300, sum = 0;
     for (int m = 0; m < M; ++m) {
       double acc = 0;
-      for (int f = 0; f < F; ++f) acc += double{d.fc[m + static_cast<size_t>(f) * M]} * feat[static_cast<size_t>(n) * F + f];
+      for (int f = 0; f < F; ++f)
+        acc += double{d.fc[m + static_cast<size_t>(f) * M]} * feat[static_cast<size_t>(n) * F + f];
       out[static_cast<size_t>(n) * M + m] = acc;
       mx = std::max(mx, acc);
     }
     for (int m = 0; m < M; ++m) sum += std::exp(out[static_cast<size_t>(n) * M + m] - mx);
     for (int m = 0; m < M; ++m)
-      out[static_cast<size_t>(n) * M + m] = std::exp(out[static_cast<size_t>(n) * M + m] - mx) / sum;
+      out[static_cast<size_t>(n) * M + m] =
+          std::exp(out[static_cast<size_t>(n) * M + m] - mx) / sum;
   }
   return out;
 }
@@ -132,11 +136,13 @@ cudnnBackendDescriptor_t tensor(int64_t uid, cudnnDataType_t type, const int64_t
                                 const int64_t* strides) {
   cudnnBackendDescriptor_t t = make(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
   const int64_t alignment = 16;
-  CUDNN_CHECK(cudnnBackendSetAttribute(t, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &type));
+  CUDNN_CHECK(
+      cudnnBackendSetAttribute(t, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &type));
   CUDNN_CHECK(cudnnBackendSetAttribute(t, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, dims));
   CUDNN_CHECK(cudnnBackendSetAttribute(t, CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, strides));
   CUDNN_CHECK(cudnnBackendSetAttribute(t, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &uid));
-  CUDNN_CHECK(cudnnBackendSetAttribute(t, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &alignment));
+  CUDNN_CHECK(cudnnBackendSetAttribute(t, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1,
+                                       &alignment));
   CUDNN_CHECK(cudnnBackendFinalize(t));
   return t;
 }
@@ -160,27 +166,42 @@ ConvGraph conv_graph(cudnnHandle_t handle, cudnnDataType_t type, bool nhwc) {
   const int64_t spatial = 2, pad[2] = {PAD, PAD}, stride[2] = {STRIDE, STRIDE}, dil[2] = {1, 1};
   const cudnnDataType_t compute = CUDNN_DATA_FLOAT;
   const cudnnConvolutionMode_t mode = CUDNN_CROSS_CORRELATION;
-  CUDNN_CHECK(cudnnBackendSetAttribute(g.conv, CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS, CUDNN_TYPE_INT64, 1, &spatial));
-  CUDNN_CHECK(cudnnBackendSetAttribute(g.conv, CUDNN_ATTR_CONVOLUTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &compute));
-  CUDNN_CHECK(cudnnBackendSetAttribute(g.conv, CUDNN_ATTR_CONVOLUTION_CONV_MODE, CUDNN_TYPE_CONVOLUTION_MODE, 1, &mode));
-  CUDNN_CHECK(cudnnBackendSetAttribute(g.conv, CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS, CUDNN_TYPE_INT64, 2, pad));
-  CUDNN_CHECK(cudnnBackendSetAttribute(g.conv, CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, CUDNN_TYPE_INT64, 2, pad));
-  CUDNN_CHECK(cudnnBackendSetAttribute(g.conv, CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES, CUDNN_TYPE_INT64, 2, stride));
-  CUDNN_CHECK(cudnnBackendSetAttribute(g.conv, CUDNN_ATTR_CONVOLUTION_DILATIONS, CUDNN_TYPE_INT64, 2, dil));
+  CUDNN_CHECK(cudnnBackendSetAttribute(g.conv, CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS,
+                                       CUDNN_TYPE_INT64, 1, &spatial));
+  CUDNN_CHECK(cudnnBackendSetAttribute(g.conv, CUDNN_ATTR_CONVOLUTION_COMP_TYPE,
+                                       CUDNN_TYPE_DATA_TYPE, 1, &compute));
+  CUDNN_CHECK(cudnnBackendSetAttribute(g.conv, CUDNN_ATTR_CONVOLUTION_CONV_MODE,
+                                       CUDNN_TYPE_CONVOLUTION_MODE, 1, &mode));
+  CUDNN_CHECK(cudnnBackendSetAttribute(g.conv, CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS,
+                                       CUDNN_TYPE_INT64, 2, pad));
+  CUDNN_CHECK(cudnnBackendSetAttribute(g.conv, CUDNN_ATTR_CONVOLUTION_POST_PADDINGS,
+                                       CUDNN_TYPE_INT64, 2, pad));
+  CUDNN_CHECK(cudnnBackendSetAttribute(g.conv, CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES,
+                                       CUDNN_TYPE_INT64, 2, stride));
+  CUDNN_CHECK(
+      cudnnBackendSetAttribute(g.conv, CUDNN_ATTR_CONVOLUTION_DILATIONS, CUDNN_TYPE_INT64, 2, dil));
   CUDNN_CHECK(cudnnBackendFinalize(g.conv));
   g.op = make(CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR);
   // FLOAT compute type: alpha and beta are FLOAT (they would be DOUBLE for DOUBLE compute).
   const float alpha = 1.0f, beta = 0.0f;
-  CUDNN_CHECK(cudnnBackendSetAttribute(g.op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &g.x));
-  CUDNN_CHECK(cudnnBackendSetAttribute(g.op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &g.w));
-  CUDNN_CHECK(cudnnBackendSetAttribute(g.op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &g.y));
-  CUDNN_CHECK(cudnnBackendSetAttribute(g.op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &g.conv));
-  CUDNN_CHECK(cudnnBackendSetAttribute(g.op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, CUDNN_TYPE_FLOAT, 1, &alpha));
-  CUDNN_CHECK(cudnnBackendSetAttribute(g.op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA, CUDNN_TYPE_FLOAT, 1, &beta));
+  CUDNN_CHECK(cudnnBackendSetAttribute(g.op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X,
+                                       CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &g.x));
+  CUDNN_CHECK(cudnnBackendSetAttribute(g.op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W,
+                                       CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &g.w));
+  CUDNN_CHECK(cudnnBackendSetAttribute(g.op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y,
+                                       CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &g.y));
+  CUDNN_CHECK(cudnnBackendSetAttribute(g.op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC,
+                                       CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &g.conv));
+  CUDNN_CHECK(cudnnBackendSetAttribute(g.op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA,
+                                       CUDNN_TYPE_FLOAT, 1, &alpha));
+  CUDNN_CHECK(cudnnBackendSetAttribute(g.op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA,
+                                       CUDNN_TYPE_FLOAT, 1, &beta));
   CUDNN_CHECK(cudnnBackendFinalize(g.op));
   g.graph = make(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
-  CUDNN_CHECK(cudnnBackendSetAttribute(g.graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &g.op));
-  CUDNN_CHECK(cudnnBackendSetAttribute(g.graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle));
+  CUDNN_CHECK(cudnnBackendSetAttribute(g.graph, CUDNN_ATTR_OPERATIONGRAPH_OPS,
+                                       CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &g.op));
+  CUDNN_CHECK(cudnnBackendSetAttribute(g.graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE,
+                                       1, &handle));
   CUDNN_CHECK(cudnnBackendFinalize(g.graph));
   return g;
 }
@@ -190,11 +211,14 @@ ConvGraph conv_graph(cudnnHandle_t handle, cudnnDataType_t type, bool nhwc) {
 cudnnBackendDescriptor_t plan_for(cudnnHandle_t handle, cudnnBackendDescriptor_t graph) {
   cudnnBackendDescriptor_t heur = make(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
   const cudnnBackendHeurMode_t mode = CUDNN_HEUR_MODE_INSTANT;
-  CUDNN_CHECK(cudnnBackendSetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &graph));
-  CUDNN_CHECK(cudnnBackendSetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode));
+  CUDNN_CHECK(cudnnBackendSetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH,
+                                       CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &graph));
+  CUDNN_CHECK(
+      cudnnBackendSetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode));
   CUDNN_CHECK(cudnnBackendFinalize(heur));
   int64_t count = 0;
-  CUDNN_CHECK(cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count, nullptr));
+  CUDNN_CHECK(cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                                       CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count, nullptr));
   if (count < 1) {
     std::printf("library_cnn: FAILED: no engine config from the heuristics\n");
     std::exit(program::kExitMismatch);
@@ -202,20 +226,24 @@ cudnnBackendDescriptor_t plan_for(cudnnHandle_t handle, cudnnBackendDescriptor_t
   std::vector<cudnnBackendDescriptor_t> configs(count);
   for (auto& c : configs) c = make(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
   int64_t got = 0;
-  CUDNN_CHECK(cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &got, configs.data()));
+  CUDNN_CHECK(cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                                       CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &got, configs.data()));
   cudnnBackendDescriptor_t chosen = nullptr;
   for (auto c : configs) {
     cudnnBackendDescriptor_t engine = make(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
     int64_t n = 0;
-    CUDNN_CHECK(cudnnBackendGetAttribute(c, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n, &engine));
+    CUDNN_CHECK(cudnnBackendGetAttribute(c, CUDNN_ATTR_ENGINECFG_ENGINE,
+                                         CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n, &engine));
     cudnnBackendNumericalNote_t notes[16];
-    CUDNN_CHECK(cudnnBackendGetAttribute(engine, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE, 16, &n, notes));
+    CUDNN_CHECK(cudnnBackendGetAttribute(engine, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE,
+                                         CUDNN_TYPE_NUMERICAL_NOTE, 16, &n, notes));
     bool usable = true;
     for (int64_t i = 0; i < n; ++i)
       usable = usable && notes[i] != CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS &&
                notes[i] != CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC;
     int64_t index = -1;
-    CUDNN_CHECK(cudnnBackendGetAttribute(engine, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &n, &index));
+    CUDNN_CHECK(cudnnBackendGetAttribute(engine, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64,
+                                         1, &n, &index));
     CUDNN_CHECK(cudnnBackendDestroyDescriptor(engine));
     if (usable && index >= 0 && chosen == nullptr) chosen = c;
   }
@@ -224,8 +252,10 @@ cudnnBackendDescriptor_t plan_for(cudnnHandle_t handle, cudnnBackendDescriptor_t
     std::exit(program::kExitMismatch);
   }
   cudnnBackendDescriptor_t plan = make(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
-  CUDNN_CHECK(cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &chosen));
-  CUDNN_CHECK(cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle));
+  CUDNN_CHECK(cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG,
+                                       CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &chosen));
+  CUDNN_CHECK(cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1,
+                                       &handle));
   CUDNN_CHECK(cudnnBackendFinalize(plan));
   for (auto c : configs) CUDNN_CHECK(cudnnBackendDestroyDescriptor(c));
   CUDNN_CHECK(cudnnBackendDestroyDescriptor(heur));
@@ -235,7 +265,8 @@ cudnnBackendDescriptor_t plan_for(cudnnHandle_t handle, cudnnBackendDescriptor_t
 cudnnTensorDescriptor_t legacy_tensor(cudnnDataType_t type, bool nhwc, int n, int c, int h, int w) {
   cudnnTensorDescriptor_t t;
   CUDNN_CHECK(cudnnCreateTensorDescriptor(&t));
-  CUDNN_CHECK(cudnnSetTensor4dDescriptor(t, nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW, type, n, c, h, w));
+  CUDNN_CHECK(cudnnSetTensor4dDescriptor(t, nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW, type, n,
+                                         c, h, w));
   return t;
 }
 
@@ -250,7 +281,8 @@ T* upload(const std::vector<float>& host, bool half, bool nhwc, int n, int c, in
     for (int b = 0; b < c; ++b)
       for (int i = 0; i < h; ++i)
         for (int j = 0; j < w; ++j)
-          stored[a * s[0] + b * s[1] + i * s[2] + j * s[3]] = host[((static_cast<size_t>(a) * c + b) * h + i) * w + j];
+          stored[a * s[0] + b * s[1] + i * s[2] + j * s[3]] =
+              host[((static_cast<size_t>(a) * c + b) * h + i) * w + j];
   void* d;
   CUDA_CHECK(cudaMalloc(&d, count * (half ? 2 : 4)));
   if (half) {
@@ -271,8 +303,10 @@ size_t run_case(cudnnHandle_t handle, cublasHandle_t blas, cudaStream_t stream, 
   void* x = upload<void>(d.x, half, nhwc, N, C, H, W);
   void* w = upload<void>(d.w, half, nhwc, K, C, R, S);
   // BN parameters are FLOAT for HALF data (cuDNN's rule), 1 x K x 1 x 1.
-  void *scale = upload<void>(d.scale, false, false, 1, K, 1, 1), *bias = upload<void>(d.bias, false, false, 1, K, 1, 1),
-       *mean = upload<void>(d.mean, false, false, 1, K, 1, 1), *var = upload<void>(d.var, false, false, 1, K, 1, 1);
+  void *scale = upload<void>(d.scale, false, false, 1, K, 1, 1),
+       *bias = upload<void>(d.bias, false, false, 1, K, 1, 1),
+       *mean = upload<void>(d.mean, false, false, 1, K, 1, 1),
+       *var = upload<void>(d.var, false, false, 1, K, 1, 1);
   void* fc = upload<void>(d.fc, half, false, 1, 1, F, M);  // M x F column-major = F rows of M
   void *y, *y2, *pooled, *logits, *probs;
   CUDA_CHECK(cudaMalloc(&y, size_t{N} * K * P * Q * esize));
@@ -285,15 +319,19 @@ size_t run_case(cudnnHandle_t handle, cublasHandle_t blas, cudaStream_t stream, 
   ConvGraph g = conv_graph(handle, type, nhwc);
   cudnnBackendDescriptor_t plan = plan_for(handle, g.graph);
   int64_t workspace_bytes = 0, n = 0;
-  CUDNN_CHECK(cudnnBackendGetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &n, &workspace_bytes));
+  CUDNN_CHECK(cudnnBackendGetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
+                                       CUDNN_TYPE_INT64, 1, &n, &workspace_bytes));
   void* workspace = nullptr;
   if (workspace_bytes > 0) CUDA_CHECK(cudaMalloc(&workspace, workspace_bytes));
   cudnnBackendDescriptor_t pack = make(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
   int64_t uids[3] = {'x', 'w', 'y'};
   void* ptrs[3] = {x, w, y};
-  CUDNN_CHECK(cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, 3, uids));
-  CUDNN_CHECK(cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, 3, ptrs));
-  CUDNN_CHECK(cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace));
+  CUDNN_CHECK(cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64,
+                                       3, uids));
+  CUDNN_CHECK(cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS,
+                                       CUDNN_TYPE_VOID_PTR, 3, ptrs));
+  CUDNN_CHECK(cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR,
+                                       1, &workspace));
   CUDNN_CHECK(cudnnBackendFinalize(pack));
   CUDNN_CHECK(cudnnBackendExecute(handle, plan, pack));
 
@@ -302,14 +340,18 @@ size_t run_case(cudnnHandle_t handle, cublasHandle_t blas, cudaStream_t stream, 
   cudnnTensorDescriptor_t bnd = legacy_tensor(CUDNN_DATA_FLOAT, false, 1, K, 1, 1);
   cudnnTensorDescriptor_t pd = legacy_tensor(type, nhwc, N, K, PP, PQ);
   const float one = 1.0f, zero = 0.0f;
-  CUDNN_CHECK(cudnnBatchNormalizationForwardInference(handle, CUDNN_BATCHNORM_SPATIAL, &one, &zero, yd, y, yd, y2, bnd, scale, bias, mean, var, kEps));
+  CUDNN_CHECK(cudnnBatchNormalizationForwardInference(handle, CUDNN_BATCHNORM_SPATIAL, &one, &zero,
+                                                      yd, y, yd, y2, bnd, scale, bias, mean, var,
+                                                      kEps));
   cudnnActivationDescriptor_t relu;
   CUDNN_CHECK(cudnnCreateActivationDescriptor(&relu));
-  CUDNN_CHECK(cudnnSetActivationDescriptor(relu, CUDNN_ACTIVATION_RELU, CUDNN_NOT_PROPAGATE_NAN, 0.0));
+  CUDNN_CHECK(
+      cudnnSetActivationDescriptor(relu, CUDNN_ACTIVATION_RELU, CUDNN_NOT_PROPAGATE_NAN, 0.0));
   CUDNN_CHECK(cudnnActivationForward(handle, relu, &one, yd, y2, &zero, yd, y2));
   cudnnPoolingDescriptor_t pool;
   CUDNN_CHECK(cudnnCreatePoolingDescriptor(&pool));
-  CUDNN_CHECK(cudnnSetPooling2dDescriptor(pool, CUDNN_POOLING_MAX, CUDNN_NOT_PROPAGATE_NAN, 2, 2, 0, 0, 2, 2));
+  CUDNN_CHECK(cudnnSetPooling2dDescriptor(pool, CUDNN_POOLING_MAX, CUDNN_NOT_PROPAGATE_NAN, 2, 2, 0,
+                                          0, 2, 2));
   int on, oc, oh, ow;
   CUDNN_CHECK(cudnnGetPooling2dForwardOutputDim(pool, yd, &on, &oc, &oh, &ow));
   if (on != N || oc != K || oh != PP || ow != PQ) {
@@ -320,11 +362,14 @@ size_t run_case(cudnnHandle_t handle, cublasHandle_t blas, cudaStream_t stream, 
 
   // FC: logits (M x N, fp32) = fc (M x F) * pooled (F x N): each sample's features are
   // contiguous in both layouts, in the layout's order, which the reference follows.
-  CUBLAS_CHECK(cublasGemmEx(blas, CUBLAS_OP_N, CUBLAS_OP_N, M, N, F, &one, fc, half ? CUDA_R_16F : CUDA_R_32F, M, pooled,
-                            half ? CUDA_R_16F : CUDA_R_32F, F, &zero, logits, CUDA_R_32F, M, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  CUBLAS_CHECK(cublasGemmEx(blas, CUBLAS_OP_N, CUBLAS_OP_N, M, N, F, &one, fc,
+                            half ? CUDA_R_16F : CUDA_R_32F, M, pooled,
+                            half ? CUDA_R_16F : CUDA_R_32F, F, &zero, logits, CUDA_R_32F, M,
+                            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   // Softmax over the M classes of each sample: N x M x 1 x 1, channel mode.
   cudnnTensorDescriptor_t ld = legacy_tensor(CUDNN_DATA_FLOAT, false, N, M, 1, 1);
-  CUDNN_CHECK(cudnnSoftmaxForward(handle, CUDNN_SOFTMAX_ACCURATE, CUDNN_SOFTMAX_MODE_CHANNEL, &one, ld, logits, &zero, ld, probs));
+  CUDNN_CHECK(cudnnSoftmaxForward(handle, CUDNN_SOFTMAX_ACCURATE, CUDNN_SOFTMAX_MODE_CHANNEL, &one,
+                                  ld, logits, &zero, ld, probs));
 
   std::vector<float> got(static_cast<size_t>(N) * M);
   CUDA_CHECK(cudaMemcpyAsync(got.data(), probs, got.size() * 4, cudaMemcpyDeviceToHost, stream));
@@ -342,8 +387,8 @@ size_t run_case(cudnnHandle_t handle, cublasHandle_t blas, cudaStream_t stream, 
   for (size_t i = 0; i < got.size(); ++i) {
     if (!(std::fabs(got[i] - want[i]) <= tolerance)) {
       if (mismatches < 5)
-        std::printf("library_cnn: %s %s: probs[%zu] = %.6f, expected %.6f\n", nhwc ? "NHWC" : "NCHW",
-                    half ? "fp16" : "fp32", i, got[i], want[i]);
+        std::printf("library_cnn: %s %s: probs[%zu] = %.6f, expected %.6f\n",
+                    nhwc ? "NHWC" : "NCHW", half ? "fp16" : "fp32", i, got[i], want[i]);
       ++mismatches;
     }
   }
@@ -354,8 +399,10 @@ size_t run_case(cudnnHandle_t handle, cublasHandle_t blas, cudaStream_t stream, 
   CUDNN_CHECK(cudnnDestroyTensorDescriptor(ld));
   CUDNN_CHECK(cudnnDestroyActivationDescriptor(relu));
   CUDNN_CHECK(cudnnDestroyPoolingDescriptor(pool));
-  for (auto desc : {pack, plan, g.graph, g.op, g.conv, g.x, g.w, g.y}) CUDNN_CHECK(cudnnBackendDestroyDescriptor(desc));
-  for (void* p : {x, w, scale, bias, mean, var, fc, y, y2, pooled, logits, probs}) CUDA_CHECK(cudaFree(p));
+  for (auto desc : {pack, plan, g.graph, g.op, g.conv, g.x, g.w, g.y})
+    CUDNN_CHECK(cudnnBackendDestroyDescriptor(desc));
+  for (void* p : {x, w, scale, bias, mean, var, fc, y, y2, pooled, logits, probs})
+    CUDA_CHECK(cudaFree(p));
   if (workspace != nullptr) CUDA_CHECK(cudaFree(workspace));
   return mismatches;
 }
@@ -368,28 +415,43 @@ int error_paths(cudnnHandle_t handle) {
   ConvGraph g = conv_graph(handle, CUDNN_DATA_FLOAT, false);
   cudnnBackendDescriptor_t engine = make(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
   int64_t count = 0, n = 0;
-  CUDNN_CHECK(cudnnBackendGetAttribute(g.graph, CUDNN_ATTR_OPERATIONGRAPH_ENGINE_GLOBAL_COUNT, CUDNN_TYPE_INT64, 1, &n, &count));
+  CUDNN_CHECK(cudnnBackendGetAttribute(g.graph, CUDNN_ATTR_OPERATIONGRAPH_ENGINE_GLOBAL_COUNT,
+                                       CUDNN_TYPE_INT64, 1, &n, &count));
   const int64_t missing = count + 1000;
-  CUDNN_CHECK(cudnnBackendSetAttribute(engine, CUDNN_ATTR_ENGINE_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &g.graph));
-  CUDNN_CHECK(cudnnBackendSetAttribute(engine, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &missing));
+  CUDNN_CHECK(cudnnBackendSetAttribute(engine, CUDNN_ATTR_ENGINE_OPERATION_GRAPH,
+                                       CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &g.graph));
+  CUDNN_CHECK(cudnnBackendSetAttribute(engine, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1,
+                                       &missing));
   cudnnStatus_t s = cudnnBackendFinalize(engine);
-  if (s == CUDNN_STATUS_NOT_SUPPORTED || s == CUDNN_STATUS_BAD_PARAM_OUT_OF_BOUND) ++ok;
-  else std::printf("library_cnn: engine %lld finalized with %s\n", static_cast<long long>(missing), cudnnGetErrorString(s));
+  if (s == CUDNN_STATUS_NOT_SUPPORTED || s == CUDNN_STATUS_BAD_PARAM_OUT_OF_BOUND)
+    ++ok;
+  else
+    std::printf("library_cnn: engine %lld finalized with %s\n", static_cast<long long>(missing),
+                cudnnGetErrorString(s));
   // A pointer that is no descriptor: CUDNN_STATUS_BAD_PARAM, nothing read through it.
   int not_a_descriptor = 0;
   const int64_t one = 1;
-  s = cudnnBackendSetAttribute(reinterpret_cast<cudnnBackendDescriptor_t>(&not_a_descriptor), CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &one);
-  if (s == CUDNN_STATUS_BAD_PARAM) ++ok;
-  else std::printf("library_cnn: a bad descriptor gave %s\n", cudnnGetErrorString(s));
+  s = cudnnBackendSetAttribute(reinterpret_cast<cudnnBackendDescriptor_t>(&not_a_descriptor),
+                               CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &one);
+  if (s == CUDNN_STATUS_BAD_PARAM)
+    ++ok;
+  else
+    std::printf("library_cnn: a bad descriptor gave %s\n", cudnnGetErrorString(s));
   // A tensor without its required attributes does not finalize.
   cudnnBackendDescriptor_t t = make(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
   s = cudnnBackendFinalize(t);
-  if (s == CUDNN_STATUS_BAD_PARAM) ++ok;
-  else std::printf("library_cnn: an incomplete tensor finalized with %s\n", cudnnGetErrorString(s));
+  if (s == CUDNN_STATUS_BAD_PARAM)
+    ++ok;
+  else
+    std::printf("library_cnn: an incomplete tensor finalized with %s\n", cudnnGetErrorString(s));
   // The versions are the headers'.
-  if (cudnnGetVersion() == CUDNN_VERSION) ++ok;
-  else std::printf("library_cnn: cudnnGetVersion() = %zu, headers %d\n", cudnnGetVersion(), CUDNN_VERSION);
-  for (auto desc : {engine, t, g.graph, g.op, g.conv, g.x, g.w, g.y}) CUDNN_CHECK(cudnnBackendDestroyDescriptor(desc));
+  if (cudnnGetVersion() == CUDNN_VERSION)
+    ++ok;
+  else
+    std::printf("library_cnn: cudnnGetVersion() = %zu, headers %d\n", cudnnGetVersion(),
+                CUDNN_VERSION);
+  for (auto desc : {engine, t, g.graph, g.op, g.conv, g.x, g.w, g.y})
+    CUDNN_CHECK(cudnnBackendDestroyDescriptor(desc));
   return ok;
 }
 
@@ -431,7 +493,8 @@ int main(int argc, char** argv) {
   int cases = 0;
   for (bool half : {false, true})
     for (bool nhwc : {false, true}) {
-      for (int pass = 0; pass < passes; ++pass) mismatches += run_case(handle, blas, stream, d, nhwc, half);
+      for (int pass = 0; pass < passes; ++pass)
+        mismatches += run_case(handle, blas, stream, d, nhwc, half);
       ++cases;
     }
   const int errors = error_paths(handle);
@@ -440,7 +503,8 @@ int main(int argc, char** argv) {
   CUDNN_CHECK(cudnnDestroy(handle));
   CUDA_CHECK(cudaStreamDestroy(stream));
   if (mismatches != 0 || errors != 4) {
-    std::printf("library_cnn: FAILED: %zu mismatches, %d of 4 error paths as documented\n", mismatches, errors);
+    std::printf("library_cnn: FAILED: %zu mismatches, %d of 4 error paths as documented\n",
+                mismatches, errors);
     return program::kExitMismatch;
   }
   std::printf("library_cnn: OK cases=%d errors=%d\n", cases, errors);
