@@ -57,6 +57,7 @@ ShimConfig ShimConfig::from_environment() {
   c.batch_bytes = env_u64("HIBER_BATCH_BYTES", c.batch_bytes);
   c.quiet_us = static_cast<uint32_t>(env_u64("HIBER_BATCH_QUIET_US", c.quiet_us));
   c.trace = env_u64("HIBER_TRACE", 0) != 0;
+  c.stats = env_u64("HIBER_STATS", 0) != 0;
   c.reply_timeout_ms = std::max<uint64_t>(1, env_u64("HIBER_REPLY_TIMEOUT_MS", c.reply_timeout_ms));
   if (!c.batching) c.batch_calls = 1;
   return c;
@@ -84,7 +85,7 @@ Client& Client::get() {
                      self.mu_.unlock();
                    });
     // Batched calls must not be stranded when the program exits without synchronising.
-    std::atexit([] { (void)Client::get().flush(); });
+    std::atexit([] { Client::get().finish_at_exit(); });
     return c;
   }();
   return *client;
@@ -244,6 +245,20 @@ Status Client::flush() {
   std::lock_guard lock(mu_);
   if (!calls_ || forked_child_) return Status();
   return calls_->flush();
+}
+
+void Client::finish_at_exit() {
+  std::lock_guard lock(mu_);
+  if (!calls_ || forked_child_) return;
+  (void)calls_->flush();
+  if (config_.stats) {
+    // Plain stderr, not glog: the line is for the operator and for tests that parse it.
+    const wire::CallClient::Stats& s = calls_->stats();
+    std::fprintf(stderr, "hiber-shim stats: %llu calls in %llu batches, %llu round trips\n",
+                 static_cast<unsigned long long>(s.calls),
+                 static_cast<unsigned long long>(s.batches),
+                 static_cast<unsigned long long>(s.waits));
+  }
 }
 
 Status Client::peek_async_error() {

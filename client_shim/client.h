@@ -47,6 +47,9 @@ struct ShimConfig {
   uint64_t batch_bytes = 256 << 10;  // HIBER_BATCH_BYTES: B
   uint32_t quiet_us = 50;            // HIBER_BATCH_QUIET_US: T
   bool trace = false;                // HIBER_TRACE
+  // HIBER_STATS: at exit, one line on stderr with the calls, batches and synchronous round
+  // trips the process made.
+  bool stats = false;
   // HIBER_REPLY_TIMEOUT_MS: how long a synchronous call waits for hiberd's reply. Long: under
   // late binding a call may wait in hiberd's queue for a GPU, and a hiberd that dies closes the
   // socket, which ends the wait at once; only a hung hiberd meets this limit.
@@ -246,6 +249,8 @@ class Client {
 
   // Sends what is batched (for the flusher and for tests of the policy).
   Status flush();
+  // At exit: flushes, and with HIBER_STATS reports what the session sent and waited for.
+  void finish_at_exit();
 
  private:
   struct Slab {

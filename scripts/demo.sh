@@ -17,7 +17,7 @@ targets=(hiberd hiber-probe hiberctl)
 have_shim=0
 if grep -q 'hibercuda' build/release/build.ninja 2>/dev/null; then
   have_shim=1
-  targets+=(hibercuda hibercublas hibercublasLt hibercudnn hiber-coverage hiber_shim_programs
+  targets+=(hibercuda hibercublas hibercublasLt hibercudnn hibernvml hiber-coverage hiber_shim_programs
             hiber_shim_programs_plugin)
 fi
 cmake --build --preset release --target "${targets[@]}"
@@ -25,7 +25,7 @@ cmake --build --preset release --target "${targets[@]}"
 bin=build/release
 # The shim, then the replacement cuBLAS, cuBLASLt and cuDNN (programs linked with -lcublas etc.).
 preload="$PWD/$bin/client_shim/libhibercuda.so"
-for library in libhibercublas.so libhibercublasLt.so libhibercudnn.so; do
+for library in libhibercublas.so libhibercublasLt.so libhibercudnn.so libhibernvml.so; do
   preload+=" $PWD/$bin/client_shim/$library"
 done
 run_dir=$(mktemp -d /tmp/hiber-demo-XXXXXX)

@@ -51,7 +51,7 @@ Result<LibraryAccess> LibraryCalls::check_call(wire::LibraryHandle handle, uint1
   HIBER_ASSIGN_OR_RETURN(wire::LibraryOp library_op, check_op(handle, op, args, "libraryCall"));
   switch (wire::library_of(library_op)) {
     case wire::Library::kBlas: return check_blas_call(library_op, args);
-    case wire::Library::kDnn: return check_dnn_call(library_op, args);
+    case wire::Library::kDnn: return check_dnn_call(library_op, args, dnn_graphs_);
   }
   return error(ErrorCode::kInvalidValue, "libraryCall: operation ", op, " has no library");
 }

@@ -12,12 +12,14 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "common/status.h"
+#include "wire/dnn_ops.h"
 #include "wire/library.h"
 
 namespace hiber::server {
@@ -35,6 +37,10 @@ struct LibraryAccess {
   // Reaches memory through pointers stored in device memory: every block may be used.
   bool through_pointers = false;
 };
+
+// The cuDNN plans the session defined (kDnnDefineGraph), by the client's graph id: what its
+// kDnnExecute calls name, and what their variant packs are checked against.
+using DnnGraphs = std::unordered_map<uint64_t, std::shared_ptr<const wire::dnn::Plan>>;
 
 class LibraryCalls {
  public:
@@ -55,6 +61,7 @@ class LibraryCalls {
                                    std::span<const std::byte> args, const char* kind) const;
 
   std::unordered_map<wire::LibraryHandle, wire::Library> handles_;
+  DnnGraphs dnn_graphs_;
 };
 
 // Per library (server/blas_checks.cc, server/dnn_checks.cc): the operands of a compute call,
@@ -62,7 +69,9 @@ class LibraryCalls {
 // operation that is not a compute call of the library.
 Result<LibraryAccess> check_blas_call(wire::LibraryOp op, std::span<const std::byte> args);
 Status check_blas_query(wire::LibraryOp op, std::span<const std::byte> args);
-Result<LibraryAccess> check_dnn_call(wire::LibraryOp op, std::span<const std::byte> args);
+// cuDNN's calls use and extend the session's defined graphs.
+Result<LibraryAccess> check_dnn_call(wire::LibraryOp op, std::span<const std::byte> args,
+                                     DnnGraphs& graphs);
 Status check_dnn_query(wire::LibraryOp op, std::span<const std::byte> args);
 
 }  // namespace hiber::server

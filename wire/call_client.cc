@@ -42,7 +42,12 @@ CallClient::CallClient(std::unique_ptr<ClientChannel> channel, CallClientOptions
 
 Status CallClient::flush() {
   if (batch_.empty()) return Status();
+  const uint32_t calls = batch_.size();
   Status sent = channel_->send_pieces(batch_.finish());
+  if (sent.ok()) {
+    ++stats_.batches;
+    stats_.calls += calls;
+  }
   if (!sent.ok() && sent.code() != ErrorCode::kDeinitialized) {
     // Nothing of the batch reached hiberd: reuse its numbers, or every later batch would start
     // after a gap hiberd refuses.
@@ -116,6 +121,7 @@ Status CallClient::collect(std::chrono::nanoseconds timeout) {
 }
 
 Result<CallResult> CallClient::wait_reply(uint64_t seq) {
+  ++stats_.waits;
   const auto deadline = std::chrono::steady_clock::now() + options_.reply_timeout;
   const uint64_t rejections_before = rejections_;
   Result<CallResult> outcome = Status(ErrorCode::kUnknown, "unset");

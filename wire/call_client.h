@@ -95,6 +95,15 @@ class CallClient {
   }
   Result<CallResult> wait(uint64_t seq) { return wait_reply(seq); }
 
+  // What this client has sent and waited for, for reports (the shim's HIBER_STATS) and for
+  // tests that count a workload's synchronous round trips.
+  struct Stats {
+    uint64_t batches = 0;  // batches sent
+    uint64_t calls = 0;    // calls in them
+    uint64_t waits = 0;    // replies waited for: each a synchronous round trip
+  };
+  const Stats& stats() const { return stats_; }
+
   // The batch being built: its calls, and an upper bound of its encoded size.
   uint32_t batched_calls() const { return batch_.size(); }
   uint64_t batched_bytes() const { return batch_.encoded_bytes(); }
@@ -131,6 +140,7 @@ class CallClient {
 
   std::unique_ptr<ClientChannel> channel_;
   CallClientOptions options_;
+  Stats stats_;
   BatchBuilder batch_;
   uint64_t next_seq_ = 1;
   Status sticky_;

@@ -17,6 +17,7 @@
 #include "tests/integration/hiberd_harness.h"
 #include "wire/batch_builder.h"
 #include "wire/channel_layout.h"
+#include "wire/dnn_ops.h"
 #include "wire/handshake.h"
 #include "wire/limits.h"
 #include "wire/message.h"
@@ -680,6 +681,101 @@ TEST(Batches, ACorruptRingEndsOnlyThatSession) {
   }
   EXPECT_TRUE(corrupt.closed_by_server());
   EXPECT_TRUE((*bystander)->ping().ok());
+}
+
+// A cuDNN operation graph (ReLU of a 1x2x3x4 tensor), encoded as the client encodes it.
+std::vector<std::byte> relu_graph() {
+  namespace dnn = wire::dnn;
+  dnn::Graph g;
+  auto attr = [](int32_t name, int32_t type, const void* p, size_t bytes) {
+    dnn::Attr a{name, type, std::vector<std::byte>(bytes)};
+    std::memcpy(a.bytes.data(), p, bytes);
+    return a;
+  };
+  const int32_t f32 = dnn::kFloat, relu = dnn::kPwReluFwd;
+  const int64_t dims[4] = {1, 2, 3, 4}, strides[4] = {24, 12, 4, 1};
+  for (int64_t uid : {1, 2}) {
+    g.nodes.push_back({dnn::kTensor,
+                       {attr(dnn::kTensorDataType, dnn::kTypeDataType, &f32, 4),
+                        attr(dnn::kTensorDimensions, dnn::kTypeInt64, dims, 32),
+                        attr(dnn::kTensorStrides, dnn::kTypeInt64, strides, 32),
+                        attr(dnn::kTensorUniqueId, dnn::kTypeInt64, &uid, 8)}});
+  }
+  g.nodes.push_back(
+      {dnn::kPointwise, {attr(dnn::kPointwiseMode, dnn::kTypePointwiseMode, &relu, 4)}});
+  const uint64_t x = 0, y = 1, pw = 2, op = 3;
+  g.nodes.push_back({dnn::kOpPointwise,
+                     {attr(dnn::kOpPointwisePwDesc, dnn::kTypeBackendDescriptor, &pw, 8),
+                      attr(dnn::kOpPointwiseX, dnn::kTypeBackendDescriptor, &x, 8),
+                      attr(dnn::kOpPointwiseY, dnn::kTypeBackendDescriptor, &y, 8)}});
+  g.nodes.push_back(
+      {dnn::kOperationGraph, {attr(dnn::kOperationGraphOps, dnn::kTypeBackendDescriptor, &op, 8)}});
+  return dnn::encode_graph(g);
+}
+
+// A cuDNN handle is worth nothing to another session: hiberd refuses it before reading anything
+// else. In its own session the same query is answered, and malformed graph bytes are refused
+// with a reason.
+TEST(Libraries, AHandleFromAnotherSessionIsRefused) {
+  Hiberd hiberd;
+  RawClient owner(hiberd), thief(hiberd);
+  ASSERT_TRUE(owner.connected());
+  ASSERT_TRUE(thief.connected());
+  const uint64_t handle = 0x4242;
+  const auto graph = relu_graph();
+  const kj::ArrayPtr<const kj::byte> graph_bytes(reinterpret_cast<const kj::byte*>(graph.data()),
+                                                 graph.size());
+  const uint16_t finalize = static_cast<uint16_t>(wire::LibraryOp::kDnnFinalize);
+  const uint64_t created = owner.add([&](proto::Call::Builder c) {
+    c.setReply(true);
+    auto h = c.initLibraryHandleCreate();
+    h.setHandle(handle);
+    h.setLibrary(static_cast<uint8_t>(wire::Library::kDnn));
+  });
+  const uint64_t answered = owner.add([&](proto::Call::Builder c) {
+    c.setReply(true);
+    auto q = c.initLibraryQuery();
+    q.setHandle(handle);
+    q.setOp(finalize);
+    q.setArgs(graph_bytes);
+  });
+  const std::vector<std::byte> truncated(graph.begin(), graph.begin() + graph.size() / 2);
+  const uint64_t malformed = owner.add([&](proto::Call::Builder c) {
+    c.setReply(true);
+    auto q = c.initLibraryQuery();
+    q.setHandle(handle);
+    q.setOp(finalize);
+    q.setArgs(kj::ArrayPtr<const kj::byte>(reinterpret_cast<const kj::byte*>(truncated.data()),
+                                           truncated.size()));
+  });
+  ASSERT_TRUE(owner.send().ok());
+  auto got = owner.collect_until(malformed);
+  EXPECT_TRUE(got[created].ok()) << got[created];
+  EXPECT_TRUE(got[answered].ok()) << got[answered];
+  EXPECT_EQ(got[malformed].code(), ErrorCode::kInvalidValue) << got[malformed];
+  EXPECT_NE(got[malformed].message().find("cuDNN graph"), std::string::npos) << got[malformed];
+
+  const uint64_t stolen_query = thief.add([&](proto::Call::Builder c) {
+    c.setReply(true);
+    auto q = c.initLibraryQuery();
+    q.setHandle(handle);
+    q.setOp(finalize);
+    q.setArgs(graph_bytes);
+  });
+  const uint64_t stolen_call = thief.add([&](proto::Call::Builder c) {
+    c.setReply(true);
+    auto l = c.initLibraryCall();
+    l.setHandle(handle);
+    l.setOp(static_cast<uint16_t>(wire::LibraryOp::kDnnExecute));
+    l.setArgs(graph_bytes);
+  });
+  ASSERT_TRUE(thief.send().ok());
+  auto refused = thief.collect_until(stolen_call);
+  for (uint64_t seq : {stolen_query, stolen_call}) {
+    EXPECT_EQ(refused[seq].code(), ErrorCode::kInvalidHandle) << refused[seq];
+    EXPECT_NE(refused[seq].message().find("not created by this session"), std::string::npos)
+        << refused[seq];
+  }
 }
 
 }  // namespace

@@ -25,13 +25,14 @@
 
 #include "program_util.h"
 
-// The driver API through cudaGetDriverEntryPoint, as PyTorch reaches it (the program links no
-// libcuda.so.1): DRV(cuInit)(0). The name is the base name, the type the header's current ABI.
+// The driver API through cudaGetDriverEntryPointByVersion, as PyTorch reaches it (the program
+// links no libcuda.so.1): DRV(cuInit)(0). The name is the base name, the type the header's ABI
+// of CUDA 12.0 (PyTorch asks for the version it was built against).
 template <typename F>
 F driver_entry(const char* name) {
   void* fn = nullptr;
   cudaDriverEntryPointQueryResult found{};
-  CUDA_CHECK(cudaGetDriverEntryPoint(name, &fn, cudaEnableDefault, &found));
+  CUDA_CHECK(cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &found));
   if (fn == nullptr) {
     std::fprintf(stderr, "runtime_gaps: no driver entry point %s\n", name);
     std::exit(program::kExitCudaError);

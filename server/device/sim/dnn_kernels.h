@@ -1,0 +1,29 @@
+// cuDNN's operations computed on the host, for the simulated GPU (dnn_host.cc runs them in stream
+// order) and for the unit tests that compare them with a reference of their own. Pointers are
+// host addresses (the simulated GPU's device pointers are). Arithmetic: fp32 accumulation for
+// fp32, fp16 and bf16 data (as cuDNN's FLOAT compute type), double for double data; results are
+// rounded to each output tensor's declared data type, to nearest even.
+#pragma once
+
+#include <span>
+
+#include "common/status.h"
+#include "wire/dnn_ops.h"
+
+namespace hiber::device::sim {
+
+// Whether the host engine (global index 0) runs `graph`: one convolution forward followed by a
+// chain of pointwise operations (bias add, ReLU, ...) through virtual tensors, or such a chain
+// alone, on FLOAT, HALF, BFLOAT16 or DOUBLE tensors. kNotSupported naming what otherwise.
+Status host_engine_supports(const wire::dnn::OpGraph& graph);
+// Runs `graph` (host_engine_supports) with tensor i at bound[i].ptr.
+Status run_op_graph(const wire::dnn::OpGraph& graph, std::span<const wire::dnn::Bound> bound);
+
+// The legacy calls, checked by wire::dnn::check_op first.
+void batch_norm_inference(const wire::dnn::BatchNormInference& op);
+void pooling_forward(const wire::dnn::Pooling& op);
+void activation_forward(const wire::dnn::Activation& op);
+void softmax_forward(const wire::dnn::Softmax& op);
+void add_tensor(const wire::dnn::AddTensor& op);
+
+}  // namespace hiber::device::sim
