@@ -211,6 +211,7 @@ class CudaDevice final : public Device, private CudaContexts {
   Status use_gpu(int gpu) const override;
   // Validates a stream handle and makes its GPU's context current: a Stream's id is its CUstream.
   Result<CUstream> use_stream(Stream stream) const override;
+  Status synchronize_gpu(int gpu) const override;
   Result<CUevent> event_of(Event event) const;
   // Grid and block within the GPU's limits, so a bad launch is refused with the reason rather
   // than the driver's bare CUDA_ERROR_INVALID_VALUE.
@@ -543,6 +544,11 @@ Result<CUstream> CudaDevice::use_stream(Stream stream) const {
   }
   HIBER_RETURN_IF_ERROR(use_gpu(stream.gpu));
   return from_id<CUstream>(stream.id);
+}
+
+Status CudaDevice::synchronize_gpu(int gpu) const {
+  HIBER_RETURN_IF_ERROR(use_gpu(gpu));
+  return HIBER_CU(cuCtxSynchronize);
 }
 
 Result<CUevent> CudaDevice::event_of(Event event) const {

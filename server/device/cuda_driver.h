@@ -51,6 +51,7 @@
   X(cuDevicePrimaryCtxRetain, 7000)              \
   X(cuDevicePrimaryCtxRelease, 11000)            \
   X(cuCtxSetCurrent, 4000)                       \
+  X(cuCtxSynchronize, 2000)                      \
   X(cuCtxGetStreamPriorityRange, 5050)           \
   X(cuCtxEnablePeerAccess, 4000)                 \
   /* memory */                                   \

@@ -1,17 +1,9 @@
-// The real cuBLAS and cuDNN behind the remoted-library calls. See cuda_libraries.h.
+// The real cuBLAS behind the remoted-library calls (cuDNN: cuda_dnn.cc). See cuda_libraries.h.
 #include "server/device/cuda_libraries.h"
 
 #include <cublas_api.h>
-#include <cudnn_graph.h>
-#include <dlfcn.h>
-#include <link.h>
-#include <sys/stat.h>
 
-#include <atomic>
 #include <climits>
-#include <compare>
-#include <map>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -21,114 +13,17 @@
 #include <glog/logging.h>
 
 #include "common/mutex.h"
+#include "server/device/cuda_library_support.h"
 #include "wire/blas_ops.h"
 
 namespace hiber::device {
 namespace {
 
-// ---- Opening a library ----
-
-std::string one_line(const char* text) {
-  std::string out = text != nullptr ? text : "dlopen failed";
-  for (char& c : out) {
-    if (c == '\n' || c == '\r') c = ' ';
-  }
-  return out;
-}
-
-std::string loaded_path(void* handle, const std::string& fallback) {
-  struct link_map* map = nullptr;
-  if (dlinfo(handle, RTLD_DI_LINKMAP, &map) == 0 && map != nullptr && map->l_name != nullptr &&
-      map->l_name[0] != '\0') {
-    return map->l_name;
-  }
-  return fallback;
-}
-
-struct OpenedLibrary {
-  void* handle = nullptr;
-  std::string path;  // for messages
-};
-
-// `soname` through the loader's default search, then in each folder. RTLD_LOCAL: nothing in
-// hiberd needs their symbols globally, and a library opened later cannot bind to them by chance.
-// The libraries find their own dependencies (libcublasLt.so.13, cuDNN's sub-libraries) next to
-// themselves ($ORIGIN).
-Result<OpenedLibrary> open_library(const CudaLibraryOptions& options, const char* soname) {
-  std::vector<std::string> tried;
-  if (options.search_default_path) {
-    if (void* handle = dlopen(soname, RTLD_NOW | RTLD_LOCAL)) {
-      return OpenedLibrary{handle, loaded_path(handle, soname)};
-    }
-    tried.push_back(str_cat("the loader's search path (", one_line(dlerror()), ")"));
-  }
-  for (const std::string& folder : options.folders) {
-    const std::string path = folder + "/" + soname;
-    struct stat st;
-    if (stat(path.c_str(), &st) != 0) {
-      tried.push_back(path + " (no such file)");
-      continue;
-    }
-    if (void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL)) {
-      return OpenedLibrary{handle, loaded_path(handle, path)};
-    }
-    tried.push_back(str_cat(path, " (", one_line(dlerror()), ")"));
-  }
-  std::string where;
-  for (const std::string& t : tried) where += (where.empty() ? "" : "; ") + t;
-  if (where.empty()) where = "nowhere: no folder configured and the default search is off";
-  return error(ErrorCode::kNotSupported, soname,
-               " is not available to hiberd, so its calls cannot run on this GPU server: tried ",
-               where, " (install it, or name its folder with hiberd --cuda_library_path)");
-}
-
-// Resolves `name` into `*out`; kNotSupported naming the library when it lacks it (a version
-// older than the headers Hiber was built with).
-Status resolve(const OpenedLibrary& library, const char* name, void** out) {
-  dlerror();
-  *out = dlsym(library.handle, name);
-  if (*out == nullptr) {
-    return error(ErrorCode::kNotSupported, library.path, " has no ", name,
-                 ": it is older than the headers hiberd was built with");
-  }
-  return Status();
-}
-
-// A library opened once, on first use, by whichever thread asks first; later calls get the same
-// entry points or the same error.
-template <typename Api>
-class LazyLibrary {
- public:
-  LazyLibrary(const CudaLibraryOptions& options, const char* soname)
-      : options_(options), soname_(soname) {}
-
-  Result<const Api*> get() {
-    std::call_once(once_, [this] {
-      Result<OpenedLibrary> opened = open_library(options_, soname_);
-      if (!opened.ok()) {
-        status_ = opened.status();
-        LOG(WARNING) << status_.message();
-        return;
-      }
-      status_ = api_.resolve_all(*opened);
-      if (!status_.ok()) {
-        LOG(WARNING) << status_.message();
-        dlclose(opened->handle);
-        return;
-      }
-      LOG(INFO) << soname_ << " loaded from " << opened->path;
-    });
-    if (!status_.ok()) return status_;
-    return &api_;
-  }
-
- private:
-  const CudaLibraryOptions options_;
-  const char* const soname_;
-  std::once_flag once_;
-  Status status_;  // written once, under once_
-  Api api_;
-};
+using cuda_lib::HandleKey;
+using cuda_lib::HandleTable;
+using cuda_lib::LazyLibrary;
+using cuda_lib::OpenedLibrary;
+using cuda_lib::resolve;
 
 // ---- cuBLAS entry points ----
 
@@ -202,141 +97,6 @@ struct CublasApi {
                  name != nullptr ? "" : std::to_string(static_cast<int>(status)), " (",
                  text != nullptr ? text : "", ")");
   }
-};
-
-// ---- cuDNN entry points ----
-
-// clang-format off
-#define HIBER_CUDNN_ENTRY_POINTS(X)                           \
-  X(cudnnGetVersion, decltype(&cudnnGetVersion))              \
-  X(cudnnGetErrorString, decltype(&cudnnGetErrorString))      \
-  X(cudnnCreate, decltype(&cudnnCreate))                      \
-  X(cudnnDestroy, decltype(&cudnnDestroy))                    \
-  X(cudnnSetStream, decltype(&cudnnSetStream))
-// clang-format on
-
-struct CudnnApi {
-#define HIBER_MEMBER_(name, type) type pfn_##name = nullptr;
-  HIBER_CUDNN_ENTRY_POINTS(HIBER_MEMBER_)
-#undef HIBER_MEMBER_
-
-  Status resolve_all(const OpenedLibrary& library) {
-#define HIBER_RESOLVE_(name, type) \
-  HIBER_RETURN_IF_ERROR(resolve(library, #name, reinterpret_cast<void**>(&pfn_##name)));
-    HIBER_CUDNN_ENTRY_POINTS(HIBER_RESOLVE_)
-#undef HIBER_RESOLVE_
-    // cuDNN's major version is its ABI: a libcudnn.so.9 of another minor release is fine, but say
-    // which one serves, since engines and numerics differ between releases.
-    LOG(INFO) << "cuDNN " << pfn_cudnnGetVersion() << " (hiberd built with " << CUDNN_VERSION
-              << ")";
-    return Status();
-  }
-
-  Status check(cudnnStatus_t status, std::string_view call) const {
-    if (status == CUDNN_STATUS_SUCCESS) return Status();
-    ErrorCode code = ErrorCode::kUnknown;
-    if (status == CUDNN_STATUS_BAD_PARAM || (status / 1000) == CUDNN_STATUS_BAD_PARAM / 1000) {
-      code = ErrorCode::kInvalidValue;
-    } else if ((status / 1000) == CUDNN_STATUS_NOT_SUPPORTED / 1000) {
-      code = ErrorCode::kNotSupported;
-    } else if (status == CUDNN_STATUS_ALLOC_FAILED) {
-      code = ErrorCode::kOutOfMemory;
-    }
-    const char* text = pfn_cudnnGetErrorString(status);
-    return error(code, call, ": ", text != nullptr ? text : "cuDNN status ",
-                 text != nullptr ? "" : std::to_string(static_cast<int>(status)));
-  }
-};
-
-// ---- Real handles per (owner, client handle, GPU) ----
-
-struct HandleKey {
-  uint64_t owner = 0;
-  uint64_t handle = 0;
-  int gpu = 0;
-  friend auto operator<=>(const HandleKey&, const HandleKey&) = default;
-};
-
-// Traits: Raw (the library's handle type), Settings (what was last applied to it), and
-// create/destroy through the Api.
-template <typename Api, typename Traits>
-class HandleTable {
- public:
-  struct Entry {
-    Mutex mutex;  // one thread uses the real handle at a time
-    typename Traits::Raw raw GUARDED_BY(mutex) = nullptr;
-    typename Traits::Settings settings GUARDED_BY(mutex);
-  };
-
-  explicit HandleTable(const CudaContexts& contexts) : contexts_(contexts) {}
-  ~HandleTable() {
-    release_if([](const HandleKey&) { return true; });
-  }
-
-  // The entry for `key`, creating the real handle if there is none yet. The GPU's context must
-  // be current on this thread (the caller made it so through use_stream).
-  Result<std::shared_ptr<Entry>> get(const Api& api, const HandleKey& key) {
-    {
-      MutexLock lock(mutex_);
-      if (auto it = entries_.find(key); it != entries_.end()) return it->second;
-    }
-    // Created outside the table's lock: creating a handle takes milliseconds (it allocates on
-    // the GPU), and other sessions' calls must not wait for it.
-    typename Traits::Raw raw = nullptr;
-    HIBER_RETURN_IF_ERROR(Traits::create(api, &raw).with_context(
-        str_cat("a handle on GPU ", key.gpu, " for session ", key.owner)));
-    auto entry = std::make_shared<Entry>();
-    {
-      MutexLock entry_lock(entry->mutex);
-      entry->raw = raw;
-    }
-    MutexLock lock(mutex_);
-    auto [it, inserted] = entries_.emplace(key, entry);
-    if (!inserted) {
-      // Another thread of the same owner won (sessions are single-threaded, so this is rare):
-      // keep theirs.
-      Status destroyed = Traits::destroy(api, raw);
-      LOG_IF(WARNING, !destroyed.ok()) << destroyed;
-    }
-    return it->second;
-  }
-
-  // Destroys the real handles whose key matches, each with its GPU's context current.
-  template <typename Match>
-  void release_if(Match&& match) {
-    std::vector<std::pair<HandleKey, std::shared_ptr<Entry>>> gone;
-    {
-      MutexLock lock(mutex_);
-      for (auto it = entries_.begin(); it != entries_.end();) {
-        if (match(it->first)) {
-          gone.emplace_back(it->first, std::move(it->second));
-          it = entries_.erase(it);
-        } else {
-          ++it;
-        }
-      }
-    }
-    if (gone.empty()) return;
-    const Api* api = api_for_release_;
-    for (auto& [key, entry] : gone) {
-      MutexLock lock(entry->mutex);
-      if (entry->raw == nullptr || api == nullptr) continue;
-      Status status = contexts_.use_gpu(key.gpu);
-      if (status.ok()) status = Traits::destroy(*api, entry->raw);
-      LOG_IF(WARNING, !status.ok()) << "destroying the " << Traits::kName << " handle of session "
-                                    << key.owner << " on GPU " << key.gpu << ": " << status;
-      entry->raw = nullptr;
-    }
-  }
-
-  // Set once the library is loaded: release needs it, and nothing exists to release before.
-  void set_api(const Api* api) { api_for_release_ = api; }
-
- private:
-  const CudaContexts& contexts_;
-  std::atomic<const Api*> api_for_release_{nullptr};
-  Mutex mutex_;
-  std::map<HandleKey, std::shared_ptr<Entry>> entries_ GUARDED_BY(mutex_);
 };
 
 // ---- cuBLAS ----
@@ -511,70 +271,11 @@ class CudaBlasBackend final : public LibraryBackend {
   HandleTable<CublasApi, CublasTraits> handles_;
 };
 
-// ---- cuDNN ----
-
-struct CudnnTraits {
-  using Raw = cudnnHandle_t;
-  static constexpr const char* kName = "cuDNN";
-  struct Settings {
-    CUstream stream = nullptr;
-    bool stream_set = false;
-  };
-  static Status create(const CudnnApi& api, Raw* raw) {
-    return api.check(api.pfn_cudnnCreate(raw), "cudnnCreate");
-  }
-  static Status destroy(const CudnnApi& api, Raw raw) {
-    return api.check(api.pfn_cudnnDestroy(raw), "cudnnDestroy");
-  }
-};
-
-class CudaDnnBackend final : public LibraryBackend {
- public:
-  CudaDnnBackend(const CudaContexts& contexts, const CudaLibraryOptions& options)
-      : cudnn_(options, "libcudnn.so.9"), handles_(contexts) {}
-
-  Status check_available() override {
-    Result<const CudnnApi*> api = cudnn_.get();
-    if (!api.ok()) return api.status();
-    handles_.set_api(*api);
-    return Status();
-  }
-
-  Status run(Stream, const LibraryCall& call) override {
-    HIBER_RETURN_IF_ERROR(check_available());
-    // TODO(issue 16): the backend-API graphs and the legacy calls once wire/dnn_ops.h is on
-    // main; each will take its real handle through handles_.get and cudnnSetStream first.
-    return error(ErrorCode::kNotSupported, "cuDNN operation ", static_cast<unsigned>(call.op),
-                 " is not implemented on hiberd's CUDA backend yet");
-  }
-
-  Result<std::vector<std::byte>> answer(int, const LibraryCall& call) override {
-    HIBER_RETURN_IF_ERROR(check_available());
-    return error(ErrorCode::kNotSupported, "cuDNN query ", static_cast<unsigned>(call.op),
-                 " is not implemented on hiberd's CUDA backend yet");
-  }
-
-  void release(uint64_t owner, std::optional<wire::LibraryHandle> handle) override {
-    handles_.release_if([&](const HandleKey& key) {
-      return key.owner == owner && (!handle.has_value() || key.handle == handle->value());
-    });
-  }
-
- private:
-  LazyLibrary<CudnnApi> cudnn_;
-  HandleTable<CudnnApi, CudnnTraits> handles_;
-};
-
 }  // namespace
 
 std::unique_ptr<LibraryBackend> make_cuda_blas_backend(const CudaContexts& contexts,
                                                        const CudaLibraryOptions& options) {
   return std::make_unique<CudaBlasBackend>(contexts, options);
-}
-
-std::unique_ptr<LibraryBackend> make_cuda_dnn_backend(const CudaContexts& contexts,
-                                                      const CudaLibraryOptions& options) {
-  return std::make_unique<CudaDnnBackend>(contexts, options);
 }
 
 }  // namespace hiber::device

@@ -20,6 +20,12 @@
 // release() destroys the real handles; cublasDestroy and cudnnDestroy synchronise the device
 // first, so work already enqueued with them finishes before their resources go.
 //
+// cuDNN (cuda_dnn.cc) rebuilds the client's encoded descriptor graphs as real backend
+// descriptors, answers finalize queries for every engine of the GPU, keeps one real execution
+// plan per (owner, graph id, client handle, GPU), built at its first execution there, and
+// rebuilds the legacy calls' descriptors per call. The code the two share (opening a library,
+// the handle table) is in cuda_library_support.h.
+//
 // Thread safety: every method may be called from any thread; one real handle is used by one
 // thread at a time (a mutex per handle), as the libraries require.
 #pragma once
@@ -41,6 +47,11 @@ class CudaContexts {
   virtual Status use_gpu(int gpu) const = 0;
   // The CUstream a device::Stream stands for, with its GPU's primary context made current.
   virtual Result<CUstream> use_stream(Stream stream) const = 0;
+  // Waits for all work on `gpu` (cuCtxSynchronize in its primary context), so work enqueued with
+  // a library object (a cuDNN execution plan) has finished before the object is destroyed. It
+  // waits for every session's work on the GPU, as cudnnDestroy and cublasDestroy do anyway: it is
+  // used only where a handle or a session goes.
+  virtual Status synchronize_gpu(int gpu) const = 0;
 };
 
 // Backends for wire::Library::kBlas (cuBLAS and cuBLASLt: one handle table, as PyTorch casts a

@@ -84,6 +84,7 @@ struct FakeCuda {
   std::vector<unsigned> stream_flags;
   std::vector<size_t> reserve_alignments;
   std::vector<size_t> reserve_sizes;
+  std::vector<int> context_synchronizations;  // cuCtxSynchronize: the current context's GPU
   // Calls that act on a stream or context while another GPU's context (or none) is current.
   std::vector<std::string> wrong_context_calls;
 };

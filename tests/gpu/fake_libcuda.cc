@@ -423,6 +423,13 @@ CUresult fake_cuStreamDestroy(CUstream stream) {
   return CUDA_SUCCESS;
 }
 
+CUresult fake_cuCtxSynchronize() {
+  if (current == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  std::lock_guard lock(state().mutex);
+  state().context_synchronizations.push_back(current->gpu);
+  return CUDA_SUCCESS;
+}
+
 CUresult fake_cuStreamSynchronize(CUstream stream) {
   FakeStream* s = stream_of(stream);
   if (s == nullptr) return CUDA_ERROR_INVALID_HANDLE;
