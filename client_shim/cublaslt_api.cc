@@ -14,6 +14,7 @@
 // The 64-byte cublasLtMatmulAlgo_t is hiberd's (wire::blas::LtAlgo): it travels back whole.
 #include <cublasLt.h>
 
+#include <array>
 #include <bit>
 #include <cstring>
 #include <mutex>
@@ -63,11 +64,17 @@ struct AttrSpec {
   uint64_t default_value;
 };
 
+// Attribute values are below this (cuBLASLt's enums are small and dense).
+constexpr int kMaxAttr = 64;
+
 // An attribute bag with cuBLASLt's size rules. `kSpecs` lists every attribute of the descriptor.
+// Lookups are a table index, and the bag tracks which attributes differ from their defaults:
+// a matmul reads about 40 attributes, and its client-side cost is the budget of a launch.
 template <const auto& kSpecs>
 class AttrBag {
  public:
   static constexpr size_t kCount = std::size(kSpecs);
+  static_assert(kCount <= 64, "one bit per attribute in changed_");
 
   AttrBag() {
     for (size_t i = 0; i < kCount; ++i) values_[i] = kSpecs[i].default_value;
@@ -81,6 +88,11 @@ class AttrBag {
     // Sign-extend 4-byte values, so int32 attributes read back as set at any width.
     if (size == 4) value = static_cast<uint64_t>(static_cast<int64_t>(static_cast<int32_t>(value)));
     values_[i] = value;
+    if (value == kSpecs[i].default_value) {
+      changed_ &= ~(uint64_t{1} << i);
+    } else {
+      changed_ |= uint64_t{1} << i;
+    }
     return CUBLAS_STATUS_SUCCESS;
   }
 
@@ -101,17 +113,35 @@ class AttrBag {
 
   uint64_t value(int attr) const { return values_[index(attr)]; }
   int32_t i32(int attr) const { return static_cast<int32_t>(value(attr)); }
-  void set_value(int attr, uint64_t value) { values_[index(attr)] = value; }
-  // Whether an attribute has a value other than its default (one Hiber does not remote).
-  bool changed(int attr) const { return value(attr) != kSpecs[index(attr)].default_value; }
+  void set_value(int attr, uint64_t value) {
+    const int i = index(attr);
+    values_[i] = value;
+    changed_ = value == kSpecs[i].default_value ? changed_ & ~(uint64_t{1} << i)
+                                                : changed_ | (uint64_t{1} << i);
+  }
+  // Whether any attribute of `attrs` differs from its default.
+  template <const auto& kAttrs>
+  bool any_changed() const {
+    static constexpr uint64_t kMask = [] {
+      uint64_t mask = 0;
+      for (int attr : kAttrs) mask |= uint64_t{1} << kIndex[attr];
+      return mask;
+    }();
+    return (changed_ & kMask) != 0;
+  }
+  bool changed(int attr) const { return (changed_ >> index(attr)) & 1; }
 
  private:
-  static int index(int attr) {
-    for (size_t i = 0; i < kCount; ++i)
-      if (kSpecs[i].attr == attr) return static_cast<int>(i);
-    return -1;
-  }
+  static constexpr std::array<int8_t, kMaxAttr> kIndex = [] {
+    std::array<int8_t, kMaxAttr> index{};
+    index.fill(-1);
+    for (size_t i = 0; i < kCount; ++i) index[kSpecs[i].attr] = static_cast<int8_t>(i);
+    return index;
+  }();
+  static int index(int attr) { return attr >= 0 && attr < kMaxAttr ? kIndex[attr] : -1; }
+
   uint64_t values_[kCount];
+  uint64_t changed_ = 0;  // bit i: values_[i] differs from kSpecs[i]'s default
 };
 
 constexpr uint64_t kNegativeOne = ~uint64_t{0};  // -1 in a 4-byte signed attribute, sign-extended
