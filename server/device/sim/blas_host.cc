@@ -1,5 +1,6 @@
 #include "server/device/sim/blas_host.h"
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <vector>
@@ -268,9 +269,15 @@ class SimBlas final : public LibraryBackend {
                                                 {mm.b, dims.k > 0 ? extent(p.b) : 0},
                                                 {mm.c, extent(p.c)},
                                                 {mm.d, extent(p.d)}};
-    if (p.epilogue & wire::blas::kEpilogueBias)
-      operands.push_back(
-          {mm.bias, *wire::blas::element_bytes(p.bias_type, "") * static_cast<uint64_t>(dims.m)});
+    if (p.epilogue & wire::blas::kEpilogueBias) {
+      // One bias per row of D, per batch bias_batch_stride elements apart.
+      HIBER_ASSIGN_OR_RETURN(
+          uint64_t bias_bytes,
+          wire::blas::batched_extent({dims.m, 1, std::max<int64_t>(1, dims.m),
+                                      *wire::blas::element_bytes(p.bias_type, ""), "bias"},
+                                     dims.batch_count, mm.bias_batch_stride));
+      operands.push_back({mm.bias, bias_bytes});
+    }
     return device_.enqueue_host_work(stream, operands, "cuBLASLt matmul",
                                      [mm] { return run_lt_matmul(mm); });
   }
