@@ -11,6 +11,7 @@
 #include <climits>
 #include <cstring>
 
+#include "client_shim/cublas_status.h"
 #include "client_shim/library_client.h"
 #include "wire/blas_ops.h"
 
@@ -19,20 +20,12 @@ namespace {
 using hiber::ErrorCode;
 using hiber::Status;
 using hiber::shim::LibraryHandleObj;
+using hiber::shim::cublas::status_name;
+using hiber::shim::cublas::status_of;
+using hiber::shim::cublas::status_string;
 using hiber::wire::Library;
 using hiber::wire::blas::BatchKind;
 using hiber::wire::blas::Gemm;
-
-cublasStatus_t status_of(const Status& s) {
-  switch (s.code()) {
-    case ErrorCode::kSuccess: return CUBLAS_STATUS_SUCCESS;
-    case ErrorCode::kInvalidValue: return CUBLAS_STATUS_INVALID_VALUE;
-    case ErrorCode::kInvalidHandle: return CUBLAS_STATUS_NOT_INITIALIZED;
-    case ErrorCode::kNotSupported: return CUBLAS_STATUS_NOT_SUPPORTED;
-    case ErrorCode::kOutOfMemory: return CUBLAS_STATUS_ALLOC_FAILED;
-    default: return CUBLAS_STATUS_EXECUTION_FAILED;
-  }
-}
 
 // The handle the program passed, or nullptr (the error is logged once per message).
 LibraryHandleObj* handle_of(cublasHandle_t handle, const char* call) {
@@ -45,8 +38,7 @@ LibraryHandleObj* handle_of(cublasHandle_t handle, const char* call) {
 }
 
 cublasStatus_t fail(const char* call, const Status& s) {
-  if (!s.ok()) hiber::shim::library_log_once("cuBLAS", std::string(call) + ": " + s.message());
-  return status_of(s);
+  return hiber::shim::cublas::fail("cuBLAS", call, s);
 }
 
 // The scale type's size for alpha and beta.
@@ -219,38 +211,6 @@ cublasStatus_t submit_gemv(const char* call, cublasHandle_t handle, cublasOperat
       make_gemm(CUBLAS_OP_N, t ? CUBLAS_OP_N : CUBLAS_OP_T, 1, static_cast<int>(rows),
                 static_cast<int>(cols), x, type, incx, a, type, lda, y, type, incy, compute_type);
   return submit_gemm(call, h, g, alpha, beta);
-}
-
-const char* status_name(cublasStatus_t status) {
-  switch (status) {
-    case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
-    case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
-    case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED";
-    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
-    case CUBLAS_STATUS_ARCH_MISMATCH: return "CUBLAS_STATUS_ARCH_MISMATCH";
-    case CUBLAS_STATUS_MAPPING_ERROR: return "CUBLAS_STATUS_MAPPING_ERROR";
-    case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
-    case CUBLAS_STATUS_INTERNAL_ERROR: return "CUBLAS_STATUS_INTERNAL_ERROR";
-    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
-    case CUBLAS_STATUS_LICENSE_ERROR: return "CUBLAS_STATUS_LICENSE_ERROR";
-  }
-  return "CUBLAS_STATUS_UNKNOWN";
-}
-
-const char* status_string(cublasStatus_t status) {
-  switch (status) {
-    case CUBLAS_STATUS_SUCCESS: return "the operation completed successfully";
-    case CUBLAS_STATUS_NOT_INITIALIZED: return "the library was not initialized";
-    case CUBLAS_STATUS_ALLOC_FAILED: return "the resource allocation failed";
-    case CUBLAS_STATUS_INVALID_VALUE: return "an invalid numeric value was used as an argument";
-    case CUBLAS_STATUS_ARCH_MISMATCH: return "an absent device architectural feature is required";
-    case CUBLAS_STATUS_MAPPING_ERROR: return "an access to GPU memory space failed";
-    case CUBLAS_STATUS_EXECUTION_FAILED: return "the GPU program failed to execute";
-    case CUBLAS_STATUS_INTERNAL_ERROR: return "an internal operation failed";
-    case CUBLAS_STATUS_NOT_SUPPORTED: return "the functionality requested is not supported";
-    case CUBLAS_STATUS_LICENSE_ERROR: return "there is an error with the license";
-  }
-  return "unknown error";
 }
 
 }  // namespace

@@ -22,6 +22,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "client_shim/cublas_status.h"
 #include "client_shim/library_client.h"
 #include "wire/blas_ops.h"
 
@@ -32,6 +33,9 @@ namespace {
 using hiber::ErrorCode;
 using hiber::Status;
 using hiber::shim::LibraryHandleObj;
+using hiber::shim::cublas::status_name;
+using hiber::shim::cublas::status_of;
+using hiber::shim::cublas::status_string;
 using hiber::wire::Library;
 using hiber::wire::blas::LtAlgo;
 using hiber::wire::blas::LtHeuristic;
@@ -40,20 +44,8 @@ using hiber::wire::blas::LtLayout;
 using hiber::wire::blas::LtMatmul;
 using hiber::wire::blas::LtProblem;
 
-cublasStatus_t status_of(const Status& s) {
-  switch (s.code()) {
-    case ErrorCode::kSuccess: return CUBLAS_STATUS_SUCCESS;
-    case ErrorCode::kInvalidValue: return CUBLAS_STATUS_INVALID_VALUE;
-    case ErrorCode::kInvalidHandle: return CUBLAS_STATUS_NOT_INITIALIZED;
-    case ErrorCode::kNotSupported: return CUBLAS_STATUS_NOT_SUPPORTED;
-    case ErrorCode::kOutOfMemory: return CUBLAS_STATUS_ALLOC_FAILED;
-    default: return CUBLAS_STATUS_EXECUTION_FAILED;
-  }
-}
-
 cublasStatus_t fail(const char* call, const Status& s) {
-  if (!s.ok()) hiber::shim::library_log_once("cuBLASLt", std::string(call) + ": " + s.message());
-  return status_of(s);
+  return hiber::shim::cublas::fail("cuBLASLt", call, s);
 }
 
 // One attribute: its enum value, its size in bytes and its default (every attribute the library
@@ -338,38 +330,6 @@ class HeuristicCache {
   std::mutex mu_;
   std::unordered_map<std::string, std::vector<LtHeuristicResult>> answers_;
 };
-
-const char* status_name(cublasStatus_t status) {
-  switch (status) {
-    case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
-    case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
-    case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED";
-    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
-    case CUBLAS_STATUS_ARCH_MISMATCH: return "CUBLAS_STATUS_ARCH_MISMATCH";
-    case CUBLAS_STATUS_MAPPING_ERROR: return "CUBLAS_STATUS_MAPPING_ERROR";
-    case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
-    case CUBLAS_STATUS_INTERNAL_ERROR: return "CUBLAS_STATUS_INTERNAL_ERROR";
-    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
-    case CUBLAS_STATUS_LICENSE_ERROR: return "CUBLAS_STATUS_LICENSE_ERROR";
-  }
-  return "CUBLAS_STATUS_UNKNOWN";
-}
-
-const char* status_string(cublasStatus_t status) {
-  switch (status) {
-    case CUBLAS_STATUS_SUCCESS: return "the operation completed successfully";
-    case CUBLAS_STATUS_NOT_INITIALIZED: return "the library was not initialized";
-    case CUBLAS_STATUS_ALLOC_FAILED: return "the resource allocation failed";
-    case CUBLAS_STATUS_INVALID_VALUE: return "an invalid numeric value was used as an argument";
-    case CUBLAS_STATUS_ARCH_MISMATCH: return "an absent device architectural feature is required";
-    case CUBLAS_STATUS_MAPPING_ERROR: return "an access to GPU memory space failed";
-    case CUBLAS_STATUS_EXECUTION_FAILED: return "the GPU program failed to execute";
-    case CUBLAS_STATUS_INTERNAL_ERROR: return "an internal operation failed";
-    case CUBLAS_STATUS_NOT_SUPPORTED: return "the functionality requested is not supported";
-    case CUBLAS_STATUS_LICENSE_ERROR: return "there is an error with the license";
-  }
-  return "unknown error";
-}
 
 }  // namespace
 
