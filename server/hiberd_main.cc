@@ -30,6 +30,11 @@ DEFINE_string(node_config, "",
               "(nvswitch-8gpu, torpor-4gpu). For --device=sim it defines the simulated GPUs and "
               "links (default: nvswitch-8gpu, 8 H100s; torpor-4gpu is the paper's 4x V100 "
               "node); for --device=cuda it overrides the discovered topology's bandwidths");
+DEFINE_string(cuda_library_path, "/usr/local/cuda/lib64",
+              "With --device=cuda, folders (colon-separated) searched for the real "
+              "libcublas.so.13, libcublasLt.so.13 and libcudnn.so.9 after the loader's default "
+              "search path (LD_LIBRARY_PATH, ldconfig); they are opened when a client first uses "
+              "them, and a missing one fails only that library's handles");
 DEFINE_bool(sim_throttle, false,
             "With --device=sim, slow copies to the config's PCIe and NVLink bandwidths");
 DEFINE_string(sim_kernel_plugins, "",
@@ -99,10 +104,10 @@ DEFINE_uint64(shutdown_timeout_ms, 30000,
 namespace hiber {
 namespace {
 
-std::vector<std::string> split_commas(const std::string& list) {
+std::vector<std::string> split_list(const std::string& list, char separator) {
   std::vector<std::string> items;
   std::stringstream in(list);
-  for (std::string item; std::getline(in, item, ',');) {
+  for (std::string item; std::getline(in, item, separator);) {
     if (!item.empty()) items.push_back(item);
   }
   return items;
@@ -120,7 +125,7 @@ Result<std::unique_ptr<device::Device>> make_device() {
     if (node) options.node = *node;
     options.throttle_copies = FLAGS_sim_throttle;
     options.workers_per_gpu = FLAGS_sim_workers_per_gpu;
-    options.kernel_plugins = split_commas(FLAGS_sim_kernel_plugins);
+    options.kernel_plugins = split_list(FLAGS_sim_kernel_plugins, ',');
     options.fail_transfers_to_gpu = FLAGS_sim_fail_transfers_to_gpu;
     options.fail_after_transfers = FLAGS_sim_fail_after_transfers;
     auto sim = device::SimDevice::create(options);
@@ -131,6 +136,7 @@ Result<std::unique_ptr<device::Device>> make_device() {
 #if HIBER_HAVE_CUDA
     device::CudaDeviceOptions options;
     options.node = node;
+    options.libraries.folders = split_list(FLAGS_cuda_library_path, ':');
     auto cuda = device::create_cuda_device(options);
     if (!cuda.ok()) {
       return cuda.status().with_context(

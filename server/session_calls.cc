@@ -458,10 +458,17 @@ Session::Outcome Session::library_handle_create(const wire::calls::LibraryHandle
   Status made = libraries_.create_handle(c.handle, c.library);
   if (!made.ok()) return {made};
   const auto library = static_cast<wire::Library>(c.library);
-  if (device_.library(library) == nullptr) {
+  device::LibraryBackend* backend = device_.library(library);
+  if (backend == nullptr) {
     (void)libraries_.destroy_handle(c.handle);
     return {error(ErrorCode::kNotSupported, "libraryHandleCreate: hiberd's ",
                   device_.backend_name(), " device does not run ", wire::library_name(library))};
+  }
+  // The CUDA backend's real library may be missing on this machine: the client learns it now,
+  // at cublasCreate/cudnnCreate, rather than at its first compute call.
+  if (Status available = backend->check_available(); !available.ok()) {
+    (void)libraries_.destroy_handle(c.handle);
+    return {available.with_context("libraryHandleCreate")};
   }
   return {Status()};
 }

@@ -36,6 +36,7 @@
 #include "common/fatbin.h"
 #include "common/mutex.h"
 #include "server/device/cuda_driver.h"
+#include "server/device/cuda_libraries.h"
 #include "server/device/cuda_topology.h"
 
 namespace hiber::device {
@@ -127,7 +128,7 @@ void CUDA_CB run_stream_callback(CUstream, CUresult status, void* user) noexcept
 // __fatBinC_Wrapper_t's magic: {int magic, int version, const unsigned long long* data, ...}.
 constexpr uint32_t kFatbinWrapperMagic = 0x466243b1;
 
-class CudaDevice final : public Device {
+class CudaDevice final : public Device, private CudaContexts {
  public:
   static Result<std::unique_ptr<Device>> create(const CudaDeviceOptions& options);
   ~CudaDevice() override;
@@ -179,9 +180,8 @@ class CudaDevice final : public Device {
   Result<KernelInfo> function_info(Function function) override;
   Status launch(Stream stream, Function function, const LaunchConfig& config,
                 std::span<const std::byte> params) override;
-  // The real cuBLAS, cuBLASLt and cuDNN are not wired to this backend yet: library handles fail
-  // with kNotSupported at creation, naming the library.
-  LibraryBackend* library(wire::Library) override { return nullptr; }
+  // The real cuBLAS (with cuBLASLt) and cuDNN (cuda_libraries.h).
+  LibraryBackend* library(wire::Library library) override;
 
  private:
   struct Gpu {
@@ -206,10 +206,11 @@ class CudaDevice final : public Device {
 
   bool valid_gpu(int gpu) const { return gpu >= 0 && gpu < gpu_count(); }
   Status no_such_gpu(int gpu) const;
-  // Validates `gpu` and makes its primary context current on this thread.
-  Status use_gpu(int gpu) const;
-  // Validates a stream handle and makes its GPU's context current.
-  Result<CUstream> use_stream(Stream stream) const;
+  // Validates `gpu` and makes its primary context current on this thread (also what the library
+  // backends use, through CudaContexts).
+  Status use_gpu(int gpu) const override;
+  // Validates a stream handle and makes its GPU's context current: a Stream's id is its CUstream.
+  Result<CUstream> use_stream(Stream stream) const override;
   Result<CUevent> event_of(Event event) const;
   // Grid and block within the GPU's limits, so a bad launch is refused with the reason rather
   // than the driver's bare CUDA_ERROR_INVALID_VALUE.
@@ -250,6 +251,11 @@ class CudaDevice final : public Device {
   // Kernels by handle, and the kernels handed out per module.
   std::unordered_map<CUkernel, KernelState> kernels_ GUARDED_BY(kernels_mutex_);
   std::unordered_map<CUlibrary, std::vector<CUkernel>> module_kernels_ GUARDED_BY(kernels_mutex_);
+
+  // The remoted libraries' backends, made at creation (they open nothing until a client creates
+  // a handle) and destroyed first, while the primary contexts their handles live in are held.
+  std::unique_ptr<LibraryBackend> blas_;
+  std::unique_ptr<LibraryBackend> dnn_;
 };
 
 // ---- Creation ----
@@ -280,11 +286,16 @@ Result<std::unique_ptr<Device>> CudaDevice::create(const CudaDeviceOptions& opti
   } else {
     HIBER_RETURN_IF_ERROR(device->discover_topology());
   }
+  device->blas_ = make_cuda_blas_backend(*device, options.libraries);
+  device->dnn_ = make_cuda_dnn_backend(*device, options.libraries);
   LOG(INFO) << "CUDA backend: " << describe(device->topology_);
   return std::unique_ptr<Device>(std::move(device));
 }
 
 CudaDevice::~CudaDevice() {
+  // Library handles first: destroying them needs their GPU's context.
+  blas_.reset();
+  dnn_.reset();
   for (const Gpu& gpu : gpus_) {
     if (gpu.context == nullptr) continue;
     Status s = HIBER_CU(cuDevicePrimaryCtxRelease, gpu.device);
@@ -1215,6 +1226,14 @@ Status CudaDevice::launch(Stream stream, Function function, const LaunchConfig& 
 #undef HIBER_CU
 
 }  // namespace
+
+LibraryBackend* CudaDevice::library(wire::Library library) {
+  switch (library) {
+    case wire::Library::kBlas: return blas_.get();
+    case wire::Library::kDnn: return dnn_.get();
+  }
+  return nullptr;
+}
 
 Result<std::unique_ptr<Device>> create_cuda_device(const CudaDeviceOptions& options) {
   return CudaDevice::create(options);

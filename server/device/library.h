@@ -34,6 +34,9 @@ struct LibraryCall {
 class LibraryBackend {
  public:
   virtual ~LibraryBackend() = default;
+  // Whether handles can be served at all, asked when a client creates one: kNotSupported naming
+  // what is missing (the CUDA backend opens the real library here, the first time).
+  virtual Status check_available() { return Status(); }
   // Enqueues a compute call on `stream`; its failure after enqueueing is the stream's error.
   virtual Status run(Stream stream, const LibraryCall& call) = 0;
   // Answers a query (heuristics, finalizing a plan) for work that will run on `gpu`.

@@ -89,3 +89,4 @@ struct FakeCuda {
 };
 
 extern "C" FakeCuda* fake_cuda();
+extern "C" int fake_cuda_current_gpu();

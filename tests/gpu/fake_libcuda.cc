@@ -687,6 +687,13 @@ const Entry kEntries[] = {
 
 extern "C" __attribute__((visibility("default"))) FakeCuda* fake_cuda() { return &state(); }
 
+// The GPU whose context is current on the calling thread, -1 for none: the fake libraries
+// (fake_cublas.cc) check with it that hiberd made the stream's context current before calling
+// them, as the real ones need.
+extern "C" __attribute__((visibility("default"))) int fake_cuda_current_gpu() {
+  return current != nullptr ? current->gpu : -1;
+}
+
 extern "C" __attribute__((visibility("default"))) CUresult cuGetProcAddress_v2(
     const char* symbol, void** pfn, int version, cuuint64_t flags,
     CUdriverProcAddressQueryResult* found) {

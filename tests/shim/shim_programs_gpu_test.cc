@@ -3,7 +3,14 @@
 // must succeed and print the same summary line (it holds a checksum of the results).
 // Skips with one line where there is no usable GPU: no libcuda.so.1, a libcuda.so.1 that is the
 // toolkit's stub (cuInit fails with CUDA_ERROR_STUB_LIBRARY), or no device.
+// The library_* programs (cuBLAS, cuBLASLt, cuDNN linked the ordinary way) are how issue 16's
+// libraries are checked on a GPU: natively against the real libraries, and through the
+// replacements against hiberd's CUDA backend running the real ones (server/device/
+// cuda_libraries.cc). A test that needs no GPU checks that every one built is in the list.
 #include <dlfcn.h>
+
+#include <algorithm>
+#include <filesystem>
 
 #include <gtest/gtest.h>
 
@@ -65,6 +72,23 @@ TEST_P(ShimGpuTest, MatchesTheNativeRun) {
   EXPECT_EQ(view->sessions_closed, view->sessions_opened);
   for (uint64_t bytes : view->device_session_bytes) EXPECT_EQ(bytes, 0u) << "device memory leaked";
   EXPECT_EQ(hiberd.stop(), 0) << hiberd.log();
+}
+
+// Every library program built runs here: one added to tests/shim/CMakeLists.txt but not to
+// all_programs() would otherwise never meet the real libraries.
+TEST(ShimGpuPrograms, EveryLibraryProgramIsInTheList) {
+  const std::filesystem::path dir = std::filesystem::path(program_path("x")).parent_path();
+  ASSERT_TRUE(std::filesystem::is_directory(dir)) << dir;
+  const auto& listed = all_programs();
+  int found = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("library_", 0) != 0 || entry.path().has_extension()) continue;
+    ++found;
+    EXPECT_NE(std::find(listed.begin(), listed.end(), name), listed.end())
+        << name << " is built but not in all_programs() (tests/shim/shim_runner.cc)";
+  }
+  EXPECT_GT(found, 0) << "no library_* program in " << dir;
 }
 
 INSTANTIATE_TEST_SUITE_P(Programs, ShimGpuTest, ::testing::ValuesIn(all_programs()),

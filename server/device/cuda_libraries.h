@@ -1,0 +1,54 @@
+// The remoted libraries (server/device/library.h) on the CUDA backend: the real cuBLAS (with
+// cuBLASLt) and cuDNN run the calls clients send.
+//
+// Loading. Nothing links against them: libcublas.so.13, libcublasLt.so.13 and libcudnn.so.9 are
+// opened with dlopen the first time a client creates a handle of theirs (check_available), by
+// soname through the loader's default search and then in CudaLibraryOptions::folders (hiberd's
+// --cuda_library_path), and every entry point used is resolved with dlsym and checked at compile
+// time against the prototype the toolkit's header declares. A library that is missing fails that
+// library's handles with kNotSupported, naming the file and where it was looked for; hiberd and
+// the runtime calls are unaffected. Once opened, a library stays open for the life of the process
+// (cuBLAS and cuDNN keep per-context state and exit handlers that must not be unloaded).
+//
+// Handles. A client handle stands for one real handle per (owner, client handle, GPU), created on
+// the GPU of the first stream a call of it runs on, with that GPU's primary context current (the
+// libraries' own runtime then uses the context every other call of the function uses). A
+// function moved to another GPU (late binding) therefore gets fresh handles there, and a handle
+// is never used on a GPU it was not created on. Settings that the client keeps per handle (stream,
+// workspace, math, atomics and pointer modes) arrive with every call and are applied to the real
+// handle when they differ from what it last had, so a warm call costs no extra library call.
+// release() destroys the real handles; cublasDestroy and cudnnDestroy synchronise the device
+// first, so work already enqueued with them finishes before their resources go.
+//
+// Thread safety: every method may be called from any thread; one real handle is used by one
+// thread at a time (a mutex per handle), as the libraries require.
+#pragma once
+
+#include <cuda.h>
+
+#include <memory>
+
+#include "server/device/cuda_device.h"
+#include "server/device/library.h"
+
+namespace hiber::device {
+
+// What the library backends need of the CudaDevice that owns them.
+class CudaContexts {
+ public:
+  virtual ~CudaContexts() = default;
+  // Validates `gpu` and makes its primary context current on this thread.
+  virtual Status use_gpu(int gpu) const = 0;
+  // The CUstream a device::Stream stands for, with its GPU's primary context made current.
+  virtual Result<CUstream> use_stream(Stream stream) const = 0;
+};
+
+// Backends for wire::Library::kBlas (cuBLAS and cuBLASLt: one handle table, as PyTorch casts a
+// cublasHandle_t to a cublasLtHandle_t) and wire::Library::kDnn. `contexts` must outlive them;
+// their destructors destroy every real handle still kept.
+std::unique_ptr<LibraryBackend> make_cuda_blas_backend(const CudaContexts& contexts,
+                                                       const CudaLibraryOptions& options);
+std::unique_ptr<LibraryBackend> make_cuda_dnn_backend(const CudaContexts& contexts,
+                                                      const CudaLibraryOptions& options);
+
+}  // namespace hiber::device
