@@ -1,6 +1,6 @@
 // Client-side cost of remoted library calls, as a program sees it: an ordinary CUDA program
-// (built by nvcc as CUDA, -cudart shared -lcublasLt, Google Benchmark) run with the shim and the
-// replacement libraries preloaded against hiberd (scripts/library-bench.sh; docs/perf.md).
+// (built by nvcc as CUDA, -cudart shared -lcublasLt -lcudnn, Google Benchmark) run with the shim
+// and the replacement libraries preloaded against hiberd (scripts/library-bench.sh; docs/perf.md).
 //
 // Each figure is measured in bursts, as bench/shim_bench.cu measures launches: kBurst calls from
 // an idle device, then an untimed cudaDeviceSynchronize, so no call waits for hiberd. Per call:
@@ -11,13 +11,23 @@
 //   - LtMatmulPyTorchStyle: what PyTorch does per matmul: create the descriptors and preference,
 //     set their attributes, ask for the heuristic (answered from the client's cache after the
 //     first call), run the matmul, destroy everything.
+//   - DnnExecute: one cudnnBackendExecute of a small convolution (1 x 4 x 8 x 8, 4 filters 3x3,
+//     padding 1, fp32) whose plan and variant pack were made once.
+//   - DnnExecutePyTorchStyle: what PyTorch's cached-plan path does per convolution: create the
+//     variant pack, set its ids, pointers and workspace, finalize it, execute, destroy it.
+// The convolution's plan is built by tests/shim/programs/cudnn_conv.h, as the cudnn-frontend
+// builds it.
 #include <benchmark/benchmark.h>
 #include <cublasLt.h>
 #include <cuda_runtime.h>
+#include <cudnn.h>
 #include <time.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <utility>
+
+#include "cudnn_conv.h"
 
 // The name of shim_bench's empty kernel, so hiberd --device=sim runs it with shim_bench's plugin
 // (bench/shim_bench_kernels.cc).
@@ -161,9 +171,67 @@ void LtMatmulPyTorchStyle(benchmark::State& state) {
   });
 }
 
+// A convolution's handle, plan and operands, made once.
+struct ConvProblem {
+  cudnnHandle_t handle = nullptr;
+  cudnn_conv::ConvGraph graph{};
+  cudnnBackendDescriptor_t plan = nullptr;
+  float *x = nullptr, *w = nullptr, *y = nullptr;
+  void* workspace = nullptr;
+  ConvProblem() {
+    cudnn_conv::Shape shape;
+    shape.c = 4, shape.h = 8, shape.w = 8, shape.k = 4, shape.r = 3, shape.s = 3, shape.pad = 1;
+    CUDNN_CHECK(cudnnCreate(&handle));
+    graph = cudnn_conv::conv_graph(handle, shape);
+    plan = cudnn_conv::plan_for(handle, graph.graph);
+    const size_t xs = shape.n * shape.c * shape.h * shape.w,
+                 ws = shape.k * shape.c * shape.r * shape.s,
+                 ys = shape.n * shape.k * shape.p() * shape.q();
+    for (auto [p, n] : {std::pair{&x, xs}, std::pair{&w, ws}, std::pair{&y, ys}}) {
+      check(cudaMalloc(p, n * sizeof(float)) == cudaSuccess, "cudaMalloc");
+      check(cudaMemset(*p, 0, n * sizeof(float)) == cudaSuccess, "cudaMemset");
+    }
+    const int64_t workspace_bytes = cudnn_conv::workspace_size(plan);
+    if (workspace_bytes > 0)
+      check(cudaMalloc(&workspace, workspace_bytes) == cudaSuccess, "cudaMalloc");
+  }
+  cudnnBackendDescriptor_t pack() const { return cudnn_conv::variant_pack(x, w, y, workspace); }
+  ~ConvProblem() {
+    for (void* p : {static_cast<void*>(x), static_cast<void*>(w), static_cast<void*>(y), workspace})
+      cudaFree(p);
+    cudnnBackendDestroyDescriptor(plan);
+    graph.destroy();
+    cudnnDestroy(handle);
+  }
+};
+
+void DnnExecute(benchmark::State& state) {
+  ConvProblem p;
+  cudnnBackendDescriptor_t pack = p.pack();
+  // The first execution sends the plan's graph to hiberd; the timed ones carry only its id.
+  CUDNN_CHECK(cudnnBackendExecute(p.handle, p.plan, pack));
+  check(cudaDeviceSynchronize() == cudaSuccess, "warm-up execute");
+  bursts(state, [&] { CUDNN_CHECK(cudnnBackendExecute(p.handle, p.plan, pack)); });
+  CUDNN_CHECK(cudnnBackendDestroyDescriptor(pack));
+}
+
+void DnnExecutePyTorchStyle(benchmark::State& state) {
+  ConvProblem p;
+  auto call = [&] {
+    cudnnBackendDescriptor_t pack = p.pack();
+    CUDNN_CHECK(cudnnBackendExecute(p.handle, p.plan, pack));
+    CUDNN_CHECK(cudnnBackendDestroyDescriptor(pack));
+  };
+  call();
+  check(cudaDeviceSynchronize() == cudaSuccess, "warm-up execute");
+  bursts(state, call);
+}
+
 }  // namespace
 
 BENCHMARK(Launch)->UseManualTime()->Iterations(400);
 BENCHMARK(LtMatmulBatched)->UseManualTime()->Iterations(400);
 BENCHMARK(LtMatmulPyTorchStyle)->UseManualTime()->Iterations(200);
+BENCHMARK(DnnExecute)->UseManualTime()->Iterations(400);
+BENCHMARK(DnnExecutePyTorchStyle)->UseManualTime()->Iterations(200);
 BENCHMARK_MAIN();

@@ -2,7 +2,7 @@
 # Remoted library calls' client-side cost (bench/library_call_bench.cc, docs/perf.md "Remoted
 # libraries"): starts hiberd with the simulated GPU and shim_bench's kernel plugin (for the
 # launch baseline) in a temporary run dir, and runs library_call_bench with the shim and the
-# cuBLAS/cuBLASLt replacements preloaded. Extra arguments go to the benchmark.
+# cuBLAS, cuBLASLt and cuDNN replacements preloaded. Extra arguments go to the benchmark.
 #
 #   scripts/library-bench.sh [-B BUILD_DIR] [-- BENCHMARK_ARGS...]
 set -euo pipefail
@@ -19,10 +19,10 @@ hiberd_bin=$build/server/hiberd
 bench=$build/bench/library_call_bench
 plugin=$build/bench/libhiber_shim_bench_kernels.so
 preload="$build/client_shim/libhibercuda.so $build/client_shim/libhibercublas.so"
-preload+=" $build/client_shim/libhibercublasLt.so"
+preload+=" $build/client_shim/libhibercublasLt.so $build/client_shim/libhibercudnn.so"
 for f in "$hiberd_bin" "$bench" "$plugin" $preload; do
   [[ -e $f ]] || { echo "missing $f (build hiberd, hibercuda, hibercublas, hibercublasLt," \
-    "library_call_bench_program and hiber_shim_bench_kernels)" >&2; exit 1; }
+    "hibercudnn, library_call_bench_program and hiber_shim_bench_kernels)" >&2; exit 1; }
 done
 run_dir=$(mktemp -d /tmp/hiber-library-bench-XXXXXX)  # mode 0700, as hiberd's run dir must be
 "$hiberd_bin" --device=sim --run_dir="$run_dir" --sim_kernel_plugins="$plugin" \
