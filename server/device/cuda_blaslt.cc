@@ -202,11 +202,7 @@ Status build(const LtApi& api, const LtProblem& p, Descriptors* d) {
       set_desc(api, d->desc, CUBLASLT_MATMUL_DESC_TRANSA, int32_t{p.transa}, "transa"));
   HIBER_RETURN_IF_ERROR(
       set_desc(api, d->desc, CUBLASLT_MATMUL_DESC_TRANSB, int32_t{p.transb}, "transb"));
-  if (p.transc != CUBLAS_OP_N) {
-    // Left at its default otherwise: cuBLASLt supports only N, and says so itself.
-    HIBER_RETURN_IF_ERROR(
-        set_desc(api, d->desc, CUBLASLT_MATMUL_DESC_TRANSC, int32_t{p.transc}, "transc"));
-  }
+  // TRANSC stays at its default, N: the only value cuBLASLt takes (check_lt_problem).
   HIBER_RETURN_IF_ERROR(set_desc(api, d->desc, CUBLASLT_MATMUL_DESC_EPILOGUE,
                                  static_cast<uint32_t>(p.epilogue), "epilogue"));
   if (p.epilogue & wire::blas::kEpilogueBias) {
@@ -475,11 +471,12 @@ class CudaBlasLtBackend final : public LibraryBackend {
     }
     std::vector<cublasLtMatmulHeuristicResult_t> results(static_cast<size_t>(key.requested));
     int returned = 0;
-    HIBER_RETURN_IF_ERROR(api.check(
-        api.pfn_cublasLtMatmulAlgoGetHeuristic(entry.raw, d.desc, d.layouts[0], d.layouts[1],
-                                               d.layouts[2], d.layouts[3], entry.preference,
-                                               key.requested, results.data(), &returned),
-        "cublasLtMatmulAlgoGetHeuristic"));
+    HIBER_RETURN_IF_ERROR(
+        api.check(api.pfn_cublasLtMatmulAlgoGetHeuristic(
+                      entry.raw, d.desc, d.layouts[0], d.layouts[1], d.layouts[2], d.layouts[3],
+                      entry.preference, key.requested, results.data(), &returned),
+                  "cublasLtMatmulAlgoGetHeuristic")
+            .with_context(str_cat("cuBLASLt heuristic on ", contexts_.gpu_model(gpu))));
     // Only results whose state is success are valid; they come first.
     int valid = 0;
     while (valid < returned && valid < key.requested &&

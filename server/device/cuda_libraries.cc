@@ -385,9 +385,8 @@ class CudaBlasBackend final : public LibraryBackend {
       : contexts_(contexts),
         cublas_(options, "libcublas.so.13"),
         handles_(contexts),
-        lt_(make_cuda_blaslt_backend(contexts, [options](const char* soname) {
-          return open_for_lt(options, soname);
-        })) {}
+        lt_(make_cuda_blaslt_backend(
+            contexts, [options](const char* soname) { return open_for_lt(options, soname); })) {}
 
   // Both libraries: the real libcublas.so.13 cannot load without libcublasLt.so.13 anyway.
   Status check_available() override {
