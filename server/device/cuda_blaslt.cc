@@ -308,11 +308,13 @@ class CudaBlasLtBackend final : public LibraryBackend {
     HIBER_ASSIGN_OR_RETURN(const LtApi* api, lt_.get());
     lt_.mark_loaded();
     HIBER_ASSIGN_OR_RETURN(LtMatmul mm, wire::read_op<LtMatmul>(call.args, "cuBLASLt matmul"));
-    HIBER_RETURN_IF_ERROR(wire::blas::check_lt_problem(mm.problem).status());
+    HIBER_ASSIGN_OR_RETURN(wire::blas::LtDims dims, wire::blas::check_lt_problem(mm.problem));
     std::optional<AlgoKey> key;
     if (mm.has_algo) {
       HIBER_ASSIGN_OR_RETURN(key, get_key(mm.algo));
     }
+    // An empty D: nothing to compute or write (the session checked no operand), as on the sim.
+    if (dims.m == 0 || dims.n == 0) return Status();
     HIBER_ASSIGN_OR_RETURN(CUstream s, contexts_.use_stream(stream));
     HIBER_ASSIGN_OR_RETURN(auto entry,
                            get_entry(*api, {call.owner, call.handle.value(), stream.gpu}));
