@@ -410,9 +410,9 @@ class CudaBlasBackend final : public LibraryBackend {
         return gemm(*api, entry->raw, entry->settings, s, g);
       }
       default:
-        // TODO(issue 16): gemv once its struct is on main.
+        // gemv travels as the GEMM it is (kBlasGemm); kLtMatmul went to cuda_blaslt.cc above.
         return error(ErrorCode::kNotSupported, "cuBLAS operation ", static_cast<unsigned>(call.op),
-                     " is not implemented on hiberd's CUDA backend yet");
+                     " is not one hiberd's CUDA backend runs");
     }
   }
 
