@@ -244,6 +244,8 @@ class Client {
   Status set_library_stream(LibraryHandleObj* handle, void* stream);
   Status library_call(LibraryHandleObj* handle, wire::LibraryOp op,
                       std::span<const std::byte> args);
+  Status library_call_on(LibraryHandleObj* handle, void* stream, wire::LibraryOp op,
+                         std::span<const std::byte> args);
   Result<std::vector<std::byte>> library_query(LibraryHandleObj* handle, wire::LibraryOp op,
                                                std::span<const std::byte> args);
 

@@ -47,14 +47,24 @@ Status Client::set_library_stream(LibraryHandleObj* handle, void* stream) {
 
 Status Client::library_call(LibraryHandleObj* handle, wire::LibraryOp op,
                             std::span<const std::byte> args) {
+  void* stream;
+  {
+    std::lock_guard lock(mu_);
+    stream = handle->stream;
+  }
+  return library_call_on(handle, stream, op, args);
+}
+
+Status Client::library_call_on(LibraryHandleObj* handle, void* stream_handle, wire::LibraryOp op,
+                               std::span<const std::byte> args) {
   std::lock_guard lock(mu_);
   HIBER_RETURN_IF_ERROR(ensure_open_locked());
   StreamObj* stream = nullptr;
-  if (reinterpret_cast<uintptr_t>(handle->stream) > 2) {
-    auto it = streams_.find(handle->stream);
+  if (reinterpret_cast<uintptr_t>(stream_handle) > 2) {
+    auto it = streams_.find(stream_handle);
     if (it == streams_.end())
-      return error(ErrorCode::kInvalidHandle, wire::library_name(handle->library),
-                   " handle's stream ", handle->stream, " was destroyed");
+      return error(ErrorCode::kInvalidHandle, wire::library_name(handle->library), " stream ",
+                   stream_handle, " does not exist (destroyed?)");
     stream = it->second.get();
   }
   HIBER_RETURN_IF_ERROR(order_for_work_locked(stream));

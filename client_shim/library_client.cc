@@ -31,6 +31,11 @@ Status library_call(LibraryHandleObj* handle, wire::LibraryOp op, std::span<cons
   return Client::get().library_call(handle, op, args);
 }
 
+Status library_call_on(LibraryHandleObj* handle, void* stream, wire::LibraryOp op,
+                       std::span<const std::byte> args) {
+  return Client::get().library_call_on(handle, stream, op, args);
+}
+
 Result<std::vector<std::byte>> library_query(LibraryHandleObj* handle, wire::LibraryOp op,
                                              std::span<const std::byte> args) {
   return Client::get().library_query(handle, op, args);

@@ -49,6 +49,10 @@ HIBER_SHIM_EXPORT Status library_set_stream(LibraryHandleObj* handle, void* stre
 // (its failure is the session's sticky error, as a launch's is).
 HIBER_SHIM_EXPORT Status library_call(LibraryHandleObj* handle, wire::LibraryOp op,
                                       std::span<const std::byte> args);
+// The same on `stream` (nullptr, cudaStreamLegacy or a live stream) instead of the handle's:
+// cublasLtMatmul names its stream per call.
+HIBER_SHIM_EXPORT Status library_call_on(LibraryHandleObj* handle, void* stream, wire::LibraryOp op,
+                                         std::span<const std::byte> args);
 // A question hiberd answers; waits for the answer.
 HIBER_SHIM_EXPORT Result<std::vector<std::byte>> library_query(LibraryHandleObj* handle,
                                                                wire::LibraryOp op,

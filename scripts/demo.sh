@@ -61,7 +61,7 @@ if [ "$have_shim" = 1 ]; then
   echo
   echo "== unmodified cuBLAS/cuDNN programs (linked -lcublas -lcublasLt -lcudnn) run through the"
   echo "   replacement libraries; hiber-coverage lists what each imports and whether it is remoted:"
-  for program in library_gemm; do
+  for program in library_gemm library_cnn library_transformer; do
     "$bin/tools/hiber-coverage" --summary "$bin/tests/shim/programs/$program"
     HIBER_RUN_DIR="$run_dir" HIBER_FUNCTION_ID="$program" \
       LD_PRELOAD="$preload" "$bin/tests/shim/programs/$program"

@@ -8,6 +8,8 @@ namespace {
 
 using wire::blas::BatchKind;
 using wire::blas::Gemm;
+using wire::blas::LtHeuristic;
+using wire::blas::LtMatmul;
 
 Result<LibraryAccess> check_gemm(std::span<const std::byte> bytes) {
   HIBER_ASSIGN_OR_RETURN(Gemm g, wire::read_op<Gemm>(bytes, "cuBLAS gemm"));
@@ -68,18 +70,80 @@ Result<LibraryAccess> check_gemm(std::span<const std::byte> bytes) {
   return access;
 }
 
+// The device range of `batches` matrices of `layout` (stored shape, no transpose).
+Result<uint64_t> layout_extent(const wire::blas::LtLayout& l, const char* what) {
+  HIBER_ASSIGN_OR_RETURN(uint64_t size, wire::blas::element_bytes(l.type, what));
+  return wire::blas::batched_extent({l.rows, l.cols, l.ld, size, what}, l.batch_count,
+                                    l.batch_offset);
+}
+
+Result<LibraryAccess> check_lt_matmul(std::span<const std::byte> bytes) {
+  HIBER_ASSIGN_OR_RETURN(LtMatmul mm, wire::read_op<LtMatmul>(bytes, "cuBLASLt matmul"));
+  HIBER_ASSIGN_OR_RETURN(wire::blas::LtDims dims, wire::blas::check_lt_problem(mm.problem));
+  const wire::blas::LtProblem& p = mm.problem;
+  if (mm.has_algo > 1 || (mm.has_algo == 1 && mm.algo.magic != wire::blas::kLtAlgoMagic))
+    return error(ErrorCode::kInvalidValue,
+                 "cuBLASLt matmul: the algo was not returned by cublasLtMatmulAlgoGetHeuristic");
+  HIBER_ASSIGN_OR_RETURN(uint64_t scale_size, wire::blas::element_bytes(p.scale_type, "scale"));
+  LibraryAccess access;
+  if (p.pointer_mode == 1) {
+    access.operands.push_back({mm.alpha_ptr, scale_size, false, "alpha"});
+    access.operands.push_back({mm.beta_ptr, scale_size, false, "beta"});
+  }
+  if (mm.workspace_bytes > 0)
+    access.operands.push_back({mm.workspace, mm.workspace_bytes, true, "workspace"});
+  if (dims.m == 0 || dims.n == 0) return access;
+  if (dims.k > 0) {
+    HIBER_ASSIGN_OR_RETURN(uint64_t a_bytes, layout_extent(p.a, "A"));
+    HIBER_ASSIGN_OR_RETURN(uint64_t b_bytes, layout_extent(p.b, "B"));
+    access.operands.push_back({mm.a, a_bytes, false, "A"});
+    access.operands.push_back({mm.b, b_bytes, false, "B"});
+  }
+  // C is read unless beta is 0, which under device pointers is known only when the call runs.
+  HIBER_ASSIGN_OR_RETURN(uint64_t c_bytes, layout_extent(p.c, "C"));
+  HIBER_ASSIGN_OR_RETURN(uint64_t d_bytes, layout_extent(p.d, "D"));
+  access.operands.push_back({mm.c, c_bytes, false, "C"});
+  access.operands.push_back({mm.d, d_bytes, true, "D"});
+  if (p.epilogue & wire::blas::kEpilogueBias) {
+    if (mm.bias == 0)
+      return error(ErrorCode::kInvalidValue,
+                   "cuBLASLt matmul: a bias epilogue without CUBLASLT_MATMUL_DESC_BIAS_POINTER");
+    if (mm.bias_batch_stride < 0)
+      return error(ErrorCode::kInvalidValue, "cuBLASLt matmul: bias batch stride ",
+                   mm.bias_batch_stride);
+    // One bias per row of D (m entries), per batch `bias_batch_stride` elements apart.
+    HIBER_ASSIGN_OR_RETURN(uint64_t bias_size, wire::blas::element_bytes(p.bias_type, "bias"));
+    HIBER_ASSIGN_OR_RETURN(
+        uint64_t bias_bytes,
+        wire::blas::batched_extent({dims.m, 1, std::max<int64_t>(1, dims.m), bias_size, "bias"},
+                                   dims.batch_count, mm.bias_batch_stride));
+    access.operands.push_back({mm.bias, bias_bytes, false, "bias"});
+  }
+  return access;
+}
+
+Status check_lt_heuristic(std::span<const std::byte> bytes) {
+  HIBER_ASSIGN_OR_RETURN(LtHeuristic h, wire::read_op<LtHeuristic>(bytes, "cuBLASLt heuristic"));
+  if (h.requested < 1 || h.requested > wire::blas::kMaxLtHeuristicResults)
+    return error(ErrorCode::kInvalidValue, "cuBLASLt heuristic: ", h.requested,
+                 " algorithms requested (1 to ", wire::blas::kMaxLtHeuristicResults, ")");
+  return wire::blas::check_lt_problem(h.problem).status();
+}
+
 }  // namespace
 
 Result<LibraryAccess> check_blas_call(wire::LibraryOp op, std::span<const std::byte> args) {
   switch (op) {
     case wire::LibraryOp::kBlasGemm: return check_gemm(args);
+    case wire::LibraryOp::kLtMatmul: return check_lt_matmul(args);
     default: break;
   }
   return error(ErrorCode::kNotSupported, "cuBLAS operation ", static_cast<unsigned>(op),
                " is not a compute call hiberd runs");
 }
 
-Status check_blas_query(wire::LibraryOp op, std::span<const std::byte>) {
+Status check_blas_query(wire::LibraryOp op, std::span<const std::byte> args) {
+  if (op == wire::LibraryOp::kLtHeuristic) return check_lt_heuristic(args);
   return error(ErrorCode::kNotSupported, "cuBLAS query ", static_cast<unsigned>(op),
                " is not one hiberd answers");
 }

@@ -1,5 +1,8 @@
 #include "wire/blas_ops.h"
 
+#include <algorithm>
+#include <climits>
+
 namespace hiber::wire::blas {
 namespace {
 
@@ -102,6 +105,75 @@ Result<uint64_t> batched_extent(const MatrixShape& s, int64_t batches, int64_t s
     return error(ErrorCode::kInvalidValue, s.what, ": ", s.rows, " x ", s.cols, " (ld ", s.ld,
                  ") times ", batches, " spans more than 2^48 bytes");
   return static_cast<uint64_t>(bytes);
+}
+
+uint64_t lt_problem_hash(const LtProblem& problem) {
+  uint64_t hash = 0xcbf29ce484222325ull;
+  for (std::byte byte : op_bytes(problem)) {
+    hash ^= static_cast<uint8_t>(byte);
+    hash *= 0x100000001b3ull;
+  }
+  return hash;
+}
+
+Result<LtDims> check_lt_problem(const LtProblem& p) {
+  const LtLayout* layouts[] = {&p.a, &p.b, &p.c, &p.d};
+  const char* names[] = {"A", "B", "C", "D"};
+  for (int i = 0; i < 4; ++i) {
+    const LtLayout& l = *layouts[i];
+    if (l.order != 0)
+      return error(ErrorCode::kNotSupported, "cuBLASLt matmul: ", names[i], " has order ", l.order,
+                   "; Hiber remotes column order (CUBLASLT_ORDER_COL) only");
+    if (l.rows < 0 || l.cols < 0 || l.ld < std::max<int64_t>(1, l.rows) || l.batch_count < 1 ||
+        l.batch_offset < 0)
+      return error(ErrorCode::kInvalidValue, "cuBLASLt matmul: ", names[i], " is ", l.rows, " x ",
+                   l.cols, " with leading dimension ", l.ld, ", ", l.batch_count,
+                   " batches at offset ", l.batch_offset);
+    HIBER_RETURN_IF_ERROR(element_bytes(l.type, names[i]).status());
+  }
+  if (p.transa > 2 || p.transb > 2 || p.transc != 0)
+    return error(ErrorCode::kInvalidValue, "cuBLASLt matmul: transa ", unsigned{p.transa},
+                 ", transb ", unsigned{p.transb}, ", transc ", unsigned{p.transc},
+                 " (C is never transposed)");
+  if (p.pointer_mode != 0 && p.pointer_mode != 1)
+    return error(ErrorCode::kNotSupported, "cuBLASLt matmul: pointer mode ", p.pointer_mode,
+                 "; Hiber remotes host and device scalars");
+  switch (p.epilogue) {
+    case kEpilogueDefault:
+    case kEpilogueRelu:
+    case kEpilogueBias:
+    case kEpilogueReluBias:
+    case kEpilogueGelu:
+    case kEpilogueGeluBias: break;
+    default:
+      return error(ErrorCode::kNotSupported, "cuBLASLt matmul: epilogue ", p.epilogue,
+                   "; Hiber remotes DEFAULT, RELU, BIAS, RELU_BIAS, GELU and GELU_BIAS");
+  }
+  if (p.epilogue & kEpilogueBias)
+    HIBER_RETURN_IF_ERROR(element_bytes(p.bias_type, "bias").status());
+  HIBER_RETURN_IF_ERROR(element_bytes(p.scale_type, "scale type").status());
+  HIBER_RETURN_IF_ERROR(scale_bytes(p.compute_type, p.d.type).status());
+  LtDims dims;
+  dims.m = p.d.rows;
+  dims.n = p.d.cols;
+  dims.k = p.transa ? p.a.rows : p.a.cols;
+  const int64_t a_m = p.transa ? p.a.cols : p.a.rows;
+  const int64_t b_k = p.transb ? p.b.cols : p.b.rows;
+  const int64_t b_n = p.transb ? p.b.rows : p.b.cols;
+  if (a_m != dims.m || b_k != dims.k || b_n != dims.n || p.c.rows != dims.m || p.c.cols != dims.n)
+    return error(ErrorCode::kInvalidValue, "cuBLASLt matmul: shapes disagree: op(A) ", a_m, " x ",
+                 dims.k, ", op(B) ", b_k, " x ", b_n, ", C ", p.c.rows, " x ", p.c.cols, ", D ",
+                 dims.m, " x ", dims.n);
+  if (dims.m > INT32_MAX || dims.n > INT32_MAX || dims.k > INT32_MAX)
+    return error(ErrorCode::kNotSupported, "cuBLASLt matmul: ", dims.m, " x ", dims.n, " x ",
+                 dims.k, " exceeds 32-bit sizes");
+  if (p.a.batch_count != p.d.batch_count || p.b.batch_count != p.d.batch_count ||
+      p.c.batch_count != p.d.batch_count)
+    return error(ErrorCode::kInvalidValue, "cuBLASLt matmul: batch counts differ (A ",
+                 p.a.batch_count, ", B ", p.b.batch_count, ", C ", p.c.batch_count, ", D ",
+                 p.d.batch_count, ")");
+  dims.batch_count = p.d.batch_count;
+  return dims;
 }
 
 }  // namespace hiber::wire::blas

@@ -50,6 +50,103 @@ struct Gemm {
 };
 static_assert(std::has_unique_object_representations_v<Gemm>, "no padding on the wire");
 
+// ---- cuBLASLt ----
+// cuBLASLt descriptors live in the client (client_shim/cublaslt_api.cc); a matmul and a heuristic
+// query carry their contents, as an LtProblem: what decides the algorithm and its arithmetic.
+
+// A cublasLtMatrixLayout_t's contents.
+struct LtLayout {
+  int64_t rows = 0, cols = 0, ld = 0;  // as stored (before transa/transb)
+  int64_t batch_offset = 0;            // CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, elements
+  int32_t type = 0;                    // cudaDataType_t
+  int32_t batch_count = 1;
+  int32_t order = 0;  // cublasLtOrder_t: 0 CUBLASLT_ORDER_COL
+  int32_t reserved = 0;
+};
+static_assert(std::has_unique_object_representations_v<LtLayout>, "no padding on the wire");
+
+// cublasLtEpilogue_t values the remoted matmul accepts.
+enum LtEpilogue : int32_t {
+  kEpilogueDefault = 1,
+  kEpilogueRelu = 2,
+  kEpilogueBias = 4,
+  kEpilogueReluBias = 6,
+  kEpilogueGelu = 32,
+  kEpilogueGeluBias = 36,
+};
+
+// A matmul's descriptors: D = epilogue(alpha * op(A) op(B) + beta * C [+ bias]).
+struct LtProblem {
+  LtLayout a, b, c, d;
+  int32_t compute_type = 0;  // cublasComputeType_t
+  int32_t scale_type = 0;    // cudaDataType_t of alpha, beta (and of a fp32 bias default)
+  int32_t epilogue = kEpilogueDefault;
+  int32_t bias_type = 0;                       // cudaDataType_t of the bias vector
+  int32_t pointer_mode = 0;                    // cublasLtPointerMode_t: 0 host, 1 device
+  uint8_t transa = 0, transb = 0, transc = 0;  // cublasOperation_t
+  uint8_t reserved = 0;
+};
+static_assert(std::has_unique_object_representations_v<LtProblem>, "no padding on the wire");
+
+// The 64 bytes of a cublasLtMatmulAlgo_t as hiberd fills them (a heuristic's answer) and reads
+// them back (a matmul). The client reads `id` only (cublasLtMatmulAlgoConfigGetAttribute).
+struct LtAlgo {
+  int32_t id = 0;            // CUBLASLT_ALGO_CONFIG_ID
+  uint32_t magic = 0;        // kLtAlgoMagic: hiberd made it
+  uint64_t problem = 0;      // lt_problem_hash of the problem it was chosen for
+  uint64_t backend[6] = {};  // the backend's own
+};
+static_assert(sizeof(LtAlgo) == 64 && std::has_unique_object_representations_v<LtAlgo>);
+inline constexpr uint32_t kLtAlgoMagic = 0x48424c54;  // "HBLT"
+
+// FNV-1a of the problem's bytes: an algo answers for the problem it was chosen for only.
+uint64_t lt_problem_hash(const LtProblem& problem);
+
+// kLtMatmul: cublasLtMatmul, with everything hiberd needs to run it.
+struct LtMatmul {
+  static constexpr LibraryOp kOp = LibraryOp::kLtMatmul;
+  LtProblem problem;
+  uint64_t a = 0, b = 0, c = 0, d = 0;   // device addresses
+  uint64_t bias = 0;                     // CUBLASLT_MATMUL_DESC_BIAS_POINTER
+  int64_t bias_batch_stride = 0;         // CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE, elements
+  uint64_t alpha_ptr = 0, beta_ptr = 0;  // pointer mode device
+  uint64_t workspace = 0, workspace_bytes = 0;
+  Scalar alpha{}, beta{};  // pointer mode host, in the scale type
+  LtAlgo algo{};           // all zero: no algo given (the library picks)
+  uint8_t has_algo = 0;
+  uint8_t reserved[7] = {};
+};
+static_assert(std::has_unique_object_representations_v<LtMatmul>, "no padding on the wire");
+
+// kLtHeuristic (a query): cublasLtMatmulAlgoGetHeuristic. The answer is up to `requested`
+// LtHeuristicResult back to back.
+struct LtHeuristic {
+  static constexpr LibraryOp kOp = LibraryOp::kLtHeuristic;
+  LtProblem problem;
+  uint64_t max_workspace_bytes = 0;  // CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES
+  int32_t requested = 1;
+  int32_t reserved = 0;
+};
+static_assert(std::has_unique_object_representations_v<LtHeuristic>, "no padding on the wire");
+
+struct LtHeuristicResult {
+  LtAlgo algo;
+  uint64_t workspace_bytes = 0;
+  uint32_t waves_bits = 0;  // wavesCount, a float's bits (a float has no unique representation)
+  int32_t reserved = 0;
+};
+static_assert(std::has_unique_object_representations_v<LtHeuristicResult>);
+inline constexpr int32_t kMaxLtHeuristicResults = 64;
+
+// Checks an LtProblem as cuBLASLt does (kInvalidValue, kNotSupported naming the value): shapes
+// agree (op(A) m x k, op(B) k x n, C and D m x n), column order, equal batch counts, known
+// transposes and epilogue. Returns m, n, k.
+struct LtDims {
+  int64_t m = 0, n = 0, k = 0;
+  int32_t batch_count = 1;
+};
+Result<LtDims> check_lt_problem(const LtProblem& problem);
+
 // ---- Shapes, shared by the client's checks, hiberd's and the host implementations ----
 
 // Bytes of one element of a cudaDataType_t; kNotSupported for a type no remoted call takes.

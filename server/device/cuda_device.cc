@@ -206,6 +206,7 @@ class CudaDevice final : public Device, private CudaContexts {
 
   bool valid_gpu(int gpu) const { return gpu >= 0 && gpu < gpu_count(); }
   Status no_such_gpu(int gpu) const;
+  std::string gpu_model(int gpu) const override;
   // Validates `gpu` and makes its primary context current on this thread (also what the library
   // backends use, through CudaContexts).
   Status use_gpu(int gpu) const override;
@@ -529,6 +530,14 @@ Status CudaDevice::use_configured_topology(const NodeConfig& node) {
 Status CudaDevice::no_such_gpu(int gpu) const {
   return Status(ErrorCode::kInvalidDevice,
                 str_cat("GPU ", gpu, " does not exist (this node has ", gpu_count(), " GPUs)"));
+}
+
+std::string CudaDevice::gpu_model(int gpu) const {
+  if (!valid_gpu(gpu)) return "no such GPU";
+  const DeviceProperties& p = gpus_[gpu].properties;
+  return str_cat(p.name, " sm_", p.attribute(kAttrComputeCapabilityMajor),
+                 p.attribute(kAttrComputeCapabilityMinor), " with ",
+                 p.attribute(kAttrMultiprocessorCount), " SMs");
 }
 
 Status CudaDevice::use_gpu(int gpu) const {

@@ -13,6 +13,7 @@
 #include <glog/logging.h>
 
 #include "common/mutex.h"
+#include "server/device/cuda_blaslt.h"
 #include "server/device/cuda_library_support.h"
 #include "wire/blas_ops.h"
 
@@ -22,6 +23,7 @@ namespace {
 using cuda_lib::HandleKey;
 using cuda_lib::HandleTable;
 using cuda_lib::LazyLibrary;
+using cuda_lib::open_library;
 using cuda_lib::OpenedLibrary;
 using cuda_lib::resolve;
 
@@ -131,19 +133,32 @@ Result<int> as_int(int64_t value, const char* what) {
   return static_cast<int>(value);
 }
 
+// cuda_blaslt.cc opens libcublasLt.so.13 with the same search as the other libraries.
+Result<std::pair<void*, std::string>> open_for_lt(const CudaLibraryOptions& options,
+                                                  const char* soname) {
+  HIBER_ASSIGN_OR_RETURN(OpenedLibrary opened, open_library(options, soname));
+  return std::pair<void*, std::string>(opened.handle, opened.path);
+}
+
 class CudaBlasBackend final : public LibraryBackend {
  public:
   CudaBlasBackend(const CudaContexts& contexts, const CudaLibraryOptions& options)
-      : contexts_(contexts), cublas_(options, "libcublas.so.13"), handles_(contexts) {}
+      : contexts_(contexts),
+        cublas_(options, "libcublas.so.13"),
+        handles_(contexts),
+        lt_(make_cuda_blaslt_backend(
+            contexts, [options](const char* soname) { return open_for_lt(options, soname); })) {}
 
+  // Both libraries: the real libcublas.so.13 cannot load without libcublasLt.so.13 anyway.
   Status check_available() override {
     Result<const CublasApi*> api = cublas_.get();
     if (!api.ok()) return api.status();
     handles_.set_api(*api);
-    return Status();
+    return lt_->check_available();
   }
 
   Status run(Stream stream, const LibraryCall& call) override {
+    if (call.op == wire::LibraryOp::kLtMatmul) return lt_->run(stream, call);  // cuda_blaslt.cc
     HIBER_ASSIGN_OR_RETURN(const CublasApi* api, cublas_.get());
     handles_.set_api(api);
     switch (call.op) {
@@ -156,18 +171,20 @@ class CudaBlasBackend final : public LibraryBackend {
         return gemm(*api, entry->raw, entry->settings, s, g);
       }
       default:
-        // TODO(issue 16): Lt matmul and gemv once their structs are on main.
+        // gemv travels as the GEMM it is (kBlasGemm); kLtMatmul went to cuda_blaslt.cc above.
         return error(ErrorCode::kNotSupported, "cuBLAS operation ", static_cast<unsigned>(call.op),
-                     " is not implemented on hiberd's CUDA backend yet");
+                     " is not one hiberd's CUDA backend runs");
     }
   }
 
-  Result<std::vector<std::byte>> answer(int, const LibraryCall& call) override {
+  Result<std::vector<std::byte>> answer(int gpu, const LibraryCall& call) override {
+    if (call.op == wire::LibraryOp::kLtHeuristic) return lt_->answer(gpu, call);
     return error(ErrorCode::kNotSupported, "cuBLAS query ", static_cast<unsigned>(call.op),
                  " is not implemented on hiberd's CUDA backend yet");
   }
 
   void release(uint64_t owner, std::optional<wire::LibraryHandle> handle) override {
+    lt_->release(owner, handle);
     handles_.release_if([&](const HandleKey& key) {
       return key.owner == owner && (!handle.has_value() || key.handle == handle->value());
     });
@@ -269,6 +286,7 @@ class CudaBlasBackend final : public LibraryBackend {
   const CudaContexts& contexts_;
   LazyLibrary<CublasApi> cublas_;
   HandleTable<CublasApi, CublasTraits> handles_;
+  std::unique_ptr<LibraryBackend> lt_;  // cuBLASLt's calls (cuda_blaslt.h)
 };
 
 }  // namespace

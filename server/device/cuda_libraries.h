@@ -33,6 +33,7 @@
 #include <cuda.h>
 
 #include <memory>
+#include <string>
 
 #include "server/device/cuda_device.h"
 #include "server/device/library.h"
@@ -43,6 +44,10 @@ namespace hiber::device {
 class CudaContexts {
  public:
   virtual ~CudaContexts() = default;
+  // What identifies `gpu`'s model to the libraries' tuning (name, compute capability, SM count):
+  // a cuBLASLt algorithm chosen on one model is re-chosen on another (cuda_blaslt.h).
+  virtual std::string gpu_model(int gpu) const = 0;
+
   // Validates `gpu` and makes its primary context current on this thread.
   virtual Status use_gpu(int gpu) const = 0;
   // The CUstream a device::Stream stands for, with its GPU's primary context made current.

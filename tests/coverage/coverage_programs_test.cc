@@ -106,8 +106,25 @@ TEST_P(ShimProgramCoverage, EverySymbolIsRemoted) {
 INSTANTIATE_TEST_SUITE_P(Programs, ShimProgramCoverage,
                          ::testing::Values("vector_add", "saxpy_streams", "pinned_overlap",
                                            "d2d_memset", "tiny_mlp", "error_cases",
-                                           "dlopen_runtime", "mlp_server", "library_gemm",
-                                           "library_cnn"));
+                                           "dlopen_runtime", "mlp_server", "library_cnn",
+                                           "library_transformer"));
+
+// library_gemm calls cublasSsyrk on purpose (its error path: a loud stub must say "not
+// supported"): the tool reports that one import as a stub, and only it, and exits 1.
+TEST(ShimProgramCoverage, ReportsTheStubALibraryProgramImports) {
+  ToolRun run = run_tool(std::string(HIBER_SHIM_PROGRAMS_DIR) + "/library_gemm");
+  EXPECT_EQ(run.exit_code, 1) << run.output;
+  auto lines = symbol_lines(run.output);
+  ASSERT_TRUE(lines.contains("cublasSsyrk_v2")) << run.output;
+  EXPECT_EQ(lines["cublasSsyrk_v2"].library, "libcublas.so.13");
+  EXPECT_EQ(lines["cublasSsyrk_v2"].status, "stub");
+  for (const auto& [symbol, line] : lines) {
+    if (symbol != "cublasSsyrk_v2") {
+      EXPECT_EQ(line.status, "remoted") << symbol;
+    }
+  }
+  EXPECT_TRUE(lines.contains("cublasGemmBatchedEx")) << run.output;
+}
 
 // The programs' point is a symbol the shim only stubs; say so plainly once graphs are remoted.
 void expect_shim_stubs(const std::string& symbol, const std::string& version) {

@@ -16,6 +16,7 @@
 
 #include "tests/integration/hiberd_harness.h"
 #include "wire/batch_builder.h"
+#include "wire/blas_ops.h"
 #include "wire/channel_layout.h"
 #include "wire/dnn_ops.h"
 #include "wire/handshake.h"
@@ -776,6 +777,70 @@ TEST(Libraries, AHandleFromAnotherSessionIsRefused) {
     EXPECT_NE(refused[seq].message().find("not created by this session"), std::string::npos)
         << refused[seq];
   }
+}
+
+// Library calls naming a handle the session did not create, or carrying an argument struct of
+// another size, are refused with their own errors, and the session goes on: a handle of another
+// session is worth nothing here.
+TEST(Libraries, ForeignHandlesAndBadArgumentsAreRefusedAndTheSessionGoesOn) {
+  Hiberd hiberd;
+  RawClient raw(hiberd);
+  ASSERT_TRUE(raw.connected());
+  const uint16_t matmul = static_cast<uint16_t>(wire::LibraryOp::kLtMatmul);
+  const uint16_t heuristic = static_cast<uint16_t>(wire::LibraryOp::kLtHeuristic);
+  wire::blas::LtHeuristic query;
+  query.problem.a = {.rows = 4, .cols = 4, .ld = 4};  // fp32 4 x 4 everywhere
+  query.problem.b = query.problem.c = query.problem.d = query.problem.a;
+  query.problem.compute_type = 68;  // CUBLAS_COMPUTE_32F
+  const auto bytes = wire::op_bytes(query);
+  const kj::ArrayPtr<const kj::byte> query_bytes(reinterpret_cast<const kj::byte*>(bytes.data()),
+                                                 bytes.size());
+  std::vector<kj::byte> short_args(sizeof(wire::blas::LtMatmul) - 8, kj::byte{0});
+
+  raw.add([](proto::Call::Builder c) {
+    auto h = c.initLibraryHandleCreate();
+    h.setHandle(7);
+    h.setLibrary(1);
+  });
+  const uint64_t foreign = raw.add([&](proto::Call::Builder c) {
+    auto call = c.initLibraryCall();
+    call.setHandle(99);  // never created in this session
+    call.setOp(matmul);
+    call.setArgs(kj::arrayPtr(short_args.data(), short_args.size()));
+  });
+  const uint64_t wrong_size = raw.add([&](proto::Call::Builder c) {
+    auto call = c.initLibraryCall();
+    call.setHandle(7);
+    call.setOp(matmul);
+    call.setArgs(kj::arrayPtr(short_args.data(), short_args.size()));
+  });
+  const uint64_t foreign_query = raw.add([&](proto::Call::Builder c) {
+    c.setReply(true);
+    auto q = c.initLibraryQuery();
+    q.setHandle(99);
+    q.setOp(heuristic);
+    q.setArgs(query_bytes);
+  });
+  const uint64_t good_query = raw.add([&](proto::Call::Builder c) {
+    c.setReply(true);
+    auto q = c.initLibraryQuery();
+    q.setHandle(7);
+    q.setOp(heuristic);
+    q.setArgs(query_bytes);
+  });
+  ASSERT_TRUE(raw.send().ok());
+  const uint64_t last = raw.ping();
+  auto got = raw.collect_until(last);
+  ASSERT_TRUE(got.count(foreign));
+  EXPECT_EQ(got[foreign].code(), ErrorCode::kInvalidHandle) << got[foreign];
+  ASSERT_TRUE(got.count(wrong_size));
+  EXPECT_EQ(got[wrong_size].code(), ErrorCode::kInvalidValue) << got[wrong_size];
+  EXPECT_NE(got[wrong_size].message().find("bytes of arguments"), std::string::npos)
+      << got[wrong_size];
+  ASSERT_TRUE(got.count(foreign_query));
+  EXPECT_EQ(got[foreign_query].code(), ErrorCode::kInvalidHandle) << got[foreign_query];
+  EXPECT_TRUE(got.count(good_query) == 0 || got[good_query].ok()) << got[good_query];
+  EXPECT_TRUE(got[last].ok()) << "the session goes on";
 }
 
 }  // namespace

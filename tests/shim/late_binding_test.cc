@@ -480,6 +480,53 @@ TEST_F(LateBindingTest, LibraryCallsReadingTheModelWaitForItsSwap) {
   finish_all(hiberd);
 }
 
+// A convolution through cuDNN's backend API is exact under pipelining too: its variant pack binds
+// X to a model entry in the swap's last group and W to a model entry holding 1.0 in the same
+// group (mlp_server's conv request), both still arriving on a GPU that never held the model, so
+// hiberd must wait for the groups the variant pack's tensors touch. The plan, made at that first
+// conv, is the function's: a later conv on the other GPU reuses it.
+TEST_F(LateBindingTest, AConvolutionReadingTheModelWaitsForItsSwap) {
+  constexpr double kGbps = 0.1;  // 100 MB/s: the 24 MiB table takes 250 ms
+  constexpr int kTableMib = 24;
+  const std::string node = write_node(scratch_dir(), 2, 64, kGbps, false);
+  Hiberd hiberd(
+      late_binding_hiberd(node, {"--sim_throttle", "--swap_group_kib=2048", "--pipelined=true"}));
+  table_entries_ = (static_cast<uint64_t>(kTableMib) << 20) / sizeof(float);
+  start_functions(hiberd, 1, kTableMib);
+  ASSERT_FALSE(HasFatalFailure());
+  Function& f = *functions_[0];
+  // The weights only: the table goes last in the swap.
+  const Answer first = request(hiberd, f, "2 -1");
+  ASSERT_TRUE(first.status.ok()) << first.status;
+  const int first_gpu = first.started.gpu;
+  auto client = control(hiberd);
+  ASSERT_TRUE(client.drain(first_gpu).ok());
+  auto conv_answer = [&](uint64_t entry) {
+    const float value = tiny_mlp::table_value(f.seed, entry);
+    EXPECT_NE(value, 0.0f) << "the new GPU's empty memory would pass";
+    char want[64];
+    std::snprintf(want, sizeof want, "conv %llu %a", static_cast<unsigned long long>(entry),
+                  static_cast<double>(value));
+    return std::string(want);
+  };
+  const uint64_t entry = table_entries_ - 1;  // in the swap's last group
+  const Answer conv = request(hiberd, f, "conv " + std::to_string(entry));
+  ASSERT_TRUE(conv.status.ok()) << conv.status;
+  EXPECT_EQ(conv.started.gpu, 1 - first_gpu);
+  EXPECT_EQ(conv.started.source, "host");
+  EXPECT_EQ(conv.line, conv_answer(entry));
+  // The cached plan on the first GPU: the model moves back, the plan stays the client's.
+  ASSERT_TRUE(client.drain(first_gpu, /*resume=*/true).ok());
+  ASSERT_TRUE(client.drain(1 - first_gpu).ok());
+  const uint64_t other = table_entries_ / 2 + 3;
+  const Answer again = request(hiberd, f, "conv " + std::to_string(other));
+  ASSERT_TRUE(again.status.ok()) << again.status;
+  EXPECT_EQ(again.started.gpu, first_gpu);
+  EXPECT_EQ(again.line, conv_answer(other));
+  EXPECT_TRUE(client.drain(1 - first_gpu, /*resume=*/true).ok());
+  finish_all(hiberd);
+}
+
 // A function killed in the middle of its request: its GPU is released, its request is gone, and
 // the other functions' requests go on, exact.
 TEST_F(LateBindingTest, AFunctionKilledMidRequestReleasesItsGpuAndOthersContinue) {

@@ -5,6 +5,10 @@
 #include <elf.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
+
+#include "server/device/sim/numeric.h"
+
 #include <algorithm>
 #include <cstring>
 #include <fstream>
@@ -94,6 +98,8 @@ const std::map<std::string, std::set<std::string>>& expected_kernels() {
       {"mlp_server",
        {"_Z6matvecPKfS0_Pfii", "_Z9bias_reluPfPKfii", "_Z8count_upPj",
         "_Z14gather_throughPKPKfxPf"}},
+      {"library_gemm", {}},
+      {"library_transformer", {"_Z15softmax_columnsPviii", "_Z13add_layernormPKvS0_PvPKfS3_iifi"}},
   };
   return kernels;
 }
@@ -332,6 +338,73 @@ TEST_F(ShimProgramKernelsTest, CountUpIncrementsTheCounterOnce) {
   // Many threads, one increment: only thread 0 of block 0 counts.
   launch(count_up, {3, 1, 1}, {64, 1, 1}, counter);
   EXPECT_EQ(download<unsigned int>(counter, 1), std::vector<unsigned int>{42});
+}
+
+// library_transformer's softmax down columns and residual + layer norm, in fp32 (is_half 0)
+// against a double reference (float sums of 16 or 24 terms: 1e-5 covers their rounding), and
+// in fp16 (is_half 1): the same values stored in half.
+TEST_F(ShimProgramKernelsTest, TransformerSoftmaxAndLayerNorm) {
+  const Function softmax = kernel("library_transformer", "_Z15softmax_columnsPviii");
+  const Function layernorm = kernel("library_transformer", "_Z13add_layernormPKvS0_PvPKfS3_iifi");
+  const int rows = 16, cols = 40;  // two blocks of 32, the second partly idle
+  std::vector<float> s(rows * cols);
+  for (int i = 0; i < rows * cols; ++i) s[i] = static_cast<float>(i * 5 % 23 - 11) * 0.25f;
+  const DevicePtr ds = upload(s);
+  launch(softmax, {2, 1, 1}, {32, 1, 1}, ds, rows, cols, 0);
+  const std::vector<float> p = download<float>(ds, s.size());
+  for (int c = 0; c < cols; ++c) {
+    double max = -1e30, sum = 0;
+    for (int r = 0; r < rows; ++r) max = std::max(max, double{s[c * rows + r]});
+    for (int r = 0; r < rows; ++r) sum += std::exp(s[c * rows + r] - max);
+    for (int r = 0; r < rows; ++r)
+      ASSERT_NEAR(p[c * rows + r], std::exp(s[c * rows + r] - max) / sum, 1e-6) << r << "," << c;
+  }
+
+  const int hidden = 24;
+  std::vector<float> x(hidden * cols), res(hidden * cols), gamma(hidden), beta(hidden);
+  for (int i = 0; i < hidden * cols; ++i) {
+    x[i] = static_cast<float>(i * 7 % 19 - 9) * 0.125f;
+    res[i] = static_cast<float>(i * 3 % 11 - 5) * 0.25f;
+  }
+  for (int r = 0; r < hidden; ++r) {
+    gamma[r] = 1.0f + static_cast<float>(r % 5) * 0.125f;
+    beta[r] = static_cast<float>(r % 3 - 1) * 0.5f;
+  }
+  const DevicePtr dx = upload(x), dres = upload(res), dg = upload(gamma), db = upload(beta);
+  const DevicePtr dout = upload(std::vector<float>{}, x.size());
+  launch(layernorm, {2, 1, 1}, {32, 1, 1}, dx, dres, dout, dg, db, hidden, cols, 1e-5f, 0);
+  const std::vector<float> out = download<float>(dout, x.size());
+  for (int c = 0; c < cols; ++c) {
+    double mean = 0, var = 0;
+    for (int r = 0; r < hidden; ++r) mean += double{x[c * hidden + r]} + res[c * hidden + r];
+    mean /= hidden;
+    for (int r = 0; r < hidden; ++r) {
+      const double d = double{x[c * hidden + r]} + res[c * hidden + r] - mean;
+      var += d * d;
+    }
+    var /= hidden;
+    for (int r = 0; r < hidden; ++r) {
+      const double want = (double{x[c * hidden + r]} + res[c * hidden + r] - mean) /
+                              std::sqrt(var + 1e-5) * gamma[r] +
+                          beta[r];
+      ASSERT_NEAR(out[c * hidden + r], want, 1e-5) << r << "," << c;
+    }
+  }
+
+  // fp16: inputs exact in half (multiples of 1/8 below 4); the outputs rounded to half once.
+  auto to_half = [](const std::vector<float>& v) {
+    std::vector<uint16_t> h(v.size());
+    for (size_t i = 0; i < v.size(); ++i) h[i] = sim::float_to_half(v[i]);
+    return h;
+  };
+  // Named: the copies are asynchronous, and read the vectors until the stream synchronizes.
+  const std::vector<uint16_t> x_half = to_half(x), res_half = to_half(res);
+  const DevicePtr hx = upload(x_half), hres = upload(res_half);
+  const DevicePtr hout = upload(std::vector<uint16_t>{}, x.size());
+  launch(layernorm, {2, 1, 1}, {32, 1, 1}, hx, hres, hout, dg, db, hidden, cols, 1e-5f, 1);
+  const std::vector<uint16_t> half_out = download<uint16_t>(hout, x.size());
+  for (size_t i = 0; i < x.size(); ++i)
+    ASSERT_NEAR(sim::half_to_float(half_out[i]), out[i], std::fabs(out[i]) * 1e-3 + 1e-4) << i;
 }
 
 }  // namespace

@@ -74,6 +74,20 @@ TEST(ShimErrorCases, TheNextClientIsServedNormally) {
   EXPECT_EQ(hiberd.stop(), 0) << hiberd.log();
 }
 
+// A cuBLAS call Hiber does not remote returns CUBLAS_STATUS_NOT_SUPPORTED (library_gemm checks
+// that) and says so in the program's log, naming the call.
+TEST(ShimLibraries, AStubSaysWhichCallIsNotSupported) {
+  if (std::string why = missing_shim(); !why.empty()) GTEST_SKIP() << why;
+  Hiberd hiberd(sim_hiberd_options());
+  auto result = run_through_shim(hiberd, {"library_gemm", {}}, "library_gemm-stub");
+  EXPECT_EQ(result.exit_code, 0) << result.output << "\nhiberd:\n" << hiberd.log();
+  EXPECT_NE(result.output.find("cuBLAS: cublasSsyrk_v2 is not supported by Hiber"),
+            std::string::npos)
+      << result.output;
+  expect_clean(hiberd, 1);
+  EXPECT_EQ(hiberd.stop(), 0) << hiberd.log();
+}
+
 // Bad arguments are refused by the program itself, before any CUDA call (exit status 2): the
 // runner's own sanity check, which needs no shim.
 TEST(ShimPrograms, RefuseBadArguments) {

@@ -12,3 +12,9 @@ target_compile_definitions(sim_device_test PRIVATE
 add_dependencies(sim_device_test
   hiber_test_kernels_plugin hiber_test_plugin_no_symbol hiber_test_plugin_duplicate)
 hiber_test_uses_kernel_images(sim_device_test)
+
+# cuBLAS/cuBLASLt host implementations of the simulated GPU against a double reference, and
+# hiberd's checks of their arguments (server/blas_checks.cc).
+hiber_test(sim_blas_test LABEL unit TIMEOUT 120
+  SOURCES sim_blas_test.cc
+  LIBS hiber_device hiber_server hiber_common)

@@ -1,5 +1,8 @@
 #include "server/device/sim/blas_host.h"
 
+#include <algorithm>
+#include <bit>
+#include <cmath>
 #include <vector>
 
 #include "server/device/sim/numeric.h"
@@ -11,6 +14,9 @@ namespace {
 
 using wire::blas::BatchKind;
 using wire::blas::Gemm;
+using wire::blas::LtHeuristic;
+using wire::blas::LtMatmul;
+using wire::blas::LtProblem;
 
 constexpr int32_t kCompute16F = 64;
 constexpr int32_t kCompute64F = 70;
@@ -102,6 +108,109 @@ Status run_gemm(const Gemm& g) {
   return Status();
 }
 
+// cuBLASLt's GELU epilogue: the tanh approximation (as PyTorch's gelu(approximate="tanh"), the
+// only GELU it fuses into cuBLASLt), computed in float as the epilogue is.
+float gelu_tanh(float x) {
+  constexpr float kSqrt2OverPi = 0.7978845608028654f;
+  return 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * (x + 0.044715f * x * x * x)));
+}
+
+// The scale type the host reproduces for `compute_type`: half for the 16F types, double for the
+// 64F ones, float otherwise (as cuBLASLt requires of CUBLASLT_MATMUL_DESC_SCALE_TYPE for them).
+int32_t lt_scale_type(int32_t compute_type) {
+  if (compute_type == kCompute16F || compute_type == 65) return kHostF16;
+  if (compute_type == kCompute64F || compute_type == kCompute64FPedantic) return kHostF64;
+  return kHostF32;
+}
+
+double lt_scalar(const void* p, int32_t scale_type) {
+  return scale_type == kHostF64   ? *static_cast<const double*>(p)
+         : scale_type == kHostF16 ? half_to_float(*static_cast<const uint16_t*>(p))
+                                  : *static_cast<const float*>(p);
+}
+
+// Whether the host runs `p` exactly as cuBLASLt computes it; why not otherwise.
+Status lt_supported(const LtProblem& p) {
+  if (p.a.type != p.b.type || p.c.type != p.d.type || !is_host_type(p.a.type) ||
+      !is_host_type(p.d.type) || !supported(p.compute_type, p.a.type, p.d.type) ||
+      p.scale_type != lt_scale_type(p.compute_type) ||
+      ((p.epilogue & wire::blas::kEpilogueBias) && !is_host_type(p.bias_type)))
+    return error(ErrorCode::kNotSupported, "cuBLASLt matmul with A type ", p.a.type, ", B type ",
+                 p.b.type, ", C type ", p.c.type, ", D type ", p.d.type, ", compute type ",
+                 p.compute_type, ", scale type ", p.scale_type, " and bias type ", p.bias_type,
+                 ": the simulated GPU runs fp32, fp64, fp16 and bf16 matmuls (fp16/bf16 with "
+                 "fp32 accumulation) with the compute type's own scale type");
+  return Status();
+}
+
+template <typename Acc>
+void lt_one(const LtMatmul& mm, const std::byte* a, const std::byte* b, const std::byte* c,
+            std::byte* d, const std::byte* bias, double alpha, double beta) {
+  const LtProblem& p = mm.problem;
+  const int64_t m = p.d.rows, n = p.d.cols, k = p.transa ? p.a.rows : p.a.cols;
+  const bool ta = p.transa != 0;
+  const bool tb = p.transb != 0;
+  const bool has_bias = (p.epilogue & wire::blas::kEpilogueBias) != 0;
+  const int32_t activation = p.epilogue & ~wire::blas::kEpilogueBias;
+  for (int64_t j = 0; j < n; ++j) {
+    for (int64_t i = 0; i < m; ++i) {
+      Acc acc = 0;
+      for (int64_t l = 0; l < k; ++l) {
+        const int64_t ai = ta ? l + i * p.a.ld : i + l * p.a.ld;
+        const int64_t bi = tb ? j + l * p.b.ld : l + j * p.b.ld;
+        acc += static_cast<Acc>(load_element(a, p.a.type, ai)) *
+               static_cast<Acc>(load_element(b, p.b.type, bi));
+      }
+      Acc out = static_cast<Acc>(alpha) * acc;
+      // beta == 0: C is not read (NaNs in it do not propagate).
+      if (beta != 0)
+        out += static_cast<Acc>(beta) * static_cast<Acc>(load_element(c, p.c.type, i + j * p.c.ld));
+      if (has_bias) out += static_cast<Acc>(load_element(bias, p.bias_type, i));  // one per row
+      if (activation == wire::blas::kEpilogueRelu) {
+        out = out > 0 ? out : Acc{0};
+      } else if (activation == wire::blas::kEpilogueGelu) {
+        out = static_cast<Acc>(gelu_tanh(static_cast<float>(out)));
+      }
+      store_element(d, p.d.type, i + j * p.d.ld, static_cast<double>(out));
+    }
+  }
+}
+
+Status run_lt_matmul(const LtMatmul& mm) {
+  const LtProblem& p = mm.problem;
+  const double alpha =
+      lt_scalar(p.pointer_mode == 1 ? reinterpret_cast<const void*>(mm.alpha_ptr) : mm.alpha.bytes,
+                p.scale_type);
+  const double beta =
+      lt_scalar(p.pointer_mode == 1 ? reinterpret_cast<const void*>(mm.beta_ptr) : mm.beta.bytes,
+                p.scale_type);
+  const auto size = [](int32_t type) {
+    return static_cast<int64_t>(*wire::blas::element_bytes(type, ""));
+  };
+  const bool has_bias = (p.epilogue & wire::blas::kEpilogueBias) != 0;
+  for (int32_t i = 0; i < p.d.batch_count; ++i) {
+    const auto* a =
+        reinterpret_cast<const std::byte*>(mm.a) + i * p.a.batch_offset * size(p.a.type);
+    const auto* b =
+        reinterpret_cast<const std::byte*>(mm.b) + i * p.b.batch_offset * size(p.b.type);
+    const auto* c =
+        reinterpret_cast<const std::byte*>(mm.c) + i * p.c.batch_offset * size(p.c.type);
+    auto* d = reinterpret_cast<std::byte*>(mm.d) + i * p.d.batch_offset * size(p.d.type);
+    const std::byte* bias = has_bias ? reinterpret_cast<const std::byte*>(mm.bias) +
+                                           i * mm.bias_batch_stride * size(p.bias_type)
+                                     : nullptr;
+    if (p.d.type == kHostF64) {
+      lt_one<double>(mm, a, b, c, d, bias, alpha, beta);
+    } else {
+      lt_one<float>(mm, a, b, c, d, bias, alpha, beta);
+    }
+  }
+  return Status();
+}
+
+// The one algorithm of the simulated GPU.
+constexpr int32_t kSimLtAlgoId = 1;
+
 class SimBlas final : public LibraryBackend {
  public:
   explicit SimBlas(SimDevice& device) : device_(device) {}
@@ -109,6 +218,7 @@ class SimBlas final : public LibraryBackend {
   Status run(Stream stream, const LibraryCall& call) override {
     switch (call.op) {
       case wire::LibraryOp::kBlasGemm: return gemm(stream, call.args);
+      case wire::LibraryOp::kLtMatmul: return lt_matmul(stream, call.args);
       default: break;
     }
     return error(ErrorCode::kNotSupported, "cuBLAS operation ", static_cast<unsigned>(call.op),
@@ -116,6 +226,7 @@ class SimBlas final : public LibraryBackend {
   }
 
   Result<std::vector<std::byte>> answer(int, const LibraryCall& call) override {
+    if (call.op == wire::LibraryOp::kLtHeuristic) return lt_heuristic(call.args);
     return error(ErrorCode::kNotSupported, "cuBLAS query ", static_cast<unsigned>(call.op),
                  " has no host implementation on the simulated GPU");
   }
@@ -124,6 +235,53 @@ class SimBlas final : public LibraryBackend {
   void release(uint64_t, std::optional<wire::LibraryHandle>) override {}
 
  private:
+  // One algorithm for every problem the host runs; none (kNotSupported) for the rest, as
+  // cuBLASLt answers for a problem no algorithm of it runs.
+  static Result<std::vector<std::byte>> lt_heuristic(std::span<const std::byte> args) {
+    HIBER_ASSIGN_OR_RETURN(LtHeuristic h, wire::read_op<LtHeuristic>(args, "cuBLASLt heuristic"));
+    HIBER_RETURN_IF_ERROR(wire::blas::check_lt_problem(h.problem).status());
+    HIBER_RETURN_IF_ERROR(lt_supported(h.problem));
+    wire::blas::LtHeuristicResult result;
+    result.algo.id = kSimLtAlgoId;
+    result.algo.magic = wire::blas::kLtAlgoMagic;
+    result.algo.problem = wire::blas::lt_problem_hash(h.problem);
+    result.workspace_bytes = 0;  // the host needs none
+    result.waves_bits = std::bit_cast<uint32_t>(1.0f);
+    const auto bytes = wire::op_bytes(result);
+    return std::vector<std::byte>(bytes.begin(), bytes.end());
+  }
+
+  Status lt_matmul(Stream stream, std::span<const std::byte> args) {
+    HIBER_ASSIGN_OR_RETURN(LtMatmul mm, wire::read_op<LtMatmul>(args, "cuBLASLt matmul"));
+    HIBER_ASSIGN_OR_RETURN(wire::blas::LtDims dims, wire::blas::check_lt_problem(mm.problem));
+    HIBER_RETURN_IF_ERROR(lt_supported(mm.problem));
+    if (mm.has_algo && mm.algo.id != kSimLtAlgoId)
+      return error(ErrorCode::kNotSupported, "cuBLASLt matmul: algo ", mm.algo.id,
+                   " is not one of the simulated GPU's");
+    if (dims.m == 0 || dims.n == 0) return Status();
+    const LtProblem& p = mm.problem;
+    const auto extent = [](const wire::blas::LtLayout& l) {
+      return *wire::blas::batched_extent(
+          {l.rows, l.cols, l.ld, *wire::blas::element_bytes(l.type, ""), ""}, l.batch_count,
+          l.batch_offset);
+    };
+    std::vector<SimDevice::Operand> operands = {{mm.a, dims.k > 0 ? extent(p.a) : 0},
+                                                {mm.b, dims.k > 0 ? extent(p.b) : 0},
+                                                {mm.c, extent(p.c)},
+                                                {mm.d, extent(p.d)}};
+    if (p.epilogue & wire::blas::kEpilogueBias) {
+      // One bias per row of D, per batch bias_batch_stride elements apart.
+      HIBER_ASSIGN_OR_RETURN(
+          uint64_t bias_bytes,
+          wire::blas::batched_extent({dims.m, 1, std::max<int64_t>(1, dims.m),
+                                      *wire::blas::element_bytes(p.bias_type, ""), "bias"},
+                                     dims.batch_count, mm.bias_batch_stride));
+      operands.push_back({mm.bias, bias_bytes});
+    }
+    return device_.enqueue_host_work(stream, operands, "cuBLASLt matmul",
+                                     [mm] { return run_lt_matmul(mm); });
+  }
+
   Status gemm(Stream stream, std::span<const std::byte> args) {
     HIBER_ASSIGN_OR_RETURN(Gemm g, wire::read_op<Gemm>(args, "cuBLAS gemm"));
     if (g.a_type != g.b_type || !is_host_type(g.a_type) || !is_host_type(g.c_type) ||

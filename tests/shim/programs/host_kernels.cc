@@ -5,8 +5,11 @@
 // Each function runs every thread of the grid in turn and computes exactly what the CUDA kernel
 // computes, with the same expressions and the same integer widths. The mangled names must not
 // collide with tests/kernels' (hiberd refuses a kernel registered twice).
+#include <cmath>
+#include <cstdint>
 #include <cstring>
 
+#include "server/device/sim/numeric.h"
 #include "server/device/sim_kernel_plugin.h"
 #include "tests/kernels/host_kernel_util.h"
 
@@ -140,6 +143,72 @@ int ptx_affine(const HiberSimLaunch* l) {
   return kSuccess;
 }
 
+// library_transformer.cu: element i of a float or half array (is_half), as its load()/store()
+// do (__half2float, __float2half_rn: round to nearest even).
+float load_fh(const void* p, int i, int is_half) {
+  return is_half ? hiber::device::sim::half_to_float(static_cast<const uint16_t*>(p)[i])
+                 : static_cast<const float*>(p)[i];
+}
+void store_fh(void* p, int i, float v, int is_half) {
+  if (is_half) {
+    static_cast<uint16_t*>(p)[i] = hiber::device::sim::float_to_half(v);
+  } else {
+    static_cast<float*>(p)[i] = v;
+  }
+}
+
+// library_transformer.cu: softmax_columns(void* scores, int rows, int cols, int is_half)
+int softmax_columns(const HiberSimLaunch* l) {
+  if (l->param_count != 4) return kInvalidValue;
+  auto scores = arg<void*>(l, 0);
+  auto rows = arg<int>(l, 1);
+  auto cols = arg<int>(l, 2);
+  auto is_half = arg<int>(l, 3);
+  for_each_index(l, cols, [&](int col) {
+    float max = -INFINITY;
+    for (int r = 0; r < rows; ++r) max = std::fmax(max, load_fh(scores, col * rows + r, is_half));
+    float sum = 0.0f;
+    for (int r = 0; r < rows; ++r) sum += std::exp(load_fh(scores, col * rows + r, is_half) - max);
+    for (int r = 0; r < rows; ++r)
+      store_fh(scores, col * rows + r,
+               std::exp(load_fh(scores, col * rows + r, is_half) - max) / sum, is_half);
+  });
+  return kSuccess;
+}
+
+// library_transformer.cu: add_layernorm(const void* x, const void* residual, void* out,
+//   const float* gamma, const float* beta, int rows, int cols, float eps, int is_half)
+int add_layernorm(const HiberSimLaunch* l) {
+  if (l->param_count != 9) return kInvalidValue;
+  auto x = arg<const void*>(l, 0);
+  auto residual = arg<const void*>(l, 1);
+  auto out = arg<void*>(l, 2);
+  auto gamma = arg<const float*>(l, 3);
+  auto beta = arg<const float*>(l, 4);
+  auto rows = arg<int>(l, 5);
+  auto cols = arg<int>(l, 6);
+  auto eps = arg<float>(l, 7);
+  auto is_half = arg<int>(l, 8);
+  for_each_index(l, cols, [&](int col) {
+    const auto v = [&](int r) {
+      return load_fh(x, col * rows + r, is_half) + load_fh(residual, col * rows + r, is_half);
+    };
+    float mean = 0.0f;
+    for (int r = 0; r < rows; ++r) mean += v(r);
+    mean /= rows;
+    float var = 0.0f;
+    for (int r = 0; r < rows; ++r) {
+      const float d = v(r) - mean;
+      var += d * d;
+    }
+    var /= rows;
+    const float inv = 1.0f / std::sqrt(var + eps);  // rsqrtf
+    for (int r = 0; r < rows; ++r)
+      store_fh(out, col * rows + r, (v(r) - mean) * inv * gamma[r] + beta[r], is_half);
+  });
+  return kSuccess;
+}
+
 const HiberSimKernel kKernels[] = {
     {"_Z14shared_reversePKfPfi", shared_reverse},
     {"_Z7add_onePfi", add_one},
@@ -152,6 +221,8 @@ const HiberSimKernel kKernels[] = {
     {"_Z9bias_reluPfPKfii", bias_relu},
     {"_Z8count_upPj", count_up},
     {"_Z14gather_throughPKPKfxPf", gather_through},
+    {"_Z15softmax_columnsPviii", softmax_columns},
+    {"_Z13add_layernormPKvS0_PvPKfS3_iifi", add_layernorm},
 };
 
 }  // namespace

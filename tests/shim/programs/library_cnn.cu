@@ -1,10 +1,10 @@
 // A small CNN through cuDNN and cuBLAS, linked the ordinary way (-lcudnn -lcublas): convolution
 // (the backend API, step by step as the cudnn-frontend drives it: tensor, convolution and
 // operation descriptors, operation graph, engine heuristics, engine config, execution plan,
-// variant pack, execute), batch-norm inference (legacy call), ReLU (cudnnActivationForward),
-// 2x2 max pooling (cudnnPoolingForward), a fully connected layer (cublasGemmEx) and a softmax
-// (cudnnSoftmaxForward), in NCHW and NHWC, in fp32 and fp16, each compared with a host
-// reference computed here in double.
+// variant pack, execute; cudnn_conv.h), batch-norm inference (legacy call), ReLU
+// (cudnnActivationForward), 2x2 max pooling (cudnnPoolingForward), a fully connected layer
+// (cublasGemmEx) and a softmax (cudnnSoftmaxForward), in NCHW and NHWC, in fp32 and fp16, each
+// compared with a host reference computed here in double.
 //
 // Then the error paths a program can meet: an engine index the device lacks, an unsupported
 // descriptor type, a pointer that is no descriptor; each must return cuDNN's documented status.
@@ -19,19 +19,9 @@
 #include <cstdio>
 #include <vector>
 
+#include "cudnn_conv.h"
 #include "program_util.h"
 
-#define CUDNN_CHECK(call)                                                  \
-  do {                                                                     \
-    cudnnStatus_t s_ = (call);                                             \
-    if (s_ != CUDNN_STATUS_SUCCESS) {                                      \
-      char m_[512];                                                        \
-      cudnnGetLastErrorString(m_, sizeof(m_));                             \
-      std::printf("library_cnn: FAILED: %s = %s (%s) at line %d\n", #call, \
-                  cudnnGetErrorString(s_), m_, __LINE__);                  \
-      std::exit(program::kExitCudaError);                                  \
-    }                                                                      \
-  } while (0)
 #define CUBLAS_CHECK(call)                                                                  \
   do {                                                                                      \
     cublasStatus_t s_ = (call);                                                             \
@@ -44,22 +34,18 @@
 
 namespace {
 
+using cudnn_conv::conv_graph;
+using cudnn_conv::ConvGraph;
+using cudnn_conv::make;
+using cudnn_conv::plan_for;
+using cudnn_conv::strides_of;
+
 // Shapes: x 2x3x9x9; conv 4 filters 3x3, padding 1, stride 2 -> 2x4x5x5 (odd sizes catch
 // off-by-one errors in padding); pool 2x2 stride 2 -> 2x4x2x2; FC 16 -> 5; softmax over 5.
 constexpr int N = 2, C = 3, H = 9, W = 9, K = 4, R = 3, S = 3, PAD = 1, STRIDE = 2;
 constexpr int P = (H + 2 * PAD - R) / STRIDE + 1, Q = (W + 2 * PAD - S) / STRIDE + 1;
 constexpr int PP = P / 2, PQ = Q / 2, F = K * PP * PQ, M = 5;
 constexpr double kEps = 1e-5;
-
-// Strides in elements of an N x C x H x W tensor stored NCHW or NHWC.
-void strides_of(bool nhwc, int n, int c, int h, int w, int64_t* s) {
-  (void)n;
-  if (nhwc) {
-    s[0] = int64_t{h} * w * c, s[1] = 1, s[2] = int64_t{w} * c, s[3] = c;
-  } else {
-    s[0] = int64_t{c} * h * w, s[1] = int64_t{h} * w, s[2] = w, s[3] = 1;
-  }
-}
 
 // Values exactly representable in fp16 (multiples of 1/8 of small integers), so the fp16 case
 // starts from the same numbers as the fp32 one.
@@ -126,140 +112,11 @@ std::vector<double> reference(const Data& d, bool nhwc) {
   return out;
 }
 
-cudnnBackendDescriptor_t make(cudnnBackendDescriptorType_t type) {
-  cudnnBackendDescriptor_t d;
-  CUDNN_CHECK(cudnnBackendCreateDescriptor(type, &d));
-  return d;
-}
-
-cudnnBackendDescriptor_t tensor(int64_t uid, cudnnDataType_t type, const int64_t* dims,
-                                const int64_t* strides) {
-  cudnnBackendDescriptor_t t = make(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
-  const int64_t alignment = 16;
-  CUDNN_CHECK(
-      cudnnBackendSetAttribute(t, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &type));
-  CUDNN_CHECK(cudnnBackendSetAttribute(t, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, dims));
-  CUDNN_CHECK(cudnnBackendSetAttribute(t, CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, strides));
-  CUDNN_CHECK(cudnnBackendSetAttribute(t, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &uid));
-  CUDNN_CHECK(cudnnBackendSetAttribute(t, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1,
-                                       &alignment));
-  CUDNN_CHECK(cudnnBackendFinalize(t));
-  return t;
-}
-
-// The convolution's operation graph, as cudnn-frontend builds it.
-struct ConvGraph {
-  cudnnBackendDescriptor_t x, w, y, conv, op, graph;
-};
-
-ConvGraph conv_graph(cudnnHandle_t handle, cudnnDataType_t type, bool nhwc) {
-  ConvGraph g;
-  int64_t xd[4] = {N, C, H, W}, wd[4] = {K, C, R, S}, yd[4] = {N, K, P, Q};
-  int64_t xs[4], ws[4], ys[4];
-  strides_of(nhwc, N, C, H, W, xs);
-  strides_of(nhwc, K, C, R, S, ws);
-  strides_of(nhwc, N, K, P, Q, ys);
-  g.x = tensor('x', type, xd, xs);
-  g.w = tensor('w', type, wd, ws);
-  g.y = tensor('y', type, yd, ys);
-  g.conv = make(CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR);
-  const int64_t spatial = 2, pad[2] = {PAD, PAD}, stride[2] = {STRIDE, STRIDE}, dil[2] = {1, 1};
-  const cudnnDataType_t compute = CUDNN_DATA_FLOAT;
-  const cudnnConvolutionMode_t mode = CUDNN_CROSS_CORRELATION;
-  CUDNN_CHECK(cudnnBackendSetAttribute(g.conv, CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS,
-                                       CUDNN_TYPE_INT64, 1, &spatial));
-  CUDNN_CHECK(cudnnBackendSetAttribute(g.conv, CUDNN_ATTR_CONVOLUTION_COMP_TYPE,
-                                       CUDNN_TYPE_DATA_TYPE, 1, &compute));
-  CUDNN_CHECK(cudnnBackendSetAttribute(g.conv, CUDNN_ATTR_CONVOLUTION_CONV_MODE,
-                                       CUDNN_TYPE_CONVOLUTION_MODE, 1, &mode));
-  CUDNN_CHECK(cudnnBackendSetAttribute(g.conv, CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS,
-                                       CUDNN_TYPE_INT64, 2, pad));
-  CUDNN_CHECK(cudnnBackendSetAttribute(g.conv, CUDNN_ATTR_CONVOLUTION_POST_PADDINGS,
-                                       CUDNN_TYPE_INT64, 2, pad));
-  CUDNN_CHECK(cudnnBackendSetAttribute(g.conv, CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES,
-                                       CUDNN_TYPE_INT64, 2, stride));
-  CUDNN_CHECK(
-      cudnnBackendSetAttribute(g.conv, CUDNN_ATTR_CONVOLUTION_DILATIONS, CUDNN_TYPE_INT64, 2, dil));
-  CUDNN_CHECK(cudnnBackendFinalize(g.conv));
-  g.op = make(CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR);
-  // FLOAT compute type: alpha and beta are FLOAT (they would be DOUBLE for DOUBLE compute).
-  const float alpha = 1.0f, beta = 0.0f;
-  CUDNN_CHECK(cudnnBackendSetAttribute(g.op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X,
-                                       CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &g.x));
-  CUDNN_CHECK(cudnnBackendSetAttribute(g.op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W,
-                                       CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &g.w));
-  CUDNN_CHECK(cudnnBackendSetAttribute(g.op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y,
-                                       CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &g.y));
-  CUDNN_CHECK(cudnnBackendSetAttribute(g.op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC,
-                                       CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &g.conv));
-  CUDNN_CHECK(cudnnBackendSetAttribute(g.op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA,
-                                       CUDNN_TYPE_FLOAT, 1, &alpha));
-  CUDNN_CHECK(cudnnBackendSetAttribute(g.op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA,
-                                       CUDNN_TYPE_FLOAT, 1, &beta));
-  CUDNN_CHECK(cudnnBackendFinalize(g.op));
-  g.graph = make(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
-  CUDNN_CHECK(cudnnBackendSetAttribute(g.graph, CUDNN_ATTR_OPERATIONGRAPH_OPS,
-                                       CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &g.op));
-  CUDNN_CHECK(cudnnBackendSetAttribute(g.graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE,
-                                       1, &handle));
-  CUDNN_CHECK(cudnnBackendFinalize(g.graph));
-  return g;
-}
-
-// Heuristics -> the first engine config whose engine has no notes the frontend would filter out
-// (down-converting inputs, nondeterminism) -> execution plan.
-cudnnBackendDescriptor_t plan_for(cudnnHandle_t handle, cudnnBackendDescriptor_t graph) {
-  cudnnBackendDescriptor_t heur = make(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
-  const cudnnBackendHeurMode_t mode = CUDNN_HEUR_MODE_INSTANT;
-  CUDNN_CHECK(cudnnBackendSetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH,
-                                       CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &graph));
-  CUDNN_CHECK(
-      cudnnBackendSetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode));
-  CUDNN_CHECK(cudnnBackendFinalize(heur));
-  int64_t count = 0;
-  CUDNN_CHECK(cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS,
-                                       CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count, nullptr));
-  if (count < 1) {
-    std::printf("library_cnn: FAILED: no engine config from the heuristics\n");
-    std::exit(program::kExitMismatch);
-  }
-  std::vector<cudnnBackendDescriptor_t> configs(count);
-  for (auto& c : configs) c = make(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
-  int64_t got = 0;
-  CUDNN_CHECK(cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS,
-                                       CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &got, configs.data()));
-  cudnnBackendDescriptor_t chosen = nullptr;
-  for (auto c : configs) {
-    cudnnBackendDescriptor_t engine = make(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
-    int64_t n = 0;
-    CUDNN_CHECK(cudnnBackendGetAttribute(c, CUDNN_ATTR_ENGINECFG_ENGINE,
-                                         CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n, &engine));
-    cudnnBackendNumericalNote_t notes[16];
-    CUDNN_CHECK(cudnnBackendGetAttribute(engine, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE,
-                                         CUDNN_TYPE_NUMERICAL_NOTE, 16, &n, notes));
-    bool usable = true;
-    for (int64_t i = 0; i < n; ++i)
-      usable = usable && notes[i] != CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS &&
-               notes[i] != CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC;
-    int64_t index = -1;
-    CUDNN_CHECK(cudnnBackendGetAttribute(engine, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64,
-                                         1, &n, &index));
-    CUDNN_CHECK(cudnnBackendDestroyDescriptor(engine));
-    if (usable && index >= 0 && chosen == nullptr) chosen = c;
-  }
-  if (chosen == nullptr) {
-    std::printf("library_cnn: FAILED: every engine config was filtered out by its notes\n");
-    std::exit(program::kExitMismatch);
-  }
-  cudnnBackendDescriptor_t plan = make(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
-  CUDNN_CHECK(cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG,
-                                       CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &chosen));
-  CUDNN_CHECK(cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1,
-                                       &handle));
-  CUDNN_CHECK(cudnnBackendFinalize(plan));
-  for (auto c : configs) CUDNN_CHECK(cudnnBackendDestroyDescriptor(c));
-  CUDNN_CHECK(cudnnBackendDestroyDescriptor(heur));
-  return plan;
+cudnn_conv::Shape conv_shape(cudnnDataType_t type, bool nhwc) {
+  cudnn_conv::Shape shape;
+  shape.n = N, shape.c = C, shape.h = H, shape.w = W, shape.k = K, shape.r = R, shape.s = S;
+  shape.pad = PAD, shape.stride = STRIDE, shape.type = type, shape.nhwc = nhwc;
+  return shape;
 }
 
 cudnnTensorDescriptor_t legacy_tensor(cudnnDataType_t type, bool nhwc, int n, int c, int h, int w) {
@@ -316,23 +173,12 @@ size_t run_case(cudnnHandle_t handle, cublasHandle_t blas, cudaStream_t stream, 
   CUDA_CHECK(cudaMalloc(&probs, size_t{N} * M * 4));
 
   // Convolution: the backend API.
-  ConvGraph g = conv_graph(handle, type, nhwc);
+  ConvGraph g = conv_graph(handle, conv_shape(type, nhwc));
   cudnnBackendDescriptor_t plan = plan_for(handle, g.graph);
-  int64_t workspace_bytes = 0, n = 0;
-  CUDNN_CHECK(cudnnBackendGetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
-                                       CUDNN_TYPE_INT64, 1, &n, &workspace_bytes));
+  const int64_t workspace_bytes = cudnn_conv::workspace_size(plan);
   void* workspace = nullptr;
   if (workspace_bytes > 0) CUDA_CHECK(cudaMalloc(&workspace, workspace_bytes));
-  cudnnBackendDescriptor_t pack = make(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
-  int64_t uids[3] = {'x', 'w', 'y'};
-  void* ptrs[3] = {x, w, y};
-  CUDNN_CHECK(cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64,
-                                       3, uids));
-  CUDNN_CHECK(cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS,
-                                       CUDNN_TYPE_VOID_PTR, 3, ptrs));
-  CUDNN_CHECK(cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR,
-                                       1, &workspace));
-  CUDNN_CHECK(cudnnBackendFinalize(pack));
+  cudnnBackendDescriptor_t pack = cudnn_conv::variant_pack(x, w, y, workspace);
   CUDNN_CHECK(cudnnBackendExecute(handle, plan, pack));
 
   // Batch norm (legacy), ReLU, pooling.
@@ -399,8 +245,8 @@ size_t run_case(cudnnHandle_t handle, cublasHandle_t blas, cudaStream_t stream, 
   CUDNN_CHECK(cudnnDestroyTensorDescriptor(ld));
   CUDNN_CHECK(cudnnDestroyActivationDescriptor(relu));
   CUDNN_CHECK(cudnnDestroyPoolingDescriptor(pool));
-  for (auto desc : {pack, plan, g.graph, g.op, g.conv, g.x, g.w, g.y})
-    CUDNN_CHECK(cudnnBackendDestroyDescriptor(desc));
+  for (auto desc : {pack, plan}) CUDNN_CHECK(cudnnBackendDestroyDescriptor(desc));
+  g.destroy();
   for (void* p : {x, w, scale, bias, mean, var, fc, y, y2, pooled, logits, probs})
     CUDA_CHECK(cudaFree(p));
   if (workspace != nullptr) CUDA_CHECK(cudaFree(workspace));
@@ -412,7 +258,7 @@ int error_paths(cudnnHandle_t handle) {
   int ok = 0;
   // An engine the device does not have: CUDNN_STATUS_NOT_SUPPORTED from finalize (a frontend
   // walks the global indices and skips these).
-  ConvGraph g = conv_graph(handle, CUDNN_DATA_FLOAT, false);
+  ConvGraph g = conv_graph(handle, conv_shape(CUDNN_DATA_FLOAT, false));
   cudnnBackendDescriptor_t engine = make(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
   int64_t count = 0, n = 0;
   CUDNN_CHECK(cudnnBackendGetAttribute(g.graph, CUDNN_ATTR_OPERATIONGRAPH_ENGINE_GLOBAL_COUNT,
@@ -450,8 +296,8 @@ int error_paths(cudnnHandle_t handle) {
   else
     std::printf("library_cnn: cudnnGetVersion() = %zu, headers %d\n", cudnnGetVersion(),
                 CUDNN_VERSION);
-  for (auto desc : {engine, t, g.graph, g.op, g.conv, g.x, g.w, g.y})
-    CUDNN_CHECK(cudnnBackendDestroyDescriptor(desc));
+  for (auto desc : {engine, t}) CUDNN_CHECK(cudnnBackendDestroyDescriptor(desc));
+  g.destroy();
   return ok;
 }
 

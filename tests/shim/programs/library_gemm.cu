@@ -3,7 +3,9 @@
 //
 // Usage: library_gemm [m = 67] [n = 33] [k = 45]
 // On a non-blocking stream set with cublasSetStream: cublasSgemm with A as is and transposed,
-// and cublasGemmEx with fp16 inputs, fp32 accumulation and an fp32 output. Inputs are small
+// cublasGemmEx with fp16 inputs, fp32 accumulation and an fp32 output, cublasGemmBatchedEx with
+// device arrays of device pointers, cublasSgemv with strided vectors; and cublasSsyrk, which Hiber
+// does not remote, must return CUBLAS_STATUS_NOT_SUPPORTED. Inputs are small
 // integers, so every product and sum is exact in fp32 and the fp16 inputs are exact too: a
 // correct GEMM gives exactly the CPU's result, on a GPU and on the simulated one alike.
 #include <cublas_v2.h>
@@ -122,6 +124,79 @@ int main(int argc, char** argv) {
                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   });
 
+  // cublasGemmBatchedEx: device arrays of device pointers, three GEMMs over the same A and B
+  // with C at three places, hiberd reading the arrays when the call runs.
+  {
+    constexpr int kBatches = 3;
+    float* d_cs;
+    CUDA_CHECK(cudaMalloc(&d_cs, kBatches * c0.size() * sizeof(float)));
+    const void* h_a[kBatches] = {d_a, d_a, d_a};
+    const void* h_b[kBatches] = {d_b, d_b, d_b};
+    void* h_c[kBatches];
+    for (int i = 0; i < kBatches; ++i) h_c[i] = d_cs + (kBatches - 1 - i) * c0.size();
+    void** d_ptrs;
+    CUDA_CHECK(cudaMalloc(&d_ptrs, 3 * kBatches * sizeof(void*)));
+    CUDA_CHECK(cudaMemcpy(d_ptrs, h_a, sizeof(h_a), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(d_ptrs + kBatches, h_b, sizeof(h_b), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(d_ptrs + 2 * kBatches, h_c, sizeof(h_c), cudaMemcpyHostToDevice));
+    for (int i = 0; i < kBatches; ++i)
+      CUDA_CHECK(cudaMemcpyAsync(d_cs + i * c0.size(), c0.data(), c0.size() * sizeof(float),
+                                 cudaMemcpyHostToDevice, stream));
+    CUBLAS_CHECK(cublasGemmBatchedEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &alpha, d_ptrs,
+                                     CUDA_R_32F, m, d_ptrs + kBatches, CUDA_R_32F, k, &beta,
+                                     d_ptrs + 2 * kBatches, CUDA_R_32F, m, kBatches,
+                                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    std::vector<float> all(kBatches * c0.size());
+    CUDA_CHECK(cudaMemcpyAsync(all.data(), d_cs, all.size() * sizeof(float), cudaMemcpyDeviceToHost,
+                               stream));
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    want = c0;
+    reference_gemm(false, m, n, k, alpha, a.data(), m, b.data(), k, beta, want.data(), m);
+    for (int i = 0; i < kBatches; ++i)
+      mismatches += program::count_mismatches("gemm_batched_ex", all.data() + i * c0.size(),
+                                              want.data(), c0.size());
+    checksum.add(all.data(), all.size() * sizeof(float));
+    CUDA_CHECK(cudaFree(d_ptrs));
+    CUDA_CHECK(cudaFree(d_cs));
+  }
+
+  // cublasSgemv, transposed, with strided x and y: y = alpha A^T x + beta y, A m x k.
+  {
+    const int incx = 2, incy = 3;
+    std::vector<float> x(static_cast<size_t>(m) * incx), y0(static_cast<size_t>(k) * incy);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(static_cast<int>(i % 5) - 2);
+    for (size_t i = 0; i < y0.size(); ++i) y0[i] = static_cast<float>(static_cast<int>(i % 3) - 1);
+    float *d_x, *d_y;
+    CUDA_CHECK(cudaMalloc(&d_x, x.size() * sizeof(float)));
+    CUDA_CHECK(cudaMalloc(&d_y, y0.size() * sizeof(float)));
+    CUDA_CHECK(cudaMemcpy(d_x, x.data(), x.size() * sizeof(float), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(d_y, y0.data(), y0.size() * sizeof(float), cudaMemcpyHostToDevice));
+    CUBLAS_CHECK(
+        cublasSgemv(handle, CUBLAS_OP_T, m, k, &alpha, d_a, m, d_x, incx, &beta, d_y, incy));
+    std::vector<float> y(y0.size());
+    CUDA_CHECK(
+        cudaMemcpyAsync(y.data(), d_y, y.size() * sizeof(float), cudaMemcpyDeviceToHost, stream));
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    std::vector<float> y_want = y0;  // elements between the strided ones stay as they were
+    for (int j = 0; j < k; ++j) {
+      float sum = 0;
+      for (int i = 0; i < m; ++i) sum += a[i + static_cast<size_t>(j) * m] * x[i * incx];
+      y_want[j * incy] = alpha * sum + beta * y0[j * incy];
+    }
+    mismatches += program::count_mismatches("sgemv_t", y.data(), y_want.data(), y.size());
+    checksum.add(y.data(), y.size() * sizeof(float));
+    CUDA_CHECK(cudaFree(d_x));
+    CUDA_CHECK(cudaFree(d_y));
+  }
+
+  // A cuBLAS call Hiber does not remote fails loudly: CUBLAS_STATUS_NOT_SUPPORTED, and its name
+  // in the log (checked by shim_programs_test).
+  if (cublasSsyrk(handle, CUBLAS_FILL_MODE_UPPER, CUBLAS_OP_N, m, k, &alpha, d_a, m, &beta, d_c,
+                  m) != CUBLAS_STATUS_NOT_SUPPORTED) {
+    std::printf("library_gemm: FAILED: cublasSsyrk did not return CUBLAS_STATUS_NOT_SUPPORTED\n");
+    return program::kExitMismatch;
+  }
+
   CUBLAS_CHECK(cublasDestroy(handle));
   CUDA_CHECK(cudaStreamDestroy(stream));
   for (void* p : {static_cast<void*>(d_a), static_cast<void*>(d_at), static_cast<void*>(d_b),
@@ -131,7 +206,7 @@ int main(int argc, char** argv) {
     std::printf("library_gemm: FAILED: %zu mismatches\n", mismatches);
     return program::kExitMismatch;
   }
-  std::printf("library_gemm: OK m=%d n=%d k=%d cases=3 checksum=%016llx\n", m, n, k,
+  std::printf("library_gemm: OK m=%d n=%d k=%d cases=5 checksum=%016llx\n", m, n, k,
               checksum.value());
   return 0;
 }

@@ -18,17 +18,25 @@
 // entry (hiberd sees the operand and waits for its swap group) and by a 1x1 cublasGemmBatchedEx
 // whose A comes from a pointer array (hiberd cannot see where: it waits for the whole model);
 // the answer is "gemm <entry> <value> <value>".
+// Or "conv <table entry>": a 1x1 convolution through cuDNN's backend API (cudnn_conv.h) whose X
+// is the entry and whose W is the last table entry holding 1.0 (table_mib >= 1: every value
+// recurs each 65536 entries), so both operands are model memory, in the table's last 256 KiB
+// when the entry is too; the answer is "conv <entry> <value>". The graph and plan are built at
+// the first conv request and reused (PyTorch caches its plans); the variant pack, which binds
+// this request's addresses, is built per request, as PyTorch does.
 // Per request the program allocates its activations and frees them afterwards, as a framework
 // with a fresh workspace would: those are the function's scratch, the rest its model.
 // Exits 0 after "quit", 1 on a CUDA error (printed), 2 on bad arguments or a bad request line.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
+#include <cudnn.h>
 
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <vector>
 
+#include "cudnn_conv.h"
 #include "program_util.h"
 #include "tiny_mlp_kernels.cuh"
 #include "tiny_mlp_model.h"
@@ -42,6 +50,18 @@ __global__ void gather_through(const float* const* tables, long long entry, floa
 }
 
 using namespace tiny_mlp;
+
+namespace {
+
+// The conv request's cuDNN state, made at its first use and kept, as a framework keeps its
+// handle and plan cache.
+struct Conv {
+  cudnnHandle_t handle = nullptr;
+  cudnn_conv::ConvGraph graph{};
+  cudnnBackendDescriptor_t plan = nullptr;
+};
+
+}  // namespace
 
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
@@ -72,6 +92,17 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "mlp_server: cublasCreate failed\n");
     return program::kExitCudaError;
   }
+  // The last table entry holding 1.0: the conv request's W. Entries i and i + 65536 hold the same
+  // value and the values of 65536 consecutive entries are a permutation of 0..65535 (40503 is
+  // odd), so a table of at least 65536 entries has one in its last 65536.
+  long long one_entry = -1;
+  for (size_t i = table_entries; i-- > 0 && table_entries - i <= 65536;) {
+    if (table_value(seed, i) == 1.0f) {
+      one_entry = static_cast<long long>(i);
+      break;
+    }
+  }
+  Conv conv;
   CUDA_CHECK(cudaDeviceSynchronize());
   std::printf("ready seed=%llu table_mib=%zu\n", static_cast<unsigned long long>(seed), table_mib);
 
@@ -118,6 +149,37 @@ int main(int argc, char** argv) {
       CUDA_CHECK(cudaFree(d_arrays));
       std::printf("gemm %lld %a %a\n", entry, static_cast<double>(values[0]),
                   static_cast<double>(values[1]));
+      continue;
+    }
+    if (std::strncmp(line, "conv", 4) == 0) {
+      long long entry = -1;
+      if (std::sscanf(line + 4, "%lld", &entry) != 1 || entry < 0 ||
+          static_cast<size_t>(entry) >= table_entries || one_entry < 0) {
+        std::printf("bad request: %s", line);
+        return program::kExitUsage;
+      }
+      if (conv.plan == nullptr) {
+        CUDNN_CHECK(cudnnCreate(&conv.handle));
+        cudnn_conv::Shape shape;          // 1x1, fp32
+        shape.alignment = sizeof(float);  // X and W are table entries
+        conv.graph = cudnn_conv::conv_graph(conv.handle, shape);
+        conv.plan = cudnn_conv::plan_for(conv.handle, conv.graph.graph);
+      }
+      // Scratch: the output and any workspace the plan's engine wants.
+      float* d_y = nullptr;
+      void* workspace = nullptr;
+      CUDA_CHECK(cudaMalloc(&d_y, sizeof(float)));
+      const int64_t workspace_bytes = cudnn_conv::workspace_size(conv.plan);
+      if (workspace_bytes > 0) CUDA_CHECK(cudaMalloc(&workspace, workspace_bytes));
+      cudnnBackendDescriptor_t pack =
+          cudnn_conv::variant_pack(d_table + entry, d_table + one_entry, d_y, workspace);
+      CUDNN_CHECK(cudnnBackendExecute(conv.handle, conv.plan, pack));
+      CUDNN_CHECK(cudnnBackendDestroyDescriptor(pack));
+      float value = 0.0f;
+      CUDA_CHECK(cudaMemcpy(&value, d_y, sizeof value, cudaMemcpyDeviceToHost));
+      CUDA_CHECK(cudaFree(d_y));
+      if (workspace != nullptr) CUDA_CHECK(cudaFree(workspace));
+      std::printf("conv %lld %a\n", entry, static_cast<double>(value));
       continue;
     }
     if (std::strncmp(line, "indirect", 8) == 0) {
@@ -168,6 +230,11 @@ int main(int argc, char** argv) {
     std::printf(" %a\n", static_cast<double>(value));
   }
   if (cublasDestroy(blas) != CUBLAS_STATUS_SUCCESS) return program::kExitCudaError;
+  if (conv.plan != nullptr) {
+    CUDNN_CHECK(cudnnBackendDestroyDescriptor(conv.plan));
+    conv.graph.destroy();
+    CUDNN_CHECK(cudnnDestroy(conv.handle));
+  }
   free_model(model);
   if (d_table != nullptr) CUDA_CHECK(cudaFree(d_table));
   CUDA_CHECK(cudaFree(d_counter));
