@@ -658,7 +658,15 @@ class CudaDnnBackend final : public LibraryBackend {
     HIBER_ASSIGN_OR_RETURN(auto defined, dnn::decode_define_graph(call.args));
     auto& [id, graph] = defined;
     HIBER_RETURN_IF_ERROR(check_rebuildable(graph, dnn::kExecutionPlan));
-    HIBER_RETURN_IF_ERROR(dnn::interpret_plan(graph).status());
+    HIBER_ASSIGN_OR_RETURN(dnn::Plan plan, dnn::interpret_plan(graph));
+    // A by-value tensor's variant-pack entry is a host pointer of the client's process, which
+    // cuDNN would read in hiberd's: such scalars would have to travel by value, which they do not.
+    for (const dnn::Tensor& tensor : plan.graph.tensors) {
+      if (tensor.by_value)
+        return error(ErrorCode::kNotSupported, "cuDNN define graph: tensor ", tensor.uid,
+                     " is by value (CUDNN_ATTR_TENSOR_IS_BY_VALUE), which hiberd's CUDA backend "
+                     "does not run");
+    }
     MutexLock lock(mu_);
     auto [it, inserted] = graphs_.emplace(std::pair{call.owner, id},
                                           std::make_shared<const dnn::Graph>(std::move(graph)));

@@ -503,6 +503,17 @@ TEST_F(CudaDnnFakeTest, RefusesGraphsCarryingHandlesOrPointersBeforeCudnnSeesThe
   EXPECT_EQ(refused.status().code(), ErrorCode::kInvalidValue);
   EXPECT_THAT(refused.status().message(), HasSubstr("attribute 800"));
 
+  // A by-value tensor's address would be the client's host pointer.
+  dnn::Graph by_value = plan_graph(0);
+  dnn::Attr flag;
+  flag.name = dnn::kTensorIsByValue;
+  flag.type = dnn::kTypeBoolean;
+  flag.bytes = {std::byte{1}};
+  by_value.nodes[1].attrs.push_back(flag);  // w
+  Status scalar = define(8, by_value);
+  EXPECT_EQ(scalar.code(), ErrorCode::kNotSupported);
+  EXPECT_THAT(scalar.message(), HasSubstr("tensor 2 is by value"));
+
   dnn::Graph root_not_plan = op_graph();
   EXPECT_EQ(define(9, root_not_plan).code(), ErrorCode::kInvalidValue);
   EXPECT_EQ(execute(streams_[0], execution(9)).code(), ErrorCode::kInvalidValue);
