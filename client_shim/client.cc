@@ -367,10 +367,15 @@ Status Client::destroy_stream(StreamObj* stream) {
 Status Client::synchronize_stream(StreamObj* stream) {
   std::lock_guard lock(mu_);
   HIBER_RETURN_IF_ERROR(ensure_open_locked());
-  auto reply = call_locked(wire::calls::StreamSynchronize{.stream = stream_wire(stream)});
+  Status waited;
+  if (!known_idle_locked(stream)) {
+    auto reply = call_locked(wire::calls::StreamSynchronize{.stream = stream_wire(stream)});
+    waited = reply.status();
+    if (waited.ok()) note_idle_locked(stream);
+  }
   // The stream's host functions are part of its work.
   wait_host_calls_locked(stream, /*all=*/false);
-  return sync_point_locked(reply.status());
+  return sync_point_locked(waited);
 }
 
 Status Client::query_stream(StreamObj* stream) {

@@ -336,6 +336,19 @@ class Client {
   std::unordered_map<const void*, KernelObj*> host_functions_;  // host stub -> kernel
   std::unordered_map<const void*, std::unique_ptr<LibraryHandleObj>> library_handles_;
   uint64_t legacy_generation_ = 0;  // bumps with each piece of work on the legacy stream
+  // A stream known to be idle: a synchronous reply showed all of its work done, and no call of
+  // any kind has been enqueued since (enqueued_ unchanged). Synchronizing it again then needs no
+  // round trip: the program's usual copy-back-then-synchronize costs one, not two.
+  uint64_t enqueued_ = 0;  // asynchronous calls ever enqueued
+  const StreamObj* idle_stream_ = nullptr;
+  std::optional<uint64_t> idle_as_of_;  // enqueued_ when idle_stream_ was seen idle
+  void note_idle_locked(const StreamObj* stream) {
+    idle_stream_ = stream;
+    idle_as_of_ = enqueued_;
+  }
+  bool known_idle_locked(const StreamObj* stream) const {
+    return idle_as_of_ == enqueued_ && idle_stream_ == stream && calls_->batched_calls() == 0;
+  }
   wire::EventHandle legacy_join_event_;
 
   // Host functions waiting for their stream (host_caller_main runs them in order), and how many
@@ -364,6 +377,7 @@ class Client {
 
 template <typename Fill>
 Status Client::enqueue_locked(Fill&& fill) {
+  ++enqueued_;
   const bool was_empty = calls_->batched_calls() == 0;
   HIBER_RETURN_IF_ERROR(calls_->enqueue(std::forward<Fill>(fill)));
   if (!config_.batching || calls_->batched_bytes() >= config_.batch_bytes) return calls_->flush();

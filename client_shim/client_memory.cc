@@ -421,6 +421,7 @@ Status Client::copy_from_device_locked(void* dst, uint64_t src, uint64_t bytes, 
         .stream = s, .dst_offset = to.arena_offset, .src = src, .bytes = bytes}));
     if (async) return Status();
     auto reply = call_locked(wire::calls::StreamSynchronize{.stream = s});
+    if (reply.ok()) note_idle_locked(stream);
     return sync_point_locked(reply.status());
   }
   // Memory outside the arena is written by the client after each chunk's reply; the copy is
@@ -467,6 +468,8 @@ Status Client::copy_from_device_locked(void* dst, uint64_t src, uint64_t bytes, 
     if (!reply.ok() && failed.ok()) failed = reply.status();
     if (failed.ok()) std::memcpy(to_bytes + next.offset, next.staged.data(), next.staged.size());
   }
+  // The last chunk's reply came after all earlier work on the stream was done.
+  if (failed.ok()) note_idle_locked(stream);
   return sync_point_locked(failed);
 }
 

@@ -321,7 +321,7 @@ cudnnStatus_t give(int32_t type, const void* values, int64_t count, int64_t requ
                    int64_t* count_out, void* out) {
   if (count_out != nullptr) *count_out = count;
   const size_t each = wdnn::attr_element_bytes(type);
-  if (out != nullptr && requested > 0)
+  if (out != nullptr && requested > 0 && count > 0)
     std::memcpy(out, values, each * static_cast<size_t>(std::min(count, requested)));
   return CUDNN_STATUS_SUCCESS;
 }

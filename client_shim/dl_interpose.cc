@@ -9,7 +9,8 @@
 //   never the real library, whose internals would reach for driver entry points the shim lacks.
 // - Any other bare name (no slash) is looked up with the search path of the *caller* of dlopen,
 //   as the real dlopen would: the real dlopen sees the shim as its caller, so its DT_RUNPATH /
-//   DT_RPATH would be the shim's. The caller's (found with __builtin_return_address and dladdr;
+//   DT_RPATH would be the shim's. The caller's (found with __builtin_return_address and dladdr,
+//   unwinding past a sanitizer runtime's dlopen interceptor where one is preloaded first;
 //   $ORIGIN expanded) are tried first, then the real dlopen's own search (LD_LIBRARY_PATH, the
 //   cache, the default folders). So libtorch_cuda.so's dlopen("libnvrtc.so.13") still finds
 //   NVRTC in the pip wheel folder its RPATH names.
@@ -19,6 +20,7 @@
 // naming them are skipped).
 #include <dlfcn.h>
 #include <elf.h>
+#include <execinfo.h>
 #include <link.h>
 #include <unistd.h>
 
@@ -71,6 +73,33 @@ const char* shim_path() {
 std::string dir_of(const std::string& path) {
   const auto slash = path.rfind('/');
   return slash == std::string::npos ? "." : path.substr(0, slash);
+}
+
+// Whether `address` lies in a library that interposes dlopen in front of the shim: a sanitizer
+// runtime preloaded before it (its interceptor calls the next dlopen, the shim's, so the shim's
+// immediate caller is the interceptor, not the program).
+bool in_interposer(const void* address) {
+  Dl_info info{};
+  if (dladdr(address, &info) == 0 || info.dli_fname == nullptr) return false;
+  const std::string_view name = base_name(info.dli_fname);
+  return name.starts_with("libasan.so") || name.starts_with("libtsan.so") ||
+         name.starts_with("libubsan.so") || name.starts_with("libclang_rt.");
+}
+
+// The code that called dlopen: the shim's return address, or past an interposing sanitizer's
+// frame (found by unwinding, which needs no frame pointers).
+const void* dlopen_caller(const void* return_address) {
+  if (!in_interposer(return_address)) return return_address;
+  void* frames[8];
+  const int depth = backtrace(frames, 8);
+  for (int i = 1; i < depth; ++i) {  // frames[0] is dlopen_caller itself
+    Dl_info info{};
+    if (dladdr(frames[i], &info) != 0 && info.dli_fname != nullptr &&
+        info.dli_fname == std::string_view(shim_path()))
+      continue;
+    if (!in_interposer(frames[i])) return frames[i];
+  }
+  return return_address;
 }
 
 // The caller's DT_RUNPATH (or, without one, DT_RPATH) folders, $ORIGIN expanded.
@@ -149,7 +178,7 @@ extern "C" void* dlopen(const char* file, int mode) {
     return open_replacement(real, file, replacement, mode);
   }
   if (std::strchr(file, '/') == nullptr) {
-    for (const std::string& dir : caller_search_path(__builtin_return_address(0))) {
+    for (const std::string& dir : caller_search_path(dlopen_caller(__builtin_return_address(0)))) {
       const std::string path = dir + "/" + file;
       if (access(path.c_str(), F_OK) != 0) continue;
       if (void* handle = real(path.c_str(), mode)) return handle;

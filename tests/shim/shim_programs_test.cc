@@ -4,6 +4,8 @@
 // hiberd running with its session closed and no device memory held.
 #include <signal.h>
 
+#include <cstdio>
+
 #include <gtest/gtest.h>
 
 #include "tests/shim/shim_runner.h"
@@ -90,6 +92,43 @@ TEST(ShimLibraries, AStubSaysWhichCallIsNotSupported) {
 
 // Bad arguments are refused by the program itself, before any CUDA call (exit status 2): the
 // runner's own sanity check, which needs no shim.
+// The synchronous round trips a run makes, from the shim's HIBER_STATS line at exit.
+uint64_t round_trips(const Hiberd& hiberd, const ProgramRun& run) {
+  std::vector<std::string> env = shim_environment(hiberd, run.name);
+  env.push_back("HIBER_STATS=1");
+  const ProgramResult result = run_program(program_argv(run), env, std::chrono::seconds(300));
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  const size_t at = result.output.find("hiber-shim stats: ");
+  if (at == std::string::npos) {
+    ADD_FAILURE() << "no stats line in:\n" << result.output;
+    return 0;
+  }
+  unsigned long long calls = 0, batches = 0, trips = 0;
+  EXPECT_EQ(std::sscanf(result.output.c_str() + at,
+                        "hiber-shim stats: %llu calls in %llu batches, %llu round trips", &calls,
+                        &batches, &trips),
+            3)
+      << result.output.substr(at);
+  return trips;
+}
+
+// A warm inference waits for hiberd once, for its output, and no more: library calls, descriptor
+// work, heuristics and plans (answered from the client's caches after the first inference) and
+// the input's copy all go out in batches. One more inference per case of a run is exactly one
+// more round trip per case (library_cnn: 4 cases, each copying its output back and then
+// synchronising its stream), or none (library_transformer's repeats copy nothing back).
+TEST(ShimLibraries, AWarmInferenceMakesNoRoundTripButItsOutputCopy) {
+  if (std::string why = missing_shim(); !why.empty()) GTEST_SKIP() << why;
+  Hiberd hiberd(sim_hiberd_options());
+  const uint64_t cnn_two = round_trips(hiberd, {"library_cnn", {"2"}});
+  const uint64_t cnn_three = round_trips(hiberd, {"library_cnn", {"3"}});
+  EXPECT_EQ(cnn_three - cnn_two, 4u) << "one round trip per warm inference of each of 4 cases";
+  const uint64_t block_two = round_trips(hiberd, {"library_transformer", {"0", "2"}});
+  const uint64_t block_three = round_trips(hiberd, {"library_transformer", {"0", "3"}});
+  EXPECT_EQ(block_three, block_two) << "a warm transformer block makes no round trip";
+  EXPECT_EQ(hiberd.stop(), 0) << hiberd.log();
+}
+
 TEST(ShimPrograms, RefuseBadArguments) {
   for (const std::string& name : all_programs()) {
     auto result = run_program({program_path(name), "not-a-number"}, 60s);
