@@ -192,8 +192,10 @@ class LateBindingTest : public ::testing::Test {
     for (size_t i = first; i < functions_.size(); ++i) {
       Function* f = functions_[i].get();
       const std::string line = f->program->read_line(300s);
-      ASSERT_EQ(line.rfind("ready", 0), 0u) << f->id << " did not start: '" << line << "'\n"
-                                            << read_file(hiberd.run_dir() + "/" + f->id + ".log");
+      ASSERT_EQ(line.rfind("ready", 0), 0u)
+          << f->id << " did not start: '" << line << "'\n"
+          << read_file(hiberd.run_dir() + "/" + f->id + ".log") << "\nhiberd:\n"
+          << hiberd.log();
     }
   }
 
