@@ -488,6 +488,17 @@ HIBER_API cublasStatus_t cublasLtMatmulAlgoGetHeuristic(
     const Preference* p = object<Preference>(preference);
     if (p == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
     query.max_workspace_bytes = p->attrs.value(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES);
+    const cublasLtMatmulPreferenceAttributes_t alignments[4] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    for (int i = 0; i < 4; ++i) {
+      const uint64_t bytes = p->attrs.value(alignments[i]);
+      if (bytes > hiber::wire::blas::kMaxLtAlignment)
+        return fail(kCall, hiber::error(ErrorCode::kNotSupported, "a minimum alignment of ", bytes,
+                                        " bytes (Hiber carries up to ",
+                                        hiber::wire::blas::kMaxLtAlignment, ")"));
+      query.min_alignment[i] = static_cast<uint32_t>(bytes);
+    }
   }
   query.requested = std::min(requested, hiber::wire::blas::kMaxLtHeuristicResults);
   std::vector<LtHeuristicResult> answer;

@@ -127,6 +127,11 @@ Status check_lt_heuristic(std::span<const std::byte> bytes) {
   if (h.requested < 1 || h.requested > wire::blas::kMaxLtHeuristicResults)
     return error(ErrorCode::kInvalidValue, "cuBLASLt heuristic: ", h.requested,
                  " algorithms requested (1 to ", wire::blas::kMaxLtHeuristicResults, ")");
+  for (uint32_t alignment : h.min_alignment) {
+    if (alignment > wire::blas::kMaxLtAlignment)
+      return error(ErrorCode::kInvalidValue, "cuBLASLt heuristic: a minimum alignment of ",
+                   alignment, " bytes (at most ", wire::blas::kMaxLtAlignment, ")");
+  }
   return wire::blas::check_lt_problem(h.problem).status();
 }
 

@@ -126,7 +126,13 @@ struct LtHeuristic {
   uint64_t max_workspace_bytes = 0;  // CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES
   int32_t requested = 1;
   int32_t reserved = 0;
+  // CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_{A,B,C,D}_BYTES: the alignment the caller guarantees for
+  // each operand (PyTorch sets them from its tensors' addresses); an algorithm chosen for more
+  // would fail on the caller's operands. 256, the library's default, where unset. At most
+  // kMaxLtAlignment (a power of two or not, as the library takes any value).
+  uint32_t min_alignment[4] = {256, 256, 256, 256};
 };
+inline constexpr uint32_t kMaxLtAlignment = 1 << 15;
 static_assert(std::has_unique_object_representations_v<LtHeuristic>, "no padding on the wire");
 
 struct LtHeuristicResult {

@@ -221,11 +221,13 @@ Status build(const LtApi& api, const LtProblem& p, Descriptors* d) {
 
 // What a heuristic's result is kept under, and what the client's LtAlgo::backend carries:
 // backend[0] = kTag << 32 | result index, [1] = GPU model hash, [2] = the workspace preference,
-// [3] = the results requested; LtAlgo::problem is the problem's hash.
+// [3] = the results requested, [4] = the four minimum alignments, 16 bits each (A lowest);
+// LtAlgo::problem is the problem's hash.
 struct AlgoKey {
   uint64_t problem = 0;
   uint64_t model = 0;
   uint64_t max_workspace = 0;
+  uint64_t alignments = 0;
   int32_t requested = 0;
   int32_t index = 0;
   friend auto operator<=>(const AlgoKey&, const AlgoKey&) = default;
@@ -238,6 +240,18 @@ void put_key(const AlgoKey& key, LtAlgo* algo) {
   algo->backend[1] = key.model;
   algo->backend[2] = key.max_workspace;
   algo->backend[3] = static_cast<uint64_t>(key.requested);
+  algo->backend[4] = key.alignments;
+}
+
+// The minimum alignments of a heuristic query, packed as AlgoKey keeps them (each at most
+// kMaxLtAlignment, checked by the session).
+uint64_t pack_alignments(const uint32_t (&alignments)[4]) {
+  uint64_t packed = 0;
+  for (int i = 0; i < 4; ++i) packed |= uint64_t{alignments[i] & 0xffffu} << (16 * i);
+  return packed;
+}
+uint32_t alignment_of(uint64_t packed, int operand) {
+  return static_cast<uint32_t>((packed >> (16 * operand)) & 0xffffu);
 }
 
 Result<AlgoKey> get_key(const LtAlgo& algo) {
@@ -247,9 +261,10 @@ Result<AlgoKey> get_key(const LtAlgo& algo) {
   key.model = algo.backend[1];
   key.max_workspace = algo.backend[2];
   key.requested = static_cast<int32_t>(algo.backend[3]);
+  key.alignments = algo.backend[4];
   if ((algo.backend[0] >> 32) != kTag || algo.backend[3] < 1 ||
       algo.backend[3] > wire::blas::kMaxLtHeuristicResults || key.index < 0 ||
-      key.index >= key.requested || algo.backend[4] != 0 || algo.backend[5] != 0)
+      key.index >= key.requested || algo.backend[5] != 0)
     return error(ErrorCode::kInvalidValue,
                  "cuBLASLt matmul: the algo was not returned by this GPU server's "
                  "cublasLtMatmulAlgoGetHeuristic (a simulated GPU's, or altered)");
@@ -281,6 +296,7 @@ struct LtEntry {
   std::map<uint64_t, Descriptors> descriptors GUARDED_BY(mutex);
   cublasLtMatmulPreference_t preference GUARDED_BY(mutex) = nullptr;
   uint64_t preference_workspace GUARDED_BY(mutex) = 0;
+  std::optional<uint64_t> preference_alignments GUARDED_BY(mutex);  // packed; unset: defaults
 };
 constexpr size_t kMaxDescriptorsPerHandle = 256;
 // Kept algorithms over all sessions; beyond it they start over (a miss re-runs the heuristic).
@@ -371,6 +387,7 @@ class CudaBlasLtBackend final : public LibraryBackend {
     key.problem = wire::blas::lt_problem_hash(h.problem);
     key.model = model(gpu);
     key.max_workspace = h.max_workspace_bytes;
+    key.alignments = pack_alignments(h.min_alignment);
     key.requested = h.requested;
     HIBER_ASSIGN_OR_RETURN(auto results, heuristic(*api, *entry, *d, key, gpu));
     std::vector<LtHeuristicResult> answer(results.size());
@@ -462,6 +479,7 @@ class CudaBlasLtBackend final : public LibraryBackend {
       HIBER_RETURN_IF_ERROR(api.check(api.pfn_cublasLtMatmulPreferenceCreate(&entry.preference),
                                       "cublasLtMatmulPreferenceCreate"));
       entry.preference_workspace = 0;  // the library's default: no workspace
+      entry.preference_alignments.reset();
     }
     if (entry.preference_workspace != key.max_workspace) {
       const uint64_t bytes = key.max_workspace;  // uint64_t, as cublasLt.h documents it
@@ -470,6 +488,19 @@ class CudaBlasLtBackend final : public LibraryBackend {
               entry.preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &bytes, sizeof bytes),
           "cublasLtMatmulPreferenceSetAttribute(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES)"));
       entry.preference_workspace = key.max_workspace;
+    }
+    if (entry.preference_alignments != key.alignments) {
+      constexpr cublasLtMatmulPreferenceAttributes_t kAttributes[4] = {
+          CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+          CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+      for (int i = 0; i < 4; ++i) {
+        const uint32_t bytes = alignment_of(key.alignments, i);  // uint32_t, as documented
+        HIBER_RETURN_IF_ERROR(
+            api.check(api.pfn_cublasLtMatmulPreferenceSetAttribute(entry.preference, kAttributes[i],
+                                                                   &bytes, sizeof bytes),
+                      "cublasLtMatmulPreferenceSetAttribute(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT)"));
+      }
+      entry.preference_alignments = key.alignments;
     }
     std::vector<cublasLtMatmulHeuristicResult_t> results(static_cast<size_t>(key.requested));
     int returned = 0;

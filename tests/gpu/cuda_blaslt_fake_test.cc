@@ -234,6 +234,10 @@ TEST_F(CudaBlasLtFakeTest, TheHeuristicSeesTheProblemAndAnswersInTheWireFormat) 
   LtHeuristic h;
   h.problem = problem();
   h.max_workspace_bytes = 4 << 20;
+  // PyTorch's alignments for operands that are not 256-byte aligned (views, slices).
+  h.min_alignment[0] = 16;
+  h.min_alignment[1] = 8;
+  h.min_alignment[3] = 4;
   h.requested = 4;  // the fake offers 3
   auto results = heuristic(1, 1, 7, h);
   ASSERT_TRUE(results.ok()) << results.status();
@@ -255,6 +259,10 @@ TEST_F(CudaBlasLtFakeTest, TheHeuristicSeesTheProblemAndAnswersInTheWireFormat) 
   expect_layout(q.c, h.problem.c, "C");
   expect_layout(q.d, h.problem.d, "D");
   EXPECT_EQ(q.max_workspace, uint64_t{4} << 20);
+  EXPECT_EQ(q.min_alignment[0], 16u) << "the caller's alignments reach the real heuristic";
+  EXPECT_EQ(q.min_alignment[1], 8u);
+  EXPECT_EQ(q.min_alignment[2], 256u);
+  EXPECT_EQ(q.min_alignment[3], 4u);
   EXPECT_EQ(q.requested, 4);
 
   // What the sim answers: one LtHeuristicResult per algorithm, the id readable by the client.

@@ -53,6 +53,7 @@ struct FakeLtHeuristic {
   FakeLtDesc desc;
   FakeLtLayout a, b, c, d;
   uint64_t max_workspace = 0;
+  uint32_t min_alignment[4] = {};
   int requested = 0;
   std::vector<cublasLtMatmulAlgo_t> returned;
 };

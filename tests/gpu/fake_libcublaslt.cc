@@ -43,6 +43,7 @@ struct Layout {
 struct Pref {
   uint32_t tag = kPref;
   uint64_t max_workspace = 0;
+  uint32_t min_alignment[4] = {256, 256, 256, 256};
 };
 
 template <typename T>
@@ -212,9 +213,21 @@ cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p
                                                     cublasLtMatmulPreferenceAttributes_t attr,
                                                     const void* buf, size_t size) {
   Pref* p = as<Pref>(pref, kPref);
-  if (p == nullptr || attr != CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES)
-    return CUBLAS_STATUS_INVALID_VALUE;
-  return take(&p->max_workspace, buf, size) ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_INVALID_VALUE;
+  if (p == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
+  switch (attr) {
+    case CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES:
+      return take(&p->max_workspace, buf, size) ? CUBLAS_STATUS_SUCCESS
+                                                : CUBLAS_STATUS_INVALID_VALUE;
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES:
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES:
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES:
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES: {
+      const int operand = attr - CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES;
+      return take(&p->min_alignment[operand], buf, size) ? CUBLAS_STATUS_SUCCESS
+                                                         : CUBLAS_STATUS_INVALID_VALUE;
+    }
+    default: return CUBLAS_STATUS_INVALID_VALUE;
+  }
 }
 
 cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc,
@@ -244,6 +257,7 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cublasLtM
   q.c = layouts[2]->l;
   q.d = layouts[3]->l;
   q.max_workspace = p->max_workspace;
+  for (int i = 0; i < 4; ++i) q.min_alignment[i] = p->min_alignment[i];
   q.requested = requested;
   const uint64_t serial = state().heuristics.size() + 1;
   const int n = std::min(requested, state().algos_offered);
