@@ -173,6 +173,8 @@ constexpr AttrSpec kMatmulDescSpecs[] = {
     {CUBLASLT_MATMUL_DESC_D_OUT_SCALE_MODE, 4, 0},
     {CUBLASLT_MATMUL_DESC_EMULATION_DESCRIPTOR, 8, 0},
 };
+static_assert(hiber::wire::blas::kLtReductionSchemeAll == CUBLASLT_REDUCTION_SCHEME_MASK);
+
 // Attributes the remoted matmul does not carry: a matmul with any of them changed is refused
 // loudly (CUBLAS_STATUS_NOT_SUPPORTED), never run as if it were unset.
 constexpr int kUnremotedDescAttrs[] = {
@@ -498,6 +500,18 @@ HIBER_API cublasStatus_t cublasLtMatmulAlgoGetHeuristic(
                                         " bytes (Hiber carries up to ",
                                         hiber::wire::blas::kMaxLtAlignment, ")"));
       query.min_alignment[i] = static_cast<uint32_t>(bytes);
+    }
+    const uint64_t mask = p->attrs.value(CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK);
+    if (mask > hiber::wire::blas::kLtReductionSchemeAll)
+      return fail(kCall, hiber::error(ErrorCode::kInvalidValue, "reduction scheme mask ", mask,
+                                      " has bits outside CUBLASLT_REDUCTION_SCHEME_MASK"));
+    query.reduction_scheme_mask = static_cast<uint32_t>(mask);
+    // What the heuristic query does not carry is refused, never answered as if it were unset.
+    for (int attr : {CUBLASLT_MATMUL_PREF_SEARCH_MODE, CUBLASLT_MATMUL_PREF_MAX_WAVES_COUNT,
+                     CUBLASLT_MATMUL_PREF_IMPL_MASK}) {
+      if (p->attrs.changed(attr))
+        return fail(kCall, hiber::error(ErrorCode::kNotSupported, "matmul preference attribute ",
+                                        attr, " is not supported by Hiber"));
     }
   }
   query.requested = std::min(requested, hiber::wire::blas::kMaxLtHeuristicResults);
