@@ -271,6 +271,14 @@ cublasStatus_t problem_of(const char* call, cublasLtMatmulDesc_t desc_handle,
       return fail(call, hiber::error(ErrorCode::kNotSupported, "matmul descriptor attribute ", attr,
                                      " is not supported by Hiber"));
   }
+  // PyTorch's SM carve-out (torch._C._set_sm_carveout_experimental) asks the matmul to leave
+  // SMs free. hiberd runs it on all the SMs of a GPU it shares between functions anyway; the
+  // result is the same, so the hint is dropped, and said so once.
+  if (desc->attrs.changed(CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET))
+    hiber::shim::library_log_once("cuBLASLt",
+                                  std::string(call) +
+                                      ": CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET is ignored by Hiber "
+                                      "(the matmul may use every SM; its result is the same)");
   for (const Layout* l : layouts) {
     if (l->attrs.changed(CUBLASLT_MATRIX_LAYOUT_PLANE_OFFSET) ||
         l->attrs.changed(CUBLASLT_MATRIX_LAYOUT_BATCH_MODE))

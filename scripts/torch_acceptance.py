@@ -245,10 +245,10 @@ STUB = re.compile(r"\b(hibercuda|cuBLAS|cuBLASLt|cuDNN|NVML|hibernvml): (\w+) is
 #   hibernvml: nvmlDeviceGetPowerUsage is not supported (NVML_ERROR_NOT_SUPPORTED)
 NVML_STUB = re.compile(r"\b(hibernvml): (\w+) is not supported \(NVML_ERROR_NOT_SUPPORTED\)")
 # ... and a call Hiber implements but refuses as not supported (a descriptor type, attribute,
-# engine, knob ...), logged as "<library>: <call>: <why>", e.g.
+# engine, knob ...) or whose hint it ignores, logged as "<library>: <call>: <why>", e.g.
 #   cuDNN: cudnnBackendCreateDescriptor: CUDNN_BACKEND_MATMUL_DESCRIPTOR (type 18) is not ...
 REFUSAL = re.compile(r"\b(hibercuda|cuBLAS|cuBLASLt|cuDNN|NVML|hibernvml): (\w+)(?:\([^)]*\))?: "
-                     r"(.*(?:not supported|[Nn]ot remoted|Hiber's engines).*)$")
+                     r"(.*(?:not supported|[Nn]ot remoted|Hiber's engines|ignored by Hiber).*)$")
 
 
 def stubs_in(text):
