@@ -564,6 +564,18 @@ HIBER_API cudnnStatus_t cudnnBackendFinalize(cudnnBackendDescriptor_t descriptor
   DescPtr d = find(descriptor);
   if (d == nullptr) return bad_param("cudnnBackendFinalize", "not a live backend descriptor");
   if (d->finalized) return CUDNN_STATUS_SUCCESS;
+  // An SM-count target (cudnn-frontend's setSMCount) asks heuristics and engines to leave SMs
+  // free; hiberd runs the graph on all the SMs of a GPU it shares anyway. The result is the same,
+  // so the hint is dropped, and said so once.
+  for (int32_t hint : {int32_t{CUDNN_ATTR_ENGINEHEUR_SM_COUNT_TARGET},
+                       int32_t{CUDNN_ATTR_ENGINE_SM_COUNT_TARGET}}) {
+    if (attr(*d, hint) != nullptr)
+      hiber::shim::library_log_once(
+          "cuDNN",
+          "cudnnBackendFinalize: " + wdnn::descriptor_type_name(d->type) +
+              ": the SM count target (attribute " + std::to_string(hint) +
+              ") is ignored by Hiber (the graph may use every SM; its result is the same)");
+  }
   const cudnnStatus_t s = finalize(d);
   if (s == CUDNN_STATUS_SUCCESS) d->finalized = true;
   return s;
