@@ -173,6 +173,8 @@ constexpr AttrSpec kMatmulDescSpecs[] = {
     {CUBLASLT_MATMUL_DESC_D_OUT_SCALE_MODE, 4, 0},
     {CUBLASLT_MATMUL_DESC_EMULATION_DESCRIPTOR, 8, 0},
 };
+static_assert(hiber::wire::blas::kLtReductionSchemeAll == CUBLASLT_REDUCTION_SCHEME_MASK);
+
 // Attributes the remoted matmul does not carry: a matmul with any of them changed is refused
 // loudly (CUBLAS_STATUS_NOT_SUPPORTED), never run as if it were unset.
 constexpr int kUnremotedDescAttrs[] = {
@@ -269,6 +271,14 @@ cublasStatus_t problem_of(const char* call, cublasLtMatmulDesc_t desc_handle,
       return fail(call, hiber::error(ErrorCode::kNotSupported, "matmul descriptor attribute ", attr,
                                      " is not supported by Hiber"));
   }
+  // PyTorch's SM carve-out (torch._C._set_sm_carveout_experimental) asks the matmul to leave
+  // SMs free. hiberd runs it on all the SMs of a GPU it shares between functions anyway; the
+  // result is the same, so the hint is dropped, and said so once.
+  if (desc->attrs.changed(CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET))
+    hiber::shim::library_log_once("cuBLASLt",
+                                  std::string(call) +
+                                      ": CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET is ignored by Hiber "
+                                      "(the matmul may use every SM; its result is the same)");
   for (const Layout* l : layouts) {
     if (l->attrs.changed(CUBLASLT_MATRIX_LAYOUT_PLANE_OFFSET) ||
         l->attrs.changed(CUBLASLT_MATRIX_LAYOUT_BATCH_MODE))
@@ -498,6 +508,18 @@ HIBER_API cublasStatus_t cublasLtMatmulAlgoGetHeuristic(
                                         " bytes (Hiber carries up to ",
                                         hiber::wire::blas::kMaxLtAlignment, ")"));
       query.min_alignment[i] = static_cast<uint32_t>(bytes);
+    }
+    const uint64_t mask = p->attrs.value(CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK);
+    if (mask > hiber::wire::blas::kLtReductionSchemeAll)
+      return fail(kCall, hiber::error(ErrorCode::kInvalidValue, "reduction scheme mask ", mask,
+                                      " has bits outside CUBLASLT_REDUCTION_SCHEME_MASK"));
+    query.reduction_scheme_mask = static_cast<uint32_t>(mask);
+    // What the heuristic query does not carry is refused, never answered as if it were unset.
+    for (int attr : {CUBLASLT_MATMUL_PREF_SEARCH_MODE, CUBLASLT_MATMUL_PREF_MAX_WAVES_COUNT,
+                     CUBLASLT_MATMUL_PREF_IMPL_MASK}) {
+      if (p->attrs.changed(attr))
+        return fail(kCall, hiber::error(ErrorCode::kNotSupported, "matmul preference attribute ",
+                                        attr, " is not supported by Hiber"));
     }
   }
   query.requested = std::min(requested, hiber::wire::blas::kMaxLtHeuristicResults);

@@ -30,6 +30,13 @@
 namespace {
 
 namespace wdnn = hiber::wire::dnn;
+
+// The wire's numbers are cuDNN's.
+static_assert(int{wdnn::kKnobChoice} == int{CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR});
+static_assert(int{wdnn::kKnobInfo} == int{CUDNN_BACKEND_KNOB_INFO_DESCRIPTOR});
+static_assert(int{wdnn::kKnobChoiceKnobType} == int{CUDNN_ATTR_KNOB_CHOICE_KNOB_TYPE});
+static_assert(int{wdnn::kKnobChoiceKnobValue} == int{CUDNN_ATTR_KNOB_CHOICE_KNOB_VALUE});
+static_assert(int{wdnn::kTypeKnobType} == int{CUDNN_TYPE_KNOB_TYPE});
 using namespace hiber::shim::dnn;  // NOLINT
 using hiber::ErrorCode;
 using hiber::Status;
@@ -98,6 +105,8 @@ bool supported_type(int32_t type) {
     case wdnn::kEngineCfg:
     case wdnn::kEngineHeur:
     case wdnn::kExecutionPlan:
+    case wdnn::kKnobChoice:
+    case wdnn::kKnobInfo:
     case wdnn::kOpConvForward:
     case wdnn::kOpPointwise:
     case wdnn::kOperationGraph:
@@ -299,6 +308,24 @@ cudnnStatus_t finalize(const DescPtr& d) {
       d->plan_ops = std::make_shared<const wdnn::OpGraph>(std::move(plan->graph));
       return CUDNN_STATUS_SUCCESS;
     }
+    case wdnn::kKnobChoice: {
+      // A choice is finalized on its own (cuDNN checks the value against the engine only when an
+      // engine config holding it is finalized, and Hiber refuses every config with choices).
+      int32_t knob = 0;
+      int64_t value = 0;
+      if (!scalar(*d, wdnn::kKnobChoiceKnobType, wdnn::kTypeKnobType, &knob) ||
+          !scalar(*d, wdnn::kKnobChoiceKnobValue, wdnn::kTypeInt64, &value))
+        return bad_param("cudnnBackendFinalize(KNOB_CHOICE)",
+                         "CUDNN_ATTR_KNOB_CHOICE_KNOB_TYPE (KNOB_TYPE) and "
+                         "CUDNN_ATTR_KNOB_CHOICE_KNOB_VALUE (INT64) must be set, one each");
+      return CUDNN_STATUS_SUCCESS;
+    }
+    case wdnn::kKnobInfo:
+      // Knob infos are read-only: CUDNN_ATTR_ENGINE_KNOB_INFO fills them, and Hiber's engines
+      // have none, so a program never gets a filled one.
+      return bad_param("cudnnBackendFinalize(KNOB_INFO)",
+                       "a knob info descriptor is read-only (filled by "
+                       "CUDNN_ATTR_ENGINE_KNOB_INFO), not finalized by the program");
     case wdnn::kVariantPack: {
       const Value* uids = attr(*d, wdnn::kVariantPackUniqueIds);
       const Value* ptrs = attr(*d, wdnn::kVariantPackDataPointers);
@@ -537,6 +564,18 @@ HIBER_API cudnnStatus_t cudnnBackendFinalize(cudnnBackendDescriptor_t descriptor
   DescPtr d = find(descriptor);
   if (d == nullptr) return bad_param("cudnnBackendFinalize", "not a live backend descriptor");
   if (d->finalized) return CUDNN_STATUS_SUCCESS;
+  // An SM-count target (cudnn-frontend's setSMCount) asks heuristics and engines to leave SMs
+  // free; hiberd runs the graph on all the SMs of a GPU it shares anyway. The result is the same,
+  // so the hint is dropped, and said so once.
+  for (int32_t hint : {int32_t{CUDNN_ATTR_ENGINEHEUR_SM_COUNT_TARGET},
+                       int32_t{CUDNN_ATTR_ENGINE_SM_COUNT_TARGET}}) {
+    if (attr(*d, hint) != nullptr)
+      hiber::shim::library_log_once(
+          "cuDNN",
+          "cudnnBackendFinalize: " + wdnn::descriptor_type_name(d->type) +
+              ": the SM count target (attribute " + std::to_string(hint) +
+              ") is ignored by Hiber (the graph may use every SM; its result is the same)");
+  }
   const cudnnStatus_t s = finalize(d);
   if (s == CUDNN_STATUS_SUCCESS) d->finalized = true;
   return s;

@@ -11,7 +11,10 @@
 #       encoder (scripts/torch_acceptance.py), each natively and then through the shim
 #       (LD_PRELOAD of libhibercuda.so and the replacement libraries) against a
 #       hiberd --device=cuda this script starts and stops; outputs compared bit for bit under
-#       deterministic settings, warm latency per inference both ways and the ratio;
+#       deterministic settings, warm latency per inference both ways and the ratio; every Hiber
+#       stub a shim run hits ("<library>: <name> is not supported by Hiber" on its stderr) and
+#       every call refused as not supported is listed by name (torch_acceptance.py stubs), and
+#       fails the run: unlike (b)'s imports, these were called;
 #   (d) the results, with the device name and the date, inserted at the top of
 #       docs/gpu-runs.md (newest first; --no-append only prints them).
 #
@@ -19,7 +22,8 @@
 # 40 minutes (HIBER_ACCEPTANCE_BUDGET_S, default 2400): what did not run is reported as skipped.
 # Without a GPU it says so in one line and exits 3 before running anything; --dry-run prints
 # what would run and checks the files it needs, on any machine.
-# Exit status: 0 when every step that ran passed (stubs in (b) do not count), 1 otherwise,
+# Exit status: 0 when every step that ran passed (stubs imported in (b) do not count; stubs hit
+# in (c) do), 1 otherwise,
 # 2 for wrong usage or a missing build, 3 without a GPU.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
@@ -85,6 +89,7 @@ gpu-acceptance (dry run): build $build; every file it needs is there. It would r
       then, for each of $(python3 scripts/torch_acceptance.py models | tr '\n' ' ')
         timeout 300 python3 scripts/torch_acceptance.py run --mode=native --model=M --out=$out --iters=$iters
         timeout 600 LD_PRELOAD=$preload HIBER_RUN_DIR=<tmp> python3 scripts/torch_acceptance.py run --mode=shim ...
+        python3 scripts/torch_acceptance.py stubs --model=M --out=$out <its log>   (a stub hit fails the run)
       and python3 scripts/torch_acceptance.py compare --out=$out
   (d) the report ($report) $( ((append)) && echo "inserted at the top of docs/gpu-runs.md" || echo "printed only")
   budget: ${budget_s} s in all, each step at most 600 s
@@ -233,10 +238,24 @@ EOF
       break
     fi
     say "(c) $model through the shim (timeout ${t}s)"
+    shim_log="$work/torch-shim-$model.log"
     timeout "$t" env HIBER_RUN_DIR="$run_dir" HIBER_FUNCTION_ID="torch-$model" LD_PRELOAD="$preload" \
       python3 scripts/torch_acceptance.py run --mode=shim --model="$model" --out="$out" \
-      --iters="$iters" >>"$work/torch-shim.log" 2>&1 ||
-      say "$model through the shim failed (exit $?): $(tail -1 "$work/torch-shim.log")"
+      --iters="$iters" >"$shim_log" 2>&1 ||
+      say "$model through the shim failed (exit $?): $(tail -1 "$shim_log")"
+    cat "$shim_log" >>"$work/torch-shim.log"
+    # Every stub the run hit (the shim logs "<library>: <name> is not supported by Hiber" once per
+    # name) and every call refused as not supported, into $out/$model.stubs.json for `compare`'s
+    # "Hiber stubs hit" column, and into the report by name.
+    if ! stubs=$(python3 scripts/torch_acceptance.py stubs --model="$model" --out="$out" "$shim_log"); then
+      say "$model through the shim hit Hiber stubs or refusals:"
+      printf '%s\n' "$stubs" >&2
+      {
+        echo "- (c) $model through the shim hit what Hiber does not support (docs/pytorch-coverage.md):"
+        printf '%s\n' "$stubs" | sed 's/^/  - /'
+      } >>"$report"
+      failed=1
+    fi
     if ! kill -0 "$hiberd" 2>/dev/null; then
       say "hiberd died during $model; its log:"
       tail -50 "$hiberd_log" >&2

@@ -9,6 +9,7 @@ relative differences and the likely cause), and the warm latency per inference b
 
   torch_acceptance.py run --mode=native --model=resnet50 --out=DIR [--iters=20 --warmup=5]
   torch_acceptance.py compare --out=DIR
+  torch_acceptance.py stubs --model=M --out=DIR LOG   # the Hiber stubs a shim run's log shows
   torch_acceptance.py models                 # the model names, one per line
 
 Models: ResNet-50 and ResNet-152 (torchvision's if it is installed, else defined here, the same
@@ -25,6 +26,7 @@ caller did not, before CUDA is initialised). Standard library and torch only.
 import argparse
 import json
 import os
+import re
 import statistics
 import sys
 import time
@@ -233,16 +235,84 @@ def likely_cause(native, shim):
             "carried per call, and that hiberd uses the same cuBLAS/cuDNN builds as torch)")
 
 
+# What the replacement libraries log (client_shim/unsupported.cc, library_client.cc), once per
+# name, for a stub, i.e. a name Hiber exports but does not implement:
+#   hibercuda: cudaFoo is not supported by Hiber; it returns the "not supported" error (801)
+#   cuDNN: cudnnFoo is not supported by Hiber; it returns the library's "not supported" status ...
+STUB = re.compile(r"\b(hibercuda|cuBLAS|cuBLASLt|cuDNN|NVML|hibernvml): (\w+) is not supported "
+                  r"by Hiber; it returns")
+# NVML's queries Hiber cannot answer (client_shim/nvml.cc):
+#   hibernvml: nvmlDeviceGetPowerUsage is not supported (NVML_ERROR_NOT_SUPPORTED)
+NVML_STUB = re.compile(r"\b(hibernvml): (\w+) is not supported \(NVML_ERROR_NOT_SUPPORTED\)")
+# ... and a call Hiber implements but refuses as not supported (a descriptor type, attribute,
+# engine, knob ...) or whose hint it ignores, logged as "<library>: <call>: <why>", e.g.
+#   cuDNN: cudnnBackendCreateDescriptor: CUDNN_BACKEND_MATMUL_DESCRIPTOR (type 18) is not ...
+REFUSAL = re.compile(r"\b(hibercuda|cuBLAS|cuBLASLt|cuDNN|NVML|hibernvml): (\w+)(?:\([^)]*\))?: "
+                     r"(.*(?:not supported|[Nn]ot remoted|Hiber's engines|ignored by Hiber).*)$")
+
+
+def stubs_in(text):
+    """(stubs, refusals) a shim run's stderr shows: sorted "library: name" and messages."""
+    stubs, refusals = set(), set()
+    for line in text.splitlines():
+        m = STUB.search(line) or NVML_STUB.search(line)
+        if m:
+            stubs.add(f"{m.group(1)}: {m.group(2)}")
+            continue
+        m = REFUSAL.search(line)
+        if m:
+            refusals.add(f"{m.group(1)}: {m.group(2)}: {m.group(3).strip()}"[:300])
+    return sorted(stubs), sorted(refusals)
+
+
+def stubs(args):
+    """Writes <out>/<model>.stubs.json from the shim run's log and prints what it found."""
+    try:
+        with open(args.log, errors="replace") as f:
+            found, refused = stubs_in(f.read())
+    except OSError as e:
+        fail(f"cannot read {args.log}: {e}")
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, f"{args.model}.stubs.json"), "w") as f:
+        json.dump({"model": args.model, "stubs": found, "refusals": refused}, f, indent=1)
+    if not found and not refused:
+        print(f"{args.model}: no Hiber stub was hit and no call was refused as not supported")
+        return 0
+    if found:
+        print(f"{args.model}: {len(found)} Hiber stub(s) hit: " + ", ".join(found))
+    for r in refused:
+        print(f"{args.model}: refused: {r}")
+    return 1
+
+
+def stubs_cell(out, name):
+    """The report's "stubs hit" cell for a model, and whether it is clean."""
+    path = os.path.join(out, f"{name}.stubs.json")
+    if not os.path.exists(path):
+        return "not checked", True
+    found = json.load(open(path))
+    hit, refused = found.get("stubs", []), found.get("refusals", [])
+    if not hit and not refused:
+        return "none", True
+    parts = [f"`{s.split(': ', 1)[-1]}`" for s in hit]
+    if refused:
+        parts.append(f"{len(refused)} refusal(s), see {name}.stubs.json")
+    return ", ".join(parts), False
+
+
 def compare(args):
     torch = import_torch()
-    lines = ["| model | source | native ms | hiber ms | hiber/native | outputs |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| model | source | native ms | hiber ms | hiber/native | outputs | Hiber stubs hit |",
+             "|---|---|---|---|---|---|---|"]
     all_ok = True
     for name in MODELS:
+        stub_cell, stubs_ok = stubs_cell(args.out, name)
+        all_ok = all_ok and stubs_ok
         paths = {m: os.path.join(args.out, f"{name}.{m}.json") for m in ("native", "shim")}
         if not all(os.path.exists(p) for p in paths.values()):
             missing = [m for m, p in paths.items() if not os.path.exists(p)]
-            lines.append(f"| {name} | | | | | not run ({', '.join(missing)} missing) |")
+            lines.append(f"| {name} | | | | | not run ({', '.join(missing)} missing) "
+                         f"| {stub_cell} |")
             all_ok = False
             continue
         native, shim = (json.load(open(paths[m])) for m in ("native", "shim"))
@@ -251,7 +321,8 @@ def compare(args):
                             for r in (native, shim) if not r["ok"])
             lines.append(f"| {name} | {native.get('source', '')} | "
                          f"{native.get('median_ms', float('nan')):.2f} | "
-                         f"{shim.get('median_ms', float('nan')):.2f} | | FAILED: {why} |")
+                         f"{shim.get('median_ms', float('nan')):.2f} | | FAILED: {why} "
+                         f"| {stub_cell} |")
             all_ok = False
             continue
         a = torch.load(os.path.join(args.out, f"{name}.native.pt"))
@@ -270,7 +341,7 @@ def compare(args):
             all_ok = False
         ratio = shim["median_ms"] / native["median_ms"]
         lines.append(f"| {name} | {native['source']} | {native['median_ms']:.2f} | "
-                     f"{shim['median_ms']:.2f} | {ratio:.3f} | {verdict} |")
+                     f"{shim['median_ms']:.2f} | {ratio:.3f} | {verdict} | {stub_cell} |")
     print("\n".join(lines))
     return 0 if all_ok else 1
 
@@ -287,10 +358,17 @@ def main():
     c = sub.add_parser("compare", help="compare the native and shim runs in --out (Markdown)")
     c.add_argument("--out", required=True)
     sub.add_parser("models", help="print the model names")
+    s = sub.add_parser("stubs", help="list the Hiber stubs (and refusals) a shim run's log shows, "
+                       "into <out>/<model>.stubs.json; exit 1 if any")
+    s.add_argument("--model", required=True, choices=MODELS)
+    s.add_argument("--out", required=True)
+    s.add_argument("log", help="the shim run's stdout and stderr")
     args = parser.parse_args()
     if args.command == "models":
         print("\n".join(MODELS))
         return 0
+    if args.command == "stubs":
+        return stubs(args)
     return run(args) if args.command == "run" else compare(args)
 
 

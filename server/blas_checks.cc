@@ -127,6 +127,9 @@ Status check_lt_heuristic(std::span<const std::byte> bytes) {
   if (h.requested < 1 || h.requested > wire::blas::kMaxLtHeuristicResults)
     return error(ErrorCode::kInvalidValue, "cuBLASLt heuristic: ", h.requested,
                  " algorithms requested (1 to ", wire::blas::kMaxLtHeuristicResults, ")");
+  if ((h.reduction_scheme_mask & ~wire::blas::kLtReductionSchemeAll) != 0)
+    return error(ErrorCode::kInvalidValue, "cuBLASLt heuristic: reduction scheme mask ",
+                 h.reduction_scheme_mask, " has bits outside CUBLASLT_REDUCTION_SCHEME_MASK");
   for (uint32_t alignment : h.min_alignment) {
     if (alignment > wire::blas::kMaxLtAlignment)
       return error(ErrorCode::kInvalidValue, "cuBLASLt heuristic: a minimum alignment of ",

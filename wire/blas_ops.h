@@ -125,7 +125,11 @@ struct LtHeuristic {
   LtProblem problem;
   uint64_t max_workspace_bytes = 0;  // CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES
   int32_t requested = 1;
-  int32_t reserved = 0;
+  // CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK: the split-K reduction schemes the caller allows
+  // (PyTorch narrows it for fp16 and bf16 when reduced-precision reductions are disallowed); an
+  // algorithm chosen without it could reduce in lower precision than asked. Every scheme
+  // (kLtReductionSchemeAll, the library's default) where unset.
+  uint32_t reduction_scheme_mask = 0x7;
   // CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_{A,B,C,D}_BYTES: the alignment the caller guarantees for
   // each operand (PyTorch sets them from its tensors' addresses); an algorithm chosen for more
   // would fail on the caller's operands. 256, the library's default, where unset. At most
@@ -133,6 +137,7 @@ struct LtHeuristic {
   uint32_t min_alignment[4] = {256, 256, 256, 256};
 };
 inline constexpr uint32_t kMaxLtAlignment = 1 << 15;
+inline constexpr uint32_t kLtReductionSchemeAll = 0x7;  // CUBLASLT_REDUCTION_SCHEME_MASK
 static_assert(std::has_unique_object_representations_v<LtHeuristic>, "no padding on the wire");
 
 struct LtHeuristicResult {

@@ -364,6 +364,8 @@ std::string descriptor_type_name(int32_t type) {
     case kEngineCfg: return "CUDNN_BACKEND_ENGINECFG_DESCRIPTOR";
     case kEngineHeur: return "CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR";
     case kExecutionPlan: return "CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR";
+    case kKnobChoice: return "CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR";
+    case kKnobInfo: return "CUDNN_BACKEND_KNOB_INFO_DESCRIPTOR";
     case kOpConvForward: return "CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR";
     case kOpPointwise: return "CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR";
     case kOperationGraph: return "CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR";

@@ -68,6 +68,10 @@ enum DescriptorType : int32_t {  // cudnnBackendDescriptorType_t
   kEngineCfg = 3,
   kEngineHeur = 4,
   kExecutionPlan = 5,
+  // Knob choices and knob infos exist for the cudnn-frontend, which creates CUDNN_KNOB_TYPE_COUNTS
+  // of each around every execution plan and engine it builds; Hiber's engines have no knobs.
+  kKnobChoice = 7,
+  kKnobInfo = 8,
   kOpConvForward = 10,
   kOpPointwise = 13,
   kOperationGraph = 15,
@@ -101,6 +105,8 @@ enum Attribute : int32_t {  // cudnnBackendAttributeName_t
   kPlanComputedIntermediateUids = 403,
   kPlanRunOnlyIntermediateUids = 404,
   kPlanJson = 405,
+  kKnobChoiceKnobType = 600,
+  kKnobChoiceKnobValue = 601,
   kConvFwdAlpha = 700,
   kConvFwdBeta = 701,
   kConvFwdConvDesc = 702,

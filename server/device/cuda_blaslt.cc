@@ -221,13 +221,14 @@ Status build(const LtApi& api, const LtProblem& p, Descriptors* d) {
 
 // What a heuristic's result is kept under, and what the client's LtAlgo::backend carries:
 // backend[0] = kTag << 32 | result index, [1] = GPU model hash, [2] = the workspace preference,
-// [3] = the results requested, [4] = the four minimum alignments, 16 bits each (A lowest);
-// LtAlgo::problem is the problem's hash.
+// [3] = the results requested, [4] = the four minimum alignments, 16 bits each (A lowest),
+// [5] = the reduction scheme mask; LtAlgo::problem is the problem's hash.
 struct AlgoKey {
   uint64_t problem = 0;
   uint64_t model = 0;
   uint64_t max_workspace = 0;
   uint64_t alignments = 0;
+  uint64_t reduction_mask = wire::blas::kLtReductionSchemeAll;
   int32_t requested = 0;
   int32_t index = 0;
   friend auto operator<=>(const AlgoKey&, const AlgoKey&) = default;
@@ -241,6 +242,7 @@ void put_key(const AlgoKey& key, LtAlgo* algo) {
   algo->backend[2] = key.max_workspace;
   algo->backend[3] = static_cast<uint64_t>(key.requested);
   algo->backend[4] = key.alignments;
+  algo->backend[5] = key.reduction_mask;
 }
 
 // The minimum alignments of a heuristic query, packed as AlgoKey keeps them (each at most
@@ -262,9 +264,11 @@ Result<AlgoKey> get_key(const LtAlgo& algo) {
   key.max_workspace = algo.backend[2];
   key.requested = static_cast<int32_t>(algo.backend[3]);
   key.alignments = algo.backend[4];
+  key.reduction_mask = algo.backend[5];
   if ((algo.backend[0] >> 32) != kTag || algo.backend[3] < 1 ||
       algo.backend[3] > wire::blas::kMaxLtHeuristicResults || key.index < 0 ||
-      key.index >= key.requested || algo.backend[5] != 0)
+      key.index >= key.requested ||
+      (algo.backend[5] & ~uint64_t{wire::blas::kLtReductionSchemeAll}) != 0)
     return error(ErrorCode::kInvalidValue,
                  "cuBLASLt matmul: the algo was not returned by this GPU server's "
                  "cublasLtMatmulAlgoGetHeuristic (a simulated GPU's, or altered)");
@@ -296,7 +300,8 @@ struct LtEntry {
   std::map<uint64_t, Descriptors> descriptors GUARDED_BY(mutex);
   cublasLtMatmulPreference_t preference GUARDED_BY(mutex) = nullptr;
   uint64_t preference_workspace GUARDED_BY(mutex) = 0;
-  std::optional<uint64_t> preference_alignments GUARDED_BY(mutex);  // packed; unset: defaults
+  std::optional<uint64_t> preference_alignments GUARDED_BY(mutex);      // packed; unset: defaults
+  std::optional<uint64_t> preference_reduction_mask GUARDED_BY(mutex);  // unset: the default
 };
 constexpr size_t kMaxDescriptorsPerHandle = 256;
 // Kept algorithms over all sessions; beyond it they start over (a miss re-runs the heuristic).
@@ -388,6 +393,7 @@ class CudaBlasLtBackend final : public LibraryBackend {
     key.model = model(gpu);
     key.max_workspace = h.max_workspace_bytes;
     key.alignments = pack_alignments(h.min_alignment);
+    key.reduction_mask = h.reduction_scheme_mask;
     key.requested = h.requested;
     HIBER_ASSIGN_OR_RETURN(auto results, heuristic(*api, *entry, *d, key, gpu));
     std::vector<LtHeuristicResult> answer(results.size());
@@ -480,6 +486,7 @@ class CudaBlasLtBackend final : public LibraryBackend {
                                       "cublasLtMatmulPreferenceCreate"));
       entry.preference_workspace = 0;  // the library's default: no workspace
       entry.preference_alignments.reset();
+      entry.preference_reduction_mask.reset();
     }
     if (entry.preference_workspace != key.max_workspace) {
       const uint64_t bytes = key.max_workspace;  // uint64_t, as cublasLt.h documents it
@@ -501,6 +508,14 @@ class CudaBlasLtBackend final : public LibraryBackend {
                       "cublasLtMatmulPreferenceSetAttribute(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT)"));
       }
       entry.preference_alignments = key.alignments;
+    }
+    if (entry.preference_reduction_mask != key.reduction_mask) {
+      const auto mask = static_cast<uint32_t>(key.reduction_mask);  // uint32_t, as documented
+      HIBER_RETURN_IF_ERROR(api.check(
+          api.pfn_cublasLtMatmulPreferenceSetAttribute(
+              entry.preference, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &mask, sizeof mask),
+          "cublasLtMatmulPreferenceSetAttribute(CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK)"));
+      entry.preference_reduction_mask = key.reduction_mask;
     }
     std::vector<cublasLtMatmulHeuristicResult_t> results(static_cast<size_t>(key.requested));
     int returned = 0;

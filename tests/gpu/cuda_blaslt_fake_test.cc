@@ -238,7 +238,9 @@ TEST_F(CudaBlasLtFakeTest, TheHeuristicSeesTheProblemAndAnswersInTheWireFormat) 
   h.min_alignment[0] = 16;
   h.min_alignment[1] = 8;
   h.min_alignment[3] = 4;
-  h.requested = 4;  // the fake offers 3
+  // PyTorch's mask for fp16 with reduced-precision reductions disallowed.
+  h.reduction_scheme_mask = 2 | 0;  // CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE | _NONE
+  h.requested = 4;                  // the fake offers 3
   auto results = heuristic(1, 1, 7, h);
   ASSERT_TRUE(results.ok()) << results.status();
 
@@ -263,6 +265,7 @@ TEST_F(CudaBlasLtFakeTest, TheHeuristicSeesTheProblemAndAnswersInTheWireFormat) 
   EXPECT_EQ(q.min_alignment[1], 8u);
   EXPECT_EQ(q.min_alignment[2], 256u);
   EXPECT_EQ(q.min_alignment[3], 4u);
+  EXPECT_EQ(q.reduction_mask, 2u) << "the caller's reduction schemes reach the real heuristic";
   EXPECT_EQ(q.requested, 4);
 
   // What the sim answers: one LtHeuristicResult per algorithm, the id readable by the client.

@@ -54,6 +54,7 @@ struct FakeLtHeuristic {
   FakeLtLayout a, b, c, d;
   uint64_t max_workspace = 0;
   uint32_t min_alignment[4] = {};
+  uint32_t reduction_mask = 0;
   int requested = 0;
   std::vector<cublasLtMatmulAlgo_t> returned;
 };

@@ -44,6 +44,7 @@ struct Pref {
   uint32_t tag = kPref;
   uint64_t max_workspace = 0;
   uint32_t min_alignment[4] = {256, 256, 256, 256};
+  uint32_t reduction_mask = CUBLASLT_REDUCTION_SCHEME_MASK;
 };
 
 template <typename T>
@@ -218,6 +219,9 @@ cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p
     case CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES:
       return take(&p->max_workspace, buf, size) ? CUBLAS_STATUS_SUCCESS
                                                 : CUBLAS_STATUS_INVALID_VALUE;
+    case CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK:
+      return take(&p->reduction_mask, buf, size) ? CUBLAS_STATUS_SUCCESS
+                                                 : CUBLAS_STATUS_INVALID_VALUE;
     case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES:
     case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES:
     case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES:
@@ -258,6 +262,7 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cublasLtM
   q.d = layouts[3]->l;
   q.max_workspace = p->max_workspace;
   for (int i = 0; i < 4; ++i) q.min_alignment[i] = p->min_alignment[i];
+  q.reduction_mask = p->reduction_mask;
   q.requested = requested;
   const uint64_t serial = state().heuristics.size() + 1;
   const int n = std::min(requested, state().algos_offered);

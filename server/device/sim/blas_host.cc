@@ -236,7 +236,9 @@ class SimBlas final : public LibraryBackend {
 
  private:
   // One algorithm for every problem the host runs; none (kNotSupported) for the rest, as
-  // cuBLASLt answers for a problem no algorithm of it runs.
+  // cuBLASLt answers for a problem no algorithm of it runs. The preference's alignments and
+  // reduction schemes allow it whatever they are: the host reads any address and reduces in
+  // one pass in the compute type (no split-K, so CUBLASLT_REDUCTION_SCHEME_NONE holds).
   static Result<std::vector<std::byte>> lt_heuristic(std::span<const std::byte> args) {
     HIBER_ASSIGN_OR_RETURN(LtHeuristic h, wire::read_op<LtHeuristic>(args, "cuBLASLt heuristic"));
     HIBER_RETURN_IF_ERROR(wire::blas::check_lt_problem(h.problem).status());

@@ -145,6 +145,69 @@ inline ConvGraph conv_graph(cudnnHandle_t handle, const Shape& shape) {
   return g;
 }
 
+// What the cudnn-frontend's ExecutionPlanBuilder_v8::build() does after finalizing a plan (its
+// tag and notes), and what Engine_v8's constructor does with an engine (its knobs): both create
+// CUDNN_KNOB_TYPE_COUNTS knob descriptors up front, so a library that refuses to create them
+// fails every plan PyTorch's Conv_v8.cpp builds. Hiber's engines have no knobs: both counts are 0.
+inline void describe_plan_as_the_frontend_does(cudnnBackendDescriptor_t config) {
+  std::vector<cudnnBackendDescriptor_t> choices(CUDNN_KNOB_TYPE_COUNTS),
+      infos(CUDNN_KNOB_TYPE_COUNTS);
+  for (auto& k : choices) k = make(CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR);
+  for (auto& k : infos) k = make(CUDNN_BACKEND_KNOB_INFO_DESCRIPTOR);
+  cudnnBackendDescriptor_t engine = make(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
+  int64_t n = -1, index = -1;
+  CUDNN_CHECK(cudnnBackendGetAttribute(config, CUDNN_ATTR_ENGINECFG_ENGINE,
+                                       CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n, &engine));
+  CUDNN_CHECK(cudnnBackendGetAttribute(engine, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1,
+                                       &n, &index));
+  int64_t knobs = -1;
+  CUDNN_CHECK(cudnnBackendGetAttribute(config, CUDNN_ATTR_ENGINECFG_KNOB_CHOICES,
+                                       CUDNN_TYPE_BACKEND_DESCRIPTOR, CUDNN_KNOB_TYPE_COUNTS,
+                                       &knobs, choices.data()));
+  int64_t knob_infos = -1;
+  CUDNN_CHECK(cudnnBackendGetAttribute(engine, CUDNN_ATTR_ENGINE_KNOB_INFO,
+                                       CUDNN_TYPE_BACKEND_DESCRIPTOR, CUDNN_KNOB_TYPE_COUNTS,
+                                       &knob_infos, infos.data()));
+  int64_t behavior = -1;
+  CUDNN_CHECK(cudnnBackendGetAttribute(engine, CUDNN_ATTR_ENGINE_BEHAVIOR_NOTE,
+                                       CUDNN_TYPE_BEHAVIOR_NOTE, CUDNN_BEHAVIOR_NOTE_TYPE_COUNT,
+                                       &behavior, nullptr));
+  if (index < 0 || knobs != 0 || knob_infos != 0 || behavior < 0) {
+    std::printf(
+        "cudnn_conv: WRONG: plan tag eng%lld with %lld knob choices, %lld knob infos, "
+        "%lld behaviour notes\n",
+        static_cast<long long>(index), static_cast<long long>(knobs),
+        static_cast<long long>(knob_infos), static_cast<long long>(behavior));
+    std::exit(program::kExitMismatch);
+  }
+  // A knob choice finalizes on its own once its type and value are set, and reads back.
+  const cudnnBackendKnobType_t type = CUDNN_KNOB_TYPE_SPLIT_K;
+  const int64_t value = 4;
+  if (cudnnBackendFinalize(choices[0]) != CUDNN_STATUS_BAD_PARAM) {
+    std::printf("cudnn_conv: WRONG: an empty knob choice finalized\n");
+    std::exit(program::kExitMismatch);
+  }
+  CUDNN_CHECK(cudnnBackendSetAttribute(choices[0], CUDNN_ATTR_KNOB_CHOICE_KNOB_TYPE,
+                                       CUDNN_TYPE_KNOB_TYPE, 1, &type));
+  CUDNN_CHECK(cudnnBackendSetAttribute(choices[0], CUDNN_ATTR_KNOB_CHOICE_KNOB_VALUE,
+                                       CUDNN_TYPE_INT64, 1, &value));
+  CUDNN_CHECK(cudnnBackendFinalize(choices[0]));
+  cudnnBackendKnobType_t type_back = CUDNN_KNOB_TYPE_COUNTS;
+  int64_t value_back = 0;
+  CUDNN_CHECK(cudnnBackendGetAttribute(choices[0], CUDNN_ATTR_KNOB_CHOICE_KNOB_TYPE,
+                                       CUDNN_TYPE_KNOB_TYPE, 1, &n, &type_back));
+  CUDNN_CHECK(cudnnBackendGetAttribute(choices[0], CUDNN_ATTR_KNOB_CHOICE_KNOB_VALUE,
+                                       CUDNN_TYPE_INT64, 1, &n, &value_back));
+  if (type_back != type || value_back != value) {
+    std::printf("cudnn_conv: WRONG: the knob choice read back as %d = %lld\n",
+                static_cast<int>(type_back), static_cast<long long>(value_back));
+    std::exit(program::kExitMismatch);
+  }
+  CUDNN_CHECK(cudnnBackendDestroyDescriptor(engine));
+  for (auto k : choices) CUDNN_CHECK(cudnnBackendDestroyDescriptor(k));
+  for (auto k : infos) CUDNN_CHECK(cudnnBackendDestroyDescriptor(k));
+}
+
 // Heuristics -> the first engine config whose engine has no notes the frontend would filter out
 // (down-converting inputs, nondeterminism) -> execution plan. Exits with kExitMismatch when no
 // config is left: a device that offers none for a plain convolution is wrong, not unlucky.
@@ -197,6 +260,7 @@ inline cudnnBackendDescriptor_t plan_for(cudnnHandle_t handle, cudnnBackendDescr
   CUDNN_CHECK(cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1,
                                        &handle));
   CUDNN_CHECK(cudnnBackendFinalize(plan));
+  describe_plan_as_the_frontend_does(chosen);
   for (auto c : configs) CUDNN_CHECK(cudnnBackendDestroyDescriptor(c));
   CUDNN_CHECK(cudnnBackendDestroyDescriptor(heur));
   return plan;

@@ -253,8 +253,36 @@ void lt_linear(cublasLtHandle_t lt, cudaStream_t stream, bool half, const void* 
   CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference,
                                                     CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                     &workspace_bytes, sizeof(workspace_bytes)));
+  if (half) {
+    // PyTorch's preference for fp16 when reduced-precision reductions are disallowed: it must
+    // reach the heuristic (the host's one-pass fp32 reduction satisfies it).
+    const uint32_t mask = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE | CUBLASLT_REDUCTION_SCHEME_NONE;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        preference, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &mask, sizeof(mask)));
+  }
   cublasLtMatmulHeuristicResult_t result;
   int found = 0;
+  static bool refusal_checked = false;
+  if (!refusal_checked) {
+    // A preference the query does not carry is refused, never answered as if it were unset.
+    refusal_checked = true;
+    cublasLtMatmulPreference_t waves;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&waves));
+    const int32_t max_waves = 1;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(waves, CUBLASLT_MATMUL_PREF_MAX_WAVES_COUNT,
+                                                      &max_waves, sizeof(max_waves)));
+    const cublasStatus_t refused = cublasLtMatmulAlgoGetHeuristic(
+        lt, desc, a_desc, x_desc, d_desc, d_desc, waves, 1, &result, &found);
+    if (refused != CUBLAS_STATUS_NOT_SUPPORTED) {
+      std::printf(
+          "library_transformer: WRONG: a MAX_WAVES_COUNT preference got status %d, not "
+          "CUBLAS_STATUS_NOT_SUPPORTED\n",
+          static_cast<int>(refused));
+      std::exit(program::kExitMismatch);
+    }
+    CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(waves));
+    found = 0;
+  }
   CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(lt, desc, a_desc, x_desc, d_desc, d_desc, preference,
                                               1, &result, &found));
   if (found != 1) {
