@@ -17,6 +17,7 @@
 #include <glog/logging.h>
 
 #include "common/mutex.h"
+#include "server/device/cuda_library_support.h"
 #include "wire/blas_ops.h"
 
 namespace hiber::device {
@@ -77,21 +78,8 @@ struct LtApi {
   // into the same cublasStatus_t (client_shim/cublaslt_api.cc: status_of).
   Status check(cublasStatus_t status, std::string_view call) const {
     if (status == CUBLAS_STATUS_SUCCESS) return Status();
-    ErrorCode code = ErrorCode::kUnknown;
-    switch (status) {
-      case CUBLAS_STATUS_INVALID_VALUE: code = ErrorCode::kInvalidValue; break;
-      case CUBLAS_STATUS_NOT_SUPPORTED:
-      case CUBLAS_STATUS_ARCH_MISMATCH: code = ErrorCode::kNotSupported; break;
-      case CUBLAS_STATUS_ALLOC_FAILED: code = ErrorCode::kOutOfMemory; break;
-      case CUBLAS_STATUS_NOT_INITIALIZED: code = ErrorCode::kNotInitialized; break;
-      case CUBLAS_STATUS_EXECUTION_FAILED: code = ErrorCode::kLaunchFailed; break;
-      default: break;
-    }
-    const char* name = pfn_cublasLtGetStatusName(status);
-    const char* text = pfn_cublasLtGetStatusString(status);
-    return error(code, call, ": ", name != nullptr ? name : "cuBLAS status ",
-                 name != nullptr ? "" : std::to_string(static_cast<int>(status)), " (",
-                 text != nullptr ? text : "", ")");
+    return cuda_lib::cublas_status(status, call, pfn_cublasLtGetStatusName(status),
+                                   pfn_cublasLtGetStatusString(status));
   }
 };
 

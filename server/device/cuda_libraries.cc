@@ -83,21 +83,8 @@ struct CublasApi {
   // with the code the client turns back into the same cublasStatus_t.
   Status check(cublasStatus_t status, std::string_view call) const {
     if (status == CUBLAS_STATUS_SUCCESS) return Status();
-    ErrorCode code = ErrorCode::kUnknown;
-    switch (status) {
-      case CUBLAS_STATUS_INVALID_VALUE: code = ErrorCode::kInvalidValue; break;
-      case CUBLAS_STATUS_NOT_SUPPORTED:
-      case CUBLAS_STATUS_ARCH_MISMATCH: code = ErrorCode::kNotSupported; break;
-      case CUBLAS_STATUS_ALLOC_FAILED: code = ErrorCode::kOutOfMemory; break;
-      case CUBLAS_STATUS_NOT_INITIALIZED: code = ErrorCode::kNotInitialized; break;
-      case CUBLAS_STATUS_EXECUTION_FAILED: code = ErrorCode::kLaunchFailed; break;
-      default: break;
-    }
-    const char* name = pfn_cublasGetStatusName(status);
-    const char* text = pfn_cublasGetStatusString(status);
-    return error(code, call, ": ", name != nullptr ? name : "cuBLAS status ",
-                 name != nullptr ? "" : std::to_string(static_cast<int>(status)), " (",
-                 text != nullptr ? text : "", ")");
+    return cuda_lib::cublas_status(status, call, pfn_cublasGetStatusName(status),
+                                   pfn_cublasGetStatusString(status));
   }
 };
 

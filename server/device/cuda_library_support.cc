@@ -1,6 +1,7 @@
 // Opening the remoted libraries at run time. See cuda_library_support.h.
 #include "server/device/cuda_library_support.h"
 
+#include <cublas_api.h>
 #include <dlfcn.h>
 #include <link.h>
 #include <sys/stat.h>
@@ -69,6 +70,23 @@ Status resolve(const OpenedLibrary& library, const char* name, void** out) {
                  ": it is older than the headers hiberd was built with");
   }
   return Status();
+}
+
+Status cublas_status(int status, std::string_view call, const char* name, const char* text) {
+  if (status == CUBLAS_STATUS_SUCCESS) return Status();
+  ErrorCode code = ErrorCode::kUnknown;
+  switch (status) {
+    case CUBLAS_STATUS_INVALID_VALUE: code = ErrorCode::kInvalidValue; break;
+    case CUBLAS_STATUS_NOT_SUPPORTED:
+    case CUBLAS_STATUS_ARCH_MISMATCH: code = ErrorCode::kNotSupported; break;
+    case CUBLAS_STATUS_ALLOC_FAILED: code = ErrorCode::kOutOfMemory; break;
+    case CUBLAS_STATUS_NOT_INITIALIZED: code = ErrorCode::kNotInitialized; break;
+    case CUBLAS_STATUS_EXECUTION_FAILED: code = ErrorCode::kLaunchFailed; break;
+    default: break;
+  }
+  return error(code, call, ": ", name != nullptr ? name : "cuBLAS status ",
+               name != nullptr ? "" : std::to_string(status), " (", text != nullptr ? text : "",
+               ")");
 }
 
 }  // namespace hiber::device::cuda_lib

@@ -12,6 +12,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -165,5 +166,10 @@ class HandleTable {
   Mutex mutex_;
   std::map<HandleKey, std::shared_ptr<Entry>> entries_ GUARDED_BY(mutex_);
 };
+
+// A failed cuBLAS or cuBLASLt status (a cublasStatus_t) as a Status, "call: NAME (text)" with
+// the library's own name and text for it (nullptr where it has none), and the code the client
+// turns back into the same cublasStatus_t (client_shim/cublas_status.h). Success for 0.
+Status cublas_status(int status, std::string_view call, const char* name, const char* text);
 
 }  // namespace hiber::device::cuda_lib
