@@ -27,6 +27,7 @@
 #include "server/device/library.h"
 #include "tests/gpu/fake_cublaslt.h"
 #include "tests/gpu/fake_cuda.h"
+#include "tests/gpu/fake_libraries.h"
 #include "wire/blas_ops.h"
 
 namespace hiber::device {
@@ -39,36 +40,10 @@ using wire::blas::LtHeuristicResult;
 using wire::blas::LtMatmul;
 using wire::blas::LtProblem;
 
-// Loads the fake driver by path first, so the backend's dlopen("libcuda.so.1") gets it.
-void load_fake_driver() {
-  static void* handle = dlopen(HIBER_FAKE_LIBCUDA, RTLD_NOW | RTLD_LOCAL);
-  ASSERT_NE(handle, nullptr) << dlerror();
-}
-
-FakeCuda* fake_driver() {
-  void* handle = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-  if (handle == nullptr) return nullptr;
-  auto get = reinterpret_cast<FakeCuda* (*)()>(dlsym(handle, "fake_cuda"));
-  dlclose(handle);
-  return get != nullptr ? get() : nullptr;
-}
-
 // The fake cuBLASLt the backend opened from the folder it was given (nullptr before it did).
 FakeCublasLt* fake_lt() {
-  const std::string path = std::string(HIBER_FAKE_LIBCUBLAS_DIR) + "/libcublasLt.so.13";
-  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_NOLOAD);
-  if (handle == nullptr) return nullptr;
-  auto get = reinterpret_cast<FakeCublasLt* (*)()>(dlsym(handle, "fake_cublaslt"));
-  dlclose(handle);
-  return get != nullptr ? get() : nullptr;
-}
-
-CudaDeviceOptions options_with_folder(const std::string& folder) {
-  CudaDeviceOptions options;
-  // Only the folder: the machine's own cuBLAS must not be what the test talks to.
-  options.libraries.search_default_path = false;
-  options.libraries.folders = {folder};
-  return options;
+  return loaded_fake<FakeCublasLt>(std::string(HIBER_FAKE_LIBCUBLAS_DIR) + "/libcublasLt.so.13",
+                                   "fake_cublaslt");
 }
 
 // D (4 x 5) = GELU(alpha * A^T B + beta * C + bias), 3 strided batches, A stored 6 x 4 with

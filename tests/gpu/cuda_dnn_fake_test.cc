@@ -22,6 +22,7 @@
 #include "server/device/library.h"
 #include "tests/gpu/fake_cuda.h"
 #include "tests/gpu/fake_cudnn.h"
+#include "tests/gpu/fake_libraries.h"
 #include "wire/dnn_ops.h"
 
 namespace hiber::device {
@@ -32,27 +33,10 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::UnorderedElementsAre;
 
-void load_fake_driver() {
-  static void* handle = dlopen(HIBER_FAKE_LIBCUDA, RTLD_NOW | RTLD_LOCAL);
-  ASSERT_NE(handle, nullptr) << dlerror();
-}
-
-FakeCuda* fake_driver() {
-  void* handle = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-  if (handle == nullptr) return nullptr;
-  auto get = reinterpret_cast<FakeCuda* (*)()>(dlsym(handle, "fake_cuda"));
-  dlclose(handle);
-  return get != nullptr ? get() : nullptr;
-}
-
 // The fake cuDNN the backend opened from the folder it was given (nullptr before it did).
 FakeCudnn* fake_dnn() {
-  const std::string path = std::string(HIBER_FAKE_LIBCUDNN_DIR) + "/libcudnn.so.9";
-  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_NOLOAD);
-  if (handle == nullptr) return nullptr;
-  auto get = reinterpret_cast<FakeCudnn* (*)()>(dlsym(handle, "fake_cudnn"));
-  dlclose(handle);
-  return get != nullptr ? get() : nullptr;
+  return loaded_fake<FakeCudnn>(std::string(HIBER_FAKE_LIBCUDNN_DIR) + "/libcudnn.so.9",
+                                "fake_cudnn");
 }
 
 // ---- Graphs as the client encodes them (client_shim/cudnn_backend.cc) ----

@@ -19,6 +19,7 @@
 #include "server/device/library.h"
 #include "tests/gpu/fake_cublas.h"
 #include "tests/gpu/fake_cuda.h"
+#include "tests/gpu/fake_libraries.h"
 #include "wire/blas_ops.h"
 
 namespace hiber::device {
@@ -29,38 +30,10 @@ using ::testing::HasSubstr;
 using wire::blas::BatchKind;
 using wire::blas::Gemm;
 
-// Loads the fake driver by path first, so the backend's dlopen("libcuda.so.1") gets it (the
-// loader matches loaded libraries by SONAME) whatever driver the machine has.
-void load_fake_driver() {
-  static void* handle = dlopen(HIBER_FAKE_LIBCUDA, RTLD_NOW | RTLD_LOCAL);
-  ASSERT_NE(handle, nullptr) << dlerror();
-}
-
-FakeCuda* fake_driver() {
-  void* handle = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-  if (handle == nullptr) return nullptr;
-  auto get = reinterpret_cast<FakeCuda* (*)()>(dlsym(handle, "fake_cuda"));
-  dlclose(handle);
-  return get != nullptr ? get() : nullptr;
-}
-
 // The fake cuBLAS the backend opened from the folder it was given (nullptr before it did).
 FakeCublas* fake_blas() {
-  const std::string path = std::string(HIBER_FAKE_LIBCUBLAS_DIR) + "/libcublas.so.13";
-  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_NOLOAD);
-  if (handle == nullptr) return nullptr;
-  auto get = reinterpret_cast<FakeCublas* (*)()>(dlsym(handle, "fake_cublas"));
-  dlclose(handle);
-  return get != nullptr ? get() : nullptr;
-}
-
-CudaDeviceOptions options_with_folder(const std::string& folder) {
-  CudaDeviceOptions options;
-  // Only the folder: the machine's own cuBLAS (the toolkit's, in the ldconfig cache) must not be
-  // what the test talks to.
-  options.libraries.search_default_path = false;
-  options.libraries.folders = {folder};
-  return options;
+  return loaded_fake<FakeCublas>(std::string(HIBER_FAKE_LIBCUBLAS_DIR) + "/libcublas.so.13",
+                                 "fake_cublas");
 }
 
 Gemm sgemm() {
