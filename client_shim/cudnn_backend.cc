@@ -396,9 +396,10 @@ cudnnStatus_t get_attribute(const DescPtr& d, int32_t name, int32_t type, int64_
       DescPtr graph = ref(*d, wdnn::kEngineHeurOperationGraph, wdnn::kOperationGraph);
       auto support = support_of(graph);
       if (!support->status.ok()) return fail(kCall, support->status);
-      std::vector<const wdnn::EngineSupport*> results;
-      for (const auto& e : support->engines)
-        if (e.supported) results.push_back(&e);
+      // cuDNN's own heuristic order (hiberd ran it on the real graph), then the engines it did
+      // not return in index order. One ranking serves every mode: hiberd runs INSTANT.
+      const std::vector<const wdnn::EngineSupport*> results =
+          wdnn::heuristic_results(support->engines);
       if (count != nullptr) *count = static_cast<int64_t>(results.size());
       auto** targets = static_cast<void**>(out);
       for (int64_t i = 0; out != nullptr && i < std::min<int64_t>(requested, results.size()); ++i) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 
 namespace hiber::wire::dnn {
@@ -566,6 +567,19 @@ std::vector<std::byte> encode_finalize_answer(std::span<const EngineSupport> eng
   append(out, FinalizeAnswer{.engines = static_cast<uint32_t>(engines.size())});
   for (const EngineSupport& e : engines) append(out, e);
   return out;
+}
+
+std::vector<const EngineSupport*> heuristic_results(std::span<const EngineSupport> engines) {
+  std::vector<const EngineSupport*> results;
+  for (const EngineSupport& e : engines)
+    if (e.supported) results.push_back(&e);
+  auto rank = [](const EngineSupport* e) {
+    return e->heuristic_rank == 0 ? UINT32_MAX : e->heuristic_rank;
+  };
+  std::stable_sort(
+      results.begin(), results.end(),
+      [&](const EngineSupport* a, const EngineSupport* b) { return rank(a) < rank(b); });
+  return results;
 }
 
 Result<std::vector<EngineSupport>> decode_finalize_answer(std::span<const std::byte> bytes) {

@@ -251,7 +251,10 @@ Result<Plan> interpret_plan(const Graph& graph);
 
 // ---- Calls ----
 // kDnnFinalize (a query): the arguments are an encoded OPERATIONGRAPH graph; the answer is a
-// FinalizeAnswer followed by `engines` EngineSupport, one per global engine index.
+// FinalizeAnswer followed by `engines` EngineSupport, one per global engine index, in index order
+// (the client finds an engine by its index). The order of the heuristic's results is each entry's
+// `heuristic_rank`: the client lists the ranked supported engines first, by rank, then the others
+// in index order (an answer with every rank 0, as the simulated GPU's, is index order).
 struct FinalizeAnswer {
   uint32_t engines = 0;  // CUDNN_ATTR_OPERATIONGRAPH_ENGINE_GLOBAL_COUNT
   uint32_t reserved = 0;
@@ -262,13 +265,18 @@ struct EngineSupport {
   uint32_t supported = 0;        // 1: the engine runs the graph
   uint32_t numerical_notes = 0;  // bit n: cudnnBackendNumericalNote_t n
   uint32_t behavior_notes = 0;   // bit n: cudnnBackendBehaviorNote_t n
-  uint32_t reserved = 0;
+  // 1 + the engine's position in cuDNN's heuristic results (CUDNN_HEUR_MODE_INSTANT) for the
+  // graph; 0: the heuristic did not return it (or did not run).
+  uint32_t heuristic_rank = 0;
   char why[224] = {};  // unsupported: why, NUL-terminated
 };
 static_assert(std::has_unique_object_representations_v<FinalizeAnswer>);
 static_assert(std::has_unique_object_representations_v<EngineSupport>);
 std::vector<std::byte> encode_finalize_answer(std::span<const EngineSupport> engines);
 Result<std::vector<EngineSupport>> decode_finalize_answer(std::span<const std::byte> bytes);
+// The supported engines of an answer as CUDNN_ATTR_ENGINEHEUR_RESULTS lists them: by
+// heuristic_rank, then the unranked ones in index order.
+std::vector<const EngineSupport*> heuristic_results(std::span<const EngineSupport> engines);
 
 // kDnnDefineGraph: this header, then an encoded EXECUTION_PLAN graph. The id is the client's,
 // unique in its session.

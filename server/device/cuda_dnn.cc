@@ -15,11 +15,14 @@
 //
 // kDnnFinalize (a query) rebuilds the operation graph and answers for every engine of the device
 // (CUDNN_ATTR_OPERATIONGRAPH_ENGINE_GLOBAL_COUNT), in global-index order as the client indexes
-// them: an engine is supported when an ENGINE, an ENGINECFG without knob choices (the client's
-// engine configs have none) and an EXECUTION_PLAN all finalize, which is exactly what the
-// client's plan will be rebuilt as; its workspace is that plan's, its notes the engine's. Building
-// the plans is what makes the answer truthful (an engine can finalize and its plan still fail),
-// at the cost of one plan build per engine, once per distinct graph (the client caches answers).
+// them, each with its rank in cuDNN's own heuristic (an ENGINEHEUR of mode INSTANT on the real
+// graph; the client orders CUDNN_ATTR_ENGINEHEUR_RESULTS by it, engines the heuristic did not
+// return last, and falls back to index order if the heuristic failed, logged once): an engine is
+// supported when an ENGINE, an ENGINECFG without knob choices (the client's engine configs have
+// none) and an EXECUTION_PLAN all finalize, which is exactly what the client's plan will be rebuilt
+// as; its workspace is that plan's, its notes the engine's. Building the plans is what makes the
+// answer truthful (an engine can finalize and its plan still fail), at the cost of one plan build
+// per engine, once per distinct graph (the client caches answers).
 //
 // kDnnDefineGraph keeps the encoded plan per (owner, graph id). The real plan is built at its
 // first execution on a GPU, with the executing client handle's real handle, and kept per
@@ -397,6 +400,63 @@ dnn::EngineSupport describe_engine(const CudnnApi& api, cudnnHandle_t handle,
   return e;
 }
 
+// cuDNN's heuristic ranking of `op_graph`'s engines (CUDNN_HEUR_MODE_INSTANT: the encoded graph
+// carries no heuristic, and the client's mode is its own descriptor's): the global index of each
+// engine config in CUDNN_ATTR_ENGINEHEUR_RESULTS, best first.
+Result<std::vector<int64_t>> heuristic_order(const CudnnApi& api,
+                                             cudnnBackendDescriptor_t op_graph) {
+  Descriptors made(api);
+  HIBER_ASSIGN_OR_RETURN(cudnnBackendDescriptor_t heur, made.create(dnn::kEngineHeur));
+  HIBER_RETURN_IF_ERROR(set_attr(api, heur, dnn::kEngineHeurOperationGraph,
+                                 dnn::kTypeBackendDescriptor, 1, &op_graph, "ENGINEHEUR"));
+  const cudnnBackendHeurMode_t mode = CUDNN_HEUR_MODE_INSTANT;
+  HIBER_RETURN_IF_ERROR(
+      set_attr(api, heur, dnn::kEngineHeurMode, dnn::kTypeHeurMode, 1, &mode, "ENGINEHEUR"));
+  HIBER_RETURN_IF_ERROR(finalize(api, heur, "ENGINEHEUR"));
+  int64_t count = 0;
+  HIBER_RETURN_IF_ERROR(
+      api.check(api.pfn_cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                                                 CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count, nullptr),
+                "cudnnBackendGetAttribute(ENGINEHEUR_RESULTS, count)"));
+  if (count < 0 || count > 1024)
+    return error(ErrorCode::kUnknown, "cuDNN's heuristic gave ", count, " results");
+  std::vector<cudnnBackendDescriptor_t> cfgs(static_cast<size_t>(count));
+  for (auto& cfg : cfgs) {
+    HIBER_ASSIGN_OR_RETURN(cudnnBackendDescriptor_t made_cfg, made.create(dnn::kEngineCfg));
+    cfg = made_cfg;
+  }
+  int64_t filled = 0;
+  if (count > 0)
+    HIBER_RETURN_IF_ERROR(api.check(api.pfn_cudnnBackendGetAttribute(
+                                        heur, CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                                        CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &filled, cfgs.data()),
+                                    "cudnnBackendGetAttribute(ENGINEHEUR_RESULTS)"));
+  std::vector<int64_t> order;
+  for (int64_t i = 0; i < std::min(filled, count); ++i) {
+    HIBER_ASSIGN_OR_RETURN(cudnnBackendDescriptor_t engine, made.create(dnn::kEngine));
+    int64_t one = 0;
+    HIBER_RETURN_IF_ERROR(api.check(
+        api.pfn_cudnnBackendGetAttribute(cfgs[static_cast<size_t>(i)], CUDNN_ATTR_ENGINECFG_ENGINE,
+                                         CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &one, &engine),
+        "cudnnBackendGetAttribute(ENGINECFG_ENGINE)"));
+    HIBER_ASSIGN_OR_RETURN(int64_t index,
+                           get_int64(api, engine, dnn::kEngineGlobalIndex, "ENGINE_GLOBAL_INDEX"));
+    order.push_back(index);
+  }
+  return order;
+}
+
+// Sets each engine's heuristic_rank from `order` (1 + its first position; 0 if absent).
+void rank_engines(std::vector<dnn::EngineSupport>& engines, const std::vector<int64_t>& order) {
+  uint32_t rank = 0;
+  for (int64_t index : order) {
+    ++rank;
+    if (index < 0 || index >= static_cast<int64_t>(engines.size())) continue;
+    dnn::EngineSupport& e = engines[static_cast<size_t>(index)];
+    if (e.heuristic_rank == 0) e.heuristic_rank = rank;
+  }
+}
+
 // ---- Legacy descriptors ----
 
 // One legacy descriptor, destroyed with its scope.
@@ -623,6 +683,16 @@ class CudaDnnBackend final : public LibraryBackend {
     engines.reserve(static_cast<size_t>(count));
     for (int64_t i = 0; i < count; ++i)
       engines.push_back(describe_engine(api, entry->raw, made.back(), i));
+    // The heuristic's order travels as ranks: the entries stay in index order, which is how the
+    // client finds an engine. Without it the client's order is index order.
+    Result<std::vector<int64_t>> order = heuristic_order(api, made.back());
+    if (order.ok()) {
+      rank_engines(engines, *order);
+    } else if (!heuristic_failure_logged_.exchange(true)) {
+      LOG(WARNING) << "cuDNN's engine heuristic failed, so engine heuristics through hiberd "
+                      "answer in global-index order (logged once): "
+                   << order.status();
+    }
     return dnn::encode_finalize_answer(engines);
   }
 
@@ -776,6 +846,7 @@ class CudaDnnBackend final : public LibraryBackend {
   LazyLibrary<CudnnApi> cudnn_;
   HandleTable<CudnnApi, CudnnTraits> handles_;
   std::atomic<const CudnnApi*> api_{nullptr};  // set once the library is loaded
+  std::atomic<bool> heuristic_failure_logged_{false};
   Mutex mu_;
   // Defined graphs by (owner, graph id): the client's encoded plans, decoded.
   std::map<std::pair<uint64_t, uint64_t>, std::shared_ptr<const dnn::Graph>> graphs_

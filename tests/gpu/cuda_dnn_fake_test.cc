@@ -293,8 +293,9 @@ TEST_F(CudaDnnFakeTest, FinalizeRebuildsTheGraphWithTranslatedReferencesAndTheRe
       EXPECT_TRUE(d.finalized) << "descriptor type " << d.type;
       EXPECT_TRUE(d.destroyed) << "a finalize query keeps nothing";
     }
-    // One ENGINE per global index, each on the rebuilt graph; plans for the supported ones.
-    EXPECT_EQ(f.count_of(CUDNN_BACKEND_ENGINE_DESCRIPTOR), 3u);
+    // One ENGINE per global index, each on the rebuilt graph, plus one per heuristic result
+    // (engines 0 and 2); plans for the supported ones.
+    EXPECT_EQ(f.count_of(CUDNN_BACKEND_ENGINE_DESCRIPTOR), 3u + 2u);
     EXPECT_EQ(f.count_of(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR), 2u);
     const FakeCudnnDescriptor* engine = first_of(f, CUDNN_BACKEND_ENGINE_DESCRIPTOR);
     EXPECT_THAT(engine->find(CUDNN_ATTR_ENGINE_OPERATION_GRAPH)->refs, ElementsAre(graph->id));
@@ -317,6 +318,51 @@ TEST_F(CudaDnnFakeTest, FinalizeRebuildsTheGraphWithTranslatedReferencesAndTheRe
   EXPECT_EQ((*engines)[2].numerical_notes, (1u << CUDNN_NUMERICAL_NOTE_TENSOR_CORE) |
                                                (1u << CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS));
   EXPECT_EQ((*engines)[2].behavior_notes, 1u << CUDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION);
+}
+
+TEST_F(CudaDnnFakeTest, TheAnswerRanksEnginesInCudnnsHeuristicOrder) {
+  with_fake([](FakeCudnn& f) {
+    f.engine_count = 5;
+    f.heuristic_order = {3, 1, 0};  // engine 1 is ranked but unsupported
+  });
+  Result<std::vector<dnn::EngineSupport>> engines = finalize(0, op_graph());
+  ASSERT_TRUE(engines.ok()) << engines.status();
+  ASSERT_EQ(engines->size(), 5u);
+  std::vector<uint32_t> ranks;
+  for (int64_t i = 0; i < 5; ++i) {
+    EXPECT_EQ((*engines)[i].global_index, i) << "entries stay in index order";
+    ranks.push_back((*engines)[i].heuristic_rank);
+  }
+  EXPECT_THAT(ranks, ElementsAre(3u, 2u, 0u, 1u, 0u))
+      << "1 + the position in ENGINEHEUR_RESULTS; 0 for engines the heuristic did not return";
+  EXPECT_EQ((*engines)[1].supported, 0u);
+
+  // The order the client gives CUDNN_ATTR_ENGINEHEUR_RESULTS: supported engines by rank, then
+  // the unranked in index order.
+  std::vector<int64_t> order;
+  for (const dnn::EngineSupport* e : dnn::heuristic_results(*engines))
+    order.push_back(e->global_index);
+  EXPECT_THAT(order, ElementsAre(3, 0, 2, 4));
+
+  with_fake([](const FakeCudnn& f) {
+    const FakeCudnnDescriptor* heur = first_of(f, CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
+    const FakeCudnnDescriptor* graph = first_of(f, CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
+    ASSERT_TRUE(heur && graph);
+    EXPECT_TRUE(heur->finalized);
+    EXPECT_THAT(heur->find(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH)->refs, ElementsAre(graph->id))
+        << "the heuristic runs on the real rebuilt graph";
+    EXPECT_EQ(heur->find(CUDNN_ATTR_ENGINEHEUR_MODE)->value<int32_t>(), CUDNN_HEUR_MODE_INSTANT);
+  });
+}
+
+TEST_F(CudaDnnFakeTest, AFailingHeuristicLeavesIndexOrder) {
+  with_fake([](FakeCudnn& f) { f.heuristic_fails = true; });
+  Result<std::vector<dnn::EngineSupport>> engines = finalize(0, op_graph());
+  ASSERT_TRUE(engines.ok()) << engines.status() << ": the answer does not depend on the heuristic";
+  ASSERT_EQ(engines->size(), 3u);
+  for (const dnn::EngineSupport& e : *engines) EXPECT_EQ(e.heuristic_rank, 0u);
+  EXPECT_EQ((*engines)[0].supported, 1u);
+  EXPECT_EQ((*engines)[2].supported, 1u);
 }
 
 TEST_F(CudaDnnFakeTest, AnEngineWhosePlanFailsIsUnsupportedWithCudnnsReason) {

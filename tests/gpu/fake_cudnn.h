@@ -46,6 +46,9 @@ struct FakeCudnnDescriptor {
   std::vector<FakeCudnnAttr> attrs;  // the last value of each attribute set
   bool finalized = false;
   bool destroyed = false;
+  // An ENGINECFG filled by CUDNN_ATTR_ENGINEHEUR_RESULTS: its engine's global index and graph.
+  int64_t heuristic_engine = -1;
+  uintptr_t heuristic_graph = 0;
   const FakeCudnnAttr* find(int name) const {
     for (const FakeCudnnAttr& a : attrs)
       if (a.name == name) return &a;
@@ -95,7 +98,11 @@ struct FakeCudnn {
   std::set<int64_t> plan_fails;           // their EXECUTION_PLAN finalization fails
   std::map<int64_t, int64_t> workspace;   // a plan's workspace by its engine's global index
   std::map<int64_t, std::vector<int>> numerical_notes, behavior_notes;  // by global index
-  int execute_result = 0;  // cudnnStatus_t of the next executions
+  // CUDNN_ATTR_ENGINEHEUR_RESULTS: the engine configs' global indices, best first; empty: every
+  // engine not in unsupported_engines, in index order.
+  std::vector<int64_t> heuristic_order;
+  bool heuristic_fails = false;  // ENGINEHEUR finalization fails, NOT_SUPPORTED
+  int execute_result = 0;        // cudnnStatus_t of the next executions
   std::string execute_message;
   // Records.
   std::vector<FakeCudnnHandleEvent> created, destroyed;
@@ -124,6 +131,8 @@ struct FakeCudnn {
     workspace.clear();
     numerical_notes.clear();
     behavior_notes.clear();
+    heuristic_order.clear();
+    heuristic_fails = false;
     execute_result = 0;
     execute_message.clear();
     created.clear();

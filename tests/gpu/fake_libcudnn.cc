@@ -3,9 +3,11 @@
 #include <cudnn_ops.h>
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "tests/gpu/fake_cudnn.h"
 
@@ -326,6 +328,16 @@ cudnnStatus_t cudnnBackendFinalize(cudnnBackendDescriptor_t descriptor) {
                     "fake: engine " + std::to_string(index) + " does not support this graph");
       break;
     }
+    case CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR: {
+      const FakeCudnnAttr* graph = d->find(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH);
+      const FakeCudnnAttr* mode = d->find(CUDNN_ATTR_ENGINEHEUR_MODE);
+      if (graph == nullptr || graph->refs.size() != 1 || mode == nullptr ||
+          mode->type != CUDNN_TYPE_HEUR_MODE)
+        return fail(CUDNN_STATUS_BAD_PARAM, "fake: the heuristic's graph or mode is not set");
+      if (state().heuristic_fails)
+        return fail(CUDNN_STATUS_NOT_SUPPORTED, "fake: the heuristic fails");
+      break;
+    }
     case CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR: {
       if (cudnnStatus_t s = needs_handle(*d, CUDNN_ATTR_EXECUTION_PLAN_HANDLE); s != 0) return s;
       const int64_t index = index_of(engine_of(d));
@@ -359,8 +371,58 @@ cudnnStatus_t cudnnBackendGetAttribute(cudnnBackendDescriptor_t const descriptor
     }
     return CUDNN_STATUS_SUCCESS;
   };
+  // Descriptor-typed results fill descriptors the caller created (live, not finalized).
+  auto target = [&](void* t, int want) -> FakeCudnnDescriptor* {
+    FakeCudnnDescriptor* x = descriptor_of(static_cast<cudnnBackendDescriptor_t>(t));
+    if (x == nullptr || x->type != want || x->finalized) {
+      state().misuses.push_back("attribute " + std::to_string(name) +
+                                " filled into a descriptor that is not a fresh one of type " +
+                                std::to_string(want));
+      return nullptr;
+    }
+    return x;
+  };
+  if (name == CUDNN_ATTR_ENGINEHEUR_RESULTS && type == CUDNN_TYPE_BACKEND_DESCRIPTOR &&
+      d->type == CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR) {
+    std::vector<int64_t> order = state().heuristic_order;
+    if (order.empty())
+      for (int64_t i = 0; i < state().engine_count; ++i)
+        if (state().unsupported_engines.count(i) == 0) order.push_back(i);
+    const uintptr_t graph = d->find(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH)->refs[0];
+    *count = static_cast<int64_t>(order.size());
+    for (int64_t i = 0; values != nullptr && i < std::min<int64_t>(requested, *count); ++i) {
+      FakeCudnnDescriptor* cfg =
+          target(static_cast<void**>(values)[i], CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
+      if (cfg == nullptr) return fail(CUDNN_STATUS_BAD_PARAM, "fake: bad result descriptor");
+      cfg->heuristic_engine = order[static_cast<size_t>(i)];
+      cfg->heuristic_graph = graph;
+      cfg->finalized = true;
+    }
+    return CUDNN_STATUS_SUCCESS;
+  }
+  if (name == CUDNN_ATTR_ENGINECFG_ENGINE && type == CUDNN_TYPE_BACKEND_DESCRIPTOR &&
+      d->heuristic_engine >= 0 && requested >= 1 && values != nullptr) {
+    FakeCudnnDescriptor* engine =
+        target(*static_cast<void**>(values), CUDNN_BACKEND_ENGINE_DESCRIPTOR);
+    if (engine == nullptr) return fail(CUDNN_STATUS_BAD_PARAM, "fake: bad engine descriptor");
+    FakeCudnnAttr index{
+        CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, std::vector<std::byte>(8), {}};
+    std::memcpy(index.bytes.data(), &d->heuristic_engine, 8);
+    FakeCudnnAttr graph{CUDNN_ATTR_ENGINE_OPERATION_GRAPH,
+                        CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                        1,
+                        {},
+                        {d->heuristic_graph}};
+    engine->attrs = {std::move(graph), std::move(index)};
+    engine->finalized = true;
+    *count = 1;
+    return CUDNN_STATUS_SUCCESS;
+  }
   if (name == CUDNN_ATTR_OPERATIONGRAPH_ENGINE_GLOBAL_COUNT && type == CUDNN_TYPE_INT64)
     return give({state().engine_count}, 8);
+  if (name == CUDNN_ATTR_ENGINE_GLOBAL_INDEX && type == CUDNN_TYPE_INT64 &&
+      d->type == CUDNN_BACKEND_ENGINE_DESCRIPTOR)
+    return give({index_of(d)}, 8);
   if (name == CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE && type == CUDNN_TYPE_INT64) {
     auto it = state().workspace.find(index_of(engine_of(d)));
     return give({it != state().workspace.end() ? it->second : 0}, 8);
