@@ -273,6 +273,20 @@ class LateBindingTest : public ::testing::Test {
     return gpus;
   }
 
+  // For the tests of reads while a model arrives: hiberd on two GPUs behind a 100 MB/s link
+  // (the 24 MiB table takes 250 ms), swaps in 2 MiB groups, pipelining on.
+  static constexpr int kSlowTableMib = 24;
+  HiberdOptions slow_swap_hiberd() {
+    const std::string node = write_node(scratch_dir(), 2, 64, /*pcie_gbps=*/0.1, false);
+    return late_binding_hiberd(node,
+                               {"--sim_throttle", "--swap_group_kib=2048", "--pipelined=true"});
+  }
+  // One function whose model holds a kSlowTableMib table, started on `hiberd`.
+  void start_table_function(const Hiberd& hiberd) {
+    table_entries_ = (static_cast<uint64_t>(kSlowTableMib) << 20) / sizeof(float);
+    start_functions(hiberd, 1, kSlowTableMib);
+  }
+
   std::vector<std::unique_ptr<Function>> functions_;
   uint64_t table_entries_ = 1;
 };
@@ -414,13 +428,8 @@ TEST_F(LateBindingTest, PipeliningFinishesASwappedRequestBeforeItsWholeModelArri
 // so hiberd makes its users wait for the whole swap, and the kernel reads the model, not the
 // empty memory of a GPU the model is still arriving on.
 TEST_F(LateBindingTest, AKernelReadingTheModelThroughAPointerArrayWaitsForTheSwap) {
-  constexpr double kGbps = 0.1;  // 100 MB/s: the 24 MiB table takes 250 ms
-  constexpr int kTableMib = 24;
-  const std::string node = write_node(scratch_dir(), 2, 64, kGbps, false);
-  Hiberd hiberd(
-      late_binding_hiberd(node, {"--sim_throttle", "--swap_group_kib=2048", "--pipelined=true"}));
-  table_entries_ = (static_cast<uint64_t>(kTableMib) << 20) / sizeof(float);
-  start_functions(hiberd, 1, kTableMib);
+  Hiberd hiberd(slow_swap_hiberd());
+  start_table_function(hiberd);
   ASSERT_FALSE(HasFatalFailure());
   Function& f = *functions_[0];
   // The first request uses the weights only: the table goes last in every later swap.
@@ -453,13 +462,8 @@ TEST_F(LateBindingTest, AKernelReadingTheModelThroughAPointerArrayWaitsForTheSwa
 // as batched GEMMs do (hiberd cannot see where, so it waits for the whole model). Both read the
 // model's value, not the empty memory of the new GPU.
 TEST_F(LateBindingTest, LibraryCallsReadingTheModelWaitForItsSwap) {
-  constexpr double kGbps = 0.1;  // 100 MB/s: the 24 MiB table takes 250 ms
-  constexpr int kTableMib = 24;
-  const std::string node = write_node(scratch_dir(), 2, 64, kGbps, false);
-  Hiberd hiberd(
-      late_binding_hiberd(node, {"--sim_throttle", "--swap_group_kib=2048", "--pipelined=true"}));
-  table_entries_ = (static_cast<uint64_t>(kTableMib) << 20) / sizeof(float);
-  start_functions(hiberd, 1, kTableMib);
+  Hiberd hiberd(slow_swap_hiberd());
+  start_table_function(hiberd);
   ASSERT_FALSE(HasFatalFailure());
   Function& f = *functions_[0];
   const Answer first = request(hiberd, f, "2 -1");
@@ -488,13 +492,8 @@ TEST_F(LateBindingTest, LibraryCallsReadingTheModelWaitForItsSwap) {
 // hiberd must wait for the groups the variant pack's tensors touch. The plan, made at that first
 // conv, is the function's: a later conv on the other GPU reuses it.
 TEST_F(LateBindingTest, AConvolutionReadingTheModelWaitsForItsSwap) {
-  constexpr double kGbps = 0.1;  // 100 MB/s: the 24 MiB table takes 250 ms
-  constexpr int kTableMib = 24;
-  const std::string node = write_node(scratch_dir(), 2, 64, kGbps, false);
-  Hiberd hiberd(
-      late_binding_hiberd(node, {"--sim_throttle", "--swap_group_kib=2048", "--pipelined=true"}));
-  table_entries_ = (static_cast<uint64_t>(kTableMib) << 20) / sizeof(float);
-  start_functions(hiberd, 1, kTableMib);
+  Hiberd hiberd(slow_swap_hiberd());
+  start_table_function(hiberd);
   ASSERT_FALSE(HasFatalFailure());
   Function& f = *functions_[0];
   // The weights only: the table goes last in the swap.
