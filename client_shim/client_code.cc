@@ -74,10 +74,14 @@ Result<ModuleObj*> Client::register_fatbin(const void* fatbin_wrapper) {
                  "__cudaRegisterFatBinary: not a fatbin wrapper (magic 0x", std::hex, wrapper.magic,
                  ")");
   }
-  if (wrapper.version != 1) {
-    // Version 2 wrappers come from relocatable device code (-rdc), linked at run time.
+  // Version 2 wrappers come from relocatable device code (-rdc): nvcc's device-link stub
+  // registers one, whose data is the device-linked fatbin (the code of every object it linked,
+  // as the GPUs built for run it) and whose second field lists the objects' own fatbins (for the
+  // runtime to link at run time when no linked code fits the GPU). The linked fatbin is loaded
+  // like any other; a GPU it has no code for fails at load, naming the module.
+  if (wrapper.version != 1 && wrapper.version != 2) {
     return error(ErrorCode::kNotSupported, "__cudaRegisterFatBinary: fatbin wrapper version ",
-                 wrapper.version, " (relocatable device code) is not supported");
+                 wrapper.version, " is not supported");
   }
   FatbinHeader header;
   std::memcpy(&header, wrapper.data, sizeof(header));

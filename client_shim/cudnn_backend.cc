@@ -294,12 +294,11 @@ cudnnStatus_t finalize(const DescPtr& d) {
     }
     case wdnn::kExecutionPlan: {
       constexpr const char* kCall = "cudnnBackendFinalize(EXECUTION_PLAN)";
+      // CUDNN_ATTR_EXECUTION_PLAN_HANDLE is deprecated in cuDNN 9 and cudnn-frontend 1.x (so
+      // PyTorch) no longer sets it: hiberd builds the plan on its own handle either way.
       DescPtr cfg = ref(*d, wdnn::kPlanEngineConfig, wdnn::kEngineCfg);
-      const Value* h = attr(*d, wdnn::kPlanHandle);
-      if (cfg == nullptr || h == nullptr)
-        return bad_param(kCall,
-                         "CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG and "
-                         "CUDNN_ATTR_EXECUTION_PLAN_HANDLE must be set");
+      if (cfg == nullptr)
+        return bad_param(kCall, "CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG must be set");
       wdnn::Graph g = graph_of(d);
       auto plan = wdnn::interpret_plan(g);
       if (!plan.ok()) return fail(kCall, plan.status());

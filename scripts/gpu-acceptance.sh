@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 16's acceptance on a GPU machine, in one command, from a build copied there:
 #
-#   scripts/gpu-acceptance.sh [-B BUILD_DIR] [--dry-run] [--no-append] [--iters N]
+#   scripts/gpu-acceptance.sh [-B BUILD_DIR] [--dry-run] [--no-append] [--iters N] [--steps abc]
 #
 #   (a) ctest -L gpu: the gpu-labelled tests (CUDA backend, shim programs native vs through
 #       hiberd --device=cuda, the library_* programs included);
@@ -18,7 +18,8 @@
 #   (d) the results, with the device name and the date, inserted at the top of
 #       docs/gpu-runs.md (newest first; --no-append only prints them).
 #
-# Each step runs under `timeout`, at most 600 s, and the whole run stops starting new steps at
+# --steps names the steps to run (default abc; the device tool's 10-minute calls take (a)+(b),
+# then (c)). Each step runs under `timeout`, at most 600 s, and the whole run stops starting new steps at
 # 40 minutes (HIBER_ACCEPTANCE_BUDGET_S, default 2400): what did not run is reported as skipped.
 # Without a GPU it says so in one line and exits 3 before running anything; --dry-run prints
 # what would run and checks the files it needs, on any machine.
@@ -32,14 +33,16 @@ build=build/release
 dry_run=0
 append=1
 iters=20
+steps=abc
 while [[ $# -gt 0 ]]; do
   case "$1" in
     -B) build=$2; shift 2 ;;
     --dry-run) dry_run=1; shift ;;
     --no-append) append=0; shift ;;
     --iters) iters=$2; shift 2 ;;
+    --steps) steps=$2; shift 2 ;;
     -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-    *) echo "usage: $0 [-B BUILD_DIR] [--dry-run] [--no-append] [--iters N]" >&2; exit 2 ;;
+    *) echo "usage: $0 [-B BUILD_DIR] [--dry-run] [--no-append] [--iters N] [--steps abc]" >&2; exit 2 ;;
   esac
 done
 
@@ -121,7 +124,9 @@ failed=0
 
 # ---- (a) the gpu-labelled tests ----
 t=$(step_timeout 600)
-if ((t == 0)); then
+if [[ $steps != *a* ]]; then
+  :
+elif ((t == 0)); then
   echo "- (a) \`ctest -L gpu\`: skipped, out of time" >>"$report"
 else
   say "(a) ctest -L gpu (timeout ${t}s)"
@@ -154,7 +159,9 @@ else
 
   # ---- (b) coverage of libtorch_cuda.so ----
   t=$(step_timeout 300)
-  if ((t == 0)); then
+  if [[ $steps != *b* ]]; then
+    :
+  elif ((t == 0)); then
     echo "- (b) hiber-coverage: skipped, out of time" >>"$report"
   else
     say "(b) hiber-coverage $torch_dir/lib/libtorch_cuda.so"
@@ -222,6 +229,8 @@ EOF
 
   export CUBLAS_WORKSPACE_CONFIG=:4096:8  # before CUDA starts, in both runs
   models=$(python3 scripts/torch_acceptance.py models)
+  [[ $steps == *c* ]] || models=""
+  # Every native run first: hiberd takes the GPU's memory into its pools while it runs.
   for model in $models; do
     t=$(step_timeout 300)
     if ((t == 0)); then say "out of time before $model"; break; fi
@@ -229,7 +238,8 @@ EOF
     timeout "$t" python3 scripts/torch_acceptance.py run --mode=native --model="$model" \
       --out="$out" --iters="$iters" >>"$work/torch-native.log" 2>&1 ||
       say "$model natively failed (exit $?): $(tail -1 "$work/torch-native.log")"
-
+  done
+  for model in $models; do
     t=$(step_timeout 600)
     if ((t == 0)); then say "out of time before $model through the shim"; break; fi
     if [[ -z $hiberd ]] && ! start_hiberd; then
@@ -266,7 +276,7 @@ EOF
   done
   stop_hiberd
 
-  {
+  [[ $steps == *c* ]] && {
     echo "- (c) PyTorch, batch 8, fp32, deterministic settings, median of $iters warm inferences" \
          "(hiberd's libraries: $(grep -ho 'lib[a-zA-Z]*\.so\.[0-9]* loaded from [^ ]*' "$hiberd_log" 2>/dev/null | sort -u | paste -sd ';' - || true)):"
     echo

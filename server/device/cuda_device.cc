@@ -196,6 +196,13 @@ class CudaDevice final : public Device, private CudaContexts {
     uint64_t bytes = 0;
     int gpu = 0;  // where the physical memory lives
   };
+  // A PhysicalMemory on CUDA: cuMemMap maps an allocation only from its start (its offset
+  // "must be zero"; the 580 driver answers CUDA_ERROR_NOT_SUPPORTED otherwise), so memory that
+  // is mapped in pieces at offsets is made of one allocation per granularity unit.
+  struct Physical {
+    int gpu = 0;
+    std::vector<CUmemGenericAllocationHandle> chunks;  // chunk i backs [i * granularity, ...)
+  };
 
   explicit CudaDevice(const CudaDriver& driver) : cu_(driver) {}
 
@@ -242,6 +249,9 @@ class CudaDevice final : public Device, private CudaContexts {
   mutable Mutex mappings_mutex_;
   std::map<DevicePtr, Reservation> reservations_ GUARDED_BY(mappings_mutex_);  // by start
   std::map<DevicePtr, Mapping> mappings_ GUARDED_BY(mappings_mutex_);          // by start address
+  // PhysicalMemory ids (never 0) to their allocations.
+  std::unordered_map<uint64_t, Physical> physical_ GUARDED_BY(mappings_mutex_);
+  uint64_t next_physical_id_ GUARDED_BY(mappings_mutex_) = 1;
 
   struct KernelState {
     KernelInfo info;
@@ -730,29 +740,52 @@ Result<PhysicalMemory> CudaDevice::create_physical(int gpu, uint64_t bytes) {
                 " bytes is not a positive multiple of the allocation granularity ", granularity));
   }
   CUmemAllocationProp prop = device_allocation_prop(gpus_[gpu].device);
-  CUmemGenericAllocationHandle handle = 0;
-  HIBER_RETURN_IF_ERROR(
-      HIBER_CU(cuMemCreate, &handle, bytes, &prop, 0)
-          .with_context(str_cat("create_physical(GPU ", gpu, ", ", bytes, " bytes)")));
-  return PhysicalMemory{static_cast<uint64_t>(handle), gpu, bytes};
+  Physical physical{gpu, {}};
+  physical.chunks.reserve(bytes / granularity);
+  for (uint64_t made = 0; made < bytes; made += granularity) {
+    CUmemGenericAllocationHandle handle = 0;
+    Status created = HIBER_CU(cuMemCreate, &handle, granularity, &prop, 0);
+    if (!created.ok()) {
+      for (CUmemGenericAllocationHandle chunk : physical.chunks) (void)cu_.pfn_cuMemRelease(chunk);
+      return created.with_context(str_cat("create_physical(GPU ", gpu, ", ", bytes,
+                                          " bytes), after ", made, " bytes"));
+    }
+    physical.chunks.push_back(handle);
+  }
+  MutexLock lock(mappings_mutex_);
+  const uint64_t id = next_physical_id_++;
+  physical_.emplace(id, std::move(physical));
+  return PhysicalMemory{id, gpu, bytes};
 }
 
 Status CudaDevice::release_physical(PhysicalMemory memory) {
-  if (memory.id == 0) {
-    return Status(ErrorCode::kInvalidHandle,
-                  "release_physical: handle 0 was not made by "
-                  "create_physical");
+  Physical physical;
+  {
+    MutexLock lock(mappings_mutex_);
+    auto it = physical_.find(memory.id);
+    if (it == physical_.end()) {
+      return Status(ErrorCode::kInvalidHandle,
+                    str_cat("release_physical: handle ", memory.id,
+                            " was not made by create_physical, or is released"));
+    }
+    physical = std::move(it->second);
+    physical_.erase(it);
   }
-  HIBER_RETURN_IF_ERROR(use_gpu(memory.gpu));
-  return HIBER_CU(cuMemRelease, static_cast<CUmemGenericAllocationHandle>(memory.id))
-      .with_context(str_cat("release_physical(GPU ", memory.gpu, ", ", memory.bytes, " bytes)"));
+  HIBER_RETURN_IF_ERROR(use_gpu(physical.gpu));
+  Status released;
+  // Mapped chunks live on until unmapped (the driver's reference), like one allocation would.
+  for (CUmemGenericAllocationHandle chunk : physical.chunks) {
+    Status s = HIBER_CU(cuMemRelease, chunk);
+    if (released.ok() && !s.ok()) released = std::move(s);
+  }
+  return released.with_context(
+      str_cat("release_physical(GPU ", physical.gpu, ", ", memory.bytes, " bytes)"));
 }
 
 Status CudaDevice::map(DevicePtr va, uint64_t bytes, PhysicalMemory memory, uint64_t offset) {
   if (memory.id == 0) {
     return Status(ErrorCode::kInvalidHandle,
-                  "map: physical memory handle 0 was not made by "
-                  "create_physical");
+                  "map: physical memory handle 0 was not made by create_physical");
   }
   HIBER_RETURN_IF_ERROR(use_gpu(memory.gpu));
   const uint64_t g = gpus_[memory.gpu].granularity;
@@ -775,6 +808,12 @@ Status CudaDevice::map(DevicePtr va, uint64_t bytes, PhysicalMemory memory, uint
   if (va + bytes < va) return Status(ErrorCode::kInvalidValue, where() + ": address overflow");
 
   MutexLock lock(mappings_mutex_);
+  auto physical = physical_.find(memory.id);
+  if (physical == physical_.end() || physical->second.gpu != memory.gpu ||
+      physical->second.chunks.size() * g != memory.bytes) {
+    return Status(ErrorCode::kInvalidHandle,
+                  where() + ": not physical memory that create_physical made, or released");
+  }
   // Inside one reserved range: the driver maps only into reservations.
   auto reserved = reservations_.upper_bound(va);
   if (reserved == reservations_.begin() ||
@@ -798,9 +837,15 @@ Status CudaDevice::map(DevicePtr va, uint64_t bytes, PhysicalMemory memory, uint
                                 before->second.bytes, " bytes)"));
     }
   }
-  HIBER_RETURN_IF_ERROR(
-      HIBER_CU(cuMemMap, va, bytes, offset, static_cast<CUmemGenericAllocationHandle>(memory.id), 0)
-          .with_context(where()));
+  // One cuMemMap per chunk, each from the chunk's start; one unmap takes them all back.
+  const std::vector<CUmemGenericAllocationHandle>& chunks = physical->second.chunks;
+  for (uint64_t done = 0; done < bytes; done += g) {
+    Status mapped = HIBER_CU(cuMemMap, va + done, g, 0, chunks[(offset + done) / g], 0);
+    if (!mapped.ok()) {
+      if (done > 0) (void)cu_.pfn_cuMemUnmap(va, done);
+      return mapped.with_context(where());
+    }
+  }
   mappings_.emplace(va, Mapping{bytes, memory.gpu});
   return Status();
 }

@@ -187,13 +187,13 @@ TEST_F(CudaDeviceTest, DiscoversATopologyConsistentWithTheDriver) {
 }
 
 TEST_F(CudaDeviceTest, UsesAConfiguredTopologyOnlyIfItMatchesTheNode) {
-  // The Torpor paper's 4x V100 node is not this machine.
+  // The default simulated node (8x H100 on NVSwitch) is not this machine.
   CudaDeviceOptions wrong;
   wrong.node = default_node_config();
   Result<std::unique_ptr<Device>> refused = create_cuda_device(wrong);
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.status().code(), ErrorCode::kInvalidValue);
-  EXPECT_THAT(refused.status().message(), HasSubstr("node config 'torpor-4gpu'"));
+  EXPECT_THAT(refused.status().message(), HasSubstr("node config '" + default_node_config().name + "'"));
 
   // The discovered node with other bandwidths and a name is accepted as given.
   CudaDeviceOptions right;

@@ -348,6 +348,8 @@ CUresult fake_cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
       ptr % kGranularity != 0 || size % kGranularity != 0 || offset % kGranularity != 0) {
     return CUDA_ERROR_INVALID_VALUE;
   }
+  // As the real driver (580, H100): an allocation maps only from its start, and whole.
+  if (offset != 0 || size != it->second.second) return CUDA_ERROR_NOT_SUPPORTED;
   vmm().mapped[ptr] = {size, {}};
   return CUDA_SUCCESS;
 }

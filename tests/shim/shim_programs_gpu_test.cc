@@ -52,20 +52,28 @@ class ShimGpuTest : public ::testing::TestWithParam<std::string> {
 
 TEST_P(ShimGpuTest, MatchesTheNativeRun) {
   const std::string name = GetParam();
-  auto native = run_program({program_path(name)}, 300s);
-  ASSERT_EQ(native.exit_code, 0) << "native run:\n" << native.output;
-  const std::string native_summary = summary_line(native.output, name);
-  ASSERT_NE(native_summary, "") << native.output;
+  // error_cases checks the errors Hiber gives for a wild copy, a destroyed stream and the like;
+  // natively some of them are undefined behaviour (a crash), so it runs only through the shim,
+  // where its own checks must pass.
+  const bool hiber_only = name == "error_cases";
+  std::string native_summary;
+  if (!hiber_only) {
+    auto native = run_program({program_path(name)}, 300s);
+    ASSERT_EQ(native.exit_code, 0) << "native run:\n" << native.output;
+    native_summary = summary_line(native.output, name);
+    ASSERT_NE(native_summary, "") << native.output;
+  }
 
   HiberdOptions options;
   options.device = "cuda";
   Hiberd hiberd(options);
   auto shimmed = run_through_shim(hiberd, {name, {}}, name);
   EXPECT_EQ(shimmed.exit_code, 0) << shimmed.output << "\nhiberd:\n" << hiberd.log();
-  EXPECT_EQ(summary_line(shimmed.output, name), native_summary)
-      << "native:\n"
-      << native.output << "\nthrough the shim:\n"
-      << shimmed.output;
+  if (hiber_only) {
+    EXPECT_NE(summary_line(shimmed.output, name), "") << shimmed.output;
+  } else {
+    EXPECT_EQ(summary_line(shimmed.output, name), native_summary) << shimmed.output;
+  }
   auto view = hiberd.wait_for([](const StatusView& v) { return v.sessions.empty(); }, 20s);
   ASSERT_TRUE(view.ok()) << view.status() << "\n" << hiberd.log();
   EXPECT_TRUE(view->sessions.empty());

@@ -10,6 +10,7 @@
 
 #include <cudnn.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -231,12 +232,18 @@ inline cudnnBackendDescriptor_t plan_for(cudnnHandle_t handle, cudnnBackendDescr
   int64_t got = 0;
   CUDNN_CHECK(cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS,
                                        CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &got, configs.data()));
+  // cuDNN fills `got` of them (fewer than counted when some configs fail to build); the rest
+  // stay uninitialized and answer CUDNN_STATUS_NOT_INITIALIZED.
+  configs.resize(static_cast<size_t>(std::min(got, count)));
   cudnnBackendDescriptor_t chosen = nullptr;
   for (auto c : configs) {
     cudnnBackendDescriptor_t engine = make(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
     int64_t n = 0;
-    CUDNN_CHECK(cudnnBackendGetAttribute(c, CUDNN_ATTR_ENGINECFG_ENGINE,
-                                         CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n, &engine));
+    if (cudnnBackendGetAttribute(c, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
+                                 &n, &engine) != CUDNN_STATUS_SUCCESS) {
+      CUDNN_CHECK(cudnnBackendDestroyDescriptor(engine));
+      continue;  // a config cuDNN could not build (cudnn-frontend skips them too)
+    }
     cudnnBackendNumericalNote_t notes[16];
     CUDNN_CHECK(cudnnBackendGetAttribute(engine, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE,
                                          CUDNN_TYPE_NUMERICAL_NOTE, 16, &n, notes));

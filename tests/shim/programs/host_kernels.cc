@@ -209,6 +209,16 @@ int add_layernorm(const HiberSimLaunch* l) {
   return kSuccess;
 }
 
+// rdc_affine.cu: rdc_affine(const float* x, float* y, int n), y = rdc_transform(x) = 3x + 1
+int rdc_affine(const HiberSimLaunch* l) {
+  if (l->param_count != 3) return kInvalidValue;
+  auto x = arg<const float*>(l, 0);
+  auto y = arg<float*>(l, 1);
+  auto n = arg<int>(l, 2);
+  for_each_index(l, n, [&](int i) { y[i] = 3.0f * x[i] + 1.0f; });
+  return kSuccess;
+}
+
 const HiberSimKernel kKernels[] = {
     {"_Z14shared_reversePKfPfi", shared_reverse},
     {"_Z7add_onePfi", add_one},
@@ -223,6 +233,7 @@ const HiberSimKernel kKernels[] = {
     {"_Z14gather_throughPKPKfxPf", gather_through},
     {"_Z15softmax_columnsPviii", softmax_columns},
     {"_Z13add_layernormPKvS0_PvPKfS3_iifi", add_layernorm},
+    {"_Z10rdc_affinePKfPfi", rdc_affine},
 };
 
 }  // namespace
