@@ -198,7 +198,8 @@ def run(args):
             # (TF32, another cuDNN algorithm) are told apart from wrong results.
             import copy
             with torch.inference_mode():
-                reference = copy.deepcopy(model).double()(x.double()).float()
+                x64 = x.double() if x.is_floating_point() else x  # token ids stay integers
+                reference = copy.deepcopy(model).double()(x64).float()
             torch.save(reference, os.path.join(args.out, f"{args.model}.cpu64.pt"))
         t0 = time.perf_counter()
         model = model.cuda()

@@ -183,7 +183,7 @@ inline void describe_plan_as_the_frontend_does(cudnnBackendDescriptor_t config) 
     std::exit(program::kExitMismatch);
   }
   // A knob choice finalizes on its own once its type and value are set, and reads back.
-  const cudnnBackendKnobType_t type = CUDNN_KNOB_TYPE_SPLIT_K;
+  const cudnnBackendKnobType_t type = CUDNN_KNOB_TYPE_TILE_SIZE;  // SPLIT_K is deprecated: refused
   const int64_t value = 4;
   if (cudnnBackendFinalize(choices[0]) != CUDNN_STATUS_BAD_PARAM) {
     std::printf("cudnn_conv: WRONG: an empty knob choice finalized\n");
