@@ -182,29 +182,32 @@ inline void describe_plan_as_the_frontend_does(cudnnBackendDescriptor_t config) 
         static_cast<long long>(knob_infos), static_cast<long long>(behavior));
     std::exit(program::kExitMismatch);
   }
-  // A knob choice finalizes on its own once its type and value are set, and reads back.
+  // A knob choice finalizes on its own once its type and value are set, and reads back. A fresh
+  // one: cuDNN fills and finalizes the first `knobs` of `choices`.
+  cudnnBackendDescriptor_t probe = make(CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR);
   const cudnnBackendKnobType_t type = CUDNN_KNOB_TYPE_TILE_SIZE;  // SPLIT_K is deprecated: refused
   const int64_t value = 4;
-  if (cudnnBackendFinalize(choices[0]) != CUDNN_STATUS_BAD_PARAM) {
+  if (cudnnBackendFinalize(probe) != CUDNN_STATUS_BAD_PARAM) {
     std::printf("cudnn_conv: WRONG: an empty knob choice finalized\n");
     std::exit(program::kExitMismatch);
   }
-  CUDNN_CHECK(cudnnBackendSetAttribute(choices[0], CUDNN_ATTR_KNOB_CHOICE_KNOB_TYPE,
+  CUDNN_CHECK(cudnnBackendSetAttribute(probe, CUDNN_ATTR_KNOB_CHOICE_KNOB_TYPE,
                                        CUDNN_TYPE_KNOB_TYPE, 1, &type));
-  CUDNN_CHECK(cudnnBackendSetAttribute(choices[0], CUDNN_ATTR_KNOB_CHOICE_KNOB_VALUE,
+  CUDNN_CHECK(cudnnBackendSetAttribute(probe, CUDNN_ATTR_KNOB_CHOICE_KNOB_VALUE,
                                        CUDNN_TYPE_INT64, 1, &value));
-  CUDNN_CHECK(cudnnBackendFinalize(choices[0]));
+  CUDNN_CHECK(cudnnBackendFinalize(probe));
   cudnnBackendKnobType_t type_back = CUDNN_KNOB_TYPE_COUNTS;
   int64_t value_back = 0;
-  CUDNN_CHECK(cudnnBackendGetAttribute(choices[0], CUDNN_ATTR_KNOB_CHOICE_KNOB_TYPE,
+  CUDNN_CHECK(cudnnBackendGetAttribute(probe, CUDNN_ATTR_KNOB_CHOICE_KNOB_TYPE,
                                        CUDNN_TYPE_KNOB_TYPE, 1, &n, &type_back));
-  CUDNN_CHECK(cudnnBackendGetAttribute(choices[0], CUDNN_ATTR_KNOB_CHOICE_KNOB_VALUE,
+  CUDNN_CHECK(cudnnBackendGetAttribute(probe, CUDNN_ATTR_KNOB_CHOICE_KNOB_VALUE,
                                        CUDNN_TYPE_INT64, 1, &n, &value_back));
   if (type_back != type || value_back != value) {
     std::printf("cudnn_conv: WRONG: the knob choice read back as %d = %lld\n",
                 static_cast<int>(type_back), static_cast<long long>(value_back));
     std::exit(program::kExitMismatch);
   }
+  CUDNN_CHECK(cudnnBackendDestroyDescriptor(probe));
   CUDNN_CHECK(cudnnBackendDestroyDescriptor(engine));
   for (auto k : choices) CUDNN_CHECK(cudnnBackendDestroyDescriptor(k));
   for (auto k : infos) CUDNN_CHECK(cudnnBackendDestroyDescriptor(k));
