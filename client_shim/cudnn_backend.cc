@@ -310,13 +310,15 @@ cudnnStatus_t finalize(const DescPtr& d) {
     case wdnn::kKnobChoice: {
       // A choice is finalized on its own (cuDNN checks the value against the engine only when an
       // engine config holding it is finalized, and Hiber refuses every config with choices).
+      // An empty one finalizes too, as in cuDNN 9.19 (seen on an H200); a half-set one does not.
       int32_t knob = 0;
       int64_t value = 0;
-      if (!scalar(*d, wdnn::kKnobChoiceKnobType, wdnn::kTypeKnobType, &knob) ||
-          !scalar(*d, wdnn::kKnobChoiceKnobValue, wdnn::kTypeInt64, &value))
+      const bool has_type = scalar(*d, wdnn::kKnobChoiceKnobType, wdnn::kTypeKnobType, &knob);
+      const bool has_value = scalar(*d, wdnn::kKnobChoiceKnobValue, wdnn::kTypeInt64, &value);
+      if (has_type != has_value)
         return bad_param("cudnnBackendFinalize(KNOB_CHOICE)",
                          "CUDNN_ATTR_KNOB_CHOICE_KNOB_TYPE (KNOB_TYPE) and "
-                         "CUDNN_ATTR_KNOB_CHOICE_KNOB_VALUE (INT64) must be set, one each");
+                         "CUDNN_ATTR_KNOB_CHOICE_KNOB_VALUE (INT64) are set together, or neither");
       return CUDNN_STATUS_SUCCESS;
     }
     case wdnn::kKnobInfo:

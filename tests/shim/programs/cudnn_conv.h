@@ -182,15 +182,11 @@ inline void describe_plan_as_the_frontend_does(cudnnBackendDescriptor_t config) 
         static_cast<long long>(knob_infos), static_cast<long long>(behavior));
     std::exit(program::kExitMismatch);
   }
-  // A knob choice finalizes on its own once its type and value are set, and reads back. A fresh
-  // one: cuDNN fills and finalizes the first `knobs` of `choices`.
+  // A knob choice finalizes on its own and reads back. A fresh one: cuDNN fills and finalizes the
+  // first `knobs` of `choices`.
   cudnnBackendDescriptor_t probe = make(CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR);
   const cudnnBackendKnobType_t type = CUDNN_KNOB_TYPE_TILE_SIZE;  // SPLIT_K is deprecated: refused
   const int64_t value = 4;
-  if (cudnnBackendFinalize(probe) != CUDNN_STATUS_BAD_PARAM) {
-    std::printf("cudnn_conv: WRONG: an empty knob choice finalized\n");
-    std::exit(program::kExitMismatch);
-  }
   CUDNN_CHECK(cudnnBackendSetAttribute(probe, CUDNN_ATTR_KNOB_CHOICE_KNOB_TYPE,
                                        CUDNN_TYPE_KNOB_TYPE, 1, &type));
   CUDNN_CHECK(cudnnBackendSetAttribute(probe, CUDNN_ATTR_KNOB_CHOICE_KNOB_VALUE,
