@@ -12,10 +12,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include <dlfcn.h>
-
 #include <cstdio>
-#include <cstring>
 #include <vector>
 
 #include "program_util.h"
@@ -195,14 +192,12 @@ int main(int argc, char** argv) {
   // A cuBLAS call Hiber does not remote fails loudly: CUBLAS_STATUS_NOT_SUPPORTED, and its name
   // in the log (checked by shim_programs_test). The real cuBLAS (a native run) runs it. Its
   // output is not part of the checksum.
-  Dl_info where{};
-  const bool hiber = dladdr(reinterpret_cast<void*>(&cublasSsyrk_v2), &where) != 0 &&
-                     where.dli_fname != nullptr && std::strstr(where.dli_fname, "hiber") != nullptr;
+  const bool hiber = program::from_hiber(reinterpret_cast<const void*>(&cublasSsyrk_v2));
   const cublasStatus_t syrk = cublasSsyrk(handle, CUBLAS_FILL_MODE_UPPER, CUBLAS_OP_N, m, k,
                                           &alpha, d_a, m, &beta, d_c, m);
   if (syrk != (hiber ? CUBLAS_STATUS_NOT_SUPPORTED : CUBLAS_STATUS_SUCCESS)) {
-    std::printf("library_gemm: FAILED: cublasSsyrk returned %d from %s\n", static_cast<int>(syrk),
-                where.dli_fname != nullptr ? where.dli_fname : "an unknown library");
+    std::printf("library_gemm: FAILED: cublasSsyrk returned %d (%s)\n", static_cast<int>(syrk),
+                hiber ? "Hiber" : "the real cuBLAS");
     return program::kExitMismatch;
   }
 

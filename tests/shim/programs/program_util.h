@@ -13,6 +13,8 @@
 //     allocated (the stress test kills a client after that line).
 #pragma once
 
+#include <dlfcn.h>
+
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
@@ -20,6 +22,15 @@
 #include <cstring>
 
 namespace program {
+
+// Whether `function` (a library entry point the program calls) is Hiber's replacement rather than
+// the real library: some checks are Hiber's promises (a bad descriptor or an unremoted call gets
+// a clear error) where the real library's behaviour is undefined or different.
+inline bool from_hiber(const void* function) {
+  Dl_info where{};
+  return dladdr(function, &where) != 0 && where.dli_fname != nullptr &&
+         std::strstr(where.dli_fname, "hiber") != nullptr;
+}
 
 constexpr int kExitCudaError = 1;
 constexpr int kExitUsage = 2;
