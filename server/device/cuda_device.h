@@ -6,7 +6,8 @@
 // toolkit's stub) and a message saying why.
 //
 // One primary context per GPU, shared by every session (runtime sharing). Device memory uses
-// the VMM API (cuMemCreate, cuMemAddressReserve, cuMemMap, cuMemSetAccess); modules are loaded
+// the VMM API (cuMemCreate, cuMemAddressReserve, cuMemMap, cuMemSetAccess); a PhysicalMemory is
+// one allocation per granularity unit, since cuMemMap takes offset 0 only; modules are loaded
 // once with cuLibraryLoadData and serve every GPU, after common/fatbin.h has checked every size
 // and offset in the image (the driver is given no length); parameter layouts come from
 // cuKernelGetParamInfo.
