@@ -747,8 +747,8 @@ Result<PhysicalMemory> CudaDevice::create_physical(int gpu, uint64_t bytes) {
     Status created = HIBER_CU(cuMemCreate, &handle, granularity, &prop, 0);
     if (!created.ok()) {
       for (CUmemGenericAllocationHandle chunk : physical.chunks) (void)cu_.pfn_cuMemRelease(chunk);
-      return created.with_context(str_cat("create_physical(GPU ", gpu, ", ", bytes,
-                                          " bytes), after ", made, " bytes"));
+      return created.with_context(
+          str_cat("create_physical(GPU ", gpu, ", ", bytes, " bytes), after ", made, " bytes"));
     }
     physical.chunks.push_back(handle);
   }

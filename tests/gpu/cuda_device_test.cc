@@ -193,7 +193,8 @@ TEST_F(CudaDeviceTest, UsesAConfiguredTopologyOnlyIfItMatchesTheNode) {
   Result<std::unique_ptr<Device>> refused = create_cuda_device(wrong);
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.status().code(), ErrorCode::kInvalidValue);
-  EXPECT_THAT(refused.status().message(), HasSubstr("node config '" + default_node_config().name + "'"));
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr("node config '" + default_node_config().name + "'"));
 
   // The discovered node with other bandwidths and a name is accepted as given.
   CudaDeviceOptions right;

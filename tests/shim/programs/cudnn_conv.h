@@ -189,15 +189,15 @@ inline void describe_plan_as_the_frontend_does(cudnnBackendDescriptor_t config) 
   const int64_t value = 4;
   CUDNN_CHECK(cudnnBackendSetAttribute(probe, CUDNN_ATTR_KNOB_CHOICE_KNOB_TYPE,
                                        CUDNN_TYPE_KNOB_TYPE, 1, &type));
-  CUDNN_CHECK(cudnnBackendSetAttribute(probe, CUDNN_ATTR_KNOB_CHOICE_KNOB_VALUE,
-                                       CUDNN_TYPE_INT64, 1, &value));
+  CUDNN_CHECK(cudnnBackendSetAttribute(probe, CUDNN_ATTR_KNOB_CHOICE_KNOB_VALUE, CUDNN_TYPE_INT64,
+                                       1, &value));
   CUDNN_CHECK(cudnnBackendFinalize(probe));
   cudnnBackendKnobType_t type_back = CUDNN_KNOB_TYPE_COUNTS;
   int64_t value_back = 0;
   CUDNN_CHECK(cudnnBackendGetAttribute(probe, CUDNN_ATTR_KNOB_CHOICE_KNOB_TYPE,
                                        CUDNN_TYPE_KNOB_TYPE, 1, &n, &type_back));
-  CUDNN_CHECK(cudnnBackendGetAttribute(probe, CUDNN_ATTR_KNOB_CHOICE_KNOB_VALUE,
-                                       CUDNN_TYPE_INT64, 1, &n, &value_back));
+  CUDNN_CHECK(cudnnBackendGetAttribute(probe, CUDNN_ATTR_KNOB_CHOICE_KNOB_VALUE, CUDNN_TYPE_INT64,
+                                       1, &n, &value_back));
   if (type_back != type || value_back != value) {
     std::printf("cudnn_conv: WRONG: the knob choice read back as %d = %lld\n",
                 static_cast<int>(type_back), static_cast<long long>(value_back));

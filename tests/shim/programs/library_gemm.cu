@@ -193,8 +193,8 @@ int main(int argc, char** argv) {
   // in the log (checked by shim_programs_test). The real cuBLAS (a native run) runs it. Its
   // output is not part of the checksum.
   const bool hiber = program::from_hiber(reinterpret_cast<const void*>(&cublasSsyrk_v2));
-  const cublasStatus_t syrk = cublasSsyrk(handle, CUBLAS_FILL_MODE_UPPER, CUBLAS_OP_N, m, k,
-                                          &alpha, d_a, m, &beta, d_c, m);
+  const cublasStatus_t syrk =
+      cublasSsyrk(handle, CUBLAS_FILL_MODE_UPPER, CUBLAS_OP_N, m, k, &alpha, d_a, m, &beta, d_c, m);
   if (syrk != (hiber ? CUBLAS_STATUS_NOT_SUPPORTED : CUBLAS_STATUS_SUCCESS)) {
     std::printf("library_gemm: FAILED: cublasSsyrk returned %d (%s)\n", static_cast<int>(syrk),
                 hiber ? "Hiber" : "the real cuBLAS");
