@@ -19,3 +19,9 @@ pkg_check_modules(ZSTD REQUIRED IMPORTED_TARGET libzstd)
 pkg_check_modules(LZ4 REQUIRED IMPORTED_TARGET liblz4)
 # elfutils libelf: hiber-coverage reads programs' dynamic symbols and version needs.
 pkg_check_modules(LIBELF REQUIRED IMPORTED_TARGET libelf)
+
+# hiber-router: Boost.Beast/Asio (header-only) for HTTP, nlohmann/json for JSON bodies,
+# prometheus-cpp for /metrics (core for the registry; pull's Exposer serves hiberd's port).
+find_package(Boost 1.74 REQUIRED)
+find_package(nlohmann_json 3.10 REQUIRED)
+find_package(prometheus-cpp REQUIRED COMPONENTS core pull)

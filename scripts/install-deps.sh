@@ -15,6 +15,12 @@ packages=(
   libssl-dev                      # SHA-256 (libcrypto) for hiberd's module cache
   libelf-dev                      # hiber-coverage reads ELF dynamic symbols (elfutils libelf)
   procps psmisc                   # pgrep/kill in the demo and integration scripts
+  libboost-dev                    # Boost.Beast and Asio: hiber-router's HTTP server and clients
+  nlohmann-json3-dev              # JSON bodies of the invocation API and the router's registry
+  prometheus-cpp-dev              # /metrics on hiber-router and hiberd
+  chromium                        # the status page's test renders it headless
+  wrk                             # bench/: the router's invocation rate and latency
+  python3                         # the Python function SDK and its tests
 )
 
 missing=()
