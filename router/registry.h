@@ -1,0 +1,71 @@
+// The router's function registry: each function's registration (docs/router.md, "Registration")
+// parsed and checked, and kept on disk as one JSON file per function, so that a restarted router
+// serves every function it served before.
+//
+// Thread safety: none; the router uses it from its one I/O thread.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/status.h"
+#include "wire/control_types.h"
+
+namespace hiber::router {
+
+struct FunctionSpec {
+  std::string name;
+  std::vector<std::string> command;  // argv; command[0] is the program
+  std::map<std::string, std::string> env;
+  bool shim = false;  // preload Hiber's client libraries
+  double slo_ms = 1000;
+  double percentile = 0.98;
+  uint64_t quota_mib = 0;  // 0: hiberd's default
+  uint32_t concurrency = 1;
+  uint32_t max_instances = 1;
+  bool stateful = false;
+  std::chrono::seconds idle_timeout{60};
+  double exec_ms_hint = 0;
+  std::optional<bool> heavy;
+
+  // The registration hiberd gets for it.
+  wire::FunctionRegistration registration() const;
+  nlohmann::json to_json() const;
+};
+
+// A function name is a path segment of the API and a file name here: 1 to 128 of [A-Za-z0-9._-],
+// not starting with '.'.
+Status check_function_name(std::string_view name);
+
+// Parses a registration body. kInvalidValue, naming the field, for anything malformed.
+Result<FunctionSpec> parse_function_spec(std::string_view name, std::string_view json_body);
+
+class Registry {
+ public:
+  // Reads every registration under <state_dir>/functions (creating the folders). A file that
+  // cannot be read is an error: the router must not start with part of its registry missing.
+  static Result<Registry> open(const std::string& state_dir);
+
+  const std::map<std::string, FunctionSpec>& functions() const { return functions_; }
+  const FunctionSpec* find(const std::string& name) const;
+
+  // Writes the file (atomically: a temporary file renamed over it), then keeps the spec.
+  Status put(FunctionSpec spec);
+  // kNotFound when `name` is not registered.
+  Status remove(const std::string& name);
+
+ private:
+  explicit Registry(std::string folder) : folder_(std::move(folder)) {}
+  std::string path_of(const std::string& name) const;
+
+  std::string folder_;
+  std::map<std::string, FunctionSpec> functions_;
+};
+
+}  // namespace hiber::router

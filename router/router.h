@@ -1,0 +1,128 @@
+// hiber-router's core (docs/router.md): the invocation API, the registry, the workers and the
+// nodes. An invocation waits in its function's queue at the router until one of the function's
+// workers has a free slot (starting a worker if none is warm), then the router tells the
+// worker's node that the request arrived and waits for hiberd to start it (its GPU chosen and
+// its model on the way), sends it to the worker, answers the client, and tells hiberd the
+// request is done.
+//
+// Thread safety: everything runs on the io_context's one thread: handle() is called there by
+// the HTTP server, and every callback of the nodes and workers arrives there.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <boost/asio/steady_timer.hpp>
+
+#include "common/status.h"
+#include "router/http_types.h"
+#include "router/node_client.h"
+#include "router/registry.h"
+#include "router/router_metrics.h"
+#include "router/worker.h"
+
+namespace hiber::router {
+
+struct RouterOptions {
+  std::string state_dir;         // the registry, worker sockets and worker logs
+  std::vector<NodeConfig> nodes; // at least one
+  std::string shim_preload;      // LD_PRELOAD for functions registered with shim: true
+  size_t max_queue = 1024;       // per function, at the router; more get 429
+  std::chrono::milliseconds worker_start_timeout{60000};
+  std::chrono::milliseconds worker_stop_timeout{5000};
+  std::chrono::milliseconds status_interval{1000};
+  std::chrono::seconds async_result_ttl{600};
+  size_t max_async_results = 100000;
+};
+
+class Router {
+ public:
+  // Opens the registry; nothing starts until start().
+  static Result<std::unique_ptr<Router>> create(boost::asio::io_context& io,
+                                                RouterOptions options);
+  ~Router();
+
+  // Registers every function with every node, and starts polling the nodes, reaping workers
+  // and scaling idle workers down.
+  void start();
+  // Answers one HTTP request (all of docs/router.md's API but the status page and /metrics,
+  // which the HTTP server's owner adds).
+  void handle(HttpRequest request, Respond respond);
+  // Stops every worker; `done` once they are all gone (or the stop timeout passed).
+  void shutdown(std::function<void()> done);
+
+  RouterMetrics& metrics() { return metrics_; }
+  // GET /v2/status's document.
+  std::string status_json() const;
+
+ private:
+  struct Invocation;
+  struct Instance;
+  struct Function;
+  struct NodeView;
+  struct AsyncResult;
+
+  Router(boost::asio::io_context& io, RouterOptions options, Registry registry);
+
+  // API.
+  void infer(const std::string& name, HttpRequest request, Respond respond);
+  void load(const std::string& name, const HttpRequest& request, Respond respond);
+  void unload(const std::string& name, Respond respond);
+  HttpResponse metadata(const Function& function) const;
+  HttpResponse repository_index() const;
+  void async_result(const std::string& id, Respond respond);
+
+  // Invocations.
+  void pump(Function& function);
+  Instance* free_instance(Function& function);
+  // Starts a worker if the queue needs one (or, keep_warm, if none is on its way).
+  void maybe_start_worker(Function& function, bool keep_warm = false);
+  void run(Function& function, Instance& instance, std::shared_ptr<Invocation> invocation);
+  void on_started(const std::shared_ptr<Invocation>& invocation, Result<wire::Started> started);
+  void on_outcome(const std::shared_ptr<Invocation>& invocation, WorkerOutcome outcome);
+  void finish(const std::shared_ptr<Invocation>& invocation, HttpResponse response,
+              bool failed);
+  void answer(Invocation& invocation, HttpResponse response);
+  void expire(const std::shared_ptr<Invocation>& invocation);
+
+  // Workers and nodes.
+  void on_worker_ready(Function& function, Worker& worker);
+  void on_worker_gone(const std::string& function, uint64_t instance);
+  void reap();
+  void scale_down();
+  void poll_nodes();
+  void register_everywhere(const FunctionSpec& spec);
+  size_t choose_node_for(const Function& function) const;
+
+  Function* find(const std::string& name);
+
+  boost::asio::io_context& io_;
+  const RouterOptions options_;
+  Registry registry_;
+  RouterMetrics metrics_;
+  std::vector<std::unique_ptr<NodeClient>> nodes_;
+  std::vector<NodeView> node_views_;
+  std::map<std::string, std::unique_ptr<Function>> functions_;
+  std::unordered_map<std::string, AsyncResult> async_results_;
+  struct Swap;
+  std::deque<Swap> swaps_;  // newest first
+  boost::asio::signal_set child_signals_;
+  boost::asio::steady_timer housekeeping_;
+  boost::asio::steady_timer poll_timer_;
+  uint64_t next_instance_ = 1;
+  uint64_t next_invocation_ = 1;
+  bool shutting_down_ = false;
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+};
+
+}  // namespace hiber::router
