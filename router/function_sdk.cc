@@ -1,0 +1,307 @@
+#include "router/function_sdk.h"
+
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <climits>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <limits>
+#include <mutex>
+#include <stdexcept>
+#include <thread>
+#include <utility>
+
+#include <nlohmann/json.hpp>
+
+#include "router/worker_protocol.h"
+
+namespace hiber::function {
+namespace {
+
+using nlohmann::json;
+using router::encode_worker_frame;
+
+constexpr int kExitEnvironment = 2;
+constexpr int kExitProtocol = 3;
+constexpr long kMaxConcurrency = 4096;
+// Error messages are cut to this, so a result header always stays far below the 64 KiB limit.
+constexpr size_t kMaxErrorBytes = 16 << 10;
+
+void complain(const std::string& message) {
+  std::fprintf(stderr, "hiber function worker: %s\n", message.c_str());
+  std::fflush(stderr);
+}
+
+// The connection to the router. Results are written from several threads; the reading side
+// is the serve() loop's alone.
+class Connection {
+ public:
+  explicit Connection(int fd) : fd_(fd) {}
+  ~Connection() { ::close(fd_); }
+  Connection(const Connection&) = delete;
+  Connection& operator=(const Connection&) = delete;
+
+  int fd() const { return fd_; }
+
+  // Writes one whole frame. On failure, remembers why and shuts the socket down so that the
+  // reading loop wakes up and ends.
+  void send(const std::string& frame) {
+    std::lock_guard<std::mutex> lock(write_mutex_);
+    if (write_errno_ != 0) return;
+    size_t sent = 0;
+    while (sent < frame.size()) {
+      const ssize_t n = ::send(fd_, frame.data() + sent, frame.size() - sent, MSG_NOSIGNAL);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        write_errno_ = n < 0 ? errno : EPIPE;
+        ::shutdown(fd_, SHUT_RDWR);
+        return;
+      }
+      sent += static_cast<size_t>(n);
+    }
+  }
+
+  // 0 while every write succeeded.
+  int write_errno() {
+    std::lock_guard<std::mutex> lock(write_mutex_);
+    return write_errno_;
+  }
+
+ private:
+  const int fd_;
+  std::mutex write_mutex_;
+  int write_errno_ = 0;
+};
+
+std::variant<Response, std::string> run_handler(const Handler& handler, const Request& request) {
+  try {
+    return handler(request);
+  } catch (const std::exception& e) {
+    return std::string("the handler threw: ") + e.what();
+  } catch (...) {
+    return std::string("the handler threw an exception that is not a std::exception");
+  }
+}
+
+std::string result_frame(const std::string& id, std::variant<Response, std::string> answer) {
+  if (auto* response = std::get_if<Response>(&answer)) {
+    if (response->body.size() <= router::kMaxWorkerBodyBytes) {
+      return encode_worker_frame({{"type", "result"},
+                                  {"id", id},
+                                  {"ok", true},
+                                  {"content_type", response->content_type}},
+                                 response->body);
+    }
+    answer = "the answer of " + std::to_string(response->body.size()) +
+             " bytes is larger than the protocol's limit of " +
+             std::to_string(router::kMaxWorkerBodyBytes);
+  }
+  std::string message = std::move(std::get<std::string>(answer));
+  if (message.size() > kMaxErrorBytes) message.resize(kMaxErrorBytes);
+  return encode_worker_frame({{"type", "result"}, {"id", id}, {"ok", false}, {"error", message}},
+                             {});
+}
+
+void answer(Connection& connection, const Handler& handler, const Request& request) {
+  connection.send(result_frame(request.id, run_handler(handler, request)));
+}
+
+// An invoke frame as a Request, or why it is not one.
+std::variant<Request, std::string> parse_invoke(router::WorkerFrame frame) {
+  const json& header = frame.header;
+  const auto type = header.find("type");
+  if (type == header.end() || !type->is_string() || *type != "invoke") {
+    return "expected an invoke frame, got the header " + header.dump(-1, ' ', false,
+                                                                     json::error_handler_t::replace);
+  }
+  Request request;
+  const auto id = header.find("id");
+  if (id == header.end() || !id->is_string()) return std::string("an invoke without a string id");
+  request.id = id->get<std::string>();
+  const auto content_type = header.find("content_type");
+  if (content_type != header.end() && !content_type->is_null()) {
+    if (!content_type->is_string()) return "invoke " + request.id + ": content_type is not a string";
+    request.content_type = content_type->get<std::string>();
+  } else {
+    request.content_type = "application/octet-stream";
+  }
+  const auto deadline = header.find("deadline_ms");
+  if (deadline != header.end() && !deadline->is_null()) {
+    if (!deadline->is_number()) return "invoke " + request.id + ": deadline_ms is not a number";
+    const double ms = deadline->get<double>();
+    request.deadline = std::chrono::milliseconds(
+        ms <= 0 ? 0 : ms >= 1e15 ? static_cast<int64_t>(1e15) : static_cast<int64_t>(ms));
+  }
+  request.body = std::move(frame.body);
+  return request;
+}
+
+// The threads that run requests when $HIBER_CONCURRENCY > 1.
+class Pool {
+ public:
+  Pool(size_t threads, Connection& connection, const Handler& handler) {
+    for (size_t i = 0; i < threads; ++i) {
+      threads_.emplace_back([this, &connection, &handler] {
+        for (;;) {
+          Request request;
+          {
+            std::unique_lock<std::mutex> lock(mutex_);
+            ready_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+            if (stopping_) return;  // queued requests are dropped: nobody can take the answers
+            request = std::move(queue_.front());
+            queue_.pop_front();
+          }
+          answer(connection, handler, request);
+        }
+      });
+    }
+  }
+  ~Pool() { stop(); }
+
+  void push(Request request) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      queue_.push_back(std::move(request));
+    }
+    ready_.notify_one();
+  }
+
+  // Lets running handlers finish, then joins every thread.
+  void stop() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+    }
+    ready_.notify_all();
+    for (std::thread& thread : threads_) {
+      if (thread.joinable()) thread.join();
+    }
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable ready_;
+  std::deque<Request> queue_;
+  bool stopping_ = false;
+  std::vector<std::thread> threads_;
+};
+
+// $HIBER_CONCURRENCY, or 0 (after complaining) when it is not a positive integer.
+long concurrency_from_environment() {
+  const char* text = std::getenv("HIBER_CONCURRENCY");
+  if (text == nullptr || *text == '\0') return 1;
+  errno = 0;
+  char* end = nullptr;
+  const long value = std::strtol(text, &end, 10);
+  if (errno != 0 || *end != '\0' || value < 1 || value > kMaxConcurrency) {
+    complain(std::string("HIBER_CONCURRENCY=\"") + text + "\" is not an integer in [1, " +
+             std::to_string(kMaxConcurrency) + "]");
+    return 0;
+  }
+  return value;
+}
+
+int connect_to(const std::string& path) {
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  if (path.size() >= sizeof address.sun_path) {
+    complain("HIBER_WORKER_SOCKET=\"" + path + "\" is too long for a Unix socket address");
+    return -1;
+  }
+  std::memcpy(address.sun_path, path.data(), path.size());
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    complain(std::string("socket: ") + std::strerror(errno));
+    return -1;
+  }
+  int rc;
+  do {
+    rc = ::connect(fd, reinterpret_cast<const sockaddr*>(&address), sizeof address);
+  } while (rc != 0 && errno == EINTR);
+  if (rc != 0) {
+    complain("connect to " + path + ": " + std::strerror(errno));
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+}  // namespace
+
+int serve(const Handler& handler) {
+  const char* socket_path = std::getenv("HIBER_WORKER_SOCKET");
+  if (socket_path == nullptr || *socket_path == '\0') {
+    complain("HIBER_WORKER_SOCKET is not set: this program is a function worker that "
+             "hiber-router starts");
+    return kExitEnvironment;
+  }
+  const long concurrency = concurrency_from_environment();
+  if (concurrency == 0) return kExitEnvironment;
+  const int fd = connect_to(socket_path);
+  if (fd < 0) return kExitProtocol;
+  Connection connection(fd);
+
+  const char* function = std::getenv("HIBER_FUNCTION_ID");
+  connection.send(encode_worker_frame({{"type", "hello"},
+                                       {"protocol", 1},
+                                       {"function", function != nullptr ? function : ""},
+                                       {"pid", static_cast<int64_t>(::getpid())}},
+                                      {}));
+
+  Pool pool(concurrency > 1 ? static_cast<size_t>(concurrency) : 0, connection, handler);
+  router::WorkerFrameReader reader;
+  std::string protocol_error;
+  std::vector<char> buffer(64 << 10);
+  while (protocol_error.empty()) {
+    const ssize_t n = ::read(connection.fd(), buffer.data(), buffer.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      // A reset connection is the router going away as much as a clean close is.
+      if (errno != ECONNRESET) protocol_error = std::string("read: ") + std::strerror(errno);
+      break;
+    }
+    if (n == 0) break;  // the router closed the connection (or a failed write shut it down)
+    std::string_view bytes(buffer.data(), static_cast<size_t>(n));
+    while (!bytes.empty()) {
+      bytes.remove_prefix(reader.feed(bytes));
+      if (!reader.error().ok()) {
+        protocol_error = "malformed frame from the router: " + reader.error().message();
+        break;
+      }
+      if (!reader.complete()) continue;
+      std::variant<Request, std::string> invoke = parse_invoke(reader.take());
+      if (auto* message = std::get_if<std::string>(&invoke)) {
+        protocol_error = "malformed frame from the router: " + *message;
+        break;
+      }
+      Request& request = std::get<Request>(invoke);
+      if (concurrency > 1) {
+        pool.push(std::move(request));
+      } else {
+        answer(connection, handler, request);
+      }
+    }
+  }
+  ::shutdown(connection.fd(), SHUT_RDWR);
+  pool.stop();
+  const int write_errno = connection.write_errno();
+  if (protocol_error.empty() && write_errno != 0 && write_errno != EPIPE &&
+      write_errno != ECONNRESET) {
+    protocol_error = std::string("write: ") + std::strerror(write_errno);
+  }
+  if (!protocol_error.empty()) {
+    complain(protocol_error);
+    return kExitProtocol;
+  }
+  return 0;
+}
+
+}  // namespace hiber::function

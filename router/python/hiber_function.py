@@ -1,0 +1,324 @@
+"""hiber_function: the Python function SDK, the worker side of hiber-router's worker protocol.
+
+Standard library only; Python 3.9 or newer. See docs/router.md, "Workers".
+
+    import sys
+    import hiber_function
+
+    def handle(request):
+        inputs = request.json()["inputs"]          # a KServe v2 JSON request
+        return {"outputs": [...]}                  # sent as application/json
+
+    sys.exit(hiber_function.serve(handle))
+
+A handler gets a Request and returns the answer:
+    bytes (or bytearray, memoryview)   application/octet-stream
+    str                                text/plain; charset=utf-8
+    dict or list                       application/json (json.dumps)
+    Response(body, content_type)       as given
+    Error(message)                     an error: hiber-router answers 500 with the message
+An exception the handler raises is an error with its message too; the worker keeps serving.
+"""
+
+import json
+import os
+import socket
+import struct
+import sys
+import threading
+from collections import deque
+
+__all__ = ["Request", "Response", "Error", "serve", "encode_frame", "read_frame",
+           "ProtocolError", "MAX_HEADER_BYTES", "MAX_BODY_BYTES"]
+
+PROTOCOL = 1
+MAX_HEADER_BYTES = 64 << 10
+MAX_BODY_BYTES = 1 << 30
+MAX_CONCURRENCY = 4096
+# Error messages are cut to this, so a result header stays far below MAX_HEADER_BYTES.
+_MAX_ERROR_CHARS = 16 << 10
+_PREFIX = struct.Struct("<IQ")  # header bytes, body bytes
+
+_EXIT_ENVIRONMENT = 2
+_EXIT_PROTOCOL = 3
+
+
+class ProtocolError(Exception):
+    """A frame that breaks the worker protocol; the connection is unusable."""
+
+
+class Request:
+    """One invocation: id, content_type, body (bytes) and deadline_ms (ms left, or None)."""
+
+    __slots__ = ("id", "content_type", "body", "deadline_ms")
+
+    def __init__(self, id, content_type, body, deadline_ms=None):
+        self.id = id
+        self.content_type = content_type
+        self.body = body
+        self.deadline_ms = deadline_ms
+
+    def json(self):
+        """The body parsed as JSON (a KServe v2 request when content_type is application/json)."""
+        return json.loads(self.body)
+
+    def text(self):
+        return self.body.decode("utf-8")
+
+    def __repr__(self):
+        return "Request(id=%r, content_type=%r, %d bytes, deadline_ms=%r)" % (
+            self.id, self.content_type, len(self.body), self.deadline_ms)
+
+
+class Response:
+    """An answer with an explicit content type; a str body is sent as UTF-8."""
+
+    __slots__ = ("body", "content_type")
+
+    def __init__(self, body, content_type="application/octet-stream"):
+        self.body = body
+        self.content_type = content_type
+
+
+class Error:
+    """A handler's error answer: hiber-router answers 500 with the message."""
+
+    __slots__ = ("message",)
+
+    def __init__(self, message):
+        self.message = str(message)
+
+
+def encode_frame(header, body=b""):
+    """u32 LE header length | u64 LE body length | header JSON | body."""
+    text = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    return _PREFIX.pack(len(text), len(body)) + text + bytes(body)
+
+
+def _read_exactly(stream, count, what):
+    data = stream.read(count)
+    if data is None or len(data) != count:
+        raise ProtocolError("the connection ended inside a frame's %s" % what)
+    return data
+
+
+def read_frame(stream):
+    """The next (header, body) from a binary stream, or None at a clean end of stream."""
+    prefix = stream.read(_PREFIX.size)
+    if not prefix:
+        return None
+    if len(prefix) != _PREFIX.size:
+        raise ProtocolError("the connection ended inside a frame's length prefix")
+    header_bytes, body_bytes = _PREFIX.unpack(prefix)
+    if header_bytes == 0 or header_bytes > MAX_HEADER_BYTES:
+        raise ProtocolError("a frame header of %d bytes (must be 1 to %d)"
+                            % (header_bytes, MAX_HEADER_BYTES))
+    if body_bytes > MAX_BODY_BYTES:
+        raise ProtocolError("a frame body of %d bytes (at most %d)" % (body_bytes, MAX_BODY_BYTES))
+    text = _read_exactly(stream, header_bytes, "header")
+    try:
+        header = json.loads(text)
+    except ValueError:
+        raise ProtocolError("a frame header that is not valid JSON") from None
+    if not isinstance(header, dict):
+        raise ProtocolError("a frame header that is JSON but not an object")
+    body = _read_exactly(stream, body_bytes, "body") if body_bytes else b""
+    return header, body
+
+
+def _parse_invoke(header, body):
+    if header.get("type") != "invoke":
+        raise ProtocolError("expected an invoke frame, got the header %s" % json.dumps(header))
+    request_id = header.get("id")
+    if not isinstance(request_id, str):
+        raise ProtocolError("an invoke without a string id")
+    content_type = header.get("content_type")
+    if content_type is None:
+        content_type = "application/octet-stream"
+    elif not isinstance(content_type, str):
+        raise ProtocolError("invoke %s: content_type is not a string" % request_id)
+    deadline_ms = header.get("deadline_ms")
+    if deadline_ms is not None and (isinstance(deadline_ms, bool)
+                                    or not isinstance(deadline_ms, (int, float))):
+        raise ProtocolError("invoke %s: deadline_ms is not a number" % request_id)
+    return Request(request_id, content_type, body, deadline_ms)
+
+
+def _error_frame(request_id, message):
+    return encode_frame({"type": "result", "id": request_id, "ok": False,
+                         "error": message[:_MAX_ERROR_CHARS]})
+
+
+def _result_frame(request_id, answer):
+    if isinstance(answer, Error):
+        return _error_frame(request_id, answer.message)
+    if isinstance(answer, Response):
+        content_type, body = answer.content_type, answer.body
+    elif isinstance(answer, (bytes, bytearray, memoryview)):
+        content_type, body = "application/octet-stream", answer
+    elif isinstance(answer, str):
+        content_type, body = "text/plain; charset=utf-8", answer
+    elif isinstance(answer, (dict, list)):
+        content_type, body = "application/json", json.dumps(answer, separators=(",", ":"))
+    else:
+        return _error_frame(request_id, "the handler returned a %s, not bytes, str, dict, list, "
+                            "Response or Error" % type(answer).__name__)
+    if isinstance(body, str):
+        body = body.encode("utf-8")
+    body = bytes(body)
+    if len(body) > MAX_BODY_BYTES:
+        return _error_frame(request_id, "the answer of %d bytes is larger than the protocol's "
+                            "limit of %d" % (len(body), MAX_BODY_BYTES))
+    return encode_frame({"type": "result", "id": request_id, "ok": True,
+                         "content_type": str(content_type)}, body)
+
+
+class _Connection:
+    """The socket to the router: one reader (serve's loop), writers from any thread."""
+
+    def __init__(self, sock):
+        self.sock = sock
+        self._write_lock = threading.Lock()
+        self.write_error = None
+
+    def send(self, frame):
+        with self._write_lock:
+            if self.write_error is not None:
+                return
+            try:
+                self.sock.sendall(frame)
+            except OSError as e:
+                self.write_error = e
+                # Wakes serve's reading loop, which then ends.
+                try:
+                    self.sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+
+def _answer(connection, handler, request):
+    try:
+        answer = handler(request)
+    except Exception as e:  # noqa: BLE001 - any handler failure is the request's error
+        answer = Error("the handler raised %s: %s" % (type(e).__name__, e))
+    connection.send(_result_frame(request.id, answer))
+
+
+class _Pool:
+    """The threads that run requests when HIBER_CONCURRENCY > 1."""
+
+    def __init__(self, size, connection, handler):
+        self._queue = deque()
+        self._ready = threading.Condition()
+        self._stopping = False
+        self._threads = [threading.Thread(target=self._run, args=(connection, handler),
+                                          name="hiber-worker-%d" % i, daemon=True)
+                         for i in range(size)]
+        for thread in self._threads:
+            thread.start()
+
+    def _run(self, connection, handler):
+        while True:
+            with self._ready:
+                while not self._stopping and not self._queue:
+                    self._ready.wait()
+                if self._stopping:
+                    return  # queued requests are dropped: nobody can take the answers
+                request = self._queue.popleft()
+            _answer(connection, handler, request)
+
+    def push(self, request):
+        with self._ready:
+            self._queue.append(request)
+            self._ready.notify()
+
+    def stop(self):
+        """Lets running handlers finish, then joins every thread."""
+        with self._ready:
+            self._stopping = True
+            self._ready.notify_all()
+        for thread in self._threads:
+            thread.join()
+
+
+def _complain(message):
+    sys.stderr.write("hiber function worker: %s\n" % message)
+    sys.stderr.flush()
+
+
+def _concurrency():
+    text = os.environ.get("HIBER_CONCURRENCY", "")
+    if not text:
+        return 1
+    try:
+        value = int(text, 10)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= MAX_CONCURRENCY:
+        _complain('HIBER_CONCURRENCY="%s" is not an integer in [1, %d]' % (text, MAX_CONCURRENCY))
+        return 0
+    return value
+
+
+def serve(handler):
+    """Connects to $HIBER_WORKER_SOCKET, says hello and serves invokes with `handler`.
+
+    Returns 0 when the router closes the connection; 2 when the environment is wrong and 3 when
+    the connection or the protocol fails (after printing why on stderr). Up to
+    $HIBER_CONCURRENCY requests (default 1) run at once on that many threads; with 1 the handler
+    runs on the calling thread.
+    """
+    path = os.environ.get("HIBER_WORKER_SOCKET", "")
+    if not path:
+        _complain("HIBER_WORKER_SOCKET is not set: this program is a function worker that "
+                  "hiber-router starts")
+        return _EXIT_ENVIRONMENT
+    concurrency = _concurrency()
+    if concurrency == 0:
+        return _EXIT_ENVIRONMENT
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(path)
+    except OSError as e:
+        _complain("connect to %s: %s" % (path, e))
+        sock.close()
+        return _EXIT_PROTOCOL
+    connection = _Connection(sock)
+    connection.send(encode_frame({"type": "hello", "protocol": PROTOCOL,
+                                  "function": os.environ.get("HIBER_FUNCTION_ID", ""),
+                                  "pid": os.getpid()}))
+    pool = _Pool(concurrency, connection, handler) if concurrency > 1 else None
+    stream = sock.makefile("rb", buffering=64 << 10)
+    problem = None
+    try:
+        while True:
+            frame = read_frame(stream)
+            if frame is None:
+                break  # the router closed the connection (or a failed write shut it down)
+            request = _parse_invoke(*frame)
+            if pool is not None:
+                pool.push(request)
+            else:
+                _answer(connection, handler, request)
+    except ProtocolError as e:
+        problem = "malformed frame from the router: %s" % e
+    except ConnectionResetError:
+        pass  # the router going away, as a clean close is
+    except OSError as e:
+        problem = "read: %s" % e
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    if pool is not None:
+        pool.stop()
+    stream.close()
+    sock.close()
+    error = connection.write_error
+    if problem is None and error is not None and not isinstance(
+            error, (BrokenPipeError, ConnectionResetError)):
+        problem = "write: %s" % error
+    if problem is not None:
+        _complain(problem)
+        return _EXIT_PROTOCOL
+    return 0

@@ -1,0 +1,52 @@
+// A test-only function worker on the C++ SDK (router_function_sdk_test.cc drives it;
+// router_test_worker.py is its Python twin). By the request's content type:
+//   application/x-test-error    answers the error message <body>
+//   application/x-test-throw    throws std::runtime_error(<body>)
+//   application/x-test-barrier  waits until <body> requests (a decimal count) are inside the
+//                               handler at once, then answers "together"; after 60 s without
+//                               them it answers the error "barrier timed out", so a worker that
+//                               runs requests one at a time fails the test instead of hanging
+//   application/x-test-deadline answers the request's deadline in ms, or "none"
+//   anything else               echoes the body with its content type
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <variant>
+
+#include "router/function_sdk.h"
+
+namespace {
+
+using hiber::function::Request;
+using hiber::function::Response;
+
+std::mutex barrier_mutex;
+std::condition_variable barrier_changed;
+int barrier_arrived = 0;
+
+std::variant<Response, std::string> handle(const Request& request) {
+  if (request.content_type == "application/x-test-error") return request.body;
+  if (request.content_type == "application/x-test-throw") throw std::runtime_error(request.body);
+  if (request.content_type == "application/x-test-deadline") {
+    return Response{"text/plain",
+                    request.deadline ? std::to_string(request.deadline->count()) : "none"};
+  }
+  if (request.content_type == "application/x-test-barrier") {
+    const int needed = std::stoi(request.body);
+    std::unique_lock<std::mutex> lock(barrier_mutex);
+    ++barrier_arrived;
+    barrier_changed.notify_all();
+    if (!barrier_changed.wait_for(lock, std::chrono::seconds(60),
+                                  [&] { return barrier_arrived >= needed; })) {
+      return std::string("barrier timed out");
+    }
+    return Response{"text/plain", "together"};
+  }
+  return Response{request.content_type, request.body};
+}
+
+}  // namespace
+
+int main() { return hiber::function::serve(handle); }
