@@ -31,7 +31,7 @@ std::vector<std::string> worker_environment(const FunctionSpec& spec, const Work
   std::map<std::string, std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {
     const char* equals = std::strchr(*e, '=');
-    if (equals != nullptr) env[std::string(*e, equals)] = equals + 1;
+    if (equals != nullptr) env[std::string(*e, static_cast<size_t>(equals - *e))] = equals + 1;
   }
   for (const auto& [key, value] : spec.env) env[key] = value;
   env["HIBER_WORKER_SOCKET"] = launch.socket_path;

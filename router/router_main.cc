@@ -1,0 +1,197 @@
+// hiber-router: the node's invocation API (docs/router.md).
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <gflags/gflags.h>
+#include <glog/logging.h>
+#include <nlohmann/json.hpp>
+
+#include "common/cli.h"
+#include "common/paths.h"
+#include "router/http_server.h"
+#include "router/router.h"
+#include "router/status_page.h"
+
+DEFINE_string(listen, "127.0.0.1:8080", "HTTP address, host:port (port 0: any free port)");
+DEFINE_string(port_file, "", "Once listening, write the HTTP port here (for scripts and tests)");
+DEFINE_string(run_dir, "",
+              "hiberd's run directory, the one node fronted without --config "
+              "(default: hiberd's default)");
+DEFINE_string(config, "",
+              "JSON file listing the nodes: {\"nodes\": [{\"name\", \"control\", \"run_dir\", "
+              "\"token_file\"}]} (docs/router.md)");
+DEFINE_string(state_dir, "",
+              "The registry, worker sockets and worker logs (default: <run_dir>/router)");
+DEFINE_string(shim_dir, "",
+              "Hiber's client libraries, preloaded into functions registered with shim: true "
+              "(default: ../client_shim beside this program, if there)");
+DEFINE_string(shim_preload, "",
+              "The LD_PRELOAD value for shim: true, space-separated (overrides --shim_dir)");
+DEFINE_uint64(max_body_mib, 64, "Largest request body; larger ones get 413");
+DEFINE_uint64(read_timeout_ms, 10000, "Time a client has to send a whole request (else 408)");
+DEFINE_uint64(idle_connection_timeout_ms, 60000, "An idle keep-alive connection is closed after");
+DEFINE_uint64(max_connections, 10000, "Most open HTTP connections; more get 503");
+DEFINE_uint64(max_queue, 1024, "Requests a function may have waiting at the router (else 429)");
+DEFINE_uint64(worker_start_timeout_ms, 60000, "Time a new worker has to connect");
+DEFINE_uint64(worker_stop_timeout_ms, 5000, "Time a stopped worker has before SIGKILL");
+DEFINE_uint64(status_interval_ms, 1000, "How often each node's status is read");
+DEFINE_uint64(async_result_ttl_s, 600, "How long an asynchronous result waits to be collected");
+
+namespace hiber::router {
+namespace {
+
+namespace fs = std::filesystem;
+
+Result<std::vector<NodeConfig>> read_nodes() {
+  if (FLAGS_config.empty()) {
+    const std::string run_dir = FLAGS_run_dir.empty() ? default_run_dir() : FLAGS_run_dir;
+    return std::vector<NodeConfig>{{"node0", control_socket_path(run_dir), run_dir, ""}};
+  }
+  std::ifstream in(FLAGS_config);
+  std::stringstream text;
+  text << in.rdbuf();
+  if (!in) return error(ErrorCode::kFileNotFound, "cannot read --config ", FLAGS_config);
+  const nlohmann::json config = nlohmann::json::parse(text.str(), nullptr, false);
+  if (config.is_discarded() || !config.is_object() || !config.contains("nodes") ||
+      !config["nodes"].is_array() || config["nodes"].empty()) {
+    return error(ErrorCode::kInvalidValue, FLAGS_config,
+                 ": expected {\"nodes\": [{\"name\", \"control\", \"run_dir\"}, ...]}");
+  }
+  std::vector<NodeConfig> nodes;
+  for (const auto& node : config["nodes"]) {
+    NodeConfig c;
+    auto text_field = [&](const char* key, std::string& out, bool required) -> Status {
+      if (!node.is_object() || !node.contains(key)) {
+        return required ? error(ErrorCode::kInvalidValue, FLAGS_config, ": a node lacks \"", key,
+                                "\"")
+                        : Status();
+      }
+      if (!node[key].is_string()) {
+        return error(ErrorCode::kInvalidValue, FLAGS_config, ": \"", key, "\" is not a string");
+      }
+      out = node[key].get<std::string>();
+      return Status();
+    };
+    HIBER_RETURN_IF_ERROR(text_field("name", c.name, true));
+    HIBER_RETURN_IF_ERROR(text_field("run_dir", c.run_dir, true));
+    HIBER_RETURN_IF_ERROR(text_field("control", c.control, false));
+    HIBER_RETURN_IF_ERROR(text_field("token_file", c.token_file, false));
+    if (c.control.empty()) c.control = control_socket_path(c.run_dir);
+    nodes.push_back(std::move(c));
+  }
+  return nodes;
+}
+
+std::string shim_preload(const char* argv0) {
+  if (!FLAGS_shim_preload.empty()) return FLAGS_shim_preload;
+  fs::path dir = FLAGS_shim_dir;
+  if (dir.empty()) {
+    std::error_code ec;
+    const fs::path self = fs::read_symlink("/proc/self/exe", ec);
+    dir = (ec ? fs::path(argv0) : self).parent_path().parent_path() / "client_shim";
+  }
+  std::string preload;
+  for (const char* library : {"libhibercuda.so", "libhibercublas.so", "libhibercublasLt.so",
+                              "libhibercudnn.so", "libhibernvml.so"}) {
+    const fs::path path = fs::absolute(dir / library);
+    if (fs::exists(path)) preload += (preload.empty() ? "" : " ") + path.string();
+  }
+  if (preload.empty() && !FLAGS_shim_dir.empty()) {
+    LOG(WARNING) << "--shim_dir " << FLAGS_shim_dir << " holds no Hiber client library";
+  }
+  return preload;
+}
+
+int run(const char* argv0) {
+  Result<std::vector<NodeConfig>> nodes = read_nodes();
+  if (!nodes.ok()) {
+    LOG(ERROR) << nodes.status();
+    return 2;
+  }
+  RouterOptions options;
+  options.nodes = std::move(*nodes);
+  options.state_dir = FLAGS_state_dir.empty()
+                          ? (fs::path(options.nodes[0].run_dir) / "router").string()
+                          : FLAGS_state_dir;
+  options.shim_preload = shim_preload(argv0);
+  options.max_queue = FLAGS_max_queue;
+  options.worker_start_timeout = std::chrono::milliseconds(FLAGS_worker_start_timeout_ms);
+  options.worker_stop_timeout = std::chrono::milliseconds(FLAGS_worker_stop_timeout_ms);
+  options.status_interval = std::chrono::milliseconds(std::max<uint64_t>(FLAGS_status_interval_ms, 10));
+  options.async_result_ttl = std::chrono::seconds(FLAGS_async_result_ttl_s);
+
+  boost::asio::io_context io(1);
+  Result<std::unique_ptr<Router>> router = Router::create(io, options);
+  if (!router.ok()) {
+    LOG(ERROR) << router.status();
+    return 1;
+  }
+  Router& core = **router;
+  HttpServerOptions http;
+  http.listen = FLAGS_listen;
+  http.max_body_bytes = FLAGS_max_body_mib << 20;
+  http.read_timeout = std::chrono::milliseconds(FLAGS_read_timeout_ms);
+  http.idle_timeout = std::chrono::milliseconds(FLAGS_idle_connection_timeout_ms);
+  http.max_connections = FLAGS_max_connections;
+  HttpServer* server_ptr = nullptr;
+  Result<std::unique_ptr<HttpServer>> server = HttpServer::create(
+      io, http, [&core, &server_ptr](HttpRequest request, Respond respond) {
+        if (request.path == "/" || request.path == "/index.html") {
+          if (request.method != "GET") return respond(error_response(405, "GET only"));
+          return respond(HttpResponse{200, "text/html; charset=utf-8", {},
+                                      std::string(status_page_html())});
+        }
+        if (request.path == "/metrics") {
+          if (request.method != "GET") return respond(error_response(405, "GET only"));
+          if (server_ptr != nullptr) {
+            core.metrics().set_connections(static_cast<double>(server_ptr->connections()));
+          }
+          return respond(HttpResponse{200, "text/plain; version=0.0.4; charset=utf-8", {},
+                                      core.metrics().serialize()});
+        }
+        core.handle(std::move(request), std::move(respond));
+      });
+  if (!server.ok()) {
+    LOG(ERROR) << server.status();
+    return 1;
+  }
+  server_ptr = server->get();
+  const uint16_t port = (*server)->port();
+  if (!FLAGS_port_file.empty()) {
+    const std::string temporary = FLAGS_port_file + ".tmp";
+    std::ofstream(temporary) << port << "\n";
+    fs::rename(temporary, FLAGS_port_file);
+  }
+  LOG(INFO) << "hiber-router listening on http://" << FLAGS_listen.substr(0, FLAGS_listen.rfind(':'))
+            << ":" << port << " (state in " << options.state_dir << ")";
+  core.start();
+
+  boost::asio::signal_set signals(io, SIGTERM, SIGINT);
+  bool stopping = false;
+  signals.async_wait([&](boost::system::error_code ec, int signal) {
+    if (ec || stopping) return;
+    stopping = true;
+    LOG(INFO) << "signal " << signal << ": stopping";
+    (*server)->stop();
+    core.shutdown([&io] { io.stop(); });
+  });
+  io.run();
+  return 0;
+}
+
+}  // namespace
+}  // namespace hiber::router
+
+int main(int argc, char** argv) {
+  hiber::init_program(&argc, &argv,
+                      "hiber-router: the node's invocation API (KServe Open Inference Protocol v2 "
+                      "over HTTP), function registry and workers, metrics and status page.\n"
+                      "Usage: hiber-router [--listen=HOST:PORT] [--run_dir=DIR | --config=FILE]",
+                      __FILE__);
+  return hiber::router::run(argv[0]);
+}
