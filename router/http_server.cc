@@ -21,7 +21,7 @@ constexpr uint32_t kMaxHeaderBytes = 16 << 10;
 
 }  // namespace
 
-const std::string& HttpRequest::header(std::string_view name) const {
+const std::string& ApiRequest::header(std::string_view name) const {
   static const std::string kNone;
   for (const auto& [key, value] : headers) {
     if (key == name) return value;
@@ -29,8 +29,8 @@ const std::string& HttpRequest::header(std::string_view name) const {
   return kNone;
 }
 
-HttpResponse error_response(unsigned status, std::string_view message) {
-  HttpResponse response;
+ApiResponse error_response(unsigned status, std::string_view message) {
+  ApiResponse response;
   response.status = status;
   response.body = nlohmann::json{{"error", message}}.dump();
   return response;
@@ -108,7 +108,7 @@ class HttpServer::Session : public std::enable_shared_from_this<Session> {
     if (ec) return send(error_response(400, "malformed HTTP request: " + ec.message()), true, true);
 
     http::request<http::string_body> message = parser_->release();
-    HttpRequest request;
+    ApiRequest request;
     request.method = std::string(message.method_string());
     const std::string_view target(message.target().data(), message.target().size());
     const size_t question = target.find('?');
@@ -124,12 +124,12 @@ class HttpServer::Session : public std::enable_shared_from_this<Session> {
     const unsigned version = message.version();
     version_ = version;
     handler_(std::move(request),
-             [weak = weak_from_this(), keep_alive](HttpResponse response) {
+             [weak = weak_from_this(), keep_alive](ApiResponse response) {
                if (auto self = weak.lock()) self->send(std::move(response), !keep_alive, false);
              });
   }
 
-  void send(HttpResponse answer, bool close_after, bool refuse_more) {
+  void send(ApiResponse answer, bool close_after, bool refuse_more) {
     auto response = std::make_shared<http::response<http::string_body>>(
         static_cast<http::status>(answer.status), version_);
     response->set(http::field::server, "hiber-router");

@@ -33,7 +33,7 @@ struct HttpServerOptions {
 
 class HttpServer {
  public:
-  using Handler = std::function<void(HttpRequest, Respond)>;
+  using Handler = std::function<void(ApiRequest, Respond)>;
 
   static Result<std::unique_ptr<HttpServer>> create(boost::asio::io_context& io,
                                                     HttpServerOptions options, Handler handler);

@@ -9,7 +9,7 @@
 
 namespace hiber::router {
 
-struct HttpRequest {
+struct ApiRequest {
   std::string method;  // "GET", "POST", ...
   std::string path;    // the target without its query
   std::string query;   // after '?', may be empty
@@ -20,7 +20,7 @@ struct HttpRequest {
   const std::string& header(std::string_view name) const;
 };
 
-struct HttpResponse {
+struct ApiResponse {
   unsigned status = 200;
   std::string content_type = "application/json";
   std::vector<std::pair<std::string, std::string>> headers;
@@ -28,9 +28,9 @@ struct HttpResponse {
 };
 
 // An error answer: {"error": message}, as KServe's v2 protocol gives them.
-HttpResponse error_response(unsigned status, std::string_view message);
+ApiResponse error_response(unsigned status, std::string_view message);
 
 // A handler answers each request exactly once, now or later, through Respond.
-using Respond = std::function<void(HttpResponse)>;
+using Respond = std::function<void(ApiResponse)>;
 
 }  // namespace hiber::router

@@ -73,8 +73,8 @@ unsigned status_for(const Status& status) {
   }
 }
 
-HttpResponse retry_later(unsigned status, std::string_view message) {
-  HttpResponse response = error_response(status, message);
+ApiResponse retry_later(unsigned status, std::string_view message) {
+  ApiResponse response = error_response(status, message);
   response.headers.emplace_back("Retry-After", "1");
   return response;
 }
@@ -146,7 +146,7 @@ struct Router::NodeView {
 
 struct Router::AsyncResult {
   bool done = false;
-  HttpResponse response;
+  ApiResponse response;
   Clock::time_point expires;
 };
 
@@ -201,7 +201,7 @@ Router::Function* Router::find(const std::string& name) {
 
 // ---- The API ----
 
-void Router::handle(HttpRequest request, Respond respond) {
+void Router::handle(ApiRequest request, Respond respond) {
   const std::vector<std::string> parts = split_path(request.path);
   const std::string& method = request.method;
   auto is = [&](std::initializer_list<const char*> want) {
@@ -215,13 +215,13 @@ void Router::handle(HttpRequest request, Respond respond) {
   };
   auto only = [&](const char* allowed) {
     if (method == allowed) return true;
-    HttpResponse response = error_response(405, "method not allowed");
+    ApiResponse response = error_response(405, "method not allowed");
     response.headers.emplace_back("Allow", allowed);
     respond(std::move(response));
     return false;
   };
   if (is({"v2", "health", "live"})) {
-    if (only("GET")) respond(HttpResponse{200, "application/json", {}, R"({"live":true})"});
+    if (only("GET")) respond(ApiResponse{200, "application/json", {}, R"({"live":true})"});
     return;
   }
   if (is({"v2", "health", "ready"})) {
@@ -230,13 +230,13 @@ void Router::handle(HttpRequest request, Respond respond) {
                                    [](const auto& node) { return node->up(); }) &&
                        std::any_of(node_views_.begin(), node_views_.end(),
                                    [](const NodeView& view) { return view.up; });
-    respond(ready ? HttpResponse{200, "application/json", {}, R"({"ready":true})"}
+    respond(ready ? ApiResponse{200, "application/json", {}, R"({"ready":true})"}
                   : retry_later(503, "no hiberd node answers"));
     return;
   }
   if (is({"v2"})) {
     if (only("GET")) {
-      respond(HttpResponse{200, "application/json", {},
+      respond(ApiResponse{200, "application/json", {},
                            json{{"name", "hiber-router"},
                                 {"version", "0.1.0"},
                                 {"extensions", {"repository", "async", "status"}}}
@@ -245,7 +245,7 @@ void Router::handle(HttpRequest request, Respond respond) {
     return;
   }
   if (is({"v2", "status"})) {
-    if (only("GET")) respond(HttpResponse{200, "application/json", {}, status_json()});
+    if (only("GET")) respond(ApiResponse{200, "application/json", {}, status_json()});
     return;
   }
   if (is({"v2", "repository", "index"})) {
@@ -284,7 +284,7 @@ void Router::handle(HttpRequest request, Respond respond) {
     if (rest.size() == 1 && rest[0] == "ready") {
       if (!only("GET")) return;
       respond(function != nullptr
-                  ? HttpResponse{200, "application/json", {},
+                  ? ApiResponse{200, "application/json", {},
                                  json{{"name", name}, {"ready", true}}.dump()}
                   : error_response(404, "function \"" + name + "\" is not registered"));
       return;
@@ -297,7 +297,7 @@ void Router::handle(HttpRequest request, Respond respond) {
   respond(error_response(404, "no such endpoint: " + method + " " + request.path));
 }
 
-HttpResponse Router::metadata(const Function& function) const {
+ApiResponse Router::metadata(const Function& function) const {
   json parameters = function.spec.to_json();
   parameters.erase("env");  // may hold secrets
   const json body = {{"name", function.spec.name},
@@ -306,10 +306,10 @@ HttpResponse Router::metadata(const Function& function) const {
                      {"inputs", json::array()},
                      {"outputs", json::array()},
                      {"parameters", parameters}};
-  return HttpResponse{200, "application/json", {}, body.dump()};
+  return ApiResponse{200, "application/json", {}, body.dump()};
 }
 
-HttpResponse Router::repository_index() const {
+ApiResponse Router::repository_index() const {
   json index = json::array();
   for (const auto& [name, function] : functions_) {
     if (function->unloading) continue;
@@ -318,10 +318,10 @@ HttpResponse Router::repository_index() const {
     index.push_back({{"name", name}, {"version", "1"}, {"state", warm ? "READY" : "IDLE"},
                      {"reason", warm ? "" : "scaled to zero: a worker starts on demand"}});
   }
-  return HttpResponse{200, "application/json", {}, index.dump()};
+  return ApiResponse{200, "application/json", {}, index.dump()};
 }
 
-void Router::infer(const std::string& name, HttpRequest request, Respond respond) {
+void Router::infer(const std::string& name, ApiRequest request, Respond respond) {
   Function* function = find(name);
   if (function == nullptr) {
     return respond(error_response(404, "function \"" + name + "\" is not registered"));
@@ -371,7 +371,7 @@ void Router::infer(const std::string& name, HttpRequest request, Respond respond
   invocation->deadline = deadline;
   if (async) {
     async_results_[invocation->id] = AsyncResult{false, {}, {}};
-    HttpResponse accepted{202, "application/json", {}, json{{"id", invocation->id}}.dump()};
+    ApiResponse accepted{202, "application/json", {}, json{{"id", invocation->id}}.dump()};
     accepted.headers.emplace_back("Location", "/v2/invocations/" + invocation->id);
     accepted.headers.emplace_back("X-Request-Id", invocation->request_id);
     respond(std::move(accepted));
@@ -398,18 +398,18 @@ void Router::async_result(const std::string& id, Respond respond) {
                                            " (unknown, expired or already collected)"));
   }
   if (!it->second.done) {
-    HttpResponse pending{202, "application/json", {}, json{{"id", id}, {"done", false}}.dump()};
+    ApiResponse pending{202, "application/json", {}, json{{"id", id}, {"done", false}}.dump()};
     pending.headers.emplace_back("Retry-After", "1");
     return respond(std::move(pending));
   }
-  HttpResponse response = std::move(it->second.response);
+  ApiResponse response = std::move(it->second.response);
   async_results_.erase(it);
   respond(std::move(response));
 }
 
 // ---- Registration ----
 
-void Router::load(const std::string& name, const HttpRequest& request, Respond respond) {
+void Router::load(const std::string& name, const ApiRequest& request, Respond respond) {
   Result<FunctionSpec> parsed = parse_function_spec(name, request.body);
   if (!parsed.ok()) return respond(error_response(400, parsed.status().message()));
   FunctionSpec spec = std::move(*parsed);
@@ -469,7 +469,7 @@ void Router::load(const std::string& name, const HttpRequest& request, Respond r
         (*reply)(error_response(400, message));
         return;
       }
-      (*reply)(HttpResponse{200, "application/json", {}, json{{"name", name}}.dump()});
+      (*reply)(ApiResponse{200, "application/json", {}, json{{"name", name}}.dump()});
     });
   }
 }
@@ -493,7 +493,7 @@ void Router::unload(const std::string& name, Respond respond) {
     instance.worker->stop("unloaded");
   }
   LOG(INFO) << "unloading function " << name;
-  respond(HttpResponse{200, "application/json", {}, json{{"name", name}}.dump()});
+  respond(ApiResponse{200, "application/json", {}, json{{"name", name}}.dump()});
   // hiberd forgets it once its sessions are gone: on_worker_gone finishes the unload.
   if (function->instances.empty()) on_worker_gone(name, 0);
 }
@@ -733,7 +733,7 @@ void Router::on_started(const std::shared_ptr<Invocation>& invocation,
   }
   if (invocation->answered) {
     // Its deadline passed while hiberd queued it: the GPU is released without running it.
-    return finish(invocation, HttpResponse{}, true);
+    return finish(invocation, ApiResponse{}, true);
   }
   Function* function = find(invocation->function);
   Instance* instance = nullptr;
@@ -763,14 +763,14 @@ void Router::on_outcome(const std::shared_ptr<Invocation>& invocation, WorkerOut
   if (!outcome.ok) {
     return finish(invocation, error_response(500, outcome.error), true);
   }
-  HttpResponse response;
+  ApiResponse response;
   response.status = 200;
   response.content_type = std::move(outcome.content_type);
   response.body = std::move(outcome.body);
   finish(invocation, std::move(response), false);
 }
 
-void Router::finish(const std::shared_ptr<Invocation>& invocation, HttpResponse response,
+void Router::finish(const std::shared_ptr<Invocation>& invocation, ApiResponse response,
                     bool failed) {
   if (invocation->hiberd_request) {
     const std::string node = nodes_[invocation->node]->config().name;
@@ -793,7 +793,7 @@ void Router::finish(const std::shared_ptr<Invocation>& invocation, HttpResponse 
   if (function != nullptr) pump(*function);
 }
 
-void Router::answer(Invocation& invocation, HttpResponse response) {
+void Router::answer(Invocation& invocation, ApiResponse response) {
   if (invocation.answered) return;
   invocation.answered = true;
   if (invocation.deadline_timer) invocation.deadline_timer->cancel();

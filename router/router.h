@@ -57,7 +57,7 @@ class Router {
   void start();
   // Answers one HTTP request (all of docs/router.md's API but the status page and /metrics,
   // which the HTTP server's owner adds).
-  void handle(HttpRequest request, Respond respond);
+  void handle(ApiRequest request, Respond respond);
   // Stops every worker; `done` once they are all gone (or the stop timeout passed).
   void shutdown(std::function<void()> done);
 
@@ -75,11 +75,11 @@ class Router {
   Router(boost::asio::io_context& io, RouterOptions options, Registry registry);
 
   // API.
-  void infer(const std::string& name, HttpRequest request, Respond respond);
-  void load(const std::string& name, const HttpRequest& request, Respond respond);
+  void infer(const std::string& name, ApiRequest request, Respond respond);
+  void load(const std::string& name, const ApiRequest& request, Respond respond);
   void unload(const std::string& name, Respond respond);
-  HttpResponse metadata(const Function& function) const;
-  HttpResponse repository_index() const;
+  ApiResponse metadata(const Function& function) const;
+  ApiResponse repository_index() const;
   void async_result(const std::string& id, Respond respond);
 
   // Invocations.
@@ -90,9 +90,9 @@ class Router {
   void run(Function& function, Instance& instance, std::shared_ptr<Invocation> invocation);
   void on_started(const std::shared_ptr<Invocation>& invocation, Result<wire::Started> started);
   void on_outcome(const std::shared_ptr<Invocation>& invocation, WorkerOutcome outcome);
-  void finish(const std::shared_ptr<Invocation>& invocation, HttpResponse response,
+  void finish(const std::shared_ptr<Invocation>& invocation, ApiResponse response,
               bool failed);
-  void answer(Invocation& invocation, HttpResponse response);
+  void answer(Invocation& invocation, ApiResponse response);
   void expire(const std::shared_ptr<Invocation>& invocation);
 
   // Workers and nodes.

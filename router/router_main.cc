@@ -140,10 +140,10 @@ int run(const char* argv0) {
   http.max_connections = FLAGS_max_connections;
   HttpServer* server_ptr = nullptr;
   Result<std::unique_ptr<HttpServer>> server = HttpServer::create(
-      io, http, [&core, &server_ptr](HttpRequest request, Respond respond) {
+      io, http, [&core, &server_ptr](ApiRequest request, Respond respond) {
         if (request.path == "/" || request.path == "/index.html") {
           if (request.method != "GET") return respond(error_response(405, "GET only"));
-          return respond(HttpResponse{200, "text/html; charset=utf-8", {},
+          return respond(ApiResponse{200, "text/html; charset=utf-8", {},
                                       std::string(status_page_html())});
         }
         if (request.path == "/metrics") {
@@ -151,7 +151,7 @@ int run(const char* argv0) {
           if (server_ptr != nullptr) {
             core.metrics().set_connections(static_cast<double>(server_ptr->connections()));
           }
-          return respond(HttpResponse{200, "text/plain; version=0.0.4; charset=utf-8", {},
+          return respond(ApiResponse{200, "text/plain; version=0.0.4; charset=utf-8", {},
                                       core.metrics().serialize()});
         }
         core.handle(std::move(request), std::move(respond));
