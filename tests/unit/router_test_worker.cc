@@ -7,7 +7,10 @@
 //                               them it answers the error "barrier timed out", so a worker that
 //                               runs requests one at a time fails the test instead of hanging
 //   application/x-test-deadline answers the request's deadline in ms, or "none"
+//   application/x-test-pid      answers the worker's process id (tests kill it)
 //   anything else               echoes the body with its content type
+#include <unistd.h>
+
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
@@ -32,6 +35,9 @@ std::variant<Response, std::string> handle(const Request& request) {
   if (request.content_type == "application/x-test-deadline") {
     return Response{"text/plain",
                     request.deadline ? std::to_string(request.deadline->count()) : "none"};
+  }
+  if (request.content_type == "application/x-test-pid") {
+    return Response{"text/plain", std::to_string(::getpid())};
   }
   if (request.content_type == "application/x-test-barrier") {
     const int needed = std::stoi(request.body);

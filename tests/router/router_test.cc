@@ -1,0 +1,373 @@
+// hiber-router end to end: real hiberd (--device=sim), a real hiber-router, real worker
+// processes (the C++ SDK's echo and test workers, the Python SDK's echo worker), over HTTP.
+// Every answer is checked against what was sent, computed independently by the test.
+#include <signal.h>
+#include <sys/socket.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "tests/router/router_harness.h"
+
+namespace hiber::testing {
+namespace {
+
+using namespace std::chrono_literals;
+using nlohmann::json;
+
+// One hiberd and a router in front of it.
+struct Node {
+  explicit Node(std::vector<std::string> router_flags = {})
+      : state_dir(temp_dir("hiber-router-test")) {
+    router_flags.push_back("--run_dir=" + hiberd.run_dir());
+    router = std::make_unique<RouterProcess>(state_dir, router_flags);
+  }
+  Hiberd hiberd;
+  std::string state_dir;
+  std::unique_ptr<RouterProcess> router;
+};
+
+json echo_registration(json extra = json::object()) {
+  json r = {{"command", {echo_worker_path()}}, {"slo_ms", 5000}, {"idle_timeout_s", 600}};
+  r.update(extra);
+  return r;
+}
+
+json test_worker_registration(json extra = json::object()) {
+  json r = {{"command", {test_worker_path()}}, {"slo_ms", 5000}, {"idle_timeout_s", 600}};
+  r.update(extra);
+  return r;
+}
+
+std::string binary_body(size_t bytes, unsigned seed) {
+  std::string body(bytes, '\0');
+  for (size_t i = 0; i < bytes; ++i) body[i] = static_cast<char>((i * 131 + seed * 7) % 256);
+  return body;
+}
+
+TEST(Router, EchoRoundTripsThroughHiberd) {
+  Node node;
+  RouterProcess& router = *node.router;
+  ASSERT_EQ(router.load("echo", echo_registration()).status, 200);
+
+  // Raw bytes, zero bytes included, come back exactly; so does a KServe JSON request.
+  for (unsigned i = 0; i < 5; ++i) {
+    const std::string body = binary_body(1000 + i * 4099, i);
+    router::HttpResponse answer = router.infer("echo", body);
+    ASSERT_EQ(answer.status, 200) << answer.body << router.log();
+    EXPECT_EQ(answer.body, body);
+    EXPECT_EQ(answer.header("X-Hiber-Node").value_or(""), "node0");
+    EXPECT_TRUE(answer.header("X-Hiber-Gpu").has_value());
+    EXPECT_TRUE(answer.header("X-Hiber-Source").has_value());
+    EXPECT_TRUE(answer.header("X-Hiber-Queued-Ms").has_value());
+  }
+  const json request = {{"inputs", {{{"name", "x"}, {"shape", {2}}, {"datatype", "FP32"},
+                                     {"data", {1.5, -2.0}}}}}};
+  router::HttpResponse answer = router.infer("echo", request.dump(), "application/json",
+                                             {{"X-Request-Id", "my-request-7"}});
+  ASSERT_EQ(answer.status, 200);
+  EXPECT_EQ(json::parse(answer.body), request);
+  EXPECT_EQ(answer.header("X-Request-Id").value_or(""), "my-request-7");
+
+  // The router's numbers and hiberd's agree with what was sent.
+  const json status = router.function_status("echo");
+  EXPECT_EQ(status["requests"], 6);
+  EXPECT_EQ(status["ok"], 6);
+  EXPECT_EQ(router.metric(R"(hiber_invocations_total{function="echo",status="200"})"), 6);
+  EXPECT_EQ(router.metric(R"(hiber_worker_starts_total{function="echo"})"), 1);
+  auto hiberd_status = node.hiberd.status();
+  ASSERT_TRUE(hiberd_status.ok());
+
+  // Metadata and readiness.
+  router::HttpResponse metadata = router.request("GET", "/v2/models/echo");
+  ASSERT_EQ(metadata.status, 200);
+  EXPECT_EQ(json::parse(metadata.body)["name"], "echo");
+  EXPECT_EQ(router.request("GET", "/v2/models/echo/ready").status, 200);
+  EXPECT_EQ(router.request("GET", "/v2/health/live").status, 200);
+  EXPECT_EQ(router.request("GET", "/v2/health/ready").status, 200);
+  const json index = json::parse(router.request("GET", "/v2/repository/index").body);
+  ASSERT_EQ(index.size(), 1u);
+  EXPECT_EQ(index[0]["name"], "echo");
+}
+
+TEST(Router, PythonWorker) {
+  Node node;
+  RouterProcess& router = *node.router;
+  ASSERT_EQ(router.load("py", {{"command", {"/usr/bin/python3", python_worker_path()}},
+                               {"slo_ms", 5000}})
+                .status,
+            200);
+  for (unsigned i = 0; i < 3; ++i) {
+    const std::string body = binary_body(777 + i, i + 3);
+    router::HttpResponse answer = router.infer("py", body);
+    ASSERT_EQ(answer.status, 200) << answer.body;
+    EXPECT_EQ(answer.body, body);
+  }
+}
+
+TEST(Router, ErrorsAreTheRequestsOwn) {
+  Node node;
+  RouterProcess& router = *node.router;
+  ASSERT_EQ(router.load("t", test_worker_registration()).status, 200);
+  // Unknown function, malformed JSON, a function's error and exception: each a clear answer.
+  router::HttpResponse unknown = router.infer("nope", "x");
+  EXPECT_EQ(unknown.status, 404);
+  EXPECT_NE(unknown.body.find("not registered"), std::string::npos);
+  router::HttpResponse malformed = router.infer("t", "{\"inputs\": [", "application/json");
+  EXPECT_EQ(malformed.status, 400);
+  router::HttpResponse failed = router.infer("t", "the model is sad", "application/x-test-error");
+  EXPECT_EQ(failed.status, 500);
+  EXPECT_NE(failed.body.find("the model is sad"), std::string::npos) << failed.body;
+  router::HttpResponse thrown = router.infer("t", "boom", "application/x-test-throw");
+  EXPECT_EQ(thrown.status, 500);
+  EXPECT_NE(thrown.body.find("boom"), std::string::npos) << thrown.body;
+  // None of that touched the next request.
+  router::HttpResponse fine = router.infer("t", "still here");
+  EXPECT_EQ(fine.status, 200);
+  EXPECT_EQ(fine.body, "still here");
+  // A registration that makes no sense is refused with the reason.
+  router::HttpResponse bad = router.load("b", {{"command", json::array()}});
+  EXPECT_EQ(bad.status, 400);
+  EXPECT_NE(bad.body.find("command"), std::string::npos);
+  EXPECT_EQ(router.load("b/c", echo_registration()).status, 404);
+  EXPECT_EQ(router.load("b", echo_registration({{"slo_ms", -1}})).status, 400);
+  EXPECT_EQ(router.load("b", echo_registration({{"colour", "red"}})).status, 400);
+}
+
+TEST(Router, AsyncInvocationAndDeadline) {
+  Node node;
+  RouterProcess& router = *node.router;
+  ASSERT_EQ(router.load("t", test_worker_registration({{"concurrency", 4}})).status, 200);
+  router::HttpResponse accepted =
+      router.infer("t", "later", "text/plain", {{"Prefer", "respond-async"}});
+  ASSERT_EQ(accepted.status, 202) << accepted.body;
+  const std::string id = json::parse(accepted.body)["id"];
+  EXPECT_EQ(accepted.header("Location").value_or(""), "/v2/invocations/" + id);
+  router::HttpResponse result;
+  ASSERT_TRUE(eventually([&] {
+    result = router.request("GET", "/v2/invocations/" + id);
+    return result.status != 202;
+  }));
+  EXPECT_EQ(result.status, 200);
+  EXPECT_EQ(result.body, "later");
+  EXPECT_EQ(router.request("GET", "/v2/invocations/" + id).status, 404);  // collected
+
+  // The function sees the deadline that is left.
+  router::HttpResponse deadline = router.infer("t", "", "application/x-test-deadline",
+                                               {{"X-Hiber-Deadline-Ms", "20000"}});
+  ASSERT_EQ(deadline.status, 200);
+  const int left = std::stoi(deadline.body);
+  EXPECT_GT(left, 0);
+  EXPECT_LE(left, 20000);
+  // A request that cannot finish by its deadline gets 504 at the deadline; others don't wait.
+  std::thread slow([&] {
+    router::HttpResponse late = router.infer("t", "2", "application/x-test-barrier",
+                                             {{"X-Hiber-Deadline-Ms", "300"}});
+    EXPECT_EQ(late.status, 504) << late.body;
+  });
+  slow.join();
+  EXPECT_EQ(router.infer("t", "x", "application/x-test-deadline",
+                         {{"X-Hiber-Deadline-Ms", "abc"}}).status,
+            400);
+  // The barrier request still holds a slot until the worker answers it (60 s): others proceed.
+  EXPECT_EQ(router.infer("t", "next").body, "next");
+}
+
+TEST(Router, OverloadGets429WithRetryAfter) {
+  Node node({"--max_queue=2"});
+  RouterProcess& router = *node.router;
+  ASSERT_EQ(router.load("t", test_worker_registration()).status, 200);
+  ASSERT_EQ(router.infer("t", "warm").status, 200);
+  // concurrency 1: one request in the worker (a barrier that never fills: it waits), two in the
+  // queue, the rest refused at once.
+  std::vector<std::thread> clients;
+  std::atomic<int> refused{0};
+  std::atomic<int> answered_with_retry{0};
+  for (int i = 0; i < 6; ++i) {
+    clients.emplace_back([&, i] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(i == 0 ? 0 : 300));
+      router::HttpResponse r =
+          i == 0 ? router.infer("t", "2", "application/x-test-barrier",
+                                {{"X-Hiber-Deadline-Ms", "3000"}})
+                 : router.infer("t", "q", "text/plain", {{"X-Hiber-Deadline-Ms", "3000"}});
+      if (r.status == 429) {
+        ++refused;
+        if (r.header("Retry-After")) ++answered_with_retry;
+      }
+    });
+  }
+  for (auto& c : clients) c.join();
+  EXPECT_EQ(refused.load(), 3);
+  EXPECT_EQ(answered_with_retry.load(), 3);
+}
+
+TEST(Router, ScalesFromZeroAndToZero) {
+  Node node;
+  RouterProcess& router = *node.router;
+  ASSERT_EQ(router.load("e", echo_registration({{"idle_timeout_s", 1}})).status, 200);
+  EXPECT_EQ(router.function_status("e")["instances"], 0);  // nothing runs before a request
+  ASSERT_EQ(router.infer("e", "one").body, "one");
+  EXPECT_EQ(router.function_status("e")["instances"], 1);
+  ASSERT_TRUE(eventually([&] { return router.function_status("e")["instances"] == 0; }, 10s))
+      << "the idle worker was not stopped";
+  ASSERT_EQ(router.infer("e", "two").body, "two");  // from zero again
+  EXPECT_EQ(router.metric(R"(hiber_worker_starts_total{function="e"})"), 2);
+  EXPECT_EQ(router.metric(R"(hiber_worker_failures_total{function="e"})"), -1);  // none
+}
+
+TEST(Router, AWorkerKilledMidRequestFailsThatRequestOnly) {
+  Node node;
+  RouterProcess& router = *node.router;
+  ASSERT_EQ(router.load("t", test_worker_registration({{"concurrency", 2}})).status, 200);
+  ASSERT_EQ(router.load("e", echo_registration()).status, 200);
+  const std::string pid_text = router.infer("t", "", "application/x-test-pid").body;
+  const pid_t pid = std::stoi(pid_text);
+  ASSERT_GT(pid, 0);
+  router::HttpResponse lost;
+  std::thread waiting([&] { lost = router.infer("t", "3", "application/x-test-barrier"); });
+  ASSERT_TRUE(eventually([&] { return router.function_status("t")["busy"] == 1; }));
+  ::kill(pid, SIGKILL);
+  waiting.join();
+  EXPECT_EQ(lost.status, 500);
+  EXPECT_NE(lost.body.find("lost"), std::string::npos) << lost.body;
+  // The other function never noticed; this one gets a new worker.
+  EXPECT_EQ(router.infer("e", "other").body, "other");
+  router::HttpResponse again = router.infer("t", "again");
+  EXPECT_EQ(again.status, 200);
+  EXPECT_EQ(again.body, "again");
+  EXPECT_NE(router.infer("t", "", "application/x-test-pid").body, pid_text);
+  EXPECT_EQ(router.metric(R"(hiber_worker_failures_total{function="t"})"), 1);
+}
+
+TEST(Router, AWorkerThatCannotStartFailsWithItsReason) {
+  Node node;
+  RouterProcess& router = *node.router;
+  ASSERT_EQ(router.load("x", {{"command", {"/nonexistent/worker"}}}).status, 200);
+  router::HttpResponse r = router.infer("x", "a");
+  EXPECT_EQ(r.status, 503);
+  EXPECT_NE(r.body.find("/nonexistent/worker"), std::string::npos) << r.body;
+  EXPECT_TRUE(r.header("Retry-After").has_value());
+  ASSERT_EQ(router.load("y", {{"command", {"/bin/false"}}}).status, 200);
+  r = router.infer("y", "a");
+  EXPECT_EQ(r.status, 503);
+  EXPECT_NE(r.body.find("exited 1"), std::string::npos) << r.body;
+}
+
+TEST(Router, ARestartKeepsTheRegistry) {
+  Hiberd hiberd;
+  const std::string state = temp_dir("hiber-router-restart");
+  const std::vector<std::string> flags = {"--run_dir=" + hiberd.run_dir()};
+  {
+    RouterProcess router(state, flags);
+    ASSERT_EQ(router.load("a", echo_registration()).status, 200);
+    ASSERT_EQ(router.load("b", test_worker_registration({{"slo_ms", 250}})).status, 200);
+    ASSERT_EQ(router.load("c", echo_registration()).status, 200);
+    ASSERT_EQ(router.request("POST", "/v2/repository/models/c/unload").status, 200);
+    ASSERT_EQ(router.infer("a", "x").body, "x");
+    EXPECT_EQ(router.stop(), 0) << router.log();
+  }
+  RouterProcess router(state, flags);
+  const json index = json::parse(router.request("GET", "/v2/repository/index").body);
+  ASSERT_EQ(index.size(), 2u) << index;
+  EXPECT_EQ(index[0]["name"], "a");
+  EXPECT_EQ(index[1]["name"], "b");
+  EXPECT_EQ(json::parse(router.request("GET", "/v2/models/b").body)["parameters"]["slo_ms"], 250);
+  EXPECT_EQ(router.infer("a", "after restart").body, "after restart");
+  EXPECT_EQ(router.infer("b", "b too").body, "b too");
+  EXPECT_EQ(router.infer("c", "gone").status, 404);
+}
+
+// Raw TCP, for what a well-behaved client library will not send.
+int connect_raw(const router::HttpTarget& target) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(target.port);
+  ::inet_pton(AF_INET, target.host.c_str(), &address.sin_addr);
+  EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
+  return fd;
+}
+
+std::string read_all(int fd) {
+  std::string out;
+  char buffer[4096];
+  for (;;) {
+    const ssize_t n = ::read(fd, buffer, sizeof buffer);
+    if (n <= 0) break;
+    out.append(buffer, static_cast<size_t>(n));
+  }
+  return out;
+}
+
+TEST(Router, BadHttpGets4xxAndBlocksNoOne) {
+  Node node({"--read_timeout_ms=1500", "--max_body_mib=64"});
+  RouterProcess& router = *node.router;
+  ASSERT_EQ(router.load("e", echo_registration()).status, 200);
+
+  // A slow client, one byte a second: 408 after the read timeout, while others are served.
+  std::string slow_answer;
+  std::thread slow([&] {
+    const int fd = connect_raw(router.target());
+    const std::string request = "POST /v2/models/e/infer HTTP/1.1\r\nHost: x\r\n";
+    for (char c : request) {
+      if (::write(fd, &c, 1) != 1) break;
+      std::this_thread::sleep_for(1s);
+      if (c == '\n') break;  // the timeout comes long before the end
+    }
+    slow_answer = read_all(fd);
+    ::close(fd);
+  });
+  for (int i = 0; i < 20; ++i) {
+    EXPECT_EQ(router.infer("e", "meanwhile " + std::to_string(i)).status, 200);
+  }
+  slow.join();
+  EXPECT_EQ(slow_answer.rfind("HTTP/1.1 408", 0), 0u) << slow_answer;
+
+  // A 100 MiB body: 413 as soon as its length is known.
+  {
+    const int fd = connect_raw(router.target());
+    const std::string header =
+        "POST /v2/models/e/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream"
+        "\r\nContent-Length: 104857600\r\n\r\n";
+    ASSERT_EQ(::write(fd, header.data(), header.size()), static_cast<ssize_t>(header.size()));
+    const std::string answer = read_all(fd);
+    EXPECT_EQ(answer.rfind("HTTP/1.1 413", 0), 0u) << answer;
+    ::close(fd);
+  }
+  // Garbage instead of HTTP: 400.
+  {
+    const int fd = connect_raw(router.target());
+    const std::string garbage = "\x01\x02 NOT HTTP\r\n\r\n";
+    ASSERT_EQ(::write(fd, garbage.data(), garbage.size()), static_cast<ssize_t>(garbage.size()));
+    const std::string answer = read_all(fd);
+    EXPECT_EQ(answer.rfind("HTTP/1.1 400", 0), 0u) << answer;
+    ::close(fd);
+  }
+  EXPECT_EQ(router.request("GET", "/no/such/thing").status, 404);
+  EXPECT_EQ(router.request("DELETE", "/v2/models/e/infer").status, 405);
+  EXPECT_EQ(router.infer("unknown-function", "x").status, 404);
+  EXPECT_EQ(router.infer("e", "{not json", "application/json").status, 400);
+  EXPECT_EQ(router.infer("e", "[1, 2]", "application/json").status, 400);
+  EXPECT_EQ(router.infer("e", "after all that").body, "after all that");
+}
+
+TEST(Router, StatusPageAndMetricsAreServed) {
+  Node node;
+  RouterProcess& router = *node.router;
+  router::HttpResponse page = router.request("GET", "/");
+  EXPECT_EQ(page.status, 200);
+  EXPECT_NE(page.content_type.find("text/html"), std::string::npos);
+  router::HttpResponse metrics = router.request("GET", "/metrics");
+  EXPECT_EQ(metrics.status, 200);
+  EXPECT_NE(metrics.body.find("hiber_build_info{"), std::string::npos);
+  EXPECT_NE(metrics.body.find("hiber_node_up{node=\"node0\"} 1"), std::string::npos)
+      << metrics.body;
+}
+
+}  // namespace
+}  // namespace hiber::testing
