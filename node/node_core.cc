@@ -15,6 +15,36 @@ int index_of(GpuId gpu) { return gpu.value(); }
 
 }  // namespace
 
+const char* swap_link_name(SwapLink link) {
+  switch (link) {
+    case SwapLink::kNvlink: return "nvlink";
+    case SwapLink::kPcie: return "pcie";
+    case SwapLink::kHost: return "host";
+  }
+  return "?";
+}
+
+std::optional<SwapLink> swap_link(const scheduler::Topology& topology, Source source,
+                                  int source_gpu, int gpu) {
+  switch (source) {
+    case Source::kResident: return std::nullopt;
+    case Source::kHost: return SwapLink::kHost;
+    case Source::kPeer:
+      return source_gpu >= 0 && topology.peer_gbps(source_gpu, gpu) > 0 ? SwapLink::kNvlink
+                                                                         : SwapLink::kPcie;
+  }
+  return std::nullopt;
+}
+
+const char* eviction_reason_name(EvictionReason reason) {
+  switch (reason) {
+    case EvictionReason::kPlacement: return "placement";
+    case EvictionReason::kMemory: return "memory";
+    case EvictionReason::kDrain: return "drain";
+  }
+  return "?";
+}
+
 struct NodeCore::State {
   struct Function {
     FunctionSpec spec;
@@ -46,6 +76,7 @@ struct NodeCore::State {
     uint64_t swap_in_bytes = 0;
     double swap_in_seconds = 0;
     uint64_t evictions = 0;
+    std::array<uint64_t, kEvictionReasons> evictions_by_reason{};
     uint64_t reported_reserved = UINT64_MAX;
   };
 
@@ -55,6 +86,8 @@ struct NodeCore::State {
   std::unordered_map<RequestId, Request> requests;
   std::vector<Gpu> gpus;
   bool draining = false;
+  std::array<NodeStatus::LinkSwaps, kSwapLinks> swaps_by_link{};
+  Histogram swap_seconds{swap_seconds_bounds()};
   // GPUs whose memory changed since the scheduler last heard their reserve: it is told before it
   // decides (dispatch, make_room), once however many changes came in between.
   scheduler::GpuMask stale_reserves = 0;
@@ -326,6 +359,13 @@ void NodeCore::swap_done(RequestId id, const Status& status, const SwapStats& st
   ++g.swaps_in;
   g.swap_in_bytes += stats.bytes;
   g.swap_in_seconds += static_cast<double>(stats.duration) / 1e9;
+  if (const std::optional<SwapLink> link =
+          swap_link(topology_, r->decision->source, r->decision->source_gpu, gpu.value())) {
+    NodeStatus::LinkSwaps& by_link = state_->swaps_by_link[static_cast<size_t>(*link)];
+    ++by_link.swaps;
+    by_link.bytes += stats.bytes;
+  }
+  state_->swap_seconds.observe(static_cast<double>(stats.duration) / 1e9);
   if (r->decision->source == Source::kPeer && r->release_source) {
     // The copy was a move: the old replica goes (the scheduler may not have dropped it itself:
     // a function whose every block is state keeps one replica, full or not).
@@ -362,7 +402,7 @@ void NodeCore::released(RequestId id, const Status& status, Time now) {
       if (!g.healthy || g.drained) {
         scheduler_->drop_replica(gpu.value(), r->function);
         if (g.healthy) {
-          evict(r->function, gpu);
+          evict(r->function, gpu, EvictionReason::kDrain);
         } else {
           actuator_.forget(r->function, gpu);
         }
@@ -395,7 +435,9 @@ Status NodeCore::make_room(FunctionId function, GpuId gpu, uint64_t bytes, Time 
   }
   VLOG(1) << "t=" << now << " GPU " << gpu << " refused " << bytes << " bytes for function "
           << function << ": make_room evicts " << victims.size();
-  for (const scheduler::Eviction& v : victims) evict(v.function, GpuId{v.gpu});
+  for (const scheduler::Eviction& v : victims) {
+    evict(v.function, GpuId{v.gpu}, EvictionReason::kMemory);
+  }
   return Status();
 }
 
@@ -457,7 +499,7 @@ Status NodeCore::drain(std::optional<GpuId> gpu, bool resume) {
     if (f.attached && id != runner) resident.push_back(id);
   }
   std::sort(resident.begin(), resident.end());
-  for (FunctionId id : resident) evict(id, *gpu);
+  for (FunctionId id : resident) evict(id, *gpu, EvictionReason::kDrain);
   state_->drains.push_back(gpu);
   return Status();
 }
@@ -483,7 +525,9 @@ void NodeCore::start_one(const Decision& d, Time now) {
   State::Function* f = state_->function(r.function);
   const GpuId gpu{d.gpu};
   state_->gpus[d.gpu].running = rid;
-  for (const scheduler::Eviction& v : d.evictions) evict(v.function, GpuId{v.gpu});
+  for (const scheduler::Eviction& v : d.evictions) {
+    evict(v.function, GpuId{v.gpu}, EvictionReason::kPlacement);
+  }
   r.decision = d;
   r.phase = Phase::kPlacing;
   if (f == nullptr || !f->attached) {
@@ -520,7 +564,7 @@ void NodeCore::start_one(const Decision& d, Time now) {
   actuator_.start(start);
 }
 
-void NodeCore::evict(FunctionId function, GpuId gpu) {
+void NodeCore::evict(FunctionId function, GpuId gpu, EvictionReason reason) {
   State::Function* f = state_->function(function);
   if (f == nullptr || !f->attached) return;
   Result<uint64_t> freed = actuator_.evict(function, gpu);
@@ -532,7 +576,11 @@ void NodeCore::evict(FunctionId function, GpuId gpu) {
     }
     return;
   }
-  if (*freed > 0) ++state_->gpus[index_of(gpu)].evictions;
+  if (*freed > 0) {
+    State::Gpu& g = state_->gpus[index_of(gpu)];
+    ++g.evictions;
+    ++g.evictions_by_reason[static_cast<size_t>(reason)];
+  }
   reserve_changed(gpu);
 }
 
@@ -630,6 +678,7 @@ NodeStatus NodeCore::status(Time now) const {
     gpu.swap_in_bytes = g.swap_in_bytes;
     gpu.swap_in_seconds = g.swap_in_seconds;
     gpu.evictions = g.evictions;
+    gpu.evictions_by_reason = g.evictions_by_reason;
     out.gpus.push_back(gpu);
   }
   const scheduler::FunctionTable& table = scheduler_->functions();
@@ -655,6 +704,8 @@ NodeStatus NodeCore::status(Time now) const {
   out.queued = scheduler_->queued();
   out.counters = scheduler_->counters();
   out.draining = state_->draining;
+  out.swaps_by_link = state_->swaps_by_link;
+  out.swap_seconds = state_->swap_seconds;
   return out;
 }
 

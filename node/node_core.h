@@ -33,12 +33,14 @@
 // such as its start-up) is forgotten at released(); nobody waits for it.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "common/histogram.h"
 #include "common/ids.h"
 #include "common/status.h"
 #include "scheduler/scheduler.h"
@@ -133,6 +135,24 @@ class Actuator {
   virtual uint64_t model_bytes(FunctionId function) const = 0;
 };
 
+// The link a swap brings a model over.
+enum class SwapLink : uint8_t { kNvlink, kPcie, kHost };
+inline constexpr size_t kSwapLinks = 3;
+const char* swap_link_name(SwapLink link);  // "nvlink", "pcie", "host"
+// The link a model from `source` takes onto `gpu`: a peer copy goes over NVLink (or NVSwitch)
+// when the topology has a direct link, else over PCIe; none for a resident model.
+std::optional<SwapLink> swap_link(const scheduler::Topology& topology, scheduler::Source source,
+                                  int source_gpu, int gpu);
+
+// Why a replica left a GPU.
+enum class EvictionReason : uint8_t {
+  kPlacement,  // room for a model the scheduler placed there
+  kMemory,     // a running function needed more memory than was free (make_room)
+  kDrain,      // the GPU was drained
+};
+inline constexpr size_t kEvictionReasons = 3;
+const char* eviction_reason_name(EvictionReason reason);  // "placement", "memory", "drain"
+
 // Where a request stands.
 enum class Phase : uint8_t { kQueued, kPlacing, kRunning, kEnding, kEnded };
 
@@ -146,6 +166,11 @@ struct NodeStatus {
     uint64_t swap_in_bytes = 0;
     double swap_in_seconds = 0;
     uint64_t evictions = 0;
+    std::array<uint64_t, kEvictionReasons> evictions_by_reason{};  // by EvictionReason
+  };
+  struct LinkSwaps {
+    uint64_t swaps = 0;
+    uint64_t bytes = 0;
   };
   struct Function {
     FunctionId id;
@@ -163,6 +188,8 @@ struct NodeStatus {
   uint64_t queued = 0;
   scheduler::SchedulerCounters counters;
   bool draining = false;
+  std::array<LinkSwaps, kSwapLinks> swaps_by_link{};  // finished swaps, by SwapLink
+  Histogram swap_seconds{swap_seconds_bounds()};       // per finished swap
 };
 
 class NodeCore {
@@ -246,7 +273,7 @@ class NodeCore {
   NodeCore(const scheduler::Topology& topology, const NodeOptions& options, Actuator& actuator);
 
   void start_one(const scheduler::Decision& decision, Time now);
-  void evict(FunctionId function, GpuId gpu);
+  void evict(FunctionId function, GpuId gpu, EvictionReason reason);
   // Tells the scheduler the model size the actuator reports, if it changed.
   void learn_model_bytes(FunctionId function);
   // Tells the scheduler how much of `gpu` is used by anything but the replicas it placed.

@@ -18,6 +18,17 @@ namespace control = wire::control;
 
 namespace {
 
+void write_histogram(const Histogram& in, proto::Histogram::Builder out) {
+  auto bounds = out.initUpperBounds(static_cast<unsigned>(in.upper_bounds.size()));
+  for (size_t i = 0; i < in.upper_bounds.size(); ++i) {
+    bounds.set(static_cast<unsigned>(i), in.upper_bounds[i]);
+  }
+  auto counts = out.initCounts(static_cast<unsigned>(in.counts.size()));
+  for (size_t i = 0; i < in.counts.size(); ++i) counts.set(static_cast<unsigned>(i), in.counts[i]);
+  out.setSum(in.sum);
+  out.setCount(in.count);
+}
+
 // A control reply frame built by `fill`.
 Result<std::vector<std::byte>> reply_frame(
     const std::function<void(proto::ControlReply::Builder)>& fill) {
@@ -168,7 +179,21 @@ void ControlService::answer_status(ReplySender send) {
         d.setSwapInBytes(gpu.swap_in_bytes);
         d.setSwapInSeconds(gpu.swap_in_seconds);
         d.setEvictions(gpu.evictions);
+        auto reasons = d.initEvictionsByReason(node::kEvictionReasons);
+        for (size_t r = 0; r < node::kEvictionReasons; ++r) {
+          reasons[static_cast<unsigned>(r)].setReason(
+              node::eviction_reason_name(static_cast<node::EvictionReason>(r)));
+          reasons[static_cast<unsigned>(r)].setCount(gpu.evictions_by_reason[r]);
+        }
       }
+      auto links = status.initSwapsByLink(node::kSwapLinks);
+      for (size_t l = 0; l < node::kSwapLinks; ++l) {
+        auto out = links[static_cast<unsigned>(l)];
+        out.setLink(node::swap_link_name(static_cast<node::SwapLink>(l)));
+        out.setSwaps(controller->swaps_by_link[l].swaps);
+        out.setBytes(controller->swaps_by_link[l].bytes);
+      }
+      write_histogram(controller->swap_seconds, status.initSwapDuration());
       auto list = status.initSessions(static_cast<unsigned>(sessions.size()));
       for (size_t i = 0; i < sessions.size(); ++i) {
         const SessionSnapshot& s = sessions[i];
@@ -234,6 +259,9 @@ void ControlService::answer_status(ReplySender send) {
       out.setModuleCacheHits(cache.hits);
       out.setModuleCacheMisses(cache.misses);
       out.setModuleCacheUnknownHashes(cache.unknown_hashes);
+      out.setRemotedCalls(counters.remoted_calls);
+      out.setRemotedBatches(counters.remoted_batches);
+      write_histogram(counters.batch_sizes, out.initBatchSize());
     }));
   });
 }

@@ -12,6 +12,7 @@
 #include <functional>
 #include <vector>
 
+#include "common/histogram.h"
 #include "common/status.h"
 #include "server/controller.h"
 #include "server/device/device.h"
@@ -35,6 +36,10 @@ class ControlService {
     uint64_t malformed_messages = 0;  // handshakes, control requests and batches, ever
     uint64_t control_requests = 0;
     double uptime_seconds = 0;
+    // Every session's, those that ended included.
+    uint64_t remoted_calls = 0;
+    uint64_t remoted_batches = 0;
+    Histogram batch_sizes{batch_size_bounds()};
   };
 
   // `device`, `controller` and `modules` must outlive the service.
@@ -49,8 +54,13 @@ class ControlService {
   // The error reply frame that answers a control request with `why`.
   static Result<std::vector<std::byte>> error_frame(const Status& why);
 
- private:
+  // Answers a status request: the reply frame (a ControlReply holding a NodeStatus) comes
+  // through `send`, later, on the controller's thread. On the daemon's loop thread, as answer().
+  // hiberd's /metrics gets its report here too, so a scrape sees exactly what a status request
+  // would.
   void answer_status(ReplySender send);
+
+ private:
 
   device::Device& device_;
   Controller& controller_;

@@ -478,6 +478,7 @@ ControllerStatus Controller::on_status() {
     gpu.swap_in_bytes = in.swap_in_bytes;
     gpu.swap_in_seconds = in.swap_in_seconds;
     gpu.evictions = in.evictions;
+    gpu.evictions_by_reason = in.evictions_by_reason;
     out.gpus.push_back(gpu);
   }
   for (const node::NodeStatus::Function& in : core.functions) {
@@ -506,6 +507,8 @@ ControllerStatus Controller::on_status() {
   out.swap_group_bytes = group_bytes_;
   out.host_pool = repository_->stats();
   out.draining = core.draining;
+  out.swaps_by_link = core.swaps_by_link;
+  out.swap_seconds = core.swap_seconds;
   return out;
 }
 
@@ -599,11 +602,15 @@ void Controller::answer_start(RequestId request, const Result<node::StartInfo>& 
     reply(answer.status());
     return;
   }
+  const int source_gpu = answer->source_gpu ? answer->source_gpu->value() : -1;
+  const std::optional<node::SwapLink> link =
+      node::swap_link(*topology_, answer->source, source_gpu, answer->gpu.value());
   reply(wire::Started{.gpu = answer->gpu.value(),
                       .source = scheduler::source_name(answer->source),
-                      .source_gpu = answer->source_gpu ? answer->source_gpu->value() : -1,
+                      .source_gpu = source_gpu,
                       .rule = scheduler::placement_rule_name(answer->rule),
-                      .queued_ms = static_cast<double>(answer->queued) / 1e6});
+                      .queued_ms = static_cast<double>(answer->queued) / 1e6,
+                      .link = link ? node::swap_link_name(*link) : ""});
 }
 
 void Controller::drained(std::optional<GpuId> gpu) {

@@ -29,6 +29,7 @@
 // thread waits for the controller, which never waits for a session.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -104,6 +105,7 @@ struct ControllerStatus {
     uint64_t swap_in_bytes = 0;
     double swap_in_seconds = 0;
     uint64_t evictions = 0;
+    std::array<uint64_t, node::kEvictionReasons> evictions_by_reason{};  // by EvictionReason
   };
   struct Function {
     std::string function_id;
@@ -125,6 +127,8 @@ struct ControllerStatus {
   uint64_t swap_group_bytes = 0;
   memory::HostPoolStats host_pool;
   bool draining = false;
+  std::array<node::NodeStatus::LinkSwaps, node::kSwapLinks> swaps_by_link{};  // by SwapLink
+  Histogram swap_seconds;
 };
 
 class Controller final : public GpuLessor, private node::Actuator {

@@ -10,8 +10,12 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
+#include <fstream>
+#include <future>
 
 #include <capnp/message.h>
 #include <glog/logging.h>
@@ -128,9 +132,32 @@ Result<std::unique_ptr<Daemon>> Daemon::create(device::Device& device, DaemonOpt
   UniqueFd signal_fd(::signalfd(-1, &signals, SFD_CLOEXEC | SFD_NONBLOCK));
   if (!signal_fd) return os_error("signalfd", errno);
 
-  return std::unique_ptr<Daemon>(
+  std::unique_ptr<Daemon> daemon(
       new Daemon(device, std::move(options), std::move(controller).value(), std::move(loop).value(),
                  std::move(functions).value(), std::move(control).value(), std::move(signal_fd)));
+  HIBER_RETURN_IF_ERROR(daemon->start_metrics());
+  return daemon;
+}
+
+Status Daemon::start_metrics() {
+  if (options_.metrics_listen.empty()) return Status();
+  HIBER_ASSIGN_OR_RETURN(metrics_, MetricsExporter::create(options_.metrics_listen,
+                                                           [this] { return status_for_metrics(); }));
+  LOG(INFO) << "hiberd serves /metrics on port " << metrics_->port() << " (--metrics_listen="
+            << options_.metrics_listen << ")";
+  if (!options_.metrics_port_file.empty()) {
+    // Written whole and renamed into place, so a reader never sees half a number.
+    const std::string temporary = options_.metrics_port_file + ".tmp";
+    {
+      std::ofstream out(temporary, std::ios::trunc);
+      out << metrics_->port() << "\n";
+      if (!out.flush()) return os_error("writing " + temporary, errno);
+    }
+    if (std::rename(temporary.c_str(), options_.metrics_port_file.c_str()) != 0) {
+      return os_error("rename to " + options_.metrics_port_file, errno);
+    }
+  }
+  return Status();
 }
 
 Daemon::Daemon(device::Device& device, DaemonOptions options,
@@ -149,6 +176,8 @@ Daemon::Daemon(device::Device& device, DaemonOptions options,
       started_(std::chrono::steady_clock::now()) {}
 
 Daemon::~Daemon() {
+  // Scrapes first: they post to the loop and read the controller.
+  metrics_.reset();
   // run() normally leaves nothing behind; this covers a Daemon destroyed without running.
   for (auto& [id, connection] : connections_) {
     if (connection->session) {
@@ -178,6 +207,10 @@ Status Daemon::run() {
             << options_.control_socket_path << " (" << device_.backend_name() << " device, "
             << device_.gpu_count() << " GPUs)";
   Status status = loop_->run();
+  loop_done_ = true;
+  // Nothing answers scrapes any more: stop listening (waits for a scrape in progress, which
+  // sees loop_done_ and gives up).
+  metrics_.reset();
   LOG(INFO) << "hiberd stopped: " << counters_.sessions_opened << " sessions served";
   return status;
 }
@@ -470,6 +503,9 @@ void Daemon::on_session_exit(uint64_t connection_id) {
   controller_->detach(c.session->id());
   SessionSnapshot last = c.session->snapshot();
   closed_sessions_malformed_ += last.malformed_messages;
+  closed_sessions_calls_ += last.calls;
+  closed_sessions_batches_ += last.batches;
+  closed_sessions_batch_sizes_.add(last.batch_sizes);
   LOG(INFO) << "session " << last.identity.id << " of '" << last.identity.function_id
             << "' ended after " << last.calls << " calls (" << last.failed_calls << " failed)";
   c.session.reset();
@@ -511,6 +547,34 @@ void Daemon::reply_later(uint64_t connection_id, Result<std::vector<std::byte>> 
   });
 }
 
+// The collector asks the control service for a status reply exactly as a control request does,
+// in process: the request is posted to the loop thread (where daemon_report() may read the
+// connections), and the reply frame comes back from the controller's thread. Rather than a
+// request over hiberd's own control socket: no connection to itself, no control-request counted
+// per scrape, no credentials, and the reply is the very bytes a status request gets.
+Result<std::vector<std::byte>> Daemon::status_for_metrics() {
+  using Frame = Result<std::vector<std::byte>>;
+  auto promise = std::make_shared<std::promise<Frame>>();
+  std::future<Frame> reply = promise->get_future();
+  loop_->post([this, promise] {
+    if (shutting_down_) {
+      promise->set_value(Status(ErrorCode::kDeviceUnavailable, "hiberd is shutting down"));
+      return;
+    }
+    control_->answer_status([promise](Frame frame) { promise->set_value(std::move(frame)); });
+  });
+  // The loop may stop before it runs the request; a controller that stopped drops the reply
+  // (a broken promise).
+  while (reply.wait_for(std::chrono::milliseconds(100)) != std::future_status::ready) {
+    if (loop_done_) return Status(ErrorCode::kDeviceUnavailable, "hiberd has stopped");
+  }
+  try {
+    return reply.get();
+  } catch (const std::future_error&) {
+    return Status(ErrorCode::kDeviceUnavailable, "hiberd is stopping");
+  }
+}
+
 ControlService::DaemonReport Daemon::daemon_report() const {
   ControlService::DaemonReport report;
   for (const auto& [id, c] : connections_) {
@@ -520,8 +584,14 @@ ControlService::DaemonReport Daemon::daemon_report() const {
   report.sessions_closed = counters_.sessions_closed;
   report.handshakes_rejected = counters_.handshakes_rejected;
   report.malformed_messages = counters_.malformed_messages + closed_sessions_malformed_;
+  report.remoted_calls = closed_sessions_calls_;
+  report.remoted_batches = closed_sessions_batches_;
+  report.batch_sizes = closed_sessions_batch_sizes_;
   for (const SessionSnapshot& s : report.sessions) {
     report.malformed_messages += s.malformed_messages;
+    report.remoted_calls += s.calls;
+    report.remoted_batches += s.batches;
+    report.batch_sizes.add(s.batch_sizes);
   }
   report.control_requests = counters_.control_requests;
   report.uptime_seconds =

@@ -29,6 +29,7 @@
 #include "server/controller.h"
 #include "server/device/device.h"
 #include "server/io_loop.h"
+#include "server/metrics_exporter.h"
 #include "server/module_cache.h"
 #include "wire/channel_layout.h"
 #include "wire/handshake.h"
@@ -51,6 +52,11 @@ struct DaemonOptions {
   // After SIGTERM, how long sessions may take to finish their device work before hiberd exits
   // without waiting for them. A second signal exits at once.
   std::chrono::milliseconds shutdown_timeout{30000};
+  // Prometheus /metrics on this "host:port" (port 0: a free one); "" = none.
+  std::string metrics_listen;
+  // Once /metrics listens, its port number is written here (for --metrics_listen=...:0); "" =
+  // nowhere.
+  std::string metrics_port_file;
 };
 
 class Daemon {
@@ -97,6 +103,10 @@ class Daemon {
   ControlService::DaemonReport daemon_report() const;
   // Sends a control reply to connection `id` if it is still there (from any thread).
   void reply_later(uint64_t connection_id, Result<std::vector<std::byte>> frame);
+  // A status reply frame for /metrics (an exporter thread): waits for the report a status
+  // request on the control socket would get.
+  Result<std::vector<std::byte>> status_for_metrics();
+  Status start_metrics();
 
   void reject(Connection& connection, const Status& why);
   void close_connection(Connection& connection, std::string_view why);
@@ -139,7 +149,16 @@ class Daemon {
     uint64_t malformed_messages = 0;  // handshakes and control requests
     uint64_t control_requests = 0;
   } counters_;
+  // Set once the loop has stopped: nothing posted to it runs any more.
+  std::atomic<bool> loop_done_{false};
+  // Declared last: destroyed first, its scrapes use everything above.
+  std::unique_ptr<MetricsExporter> metrics_;
+
   uint64_t closed_sessions_malformed_ = 0;  // malformed batches counted by sessions now gone
+  // What sessions now gone counted (the status report sums every session's).
+  uint64_t closed_sessions_calls_ = 0;
+  uint64_t closed_sessions_batches_ = 0;
+  Histogram closed_sessions_batch_sizes_{batch_size_bounds()};
 };
 
 }  // namespace hiber::server

@@ -100,6 +100,12 @@ DEFINE_uint64(handshake_timeout_ms, 5000, "Time a new connection has to say Hell
 DEFINE_uint64(shutdown_timeout_ms, 30000,
               "On SIGTERM, how long sessions may take to finish their device work before hiberd "
               "exits without them (a second signal exits at once)");
+DEFINE_string(metrics_listen, "",
+              "Serve Prometheus metrics (GET /metrics) on this host:port, e.g. 127.0.0.1:9400; "
+              "port 0 picks a free one (logged, and written to --metrics_port_file). Empty: off");
+DEFINE_string(metrics_port_file, "",
+              "With --metrics_listen, write the port /metrics listens on to this file once it "
+              "listens");
 
 namespace hiber {
 namespace {
@@ -201,6 +207,11 @@ Result<server::DaemonOptions> make_options(const std::string& run_dir) {
   options.max_sessions = FLAGS_max_sessions;
   options.handshake_timeout = std::chrono::milliseconds(FLAGS_handshake_timeout_ms);
   options.shutdown_timeout = std::chrono::milliseconds(FLAGS_shutdown_timeout_ms);
+  options.metrics_listen = FLAGS_metrics_listen;
+  options.metrics_port_file = FLAGS_metrics_port_file;
+  if (options.metrics_listen.empty() && !options.metrics_port_file.empty()) {
+    return error(ErrorCode::kInvalidValue, "--metrics_port_file needs --metrics_listen");
+  }
   return options;
 }
 

@@ -138,6 +138,12 @@ SessionSnapshot Session::snapshot() const {
   s.allocated_bytes = memory_->allocated_bytes();
   s.quota_bytes = config_.quota_bytes;
   s.batches = batches_.load();
+  s.batch_sizes = Histogram(batch_bounds_);
+  for (size_t i = 0; i < batch_size_counts_.size(); ++i) {
+    s.batch_sizes.counts[i] = batch_size_counts_[i].load(std::memory_order_relaxed);
+    s.batch_sizes.count += s.batch_sizes.counts[i];
+  }
+  s.batch_sizes.sum = static_cast<double>(batched_calls_.load(std::memory_order_relaxed));
   s.calls = calls_.load();
   s.failed_calls = failed_calls_.load();
   s.malformed_messages = malformed_messages_.load();
@@ -363,6 +369,12 @@ std::optional<uint32_t> Session::handle_message(const wire::Message& message, ui
             release_staging_now(last_end);
             return refused;
           }
+          const size_t bucket = static_cast<size_t>(
+              std::lower_bound(batch_bounds_.begin(), batch_bounds_.end(),
+                               static_cast<double>(calls.size())) -
+              batch_bounds_.begin());
+          batch_size_counts_[bucket].fetch_add(1, std::memory_order_relaxed);
+          batched_calls_.fetch_add(calls.size(), std::memory_order_relaxed);
         }
         for (uint32_t i = first; i < calls.size(); ++i) {
           if (!lease_ && wire::runs_on_gpu(calls[i].which())) {

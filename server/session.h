@@ -50,6 +50,7 @@
 #include <variant>
 #include <vector>
 
+#include "common/histogram.h"
 #include "common/ids.h"
 #include "common/mailbox.h"
 #include "common/mutex.h"
@@ -269,6 +270,11 @@ class Session final : public LeaseHolder {
 
   std::atomic<std::optional<GpuId>> bound_gpu_{};  // the lease's, for snapshots
   std::atomic<uint64_t> batches_{0};
+  // Calls per accepted batch, in batch_size_bounds()'s buckets, and their sum.
+  const std::vector<double> batch_bounds_ = batch_size_bounds();
+  std::vector<std::atomic<uint64_t>> batch_size_counts_ =
+      std::vector<std::atomic<uint64_t>>(batch_bounds_.size() + 1);
+  std::atomic<uint64_t> batched_calls_{0};
   std::atomic<uint64_t> calls_{0};
   std::atomic<uint64_t> failed_calls_{0};
   std::atomic<uint64_t> malformed_messages_{0};

@@ -6,6 +6,7 @@
 #include <optional>
 #include <string>
 
+#include "common/histogram.h"
 #include "common/ids.h"
 #include "server/auth.h"
 
@@ -24,6 +25,7 @@ struct SessionSnapshot {
   uint64_t allocated_bytes = 0;
   uint64_t quota_bytes = 0;
   uint64_t batches = 0;
+  Histogram batch_sizes;  // calls per batch (accepted batches)
   uint64_t calls = 0;
   uint64_t failed_calls = 0;
   uint64_t malformed_messages = 0;

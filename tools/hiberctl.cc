@@ -58,7 +58,25 @@ void print_status(proto::NodeStatus::Reader s) {
         d.getDrained() ? " drained" : "", d.getPoolBytes() >> 20, d.getPoolAllocatedBytes() >> 20,
         d.getPoolLargestFreeBytes() >> 20, d.getPoolFragmentation(), d.getRunningFunction().cStr(),
         d.getSwapsIn(), d.getSwapInBytes() >> 20, d.getEvictions());
+    if (d.getEvictions() > 0) {
+      std::string reasons;
+      for (auto r : d.getEvictionsByReason()) {
+        if (r.getCount() == 0) continue;
+        reasons += (reasons.empty() ? "" : ", ") + std::string(r.getReason().cStr()) + " " +
+                   std::to_string(r.getCount());
+      }
+      std::printf("    evictions by reason: %s\n", reasons.c_str());
+    }
   }
+  std::string links;
+  for (auto l : s.getSwapsByLink()) {
+    links += (links.empty() ? "" : ", ") + std::string(l.getLink().cStr()) + " " +
+             std::to_string(l.getSwaps()) + " (" + std::to_string(l.getBytes() >> 20) + " MiB)";
+  }
+  const auto durations = s.getSwapDuration();
+  std::printf("  swaps by link: %s; %.2f ms each on average\n",
+              links.empty() ? "none" : links.c_str(),
+              durations.getCount() ? 1e3 * durations.getSum() / durations.getCount() : 0.0);
   auto q = s.getScheduler();
   std::printf("  scheduler: placement %s, eviction %s, queue %s%s; %" PRIu64 " queued, %" PRIu64
               " arrived, %" PRIu64 " done (%" PRIu64 " on time), %" PRIu64
@@ -97,6 +115,8 @@ void print_status(proto::NodeStatus::Reader s) {
               ", control requests %" PRIu64 "\n",
               c.getSessionsOpened(), c.getSessionsClosed(), c.getHandshakesRejected(),
               c.getMalformedMessages(), c.getControlRequests());
+  std::printf("  remoted: %" PRIu64 " calls in %" PRIu64 " batches\n", c.getRemotedCalls(),
+              c.getRemotedBatches());
   std::printf("  module cache: %" PRIu64 " images (%" PRIu64 " MiB), %" PRIu64 " hits, %" PRIu64
               " misses, %" PRIu64 " unknown hashes\n",
               c.getCachedModules(), c.getCachedModuleBytes() >> 20, c.getModuleCacheHits(),
@@ -185,6 +205,7 @@ int run(const std::vector<std::string>& args) {
     std::printf("request %" PRIu64 " runs on GPU %d (model %s", *id, started->gpu,
                 started->source.c_str());
     if (started->source_gpu >= 0) std::printf(" from GPU %d", started->source_gpu);
+    if (!started->link.empty()) std::printf(" over %s", started->link.c_str());
     std::printf(", %s, queued %.2f ms)\n", started->rule.c_str(), started->queued_ms);
     return 0;
   }

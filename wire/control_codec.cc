@@ -104,6 +104,7 @@ void write_control_reply(proto::ControlReply::Builder out, const control::Reply&
                    r.setSourceGpu(s.source_gpu);
                    r.setRule(s.rule);
                    r.setQueuedMs(s.queued_ms);
+                   r.setLink(s.link);
                  },
                  [&](const Status& e) {
                    auto r = out.initError();
@@ -125,7 +126,8 @@ Result<control::Reply> read_control_reply(proto::ControlReply::Reader in) {
                                     .source = s.getSource().cStr(),
                                     .source_gpu = s.getSourceGpu(),
                                     .rule = s.getRule().cStr(),
-                                    .queued_ms = s.getQueuedMs()});
+                                    .queued_ms = s.getQueuedMs(),
+                                    .link = s.getLink().cStr()});
     }
     case proto::ControlReply::ERROR:
       return control::Reply(

@@ -46,6 +46,9 @@ struct Started {
   int source_gpu = -1;  // for "peer"
   std::string rule;     // the placement rule that chose the GPU
   double queued_ms = 0;
+  // The link the model came over: "nvlink" or "pcie" for "peer" (by the node's topology),
+  // "host" for "host", "" for "resident".
+  std::string link;
 };
 
 namespace control {

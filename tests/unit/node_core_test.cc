@@ -192,6 +192,16 @@ TEST_F(NodeCoreTest, ARequestLoadsFromTheHostRunsAndEndsThenTheNextRunsResident)
   const NodeStatus status = core_->status(now_);
   EXPECT_EQ(status.gpus[0].swaps_in, 1u);
   EXPECT_EQ(status.gpus[0].swap_in_bytes, kGiB);
+  // By link: the one swap came from the host; its 3 ms fall in the (2.5 ms, 5 ms] bucket.
+  const auto host = static_cast<size_t>(node::SwapLink::kHost);
+  EXPECT_EQ(status.swaps_by_link[host].swaps, 1u);
+  EXPECT_EQ(status.swaps_by_link[host].bytes, kGiB);
+  EXPECT_EQ(status.swaps_by_link[static_cast<size_t>(node::SwapLink::kNvlink)].swaps, 0u);
+  EXPECT_EQ(status.swaps_by_link[static_cast<size_t>(node::SwapLink::kPcie)].swaps, 0u);
+  EXPECT_EQ(status.swap_seconds.count, 1u);
+  EXPECT_DOUBLE_EQ(status.swap_seconds.sum, 0.003);
+  ASSERT_EQ(status.swap_seconds.upper_bounds.at(2), 0.005);
+  EXPECT_EQ(status.swap_seconds.counts.at(2), 1u);
   EXPECT_EQ(status.counters.completed, 2u);
   EXPECT_EQ(status.counters.on_time, 2u);
 }
@@ -328,6 +338,10 @@ TEST_F(NodeCoreTest, DecisionsEvictBeforeTheyStartAndTheActuatorFreesTheVictim) 
   EXPECT_TRUE(log[1].starts_with(str_cat("start r", sc.request))) << log[1];
   EXPECT_EQ(actuator_.allocated[GpuId{0}], 12 * kGiB) << "two models, the victim's freed";
   EXPECT_EQ(core_->status(now_).gpus[0].evictions, 1u);
+  const auto by_reason = core_->status(now_).gpus[0].evictions_by_reason;
+  EXPECT_EQ(by_reason[static_cast<size_t>(node::EvictionReason::kPlacement)], 1u);
+  EXPECT_EQ(by_reason[static_cast<size_t>(node::EvictionReason::kMemory)], 0u);
+  EXPECT_EQ(by_reason[static_cast<size_t>(node::EvictionReason::kDrain)], 0u);
 }
 
 TEST_F(NodeCoreTest, MakeRoomEvictsByThePolicyAndRefusesWhenNothingMayGo) {
@@ -343,6 +357,9 @@ TEST_F(NodeCoreTest, MakeRoomEvictsByThePolicyAndRefusesWhenNothingMayGo) {
   actuator_.allocated[GpuId{0}] += 2 * kGiB;  // some scratch is placed already
   ASSERT_TRUE(core_->make_room(b, GpuId{0}, 4 * kGiB, now_).ok());
   EXPECT_EQ(actuator_.take_log(), (std::vector<std::string>{str_cat("evict f", a, " g0")}));
+  const NodeStatus::Gpu gpu = core_->status(now_).gpus[0];
+  EXPECT_EQ(gpu.evictions, 1u);
+  EXPECT_EQ(gpu.evictions_by_reason[static_cast<size_t>(node::EvictionReason::kMemory)], 1u);
   // Nothing else may go: b runs.
   const Status refused = core_->make_room(b, GpuId{0}, 8 * kGiB, now_);
   EXPECT_EQ(refused.code(), ErrorCode::kOutOfMemory) << refused;
@@ -420,6 +437,21 @@ TEST_F(NodeCoreTest, APeerCopyOfAFunctionWithoutAFixedModelIsAMove) {
   ASSERT_TRUE(index.has_value());
   EXPECT_FALSE(core_->scheduler().node().holders(*index) & scheduler::gpu_bit(boot.gpu.value()))
       << "the source replica left the view";
+  const NodeStatus status = core_->status(now_);
+  EXPECT_EQ(status.swaps_by_link[static_cast<size_t>(node::SwapLink::kNvlink)].swaps, 1u);
+  EXPECT_EQ(status.swaps_by_link[static_cast<size_t>(node::SwapLink::kPcie)].swaps, 0u);
+}
+
+TEST(SwapLink, PeerCopiesGoOverNvlinkWhereTheTopologyHasOneElsePcie) {
+  const Topology nvlinked = nvlinked_pair(16 * kGiB);
+  const Topology plain = plain_topology(2, 16 * kGiB);
+  EXPECT_EQ(node::swap_link(nvlinked, Source::kPeer, 0, 1), node::SwapLink::kNvlink);
+  EXPECT_EQ(node::swap_link(plain, Source::kPeer, 0, 1), node::SwapLink::kPcie);
+  EXPECT_EQ(node::swap_link(plain, Source::kHost, -1, 1), node::SwapLink::kHost);
+  EXPECT_FALSE(node::swap_link(plain, Source::kResident, -1, 1).has_value());
+  EXPECT_STREQ(node::swap_link_name(node::SwapLink::kNvlink), "nvlink");
+  EXPECT_STREQ(node::swap_link_name(node::SwapLink::kPcie), "pcie");
+  EXPECT_STREQ(node::swap_link_name(node::SwapLink::kHost), "host");
 }
 
 TEST_F(NodeCoreTest, DetachWithdrawsQueuedRequestsAndFailsTheRunningOne) {
@@ -466,6 +498,11 @@ TEST_F(NodeCoreTest, DrainingAGpuEvictsItsModelsAndReportsWhenItsRequestIsDone) 
   EXPECT_EQ(actuator_.take_log(),
             (std::vector<std::string>{str_cat("end r", r), str_cat("evict f", b, " g", sb.gpu),
                                       str_cat("drained g", sb.gpu)}));
+  // Every eviction there was the drain's (a's at least; b's counts if it had placed bytes).
+  const NodeStatus::Gpu drained = core_->status(now_).gpus[sb.gpu.value()];
+  EXPECT_GE(drained.evictions, 1u);
+  EXPECT_EQ(drained.evictions_by_reason[static_cast<size_t>(node::EvictionReason::kDrain)],
+            drained.evictions);
   // Nothing runs there any more: b's next request goes to the other GPU.
   EXPECT_EQ(serve(b).gpu, sa.gpu);
   EXPECT_EQ(core_->drain(GpuId{7}, false).code(), ErrorCode::kInvalidDevice);

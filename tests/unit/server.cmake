@@ -10,3 +10,5 @@ hiber_test(swap_engine_test LABEL unit SOURCES swap_engine_test.cc LIBS hiber_se
 hiber_test(library_calls_test LABEL unit SOURCES library_calls_test.cc LIBS hiber_server)
 # cuDNN remoting: graph codec, the session's checks, the simulated GPU's host implementations.
 hiber_test(dnn_test LABEL unit SOURCES dnn_test.cc LIBS hiber_server)
+# server/metrics.h: a hand-built NodeStatus to metric families.
+hiber_test(metrics_test LABEL unit SOURCES metrics_test.cc LIBS hiber_server)

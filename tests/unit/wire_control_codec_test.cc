@@ -76,7 +76,7 @@ TEST(ControlCodec, DrainDefaultsToTheWholeNode) {
 
 TEST(ControlCodec, RepliesRoundTrip) {
   const auto started = round_trip(control::Reply(
-      Started{.gpu = 2, .source = "peer", .source_gpu = 1, .rule = "r", .queued_ms = 3.5}));
+      Started{.gpu = 2, .source = "peer", .source_gpu = 1, .rule = "r", .queued_ms = 3.5, .link = "nvlink"}));
   const auto& s = std::get<Started>(started);
   EXPECT_EQ(s.gpu, 2);
   EXPECT_EQ(s.source, "peer");

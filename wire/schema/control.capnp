@@ -72,6 +72,8 @@ struct Started {
   sourceGpu @2 :Int32;             # for "peer"; -1 otherwise
   rule @3 :Text;                   # which rule of the placement policy chose the GPU
   queuedMs @4 :Float64;            # from arrival to start
+  link @5 :Text;                   # the link the model came over: "nvlink" or "pcie" (peer, by
+                                   # the node's topology), "host" (host to GPU), "" (resident)
 }
 
 struct NodeStatus {
@@ -85,6 +87,28 @@ struct NodeStatus {
   # (1.2) Late binding.
   functions @7 :List(FunctionStatus);
   scheduler @8 :SchedulerStatus;
+  # Metrics (hiberd's /metrics maps this report; docs/hiberd.md, "Metrics").
+  swapsByLink @9 :List(LinkSwaps);  # finished swaps, by the link they came over
+  swapDuration @10 :Histogram;     # seconds per finished swap, first copy to last group done
+}
+
+# Counts of observations in buckets, as Prometheus histograms have them.
+struct Histogram {
+  upperBounds @0 :List(Float64);   # ascending; a last bucket (+Inf) follows
+  counts @1 :List(UInt64);         # per bucket, not cumulative: one more than upperBounds
+  sum @2 :Float64;
+  count @3 :UInt64;
+}
+
+struct LinkSwaps {
+  link @0 :Text;                   # "nvlink", "pcie" (peer copies) or "host" (host to GPU)
+  swaps @1 :UInt64;
+  bytes @2 :UInt64;
+}
+
+struct ReasonCount {
+  reason @0 :Text;
+  count @1 :UInt64;
 }
 
 struct DeviceStatus {
@@ -104,6 +128,9 @@ struct DeviceStatus {
   swapInBytes @12 :UInt64;
   evictions @13 :UInt64;
   swapInSeconds @14 :Float64;      # time those swaps took, first copy to last group done
+  # Evictions from this GPU by why: "placement" (room for a model placed here), "memory"
+  # (a running function needed more than was free), "drain" (the GPU was drained).
+  evictionsByReason @15 :List(ReasonCount);
 }
 
 struct SessionStatus {
@@ -166,4 +193,8 @@ struct Counters {
   moduleCacheHits @7 :UInt64;      # module loads served by an image already loaded
   moduleCacheMisses @8 :UInt64;    # module loads that loaded an image
   moduleCacheUnknownHashes @9 :UInt64;  # moduleLoadCached of a hash hiberd did not hold
+  # Remoted calls: every session's, those that ended included.
+  remotedCalls @10 :UInt64;        # calls executed or failed
+  remotedBatches @11 :UInt64;      # batches (messages of calls) received
+  batchSize @12 :Histogram;        # calls per batch
 }
