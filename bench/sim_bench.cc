@@ -14,7 +14,7 @@
 
 #include <glog/logging.h>
 
-#include "sim/azure_trace.h"
+#include "sim/trace_workload.h"
 #include "sim/experiment_support.h"
 #include "sim/simulation.h"
 

@@ -8,6 +8,9 @@
 //
 // Turning counts into requests follows mCache's method (notes-caching-papers.md A.3): the
 // invocations of a minute are spread uniformly at random over it, from the run's seed.
+//
+// This part is pure (no simulator types) so that tools/hiber-load links it alone;
+// sim/trace_workload.h turns a trace into hiber-sim's Workload.
 #pragma once
 
 #include <cstdint>
@@ -16,7 +19,7 @@
 #include <vector>
 
 #include "common/status.h"
-#include "sim/workload.h"
+#include "scheduler/types.h"
 
 namespace hiber::sim {
 
@@ -37,21 +40,12 @@ Result<std::vector<TraceFunction>> load_azure_trace(const std::string& path);
 // Writes functions in the same format (the synthetic sample and the speed benchmark's trace).
 std::string format_azure_trace(const std::vector<TraceFunction>& functions);
 
-struct TraceOptions {
-  int start_minute = 0;    // 0-based first minute to replay
-  int minutes = 60;        // how many
-  bool http_only = false;  // keep only HTTP-triggered functions (mCache's filter)
-  int max_functions = 0;   // the first N rows kept after filtering; 0 = all
-  uint64_t seed = 1;
-  std::vector<int> models;  // round-robin over these; empty = all eight
-  Deadlines deadlines;
-};
-
-// One SimFunction per kept row (rate = its mean over the window), with its arrivals.
-Result<Workload> workload_from_trace(const std::vector<TraceFunction>& trace,
-                                     const TraceOptions& options);
-
-// The inverse, for writing synthetic traces: each function's arrivals counted per minute.
-std::vector<TraceFunction> trace_from_workload(const Workload& workload, int minutes);
+// The arrival times of one row's invocations in minutes [start_minute, start_minute + minutes),
+// in ns from the slice's start, sorted: each minute's count spread uniformly at random over it.
+// Row `index` of a run with `seed` draws from its own stream, so a row's arrivals do not depend
+// on the other rows. hiber-sim (workload_from_trace) and hiber-load both replay traces this way.
+// An error when the row is shorter than the slice.
+Result<std::vector<scheduler::Time>> trace_arrivals(const TraceFunction& row, int start_minute,
+                                                    int minutes, uint64_t seed, uint32_t index);
 
 }  // namespace hiber::sim

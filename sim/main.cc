@@ -17,7 +17,7 @@
 
 #include "common/cli.h"
 #include "common/node_config.h"
-#include "sim/azure_trace.h"
+#include "sim/trace_workload.h"
 #include "sim/experiment_support.h"
 #include "sim/experiments.h"
 

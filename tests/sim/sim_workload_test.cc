@@ -6,7 +6,7 @@
 #include <cmath>
 #include <string>
 
-#include "sim/azure_trace.h"
+#include "sim/trace_workload.h"
 #include "sim/balancer.h"
 #include "sim/workload.h"
 
