@@ -79,6 +79,12 @@ ApiResponse retry_later(unsigned status, std::string_view message) {
   return response;
 }
 
+// After `failures` failed starts in a row: 1 s, 2 s, 4 s ... up to 30 s.
+std::chrono::milliseconds backoff(int failures) {
+  return std::min<std::chrono::milliseconds>(std::chrono::milliseconds(500) * (1 << std::min(failures, 6)),
+                                             std::chrono::seconds(30));
+}
+
 double percentile(std::vector<double> values, double p) {
   if (values.empty()) return 0;
   std::sort(values.begin(), values.end());
@@ -591,10 +597,7 @@ void Router::maybe_start_worker(Function& function, bool keep_warm) {
   if (!worker.ok()) {
     function.last_start_error = worker.status().message();
     ++function.start_failures;
-    function.next_start = Clock::now() + std::min<std::chrono::milliseconds>(
-                                             std::chrono::milliseconds(500)
-                                                 << std::min(function.start_failures, 6),
-                                             std::chrono::seconds(30));
+    function.next_start = Clock::now() + backoff(function.start_failures);
     LOG(WARNING) << "function " << name << ": " << function.last_start_error;
     std::deque<std::shared_ptr<Invocation>> queued;
     queued.swap(function.queue);
@@ -640,9 +643,7 @@ void Router::on_worker_gone(const std::string& name, uint64_t number) {
                                   options_.state_dir + "/workers/" + name + ".log)";
       ++function.start_failures;
       function.next_start =
-          Clock::now() + std::min<std::chrono::milliseconds>(
-                             std::chrono::milliseconds(500) << std::min(function.start_failures, 6),
-                             std::chrono::seconds(30));
+          Clock::now() + backoff(function.start_failures);
     }
     // A worker that died while warm is replaced at once, so that the function stays warm.
     replace = instance.became_ready && !instance.scaled_down;
@@ -775,7 +776,7 @@ void Router::finish(const std::shared_ptr<Invocation>& invocation, ApiResponse r
   if (invocation->hiberd_request) {
     const std::string node = nodes_[invocation->node]->config().name;
     nodes_[invocation->node]->call(
-        wire::control::RequestDone{*invocation->hiberd_request, failed},
+        wire::RequestDone{*invocation->hiberd_request, failed},
         [node](Result<wire::control::Reply> reply) {
           if (!reply.ok()) LOG(WARNING) << "requestDone on " << node << ": " << reply.status();
         });
