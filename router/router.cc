@@ -687,6 +687,11 @@ void Router::run(Function& function, Instance& instance, std::shared_ptr<Invocat
   invocation->instance = instance.worker->instance();
   invocation->node = instance.node;
   invocation->dispatched = Clock::now();
+  if (!function.spec.shim) {
+    // A function without Hiber's client libraries uses no GPU: hiberd has nothing to schedule.
+    invocation->started_at = invocation->dispatched;
+    return invoke_worker(invocation);
+  }
   NodeClient& node = *nodes_[instance.node];
   node.call(wire::control::RequestArrived{function.spec.name},
             [this, invocation, alive = std::weak_ptr<bool>(alive_)](
@@ -736,6 +741,10 @@ void Router::on_started(const std::shared_ptr<Invocation>& invocation,
     // Its deadline passed while hiberd queued it: the GPU is released without running it.
     return finish(invocation, ApiResponse{}, true);
   }
+  invoke_worker(invocation);
+}
+
+void Router::invoke_worker(const std::shared_ptr<Invocation>& invocation) {
   Function* function = find(invocation->function);
   Instance* instance = nullptr;
   if (function != nullptr) {
@@ -810,6 +819,8 @@ void Router::answer(Invocation& invocation, ApiResponse response) {
     char queued[32];
     std::snprintf(queued, sizeof queued, "%.3f", started.queued_ms);
     response.headers.emplace_back("X-Hiber-Queued-Ms", queued);
+  }
+  if (invocation.instance && invocation.started_at != Clock::time_point()) {
     queue_wait = seconds_between(invocation.arrival, invocation.started_at);
     execution = seconds_between(invocation.started_at, now);
   }

@@ -89,6 +89,8 @@ class Router {
   void maybe_start_worker(Function& function, bool keep_warm = false);
   void run(Function& function, Instance& instance, std::shared_ptr<Invocation> invocation);
   void on_started(const std::shared_ptr<Invocation>& invocation, Result<wire::Started> started);
+  // Sends the invocation to the worker it was given to.
+  void invoke_worker(const std::shared_ptr<Invocation>& invocation);
   void on_outcome(const std::shared_ptr<Invocation>& invocation, WorkerOutcome outcome);
   void finish(const std::shared_ptr<Invocation>& invocation, ApiResponse response,
               bool failed);

@@ -18,6 +18,13 @@ std::string echo_worker_path() { return HIBER_ECHO_WORKER_PATH; }
 std::string test_worker_path() { return HIBER_TEST_WORKER_PATH; }
 std::string python_worker_path() { return HIBER_PYTHON_WORKER_PATH; }
 
+std::string shim_preload() {
+  const std::string shim = HIBER_SHIM_LIBRARY;
+  const std::string runtime = HIBER_SANITIZER_RUNTIME;
+  if (shim.empty()) return "";  // built without the CUDA toolkit
+  return runtime.empty() ? shim : runtime + " " + shim;
+}
+
 std::string temp_dir(const std::string& prefix) {
   std::string pattern = "/tmp/" + prefix + "-XXXXXX";
   const char* made = ::mkdtemp(pattern.data());
