@@ -140,6 +140,7 @@ std::string join(const json& names) {
 
 std::string render_nodes(const json& status) {
   std::string out;
+  if (array(status, "nodes").empty()) return "NODES: none\n";
   for (const auto& node : array(status, "nodes")) {
     const bool up = flag(node, "up");
     out += str_cat("NODE ", text(node, "name"), "  ", up ? "up" : "DOWN", "  backend ",

@@ -194,6 +194,19 @@ TEST_F(EchoServerTest, ConnectionCloseOpensANewConnection) {
   EXPECT_EQ(c.connections_opened(), 2u);
 }
 
+TEST_F(EchoServerTest, ConnectionDroppedWhileIdleIsReopened) {
+  HttpConnection c(target());
+  auto r = c.request("GET", "/drop");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(c.connected());  // the answer said nothing about closing
+  for (int i = 0; i < 2; ++i) {
+    r = c.request("GET", "/after");
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(json::parse(r->body)["request_on_connection"], i + 1);
+  }
+  EXPECT_EQ(c.connections_opened(), 2u);
+}
+
 TEST_F(EchoServerTest, ErrorStatusIsAnAnswer) {
   HttpConnection c(target());
   auto r = c.request("POST", "/status/404", "{}");

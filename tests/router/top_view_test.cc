@@ -163,6 +163,7 @@ TEST(TopView, EmptyRouter) {
   ASSERT_TRUE(text.ok()) << text.status();
   const auto lines = squeezed(*text);
   EXPECT_EQ(lines[0], "hiber-router r 1970-01-01 00:00:00 UTC 0 functions, 0 nodes, 0 requests");
+  EXPECT_EQ(lines[2], "NODES: none");
   EXPECT_NE(find_line(lines, "FUNCTIONS: none registered"), -1) << *text;
   EXPECT_EQ(lines.back(), "RECENT SWAPS: none");
 }
