@@ -166,5 +166,45 @@ TEST_F(HiberctlWireTest, UnloadAndRefusal) {
   EXPECT_NE(r.err.find("http://"), std::string::npos) << r.err;
 }
 
+// `top` and `functions` read GET /v2/status and /v2/repository/index: here python3's
+// http.server serves them from files (the status is top_view_test's fixture).
+TEST_F(HiberctlWireTest, TopAndFunctionsReadTheRouter) {
+  std::filesystem::create_directories(dir_ / "root/v2/repository");
+  std::filesystem::copy_file(std::string(HIBER_SOURCE_DIR) + "/tests/router/top_view_status.json",
+                             dir_ / "root/v2/status");
+  std::ofstream(dir_ / "root/v2/repository/index")
+      << R"([{"name": "fn-1", "state": "READY"}, {"name": "fn-9", "state": "UNAVAILABLE"}])";
+  testing::PythonServer files({"-m", "http.server", "0", "--bind", "127.0.0.1", "--directory",
+                               (dir_ / "root").string()},
+                              "port ([0-9]+)");
+  ASSERT_NE(files.port(), 0);
+  const std::string url = "http://127.0.0.1:" + std::to_string(files.port());
+
+  Ran r = hiberctl(str("--router=", url, " top --iterations=1"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out.find('\x1b'), std::string::npos);  // plain: no escapes
+  EXPECT_EQ(r.out.substr(0, r.out.find('\n')),
+            "hiber-router " + url + "  2025-11-26 01:20:00 UTC  3 functions, 2 nodes, 35 requests");
+  EXPECT_NE(r.out.find("\nresnet-big    25    -    96.0%"), std::string::npos) << r.out;
+
+  // Two refreshes, one after the other.
+  r = hiberctl(str("--router=", url, " top --iterations=2 --interval_ms=1"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out.find("hiber-router", 1), r.out.find("\n\nhiber-router") + 2) << r.out;
+
+  r = hiberctl(str("--router=", url, " functions"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out,
+            "FUNCTION  STATE        INSTANCES  REQUESTS  SLO ms  ON-TIME  P50 ms  P99 ms\n"
+            "fn-1      READY                1        10     100    80.0%     3.1     9.8\n"
+            "fn-9      UNAVAILABLE          -         -       -        -       -       -\n");
+
+  // A router that does not answer the status: one refresh fails, with the reason.
+  std::filesystem::remove(dir_ / "root/v2/status");
+  r = hiberctl(str("--router=", url, " top --iterations=1"));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("HTTP 404"), std::string::npos) << r.err;
+}
+
 }  // namespace
 }  // namespace hiber
