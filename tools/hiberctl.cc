@@ -26,7 +26,6 @@
 #include <fstream>
 #include <iostream>
 #include <iterator>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -227,7 +226,8 @@ int run_router(const std::vector<std::string>& args) {
   const auto timeout = std::chrono::milliseconds(FLAGS_timeout_ms);
   const std::string& command = args[0];
   if (command == "functions" || command == "top") {
-    if (args.size() != 1) return fail(error(ErrorCode::kInvalidValue, command, " takes no argument"));
+    if (args.size() != 1)
+      return fail(error(ErrorCode::kInvalidValue, command, " takes no argument"));
     if (command == "functions") return tools::ctl_functions(connection, timeout);
     tools::TopLoopOptions o;
     o.interval = std::chrono::milliseconds(std::max(FLAGS_interval_ms, 1));

@@ -38,8 +38,8 @@ int fail(const Status& s) {
 }
 
 int fail_answer(std::string_view what, const HttpResponse& r) {
-  std::fprintf(stderr, "hiberctl: %.*s: HTTP %d: %s\n", static_cast<int>(what.size()),
-               what.data(), r.status, router_error_message(r).c_str());
+  std::fprintf(stderr, "hiberctl: %.*s: HTTP %d: %s\n", static_cast<int>(what.size()), what.data(),
+               r.status, router_error_message(r).c_str());
   return 1;
 }
 
@@ -116,8 +116,8 @@ int ctl_invoke(HttpConnection& router, const InvokeOptions& o) {
 
   json accepted = json::parse(r->body, nullptr, /*allow_exceptions=*/false);
   std::string poll;
-  if (auto location = r->header("location"); location && !location->empty() &&
-                                             location->front() == '/') {
+  if (auto location = r->header("location");
+      location && !location->empty() && location->front() == '/') {
     poll = *location;
   } else if (accepted.is_object() && accepted.contains("id") && accepted["id"].is_string()) {
     poll = "/v2/invocations/" + path_segment(accepted["id"].get<std::string>());
@@ -158,8 +158,8 @@ int ctl_load(HttpConnection& router, const std::string& function, const json& re
 
 int ctl_unload(HttpConnection& router, const std::string& function,
                std::chrono::milliseconds timeout) {
-  auto r = router.request("POST", "/v2/repository/models/" + path_segment(function) + "/unload",
-                          {}, {}, timeout);
+  auto r = router.request("POST", "/v2/repository/models/" + path_segment(function) + "/unload", {},
+                          {}, timeout);
   if (!r.ok()) return fail(r.status());
   if (!r->ok()) return fail_answer(str_cat("unload ", function), *r);
   std::printf("unloaded '%s'\n", function.c_str());
@@ -184,8 +184,8 @@ int ctl_top(HttpConnection& router, const TopLoopOptions& o) {
     if (!status.ok()) {
       // One refresh asked for: its failure is the answer. Live: shown until the next refresh.
       if (o.iterations == 1) return fail(status.status());
-      text = str_cat("hiber-router ", router.target().url(), ": ", status.status().to_string(),
-                     "\n");
+      text =
+          str_cat("hiber-router ", router.target().url(), ": ", status.status().to_string(), "\n");
     }
     if (!o.live) {
       if (i > 0) std::fputs("\n", stdout);

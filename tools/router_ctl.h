@@ -24,8 +24,8 @@ struct InvokeOptions {
   std::string body;
   std::string content_type = "application/json";
   bool async = false;
-  int64_t deadline_ms = 0;  // 0: none
-  std::string request_id;   // empty: the router makes one
+  int64_t deadline_ms = 0;                   // 0: none
+  std::string request_id;                    // empty: the router makes one
   std::chrono::milliseconds timeout{30000};  // per exchange; with async, for the whole wait
 };
 

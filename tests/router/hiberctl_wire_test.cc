@@ -137,7 +137,8 @@ TEST_F(HiberctlWireTest, LoadSendsTheRegistration) {
 }
 
 TEST_F(HiberctlWireTest, LoadFromFlagsOnly) {
-  Ran r = hiberctl(str("--router=", router(), " load f --command=/bin/worker --stateful"
+  Ran r = hiberctl(str("--router=", router(),
+                       " load f --command=/bin/worker --stateful"
                        " --tail=0.9 --quota_mib=512 --concurrency=4 --idle_timeout_s=5"
                        " --exec_ms=2.5"));
   ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -174,9 +175,9 @@ TEST_F(HiberctlWireTest, TopAndFunctionsReadTheRouter) {
                              dir_ / "root/v2/status");
   std::ofstream(dir_ / "root/v2/repository/index")
       << R"([{"name": "fn-1", "state": "READY"}, {"name": "fn-9", "state": "UNAVAILABLE"}])";
-  testing::PythonServer files({"-m", "http.server", "0", "--bind", "127.0.0.1", "--directory",
-                               (dir_ / "root").string()},
-                              "port ([0-9]+)");
+  testing::PythonServer files(
+      {"-m", "http.server", "0", "--bind", "127.0.0.1", "--directory", (dir_ / "root").string()},
+      "port ([0-9]+)");
   ASSERT_NE(files.port(), 0);
   const std::string url = "http://127.0.0.1:" + std::to_string(files.port());
 

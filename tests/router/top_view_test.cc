@@ -145,8 +145,8 @@ TEST(TopView, CounterThatWentBackHasNoRate) {
 TEST(TopView, SampleFeedsTheNextRefresh) {
   const TopSample s = top_sample(fixture());
   EXPECT_DOUBLE_EQ(s.time, 1764120000.5);
-  EXPECT_EQ(s.requests, (std::map<std::string, uint64_t>{
-                            {"fn-1", 10}, {"fn-3", 0}, {"resnet-big", 25}}));
+  EXPECT_EQ(s.requests,
+            (std::map<std::string, uint64_t>{{"fn-1", 10}, {"fn-3", 0}, {"resnet-big", 25}}));
 }
 
 TEST(TopView, SwapRowsAreCapped) {
