@@ -36,10 +36,10 @@ Status transport_error(const beast::error_code& ec, std::string_view what,
   if (ec == beast::error::timeout) {
     return error(ErrorCode::kTimeout, what, " ", target.url(), ": no answer in time");
   }
-  if (ec.category() == beast::error_code(http::error::bad_version).category() && ec != http::error::end_of_stream &&
-      ec != http::error::partial_message) {
-    return error(ErrorCode::kInvalidValue, what, " ", target.url(), ": malformed answer: ",
-                 ec.message());
+  if (ec.category() == beast::error_code(http::error::bad_version).category() &&
+      ec != http::error::end_of_stream && ec != http::error::partial_message) {
+    return error(ErrorCode::kInvalidValue, what, " ", target.url(),
+                 ": malformed answer: ", ec.message());
   }
   return error(ErrorCode::kDeinitialized, what, " ", target.url(), ": ", ec.message());
 }
@@ -176,10 +176,8 @@ Result<HttpResponse> HttpConnection::request(std::string_view method, std::strin
       }
       impl_->stream.emplace(impl_->ioc);
       impl_->stream->expires_at(deadline);
-      impl_->stream->async_connect(endpoints,
-                                   [&](const beast::error_code& e, const tcp::endpoint&) {
-                                     ec = e;
-                                   });
+      impl_->stream->async_connect(
+          endpoints, [&](const beast::error_code& e, const tcp::endpoint&) { ec = e; });
       impl_->run();
       if (ec) {
         close();
@@ -239,9 +237,8 @@ Result<HttpResponse> HttpConnection::request(std::string_view method, std::strin
 Result<HttpResponse> http_request(const HttpTarget& target, std::string_view method,
                                   std::string_view path, std::string body, HttpHeaders headers,
                                   std::chrono::milliseconds timeout) {
-  const bool has_connection = std::any_of(headers.begin(), headers.end(), [](const auto& h) {
-    return iequals(h.first, "connection");
-  });
+  const bool has_connection = std::any_of(
+      headers.begin(), headers.end(), [](const auto& h) { return iequals(h.first, "connection"); });
   if (!has_connection) headers.emplace_back("Connection", "close");
   HttpConnection connection(target);
   return connection.request(method, path, std::move(body), headers, timeout);

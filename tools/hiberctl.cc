@@ -1,5 +1,13 @@
-// hiberctl: talks to hiberd over its control socket, as an operator or in place of the node
-// router (until hiber-router exists).
+// hiberctl: talks to hiber-router over its HTTP API (docs/router.md), and to hiberd over its
+// control socket, as an operator or in place of the router.
+// The router (--router, default $HIBER_ROUTER, else http://127.0.0.1:8080):
+//   hiberctl functions                the registry with each function's numbers
+//   hiberctl invoke FN [--data=S | --data_file=P | -] [--content_type=T] [--async]
+//                      [--deadline_ms=N] [--request_id=ID]
+//   hiberctl load FN --file=R.json | --command="..." [--slo_ms=..] [--env=K=V,..] ...
+//   hiberctl unload FN
+//   hiberctl top [--interval_ms=1000] [--iterations=N]
+// hiberd (--run_dir or --control_socket):
 //   hiberctl status                   devices, executors, functions, sessions, counters
 //   hiberctl ping                     is hiberd answering?
 //   hiberctl register FN --slo_ms=80 [--tail=0.98] [--quota_mib=N] [--stateful] [--heavy=yes|no]
@@ -7,12 +15,17 @@
 //   hiberctl arrive FN                a request of FN arrived: prints its id
 //   hiberctl start ID                 waits until request ID may run: prints the GPU
 //   hiberctl done ID [--failed]       the request finished
-//   hiberctl invoke FN                arrive + start: prints the id and the GPU
+//   hiberctl node-invoke FN           arrive + start: prints the id and the GPU
 //   hiberctl drain [--gpu=N] [--resume]
+#include <unistd.h>
+
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -21,6 +34,9 @@
 
 #include "common/cli.h"
 #include "common/paths.h"
+#include "router/http_client.h"
+#include "tools/registration.h"
+#include "tools/router_ctl.h"
 #include "wire/control_client.h"
 #include "wire/message.h"
 #include "wire/schema/control.capnp.h"
@@ -29,13 +45,35 @@ DEFINE_string(run_dir, "",
               "hiberd's run directory (default: $HIBER_RUN_DIR, /run/hiber as root, "
               "else /tmp/hiber-<uid>)");
 DEFINE_string(control_socket, "", "hiberd's control socket (default: <run_dir>/control.sock)");
-DEFINE_int32(timeout_ms, 30000, "How long to wait for hiberd's answer");
-DEFINE_double(slo_ms, 0, "register: the function's deadline, ms");
-DEFINE_double(tail, 0, "register: the share of requests that must meet it (0: 0.98)");
-DEFINE_uint64(quota_mib, 0, "register: device memory the function may hold (0: hiberd's default)");
-DEFINE_bool(stateful, false, "register: swap every block both ways");
-DEFINE_string(heavy, "", "register: yes or no, a heaviness hint until hiberd has measured");
-DEFINE_double(exec_ms, 0, "register: expected execution time with the model resident, ms");
+DEFINE_int32(timeout_ms, 30000,
+             "How long to wait for hiberd's or the router's answer (invoke --async: for the "
+             "invocation to finish)");
+DEFINE_string(router, "",
+              "hiber-router's address, http://host:port (default: $HIBER_ROUTER, else "
+              "http://127.0.0.1:8080)");
+DEFINE_double(slo_ms, 0, "register, load: the function's deadline, ms");
+DEFINE_double(tail, 0, "register, load: the share of requests that must meet it (0: 0.98)");
+DEFINE_uint64(quota_mib, 0,
+              "register, load: device memory the function may hold (0: hiberd's default)");
+DEFINE_bool(stateful, false, "register, load: swap every block both ways");
+DEFINE_string(heavy, "", "register, load: yes or no, a heaviness hint until hiberd has measured");
+DEFINE_double(exec_ms, 0, "register, load: expected execution time with the model resident, ms");
+DEFINE_string(data, "", "invoke: the request body");
+DEFINE_string(data_file, "", "invoke: a file holding the request body ('-' as argument: stdin)");
+DEFINE_string(content_type, "application/json",
+              "invoke: the body's type (application/json or application/octet-stream)");
+DEFINE_bool(async, false, "invoke: ask for an asynchronous invocation and poll until it is done");
+DEFINE_int64(deadline_ms, 0, "invoke: answer within this many ms of arrival (0: no deadline)");
+DEFINE_string(request_id, "", "invoke: the request's X-Request-Id (default: the router makes one)");
+DEFINE_string(file, "", "load: a registration JSON file (flags given as well override it)");
+DEFINE_string(command, "", "load: the worker's command line, split like a shell's words");
+DEFINE_string(env, "", "load: the worker's environment, NAME=VALUE,NAME2=VALUE2");
+DEFINE_bool(shim, true, "load: preload Hiber's client libraries into the worker");
+DEFINE_uint64(concurrency, 1, "load: requests one worker takes at once");
+DEFINE_uint64(max_instances, 1, "load: workers the router may start");
+DEFINE_uint64(idle_timeout_s, 60, "load: stop a worker idle this long (scale to zero)");
+DEFINE_int32(interval_ms, 1000, "top: time between refreshes");
+DEFINE_uint64(iterations, 0, "top: refreshes before exiting (0: until interrupted)");
 DEFINE_bool(failed, false, "done: the request gave no answer");
 DEFINE_int32(gpu, -1, "drain: one GPU (default: the whole node)");
 DEFINE_bool(resume, false, "drain: undo a drain");
@@ -138,7 +176,112 @@ Result<uint64_t> parse_id(const std::vector<std::string>& args) {
   return id;
 }
 
+// Was the flag given on the command line (rather than left at its default)?
+bool given(const char* flag) { return !gflags::GetCommandLineFlagInfoOrDie(flag).is_default; }
+
+Result<std::string> read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return error(ErrorCode::kFileNotFound, "cannot read ", path);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+Result<router::HttpTarget> router_target() {
+  std::string url = FLAGS_router;
+  if (url.empty()) {
+    const char* env = std::getenv("HIBER_ROUTER");
+    url = env != nullptr && *env != '\0' ? env : "http://127.0.0.1:8080";
+  }
+  return router::parse_http_url(url);
+}
+
+bool is_router_command(const std::string& command) {
+  return command == "functions" || command == "invoke" || command == "load" ||
+         command == "unload" || command == "top";
+}
+
+Result<std::string> invoke_body(const std::vector<std::string>& args) {
+  const bool from_stdin = args.size() == 3 && args[2] == "-";
+  if (args.size() > 3 || (args.size() == 3 && !from_stdin)) {
+    return Status(ErrorCode::kInvalidValue, "invoke takes FN and optionally '-' (stdin)");
+  }
+  if (given("data") + !FLAGS_data_file.empty() + from_stdin > 1) {
+    return Status(ErrorCode::kInvalidValue, "give one of --data, --data_file and '-'");
+  }
+  if (!FLAGS_data_file.empty()) return read_file(FLAGS_data_file);
+  if (from_stdin) return std::string(std::istreambuf_iterator<char>(std::cin), {});
+  return FLAGS_data;
+}
+
+Result<nlohmann::json> registration_from_flags() {
+  nlohmann::json base;
+  if (!FLAGS_file.empty()) {
+    HIBER_ASSIGN_OR_RETURN(std::string text, read_file(FLAGS_file));
+    base = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (base.is_discarded()) return error(ErrorCode::kInvalidValue, FLAGS_file, " is not JSON");
+  }
+  tools::RegistrationFlags f;
+  if (given("command")) f.command = FLAGS_command;
+  if (given("env")) f.env = FLAGS_env;
+  if (given("shim")) f.shim = FLAGS_shim;
+  if (given("slo_ms")) f.slo_ms = FLAGS_slo_ms;
+  if (given("tail")) f.percentile = FLAGS_tail;
+  if (given("quota_mib")) f.quota_mib = FLAGS_quota_mib;
+  if (given("concurrency")) f.concurrency = FLAGS_concurrency;
+  if (given("max_instances")) f.max_instances = FLAGS_max_instances;
+  if (given("stateful")) f.stateful = FLAGS_stateful;
+  if (given("idle_timeout_s")) f.idle_timeout_s = FLAGS_idle_timeout_s;
+  if (given("exec_ms")) f.exec_ms_hint = FLAGS_exec_ms;
+  if (FLAGS_heavy == "yes") f.heavy = true;
+  if (FLAGS_heavy == "no") f.heavy = false;
+  if (!FLAGS_heavy.empty() && !f.heavy) {
+    return Status(ErrorCode::kInvalidValue, "--heavy must be yes or no");
+  }
+  return tools::build_registration(std::move(base), f);
+}
+
+int run_router(const std::vector<std::string>& args) {
+  auto target = router_target();
+  if (!target.ok()) return fail(target.status());
+  router::HttpConnection connection(*target);
+  const auto timeout = std::chrono::milliseconds(FLAGS_timeout_ms);
+  const std::string& command = args[0];
+  if (command == "functions" || command == "top") {
+    if (args.size() != 1)
+      return fail(error(ErrorCode::kInvalidValue, command, " takes no argument"));
+    if (command == "functions") return tools::ctl_functions(connection, timeout);
+    tools::TopLoopOptions o;
+    o.interval = std::chrono::milliseconds(std::max(FLAGS_interval_ms, 1));
+    o.iterations = FLAGS_iterations;
+    o.live = ::isatty(STDOUT_FILENO) && FLAGS_iterations != 1;
+    o.timeout = timeout;
+    return tools::ctl_top(connection, o);
+  }
+  if (args.size() < 2) return fail(error(ErrorCode::kInvalidValue, command, " needs FN"));
+  const std::string& function = args[1];
+  if (command == "invoke") {
+    tools::InvokeOptions o;
+    o.function = function;
+    auto body = invoke_body(args);
+    if (!body.ok()) return fail(body.status());
+    o.body = std::move(*body);
+    o.content_type = FLAGS_content_type;
+    o.async = FLAGS_async;
+    o.deadline_ms = FLAGS_deadline_ms;
+    o.request_id = FLAGS_request_id;
+    o.timeout = timeout;
+    return tools::ctl_invoke(connection, o);
+  }
+  if (args.size() != 2) return fail(error(ErrorCode::kInvalidValue, command, " takes only FN"));
+  if (command == "load") {
+    auto registration = registration_from_flags();
+    if (!registration.ok()) return fail(registration.status());
+    return tools::ctl_load(connection, function, *registration, timeout);
+  }
+  return tools::ctl_unload(connection, function, timeout);
+}
+
 int run(const std::vector<std::string>& args) {
+  if (is_router_command(args[0])) return run_router(args);
   const std::string run_dir = FLAGS_run_dir.empty() ? default_run_dir() : FLAGS_run_dir;
   const std::string path =
       FLAGS_control_socket.empty() ? control_socket_path(run_dir) : FLAGS_control_socket;
@@ -191,7 +334,7 @@ int run(const std::vector<std::string>& args) {
     if (Status s = client->unregister_function(*function); !s.ok()) return fail(s);
     return 0;
   }
-  if (command == "arrive" || command == "invoke") {
+  if (command == "arrive" || command == "node-invoke") {
     auto function = function_arg();
     if (!function.ok()) return fail(function.status());
     auto id = client->request_arrived(*function);
@@ -242,11 +385,20 @@ int run(const std::vector<std::string>& args) {
 
 int main(int argc, char** argv) {
   hiber::init_program(&argc, &argv,
-                      "hiberctl: talks to hiberd's control socket.\n"
+                      "hiberctl: talks to hiber-router's HTTP API and hiberd's control socket.\n"
+                      "hiber-router (--router):\n"
+                      "  hiberctl functions\n"
+                      "  hiberctl invoke FN [--data=S | --data_file=P | -] [--content_type=T]\n"
+                      "                     [--async] [--deadline_ms=N] [--request_id=ID]\n"
+                      "  hiberctl load FN --file=R.json | --command=\"...\" [--slo_ms=MS]\n"
+                      "                   [--env=K=V,...] [--max_instances=N] ...\n"
+                      "  hiberctl unload FN\n"
+                      "  hiberctl top [--interval_ms=1000] [--iterations=N]\n"
+                      "hiberd (--run_dir, --control_socket):\n"
                       "  hiberctl status | ping\n"
                       "  hiberctl register FN --slo_ms=MS [--tail=P] [--quota_mib=N] [--stateful]\n"
                       "  hiberctl unregister FN\n"
-                      "  hiberctl arrive FN | start ID | done ID [--failed] | invoke FN\n"
+                      "  hiberctl arrive FN | start ID | done ID [--failed] | node-invoke FN\n"
                       "  hiberctl drain [--gpu=N] [--resume]",
                       __FILE__);
   if (argc < 2) {

@@ -140,6 +140,7 @@ std::string join(const json& names) {
 
 std::string render_nodes(const json& status) {
   std::string out;
+  if (array(status, "nodes").empty()) return "NODES: none\n";
   for (const auto& node : array(status, "nodes")) {
     const bool up = flag(node, "up");
     out += str_cat("NODE ", text(node, "name"), "  ", up ? "up" : "DOWN", "  backend ",
@@ -237,15 +238,15 @@ Result<std::string> render_top(const json& status, const std::optional<TopSample
       return ra != rb ? ra > rb : text(*a, "name") < text(*b, "name");
     });
     const auto now = number(status, "time");
-    std::string out = str_cat("hiber-router ", options.router, "  ",
-                              now ? clock_time(*now, true) : "-", "  ", functions.size(),
-                              " functions, ", array(status, "nodes").size(), " nodes, ",
-                              total_requests, " requests\n\n");
+    std::string out =
+        str_cat("hiber-router ", options.router, "  ", now ? clock_time(*now, true) : "-", "  ",
+                functions.size(), " functions, ", array(status, "nodes").size(), " nodes, ",
+                total_requests, " requests\n\n");
     out += render_nodes(status);
     out += "\n";
 
-    Table t({"FUNCTION", "REQS", "RPS", "ON-TIME", "SLO ms", "P50 ms", "P99 ms", "QUEUED",
-             "INST", "BUSY", "FAILED", "REJECTED"},
+    Table t({"FUNCTION", "REQS", "RPS", "ON-TIME", "SLO ms", "P50 ms", "P99 ms", "QUEUED", "INST",
+             "BUSY", "FAILED", "REJECTED"},
             "lrrrrrrrrrrr");
     for (const json* f : sorted) {
       const std::string name = text(*f, "name");
@@ -255,8 +256,8 @@ Result<std::string> render_top(const json& status, const std::optional<TopSample
         auto before = previous->requests.find(name);
         const uint64_t base = before == previous->requests.end() ? 0 : before->second;
         if (requests >= base) {
-          rps = printf_string("%.1f", static_cast<double>(requests - base) /
-                                          (*now - previous->time));
+          rps =
+              printf_string("%.1f", static_cast<double>(requests - base) / (*now - previous->time));
         }
       }
       t.add({name, std::to_string(requests), rps, percent(count(*f, "on_time"), requests),
@@ -283,8 +284,7 @@ Result<std::string> render_functions(const json& index, const json& status) {
     if (status.is_object()) {
       for (const auto& f : array(status, "functions")) numbers[text(f, "name")] = &f;
     }
-    Table t({"FUNCTION", "STATE", "INSTANCES", "REQUESTS", "SLO ms", "ON-TIME", "P50 ms",
-             "P99 ms"},
+    Table t({"FUNCTION", "STATE", "INSTANCES", "REQUESTS", "SLO ms", "ON-TIME", "P50 ms", "P99 ms"},
             "llrrrrrr");
     for (const auto& entry : index) {
       const std::string name = text(entry, "name");

@@ -16,15 +16,15 @@ namespace hiber::tools {
 
 // What the next refresh needs from this one to compute requests per second.
 struct TopSample {
-  double time = 0;                          // the status's "time", seconds
+  double time = 0;                           // the status's "time", seconds
   std::map<std::string, uint64_t> requests;  // per function
 };
 
 TopSample top_sample(const nlohmann::json& status);
 
 struct TopOptions {
-  std::string router;      // shown in the title line
-  size_t max_swaps = 10;   // rows of the recent swaps table
+  std::string router;     // shown in the title line
+  size_t max_swaps = 10;  // rows of the recent swaps table
 };
 
 // The whole screen, lines ending in '\n'. The functions table is sorted by requests, most first;
@@ -32,8 +32,7 @@ struct TopOptions {
 // ("-" without a previous sample, or when the router's counters restarted). Missing fields show
 // as "-"; a field of the wrong type is kInvalidValue.
 Result<std::string> render_top(const nlohmann::json& status,
-                               const std::optional<TopSample>& previous,
-                               const TopOptions& options);
+                               const std::optional<TopSample>& previous, const TopOptions& options);
 
 // `hiberctl functions`: one row per function of the registry (`GET /v2/repository/index`, in
 // its order) with its numbers from the status (`GET /v2/status`), "-" where it has none.

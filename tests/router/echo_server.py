@@ -7,13 +7,19 @@ alive. The answer is {"method", "path", "headers": {lower-case name: value}, "bo
 "client_port", "request_on_connection"} with status 200, except for these paths:
   /status/NNN  the same echo with status NNN
   /close       the echo, then the server closes the connection (Connection: close)
+  /drop        the echo as if the connection stayed open, then the server closes it anyway
   /chunked     the echo sent with Transfer-Encoding: chunked, in several chunks
   /hang        never answers (the connection stays open)
+  /log         a JSON array of the echoes of every earlier request, oldest first
 """
 import json
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+LOG = []
+LOG_LOCK = threading.Lock()
 
 
 class Echo(BaseHTTPRequestHandler):
@@ -32,17 +38,29 @@ class Echo(BaseHTTPRequestHandler):
         body = self.rfile.read(length) if length else b""
         if self.path == "/hang":
             threading.Event().wait()
+        if self.path == "/log":
+            with LOG_LOCK:
+                answer = json.dumps(LOG).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(answer)))
+            self.end_headers()
+            self.wfile.write(answer)
+            return
         status = 200
         if self.path.startswith("/status/"):
             status = int(self.path[len("/status/"):])
-        answer = json.dumps({
+        echo = {
             "method": self.command,
             "path": self.path,
             "headers": {k.lower(): v for k, v in self.headers.items()},
             "body": body.decode("utf-8", "replace"),
             "client_port": self.client_address[1],
             "request_on_connection": self.requests_seen,
-        }).encode()
+        }
+        with LOG_LOCK:
+            LOG.append(echo)
+        answer = json.dumps(echo).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("X-Echo", "yes")
@@ -58,6 +76,8 @@ class Echo(BaseHTTPRequestHandler):
         if self.path == "/close":
             self.send_header("Connection", "close")
             self.close_connection = True
+        if self.path == "/drop":
+            self.close_connection = True  # without saying so: a keep-alive timeout's effect
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(answer)

@@ -89,10 +89,10 @@ TEST(ParseHttpUrl, DefaultsAndSpellings) {
 }
 
 TEST(ParseHttpUrl, Rejects) {
-  for (const char* bad :
-       {"", "127.0.0.1:8080", "https://h:1", "ftp://h", "http://", "http://:8080", "http://h:",
-        "http://h:0", "http://h:65536", "http://h:80x", "http://h:-1", "http://h:8080/v2",
-        "http://h:1?x=1", "http://u@h:1", "http://[::1", "http://[::1]x", "http://[::1]:"}) {
+  for (const char* bad : {"", "127.0.0.1:8080", "https://h:1", "ftp://h", "http://", "http://:8080",
+                          "http://h:", "http://h:0", "http://h:65536", "http://h:80x",
+                          "http://h:-1", "http://h:8080/v2", "http://h:1?x=1", "http://u@h:1",
+                          "http://[::1", "http://[::1]x", "http://[::1]:"}) {
     auto t = parse_http_url(bad);
     EXPECT_FALSE(t.ok()) << "'" << bad << "' was accepted as " << t->url();
     if (!t.ok()) {
@@ -108,9 +108,9 @@ TEST(HttpClient, GetsFilesFromPythonHttpServer) {
   const std::string content = "hello from a file\n" + std::string(100000, 'x');
   std::ofstream(dir / "hello.txt") << content;
   {
-    PythonServer server({"-m", "http.server", "0", "--bind", "127.0.0.1", "--directory",
-                         dir.string()},
-                        "port ([0-9]+)");
+    PythonServer server(
+        {"-m", "http.server", "0", "--bind", "127.0.0.1", "--directory", dir.string()},
+        "port ([0-9]+)");
     ASSERT_NE(server.port(), 0) << "python3 -m http.server did not start";
     auto r = http_request(local(server.port()), "GET", "/hello.txt");
     ASSERT_TRUE(r.ok()) << r.status();
@@ -191,6 +191,19 @@ TEST_F(EchoServerTest, ConnectionCloseOpensANewConnection) {
   r = c.request("GET", "/after");
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(json::parse(r->body)["request_on_connection"], 1);
+  EXPECT_EQ(c.connections_opened(), 2u);
+}
+
+TEST_F(EchoServerTest, ConnectionDroppedWhileIdleIsReopened) {
+  HttpConnection c(target());
+  auto r = c.request("GET", "/drop");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(c.connected());  // the answer said nothing about closing
+  for (int i = 0; i < 2; ++i) {
+    r = c.request("GET", "/after");
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(json::parse(r->body)["request_on_connection"], i + 1);
+  }
   EXPECT_EQ(c.connections_opened(), 2u);
 }
 

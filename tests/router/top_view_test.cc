@@ -145,8 +145,8 @@ TEST(TopView, CounterThatWentBackHasNoRate) {
 TEST(TopView, SampleFeedsTheNextRefresh) {
   const TopSample s = top_sample(fixture());
   EXPECT_DOUBLE_EQ(s.time, 1764120000.5);
-  EXPECT_EQ(s.requests, (std::map<std::string, uint64_t>{
-                            {"fn-1", 10}, {"fn-3", 0}, {"resnet-big", 25}}));
+  EXPECT_EQ(s.requests,
+            (std::map<std::string, uint64_t>{{"fn-1", 10}, {"fn-3", 0}, {"resnet-big", 25}}));
 }
 
 TEST(TopView, SwapRowsAreCapped) {
@@ -163,6 +163,7 @@ TEST(TopView, EmptyRouter) {
   ASSERT_TRUE(text.ok()) << text.status();
   const auto lines = squeezed(*text);
   EXPECT_EQ(lines[0], "hiber-router r 1970-01-01 00:00:00 UTC 0 functions, 0 nodes, 0 requests");
+  EXPECT_EQ(lines[2], "NODES: none");
   EXPECT_NE(find_line(lines, "FUNCTIONS: none registered"), -1) << *text;
   EXPECT_EQ(lines.back(), "RECENT SWAPS: none");
 }
