@@ -163,6 +163,11 @@ TEST(HiberdTcpControl, ThreeNodesEachServeTheirOwnClientsOverTcp) {
   auto crossed = nodes[1]->client(nodes[0]->token);
   ASSERT_TRUE(crossed.ok());
   EXPECT_EQ(crossed->ping().code(), ErrorCode::kNotPermitted);
+  // Each shuts down cleanly with TCP clients still connected.
+  for (auto& node : nodes) {
+    const int exit_code = node->hiberd->stop();
+    EXPECT_EQ(exit_code, 0) << node->hiberd->log();
+  }
 }
 
 TEST(HiberdTcpControl, WrongAndMissingTokensAreRefusedWithoutDisturbingAGoodClient) {
@@ -212,6 +217,8 @@ TEST(HiberdTcpControl, WrongAndMissingTokensAreRefusedWithoutDisturbingAGoodClie
                                                       "not-the-token", 30s);
   ASSERT_TRUE(local_with_junk.ok()) << local_with_junk.status();
   EXPECT_TRUE(local_with_junk->ping().ok());
+  const int exit_code = node.hiberd->stop();
+  EXPECT_EQ(exit_code, 0) << node.hiberd->log();
 }
 
 TEST(HiberdTcpControl, ARawRequestWithoutATokenGetsAnErrorReply) {
