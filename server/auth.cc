@@ -88,11 +88,12 @@ Result<std::string> load_or_create_token(const std::string& path) {
 }
 
 bool tokens_equal(std::string_view a, std::string_view b) {
-  // Length is not secret (tokens have a fixed format); the content is.
-  if (a.size() != b.size()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  // The loop runs over b (the secret) whatever a is, so neither where a differs nor how long it
+  // is shows in the time taken (the control token is an operator's, of any length).
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  for (size_t i = 0; i < b.size(); ++i) {
+    const unsigned char presented = i < a.size() ? static_cast<unsigned char>(a[i]) : 0;
+    diff |= static_cast<unsigned char>(presented ^ static_cast<unsigned char>(b[i]));
   }
   return diff == 0;
 }

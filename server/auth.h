@@ -3,7 +3,8 @@
 // Functions prove two things at the handshake: their process runs as an allowed user (the
 // kernel's SO_PEERCRED, which the client cannot forge) and they hold the node's secret token
 // (handed to function containers by the platform). Operators and the router on the control
-// socket need only the first.
+// socket need only the first; over the TCP control listener, which has no peer credentials,
+// every request carries the control token instead.
 #pragma once
 
 #include <sys/types.h>
@@ -30,7 +31,7 @@ Result<PeerCredentials> peer_credentials(int socket_fd);
 // read protects nothing.
 Result<std::string> load_or_create_token(const std::string& path);
 
-// Compares in time independent of where the strings differ.
+// Compares a presented token `a` with the secret `b` in time that depends only on b's length.
 bool tokens_equal(std::string_view a, std::string_view b);
 
 // Parses "0,1000,1001" into uids. kInvalidValue naming the bad entry.

@@ -2,10 +2,12 @@
 
 #include <capnp/message.h>
 
+#include <string>
 #include <variant>
 
 #include "common/overloaded.h"
 #include "scheduler/scheduler.h"
+#include "server/auth.h"
 #include "wire/control_codec.h"
 #include "wire/handshake.h"
 #include "wire/limits.h"
@@ -80,6 +82,23 @@ ControlService::ControlService(device::Device& device, Controller& controller,
 
 Result<std::vector<std::byte>> ControlService::error_frame(const Status& why) {
   return reply_frame(control::Reply(why));
+}
+
+Status ControlService::check_token(const wire::Message& request, std::string_view token) {
+  std::string presented;
+  HIBER_RETURN_IF_ERROR(wire::read_message<proto::ControlRequest>(
+      request, "control request", [&](proto::ControlRequest::Reader r) -> Status {
+        presented = r.getToken().cStr();
+        return Status();
+      }));
+  if (presented.empty()) {
+    return Status(ErrorCode::kNotPermitted,
+                  "a control request over TCP must carry the node's control token");
+  }
+  if (!tokens_equal(presented, token)) {
+    return Status(ErrorCode::kNotPermitted, "wrong control token");
+  }
+  return Status();
 }
 
 Status ControlService::answer(const wire::Message& message, ReplySender send) {

@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <string_view>
 #include <vector>
 
 #include "common/histogram.h"
@@ -50,6 +51,11 @@ class ControlService {
   // for the node to be quiet, status for the controller's view), always through `send`. An
   // error means the request could not be read.
   Status answer(const wire::Message& request, ReplySender send);
+
+  // Whether a request carries `token` (compared in constant time): what the TCP control listener
+  // asks of every request, its peers having no uid to check. kNotPermitted when the token is
+  // missing or wrong; kInvalidValue when the request cannot be read.
+  static Status check_token(const wire::Message& request, std::string_view token);
 
   // The error reply frame that answers a control request with `why`.
   static Result<std::vector<std::byte>> error_frame(const Status& why);

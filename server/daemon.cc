@@ -1,5 +1,8 @@
 #include "server/daemon.h"
 
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/signalfd.h>
@@ -76,6 +79,72 @@ Result<UniqueFd> listen_unix(const std::string& path, mode_t mode) {
   return fd;
 }
 
+struct TcpListener {
+  UniqueFd fd;
+  uint16_t port = 0;
+};
+
+// Binds a listening TCP socket at "host:port" (an empty host: every address; port 0: any free
+// port), to the first of the host's addresses that takes it.
+Result<TcpListener> listen_tcp(const std::string& address) {
+  HIBER_ASSIGN_OR_RETURN(wire::HostPort where, wire::split_host_port(address));
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  const int rc = ::getaddrinfo(where.host.empty() ? nullptr : where.host.c_str(),
+                               std::to_string(where.port).c_str(), &hints, &found);
+  if (rc != 0) {
+    return error(ErrorCode::kInvalidValue, "cannot resolve ", address, ": ", ::gai_strerror(rc));
+  }
+  Status last(ErrorCode::kInvalidValue, "no address for " + address);
+  for (addrinfo* ai = found; ai != nullptr; ai = ai->ai_next) {
+    UniqueFd fd(::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol));
+    if (!fd) {
+      last = os_error("socket", errno);
+      continue;
+    }
+    // A restarted hiberd can bind its port while the last one's connections are in TIME_WAIT.
+    const int one = 1;
+    ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (::bind(fd.get(), ai->ai_addr, ai->ai_addrlen) != 0) {
+      last = os_error("bind " + address, errno);
+      continue;
+    }
+    if (::listen(fd.get(), 512) != 0) {
+      last = os_error("listen " + address, errno);
+      continue;
+    }
+    sockaddr_storage bound{};
+    socklen_t length = sizeof bound;
+    if (::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&bound), &length) != 0) {
+      last = os_error("getsockname", errno);
+      continue;
+    }
+    ::freeaddrinfo(found);
+    const uint16_t port = bound.ss_family == AF_INET6
+                              ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
+                              : reinterpret_cast<sockaddr_in*>(&bound)->sin_port;
+    return TcpListener{std::move(fd), ntohs(port)};
+  }
+  ::freeaddrinfo(found);
+  return last;
+}
+
+// "address:port" of a TCP peer, for the log.
+std::string tcp_peer(int fd) {
+  sockaddr_storage peer{};
+  socklen_t length = sizeof peer;
+  char host[NI_MAXHOST] = "?";
+  char port[NI_MAXSERV] = "?";
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &length) == 0) {
+    ::getnameinfo(reinterpret_cast<sockaddr*>(&peer), length, host, sizeof host, port, sizeof port,
+                  NI_NUMERICHOST | NI_NUMERICSERV);
+  }
+  return std::string(host) + ":" + port;
+}
+
 bool uid_allowed(const std::vector<uid_t>& allowed, uid_t uid) {
   return std::find(allowed.begin(), allowed.end(), uid) != allowed.end();
 }
@@ -89,6 +158,9 @@ struct Daemon::Connection {
 
   uint64_t id = 0;
   bool control = false;
+  bool tcp = false;            // the TCP control listener's: no peer credentials
+  bool authenticated = false;  // tcp: has sent a request with the right control token
+  std::string remote;          // tcp: the peer's address, for the log
   State state = State::kReading;
   UniqueFd fd;
   PeerCredentials peer;
@@ -99,6 +171,7 @@ struct Daemon::Connection {
   wire::FrameReader reader;
   std::array<std::byte, 4096> buffer{};
   std::vector<std::byte> out;
+  size_t sent = 0;  // bytes of `out` the socket has taken
   iovec iov{};
   msghdr msg{};
   alignas(cmsghdr) char cmsg[CMSG_SPACE(sizeof(int))] = {};
@@ -111,6 +184,10 @@ Result<std::unique_ptr<Daemon>> Daemon::create(device::Device& device, DaemonOpt
   if (options.auth_token.empty()) {
     return Status(ErrorCode::kInvalidValue, "an auth token is required");
   }
+  if (!options.control_tcp_listen.empty() && options.control_token.empty()) {
+    return Status(ErrorCode::kInvalidValue,
+                  "a TCP control listener needs a control token (--control_token_file)");
+  }
   if (device.gpu_count() == 0) return Status(ErrorCode::kNoDevice, "the device has no GPUs");
   auto loop = IoLoop::create(1024);
   if (!loop.ok()) return loop.status();
@@ -120,6 +197,12 @@ Result<std::unique_ptr<Daemon>> Daemon::create(device::Device& device, DaemonOpt
   HIBER_RETURN_IF_ERROR(check_not_served(options.control_socket_path));
   auto controller = Controller::create(device, options.controller);
   if (!controller.ok()) return controller.status();
+  TcpListener tcp;
+  if (!options.control_tcp_listen.empty()) {
+    auto listener = listen_tcp(options.control_tcp_listen);
+    if (!listener.ok()) return listener.status().with_context("the TCP control listener");
+    tcp = std::move(listener).value();
+  }
   auto functions = listen_unix(options.socket_path, 0666);
   if (!functions.ok()) return functions.status();
   auto control = listen_unix(options.control_socket_path, 0600);
@@ -134,7 +217,8 @@ Result<std::unique_ptr<Daemon>> Daemon::create(device::Device& device, DaemonOpt
 
   std::unique_ptr<Daemon> daemon(
       new Daemon(device, std::move(options), std::move(controller).value(), std::move(loop).value(),
-                 std::move(functions).value(), std::move(control).value(), std::move(signal_fd)));
+                 std::move(functions).value(), std::move(control).value(), std::move(tcp.fd),
+                 tcp.port, std::move(signal_fd)));
   HIBER_RETURN_IF_ERROR(daemon->start_metrics());
   return daemon;
 }
@@ -162,7 +246,8 @@ Status Daemon::start_metrics() {
 
 Daemon::Daemon(device::Device& device, DaemonOptions options,
                std::unique_ptr<Controller> controller, std::unique_ptr<IoLoop> loop,
-               UniqueFd function_listener, UniqueFd control_listener, UniqueFd signal_fd)
+               UniqueFd function_listener, UniqueFd control_listener, UniqueFd control_tcp_listener,
+               uint16_t control_tcp_port, UniqueFd signal_fd)
     : device_(device),
       options_(std::move(options)),
       controller_(std::move(controller)),
@@ -172,6 +257,8 @@ Daemon::Daemon(device::Device& device, DaemonOptions options,
       loop_(std::move(loop)),
       function_listener_(std::move(function_listener)),
       control_listener_(std::move(control_listener)),
+      control_tcp_listener_(std::move(control_tcp_listener)),
+      control_tcp_port_(control_tcp_port),
       signal_fd_(std::move(signal_fd)),
       started_(std::chrono::steady_clock::now()) {}
 
@@ -199,13 +286,17 @@ void Daemon::stop() {
 }
 
 Status Daemon::run() {
-  arm_accept(/*control=*/false);
-  arm_accept(/*control=*/true);
+  arm_accept(Listener::kFunction);
+  arm_accept(Listener::kControl);
+  if (control_tcp_listener_) arm_accept(Listener::kControlTcp);
   arm_signals();
   loop_->timeout(kSweepInterval, [this](int, bool) { sweep_handshakes(); });
   LOG(INFO) << "hiberd serving functions on " << options_.socket_path << " and control on "
-            << options_.control_socket_path << " (" << device_.backend_name() << " device, "
-            << device_.gpu_count() << " GPUs)";
+            << options_.control_socket_path
+            << (control_tcp_listener_
+                    ? " and TCP port " + std::to_string(control_tcp_port_) + " (with the token)"
+                    : std::string())
+            << " (" << device_.backend_name() << " device, " << device_.gpu_count() << " GPUs)";
   Status status = loop_->run();
   loop_done_ = true;
   // Nothing answers scrapes any more: stop listening (waits for a scrape in progress, which
@@ -215,27 +306,41 @@ Status Daemon::run() {
   return status;
 }
 
-void Daemon::arm_accept(bool control) {
-  const int listener = control ? control_listener_.get() : function_listener_.get();
-  IoLoop::OpId& op = control ? control_accept_op_ : accept_op_;
-  op = loop_->accept_multishot(listener, [this, control](int result, bool more) {
+void Daemon::arm_accept(Listener listener) {
+  int fd = function_listener_.get();
+  IoLoop::OpId* op = &accept_op_;
+  const char* socket = "function";
+  if (listener == Listener::kControl) {
+    fd = control_listener_.get();
+    op = &control_accept_op_;
+    socket = "control";
+  } else if (listener == Listener::kControlTcp) {
+    fd = control_tcp_listener_.get();
+    op = &control_tcp_accept_op_;
+    socket = "TCP control";
+  }
+  *op = loop_->accept_multishot(fd, [this, listener, socket](int result, bool more) {
     if (result >= 0) {
-      on_accept(result, control);
-      return;
+      on_accept(result, listener);
+    } else {
+      if (result == -ECANCELED || shutting_down_) return;
+      if (result == -EBADF || result == -EINVAL || result == -ENOTSOCK) {
+        LOG(ERROR) << "the " << socket << " socket is unusable: " << std::strerror(-result);
+        begin_shutdown("a listening socket failed");
+        return;
+      }
+      // Out of descriptors or memory: clients wait in the listen backlog until some come back.
+      LOG(WARNING) << "accepting on the " << socket << " socket: " << std::strerror(-result)
+                   << "; retrying in " << kAcceptRetry.count() << " ms";
     }
-    if (result == -ECANCELED || shutting_down_) return;
-    const char* socket = control ? "control" : "function";
-    if (result == -EBADF || result == -EINVAL || result == -ENOTSOCK) {
-      LOG(ERROR) << "the " << socket << " socket is unusable: " << std::strerror(-result);
-      begin_shutdown("a listening socket failed");
-      return;
-    }
-    // Out of descriptors or memory: clients wait in the listen backlog until some come back.
-    LOG(WARNING) << "accepting on the " << socket << " socket: " << std::strerror(-result)
-                 << "; retrying in " << kAcceptRetry.count() << " ms";
-    if (!more) {
-      loop_->timeout(kAcceptRetry, [this, control](int, bool) {
-        if (!shutting_down_) arm_accept(control);
+    // Without IORING_CQE_F_MORE the kernel has ended the multishot accept (after an error, or
+    // on its own, e.g. when its internal state overflowed): arm it again or nobody is accepted.
+    if (more || shutting_down_) return;
+    if (result >= 0) {
+      arm_accept(listener);
+    } else {
+      loop_->timeout(kAcceptRetry, [this, listener](int, bool) {
+        if (!shutting_down_) arm_accept(listener);
       });
     }
   });
@@ -257,11 +362,13 @@ void Daemon::arm_signals() {
 
 // ---- Connections ----
 
-void Daemon::on_accept(int fd, bool control) {
+void Daemon::on_accept(int fd, Listener listener) {
   auto connection = std::make_unique<Connection>();
   connection->id = next_connection_id_++;
-  connection->control = control;
+  connection->control = listener != Listener::kFunction;
+  connection->tcp = listener == Listener::kControlTcp;
   connection->fd.reset(fd);
+  if (connection->tcp) connection->remote = tcp_peer(fd);
   connection->accepted = std::chrono::steady_clock::now();
   Connection& c = *connection;
   connections_.emplace(c.id, std::move(connection));
@@ -273,6 +380,17 @@ void Daemon::on_accept(int fd, bool control) {
   if (connections_.size() - live_sessions_ > kMaxPendingConnections) {
     reject(c, error(ErrorCode::kDeviceUnavailable, "more than ", kMaxPendingConnections,
                     " connections are waiting to be served"));
+    return;
+  }
+  if (c.tcp) {
+    // No uid to check over TCP: each request proves itself with the control token. Requests
+    // and replies are small and each waits for the other, so Nagle's delay would only add
+    // latency.
+    const int one = 1;
+    if (::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) != 0) {
+      PLOG(WARNING) << "TCP_NODELAY on a control connection from " << c.remote;
+    }
+    receive_frame(c);
     return;
   }
   auto peer = peer_credentials(fd);
@@ -343,10 +461,8 @@ void Daemon::send_frame(Connection& connection, std::vector<std::byte> frame, in
                         std::function<void(Connection&)> then) {
   connection.state = Connection::State::kSending;
   connection.out = std::move(frame);
-  connection.iov = {connection.out.data(), connection.out.size()};
+  connection.sent = 0;
   connection.msg = {};
-  connection.msg.msg_iov = &connection.iov;
-  connection.msg.msg_iovlen = 1;
   if (attach_fd >= 0) {
     connection.msg.msg_control = connection.cmsg;
     connection.msg.msg_controllen = sizeof connection.cmsg;
@@ -356,11 +472,28 @@ void Daemon::send_frame(Connection& connection, std::vector<std::byte> frame, in
     cm->cmsg_len = CMSG_LEN(sizeof(int));
     std::memcpy(CMSG_DATA(cm), &attach_fd, sizeof(int));
   }
+  send_rest(connection, std::move(then));
+}
+
+// A Unix stream socket takes a handshake frame whole, but a TCP socket may take a large reply
+// (a status report) in parts: each completion sends what is left.
+void Daemon::send_rest(Connection& connection, std::function<void(Connection&)> then) {
+  connection.iov = {connection.out.data() + connection.sent,
+                    connection.out.size() - connection.sent};
+  connection.msg.msg_iov = &connection.iov;
+  connection.msg.msg_iovlen = 1;
   loop_->sendmsg(connection.fd.get(), &connection.msg,
                  track(connection, [this, then = std::move(then)](Connection& c, int n) {
-                   // Frames are at most 64 KiB; a Unix stream socket takes one whole or fails.
-                   if (n != static_cast<int>(c.out.size())) {
-                     close_connection(c, n < 0 ? std::strerror(-n) : "short write");
+                   if (n <= 0) {
+                     close_connection(c, n < 0 ? std::strerror(-n) : "the socket took nothing");
+                     return;
+                   }
+                   c.sent += static_cast<size_t>(n);
+                   if (c.sent < c.out.size()) {
+                     // An attached descriptor went with the first byte.
+                     c.msg.msg_control = nullptr;
+                     c.msg.msg_controllen = 0;
+                     send_rest(c, then);
                      return;
                    }
                    then(c);
@@ -369,8 +502,12 @@ void Daemon::send_frame(Connection& connection, std::vector<std::byte> frame, in
 
 void Daemon::reject(Connection& connection, const Status& why) {
   ++counters_.handshakes_rejected;
-  LOG(WARNING) << (connection.control ? "control" : "function") << " connection from pid "
-               << connection.peer.pid << " uid " << connection.peer.uid << " refused: " << why;
+  if (connection.tcp) {
+    LOG(WARNING) << "TCP control connection from " << connection.remote << " refused: " << why;
+  } else {
+    LOG(WARNING) << (connection.control ? "control" : "function") << " connection from pid "
+                 << connection.peer.pid << " uid " << connection.peer.uid << " refused: " << why;
+  }
   // Each socket refuses in its own protocol, so the client reads the reason as it reads answers.
   auto frame =
       connection.control ? ControlService::error_frame(why) : wire::encode_rejection_frame(why);
@@ -520,6 +657,22 @@ void Daemon::on_session_exit(uint64_t connection_id) {
 
 void Daemon::on_control_request(Connection& connection) {
   ++counters_.control_requests;
+  if (connection.tcp) {
+    Status allowed =
+        ControlService::check_token(connection.reader.message(), options_.control_token);
+    if (!allowed.ok()) {
+      if (allowed.code() == ErrorCode::kNotPermitted) {
+        ++counters_.control_tokens_refused;
+      } else {
+        ++counters_.malformed_messages;
+      }
+      // Answered, then disconnected: a client with the wrong token is misconfigured (or
+      // guessing), and must not keep a connection open.
+      reject(connection, allowed);
+      return;
+    }
+    connection.authenticated = true;
+  }
   const uint64_t id = connection.id;
   Status read = control_->answer(
       connection.reader.message(),
@@ -609,15 +762,19 @@ void Daemon::sweep_handshakes() {
   const auto now = std::chrono::steady_clock::now();
   std::vector<Connection*> late;
   for (auto& [id, c] : connections_) {
-    if (!c->control && c->state == Connection::State::kReading &&
+    // Function connections must say Hello in time; TCP control connections must prove they hold
+    // the token in time (or anyone who can reach the port could hold connections open).
+    const bool must_hurry = !c->control || (c->tcp && !c->authenticated);
+    if (must_hurry && c->state == Connection::State::kReading &&
         now - c->accepted > options_.handshake_timeout) {
       if (c->late) late.push_back(c.get());
       c->late = true;
     }
   }
   for (Connection* c : late) {
-    reject(*c, error(ErrorCode::kTimeout, "no Hello within ", options_.handshake_timeout.count(),
-                     " ms"));
+    reject(*c,
+           error(ErrorCode::kTimeout, c->tcp ? "no control request within " : "no Hello within ",
+                 options_.handshake_timeout.count(), " ms"));
   }
   if (!shutting_down_) loop_->timeout(kSweepInterval, [this](int, bool) { sweep_handshakes(); });
 }
@@ -633,6 +790,7 @@ void Daemon::begin_shutdown(std::string_view why) {
   });
   loop_->cancel(accept_op_);
   loop_->cancel(control_accept_op_);
+  if (control_tcp_listener_) loop_->cancel(control_tcp_accept_op_);
   ::unlink(options_.socket_path.c_str());
   ::unlink(options_.control_socket_path.c_str());
   std::vector<Connection*> all;

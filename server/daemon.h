@@ -1,4 +1,5 @@
-// hiberd's top level: listens on the function socket and the control socket, performs
+// hiberd's top level: listens on the function socket and the control socket (and, when asked,
+// on a TCP port that speaks the control protocol to a router on another machine), performs
 // handshakes, runs sessions, answers control requests, and shuts down cleanly on SIGTERM/SIGINT.
 //
 // All socket I/O runs on one io_uring loop thread; each session executes calls on its own
@@ -42,6 +43,10 @@ struct DaemonOptions {
   std::string control_socket_path;  // the router and operators connect here
   std::string auth_token;           // functions must present it
   std::vector<uid_t> allowed_uids;  // peers of other users are refused
+  // "host:port" of a TCP listener for control requests (port 0: any free port); empty: none.
+  // Peers there have no uid to check, so each request must carry `control_token` instead.
+  std::string control_tcp_listen;
+  std::string control_token;  // required when control_tcp_listen is set
   // Late binding: pools, policies, swaps, quotas (controller.h).
   ControllerOptions controller;
   // An implicit lease ends after this long without a call that needs the GPU.
@@ -72,16 +77,27 @@ class Daemon {
   Status run();
   void stop();
 
+  // The port the TCP control listener is bound to (the one picked when asked for port 0); 0
+  // when there is none.
+  uint16_t control_tcp_port() const { return control_tcp_port_; }
+
  private:
   struct Connection;  // a function's connection (then its session) or a control connection
 
+  // Where a connection came from: each listener has its own admission.
+  enum class Listener {
+    kFunction,    // functions: uid, then the Hello's auth token
+    kControl,     // the Unix control socket: uid
+    kControlTcp,  // control over TCP: the control token in every request
+  };
+
   Daemon(device::Device& device, DaemonOptions options, std::unique_ptr<Controller> controller,
          std::unique_ptr<IoLoop> loop, UniqueFd function_listener, UniqueFd control_listener,
-         UniqueFd signal_fd);
+         UniqueFd control_tcp_listener, uint16_t control_tcp_port, UniqueFd signal_fd);
 
   // Accepts on one listener until shutdown; errors (EMFILE and the like) pause it briefly.
-  void arm_accept(bool control);
-  void on_accept(int fd, bool control);
+  void arm_accept(Listener listener);
+  void on_accept(int fd, Listener listener);
   void arm_signals();
   // Wraps a handler of an operation on `connection`: counts it as outstanding, finds the
   // connection again when it completes (it may be gone) and forgets the connection once it is
@@ -91,6 +107,7 @@ class Daemon {
   void receive_frame(Connection& connection);
   void send_frame(Connection& connection, std::vector<std::byte> frame, int attach_fd,
                   std::function<void(Connection&)> then);
+  void send_rest(Connection& connection, std::function<void(Connection&)> then);
 
   void on_hello(Connection& connection);
   Status admit(const wire::Hello& hello) const;
@@ -129,6 +146,8 @@ class Daemon {
   std::unique_ptr<IoLoop> loop_;
   UniqueFd function_listener_;
   UniqueFd control_listener_;
+  UniqueFd control_tcp_listener_;  // invalid when there is none
+  const uint16_t control_tcp_port_;
   UniqueFd signal_fd_;
   alignas(8) std::array<std::byte, 128> signal_buffer_{};  // one signalfd_siginfo
   const std::chrono::steady_clock::time_point started_;
@@ -141,6 +160,7 @@ class Daemon {
   bool shutting_down_ = false;
   IoLoop::OpId accept_op_ = 0;
   IoLoop::OpId control_accept_op_ = 0;
+  IoLoop::OpId control_tcp_accept_op_ = 0;
 
   struct Counters {
     uint64_t sessions_opened = 0;
@@ -148,6 +168,7 @@ class Daemon {
     uint64_t handshakes_rejected = 0;
     uint64_t malformed_messages = 0;  // handshakes and control requests
     uint64_t control_requests = 0;
+    uint64_t control_tokens_refused = 0;  // TCP requests without the right control token
   } counters_;
   // Set once the loop has stopped: nothing posted to it runs any more.
   std::atomic<bool> loop_done_{false};

@@ -5,7 +5,9 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <memory>
 #include <sstream>
 
@@ -18,6 +20,7 @@
 #include "server/auth.h"
 #include "server/daemon.h"
 #include "server/device/sim_device.h"
+#include "wire/control_client.h"
 #if HIBER_HAVE_CUDA
 #include "server/device/cuda_device.h"
 #endif
@@ -49,6 +52,17 @@ DEFINE_string(control_socket, "", "Control socket (default: <run_dir>/control.so
 DEFINE_string(auth_token_file, "",
               "File holding the token functions must present; created with a random token if "
               "missing (default: <run_dir>/auth-token)");
+DEFINE_string(control_tcp_listen, "",
+              "Also serve the control protocol on this TCP address, host:port (e.g. "
+              "0.0.0.0:7070; port 0 picks a free port, see --control_tcp_port_file), for a "
+              "router on another machine; every request there must carry the token of "
+              "--control_token_file. Default: off (the Unix control socket only)");
+DEFINE_string(control_tcp_port_file, "",
+              "With --control_tcp_listen, write the bound TCP port to this file once listening");
+DEFINE_string(control_token_file, "",
+              "File whose first line is the control token that requests over "
+              "--control_tcp_listen must carry (required with it); it must not be readable by "
+              "others (mode 0600 or 0640)");
 DEFINE_string(allowed_uids, "",
               "Comma-separated uids allowed to connect (default: root and hiberd's own uid)");
 DEFINE_uint64(default_quota_mib, 0,
@@ -167,6 +181,19 @@ Result<server::DaemonOptions> make_options(const std::string& run_dir) {
                                                                           : FLAGS_auth_token_file);
   if (!token.ok()) return token.status();
   options.auth_token = *token;
+  options.control_tcp_listen = FLAGS_control_tcp_listen;
+  if (!FLAGS_control_tcp_listen.empty()) {
+    if (FLAGS_control_token_file.empty()) {
+      return Status(ErrorCode::kInvalidValue,
+                    "--control_tcp_listen needs --control_token_file: the TCP control listener "
+                    "admits only requests that carry the control token");
+    }
+    auto control_token = wire::read_token_file(FLAGS_control_token_file);
+    if (!control_token.ok()) return control_token.status().with_context("--control_token_file");
+    options.control_token = *control_token;
+  } else if (!FLAGS_control_tcp_port_file.empty()) {
+    return Status(ErrorCode::kInvalidValue, "--control_tcp_port_file needs --control_tcp_listen");
+  }
   if (FLAGS_allowed_uids.empty()) {
     options.allowed_uids = {0, ::geteuid()};
   } else {
@@ -239,6 +266,23 @@ Status prepare_run_dir(const std::string& run_dir) {
   return Status();
 }
 
+// Written whole or not at all (a temporary file renamed), so a reader never sees half a number.
+Status write_port_file(const std::string& path, uint16_t port) {
+  const std::string temporary = path + ".tmp";
+  {
+    std::ofstream out(temporary, std::ios::trunc);
+    out << port << "\n";
+    if (!out.flush()) {
+      return error(ErrorCode::kOperatingSystem, "cannot write ", temporary, ": ",
+                   std::strerror(errno));
+    }
+  }
+  if (::rename(temporary.c_str(), path.c_str()) != 0) {
+    return os_error("rename " + temporary + " to " + path, errno);
+  }
+  return Status();
+}
+
 // Each session holds its socket and its channel memfd, so a full hiberd needs about two
 // descriptors per session plus some; the usual soft limit of 1024 is too low for that.
 void raise_fd_limit() {
@@ -278,6 +322,14 @@ int run() {
   if (!daemon.ok()) {
     LOG(ERROR) << daemon.status();
     return 1;
+  }
+  if (!FLAGS_control_tcp_port_file.empty()) {
+    if (Status written =
+            write_port_file(FLAGS_control_tcp_port_file, (*daemon)->control_tcp_port());
+        !written.ok()) {
+      LOG(ERROR) << written;
+      return 1;
+    }
   }
   Status served = (*daemon)->run();
   if (!served.ok()) {

@@ -1,5 +1,11 @@
 #include "sim/balancer.h"
 
+#include <optional>
+
+#include <glog/logging.h>
+
+#include "scheduler/cluster_balancer.h"
+
 namespace hiber::sim {
 
 double expected_load(const SimFunction& function) {
@@ -8,16 +14,16 @@ double expected_load(const SimFunction& function) {
 }
 
 std::vector<int> balance_functions(const std::vector<SimFunction>& functions, int nodes) {
-  std::vector<double> load(nodes, 0.0);
+  // At deployment every node is up and no model is resident anywhere yet, so the shared rule
+  // comes down to the least expected load.
+  std::vector<scheduler::NodeCandidate> candidates(static_cast<size_t>(nodes));
   std::vector<int> node_of;
   node_of.reserve(functions.size());
   for (const SimFunction& f : functions) {
-    int best = 0;
-    for (int n = 1; n < nodes; ++n) {
-      if (load[n] < load[best]) best = n;
-    }
-    load[best] += expected_load(f);
-    node_of.push_back(best);
+    const std::optional<size_t> best = scheduler::choose_node(candidates);
+    CHECK(best.has_value()) << "balance_functions needs at least one node";
+    candidates[*best].expected_load += expected_load(f);
+    node_of.push_back(static_cast<int>(*best));
   }
   return node_of;
 }

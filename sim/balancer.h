@@ -5,7 +5,9 @@
 // keep it simple: each function is hosted by exactly one node, and functions are placed one by
 // one, in deployment order, on the node with the least expected load so far, where a function's
 // expected load is its mean request rate times its model's execution time (GPU-seconds per
-// second). Ties go to the lower node. Every request of a function goes to its node.
+// second). Ties go to the lower node. Every request of a function goes to its node. The rule is
+// scheduler/cluster_balancer.h's, which the router uses too (at deployment nothing is resident
+// and every node is up, so it is the least expected load).
 //
 // Why this rule: it is what a Kubernetes scheduler does with a per-pod resource request equal
 // to the function's expected GPU demand (least-allocated scoring), and it needs nothing a

@@ -19,6 +19,8 @@
 //   hiberctl drain [--gpu=N] [--resume]
 #include <unistd.h>
 
+// A node elsewhere: --control=tcp:HOST:PORT --control_token_file=FILE (hiberd's
+// --control_tcp_listen and --control_token_file).
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
@@ -45,6 +47,12 @@ DEFINE_string(run_dir, "",
               "hiberd's run directory (default: $HIBER_RUN_DIR, /run/hiber as root, "
               "else /tmp/hiber-<uid>)");
 DEFINE_string(control_socket, "", "hiberd's control socket (default: <run_dir>/control.sock)");
+DEFINE_string(control, "",
+              "Where hiberd's control protocol is: unix:/path (or a bare path) or tcp:host:port "
+              "(hiberd's --control_tcp_listen; needs --control_token_file). Overrides "
+              "--control_socket");
+DEFINE_string(control_token_file, "",
+              "File whose first line is the node's control token (required over tcp:)");
 DEFINE_int32(timeout_ms, 30000,
              "How long to wait for hiberd's or the router's answer (invoke --async: for the "
              "invocation to finish)");
@@ -283,9 +291,21 @@ int run_router(const std::vector<std::string>& args) {
 int run(const std::vector<std::string>& args) {
   if (is_router_command(args[0])) return run_router(args);
   const std::string run_dir = FLAGS_run_dir.empty() ? default_run_dir() : FLAGS_run_dir;
-  const std::string path =
+  std::string path =
       FLAGS_control_socket.empty() ? control_socket_path(run_dir) : FLAGS_control_socket;
-  auto client = wire::ControlClient::connect(path, std::chrono::milliseconds(FLAGS_timeout_ms));
+  if (!FLAGS_control.empty()) path = FLAGS_control;
+  std::string token;
+  if (!FLAGS_control_token_file.empty()) {
+    auto read = wire::read_token_file(FLAGS_control_token_file);
+    if (!read.ok()) return fail(read.status().with_context("--control_token_file"));
+    token = *read;
+  } else if (path.starts_with("tcp:")) {
+    return fail(Status(ErrorCode::kInvalidValue,
+                       "--control=tcp:... needs --control_token_file (hiberd admits only "
+                       "requests that carry the control token over TCP)"));
+  }
+  auto client =
+      wire::ControlClient::connect(path, token, std::chrono::milliseconds(FLAGS_timeout_ms));
   if (!client.ok()) return fail(client.status());
   const std::string& command = args[0];
   auto function_arg = [&]() -> Result<std::string> {
@@ -399,7 +419,8 @@ int main(int argc, char** argv) {
                       "  hiberctl register FN --slo_ms=MS [--tail=P] [--quota_mib=N] [--stateful]\n"
                       "  hiberctl unregister FN\n"
                       "  hiberctl arrive FN | start ID | done ID [--failed] | node-invoke FN\n"
-                      "  hiberctl drain [--gpu=N] [--resume]",
+                      "  hiberctl drain [--gpu=N] [--resume]\n"
+                      "  hiberctl --control=tcp:HOST:PORT --control_token_file=FILE COMMAND ...",
                       __FILE__);
   if (argc < 2) {
     std::fprintf(stderr, "usage: hiberctl [flags] COMMAND [ARG] (see --help)\n");

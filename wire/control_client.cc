@@ -1,5 +1,13 @@
 #include "wire/control_client.h"
 
+#include <sys/stat.h>
+
+#include <cctype>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <string_view>
+
 #include <capnp/message.h>
 
 #include "wire/control_codec.h"
@@ -11,14 +19,30 @@ namespace hiber::wire {
 
 Result<ControlClient> ControlClient::connect(const std::string& control_socket_path,
                                              std::chrono::milliseconds timeout) {
-  HIBER_ASSIGN_OR_RETURN(UniqueFd fd, connect_unix(control_socket_path));
-  return ControlClient(std::move(fd), timeout);
+  return connect(control_socket_path, std::string(), timeout);
+}
+
+Result<ControlClient> ControlClient::connect(const std::string& address, const std::string& token,
+                                             std::chrono::milliseconds timeout) {
+  constexpr std::string_view kTcp = "tcp:";
+  constexpr std::string_view kUnix = "unix:";
+  if (address.starts_with(kTcp)) {
+    HIBER_ASSIGN_OR_RETURN(HostPort where, split_host_port(address.substr(kTcp.size())));
+    if (where.host.empty() || where.port == 0) {
+      return error(ErrorCode::kInvalidValue, "'", address, "': tcp: needs a host and a port");
+    }
+    HIBER_ASSIGN_OR_RETURN(UniqueFd fd, connect_tcp(where.host, where.port, timeout));
+    return ControlClient(std::move(fd), token, timeout);
+  }
+  const std::string path = address.starts_with(kUnix) ? address.substr(kUnix.size()) : address;
+  HIBER_ASSIGN_OR_RETURN(UniqueFd fd, connect_unix(path));
+  return ControlClient(std::move(fd), token, timeout);
 }
 
 Result<Message> ControlClient::exchange(control::RequestBody body) {
   capnp::MallocMessageBuilder request;
   write_control_request(request.initRoot<proto::ControlRequest>(),
-                        control::Request{current_protocol_version(), std::move(body)});
+                        control::Request{current_protocol_version(), std::move(body), token_});
   HIBER_ASSIGN_OR_RETURN(std::vector<std::byte> frame, encode_frame(request));
   Message reply;
   HIBER_RETURN_IF_ERROR(
@@ -76,5 +100,29 @@ Status ControlClient::drain(int gpu, bool resume) {
 }
 
 Result<Message> ControlClient::status() { return exchange(control::StatusQuery{}); }
+
+Result<std::string> read_token_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) {
+    return error(ErrorCode::kFileNotFound, "cannot read the control token file ", path, ": ",
+                 std::strerror(errno));
+  }
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return os_error("stat " + path, errno);
+  if ((st.st_mode & (S_IROTH | S_IWOTH)) != 0) {
+    return error(ErrorCode::kNotPermitted, "the control token file ", path, " has mode ", std::oct,
+                 (st.st_mode & 07777), ": others may read or write it (chmod o-rw)");
+  }
+  std::string token;
+  std::getline(in, token);
+  while (!token.empty() && std::isspace(static_cast<unsigned char>(token.back()))) {
+    token.pop_back();
+  }
+  if (token.empty()) {
+    return error(ErrorCode::kInvalidValue, "the control token file ", path,
+                 " is empty: its first line must hold the token");
+  }
+  return token;
+}
 
 }  // namespace hiber::wire

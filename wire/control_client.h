@@ -6,6 +6,9 @@
 // Errors hiberd answers with come back as a Status with hiberd's code and message; a broken
 // connection or a reply that cannot be read is kDeinitialized or kInvalidValue.
 //
+// hiberd listens on its Unix control socket and, with --control_tcp_listen, on TCP; over TCP
+// every request carries the node's control token, which the client adds.
+//
 // Thread safety: a client is used by one thread at a time.
 #pragma once
 
@@ -22,8 +25,15 @@ namespace hiber::wire {
 
 class ControlClient {
  public:
+  // A Unix control socket's path; `timeout` bounds each reply.
   static Result<ControlClient> connect(
       const std::string& control_socket_path,
+      std::chrono::milliseconds timeout = std::chrono::seconds(30));
+  // `address` is "unix:/path", a bare path (the same) or "tcp:host:port" (an IPv6 host in
+  // brackets); `token` goes in every request (required over TCP; ignored on the Unix socket).
+  // `timeout` bounds the TCP connect and each reply.
+  static Result<ControlClient> connect(
+      const std::string& address, const std::string& token,
       std::chrono::milliseconds timeout = std::chrono::seconds(30));
 
   Status ping();
@@ -39,8 +49,8 @@ class ControlClient {
   Result<Message> status();
 
  private:
-  ControlClient(UniqueFd fd, std::chrono::milliseconds timeout)
-      : fd_(std::move(fd)), timeout_(timeout) {}
+  ControlClient(UniqueFd fd, std::string token, std::chrono::milliseconds timeout)
+      : fd_(std::move(fd)), token_(std::move(token)), timeout_(timeout) {}
   // Sends a request and returns hiberd's reply message, or its error answer as a Status.
   Result<Message> exchange(control::RequestBody body);
   // The same, for a reply of kind T.
@@ -48,7 +58,13 @@ class ControlClient {
   Result<T> call(control::RequestBody body);
 
   UniqueFd fd_;
+  std::string token_;
   std::chrono::milliseconds timeout_;
 };
+
+// Reads a control token file (hiberd's --control_token_file): the token is its first line.
+// kNotPermitted when others than the owner and its group may read it (a token anyone can read
+// protects nothing); kInvalidValue when the first line is empty.
+Result<std::string> read_token_file(const std::string& path);
 
 }  // namespace hiber::wire

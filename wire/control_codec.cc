@@ -23,6 +23,7 @@ void write_control_request(proto::ControlRequest::Builder out, const control::Re
   auto version = out.initVersion();
   version.setMajor(request.version.major);
   version.setMinor(request.version.minor);
+  if (!request.token.empty()) out.setToken(request.token);
   std::visit(
       Overloaded{
           [&](const control::StatusQuery&) { out.setStatus(); },
@@ -57,6 +58,7 @@ void write_control_request(proto::ControlRequest::Builder out, const control::Re
 Result<control::Request> read_control_request(proto::ControlRequest::Reader in) {
   control::Request request;
   request.version = {in.getVersion().getMajor(), in.getVersion().getMinor()};
+  request.token = in.getToken().cStr();
   switch (in.which()) {
     case proto::ControlRequest::STATUS: request.body = control::StatusQuery{}; return request;
     case proto::ControlRequest::PING: request.body = control::Ping{}; return request;

@@ -70,6 +70,8 @@ using RequestBody = std::variant<StatusQuery, Ping, FunctionRegistration, Unregi
 struct Request {
   ProtocolVersion version;  // the sender's
   RequestBody body;
+  // The control token: required over TCP, ignored on the Unix socket. Empty: none sent.
+  std::string token = {};
 };
 
 struct Pong {};

@@ -1,5 +1,9 @@
 #include "wire/socket_frame.h"
 
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -7,6 +11,7 @@
 #include <algorithm>
 #include <bit>
 #include <cerrno>
+#include <charconv>
 #include <cstring>
 
 namespace hiber::wire {
@@ -219,6 +224,106 @@ Result<UniqueFd> connect_unix(const std::string& path) {
     return error(ErrorCode::kOperatingSystem, "connect to ", path, ": ", std::strerror(errno));
   }
   return fd;
+}
+
+Result<HostPort> split_host_port(std::string_view address) {
+  const size_t colon = address.rfind(':');
+  if (colon == std::string_view::npos) {
+    return error(ErrorCode::kInvalidValue, "'", address, "' is not host:port");
+  }
+  std::string_view host = address.substr(0, colon);
+  const std::string_view port = address.substr(colon + 1);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  } else if (host.find(':') != std::string_view::npos) {
+    return error(ErrorCode::kInvalidValue, "'", address,
+                 "': an IPv6 address goes in brackets, as [::1]:7070");
+  }
+  HostPort out{std::string(host), 0};
+  const auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), out.port);
+  if (port.empty() || ec != std::errc() || end != port.data() + port.size()) {
+    return error(ErrorCode::kInvalidValue, "'", address,
+                 "': the port must be a number in [0, 65535]");
+  }
+  return out;
+}
+
+namespace {
+
+// One connection attempt to `ai` that gives up at `deadline`. *refused tells whether the peer
+// refused (nothing listens there).
+Result<UniqueFd> connect_one(const addrinfo& ai, Clock::time_point deadline, bool* refused) {
+  *refused = false;
+  UniqueFd fd(
+      ::socket(ai.ai_family, ai.ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai.ai_protocol));
+  if (!fd) return os_error("socket");
+  if (::connect(fd.get(), ai.ai_addr, ai.ai_addrlen) != 0) {
+    if (errno != EINPROGRESS) {
+      *refused = errno == ECONNREFUSED;
+      return os_error("connect", errno);
+    }
+    HIBER_ASSIGN_OR_RETURN(bool ready, poll_until(fd.get(), POLLOUT, deadline));
+    if (!ready) return Status(ErrorCode::kTimeout, "no answer");
+    int so_error = 0;
+    socklen_t length = sizeof so_error;
+    if (::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &so_error, &length) != 0) {
+      return os_error("getsockopt", errno);
+    }
+    if (so_error != 0) {
+      *refused = so_error == ECONNREFUSED;
+      return os_error("connect", so_error);
+    }
+  }
+  // Blocking from now on, as the frame helpers expect of a client's socket.
+  const int flags = ::fcntl(fd.get(), F_GETFL);
+  if (flags < 0 || ::fcntl(fd.get(), F_SETFL, flags & ~O_NONBLOCK) != 0) {
+    return os_error("fcntl", errno);
+  }
+  const int one = 1;
+  if (::setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) != 0) {
+    return os_error("setsockopt TCP_NODELAY", errno);
+  }
+  return fd;
+}
+
+}  // namespace
+
+Result<UniqueFd> connect_tcp(const std::string& host, uint16_t port,
+                             std::chrono::milliseconds timeout) {
+  const std::string where = host + ":" + std::to_string(port);
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV | AI_ADDRCONFIG;
+  addrinfo* found = nullptr;
+  const int rc = ::getaddrinfo(host.empty() ? nullptr : host.c_str(), std::to_string(port).c_str(),
+                               &hints, &found);
+  if (rc != 0) {
+    return error(ErrorCode::kInvalidValue, "cannot resolve ", where, ": ", ::gai_strerror(rc));
+  }
+  const auto deadline = Clock::now() + timeout;
+  Status last(ErrorCode::kInvalidValue, "no address");
+  bool all_refused = true;
+  for (addrinfo* ai = found; ai != nullptr; ai = ai->ai_next) {
+    bool refused = false;
+    auto fd = connect_one(*ai, deadline, &refused);
+    if (fd.ok()) {
+      ::freeaddrinfo(found);
+      return fd;
+    }
+    last = fd.status();
+    all_refused = all_refused && refused;
+    if (last.code() == ErrorCode::kTimeout) break;
+  }
+  ::freeaddrinfo(found);
+  if (last.code() == ErrorCode::kTimeout) {
+    return error(ErrorCode::kTimeout, "connect to ", where, ": no answer within ", timeout.count(),
+                 " ms");
+  }
+  if (all_refused) {
+    return error(ErrorCode::kNoDevice, "hiberd is not running at ", where, ": ", last.message());
+  }
+  return last.with_context("connect to " + where);
 }
 
 }  // namespace hiber::wire

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/status.h"
@@ -77,5 +78,21 @@ Status exchange_frame(int socket_fd, std::span<const std::byte> frame, Message& 
 // Connects a blocking Unix stream socket to `path`. kNoDevice (with "hiberd is not running")
 // when nothing listens there; kInvalidValue for a path that cannot be a socket address.
 Result<UniqueFd> connect_unix(const std::string& path);
+
+// Splits "host:port" (an IPv6 host in brackets: "[::1]:7070") into host and port. An empty host
+// is allowed (":7070": every address, for a listener). kInvalidValue naming what is wrong.
+struct HostPort {
+  std::string host;
+  uint16_t port = 0;
+};
+Result<HostPort> split_host_port(std::string_view address);
+
+// Connects a blocking TCP socket (TCP_NODELAY: control requests are small and each waits for its
+// answer) to `host` (a name, resolved with getaddrinfo, or a numeric address) and `port`, trying
+// each address the name has until one answers within `timeout`. kNoDevice (with "hiberd is not
+// running") when every address refuses; kTimeout when none answered in time; kInvalidValue for a
+// name that does not resolve.
+Result<UniqueFd> connect_tcp(const std::string& host, uint16_t port,
+                             std::chrono::milliseconds timeout = std::chrono::seconds(10));
 
 }  // namespace hiber::wire

@@ -24,6 +24,10 @@ struct ControlRequest {
                                    # on it has drained
     drain @8 :Drain;               # reply: ok, once nothing runs or waits (see Drain)
   }
+  # (1.4) The control token (hiberd's --control_token_file). Required on every request that
+  # arrives over TCP (--control_tcp_listen); ignored on the Unix socket, whose peers are admitted
+  # by uid.
+  token @9 :Text;
 }
 
 struct FunctionRegistration {
