@@ -31,7 +31,7 @@ std::optional<SwapLink> swap_link(const scheduler::Topology& topology, Source so
     case Source::kHost: return SwapLink::kHost;
     case Source::kPeer:
       return source_gpu >= 0 && topology.peer_gbps(source_gpu, gpu) > 0 ? SwapLink::kNvlink
-                                                                         : SwapLink::kPcie;
+                                                                        : SwapLink::kPcie;
   }
   return std::nullopt;
 }

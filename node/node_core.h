@@ -189,7 +189,7 @@ struct NodeStatus {
   scheduler::SchedulerCounters counters;
   bool draining = false;
   std::array<LinkSwaps, kSwapLinks> swaps_by_link{};  // finished swaps, by SwapLink
-  Histogram swap_seconds{swap_seconds_bounds()};       // per finished swap
+  Histogram swap_seconds{swap_seconds_bounds()};      // per finished swap
 };
 
 class NodeCore {

@@ -67,7 +67,6 @@ class ControlService {
   void answer_status(ReplySender send);
 
  private:
-
   device::Device& device_;
   Controller& controller_;
   const ModuleCache& modules_;

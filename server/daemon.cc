@@ -219,16 +219,22 @@ Result<std::unique_ptr<Daemon>> Daemon::create(device::Device& device, DaemonOpt
       new Daemon(device, std::move(options), std::move(controller).value(), std::move(loop).value(),
                  std::move(functions).value(), std::move(control).value(), std::move(tcp.fd),
                  tcp.port, std::move(signal_fd)));
-  HIBER_RETURN_IF_ERROR(daemon->start_metrics());
+  if (Status metrics = daemon->start_metrics(); !metrics.ok()) {
+    // Nobody will serve the sockets: leave no stale files behind.
+    ::unlink(daemon->options_.socket_path.c_str());
+    ::unlink(daemon->options_.control_socket_path.c_str());
+    return metrics;
+  }
   return daemon;
 }
 
 Status Daemon::start_metrics() {
   if (options_.metrics_listen.empty()) return Status();
-  HIBER_ASSIGN_OR_RETURN(metrics_, MetricsExporter::create(options_.metrics_listen,
-                                                           [this] { return status_for_metrics(); }));
-  LOG(INFO) << "hiberd serves /metrics on port " << metrics_->port() << " (--metrics_listen="
-            << options_.metrics_listen << ")";
+  HIBER_ASSIGN_OR_RETURN(metrics_, MetricsExporter::create(options_.metrics_listen, [this] {
+                           return status_for_metrics();
+                         }));
+  LOG(INFO) << "hiberd serves /metrics on port " << metrics_->port()
+            << " (--metrics_listen=" << options_.metrics_listen << ")";
   if (!options_.metrics_port_file.empty()) {
     // Written whole and renamed into place, so a reader never sees half a number.
     const std::string temporary = options_.metrics_port_file + ".tmp";

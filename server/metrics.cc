@@ -89,12 +89,12 @@ std::vector<MetricFamily> metric_families(proto::NodeStatus::Reader status,
   out.single("hiber_malformed_messages_total",
              "Handshakes, batches and control requests hiberd could not read", MetricType::Counter,
              as_double(counters.getMalformedMessages()));
-  out.single("hiber_control_requests_total", "Requests on the control socket",
-             MetricType::Counter, as_double(counters.getControlRequests()));
+  out.single("hiber_control_requests_total", "Requests on the control socket", MetricType::Counter,
+             as_double(counters.getControlRequests()));
   out.single("hiber_remoted_calls_total", "Calls functions remoted to hiberd (executed or failed)",
              MetricType::Counter, as_double(counters.getRemotedCalls()));
-  out.single("hiber_remoted_batches_total", "Batches of calls functions sent",
-             MetricType::Counter, as_double(counters.getRemotedBatches()));
+  out.single("hiber_remoted_batches_total", "Batches of calls functions sent", MetricType::Counter,
+             as_double(counters.getRemotedBatches()));
   out.add("hiber_remoted_batch_size", "Calls per batch", MetricType::Histogram)
       .metric.push_back(histogram(counters.getBatchSize()));
 
@@ -123,8 +123,8 @@ std::vector<MetricFamily> metric_families(proto::NodeStatus::Reader status,
   out.add("hiber_swap_duration_seconds", "Time per swap, first copy to last group done",
           MetricType::Histogram)
       .metric.push_back(histogram(status.getSwapDuration()));
-  MetricFamily& evictions = out.add("hiber_evictions_total", "Models evicted from a GPU, by why",
-                                    MetricType::Counter);
+  MetricFamily& evictions =
+      out.add("hiber_evictions_total", "Models evicted from a GPU, by why", MetricType::Counter);
   for (auto device : status.getDevices()) {
     for (auto reason : device.getEvictionsByReason()) {
       Families::sample(evictions,
@@ -149,8 +149,8 @@ std::vector<MetricFamily> metric_families(proto::NodeStatus::Reader status,
              as_double(sleeping));
 
   // Memory.
-  MetricFamily& pool = out.add("hiber_pool_bytes", "GPU pool memory, used and free",
-                               MetricType::Gauge);
+  MetricFamily& pool =
+      out.add("hiber_pool_bytes", "GPU pool memory, used and free", MetricType::Gauge);
   MetricFamily& fragmentation =
       out.add("hiber_pool_fragmentation_ratio", "1 - the largest free block / the free bytes",
               MetricType::Gauge);
@@ -167,9 +167,9 @@ std::vector<MetricFamily> metric_families(proto::NodeStatus::Reader status,
     Families::sample(fragmentation, {{"gpu", gpu}}, device.getPoolFragmentation());
     Families::sample(healthy, {{"gpu", gpu}}, device.getHealthy() ? 1 : 0);
   }
-  MetricFamily& host = out.add("hiber_host_repository_bytes",
-                               "Host memory for model copies: used and the most it may take",
-                               MetricType::Gauge);
+  MetricFamily& host =
+      out.add("hiber_host_repository_bytes",
+              "Host memory for model copies: used and the most it may take", MetricType::Gauge);
   Families::sample(host, {{"state", "used"}}, as_double(sched.getHostPoolUsedBytes()));
   Families::sample(host, {{"state", "capacity"}}, as_double(sched.getHostPoolBytes()));
 

@@ -60,8 +60,7 @@ Result<std::unique_ptr<MetricsExporter>> MetricsExporter::create(const std::stri
     // One thread: scrapes are rare, and each waits for hiberd's own threads anyway.
     exporter->exposer_ = std::make_unique<prometheus::Exposer>(listen, 1);
   } catch (const std::exception& e) {
-    return error(ErrorCode::kOperatingSystem, "cannot serve metrics on '", listen, "': ",
-                 e.what());
+    return error(ErrorCode::kOperatingSystem, "cannot serve metrics on '", listen, "': ", e.what());
   }
   exporter->exposer_->RegisterCollectable(exporter->collector_, "/metrics");
   const std::vector<int> ports = exporter->exposer_->GetListeningPorts();

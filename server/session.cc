@@ -369,10 +369,10 @@ std::optional<uint32_t> Session::handle_message(const wire::Message& message, ui
             release_staging_now(last_end);
             return refused;
           }
-          const size_t bucket = static_cast<size_t>(
-              std::lower_bound(batch_bounds_.begin(), batch_bounds_.end(),
-                               static_cast<double>(calls.size())) -
-              batch_bounds_.begin());
+          const size_t bucket =
+              static_cast<size_t>(std::lower_bound(batch_bounds_.begin(), batch_bounds_.end(),
+                                                   static_cast<double>(calls.size())) -
+                                  batch_bounds_.begin());
           batch_size_counts_[bucket].fetch_add(1, std::memory_order_relaxed);
           batched_calls_.fetch_add(calls.size(), std::memory_order_relaxed);
         }

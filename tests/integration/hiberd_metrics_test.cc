@@ -89,15 +89,13 @@ TEST(HiberdMetrics, ServesWhatTheNodeDid) {
                  "--swap_group_kib=1024"});
   const int port = read_port(port_file);
   ASSERT_GT(port, 0) << hiberd.log();
-  EXPECT_NE(hiberd.log().find("serves /metrics on port " + std::to_string(port)),
-            std::string::npos)
+  EXPECT_NE(hiberd.log().find("serves /metrics on port " + std::to_string(port)), std::string::npos)
       << hiberd.log();
 
   // A registered function with a connected instance; it remotes some calls.
   auto control = wire::ControlClient::connect(hiberd.control_socket_path(), 60s);
   ASSERT_TRUE(control.ok()) << control.status();
-  ASSERT_TRUE(
-      control->register_function({.function_id = "metrics-fn", .slo_ms = 60000}).ok());
+  ASSERT_TRUE(control->register_function({.function_id = "metrics-fn", .slo_ms = 60000}).ok());
   auto client = hiberd.connect("metrics-fn");
   ASSERT_TRUE(client.ok()) << client.status();
   const wire::Grant grant = (*client)->session().grant;
@@ -225,6 +223,31 @@ TEST(HiberdMetrics, ServesWhatTheNodeDid) {
   client->reset();
   EXPECT_EQ(hiberd.stop(), 0) << hiberd.log();
   std::system(("rm -rf " + dir).c_str());
+}
+
+TEST(HiberdMetrics, APortInUseStopsHiberdSayingWhy) {
+  UniqueFd taken(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  ASSERT_TRUE(taken);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(taken.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(::listen(taken.get(), 1), 0);
+  socklen_t length = sizeof addr;
+  ASSERT_EQ(::getsockname(taken.get(), reinterpret_cast<sockaddr*>(&addr), &length), 0);
+  const int port = ntohs(addr.sin_port);
+  char tmpl[] = "/tmp/hiber-metrics-XXXXXX";
+  const std::string run_dir = ::mkdtemp(tmpl);
+  auto result =
+      run_program({hiberd_path(), "--device=sim", "--run_dir=" + run_dir, "--swap_group_kib=1024",
+                   "--metrics_listen=127.0.0.1:" + std::to_string(port)},
+                  60s);
+  EXPECT_EQ(result.exit_code, 1) << result.output;
+  EXPECT_NE(result.output.find("cannot serve metrics on '127.0.0.1:" + std::to_string(port)),
+            std::string::npos)
+      << result.output;
+  EXPECT_NE(::access((run_dir + "/control.sock").c_str(), F_OK), 0) << "no stale socket";
+  std::system(("rm -rf " + run_dir).c_str());
 }
 
 TEST(HiberdMetrics, OffByDefault) {

@@ -361,12 +361,14 @@ TEST_F(LateBindingTest, AFunctionMovesToAnotherGpuOverNvlinkWithoutNoticing) {
   ASSERT_TRUE(b_started.ok()) << b_started.status();
   EXPECT_EQ(b_started->gpu, 0);
   EXPECT_EQ(b_started->source, "resident");
+  EXPECT_EQ(b_started->link, "");
   // ...so A, resident only on the busy GPU 0, is copied to GPU 1 over NVLink and runs there.
   const Answer moved = request(hiberd, a, "7 99");
   ASSERT_TRUE(moved.status.ok()) << moved.status;
   EXPECT_EQ(moved.started.gpu, 1);
   EXPECT_EQ(moved.started.source, "peer");
   EXPECT_EQ(moved.started.source_gpu, 0);
+  EXPECT_EQ(moved.started.link, "nvlink");
   EXPECT_EQ(moved.line, expected_answer(a.seed, 7, 99));
   // B's request goes on where it was.
   ASSERT_TRUE(b.program->send_line("3 4"));
@@ -404,6 +406,7 @@ TEST_F(LateBindingTest, PipeliningFinishesASwappedRequestBeforeItsWholeModelArri
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     EXPECT_TRUE(swapped.status.ok()) << swapped.status;
     EXPECT_EQ(swapped.started.source, "host");
+    EXPECT_EQ(swapped.started.link, "host");
     EXPECT_EQ(swapped.line, expected_answer(f.seed, 3, -1));
     finish_all(hiberd);
     return ms;

@@ -44,8 +44,7 @@ std::optional<ClientMetric> sample(const std::vector<MetricFamily>& all, const s
 }
 
 double counter(const std::vector<MetricFamily>& all, const std::string& name, Labels labels = {}) {
-  EXPECT_EQ(family(all, name) ? family(all, name)->type : MetricType::Untyped,
-            MetricType::Counter)
+  EXPECT_EQ(family(all, name) ? family(all, name)->type : MetricType::Untyped, MetricType::Counter)
       << name;
   auto m = sample(all, name, std::move(labels));
   EXPECT_TRUE(m.has_value()) << name;

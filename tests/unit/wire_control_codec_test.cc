@@ -107,14 +107,19 @@ TEST(ControlCodec, ARequestWithoutATokenReadsAsAnEmptyOne) {
 }
 
 TEST(ControlCodec, RepliesRoundTrip) {
-  const auto started = round_trip(control::Reply(
-      Started{.gpu = 2, .source = "peer", .source_gpu = 1, .rule = "r", .queued_ms = 3.5, .link = "nvlink"}));
+  const auto started = round_trip(control::Reply(Started{.gpu = 2,
+                                                         .source = "peer",
+                                                         .source_gpu = 1,
+                                                         .rule = "r",
+                                                         .queued_ms = 3.5,
+                                                         .link = "nvlink"}));
   const auto& s = std::get<Started>(started);
   EXPECT_EQ(s.gpu, 2);
   EXPECT_EQ(s.source, "peer");
   EXPECT_EQ(s.source_gpu, 1);
   EXPECT_EQ(s.rule, "r");
   EXPECT_EQ(s.queued_ms, 3.5);
+  EXPECT_EQ(s.link, "nvlink");
 
   const auto accepted = round_trip(control::Reply(control::Accepted{7}));
   EXPECT_EQ(std::get<control::Accepted>(accepted).request_id, 7u);

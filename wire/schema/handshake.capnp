@@ -11,8 +11,9 @@ using Config = import "/common/node_config.capnp";
 # Minor: additions only (new calls, new fields). Both sides accept any minor of their major. A call
 # the server does not know fails with CUDA_ERROR_NOT_SUPPORTED and a message naming it.
 const protocolMajor :UInt16 = 1;
-const protocolMinor :UInt16 = 3;  # 1.1: moduleLoadCached; 1.2: late-binding control calls;
-                                  # 1.3: library handles, calls and queries (wire/library.h)
+const protocolMinor :UInt16 = 4;  # 1.1: moduleLoadCached; 1.2: late-binding control calls;
+                                  # 1.3: library handles, calls and queries (wire/library.h);
+                                  # 1.4: control token (TCP), Started.link, metrics in NodeStatus
 
 struct ProtocolVersion {
   major @0 :UInt16;
