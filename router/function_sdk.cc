@@ -2,6 +2,7 @@
 
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <dlfcn.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -234,6 +235,19 @@ int connect_to(const std::string& path) {
   return fd;
 }
 
+// With Hiber's client libraries preloaded, initialises CUDA through them, which opens the
+// function's session in hiberd: hiberd places a function's requests only once it has an
+// instance, and the router sends requests as soon as the worker says hello. A worker without the
+// shim (a function that uses no GPU) has no cuInit to call. Returns false when cuInit failed.
+bool open_hiber_session() {
+  using CuInit = int (*)(unsigned int);
+  auto cu_init = reinterpret_cast<CuInit>(::dlsym(RTLD_DEFAULT, "cuInit"));
+  if (cu_init == nullptr || std::getenv("HIBER_RUN_DIR") == nullptr) return true;
+  const int result = cu_init(0);
+  if (result != 0) complain("cuInit failed (CUresult " + std::to_string(result) + ")");
+  return result == 0;
+}
+
 }  // namespace
 
 int serve(const Handler& handler) {
@@ -248,6 +262,7 @@ int serve(const Handler& handler) {
   const int fd = connect_to(socket_path);
   if (fd < 0) return kExitProtocol;
   Connection connection(fd);
+  if (!open_hiber_session()) return kExitEnvironment;
 
   const char* function = std::getenv("HIBER_FUNCTION_ID");
   connection.send(encode_worker_frame({{"type", "hello"},

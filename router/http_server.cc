@@ -123,10 +123,10 @@ class HttpServer::Session : public std::enable_shared_from_this<Session> {
     const bool keep_alive = message.keep_alive();
     const unsigned version = message.version();
     version_ = version;
-    handler_(std::move(request),
-             [weak = weak_from_this(), keep_alive](ApiResponse response) {
-               if (auto self = weak.lock()) self->send(std::move(response), !keep_alive, false);
-             });
+    // The answer holds the session: nothing else does while the handler works.
+    handler_(std::move(request), [self = shared_from_this(), keep_alive](ApiResponse response) {
+      self->send(std::move(response), !keep_alive, false);
+    });
   }
 
   void send(ApiResponse answer, bool close_after, bool refuse_more) {

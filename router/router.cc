@@ -624,7 +624,7 @@ void Router::on_worker_ready(Function& function, Worker& worker) {
   pump(function);
 }
 
-void Router::on_worker_gone(const std::string& name, uint64_t number) {
+void Router::on_worker_gone(std::string name, uint64_t number) {
   auto it = functions_.find(name);
   if (it == functions_.end()) return;
   Function& function = *it->second;

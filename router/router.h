@@ -99,7 +99,8 @@ class Router {
 
   // Workers and nodes.
   void on_worker_ready(Function& function, Worker& worker);
-  void on_worker_gone(const std::string& function, uint64_t instance);
+  // By value: the caller's string may belong to the worker this erases.
+  void on_worker_gone(std::string function, uint64_t instance);
   void reap();
   void scale_down();
   void poll_nodes();

@@ -260,6 +260,28 @@ def _concurrency():
     return value
 
 
+def _open_hiber_session():
+    """With Hiber's client libraries preloaded, initialises CUDA through them.
+
+    That opens the function's session in hiberd, which places a function's requests only once it
+    has an instance; the router sends requests as soon as the worker says hello. A worker without
+    the shim (no GPU) has no cuInit. Returns False when cuInit failed.
+    """
+    if "HIBER_RUN_DIR" not in os.environ:
+        return True
+    import ctypes
+    try:
+        cu_init = ctypes.CDLL(None).cuInit
+    except (AttributeError, OSError):
+        return True
+    cu_init.argtypes = [ctypes.c_uint]
+    cu_init.restype = ctypes.c_int
+    result = cu_init(0)
+    if result != 0:
+        _complain("cuInit failed (CUresult %d)" % result)
+    return result == 0
+
+
 def serve(handler):
     """Connects to $HIBER_WORKER_SOCKET, says hello and serves invokes with `handler`.
 
@@ -284,6 +306,8 @@ def serve(handler):
         sock.close()
         return _EXIT_PROTOCOL
     connection = _Connection(sock)
+    if not _open_hiber_session():
+        return _EXIT_ENVIRONMENT
     connection.send(encode_frame({"type": "hello", "protocol": PROTOCOL,
                                   "function": os.environ.get("HIBER_FUNCTION_ID", ""),
                                   "pid": os.getpid()}))
