@@ -130,8 +130,8 @@ TEST(MlpServerWorker, AnswersTheRoutersRequestsOverTheWorkerProtocol) {
   std::vector<std::string> env = shim_environment(hiberd, "mlp-worker");
   env.push_back("HIBER_WORKER_SOCKET=" + socket_path);
   env.push_back("HIBER_CONCURRENCY=2");
-  const pid_t pid = spawn(program_argv({"mlp_server", {std::to_string(kSeed), "1"}}), log_path, 0,
-                          env);
+  const pid_t pid =
+      spawn(program_argv({"mlp_server", {std::to_string(kSeed), "1"}}), log_path, 0, env);
   ASSERT_TRUE(router.accept()) << read_file(log_path) << "\nhiberd:\n" << hiberd.log();
 
   WorkerFrame hello = router.read_frame();
@@ -149,8 +149,11 @@ TEST(MlpServerWorker, AnswersTheRoutersRequestsOverTheWorkerProtocol) {
   EXPECT_EQ(kserve.header.value("content_type", ""), "application/json");
   EXPECT_EQ(json::parse(kserve.body, nullptr, false),
             json({{"id", "kserve"},
-                  {"outputs", {{{"name", "answer"}, {"datatype", "BYTES"}, {"shape", {1}},
-                                {"data", {expected_answer(kSeed, 0, -1)}}}}}}))
+                  {"outputs",
+                   {{{"name", "answer"},
+                     {"datatype", "BYTES"},
+                     {"shape", {1}},
+                     {"data", {expected_answer(kSeed, 0, -1)}}}}}}))
       << kserve.body;
 
   // State kept in device memory between requests.
@@ -161,9 +164,9 @@ TEST(MlpServerWorker, AnswersTheRoutersRequestsOverTheWorkerProtocol) {
 
   // A bad request line is an error answer, and serving goes on.
   router.invoke("bad", "text/plain", "nonsense");
-  EXPECT_EQ(router.read_frame().header,
-            json({{"type", "result"}, {"id", "bad"}, {"ok", false},
-                  {"error", "bad request: nonsense"}}));
+  EXPECT_EQ(
+      router.read_frame().header,
+      json({{"type", "result"}, {"id", "bad"}, {"ok", false}, {"error", "bad request: nonsense"}}));
 
   // Two outstanding at once (HIBER_CONCURRENCY=2), answered in any order.
   router.invoke("p1", "application/octet-stream", "1 5");
@@ -173,8 +176,8 @@ TEST(MlpServerWorker, AnswersTheRoutersRequestsOverTheWorkerProtocol) {
     WorkerFrame result = router.read_frame();
     const std::string id = result.header.value("id", "");
     answered.insert(id);
-    expect_text(result, id, id == "p1" ? expected_answer(kSeed, 1, 5)
-                                       : expected_answer(kSeed, 2, 262143));
+    expect_text(result, id,
+                id == "p1" ? expected_answer(kSeed, 1, 5) : expected_answer(kSeed, 2, 262143));
   }
   EXPECT_EQ(answered, (std::set<std::string>{"p1", "p2"}));
 

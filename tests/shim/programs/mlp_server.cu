@@ -129,9 +129,9 @@ bool Server::answer(const std::string& line_text, std::string& out) {
     bool ok = cublasSgemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, 1, 1, 1, &one, d_table + entry, 1,
                           d_scratch, 1, &zero, d_scratch + 1, 1) == CUBLAS_STATUS_SUCCESS;
     ok = ok &&
-         cublasGemmBatchedEx(blas, CUBLAS_OP_N, CUBLAS_OP_N, 1, 1, 1, &one, d_arrays, CUDA_R_32F,
-                             1, d_arrays + 1, CUDA_R_32F, 1, &zero, d_arrays + 2, CUDA_R_32F, 1,
-                             1, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS;
+         cublasGemmBatchedEx(blas, CUBLAS_OP_N, CUBLAS_OP_N, 1, 1, 1, &one, d_arrays, CUDA_R_32F, 1,
+                             d_arrays + 1, CUDA_R_32F, 1, &zero, d_arrays + 2, CUDA_R_32F, 1, 1,
+                             CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS;
     if (!ok) {
       std::fprintf(stderr, "mlp_server: a cuBLAS call failed\n");
       std::exit(program::kExitCudaError);
@@ -254,9 +254,8 @@ int serve_router(Server& server) {
       auto inputs = fn::parse_inputs(request.body);
       if (auto* problem = std::get_if<std::string>(&inputs)) return *problem;
       const auto& tensors = std::get<std::vector<fn::Tensor>>(inputs);
-      const auto* lines = tensors.size() == 1
-                              ? std::get_if<std::vector<std::string>>(&tensors[0].data)
-                              : nullptr;
+      const auto* lines =
+          tensors.size() == 1 ? std::get_if<std::vector<std::string>>(&tensors[0].data) : nullptr;
       if (lines == nullptr || lines->size() != 1) {
         return std::string("mlp_server takes one BYTES input holding one request line");
       }
