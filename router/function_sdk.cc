@@ -95,11 +95,9 @@ std::variant<Response, std::string> run_handler(const Handler& handler, const Re
 std::string result_frame(const std::string& id, std::variant<Response, std::string> answer) {
   if (auto* response = std::get_if<Response>(&answer)) {
     if (response->body.size() <= router::kMaxWorkerBodyBytes) {
-      return encode_worker_frame({{"type", "result"},
-                                  {"id", id},
-                                  {"ok", true},
-                                  {"content_type", response->content_type}},
-                                 response->body);
+      return encode_worker_frame(
+          {{"type", "result"}, {"id", id}, {"ok", true}, {"content_type", response->content_type}},
+          response->body);
     }
     answer = "the answer of " + std::to_string(response->body.size()) +
              " bytes is larger than the protocol's limit of " +
@@ -120,8 +118,8 @@ std::variant<Request, std::string> parse_invoke(router::WorkerFrame frame) {
   const json& header = frame.header;
   const auto type = header.find("type");
   if (type == header.end() || !type->is_string() || *type != "invoke") {
-    return "expected an invoke frame, got the header " + header.dump(-1, ' ', false,
-                                                                     json::error_handler_t::replace);
+    return "expected an invoke frame, got the header " +
+           header.dump(-1, ' ', false, json::error_handler_t::replace);
   }
   Request request;
   const auto id = header.find("id");
@@ -129,7 +127,8 @@ std::variant<Request, std::string> parse_invoke(router::WorkerFrame frame) {
   request.id = id->get<std::string>();
   const auto content_type = header.find("content_type");
   if (content_type != header.end() && !content_type->is_null()) {
-    if (!content_type->is_string()) return "invoke " + request.id + ": content_type is not a string";
+    if (!content_type->is_string())
+      return "invoke " + request.id + ": content_type is not a string";
     request.content_type = content_type->get<std::string>();
   } else {
     request.content_type = "application/octet-stream";
@@ -138,8 +137,9 @@ std::variant<Request, std::string> parse_invoke(router::WorkerFrame frame) {
   if (deadline != header.end() && !deadline->is_null()) {
     if (!deadline->is_number()) return "invoke " + request.id + ": deadline_ms is not a number";
     const double ms = deadline->get<double>();
-    request.deadline = std::chrono::milliseconds(
-        ms <= 0 ? 0 : ms >= 1e15 ? static_cast<int64_t>(1e15) : static_cast<int64_t>(ms));
+    request.deadline = std::chrono::milliseconds(ms <= 0      ? 0
+                                                 : ms >= 1e15 ? static_cast<int64_t>(1e15)
+                                                              : static_cast<int64_t>(ms));
   }
   request.body = std::move(frame.body);
   return request;
@@ -253,8 +253,9 @@ bool open_hiber_session() {
 int serve(const Handler& handler) {
   const char* socket_path = std::getenv("HIBER_WORKER_SOCKET");
   if (socket_path == nullptr || *socket_path == '\0') {
-    complain("HIBER_WORKER_SOCKET is not set: this program is a function worker that "
-             "hiber-router starts");
+    complain(
+        "HIBER_WORKER_SOCKET is not set: this program is a function worker that "
+        "hiber-router starts");
     return kExitEnvironment;
   }
   const long concurrency = concurrency_from_environment();

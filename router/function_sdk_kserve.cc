@@ -35,7 +35,8 @@ Storage storage_of(const std::string& datatype) {
 IntegerRange range_of(const std::string& datatype) {
   if (datatype == "INT8") return {-128, 127};
   if (datatype == "INT16") return {-32768, 32767};
-  if (datatype == "INT32") return {std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max()};
+  if (datatype == "INT32")
+    return {std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max()};
   if (datatype == "UINT8") return {0, 255};
   if (datatype == "UINT16") return {0, 65535};
   if (datatype == "UINT32") return {0, std::numeric_limits<uint32_t>::max()};
@@ -184,9 +185,8 @@ Response outputs_response(const std::vector<Tensor>& outputs, const std::string&
     json data = std::visit([](const auto& values) { return json(values); }, tensor.data);
     const int64_t count = element_count(tensor.shape);
     if (count < 0 || static_cast<uint64_t>(count) != data.size()) {
-      throw std::invalid_argument(where + std::to_string(data.size()) +
-                                  " values for a shape of " + std::to_string(count) +
-                                  " elements");
+      throw std::invalid_argument(where + std::to_string(data.size()) + " values for a shape of " +
+                                  std::to_string(count) + " elements");
     }
     if (tensor.datatype == "BOOL") {
       for (json& value : data) value = value.get<int64_t>() != 0;
@@ -197,8 +197,7 @@ Response outputs_response(const std::vector<Tensor>& outputs, const std::string&
                    {"data", std::move(data)}});
   }
   answer["outputs"] = std::move(out);
-  return Response{"application/json",
-                  answer.dump(-1, ' ', false, json::error_handler_t::replace)};
+  return Response{"application/json", answer.dump(-1, ' ', false, json::error_handler_t::replace)};
 }
 
 }  // namespace hiber::function

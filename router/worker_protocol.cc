@@ -8,7 +8,8 @@ namespace {
 
 template <typename T>
 void put_le(std::string& out, T value) {
-  for (size_t i = 0; i < sizeof(T); ++i) out.push_back(static_cast<char>((value >> (8 * i)) & 0xff));
+  for (size_t i = 0; i < sizeof(T); ++i)
+    out.push_back(static_cast<char>((value >> (8 * i)) & 0xff));
 }
 
 template <typename T>
@@ -50,12 +51,12 @@ size_t WorkerFrameReader::feed(std::string_view bytes) {
     body_bytes_ = get_le<uint64_t>(prefix_ + 4);
     if (header_bytes_ == 0 || header_bytes_ > kMaxWorkerHeaderBytes) {
       error_ = hiber::error(ErrorCode::kInvalidValue, "worker frame header of ", header_bytes_,
-                     " bytes (must be 1 to ", kMaxWorkerHeaderBytes, ")");
+                            " bytes (must be 1 to ", kMaxWorkerHeaderBytes, ")");
       return used;
     }
     if (body_bytes_ > kMaxWorkerBodyBytes) {
       error_ = hiber::error(ErrorCode::kInvalidValue, "worker frame body of ", body_bytes_,
-                     " bytes (at most ", kMaxWorkerBodyBytes, ")");
+                            " bytes (at most ", kMaxWorkerBodyBytes, ")");
       return used;
     }
     header_text_.reserve(header_bytes_);
@@ -82,7 +83,8 @@ void WorkerFrameReader::parse_header() {
   if (frame_.header.is_discarded()) {
     error_ = hiber::error(ErrorCode::kInvalidValue, "worker frame header is not valid JSON");
   } else if (!frame_.header.is_object()) {
-    error_ = hiber::error(ErrorCode::kInvalidValue, "worker frame header is JSON but not an object");
+    error_ =
+        hiber::error(ErrorCode::kInvalidValue, "worker frame header is JSON but not an object");
   }
   have_header_ = true;
   header_text_.clear();

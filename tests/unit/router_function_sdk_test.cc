@@ -48,8 +48,7 @@ std::vector<WorkerKind> all_kinds() {
       {"CppEcho", {HIBER_ECHO_WORKER}, false},
       {"PythonEcho", {"/usr/bin/python3", python_script("router/python/echo_worker.py")}, false},
       {"CppTest", {HIBER_TEST_WORKER}, true},
-      {"PythonTest", {"/usr/bin/python3", python_script("tests/unit/router_test_worker.py")},
-       true},
+      {"PythonTest", {"/usr/bin/python3", python_script("tests/unit/router_test_worker.py")}, true},
   };
 }
 
@@ -301,8 +300,8 @@ TEST_P(TestWorkerSdkTest, HandlerErrorsAndExceptionsAnswerErrorsAndServingGoesOn
   expect_hello(worker);
   worker.invoke("e1", "application/x-test-error", "the input is bad");
   WorkerFrame error = worker.read_frame();
-  EXPECT_EQ(error.header, json({{"type", "result"}, {"id", "e1"}, {"ok", false},
-                                {"error", "the input is bad"}}));
+  EXPECT_EQ(error.header,
+            json({{"type", "result"}, {"id", "e1"}, {"ok", false}, {"error", "the input is bad"}}));
   EXPECT_EQ(error.body, "");
 
   worker.invoke("e2", "application/x-test-throw", "boom 42");
@@ -327,7 +326,8 @@ TEST_P(TestWorkerSdkTest, ConcurrencyFourRunsFourHandlersAtOnce) {
   // would answer "barrier timed out".
   Worker worker(GetParam(), 4);
   expect_hello(worker);
-  for (int i = 0; i < 4; ++i) worker.invoke("b" + std::to_string(i), "application/x-test-barrier", "4");
+  for (int i = 0; i < 4; ++i)
+    worker.invoke("b" + std::to_string(i), "application/x-test-barrier", "4");
   std::set<std::string> answered;
   for (int i = 0; i < 4; ++i) {
     WorkerFrame result = worker.read_frame();

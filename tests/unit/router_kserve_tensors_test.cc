@@ -63,24 +63,30 @@ TEST(KserveTensors, RejectsMalformedRequests) {
   EXPECT_NE(parse_error(R"({"inputs":[{"name":"x","shape":[3],"datatype":"FP32","data":[1,2]}]})")
                 .find("x"),
             std::string::npos);
-  EXPECT_NE(parse_error(R"({"inputs":[{"name":"x","shape":[1],"datatype":"INT8","data":[128]}]})"), "");
-  EXPECT_NE(parse_error(R"({"inputs":[{"name":"x","shape":[1],"datatype":"UINT8","data":[-1]}]})"), "");
-  EXPECT_NE(parse_error(R"({"inputs":[{"name":"x","shape":[1],"datatype":"INT32","data":[1.5]}]})"), "");
-  EXPECT_NE(parse_error(R"({"inputs":[{"name":"x","shape":[1],"datatype":"BYTES","data":[1]}]})"), "");
-  EXPECT_NE(parse_error(R"({"inputs":[{"name":"x","shape":[1],"datatype":"FP32","data":["a"]}]})"), "");
+  EXPECT_NE(parse_error(R"({"inputs":[{"name":"x","shape":[1],"datatype":"INT8","data":[128]}]})"),
+            "");
+  EXPECT_NE(parse_error(R"({"inputs":[{"name":"x","shape":[1],"datatype":"UINT8","data":[-1]}]})"),
+            "");
+  EXPECT_NE(parse_error(R"({"inputs":[{"name":"x","shape":[1],"datatype":"INT32","data":[1.5]}]})"),
+            "");
+  EXPECT_NE(parse_error(R"({"inputs":[{"name":"x","shape":[1],"datatype":"BYTES","data":[1]}]})"),
+            "");
+  EXPECT_NE(parse_error(R"({"inputs":[{"name":"x","shape":[1],"datatype":"FP32","data":["a"]}]})"),
+            "");
   EXPECT_NE(parse_error(R"({"inputs":[{"name":"x","shape":[1],"datatype":"BF17","data":[1]}]})")
                 .find("BF17"),
             std::string::npos);
-  EXPECT_NE(parse_error(R"({"inputs":[{"name":"x","shape":[-1],"datatype":"FP32","data":[]}]})"), "");
+  EXPECT_NE(parse_error(R"({"inputs":[{"name":"x","shape":[-1],"datatype":"FP32","data":[]}]})"),
+            "");
 }
 
 TEST(KserveTensors, BuildsAnOutputsAnswer) {
-  const Response response = outputs_response(
-      {Tensor{"y", "FP32", {1, 2}, std::vector<float>{0.5f, -1.0f}},
-       Tensor{"k", "INT64", {2}, std::vector<int64_t>{7, -8}},
-       Tensor{"t", "BYTES", {1}, std::vector<std::string>{"hi"}},
-       Tensor{"b", "BOOL", {2}, std::vector<int64_t>{1, 0}}},
-      "r1", "fn");
+  const Response response =
+      outputs_response({Tensor{"y", "FP32", {1, 2}, std::vector<float>{0.5f, -1.0f}},
+                        Tensor{"k", "INT64", {2}, std::vector<int64_t>{7, -8}},
+                        Tensor{"t", "BYTES", {1}, std::vector<std::string>{"hi"}},
+                        Tensor{"b", "BOOL", {2}, std::vector<int64_t>{1, 0}}},
+                       "r1", "fn");
   EXPECT_EQ(response.content_type, "application/json");
   EXPECT_EQ(json::parse(response.body), json::parse(R"({
     "model_name": "fn", "id": "r1",

@@ -34,8 +34,8 @@ TEST(WorkerProtocol, EncodesTheDocumentedLayout) {
 }
 
 TEST(WorkerProtocol, RoundTripsInOneFeed) {
-  const json header = {{"type", "invoke"}, {"id", "r-1"}, {"content_type", "x/y"},
-                       {"deadline_ms", 250}};
+  const json header = {
+      {"type", "invoke"}, {"id", "r-1"}, {"content_type", "x/y"}, {"deadline_ms", 250}};
   const std::string body = binary_body();
   const std::string frame = encode_worker_frame(header, body);
   WorkerFrameReader reader;
