@@ -862,7 +862,17 @@ void Router::expire(const std::shared_ptr<Invocation>& invocation) {
     return answer(*invocation,
                   error_response(504, "the deadline passed while the request waited for a worker"));
   }
-  // It goes on to hiberd's requestDone without the client, who gets its answer now.
+  // The client gets its answer now. A request hiberd started gives its GPU back now too (the
+  // worker may still be running it: its later calls are the function's background work, and its
+  // slot stays taken until it answers); one hiberd still queues is ended once it starts.
+  if (invocation->started && invocation->hiberd_request) {
+    nodes_[invocation->node]->call(
+        wire::RequestDone{*invocation->hiberd_request, true},
+        [node = nodes_[invocation->node]->config().name](Result<wire::control::Reply> reply) {
+          if (!reply.ok()) LOG(WARNING) << "requestDone on " << node << ": " << reply.status();
+        });
+    invocation->hiberd_request.reset();
+  }
   answer(*invocation, error_response(504, invocation->started
                                               ? "the deadline passed while the function ran"
                                               : "the deadline passed while hiberd queued the request"));
@@ -947,7 +957,17 @@ void Router::poll_nodes() {
       NodeView& view = node_views_[i];
       const std::string& name = nodes_[i]->config().name;
       if (!reply.ok()) {
-        if (view.up) LOG(WARNING) << "node " << name << " is down: " << reply.status();
+        if (view.up) {
+          LOG(WARNING) << "node " << name << " is down: " << reply.status();
+          // Its workers cannot reach a GPU: stop them, so that requests start workers elsewhere.
+          for (auto& [fn, function] : functions_) {
+            for (auto& [id, instance] : function->instances) {
+              if (instance.node != i || instance.scaled_down) continue;
+              instance.scaled_down = true;
+              instance.worker->stop("its node " + name + " is down");
+            }
+          }
+        }
         view.up = false;
         view.registered = false;
         metrics_.set_node_up(name, false);

@@ -7,7 +7,12 @@
 #include <arpa/inet.h>
 #include <unistd.h>
 
+#include <sys/stat.h>
+
 #include <atomic>
+#include <fstream>
+#include <map>
+#include <set>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -322,10 +327,10 @@ TEST(Router, BadHttpGets4xxAndBlocksNoOne) {
   std::thread slow([&] {
     const int fd = connect_raw(router.target());
     const std::string request = "POST /v2/models/e/infer HTTP/1.1\r\nHost: x\r\n";
-    for (char c : request) {
-      if (::write(fd, &c, 1) != 1) break;
+    // Five bytes, a second apart: the read timeout (1.5 s) comes long before the request's end.
+    for (size_t i = 0; i < 5; ++i) {
+      if (::send(fd, &request[i], 1, MSG_NOSIGNAL) != 1) break;
       std::this_thread::sleep_for(1s);
-      if (c == '\n') break;  // the timeout comes long before the end
     }
     slow_answer = read_all(fd);
     ::close(fd);
@@ -375,6 +380,90 @@ TEST(Router, StatusPageAndMetricsAreServed) {
   EXPECT_NE(metrics.body.find("hiber_build_info{"), std::string::npos);
   EXPECT_NE(metrics.body.find("hiber_node_up{node=\"node0\"} 1"), std::string::npos)
       << metrics.body;
+}
+
+}  // namespace
+}  // namespace hiber::testing
+
+namespace hiber::testing {
+namespace {
+
+// Three hiberd processes, reached over their token-authenticated TCP control listeners.
+TEST(Router, ThreeNodes) {
+  const std::string dir = temp_dir("hiber-router-nodes");
+  const std::string token_file = dir + "/control-token";
+  {
+    std::ofstream(token_file) << "three-nodes-token\n";
+    ::chmod(token_file.c_str(), 0600);
+  }
+  std::vector<std::unique_ptr<Hiberd>> nodes;
+  json config = {{"nodes", json::array()}};
+  for (int i = 0; i < 3; ++i) {
+    const std::string port_file = dir + "/port" + std::to_string(i);
+    nodes.push_back(std::make_unique<Hiberd>(std::vector<std::string>{
+        "--control_tcp_listen=127.0.0.1:0", "--control_tcp_port_file=" + port_file,
+        "--control_token_file=" + token_file}));
+    unsigned port = 0;
+    ASSERT_TRUE(eventually([&] { return static_cast<bool>(std::ifstream(port_file) >> port); }));
+    config["nodes"].push_back({{"name", str_cat("n", i)},
+                               {"control", str_cat("tcp:127.0.0.1:", port)},
+                               {"run_dir", nodes.back()->run_dir()},
+                               {"token_file", token_file}});
+  }
+  std::ofstream(dir + "/router.json") << config.dump(2);
+  RouterProcess router(dir, {"--config=" + dir + "/router.json",
+                             "--shim_preload=" + shim_preload()});
+  if (shim_preload().empty()) GTEST_SKIP() << "no shim (built without the CUDA toolkit)";
+
+  // Workers are placed on the least loaded node: three functions, three nodes.
+  std::map<std::string, std::string> node_of;
+  for (int f = 0; f < 3; ++f) {
+    const std::string name = str_cat("f", f);
+    ASSERT_EQ(router.load(name, echo_registration()).status, 200);
+    for (int i = 0; i < 3; ++i) {
+      const std::string body = binary_body(100 + i, f * 10 + i);
+      router::HttpResponse r = router.infer(name, body);
+      ASSERT_EQ(r.status, 200) << r.body;
+      EXPECT_EQ(r.body, body);
+      const std::string node = r.header("X-Hiber-Node").value_or("");
+      if (i > 0) {
+        EXPECT_EQ(node, node_of[name]) << "a warm worker stays on its node";
+      }
+      node_of[name] = node;
+    }
+  }
+  std::set<std::string> used;
+  for (const auto& [f, node] : node_of) used.insert(node);
+  EXPECT_EQ(used.size(), 3u);
+  // Each node's hiberd saw its own function's requests.
+  for (int i = 0; i < 3; ++i) {
+    auto status = nodes[i]->status();
+    ASSERT_TRUE(status.ok());
+    ASSERT_EQ(status->sessions.size(), 1u);
+    EXPECT_EQ(node_of[status->sessions[0].function_id], str_cat("n", i));
+  }
+
+  // A node dies: its function moves to another node.
+  const std::string moved = node_of.begin()->first;  // f0
+  const int lost = node_of[moved].back() - '0';
+  ::kill(nodes[lost]->pid(), SIGKILL);
+  const std::string lost_name = str_cat("n", lost);
+  ASSERT_TRUE(eventually([&] {
+    const json status = router.status();
+    for (const auto& n : status["nodes"]) {
+      if (n.value("name", "") == lost_name) return !n.value("up", true);
+    }
+    return false;
+  }));
+  router::HttpResponse r = router.infer(moved, "moved");
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.body, "moved");
+  EXPECT_NE(r.header("X-Hiber-Node").value_or(""), lost_name);
+  for (const auto& [f, node] : node_of) {
+    if (f != moved) {
+      EXPECT_EQ(router.infer(f, "still").body, "still");
+    }
+  }
 }
 
 }  // namespace
