@@ -86,21 +86,6 @@ wire::ControlClient control(const Hiberd& hiberd) {
   return std::move(client).value();
 }
 
-// The answer mlp_server must give for model `seed`, input `input`, table entry `entry`.
-std::string expected_answer(uint64_t seed, int input, long long entry) {
-  const std::vector<tiny_mlp::Layer> layers = tiny_mlp::make_model(seed);
-  std::vector<float> out;
-  EXPECT_TRUE(tiny_mlp::reference(layers, tiny_mlp::make_input(input), out));
-  char buf[64];
-  std::string answer = "result " + std::to_string(input);
-  for (float v : out) {
-    std::snprintf(buf, sizeof buf, " %a", static_cast<double>(v));
-    answer += buf;
-  }
-  const float value = entry >= 0 ? tiny_mlp::table_value(seed, static_cast<uint64_t>(entry)) : 0.0f;
-  std::snprintf(buf, sizeof buf, " %a", static_cast<double>(value));
-  return answer + buf;
-}
 
 // Node-wide figures from `hiberctl status`.
 struct NodeView {
@@ -258,7 +243,7 @@ class LateBindingTest : public ::testing::Test {
           const int input = static_cast<int>(rng() % 64);
           const long long entry = static_cast<long long>(rng() % (table_entries_));
           const Answer a = request(hiberd, f, std::to_string(input) + " " + std::to_string(entry));
-          const std::string want = expected_answer(f.seed, input, entry);
+          const std::string want = mlp_server_answer(f.seed, input, entry);
           std::lock_guard lock(mutex);
           gpus.insert(a.started.gpu);
           if (!a.status.ok() || a.line != want) {
@@ -349,7 +334,7 @@ TEST_F(LateBindingTest, AFunctionMovesToAnotherGpuOverNvlinkWithoutNoticing) {
   for (Function* f : {&a, &b}) {
     const Answer first = request(hiberd, *f, "1 5");
     ASSERT_TRUE(first.status.ok()) << first.status;
-    EXPECT_EQ(first.line, expected_answer(f->seed, 1, 5));
+    EXPECT_EQ(first.line, mlp_server_answer(f->seed, 1, 5));
     EXPECT_EQ(first.started.gpu, 0);
   }
   ASSERT_TRUE(client.drain(1, /*resume=*/true).ok());
@@ -369,10 +354,10 @@ TEST_F(LateBindingTest, AFunctionMovesToAnotherGpuOverNvlinkWithoutNoticing) {
   EXPECT_EQ(moved.started.source, "peer");
   EXPECT_EQ(moved.started.source_gpu, 0);
   EXPECT_EQ(moved.started.link, "nvlink");
-  EXPECT_EQ(moved.line, expected_answer(a.seed, 7, 99));
+  EXPECT_EQ(moved.line, mlp_server_answer(a.seed, 7, 99));
   // B's request goes on where it was.
   ASSERT_TRUE(b.program->send_line("3 4"));
-  EXPECT_EQ(b.program->read_line(60s), expected_answer(b.seed, 3, 4));
+  EXPECT_EQ(b.program->read_line(60s), mlp_server_answer(b.seed, 3, 4));
   EXPECT_TRUE(client.request_done(*b_id).ok());
   finish_all(hiberd);
 }
@@ -395,7 +380,7 @@ TEST_F(LateBindingTest, PipeliningFinishesASwappedRequestBeforeItsWholeModelArri
     // The first request fixes the model and the order its blocks are used in: the weights,
     // never the table (entry -1).
     const Answer first = request(hiberd, f, "2 -1");
-    EXPECT_EQ(first.line, expected_answer(f.seed, 2, -1));
+    EXPECT_EQ(first.line, mlp_server_answer(f.seed, 2, -1));
     // Drained, the GPU gives up the model; the next request brings it back from the host.
     auto client = control(hiberd);
     EXPECT_TRUE(client.drain(0).ok());
@@ -407,7 +392,7 @@ TEST_F(LateBindingTest, PipeliningFinishesASwappedRequestBeforeItsWholeModelArri
     EXPECT_TRUE(swapped.status.ok()) << swapped.status;
     EXPECT_EQ(swapped.started.source, "host");
     EXPECT_EQ(swapped.started.link, "host");
-    EXPECT_EQ(swapped.line, expected_answer(f.seed, 3, -1));
+    EXPECT_EQ(swapped.line, mlp_server_answer(f.seed, 3, -1));
     finish_all(hiberd);
     return ms;
   };
@@ -438,7 +423,7 @@ TEST_F(LateBindingTest, AKernelReadingTheModelThroughAPointerArrayWaitsForTheSwa
   // The first request uses the weights only: the table goes last in every later swap.
   const Answer first = request(hiberd, f, "2 -1");
   ASSERT_TRUE(first.status.ok()) << first.status;
-  EXPECT_EQ(first.line, expected_answer(f.seed, 2, -1));
+  EXPECT_EQ(first.line, mlp_server_answer(f.seed, 2, -1));
   // Its GPU gives the model up and stays closed: the next request runs on the other GPU, whose
   // memory never held the model, while the model arrives from the host.
   const int first_gpu = first.started.gpu;
@@ -563,7 +548,7 @@ TEST_F(LateBindingTest, AFunctionKilledMidRequestReleasesItsGpuAndOthersContinue
     Function& f = *functions_[i % 2];
     const Answer a = request(hiberd, f, std::to_string(i) + " " + std::to_string(i * 1000));
     EXPECT_TRUE(a.status.ok()) << a.status;
-    EXPECT_EQ(a.line, expected_answer(f.seed, i, i * 1000));
+    EXPECT_EQ(a.line, mlp_server_answer(f.seed, i, i * 1000));
   }
   finish_all(hiberd);
 }
@@ -619,7 +604,7 @@ TEST_F(LateBindingTest, AFailingExecutorIsRetiredAndItsRequestGetsTheError) {
     EXPECT_TRUE(done.ok()) << done;
   }
   ASSERT_TRUE(holder.program->send_line("4 4"));
-  EXPECT_EQ(holder.program->read_line(60s), expected_answer(holder.seed, 4, 4));
+  EXPECT_EQ(holder.program->read_line(60s), mlp_server_answer(holder.seed, 4, 4));
   EXPECT_TRUE(client.request_done(*held).ok());
   NodeView view = node_view(hiberd);
   EXPECT_EQ(view.healthy, (std::vector<bool>{true, false}));
@@ -630,7 +615,7 @@ TEST_F(LateBindingTest, AFailingExecutorIsRetiredAndItsRequestGetsTheError) {
     const Answer a = request(hiberd, f, std::to_string(i) + " 9");
     EXPECT_TRUE(a.status.ok()) << a.status;
     EXPECT_EQ(a.started.gpu, 0);
-    EXPECT_EQ(a.line, expected_answer(f.seed, i, 9));
+    EXPECT_EQ(a.line, mlp_server_answer(f.seed, i, 9));
   }
   finish_all(hiberd);
 }
@@ -723,7 +708,7 @@ TEST_F(LateBindingTest, ControlCallsRefuseBadRequestsWithClearErrors) {
   ASSERT_TRUE(again_started.ok()) << again_started.status();
   EXPECT_EQ(again_started->gpu, started->gpu);
   ASSERT_TRUE(f.program->send_line("0 -1"));
-  EXPECT_EQ(f.program->read_line(60s), expected_answer(f.seed, 0, -1));
+  EXPECT_EQ(f.program->read_line(60s), mlp_server_answer(f.seed, 0, -1));
   EXPECT_TRUE(client.request_done(*id).ok());
   EXPECT_EQ(client.request_done(*id).code(), ErrorCode::kNotFound);
   finish_all(hiberd);

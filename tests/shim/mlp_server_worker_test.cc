@@ -28,21 +28,6 @@ using router::WorkerFrame;
 // A hang must fail the test; no assertion depends on speed.
 constexpr int kFailsafeMs = 120'000;
 
-// The answer line mlp_server must give for model `seed`, input `input`, table entry `entry`.
-std::string expected_answer(uint64_t seed, int input, long long entry) {
-  const std::vector<tiny_mlp::Layer> layers = tiny_mlp::make_model(seed);
-  std::vector<float> out;
-  EXPECT_TRUE(tiny_mlp::reference(layers, tiny_mlp::make_input(input), out));
-  char buf[64];
-  std::string answer = "result " + std::to_string(input);
-  for (float v : out) {
-    std::snprintf(buf, sizeof buf, " %a", static_cast<double>(v));
-    answer += buf;
-  }
-  const float value = entry >= 0 ? tiny_mlp::table_value(seed, static_cast<uint64_t>(entry)) : 0.0f;
-  std::snprintf(buf, sizeof buf, " %a", static_cast<double>(value));
-  return answer + buf;
-}
 
 // The router's end of one worker connection.
 class RouterSide {
@@ -140,7 +125,7 @@ TEST(MlpServerWorker, AnswersTheRoutersRequestsOverTheWorkerProtocol) {
   EXPECT_EQ(hello.header.value("pid", -1), pid) << hello.header;
 
   router.invoke("raw", "application/octet-stream", "3 17\n");
-  expect_text(router.read_frame(), "raw", expected_answer(kSeed, 3, 17));
+  expect_text(router.read_frame(), "raw", mlp_server_answer(kSeed, 3, 17));
 
   router.invoke("kserve", "application/json",
                 R"({"inputs":[{"name":"line","shape":[1],"datatype":"BYTES","data":["0 -1"]}]})");
@@ -153,7 +138,7 @@ TEST(MlpServerWorker, AnswersTheRoutersRequestsOverTheWorkerProtocol) {
                    {{{"name", "answer"},
                      {"datatype", "BYTES"},
                      {"shape", {1}},
-                     {"data", {expected_answer(kSeed, 0, -1)}}}}}}))
+                     {"data", {mlp_server_answer(kSeed, 0, -1)}}}}}}))
       << kserve.body;
 
   // State kept in device memory between requests.
@@ -177,7 +162,7 @@ TEST(MlpServerWorker, AnswersTheRoutersRequestsOverTheWorkerProtocol) {
     const std::string id = result.header.value("id", "");
     answered.insert(id);
     expect_text(result, id,
-                id == "p1" ? expected_answer(kSeed, 1, 5) : expected_answer(kSeed, 2, 262143));
+                id == "p1" ? mlp_server_answer(kSeed, 1, 5) : mlp_server_answer(kSeed, 2, 262143));
   }
   EXPECT_EQ(answered, (std::set<std::string>{"p1", "p2"}));
 

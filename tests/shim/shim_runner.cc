@@ -5,9 +5,11 @@
 #include <unistd.h>
 
 #include <cerrno>
-
+#include <cstdio>
 #include <fstream>
 #include <sstream>
+
+#include "tests/shim/programs/tiny_mlp_model.h"
 
 namespace hiber::testing::shim {
 
@@ -148,6 +150,22 @@ std::string read_file(const std::string& path) {
   std::ostringstream text;
   text << in.rdbuf();
   return text.str();
+}
+
+
+std::string mlp_server_answer(uint64_t seed, int input, long long entry) {
+  const std::vector<tiny_mlp::Layer> layers = tiny_mlp::make_model(seed);
+  std::vector<float> out;
+  if (!tiny_mlp::reference(layers, tiny_mlp::make_input(input), out)) return "no reference";
+  char buf[64];
+  std::string answer = "result " + std::to_string(input);
+  for (float v : out) {
+    std::snprintf(buf, sizeof buf, " %a", static_cast<double>(v));
+    answer += buf;
+  }
+  const float value = entry >= 0 ? tiny_mlp::table_value(seed, static_cast<uint64_t>(entry)) : 0.0f;
+  std::snprintf(buf, sizeof buf, " %a", static_cast<double>(value));
+  return answer + buf;
 }
 
 }  // namespace hiber::testing::shim

@@ -39,6 +39,10 @@ std::string sanitizer_runtime();
 // Why the shim tests cannot run here (no shim built), or empty.
 std::string missing_shim();
 
+// The answer line mlp_server gives for model `seed`, input `input`, table entry `entry` (-1: none),
+// computed on the host from tiny_mlp_model.h.
+std::string mlp_server_answer(uint64_t seed, int input, long long entry);
+
 // hiberd --device=sim with the test kernel plugin and the programs' plugin.
 HiberdOptions sim_hiberd_options();
 

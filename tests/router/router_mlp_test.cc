@@ -1,0 +1,80 @@
+// Unmodified CUDA inference functions invoked through hiber-router: mlp_server (an nvcc-built
+// program linked with cuBLAS and cuDNN) as the router's worker, under the shim, against hiberd
+// --device=sim. Every answer is checked against the host computation (tiny_mlp_model.h), and
+// the models move between GPUs when one is drained.
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "tests/router/router_harness.h"
+#include "tests/shim/shim_runner.h"
+#include "wire/control_client.h"
+
+namespace hiber::testing {
+namespace {
+
+using nlohmann::json;
+
+struct MlpFunction {
+  std::string name;
+  uint64_t seed;
+  size_t table_mib;
+};
+
+TEST(RouterMlp, AnswersMatchTheHostThroughTheRouter) {
+  if (!shim::missing_shim().empty()) GTEST_SKIP() << shim::missing_shim();
+  Hiberd hiberd(shim::sim_hiberd_options());
+  const std::string state = temp_dir("hiber-router-mlp");
+  RouterProcess router(state, {"--run_dir=" + hiberd.run_dir(), "--shim_preload=" + shim_preload()});
+  const std::vector<MlpFunction> functions = {{"mlp-a", 7, 0}, {"mlp-b", 8, 16}, {"mlp-c", 9, 4}};
+  for (const MlpFunction& f : functions) {
+    const json registration = {
+        {"command", {shim::program_path("mlp_server"), std::to_string(f.seed),
+                     std::to_string(f.table_mib)}},
+        {"shim", true},
+        {"slo_ms", 10000}};
+    ASSERT_EQ(router.load(f.name, registration).status, 200);
+  }
+  std::set<std::string> sources;
+  for (int n = 0; n < 12; ++n) {
+    const MlpFunction& f = functions[n % functions.size()];
+    const long long entries = static_cast<long long>(f.table_mib) << 18;  // floats
+    const long long entry = entries == 0 ? -1 : (n * 100003LL) % entries;
+    router::HttpResponse answer =
+        router.infer(f.name, std::to_string(n) + " " + std::to_string(entry));
+    ASSERT_EQ(answer.status, 200) << answer.body << "\n" << router.log();
+    EXPECT_EQ(answer.body, shim::mlp_server_answer(f.seed, n, entry)) << f.name << " n=" << n;
+    sources.insert(answer.header("X-Hiber-Source").value_or("?"));
+  }
+  // The KServe form: one BYTES input holding the request line.
+  const json request = {{"inputs", {{{"name", "request"}, {"shape", {1}}, {"datatype", "BYTES"},
+                                     {"data", {"5 17"}}}}}};
+  router::HttpResponse kserve = router.infer("mlp-b", request.dump(), "application/json");
+  ASSERT_EQ(kserve.status, 200) << kserve.body;
+  EXPECT_EQ(json::parse(kserve.body)["outputs"][0]["data"][0], shim::mlp_server_answer(8, 5, 17));
+
+  // Drain the GPU mlp-b runs on: its next request runs elsewhere, its model copied there from a
+  // peer GPU or from host memory, and the answer is still right.
+  router::HttpResponse before = router.infer("mlp-b", "1 2");
+  ASSERT_EQ(before.status, 200);
+  const int gpu = std::stoi(before.header("X-Hiber-Gpu").value_or("-1"));
+  ASSERT_GE(gpu, 0);
+  auto control = wire::ControlClient::connect(hiberd.control_socket_path());
+  ASSERT_TRUE(control.ok()) << control.status();
+  ASSERT_TRUE(control->drain(gpu).ok());
+  router::HttpResponse after = router.infer("mlp-b", "2 3");
+  ASSERT_EQ(after.status, 200) << after.body;
+  EXPECT_EQ(after.body, shim::mlp_server_answer(8, 2, 3));
+  EXPECT_NE(after.header("X-Hiber-Gpu").value_or(""), std::to_string(gpu));
+  const std::string source = after.header("X-Hiber-Source").value_or("");
+  EXPECT_TRUE(source == "peer" || source == "host") << source;
+  EXPECT_FALSE(after.header("X-Hiber-Link").value_or("").empty());
+  ASSERT_TRUE(control->drain(gpu, /*resume=*/true).ok());
+
+  // The router's numbers agree.
+  EXPECT_EQ(router.function_status("mlp-b")["ok"], 7);
+  EXPECT_GE(router.status()["swaps"].size(), 1u);
+}
+
+}  // namespace
+}  // namespace hiber::testing
