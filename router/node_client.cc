@@ -3,7 +3,6 @@
 #include <netdb.h>
 
 #include <cstring>
-#include <fstream>
 
 #include <boost/asio/connect.hpp>
 #include <boost/asio/ip/tcp.hpp>
@@ -14,6 +13,7 @@
 #include <capnp/message.h>
 #include <glog/logging.h>
 
+#include "wire/control_client.h"
 #include "wire/control_codec.h"
 #include "wire/limits.h"
 #include "wire/schema/control.capnp.h"
@@ -86,11 +86,9 @@ Result<std::unique_ptr<NodeClient>> NodeClient::create(asio::io_context& io, Nod
   HIBER_ASSIGN_OR_RETURN(ControlAddress address, parse_control_address(config.control));
   std::string token;
   if (!config.token_file.empty()) {
-    std::ifstream in(config.token_file);
-    if (!in || !std::getline(in, token) || token.empty()) {
-      return error(ErrorCode::kNotPermitted, "node ", config.name,
-                   ": cannot read a control token from ", config.token_file);
-    }
+    Result<std::string> read = wire::read_token_file(config.token_file);
+    if (!read.ok()) return read.status().with_context("node " + config.name);
+    token = std::move(*read);
   } else if (address.tcp) {
     return error(ErrorCode::kInvalidValue, "node ", config.name,
                  ": a TCP control address needs a token_file");
