@@ -17,3 +17,7 @@ add_dependencies(router_function_sdk_test hiber-echo-worker hiber_router_test_wo
 
 hiber_test(router_kserve_tensors_test LABEL unit TIMEOUT 60
   SOURCES router_kserve_tensors_test.cc LIBS hiber_function_sdk nlohmann_json::nlohmann_json)
+
+# The router's registry and node addresses.
+hiber_test(router_registry_test LABEL unit TIMEOUT 60
+  SOURCES router_registry_test.cc LIBS hiber_router)
