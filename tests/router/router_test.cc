@@ -468,3 +468,20 @@ TEST(Router, ThreeNodes) {
 
 }  // namespace
 }  // namespace hiber::testing
+
+namespace hiber::testing {
+namespace {
+
+TEST(Router, AnswersHelp) {
+  const ProgramResult help = run_program({router_path(), "--help"});
+  EXPECT_EQ(help.exit_code, 0);
+  for (const char* flag : {"listen", "config", "run_dir", "state_dir", "max_queue", "shim_dir"}) {
+    EXPECT_NE(help.output.find(std::string("-") + flag + " "), std::string::npos) << flag;
+  }
+  const ProgramResult bad = run_program({router_path(), "--config=/nonexistent.json"});
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.output.find("/nonexistent.json"), std::string::npos) << bad.output;
+}
+
+}  // namespace
+}  // namespace hiber::testing
