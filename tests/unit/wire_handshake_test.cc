@@ -112,7 +112,7 @@ TEST(HandshakeTest, WelcomeRoundTripsEveryField) {
   ASSERT_TRUE(decoded.ok()) << decoded.status();
   EXPECT_EQ(decoded->session_id, 17u);
   EXPECT_EQ(decoded->server_version.major, 1);
-  EXPECT_EQ(decoded->server_version.minor, 4);
+  EXPECT_EQ(decoded->server_version.minor, 3);
   EXPECT_EQ(decoded->grant.va_base, session.grant.va_base);
   EXPECT_EQ(decoded->grant.va_bytes, session.grant.va_bytes);
   EXPECT_EQ(decoded->grant.quota_bytes, session.grant.quota_bytes);
