@@ -248,6 +248,8 @@ Result<nlohmann::json> registration_from_flags() {
 }
 
 int run_router(const std::vector<std::string>& args) {
+  // Router commands' errors come without the CUDA error name (tools/router_ctl.h).
+  const auto fail = [](const Status& s) { return tools::fail_router_command(s); };
   auto target = router_target();
   if (!target.ok()) return fail(target.status());
   router::HttpConnection connection(*target);
