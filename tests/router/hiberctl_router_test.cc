@@ -38,9 +38,7 @@ class HiberctlRouterTest : public ::testing::Test {
         router_(dir_, {"--run_dir=" + hiberd_.run_dir(), "--shim_preload=" + shim_preload()}) {}
   ~HiberctlRouterTest() override { std::system(("rm -rf " + dir_).c_str()); }
 
-  std::string url() const {
-    return "http://127.0.0.1:" + std::to_string(router_.target().port);
-  }
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(router_.target().port); }
 
   // Runs `hiberctl --router=URL ARGS` (ARGS a shell word list), stdout and stderr apart.
   Ran hiberctl(const std::string& args) {
@@ -91,9 +89,11 @@ TEST_F(HiberctlRouterTest, LoadInvokeListTopUnload) {
   const bool shim = !shim_preload().empty();
   // Load from a registration file...
   const std::string file = dir_ + "/echo.json";
-  std::ofstream(file) << json{{"command", {echo_worker_path()}}, {"slo_ms", 250},
-                              {"idle_timeout_s", 600}, {"shim", shim}}
-                             .dump();
+  std::ofstream(file) << json{
+      {"command", {echo_worker_path()}},
+      {"slo_ms", 250},
+      {"idle_timeout_s", 600},
+      {"shim", shim}}.dump();
   Ran r = hiberctl("load echo --file=" + file);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.out, "loaded 'echo'\n");
@@ -115,6 +115,24 @@ TEST_F(HiberctlRouterTest, LoadInvokeListTopUnload) {
   const json saved = json::parse(slurp(dir_ + "/functions/tw.json"), nullptr, false);
   EXPECT_EQ(saved["env"], json({{"COLOUR", "blue"}})) << saved;
 
+  // A flag not given is not sent: the router's default applies (shim: false), as --help says.
+  r = hiberctl("load plain --command=/bin/cat");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(registration("plain")["shim"], false);
+  r = hiberctl("load plain --command=/bin/cat --shim");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(registration("plain")["shim"], true);
+  ASSERT_EQ(hiberctl("unload plain").exit_code, 0);
+  {
+    const ProgramResult help = run_program({HIBERCTL_PATH, "--helpon=hiberctl"});
+    const size_t shim_flag = help.output.find("-shim (");
+    ASSERT_NE(shim_flag, std::string::npos) << help.output;
+    const size_t its_default = help.output.find("default: ", shim_flag);  // the flag's own
+    ASSERT_NE(its_default, std::string::npos) << help.output;
+    EXPECT_EQ(help.output.substr(its_default, 14), "default: false")
+        << help.output.substr(shim_flag, 300);
+  }
+
   // invoke: the body on stdout exactly, the headers on stderr.
   for (int i = 0; i < 3; ++i) {
     const std::string body = str_cat("hello ", i);
@@ -131,7 +149,8 @@ TEST_F(HiberctlRouterTest, LoadInvokeListTopUnload) {
   std::string binary;
   for (int i = 0; i < 3000; ++i) binary += static_cast<char>((i * 37) % 256);
   std::ofstream(dir_ + "/body.bin", std::ios::binary) << binary;
-  r = hiberctl("invoke echo --data_file=" + dir_ + "/body.bin --content_type=application/octet-stream");
+  r = hiberctl("invoke echo --data_file=" + dir_ +
+               "/body.bin --content_type=application/octet-stream");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.out, binary);
   // Asynchronously: hiberctl names the invocation, polls it and prints the answer.
@@ -150,8 +169,8 @@ TEST_F(HiberctlRouterTest, LoadInvokeListTopUnload) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   std::vector<std::string> echo_row = row(r.out, "echo ");
   ASSERT_GE(echo_row.size(), 6u) << r.out;
-  EXPECT_EQ(echo_row[2], "1") << r.out;  // instances
-  EXPECT_EQ(echo_row[3], "4") << r.out;  // requests
+  EXPECT_EQ(echo_row[2], "1") << r.out;    // instances
+  EXPECT_EQ(echo_row[3], "4") << r.out;    // requests
   EXPECT_EQ(echo_row[4], "250") << r.out;  // SLO ms
   EXPECT_EQ(echo_row[5], "100.0%") << r.out;
   std::vector<std::string> tw_row = row(r.out, "tw ");
@@ -205,9 +224,9 @@ TEST_F(HiberctlRouterTest, LoadInvokeListTopUnload) {
     router::HttpResponse direct = router_.infer(name, "x");
     ASSERT_EQ(direct.status, 404);
     const json message = json::parse(direct.body, nullptr, false);
-    const std::string expected =
-        message.is_object() && message.contains("error") ? message["error"].get<std::string>()
-                                                          : direct.body;
+    const std::string expected = message.is_object() && message.contains("error")
+                                     ? message["error"].get<std::string>()
+                                     : direct.body;
     ASSERT_FALSE(expected.empty());
     r = hiberctl("invoke " + name + " --data=x");
     EXPECT_NE(r.exit_code, 0);
@@ -217,13 +236,16 @@ TEST_F(HiberctlRouterTest, LoadInvokeListTopUnload) {
   }
 }
 
-// No router there: a clear error, not a hang or a crash.
+// No router there: a clear error (an HTTP one, without a CUDA error name), not a hang.
 TEST(HiberctlNoRouter, SaysSo) {
   const std::string dir = temp_dir("hiberctl-no-router");
   const int status = std::system(str_cat(HIBERCTL_PATH, " --router=http://127.0.0.1:1 functions",
-                                         " >", dir, "/out 2>", dir, "/err").c_str());
+                                         " >", dir, "/out 2>", dir, "/err")
+                                     .c_str());
   EXPECT_EQ(WIFEXITED(status) ? WEXITSTATUS(status) : -1, 1);
-  EXPECT_NE(slurp(dir + "/err").find("hiberctl: "), std::string::npos);
+  const std::string err = slurp(dir + "/err");
+  EXPECT_NE(err.find("hiberctl: cannot connect to http://127.0.0.1:1"), std::string::npos) << err;
+  EXPECT_EQ(err.find("CUDA_ERROR"), std::string::npos) << "no CUDA error name for HTTP: " << err;
   std::system(("rm -rf " + dir).c_str());
 }
 
