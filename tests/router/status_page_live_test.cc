@@ -41,7 +41,8 @@ TEST(StatusPageLive, DrawsARunningNode) {
   }
   Hiberd hiberd;
   const std::string state = temp_dir("hiber-status-live");
-  RouterProcess router(state, {"--run_dir=" + hiberd.run_dir(), "--shim_preload=" + shim_preload()});
+  RouterProcess router(state,
+                       {"--run_dir=" + hiberd.run_dir(), "--shim_preload=" + shim_preload()});
 
   // Three echo functions and one whose model holds device memory, each with its own count.
   const std::map<std::string, int> sent = {{"alpha", 4}, {"beta", 2}, {"gamma", 1}, {"mem", 3}};
@@ -67,9 +68,9 @@ TEST(StatusPageLive, DrawsARunningNode) {
   // alpha's GPU is drained: its last request loads alpha onto another GPU, a swap.
   const int drained = gpu["alpha"];
   const auto hiberctl = [&](const std::string& args) {
-    ProgramResult r = run_program({"/bin/sh", "-c", std::string(HIBERCTL_PATH) +
-                                                        " --run_dir=" + hiberd.run_dir() + " " +
-                                                        args});
+    ProgramResult r =
+        run_program({"/bin/sh", "-c",
+                     std::string(HIBERCTL_PATH) + " --run_dir=" + hiberd.run_dir() + " " + args});
     EXPECT_EQ(r.exit_code, 0) << args << ": " << r.output;
   };
   hiberctl("drain --gpu=" + std::to_string(drained));
@@ -128,7 +129,8 @@ TEST(StatusPageLive, DrawsARunningNode) {
   for (const auto& g : node["gpus"]) {
     const std::string id = str_cat("node0/", g["ordinal"].get<int>());
     args.push_back("--expect-gpu=" + id);
-    for (const auto& fn : g["resident"]) args.push_back("--expect-resident=" + id + ":" + fn.get<std::string>());
+    for (const auto& fn : g["resident"])
+      args.push_back("--expect-resident=" + id + ":" + fn.get<std::string>());
   }
   std::set<std::string> swapped;
   for (const auto& s : status["swaps"]) {
