@@ -76,7 +76,9 @@ DEFINE_string(request_id, "", "invoke: the request's X-Request-Id (default: the 
 DEFINE_string(file, "", "load: a registration JSON file (flags given as well override it)");
 DEFINE_string(command, "", "load: the worker's command line, split like a shell's words");
 DEFINE_string(env, "", "load: the worker's environment, NAME=VALUE,NAME2=VALUE2");
-DEFINE_bool(shim, true, "load: preload Hiber's client libraries into the worker");
+DEFINE_bool(shim, false,
+            "load: preload Hiber's client libraries into the worker (--shim for a function that "
+            "uses a GPU; not given: the router's default, false)");
 DEFINE_uint64(concurrency, 1, "load: requests one worker takes at once");
 DEFINE_uint64(max_instances, 1, "load: workers the router may start");
 DEFINE_uint64(idle_timeout_s, 60, "load: stop a worker idle this long (scale to zero)");
@@ -248,6 +250,8 @@ Result<nlohmann::json> registration_from_flags() {
 }
 
 int run_router(const std::vector<std::string>& args) {
+  // Router commands' errors come without the CUDA error name (tools/router_ctl.h).
+  const auto fail = [](const Status& s) { return tools::fail_router_command(s); };
   auto target = router_target();
   if (!target.ok()) return fail(target.status());
   router::HttpConnection connection(*target);

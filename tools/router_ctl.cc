@@ -32,10 +32,7 @@ std::string path_segment(std::string_view s) {
   return out;
 }
 
-int fail(const Status& s) {
-  std::fprintf(stderr, "hiberctl: %s\n", s.to_string().c_str());
-  return 1;
-}
+int fail(const Status& s) { return fail_router_command(s); }
 
 int fail_answer(std::string_view what, const HttpResponse& r) {
   std::fprintf(stderr, "hiberctl: %.*s: HTTP %d: %s\n", static_cast<int>(what.size()), what.data(),
@@ -79,6 +76,12 @@ size_t terminal_columns() {
 }
 
 }  // namespace
+
+int fail_router_command(const Status& s) {
+  // The message alone: an HTTP client's errors have no CUDA error name to show.
+  std::fprintf(stderr, "hiberctl: %s\n", s.message().c_str());
+  return 1;
+}
 
 std::string router_error_message(const HttpResponse& response) {
   json j = json::parse(response.body, nullptr, /*allow_exceptions=*/false);

@@ -16,6 +16,10 @@ namespace hiber::tools {
 // The message a non-2xx answer carries: the "error" field of a JSON body, else the body.
 std::string router_error_message(const router::HttpResponse& response);
 
+// Prints "hiberctl: <message>" on stderr (without the CUDA error name Status::to_string gives)
+// and returns 1: how a router command fails before or without an answer.
+int fail_router_command(const Status& s);
+
 // `hiberctl functions`: the registry with each function's numbers.
 int ctl_functions(router::HttpConnection& router, std::chrono::milliseconds timeout);
 

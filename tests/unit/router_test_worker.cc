@@ -8,7 +8,11 @@
 //                               runs requests one at a time fails the test instead of hanging
 //   application/x-test-deadline answers the request's deadline in ms, or "none"
 //   application/x-test-pid      answers the worker's process id (tests kill it)
+//   application/x-test-alloc    allocates <body> MiB of device memory with cuMemAlloc and keeps
+//                               it, so that the function's model has bytes to swap; answers
+//                               "allocated <n> MiB" (an error without the shim preloaded)
 //   anything else               echoes the body with its content type
+#include <dlfcn.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -29,6 +33,19 @@ std::mutex barrier_mutex;
 std::condition_variable barrier_changed;
 int barrier_arrived = 0;
 
+// cuMemAlloc of the preloaded shim, found at run time: the worker links no CUDA library.
+std::variant<Response, std::string> allocate(const std::string& mib_text) {
+  using CuMemAlloc = int (*)(unsigned long long*, size_t);
+  auto cu_mem_alloc = reinterpret_cast<CuMemAlloc>(::dlsym(RTLD_DEFAULT, "cuMemAlloc_v2"));
+  if (cu_mem_alloc == nullptr) return std::string("no cuMemAlloc: the shim is not preloaded");
+  const size_t mib = std::stoul(mib_text);
+  unsigned long long pointer = 0;  // kept: the allocation is the model
+  if (const int result = cu_mem_alloc(&pointer, mib << 20); result != 0) {
+    return "cuMemAlloc failed (CUresult " + std::to_string(result) + ")";
+  }
+  return Response{"text/plain", "allocated " + std::to_string(mib) + " MiB"};
+}
+
 std::variant<Response, std::string> handle(const Request& request) {
   if (request.content_type == "application/x-test-error") return request.body;
   if (request.content_type == "application/x-test-throw") throw std::runtime_error(request.body);
@@ -39,6 +56,7 @@ std::variant<Response, std::string> handle(const Request& request) {
   if (request.content_type == "application/x-test-pid") {
     return Response{"text/plain", std::to_string(::getpid())};
   }
+  if (request.content_type == "application/x-test-alloc") return allocate(request.body);
   if (request.content_type == "application/x-test-barrier") {
     const int needed = std::stoi(request.body);
     std::unique_lock<std::mutex> lock(barrier_mutex);
