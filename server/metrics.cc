@@ -5,6 +5,8 @@
 #include <string_view>
 #include <utility>
 
+#include "common/build_info.h"
+
 namespace hiber::server {
 namespace {
 
@@ -188,18 +190,6 @@ std::vector<MetricFamily> metric_families(proto::NodeStatus::Reader status,
   return out.take();
 }
 
-BuildInfo this_build() {
-#ifdef HIBER_VERSION
-  const char* version = HIBER_VERSION;
-#else
-  const char* version = "unknown";
-#endif
-#ifdef HIBER_GIT_COMMIT
-  const char* commit = HIBER_GIT_COMMIT;
-#else
-  const char* commit = "unknown";
-#endif
-  return BuildInfo{version, commit};
-}
+BuildInfo this_build() { return BuildInfo{build_version(), build_commit()}; }
 
 }  // namespace hiber::server
