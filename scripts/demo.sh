@@ -60,6 +60,8 @@ show_logs() {
   for log in "$run_dir"/hiberd.log "$run_dir"/router.log "$run_dir"/router/workers/*.log \
     "$run_dir"/programs.log; do
     [ -s "$log" ] || continue
+    # A worker's log that says only "ready ..." says nothing new.
+    case "$log" in */workers/*) grep -qv '^ready ' "$log" || continue ;; esac
     echo "-- $log" >&2
     tail -n 15 "$log" >&2
   done
@@ -107,9 +109,11 @@ hiberd_flags=(--device=sim --sim_throttle --run_dir="$run_dir" --metrics_listen=
 setsid "$bin/server/hiberd" "${hiberd_flags[@]}" 2>"$run_dir/hiberd.log" &
 hiberd=$!
 wait_for_file "$run_dir/hiberd-metrics.port" "$hiberd" hiberd
-for _ in $(seq 300); do
-  "$ctl" --run_dir="$run_dir" ping >/dev/null 2>&1 && break
+tries=0
+until "$ctl" --run_dir="$run_dir" ping >/dev/null 2>&1; do
   kill -0 "$hiberd" 2>/dev/null || fail "hiberd exited"
+  tries=$((tries + 1))
+  [ "$tries" -lt 300 ] || fail "hiberd does not answer on its control socket"
   sleep 0.1
 done
 hiberd_metrics="http://127.0.0.1:$(cat "$run_dir/hiberd-metrics.port")/metrics"
@@ -134,11 +138,14 @@ if [ "$have_shim" = 1 ]; then
   echo "   run through the preloaded shim, their results checked on the host:"
   nm -D --undefined-only "$bin/tests/shim/programs/tiny_mlp" | grep -c '@libcudart.so.13' |
     xargs -I{} echo "tiny_mlp imports {} symbols @libcudart.so.13; libhibercuda.so answers them"
-  "$bin/tools/hiber-coverage" --summary "$bin/tests/shim/programs/library_transformer"
+  echo "library_transformer's imports, as hiber-coverage reads them:" \
+    "$("$bin/tools/hiber-coverage" --summary "$bin/tests/shim/programs/library_transformer" |
+      sed 's/^summary: //')"
   for program in vector_add tiny_mlp library_transformer; do
     # Their stderr holds the errors they provoke on purpose; it goes to the log.
     HIBER_RUN_DIR="$run_dir" HIBER_FUNCTION_ID="$program" LD_PRELOAD="$preload" \
-      "$bin/tests/shim/programs/$program" 2>>"$run_dir/programs.log" | grep -E 'OK|->' | head -n 3
+      "$bin/tests/shim/programs/$program" 2>>"$run_dir/programs.log" |
+      awk '/: OK/ || (/->/ && !shown++)'  # the verdict (and tiny_mlp's first answer)
   done
 fi
 
