@@ -238,10 +238,14 @@ Result<std::string> render_top(const json& status, const std::optional<TopSample
       return ra != rb ? ra > rb : text(*a, "name") < text(*b, "name");
     });
     const auto now = number(status, "time");
+    const auto plural = [](size_t n, const char* one, const char* many) {
+      return str_cat(n, " ", n == 1 ? one : many);
+    };
     std::string out =
         str_cat("hiber-router ", options.router, "  ", now ? clock_time(*now, true) : "-", "  ",
-                functions.size(), " functions, ", array(status, "nodes").size(), " nodes, ",
-                total_requests, " requests\n\n");
+                plural(functions.size(), "function", "functions"), ", ",
+                plural(array(status, "nodes").size(), "node", "nodes"), ", ",
+                plural(total_requests, "request", "requests"), "\n\n");
     out += render_nodes(status);
     out += "\n";
 
