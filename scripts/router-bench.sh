@@ -1,31 +1,52 @@
 #!/usr/bin/env bash
-# hiber-router's added latency (docs/perf.md "router"): starts hiberd with the simulated GPU and
-# hiber-router in front of it, registers `echo` (the no-op worker router/hiber-echo-worker),
-# measures the direct control round trip the router makes per invocation
-# (bench/control_roundtrip_bench against the same hiberd), then wrk against the router
-# (bench/router_invoke.lua): a throughput run (-t2 -c16) and a latency run (-t1 -c1). Prints
-# each figure and the router's added p50/p99 (router's minus the direct round trip's, one
+# hiber-router's added latency and throughput (docs/perf.md "router"): starts hiberd with the
+# simulated GPU and hiber-router in front of it, and registers N copies of the no-op worker
+# (router/hiber-echo-worker) twice: gpu-0..gpu-N-1 with "shim": true (each invocation goes through
+# hiberd: requestArrived, requestStart, requestDone; the worker's session opens through the
+# preloaded libhibercuda.so) and cpu-0..cpu-N-1 with "shim": false (the router alone). Then, in
+# one run:
+#   - the direct control round trip the router makes per invocation, the baseline
+#     (bench/control_roundtrip_bench against the same hiberd, 1, 2 and N clients, and ping);
+#   - wrk against the router (bench/router_invoke.lua): latency with one connection (-t1 -c1) on
+#     gpu-0 and on cpu-0, throughput with keep-alive connections (-tT -cC) spread over the N
+#     functions of each kind, and over gpu-0 alone (hiberd runs one request of a function at a
+#     time).
+# Prints each figure, the router's added p50/p99 (router's minus the direct round trip's, one
 # client each) and invocations/s.
 #
-#   scripts/router-bench.sh [-B BUILD_DIR] [--no-build] [-d SECONDS]
+#   scripts/router-bench.sh [-B BUILD_DIR] [--no-build] [-d SECONDS] [-n FUNCTIONS]
+#                           [-t THREADS] [-c CONNECTIONS]
 #
 #   -B BUILD_DIR   a Release build tree (default build/release; configured if it has no cache)
 #   --no-build     use the binaries as they are
 #   -d SECONDS     each wrk run's length (default 10)
-# Environment: HIBERD_FLAGS, ROUTER_FLAGS add flags to hiberd and hiber-router; ECHO_REGISTRATION
-# replaces echo's registration JSON (docs/router.md); BODY is the request body (default "ping").
+#   -n FUNCTIONS   functions of each kind for the throughput runs (default 8)
+#   -t THREADS, -c CONNECTIONS   wrk's threads and connections for the throughput runs
+#                  (default 2 and 16)
+# Environment: HIBERD_FLAGS, ROUTER_FLAGS add flags to hiberd and hiber-router; BODY is the
+# request body (default "ping").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 build=build/release
 do_build=1
 seconds=10
+functions=8
+threads=2
+connections=16
 while [[ $# -gt 0 ]]; do
   case "$1" in
     -B) build=$2; shift 2 ;;
     --no-build) do_build=0; shift ;;
     -d) seconds=$2; shift 2 ;;
-    *) echo "usage: $0 [-B BUILD_DIR] [--no-build] [-d SECONDS]" >&2; exit 2 ;;
+    -n) functions=$2; shift 2 ;;
+    -t) threads=$2; shift 2 ;;
+    -c) connections=$2; shift 2 ;;
+    *)
+      echo "usage: $0 [-B BUILD_DIR] [--no-build] [-d SECONDS] [-n FUNCTIONS] [-t THREADS]" \
+        "[-c CONNECTIONS]" >&2
+      exit 2
+      ;;
   esac
 done
 
@@ -33,7 +54,8 @@ if [[ $do_build == 1 ]]; then
   if [[ ! -f $build/CMakeCache.txt ]]; then
     cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
   fi
-  cmake --build "$build" -j2 --target hiberd hiber-router hiber-echo-worker control_roundtrip_bench
+  cmake --build "$build" -j2 --target hiberd hiber-router hiber-echo-worker control_roundtrip_bench \
+    hibercuda
 fi
 build_type=$(sed -n 's/^CMAKE_BUILD_TYPE:[A-Z]*=//p' "$build/CMakeCache.txt")
 if [[ $build_type != Release ]]; then
@@ -44,7 +66,8 @@ hiberd_bin=$build/server/hiberd
 router_bin=$build/router/hiber-router
 echo_bin=$(realpath -m "$build/router/hiber-echo-worker")
 roundtrip_bin=$build/bench/control_roundtrip_bench
-for f in "$hiberd_bin" "$router_bin" "$echo_bin" "$roundtrip_bin"; do
+shim_bin=$build/client_shim/libhibercuda.so  # hiber-router preloads ../client_shim's libraries
+for f in "$hiberd_bin" "$router_bin" "$echo_bin" "$roundtrip_bin" "$shim_bin"; do
   [[ -x $f ]] || { echo "missing $f (build the targets, or drop --no-build)" >&2; exit 1; }
 done
 command -v wrk >/dev/null || { echo "wrk is not installed" >&2; exit 1; }
@@ -90,43 +113,75 @@ url=http://127.0.0.1:$(cat "$work/port")
 wait_for "curl -sf $url/v2/health/ready >/dev/null" "hiber-router (ready)" "${pids[-1]}" \
   "$work/router.log"
 
-registration=${ECHO_REGISTRATION:-"{\"command\": [\"$echo_bin\"], \"shim\": false, \"slo_ms\": 1000, \"concurrency\": 1, \"max_instances\": 1}"}
-curl -sf -X POST -H 'Content-Type: application/json' -d "$registration" \
-  "$url/v2/repository/models/echo/load" >/dev/null ||
-  { echo "registering echo failed:" >&2; tail -20 "$work/router.log" >&2; exit 1; }
-# One untimed invocation: the worker starts on demand.
-curl -sf -X POST -H 'Content-Type: application/octet-stream' --data-binary "${BODY:-ping}" \
-  "$url/v2/models/echo/infer" >/dev/null ||
-  { echo "the first echo invocation failed:" >&2; tail -20 "$work/router.log" >&2; exit 1; }
+body=${BODY:-ping}
+# register NAME SHIM: registers the echo worker as NAME, and invokes it once (untimed: the
+# worker starts on demand).
+register() {
+  local registration="{\"command\": [\"$echo_bin\"], \"shim\": $2, \"slo_ms\": 1000,"
+  registration+=" \"concurrency\": 1, \"max_instances\": 1}"
+  curl -sf -X POST -H 'Content-Type: application/json' -d "$registration" \
+    "$url/v2/repository/models/$1/load" >/dev/null ||
+    { echo "registering $1 failed:" >&2; tail -20 "$work/router.log" >&2; exit 1; }
+  curl -sf -X POST -H 'Content-Type: application/octet-stream' --data-binary "$body" \
+    "$url/v2/models/$1/infer" >/dev/null ||
+    { echo "the first invocation of $1 failed:" >&2; tail -20 "$work/router.log" >&2; exit 1; }
+}
+gpu_functions="" cpu_functions=""
+for ((i = 0; i < functions; i++)); do
+  register "gpu-$i" true
+  register "cpu-$i" false
+  gpu_functions+="${gpu_functions:+,}gpu-$i"
+  cpu_functions+="${cpu_functions:+,}cpu-$i"
+done
+# A shim worker whose session hiberd does not know would make the GPU runs mean nothing.
+curl -sf -D - -o /dev/null -X POST --data-binary "$body" "$url/v2/models/gpu-0/infer" |
+  grep -qi '^X-Hiber-Gpu:' ||
+  { echo "gpu-0's answer has no X-Hiber-Gpu: it did not go through hiberd" >&2; exit 1; }
 
 results=$work/results
+echo "== machine: $(nproc) CPUs; load average before the run: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "== direct control round trip (control_roundtrip_bench, same hiberd)"
-"$roundtrip_bin" --run_dir="$run_dir" --clients=1,2 --label=direct | tee -a "$results"
-echo "== wrk against hiber-router: throughput (-t2 -c16 -d${seconds}s)"
-HIBER_FUNCTION=echo HIBER_BODY=${BODY:-ping} HIBER_LABEL=router_c16 \
-  wrk -t2 -c16 -d"${seconds}s" -s bench/router_invoke.lua "$url" | tee -a "$results"
-echo "== wrk against hiber-router: latency (-t1 -c1 -d${seconds}s)"
-HIBER_FUNCTION=echo HIBER_BODY=${BODY:-ping} HIBER_LABEL=router_c1 \
-  wrk -t1 -c1 -d"${seconds}s" -s bench/router_invoke.lua "$url" | tee -a "$results"
+"$roundtrip_bin" --run_dir="$run_dir" --clients="1,2,$functions" --label=direct |
+  tee -a "$results"
+# wrk_run LABEL FUNCTIONS THREADS CONNECTIONS
+wrk_run() {
+  echo "== wrk against hiber-router: $1 ($2; -t$3 -c$4 -d${seconds}s)"
+  HIBER_FUNCTIONS=$2 HIBER_BODY=$body HIBER_LABEL=$1 \
+    wrk -t"$3" -c"$4" -d"${seconds}s" -s bench/router_invoke.lua "$url" | tee -a "$results"
+}
+wrk_run gpu_c1 gpu-0 1 1
+wrk_run cpu_c1 cpu-0 1 1
+wrk_run gpu_many "$gpu_functions" "$threads" "$connections"
+wrk_run cpu_many "$cpu_functions" "$threads" "$connections"
+wrk_run gpu_one gpu-0 "$threads" "$connections"
 
 # value LABEL NAME: a RESULT line's value.
 value() {
   sed -n "s/^RESULT label=$1 name=$2 value=\([0-9.e+-]*\) .*/\1/p" "$results" | tail -1
 }
-direct_p50=$(value direct invoke_c1_p50)
-direct_p99=$(value direct invoke_c1_p99)
-router_p50=$(value router_c1 router_p50)
-router_p99=$(value router_c1 router_p99)
+errors=0
+for label in gpu_c1 cpu_c1 gpu_many cpu_many gpu_one; do
+  errors=$((errors + $(value "$label" router_errors | cut -d. -f1)))
+done
 echo
-echo "== summary"
-awk -v dp50="$direct_p50" -v dp99="$direct_p99" -v rp50="$router_p50" -v rp99="$router_p99" \
-    -v drate="$(value direct invoke_c1_rate)" -v drate2="$(value direct invoke_c2_rate)" \
-    -v r1="$(value router_c1 router_rate)" -v r16="$(value router_c16 router_rate)" \
-    -v e1="$(value router_c1 router_errors)" -v e16="$(value router_c16 router_errors)" 'BEGIN {
-  printf "direct control round trip (1 client): p50 %8.1f us  p99 %8.1f us  %8.0f invocations/s\n", dp50, dp99, drate
-  printf "direct control round trip (2 clients):                              %8.0f invocations/s\n", drate2
-  printf "hiber-router, echo, 1 connection:     p50 %8.1f us  p99 %8.1f us  %8.0f invocations/s\n", rp50, rp99, r1
-  printf "hiber-router, echo, 16 connections:                                 %8.0f invocations/s\n", r16
-  printf "router added (1 connection - direct): p50 %8.1f us  p99 %8.1f us\n", rp50 - dp50, rp99 - dp99
-  if (e1 + e16 > 0) printf "warning: %d failed invocations (wrk errors); the figures include them\n", e1 + e16
+echo "== summary (load average after: $(cut -d' ' -f1-3 /proc/loadavg))"
+awk -v dp50="$(value direct invoke_c1_p50)" -v dp99="$(value direct invoke_c1_p99)" \
+    -v pp50="$(value direct ping_c1_p50)" \
+    -v drate="$(value direct invoke_c1_rate)" -v drateN="$(value direct "invoke_c${functions}_rate")" \
+    -v gp50="$(value gpu_c1 router_p50)" -v gp99="$(value gpu_c1 router_p99)" \
+    -v cp50="$(value cpu_c1 router_p50)" -v cp99="$(value cpu_c1 router_p99)" \
+    -v g1="$(value gpu_c1 router_rate)" -v c1="$(value cpu_c1 router_rate)" \
+    -v gN="$(value gpu_many router_rate)" -v cN="$(value cpu_many router_rate)" \
+    -v gone="$(value gpu_one router_rate)" -v n="$functions" -v conns="$connections" \
+    -v errors="$errors" 'BEGIN {
+  printf "direct control ping (1 client):        p50 %8.1f us\n", pp50
+  printf "direct control round trip (1 client):  p50 %8.1f us  p99 %8.1f us  %8.0f /s\n", dp50, dp99, drate
+  printf "direct control round trip (%d clients):                               %8.0f /s\n", n, drateN
+  printf "router, shim:true, 1 connection:       p50 %8.1f us  p99 %8.1f us  %8.0f /s\n", gp50, gp99, g1
+  printf "router, shim:false, 1 connection:      p50 %8.1f us  p99 %8.1f us  %8.0f /s\n", cp50, cp99, c1
+  printf "router added, shim:true (- direct):    p50 %8.1f us  p99 %8.1f us\n", gp50 - dp50, gp99 - dp99
+  printf "router, shim:true, %d functions, %d connections:                  %8.0f /s\n", n, conns, gN
+  printf "router, shim:false, %d functions, %d connections:                 %8.0f /s\n", n, conns, cN
+  printf "router, shim:true, 1 function, %d connections:                     %8.0f /s\n", conns, gone
+  if (errors > 0) printf "warning: %d failed invocations (wrk errors); the figures include them\n", errors
 }'
