@@ -7,7 +7,7 @@
 // with a no-op function to these figures.
 //
 //   control_roundtrip_bench [--mode=invoke,ping] [--clients=1,2] [--iterations=20000]
-//                           [--run_dir=PATH] [--same_function]
+//                           [--run_dir=PATH] [--same_function] [--function_prefix=P]
 //
 // hiberd starts a request only for a function with a connected instance, so each benchmark
 // function has a session open (a wire::CallClient that makes no calls) while it is timed, as a
@@ -46,6 +46,9 @@ DEFINE_bool(same_function, false,
             "invoke: every client invokes one function (default: one function per client, so "
             "their requests do not queue behind each other)");
 DEFINE_string(label, "sim", "A label for the RESULT lines");
+DEFINE_string(function_prefix, "roundtrip-bench-",
+              "The benchmark functions' names: this and a number (runs against one hiberd "
+              "need different prefixes if one's functions are still registered)");
 
 namespace hiber::bench {
 namespace {
@@ -161,7 +164,7 @@ int run() {
   std::vector<std::string> functions;
   for (int c = 0; c < most; ++c) {
     wire::FunctionRegistration r;
-    r.function_id = "roundtrip-bench-" + std::to_string(c);
+    r.function_id = FLAGS_function_prefix + std::to_string(c);
     r.slo_ms = 10000;
     if (Status s = admin.register_function(r); !s.ok()) die("register " + r.function_id, s);
     functions.push_back(r.function_id);

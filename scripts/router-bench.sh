@@ -7,19 +7,21 @@
 # one run:
 #   - the direct control round trip the router makes per invocation, the baseline
 #     (bench/control_roundtrip_bench against the same hiberd, 1, 2 and N clients, and ping);
-#   - wrk against the router (bench/router_invoke.lua): latency with one connection (-t1 -c1) on
-#     gpu-0 and on cpu-0, throughput with keep-alive connections (-tT -cC) spread over the N
-#     functions of each kind, and over gpu-0 alone (hiberd runs one request of a function at a
-#     time).
-# Prints each figure, the router's added p50/p99 (router's minus the direct round trip's, one
-# client each) and invocations/s.
+#   - latency in rounds: the direct round trip with one client, then wrk against the router
+#     (bench/router_invoke.lua) with one connection (-t1 -c1) on gpu-0 and on cpu-0;
+#   - throughput with keep-alive connections (wrk -tT -cC) spread over the N functions of each
+#     kind, and over gpu-0 alone (hiberd runs one request of a function at a time).
+# Prints each figure, the router's added p50/p99 (the median over the rounds of the router's
+# minus the direct round trip's, one client each) and invocations/s.
 #
-#   scripts/router-bench.sh [-B BUILD_DIR] [--no-build] [-d SECONDS] [-n FUNCTIONS]
+#   scripts/router-bench.sh [-B BUILD_DIR] [--no-build] [-d SECONDS] [-r ROUNDS] [-n FUNCTIONS]
 #                           [-t THREADS] [-c CONNECTIONS]
 #
 #   -B BUILD_DIR   a Release build tree (default build/release; configured if it has no cache)
 #   --no-build     use the binaries as they are
-#   -d SECONDS     each wrk run's length (default 10)
+#   -d SECONDS     each throughput run's length (default 10)
+#   -r ROUNDS      latency rounds (default 5), each 4,000 direct round trips and 2 s of wrk on
+#                  gpu-0 and on cpu-0; the figures are the medians over the rounds
 #   -n FUNCTIONS   functions of each kind for the throughput runs (default 8)
 #   -t THREADS, -c CONNECTIONS   wrk's threads and connections for the throughput runs
 #                  (default 2 and 16)
@@ -31,6 +33,8 @@ cd "$(dirname "$0")/.."
 build=build/release
 do_build=1
 seconds=10
+rounds=5
+round_seconds=2
 functions=8
 threads=2
 connections=16
@@ -40,11 +44,12 @@ while [[ $# -gt 0 ]]; do
     --no-build) do_build=0; shift ;;
     -d) seconds=$2; shift 2 ;;
     -n) functions=$2; shift 2 ;;
+    -r) rounds=$2; shift 2 ;;
     -t) threads=$2; shift 2 ;;
     -c) connections=$2; shift 2 ;;
     *)
-      echo "usage: $0 [-B BUILD_DIR] [--no-build] [-d SECONDS] [-n FUNCTIONS] [-t THREADS]" \
-        "[-c CONNECTIONS]" >&2
+      echo "usage: $0 [-B BUILD_DIR] [--no-build] [-d SECONDS] [-r ROUNDS] [-n FUNCTIONS]" \
+        "[-t THREADS] [-c CONNECTIONS]" >&2
       exit 2
       ;;
   esac
@@ -138,48 +143,109 @@ curl -sf -D - -o /dev/null -X POST --data-binary "$body" "$url/v2/models/gpu-0/i
   grep -qi '^X-Hiber-Gpu:' ||
   { echo "gpu-0's answer has no X-Hiber-Gpu: it did not go through hiberd" >&2; exit 1; }
 
+# cpu_jiffies: the machine's busy time so far, in clock ticks (all CPUs).
+cpu_jiffies() { awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 }' /proc/stat; }
+# our_jiffies: the CPU time of hiberd, hiber-router and its workers, and of this script's
+# finished children (wrk, control_roundtrip_bench), in clock ticks.
+our_jiffies() {
+  local total=0 pid
+  for pid in "${pids[@]}" $(pgrep -f "^$echo_bin" || true); do
+    [[ -r /proc/$pid/stat ]] || continue
+    total=$((total + $(awk '{ print $14 + $15 }' "/proc/$pid/stat")))
+  done
+  local children
+  children=$(times | tail -1)  # "XmY.YYYs XmY.YYYs": user and system time of waited children
+  awk -v ours="$total" -v c="$children" -v hz="$(getconf CLK_TCK)" 'BEGIN {
+    split(c, t, " "); s = 0
+    for (i = 1; i <= 2; i++) { split(t[i], m, "m"); sub("s", "", m[2]); s += m[1] * 60 + m[2] }
+    printf "%d\n", ours + s * hz }'
+}
+machine_start=$(cpu_jiffies)
+ours_start=$(our_jiffies)
+start_time=$(date +%s.%N)
+
 results=$work/results
 echo "== machine: $(nproc) CPUs; load average before the run: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "== direct control round trip (control_roundtrip_bench, same hiberd)"
-"$roundtrip_bin" --run_dir="$run_dir" --clients="1,2,$functions" --label=direct |
-  tee -a "$results"
-# wrk_run LABEL FUNCTIONS THREADS CONNECTIONS
+"$roundtrip_bin" --run_dir="$run_dir" --clients="1,2,$functions" --label=direct 2>&1 |
+  tee -a "$results" | grep -v '^RESULT'
+# wrk_run LABEL FUNCTIONS THREADS CONNECTIONS SECONDS
 wrk_run() {
-  echo "== wrk against hiber-router: $1 ($2; -t$3 -c$4 -d${seconds}s)"
   HIBER_FUNCTIONS=$2 HIBER_BODY=$body HIBER_LABEL=$1 \
-    wrk -t"$3" -c"$4" -d"${seconds}s" -s bench/router_invoke.lua "$url" | tee -a "$results"
+    wrk -t"$3" -c"$4" -d"$5s" -s bench/router_invoke.lua "$url" >>"$results"
 }
-wrk_run gpu_c1 gpu-0 1 1
-wrk_run cpu_c1 cpu-0 1 1
-wrk_run gpu_many "$gpu_functions" "$threads" "$connections"
-wrk_run cpu_many "$cpu_functions" "$threads" "$connections"
-wrk_run gpu_one gpu-0 "$threads" "$connections"
-
 # value LABEL NAME: a RESULT line's value.
 value() {
   sed -n "s/^RESULT label=$1 name=$2 value=\([0-9.e+-]*\) .*/\1/p" "$results" | tail -1
 }
+
+# Latency: the baseline and the router one after the other, in short rounds, so that a change in
+# what else runs on the machine hits both alike; the figures are the medians over the rounds.
+echo "== latency, one client at a time: $rounds rounds of direct (4,000 round trips), then wrk" \
+  "-t1 -c1 -d${round_seconds}s on gpu-0 and on cpu-0"
+printf "%-6s %12s %12s %12s %12s %12s %12s\n" round direct_p50 gpu_p50 cpu_p50 direct_p99 \
+  gpu_p99 cpu_p99
+for ((r = 1; r <= rounds; r++)); do
+  "$roundtrip_bin" --run_dir="$run_dir" --mode=invoke --clients=1 --iterations=4000 \
+    --warmup=200 --function_prefix="round$r-" --label="direct_r$r" >>"$results" 2>/dev/null
+  wrk_run "gpu_c1_r$r" gpu-0 1 1 "$round_seconds"
+  wrk_run "cpu_c1_r$r" cpu-0 1 1 "$round_seconds"
+  printf "%-6s %12s %12s %12s %12s %12s %12s\n" "$r" "$(value "direct_r$r" invoke_c1_p50)" \
+    "$(value "gpu_c1_r$r" router_p50)" "$(value "cpu_c1_r$r" router_p50)" \
+    "$(value "direct_r$r" invoke_c1_p99)" "$(value "gpu_c1_r$r" router_p99)" \
+    "$(value "cpu_c1_r$r" router_p99)"
+done
+echo "== throughput, keep-alive: wrk -t$threads -c$connections -d${seconds}s"
+wrk_run gpu_many "$gpu_functions" "$threads" "$connections" "$seconds"
+wrk_run cpu_many "$cpu_functions" "$threads" "$connections" "$seconds"
+wrk_run gpu_one gpu-0 "$threads" "$connections" "$seconds"
+
+# median LABEL_PREFIX NAME: the median of NAME over the rounds' LABEL_PREFIX<r> lines.
+median() {
+  for ((r = 1; r <= rounds; r++)); do value "$1$r" "$2"; done | sort -g |
+    awk '{ v[NR] = $1 } END { print NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+}
+# median_added NAME: the median over the rounds of gpu_c1's NAME minus direct's.
+median_added() {
+  for ((r = 1; r <= rounds; r++)); do
+    echo "$(value "gpu_c1_r$r" "router_$1") - $(value "direct_r$r" "invoke_c1_$1")" | bc
+  done | sort -g |
+    awk '{ v[NR] = $1 } END { print NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+}
 errors=0
-for label in gpu_c1 cpu_c1 gpu_many cpu_many gpu_one; do
+for label in gpu_many cpu_many gpu_one; do
   errors=$((errors + $(value "$label" router_errors | cut -d. -f1)))
 done
+for ((r = 1; r <= rounds; r++)); do
+  for label in gpu_c1_r$r cpu_c1_r$r; do
+    errors=$((errors + $(value "$label" router_errors | cut -d. -f1)))
+  done
+done
+others=$(awk -v m="$(( $(cpu_jiffies) - machine_start ))" -v o="$(( $(our_jiffies) - ours_start ))" \
+  -v t="$(echo "$(date +%s.%N) - $start_time" | bc)" -v hz="$(getconf CLK_TCK)" \
+  'BEGIN { printf "%.2f", (m - o) / hz / t }')
 echo
-echo "== summary (load average after: $(cut -d' ' -f1-3 /proc/loadavg))"
-awk -v dp50="$(value direct invoke_c1_p50)" -v dp99="$(value direct invoke_c1_p99)" \
+echo "== summary (load average after: $(cut -d' ' -f1-3 /proc/loadavg); other processes used" \
+  "$others CPUs on average during the run)"
+awk -v dp50="$(median direct_r invoke_c1_p50)" -v dp99="$(median direct_r invoke_c1_p99)" \
     -v pp50="$(value direct ping_c1_p50)" \
     -v drate="$(value direct invoke_c1_rate)" -v drateN="$(value direct "invoke_c${functions}_rate")" \
-    -v gp50="$(value gpu_c1 router_p50)" -v gp99="$(value gpu_c1 router_p99)" \
-    -v cp50="$(value cpu_c1 router_p50)" -v cp99="$(value cpu_c1 router_p99)" \
-    -v g1="$(value gpu_c1 router_rate)" -v c1="$(value cpu_c1 router_rate)" \
+    -v gp50="$(median gpu_c1_r router_p50)" -v gp99="$(median gpu_c1_r router_p99)" \
+    -v cp50="$(median cpu_c1_r router_p50)" -v cp99="$(median cpu_c1_r router_p99)" \
+    -v g1="$(median gpu_c1_r router_rate)" -v c1="$(median cpu_c1_r router_rate)" \
+    -v ap50="$(median_added p50)" -v ap99="$(median_added p99)" \
     -v gN="$(value gpu_many router_rate)" -v cN="$(value cpu_many router_rate)" \
     -v gone="$(value gpu_one router_rate)" -v n="$functions" -v conns="$connections" \
-    -v errors="$errors" 'BEGIN {
-  printf "direct control ping (1 client):        p50 %8.1f us\n", pp50
-  printf "direct control round trip (1 client):  p50 %8.1f us  p99 %8.1f us  %8.0f /s\n", dp50, dp99, drate
-  printf "direct control round trip (%d clients):                               %8.0f /s\n", n, drateN
+    -v errors="$errors" -v rounds="$rounds" 'BEGIN {
+  printf "medians over %d rounds:\n", rounds
+  printf "direct control round trip (1 client):  p50 %8.1f us  p99 %8.1f us\n", dp50, dp99
   printf "router, shim:true, 1 connection:       p50 %8.1f us  p99 %8.1f us  %8.0f /s\n", gp50, gp99, g1
   printf "router, shim:false, 1 connection:      p50 %8.1f us  p99 %8.1f us  %8.0f /s\n", cp50, cp99, c1
-  printf "router added, shim:true (- direct):    p50 %8.1f us  p99 %8.1f us\n", gp50 - dp50, gp99 - dp99
+  printf "router added, shim:true (- direct):    p50 %8.1f us  p99 %8.1f us\n", ap50, ap99
+  printf "one run each:\n"
+  printf "direct control ping (1 client):        p50 %8.1f us\n", pp50
+  printf "direct control round trip, 1 client:                                %8.0f /s\n", drate
+  printf "direct control round trip, %d clients:                               %8.0f /s\n", n, drateN
   printf "router, shim:true, %d functions, %d connections:                  %8.0f /s\n", n, conns, gN
   printf "router, shim:false, %d functions, %d connections:                 %8.0f /s\n", n, conns, cN
   printf "router, shim:true, 1 function, %d connections:                     %8.0f /s\n", conns, gone
