@@ -163,10 +163,11 @@ void measure(const std::string& socket, const std::string& mode, int clients,
   if (invoke) {
     // Which of the three calls the time goes to (their p50s need not add up to the total's).
     for (auto [call, member] : {std::pair{"arrive", &CallTimes::arrive},
-                                {"start", &CallTimes::start}, {"done", &CallTimes::done}}) {
+                                {"start", &CallTimes::start},
+                                {"done", &CallTimes::done}}) {
       std::vector<double> each;
-      for (const CallTimes& t : calls) each.insert(each.end(), (t.*member).begin(),
-                                                   (t.*member).end());
+      for (const CallTimes& t : calls)
+        each.insert(each.end(), (t.*member).begin(), (t.*member).end());
       std::sort(each.begin(), each.end());
       result(name + "_" + call + "_p50", percentile(each, 0.50), "us");
     }
