@@ -77,6 +77,7 @@ for f in "$hiberd_bin" "$router_bin" "$echo_bin" "$roundtrip_bin" "$shim_bin"; d
 done
 command -v wrk >/dev/null || { echo "wrk is not installed" >&2; exit 1; }
 command -v curl >/dev/null || { echo "curl is not installed" >&2; exit 1; }
+command -v bc >/dev/null || { echo "bc is not installed" >&2; exit 1; }
 
 work=$(mktemp -d /tmp/hiber-router-bench-XXXXXX)  # mode 0700, as hiberd's run dir must be
 pids=()
