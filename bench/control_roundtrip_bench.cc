@@ -7,7 +7,7 @@
 // with a no-op function to these figures.
 //
 //   control_roundtrip_bench [--mode=invoke,ping] [--clients=1,2] [--iterations=20000]
-//                           [--run_dir=PATH] [--same_function]
+//                           [--run_dir=PATH] [--same_function] [--function_prefix=P]
 //
 // hiberd starts a request only for a function with a connected instance, so each benchmark
 // function has a session open (a wire::CallClient that makes no calls) while it is timed, as a
@@ -15,7 +15,7 @@
 //
 // One RESULT line per figure (as the other benches print them): <mode>_c<clients>_p50 and _p99
 // in us per round trip (three calls for invoke, one for ping), _rate in round trips per second
-// over all clients.
+// over all clients; for invoke also _arrive_p50, _start_p50 and _done_p50, each call's own.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -46,6 +46,9 @@ DEFINE_bool(same_function, false,
             "invoke: every client invokes one function (default: one function per client, so "
             "their requests do not queue behind each other)");
 DEFINE_string(label, "sim", "A label for the RESULT lines");
+DEFINE_string(function_prefix, "roundtrip-bench-",
+              "The benchmark functions' names: this and a number (runs against one hiberd "
+              "need different prefixes if one's functions are still registered)");
 
 namespace hiber::bench {
 namespace {
@@ -80,17 +83,34 @@ wire::ControlClient connect(const std::string& socket) {
   return std::move(client).value();
 }
 
-// One round trip; exits on any error (a benchmark of failing calls means nothing).
-void round_trip(wire::ControlClient& client, bool invoke, const std::string& function) {
+// Each call of an invoke round trip, timed on its own (us).
+struct CallTimes {
+  std::vector<double> arrive, start, done;
+};
+
+double us_since(Clock::time_point t0) {
+  return std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+}
+
+// One round trip; exits on any error (a benchmark of failing calls means nothing). With `times`,
+// records each call's time.
+void round_trip(wire::ControlClient& client, bool invoke, const std::string& function,
+                CallTimes* times = nullptr) {
   if (!invoke) {
     if (Status s = client.ping(); !s.ok()) die("ping", s);
     return;
   }
+  auto t0 = Clock::now();
   Result<uint64_t> id = client.request_arrived(function);
   if (!id.ok()) die("requestArrived", id.status());
+  if (times != nullptr) times->arrive.push_back(us_since(t0));
+  t0 = Clock::now();
   Result<wire::Started> started = client.request_start(*id);
   if (!started.ok()) die("requestStart", started.status());
+  if (times != nullptr) times->start.push_back(us_since(t0));
+  t0 = Clock::now();
   if (Status s = client.request_done(*id); !s.ok()) die("requestDone", s);
+  if (times != nullptr) times->done.push_back(us_since(t0));
 }
 
 void result(const std::string& name, double value, const char* unit) {
@@ -102,6 +122,7 @@ void measure(const std::string& socket, const std::string& mode, int clients,
              const std::vector<std::string>& functions) {
   const bool invoke = mode == "invoke";
   std::vector<std::vector<double>> us(clients);
+  std::vector<CallTimes> calls(clients);
   std::atomic<int> ready{0};
   std::atomic<bool> go{false};
   Clock::time_point start, end;
@@ -113,12 +134,15 @@ void measure(const std::string& socket, const std::string& mode, int clients,
       const std::string& function = functions[FLAGS_same_function ? 0 : c];
       for (int i = 0; i < FLAGS_warmup; ++i) round_trip(client, invoke, function);
       us[c].reserve(FLAGS_iterations);
+      for (auto* v : {&calls[c].arrive, &calls[c].start, &calls[c].done}) {
+        v->reserve(FLAGS_iterations);
+      }
       ++ready;
       while (!go.load()) std::this_thread::yield();
       for (int i = 0; i < FLAGS_iterations; ++i) {
         const auto t0 = Clock::now();
-        round_trip(client, invoke, function);
-        us[c].push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+        round_trip(client, invoke, function, &calls[c]);
+        us[c].push_back(us_since(t0));
       }
       finished[c] = Clock::now();
     });
@@ -136,6 +160,18 @@ void measure(const std::string& socket, const std::string& mode, int clients,
   result(name + "_p50", percentile(all, 0.50), "us");
   result(name + "_p99", percentile(all, 0.99), "us");
   result(name + "_rate", static_cast<double>(all.size()) / seconds, "per_s");
+  if (invoke) {
+    // Which of the three calls the time goes to (their p50s need not add up to the total's).
+    for (auto [call, member] : {std::pair{"arrive", &CallTimes::arrive},
+                                {"start", &CallTimes::start},
+                                {"done", &CallTimes::done}}) {
+      std::vector<double> each;
+      for (const CallTimes& t : calls)
+        each.insert(each.end(), (t.*member).begin(), (t.*member).end());
+      std::sort(each.begin(), each.end());
+      result(name + "_" + call + "_p50", percentile(each, 0.50), "us");
+    }
+  }
   std::fprintf(stderr, "%-7s clients=%d  p50 %8.1f us  p99 %8.1f us  %9.0f round trips/s%s\n",
                mode.c_str(), clients, percentile(all, 0.50), percentile(all, 0.99),
                static_cast<double>(all.size()) / seconds,
@@ -161,7 +197,7 @@ int run() {
   std::vector<std::string> functions;
   for (int c = 0; c < most; ++c) {
     wire::FunctionRegistration r;
-    r.function_id = "roundtrip-bench-" + std::to_string(c);
+    r.function_id = FLAGS_function_prefix + std::to_string(c);
     r.slo_ms = 10000;
     if (Status s = admin.register_function(r); !s.ok()) die("register " + r.function_id, s);
     functions.push_back(r.function_id);

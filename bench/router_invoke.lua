@@ -1,17 +1,19 @@
--- wrk script: invokes one hiber-router function over and over (docs/router.md, POST
+-- wrk script: invokes hiber-router functions over and over (docs/router.md, POST
 -- /v2/models/{fn}/infer with an application/octet-stream body) on wrk's keep-alive connections,
 -- and prints latency percentiles at the end. scripts/router-bench.sh runs it.
 --
---   HIBER_FUNCTION=echo HIBER_BODY=ping wrk -t2 -c16 -d10s -s bench/router_invoke.lua \
+--   HIBER_FUNCTIONS=echo-0,echo-1 HIBER_BODY=ping wrk -t2 -c16 -d10s -s bench/router_invoke.lua \
 --       http://127.0.0.1:PORT
 --
--- Environment: HIBER_FUNCTION (default echo), HIBER_BODY (default "ping") or HIBER_BODY_FILE
--- (the body read from a file), HIBER_LABEL (the RESULT lines' label, default "router").
+-- Environment: HIBER_FUNCTIONS, a comma-separated list of functions that successive requests
+-- take in turn (hiberd runs one request of a function at a time, so a throughput run spreads
+-- its requests over several functions); else HIBER_FUNCTION (default echo). HIBER_BODY (default
+-- "ping") or HIBER_BODY_FILE (the body read from a file), HIBER_LABEL (the RESULT lines' label,
+-- default "router").
 -- Prints "RESULT label=L name=router_p50|router_p99|router_p999|router_mean value=N unit=us",
 -- "name=router_rate unit=per_s" (answers per second) and "name=router_errors unit=count"
 -- (connect, read, write, timeout errors and non-2xx/3xx answers together).
 
-local fn = os.getenv("HIBER_FUNCTION") or "echo"
 local body = os.getenv("HIBER_BODY") or "ping"
 local body_file = os.getenv("HIBER_BODY_FILE")
 if body_file and body_file ~= "" then
@@ -20,11 +22,43 @@ if body_file and body_file ~= "" then
   f:close()
 end
 
+local functions = {}
+for name in string.gmatch(os.getenv("HIBER_FUNCTIONS") or "", "[^,]+") do
+  table.insert(functions, name)
+end
+if #functions == 0 then functions = {os.getenv("HIBER_FUNCTION") or "echo"} end
+
 wrk.method = "POST"
-wrk.path = "/v2/models/" .. fn .. "/infer"
+wrk.path = "/v2/models/" .. functions[1] .. "/infer"
 wrk.body = body
 wrk.headers["Content-Type"] = "application/octet-stream"
 wrk.headers["Connection"] = "keep-alive"
+
+-- Each wrk thread gets its number, so the threads start at different functions.
+local threads = 0
+function setup(thread)
+  thread:set("thread_number", threads)
+  threads = threads + 1
+end
+
+-- With one function wrk sends its one prepared request; with several, each request is formatted
+-- once here and request() only picks the next.
+local requests = {}
+local next_request = 1
+function init(args)
+  for i, name in ipairs(functions) do
+    requests[i] = wrk.format(nil, "/v2/models/" .. name .. "/infer")
+  end
+  next_request = ((thread_number or 0) % #requests) + 1
+end
+
+if #functions > 1 then
+  function request()
+    local r = requests[next_request]
+    next_request = next_request % #requests + 1
+    return r
+  end
+end
 
 function done(summary, latency, requests)
   local label = os.getenv("HIBER_LABEL") or "router"

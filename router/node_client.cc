@@ -2,6 +2,7 @@
 
 #include <netdb.h>
 
+#include <array>
 #include <cstring>
 
 #include <boost/asio/connect.hpp>
@@ -75,7 +76,10 @@ struct NodeClient::Connection {
 struct NodeClient::Exchange {
   std::unique_ptr<Connection> connection;
   std::vector<std::byte> frame;
-  uint8_t length[4] = {};
+  // The reply's first bytes: its length prefix and, for the small replies of the invocation
+  // path, the whole body, so that one read takes the reply.
+  std::array<std::byte, 512> inbox{};
+  size_t received = 0;
   wire::Message reply;
   std::function<void(Result<wire::Message>)> done;
   std::unique_ptr<asio::steady_timer> timer;
@@ -186,34 +190,44 @@ void NodeClient::start(std::shared_ptr<Exchange> exchange) {
 
 void NodeClient::send(std::shared_ptr<Exchange> exchange) {
   auto& socket = exchange->connection->socket;
-  asio::async_write(
-      socket, asio::buffer(exchange->frame),
-      [this, exchange, alive = std::weak_ptr<bool>(alive_)](error_code ec, size_t) {
+  asio::async_write(socket, asio::buffer(exchange->frame),
+                    [this, exchange, alive = std::weak_ptr<bool>(alive_)](error_code ec, size_t) {
+                      if (alive.expired()) return;
+                      if (ec) return finish(exchange, io_status(ec, "send", config_.name));
+                      receive(exchange);
+                    });
+}
+
+void NodeClient::receive(std::shared_ptr<Exchange> exchange) {
+  auto& inbox = exchange->inbox;
+  exchange->connection->socket.async_read_some(
+      asio::buffer(inbox.data() + exchange->received, inbox.size() - exchange->received),
+      [this, exchange, alive = std::weak_ptr<bool>(alive_)](error_code ec, size_t n) {
         if (alive.expired()) return;
-        if (ec) return finish(exchange, io_status(ec, "send", config_.name));
-        asio::async_read(
-            exchange->connection->socket, asio::buffer(exchange->length),
-            [this, exchange, alive](error_code ec, size_t) {
-              if (alive.expired()) return;
-              if (ec) return finish(exchange, io_status(ec, "receive", config_.name));
-              uint32_t length = 0;
-              for (int i = 3; i >= 0; --i) length = (length << 8) | exchange->length[i];
-              if (length == 0 || length > wire::kMaxControlReplyBytes) {
-                return finish(exchange, error(ErrorCode::kInvalidValue, "node ", config_.name,
-                                              ": control reply of ", length, " bytes"));
-              }
-              std::span<std::byte> body = exchange->reply.resize(length);
-              asio::async_read(exchange->connection->socket,
-                               asio::buffer(body.data(), body.size()),
-                               [this, exchange, alive](error_code ec, size_t) {
-                                 if (alive.expired()) return;
-                                 if (ec) {
-                                   return finish(exchange,
-                                                 io_status(ec, "receive", config_.name));
-                                 }
-                                 finish(exchange, std::move(exchange->reply));
-                               });
-            });
+        if (ec) return finish(exchange, io_status(ec, "receive", config_.name));
+        exchange->received += n;
+        if (exchange->received < 4) return receive(exchange);
+        uint32_t length = 0;
+        for (int i = 3; i >= 0; --i) {
+          length = (length << 8) | std::to_integer<uint32_t>(exchange->inbox[i]);
+        }
+        const size_t have = exchange->received - 4;
+        // hiberd answers one request at a time per connection: nothing may follow the reply.
+        if (length == 0 || length > wire::kMaxControlReplyBytes || have > length) {
+          return finish(exchange, error(ErrorCode::kInvalidValue, "node ", config_.name,
+                                        ": control reply of ", length, " bytes",
+                                        have > length ? " followed by more bytes" : ""));
+        }
+        std::span<std::byte> body = exchange->reply.resize(length);
+        std::memcpy(body.data(), exchange->inbox.data() + 4, have);
+        if (have == length) return finish(exchange, std::move(exchange->reply));
+        asio::async_read(exchange->connection->socket,
+                         asio::buffer(body.data() + have, body.size() - have),
+                         [this, exchange, alive](error_code ec, size_t) {
+                           if (alive.expired()) return;
+                           if (ec) return finish(exchange, io_status(ec, "receive", config_.name));
+                           finish(exchange, std::move(exchange->reply));
+                         });
       });
 }
 

@@ -74,6 +74,7 @@ class NodeClient {
 
   void start(std::shared_ptr<Exchange> exchange);
   void send(std::shared_ptr<Exchange> exchange);
+  void receive(std::shared_ptr<Exchange> exchange);
   void finish(const std::shared_ptr<Exchange>& exchange, Result<wire::Message> reply);
 
   boost::asio::io_context& io_;

@@ -62,8 +62,8 @@ class AdaptiveSpin {
   // by a longer spin, so the budget grows to twice its length; a longer one halves the budget.
   void record(bool during_spin, std::chrono::nanoseconds waited);
 
-  // A wait that timed out after `waited` (a cancelled one teaches nothing). Only a timeout
-  // longer than max says that spinning would not have helped: it halves the budget.
+  // A wait that timed out, or was cancelled while asleep, after `waited`. Only one longer than
+  // max says that spinning would not have helped: it halves the budget.
   void record_timeout(std::chrono::nanoseconds waited);
 
  private:

@@ -84,7 +84,12 @@ WaitResult wait(Doorbell& bell, AdaptiveSpin& spin, Ready&& ready, Cancelled&& c
   bell.sleepers.fetch_sub(1, std::memory_order_relaxed);
   const auto waited = Clock::now() - start;
   if (result == WaitResult::kReady) spin.record(false, waited);
-  if (result == WaitResult::kTimedOut) spin.record_timeout(waited);
+  // A wait that slept past max before it was cancelled proved, as a timeout does, that spinning
+  // would not have caught the data. Without this, a waiter that mail keeps waking (hiberd's
+  // session thread: a grant and an end per request) spins its whole budget after every wake.
+  if (result == WaitResult::kTimedOut || result == WaitResult::kCancelled) {
+    spin.record_timeout(waited);
+  }
   return result;
 }
 

@@ -125,6 +125,26 @@ TEST(DoorbellTest, CancellationWakesASleeper) {
   EXPECT_LT(woke - cancelled_at, 1s);
 }
 
+// hiberd's session thread is woken by mail (cancellations) far more often than by data: such
+// waits must shrink the budget as timeouts do, or every wake-up costs a whole spin.
+TEST(DoorbellTest, ALongSleepEndedByCancellationShrinksTheBudget) {
+  Doorbell bell;
+  std::atomic<bool> cancelled{false};
+  AdaptiveSpin spin(1us, 64us);
+  std::thread waiter([&] {
+    EXPECT_EQ(wait(
+                  bell, spin, [] { return false; }, [&] { return cancelled.load(); }, 30s),
+              WaitResult::kCancelled);
+  });
+  // Cancelled once asleep, well past the 64 us budget.
+  while (bell.sleepers.load() == 0) std::this_thread::sleep_for(1ms);
+  std::this_thread::sleep_for(5ms);
+  cancelled = true;
+  ring_always(bell);
+  waiter.join();
+  EXPECT_EQ(spin.budget(), 32us);
+}
+
 // Two threads pass a token back and forth; every hand-off goes through ring()/wait(). A lost
 // wake-up would leave a thread asleep until its (long) timeout and fail the test.
 void ping_pong(std::chrono::nanoseconds spin_max, int rounds) {
