@@ -35,7 +35,8 @@
 #include "wire/call_client.h"
 #include "wire/control_client.h"
 
-DEFINE_string(mode, "invoke,ping", "What to time, comma-separated: invoke (requestArrived + "
+DEFINE_string(mode, "invoke,ping",
+              "What to time, comma-separated: invoke (requestArrived + "
               "requestStart + requestDone) and ping");
 DEFINE_string(clients, "1,2", "Concurrent clients, comma-separated counts");
 DEFINE_int32(iterations, 20000, "Timed round trips per client");
@@ -174,8 +175,7 @@ void measure(const std::string& socket, const std::string& mode, int clients,
   }
   std::fprintf(stderr, "%-7s clients=%d  p50 %8.1f us  p99 %8.1f us  %9.0f round trips/s%s\n",
                mode.c_str(), clients, percentile(all, 0.50), percentile(all, 0.99),
-               static_cast<double>(all.size()) / seconds,
-               invoke ? " (3 control calls each)" : "");
+               static_cast<double>(all.size()) / seconds, invoke ? " (3 control calls each)" : "");
 }
 
 int run() {

@@ -14,9 +14,9 @@
 
 #include <glog/logging.h>
 
-#include "sim/trace_workload.h"
 #include "sim/experiment_support.h"
 #include "sim/simulation.h"
+#include "sim/trace_workload.h"
 
 namespace hiber::sim {
 namespace {

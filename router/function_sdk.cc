@@ -1,8 +1,8 @@
 #include "router/function_sdk.h"
 
+#include <dlfcn.h>
 #include <sys/socket.h>
 #include <sys/un.h>
-#include <dlfcn.h>
 #include <unistd.h>
 
 #include <atomic>

@@ -2,10 +2,10 @@
 
 #include <optional>
 
+#include <glog/logging.h>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/http.hpp>
-#include <glog/logging.h>
 #include <nlohmann/json.hpp>
 
 namespace hiber::router {
@@ -40,8 +40,11 @@ class HttpServer::Session : public std::enable_shared_from_this<Session> {
  public:
   Session(tcp::socket socket, const HttpServerOptions& options, const Handler& handler,
           std::shared_ptr<size_t> connections)
-      : socket_(std::move(socket)), timer_(socket_.get_executor()), options_(options),
-        handler_(handler), connections_(std::move(connections)) {
+      : socket_(std::move(socket)),
+        timer_(socket_.get_executor()),
+        options_(options),
+        handler_(handler),
+        connections_(std::move(connections)) {
     ++*connections_;
   }
   ~Session() { --*connections_; }
@@ -113,7 +116,8 @@ class HttpServer::Session : public std::enable_shared_from_this<Session> {
     const std::string_view target(message.target().data(), message.target().size());
     const size_t question = target.find('?');
     request.path = std::string(target.substr(0, question));
-    if (question != std::string_view::npos) request.query = std::string(target.substr(question + 1));
+    if (question != std::string_view::npos)
+      request.query = std::string(target.substr(question + 1));
     for (const auto& field : message) {
       std::string name(field.name_string());
       for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
@@ -169,8 +173,7 @@ HttpServer::HttpServer(asio::io_context& io, HttpServerOptions options, Handler 
 HttpServer::~HttpServer() { stop(); }
 
 Result<std::unique_ptr<HttpServer>> HttpServer::create(asio::io_context& io,
-                                                       HttpServerOptions options,
-                                                       Handler handler) {
+                                                       HttpServerOptions options, Handler handler) {
   const size_t colon = options.listen.rfind(':');
   if (colon == std::string::npos) {
     return error(ErrorCode::kInvalidValue, "--listen \"", options.listen, "\": expected host:port");

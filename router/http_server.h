@@ -26,8 +26,8 @@ namespace hiber::router {
 struct HttpServerOptions {
   std::string listen = "127.0.0.1:8080";  // host:port; port 0 picks a free port
   uint64_t max_body_bytes = 64 << 20;
-  std::chrono::milliseconds read_timeout{10000};   // from a request's first byte to its last
-  std::chrono::milliseconds idle_timeout{60000};   // a keep-alive connection with no request
+  std::chrono::milliseconds read_timeout{10000};  // from a request's first byte to its last
+  std::chrono::milliseconds idle_timeout{60000};  // a keep-alive connection with no request
   size_t max_connections = 10000;
 };
 

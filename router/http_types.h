@@ -10,9 +10,9 @@
 namespace hiber::router {
 
 struct ApiRequest {
-  std::string method;  // "GET", "POST", ...
-  std::string path;    // the target without its query
-  std::string query;   // after '?', may be empty
+  std::string method;                                        // "GET", "POST", ...
+  std::string path;                                          // the target without its query
+  std::string query;                                         // after '?', may be empty
   std::vector<std::pair<std::string, std::string>> headers;  // names in lower case
   std::string body;
 

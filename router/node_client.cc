@@ -5,14 +5,14 @@
 #include <array>
 #include <cstring>
 
+#include <capnp/message.h>
+#include <glog/logging.h>
 #include <boost/asio/connect.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/local/stream_protocol.hpp>
 #include <boost/asio/read.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/write.hpp>
-#include <capnp/message.h>
-#include <glog/logging.h>
 
 #include "wire/control_client.h"
 #include "wire/control_codec.h"
@@ -52,8 +52,7 @@ Result<ControlAddress> parse_control_address(const std::string& text) {
     if (rc != 0 || found == nullptr) {
       return error(ErrorCode::kInvalidValue, "control address \"", text, "\": ", gai_strerror(rc));
     }
-    address.endpoint = asio::generic::stream_protocol::endpoint(found->ai_addr,
-                                                                found->ai_addrlen);
+    address.endpoint = asio::generic::stream_protocol::endpoint(found->ai_addr, found->ai_addrlen);
     ::freeaddrinfo(found);
     address.tcp = true;
     return address;
@@ -103,8 +102,7 @@ Result<std::unique_ptr<NodeClient>> NodeClient::create(asio::io_context& io, Nod
 
 NodeClient::NodeClient(asio::io_context& io, NodeConfig config, ControlAddress address,
                        std::string token)
-    : io_(io), config_(std::move(config)), address_(std::move(address)),
-      token_(std::move(token)) {}
+    : io_(io), config_(std::move(config)), address_(std::move(address)), token_(std::move(token)) {}
 
 NodeClient::~NodeClient() { *alive_ = false; }
 
@@ -127,8 +125,8 @@ void NodeClient::call(wire::control::RequestBody body, ReplyHandler done,
     Status read = wire::read_message<wire::proto::ControlReply>(
         *message, "control reply", [&](wire::proto::ControlReply::Reader r) -> Status {
           if (r.isError()) {
-            reply = Status(static_cast<ErrorCode>(r.getError().getCode()),
-                           r.getError().getMessage());
+            reply =
+                Status(static_cast<ErrorCode>(r.getError().getCode()), r.getError().getMessage());
           } else {
             reply = wire::read_control_reply(r);
           }

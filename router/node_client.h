@@ -38,9 +38,9 @@ Result<ControlAddress> parse_control_address(const std::string& text);
 
 struct NodeConfig {
   std::string name;
-  std::string control;    // a ControlAddress
-  std::string run_dir;    // where the node's function socket and token are, for workers
-  std::string token_file; // the control token, for a TCP address
+  std::string control;     // a ControlAddress
+  std::string run_dir;     // where the node's function socket and token are, for workers
+  std::string token_file;  // the control token, for a TCP address
 };
 
 class NodeClient {
@@ -48,8 +48,7 @@ class NodeClient {
   using ReplyHandler = std::function<void(Result<wire::control::Reply>)>;
   using StatusHandler = std::function<void(Result<wire::Message>)>;
 
-  static Result<std::unique_ptr<NodeClient>> create(boost::asio::io_context& io,
-                                                    NodeConfig config);
+  static Result<std::unique_ptr<NodeClient>> create(boost::asio::io_context& io, NodeConfig config);
   ~NodeClient();
 
   const NodeConfig& config() const { return config_; }

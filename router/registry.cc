@@ -19,8 +19,7 @@ Status field_error(std::string_view field, std::string_view what) {
 }
 
 // Reads an optional number field within [low, high].
-Status read_number(const json& body, std::string_view field, double low, double high,
-                   double& out) {
+Status read_number(const json& body, std::string_view field, double low, double high, double& out) {
   auto it = body.find(field);
   if (it == body.end() || it->is_null()) return Status();
   if (!it->is_number()) return field_error(field, "must be a number");
@@ -94,7 +93,7 @@ Result<FunctionSpec> parse_function_spec(std::string_view name, std::string_view
   if (body.is_discarded()) return error(ErrorCode::kInvalidValue, "registration is not JSON");
   if (!body.is_object()) return error(ErrorCode::kInvalidValue, "registration is not an object");
   static const char* const kKnown[] = {
-      "command", "env",      "shim",           "slo_ms",       "percentile", "quota_mib",
+      "command",     "env",           "shim",     "slo_ms",         "percentile",   "quota_mib",
       "concurrency", "max_instances", "stateful", "idle_timeout_s", "exec_ms_hint", "heavy"};
   for (const auto& [key, value] : body.items()) {
     if (std::find(std::begin(kKnown), std::end(kKnown), key) == std::end(kKnown)) {
@@ -135,8 +134,10 @@ Result<FunctionSpec> parse_function_spec(std::string_view name, std::string_view
   HIBER_RETURN_IF_ERROR(read_number(body, "max_instances", 1, 1024, instances));
   HIBER_RETURN_IF_ERROR(read_number(body, "idle_timeout_s", 0, 7 * 86400, idle));
   HIBER_RETURN_IF_ERROR(read_number(body, "exec_ms_hint", 0, 86400e3, spec.exec_ms_hint));
-  for (auto [field, value] : {std::pair{"quota_mib", quota}, {"concurrency", concurrency},
-                              {"max_instances", instances}, {"idle_timeout_s", idle}}) {
+  for (auto [field, value] : {std::pair{"quota_mib", quota},
+                              {"concurrency", concurrency},
+                              {"max_instances", instances},
+                              {"idle_timeout_s", idle}}) {
     if (value != std::floor(value)) return field_error(field, "must be a whole number");
   }
   spec.quota_mib = static_cast<uint64_t>(quota);
@@ -169,7 +170,8 @@ Result<Registry> Registry::open(const std::string& state_dir) {
     if (!spec.ok()) return spec.status().with_context(path.string());
     registry.functions_[spec->name] = std::move(*spec);
   }
-  if (ec) return error(ErrorCode::kOperatingSystem, "cannot list ", registry.folder_, ": ", ec.message());
+  if (ec)
+    return error(ErrorCode::kOperatingSystem, "cannot list ", registry.folder_, ": ", ec.message());
   return registry;
 }
 

@@ -30,8 +30,7 @@ double seconds_between(Clock::time_point a, Clock::time_point b) {
 }
 
 double wall_seconds() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
 // Splits "/a/b/c" into {"a", "b", "c"}.
@@ -66,10 +65,8 @@ unsigned status_for(const Status& status) {
     case ErrorCode::kDeinitialized:
     case ErrorCode::kTimeout:
     case ErrorCode::kNoDevice:
-    case ErrorCode::kDeviceUnavailable:
-      return 503;
-    default:
-      return 500;
+    case ErrorCode::kDeviceUnavailable: return 503;
+    default: return 500;
   }
 }
 
@@ -81,8 +78,8 @@ ApiResponse retry_later(unsigned status, std::string_view message) {
 
 // After `failures` failed starts in a row: 1 s, 2 s, 4 s ... up to 30 s.
 std::chrono::milliseconds backoff(int failures) {
-  return std::min<std::chrono::milliseconds>(std::chrono::milliseconds(500) * (1 << std::min(failures, 6)),
-                                             std::chrono::seconds(30));
+  return std::min<std::chrono::milliseconds>(
+      std::chrono::milliseconds(500) * (1 << std::min(failures, 6)), std::chrono::seconds(30));
 }
 
 double percentile(std::vector<double> values, double p) {
@@ -118,9 +115,9 @@ struct Router::Invocation {
 struct Router::Instance {
   std::unique_ptr<Worker> worker;
   size_t node = 0;
-  uint64_t generation = 0;  // the registration it was started with
-  size_t busy = 0;          // requests given to it, from hiberd's arrival to done
-  bool scaled_down = false; // stopped by the router, not lost
+  uint64_t generation = 0;   // the registration it was started with
+  size_t busy = 0;           // requests given to it, from hiberd's arrival to done
+  bool scaled_down = false;  // stopped by the router, not lost
   bool became_ready = false;
   Clock::time_point spawned;
   Clock::time_point idle_since;
@@ -168,8 +165,8 @@ Result<std::unique_ptr<Router>> Router::create(asio::io_context& io, RouterOptio
   std::error_code ec;
   fs::create_directories(fs::path(options.state_dir) / "workers", ec);
   if (ec) {
-    return error(ErrorCode::kOperatingSystem, "cannot create ", options.state_dir, "/workers: ",
-                 ec.message());
+    return error(ErrorCode::kOperatingSystem, "cannot create ", options.state_dir,
+                 "/workers: ", ec.message());
   }
   HIBER_ASSIGN_OR_RETURN(Registry registry, Registry::open(options.state_dir));
   std::unique_ptr<Router> router(new Router(io, std::move(options), std::move(registry)));
@@ -187,14 +184,18 @@ Result<std::unique_ptr<Router>> Router::create(asio::io_context& io, RouterOptio
 }
 
 Router::Router(asio::io_context& io, RouterOptions options, Registry registry)
-    : io_(io), options_(std::move(options)), registry_(std::move(registry)),
-      child_signals_(io, SIGCHLD), housekeeping_(io), poll_timer_(io) {}
+    : io_(io),
+      options_(std::move(options)),
+      registry_(std::move(registry)),
+      child_signals_(io, SIGCHLD),
+      housekeeping_(io),
+      poll_timer_(io) {}
 
 Router::~Router() { *alive_ = false; }
 
 void Router::start() {
-  LOG(INFO) << "router: " << functions_.size() << " functions in the registry, "
-            << nodes_.size() << " nodes";
+  LOG(INFO) << "router: " << functions_.size() << " functions in the registry, " << nodes_.size()
+            << " nodes";
   reap();
   poll_nodes();
   scale_down();
@@ -232,21 +233,23 @@ void Router::handle(ApiRequest request, Respond respond) {
   }
   if (is({"v2", "health", "ready"})) {
     if (!only("GET")) return;
-    const bool ready = std::any_of(nodes_.begin(), nodes_.end(),
-                                   [](const auto& node) { return node->up(); }) &&
-                       std::any_of(node_views_.begin(), node_views_.end(),
-                                   [](const NodeView& view) { return view.up; });
+    const bool ready =
+        std::any_of(nodes_.begin(), nodes_.end(), [](const auto& node) { return node->up(); }) &&
+        std::any_of(node_views_.begin(), node_views_.end(),
+                    [](const NodeView& view) { return view.up; });
     respond(ready ? ApiResponse{200, "application/json", {}, R"({"ready":true})"}
                   : retry_later(503, "no hiberd node answers"));
     return;
   }
   if (is({"v2"})) {
     if (only("GET")) {
-      respond(ApiResponse{200, "application/json", {},
-                           json{{"name", "hiber-router"},
-                                {"version", "0.1.0"},
-                                {"extensions", {"repository", "async", "status"}}}
-                               .dump()});
+      respond(ApiResponse{200,
+                          "application/json",
+                          {},
+                          json{{"name", "hiber-router"},
+                               {"version", "0.1.0"},
+                               {"extensions", {"repository", "async", "status"}}}
+                              .dump()});
     }
     return;
   }
@@ -290,8 +293,10 @@ void Router::handle(ApiRequest request, Respond respond) {
     if (rest.size() == 1 && rest[0] == "ready") {
       if (!only("GET")) return;
       respond(function != nullptr
-                  ? ApiResponse{200, "application/json", {},
-                                 json{{"name", name}, {"ready", true}}.dump()}
+                  ? ApiResponse{200,
+                                "application/json",
+                                {},
+                                json{{"name", name}, {"ready", true}}.dump()}
                   : error_response(404, "function \"" + name + "\" is not registered"));
       return;
     }
@@ -306,12 +311,9 @@ void Router::handle(ApiRequest request, Respond respond) {
 ApiResponse Router::metadata(const Function& function) const {
   json parameters = function.spec.to_json();
   parameters.erase("env");  // may hold secrets
-  const json body = {{"name", function.spec.name},
-                     {"versions", json::array({"1"})},
-                     {"platform", "hiber"},
-                     {"inputs", json::array()},
-                     {"outputs", json::array()},
-                     {"parameters", parameters}};
+  const json body = {{"name", function.spec.name}, {"versions", json::array({"1"})},
+                     {"platform", "hiber"},        {"inputs", json::array()},
+                     {"outputs", json::array()},   {"parameters", parameters}};
   return ApiResponse{200, "application/json", {}, body.dump()};
 }
 
@@ -321,7 +323,9 @@ ApiResponse Router::repository_index() const {
     if (function->unloading) continue;
     bool warm = false;
     for (const auto& [id, instance] : function->instances) warm |= instance.worker->ready();
-    index.push_back({{"name", name}, {"version", "1"}, {"state", warm ? "READY" : "IDLE"},
+    index.push_back({{"name", name},
+                     {"version", "1"},
+                     {"state", warm ? "READY" : "IDLE"},
                      {"reason", warm ? "" : "scaled to zero: a worker starts on demand"}});
   }
   return ApiResponse{200, "application/json", {}, index.dump()};
@@ -386,12 +390,11 @@ void Router::infer(const std::string& name, ApiRequest request, Respond respond)
   }
   if (deadline) {
     invocation->deadline_timer = std::make_unique<asio::steady_timer>(io_, *deadline);
-    invocation->deadline_timer->async_wait(
-        [this, weak = std::weak_ptr<Invocation>(invocation),
-         alive = std::weak_ptr<bool>(alive_)](error_code ec) {
-          if (ec || alive.expired()) return;
-          if (auto invocation = weak.lock()) expire(invocation);
-        });
+    invocation->deadline_timer->async_wait([this, weak = std::weak_ptr<Invocation>(invocation),
+                                            alive = std::weak_ptr<bool>(alive_)](error_code ec) {
+      if (ec || alive.expired()) return;
+      if (auto invocation = weak.lock()) expire(invocation);
+    });
   }
   function->queue.push_back(std::move(invocation));
   pump(*function);
@@ -400,8 +403,8 @@ void Router::infer(const std::string& name, ApiRequest request, Respond respond)
 void Router::async_result(const std::string& id, Respond respond) {
   auto it = async_results_.find(id);
   if (it == async_results_.end()) {
-    return respond(error_response(404, "no asynchronous invocation " + id +
-                                           " (unknown, expired or already collected)"));
+    return respond(error_response(
+        404, "no asynchronous invocation " + id + " (unknown, expired or already collected)"));
   }
   if (!it->second.done) {
     ApiResponse pending{202, "application/json", {}, json{{"id", id}, {"done", false}}.dump()};
@@ -421,8 +424,9 @@ void Router::load(const std::string& name, const ApiRequest& request, Respond re
   FunctionSpec spec = std::move(*parsed);
   if (spec.shim && spec.max_instances > 1) {
     return respond(error_response(
-        400, "max_instances must be 1 for a function using the GPU (shim: true): hiberd serves "
-             "one session per function; use concurrency for parallel requests"));
+        400,
+        "max_instances must be 1 for a function using the GPU (shim: true): hiberd serves "
+        "one session per function; use concurrency for parallel requests"));
   }
   auto existing = functions_.find(name);
   if (existing != functions_.end() && existing->second->unloading) {
@@ -434,9 +438,9 @@ void Router::load(const std::string& name, const ApiRequest& request, Respond re
       return std::tuple(s.slo_ms, s.percentile, s.quota_mib, s.stateful, s.exec_ms_hint, s.heavy);
     };
     if (fixed(old) != fixed(spec)) {
-      return respond(error_response(
-          409, "function \"" + name + "\" is loaded with another SLO, percentile, quota, "
-               "statefulness or hint; unload it first"));
+      return respond(error_response(409, "function \"" + name +
+                                             "\" is loaded with another SLO, percentile, quota, "
+                                             "statefulness or hint; unload it first"));
     }
   }
   if (Status saved = registry_.put(spec); !saved.ok()) {
@@ -462,8 +466,8 @@ void Router::load(const std::string& name, const ApiRequest& request, Respond re
   auto refusals = std::make_shared<std::vector<std::string>>();
   auto reply = std::make_shared<Respond>(std::move(respond));
   for (auto& node : nodes_) {
-    node->call(spec.registration(), [remaining, refusals, reply, name, node = node.get()](
-                                        Result<wire::control::Reply> answer) {
+    node->call(spec.registration(), [remaining, refusals, reply, name,
+                                     node = node.get()](Result<wire::control::Reply> answer) {
       if (!answer.ok() && status_for(answer.status()) != 503 &&
           answer.status().message().find("already registered") == std::string::npos) {
         refusals->push_back(node->config().name + ": " + answer.status().message());
@@ -511,8 +515,7 @@ Router::Instance* Router::free_instance(Function& function) {
   bool best_resident = false;
   for (auto& [id, instance] : function.instances) {
     if (!instance.worker->ready() || instance.scaled_down ||
-        instance.generation != function.generation ||
-        instance.busy >= function.spec.concurrency) {
+        instance.generation != function.generation || instance.busy >= function.spec.concurrency) {
       continue;
     }
     const bool resident = node_views_[instance.node].resident.count(function.spec.name) > 0;
@@ -639,11 +642,11 @@ void Router::on_worker_gone(std::string name, uint64_t number) {
       LOG(WARNING) << "function " << name << ": worker #" << number << " lost: " << reason;
     }
     if (never_ready) {
-      function.last_start_error = "the worker " + reason + " before it was ready (its log: " +
-                                  options_.state_dir + "/workers/" + name + ".log)";
+      function.last_start_error = "the worker " + reason +
+                                  " before it was ready (its log: " + options_.state_dir +
+                                  "/workers/" + name + ".log)";
       ++function.start_failures;
-      function.next_start =
-          Clock::now() + backoff(function.start_failures);
+      function.next_start = Clock::now() + backoff(function.start_failures);
     }
     // A worker that died while warm is replaced at once, so that the function stays warm.
     replace = instance.became_ready && !instance.scaled_down;
@@ -657,8 +660,8 @@ void Router::on_worker_gone(std::string name, uint64_t number) {
         std::deque<std::shared_ptr<Invocation>> queued;
         queued.swap(function.queue);
         for (auto& invocation : queued) {
-          answer(*invocation, retry_later(503, "function \"" + name + "\": " +
-                                                   function.last_start_error));
+          answer(*invocation,
+                 retry_later(503, "function \"" + name + "\": " + function.last_start_error));
         }
       }
     }
@@ -693,35 +696,33 @@ void Router::run(Function& function, Instance& instance, std::shared_ptr<Invocat
     return invoke_worker(invocation);
   }
   NodeClient& node = *nodes_[instance.node];
-  node.call(wire::control::RequestArrived{function.spec.name},
-            [this, invocation, alive = std::weak_ptr<bool>(alive_)](
-                Result<wire::control::Reply> reply) {
+  node.call(
+      wire::control::RequestArrived{function.spec.name},
+      [this, invocation, alive = std::weak_ptr<bool>(alive_)](Result<wire::control::Reply> reply) {
+        if (alive.expired()) return;
+        const auto* accepted = reply.ok() ? std::get_if<wire::control::Accepted>(&*reply) : nullptr;
+        if (accepted == nullptr) {
+          const Status why =
+              reply.ok() ? error(ErrorCode::kInvalidValue, "hiberd answered requestArrived oddly")
+                         : reply.status();
+          return finish(invocation, retry_later(status_for(why), "hiberd: " + why.message()), true);
+        }
+        invocation->hiberd_request = accepted->request_id;
+        // requestStart is answered once the request has its GPU: no timeout but the
+        // request's own deadline.
+        nodes_[invocation->node]->call(
+            wire::control::RequestStart{accepted->request_id},
+            [this, invocation, alive](Result<wire::control::Reply> reply) {
               if (alive.expired()) return;
-              const auto* accepted =
-                  reply.ok() ? std::get_if<wire::control::Accepted>(&*reply) : nullptr;
-              if (accepted == nullptr) {
-                const Status why = reply.ok() ? error(ErrorCode::kInvalidValue,
-                                                      "hiberd answered requestArrived oddly")
-                                              : reply.status();
-                return finish(invocation,
-                              retry_later(status_for(why), "hiberd: " + why.message()), true);
+              if (!reply.ok()) return on_started(invocation, reply.status());
+              if (auto* started = std::get_if<wire::Started>(&*reply)) {
+                return on_started(invocation, *started);
               }
-              invocation->hiberd_request = accepted->request_id;
-              // requestStart is answered once the request has its GPU: no timeout but the
-              // request's own deadline.
-              nodes_[invocation->node]->call(
-                  wire::control::RequestStart{accepted->request_id},
-                  [this, invocation, alive](Result<wire::control::Reply> reply) {
-                    if (alive.expired()) return;
-                    if (!reply.ok()) return on_started(invocation, reply.status());
-                    if (auto* started = std::get_if<wire::Started>(&*reply)) {
-                      return on_started(invocation, *started);
-                    }
-                    on_started(invocation, error(ErrorCode::kInvalidValue,
-                                                 "hiberd answered requestStart oddly"));
-                  },
-                  std::chrono::milliseconds(0));
-            });
+              on_started(invocation,
+                         error(ErrorCode::kInvalidValue, "hiberd answered requestStart oddly"));
+            },
+            std::chrono::milliseconds(0));
+      });
 }
 
 void Router::on_started(const std::shared_ptr<Invocation>& invocation,
@@ -760,13 +761,12 @@ void Router::invoke_worker(const std::shared_ptr<Invocation>& invocation) {
   if (invocation->deadline) {
     left = std::chrono::ceil<std::chrono::milliseconds>(*invocation->deadline - Clock::now());
   }
-  instance->worker->invoke(invocation->id, invocation->request_id, invocation->content_type,
-                           std::move(invocation->body), left,
-                           [this, invocation, alive = std::weak_ptr<bool>(alive_)](
-                               WorkerOutcome outcome) {
-                             if (alive.expired()) return;
-                             on_outcome(invocation, std::move(outcome));
-                           });
+  instance->worker->invoke(
+      invocation->id, invocation->request_id, invocation->content_type, std::move(invocation->body),
+      left, [this, invocation, alive = std::weak_ptr<bool>(alive_)](WorkerOutcome outcome) {
+        if (alive.expired()) return;
+        on_outcome(invocation, std::move(outcome));
+      });
 }
 
 void Router::on_outcome(const std::shared_ptr<Invocation>& invocation, WorkerOutcome outcome) {
@@ -784,11 +784,12 @@ void Router::finish(const std::shared_ptr<Invocation>& invocation, ApiResponse r
                     bool failed) {
   if (invocation->hiberd_request) {
     const std::string node = nodes_[invocation->node]->config().name;
-    nodes_[invocation->node]->call(
-        wire::RequestDone{*invocation->hiberd_request, failed},
-        [node](Result<wire::control::Reply> reply) {
-          if (!reply.ok()) LOG(WARNING) << "requestDone on " << node << ": " << reply.status();
-        });
+    nodes_[invocation->node]->call(wire::RequestDone{*invocation->hiberd_request, failed},
+                                   [node](Result<wire::control::Reply> reply) {
+                                     if (!reply.ok())
+                                       LOG(WARNING)
+                                           << "requestDone on " << node << ": " << reply.status();
+                                   });
     invocation->hiberd_request.reset();
   }
   Function* function = find(invocation->function);
@@ -840,8 +841,7 @@ void Router::answer(Invocation& invocation, ApiResponse response) {
     }
     if (!violated) ++function.on_time;
   }
-  metrics_.invocation(invocation.function, response.status, total, queue_wait, execution,
-                      violated);
+  metrics_.invocation(invocation.function, response.status, total, queue_wait, execution, violated);
   if (invocation.respond) {
     Respond respond = std::move(invocation.respond);
     respond(std::move(response));
@@ -873,9 +873,10 @@ void Router::expire(const std::shared_ptr<Invocation>& invocation) {
         });
     invocation->hiberd_request.reset();
   }
-  answer(*invocation, error_response(504, invocation->started
-                                              ? "the deadline passed while the function ran"
-                                              : "the deadline passed while hiberd queued the request"));
+  answer(*invocation,
+         error_response(504, invocation->started
+                                 ? "the deadline passed while the function ran"
+                                 : "the deadline passed while hiberd queued the request"));
 }
 
 // ---- Workers and nodes ----
@@ -938,21 +939,18 @@ void Router::scale_down() {
 
 void Router::register_everywhere(const FunctionSpec& spec) {
   for (auto& node : nodes_) {
-    node->call(spec.registration(),
-               [name = spec.name, node = node->config().name](Result<wire::control::Reply> r) {
-                 if (!r.ok() &&
-                     r.status().message().find("already registered") == std::string::npos) {
-                   LOG(WARNING) << "registering " << name << " with " << node << ": "
-                                << r.status();
-                 }
-               });
+    node->call(spec.registration(), [name = spec.name,
+                                     node = node->config().name](Result<wire::control::Reply> r) {
+      if (!r.ok() && r.status().message().find("already registered") == std::string::npos) {
+        LOG(WARNING) << "registering " << name << " with " << node << ": " << r.status();
+      }
+    });
   }
 }
 
 void Router::poll_nodes() {
   for (size_t i = 0; i < nodes_.size(); ++i) {
-    nodes_[i]->status([this, i, alive = std::weak_ptr<bool>(alive_)](
-                          Result<wire::Message> reply) {
+    nodes_[i]->status([this, i, alive = std::weak_ptr<bool>(alive_)](Result<wire::Message> reply) {
       if (alive.expired()) return;
       NodeView& view = node_views_[i];
       const std::string& name = nodes_[i]->config().name;
@@ -1070,7 +1068,8 @@ std::string Router::status_json() const {
                      {"link", swap.started.link},
                      {"queued_ms", swap.started.queued_ms}});
   }
-  return json{{"time", wall_seconds()}, {"functions", functions}, {"nodes", nodes}, {"swaps", swaps}}
+  return json{
+      {"time", wall_seconds()}, {"functions", functions}, {"nodes", nodes}, {"swaps", swaps}}
       .dump();
 }
 

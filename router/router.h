@@ -34,10 +34,10 @@
 namespace hiber::router {
 
 struct RouterOptions {
-  std::string state_dir;         // the registry, worker sockets and worker logs
-  std::vector<NodeConfig> nodes; // at least one
-  std::string shim_preload;      // LD_PRELOAD for functions registered with shim: true
-  size_t max_queue = 1024;       // per function, at the router; more get 429
+  std::string state_dir;          // the registry, worker sockets and worker logs
+  std::vector<NodeConfig> nodes;  // at least one
+  std::string shim_preload;       // LD_PRELOAD for functions registered with shim: true
+  size_t max_queue = 1024;        // per function, at the router; more get 429
   std::chrono::milliseconds worker_start_timeout{60000};
   std::chrono::milliseconds worker_stop_timeout{5000};
   std::chrono::milliseconds status_interval{1000};
@@ -48,8 +48,7 @@ struct RouterOptions {
 class Router {
  public:
   // Opens the registry; nothing starts until start().
-  static Result<std::unique_ptr<Router>> create(boost::asio::io_context& io,
-                                                RouterOptions options);
+  static Result<std::unique_ptr<Router>> create(boost::asio::io_context& io, RouterOptions options);
   ~Router();
 
   // Registers every function with every node, and starts polling the nodes, reaping workers
@@ -92,8 +91,7 @@ class Router {
   // Sends the invocation to the worker it was given to.
   void invoke_worker(const std::shared_ptr<Invocation>& invocation);
   void on_outcome(const std::shared_ptr<Invocation>& invocation, WorkerOutcome outcome);
-  void finish(const std::shared_ptr<Invocation>& invocation, ApiResponse response,
-              bool failed);
+  void finish(const std::shared_ptr<Invocation>& invocation, ApiResponse response, bool failed);
   void answer(Invocation& invocation, ApiResponse response);
   void expire(const std::shared_ptr<Invocation>& invocation);
 

@@ -5,10 +5,10 @@
 #include <fstream>
 #include <sstream>
 
-#include <boost/asio/io_context.hpp>
-#include <boost/asio/signal_set.hpp>
 #include <gflags/gflags.h>
 #include <glog/logging.h>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/signal_set.hpp>
 #include <nlohmann/json.hpp>
 
 #include "common/cli.h"
@@ -67,9 +67,9 @@ Result<std::vector<NodeConfig>> read_nodes() {
     NodeConfig c;
     auto text_field = [&](const char* key, std::string& out, bool required) -> Status {
       if (!node.is_object() || !node.contains(key)) {
-        return required ? error(ErrorCode::kInvalidValue, FLAGS_config, ": a node lacks \"", key,
-                                "\"")
-                        : Status();
+        return required
+                   ? error(ErrorCode::kInvalidValue, FLAGS_config, ": a node lacks \"", key, "\"")
+                   : Status();
       }
       if (!node[key].is_string()) {
         return error(ErrorCode::kInvalidValue, FLAGS_config, ": \"", key, "\" is not a string");
@@ -122,7 +122,8 @@ int run(const char* argv0) {
   options.max_queue = FLAGS_max_queue;
   options.worker_start_timeout = std::chrono::milliseconds(FLAGS_worker_start_timeout_ms);
   options.worker_stop_timeout = std::chrono::milliseconds(FLAGS_worker_stop_timeout_ms);
-  options.status_interval = std::chrono::milliseconds(std::max<uint64_t>(FLAGS_status_interval_ms, 10));
+  options.status_interval =
+      std::chrono::milliseconds(std::max<uint64_t>(FLAGS_status_interval_ms, 10));
   options.async_result_ttl = std::chrono::seconds(FLAGS_async_result_ttl_s);
 
   boost::asio::io_context io(1);
@@ -139,20 +140,20 @@ int run(const char* argv0) {
   http.idle_timeout = std::chrono::milliseconds(FLAGS_idle_connection_timeout_ms);
   http.max_connections = FLAGS_max_connections;
   HttpServer* server_ptr = nullptr;
-  Result<std::unique_ptr<HttpServer>> server = HttpServer::create(
-      io, http, [&core, &server_ptr](ApiRequest request, Respond respond) {
+  Result<std::unique_ptr<HttpServer>> server =
+      HttpServer::create(io, http, [&core, &server_ptr](ApiRequest request, Respond respond) {
         if (request.path == "/" || request.path == "/index.html") {
           if (request.method != "GET") return respond(error_response(405, "GET only"));
-          return respond(ApiResponse{200, "text/html; charset=utf-8", {},
-                                      std::string(status_page_html())});
+          return respond(
+              ApiResponse{200, "text/html; charset=utf-8", {}, std::string(status_page_html())});
         }
         if (request.path == "/metrics") {
           if (request.method != "GET") return respond(error_response(405, "GET only"));
           if (server_ptr != nullptr) {
             core.metrics().set_connections(static_cast<double>(server_ptr->connections()));
           }
-          return respond(ApiResponse{200, "text/plain; version=0.0.4; charset=utf-8", {},
-                                      core.metrics().serialize()});
+          return respond(ApiResponse{
+              200, "text/plain; version=0.0.4; charset=utf-8", {}, core.metrics().serialize()});
         }
         core.handle(std::move(request), std::move(respond));
       });
@@ -167,8 +168,9 @@ int run(const char* argv0) {
     std::ofstream(temporary) << port << "\n";
     fs::rename(temporary, FLAGS_port_file);
   }
-  LOG(INFO) << "hiber-router listening on http://" << FLAGS_listen.substr(0, FLAGS_listen.rfind(':'))
-            << ":" << port << " (state in " << options.state_dir << ")";
+  LOG(INFO) << "hiber-router listening on http://"
+            << FLAGS_listen.substr(0, FLAGS_listen.rfind(':')) << ":" << port << " (state in "
+            << options.state_dir << ")";
   core.start();
 
   boost::asio::signal_set signals(io, SIGTERM, SIGINT);

@@ -74,8 +74,8 @@ RouterMetrics::RouterMetrics()
       .Set(1);
 }
 
-void RouterMetrics::invocation(const std::string& function, unsigned status,
-                               double total_seconds, std::optional<double> queue_wait_seconds,
+void RouterMetrics::invocation(const std::string& function, unsigned status, double total_seconds,
+                               std::optional<double> queue_wait_seconds,
                                std::optional<double> execution_seconds, bool slo_violated) {
   invocations_.Add({{"function", function}, {"status", std::to_string(status)}}).Increment();
   duration_.Add({{"function", function}}, latency_buckets()).Observe(total_seconds);

@@ -8,8 +8,8 @@
 
 #include <cstring>
 
-#include <boost/asio/write.hpp>
 #include <glog/logging.h>
+#include <boost/asio/write.hpp>
 
 extern char** environ;
 
@@ -40,8 +40,7 @@ std::vector<std::string> worker_environment(const FunctionSpec& spec, const Work
   env["HIBER_CONCURRENCY"] = std::to_string(spec.concurrency);
   if (spec.shim && !launch.preload.empty()) {
     auto it = spec.env.find("LD_PRELOAD");
-    env["LD_PRELOAD"] =
-        it == spec.env.end() ? launch.preload : launch.preload + " " + it->second;
+    env["LD_PRELOAD"] = it == spec.env.end() ? launch.preload : launch.preload + " " + it->second;
   }
   std::vector<std::string> out;
   for (const auto& [key, value] : env) out.push_back(key + "=" + value);
@@ -50,10 +49,16 @@ std::vector<std::string> worker_environment(const FunctionSpec& spec, const Work
 
 }  // namespace
 
-Worker::Worker(asio::io_context& io, std::string function, WorkerLaunch launch,
-               uint64_t instance, Callback on_ready, Callback on_gone)
-    : io_(io), function_(std::move(function)), launch_(std::move(launch)), instance_(instance),
-      on_ready_(std::move(on_ready)), on_gone_(std::move(on_gone)), acceptor_(io), socket_(io),
+Worker::Worker(asio::io_context& io, std::string function, WorkerLaunch launch, uint64_t instance,
+               Callback on_ready, Callback on_gone)
+    : io_(io),
+      function_(std::move(function)),
+      launch_(std::move(launch)),
+      instance_(instance),
+      on_ready_(std::move(on_ready)),
+      on_gone_(std::move(on_gone)),
+      acceptor_(io),
+      socket_(io),
       kill_timer_(io) {}
 
 Worker::~Worker() {
@@ -94,8 +99,8 @@ Result<std::unique_ptr<Worker>> Worker::spawn(asio::io_context& io, const Functi
   posix_spawnattr_setsigmask(&attributes, &none);
   posix_spawnattr_setsigdefault(&attributes, &all);
   posix_spawnattr_setpgroup(&attributes, 0);
-  posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF |
-                                            POSIX_SPAWN_SETPGROUP);
+  posix_spawnattr_setflags(&attributes,
+                           POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETPGROUP);
   std::vector<std::string> env = worker_environment(spec, l);
   std::vector<char*> argv, envp;
   for (const std::string& arg : spec.command) argv.push_back(const_cast<char*>(arg.c_str()));
@@ -108,8 +113,8 @@ Result<std::unique_ptr<Worker>> Worker::spawn(asio::io_context& io, const Functi
   posix_spawnattr_destroy(&attributes);
   ::close(log);
   if (rc != 0) {
-    return error(ErrorCode::kOperatingSystem, "cannot start worker \"", spec.command[0],
-                 "\" of ", spec.name, ": ", std::strerror(rc));
+    return error(ErrorCode::kOperatingSystem, "cannot start worker \"", spec.command[0], "\" of ",
+                 spec.name, ": ", std::strerror(rc));
   }
   worker->pid_ = pid;
   LOG(INFO) << "worker " << spec.name << "#" << instance << " started: pid " << pid;
@@ -133,28 +138,27 @@ void Worker::accept() {
 }
 
 void Worker::read() {
-  socket_.async_read_some(
-      asio::buffer(read_buffer_),
-      [this, alive = std::weak_ptr<bool>(alive_)](error_code ec, size_t n) {
-        if (alive.expired()) return;
-        if (ec) {
-          lose_connection(ec == asio::error::eof ? "the worker closed its connection"
-                                                 : "worker connection: " + ec.message());
-          return;
-        }
-        std::string_view bytes(read_buffer_.data(), n);
-        while (!bytes.empty() || reader_.complete()) {
-          bytes.remove_prefix(reader_.feed(bytes));
-          if (!reader_.error().ok()) {
-            lose_connection("protocol error: " + reader_.error().message());
-            return;
-          }
-          if (!reader_.complete()) break;
-          on_frame(reader_.take());
-          if (alive.expired() || !connection_open_) return;
-        }
-        read();
-      });
+  socket_.async_read_some(asio::buffer(read_buffer_), [this, alive = std::weak_ptr<bool>(alive_)](
+                                                          error_code ec, size_t n) {
+    if (alive.expired()) return;
+    if (ec) {
+      lose_connection(ec == asio::error::eof ? "the worker closed its connection"
+                                             : "worker connection: " + ec.message());
+      return;
+    }
+    std::string_view bytes(read_buffer_.data(), n);
+    while (!bytes.empty() || reader_.complete()) {
+      bytes.remove_prefix(reader_.feed(bytes));
+      if (!reader_.error().ok()) {
+        lose_connection("protocol error: " + reader_.error().message());
+        return;
+      }
+      if (!reader_.complete()) break;
+      on_frame(reader_.take());
+      if (alive.expired() || !connection_open_) return;
+    }
+    read();
+  });
 }
 
 void Worker::on_frame(WorkerFrame frame) {
@@ -177,7 +181,7 @@ void Worker::on_frame(WorkerFrame frame) {
   }
   auto id = header.find("id");
   auto it = id != header.end() && id->is_string() ? pending_.find(id->get<std::string>())
-                                                   : pending_.end();
+                                                  : pending_.end();
   if (it == pending_.end()) {
     return lose_connection("protocol error: a result for no request in flight");
   }
@@ -188,8 +192,8 @@ void Worker::on_frame(WorkerFrame frame) {
     outcome.body = std::move(frame.body);
   } else {
     auto why = header.find("error");
-    outcome.error = why != header.end() && why->is_string() ? why->get<std::string>()
-                                                             : "the function failed";
+    outcome.error =
+        why != header.end() && why->is_string() ? why->get<std::string>() : "the function failed";
   }
   ResultHandler done = std::move(it->second);
   pending_.erase(it);
@@ -200,10 +204,8 @@ void Worker::on_frame(WorkerFrame frame) {
 void Worker::invoke(const std::string& id, const std::string& request_id,
                     const std::string& content_type, std::string body,
                     std::optional<std::chrono::milliseconds> deadline, ResultHandler done) {
-  json header = {{"type", "invoke"},
-                 {"id", id},
-                 {"request_id", request_id},
-                 {"content_type", content_type}};
+  json header = {
+      {"type", "invoke"}, {"id", id}, {"request_id", request_id}, {"content_type", content_type}};
   if (deadline) header["deadline_ms"] = deadline->count();
   pending_.emplace(id, std::move(done));
   write(encode_worker_frame(header, body));

@@ -34,17 +34,17 @@ namespace hiber::router {
 struct WorkerOutcome {
   bool ok = false;
   std::string content_type;
-  std::string body;   // the answer when ok
-  std::string error;  // why not, when !ok
+  std::string body;          // the answer when ok
+  std::string error;         // why not, when !ok
   bool worker_lost = false;  // the worker died or broke the protocol mid-request
 };
 
 // Where and how a worker starts.
 struct WorkerLaunch {
-  std::string socket_path;  // the router listens here; the worker connects
-  std::string log_path;     // the worker's stdout and stderr
-  std::string node_run_dir; // HIBER_RUN_DIR
-  std::string preload;      // LD_PRELOAD for `shim: true` (space-separated), may be empty
+  std::string socket_path;   // the router listens here; the worker connects
+  std::string log_path;      // the worker's stdout and stderr
+  std::string node_run_dir;  // HIBER_RUN_DIR
+  std::string preload;       // LD_PRELOAD for `shim: true` (space-separated), may be empty
   std::chrono::milliseconds stop_timeout{5000};
 };
 
@@ -73,9 +73,9 @@ class Worker {
 
   // REQUIRES: ready(). `done` runs once, with the answer or the failure.
   // `id` names the invoke on the connection; `request_id` is the client's X-Request-Id.
-  void invoke(const std::string& id, const std::string& request_id,
-              const std::string& content_type, std::string body,
-              std::optional<std::chrono::milliseconds> deadline, ResultHandler done);
+  void invoke(const std::string& id, const std::string& request_id, const std::string& content_type,
+              std::string body, std::optional<std::chrono::milliseconds> deadline,
+              ResultHandler done);
 
   // Scales it down: closes the connection (the SDK's worker then returns), then SIGTERM, then
   // SIGKILL after the stop timeout.

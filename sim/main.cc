@@ -17,9 +17,9 @@
 
 #include "common/cli.h"
 #include "common/node_config.h"
-#include "sim/trace_workload.h"
 #include "sim/experiment_support.h"
 #include "sim/experiments.h"
+#include "sim/trace_workload.h"
 
 // What to do.
 DEFINE_string(experiment, "",

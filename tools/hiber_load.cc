@@ -24,7 +24,8 @@
 #include "tools/load/summary.h"
 
 DEFINE_string(trace, "", "Azure Functions trace (CSV, sim/azure_trace.h's format) to replay");
-DEFINE_string(functions, "", "Registered functions, comma-separated; trace row r drives function "
+DEFINE_string(functions, "",
+              "Registered functions, comma-separated; trace row r drives function "
               "r % N");
 DEFINE_int32(start_minute, 0, "First minute (0-based) of the trace slice");
 DEFINE_int32(minutes, 1, "Minutes of the trace to replay");
@@ -150,8 +151,7 @@ int run() {
     if (!slo[i]) LOG(WARNING) << "no slo_ms for " << name << " (is it registered?)";
   }
 
-  const double replay_s =
-      schedule->empty() ? 0 : static_cast<double>(schedule->back().at_ns) / 1e9;
+  const double replay_s = schedule->empty() ? 0 : static_cast<double>(schedule->back().at_ns) / 1e9;
   LOG(INFO) << "replaying " << schedule->size() << " requests to " << functions->size()
             << " functions over " << replay_s << " s";
   const auto body_of = [&](const ScheduledRequest& r) {

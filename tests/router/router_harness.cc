@@ -131,7 +131,8 @@ double RouterProcess::metric(const std::string& sample) const {
   router::HttpResponse response = request("GET", "/metrics");
   std::istringstream lines(response.body);
   for (std::string line; std::getline(lines, line);) {
-    if (line.rfind(sample + " ", 0) == 0) return std::strtod(line.c_str() + sample.size() + 1, nullptr);
+    if (line.rfind(sample + " ", 0) == 0)
+      return std::strtod(line.c_str() + sample.size() + 1, nullptr);
   }
   return -1;
 }

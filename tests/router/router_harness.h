@@ -15,10 +15,10 @@
 
 namespace hiber::testing {
 
-std::string router_path();        // hiber-router
-std::string echo_worker_path();   // hiber-echo-worker
-std::string test_worker_path();   // hiber_router_test_worker
-std::string python_worker_path(); // router/python/echo_worker.py
+std::string router_path();         // hiber-router
+std::string echo_worker_path();    // hiber-echo-worker
+std::string test_worker_path();    // hiber_router_test_worker
+std::string python_worker_path();  // router/python/echo_worker.py
 // LD_PRELOAD for workers registered with shim: true: the sanitizer runtime of this build (if
 // any), then libhibercuda.so.
 std::string shim_preload();

@@ -25,12 +25,13 @@ TEST(RouterMlp, AnswersMatchTheHostThroughTheRouter) {
   if (!shim::missing_shim().empty()) GTEST_SKIP() << shim::missing_shim();
   Hiberd hiberd(shim::sim_hiberd_options());
   const std::string state = temp_dir("hiber-router-mlp");
-  RouterProcess router(state, {"--run_dir=" + hiberd.run_dir(), "--shim_preload=" + shim_preload()});
+  RouterProcess router(state,
+                       {"--run_dir=" + hiberd.run_dir(), "--shim_preload=" + shim_preload()});
   const std::vector<MlpFunction> functions = {{"mlp-a", 7, 0}, {"mlp-b", 8, 16}, {"mlp-c", 9, 4}};
   for (const MlpFunction& f : functions) {
     const json registration = {
-        {"command", {shim::program_path("mlp_server"), std::to_string(f.seed),
-                     std::to_string(f.table_mib)}},
+        {"command",
+         {shim::program_path("mlp_server"), std::to_string(f.seed), std::to_string(f.table_mib)}},
         {"shim", true},
         {"slo_ms", 10000}};
     ASSERT_EQ(router.load(f.name, registration).status, 200);
@@ -47,8 +48,9 @@ TEST(RouterMlp, AnswersMatchTheHostThroughTheRouter) {
     sources.insert(answer.header("X-Hiber-Source").value_or("?"));
   }
   // The KServe form: one BYTES input holding the request line.
-  const json request = {{"inputs", {{{"name", "request"}, {"shape", {1}}, {"datatype", "BYTES"},
-                                     {"data", {"5 17"}}}}}};
+  const json request = {
+      {"inputs",
+       {{{"name", "request"}, {"shape", {1}}, {"datatype", "BYTES"}, {"data", {"5 17"}}}}}};
   router::HttpResponse kserve = router.infer("mlp-b", request.dump(), "application/json");
   ASSERT_EQ(kserve.status, 200) << kserve.body;
   EXPECT_EQ(json::parse(kserve.body)["outputs"][0]["data"][0], shim::mlp_server_answer(8, 5, 17));

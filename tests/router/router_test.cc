@@ -1,10 +1,10 @@
 // hiber-router end to end: real hiberd (--device=sim), a real hiber-router, real worker
 // processes (the C++ SDK's echo and test workers, the Python SDK's echo worker), over HTTP.
 // Every answer is checked against what was sent, computed independently by the test.
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
-#include <netinet/in.h>
-#include <arpa/inet.h>
 #include <unistd.h>
 
 #include <sys/stat.h>
@@ -41,14 +41,18 @@ struct Node {
 // Workers run with Hiber's client libraries preloaded (shim: true), so that each request goes
 // through hiberd's arrival, start and done; the SDK's cuInit opens their session.
 json echo_registration(json extra = json::object()) {
-  json r = {{"command", {echo_worker_path()}}, {"slo_ms", 5000}, {"idle_timeout_s", 600},
+  json r = {{"command", {echo_worker_path()}},
+            {"slo_ms", 5000},
+            {"idle_timeout_s", 600},
             {"shim", !shim_preload().empty()}};
   r.update(extra);
   return r;
 }
 
 json test_worker_registration(json extra = json::object()) {
-  json r = {{"command", {test_worker_path()}}, {"slo_ms", 5000}, {"idle_timeout_s", 600},
+  json r = {{"command", {test_worker_path()}},
+            {"slo_ms", 5000},
+            {"idle_timeout_s", 600},
             {"shim", !shim_preload().empty()}};
   r.update(extra);
   return r;
@@ -77,10 +81,10 @@ TEST(Router, EchoRoundTripsThroughHiberd) {
     EXPECT_TRUE(answer.header("X-Hiber-Source").has_value());
     EXPECT_TRUE(answer.header("X-Hiber-Queued-Ms").has_value());
   }
-  const json request = {{"inputs", {{{"name", "x"}, {"shape", {2}}, {"datatype", "FP32"},
-                                     {"data", {1.5, -2.0}}}}}};
-  router::HttpResponse answer = router.infer("echo", request.dump(), "application/json",
-                                             {{"X-Request-Id", "my-request-7"}});
+  const json request = {
+      {"inputs", {{{"name", "x"}, {"shape", {2}}, {"datatype", "FP32"}, {"data", {1.5, -2.0}}}}}};
+  router::HttpResponse answer =
+      router.infer("echo", request.dump(), "application/json", {{"X-Request-Id", "my-request-7"}});
   ASSERT_EQ(answer.status, 200);
   EXPECT_EQ(json::parse(answer.body), request);
   EXPECT_EQ(answer.header("X-Request-Id").value_or(""), "my-request-7");
@@ -110,10 +114,10 @@ TEST(Router, EchoRoundTripsThroughHiberd) {
 TEST(Router, PythonWorker) {
   Node node;
   RouterProcess& router = *node.router;
-  ASSERT_EQ(router.load("py", {{"command", {"/usr/bin/python3", python_worker_path()}},
-                               {"slo_ms", 5000}})
-                .status,
-            200);
+  ASSERT_EQ(
+      router.load("py", {{"command", {"/usr/bin/python3", python_worker_path()}}, {"slo_ms", 5000}})
+          .status,
+      200);
   for (unsigned i = 0; i < 3; ++i) {
     const std::string body = binary_body(777 + i, i + 3);
     router::HttpResponse answer = router.infer("py", body);
@@ -171,21 +175,21 @@ TEST(Router, AsyncInvocationAndDeadline) {
   EXPECT_EQ(router.request("GET", "/v2/invocations/" + id).status, 404);  // collected
 
   // The function sees the deadline that is left.
-  router::HttpResponse deadline = router.infer("t", "", "application/x-test-deadline",
-                                               {{"X-Hiber-Deadline-Ms", "20000"}});
+  router::HttpResponse deadline =
+      router.infer("t", "", "application/x-test-deadline", {{"X-Hiber-Deadline-Ms", "20000"}});
   ASSERT_EQ(deadline.status, 200);
   const int left = std::stoi(deadline.body);
   EXPECT_GT(left, 0);
   EXPECT_LE(left, 20000);
   // A request that cannot finish by its deadline gets 504 at the deadline; others don't wait.
   std::thread slow([&] {
-    router::HttpResponse late = router.infer("t", "2", "application/x-test-barrier",
-                                             {{"X-Hiber-Deadline-Ms", "300"}});
+    router::HttpResponse late =
+        router.infer("t", "2", "application/x-test-barrier", {{"X-Hiber-Deadline-Ms", "300"}});
     EXPECT_EQ(late.status, 504) << late.body;
   });
   slow.join();
-  EXPECT_EQ(router.infer("t", "x", "application/x-test-deadline",
-                         {{"X-Hiber-Deadline-Ms", "abc"}}).status,
+  EXPECT_EQ(router.infer("t", "x", "application/x-test-deadline", {{"X-Hiber-Deadline-Ms", "abc"}})
+                .status,
             400);
   // The barrier request still holds a slot until the worker answers it (60 s): others proceed.
   EXPECT_EQ(router.infer("t", "next").body, "next");
@@ -411,8 +415,8 @@ TEST(Router, ThreeNodes) {
                                {"token_file", token_file}});
   }
   std::ofstream(dir + "/router.json") << config.dump(2);
-  RouterProcess router(dir, {"--config=" + dir + "/router.json",
-                             "--shim_preload=" + shim_preload()});
+  RouterProcess router(dir,
+                       {"--config=" + dir + "/router.json", "--shim_preload=" + shim_preload()});
   if (shim_preload().empty()) GTEST_SKIP() << "no shim (built without the CUDA toolkit)";
 
   // Workers are placed on the least loaded node: three functions, three nodes.

@@ -86,7 +86,6 @@ wire::ControlClient control(const Hiberd& hiberd) {
   return std::move(client).value();
 }
 
-
 // Node-wide figures from `hiberctl status`.
 struct NodeView {
   std::vector<uint64_t> swaps_in, evictions, pool_allocated;

@@ -28,7 +28,6 @@ using router::WorkerFrame;
 // A hang must fail the test; no assertion depends on speed.
 constexpr int kFailsafeMs = 120'000;
 
-
 // The router's end of one worker connection.
 class RouterSide {
  public:

@@ -152,7 +152,6 @@ std::string read_file(const std::string& path) {
   return text.str();
 }
 
-
 std::string mlp_server_answer(uint64_t seed, int input, long long entry) {
   const std::vector<tiny_mlp::Layer> layers = tiny_mlp::make_model(seed);
   std::vector<float> out;

@@ -6,8 +6,8 @@
 #include <cmath>
 #include <string>
 
-#include "sim/trace_workload.h"
 #include "sim/balancer.h"
+#include "sim/trace_workload.h"
 #include "sim/workload.h"
 
 namespace hiber::sim {

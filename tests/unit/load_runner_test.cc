@@ -51,9 +51,7 @@ class FakeRouter {
     for (auto& t : connections_) t.join();
   }
 
-  Endpoint endpoint() const {
-    return Endpoint{"127.0.0.1", acceptor_.local_endpoint().port(), ""};
-  }
+  Endpoint endpoint() const { return Endpoint{"127.0.0.1", acceptor_.local_endpoint().port(), ""}; }
   std::multiset<std::string> received() {
     std::lock_guard lock(mu_);
     return received_;
@@ -96,7 +94,8 @@ class FakeRouter {
       } else if (target == "/v2/models/fn-1") {
         answer.body() = R"({"name": "fn-1"})";
       } else if (target == "/v2/status") {
-        answer.body() = R"({"functions": [{"name": "fn-0", "slo_ms": 1}, {"name": "fn-1", "slo_ms": 250}]})";
+        answer.body() =
+            R"({"functions": [{"name": "fn-0", "slo_ms": 1}, {"name": "fn-1", "slo_ms": 250}]})";
       } else {
         answer.result(http::status::not_found);
       }
@@ -199,8 +198,8 @@ TEST(LoadRunnerTest, AnUnreachableRouterIsAnError) {
     nowhere = Endpoint{"127.0.0.1", a.local_endpoint().port(), ""};
   }
   std::vector<ScheduledRequest> schedule(1);
-  auto result = run_load(nowhere, {"fn"}, schedule, [](const ScheduledRequest&) { return ""; },
-                         RunOptions{});
+  auto result = run_load(
+      nowhere, {"fn"}, schedule, [](const ScheduledRequest&) { return ""; }, RunOptions{});
   EXPECT_FALSE(result.ok());
   EXPECT_FALSE(fetch_slo_ms(nowhere, "fn").ok());
 }

@@ -36,10 +36,14 @@ TEST(LoadSummaryTest, CountsComplianceAndSources) {
   // fn-a (SLO 100 ms): 200s at 20, 50, 100 (on time: at the SLO counts), 150 (late); a 503; a
   // request with no answer. fn-b (no SLO): 200s at 5 and 7.
   std::vector<RequestRecord> records = {
-      rec(0, 200, 20, "resident"),       rec(0, 200, 50, "peer", "nvlink"),
-      rec(0, 200, 100, "peer", "pcie"),  rec(0, 200, 150, "host", "host"),
-      rec(0, 503, 1),                    rec(0, 0, 60000),
-      rec(1, 200, 7, "resident"),        rec(1, 200, 5, "resident"),
+      rec(0, 200, 20, "resident"),
+      rec(0, 200, 50, "peer", "nvlink"),
+      rec(0, 200, 100, "peer", "pcie"),
+      rec(0, 200, 150, "host", "host"),
+      rec(0, 503, 1),
+      rec(0, 0, 60000),
+      rec(1, 200, 7, "resident"),
+      rec(1, 200, 5, "resident"),
   };
   records[0].send_lag_ms = 0.5;
   records[1].send_lag_ms = 3;

@@ -60,14 +60,22 @@ TEST(FunctionSpec, DefaultsAndRoundTrip) {
 }
 
 TEST(FunctionSpec, RefusesWhatMakesNoSense) {
-  const char* bad[] = {
-      "not json", "[1]", "{}", R"({"command": []})", R"({"command": [""]})",
-      R"({"command": [1]})", R"({"command": ["w"], "slo_ms": -1})",
-      R"({"command": ["w"], "slo_ms": "fast"})", R"({"command": ["w"], "percentile": 1})",
-      R"({"command": ["w"], "concurrency": 0})", R"({"command": ["w"], "concurrency": 1.5})",
-      R"({"command": ["w"], "env": {"A=B": "x"}})", R"({"command": ["w"], "env": {"A": 1}})",
-      R"({"command": ["w"], "heavy": "yes"})", R"({"command": ["w"], "colour": "red"})",
-      R"({"command": ["w"], "idle_timeout_s": 1e12})"};
+  const char* bad[] = {"not json",
+                       "[1]",
+                       "{}",
+                       R"({"command": []})",
+                       R"({"command": [""]})",
+                       R"({"command": [1]})",
+                       R"({"command": ["w"], "slo_ms": -1})",
+                       R"({"command": ["w"], "slo_ms": "fast"})",
+                       R"({"command": ["w"], "percentile": 1})",
+                       R"({"command": ["w"], "concurrency": 0})",
+                       R"({"command": ["w"], "concurrency": 1.5})",
+                       R"({"command": ["w"], "env": {"A=B": "x"}})",
+                       R"({"command": ["w"], "env": {"A": 1}})",
+                       R"({"command": ["w"], "heavy": "yes"})",
+                       R"({"command": ["w"], "colour": "red"})",
+                       R"({"command": ["w"], "idle_timeout_s": 1e12})"};
   for (const char* body : bad) {
     auto spec = parse_function_spec("f", body);
     EXPECT_FALSE(spec.ok()) << body;

@@ -135,7 +135,8 @@ class LoadRun {
   }
 
   void start_exchange(Connection& c) {
-    c.stream.expires_after(std::chrono::microseconds(static_cast<int64_t>(options_.timeout_ms * 1000)));
+    c.stream.expires_after(
+        std::chrono::microseconds(static_cast<int64_t>(options_.timeout_ms * 1000)));
     if (c.open) {
       write(c);
       return;
@@ -154,9 +155,8 @@ class LoadRun {
       if (ec) return finish(c, ec, "send");
       c.parser.emplace();
       c.parser->body_limit(options_.max_answer_bytes);
-      http::async_read(c.stream, c.buffer, *c.parser, [this, &c](beast::error_code ec, size_t) {
-        finish(c, ec, "read");
-      });
+      http::async_read(c.stream, c.buffer, *c.parser,
+                       [this, &c](beast::error_code ec, size_t) { finish(c, ec, "read"); });
     });
   }
 
@@ -239,8 +239,8 @@ Result<RunResult> run_load(const Endpoint& router, const std::vector<std::string
                            const std::function<void(const RunProgress&)>& progress) {
   for (const ScheduledRequest& s : schedule) {
     if (s.function >= functions.size())
-      return error(ErrorCode::kInvalidValue, "request ", s.sequence, " names function ",
-                   s.function, " of ", functions.size());
+      return error(ErrorCode::kInvalidValue, "request ", s.sequence, " names function ", s.function,
+                   " of ", functions.size());
   }
   LoadRun run(router, functions, schedule, body, options, progress);
   return run.run();
@@ -254,8 +254,8 @@ Result<HttpAnswer> http_get(const Endpoint& router, const std::string& target, d
   beast::error_code ec;
   stream.connect(endpoints, ec);
   if (ec)
-    return error(ErrorCode::kDeinitialized, "cannot connect to the router at ",
-                 host_header(router), ": ", ec.message());
+    return error(ErrorCode::kDeinitialized, "cannot connect to the router at ", host_header(router),
+                 ": ", ec.message());
   http::request<http::empty_body> request(http::verb::get, router.prefix + target, 11);
   request.set(http::field::host, host_header(router));
   request.keep_alive(false);
@@ -274,7 +274,8 @@ Result<std::optional<double>> fetch_slo_ms(const Endpoint& router, const std::st
     const nlohmann::json j = nlohmann::json::parse(model.body, nullptr, /*allow_exceptions=*/false);
     if (j.is_object() && j.contains("parameters") && j["parameters"].is_object()) {
       const nlohmann::json& p = j["parameters"];
-      if (p.contains("slo_ms") && p["slo_ms"].is_number()) return std::optional<double>(p["slo_ms"].get<double>());
+      if (p.contains("slo_ms") && p["slo_ms"].is_number())
+        return std::optional<double>(p["slo_ms"].get<double>());
     }
   }
   HIBER_ASSIGN_OR_RETURN(HttpAnswer status, http_get(router, "/v2/status"));

@@ -53,9 +53,10 @@ Result<std::vector<ScheduledRequest>> build_schedule(const std::vector<sim::Trac
       out.push_back(request);
     }
   }
-  std::stable_sort(out.begin(), out.end(), [](const ScheduledRequest& a, const ScheduledRequest& b) {
-    return a.at_ns != b.at_ns ? a.at_ns < b.at_ns : a.function < b.function;
-  });
+  std::stable_sort(out.begin(), out.end(),
+                   [](const ScheduledRequest& a, const ScheduledRequest& b) {
+                     return a.at_ns != b.at_ns ? a.at_ns < b.at_ns : a.function < b.function;
+                   });
   if (options.max_requests > 0 && out.size() > options.max_requests)
     out.resize(options.max_requests);
   std::vector<uint64_t> counts(functions, 0);
@@ -76,8 +77,9 @@ std::string expand_body(std::string_view tmpl, std::string_view function, size_t
     if (open == std::string_view::npos) break;
     out.append(tmpl.substr(pos, open - pos));
     const size_t close = tmpl.find('}', open);
-    const std::string_view name =
-        close == std::string_view::npos ? std::string_view() : tmpl.substr(open + 1, close - open - 1);
+    const std::string_view name = close == std::string_view::npos
+                                      ? std::string_view()
+                                      : tmpl.substr(open + 1, close - open - 1);
     if (name == "function") {
       out.append(function);
     } else if (name == "index") {
@@ -154,7 +156,8 @@ Result<Endpoint> parse_router_url(std::string_view url) {
   }
   if (authority.size() >= 2 && authority.front() == '[' && authority.back() == ']')
     authority = authority.substr(1, authority.size() - 2);  // [::1]
-  if (authority.empty()) return error(ErrorCode::kInvalidValue, "router URL '", url, "' has no host");
+  if (authority.empty())
+    return error(ErrorCode::kInvalidValue, "router URL '", url, "' has no host");
   e.host = std::string(authority);
   return e;
 }

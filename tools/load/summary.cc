@@ -57,7 +57,9 @@ nlohmann::json function_json(const FunctionSummary& s) {
   nlohmann::json errors = nlohmann::json::object();
   for (const auto& [status, n] : s.errors)
     errors[status == 0 ? std::string("no_answer") : std::to_string(status)] = n;
-  auto opt = [](const std::optional<double>& v) { return v ? nlohmann::json(*v) : nlohmann::json(); };
+  auto opt = [](const std::optional<double>& v) {
+    return v ? nlohmann::json(*v) : nlohmann::json();
+  };
   return {{"name", s.name},
           {"slo_ms", opt(s.slo_ms)},
           {"requests", s.requests},
@@ -138,17 +140,14 @@ std::string format_summary(const Summary& summary) {
   std::string out;
   char line[512];
   auto row = [&](const FunctionSummary& s) {
-    std::snprintf(line, sizeof(line),
-                  "%-*s %8llu %8llu  %-14s %7s %8s %9s %9s %8llu %11llu %9llu %6llu\n",
-                  static_cast<int>(width), s.name.c_str(),
-                  static_cast<unsigned long long>(s.requests),
-                  static_cast<unsigned long long>(s.ok), errors_text(s.errors).c_str(),
-                  number(s.slo_ms, "%.0f").c_str(), number(s.compliance_pct, "%.1f%%").c_str(),
-                  number(s.p50_ms, "%.2f").c_str(), number(s.p99_ms, "%.2f").c_str(),
-                  static_cast<unsigned long long>(s.resident),
-                  static_cast<unsigned long long>(s.peer_nvlink),
-                  static_cast<unsigned long long>(s.peer_pcie),
-                  static_cast<unsigned long long>(s.host));
+    std::snprintf(
+        line, sizeof(line), "%-*s %8llu %8llu  %-14s %7s %8s %9s %9s %8llu %11llu %9llu %6llu\n",
+        static_cast<int>(width), s.name.c_str(), static_cast<unsigned long long>(s.requests),
+        static_cast<unsigned long long>(s.ok), errors_text(s.errors).c_str(),
+        number(s.slo_ms, "%.0f").c_str(), number(s.compliance_pct, "%.1f%%").c_str(),
+        number(s.p50_ms, "%.2f").c_str(), number(s.p99_ms, "%.2f").c_str(),
+        static_cast<unsigned long long>(s.resident), static_cast<unsigned long long>(s.peer_nvlink),
+        static_cast<unsigned long long>(s.peer_pcie), static_cast<unsigned long long>(s.host));
     out += line;
   };
   std::snprintf(line, sizeof(line), "%-*s %8s %8s  %-14s %7s %8s %9s %9s %8s %11s %9s %6s\n",
@@ -157,9 +156,9 @@ std::string format_summary(const Summary& summary) {
   out += line;
   for (const FunctionSummary& s : summary.functions) row(s);
   row(summary.total);
-  std::snprintf(line, sizeof(line), "%.2f s, %.1f requests/s", summary.wall_s,
-                summary.wall_s > 0 ? static_cast<double>(summary.total.requests) / summary.wall_s
-                                   : 0.0);
+  std::snprintf(
+      line, sizeof(line), "%.2f s, %.1f requests/s", summary.wall_s,
+      summary.wall_s > 0 ? static_cast<double>(summary.total.requests) / summary.wall_s : 0.0);
   out += line;
   if (summary.late_sends > 0) {
     std::snprintf(line, sizeof(line),

@@ -16,25 +16,25 @@ namespace hiber::load {
 // One request's outcome.
 struct RequestRecord {
   uint32_t function = 0;
-  int status = 0;           // HTTP status; 0: no answer (connect, send or read failed, timed out)
-  double latency_ms = 0;    // from its scheduled send time to the whole answer
-  double send_lag_ms = 0;   // how late it was sent (every connection busy, or a slow client)
-  std::string source;       // X-Hiber-Source, empty when absent
-  std::string link;         // X-Hiber-Link
-  std::string node;         // X-Hiber-Node
-  std::string gpu;          // X-Hiber-Gpu
-  std::string error;        // with status 0, why
+  int status = 0;          // HTTP status; 0: no answer (connect, send or read failed, timed out)
+  double latency_ms = 0;   // from its scheduled send time to the whole answer
+  double send_lag_ms = 0;  // how late it was sent (every connection busy, or a slow client)
+  std::string source;      // X-Hiber-Source, empty when absent
+  std::string link;        // X-Hiber-Link
+  std::string node;        // X-Hiber-Node
+  std::string gpu;         // X-Hiber-Gpu
+  std::string error;       // with status 0, why
 };
 
 struct FunctionSummary {
   std::string name;
   std::optional<double> slo_ms;
   uint64_t requests = 0;
-  uint64_t ok = 0;       // 2xx
-  uint64_t on_time = 0;  // 2xx within slo_ms (0 without an SLO)
-  std::map<int, uint64_t> errors;         // non-2xx answers by status; 0: no answer
-  std::optional<double> compliance_pct;   // on_time / requests, with an SLO and requests
-  std::optional<double> p50_ms, p99_ms;   // over the 2xx answers
+  uint64_t ok = 0;                       // 2xx
+  uint64_t on_time = 0;                  // 2xx within slo_ms (0 without an SLO)
+  std::map<int, uint64_t> errors;        // non-2xx answers by status; 0: no answer
+  std::optional<double> compliance_pct;  // on_time / requests, with an SLO and requests
+  std::optional<double> p50_ms, p99_ms;  // over the 2xx answers
   // X-Hiber-Source / X-Hiber-Link of every answer that carries them.
   uint64_t resident = 0, peer_nvlink = 0, peer_pcie = 0, host = 0;
   uint64_t no_source = 0;  // answers without the header (errors at the router, most often)
