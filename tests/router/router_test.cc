@@ -278,7 +278,8 @@ TEST(Router, AWorkerThatCannotStartFailsWithItsReason) {
 TEST(Router, ARestartKeepsTheRegistry) {
   Hiberd hiberd;
   const std::string state = temp_dir("hiber-router-restart");
-  const std::vector<std::string> flags = {"--run_dir=" + hiberd.run_dir()};
+  const std::vector<std::string> flags = {"--run_dir=" + hiberd.run_dir(),
+                                          "--shim_preload=" + shim_preload()};
   {
     RouterProcess router(state, flags);
     ASSERT_EQ(router.load("a", echo_registration()).status, 200);
