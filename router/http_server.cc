@@ -168,7 +168,8 @@ class HttpServer::Session : public std::enable_shared_from_this<Session> {
 };
 
 HttpServer::HttpServer(asio::io_context& io, HttpServerOptions options, Handler handler)
-    : io_(io), options_(std::move(options)), handler_(std::move(handler)), acceptor_(io) {}
+    : io_(io), options_(std::move(options)), handler_(std::move(handler)), acceptor_(io),
+      accept_pause_(io) {}
 
 HttpServer::~HttpServer() { stop(); }
 
@@ -220,7 +221,13 @@ void HttpServer::accept() {
         session->start();
       }
     } else {
+      // Out of descriptors and the like: pause rather than spin on an error that persists.
       LOG(WARNING) << "accept: " << ec.message();
+      accept_pause_.expires_after(std::chrono::milliseconds(100));
+      accept_pause_.async_wait([this](error_code wait) {
+        if (!wait && acceptor_.is_open()) accept();
+      });
+      return;
     }
     accept();
   });
@@ -228,6 +235,7 @@ void HttpServer::accept() {
 
 void HttpServer::stop() {
   error_code ignored;
+  accept_pause_.cancel();
   acceptor_.close(ignored);
 }
 

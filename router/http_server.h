@@ -17,6 +17,7 @@
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/steady_timer.hpp>
 
 #include "common/status.h"
 #include "router/http_types.h"
@@ -53,6 +54,7 @@ class HttpServer {
   const HttpServerOptions options_;
   const Handler handler_;
   boost::asio::ip::tcp::acceptor acceptor_;
+  boost::asio::steady_timer accept_pause_;
   uint16_t port_ = 0;
   std::shared_ptr<size_t> connections_ = std::make_shared<size_t>(0);
 };
