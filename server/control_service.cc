@@ -55,7 +55,8 @@ Result<Registration> registration_of(const wire::FunctionRegistration& f) {
     return error(ErrorCode::kInvalidValue, "registerFunction '", f.function_id, "': sloMs ",
                  f.slo_ms, " must be in (0, 1e9]");
   }
-  if (f.exec_ms_hint < 0 || f.exec_ms_hint > 1e9) {
+  // Written so that NaN fails too: it is converted to an integer below.
+  if (!(f.exec_ms_hint >= 0 && f.exec_ms_hint <= 1e9)) {
     return error(ErrorCode::kInvalidValue, "registerFunction: execMsHint ", f.exec_ms_hint,
                  " must be in [0, 1e9]");
   }

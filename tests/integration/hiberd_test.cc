@@ -6,11 +6,13 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <limits>
 #include <random>
 #include <sstream>
 #include <thread>
 
 #include "tests/integration/hiberd_harness.h"
+#include "wire/control_client.h"
 #include "wire/socket_frame.h"
 
 namespace hiber::testing {
@@ -319,6 +321,29 @@ TEST(Hiberd, LaunchesKernelsFromARealFatbin) {
       client_argv(hiberd, "verify", {"--iterations=1", "--fatbin=" + kernels_fatbin_path()}));
   EXPECT_EQ(result.exit_code, 0) << result.output << "\nhiberd:\n" << hiberd.log();
   EXPECT_NE(result.output.find("and vec_add"), std::string::npos);
+}
+
+// Numbers hiberd converts to integers are checked first: NaN, infinities and negative values are
+// refused with the field's name, and a valid registration still works afterwards.
+TEST(Hiberd, RegistrationNumbersThatAreNotFiniteAreRefused) {
+  Hiberd hiberd;
+  auto control = wire::ControlClient::connect(hiberd.control_socket_path());
+  ASSERT_TRUE(control.ok()) << control.status();
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const double inf = std::numeric_limits<double>::infinity();
+  for (double hint : {nan, inf, -inf, -1.0}) {
+    const Status refused =
+        control->register_function({.function_id = "f", .slo_ms = 100, .exec_ms_hint = hint});
+    EXPECT_EQ(refused.code(), ErrorCode::kInvalidValue) << hint;
+    EXPECT_NE(refused.message().find("execMsHint"), std::string::npos) << refused;
+  }
+  for (double slo : {nan, inf, -inf, 0.0}) {
+    const Status refused = control->register_function({.function_id = "f", .slo_ms = slo});
+    EXPECT_EQ(refused.code(), ErrorCode::kInvalidValue) << slo;
+    EXPECT_NE(refused.message().find("sloMs"), std::string::npos) << refused;
+  }
+  EXPECT_TRUE(
+      control->register_function({.function_id = "f", .slo_ms = 100, .exec_ms_hint = 5}).ok());
 }
 
 }  // namespace
