@@ -51,6 +51,7 @@ Result<std::vector<std::byte>> reply_frame(const control::Reply& reply) {
 
 // The controller's registration from the router's, or why it is refused.
 Result<Registration> registration_of(const wire::FunctionRegistration& f) {
+  HIBER_RETURN_IF_ERROR(wire::check_function_id(f.function_id, "registerFunction"));
   if (!(f.slo_ms > 0) || f.slo_ms > 1e9) {
     return error(ErrorCode::kInvalidValue, "registerFunction '", f.function_id, "': sloMs ",
                  f.slo_ms, " must be in (0, 1e9]");
@@ -133,9 +134,13 @@ Status ControlService::answer(const wire::Message& message, ReplySender send) {
                    controller_.register_function(*registration, reply_ok);
                  },
                  [&](const control::UnregisterFunction& u) {
+                   Status valid = wire::check_function_id(u.function_id, "unregisterFunction");
+                   if (!valid.ok()) return send(error_frame(valid));
                    controller_.unregister_function(u.function_id, reply_ok);
                  },
                  [&](const control::RequestArrived& a) {
+                   Status valid = wire::check_function_id(a.function_id, "requestArrived");
+                   if (!valid.ok()) return send(error_frame(valid));
                    controller_.request_arrived(a.function_id, [send](Result<uint64_t> id) {
                      if (!id.ok()) return send(error_frame(id.status()));
                      send(reply_frame(control::Reply(control::Accepted{*id})));

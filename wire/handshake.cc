@@ -18,18 +18,7 @@ Status invalid(std::string_view what, const std::string& reason) {
 
 // The same rules on both sides, so a client learns of a bad value before the server refuses it.
 Status check_hello(const Hello& hello, std::string_view what) {
-  if (hello.function_id.empty()) return invalid(what, "the function id is empty");
-  if (hello.function_id.size() > kMaxFunctionIdBytes) {
-    return invalid(what, str_cat("the function id has ", hello.function_id.size(),
-                                 " bytes; at most ", kMaxFunctionIdBytes, " are allowed"));
-  }
-  for (size_t i = 0; i < hello.function_id.size(); ++i) {
-    const auto c = static_cast<unsigned char>(hello.function_id[i]);
-    if (c < 0x20 || c > 0x7e) {
-      return invalid(
-          what, str_cat("the function id has a non-printable byte ", int{c}, " at offset ", i));
-    }
-  }
+  HIBER_RETURN_IF_ERROR(check_function_id(hello.function_id, what));
   if (hello.auth_token.size() > kMaxAuthTokenBytes) {
     return invalid(what, str_cat("the auth token has ", hello.auth_token.size(), " bytes; at most ",
                                  kMaxAuthTokenBytes, " are allowed"));
@@ -156,6 +145,22 @@ Result<std::vector<std::byte>> encode_hello_frame(const Hello& hello) {
       reinterpret_cast<const capnp::byte*>(hello.auth_token.data()), hello.auth_token.size()));
   root.setRequestedQuotaBytes(hello.requested_quota_bytes);
   return encode_frame(message);
+}
+
+Status check_function_id(std::string_view id, std::string_view what) {
+  if (id.empty()) return invalid(what, "the function id is empty");
+  if (id.size() > kMaxFunctionIdBytes) {
+    return invalid(what, str_cat("the function id has ", id.size(), " bytes; at most ",
+                                 kMaxFunctionIdBytes, " are allowed"));
+  }
+  for (size_t i = 0; i < id.size(); ++i) {
+    const auto c = static_cast<unsigned char>(id[i]);
+    if (c < 0x20 || c > 0x7e) {
+      return invalid(
+          what, str_cat("the function id has a non-printable byte ", int{c}, " at offset ", i));
+    }
+  }
+  return Status();
 }
 
 Result<Hello> decode_hello(const Message& frame) {

@@ -60,6 +60,11 @@ Result<std::vector<std::byte>> encode_hello_frame(const Hello& hello);
 // "hiberd rejected the session: " in front); anything malformed becomes kInvalidValue.
 Result<SessionInfo> decode_hello_reply(const Message& frame);
 
+// A function id as every part takes it (a Hello, a registration, a control request): 1 to
+// kMaxFunctionIdBytes printable ASCII bytes, so that no id carries a newline or an escape
+// sequence into a log or a terminal. kInvalidValue "<what>: ..." otherwise.
+Status check_function_id(std::string_view id, std::string_view what);
+
 // Server side. decode_hello checks every field against wire/limits.h; it does not judge the
 // version or the token (the server does, so it can say why it refuses).
 Result<Hello> decode_hello(const Message& frame);

@@ -346,5 +346,26 @@ TEST(Hiberd, RegistrationNumbersThatAreNotFiniteAreRefused) {
       control->register_function({.function_id = "f", .slo_ms = 100, .exec_ms_hint = 5}).ok());
 }
 
+// A function id reaches logs and terminals: one with a newline or an escape sequence, or longer
+// than 256 bytes, is refused by every control call that names one.
+TEST(Hiberd, FunctionIdsMustBePrintableAndShort) {
+  Hiberd hiberd;
+  auto control = wire::ControlClient::connect(hiberd.control_socket_path());
+  ASSERT_TRUE(control.ok()) << control.status();
+  for (const std::string& id : {std::string("two\nlines"), std::string("\x1b[2Jcleared"),
+                                std::string(257, 'a'), std::string("tab\there"), std::string()}) {
+    const Status registered = control->register_function({.function_id = id, .slo_ms = 100});
+    EXPECT_EQ(registered.code(), ErrorCode::kInvalidValue);
+    EXPECT_NE(registered.message().find("function id"), std::string::npos) << registered;
+    const auto arrived = control->request_arrived(id);
+    EXPECT_EQ(arrived.status().code(), ErrorCode::kInvalidValue);
+    EXPECT_EQ(control->unregister_function(id).code(), ErrorCode::kInvalidValue);
+  }
+  EXPECT_TRUE(
+      control->register_function({.function_id = std::string(256, 'a'), .slo_ms = 100}).ok());
+  EXPECT_TRUE(control->register_function({.function_id = "resnet-50 v1.2", .slo_ms = 100}).ok());
+  EXPECT_TRUE(control->ping().ok());
+}
+
 }  // namespace
 }  // namespace hiber::testing
