@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -33,6 +34,19 @@ Result<std::string> client_auth_token(const std::string& token_file) {
   if (token.empty())
     return error(ErrorCode::kNotPermitted, "auth token file ", token_file, " is empty");
   return token;
+}
+
+Status write_port_file(const std::string& path, uint16_t port) {
+  const std::string temporary = path + ".tmp";
+  {
+    std::ofstream out(temporary, std::ios::trunc);
+    out << port << "\n";
+    if (!out.flush()) return os_error("write " + temporary);
+  }
+  if (::rename(temporary.c_str(), path.c_str()) != 0) {
+    return os_error("rename " + temporary + " to " + path);
+  }
+  return Status();
 }
 
 }  // namespace hiber

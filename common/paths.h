@@ -5,6 +5,7 @@
 // $HIBER_AUTH_TOKEN, or else in the run directory's auth-token file.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "common/status.h"
@@ -15,6 +16,10 @@ std::string default_run_dir();
 std::string function_socket_path(const std::string& run_dir);  // <run_dir>/hiberd.sock
 std::string control_socket_path(const std::string& run_dir);   // <run_dir>/control.sock
 std::string auth_token_path(const std::string& run_dir);       // <run_dir>/auth-token
+
+// Writes `port` and a newline to `path` whole or not at all (a temporary file renamed), so that
+// a script or test waiting for the file never reads half a number: the --*_port_file flags.
+Status write_port_file(const std::string& path, uint16_t port);
 
 // The token a client presents: $HIBER_AUTH_TOKEN if set, else the first line of `token_file`.
 // An unreadable file is an error naming it.

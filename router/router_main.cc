@@ -164,9 +164,10 @@ int run(const char* argv0) {
   server_ptr = server->get();
   const uint16_t port = (*server)->port();
   if (!FLAGS_port_file.empty()) {
-    const std::string temporary = FLAGS_port_file + ".tmp";
-    std::ofstream(temporary) << port << "\n";
-    fs::rename(temporary, FLAGS_port_file);
+    if (Status written = write_port_file(FLAGS_port_file, port); !written.ok()) {
+      LOG(ERROR) << written;
+      return 1;
+    }
   }
   LOG(INFO) << "hiber-router listening on http://"
             << FLAGS_listen.substr(0, FLAGS_listen.rfind(':')) << ":" << port << " (state in "

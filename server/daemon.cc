@@ -23,6 +23,7 @@
 #include <capnp/message.h>
 #include <glog/logging.h>
 
+#include "common/paths.h"
 #include "common/node_config_capnp.h"
 #include "server/control_service.h"
 #include "server/session.h"
@@ -236,16 +237,7 @@ Status Daemon::start_metrics() {
   LOG(INFO) << "hiberd serves /metrics on port " << metrics_->port()
             << " (--metrics_listen=" << options_.metrics_listen << ")";
   if (!options_.metrics_port_file.empty()) {
-    // Written whole and renamed into place, so a reader never sees half a number.
-    const std::string temporary = options_.metrics_port_file + ".tmp";
-    {
-      std::ofstream out(temporary, std::ios::trunc);
-      out << metrics_->port() << "\n";
-      if (!out.flush()) return os_error("writing " + temporary, errno);
-    }
-    if (std::rename(temporary.c_str(), options_.metrics_port_file.c_str()) != 0) {
-      return os_error("rename to " + options_.metrics_port_file, errno);
-    }
+    HIBER_RETURN_IF_ERROR(write_port_file(options_.metrics_port_file, metrics_->port()));
   }
   return Status();
 }

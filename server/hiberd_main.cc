@@ -266,23 +266,6 @@ Status prepare_run_dir(const std::string& run_dir) {
   return Status();
 }
 
-// Written whole or not at all (a temporary file renamed), so a reader never sees half a number.
-Status write_port_file(const std::string& path, uint16_t port) {
-  const std::string temporary = path + ".tmp";
-  {
-    std::ofstream out(temporary, std::ios::trunc);
-    out << port << "\n";
-    if (!out.flush()) {
-      return error(ErrorCode::kOperatingSystem, "cannot write ", temporary, ": ",
-                   std::strerror(errno));
-    }
-  }
-  if (::rename(temporary.c_str(), path.c_str()) != 0) {
-    return os_error("rename " + temporary + " to " + path, errno);
-  }
-  return Status();
-}
-
 // Each session holds its socket and its channel memfd, so a full hiberd needs about two
 // descriptors per session plus some; the usual soft limit of 1024 is too low for that.
 void raise_fd_limit() {
