@@ -493,11 +493,7 @@ void Router::unload(const std::string& name, Respond respond) {
     return respond(error_response(500, "cannot remove the registration: " + removed.message()));
   }
   function->unloading = true;
-  std::deque<std::shared_ptr<Invocation>> queued;
-  queued.swap(function->queue);
-  for (auto& invocation : queued) {
-    answer(*invocation, error_response(503, "function \"" + name + "\" was unloaded"));
-  }
+  fail_queue(*function, error_response(503, "function \"" + name + "\" was unloaded"));
   for (auto& [id, instance] : function->instances) {
     instance.scaled_down = true;
     instance.worker->stop("unloaded");
@@ -578,9 +574,7 @@ void Router::maybe_start_worker(Function& function, bool keep_warm) {
   const size_t node = choose_node_for(function);
   const std::string& name = function.spec.name;
   if (node >= nodes_.size()) {
-    std::deque<std::shared_ptr<Invocation>> queued;
-    queued.swap(function.queue);
-    for (auto& invocation : queued) answer(*invocation, retry_later(503, "no hiberd node answers"));
+    fail_queue(function, retry_later(503, "no hiberd node answers"));
     return;
   }
   const uint64_t number = next_instance_++;
@@ -602,11 +596,7 @@ void Router::maybe_start_worker(Function& function, bool keep_warm) {
     ++function.start_failures;
     function.next_start = Clock::now() + backoff(function.start_failures);
     LOG(WARNING) << "function " << name << ": " << function.last_start_error;
-    std::deque<std::shared_ptr<Invocation>> queued;
-    queued.swap(function.queue);
-    for (auto& invocation : queued) {
-      answer(*invocation, retry_later(503, "cannot start a worker: " + function.last_start_error));
-    }
+    fail_queue(function, retry_later(503, "cannot start a worker: " + function.last_start_error));
     return;
   }
   Instance instance;
@@ -657,12 +647,8 @@ void Router::on_worker_gone(std::string name, uint64_t number) {
       bool others = false;
       for (const auto& [id, other] : function.instances) others |= !other.scaled_down;
       if (!others) {
-        std::deque<std::shared_ptr<Invocation>> queued;
-        queued.swap(function.queue);
-        for (auto& invocation : queued) {
-          answer(*invocation,
-                 retry_later(503, "function \"" + name + "\": " + function.last_start_error));
-        }
+        fail_queue(function,
+                   retry_later(503, "function \"" + name + "\": " + function.last_start_error));
       }
     }
   }
@@ -780,18 +766,25 @@ void Router::on_outcome(const std::shared_ptr<Invocation>& invocation, WorkerOut
   finish(invocation, std::move(response), false);
 }
 
+void Router::release_gpu(Invocation& invocation, bool failed) {
+  if (!invocation.hiberd_request) return;
+  nodes_[invocation.node]->call(
+      wire::RequestDone{*invocation.hiberd_request, failed},
+      [node = nodes_[invocation.node]->config().name](Result<wire::control::Reply> reply) {
+        if (!reply.ok()) LOG(WARNING) << "requestDone on " << node << ": " << reply.status();
+      });
+  invocation.hiberd_request.reset();
+}
+
+void Router::fail_queue(Function& function, const ApiResponse& response) {
+  std::deque<std::shared_ptr<Invocation>> queued;
+  queued.swap(function.queue);
+  for (auto& invocation : queued) answer(*invocation, response);
+}
+
 void Router::finish(const std::shared_ptr<Invocation>& invocation, ApiResponse response,
                     bool failed) {
-  if (invocation->hiberd_request) {
-    const std::string node = nodes_[invocation->node]->config().name;
-    nodes_[invocation->node]->call(wire::RequestDone{*invocation->hiberd_request, failed},
-                                   [node](Result<wire::control::Reply> reply) {
-                                     if (!reply.ok())
-                                       LOG(WARNING)
-                                           << "requestDone on " << node << ": " << reply.status();
-                                   });
-    invocation->hiberd_request.reset();
-  }
+  release_gpu(*invocation, failed);
   Function* function = find(invocation->function);
   if (function != nullptr && invocation->instance) {
     auto it = function->instances.find(*invocation->instance);
@@ -865,14 +858,7 @@ void Router::expire(const std::shared_ptr<Invocation>& invocation) {
   // The client gets its answer now. A request hiberd started gives its GPU back now too (the
   // worker may still be running it: its later calls are the function's background work, and its
   // slot stays taken until it answers); one hiberd still queues is ended once it starts.
-  if (invocation->started && invocation->hiberd_request) {
-    nodes_[invocation->node]->call(
-        wire::RequestDone{*invocation->hiberd_request, true},
-        [node = nodes_[invocation->node]->config().name](Result<wire::control::Reply> reply) {
-          if (!reply.ok()) LOG(WARNING) << "requestDone on " << node << ": " << reply.status();
-        });
-    invocation->hiberd_request.reset();
-  }
+  if (invocation->started) release_gpu(*invocation, /*failed=*/true);
   answer(*invocation,
          error_response(504, invocation->started
                                  ? "the deadline passed while the function ran"

@@ -93,6 +93,10 @@ class Router {
   void on_outcome(const std::shared_ptr<Invocation>& invocation, WorkerOutcome outcome);
   void finish(const std::shared_ptr<Invocation>& invocation, ApiResponse response, bool failed);
   void answer(Invocation& invocation, ApiResponse response);
+  // Sends hiberd requestDone for the invocation, once: its GPU is free again.
+  void release_gpu(Invocation& invocation, bool failed);
+  // Answers every request waiting in the function's queue with `response`.
+  void fail_queue(Function& function, const ApiResponse& response);
   void expire(const std::shared_ptr<Invocation>& invocation);
 
   // Workers and nodes.
