@@ -23,8 +23,8 @@
 #include <capnp/message.h>
 #include <glog/logging.h>
 
-#include "common/paths.h"
 #include "common/node_config_capnp.h"
+#include "common/paths.h"
 #include "server/control_service.h"
 #include "server/session.h"
 #include "wire/handshake.h"
