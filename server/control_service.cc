@@ -56,10 +56,16 @@ Result<Registration> registration_of(const wire::FunctionRegistration& f) {
     return error(ErrorCode::kInvalidValue, "registerFunction '", f.function_id, "': sloMs ",
                  f.slo_ms, " must be in (0, 1e9]");
   }
-  // Written so that NaN fails too: it is converted to an integer below.
+  // Each check is written so that NaN fails too (every comparison with NaN is false): sloMs and
+  // execMsHint are converted to integers below, where NaN, an infinity or an out-of-range value
+  // is undefined behaviour.
   if (!(f.exec_ms_hint >= 0 && f.exec_ms_hint <= 1e9)) {
-    return error(ErrorCode::kInvalidValue, "registerFunction: execMsHint ", f.exec_ms_hint,
-                 " must be in [0, 1e9]");
+    return error(ErrorCode::kInvalidValue, "registerFunction '", f.function_id, "': execMsHint ",
+                 f.exec_ms_hint, " must be in [0, 1e9]");
+  }
+  if (!(f.tail_percentile == 0 || (f.tail_percentile > 0 && f.tail_percentile < 1))) {
+    return error(ErrorCode::kInvalidValue, "registerFunction '", f.function_id,
+                 "': tailPercentile ", f.tail_percentile, " must be in (0, 1), or 0 for 0.98");
   }
   Registration registration;
   registration.function_id = f.function_id;

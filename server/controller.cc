@@ -311,6 +311,14 @@ void Controller::register_function(const Registration& registration, Reply<Ok> r
           error(ErrorCode::kInvalidValue, "function '", r.function_id, "' is already registered"));
       return;
     }
+    if (options_.max_registered_functions != 0 &&
+        registry_.size() >= options_.max_registered_functions) {
+      reply(error(ErrorCode::kDeviceUnavailable, "registerFunction '", r.function_id,
+                  "': hiberd already has ", registry_.size(),
+                  " registered functions, the most --max_registered_functions allows; "
+                  "unregister one first"));
+      return;
+    }
     id = FunctionId{next_function_++};
     registry_.emplace(r.function_id, Registered{r, id});
   }

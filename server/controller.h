@@ -73,6 +73,8 @@ struct ControllerOptions {
   scheduler::Duration default_slo = 10 * scheduler::kSecond;
   uint64_t default_quota_bytes = 0;  // 0: one GPU's pool
   uint64_t max_quota_bytes = 0;      // 0: one GPU's pool
+  // Registered functions at most; each costs the scheduler and every status report. 0: no cap.
+  uint64_t max_registered_functions = 4096;
 };
 
 // What the router registers (control.capnp FunctionRegistration).

@@ -249,7 +249,7 @@ Daemon::Daemon(device::Device& device, DaemonOptions options,
     : device_(device),
       options_(std::move(options)),
       controller_(std::move(controller)),
-      module_cache_(device),
+      module_cache_(device, options_.max_module_bytes),
       control_(std::make_unique<ControlService>(device, *controller_, module_cache_,
                                                 [this] { return daemon_report(); })),
       loop_(std::move(loop)),
@@ -590,6 +590,7 @@ void Daemon::on_hello(Connection& connection) {
       std::max<uint64_t>(round_up(config.quota_bytes + config.quota_bytes / 4, 1 << 21), 64 << 20);
   config.channel = options_.channel;
   config.implicit_lease_idle = options_.implicit_lease_idle;
+  config.limits = options_.session_limits;
   config.memory = plan->memory;
   SessionIdentity identity{next_session_id_, hello->function_id, connection.peer};
   auto session = Session::create(device_, module_cache_, controller_->pools(),
@@ -626,6 +627,8 @@ void Daemon::on_welcome_sent(Connection& connection) {
   // the protocol), and the session ends.
   loop_->poll(connection.fd.get(), POLLIN | POLLRDHUP,
               track(connection, [this](Connection& c, int result) {
+                // Nobody is left to read what the session's queued work would produce.
+                if (c.session && c.session_running) c.session->abandon("client disconnected");
                 close_connection(c, result < 0 ? std::strerror(-result) : "client disconnected");
               }));
 }

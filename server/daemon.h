@@ -32,6 +32,7 @@
 #include "server/io_loop.h"
 #include "server/metrics_exporter.h"
 #include "server/module_cache.h"
+#include "server/session.h"
 #include "wire/channel_layout.h"
 #include "wire/handshake.h"
 #include "wire/socket_frame.h"
@@ -51,6 +52,10 @@ struct DaemonOptions {
   ControllerOptions controller;
   // An implicit lease ends after this long without a call that needs the GPU.
   std::chrono::microseconds implicit_lease_idle{5000};
+  // What each session may make hiberd hold (queued GPU work, code images).
+  SessionLimits session_limits;
+  // The most bytes of distinct code images loaded at once, for all sessions (0: no bound).
+  uint64_t max_module_bytes = uint64_t{16} << 30;
   wire::ChannelConfig channel;
   size_t max_sessions = 1024;
   std::chrono::milliseconds handshake_timeout{5000};

@@ -69,6 +69,22 @@ DEFINE_uint64(default_quota_mib, 0,
               "Device memory per session when a function asks for none (0: one GPU's pool)");
 DEFINE_uint64(max_quota_mib, 0,
               "The most device memory a function may ask for (0: one GPU's pool)");
+DEFINE_uint64(max_registered_functions, 4096,
+              "The most functions registered at once; registerFunction past it is refused "
+              "(0: no cap)");
+// What one client may make hiberd hold (docs/hiberd.md, "Limits").
+DEFINE_uint64(session_max_queued_mib, 16384,
+              "The most bytes of copies and memsets one session may have queued on its GPU and "
+              "not finished, MiB; a copy or memset past it fails (0: no cap)");
+DEFINE_uint64(session_max_queue_age_ms, 120000,
+              "GPU work a session queued this long ago and not finished makes its next GPU call "
+              "fail: how far behind a session may let its GPU fall (0: no cap)");
+DEFINE_uint64(session_max_module_mib, 4096,
+              "The most bytes of code images (fatbins, cubins, PTX) one session may hold loaded, "
+              "MiB (0: no cap)");
+DEFINE_uint64(max_module_mib, 16384,
+              "The most bytes of distinct code images hiberd keeps loaded for all sessions, MiB "
+              "(0: no cap)");
 // Late binding (docs/hiberd.md, "Late binding").
 DEFINE_string(placement, "algorithm1",
               "GPU choice per request: algorithm1 (Torpor's Algorithm 1) "
@@ -204,6 +220,7 @@ Result<server::DaemonOptions> make_options(const std::string& run_dir) {
   server::ControllerOptions& c = options.controller;
   c.default_quota_bytes = FLAGS_default_quota_mib << 20;
   c.max_quota_bytes = FLAGS_max_quota_mib << 20;
+  c.max_registered_functions = FLAGS_max_registered_functions;
   c.scheduler.placement = FLAGS_placement;
   c.scheduler.eviction = FLAGS_eviction;
   c.scheduler.queue = FLAGS_queue;
@@ -224,6 +241,10 @@ Result<server::DaemonOptions> make_options(const std::string& run_dir) {
   }
   c.default_slo = static_cast<scheduler::Duration>(FLAGS_default_slo_ms * 1e6);
   options.implicit_lease_idle = std::chrono::microseconds(FLAGS_implicit_lease_idle_us);
+  options.session_limits.max_queued_bytes = FLAGS_session_max_queued_mib << 20;
+  options.session_limits.max_queue_age = std::chrono::milliseconds(FLAGS_session_max_queue_age_ms);
+  options.session_limits.max_module_bytes = FLAGS_session_max_module_mib << 20;
+  options.max_module_bytes = FLAGS_max_module_mib << 20;
   options.channel.request_ring_bytes = FLAGS_request_ring_kib << 10;
   options.channel.completion_ring_bytes = FLAGS_completion_ring_kib << 10;
   options.channel.arena_bytes = FLAGS_arena_mib << 20;

@@ -2,6 +2,7 @@
 
 #include <openssl/evp.h>
 
+#include <algorithm>
 #include <cstring>
 #include <utility>
 #include <vector>
@@ -49,7 +50,8 @@ size_t ModuleCache::DigestHash::operator()(const Sha256& digest) const {
   return h;
 }
 
-ModuleCache::ModuleCache(device::Device& device) : device_(device) {}
+ModuleCache::ModuleCache(device::Device& device, uint64_t max_bytes)
+    : device_(device), max_bytes_(max_bytes) {}
 
 ModuleCache::~ModuleCache() {
   for (const auto& [digest, entry] : entries_) {
@@ -71,7 +73,7 @@ ModuleCache::Lookup ModuleCache::find_locked(MutexLock& lock, const Sha256& dige
       ++entry->references;
       ++stats_.references;
       ++stats_.hits;
-      ref = Ref{entry->module, digest};
+      ref = Ref{entry->module, digest, entry->image_bytes};
       return Lookup::kFound;
     }
     // Another caller is loading these bytes: wait for it, then look again (it may have failed
@@ -88,28 +90,36 @@ Result<ModuleCache::Ref> ModuleCache::acquire_by_image(std::span<const std::byte
   if (find_locked(lock, digest, ref) == Lookup::kFound) return ref;
 
   // A miss: this caller loads, outside the lock; callers of the same image wait on the entry.
+  // Its bytes count from now, so concurrent loads cannot together pass the budget.
+  if (max_bytes_ != 0 && image.size() > max_bytes_ - std::min(max_bytes_, stats_.image_bytes)) {
+    return error(ErrorCode::kOutOfMemory, "loading an image of ", image.size(),
+                 " bytes would bring hiberd's loaded code images to ",
+                 stats_.image_bytes + image.size(), " bytes, above the ", max_bytes_,
+                 " that --max_module_mib allows; unload modules first");
+  }
   auto entry = std::make_shared<Entry>();
   entry->image_bytes = image.size();
   entries_.emplace(digest, entry);
+  stats_.image_bytes += image.size();
   lock.unlock();
   Result<device::Module> module = device_.load_module(image);
   lock.lock();
   entry->loading = false;
   if (!module.ok()) {
     entries_.erase(digest);
+    stats_.image_bytes -= image.size();
     load_done_.notify_all();
     return module.status();
   }
   entry->module = *module;
   entry->references = 1;
   ++stats_.entries;
-  stats_.image_bytes += image.size();
   ++stats_.references;
   ++stats_.misses;
   load_done_.notify_all();
   VLOG(1) << "module cache: loaded " << to_hex(digest) << " (" << image.size()
           << " bytes) as module " << module->id;
-  return Ref{*module, digest};
+  return Ref{*module, digest, image.size()};
 }
 
 Result<ModuleCache::Ref> ModuleCache::acquire_by_hash(std::span<const std::byte, 32> digest) {

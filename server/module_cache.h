@@ -21,6 +21,13 @@
 // reference. A later keep-warm policy (keep an image for a while after its last user, for the
 // next cold start of the same model, within a byte budget) would go in release().
 //
+// Budget. Loaded images cost hiberd memory beyond their bytes (the device keeps the image, its
+// parsed kernels or the code the driver compiled from it), so the bytes of the distinct images
+// loaded at once are bounded (--max_module_mib): a load that would pass the bound fails with
+// kOutOfMemory and loads nothing; the last release of an image gives its bytes back. An image
+// being loaded counts from the start of its load. (Each session's own share is bounded by the
+// session: server/session.h.)
+//
 // Thread safety: every method may be called from any thread concurrently. Concurrent loads of
 // the same image load it once: the first caller loads (outside the lock); the others wait for it.
 #pragma once
@@ -51,7 +58,7 @@ std::string to_hex(const Sha256& digest);
 // A point-in-time view for status reports.
 struct ModuleCacheStats {
   uint64_t entries = 0;         // images loaded
-  uint64_t image_bytes = 0;     // the size of their images
+  uint64_t image_bytes = 0;     // the size of their images (and of those being loaded)
   uint64_t references = 0;      // session module handles using them
   uint64_t hits = 0;            // acquisitions served by an image already loaded
   uint64_t misses = 0;          // acquisitions that loaded an image
@@ -64,10 +71,12 @@ class ModuleCache {
   struct Ref {
     device::Module module;
     Sha256 sha256{};
+    uint64_t image_bytes = 0;  // what the session's budget counts for it
   };
 
-  // `device` must outlive the cache.
-  explicit ModuleCache(device::Device& device);
+  // `device` must outlive the cache. `max_bytes`: the most image bytes loaded at once (0: no
+  // bound).
+  ModuleCache(device::Device& device, uint64_t max_bytes);
   // Unloads whatever is still loaded (references not released: a caller bug, logged).
   // REQUIRES: no call in progress.
   ~ModuleCache();
@@ -76,7 +85,8 @@ class ModuleCache {
   ModuleCache& operator=(const ModuleCache&) = delete;
 
   // The image with these bytes: the one already loaded, or loaded now. Errors are
-  // Device::load_module's (kInvalidImage, kNoBinaryForGpu, ...); nothing is kept on an error.
+  // Device::load_module's (kInvalidImage, kNoBinaryForGpu, ...), or kOutOfMemory when loading
+  // it would pass the budget; nothing is kept on an error.
   Result<Ref> acquire_by_image(std::span<const std::byte> image);
   // The image already loaded whose bytes hash to `digest`; kNotFound if there is none. Waits if
   // that image is being loaded right now.
@@ -100,6 +110,7 @@ class ModuleCache {
   Lookup find_locked(MutexLock& lock, const Sha256& digest, Ref& ref) REQUIRES(mutex_);
 
   device::Device& device_;
+  const uint64_t max_bytes_;
   mutable Mutex mutex_;
   std::condition_variable load_done_;  // a load in progress finished (or failed)
   // Loaded entries and loads in progress.

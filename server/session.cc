@@ -80,6 +80,7 @@ Session::Session(device::Device& device, ModuleCache& modules, GpuLessor& lessor
       channel_(std::move(channel)),
       memory_(std::move(memory)),
       staging_([this](uint64_t end) { channel_->release_staging(end); }),
+      queue_({config.limits.max_queued_bytes, config.limits.max_queue_age}),
       handles_(device, gpu_count_) {}
 
 Session::~Session() {
@@ -125,6 +126,11 @@ void Session::close(std::string_view reason) {
   // Wakes the session thread wherever it waits: for mail, or on the channel.
   mail_.close();
   channel_->interrupt();
+}
+
+void Session::abandon(std::string_view reason) {
+  abandoned_.store(true);
+  close(reason);
 }
 
 void Session::join() {
@@ -377,6 +383,8 @@ std::optional<uint32_t> Session::handle_message(const wire::Message& message, ui
           batched_calls_.fetch_add(calls.size(), std::memory_order_relaxed);
         }
         for (uint32_t i = first; i < calls.size(); ++i) {
+          // The client is gone: what it still asked for would only keep the GPU busy.
+          if (abandoned_.load(std::memory_order_relaxed)) return Status();
           if (!lease_ && wire::runs_on_gpu(calls[i].which())) {
             stopped_at = i;
             return Status();
@@ -421,9 +429,17 @@ void Session::execute(proto::Call::Reader call, uint64_t seq) {
   // A field the client encoded wrongly throws when read; that fails this call only.
   VLOG(3) << "session " << identity_.id << ": call " << seq << " " << wire::call_name(call.which());
   kj::Maybe<kj::Exception> thrown = kj::runCatchingExceptions([&] {
-    if (lease_ && wire::runs_on_gpu(call.which()))
+    const bool on_gpu = lease_ && wire::runs_on_gpu(call.which());
+    if (on_gpu) {
       last_gpu_call_ = std::chrono::steady_clock::now();
+      Status admitted = admit_gpu_call(call);
+      if (!admitted.ok()) {
+        outcome = Outcome{std::move(admitted)};
+        return;
+      }
+    }
     outcome = dispatch(call, seq);
+    if (on_gpu && outcome.status.ok() && outcome.completes_on) meter(call, *outcome.completes_on);
   });
   KJ_IF_MAYBE (e, thrown) {
     outcome = Outcome{invalid(str_cat("malformed call (", wire::call_name(call.which()),
@@ -470,6 +486,42 @@ Status Session::after(device::Stream s, std::function<void(Status)> fn) {
     if (--pending_callbacks_ == 0) callbacks_done_.notify_all();
   }
   return queued;
+}
+
+namespace {
+
+// Bytes a GPU call moves or writes, as the queue limit counts them.
+uint64_t work_bytes(proto::Call::Reader call) {
+  switch (call.which()) {
+    case proto::Call::MEMCPY_HTO_D: return call.getMemcpyHtoD().getBytes();
+    case proto::Call::MEMCPY_DTO_H: return call.getMemcpyDtoH().getBytes();
+    case proto::Call::MEMCPY_DTO_D: return call.getMemcpyDtoD().getBytes();
+    case proto::Call::MEMSET: {
+      const uint64_t count = call.getMemset().getCount();
+      const uint64_t element = call.getMemset().getElementBytes();
+      return count > UINT64_MAX / std::max<uint64_t>(element, 1) ? UINT64_MAX : count * element;
+    }
+    default: return 0;
+  }
+}
+
+}  // namespace
+
+Status Session::admit_gpu_call(proto::Call::Reader call) {
+  Status admitted = queue_.admit(wire::call_name(call.which()), work_bytes(call),
+                                 std::chrono::steady_clock::now(), unmarked_);
+  for (const device::Stream& s : unmarked_) place_marker(s);
+  return admitted;
+}
+
+void Session::meter(proto::Call::Reader call, device::Stream stream) {
+  if (queue_.enqueued(stream, work_bytes(call))) place_marker(stream);
+}
+
+void Session::place_marker(device::Stream stream) {
+  queue_.marked(stream, std::chrono::steady_clock::now());
+  Status placed = after(stream, [this, stream](Status) { queue_.finished(stream); });
+  if (!placed.ok()) queue_.finished(stream);
 }
 
 bool Session::work_pending() {
@@ -594,6 +646,16 @@ void Session::send_closing(const Status& why) {
 void Session::teardown() {
   if (torn_down_.exchange(true)) return;
   channel_->close();
+  if (abandoned_.load()) {
+    // Nobody will read the results: work not yet started is dropped where the device can.
+    const Status why(ErrorCode::kDeinitialized, "the client is gone");
+    size_t cancelled = 0;
+    for (const device::Stream& s : handles_.all_streams()) {
+      if (device_.cancel_stream(s, why).ok()) ++cancelled;
+    }
+    VLOG(1) << "session " << identity_.id << ": the client is gone; cancelled the work queued on "
+            << cancelled << " streams";
+  }
   quiesce();
   handles_.destroy_all();
   functions_.clear();
@@ -608,6 +670,7 @@ void Session::teardown() {
     if (!released.ok()) LOG(ERROR) << "session " << identity_.id << ": " << released;
   }
   modules_.clear();
+  module_bytes_ = 0;
   // Unmaps and frees every block on every GPU, and its host copies.
   memory_->release_all();
   lease_.reset();

@@ -62,6 +62,7 @@
 #include "server/lease.h"
 #include "server/library_calls.h"
 #include "server/module_cache.h"
+#include "server/queue_meter.h"
 #include "server/session_types.h"
 #include "server/staging_tracker.h"
 #include "wire/call_table.h"
@@ -73,6 +74,16 @@
 
 namespace hiber::server {
 
+// What one session may make hiberd hold; 0 for any of them: no limit.
+struct SessionLimits {
+  // Bytes of copies and memsets queued on the GPU and not finished (server/queue_meter.h).
+  uint64_t max_queued_bytes = uint64_t{16} << 30;
+  // How long ago the oldest unfinished GPU work may have been queued.
+  std::chrono::nanoseconds max_queue_age = std::chrono::minutes(2);
+  // Bytes of code images the session's module handles hold (each handle counts its image).
+  uint64_t max_module_bytes = uint64_t{4} << 30;
+};
+
 struct SessionConfig {
   FunctionId function{0};    // owns the session's blocks (the controller's SessionPlan)
   uint64_t quota_bytes = 0;  // device memory the client may allocate
@@ -82,6 +93,7 @@ struct SessionConfig {
   std::chrono::microseconds implicit_lease_idle{5000};
   // How FunctionMemory swaps and places this session's blocks.
   FunctionMemoryOptions memory;
+  SessionLimits limits;
 };
 
 class Session final : public LeaseHolder {
@@ -111,6 +123,10 @@ class Session final : public LeaseHolder {
   void start(std::function<void()> on_exit);
   // Ends the session: wakes the thread, which tears down. Any thread; idempotent.
   void close(std::string_view reason);
+  // The client is gone, so nothing its queued work produces will be read: ends the session as
+  // close() does, but executes none of the calls still waiting and cancels the work queued on
+  // the GPU where the device can (Device::cancel_stream), so its GPU and memory go back at once.
+  void abandon(std::string_view reason);
   void join();
 
   // ---- From the controller (any thread; acted on by the session thread) ----
@@ -208,6 +224,8 @@ class Session final : public LeaseHolder {
   // and notes a write for dirty tracking.
   Status before_access(device::Stream stream, uint64_t ptr, uint64_t bytes, bool write);
   Status check_arena_range(uint64_t offset, uint64_t bytes, std::string_view what) const;
+  // kOutOfMemory when `bytes` more of code images would pass the session's module budget.
+  Status check_module_budget(std::string_view call, uint64_t bytes) const;
 
   // Tracks staging used by an operation enqueued on `stream`; released when it completes.
   Status track_staging(uint64_t staging_end, device::Stream stream);
@@ -215,6 +233,11 @@ class Session final : public LeaseHolder {
   void release_staging_now(uint64_t staging_end);
   // Runs `fn(status)` when all work before it on `stream` is done; counted for quiesce().
   Status after(device::Stream stream, std::function<void(Status)> fn);
+  // Checks the queue limits before a GPU call (see QueueMeter), placing the markers they need.
+  Status admit_gpu_call(wire::proto::Call::Reader call);
+  // Notes GPU work the call queued on `stream`, placing a marker if the stream has none.
+  void meter(wire::proto::Call::Reader call, device::Stream stream);
+  void place_marker(device::Stream stream);
   // Some stream of the session still has work queued or running.
   bool work_pending();
   // Waits until every stream is idle and every callback has run; keeps each client stream's
@@ -241,6 +264,7 @@ class Session final : public LeaseHolder {
   std::unique_ptr<wire::ServerChannel> channel_;
   const std::shared_ptr<FunctionMemory> memory_;
   StagingTracker staging_;
+  QueueMeter queue_;
   std::thread thread_;
   std::function<void()> on_exit_;
 
@@ -255,6 +279,8 @@ class Session final : public LeaseHolder {
   HandleTable handles_;  // client streams and events, per GPU
   // Each module holds one cache reference.
   std::unordered_map<wire::ModuleHandle, ModuleCache::Ref> modules_;
+  uint64_t module_bytes_ = 0;  // the images of modules_, each handle counted
+  std::vector<device::Stream> unmarked_;  // scratch for admit_gpu_call
   std::unordered_map<wire::FunctionHandle, FunctionEntry> functions_;
   std::deque<CompletionRecord> unsent_;  // completions not yet written to the completion ring
   std::vector<device::Event> waits_;     // scratch for before_access
@@ -280,6 +306,7 @@ class Session final : public LeaseHolder {
   std::atomic<uint64_t> malformed_messages_{0};
   std::atomic<uint64_t> leases_{0};
   std::atomic<bool> torn_down_{false};
+  std::atomic<bool> abandoned_{false};
   bool arena_registered_ = false;
 };
 

@@ -348,12 +348,23 @@ Session::Outcome Session::device_synchronize(const wire::calls::DeviceSynchroniz
 
 // ---- Code ----
 
+Status Session::check_module_budget(std::string_view call, uint64_t bytes) const {
+  const uint64_t limit = config_.limits.max_module_bytes;
+  if (limit == 0 || bytes <= limit - std::min(limit, module_bytes_)) return Status();
+  return error(ErrorCode::kOutOfMemory, call, ": an image of ", bytes,
+               " bytes would bring this session's loaded code to ", module_bytes_ + bytes,
+               " bytes, above the ", limit, " that --session_max_module_mib allows; unload "
+               "modules first");
+}
+
 Session::Outcome Session::module_load(const wire::calls::ModuleLoad& c) {
   const wire::ModuleHandle handle = c.module;
   const uint64_t bytes = c.image_bytes;
   Status checked = check_arena_range(c.image_offset, bytes, "moduleLoad image");
   if (checked.ok()) checked = check_new_handle(modules_, handle, kMaxModules, "moduleLoad");
   if (checked.ok() && bytes == 0) checked = Status(ErrorCode::kInvalidImage, "empty module image");
+  // Before the private copy below: the budget bounds what a load costs hiberd, that copy too.
+  if (checked.ok()) checked = check_module_budget("moduleLoad", bytes);
   // Hash and parse a private copy: the client can write its arena while we read, and the bytes
   // the cache keys an image by must be the bytes it loaded. A local, so that a large image's
   // memory goes back as soon as it is loaded.
@@ -370,6 +381,7 @@ Session::Outcome Session::module_load(const wire::calls::ModuleLoad& c) {
   auto module = module_cache_.acquire_by_image(image);
   if (!module.ok()) return {module.status().with_context("moduleLoad")};
   modules_.emplace(handle, *module);
+  module_bytes_ += module->image_bytes;
   return {};
 }
 
@@ -383,7 +395,13 @@ Session::Outcome Session::module_load_cached(const wire::calls::ModuleLoadCached
   }
   auto module = module_cache_.acquire_by_hash(c.sha256.first<std::tuple_size_v<Sha256>>());
   if (!module.ok()) return {module.status().with_context("moduleLoadCached")};
+  if (Status budget = check_module_budget("moduleLoadCached", module->image_bytes); !budget.ok()) {
+    Status released = module_cache_.release(*module);
+    if (!released.ok()) LOG(ERROR) << "session " << identity_.id << ": " << released;
+    return {budget};
+  }
   modules_.emplace(handle, *module);
+  module_bytes_ += module->image_bytes;
   return {};
 }
 
@@ -400,6 +418,7 @@ Session::Outcome Session::module_unload(const wire::calls::ModuleUnload& c) {
   std::erase_if(functions_, [handle](const auto& f) { return f.second.module == handle; });
   const ModuleCache::Ref ref = it->second;
   modules_.erase(it);
+  module_bytes_ -= ref.image_bytes;
   return {module_cache_.release(ref).with_context("moduleUnload")};
 }
 

@@ -156,6 +156,7 @@ class CudaDevice final : public Device, private CudaContexts {
   Status synchronize_stream(Stream stream) override;
   Status query_stream(Stream stream) override;
   Status add_callback(Stream stream, StreamCallback callback) override;
+  Status cancel_stream(Stream stream, const Status& why) override;
   Result<Event> create_event(int gpu, bool disable_timing) override;
   Status destroy_event(Event event) override;
   Status record_event(Event event, Stream stream) override;
@@ -973,6 +974,13 @@ Status CudaDevice::destroy_stream(Stream stream) {
   HIBER_ASSIGN_OR_RETURN(CUstream s, use_stream(stream));
   // Returns at once; work already enqueued still runs, as the interface promises.
   return HIBER_CU(cuStreamDestroy, s);
+}
+
+Status CudaDevice::cancel_stream(Stream stream, const Status&) {
+  HIBER_ASSIGN_OR_RETURN(CUstream s, use_stream(stream));
+  (void)s;
+  // The driver has no call that takes back work already enqueued on a stream.
+  return Status(ErrorCode::kNotSupported, "CUDA cannot cancel work enqueued on a stream");
 }
 
 Status CudaDevice::synchronize_stream(Stream stream) {

@@ -155,6 +155,12 @@ class Device {
   // kSuccess when idle, kNotReady while work is pending, or the error of failed work.
   virtual Status query_stream(Stream stream) = 0;
   virtual Status add_callback(Stream stream, StreamCallback callback) = 0;
+  // Drops the work enqueued on the stream that has not started (for a client that is gone):
+  // it never runs, and the stream's error becomes `why`. Records, waits and callbacks still
+  // complete in order (callbacks with `why`), so nothing waiting on the stream hangs; work
+  // running now finishes. kNotSupported where work handed to the device cannot be taken back
+  // (CUDA); the work then runs to its end.
+  virtual Status cancel_stream(Stream stream, const Status& why) = 0;
 
   virtual Result<Event> create_event(int gpu, bool disable_timing) = 0;
   virtual Status destroy_event(Event event) = 0;

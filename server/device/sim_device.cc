@@ -361,6 +361,12 @@ Status SimDevice::query_stream(Stream stream) {
   return impl_->scheduler.query(*s);
 }
 
+Status SimDevice::cancel_stream(Stream stream, const Status& why) {
+  HIBER_ASSIGN_OR_RETURN(auto s, impl_->stream(stream));
+  impl_->scheduler.cancel(*s, why.ok() ? Status(ErrorCode::kUnknown, "cancelled") : why);
+  return Status();
+}
+
 Status SimDevice::add_callback(Stream stream, StreamCallback callback) {
   HIBER_ASSIGN_OR_RETURN(auto s, impl_->stream(stream));
   if (!callback) return error(ErrorCode::kInvalidValue, "add_callback: empty callback");

@@ -85,6 +85,7 @@ class SimDevice final : public Device {
   Status synchronize_stream(Stream stream) override;
   Status query_stream(Stream stream) override;
   Status add_callback(Stream stream, StreamCallback callback) override;
+  Status cancel_stream(Stream stream, const Status& why) override;
   Result<Event> create_event(int gpu, bool disable_timing) override;
   Status destroy_event(Event event) override;
   Status record_event(Event event, Stream stream) override;

@@ -321,5 +321,49 @@ TEST(ModuleCache, PtxImagesAreSharedAcrossSessions) {
   EXPECT_EQ(hiberd.stop(), 0) << hiberd.log();
 }
 
+// A PTX image of about `bytes` with one kernel, `name`: distinct names make distinct images.
+Bytes padded_ptx(const std::string& name, size_t bytes) {
+  std::string text = ".version 8.0\n.target sm_80\n.address_size 64\n.visible .entry " + name +
+                     "(.param .u64 " + name + "_p) { ret; }\n";
+  text.resize(bytes, ' ');
+  Bytes out(text.size());
+  std::memcpy(out.data(), text.data(), text.size());
+  return out;
+}
+
+// Code images are bounded per session and per node: a load past either bound fails with the
+// flag's name, and unloading gives the budget back.
+TEST(ModuleBudget, LoadsPastTheSessionOrNodeBoundFailUntilModulesAreUnloaded) {
+  Hiberd hiberd({"--session_max_module_mib=2", "--max_module_mib=3"});
+  constexpr size_t kImage = 900 << 10;  // three fit a node, two a session
+  std::vector<Bytes> images;
+  for (int i = 0; i < 5; ++i) images.push_back(padded_ptx("k_budget_" + std::to_string(i), kImage));
+  Client a(hiberd, "budget-a");
+  Client b(hiberd, "budget-b");
+  ASSERT_TRUE(a.connected() && b.connected());
+  ASSERT_OK(a.load(1, images[0]));
+  ASSERT_OK(a.load(2, images[1]));
+  const Status session_full = a.load(3, images[2]);
+  EXPECT_EQ(session_full.code(), ErrorCode::kOutOfMemory) << session_full;
+  EXPECT_NE(session_full.message().find("--session_max_module_mib"), std::string::npos)
+      << session_full;
+  (void)a.calls().take_error();
+  ASSERT_OK(b.load(1, images[2]));
+  const Status node_full = b.load(2, images[3]);
+  EXPECT_EQ(node_full.code(), ErrorCode::kOutOfMemory) << node_full;
+  EXPECT_NE(node_full.message().find("--max_module_mib"), std::string::npos) << node_full;
+  (void)b.calls().take_error();
+  // Unloading frees both budgets: the node's (the image had no other user) and the session's.
+  ASSERT_OK(a.unload(2));
+  EXPECT_OK(b.load(2, images[3]));
+  const server::Sha256 digest = server::sha256(images[2]);
+  EXPECT_OK(a.load_cached(3, digest));  // loaded already: only the session's budget counts
+  EXPECT_CODE(a.load(4, images[4]), ErrorCode::kOutOfMemory);
+  (void)a.calls().take_error();
+  auto view = hiberd.status();
+  ASSERT_TRUE(view.ok()) << view.status();
+  EXPECT_EQ(view->cached_module_bytes, 3 * kImage);
+}
+
 }  // namespace
 }  // namespace hiber::testing

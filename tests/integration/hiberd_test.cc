@@ -342,8 +342,30 @@ TEST(Hiberd, RegistrationNumbersThatAreNotFiniteAreRefused) {
     EXPECT_EQ(refused.code(), ErrorCode::kInvalidValue) << slo;
     EXPECT_NE(refused.message().find("sloMs"), std::string::npos) << refused;
   }
+  for (double percentile : {nan, inf, -inf, -0.5, 1.0}) {
+    const Status refused = control->register_function(
+        {.function_id = "f", .slo_ms = 100, .tail_percentile = percentile});
+    EXPECT_EQ(refused.code(), ErrorCode::kInvalidValue) << percentile;
+    EXPECT_NE(refused.message().find("tailPercentile"), std::string::npos) << refused;
+  }
   EXPECT_TRUE(
       control->register_function({.function_id = "f", .slo_ms = 100, .exec_ms_hint = 5}).ok());
+}
+
+// Registrations are capped per node: past --max_registered_functions a registration is refused
+// with the flag's name, and unregistering one makes room again.
+TEST(Hiberd, RegistrationsPastTheCapAreRefused) {
+  Hiberd hiberd({"--max_registered_functions=3"});
+  auto control = wire::ControlClient::connect(hiberd.control_socket_path());
+  ASSERT_TRUE(control.ok()) << control.status();
+  for (const char* id : {"f1", "f2", "f3"}) {
+    EXPECT_TRUE(control->register_function({.function_id = id, .slo_ms = 100}).ok()) << id;
+  }
+  const Status refused = control->register_function({.function_id = "f4", .slo_ms = 100});
+  EXPECT_EQ(refused.code(), ErrorCode::kDeviceUnavailable) << refused;
+  EXPECT_NE(refused.message().find("--max_registered_functions"), std::string::npos) << refused;
+  ASSERT_TRUE(control->unregister_function("f2").ok());
+  EXPECT_TRUE(control->register_function({.function_id = "f4", .slo_ms = 100}).ok());
 }
 
 // A function id reaches logs and terminals: one with a newline or an escape sequence, or longer

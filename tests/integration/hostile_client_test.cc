@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <random>
@@ -615,6 +616,95 @@ struct ManualSession {
     return ::recv(socket.get(), &byte, 1, MSG_DONTWAIT) == 0;
   }
 };
+
+// A client that goes away with seconds of work queued: hiberd executes none of what was still
+// waiting. The last call would copy device bytes into the client's arena, which this test still
+// maps after it disconnects; the bytes never arrive.
+TEST(Queues, AGoneClientsQueuedWorkIsCancelled) {
+  Hiberd hiberd({"--sim_throttle", "--node_config=" + slow_node_config()});
+  ManualSession gone(hiberd);
+  ASSERT_TRUE(gone.ok());
+  const uint64_t va = gone.info.grant.va_base;
+  constexpr uint64_t kCopy = 32 << 20;    // a third of a second each, throttled
+  constexpr uint64_t kOut = 40 << 20;     // where the last copy would land in the arena
+  constexpr uint32_t kCopies = 30;        // ten seconds of copying
+  wire::RingProducer requests(gone.views.requests);
+  wire::BatchBuilder batch(wire::kMaxCallsPerBatch);
+  batch.reset(1);
+  auto a = batch.add_call().initMemAllocate();
+  a.setVa(va);
+  a.setBytes(kCopy);
+  for (uint32_t i = 0; i < kCopies; ++i) {
+    auto m = batch.add_call().initMemcpyHtoD();
+    m.setDst(va);
+    m.setSrcOffset(0);
+    m.setBytes(kCopy);
+  }
+  auto set = batch.add_call().initMemset();
+  set.setDst(va);
+  set.setValue(0xab);
+  set.setElementBytes(1);
+  set.setCount(4096);
+  auto out = batch.add_call().initMemcpyDtoH();
+  out.setDstOffset(kOut);
+  out.setSrc(va);
+  out.setBytes(4096);
+  const uint64_t calls = batch.size();
+  ASSERT_TRUE(requests.write(batch.finish(), [] { return true; }).ok());
+  // Every call is on the GPU's queue (the session has executed them all) before the client goes.
+  auto queued = hiberd.wait_for(
+      [&](const StatusView& v) { return v.sessions.size() == 1 && v.sessions[0].calls == calls; },
+      30s);
+  ASSERT_TRUE(queued.ok()) << queued.status();
+  ASSERT_EQ(queued->sessions.size(), 1u);
+  ASSERT_EQ(queued->sessions[0].calls, calls) << hiberd.log();
+  gone.socket.reset();
+  auto closed = hiberd.wait_for(
+      [](const StatusView& v) { return v.sessions.empty() && v.sessions_closed == 1; }, 60s);
+  ASSERT_TRUE(closed.ok()) << closed.status();
+  EXPECT_TRUE(closed->sessions.empty()) << hiberd.log();
+  const std::byte* landed = gone.base + gone.info.layout.arena_offset + kOut;
+  EXPECT_EQ(std::count(landed, landed + 4096, std::byte{0}), 4096)
+      << "the gone client's last copy ran";
+}
+
+// Past the session's queue limit a copy fails with the limit's name; the work already queued
+// runs, and once it has, copies go through again.
+TEST(Queues, CopiesPastTheQueueLimitFail) {
+  Hiberd hiberd({"--sim_throttle", "--session_max_queued_mib=64",
+                 "--node_config=" + slow_node_config()});
+  auto client = hiberd.connect("queue-limit");
+  ASSERT_TRUE(client.ok()) << client.status();
+  const uint64_t va = (*client)->session().grant.va_base;
+  ASSERT_TRUE((*client)
+                  ->call([&](proto::Call::Builder c) {
+                    auto a = c.initMemAllocate();
+                    a.setVa(va);
+                    a.setBytes(32 << 20);
+                  })
+                  .ok());
+  auto staged = (*client)->stage(32 << 20);
+  ASSERT_TRUE(staged.ok());
+  auto copy = [&] {
+    return (*client)->enqueue([&](proto::Call::Builder c) {
+      auto m = c.initMemcpyHtoD();
+      m.setDst(va);
+      m.setSrcOffset(staged->offset);
+      m.setBytes(32 << 20);
+    });
+  };
+  // In one batch: the first copy takes a third of a second, so all three are queued at once.
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(copy().ok());
+  auto sync = (*client)->call([](proto::Call::Builder c) { c.initStreamSynchronize().setStream(0); });
+  EXPECT_TRUE(sync.ok()) << sync.status();
+  const Status refused = (*client)->take_error();
+  EXPECT_EQ(refused.code(), ErrorCode::kOutOfMemory) << refused;
+  EXPECT_NE(refused.message().find("--session_max_queued_mib"), std::string::npos) << refused;
+  ASSERT_TRUE(copy().ok());
+  sync = (*client)->call([](proto::Call::Builder c) { c.initStreamSynchronize().setStream(0); });
+  EXPECT_TRUE(sync.ok()) << sync.status();
+  EXPECT_TRUE((*client)->take_error().ok());
+}
 
 // A client that makes the server produce completions and never reads them must not stall
 // anybody else on its GPU (device callbacks never wait for a client), and is eventually cut off.

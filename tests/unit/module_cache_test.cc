@@ -126,6 +126,9 @@ class CountingDevice final : public Device {
   Status add_callback(device::Stream stream, device::StreamCallback callback) override {
     return sim_->add_callback(stream, std::move(callback));
   }
+  Status cancel_stream(device::Stream stream, const Status& why) override {
+    return sim_->cancel_stream(stream, why);
+  }
   Result<device::Event> create_event(int gpu, bool disable_timing) override {
     return sim_->create_event(gpu, disable_timing);
   }
@@ -183,7 +186,7 @@ class ModuleCacheTest : public ::testing::Test {
     auto sim = device::SimDevice::create(device::SimDeviceOptions{});
     ASSERT_TRUE(sim.ok()) << sim.status();
     device_ = std::make_unique<CountingDevice>(std::move(sim).value());
-    cache_ = std::make_unique<ModuleCache>(*device_);
+    cache_ = std::make_unique<ModuleCache>(*device_, /*max_bytes=*/0);
   }
   void TearDown() override {
     if (cache_) {
@@ -295,6 +298,29 @@ TEST_F(ModuleCacheTest, TheLastReleaseUnloads) {
   EXPECT_EQ(device_->loads.load(), 2);
   EXPECT_EQ(cache_->stats().misses, 2u);
   HIBER_EXPECT_OK(cache_->release(again));
+}
+
+// The node's budget counts distinct images: a load past it fails and loads nothing, a second
+// reference to a loaded image costs nothing, and the last release gives the bytes back.
+TEST_F(ModuleCacheTest, LoadsPastTheBudgetFailUntilAnImageIsUnloaded) {
+  const Bytes a = ptx_image("k_budget_a");
+  const Bytes b = ptx_image("k_budget_b");
+  const Bytes c = ptx_image("k_budget_c");
+  cache_ = std::make_unique<ModuleCache>(*device_, a.size() + b.size());
+  ModuleCache::Ref ra = acquire(a);
+  EXPECT_EQ(ra.image_bytes, a.size());
+  ModuleCache::Ref rb = acquire(b);
+  auto over = cache_->acquire_by_image(c);
+  EXPECT_EQ(over.status().code(), ErrorCode::kOutOfMemory) << over.status();
+  EXPECT_NE(over.status().message().find("--max_module_mib"), std::string::npos) << over.status();
+  EXPECT_EQ(device_->loads.load(), 2) << "a refused image must not be loaded";
+  ModuleCache::Ref ra2 = acquire(a);  // already loaded: within the budget
+  EXPECT_EQ(cache_->stats().image_bytes, a.size() + b.size());
+  EXPECT_TRUE(cache_->release(rb).ok());
+  ModuleCache::Ref rc = acquire(c);
+  EXPECT_EQ(rc.image_bytes, c.size());
+  for (const ModuleCache::Ref& r : {ra, ra2, rc}) EXPECT_TRUE(cache_->release(r).ok());
+  EXPECT_EQ(cache_->stats().image_bytes, 0u);
 }
 
 TEST_F(ModuleCacheTest, AReferenceNotHeldIsRefused) {

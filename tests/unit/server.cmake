@@ -1,5 +1,6 @@
 # Unit tests of server/.
 hiber_test(staging_tracker_test LABEL unit SOURCES staging_tracker_test.cc LIBS hiber_server)
+hiber_test(queue_meter_test LABEL unit SOURCES queue_meter_test.cc LIBS hiber_server)
 hiber_test(auth_test LABEL unit SOURCES auth_test.cc LIBS hiber_server)
 hiber_test(io_loop_test LABEL unit SOURCES io_loop_test.cc LIBS hiber_server)
 hiber_test(module_cache_test LABEL unit SOURCES module_cache_test.cc LIBS hiber_server)

@@ -164,6 +164,20 @@ void Scheduler::worker(int g) {
   }
 }
 
+uint64_t Scheduler::cancel(StreamState& stream, const Status& why) {
+  // What the dropped operations captured is released outside the lock, as a worker does.
+  std::vector<Work> dropped;
+  {
+    MutexLock lock(mu_);
+    // Every queued operation is one no worker has taken yet (a worker pops before it runs).
+    for (Op& op : stream.queue) {
+      if (op.kind != Op::Kind::kWork) continue;
+      dropped.push_back(std::exchange(op.work, [why] { return why; }));
+    }
+  }
+  return dropped.size();
+}
+
 Status Scheduler::synchronize(StreamState& stream) {
   MutexLock lock(mu_);
   const uint64_t target = stream.enqueued;

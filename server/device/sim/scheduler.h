@@ -55,6 +55,11 @@ class Scheduler {
   void enqueue_wait(const std::shared_ptr<StreamState>& stream,
                     const std::shared_ptr<EventState>& event);
 
+  // The stream's work operations not yet started will not run: each fails with `why` at once
+  // (so the stream's error becomes `why`). Records, waits and callbacks stay, in order. Returns
+  // how many were dropped.
+  uint64_t cancel(StreamState& stream, const Status& why);
+
   // Waits for the work enqueued before the call; returns the stream's first error since the last
   // synchronize or successful query, and clears it.
   Status synchronize(StreamState& stream);
