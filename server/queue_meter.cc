@@ -4,7 +4,7 @@
 
 namespace hiber::server {
 
-Status QueueMeter::admit(std::string_view call, uint64_t bytes, Clock::time_point now,
+Status QueueMeter::admit(std::string_view call, Clock::time_point now,
                          std::vector<device::Stream>& unmarked) {
   unmarked.clear();
   uint64_t queued = 0;
@@ -21,7 +21,7 @@ Status QueueMeter::admit(std::string_view call, uint64_t bytes, Clock::time_poin
       if (!oldest || *s.marked_at < *oldest) oldest = s.marked_at;
     }
   }
-  if (limits_.max_bytes != 0 && bytes > limits_.max_bytes - std::min(limits_.max_bytes, queued)) {
+  if (limits_.max_bytes != 0 && queued >= limits_.max_bytes) {
     return error(ErrorCode::kOutOfMemory, call, " refused: the session already has ", queued >> 20,
                  " MiB of copies and memsets queued on its GPU, and at most ",
                  limits_.max_bytes >> 20, " MiB may wait (--session_max_queued_mib)");

@@ -36,11 +36,11 @@ class QueueMeter {
 
   explicit QueueMeter(Limits limits) : limits_(limits) {}
 
-  // Whether a GPU call that queues `bytes` may go on now: kOutOfMemory when the bytes would pass
-  // max_bytes, kTimeout when work queued more than max_age ago has not finished. `call` names the
-  // call in the message. Returns the streams that need a marker first (work queued after their
+  // Whether another GPU call may go on now: kOutOfMemory when max_bytes are queued already (so
+  // the bytes may pass it by one call's), kTimeout when work queued more than max_age ago has not
+  // finished. `call` names the call in the message. Returns the streams that need a marker first (work queued after their
   // last marker ran): the caller places one on each and then calls marked() for it.
-  Status admit(std::string_view call, uint64_t bytes, Clock::time_point now,
+  Status admit(std::string_view call, Clock::time_point now,
                std::vector<device::Stream>& unmarked);
   // `bytes` were queued on `stream`. True when the caller must place a marker after them (none is
   // outstanding on the stream): it then calls marked().

@@ -508,8 +508,8 @@ uint64_t work_bytes(proto::Call::Reader call) {
 }  // namespace
 
 Status Session::admit_gpu_call(proto::Call::Reader call) {
-  Status admitted = queue_.admit(wire::call_name(call.which()), work_bytes(call),
-                                 std::chrono::steady_clock::now(), unmarked_);
+  Status admitted =
+      queue_.admit(wire::call_name(call.which()), std::chrono::steady_clock::now(), unmarked_);
   for (const device::Stream& s : unmarked_) place_marker(s);
   return admitted;
 }

@@ -20,13 +20,13 @@ TEST(QueueMeter, BytesBehindAnUnfinishedMarkerCountUntilItRuns) {
   QueueMeter meter({.max_bytes = 64 * kMiB});
   const Clock::time_point t0 = Clock::now();
   std::vector<device::Stream> unmarked;
-  ASSERT_TRUE(meter.admit("memcpyHtoD", 32 * kMiB, t0, unmarked).ok());
+  ASSERT_TRUE(meter.admit("memcpyHtoD", t0, unmarked).ok());
   ASSERT_TRUE(meter.enqueued(kA, 32 * kMiB));  // no marker yet: place one
   meter.marked(kA, t0);
-  ASSERT_TRUE(meter.admit("memcpyHtoD", 32 * kMiB, t0, unmarked).ok());
+  ASSERT_TRUE(meter.admit("memcpyHtoD", t0, unmarked).ok());
   EXPECT_FALSE(meter.enqueued(kA, 32 * kMiB));  // behind the outstanding marker's work
   EXPECT_EQ(meter.queued_bytes(), 64 * kMiB);
-  const Status full = meter.admit("memcpyHtoD", 1, t0, unmarked);
+  const Status full = meter.admit("memcpyHtoD", t0, unmarked);
   EXPECT_EQ(full.code(), ErrorCode::kOutOfMemory) << full;
   EXPECT_NE(full.message().find("--session_max_queued_mib"), std::string::npos) << full;
   EXPECT_NE(full.message().find("memcpyHtoD"), std::string::npos) << full;
@@ -34,7 +34,7 @@ TEST(QueueMeter, BytesBehindAnUnfinishedMarkerCountUntilItRuns) {
   // before they count again.
   meter.finished(kA);
   EXPECT_EQ(meter.queued_bytes(), 0u);
-  ASSERT_TRUE(meter.admit("memset", 1, t0, unmarked).ok());
+  ASSERT_TRUE(meter.admit("memset", t0, unmarked).ok());
   ASSERT_EQ(unmarked.size(), 1u);
   EXPECT_EQ(unmarked[0].id, kA.id);
   meter.marked(kA, t0);
@@ -51,9 +51,9 @@ TEST(QueueMeter, StreamsAddUp) {
     ASSERT_TRUE(meter.enqueued(s, 50 * kMiB));
     meter.marked(s, t0);
   }
-  EXPECT_EQ(meter.admit("memcpyDtoD", 1, t0, unmarked).code(), ErrorCode::kOutOfMemory);
+  EXPECT_EQ(meter.admit("memcpyDtoD", t0, unmarked).code(), ErrorCode::kOutOfMemory);
   meter.finished(kB);
-  EXPECT_TRUE(meter.admit("memcpyDtoD", 50 * kMiB, t0, unmarked).ok());
+  EXPECT_TRUE(meter.admit("memcpyDtoD", t0, unmarked).ok());
 }
 
 TEST(QueueMeter, WorkUnfinishedPastTheAgeLimitRefusesMore) {
@@ -62,12 +62,12 @@ TEST(QueueMeter, WorkUnfinishedPastTheAgeLimitRefusesMore) {
   std::vector<device::Stream> unmarked;
   ASSERT_TRUE(meter.enqueued(kA, 0));
   meter.marked(kA, t0);
-  EXPECT_TRUE(meter.admit("launchKernel", 0, t0 + 2s, unmarked).ok());
-  const Status late = meter.admit("launchKernel", 0, t0 + 3s, unmarked);
+  EXPECT_TRUE(meter.admit("launchKernel", t0 + 2s, unmarked).ok());
+  const Status late = meter.admit("launchKernel", t0 + 3s, unmarked);
   EXPECT_EQ(late.code(), ErrorCode::kTimeout) << late;
   EXPECT_NE(late.message().find("--session_max_queue_age_ms"), std::string::npos) << late;
   meter.finished(kA);
-  EXPECT_TRUE(meter.admit("launchKernel", 0, t0 + 10s, unmarked).ok());
+  EXPECT_TRUE(meter.admit("launchKernel", t0 + 10s, unmarked).ok());
 }
 
 TEST(QueueMeter, ZeroLimitsRefuseNothing) {
@@ -76,7 +76,7 @@ TEST(QueueMeter, ZeroLimitsRefuseNothing) {
   std::vector<device::Stream> unmarked;
   ASSERT_TRUE(meter.enqueued(kA, UINT64_MAX / 2));
   meter.marked(kA, t0);
-  EXPECT_TRUE(meter.admit("memset", UINT64_MAX, t0 + 1h, unmarked).ok());
+  EXPECT_TRUE(meter.admit("memset", t0 + 1h, unmarked).ok());
 }
 
 }  // namespace
