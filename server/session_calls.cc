@@ -11,6 +11,7 @@
 #include "server/handle_table.h"
 #include "server/session.h"
 #include "wire/call_codec.h"
+#include "wire/handshake.h"
 #include "wire/limits.h"
 
 namespace hiber::server {
@@ -353,7 +354,8 @@ Status Session::check_module_budget(std::string_view call, uint64_t bytes) const
   if (limit == 0 || bytes <= limit - std::min(limit, module_bytes_)) return Status();
   return error(ErrorCode::kOutOfMemory, call, ": an image of ", bytes,
                " bytes would bring this session's loaded code to ", module_bytes_ + bytes,
-               " bytes, above the ", limit, " that --session_max_module_mib allows; unload "
+               " bytes, above the ", limit,
+               " that --session_max_module_mib allows; unload "
                "modules first");
 }
 
@@ -426,13 +428,14 @@ Session::Outcome Session::function_get(const wire::calls::FunctionGet& c) {
   const wire::FunctionHandle handle = c.function;
   Status usable = check_new_handle(functions_, handle, kMaxFunctions, "functionGet");
   if (!usable.ok()) return {usable};
+  // Checked before the name can reach a log line or another error message.
+  Status name =
+      wire::check_printable_name(c.name, wire::kMaxNameBytes, "kernel name", "functionGet");
+  if (!name.ok()) return {name};
   auto module = modules_.find(c.module);
   if (module == modules_.end()) {
     return {error(ErrorCode::kInvalidHandle, "functionGet: unknown module handle ",
                   hex(c.module.value()))};
-  }
-  if (c.name.empty() || c.name.size() > wire::kMaxNameBytes) {
-    return {invalid(str_cat("functionGet: a kernel name of ", c.name.size(), " bytes"))};
   }
   auto function = device_.get_function(module->second.module, c.name);
   if (!function.ok()) return {function.status()};

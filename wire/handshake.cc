@@ -147,20 +147,25 @@ Result<std::vector<std::byte>> encode_hello_frame(const Hello& hello) {
   return encode_frame(message);
 }
 
-Status check_function_id(std::string_view id, std::string_view what) {
-  if (id.empty()) return invalid(what, "the function id is empty");
-  if (id.size() > kMaxFunctionIdBytes) {
-    return invalid(what, str_cat("the function id has ", id.size(), " bytes; at most ",
-                                 kMaxFunctionIdBytes, " are allowed"));
+Status check_printable_name(std::string_view name, size_t max_bytes, std::string_view kind,
+                            std::string_view what) {
+  if (name.empty()) return invalid(what, str_cat("the ", kind, " is empty"));
+  if (name.size() > max_bytes) {
+    return invalid(what, str_cat("the ", kind, " has ", name.size(), " bytes; at most ", max_bytes,
+                                 " are allowed"));
   }
-  for (size_t i = 0; i < id.size(); ++i) {
-    const auto c = static_cast<unsigned char>(id[i]);
+  for (size_t i = 0; i < name.size(); ++i) {
+    const auto c = static_cast<unsigned char>(name[i]);
     if (c < 0x20 || c > 0x7e) {
-      return invalid(
-          what, str_cat("the function id has a non-printable byte ", int{c}, " at offset ", i));
+      return invalid(what,
+                     str_cat("the ", kind, " has a non-printable byte ", int{c}, " at offset ", i));
     }
   }
   return Status();
+}
+
+Status check_function_id(std::string_view id, std::string_view what) {
+  return check_printable_name(id, kMaxFunctionIdBytes, "function id", what);
 }
 
 Result<Hello> decode_hello(const Message& frame) {

@@ -65,6 +65,11 @@ Result<SessionInfo> decode_hello_reply(const Message& frame);
 // sequence into a log or a terminal. kInvalidValue "<what>: ..." otherwise.
 Status check_function_id(std::string_view id, std::string_view what);
 
+// A name a client gives (a kernel's) and hiberd may log or echo: 1 to `max_bytes` printable
+// ASCII bytes, for the same reason. kInvalidValue "<what>: ..." naming `kind` otherwise.
+Status check_printable_name(std::string_view name, size_t max_bytes, std::string_view kind,
+                            std::string_view what);
+
 // Server side. decode_hello checks every field against wire/limits.h; it does not judge the
 // version or the token (the server does, so it can say why it refuses).
 Result<Hello> decode_hello(const Message& frame);

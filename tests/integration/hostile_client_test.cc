@@ -413,6 +413,13 @@ TEST(Batches, BadArgumentsGetTheirOwnErrors) {
     f.setModule(42);
     f.setName("k");
   });
+  // Names reach logs and error messages: no escape sequence gets there.
+  expect("kernel name with an escape", ErrorCode::kInvalidValue, [&](proto::Call::Builder c) {
+    auto f = c.initFunctionGet();
+    f.setFunction(1);
+    f.setModule(42);
+    f.setName("k\x1b[2J");
+  });
   expect("unknown function", ErrorCode::kInvalidHandle,
          [&](proto::Call::Builder c) { c.initLaunchKernel().setFunction(9); });
   // A module image that is not code.
@@ -625,9 +632,9 @@ TEST(Queues, AGoneClientsQueuedWorkIsCancelled) {
   ManualSession gone(hiberd);
   ASSERT_TRUE(gone.ok());
   const uint64_t va = gone.info.grant.va_base;
-  constexpr uint64_t kCopy = 32 << 20;    // a third of a second each, throttled
-  constexpr uint64_t kOut = 40 << 20;     // where the last copy would land in the arena
-  constexpr uint32_t kCopies = 30;        // ten seconds of copying
+  constexpr uint64_t kCopy = 32 << 20;  // a third of a second each, throttled
+  constexpr uint64_t kOut = 40 << 20;   // where the last copy would land in the arena
+  constexpr uint32_t kCopies = 30;      // ten seconds of copying
   wire::RingProducer requests(gone.views.requests);
   wire::BatchBuilder batch(wire::kMaxCallsPerBatch);
   batch.reset(1);
@@ -671,8 +678,8 @@ TEST(Queues, AGoneClientsQueuedWorkIsCancelled) {
 // Past the session's queue limit a copy fails with the limit's name; the work already queued
 // runs, and once it has, copies go through again.
 TEST(Queues, CopiesPastTheQueueLimitFail) {
-  Hiberd hiberd({"--sim_throttle", "--session_max_queued_mib=64",
-                 "--node_config=" + slow_node_config()});
+  Hiberd hiberd(
+      {"--sim_throttle", "--session_max_queued_mib=64", "--node_config=" + slow_node_config()});
   auto client = hiberd.connect("queue-limit");
   ASSERT_TRUE(client.ok()) << client.status();
   const uint64_t va = (*client)->session().grant.va_base;
@@ -695,7 +702,8 @@ TEST(Queues, CopiesPastTheQueueLimitFail) {
   };
   // In one batch: the first copy takes a third of a second, so all three are queued at once.
   for (int i = 0; i < 3; ++i) ASSERT_TRUE(copy().ok());
-  auto sync = (*client)->call([](proto::Call::Builder c) { c.initStreamSynchronize().setStream(0); });
+  auto sync =
+      (*client)->call([](proto::Call::Builder c) { c.initStreamSynchronize().setStream(0); });
   EXPECT_TRUE(sync.ok()) << sync.status();
   const Status refused = (*client)->take_error();
   EXPECT_EQ(refused.code(), ErrorCode::kOutOfMemory) << refused;
