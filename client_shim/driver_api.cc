@@ -34,8 +34,8 @@ constexpr auto& invalid = hiber::shim::invalid<CUresult>;
 // cuCtxDestroy releases exactly what was created (docs/shim.md, "Contexts").
 struct PrimaryContext {
   int device = 0;
-  std::atomic<unsigned> flags{0};   // cuDevicePrimaryCtxSetFlags / cuCtxCreate / cuCtxSetFlags
-  std::atomic<int> created{0};      // cuCtxCreate calls not yet destroyed
+  std::atomic<unsigned> flags{0};  // cuDevicePrimaryCtxSetFlags / cuCtxCreate / cuCtxSetFlags
+  std::atomic<int> created{0};     // cuCtxCreate calls not yet destroyed
 };
 PrimaryContext primary_contexts[64];
 
@@ -69,9 +69,9 @@ PrimaryContext* context_or_current(CUcontext context) {
 }
 
 CUresult not_a_context(const char* name) {
-  return hiber::shim::fail<CUresult>(
-      name, Status(ErrorCode::kInvalidContext, "not a context of this process (the shim has one "
-                                               "primary context per device)"));
+  return hiber::shim::fail<CUresult>(name, Status(ErrorCode::kInvalidContext,
+                                                  "not a context of this process (the shim has one "
+                                                  "primary context per device)"));
 }
 
 // The kernel a CUfunction names, or CUDA_ERROR_INVALID_HANDLE.
@@ -235,8 +235,7 @@ CUresult cuDevicePrimaryCtxReset(CUdevice device) {
 
 // cuCtxCreate: the device's primary context, made current on the calling thread, with one more
 // creation to destroy. Execution affinity and CIG contexts are not supported.
-CUresult create_context(const char* name, CUcontext* context, unsigned int flags,
-                        CUdevice device) {
+CUresult create_context(const char* name, CUcontext* context, unsigned int flags, CUdevice device) {
   if (context == nullptr) return invalid(name);
   if (CUresult r = check_device(name, device); r != CUDA_SUCCESS) return r;
   PrimaryContext& primary = primary_contexts[device];
@@ -282,9 +281,11 @@ CUresult cuCtxDestroy(CUcontext context) {
                          "(a primary context is released with cuDevicePrimaryCtxRelease)"));
     }
   } while (!primary->created.compare_exchange_weak(created, created - 1));
-  // Destroying a context makes it current nowhere on this thread. Its memory and modules stay:
-  // they belong to the device's primary context, which every creation shares.
-  std::erase(context_stack(), context);
+  // The creation leaves the thread's stack (its latest push). Memory and modules stay: they
+  // belong to the device's primary context, which every creation shares.
+  auto& stack = context_stack();
+  if (auto it = std::find(stack.rbegin(), stack.rend(), context); it != stack.rend())
+    stack.erase(std::next(it).base());
   return CUDA_SUCCESS;
 }
 

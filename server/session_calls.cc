@@ -278,11 +278,11 @@ Session::Outcome Session::event_synchronize(const wire::calls::EventSynchronize&
   // time is stamped first: the event is complete only with it (record_time.h).
   Status waited = device_.wait_event(*sync, *entry.per_gpu[gpu]);
   if (!waited.ok()) return {waited};
-  Status queued = after(*sync, [this, seq, time = entry.completed,
-                                record = entry.completed->latest()](Status done) {
-    time->stamp(record);
-    post_completion(seq, std::move(done));
-  });
+  Status queued = after(
+      *sync, [this, seq, time = entry.completed, record = entry.completed->latest()](Status done) {
+        time->stamp(record);
+        post_completion(seq, std::move(done));
+      });
   if (!queued.ok()) return {queued};
   return {Status(), {}, true};
 }

@@ -9,11 +9,11 @@
 // queries and times the event.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
 #include <chrono>
 #include <cstring>
 #include <fstream>
 #include <string>
-#include <unistd.h>
 #include <variant>
 #include <vector>
 
@@ -115,16 +115,18 @@ TEST(HiberdEvents, AnEventReportedCompleteOnAnotherGpuIsTimedAtOnce) {
   // The first record runs under a lease on GPU 0 (GPU 1 is drained).
   ASSERT_TRUE(control(hiberd).drain(1).ok());
   for (uint64_t event : {kStart, kEnd, kBehindCopy}) {
-    ASSERT_TRUE(client.enqueue([&](proto::Call::Builder c) {
-      auto e = c.initEventCreate();
-      e.setEvent(event);
-      e.setDisableTiming(false);
-    }).ok());
+    ASSERT_TRUE(client
+                    .enqueue([&](proto::Call::Builder c) {
+                      auto e = c.initEventCreate();
+                      e.setEvent(event);
+                      e.setDisableTiming(false);
+                    })
+                    .ok());
   }
   for (uint64_t stream : {kCopyStream, kIdleStream}) {
-    ASSERT_TRUE(client.enqueue([&](proto::Call::Builder c) {
-      c.initStreamCreate().setStream(stream);
-    }).ok());
+    ASSERT_TRUE(
+        client.enqueue([&](proto::Call::Builder c) { c.initStreamCreate().setStream(stream); })
+            .ok());
   }
   const Clock::time_point start_sent = Clock::now();
   ASSERT_TRUE(client.record(kStart, 0).ok());
@@ -139,23 +141,27 @@ TEST(HiberdEvents, AnEventReportedCompleteOnAnotherGpuIsTimedAtOnce) {
   // device completes it at once, while its stream's callback waits for the worker.
   constexpr uint64_t kBytes = 32 << 20;
   const uint64_t va = client.calls().session().grant.va_base;
-  ASSERT_TRUE(client.enqueue([&](proto::Call::Builder c) {
-    auto a = c.initMemAllocate();
-    a.setVa(va);
-    a.setBytes(kBytes);
-  }).ok());
+  ASSERT_TRUE(client
+                  .enqueue([&](proto::Call::Builder c) {
+                    auto a = c.initMemAllocate();
+                    a.setVa(va);
+                    a.setBytes(kBytes);
+                  })
+                  .ok());
   auto staged = client.calls().stage(kBytes);
   ASSERT_TRUE(staged.ok()) << staged.status();
   std::memset(staged->bytes.data(), 1, kBytes);
   const Clock::time_point end_sent = Clock::now();
-  ASSERT_TRUE(client.enqueue([&](proto::Call::Builder c) {
-    auto m = c.initMemcpyHtoD();
-    m.setDst(va);
-    m.setSrcOffset(staged->offset);
-    m.setBytes(kBytes);
-    m.setStagingEnd(staged->staging_end);
-    m.setStream(kCopyStream);
-  }).ok());
+  ASSERT_TRUE(client
+                  .enqueue([&](proto::Call::Builder c) {
+                    auto m = c.initMemcpyHtoD();
+                    m.setDst(va);
+                    m.setSrcOffset(staged->offset);
+                    m.setBytes(kBytes);
+                    m.setStagingEnd(staged->staging_end);
+                    m.setStream(kCopyStream);
+                  })
+                  .ok());
   ASSERT_TRUE(client.record(kBehindCopy, kCopyStream).ok());
   ASSERT_TRUE(client.record(kEnd, kIdleStream).ok());
 

@@ -33,14 +33,14 @@ F driver_entry(const char* name, unsigned version) {
 }
 #define DRV(name) (driver_entry<decltype(&name)>(#name, 12000))
 
-#define CU_CHECK(call)                                                                 \
-  do {                                                                                 \
-    const CUresult cu_check_err_ = (call);                                             \
-    if (cu_check_err_ != CUDA_SUCCESS) {                                               \
-      std::fprintf(stderr, "%s:%d: %s failed: %d\n", __FILE__, __LINE__, #call,         \
-                   static_cast<int>(cu_check_err_));                                   \
-      std::exit(program::kExitCudaError);                                              \
-    }                                                                                  \
+#define CU_CHECK(call)                                                          \
+  do {                                                                          \
+    const CUresult cu_check_err_ = (call);                                      \
+    if (cu_check_err_ != CUDA_SUCCESS) {                                        \
+      std::fprintf(stderr, "%s:%d: %s failed: %d\n", __FILE__, __LINE__, #call, \
+                   static_cast<int>(cu_check_err_));                            \
+      std::exit(program::kExitCudaError);                                       \
+    }                                                                           \
   } while (0)
 
 #define EXPECT(cond)                                                         \
@@ -59,8 +59,8 @@ constexpr size_t kChunkBytes = 1 << 16;
 // What each host function checks and records: the chunk its copy brought back, in order.
 struct Progress {
   const unsigned char* host = nullptr;
-  int next = 0;      // the chunk the next host function must see
-  int wrong = 0;     // host functions that ran out of order or before their copy
+  int next = 0;   // the chunk the next host function must see
+  int wrong = 0;  // host functions that ran out of order or before their copy
 };
 
 struct Call {
@@ -104,8 +104,8 @@ int main() {
   for (int c = 0; c < kChunks; ++c) {
     unsigned char* d = device + c * kChunkBytes;
     CUDA_CHECK(cudaMemsetAsync(d, c + 1, kChunkBytes, stream));
-    CUDA_CHECK(cudaMemcpyAsync(host + c * kChunkBytes, d, kChunkBytes, cudaMemcpyDeviceToHost,
-                               stream));
+    CUDA_CHECK(
+        cudaMemcpyAsync(host + c * kChunkBytes, d, kChunkBytes, cudaMemcpyDeviceToHost, stream));
     calls[c] = {&progress, c};
     if (c == kChunks - 1) {
       // The last through cudaStreamAddCallback, as simpleCallback does.
@@ -134,8 +134,8 @@ int main() {
   CU_CHECK(DRV(cuCtxGetApiVersion)(created, &version));
   EXPECT(version >= 3020);
   CUdevice ctx_device = -1;
-  CU_CHECK(driver_entry<decltype(&cuCtxGetDevice_v2)>("cuCtxGetDevice_v2", 13000)(&ctx_device,
-                                                                                  created));
+  CU_CHECK(
+      driver_entry<decltype(&cuCtxGetDevice_v2)>("cuCtxGetDevice_v2", 13000)(&ctx_device, created));
   EXPECT(ctx_device == 0);
   CU_CHECK(driver_entry<decltype(&cuCtxSynchronize_v2)>("cuCtxSynchronize_v2", 13000)(nullptr));
   // cuCtxCreate_v4 for a CUDA 13 caller; two creations, two destructions, no third.
