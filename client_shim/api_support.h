@@ -56,6 +56,15 @@ inline constexpr auto invalid = [](const char* name, const char* why = "invalid 
   return fail<Code>(name, Status(ErrorCode::kInvalidValue, why));
 };
 
+// Mapped (zero-copy) host memory: kernels run in hiberd, another process, and cannot reach the
+// client's memory, so devices report canMapHostMemory = 0 and every way to map host memory
+// fails with this (docs/shim.md, "Mapped host memory").
+inline Status mapped_host_memory_unsupported() {
+  return Status(ErrorCode::kNotSupported,
+                "mapped host memory is not supported (canMapHostMemory is 0): kernels run in "
+                "hiberd and cannot reach this process's memory; copy to device memory instead");
+}
+
 // An entry point hibercuda does not implement: its name is logged once, and the API's
 // "not supported" error returned. Never a silent success.
 extern "C" int hiber_shim_unsupported(const char* name);

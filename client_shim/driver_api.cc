@@ -3,9 +3,11 @@
 // cuda.h renames most of these to their newest "_vN" symbol, so each definition below is the
 // current ABI; older names fall through to the loudly failing stubs.
 #include <cuda.h>
+#include <cudaProfiler.h>
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -28,8 +30,12 @@ constexpr auto& done = hiber::shim::done<CUresult>;
 constexpr auto& invalid = hiber::shim::invalid<CUresult>;
 
 // The primary context of the session's devices: one object, handed out as CUcontext.
+// cuCtxCreate hands out the device's primary context too, counted in `created` so that
+// cuCtxDestroy releases exactly what was created (docs/shim.md, "Contexts").
 struct PrimaryContext {
   int device = 0;
+  std::atomic<unsigned> flags{0};  // cuDevicePrimaryCtxSetFlags / cuCtxCreate / cuCtxSetFlags
+  std::atomic<int> created{0};     // cuCtxCreate calls not yet destroyed
 };
 PrimaryContext primary_contexts[64];
 
@@ -55,6 +61,17 @@ CUcontext current_context() {
   if (!stack.empty()) return stack.back();
   primary_contexts[0].device = 0;
   return reinterpret_cast<CUcontext>(&primary_contexts[0]);
+}
+
+// `context`, or the current one when it is null (as cuCtxGetDevice_v2 and its siblings take it).
+PrimaryContext* context_or_current(CUcontext context) {
+  return as_primary(context != nullptr ? context : current_context());
+}
+
+CUresult not_a_context(const char* name) {
+  return hiber::shim::fail<CUresult>(name, Status(ErrorCode::kInvalidContext,
+                                                  "not a context of this process (the shim has one "
+                                                  "primary context per device)"));
 }
 
 // The kernel a CUfunction names, or CUDA_ERROR_INVALID_HANDLE.
@@ -196,13 +213,80 @@ CUresult cuDevicePrimaryCtxRelease(CUdevice device) {
 CUresult cuDevicePrimaryCtxGetState(CUdevice device, unsigned int* flags, int* active) {
   if (flags == nullptr || active == nullptr) return invalid("cuDevicePrimaryCtxGetState");
   if (CUresult r = check_device("cuDevicePrimaryCtxGetState", device); r != CUDA_SUCCESS) return r;
-  *flags = 0;
+  *flags = primary_contexts[device].flags;
   *active = 1;
   return CUDA_SUCCESS;
 }
 
-CUresult cuDevicePrimaryCtxSetFlags(CUdevice device, unsigned int) {
-  return check_device("cuDevicePrimaryCtxSetFlags", device);
+CUresult cuDevicePrimaryCtxSetFlags(CUdevice device, unsigned int flags) {
+  if (CUresult r = check_device("cuDevicePrimaryCtxSetFlags", device); r != CUDA_SUCCESS) return r;
+  // Scheduling flags choose how the host waits; the shim always spins briefly, then sleeps.
+  primary_contexts[device].flags = flags;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuDevicePrimaryCtxReset(CUdevice device) {
+  if (CUresult r = check_device("cuDevicePrimaryCtxReset", device); r != CUDA_SUCCESS) return r;
+  // Every device of the session shares one context in hiberd: resetting one resets the session,
+  // as cudaDeviceReset does.
+  return traced("cuDevicePrimaryCtxReset",
+                [] { return done("cuDevicePrimaryCtxReset", Client::get().reset_device()); });
+}
+
+// cuCtxCreate: the device's primary context, made current on the calling thread, with one more
+// creation to destroy. Execution affinity and CIG contexts are not supported.
+CUresult create_context(const char* name, CUcontext* context, unsigned int flags, CUdevice device) {
+  if (context == nullptr) return invalid(name);
+  if (CUresult r = check_device(name, device); r != CUDA_SUCCESS) return r;
+  PrimaryContext& primary = primary_contexts[device];
+  primary.device = device;
+  primary.flags = flags;
+  ++primary.created;
+  *context = reinterpret_cast<CUcontext>(&primary);
+  context_stack().push_back(*context);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuCtxCreate_v2(CUcontext* context, unsigned int flags, CUdevice device) {
+  return create_context("cuCtxCreate_v2", context, flags, device);
+}
+
+CUresult cuCtxCreate_v3(CUcontext* context, CUexecAffinityParam* params, int count,
+                        unsigned int flags, CUdevice device) {
+  if (count != 0 || params != nullptr) {
+    return fail("cuCtxCreate_v3",
+                Status(ErrorCode::kNotSupported, "execution affinity contexts are not supported"));
+  }
+  return create_context("cuCtxCreate_v3", context, flags, device);
+}
+
+CUresult cuCtxCreate(CUcontext* context, CUctxCreateParams* params, unsigned int flags,
+                     CUdevice device) {
+  if (params != nullptr && (params->numExecAffinityParams != 0 || params->cigParams != nullptr)) {
+    return fail("cuCtxCreate_v4", Status(ErrorCode::kNotSupported,
+                                         "execution affinity and CIG contexts are not supported"));
+  }
+  return create_context("cuCtxCreate_v4", context, flags, device);
+}
+
+CUresult cuCtxDestroy(CUcontext context) {
+  PrimaryContext* primary = as_primary(context);
+  if (primary == nullptr) return not_a_context("cuCtxDestroy_v2");
+  int created = primary->created.load();
+  do {
+    if (created == 0) {
+      return fail("cuCtxDestroy_v2",
+                  Status(ErrorCode::kInvalidContext,
+                         "the context was not made by cuCtxCreate, or was destroyed already "
+                         "(a primary context is released with cuDevicePrimaryCtxRelease)"));
+    }
+  } while (!primary->created.compare_exchange_weak(created, created - 1));
+  // The creation leaves the thread's stack (its latest push). Memory and modules stay: they
+  // belong to the device's primary context, which every creation shares.
+  auto& stack = context_stack();
+  if (auto it = std::find(stack.rbegin(), stack.rend(), context); it != stack.rend())
+    stack.erase(std::next(it).base());
+  return CUDA_SUCCESS;
 }
 
 CUresult cuCtxGetCurrent(CUcontext* context) {
@@ -255,6 +339,40 @@ CUresult cuCtxGetDevice(CUdevice* device) {
   return CUDA_SUCCESS;
 }
 
+CUresult cuCtxGetDevice_v2(CUdevice* device, CUcontext context) {
+  if (device == nullptr) return invalid("cuCtxGetDevice_v2");
+  PrimaryContext* primary = context_or_current(context);
+  if (primary == nullptr) return not_a_context("cuCtxGetDevice_v2");
+  *device = primary->device;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuCtxGetApiVersion(CUcontext context, unsigned int* version) {
+  if (version == nullptr) return invalid("cuCtxGetApiVersion");
+  if (context_or_current(context) == nullptr) return not_a_context("cuCtxGetApiVersion");
+  *version = 3020;  // what the driver reports for every context of the current (3.2+) ABI
+  return CUDA_SUCCESS;
+}
+
+CUresult cuCtxGetFlags(unsigned int* flags) {
+  if (flags == nullptr) return invalid("cuCtxGetFlags");
+  *flags = as_primary(current_context())->flags;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuCtxSetFlags(unsigned int flags) {
+  as_primary(current_context())->flags = flags;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuCtxGetId(CUcontext context, unsigned long long* id) {
+  if (id == nullptr) return invalid("cuCtxGetId");
+  PrimaryContext* primary = context_or_current(context);
+  if (primary == nullptr) return not_a_context("cuCtxGetId");
+  *id = static_cast<unsigned long long>(primary->device) + 1;  // unique per context, never 0
+  return CUDA_SUCCESS;
+}
+
 CUresult cuCtxGetStreamPriorityRange(int* least, int* greatest) {
   const auto [l, g] = Client::get().stream_priority_range();
   if (least) *least = l;
@@ -266,6 +384,20 @@ CUresult cuCtxSynchronize(void) {
   return traced("cuCtxSynchronize",
                 [] { return done("cuCtxSynchronize", Client::get().synchronize_device()); });
 }
+
+CUresult cuCtxSynchronize_v2(CUcontext context) {
+  if (context_or_current(context) == nullptr) return not_a_context("cuCtxSynchronize_v2");
+  // The session's devices share one context in hiberd: its work is all of theirs.
+  return traced("cuCtxSynchronize_v2",
+                [] { return done("cuCtxSynchronize_v2", Client::get().synchronize_device()); });
+}
+
+// ---- Profiler: no profiler is ever attached, so these succeed and do nothing, as the real
+// driver's do without one ----
+
+CUresult cuProfilerInitialize(const char*, const char*, CUoutput_mode) { return CUDA_SUCCESS; }
+CUresult cuProfilerStart(void) { return CUDA_SUCCESS; }
+CUresult cuProfilerStop(void) { return CUDA_SUCCESS; }
 
 // ---- Errors ----
 
@@ -331,11 +463,14 @@ CUresult cuMemAllocHost(void** pointer, size_t bytes) {
 
 CUresult cuMemHostAlloc(void** pointer, size_t bytes, unsigned int flags) {
   if (flags & CU_MEMHOSTALLOC_DEVICEMAP) {
-    return fail("cuMemHostAlloc",
-                Status(ErrorCode::kNotSupported,
-                       "CU_MEMHOSTALLOC_DEVICEMAP: kernels cannot map client memory"));
+    return fail("cuMemHostAlloc", hiber::shim::mapped_host_memory_unsupported());
   }
   return cuMemAllocHost(pointer, bytes);
+}
+
+CUresult cuMemHostGetDevicePointer(CUdeviceptr* device_pointer, void*, unsigned int) {
+  if (device_pointer == nullptr) return invalid("cuMemHostGetDevicePointer_v2");
+  return fail("cuMemHostGetDevicePointer_v2", hiber::shim::mapped_host_memory_unsupported());
 }
 
 CUresult cuMemFreeHost(void* pointer) {
@@ -344,8 +479,7 @@ CUresult cuMemFreeHost(void* pointer) {
 
 CUresult cuMemHostRegister(void* pointer, size_t bytes, unsigned int flags) {
   if (flags & (CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_IOMEMORY)) {
-    return fail("cuMemHostRegister",
-                Status(ErrorCode::kNotSupported, "device-mapped host memory is not supported"));
+    return fail("cuMemHostRegister", hiber::shim::mapped_host_memory_unsupported());
   }
   return done("cuMemHostRegister", Client::get().register_host(pointer, bytes));
 }
@@ -940,6 +1074,14 @@ void* driver_entry_point(const char* symbol, int cuda_version) {
   // cuGetProcAddress changed its signature in 12.0; older callers get the old one.
   if (std::strcmp(symbol, "cuGetProcAddress") == 0 && cuda_version < 12000) {
     return dlsym(self.handle, "cuGetProcAddress");
+  }
+  // So did cuCtxCreate in 12.5 (_v4); older callers get the _v2 signature.
+  if (std::strcmp(symbol, "cuCtxCreate") == 0 && cuda_version < 12050) {
+    return dlsym(self.handle, "cuCtxCreate_v2");
+  }
+  // Their _v2 is another function (it takes a context), asked for by its own name.
+  if (std::strcmp(symbol, "cuCtxGetDevice") == 0 || std::strcmp(symbol, "cuCtxSynchronize") == 0) {
+    return dlsym(self.handle, symbol);
   }
   for (const char* suffix : {"_v4", "_v3", "_v2", ""}) {
     const std::string name = std::string(symbol) + suffix;

@@ -1,6 +1,7 @@
 // The CUDA runtime API (libcudart.so.13), implemented on the client core. Signatures come from
 // the toolkit's own headers, so the compiler checks them against the ABI.
 #include <cuda.h>
+#include <cuda_profiler_api.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -382,9 +383,7 @@ cudaError_t cudaMallocHost(void** pointer, size_t bytes) {
 
 cudaError_t cudaHostAlloc(void** pointer, size_t bytes, unsigned int flags) {
   if ((flags & cudaHostAllocMapped) != 0) {
-    // Mapped memory is read by kernels in place, and kernels run in hiberd.
-    return fail("cudaHostAlloc", Status(ErrorCode::kNotSupported,
-                                        "cudaHostAllocMapped: kernels cannot map client memory"));
+    return fail("cudaHostAlloc", hiber::shim::mapped_host_memory_unsupported());
   }
   return cudaMallocHost(pointer, bytes);
 }
@@ -397,9 +396,7 @@ cudaError_t cudaFreeHost(void* pointer) {
 cudaError_t cudaHostRegister(void* pointer, size_t bytes, unsigned int flags) {
   return traced("cudaHostRegister", [&] {
     if ((flags & (cudaHostRegisterMapped | cudaHostRegisterIoMemory)) != 0) {
-      return fail("cudaHostRegister",
-                  Status(ErrorCode::kNotSupported,
-                         "cudaHostRegisterMapped/IoMemory: kernels cannot map client memory"));
+      return fail("cudaHostRegister", hiber::shim::mapped_host_memory_unsupported());
     }
     return done("cudaHostRegister", Client::get().register_host(pointer, bytes));
   });
@@ -407,6 +404,11 @@ cudaError_t cudaHostRegister(void* pointer, size_t bytes, unsigned int flags) {
 
 cudaError_t cudaHostUnregister(void* pointer) {
   return done("cudaHostUnregister", Client::get().unregister_host(pointer));
+}
+
+cudaError_t cudaHostGetDevicePointer(void** device_pointer, void*, unsigned int) {
+  if (device_pointer == nullptr) return invalid("cudaHostGetDevicePointer", "null pointer");
+  return fail("cudaHostGetDevicePointer", hiber::shim::mapped_host_memory_unsupported());
 }
 
 cudaError_t cudaHostGetFlags(unsigned int* flags, void* pointer) {
@@ -821,6 +823,12 @@ cudaError_t cudaStreamAddCallback(cudaStream_t stream, cudaStreamCallback_t call
         }));
   });
 }
+
+// ---- Profiler: no profiler is ever attached, so these succeed and do nothing, as the real
+// runtime's do without one ----
+
+cudaError_t cudaProfilerStart(void) { return cudaSuccess; }
+cudaError_t cudaProfilerStop(void) { return cudaSuccess; }
 
 // ---- Driver entry points ----
 

@@ -13,6 +13,7 @@ enum DeviceAttribute : int {
   kAttrWarpSize = 10,
   kAttrClockRate = 13,
   kAttrMultiprocessorCount = 16,
+  kAttrCanMapHostMemory = 19,
   kAttrMemoryClockRate = 36,
   kAttrGlobalMemoryBusWidth = 37,
   kAttrL2CacheSize = 38,

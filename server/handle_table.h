@@ -8,7 +8,6 @@
 // Thread safety: the session thread only.
 #pragma once
 
-#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -18,6 +17,7 @@
 
 #include "common/status.h"
 #include "server/device/device.h"
+#include "server/record_time.h"
 #include "wire/call_table.h"
 
 namespace hiber::server {
@@ -47,10 +47,9 @@ struct ClientEvent {
   bool disable_timing = false;
   std::vector<std::optional<device::Event>> per_gpu;
   std::optional<int> last_gpu;  // where it was last recorded; none: never (complete)
-  // With timing: when its latest record completed, on the host's steady clock (ns; 0 while
-  // pending). Two records on different GPUs (the function moved between leases) are timed by
-  // these, as GPUs' event clocks cannot be compared.
-  std::shared_ptr<std::atomic<int64_t>> completed_ns = std::make_shared<std::atomic<int64_t>>(0);
+  // With timing: when its latest record completed (shared with the device callbacks that stamp
+  // it, which may outlive the event).
+  std::shared_ptr<RecordTime> completed = std::make_shared<RecordTime>();
 };
 
 class HandleTable {

@@ -448,7 +448,11 @@ void Session::execute(proto::Call::Reader call, uint64_t seq) {
   // Not ready answers a query; it is not a failure (and, as in CUDA, not a sticky error).
   const bool failed = !outcome.status.ok() && outcome.status.code() != ErrorCode::kNotReady;
   if (failed) {
-    failed_calls_.fetch_add(1, std::memory_order_relaxed);
+    // Nor is a module cache miss, which asks the client for the image: it still goes back to
+    // the client as an error, but the session's count of failed calls leaves it out.
+    const bool cache_miss = call.which() == proto::Call::MODULE_LOAD_CACHED &&
+                            outcome.status.code() == ErrorCode::kNotFound;
+    if (!cache_miss) failed_calls_.fetch_add(1, std::memory_order_relaxed);
     // A copy that never ran must still give its staging back, or the client's FIFO stalls.
     kj::runCatchingExceptions([&] { release_staging_now(wire::staging_end(call)); });
   }

@@ -25,6 +25,18 @@ constexpr size_t kMaxFunctions = 1 << 16;
 
 Status invalid(const std::string& message) { return Status(ErrorCode::kInvalidValue, message); }
 
+// When a recorded event's latest record completed; stamped now if the device event is complete
+// and no callback has stamped it yet. kNotReady while the record is pending.
+Result<int64_t> completed_ns(device::Device& device, const ClientEvent& event) {
+  if (std::optional<int64_t> ns = event.completed->ns()) return *ns;
+  Status queried = device.query_event(*event.per_gpu[*event.last_gpu]);
+  if (queried.code() == ErrorCode::kNotReady)
+    return error(ErrorCode::kNotReady, "an event has not completed");
+  HIBER_RETURN_IF_ERROR(queried);
+  event.completed->stamp(event.completed->latest());
+  return *event.completed->ns();
+}
+
 }  // namespace
 
 Session::Outcome Session::dispatch(proto::Call::Reader call, uint64_t seq) {
@@ -247,12 +259,8 @@ Session::Outcome Session::event_record(const wire::calls::EventRecord& c) {
   entry.last_gpu = lease_->gpu.value();
   Status recorded = device_.record_event(*event, *s);
   if (recorded.ok() && !entry.disable_timing) {
-    entry.completed_ns->store(0);
-    recorded = after(*s, [completed = entry.completed_ns](Status) {
-      completed->store(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                           std::chrono::steady_clock::now().time_since_epoch())
-                           .count());
-    });
+    const uint64_t record = entry.completed->begin();
+    recorded = after(*s, [time = entry.completed, record](Status) { time->stamp(record); });
   }
   return {recorded, {}, false, *s};
 }
@@ -267,10 +275,15 @@ Session::Outcome Session::event_synchronize(const wire::calls::EventSynchronize&
   const int gpu = *entry.last_gpu;
   auto sync = handles_.sync_stream(gpu);
   if (!sync.ok()) return {sync.status()};
-  // The synchronisation stream waits for the event's latest record, then reports.
+  // The synchronisation stream waits for the event's latest record, then reports. The record's
+  // time is stamped first: the event is complete only with it (record_time.h).
   Status waited = device_.wait_event(*sync, *entry.per_gpu[gpu]);
   if (!waited.ok()) return {waited};
-  Status queued = after(*sync, [this, seq](Status done) { post_completion(seq, std::move(done)); });
+  Status queued = after(
+      *sync, [this, seq, time = entry.completed, record = entry.completed->latest()](Status done) {
+        time->stamp(record);
+        post_completion(seq, std::move(done));
+      });
   if (!queued.ok()) return {queued};
   return {Status(), {}, true};
 }
@@ -280,7 +293,9 @@ Session::Outcome Session::event_query(const wire::calls::EventQuery& c) {
   if (!e.ok()) return {e.status()};
   const ClientEvent& entry = **e;
   if (!entry.last_gpu) return {};
-  return {device_.query_event(*entry.per_gpu[*entry.last_gpu])};
+  Status queried = device_.query_event(*entry.per_gpu[*entry.last_gpu]);
+  if (queried.ok()) entry.completed->stamp(entry.completed->latest());
+  return {queried};
 }
 
 Session::Outcome Session::event_elapsed(const wire::calls::EventElapsedTime& c) {
@@ -298,11 +313,11 @@ Session::Outcome Session::event_elapsed(const wire::calls::EventElapsedTime& c) 
   }
   if (first.last_gpu != last.last_gpu) {
     // Recorded under leases on different GPUs: timed on the host, when each record completed.
-    const int64_t a = first.completed_ns->load(), b = last.completed_ns->load();
-    if (a == 0 || b == 0) {
-      return {error(ErrorCode::kNotReady, "eventElapsedTime: an event has not completed")};
-    }
-    return {Status(), static_cast<float>(static_cast<double>(b - a) / 1e6)};
+    auto a = completed_ns(device_, first);
+    if (!a.ok()) return {a.status().with_context("eventElapsedTime")};
+    auto b = completed_ns(device_, last);
+    if (!b.ok()) return {b.status().with_context("eventElapsedTime")};
+    return {Status(), static_cast<float>(static_cast<double>(*b - *a) / 1e6)};
   }
   auto ms = device_.elapsed_ms(*first.per_gpu[*first.last_gpu], *last.per_gpu[*last.last_gpu]);
   if (!ms.ok()) return {ms.status()};

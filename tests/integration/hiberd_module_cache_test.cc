@@ -21,6 +21,14 @@ using Bytes = std::vector<std::byte>;
 
 constexpr const char* kVecAdd = "_Z7vec_addPKfS0_Pfi";
 
+// The failed calls hiberd counts for the session of `function_id`.
+uint64_t failed_calls(const StatusView& view, const std::string& function_id) {
+  for (const SessionView& s : view.sessions)
+    if (s.function_id == function_id) return s.failed_calls;
+  ADD_FAILURE() << "no session of " << function_id;
+  return 0;
+}
+
 Bytes read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -205,6 +213,8 @@ TEST(ModuleCache, ASecondClientLoadsAFatbinByItsHash) {
   EXPECT_EQ(view->module_cache_misses, 1u);
   EXPECT_EQ(view->module_cache_hits, 0u);
   EXPECT_EQ(view->module_cache_unknown_hashes, 1u);
+  // A miss asks for the image; it is no failed call of B's session (issue 18, item 12).
+  EXPECT_EQ(failed_calls(*view, "cache-b"), 0u);
 
   // B names it by hash: no bytes travel, nothing new is loaded.
   ASSERT_OK(b.load_cached(5, digest));
@@ -219,6 +229,9 @@ TEST(ModuleCache, ASecondClientLoadsAFatbinByItsHash) {
   EXPECT_CODE(b.load_cached(0, digest), ErrorCode::kInvalidValue);  // reserved
   EXPECT_CODE(b.load_cached(6, std::span(digest).first(31)), ErrorCode::kInvalidValue);
   EXPECT_CODE(b.load_cached(6, {}), ErrorCode::kInvalidValue);
+  view = hiberd.status();
+  ASSERT_TRUE(view.ok()) << view.status();
+  EXPECT_EQ(failed_calls(*view, "cache-b"), 4u);  // refused calls are failures
   // A hash hiberd holds no image of.
   server::Sha256 unknown = digest;
   unknown[0] ^= std::byte{1};

@@ -39,6 +39,16 @@ TEST_F(ShimGapsTest, RuntimeAndDriverGapsBehaveAsCudaDocuments) {
   EXPECT_NE(last_output_.find("PTX linked, loaded and launched"), std::string::npos);
 }
 
+// Issue 18, item 13: what cuda-samples (asyncAPI, simpleCallback, matrixMul, the driver API
+// samples) call that the shim once refused.
+TEST_F(ShimGapsTest, CallsOfTheCudaSamplesBehaveAsCudaDocuments) {
+  expect_ok("sample_calls", {});
+  EXPECT_NE(last_output_.find("host functions ran in stream order after their copies"),
+            std::string::npos)
+      << last_output_;
+  EXPECT_NE(last_output_.find("mapped host memory refused"), std::string::npos) << last_output_;
+}
+
 TEST_F(ShimGapsTest, NvmlAgreesWithCuda) { expect_ok("nvml_query", {}); }
 
 TEST_F(ShimGapsTest, BareDlopenSearchesTheCallersRunpath) {
