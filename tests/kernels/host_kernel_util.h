@@ -10,7 +10,16 @@
 namespace hiber::sim_kernels {
 
 constexpr int kSuccess = 0;
-constexpr int kInvalidValue = 1;  // CUDA_ERROR_INVALID_VALUE
+constexpr int kInvalidValue = 1;       // CUDA_ERROR_INVALID_VALUE
+constexpr int kIllegalAddress = 700;  // CUDA_ERROR_ILLEGAL_ADDRESS
+
+// Whether the kernel may touch `count` Ts at `p` (sim_kernel_plugin.h, "Isolation"): a range
+// its arguments do not bound must be asked about before it is touched.
+template <typename T>
+bool may_access(const HiberSimLaunch* launch, const T* p, uint64_t count) {
+  return count <= UINT64_MAX / sizeof(T) &&
+         launch->check_access(launch, p, count * sizeof(T)) == kSuccess;
+}
 
 // Parameter i as a T (copied: the plugin ABI promises nothing about alignment beyond the ABI's).
 template <typename T>
@@ -60,7 +69,10 @@ inline int add_vectors(const HiberSimLaunch* l) {
   auto a = arg<const float*>(l, 0);
   auto b = arg<const float*>(l, 1);
   auto c = arg<float*>(l, 2);
-  for_each_index(l, arg<int>(l, 3), [&](int i) { c[i] = a[i] + b[i]; });
+  const int n = arg<int>(l, 3);
+  if (n > 0 && (!may_access(l, a, n) || !may_access(l, b, n) || !may_access(l, c, n)))
+    return kIllegalAddress;
+  for_each_index(l, n, [&](int i) { c[i] = a[i] + b[i]; });
   return kSuccess;
 }
 

@@ -22,7 +22,9 @@ int saxpy(const HiberSimLaunch* l) {
   auto a = arg<float>(l, 0);
   auto x = arg<const float*>(l, 1);
   auto y = arg<float*>(l, 2);
-  for_each_index(l, arg<int>(l, 3), [&](int i) { y[i] = a * x[i] + y[i]; });
+  const int n = arg<int>(l, 3);
+  if (n > 0 && (!may_access(l, x, n) || !may_access(l, y, n))) return kIllegalAddress;
+  for_each_index(l, n, [&](int i) { y[i] = a * x[i] + y[i]; });
   return kSuccess;
 }
 
@@ -31,6 +33,7 @@ int iota_u64(const HiberSimLaunch* l) {
   auto out = arg<unsigned long long*>(l, 0);
   auto start = arg<unsigned long long>(l, 1);
   auto n = arg<unsigned long long>(l, 2);
+  if (n > 0 && !may_access(l, out, n)) return kIllegalAddress;
   const uint64_t threads_x = uint64_t{l->grid.x} * l->block.x;
   for_each_thread(l, [&](const ThreadIndex& t) {
     uint64_t x = global_x(l, t);
@@ -70,6 +73,7 @@ int sum_i32(const HiberSimLaunch* l) {
   auto in = arg<const int*>(l, 0);
   auto n = arg<unsigned long long>(l, 1);
   auto total = arg<unsigned long long*>(l, 2);
+  if (!may_access(l, total, 1) || (n > 0 && !may_access(l, in, n))) return kIllegalAddress;
   std::atomic_ref<unsigned long long> sum(*total);  // other launches may add concurrently
   for_each_thread(l, [&](const ThreadIndex& t) {
     uint64_t i = global_x(l, t);
@@ -83,6 +87,11 @@ int gather_ptrs(const HiberSimLaunch* l) {
   auto ptrs = arg<int* const*>(l, 0);
   auto n = arg<int>(l, 1);
   auto out = arg<int*>(l, 2);
+  if (n <= 0) return kSuccess;
+  if (!may_access(l, ptrs, n) || !may_access(l, out, n)) return kIllegalAddress;
+  // The pointers come from device memory: each is checked before any is read through.
+  for (int i = 0; i < n; ++i)
+    if (!may_access(l, ptrs[i], 1)) return kIllegalAddress;
   for_each_index(l, n, [&](int i) { out[i] = *ptrs[i]; });
   return kSuccess;
 }
@@ -101,6 +110,7 @@ int scale(const HiberSimLaunch* l) {
   auto data = arg<T*>(l, 0);
   auto factor = arg<T>(l, 1);
   auto n = arg<unsigned>(l, 2);
+  if (n > 0 && !may_access(l, data, n)) return kIllegalAddress;
   for_each_thread(l, [&](const ThreadIndex& t) {
     unsigned i = t.block.x * l->block.x + t.thread.x;
     if (i < n) data[i] *= factor;
@@ -113,6 +123,7 @@ int fill_bytes_c(const HiberSimLaunch* l) {
   auto out = arg<unsigned char*>(l, 0);
   auto value = arg<unsigned char>(l, 1);
   auto n = arg<unsigned long long>(l, 2);
+  if (n > 0 && !may_access(l, out, n)) return kIllegalAddress;
   for_each_thread(l, [&](const ThreadIndex& t) {
     uint64_t i = global_x(l, t);
     if (i < n) out[i] = value;

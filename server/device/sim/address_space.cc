@@ -210,6 +210,15 @@ Result<int> AddressSpace::check(const DeviceRange& range) const {
   return it->second.block->gpu();
 }
 
+Status AddressSpace::check_argument(uint64_t word, int gpu) const {
+  ReaderLock lock(mu_);
+  if (reservation_of(word, 0) == reservations_.end()) return Status();
+  const Status at = check_locked({word, 1, gpu}, ErrorCode::kIllegalAddress);
+  if (at.ok() || (word > 0 && check_locked({word - 1, 1, gpu}, ErrorCode::kIllegalAddress).ok()))
+    return Status();
+  return at;
+}
+
 std::byte* AddressSpace::direct_locked(const DeviceRange& range) const {
   if (range.bytes == 0) return nullptr;
   auto it = std::prev(mappings_.upper_bound(range.va));  // exists: the check found it
