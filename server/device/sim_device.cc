@@ -62,7 +62,7 @@ struct LaunchData {
   const sim::AddressSpace* space = nullptr;
   std::vector<std::max_align_t> storage;  // the packed parameter buffer, maximally aligned
   std::vector<void*> params;              // into storage
-  HiberSimLaunch launch{};  // launch.device_context points back here
+  HiberSimLaunch launch{};                // launch.device_context points back here
   int result = 0;
   // The first range check_access refused: the launch's error.
   Mutex refused_mu;
@@ -96,8 +96,7 @@ Status check_arguments(const LaunchData& d) {
 int check_kernel_access(const HiberSimLaunch* launch, const void* address, uint64_t bytes) {
   auto* d = static_cast<LaunchData*>(launch->device_context);
   if (bytes == 0) return 0;
-  Result<int> owner =
-      d->space->check({reinterpret_cast<DevicePtr>(address), bytes, launch->gpu});
+  Result<int> owner = d->space->check({reinterpret_cast<DevicePtr>(address), bytes, launch->gpu});
   if (owner.ok()) return 0;
   MutexLock lock(d->refused_mu);
   if (d->refused.ok()) d->refused = Status(ErrorCode::kIllegalAddress, owner.status().message());

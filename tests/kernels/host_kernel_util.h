@@ -10,7 +10,7 @@
 namespace hiber::sim_kernels {
 
 constexpr int kSuccess = 0;
-constexpr int kInvalidValue = 1;       // CUDA_ERROR_INVALID_VALUE
+constexpr int kInvalidValue = 1;      // CUDA_ERROR_INVALID_VALUE
 constexpr int kIllegalAddress = 700;  // CUDA_ERROR_ILLEGAL_ADDRESS
 
 // Whether the kernel may touch `count` Ts at `p` (sim_kernel_plugin.h, "Isolation"): a range

@@ -96,6 +96,20 @@ int gather_ptrs(const HiberSimLaunch* l) {
   return kSuccess;
 }
 
+int scatter_value(const HiberSimLaunch* l) {
+  if (l->param_count != 3) return kInvalidValue;
+  auto ptrs = arg<int* const*>(l, 0);
+  auto n = arg<int>(l, 1);
+  auto value = arg<int>(l, 2);
+  if (n <= 0) return kSuccess;
+  if (!may_access(l, ptrs, n)) return kIllegalAddress;
+  // The pointers come from device memory: each is checked before any is written through.
+  for (int i = 0; i < n; ++i)
+    if (!may_access(l, ptrs[i], 1)) return kIllegalAddress;
+  for_each_index(l, n, [&](int i) { *ptrs[i] = value; });
+  return kSuccess;
+}
+
 int write_value(const HiberSimLaunch* l) {
   if (l->param_count != 2) return kInvalidValue;
   auto p = arg<int*>(l, 0);
@@ -135,12 +149,19 @@ int noop(const HiberSimLaunch* l) { return l->param_count == 0 ? kSuccess : kInv
 
 namespace names = hiber::test_kernels;
 const HiberSimKernel kKernels[] = {
-    {names::kVecAdd, add_vectors},      {names::kSaxpy, saxpy},
-    {names::kIotaU64, iota_u64},        {names::kOddParams, odd_params},
-    {names::kBigParam, big_param},      {names::kSumI32, sum_i32},
-    {names::kGatherPtrs, gather_ptrs},  {names::kWriteValue, write_value},
-    {names::kScaleFloat, scale<float>}, {names::kScaleDouble, scale<double>},
-    {names::kFillBytesC, fill_bytes_c}, {names::kNoop, noop},
+    {names::kVecAdd, add_vectors},
+    {names::kSaxpy, saxpy},
+    {names::kIotaU64, iota_u64},
+    {names::kOddParams, odd_params},
+    {names::kBigParam, big_param},
+    {names::kSumI32, sum_i32},
+    {names::kGatherPtrs, gather_ptrs},
+    {names::kScatterValue, scatter_value},
+    {names::kWriteValue, write_value},
+    {names::kScaleFloat, scale<float>},
+    {names::kScaleDouble, scale<double>},
+    {names::kFillBytesC, fill_bytes_c},
+    {names::kNoop, noop},
 };
 
 }  // namespace
