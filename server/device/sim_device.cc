@@ -663,14 +663,16 @@ Status SimDevice::launch(Stream stream, Function function, const LaunchConfig& c
       return error(ErrorCode::kIllegalAddress, "kernel ", data->info.name, " touched ",
                    hex(fault->address), " (", strsignal(fault->signal),
                    "), which is not mapped memory of the simulated GPU");
-    if (data->result != 0) {
+    {
+      // A refused access fails the launch whatever the kernel returned, as a fault would.
       MutexLock lock(data->refused_mu);
       if (!data->refused.ok())
         return data->refused.with_context(
             str_cat("kernel ", data->info.name, " (not memory of the caller's own blocks)"));
+    }
+    if (data->result != 0)
       return error(static_cast<ErrorCode>(data->result), "kernel ", data->info.name,
                    " failed with CUresult ", data->result);
-    }
     return Status();
   });
   return Status();

@@ -46,8 +46,9 @@ typedef struct HiberSimLaunch {
   void* const* params; /* params[i] points at parameter i, like cuLaunchKernel's kernelParams */
   /* 0 (CUDA_SUCCESS) if [address, address + bytes) is device memory the launch's GPU may
    * access; otherwise CUDA_ERROR_ILLEGAL_ADDRESS, which the kernel returns at once without
-   * touching the range (the launch then fails naming the address). Thread-safe. Added at the end
-   * of the struct, so plugins built before it still load (and do not check). */
+   * touching the range. Once refused, the launch fails naming the address, whatever the kernel
+   * returns. Thread-safe. Added at the end of the struct, so plugins built before it still load
+   * (and do not check). */
   int (*check_access)(const struct HiberSimLaunch* launch, const void* address, uint64_t bytes);
   void* device_context; /* for check_access only */
 } HiberSimLaunch;

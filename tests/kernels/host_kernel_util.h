@@ -2,6 +2,7 @@
 // by the test kernel plugins.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
@@ -19,6 +20,13 @@ template <typename T>
 bool may_access(const HiberSimLaunch* launch, const T* p, uint64_t count) {
   return count <= UINT64_MAX / sizeof(T) &&
          launch->check_access(launch, p, count * sizeof(T)) == kSuccess;
+}
+
+// Elements an elementwise kernel over n touches: one per thread of the grid's x extent below n
+// (the `i` of for_each_index, or of a kernel indexing by x alone).
+inline uint64_t touched(const HiberSimLaunch* launch, long long n) {
+  const uint64_t threads = uint64_t{launch->grid.x} * launch->block.x;
+  return n <= 0 ? 0 : std::min<uint64_t>(static_cast<uint64_t>(n), threads);
 }
 
 // Parameter i as a T (copied: the plugin ABI promises nothing about alignment beyond the ABI's).
@@ -70,7 +78,8 @@ inline int add_vectors(const HiberSimLaunch* l) {
   auto b = arg<const float*>(l, 1);
   auto c = arg<float*>(l, 2);
   const int n = arg<int>(l, 3);
-  if (n > 0 && (!may_access(l, a, n) || !may_access(l, b, n) || !may_access(l, c, n)))
+  const uint64_t used = touched(l, n);
+  if (used > 0 && (!may_access(l, a, used) || !may_access(l, b, used) || !may_access(l, c, used)))
     return kIllegalAddress;
   for_each_index(l, n, [&](int i) { c[i] = a[i] + b[i]; });
   return kSuccess;

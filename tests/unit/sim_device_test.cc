@@ -90,6 +90,7 @@ constexpr std::string_view kSimOnlyPtx = R"(
 .visible .entry sim_fail(.param .u32 sim_fail_code) { ret; }
 .visible .entry sim_copy_param(.param .u64 out, .param .u64 value) { ret; }
 .visible .entry sim_store_through(.param .u64 table, .param .u32 value) { ret; }
+.visible .entry sim_ignore_refusal(.param .u64 table) { ret; }
 .visible .entry sim_unimplemented() { ret; }
 )";
 
@@ -111,6 +112,11 @@ int sim_store_through(const HiberSimLaunch* l) {
   int* target = table[0];
   if (!sim_kernels::may_access(l, target, 1)) return sim_kernels::kIllegalAddress;
   *target = arg<int>(l, 1);
+  return 0;
+}
+// Asks about the pointer at table[0] and, refused or not, reports success.
+int sim_ignore_refusal(const HiberSimLaunch* l) {
+  (void)sim_kernels::may_access(l, *arg<int* const*>(l, 0), 1);
   return 0;
 }
 
@@ -196,6 +202,7 @@ class SimDeviceTest : public ::testing::Test {
     EXPECT_TRUE(device_->register_kernel("sim_fail", sim_fail).ok());
     EXPECT_TRUE(device_->register_kernel("sim_copy_param", sim_copy_param).ok());
     EXPECT_TRUE(device_->register_kernel("sim_store_through", sim_store_through).ok());
+    EXPECT_TRUE(device_->register_kernel("sim_ignore_refusal", sim_ignore_refusal).ok());
     auto module = device_->load_module(bytes_of(kSimOnlyPtx));
     EXPECT_TRUE(module.ok()) << module.status();
     return module.ok() ? *module : Module{};
@@ -673,6 +680,8 @@ TEST_F(SimDeviceTest, AKernelReachesOnlyTheMemoryItsGpuMayAccess) {
   const DevicePtr stored = victim.va + 16;
   HIBER_ASSERT_OK(device_->copy_host_to_device(on_own, own.va, &stored, sizeof(stored)));
   expect_refused(store_through, pack(own.va, 77), stored);
+  // A refusal fails the launch even if the kernel carries on and reports success.
+  expect_refused(function(m, "sim_ignore_refusal"), pack(own.va), stored);
 
   std::vector<int> after(written.size());
   HIBER_ASSERT_OK(device_->copy_device_to_host(on_victim, after.data(), victim.va, g));
