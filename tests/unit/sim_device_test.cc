@@ -700,6 +700,12 @@ TEST_F(SimDeviceTest, AKernelReachesOnlyTheMemoryItsGpuMayAccess) {
   HIBER_ASSERT_OK(device_->launch(on_own, store_through, {}, pack(own.va, 77)));
   HIBER_ASSERT_OK(device_->synchronize_stream(on_own));
   EXPECT_EQ(reinterpret_cast<const int*>(own.va)[32], 77);
+  // One past X's last byte is not one past the end when another function's range starts there:
+  // that is the other function's first block.
+  Allocation next = allocate(0, g);
+  ASSERT_EQ(next.va, own.va + g) << "reservations are made one after another";
+  expect_refused(copy_param, pack(own.va + 64, next.va), next.va);
+  free(next);
   // V's kernels on GPU 0 reach V's block, through the same pointer X was refused.
   HIBER_ASSERT_OK(device_->copy_host_to_device(on_victim, victim.va + 64, &stored, 8));
   HIBER_ASSERT_OK(device_->launch(on_victim, store_through, {}, pack(victim.va + 64, 55)));

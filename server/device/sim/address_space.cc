@@ -212,9 +212,13 @@ Result<int> AddressSpace::check(const DeviceRange& range) const {
 
 Status AddressSpace::check_argument(uint64_t word, int gpu) const {
   ReaderLock lock(mu_);
-  if (reservation_of(word, 0) == reservations_.end()) return Status();
+  const auto in = reservation_of(word, 0);
+  if (in == reservations_.end()) return Status();
   const Status at = check_locked({word, 1, gpu}, ErrorCode::kIllegalAddress);
-  if (at.ok() || (word > 0 && check_locked({word - 1, 1, gpu}, ErrorCode::kIllegalAddress).ok()))
+  if (at.ok()) return at;
+  // One past the end of accessible memory, within one reserved range: the start of another
+  // range (another function's, whose first block may lie there) is never that.
+  if (word > in->first && check_locked({word - 1, 1, gpu}, ErrorCode::kIllegalAddress).ok())
     return Status();
   return at;
 }

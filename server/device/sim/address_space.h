@@ -62,9 +62,9 @@ class AddressSpace {
   // the first address that is not. REQUIRES: range.bytes > 0.
   Result<int> check(const DeviceRange& range) const;
   // A kernel argument word, before the kernel runs: OK unless `word` lies in a reserved range
-  // and neither it nor the byte before it (a pointer one past the end of a block) is mapped and
-  // accessible from `gpu`; then kIllegalAddress naming the address. Words outside every
-  // reserved range are not device addresses (integers, say) and pass.
+  // and neither it nor the byte before it in the same range (a pointer one past the end of a
+  // block) is mapped and accessible from `gpu`; then kIllegalAddress naming the address. Words
+  // outside every reserved range are not device addresses (integers, say) and pass.
   Status check_argument(uint64_t word, int gpu) const;
   static constexpr size_t kMaxAccessRanges = 2;
   // Checks each range (at most kMaxAccessRanges) as check() does, then runs
