@@ -14,6 +14,13 @@ struct ParamInfo {
   friend bool operator==(const ParamInfo&, const ParamInfo&) = default;
 };
 
+// Whether a parameter can hold a pointer: the parameter ABI aligns a pointer, and a struct
+// holding one, to 8 bytes. Only such a parameter's 8-byte-aligned words are read as pointers
+// (memory/translation.h, guard 1; the simulated GPU's argument check).
+inline bool may_hold_pointer(const ParamInfo& param) {
+  return param.bytes >= 8 && param.offset % 8 == 0;
+}
+
 struct KernelInfo {
   std::string name;               // mangled
   std::vector<ParamInfo> params;  // in declaration order

@@ -93,7 +93,7 @@ Result<uint64_t> scan_kernel_params(const BlockTable& table, std::span<const std
                    "-byte buffer");
     }
     // Guard 1: only a parameter that can hold a pointer, and only its aligned words.
-    if (param.bytes < 8 || param.offset % 8 != 0) continue;
+    if (!may_hold_pointer(param)) continue;
     for (uint64_t at = param.offset; at + 8 <= end; at += 8) {
       ++scanned;
       const PointerTarget target = guarded_target(table, word_at(params, at));

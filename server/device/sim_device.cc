@@ -57,13 +57,51 @@ struct FunctionState {
 
 // What one launch hands to its kernel: a copy of the parameters taken at launch time.
 struct LaunchData {
-  std::string name;
+  KernelInfo info;
   HiberSimKernelFn run = nullptr;
+  const sim::AddressSpace* space = nullptr;
   std::vector<std::max_align_t> storage;  // the packed parameter buffer, maximally aligned
   std::vector<void*> params;              // into storage
-  HiberSimLaunch launch{};
+  HiberSimLaunch launch{};                // launch.device_context points back here
   int result = 0;
+  // The first range check_access refused: the launch's error.
+  Mutex refused_mu;
+  Status refused GUARDED_BY(refused_mu);
+
+  std::span<const std::byte> param_bytes() const {
+    return {reinterpret_cast<const std::byte*>(storage.data()), info.param_bytes()};
+  }
 };
+
+// The pointer arguments of a launch, before its kernel runs (sim_kernel_plugin.h, "Isolation"):
+// each word that may be a pointer and is a device address must reach memory the launch's GPU
+// may access, which under Hiber is the calling function's own blocks.
+Status check_arguments(const LaunchData& d) {
+  const std::span<const std::byte> bytes = d.param_bytes();
+  for (const ParamInfo& param : d.info.params) {
+    if (!may_hold_pointer(param)) continue;
+    for (uint64_t at = param.offset; at + 8 <= uint64_t{param.offset} + param.bytes; at += 8) {
+      uint64_t word;
+      std::memcpy(&word, bytes.data() + at, sizeof(word));
+      Status allowed = d.space->check_argument(word, d.launch.gpu);
+      if (!allowed.ok())
+        return allowed.with_context(str_cat("kernel ", d.info.name, ", argument word at offset ",
+                                            at, " (not memory of the caller's own blocks)"));
+    }
+  }
+  return Status();
+}
+
+// HiberSimLaunch::check_access.
+int check_kernel_access(const HiberSimLaunch* launch, const void* address, uint64_t bytes) {
+  auto* d = static_cast<LaunchData*>(launch->device_context);
+  if (bytes == 0) return 0;
+  Result<int> owner = d->space->check({reinterpret_cast<DevicePtr>(address), bytes, launch->gpu});
+  if (owner.ok()) return 0;
+  MutexLock lock(d->refused_mu);
+  if (d->refused.ok()) d->refused = Status(ErrorCode::kIllegalAddress, owner.status().message());
+  return static_cast<int>(ErrorCode::kIllegalAddress);
+}
 
 Status check_node(const NodeConfig& node) {
   const int n = node.gpu_count();
@@ -603,31 +641,43 @@ Status SimDevice::launch(Stream stream, Function function, const LaunchConfig& c
                  HIBER_SIM_KERNELS_V1_SYMBOL, " (server/device/sim_kernel_plugin.h)");
 
   auto data = std::make_shared<LaunchData>();
-  data->name = info.name;
+  data->info = info;
   data->run = run;
+  data->space = &impl_->space;
   data->storage.resize((params.size() + sizeof(std::max_align_t) - 1) / sizeof(std::max_align_t));
   if (!params.empty()) std::memcpy(data->storage.data(), params.data(), params.size());
   auto* base = reinterpret_cast<std::byte*>(data->storage.data());
   for (const ParamInfo& p : info.params) data->params.push_back(base + p.offset);
-  data->launch.name = data->name.c_str();
+  data->launch.name = data->info.name.c_str();
   data->launch.grid = {g.x, g.y, g.z};
   data->launch.block = {b.x, b.y, b.z};
   data->launch.shared_memory_bytes = config.shared_memory_bytes;
   data->launch.gpu = s->gpu;
   data->launch.param_count = static_cast<uint32_t>(data->params.size());
   data->launch.params = data->params.data();
+  data->launch.check_access = check_kernel_access;
+  data->launch.device_context = data.get();
 
   impl_->scheduler.enqueue_work(s, [data] {
+    // When it runs, not when enqueued: what the GPU may access is what holds then.
+    HIBER_RETURN_IF_ERROR(check_arguments(*data));
     auto body = [](void* arg) {
       auto* d = static_cast<LaunchData*>(arg);
       d->result = d->run(&d->launch);
     };
     if (std::optional<sim::Fault> fault = sim::run_guarded(body, data.get()))
-      return error(ErrorCode::kIllegalAddress, "kernel ", data->name, " touched ",
+      return error(ErrorCode::kIllegalAddress, "kernel ", data->info.name, " touched ",
                    hex(fault->address), " (", strsignal(fault->signal),
                    "), which is not mapped memory of the simulated GPU");
+    {
+      // A refused access fails the launch whatever the kernel returned, as a fault would.
+      MutexLock lock(data->refused_mu);
+      if (!data->refused.ok())
+        return data->refused.with_context(
+            str_cat("kernel ", data->info.name, " (not memory of the caller's own blocks)"));
+    }
     if (data->result != 0)
-      return error(static_cast<ErrorCode>(data->result), "kernel ", data->name,
+      return error(static_cast<ErrorCode>(data->result), "kernel ", data->info.name,
                    " failed with CUresult ", data->result);
     return Status();
   });

@@ -17,6 +17,9 @@
 //    (server/device/sim_kernel_plugin.h). A kernel with no implementation fails loudly.
 //  - A fault inside a kernel on an address that is not mapped fails that launch with
 //    kIllegalAddress instead of crashing the process.
+//  - A kernel reaches only memory its GPU may access: its pointer arguments are checked before
+//    it runs, and it checks the other ranges it touches (sim_kernel_plugin.h, "Isolation");
+//    either refusal fails the launch with kIllegalAddress naming the address.
 #pragma once
 
 #include <functional>

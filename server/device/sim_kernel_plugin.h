@@ -6,6 +6,17 @@
  * pointers in the parameters are valid host addresses in the process running the device, so the
  * host function reads and writes them directly.
  *
+ * Isolation. A host function runs in hiberd's process, where every function's mapped blocks are
+ * host memory, so the device plays the GPU's MMU in two ways. Before the kernel runs, each
+ * 8-byte-aligned word of a parameter that can hold a pointer and that is a device address (it
+ * lies in an address range the device reserved) must point into, or one past the end of, memory
+ * mapped and accessible from the launch's GPU; else the launch fails with
+ * CUDA_ERROR_ILLEGAL_ADDRESS and the kernel never runs. Hiber maps a function's blocks
+ * accessible from the GPU it leases only, so that is the calling function's own blocks. And
+ * every other range the kernel touches (through a pointer it loaded from device memory, or past
+ * what its arguments point at) must be checked with check_access before it is touched: the
+ * device cannot see plain loads and stores.
+ *
  * A plugin exports one symbol, hiber_sim_kernels_v1, returning its table. Later ABI versions get
  * new symbol names (hiber_sim_kernels_v2, ...), so an old plugin keeps loading.
  *
@@ -33,6 +44,13 @@ typedef struct HiberSimLaunch {
   int32_t gpu; /* the simulated GPU running the launch */
   uint32_t param_count;
   void* const* params; /* params[i] points at parameter i, like cuLaunchKernel's kernelParams */
+  /* 0 (CUDA_SUCCESS) if [address, address + bytes) is device memory the launch's GPU may
+   * access; otherwise CUDA_ERROR_ILLEGAL_ADDRESS, which the kernel returns at once without
+   * touching the range. Once refused, the launch fails naming the address, whatever the kernel
+   * returns. Thread-safe. Added at the end of the struct, so plugins built before it still load
+   * (and do not check). */
+  int (*check_access)(const struct HiberSimLaunch* launch, const void* address, uint64_t bytes);
+  void* device_context; /* for check_access only */
 } HiberSimLaunch;
 
 /* Runs the whole grid. Returns 0 (CUDA_SUCCESS) or a CUresult value, which becomes the error of

@@ -2,6 +2,7 @@
 // by the test kernel plugins.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
@@ -10,7 +11,23 @@
 namespace hiber::sim_kernels {
 
 constexpr int kSuccess = 0;
-constexpr int kInvalidValue = 1;  // CUDA_ERROR_INVALID_VALUE
+constexpr int kInvalidValue = 1;      // CUDA_ERROR_INVALID_VALUE
+constexpr int kIllegalAddress = 700;  // CUDA_ERROR_ILLEGAL_ADDRESS
+
+// Whether the kernel may touch `count` Ts at `p` (sim_kernel_plugin.h, "Isolation"): a range
+// its arguments do not bound must be asked about before it is touched.
+template <typename T>
+bool may_access(const HiberSimLaunch* launch, const T* p, uint64_t count) {
+  return count <= UINT64_MAX / sizeof(T) &&
+         launch->check_access(launch, p, count * sizeof(T)) == kSuccess;
+}
+
+// Elements an elementwise kernel over n touches: one per thread of the grid's x extent below n
+// (the `i` of for_each_index, or of a kernel indexing by x alone).
+inline uint64_t touched(const HiberSimLaunch* launch, long long n) {
+  const uint64_t threads = uint64_t{launch->grid.x} * launch->block.x;
+  return n <= 0 ? 0 : std::min<uint64_t>(static_cast<uint64_t>(n), threads);
+}
 
 // Parameter i as a T (copied: the plugin ABI promises nothing about alignment beyond the ABI's).
 template <typename T>
@@ -60,7 +77,11 @@ inline int add_vectors(const HiberSimLaunch* l) {
   auto a = arg<const float*>(l, 0);
   auto b = arg<const float*>(l, 1);
   auto c = arg<float*>(l, 2);
-  for_each_index(l, arg<int>(l, 3), [&](int i) { c[i] = a[i] + b[i]; });
+  const int n = arg<int>(l, 3);
+  const uint64_t used = touched(l, n);
+  if (used > 0 && (!may_access(l, a, used) || !may_access(l, b, used) || !may_access(l, c, used)))
+    return kIllegalAddress;
+  for_each_index(l, n, [&](int i) { c[i] = a[i] + b[i]; });
   return kSuccess;
 }
 

@@ -1,6 +1,7 @@
 // Host implementations of the kernels in test_kernels.cu, for the simulated GPU
 // (server/device/sim_kernel_plugin.h). Each runs every thread of the grid in turn and computes
 // exactly what the CUDA kernel computes, so a test can compare the two backends byte for byte.
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 
@@ -22,7 +23,10 @@ int saxpy(const HiberSimLaunch* l) {
   auto a = arg<float>(l, 0);
   auto x = arg<const float*>(l, 1);
   auto y = arg<float*>(l, 2);
-  for_each_index(l, arg<int>(l, 3), [&](int i) { y[i] = a * x[i] + y[i]; });
+  const int n = arg<int>(l, 3);
+  const uint64_t used = touched(l, n);
+  if (used > 0 && (!may_access(l, x, used) || !may_access(l, y, used))) return kIllegalAddress;
+  for_each_index(l, n, [&](int i) { y[i] = a * x[i] + y[i]; });
   return kSuccess;
 }
 
@@ -32,6 +36,8 @@ int iota_u64(const HiberSimLaunch* l) {
   auto start = arg<unsigned long long>(l, 1);
   auto n = arg<unsigned long long>(l, 2);
   const uint64_t threads_x = uint64_t{l->grid.x} * l->block.x;
+  const uint64_t threads = threads_x * l->grid.y * l->block.y;
+  if (n > 0 && !may_access(l, out, std::min<uint64_t>(n, threads))) return kIllegalAddress;
   for_each_thread(l, [&](const ThreadIndex& t) {
     uint64_t x = global_x(l, t);
     uint64_t y = uint64_t{t.block.y} * l->block.y + t.thread.y;
@@ -70,6 +76,8 @@ int sum_i32(const HiberSimLaunch* l) {
   auto in = arg<const int*>(l, 0);
   auto n = arg<unsigned long long>(l, 1);
   auto total = arg<unsigned long long*>(l, 2);
+  const uint64_t used = std::min<uint64_t>(n, uint64_t{l->grid.x} * l->block.x);
+  if (!may_access(l, total, 1) || (used > 0 && !may_access(l, in, used))) return kIllegalAddress;
   std::atomic_ref<unsigned long long> sum(*total);  // other launches may add concurrently
   for_each_thread(l, [&](const ThreadIndex& t) {
     uint64_t i = global_x(l, t);
@@ -83,7 +91,28 @@ int gather_ptrs(const HiberSimLaunch* l) {
   auto ptrs = arg<int* const*>(l, 0);
   auto n = arg<int>(l, 1);
   auto out = arg<int*>(l, 2);
+  const uint64_t used = touched(l, n);
+  if (used == 0) return kSuccess;
+  if (!may_access(l, ptrs, used) || !may_access(l, out, used)) return kIllegalAddress;
+  // The pointers come from device memory: each is checked before any is read through.
+  for (uint64_t i = 0; i < used; ++i)
+    if (!may_access(l, ptrs[i], 1)) return kIllegalAddress;
   for_each_index(l, n, [&](int i) { out[i] = *ptrs[i]; });
+  return kSuccess;
+}
+
+int scatter_value(const HiberSimLaunch* l) {
+  if (l->param_count != 3) return kInvalidValue;
+  auto ptrs = arg<int* const*>(l, 0);
+  auto n = arg<int>(l, 1);
+  auto value = arg<int>(l, 2);
+  const uint64_t used = touched(l, n);
+  if (used == 0) return kSuccess;
+  if (!may_access(l, ptrs, used)) return kIllegalAddress;
+  // The pointers come from device memory: each is checked before any is written through.
+  for (uint64_t i = 0; i < used; ++i)
+    if (!may_access(l, ptrs[i], 1)) return kIllegalAddress;
+  for_each_index(l, n, [&](int i) { *ptrs[i] = value; });
   return kSuccess;
 }
 
@@ -101,6 +130,8 @@ int scale(const HiberSimLaunch* l) {
   auto data = arg<T*>(l, 0);
   auto factor = arg<T>(l, 1);
   auto n = arg<unsigned>(l, 2);
+  const uint64_t used = touched(l, n);
+  if (used > 0 && !may_access(l, data, used)) return kIllegalAddress;
   for_each_thread(l, [&](const ThreadIndex& t) {
     unsigned i = t.block.x * l->block.x + t.thread.x;
     if (i < n) data[i] *= factor;
@@ -113,6 +144,8 @@ int fill_bytes_c(const HiberSimLaunch* l) {
   auto out = arg<unsigned char*>(l, 0);
   auto value = arg<unsigned char>(l, 1);
   auto n = arg<unsigned long long>(l, 2);
+  const uint64_t used = std::min<uint64_t>(n, uint64_t{l->grid.x} * l->block.x);
+  if (used > 0 && !may_access(l, out, used)) return kIllegalAddress;
   for_each_thread(l, [&](const ThreadIndex& t) {
     uint64_t i = global_x(l, t);
     if (i < n) out[i] = value;
@@ -124,12 +157,19 @@ int noop(const HiberSimLaunch* l) { return l->param_count == 0 ? kSuccess : kInv
 
 namespace names = hiber::test_kernels;
 const HiberSimKernel kKernels[] = {
-    {names::kVecAdd, add_vectors},      {names::kSaxpy, saxpy},
-    {names::kIotaU64, iota_u64},        {names::kOddParams, odd_params},
-    {names::kBigParam, big_param},      {names::kSumI32, sum_i32},
-    {names::kGatherPtrs, gather_ptrs},  {names::kWriteValue, write_value},
-    {names::kScaleFloat, scale<float>}, {names::kScaleDouble, scale<double>},
-    {names::kFillBytesC, fill_bytes_c}, {names::kNoop, noop},
+    {names::kVecAdd, add_vectors},
+    {names::kSaxpy, saxpy},
+    {names::kIotaU64, iota_u64},
+    {names::kOddParams, odd_params},
+    {names::kBigParam, big_param},
+    {names::kSumI32, sum_i32},
+    {names::kGatherPtrs, gather_ptrs},
+    {names::kScatterValue, scatter_value},
+    {names::kWriteValue, write_value},
+    {names::kScaleFloat, scale<float>},
+    {names::kScaleDouble, scale<double>},
+    {names::kFillBytesC, fill_bytes_c},
+    {names::kNoop, noop},
 };
 
 }  // namespace

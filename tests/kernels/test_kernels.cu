@@ -58,6 +58,12 @@ __global__ void gather_ptrs(int* const* ptrs, int n, int* out) {
   if (i < n) out[i] = *ptrs[i];
 }
 
+// *ptrs[i] = value: writes through pointers stored in device memory.
+__global__ void scatter_value(int* const* ptrs, int n, int value) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) *ptrs[i] = value;
+}
+
 // *p = value, from one thread: the smallest kernel that touches memory (faults, ordering).
 __global__ void write_value(int* p, int value) {
   if (blockIdx.x == 0 && threadIdx.x == 0) *p = value;

@@ -39,6 +39,7 @@ inline constexpr const char kBigParam[] = "_Z9big_param9BigStructPf";
 inline constexpr const char kSumI32[] = "_Z7sum_i32PKiyPy";
 inline constexpr const char kGatherPtrs[] = "_Z11gather_ptrsPKPiiS_";
 inline constexpr const char kWriteValue[] = "_Z11write_valuePii";
+inline constexpr const char kScatterValue[] = "_Z13scatter_valuePKPiii";
 inline constexpr const char kScaleFloat[] = "_Z5scaleIfEvPT_S0_j";
 inline constexpr const char kScaleDouble[] = "_Z5scaleIdEvPT_S0_j";
 inline constexpr const char kFillBytesC[] = "fill_bytes_c";
@@ -55,6 +56,7 @@ inline std::vector<KernelInfo> expected_kernels() {
       {kSumI32, {{0, 8}, {8, 8}, {16, 8}}},
       {kGatherPtrs, {{0, 8}, {8, 4}, {16, 8}}},
       {kWriteValue, {{0, 8}, {8, 4}}},
+      {kScatterValue, {{0, 8}, {8, 4}, {12, 4}}},
       {kScaleFloat, {{0, 8}, {8, 4}, {12, 4}}},
       {kScaleDouble, {{0, 8}, {8, 8}, {16, 4}}},
       {kFillBytesC, {{0, 8}, {8, 1}, {16, 8}}},

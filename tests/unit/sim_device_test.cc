@@ -89,6 +89,8 @@ constexpr std::string_view kSimOnlyPtx = R"(
 .visible .entry sim_poke(.param .u64 sim_poke_p, .param .u32 sim_poke_v) { ret; }
 .visible .entry sim_fail(.param .u32 sim_fail_code) { ret; }
 .visible .entry sim_copy_param(.param .u64 out, .param .u64 value) { ret; }
+.visible .entry sim_store_through(.param .u64 table, .param .u32 value) { ret; }
+.visible .entry sim_ignore_refusal(.param .u64 table) { ret; }
 .visible .entry sim_unimplemented() { ret; }
 )";
 
@@ -101,6 +103,20 @@ int sim_poke(const HiberSimLaunch* l) {
 int sim_fail(const HiberSimLaunch* l) { return arg<int>(l, 0); }
 int sim_copy_param(const HiberSimLaunch* l) {
   *arg<uint64_t*>(l, 0) = arg<uint64_t>(l, 1);
+  return 0;
+}
+// *table[0] = value: through a pointer the kernel loads from device memory, checked first.
+int sim_store_through(const HiberSimLaunch* l) {
+  auto table = arg<int* const*>(l, 0);
+  if (!sim_kernels::may_access(l, table, 1)) return sim_kernels::kIllegalAddress;
+  int* target = table[0];
+  if (!sim_kernels::may_access(l, target, 1)) return sim_kernels::kIllegalAddress;
+  *target = arg<int>(l, 1);
+  return 0;
+}
+// Asks about the pointer at table[0] and, refused or not, reports success.
+int sim_ignore_refusal(const HiberSimLaunch* l) {
+  (void)sim_kernels::may_access(l, *arg<int* const*>(l, 0), 1);
   return 0;
 }
 
@@ -185,6 +201,8 @@ class SimDeviceTest : public ::testing::Test {
     EXPECT_TRUE(device_->register_kernel("sim_poke", sim_poke).ok());
     EXPECT_TRUE(device_->register_kernel("sim_fail", sim_fail).ok());
     EXPECT_TRUE(device_->register_kernel("sim_copy_param", sim_copy_param).ok());
+    EXPECT_TRUE(device_->register_kernel("sim_store_through", sim_store_through).ok());
+    EXPECT_TRUE(device_->register_kernel("sim_ignore_refusal", sim_ignore_refusal).ok());
     auto module = device_->load_module(bytes_of(kSimOnlyPtx));
     EXPECT_TRUE(module.ok()) << module.status();
     return module.ok() ? *module : Module{};
@@ -623,6 +641,78 @@ TEST_F(SimDeviceTest, KernelTouchingUnmappedMemoryFailsWithIllegalAddress) {
   EXPECT_EQ(reinterpret_cast<int*>(a.va)[2], 1234);
   free(a);
   HIBER_EXPECT_OK(device_->free_address_range(reserved, g));
+}
+
+// Issue 18, item 9. A kernel reaches only memory its GPU may access, which under Hiber is the
+// calling function's own blocks (each mapped for the GPU its function leases, and only while it
+// does). Function V's block is mapped for GPU 0, X's for GPU 1, as two concurrent leases leave
+// them. X's kernels on GPU 1 name V's block as an argument and through a pointer stored in X's
+// own memory: each launch fails with kIllegalAddress naming the address, before the kernel
+// touches it, and V's bytes stay as V wrote them. X's own pointers (one past the end included),
+// integers that are no device address, and V's own use of the same kernels still work.
+TEST_F(SimDeviceTest, AKernelReachesOnlyTheMemoryItsGpuMayAccess) {
+  make_default();
+  Module m = load_sim_kernels();
+  Function poke = function(m, "sim_poke");
+  Function copy_param = function(m, "sim_copy_param");
+  Function store_through = function(m, "sim_store_through");
+  const uint64_t g = device_->allocation_granularity(0);
+  Allocation victim = allocate(0, g);
+  Allocation own = allocate(1, g);
+  Stream on_victim = stream(0), on_own = stream(1);
+  std::vector<int> written(g / sizeof(int));
+  for (size_t i = 0; i < written.size(); ++i) written[i] = static_cast<int>(i * 7 + 3);
+  HIBER_ASSERT_OK(device_->copy_host_to_device(on_victim, victim.va, written.data(), g));
+  HIBER_ASSERT_OK(device_->synchronize_stream(on_victim));
+
+  auto expect_refused = [&](Function f, const Bytes& params, DevicePtr named) {
+    HIBER_ASSERT_OK(device_->launch(on_own, f, {}, params));
+    Status status = device_->synchronize_stream(on_own);
+    HIBER_EXPECT_CODE(status, ErrorCode::kIllegalAddress);
+    EXPECT_NE(status.message().find(str_cat("0x", std::hex, named)), std::string::npos) << status;
+    EXPECT_NE(status.message().find("not accessible from GPU 1"), std::string::npos) << status;
+    EXPECT_NE(status.message().find("not memory of the caller's own blocks"), std::string::npos)
+        << status;
+  };
+  // As an argument: the kernel never runs.
+  expect_refused(poke, pack(victim.va + 8, 99), victim.va + 8);
+  // Through a pointer X stored in its own memory.
+  const DevicePtr stored = victim.va + 16;
+  HIBER_ASSERT_OK(device_->copy_host_to_device(on_own, own.va, &stored, sizeof(stored)));
+  expect_refused(store_through, pack(own.va, 77), stored);
+  // A refusal fails the launch even if the kernel carries on and reports success.
+  expect_refused(function(m, "sim_ignore_refusal"), pack(own.va), stored);
+
+  std::vector<int> after(written.size());
+  HIBER_ASSERT_OK(device_->copy_device_to_host(on_victim, after.data(), victim.va, g));
+  HIBER_ASSERT_OK(device_->synchronize_stream(on_victim));
+  EXPECT_EQ(after, written);
+
+  // X's own memory, one past its end, and an integer that is no device address all pass.
+  const uint64_t integer = 0x123456789abcdef;
+  for (uint64_t value : {own.va + g, integer}) {
+    HIBER_ASSERT_OK(device_->launch(on_own, copy_param, {}, pack(own.va + 64, value)));
+    HIBER_ASSERT_OK(device_->synchronize_stream(on_own));
+    EXPECT_EQ(reinterpret_cast<const uint64_t*>(own.va)[8], value);
+  }
+  const DevicePtr own_target = own.va + 128;
+  HIBER_ASSERT_OK(device_->copy_host_to_device(on_own, own.va, &own_target, sizeof(own_target)));
+  HIBER_ASSERT_OK(device_->launch(on_own, store_through, {}, pack(own.va, 77)));
+  HIBER_ASSERT_OK(device_->synchronize_stream(on_own));
+  EXPECT_EQ(reinterpret_cast<const int*>(own.va)[32], 77);
+  // One past X's last byte is not one past the end when another function's range starts there:
+  // that is the other function's first block.
+  Allocation next = allocate(0, g);
+  ASSERT_EQ(next.va, own.va + g) << "reservations are made one after another";
+  expect_refused(copy_param, pack(own.va + 64, next.va), next.va);
+  free(next);
+  // V's kernels on GPU 0 reach V's block, through the same pointer X was refused.
+  HIBER_ASSERT_OK(device_->copy_host_to_device(on_victim, victim.va + 64, &stored, 8));
+  HIBER_ASSERT_OK(device_->launch(on_victim, store_through, {}, pack(victim.va + 64, 55)));
+  HIBER_ASSERT_OK(device_->synchronize_stream(on_victim));
+  EXPECT_EQ(reinterpret_cast<const int*>(victim.va)[4], 55);
+  free(victim);
+  free(own);
 }
 
 // Signal handlers of the fault tests (async-signal-safe: write, _exit, atomics).

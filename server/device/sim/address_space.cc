@@ -210,6 +210,19 @@ Result<int> AddressSpace::check(const DeviceRange& range) const {
   return it->second.block->gpu();
 }
 
+Status AddressSpace::check_argument(uint64_t word, int gpu) const {
+  ReaderLock lock(mu_);
+  const auto in = reservation_of(word, 0);
+  if (in == reservations_.end()) return Status();
+  const Status at = check_locked({word, 1, gpu}, ErrorCode::kIllegalAddress);
+  if (at.ok()) return at;
+  // One past the end of accessible memory, within one reserved range: the start of another
+  // range (another function's, whose first block may lie there) is never that.
+  if (word > in->first && check_locked({word - 1, 1, gpu}, ErrorCode::kIllegalAddress).ok())
+    return Status();
+  return at;
+}
+
 std::byte* AddressSpace::direct_locked(const DeviceRange& range) const {
   if (range.bytes == 0) return nullptr;
   auto it = std::prev(mappings_.upper_bound(range.va));  // exists: the check found it

@@ -9,7 +9,9 @@
 // Copies and memsets run their device-side memory accesses through access(), which holds a
 // shared lock while it checks and runs them: a mapping cannot go away under a copy, and a copy
 // that finds its memory gone fails instead of faulting. Kernels touch memory without the lock
-// (a fault there is caught by fault_guard.h) and are not checked against set_access.
+// (a fault there is caught by fault_guard.h); what is checked against set_access for them is
+// their pointer arguments (check_argument) and the ranges they ask about (check), as
+// sim_kernel_plugin.h describes.
 #pragma once
 
 #include <array>
@@ -59,6 +61,11 @@ class AddressSpace {
   // mapped at range.va (where a copy's data physically starts); otherwise kInvalidValue naming
   // the first address that is not. REQUIRES: range.bytes > 0.
   Result<int> check(const DeviceRange& range) const;
+  // A kernel argument word, before the kernel runs: OK unless `word` lies in a reserved range
+  // and neither it nor the byte before it in the same range (a pointer one past the end of a
+  // block) is mapped and accessible from `gpu`; then kIllegalAddress naming the address. Words
+  // outside every reserved range are not device addresses (integers, say) and pass.
+  Status check_argument(uint64_t word, int gpu) const;
   static constexpr size_t kMaxAccessRanges = 2;
   // Checks each range (at most kMaxAccessRanges) as check() does, then runs
   // fn(std::span<std::byte* const> direct) while no mapping can change. direct[i] is where

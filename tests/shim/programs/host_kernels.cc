@@ -5,6 +5,7 @@
 // Each function runs every thread of the grid in turn and computes exactly what the CUDA kernel
 // computes, with the same expressions and the same integer widths. The mangled names must not
 // collide with tests/kernels' (hiberd refuses a kernel registered twice).
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -24,6 +25,8 @@ int saxpy_kernel(const HiberSimLaunch* l) {
   auto a = arg<float>(l, 1);
   auto x = arg<const float*>(l, 2);
   auto y = arg<float*>(l, 3);
+  const uint64_t used = touched(l, n);
+  if (used > 0 && (!may_access(l, x, used) || !may_access(l, y, used))) return kIllegalAddress;
   for_each_index(l, n, [&](int i) { y[i] = a * x[i] + y[i]; });
   return kSuccess;
 }
@@ -36,6 +39,8 @@ int scale_offset(const HiberSimLaunch* l) {
   auto n = arg<int>(l, 2);
   auto scale = arg<float>(l, 3);
   auto offset = arg<float>(l, 4);
+  const uint64_t used = touched(l, n);
+  if (used > 0 && (!may_access(l, in, used) || !may_access(l, out, used))) return kIllegalAddress;
   for_each_index(l, n, [&](int i) { out[i] = in[i] * scale + offset; });
   return kSuccess;
 }
@@ -49,6 +54,9 @@ int xor_bytes(const HiberSimLaunch* l) {
   auto b = arg<const unsigned char*>(l, 1);
   auto out = arg<unsigned char*>(l, 2);
   auto n = arg<unsigned long long>(l, 3);
+  const uint64_t used = std::min<uint64_t>(n, uint64_t{l->grid.x} * l->block.x);
+  if (used > 0 && (!may_access(l, a, used) || !may_access(l, b, used) || !may_access(l, out, used)))
+    return kIllegalAddress;
   for_each_thread(l, [&](const ThreadIndex& t) {
     unsigned long long i = static_cast<unsigned long long>(t.block.x) * l->block.x + t.thread.x;
     if (i < n) out[i] = a[i] ^ b[i];
