@@ -2,6 +2,7 @@
 
 #include <capnp/message.h>
 
+#include <algorithm>
 #include <string>
 #include <variant>
 
@@ -95,7 +96,9 @@ Status ControlService::check_token(const wire::Message& request, std::string_vie
       }));
   if (presented.empty()) {
     return Status(ErrorCode::kNotPermitted,
-                  "a control request over TCP must carry the node's control token");
+                  "a control request must carry the node's control token (hiberd's "
+                  "--control_token_file; by default the control-token file beside the control "
+                  "socket)");
   }
   if (!tokens_equal(presented, token)) {
     return Status(ErrorCode::kNotPermitted, "wrong control token");
@@ -126,7 +129,7 @@ Status ControlService::answer(const wire::Message& message, ReplySender send) {
     send(reply_frame(done.ok() ? control::Reply(control::Ok{}) : control::Reply(done.status())));
   };
   std::visit(Overloaded{
-                 [&](const control::StatusQuery&) { answer_status(send); },
+                 [&](const control::StatusQuery& q) { answer_status(send, q); },
                  [&](const control::Ping&) { send(reply_frame(control::Reply(control::Pong{}))); },
                  [&](const wire::FunctionRegistration& f) {
                    auto registration = registration_of(f);
@@ -161,12 +164,12 @@ Status ControlService::answer(const wire::Message& message, ReplySender send) {
   return Status();
 }
 
-void ControlService::answer_status(ReplySender send) {
+void ControlService::answer_status(ReplySender send, control::StatusQuery page) {
   // The daemon's part now; the controller's when its thread gets to it.
   DaemonReport report = daemon_report_();
   const ModuleCacheStats cache = modules_.stats();
-  controller_.status([this, send, report = std::move(report),
-                      cache](Result<ControllerStatus> controller) {
+  controller_.status([this, send, report = std::move(report), cache,
+                      page](Result<ControllerStatus> controller) {
     if (!controller.ok()) return send(error_frame(controller.status()));
     const std::vector<SessionSnapshot>& sessions = report.sessions;
     const DaemonReport& counters = report;
@@ -237,10 +240,17 @@ void ControlService::answer_status(ReplySender send) {
         out.setFailedCalls(s.failed_calls);
         out.setConnectedSeconds(s.connected_seconds);
       }
-      auto functions = status.initFunctions(static_cast<unsigned>(controller->functions.size()));
-      for (size_t i = 0; i < controller->functions.size(); ++i) {
+      // The page asked for: [first, end) of every function.
+      const uint64_t count = controller->functions.size();
+      const uint64_t first = std::min(page.function_offset, count);
+      const uint64_t end =
+          page.function_limit == 0 ? count : std::min(count, first + page.function_limit);
+      status.setFunctionCount(count);
+      status.setFunctionOffset(first);
+      auto functions = status.initFunctions(static_cast<unsigned>(end - first));
+      for (uint64_t i = first; i < end; ++i) {
         const ControllerStatus::Function& f = controller->functions[i];
-        auto out = functions[static_cast<unsigned>(i)];
+        auto out = functions[static_cast<unsigned>(i - first)];
         out.setFunctionId(f.function_id);
         out.setRegistered(f.registered);
         out.setStateful(f.stateful);
