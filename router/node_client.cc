@@ -3,8 +3,8 @@
 #include <netdb.h>
 
 #include <array>
-#include <optional>
 #include <cstring>
+#include <optional>
 
 #include <capnp/message.h>
 #include <glog/logging.h>
@@ -108,8 +108,8 @@ const std::string& NodeClient::token() {
   if (token_.empty() && !address_.tcp) {
     // Until it can be read (hiberd creates it as it starts), requests go without one and hiberd
     // refuses them saying so.
-    const std::string path = address_.text.rfind("unix:", 0) == 0 ? address_.text.substr(5)
-                                                                   : address_.text;
+    const std::string path =
+        address_.text.rfind("unix:", 0) == 0 ? address_.text.substr(5) : address_.text;
     Result<std::string> read = wire::read_token_file(control_token_path(path));
     if (read.ok()) {
       token_ = std::move(*read);

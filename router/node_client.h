@@ -44,8 +44,8 @@ Result<ControlAddress> parse_control_address(const std::string& text);
 
 struct NodeConfig {
   std::string name;
-  std::string control;     // a ControlAddress
-  std::string run_dir;     // where the node's function socket and token are, for workers
+  std::string control;  // a ControlAddress
+  std::string run_dir;  // where the node's function socket and token are, for workers
   // The control token's file: required for a TCP address; for a Unix socket, empty means the
   // control-token file beside it.
   std::string token_file;

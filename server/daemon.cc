@@ -781,13 +781,16 @@ Result<wire::Message> Daemon::status_page_for_metrics(uint64_t offset) {
     return frame.status();
   }
   if (!frame.ok()) return frame.status();
-  wire::FrameReader reader;
-  const size_t used = reader.feed(*frame);
-  HIBER_RETURN_IF_ERROR(reader.error());
-  if (!reader.complete() || used != frame->size()) {
+  // hiberd's own frame, whole: its length prefix, then the message. (Not a FrameReader: that
+  // bounds what clients send, far below a status reply.)
+  constexpr size_t kPrefix = 4;
+  if (frame->size() <= kPrefix) {
     return Status(ErrorCode::kInvalidValue, "the status reply is not one whole frame");
   }
-  return reader.message();
+  wire::Message message;
+  std::span<std::byte> bytes = message.resize(frame->size() - kPrefix);
+  std::memcpy(bytes.data(), frame->data() + kPrefix, bytes.size());
+  return message;
 }
 
 ControlService::DaemonReport Daemon::daemon_report() const {

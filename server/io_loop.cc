@@ -17,8 +17,7 @@ struct IoLoop::Ring {
   std::unordered_map<OpId, std::unique_ptr<__kernel_timespec>> timeout_specs;
 };
 
-Result<std::unique_ptr<IoLoop>> IoLoop::create(unsigned queue_depth,
-                                              unsigned completion_entries) {
+Result<std::unique_ptr<IoLoop>> IoLoop::create(unsigned queue_depth, unsigned completion_entries) {
   if (completion_entries != 0 && completion_entries < queue_depth) {
     return error(ErrorCode::kInvalidValue, "a completion queue of ", completion_entries,
                  " entries is smaller than the queue depth ", queue_depth);

@@ -86,12 +86,14 @@ Result<Message> ControlClient::exchange_once(const control::RequestBody& body) {
   Message reply;
   HIBER_RETURN_IF_ERROR(
       exchange_frame(fd_.get(), frame, reply, nullptr, timeout_, kMaxControlReplyBytes));
-  used_ = true;
   Status refused = read_message<proto::ControlReply>(
       reply, "control reply", [](proto::ControlReply::Reader r) -> Status {
         if (!r.isError()) return Status();
         return Status(static_cast<ErrorCode>(r.getError().getCode()), r.getError().getMessage());
       });
+  // A refused client (a wrong token, a uid not allowed) was disconnected on purpose: asking
+  // again would only be refused again.
+  used_ = refused.code() != ErrorCode::kNotPermitted;
   if (!refused.ok()) return refused;
   return reply;
 }

@@ -65,7 +65,8 @@ Result<control::Request> read_control_request(proto::ControlRequest::Reader in) 
   request.token = in.getToken().cStr();
   switch (in.which()) {
     case proto::ControlRequest::STATUS:
-      request.body = control::StatusQuery{in.getStatusFunctionOffset(), in.getStatusFunctionLimit()};
+      request.body =
+          control::StatusQuery{in.getStatusFunctionOffset(), in.getStatusFunctionLimit()};
       return request;
     case proto::ControlRequest::PING: request.body = control::Ping{}; return request;
     case proto::ControlRequest::REGISTER_FUNCTION: {

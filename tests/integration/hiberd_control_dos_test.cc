@@ -301,9 +301,8 @@ TEST(ControlDos, TheUnixControlSocketAsksForTheControlToken) {
   auto ping = run_program({hiberctl_path(), "--run_dir=" + hiberd.run_dir(), "ping"});
   EXPECT_EQ(ping.exit_code, 0) << ping.output;
   const std::string auth_file = hiberd.run_dir() + "/auth-token";
-  auto wrong = run_program(
-      {hiberctl_path(), "--run_dir=" + hiberd.run_dir(), "--control_token_file=" + auth_file,
-       "ping"});
+  auto wrong = run_program({hiberctl_path(), "--run_dir=" + hiberd.run_dir(),
+                            "--control_token_file=" + auth_file, "ping"});
   EXPECT_NE(wrong.exit_code, 0);
   EXPECT_NE(wrong.output.find("wrong control token"), std::string::npos) << wrong.output;
 }
