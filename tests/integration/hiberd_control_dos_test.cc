@@ -210,6 +210,14 @@ TEST(ControlDos, AnIdleControlConnectionIsClosed) {
   const Status closed = wire::receive_frame(idle->get(), nothing, nullptr, 10s);
   EXPECT_EQ(closed.code(), ErrorCode::kDeinitialized) << closed;
 
+  // So is one idle after a request.
+  auto used = wire::connect_unix(hiberd.control_socket_path());
+  ASSERT_TRUE(used.ok());
+  const std::string token = *wire::read_token_file(hiberd.control_token_file());
+  ASSERT_TRUE(exchange(used->get(), wire::control::Ping{}, token).ok());
+  const Status closed_after = wire::receive_frame(used->get(), nothing, nullptr, 10s);
+  EXPECT_EQ(closed_after.code(), ErrorCode::kDeinitialized) << closed_after;
+
   // A client left idle as long reconnects by itself on its next request.
   auto client = hiberd.control();
   ASSERT_TRUE(client.ok()) << client.status();
