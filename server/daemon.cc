@@ -512,8 +512,8 @@ void Daemon::send_frame(Connection& connection, std::vector<std::byte> frame, in
   send_rest(connection, std::move(then));
 }
 
-// A Unix stream socket takes a handshake frame whole, but a TCP socket may take a large reply
-// (a status report) in parts: each completion sends what is left.
+// A socket, Unix or TCP, may take a frame (a large status reply) in parts: each completion sends
+// what is left, so a short sendmsg never cuts a reply.
 void Daemon::send_rest(Connection& connection, std::function<void(Connection&)> then) {
   connection.iov = {connection.out.data() + connection.sent,
                     connection.out.size() - connection.sent};
