@@ -20,6 +20,12 @@ std::string function_socket_path(const std::string& run_dir) { return run_dir + 
 std::string control_socket_path(const std::string& run_dir) { return run_dir + "/control.sock"; }
 std::string auth_token_path(const std::string& run_dir) { return run_dir + "/auth-token"; }
 
+std::string control_token_path(const std::string& control_socket) {
+  const size_t slash = control_socket.rfind('/');
+  if (slash == std::string::npos) return "control-token";
+  return control_socket.substr(0, slash + 1) + "control-token";
+}
+
 Result<std::string> client_auth_token(const std::string& token_file) {
   if (const char* token = std::getenv("HIBER_AUTH_TOKEN"); token != nullptr && *token != '\0') {
     return std::string(token);

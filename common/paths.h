@@ -2,7 +2,8 @@
 //
 // The run directory is $HIBER_RUN_DIR if set, else /run/hiber for root and /tmp/hiber-<uid>
 // for other users (so developers run hiberd without privileges). Clients find the token in
-// $HIBER_AUTH_TOKEN, or else in the run directory's auth-token file.
+// $HIBER_AUTH_TOKEN, or else in the run directory's auth-token file. Operators and the router
+// find the control token in the control-token file beside the control socket.
 #pragma once
 
 #include <cstdint>
@@ -16,6 +17,9 @@ std::string default_run_dir();
 std::string function_socket_path(const std::string& run_dir);  // <run_dir>/hiberd.sock
 std::string control_socket_path(const std::string& run_dir);   // <run_dir>/control.sock
 std::string auth_token_path(const std::string& run_dir);       // <run_dir>/auth-token
+// The control token's default file: "control-token" in the control socket's directory (so
+// <run_dir>/control-token), where hiberd creates it and its clients look for it.
+std::string control_token_path(const std::string& control_socket);
 
 // Writes `port` and a newline to `path` whole or not at all (a temporary file renamed), so that
 // a script or test waiting for the file never reads half a number: the --*_port_file flags.

@@ -4,6 +4,7 @@
 
 #include <array>
 #include <cstring>
+#include <optional>
 
 #include <capnp/message.h>
 #include <glog/logging.h>
@@ -14,11 +15,13 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/write.hpp>
 
+#include "common/paths.h"
 #include "wire/control_client.h"
 #include "wire/control_codec.h"
 #include "wire/limits.h"
 #include "wire/schema/control.capnp.h"
 #include "wire/socket_frame.h"
+#include "wire/status_pages.h"
 
 namespace hiber::router {
 namespace {
@@ -83,6 +86,7 @@ struct NodeClient::Exchange {
   std::function<void(Result<wire::Message>)> done;
   std::unique_ptr<asio::steady_timer> timer;
   bool timed_out = false;
+  bool reused = false;  // the connection came from the pool
 };
 
 Result<std::unique_ptr<NodeClient>> NodeClient::create(asio::io_context& io, NodeConfig config) {
@@ -100,6 +104,30 @@ Result<std::unique_ptr<NodeClient>> NodeClient::create(asio::io_context& io, Nod
       new NodeClient(io, std::move(config), std::move(address), std::move(token)));
 }
 
+const std::string& NodeClient::token() {
+  if (token_.empty() && !address_.tcp) {
+    // Until it can be read (hiberd creates it as it starts), requests go without one and hiberd
+    // refuses them saying so.
+    const std::string path =
+        address_.text.rfind("unix:", 0) == 0 ? address_.text.substr(5) : address_.text;
+    Result<std::string> read = wire::read_token_file(control_token_path(path));
+    if (read.ok()) {
+      token_ = std::move(*read);
+    } else {
+      LOG_EVERY_N(WARNING, 100) << "node " << config_.name << ": " << read.status();
+    }
+  }
+  return token_;
+}
+
+Result<std::vector<std::byte>> NodeClient::request_frame(wire::control::RequestBody body) {
+  capnp::MallocMessageBuilder request;
+  wire::control::Request typed{wire::current_protocol_version(), std::move(body)};
+  typed.token = token();
+  wire::write_control_request(request.initRoot<wire::proto::ControlRequest>(), typed);
+  return wire::encode_frame(request);
+}
+
 NodeClient::NodeClient(asio::io_context& io, NodeConfig config, ControlAddress address,
                        std::string token)
     : io_(io), config_(std::move(config)), address_(std::move(address)), token_(std::move(token)) {}
@@ -108,16 +136,12 @@ NodeClient::~NodeClient() { *alive_ = false; }
 
 void NodeClient::call(wire::control::RequestBody body, ReplyHandler done,
                       std::chrono::milliseconds timeout) {
-  auto exchange = std::make_shared<Exchange>();
-  capnp::MallocMessageBuilder request;
-  wire::control::Request typed{wire::current_protocol_version(), std::move(body)};
-  typed.token = token_;
-  wire::write_control_request(request.initRoot<wire::proto::ControlRequest>(), typed);
-  Result<std::vector<std::byte>> frame = wire::encode_frame(request);
+  Result<std::vector<std::byte>> frame = request_frame(std::move(body));
   if (!frame.ok()) {
     asio::post(io_, [done = std::move(done), status = frame.status()] { done(status); });
     return;
   }
+  auto exchange = std::make_shared<Exchange>();
   exchange->frame = std::move(*frame);
   exchange->done = [done = std::move(done)](Result<wire::Message> message) {
     if (!message.ok()) return done(message.status());
@@ -142,15 +166,29 @@ void NodeClient::call(wire::control::RequestBody body, ReplyHandler done,
 }
 
 void NodeClient::status(StatusHandler done) {
+  status_from(0, std::make_shared<std::vector<wire::Message>>(), std::move(done));
+}
+
+void NodeClient::status_from(uint64_t offset, std::shared_ptr<std::vector<wire::Message>> pages,
+                             StatusHandler done) {
+  Result<std::vector<std::byte>> frame =
+      request_frame(wire::control::StatusQuery{offset, wire::kStatusPageFunctions});
+  if (!frame.ok()) {
+    asio::post(io_, [done = std::move(done), status = frame.status()] { done(status); });
+    return;
+  }
   auto exchange = std::make_shared<Exchange>();
-  capnp::MallocMessageBuilder request;
-  wire::control::Request typed{wire::current_protocol_version(), wire::control::StatusQuery{}};
-  typed.token = token_;
-  wire::write_control_request(request.initRoot<wire::proto::ControlRequest>(), typed);
-  Result<std::vector<std::byte>> frame = wire::encode_frame(request);
-  CHECK(frame.ok()) << frame.status();  // a status request is a few bytes
   exchange->frame = std::move(*frame);
-  exchange->done = std::move(done);
+  exchange->done = [this, pages, done = std::move(done),
+                    alive = std::weak_ptr<bool>(alive_)](Result<wire::Message> page) mutable {
+    if (!page.ok()) return done(page.status());
+    Result<std::optional<uint64_t>> next = wire::next_status_page(*page);
+    if (!next.ok()) return done(next.status());
+    pages->push_back(std::move(*page));
+    if (!*next) return done(wire::merge_status_pages(*pages));
+    if (alive.expired()) return;
+    status_from(**next, std::move(pages), std::move(done));
+  };
   exchange->timer = std::make_unique<asio::steady_timer>(io_, std::chrono::seconds(10));
   start(std::move(exchange));
 }
@@ -168,9 +206,14 @@ void NodeClient::start(std::shared_ptr<Exchange> exchange) {
   if (!idle_.empty()) {
     exchange->connection = std::move(idle_.back());
     idle_.pop_back();
+    exchange->reused = true;
     send(std::move(exchange));
     return;
   }
+  connect(std::move(exchange));
+}
+
+void NodeClient::connect(std::shared_ptr<Exchange> exchange) {
   exchange->connection = std::make_unique<Connection>(io_);
   Connection& connection = *exchange->connection;
   connection.socket.async_connect(
@@ -230,6 +273,13 @@ void NodeClient::receive(std::shared_ptr<Exchange> exchange) {
 }
 
 void NodeClient::finish(const std::shared_ptr<Exchange>& exchange, Result<wire::Message> reply) {
+  // hiberd closed a pooled connection for being idle before it read this request (nothing of
+  // the reply came): the request was not acted on, so it goes again on a new connection.
+  if (!reply.ok() && exchange->reused && !exchange->timed_out && exchange->received == 0) {
+    exchange->reused = false;
+    connect(exchange);
+    return;
+  }
   --outstanding_;
   if (exchange->timer) exchange->timer->cancel();
   if (reply.ok()) {

@@ -5,7 +5,13 @@
 // hiberd answers one request at a time per connection, and requestStart is answered only once
 // the request has started, so each exchange takes a connection of its own from the pool (or opens
 // one) and gives it back after the reply. A connection that fails is dropped, and the node is
-// marked down until an exchange succeeds again.
+// marked down until an exchange succeeds again; but one taken from the pool that hiberd closed
+// for being idle (--control_idle_timeout_ms) before the request reached it is replaced by a new
+// one, and the request sent again.
+//
+// Every request carries the node's control token: the token_file's, or else the one in the
+// control-token file beside a Unix control socket (read when first needed, so the router may
+// start before hiberd).
 //
 // Thread safety: every call and every handler runs on the io_context's one thread.
 #pragma once
@@ -38,9 +44,11 @@ Result<ControlAddress> parse_control_address(const std::string& text);
 
 struct NodeConfig {
   std::string name;
-  std::string control;     // a ControlAddress
-  std::string run_dir;     // where the node's function socket and token are, for workers
-  std::string token_file;  // the control token, for a TCP address
+  std::string control;  // a ControlAddress
+  std::string run_dir;  // where the node's function socket and token are, for workers
+  // The control token's file: required for a TCP address; for a Unix socket, empty means the
+  // control-token file beside it.
+  std::string token_file;
 };
 
 class NodeClient {
@@ -59,7 +67,8 @@ class NodeClient {
   // timeout of zero waits as long as hiberd takes (requestStart waits for the GPU).
   void call(wire::control::RequestBody body, ReplyHandler done,
             std::chrono::milliseconds timeout = std::chrono::seconds(10));
-  // The node's status report, to read as proto::ControlReply.
+  // The node's status report, to read as proto::ControlReply: every function, fetched in pages
+  // (wire/status_pages.h) and merged.
   void status(StatusHandler done);
 
   // Exchanges in flight, for tests and the status page.
@@ -71,7 +80,13 @@ class NodeClient {
   NodeClient(boost::asio::io_context& io, NodeConfig config, ControlAddress address,
              std::string token);
 
+  // The token every request carries (read from the default file once it can be).
+  const std::string& token();
+  Result<std::vector<std::byte>> request_frame(wire::control::RequestBody body);
+  void status_from(uint64_t offset, std::shared_ptr<std::vector<wire::Message>> pages,
+                   StatusHandler done);
   void start(std::shared_ptr<Exchange> exchange);
+  void connect(std::shared_ptr<Exchange> exchange);
   void send(std::shared_ptr<Exchange> exchange);
   void receive(std::shared_ptr<Exchange> exchange);
   void finish(const std::shared_ptr<Exchange>& exchange, Result<wire::Message> reply);
@@ -79,7 +94,7 @@ class NodeClient {
   boost::asio::io_context& io_;
   const NodeConfig config_;
   const ControlAddress address_;
-  const std::string token_;
+  std::string token_;
   std::vector<std::unique_ptr<Connection>> idle_;
   size_t outstanding_ = 0;
   bool up_ = true;

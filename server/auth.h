@@ -3,8 +3,9 @@
 // Functions prove two things at the handshake: their process runs as an allowed user (the
 // kernel's SO_PEERCRED, which the client cannot forge) and they hold the node's secret token
 // (handed to function containers by the platform). Operators and the router on the control
-// socket need only the first; over the TCP control listener, which has no peer credentials,
-// every request carries the control token instead.
+// socket prove the first and hold the control token, another secret, which every control
+// request carries; over the TCP control listener, which has no peer credentials, the control
+// token is all they prove.
 #pragma once
 
 #include <sys/types.h>

@@ -2,6 +2,7 @@
 
 #include <capnp/message.h>
 
+#include <algorithm>
 #include <string>
 #include <variant>
 
@@ -101,7 +102,9 @@ Status ControlService::check_token(const wire::Message& request, std::string_vie
       }));
   if (presented.empty()) {
     return Status(ErrorCode::kNotPermitted,
-                  "a control request over TCP must carry the node's control token");
+                  "a control request must carry the node's control token (hiberd's "
+                  "--control_token_file; by default the control-token file beside the control "
+                  "socket)");
   }
   if (!tokens_equal(presented, token)) {
     return Status(ErrorCode::kNotPermitted, "wrong control token");
@@ -132,7 +135,7 @@ Status ControlService::answer(const wire::Message& message, ReplySender send) {
     send(reply_frame(done.ok() ? control::Reply(control::Ok{}) : control::Reply(done.status())));
   };
   std::visit(Overloaded{
-                 [&](const control::StatusQuery&) { answer_status(send); },
+                 [&](const control::StatusQuery& q) { answer_status(send, q); },
                  [&](const control::Ping&) { send(reply_frame(control::Reply(control::Pong{}))); },
                  [&](const wire::FunctionRegistration& f) {
                    auto registration = registration_of(f);
@@ -167,134 +170,141 @@ Status ControlService::answer(const wire::Message& message, ReplySender send) {
   return Status();
 }
 
-void ControlService::answer_status(ReplySender send) {
+void ControlService::answer_status(ReplySender send, control::StatusQuery page) {
   // The daemon's part now; the controller's when its thread gets to it.
   DaemonReport report = daemon_report_();
   const ModuleCacheStats cache = modules_.stats();
-  controller_.status([this, send, report = std::move(report),
-                      cache](Result<ControllerStatus> controller) {
-    if (!controller.ok()) return send(error_frame(controller.status()));
-    const std::vector<SessionSnapshot>& sessions = report.sessions;
-    const DaemonReport& counters = report;
-    const uint64_t malformed = report.malformed_messages;
-    const double uptime = report.uptime_seconds;
-    send(reply_frame([&](proto::ControlReply::Builder root) {
-      auto status = root.initStatus();
-      const wire::ProtocolVersion ours = wire::current_protocol_version();
-      auto version = status.initServerVersion();
-      version.setMajor(ours.major);
-      version.setMinor(ours.minor);
-      status.setBackend(device_.backend_name());
-      status.setNodeName(device_.topology().name);
-      status.setUptimeSeconds(uptime);
-      std::vector<uint64_t> session_bytes(device_.gpu_count(), 0);
-      for (int g = 0; g < device_.gpu_count(); ++g) {
-        session_bytes[g] = controller->gpus[g].pool.allocated_bytes;
-      }
-      auto devices = status.initDevices(static_cast<unsigned>(device_.gpu_count()));
-      for (int g = 0; g < device_.gpu_count(); ++g) {
-        const ControllerStatus::Gpu& gpu = controller->gpus[g];
-        auto d = devices[static_cast<unsigned>(g)];
-        d.setOrdinal(static_cast<uint32_t>(g));
-        d.setName(device_.properties(g).name);
-        d.setTotalBytes(device_.properties(g).total_memory_bytes);
-        d.setSessionBytes(session_bytes[g]);
-        d.setHealthy(gpu.healthy);
-        d.setDrained(gpu.drained);
-        d.setRunningFunction(gpu.running);
-        d.setPoolBytes(gpu.pool_bytes);
-        d.setPoolAllocatedBytes(gpu.pool.allocated_bytes);
-        d.setPoolLargestFreeBytes(gpu.pool.largest_free_bytes);
-        d.setPoolFragmentation(gpu.pool.fragmentation());
-        d.setSwapsIn(gpu.swaps_in);
-        d.setSwapInBytes(gpu.swap_in_bytes);
-        d.setSwapInSeconds(gpu.swap_in_seconds);
-        d.setEvictions(gpu.evictions);
-        auto reasons = d.initEvictionsByReason(node::kEvictionReasons);
-        for (size_t r = 0; r < node::kEvictionReasons; ++r) {
-          reasons[static_cast<unsigned>(r)].setReason(
-              node::eviction_reason_name(static_cast<node::EvictionReason>(r)));
-          reasons[static_cast<unsigned>(r)].setCount(gpu.evictions_by_reason[r]);
-        }
-      }
-      auto links = status.initSwapsByLink(node::kSwapLinks);
-      for (size_t l = 0; l < node::kSwapLinks; ++l) {
-        auto out = links[static_cast<unsigned>(l)];
-        out.setLink(node::swap_link_name(static_cast<node::SwapLink>(l)));
-        out.setSwaps(controller->swaps_by_link[l].swaps);
-        out.setBytes(controller->swaps_by_link[l].bytes);
-      }
-      write_histogram(controller->swap_seconds, status.initSwapDuration());
-      auto list = status.initSessions(static_cast<unsigned>(sessions.size()));
-      for (size_t i = 0; i < sessions.size(); ++i) {
-        const SessionSnapshot& s = sessions[i];
-        auto out = list[static_cast<unsigned>(i)];
-        out.setId(s.identity.id.value());
-        out.setFunctionId(s.identity.function_id);
-        out.setPid(s.identity.peer.pid);
-        out.setUid(s.identity.peer.uid);
-        // The wire's "between requests" is -1 (and 0 in the pre-1.2 field).
-        out.setGpu(s.gpu ? static_cast<uint32_t>(s.gpu->value()) : 0);
-        out.setBoundGpu(s.gpu ? s.gpu->value() : -1);
-        out.setAllocatedBytes(s.allocated_bytes);
-        out.setQuotaBytes(s.quota_bytes);
-        out.setBatches(s.batches);
-        out.setCalls(s.calls);
-        out.setFailedCalls(s.failed_calls);
-        out.setConnectedSeconds(s.connected_seconds);
-      }
-      auto functions = status.initFunctions(static_cast<unsigned>(controller->functions.size()));
-      for (size_t i = 0; i < controller->functions.size(); ++i) {
-        const ControllerStatus::Function& f = controller->functions[i];
-        auto out = functions[static_cast<unsigned>(i)];
-        out.setFunctionId(f.function_id);
-        out.setRegistered(f.registered);
-        out.setStateful(f.stateful);
-        out.setHeavy(f.heavy);
-        out.setModelBytes(f.model_bytes);
-        out.setHostCopyBytes(f.host_copy_bytes);
-        auto gpus = out.initResidentGpus(static_cast<unsigned>(f.resident_gpus.size()));
-        for (size_t g = 0; g < f.resident_gpus.size(); ++g) {
-          gpus.set(static_cast<unsigned>(g), static_cast<uint32_t>(f.resident_gpus[g]));
-        }
-        out.setRequests(f.requests);
-        out.setOnTime(f.on_time);
-        out.setRrc(f.rrc);
-      }
-      auto sched = status.initScheduler();
-      sched.setPlacement(controller->placement);
-      sched.setEviction(controller->eviction);
-      sched.setQueue(controller->queue);
-      sched.setQueued(controller->queued);
-      sched.setArrivals(controller->counters.arrivals);
-      sched.setBackground(controller->counters.background);
-      sched.setCompleted(controller->counters.completed);
-      sched.setOnTime(controller->counters.on_time);
-      sched.setResidentStarts(controller->counters.resident_starts);
-      sched.setPeerSwaps(controller->counters.peer_swaps);
-      sched.setHostSwaps(controller->counters.host_swaps);
-      sched.setEvictions(controller->counters.evictions);
-      sched.setSwapGroupBytes(controller->swap_group_bytes);
-      sched.setHostPoolBytes(controller->host_pool.capacity_bytes);
-      sched.setHostPoolUsedBytes(controller->host_pool.model_bytes +
-                                 controller->host_pool.staging_bytes);
-      sched.setDrainingNode(controller->draining);
-      auto out = status.initCounters();
-      out.setSessionsOpened(counters.sessions_opened);
-      out.setSessionsClosed(counters.sessions_closed);
-      out.setHandshakesRejected(counters.handshakes_rejected);
-      out.setMalformedMessages(malformed);
-      out.setControlRequests(counters.control_requests);
-      out.setCachedModules(cache.entries);
-      out.setCachedModuleBytes(cache.image_bytes);
-      out.setModuleCacheHits(cache.hits);
-      out.setModuleCacheMisses(cache.misses);
-      out.setModuleCacheUnknownHashes(cache.unknown_hashes);
-      out.setRemotedCalls(counters.remoted_calls);
-      out.setRemotedBatches(counters.remoted_batches);
-      write_histogram(counters.batch_sizes, out.initBatchSize());
-    }));
-  });
+  controller_.status(
+      [this, send, report = std::move(report), cache, page](Result<ControllerStatus> controller) {
+        if (!controller.ok()) return send(error_frame(controller.status()));
+        const std::vector<SessionSnapshot>& sessions = report.sessions;
+        const DaemonReport& counters = report;
+        const uint64_t malformed = report.malformed_messages;
+        const double uptime = report.uptime_seconds;
+        send(reply_frame([&](proto::ControlReply::Builder root) {
+          auto status = root.initStatus();
+          const wire::ProtocolVersion ours = wire::current_protocol_version();
+          auto version = status.initServerVersion();
+          version.setMajor(ours.major);
+          version.setMinor(ours.minor);
+          status.setBackend(device_.backend_name());
+          status.setNodeName(device_.topology().name);
+          status.setUptimeSeconds(uptime);
+          std::vector<uint64_t> session_bytes(device_.gpu_count(), 0);
+          for (int g = 0; g < device_.gpu_count(); ++g) {
+            session_bytes[g] = controller->gpus[g].pool.allocated_bytes;
+          }
+          auto devices = status.initDevices(static_cast<unsigned>(device_.gpu_count()));
+          for (int g = 0; g < device_.gpu_count(); ++g) {
+            const ControllerStatus::Gpu& gpu = controller->gpus[g];
+            auto d = devices[static_cast<unsigned>(g)];
+            d.setOrdinal(static_cast<uint32_t>(g));
+            d.setName(device_.properties(g).name);
+            d.setTotalBytes(device_.properties(g).total_memory_bytes);
+            d.setSessionBytes(session_bytes[g]);
+            d.setHealthy(gpu.healthy);
+            d.setDrained(gpu.drained);
+            d.setRunningFunction(gpu.running);
+            d.setPoolBytes(gpu.pool_bytes);
+            d.setPoolAllocatedBytes(gpu.pool.allocated_bytes);
+            d.setPoolLargestFreeBytes(gpu.pool.largest_free_bytes);
+            d.setPoolFragmentation(gpu.pool.fragmentation());
+            d.setSwapsIn(gpu.swaps_in);
+            d.setSwapInBytes(gpu.swap_in_bytes);
+            d.setSwapInSeconds(gpu.swap_in_seconds);
+            d.setEvictions(gpu.evictions);
+            auto reasons = d.initEvictionsByReason(node::kEvictionReasons);
+            for (size_t r = 0; r < node::kEvictionReasons; ++r) {
+              reasons[static_cast<unsigned>(r)].setReason(
+                  node::eviction_reason_name(static_cast<node::EvictionReason>(r)));
+              reasons[static_cast<unsigned>(r)].setCount(gpu.evictions_by_reason[r]);
+            }
+          }
+          auto links = status.initSwapsByLink(node::kSwapLinks);
+          for (size_t l = 0; l < node::kSwapLinks; ++l) {
+            auto out = links[static_cast<unsigned>(l)];
+            out.setLink(node::swap_link_name(static_cast<node::SwapLink>(l)));
+            out.setSwaps(controller->swaps_by_link[l].swaps);
+            out.setBytes(controller->swaps_by_link[l].bytes);
+          }
+          write_histogram(controller->swap_seconds, status.initSwapDuration());
+          auto list = status.initSessions(static_cast<unsigned>(sessions.size()));
+          for (size_t i = 0; i < sessions.size(); ++i) {
+            const SessionSnapshot& s = sessions[i];
+            auto out = list[static_cast<unsigned>(i)];
+            out.setId(s.identity.id.value());
+            out.setFunctionId(s.identity.function_id);
+            out.setPid(s.identity.peer.pid);
+            out.setUid(s.identity.peer.uid);
+            // The wire's "between requests" is -1 (and 0 in the pre-1.2 field).
+            out.setGpu(s.gpu ? static_cast<uint32_t>(s.gpu->value()) : 0);
+            out.setBoundGpu(s.gpu ? s.gpu->value() : -1);
+            out.setAllocatedBytes(s.allocated_bytes);
+            out.setQuotaBytes(s.quota_bytes);
+            out.setBatches(s.batches);
+            out.setCalls(s.calls);
+            out.setFailedCalls(s.failed_calls);
+            out.setConnectedSeconds(s.connected_seconds);
+          }
+          // The page asked for: [first, end) of every function.
+          const uint64_t count = controller->functions.size();
+          const uint64_t first = std::min(page.function_offset, count);
+          const uint64_t end =
+              page.function_limit == 0 ? count : std::min(count, first + page.function_limit);
+          status.setFunctionCount(count);
+          status.setFunctionOffset(first);
+          auto functions = status.initFunctions(static_cast<unsigned>(end - first));
+          for (uint64_t i = first; i < end; ++i) {
+            const ControllerStatus::Function& f = controller->functions[i];
+            auto out = functions[static_cast<unsigned>(i - first)];
+            out.setFunctionId(f.function_id);
+            out.setRegistered(f.registered);
+            out.setStateful(f.stateful);
+            out.setHeavy(f.heavy);
+            out.setModelBytes(f.model_bytes);
+            out.setHostCopyBytes(f.host_copy_bytes);
+            auto gpus = out.initResidentGpus(static_cast<unsigned>(f.resident_gpus.size()));
+            for (size_t g = 0; g < f.resident_gpus.size(); ++g) {
+              gpus.set(static_cast<unsigned>(g), static_cast<uint32_t>(f.resident_gpus[g]));
+            }
+            out.setRequests(f.requests);
+            out.setOnTime(f.on_time);
+            out.setRrc(f.rrc);
+          }
+          auto sched = status.initScheduler();
+          sched.setPlacement(controller->placement);
+          sched.setEviction(controller->eviction);
+          sched.setQueue(controller->queue);
+          sched.setQueued(controller->queued);
+          sched.setArrivals(controller->counters.arrivals);
+          sched.setBackground(controller->counters.background);
+          sched.setCompleted(controller->counters.completed);
+          sched.setOnTime(controller->counters.on_time);
+          sched.setResidentStarts(controller->counters.resident_starts);
+          sched.setPeerSwaps(controller->counters.peer_swaps);
+          sched.setHostSwaps(controller->counters.host_swaps);
+          sched.setEvictions(controller->counters.evictions);
+          sched.setSwapGroupBytes(controller->swap_group_bytes);
+          sched.setHostPoolBytes(controller->host_pool.capacity_bytes);
+          sched.setHostPoolUsedBytes(controller->host_pool.model_bytes +
+                                     controller->host_pool.staging_bytes);
+          sched.setDrainingNode(controller->draining);
+          auto out = status.initCounters();
+          out.setSessionsOpened(counters.sessions_opened);
+          out.setSessionsClosed(counters.sessions_closed);
+          out.setHandshakesRejected(counters.handshakes_rejected);
+          out.setMalformedMessages(malformed);
+          out.setControlRequests(counters.control_requests);
+          out.setCachedModules(cache.entries);
+          out.setCachedModuleBytes(cache.image_bytes);
+          out.setModuleCacheHits(cache.hits);
+          out.setModuleCacheMisses(cache.misses);
+          out.setModuleCacheUnknownHashes(cache.unknown_hashes);
+          out.setRemotedCalls(counters.remoted_calls);
+          out.setRemotedBatches(counters.remoted_batches);
+          write_histogram(counters.batch_sizes, out.initBatchSize());
+        }));
+      });
 }
 
 }  // namespace hiber::server

@@ -19,6 +19,7 @@
 #include "server/device/device.h"
 #include "server/module_cache.h"
 #include "server/session_types.h"
+#include "wire/control_types.h"
 #include "wire/message.h"
 
 namespace hiber::server {
@@ -52,9 +53,9 @@ class ControlService {
   // error means the request could not be read.
   Status answer(const wire::Message& request, ReplySender send);
 
-  // Whether a request carries `token` (compared in constant time): what the TCP control listener
-  // asks of every request, its peers having no uid to check. kNotPermitted when the token is
-  // missing or wrong; kInvalidValue when the request cannot be read.
+  // Whether a request carries `token` (compared in constant time): what every control request
+  // must carry, on the Unix socket and over TCP. kNotPermitted when the token is missing or
+  // wrong; kInvalidValue when the request cannot be read.
   static Status check_token(const wire::Message& request, std::string_view token);
 
   // The error reply frame that answers a control request with `why`.
@@ -63,8 +64,8 @@ class ControlService {
   // Answers a status request: the reply frame (a ControlReply holding a NodeStatus) comes
   // through `send`, later, on the controller's thread. On the daemon's loop thread, as answer().
   // hiberd's /metrics gets its report here too, so a scrape sees exactly what a status request
-  // would.
-  void answer_status(ReplySender send);
+  // would. `page` picks the functions listed (all of them by default).
+  void answer_status(ReplySender send, wire::control::StatusQuery page = {});
 
  private:
   device::Device& device_;

@@ -19,6 +19,7 @@
 #include <exception>
 #include <fstream>
 #include <future>
+#include <optional>
 
 #include <capnp/message.h>
 #include <glog/logging.h>
@@ -28,6 +29,7 @@
 #include "server/control_service.h"
 #include "server/session.h"
 #include "wire/handshake.h"
+#include "wire/status_pages.h"
 
 namespace hiber::server {
 namespace proto = wire::proto;
@@ -35,9 +37,6 @@ namespace proto = wire::proto;
 namespace {
 
 constexpr auto kSweepInterval = std::chrono::milliseconds(250);
-// Connections that have not yet become sessions (handshakes, control clients). Bounds what
-// clients that connect and say nothing can hold; each also times out.
-constexpr size_t kMaxPendingConnections = 256;
 // How long accepting pauses after an error such as running out of file descriptors.
 constexpr auto kAcceptRetry = std::chrono::milliseconds(100);
 
@@ -155,17 +154,21 @@ uint64_t round_up(uint64_t v, uint64_t to) { return (v + to - 1) / to * to; }
 }  // namespace
 
 struct Daemon::Connection {
-  enum class State { kReading, kSending, kLive, kClosing };
+  // kAnswering: a control request is with the control service (never idle, whatever it waits
+  // for: requestStart waits for a GPU).
+  enum class State { kReading, kAnswering, kSending, kLive, kClosing };
 
   uint64_t id = 0;
   bool control = false;
   bool tcp = false;            // the TCP control listener's: no peer credentials
-  bool authenticated = false;  // tcp: has sent a request with the right control token
+  bool authenticated = false;  // control: has sent a request with the right control token
   std::string remote;          // tcp: the peer's address, for the log
+  std::string peer_key;        // counted in pending_by_peer_ under this key; "" when not
   State state = State::kReading;
   UniqueFd fd;
   PeerCredentials peer;
   std::chrono::steady_clock::time_point accepted;
+  std::chrono::steady_clock::time_point idle_since;  // control: since its last reply
   bool late = false;    // still without a Hello, past the deadline, at the last sweep
   int outstanding = 0;  // io_uring operations in flight
 
@@ -190,7 +193,18 @@ Result<std::unique_ptr<Daemon>> Daemon::create(device::Device& device, DaemonOpt
                   "a TCP control listener needs a control token (--control_token_file)");
   }
   if (device.gpu_count() == 0) return Status(ErrorCode::kNoDevice, "the device has no GPUs");
-  auto loop = IoLoop::create(1024);
+  if (options.control_token.empty()) {
+    return Status(ErrorCode::kInvalidValue, "a control token is required");
+  }
+  if (tokens_equal(options.control_token, options.auth_token)) {
+    return Status(ErrorCode::kInvalidValue,
+                  "the control token must differ from the functions' auth token: a function "
+                  "must not be able to act as the operator");
+  }
+  if (options.max_pending_per_peer == 0 || options.max_pending_connections == 0) {
+    return Status(ErrorCode::kInvalidValue, "the pending-connection caps must be positive");
+  }
+  auto loop = IoLoop::create(options.io_queue_depth, options.io_completion_entries);
   if (!loop.ok()) return loop.status();
   // The GPUs first (the elbow measurement, the pools): the sockets appear once hiberd can serve.
   // A hiberd already serving the node holds its GPUs, so say that rather than "out of memory".
@@ -335,6 +349,9 @@ void Daemon::arm_accept(Listener listener) {
     // on its own, e.g. when its internal state overflowed): arm it again or nobody is accepted.
     if (more || shutting_down_) return;
     if (result >= 0) {
+      LOG(WARNING) << "the " << socket
+                   << " socket's multishot accept ended (completion queue overflow); accepting "
+                      "again";
       arm_accept(listener);
     } else {
       loop_->timeout(kAcceptRetry, [this, listener](int, bool) {
@@ -368,6 +385,7 @@ void Daemon::on_accept(int fd, Listener listener) {
   connection->fd.reset(fd);
   if (connection->tcp) connection->remote = tcp_peer(fd);
   connection->accepted = std::chrono::steady_clock::now();
+  connection->idle_since = connection->accepted;
   Connection& c = *connection;
   connections_.emplace(c.id, std::move(connection));
 
@@ -375,12 +393,13 @@ void Daemon::on_accept(int fd, Listener listener) {
     reject(c, Status(ErrorCode::kDeviceUnavailable, "hiberd is shutting down"));
     return;
   }
-  if (connections_.size() - live_sessions_ > kMaxPendingConnections) {
-    reject(c, error(ErrorCode::kDeviceUnavailable, "more than ", kMaxPendingConnections,
+  if (connections_.size() - live_sessions_ > options_.max_pending_connections) {
+    reject(c, error(ErrorCode::kDeviceUnavailable, "more than ", options_.max_pending_connections,
                     " connections are waiting to be served"));
     return;
   }
   if (c.tcp) {
+    if (!count_pending(c, "address " + c.remote.substr(0, c.remote.rfind(':')))) return;
     // No uid to check over TCP: each request proves itself with the control token. Requests
     // and replies are small and each waits for the other, so Nagle's delay would only add
     // latency.
@@ -401,7 +420,27 @@ void Daemon::on_accept(int fd, Listener listener) {
     reject(c, error(ErrorCode::kNotPermitted, "uid ", c.peer.uid, " may not use this hiberd"));
     return;
   }
+  if (!count_pending(c, "uid " + std::to_string(c.peer.uid))) return;
   receive_frame(c);
+}
+
+bool Daemon::count_pending(Connection& connection, std::string peer) {
+  size_t& pending = pending_by_peer_[peer];
+  if (pending >= options_.max_pending_per_peer) {
+    reject(connection, error(ErrorCode::kDeviceUnavailable, peer, " already holds ", pending,
+                             " connections waiting to be served (the most one peer may hold)"));
+    return false;
+  }
+  ++pending;
+  connection.peer_key = std::move(peer);
+  return true;
+}
+
+void Daemon::uncount_pending(Connection& connection) {
+  if (connection.peer_key.empty()) return;
+  auto it = pending_by_peer_.find(connection.peer_key);
+  if (--it->second == 0) pending_by_peer_.erase(it);
+  connection.peer_key.clear();
 }
 
 IoLoop::Handler Daemon::track(Connection& connection,
@@ -473,8 +512,8 @@ void Daemon::send_frame(Connection& connection, std::vector<std::byte> frame, in
   send_rest(connection, std::move(then));
 }
 
-// A Unix stream socket takes a handshake frame whole, but a TCP socket may take a large reply
-// (a status report) in parts: each completion sends what is left.
+// A socket, Unix or TCP, may take a frame (a large status reply) in parts: each completion sends
+// what is left, so a short sendmsg never cuts a reply.
 void Daemon::send_rest(Connection& connection, std::function<void(Connection&)> then) {
   connection.iov = {connection.out.data() + connection.sent,
                     connection.out.size() - connection.sent};
@@ -540,6 +579,7 @@ void Daemon::maybe_forget(Connection& connection) {
     connection.session.reset();
     --live_sessions_;
   }
+  uncount_pending(connection);
   connections_.erase(connection.id);
   maybe_finish_shutdown();
 }
@@ -602,6 +642,7 @@ void Daemon::on_hello(Connection& connection) {
   }
   next_session_id_ = SessionId{next_session_id_.value() + 1};
   ++live_sessions_;
+  uncount_pending(connection);
   connection.session = std::move(session).value();
   auto frame = wire::encode_welcome_frame(connection.session->welcome());
   if (!frame.ok()) {
@@ -658,7 +699,7 @@ void Daemon::on_session_exit(uint64_t connection_id) {
 
 void Daemon::on_control_request(Connection& connection) {
   ++counters_.control_requests;
-  if (connection.tcp) {
+  {
     Status allowed =
         ControlService::check_token(connection.reader.message(), options_.control_token);
     if (!allowed.ok()) {
@@ -674,6 +715,7 @@ void Daemon::on_control_request(Connection& connection) {
     }
     connection.authenticated = true;
   }
+  connection.state = Connection::State::kAnswering;
   const uint64_t id = connection.id;
   Status read = control_->answer(
       connection.reader.message(),
@@ -696,6 +738,7 @@ void Daemon::reply_later(uint64_t connection_id, Result<std::vector<std::byte>> 
     }
     send_frame(c, std::move(frame).value(), -1, [this](Connection& c) {
       c.reader.reset();
+      c.idle_since = std::chrono::steady_clock::now();
       receive_frame(c);
     });
   });
@@ -706,27 +749,51 @@ void Daemon::reply_later(uint64_t connection_id, Result<std::vector<std::byte>> 
 // connections), and the reply frame comes back from the controller's thread. Rather than a
 // request over hiberd's own control socket: no connection to itself, no control-request counted
 // per scrape, no credentials, and the reply is the very bytes a status request gets.
-Result<std::vector<std::byte>> Daemon::status_for_metrics() {
+Result<wire::Message> Daemon::status_for_metrics() {
+  std::vector<wire::Message> pages;
+  std::optional<uint64_t> offset = 0;
+  while (offset) {
+    HIBER_ASSIGN_OR_RETURN(wire::Message page, status_page_for_metrics(*offset));
+    HIBER_ASSIGN_OR_RETURN(offset, wire::next_status_page(page));
+    pages.push_back(std::move(page));
+  }
+  return wire::merge_status_pages(pages);
+}
+
+Result<wire::Message> Daemon::status_page_for_metrics(uint64_t offset) {
   using Frame = Result<std::vector<std::byte>>;
   auto promise = std::make_shared<std::promise<Frame>>();
   std::future<Frame> reply = promise->get_future();
-  loop_->post([this, promise] {
+  loop_->post([this, promise, offset] {
     if (shutting_down_) {
       promise->set_value(Status(ErrorCode::kDeviceUnavailable, "hiberd is shutting down"));
       return;
     }
-    control_->answer_status([promise](Frame frame) { promise->set_value(std::move(frame)); });
+    control_->answer_status([promise](Frame frame) { promise->set_value(std::move(frame)); },
+                            wire::control::StatusQuery{offset, wire::kStatusPageFunctions});
   });
   // The loop may stop before it runs the request; a controller that stopped drops the reply
   // (a broken promise).
   while (reply.wait_for(std::chrono::milliseconds(100)) != std::future_status::ready) {
     if (loop_done_) return Status(ErrorCode::kDeviceUnavailable, "hiberd has stopped");
   }
+  Frame frame = Status(ErrorCode::kDeviceUnavailable, "hiberd is stopping");
   try {
-    return reply.get();
+    frame = reply.get();
   } catch (const std::future_error&) {
-    return Status(ErrorCode::kDeviceUnavailable, "hiberd is stopping");
+    return frame.status();
   }
+  if (!frame.ok()) return frame.status();
+  // hiberd's own frame, whole: its length prefix, then the message. (Not a FrameReader: that
+  // bounds what clients send, far below a status reply.)
+  constexpr size_t kPrefix = 4;
+  if (frame->size() <= kPrefix) {
+    return Status(ErrorCode::kInvalidValue, "the status reply is not one whole frame");
+  }
+  wire::Message message;
+  std::span<std::byte> bytes = message.resize(frame->size() - kPrefix);
+  std::memcpy(bytes.data(), frame->data() + kPrefix, bytes.size());
+  return message;
 }
 
 ControlService::DaemonReport Daemon::daemon_report() const {
@@ -762,20 +829,31 @@ ControlService::DaemonReport Daemon::daemon_report() const {
 void Daemon::sweep_handshakes() {
   const auto now = std::chrono::steady_clock::now();
   std::vector<Connection*> late;
+  std::vector<Connection*> idle;
   for (auto& [id, c] : connections_) {
-    // Function connections must say Hello in time; TCP control connections must prove they hold
-    // the token in time (or anyone who can reach the port could hold connections open).
-    const bool must_hurry = !c->control || (c->tcp && !c->authenticated);
-    if (must_hurry && c->state == Connection::State::kReading &&
-        now - c->accepted > options_.handshake_timeout) {
-      if (c->late) late.push_back(c.get());
-      c->late = true;
+    if (c->state != Connection::State::kReading) continue;
+    // Function connections must say Hello in time; TCP control connections must prove they
+    // hold the token in time (or anyone who can reach the port could hold connections open).
+    // Other control connections (their uid allowed) may wait before each request for no
+    // longer than the idle time-out.
+    if (!c->control || (c->tcp && !c->authenticated)) {
+      if (now - c->accepted > options_.handshake_timeout) {
+        if (c->late) late.push_back(c.get());
+        c->late = true;
+      }
+    } else if (now - c->idle_since > options_.control_idle_timeout) {
+      idle.push_back(c.get());
     }
   }
   for (Connection* c : late) {
-    reject(*c,
-           error(ErrorCode::kTimeout, c->tcp ? "no control request within " : "no Hello within ",
-                 options_.handshake_timeout.count(), " ms"));
+    reject(*c, error(ErrorCode::kTimeout,
+                     c->control ? "no control request within " : "no Hello within ",
+                     options_.handshake_timeout.count(), " ms"));
+  }
+  // Closed without a word: an answer nobody asked for would be read as the next reply.
+  for (Connection* c : idle) {
+    close_connection(*c, "idle for longer than " +
+                             std::to_string(options_.control_idle_timeout.count()) + " ms");
   }
   if (!shutting_down_) loop_->timeout(kSweepInterval, [this](int, bool) { sweep_handshakes(); });
 }

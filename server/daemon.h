@@ -45,9 +45,21 @@ struct DaemonOptions {
   std::string auth_token;           // functions must present it
   std::vector<uid_t> allowed_uids;  // peers of other users are refused
   // "host:port" of a TCP listener for control requests (port 0: any free port); empty: none.
-  // Peers there have no uid to check, so each request must carry `control_token` instead.
+  // Peers there have no uid to check: the control token is all they prove.
   std::string control_tcp_listen;
-  std::string control_token;  // required when control_tcp_listen is set
+  // Every control request must carry it, on the Unix socket and over TCP: the operator's
+  // secret, apart from the functions' auth_token (it must differ).
+  std::string control_token;
+  // A control connection that sends no request for this long is closed (clients reconnect).
+  std::chrono::milliseconds control_idle_timeout{60000};
+  // Connections that are not sessions yet (handshakes, control clients): at most this many in
+  // all, and at most max_pending_per_peer from one peer (a uid on the Unix sockets, an address
+  // over TCP), so that no peer takes every slot.
+  size_t max_pending_connections = 256;
+  size_t max_pending_per_peer = 128;
+  // The io_uring queue; completion_entries 0: twice io_queue_depth (tests overflow a small one).
+  unsigned io_queue_depth = 1024;
+  unsigned io_completion_entries = 0;
   // Late binding: pools, policies, swaps, quotas (controller.h).
   ControllerOptions controller;
   // An implicit lease ends after this long without a call that needs the GPU.
@@ -92,7 +104,7 @@ class Daemon {
   // Where a connection came from: each listener has its own admission.
   enum class Listener {
     kFunction,    // functions: uid, then the Hello's auth token
-    kControl,     // the Unix control socket: uid
+    kControl,     // the Unix control socket: uid, and the control token in every request
     kControlTcp,  // control over TCP: the control token in every request
   };
 
@@ -125,15 +137,24 @@ class Daemon {
   ControlService::DaemonReport daemon_report() const;
   // Sends a control reply to connection `id` if it is still there (from any thread).
   void reply_later(uint64_t connection_id, Result<std::vector<std::byte>> frame);
-  // A status reply frame for /metrics (an exporter thread): waits for the report a status
-  // request on the control socket would get.
-  Result<std::vector<std::byte>> status_for_metrics();
+  // A status reply for /metrics (an exporter thread): waits for the report a status request on
+  // the control socket would get, its pages merged.
+  Result<wire::Message> status_for_metrics();
+  // One page of it (an exporter thread).
+  Result<wire::Message> status_page_for_metrics(uint64_t offset);
   Status start_metrics();
+
+  // Admits a connection as one of its peer's pending connections, or refuses it (the per-peer
+  // cap); counted until it becomes a session or is forgotten.
+  bool count_pending(Connection& connection, std::string peer);
+  void uncount_pending(Connection& connection);
 
   void reject(Connection& connection, const Status& why);
   void close_connection(Connection& connection, std::string_view why);
   void maybe_forget(Connection& connection);
 
+  // Refuses connections late for their Hello or their first control request, and closes
+  // control connections left idle.
   void sweep_handshakes();
   void begin_shutdown(std::string_view why);
   void maybe_finish_shutdown();
@@ -162,6 +183,7 @@ class Daemon {
   uint64_t next_connection_id_ = 1;
   SessionId next_session_id_{1};
   size_t live_sessions_ = 0;
+  std::unordered_map<std::string, size_t> pending_by_peer_;
   bool shutting_down_ = false;
   IoLoop::OpId accept_op_ = 0;
   IoLoop::OpId control_accept_op_ = 0;
@@ -173,7 +195,7 @@ class Daemon {
     uint64_t handshakes_rejected = 0;
     uint64_t malformed_messages = 0;  // handshakes and control requests
     uint64_t control_requests = 0;
-    uint64_t control_tokens_refused = 0;  // TCP requests without the right control token
+    uint64_t control_tokens_refused = 0;  // control requests without the right control token
   } counters_;
   // Set once the loop has stopped: nothing posted to it runs any more.
   std::atomic<bool> loop_done_{false};

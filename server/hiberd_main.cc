@@ -60,9 +60,20 @@ DEFINE_string(control_tcp_listen, "",
 DEFINE_string(control_tcp_port_file, "",
               "With --control_tcp_listen, write the bound TCP port to this file once listening");
 DEFINE_string(control_token_file, "",
-              "File whose first line is the control token that requests over "
-              "--control_tcp_listen must carry (required with it); it must not be readable by "
-              "others (mode 0600 or 0640)");
+              "File whose first line is the control token every control request must carry, on "
+              "the Unix control socket and over --control_tcp_listen (where it must be given); "
+              "it must not be readable by others. Default: control-token beside the control "
+              "socket, created with a random token (mode 0600) if missing");
+DEFINE_uint64(control_idle_timeout_ms, 60000,
+              "A control connection that sends no request for this long is closed");
+DEFINE_uint64(max_pending_connections, 256,
+              "Most connections waiting to become sessions or between control requests; more "
+              "are refused");
+DEFINE_uint64(max_pending_per_peer, 128,
+              "Most of those one peer may hold (a uid on the Unix sockets, an address over TCP)");
+DEFINE_uint32(io_queue_depth, 1024, "Entries of hiberd's io_uring submission queue");
+DEFINE_uint32(io_completion_entries, 0,
+              "Entries of its completion queue, at least --io_queue_depth (0: twice that)");
 DEFINE_string(allowed_uids, "",
               "Comma-separated uids allowed to connect (default: root and hiberd's own uid)");
 DEFINE_uint64(default_quota_mib, 0,
@@ -199,17 +210,30 @@ Result<server::DaemonOptions> make_options(const std::string& run_dir) {
   options.auth_token = *token;
   options.control_tcp_listen = FLAGS_control_tcp_listen;
   if (!FLAGS_control_tcp_listen.empty()) {
+    // The token must travel to the router's machine: the operator picks it, not hiberd.
     if (FLAGS_control_token_file.empty()) {
       return Status(ErrorCode::kInvalidValue,
                     "--control_tcp_listen needs --control_token_file: the TCP control listener "
                     "admits only requests that carry the control token");
     }
-    auto control_token = wire::read_token_file(FLAGS_control_token_file);
-    if (!control_token.ok()) return control_token.status().with_context("--control_token_file");
-    options.control_token = *control_token;
   } else if (!FLAGS_control_tcp_port_file.empty()) {
     return Status(ErrorCode::kInvalidValue, "--control_tcp_port_file needs --control_tcp_listen");
   }
+  if (FLAGS_control_token_file.empty()) {
+    auto control_token =
+        server::load_or_create_token(control_token_path(options.control_socket_path));
+    if (!control_token.ok()) return control_token.status().with_context("the control token");
+    options.control_token = *control_token;
+  } else {
+    auto control_token = wire::read_token_file(FLAGS_control_token_file);
+    if (!control_token.ok()) return control_token.status().with_context("--control_token_file");
+    options.control_token = *control_token;
+  }
+  options.control_idle_timeout = std::chrono::milliseconds(FLAGS_control_idle_timeout_ms);
+  options.max_pending_connections = FLAGS_max_pending_connections;
+  options.max_pending_per_peer = FLAGS_max_pending_per_peer;
+  options.io_queue_depth = FLAGS_io_queue_depth;
+  options.io_completion_entries = FLAGS_io_completion_entries;
   if (FLAGS_allowed_uids.empty()) {
     options.allowed_uids = {0, ::geteuid()};
   } else {

@@ -17,9 +17,18 @@ struct IoLoop::Ring {
   std::unordered_map<OpId, std::unique_ptr<__kernel_timespec>> timeout_specs;
 };
 
-Result<std::unique_ptr<IoLoop>> IoLoop::create(unsigned queue_depth) {
+Result<std::unique_ptr<IoLoop>> IoLoop::create(unsigned queue_depth, unsigned completion_entries) {
+  if (completion_entries != 0 && completion_entries < queue_depth) {
+    return error(ErrorCode::kInvalidValue, "a completion queue of ", completion_entries,
+                 " entries is smaller than the queue depth ", queue_depth);
+  }
   auto ring = std::make_unique<Ring>();
-  int rc = io_uring_queue_init(queue_depth, &ring->ring, 0);
+  io_uring_params params{};
+  if (completion_entries != 0) {
+    params.flags |= IORING_SETUP_CQSIZE;
+    params.cq_entries = completion_entries;
+  }
+  int rc = io_uring_queue_init_params(queue_depth, &ring->ring, &params);
   if (rc < 0) {
     return error(ErrorCode::kOperatingSystem, "io_uring_queue_init: ", std::strerror(-rc),
                  " (is io_uring disabled? see /proc/sys/kernel/io_uring_disabled)");

@@ -37,7 +37,11 @@ class IoLoop {
   using OpId = uint64_t;
 
   // kOperatingSystem with the reason if io_uring is unavailable (e.g. disabled by sysctl).
-  static Result<std::unique_ptr<IoLoop>> create(unsigned queue_depth);
+  // `completion_entries` sizes the completion queue (IORING_SETUP_CQSIZE; at least
+  // queue_depth); 0: io_uring's default of twice the queue depth. A small one lets tests
+  // overflow it.
+  static Result<std::unique_ptr<IoLoop>> create(unsigned queue_depth,
+                                                unsigned completion_entries = 0);
   ~IoLoop();
 
   IoLoop(const IoLoop&) = delete;

@@ -149,6 +149,8 @@ std::vector<MetricFamily> metric_families(proto::NodeStatus::Reader status,
              as_double(resident));
   out.single("hiber_models_sleeping", "Models held only as a host copy", MetricType::Gauge,
              as_double(sleeping));
+  out.single("hiber_functions", "Functions hiberd knows: registered, or connected on their own",
+             MetricType::Gauge, as_double(status.getFunctions().size()));
 
   // Memory.
   MetricFamily& pool =

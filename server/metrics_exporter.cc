@@ -8,7 +8,6 @@
 
 #include "wire/message.h"
 #include "wire/schema/control.capnp.h"
-#include "wire/socket_frame.h"
 
 namespace hiber::server {
 
@@ -28,16 +27,10 @@ class MetricsExporter::Collector final : public prometheus::Collectable {
 
  private:
   Result<std::vector<prometheus::MetricFamily>> collect() const {
-    HIBER_ASSIGN_OR_RETURN(std::vector<std::byte> frame, source_());
-    wire::FrameReader reader;
-    const size_t used = reader.feed(frame);
-    HIBER_RETURN_IF_ERROR(reader.error());
-    if (!reader.complete() || used != frame.size()) {
-      return Status(ErrorCode::kInvalidValue, "the status reply is not one whole frame");
-    }
+    HIBER_ASSIGN_OR_RETURN(wire::Message status, source_());
     std::vector<prometheus::MetricFamily> families;
     HIBER_RETURN_IF_ERROR(wire::read_message<wire::proto::ControlReply>(
-        reader.message(), "status reply", [&](wire::proto::ControlReply::Reader reply) -> Status {
+        status, "status reply", [&](wire::proto::ControlReply::Reader reply) -> Status {
           if (reply.isError()) {
             return error(ErrorCode::kUnknown, reply.getError().getMessage().cStr());
           }

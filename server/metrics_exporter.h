@@ -13,6 +13,7 @@
 
 #include "common/status.h"
 #include "server/metrics.h"
+#include "wire/message.h"
 
 namespace prometheus {
 class Exposer;
@@ -22,8 +23,9 @@ namespace hiber::server {
 
 class MetricsExporter {
  public:
-  // A status reply frame (a framed ControlReply holding a NodeStatus), or why none came.
-  using StatusSource = std::function<Result<std::vector<std::byte>>()>;
+  // A status reply (a ControlReply holding a NodeStatus that lists every function), or why
+  // none came.
+  using StatusSource = std::function<Result<wire::Message>()>;
 
   // Listens on `listen` ("host:port"; port 0 picks a free one) and serves GET /metrics.
   static Result<std::unique_ptr<MetricsExporter>> create(const std::string& listen,

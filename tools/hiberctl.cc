@@ -19,8 +19,10 @@
 //   hiberctl drain [--gpu=N] [--resume]
 #include <unistd.h>
 
-// A node elsewhere: --control=tcp:HOST:PORT --control_token_file=FILE (hiberd's
-// --control_tcp_listen and --control_token_file).
+// Every request carries hiberd's control token: --control_token_file, by default the
+// control-token file beside the control socket (readable by hiberd's uid only, unless the
+// operator shares it). A node elsewhere: --control=tcp:HOST:PORT --control_token_file=FILE
+// (hiberd's --control_tcp_listen and --control_token_file).
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
@@ -52,7 +54,8 @@ DEFINE_string(control, "",
               "(hiberd's --control_tcp_listen; needs --control_token_file). Overrides "
               "--control_socket");
 DEFINE_string(control_token_file, "",
-              "File whose first line is the node's control token (required over tcp:)");
+              "File whose first line is the node's control token (required over tcp:; "
+              "default on a Unix socket: the control-token file beside it)");
 DEFINE_int32(timeout_ms, 30000,
              "How long to wait for hiberd's or the router's answer (invoke --async: for the "
              "invocation to finish)");

@@ -6,14 +6,17 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <string_view>
 
 #include <capnp/message.h>
 
+#include "common/paths.h"
 #include "wire/control_codec.h"
 #include "wire/handshake.h"
 #include "wire/limits.h"
 #include "wire/socket_frame.h"
+#include "wire/status_pages.h"
 
 namespace hiber::wire {
 
@@ -22,27 +25,63 @@ Result<ControlClient> ControlClient::connect(const std::string& control_socket_p
   return connect(control_socket_path, std::string(), timeout);
 }
 
-Result<ControlClient> ControlClient::connect(const std::string& address, const std::string& token,
-                                             std::chrono::milliseconds timeout) {
-  constexpr std::string_view kTcp = "tcp:";
-  constexpr std::string_view kUnix = "unix:";
+namespace {
+
+constexpr std::string_view kTcp = "tcp:";
+constexpr std::string_view kUnix = "unix:";
+
+std::string unix_path(const std::string& address) {
+  return address.starts_with(kUnix) ? address.substr(kUnix.size()) : address;
+}
+
+}  // namespace
+
+Result<UniqueFd> ControlClient::open(const std::string& address,
+                                     std::chrono::milliseconds timeout) {
   if (address.starts_with(kTcp)) {
     HIBER_ASSIGN_OR_RETURN(HostPort where, split_host_port(address.substr(kTcp.size())));
     if (where.host.empty() || where.port == 0) {
       return error(ErrorCode::kInvalidValue, "'", address, "': tcp: needs a host and a port");
     }
-    HIBER_ASSIGN_OR_RETURN(UniqueFd fd, connect_tcp(where.host, where.port, timeout));
-    return ControlClient(std::move(fd), token, timeout);
+    return connect_tcp(where.host, where.port, timeout);
   }
-  const std::string path = address.starts_with(kUnix) ? address.substr(kUnix.size()) : address;
-  HIBER_ASSIGN_OR_RETURN(UniqueFd fd, connect_unix(path));
-  return ControlClient(std::move(fd), token, timeout);
+  return connect_unix(unix_path(address));
+}
+
+Result<ControlClient> ControlClient::connect(const std::string& address, const std::string& token,
+                                             std::chrono::milliseconds timeout) {
+  std::string presented = token;
+  if (presented.empty() && !address.starts_with(kTcp)) {
+    const std::string file = control_token_path(unix_path(address));
+    auto read = read_token_file(file);
+    if (!read.ok()) {
+      return read.status().with_context(
+          "hiberd's control socket needs its control token (the file beside the socket, or "
+          "--control_token_file)");
+    }
+    presented = std::move(read).value();
+  }
+  HIBER_ASSIGN_OR_RETURN(UniqueFd fd, open(address, timeout));
+  return ControlClient(address, std::move(fd), std::move(presented), timeout);
 }
 
 Result<Message> ControlClient::exchange(control::RequestBody body) {
+  Result<Message> reply = exchange_once(body);
+  // hiberd closes control connections left idle (--control_idle_timeout_ms) without reading
+  // what was sent after: such a request was never answered, nor acted on, so it is sent again
+  // on a new connection.
+  if (!reply.ok() && reply.status().code() == ErrorCode::kDeinitialized && used_) {
+    used_ = false;
+    HIBER_ASSIGN_OR_RETURN(fd_, open(address_, timeout_));
+    reply = exchange_once(body);
+  }
+  return reply;
+}
+
+Result<Message> ControlClient::exchange_once(const control::RequestBody& body) {
   capnp::MallocMessageBuilder request;
   write_control_request(request.initRoot<proto::ControlRequest>(),
-                        control::Request{current_protocol_version(), std::move(body), token_});
+                        control::Request{current_protocol_version(), body, token_});
   HIBER_ASSIGN_OR_RETURN(std::vector<std::byte> frame, encode_frame(request));
   Message reply;
   HIBER_RETURN_IF_ERROR(
@@ -52,6 +91,9 @@ Result<Message> ControlClient::exchange(control::RequestBody body) {
         if (!r.isError()) return Status();
         return Status(static_cast<ErrorCode>(r.getError().getCode()), r.getError().getMessage());
       });
+  // A refused client (a wrong token, a uid not allowed) was disconnected on purpose: asking
+  // again would only be refused again.
+  used_ = refused.code() != ErrorCode::kNotPermitted;
   if (!refused.ok()) return refused;
   return reply;
 }
@@ -99,7 +141,17 @@ Status ControlClient::drain(int gpu, bool resume) {
   return call<control::Ok>(Drain{gpu, resume}).status();
 }
 
-Result<Message> ControlClient::status() { return exchange(control::StatusQuery{}); }
+Result<Message> ControlClient::status() {
+  std::vector<Message> pages;
+  std::optional<uint64_t> offset = 0;
+  while (offset) {
+    HIBER_ASSIGN_OR_RETURN(Message page,
+                           exchange(control::StatusQuery{*offset, kStatusPageFunctions}));
+    HIBER_ASSIGN_OR_RETURN(offset, next_status_page(page));
+    pages.push_back(std::move(page));
+  }
+  return merge_status_pages(pages);
+}
 
 Result<std::string> read_token_file(const std::string& path) {
   std::ifstream in(path);

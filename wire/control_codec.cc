@@ -26,7 +26,11 @@ void write_control_request(proto::ControlRequest::Builder out, const control::Re
   if (!request.token.empty()) out.setToken(request.token);
   std::visit(
       Overloaded{
-          [&](const control::StatusQuery&) { out.setStatus(); },
+          [&](const control::StatusQuery& q) {
+            out.setStatus();
+            out.setStatusFunctionOffset(q.function_offset);
+            out.setStatusFunctionLimit(q.function_limit);
+          },
           [&](const control::Ping&) { out.setPing(); },
           [&](const FunctionRegistration& f) {
             auto r = out.initRegisterFunction();
@@ -60,7 +64,10 @@ Result<control::Request> read_control_request(proto::ControlRequest::Reader in) 
   request.version = {in.getVersion().getMajor(), in.getVersion().getMinor()};
   request.token = in.getToken().cStr();
   switch (in.which()) {
-    case proto::ControlRequest::STATUS: request.body = control::StatusQuery{}; return request;
+    case proto::ControlRequest::STATUS:
+      request.body =
+          control::StatusQuery{in.getStatusFunctionOffset(), in.getStatusFunctionLimit()};
+      return request;
     case proto::ControlRequest::PING: request.body = control::Ping{}; return request;
     case proto::ControlRequest::REGISTER_FUNCTION: {
       auto f = in.getRegisterFunction();

@@ -53,7 +53,11 @@ struct Started {
 
 namespace control {
 
-struct StatusQuery {};
+// A status request; from 1.5 it may ask for a page of the functions list (docs/wire-format.md).
+struct StatusQuery {
+  uint64_t function_offset = 0;
+  uint32_t function_limit = 0;  // 0: every function from function_offset on
+};
 struct Ping {};
 struct UnregisterFunction {
   std::string function_id;
@@ -70,7 +74,8 @@ using RequestBody = std::variant<StatusQuery, Ping, FunctionRegistration, Unregi
 struct Request {
   ProtocolVersion version;  // the sender's
   RequestBody body;
-  // The control token: required over TCP, ignored on the Unix socket. Empty: none sent.
+  // The control token (hiberd's --control_token_file), required on every request. Empty: none
+  // sent.
   std::string token = {};
 };
 

@@ -17,6 +17,7 @@
 #include <gtest/gtest.h>
 
 #include "common/paths.h"
+#include "wire/control_client.h"
 #include "wire/handshake.h"
 #include "wire/message.h"
 #include "wire/schema/control.capnp.h"
@@ -179,6 +180,11 @@ Hiberd::Hiberd(const HiberdOptions& options) {
     argv.push_back("--sim_kernel_plugins=" + plugins);
   }
   argv.insert(argv.end(), options.extra_flags.begin(), options.extra_flags.end());
+  control_token_file_ = hiber::control_token_path(control_socket_path());
+  constexpr std::string_view kTokenFlag = "--control_token_file=";
+  for (const std::string& flag : options.extra_flags) {
+    if (flag.starts_with(kTokenFlag)) control_token_file_ = flag.substr(kTokenFlag.size());
+  }
   pid_ = spawn(argv, log_path_, options.fd_limit);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   while (std::chrono::steady_clock::now() < deadline) {
@@ -202,6 +208,11 @@ Hiberd::~Hiberd() {
 
 std::string Hiberd::socket_path() const { return function_socket_path(run_dir_); }
 std::string Hiberd::control_socket_path() const { return hiber::control_socket_path(run_dir_); }
+
+Result<wire::ControlClient> Hiberd::control(std::chrono::milliseconds timeout) const {
+  HIBER_ASSIGN_OR_RETURN(std::string token, wire::read_token_file(control_token_file_));
+  return wire::ControlClient::connect(control_socket_path(), token, timeout);
+}
 
 std::string Hiberd::token() const {
   std::ifstream in(auth_token_path(run_dir_));
@@ -240,18 +251,9 @@ std::string one_gpu_node_config(double pcie_gbps) {
 std::string slow_node_config() { return one_gpu_node_config(0.1); }
 
 Result<StatusView> Hiberd::status() const {
-  auto socket = wire::connect_unix(control_socket_path());
-  if (!socket.ok()) return socket.status();
-  capnp::MallocMessageBuilder request;
-  auto root = request.initRoot<wire::proto::ControlRequest>();
-  root.initVersion().setMajor(wire::current_protocol_version().major);
-  root.setStatus();
-  auto frame = wire::encode_frame(request);
-  if (!frame.ok()) return frame.status();
-  wire::Message reply;
-  HIBER_RETURN_IF_ERROR(wire::exchange_frame(socket->get(), *frame, reply, nullptr,
-                                             std::chrono::milliseconds(5000),
-                                             wire::kMaxControlReplyBytes));
+  HIBER_ASSIGN_OR_RETURN(wire::ControlClient client, control(std::chrono::milliseconds(5000)));
+  // Every function's page, merged.
+  HIBER_ASSIGN_OR_RETURN(wire::Message reply, client.status());
   StatusView view;
   Status read = wire::read_message<wire::proto::ControlReply>(
       reply, "status", [&](wire::proto::ControlReply::Reader r) -> Status {

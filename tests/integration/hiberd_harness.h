@@ -11,6 +11,7 @@
 
 #include "common/status.h"
 #include "wire/call_client.h"
+#include "wire/control_client.h"
 
 namespace hiber::testing {
 
@@ -82,7 +83,12 @@ class Hiberd {
   const std::string& run_dir() const { return run_dir_; }
   std::string socket_path() const;
   std::string control_socket_path() const;
-  std::string token() const;
+  std::string token() const;  // the functions' auth token
+  // The control token's file: --control_token_file if given, else hiberd's default.
+  const std::string& control_token_file() const { return control_token_file_; }
+  // A control client with the control token.
+  Result<wire::ControlClient> control(
+      std::chrono::milliseconds timeout = std::chrono::seconds(30)) const;
   const std::string& log_path() const { return log_path_; }
 
   // Options for a client of this hiberd.
@@ -114,6 +120,7 @@ class Hiberd {
   pid_t pid_ = -1;
   std::string run_dir_;
   std::string log_path_;
+  std::string control_token_file_;
 };
 
 // User + system CPU time a process has used, from /proc.

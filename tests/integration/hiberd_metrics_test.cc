@@ -17,6 +17,7 @@
 #include "common/unique_fd.h"
 #include "tests/integration/hiberd_harness.h"
 #include "wire/control_client.h"
+#include "wire/limits.h"
 #include "wire/message.h"
 #include "wire/schema/control.capnp.h"
 
@@ -79,6 +80,31 @@ TEST(HiberdMetrics, HelpListsTheFlags) {
   EXPECT_EQ(result.exit_code, 0) << result.output;
   EXPECT_NE(result.output.find("-metrics_listen"), std::string::npos) << result.output;
   EXPECT_NE(result.output.find("-metrics_port_file"), std::string::npos) << result.output;
+}
+
+// A node of thousands of functions (issue 18, item 4): a scrape merges every page of the status.
+TEST(HiberdMetrics, MetricsCountThousandsOfFunctions) {
+  char tmpl[] = "/tmp/hiber-metrics-XXXXXX";
+  const std::string dir = ::mkdtemp(tmpl);
+  const std::string port_file = dir + "/port";
+  Hiberd hiberd({"--metrics_listen=127.0.0.1:0", "--metrics_port_file=" + port_file});
+  const int port = read_port(port_file);
+  ASSERT_GT(port, 0) << hiberd.log();
+  auto control = hiberd.control();
+  ASSERT_TRUE(control.ok()) << control.status();
+  constexpr int kFunctions = 5000;
+  for (int i = 0; i < kFunctions; ++i) {
+    std::string id = "function-" + std::to_string(i) + "-";
+    id.resize(wire::kMaxFunctionIdBytes, 'x');
+    ASSERT_TRUE(control->register_function({.function_id = id, .slo_ms = 100}).ok()) << i;
+  }
+  auto answer = http_get(port, "/metrics");
+  ASSERT_TRUE(answer.ok()) << answer.status();
+  ASSERT_EQ(answer->rfind("HTTP/1.", 0), 0u) << answer->substr(0, 200);
+  ASSERT_NE(answer->substr(0, answer->find("\r\n")).find(" 200"), std::string::npos)
+      << answer->substr(0, 200);
+  EXPECT_EQ(parse_samples(*answer)["hiber_functions"], kFunctions) << hiberd.log();
+  std::system(("rm -rf " + dir).c_str());
 }
 
 TEST(HiberdMetrics, ServesWhatTheNodeDid) {

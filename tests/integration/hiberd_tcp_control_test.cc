@@ -209,14 +209,16 @@ TEST(HiberdTcpControl, WrongAndMissingTokensAreRefusedWithoutDisturbingAGoodClie
   // The good client's connection, opened before them all, still works.
   for (int i = 0; i < 3; ++i) run_request(*good, *node.hiberd, "fn");
 
-  // The Unix control socket admits by uid and ignores the token, as before.
-  auto local = wire::ControlClient::connect(node.hiberd->control_socket_path());
+  // The Unix control socket admits by uid and asks for the same token (protocol 1.5).
+  auto local = wire::ControlClient::connect(node.hiberd->control_socket_path(), node.token, 30s);
   ASSERT_TRUE(local.ok()) << local.status();
   EXPECT_TRUE(local->ping().ok());
   auto local_with_junk = wire::ControlClient::connect("unix:" + node.hiberd->control_socket_path(),
                                                       "not-the-token", 30s);
   ASSERT_TRUE(local_with_junk.ok()) << local_with_junk.status();
-  EXPECT_TRUE(local_with_junk->ping().ok());
+  const Status junk = local_with_junk->ping();
+  EXPECT_EQ(junk.code(), ErrorCode::kNotPermitted) << junk;
+  EXPECT_NE(junk.message().find("wrong control token"), std::string::npos) << junk;
   const int exit_code = node.hiberd->stop();
   EXPECT_EQ(exit_code, 0) << node.hiberd->log();
 }

@@ -111,6 +111,24 @@ TEST(Router, EchoRoundTripsThroughHiberd) {
 }
 
 // A Python worker without the shim: a function that uses no GPU never involves hiberd.
+// hiberd closes control connections left idle (issue 18, item 7): the router's pooled ones,
+// found closed by its status polls (every second), are replaced, and the node stays up.
+TEST(Router, ControlConnectionsHiberdClosedForIdlenessAreReplaced) {
+  Hiberd hiberd({"--control_idle_timeout_ms=200"});
+  const std::string state_dir = temp_dir("hiber-router-test");
+  RouterProcess router(state_dir,
+                       {"--run_dir=" + hiberd.run_dir(), "--shim_preload=" + shim_preload(),
+                        "--status_interval_ms=1000"});
+  ASSERT_EQ(router.load("echo", echo_registration()).status, 200);
+  // Polls that each find their pooled connection closed by hiberd.
+  std::this_thread::sleep_for(3500ms);
+  EXPECT_EQ(router.log().find("is down"), std::string::npos) << router.log();
+  EXPECT_EQ(router.metric(R"(hiber_node_up{node="node0"})"), 1);
+  router::HttpResponse answer = router.infer("echo", "after idling");
+  ASSERT_EQ(answer.status, 200) << answer.body << router.log();
+  EXPECT_EQ(answer.body, "after idling");
+}
+
 TEST(Router, PythonWorker) {
   Node node;
   RouterProcess& router = *node.router;

@@ -101,5 +101,49 @@ TEST_F(IoLoopTest, MultishotAcceptKeepsItsHandler) {
   ::unlink(path.c_str());
 }
 
+// What hiberd's accept loop relies on (issue 18, item 1): when the completion queue overflows,
+// the kernel ends a multishot accept with a last completion that carries an accepted socket
+// (res >= 0) and no IORING_CQE_F_MORE. Whoever re-arms only after errors stops accepting.
+TEST(IoLoopOverflowTest, AnOverflowingCompletionQueueEndsAMultishotAcceptWithASocket) {
+  auto created = IoLoop::create(4, 4);
+  ASSERT_TRUE(created.ok()) << created.status();
+  IoLoop& loop = **created;
+  UniqueFd listener(::socket(AF_UNIX, SOCK_STREAM, 0));
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::string path = "/tmp/hiber-ioloop-overflow-" + std::to_string(::getpid());
+  std::strcpy(addr.sun_path, path.c_str());
+  ::unlink(path.c_str());
+  ASSERT_EQ(::bind(listener.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(::listen(listener.get(), 256), 0);
+  std::vector<UniqueFd> accepted;
+  int ended_with_socket = 0;
+  loop.accept_multishot(listener.get(), [&](int fd, bool more) {
+    if (fd >= 0) accepted.emplace_back(fd);
+    if (fd >= 0 && !more) ++ended_with_socket;
+  });
+  // Submits the accept, then returns.
+  loop.post([&] { loop.stop(); });
+  ASSERT_TRUE(loop.run().ok());
+  // 64 connections while nobody reaps completions: far more than the queue's 4 entries.
+  std::vector<UniqueFd> clients;
+  for (int i = 0; i < 64; ++i) {
+    clients.emplace_back(::socket(AF_UNIX, SOCK_STREAM, 0));
+    ASSERT_EQ(::connect(clients.back().get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  }
+  loop.timeout(std::chrono::milliseconds(100), [&](int, bool) { loop.stop(); });
+  ASSERT_TRUE(loop.run().ok());
+  EXPECT_EQ(ended_with_socket, 1);
+  // The accept is over: the rest wait in the backlog.
+  EXPECT_LT(accepted.size(), clients.size());
+  ::unlink(path.c_str());
+}
+
+TEST(IoLoopOverflowTest, ACompletionQueueSmallerThanTheQueueIsRefused) {
+  auto created = IoLoop::create(8, 4);
+  ASSERT_FALSE(created.ok());
+  EXPECT_EQ(created.status().code(), ErrorCode::kInvalidValue);
+}
+
 }  // namespace
 }  // namespace hiber::server

@@ -63,6 +63,21 @@ TEST(ControlCodec, RequestsRoundTrip) {
       "f");
   EXPECT_TRUE(
       std::holds_alternative<control::StatusQuery>(round_trip(control::StatusQuery{}).body));
+  const auto page =
+      std::get<control::StatusQuery>(round_trip(control::StatusQuery{4500, 1000}).body);
+  EXPECT_EQ(page.function_offset, 4500u);
+  EXPECT_EQ(page.function_limit, 1000u);
+}
+
+TEST(ControlCodec, AStatusRequestBefore15AsksForEveryFunction) {
+  capnp::MallocMessageBuilder message;
+  auto root = message.initRoot<proto::ControlRequest>();
+  root.setStatus();  // as a 1.4 client builds it
+  auto read = read_control_request(root.asReader());
+  ASSERT_TRUE(read.ok()) << read.status();
+  const auto& query = std::get<control::StatusQuery>(read->body);
+  EXPECT_EQ(query.function_offset, 0u);
+  EXPECT_EQ(query.function_limit, 0u);
 }
 
 TEST(ControlCodec, DrainDefaultsToTheWholeNode) {

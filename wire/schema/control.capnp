@@ -24,10 +24,15 @@ struct ControlRequest {
                                    # on it has drained
     drain @8 :Drain;               # reply: ok, once nothing runs or waits (see Drain)
   }
-  # (1.4) The control token (hiberd's --control_token_file). Required on every request that
-  # arrives over TCP (--control_tcp_listen); ignored on the Unix socket, whose peers are admitted
-  # by uid.
+  # (1.4) The control token (hiberd's --control_token_file). Required on every request, over TCP
+  # (--control_tcp_listen) and (from 1.5) on the Unix socket too, whose peers must also have an
+  # allowed uid. The functions' auth token is not a control token.
   token @9 :Text;
+  # (1.5) status: a page of the functions list, for nodes with thousands of functions. The reply
+  # lists at most statusFunctionLimit functions (0: all of them, as before 1.5) from the
+  # statusFunctionOffset-th on, and says how many there are (NodeStatus.functionCount).
+  statusFunctionOffset @10 :UInt64;
+  statusFunctionLimit @11 :UInt32;
 }
 
 struct FunctionRegistration {
@@ -94,6 +99,10 @@ struct NodeStatus {
   # Metrics (hiberd's /metrics maps this report; docs/hiberd.md, "Metrics").
   swapsByLink @9 :List(LinkSwaps);  # finished swaps, by the link they came over
   swapDuration @10 :Histogram;     # seconds per finished swap, first copy to last group done
+  # (1.5) `functions` is a page: the functionOffset-th to the functionOffset+len-th of
+  # functionCount functions in all (0 from a hiberd before 1.5, which lists every one).
+  functionCount @11 :UInt64;
+  functionOffset @12 :UInt64;
 }
 
 # Counts of observations in buckets, as Prometheus histograms have them.
