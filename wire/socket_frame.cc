@@ -230,7 +230,7 @@ Result<UniqueFd> connect_unix(const std::string& path,
   UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (!fd) return error(ErrorCode::kOperatingSystem, "socket: ", std::strerror(errno));
   const auto deadline = timeout ? Clock::now() + *timeout : Clock::time_point::max();
-  int rc;
+  int rc = -1;
   do {
     if (timeout) {
       const auto left = std::chrono::ceil<std::chrono::microseconds>(deadline - Clock::now());

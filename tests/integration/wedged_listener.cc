@@ -46,7 +46,8 @@ WedgedListener::WedgedListener(Wedge wedge) {
   for (int i = 0; i < kMaxQueueFillers; ++i) {
     UniqueFd filler(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
     if (!filler) return;
-    if (::connect(filler.get(), reinterpret_cast<const sockaddr*>(&address), sizeof(address)) != 0) {
+    if (::connect(filler.get(), reinterpret_cast<const sockaddr*>(&address), sizeof(address)) !=
+        0) {
       ready_ = errno == EAGAIN;
       return;
     }

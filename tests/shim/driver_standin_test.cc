@@ -21,7 +21,8 @@ std::string reported(const std::string& output, const std::string& what) {
   const size_t at = output.find(prefix);
   if (at == std::string::npos) return "";
   const size_t end = output.find('\n', at);
-  return output.substr(at + prefix.size(), end == std::string::npos ? end : end - at - prefix.size());
+  return output.substr(at + prefix.size(),
+                       end == std::string::npos ? end : end - at - prefix.size());
 }
 
 bool same_file(const std::string& a, const std::string& b) {
@@ -67,8 +68,8 @@ TEST_F(DriverStandinTest, WithoutTheShimEveryCallFailsClearly) {
   std::vector<std::string> env = {"LD_LIBRARY_PATH=" + standin_dir()};
   // An instrumented stand-in loads only after its sanitizer's runtime.
   env.push_back("LD_PRELOAD=" + sanitizer_runtime());
-  const auto result = run_program(program_argv({"driver_api", {HIBER_GAPS_PTX}}), env,
-                                  std::chrono::seconds(60));
+  const auto result =
+      run_program(program_argv({"driver_api", {HIBER_GAPS_PTX}}), env, std::chrono::seconds(60));
   EXPECT_EQ(result.exit_code, 1) << result.output;
   EXPECT_TRUE(same_file(reported(result.output, "libcuda.so.1 is"), HIBER_DRIVER_STANDIN))
       << result.output;

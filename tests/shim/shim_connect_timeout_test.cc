@@ -84,7 +84,8 @@ TEST_P(ShimConnectTimeoutTest, RuntimeCallFailsWithNoDevice) {
 INSTANTIATE_TEST_SUITE_P(Wedges, ShimConnectTimeoutTest,
                          ::testing::Values(Wedge::kQueueFull, Wedge::kSilent),
                          [](const ::testing::TestParamInfo<Wedge>& info) {
-                           return info.param == Wedge::kQueueFull ? "QueueFull" : "SilentAfterAccept";
+                           return info.param == Wedge::kQueueFull ? "QueueFull"
+                                                                  : "SilentAfterAccept";
                          });
 
 }  // namespace

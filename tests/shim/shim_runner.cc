@@ -57,7 +57,8 @@ std::string shim_preload() {
 }
 
 std::vector<std::string> shim_environment(const Hiberd& hiberd, const std::string& function_id) {
-  std::vector<std::string> env = {"LD_PRELOAD=" + shim_preload(), "HIBER_RUN_DIR=" + hiberd.run_dir(),
+  std::vector<std::string> env = {"LD_PRELOAD=" + shim_preload(),
+                                  "HIBER_RUN_DIR=" + hiberd.run_dir(),
                                   "HIBER_FUNCTION_ID=" + function_id};
   // LeakSanitizer stays on (scripts/test.sh sets detect_leaks=1): the preloaded runtime checks
   // the whole process at exit, which catches what the shim leaks in a real program. The

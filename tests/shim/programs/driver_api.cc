@@ -23,16 +23,16 @@
 
 #include "program_util.h"
 
-#define CU_CHECK(call)                                                                     \
-  do {                                                                                     \
-    const CUresult cu_check_err_ = (call);                                                 \
-    if (cu_check_err_ != CUDA_SUCCESS) {                                                   \
-      const char* name = nullptr;                                                          \
-      cuGetErrorName(cu_check_err_, &name);                                                \
-      std::fprintf(stderr, "%s:%d: %s failed: %s (%d)\n", __FILE__, __LINE__, #call,       \
-                   name ? name : "?", static_cast<int>(cu_check_err_));                    \
-      std::exit(program::kExitCudaError);                                                  \
-    }                                                                                      \
+#define CU_CHECK(call)                                                               \
+  do {                                                                               \
+    const CUresult cu_check_err_ = (call);                                           \
+    if (cu_check_err_ != CUDA_SUCCESS) {                                             \
+      const char* name = nullptr;                                                    \
+      cuGetErrorName(cu_check_err_, &name);                                          \
+      std::fprintf(stderr, "%s:%d: %s failed: %s (%d)\n", __FILE__, __LINE__, #call, \
+                   name ? name : "?", static_cast<int>(cu_check_err_));              \
+      std::exit(program::kExitCudaError);                                            \
+    }                                                                                \
   } while (0)
 
 namespace {
@@ -141,10 +141,11 @@ int main(int argc, char** argv) {
   const void* mine = reinterpret_cast<const void*>(&cuMemAlloc);  // cuMemAlloc_v2
   if (by_name == nullptr || loaded == nullptr || dlsym(by_name, "cuMemAlloc_v2") != mine ||
       dlsym(loaded, "cuMemAlloc_v2") != mine) {
-    std::printf("driver_api: WRONG: cuMemAlloc_v2 is %p in the program, %p by dlopen of "
-                "libcuda.so.1, %p in the loaded %s\n",
-                mine, by_name ? dlsym(by_name, "cuMemAlloc_v2") : nullptr,
-                loaded ? dlsym(loaded, "cuMemAlloc_v2") : nullptr, libcuda.c_str());
+    std::printf(
+        "driver_api: WRONG: cuMemAlloc_v2 is %p in the program, %p by dlopen of "
+        "libcuda.so.1, %p in the loaded %s\n",
+        mine, by_name ? dlsym(by_name, "cuMemAlloc_v2") : nullptr,
+        loaded ? dlsym(loaded, "cuMemAlloc_v2") : nullptr, libcuda.c_str());
     return program::kExitMismatch;
   }
   std::printf("driver_api: dlopen and dlsym give the program's driver functions\n");
