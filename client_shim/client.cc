@@ -6,6 +6,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -47,6 +48,9 @@ std::string program_name() {
 constexpr uint64_t kStagingShareDivisor = 2;
 constexpr uint64_t kHostHeapAlignment = 256;
 
+// HIBER_CONNECT_TIMEOUT_MS is capped at a day, so the deadline it makes cannot overflow.
+constexpr uint64_t kMaxConnectTimeoutMs = 24ull * 3600 * 1000;
+
 }  // namespace
 
 ShimConfig ShimConfig::from_environment() {
@@ -59,6 +63,8 @@ ShimConfig ShimConfig::from_environment() {
   c.trace = env_u64("HIBER_TRACE", 0) != 0;
   c.stats = env_u64("HIBER_STATS", 0) != 0;
   c.reply_timeout_ms = std::max<uint64_t>(1, env_u64("HIBER_REPLY_TIMEOUT_MS", c.reply_timeout_ms));
+  c.connect_timeout_ms = std::clamp<uint64_t>(
+      env_u64("HIBER_CONNECT_TIMEOUT_MS", c.connect_timeout_ms), 1, kMaxConnectTimeoutMs);
   if (!c.batching) c.batch_calls = 1;
   return c;
 }
@@ -114,6 +120,7 @@ void Client::open_locked() {
   }
   options.auth_token = *token;
   options.requested_quota_bytes = env_u64("HIBER_QUOTA_MIB", 0) << 20;
+  options.handshake_timeout = std::chrono::milliseconds(config_.connect_timeout_ms);
 
   wire::CallClientOptions call_options;
   call_options.max_batch_calls = config_.batch_calls;
@@ -121,8 +128,12 @@ void Client::open_locked() {
   // The staging share is fixed when the channel is known; connect first with defaults.
   auto channel = wire::ClientChannel::connect(options);
   if (!channel.ok()) {
+    // A time-out's message names the socket and the limit already; say where the limit is set.
     open_status_ = channel.status().with_context(
-        str_cat("hibercuda: cannot open a session with hiberd at ", options.socket_path));
+        channel.status().code() == ErrorCode::kTimeout
+            ? str_cat("hibercuda: cannot open a session (HIBER_CONNECT_TIMEOUT_MS=",
+                      config_.connect_timeout_ms, ")")
+            : str_cat("hibercuda: cannot open a session with hiberd at ", options.socket_path));
     LOG(ERROR) << open_status_.message();
     return;
   }

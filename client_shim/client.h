@@ -54,6 +54,11 @@ struct ShimConfig {
   // late binding a call may wait in hiberd's queue for a GPU, and a hiberd that dies closes the
   // socket, which ends the wait at once; only a hung hiberd meets this limit.
   uint64_t reply_timeout_ms = 600000;
+  // HIBER_CONNECT_TIMEOUT_MS: the deadline for connecting to hiberd and for its answer to the
+  // Hello. A wedged hiberd (its listen queue full, or silent after accepting) then fails the
+  // first call with "no device" instead of hanging it. Not shorter: under load (many sessions
+  // opening at once, sanitizers) hiberd's answer takes seconds.
+  uint64_t connect_timeout_ms = 10000;
   static ShimConfig from_environment();
 };
 

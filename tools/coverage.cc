@@ -414,6 +414,16 @@ Result<CoverageReport> scan(const std::string& path, const ScanOptions& options)
                               " is not on this machine: unversioned imports are attributed to it "
                               "by their names"));
     }
+    // The loader wants the file even though the shim defines every driver call.
+    if (classify_library(name) == CudaLibrary::kDriver) {
+      const std::string standin = options.shim_dir + "/driver/libcuda.so.1";
+      notes.push_back(
+          is_regular_file(standin)
+              ? str_cat(name, " (the NVIDIA driver) is needed: on a node without it, ", standin,
+                        " stands in for it (put ", options.shim_dir, "/driver on LD_LIBRARY_PATH)")
+              : str_cat(name, " (the NVIDIA driver) is needed, and Hiber's stand-in ", standin,
+                        " is not built: on a node without the driver the program will not start"));
+    }
     cuda_libraries.push_back(std::move(dependency));
   }
 

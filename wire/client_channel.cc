@@ -28,7 +28,9 @@ std::chrono::nanoseconds remaining(Clock::time_point deadline) {
 }  // namespace
 
 Result<std::unique_ptr<ClientChannel>> ClientChannel::connect(const ClientOptions& options) {
-  HIBER_ASSIGN_OR_RETURN(UniqueFd socket, connect_unix(options.socket_path));
+  const auto deadline = Clock::now() + options.handshake_timeout;
+  HIBER_ASSIGN_OR_RETURN(UniqueFd socket,
+                         connect_unix(options.socket_path, options.handshake_timeout));
   const Hello hello{
       .version = current_protocol_version(),
       .function_id = options.function_id,
@@ -38,9 +40,15 @@ Result<std::unique_ptr<ClientChannel>> ClientChannel::connect(const ClientOption
   HIBER_ASSIGN_OR_RETURN(const std::vector<std::byte> hello_frame, encode_hello_frame(hello));
   Message reply;
   UniqueFd memfd;
-  HIBER_RETURN_IF_ERROR(
-      exchange_frame(socket.get(), hello_frame, reply, &memfd, options.handshake_timeout)
-          .with_context("sending hello and waiting for hiberd's reply"));
+  const Status exchanged =
+      exchange_frame(socket.get(), hello_frame, reply, &memfd,
+                     std::chrono::ceil<std::chrono::milliseconds>(remaining(deadline)));
+  if (exchanged.code() == ErrorCode::kTimeout) {
+    return error(ErrorCode::kTimeout, "hiberd at ", options.socket_path,
+                 " accepted the connection but did not answer the hello within ",
+                 options.handshake_timeout.count(), " ms");
+  }
+  HIBER_RETURN_IF_ERROR(exchanged.with_context("sending hello and waiting for hiberd's reply"));
   HIBER_ASSIGN_OR_RETURN(SessionInfo session, decode_hello_reply(reply));
   if (session.server_version.major != hello.version.major) {
     return error(ErrorCode::kNotSupported, "hiberd speaks protocol ", session.server_version.major,

@@ -30,9 +30,10 @@ struct ClientOptions {
   std::string function_id;
   std::string auth_token;
   uint64_t requested_quota_bytes = 0;  // 0 = the server's default
-  // How long to wait for hiberd's answer to the Hello. hiberd answers once the session exists,
-  // which on a node busy opening many sessions takes seconds; a hiberd that dies closes the
-  // socket and ends the wait at once, so only a hung one meets this limit.
+  // The deadline for connecting and for hiberd's answer to the Hello (kTimeout after it).
+  // hiberd answers once the session exists, which on a node busy opening many sessions takes
+  // seconds; a hiberd that dies closes the socket and ends the wait at once, so only a wedged
+  // one (its listen queue full, or silent after accepting) meets this limit.
   std::chrono::milliseconds handshake_timeout{60000};
 };
 

@@ -202,7 +202,24 @@ Status exchange_frame(int socket_fd, std::span<const std::byte> frame, Message& 
   return got;
 }
 
-Result<UniqueFd> connect_unix(const std::string& path) {
+namespace {
+
+// The kernel bounds a blocking connect's wait for room in the listener's queue by the socket's
+// send timeout (a non-blocking connect to a full Unix listener fails with EAGAIN at once, and
+// poll cannot wait for room), so the deadline is given as SO_SNDTIMEO; 0 means no limit.
+Status set_send_timeout(int fd, std::chrono::microseconds timeout) {
+  const timeval tv{.tv_sec = static_cast<time_t>(timeout.count() / 1000000),
+                   .tv_usec = static_cast<suseconds_t>(timeout.count() % 1000000)};
+  if (::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) != 0) {
+    return error(ErrorCode::kOperatingSystem, "setsockopt(SO_SNDTIMEO): ", std::strerror(errno));
+  }
+  return Status();
+}
+
+}  // namespace
+
+Result<UniqueFd> connect_unix(const std::string& path,
+                              std::optional<std::chrono::milliseconds> timeout) {
   sockaddr_un address{};
   address.sun_family = AF_UNIX;
   if (path.empty() || path.size() >= sizeof(address.sun_path)) {
@@ -212,8 +229,17 @@ Result<UniqueFd> connect_unix(const std::string& path) {
   std::memcpy(address.sun_path, path.data(), path.size());
   UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (!fd) return error(ErrorCode::kOperatingSystem, "socket: ", std::strerror(errno));
-  int rc;
+  const auto deadline = timeout ? Clock::now() + *timeout : Clock::time_point::max();
+  int rc = -1;
   do {
+    if (timeout) {
+      const auto left = std::chrono::ceil<std::chrono::microseconds>(deadline - Clock::now());
+      if (left.count() <= 0) {
+        errno = EAGAIN;
+        break;
+      }
+      HIBER_RETURN_IF_ERROR(set_send_timeout(fd.get(), left));
+    }
     rc = ::connect(fd.get(), reinterpret_cast<const sockaddr*>(&address), sizeof(address));
   } while (rc != 0 && errno == EINTR);
   if (rc != 0) {
@@ -221,8 +247,14 @@ Result<UniqueFd> connect_unix(const std::string& path) {
       return error(ErrorCode::kNoDevice, "hiberd is not running at ", path, ": ",
                    std::strerror(errno));
     }
+    if (errno == EAGAIN && timeout) {
+      return error(ErrorCode::kTimeout, "hiberd at ", path, " accepted no connection within ",
+                   timeout->count(), " ms (its listen queue stayed full)");
+    }
     return error(ErrorCode::kOperatingSystem, "connect to ", path, ": ", std::strerror(errno));
   }
+  // The send timeout was for the connect only: later sends block as the callers expect.
+  if (timeout) HIBER_RETURN_IF_ERROR(set_send_timeout(fd.get(), std::chrono::microseconds(0)));
   return fd;
 }
 

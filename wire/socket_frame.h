@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -76,8 +77,11 @@ Status exchange_frame(int socket_fd, std::span<const std::byte> frame, Message& 
                       uint32_t max_bytes = kMaxFrameBytes);
 
 // Connects a blocking Unix stream socket to `path`. kNoDevice (with "hiberd is not running")
-// when nothing listens there; kInvalidValue for a path that cannot be a socket address.
-Result<UniqueFd> connect_unix(const std::string& path);
+// when nothing listens there; kInvalidValue for a path that cannot be a socket address. With a
+// `timeout`, a listener whose queue stays full (a wedged hiberd that accepts nothing) makes it
+// fail with kTimeout after that long instead of waiting for as long as the listener does.
+Result<UniqueFd> connect_unix(const std::string& path,
+                              std::optional<std::chrono::milliseconds> timeout = std::nullopt);
 
 // Splits "host:port" (an IPv6 host in brackets: "[::1]:7070") into host and port. An empty host
 // is allowed (":7070": every address, for a listener). kInvalidValue naming what is wrong.

@@ -6,7 +6,7 @@
 //     status libhibercublas.so gives (missing while it is not built), and the exit status
 //     agrees with the statuses printed;
 //   - driver_calls imports cuInit, cuMemAlloc_v2 (remoted) and cuGraphCreate (a stub),
-//     unversioned, from libcuda.so.1;
+//     unversioned, from libcuda.so.1, with a note naming the stand-in libcuda.so.1;
 //   - transitive_user needs only libcoverage_forwarder.so (RUNPATH $ORIGIN), whose
 //     cudaGraphCreate import is found by following NEEDED;
 //   - a missing file and a file that is not ELF: exit 2 with a clear message.
@@ -202,6 +202,10 @@ TEST(Coverage, DriverImportsAreAttributedToLibcuda) {
   EXPECT_EQ(lines["cuInit"].status, "remoted");
   EXPECT_EQ(lines["cuMemAlloc_v2"].status, "remoted");
   EXPECT_EQ(lines["cuGraphCreate"].status, "stub");
+  // The driver's file itself: the stand-in for nodes without it.
+  EXPECT_THAT(run.output, HasSubstr(std::string("note: libcuda.so.1 (the NVIDIA driver) is needed: "
+                                                "on a node without it, ") +
+                                    HIBER_SHIM_DIR + "/driver/libcuda.so.1 stands in for it"));
 }
 
 TEST(Coverage, FollowsNeededLibrariesThroughOrigin) {

@@ -48,13 +48,17 @@ HiberdOptions sim_hiberd_options() {
   return options;
 }
 
-std::vector<std::string> shim_environment(const Hiberd& hiberd, const std::string& function_id) {
-  std::string preload = shim_library_path();
+std::string shim_preload() {
   // The programs are built by nvcc, without sanitizers; a sanitizer build instruments the shim,
   // and an instrumented library only loads into a process whose first library is the
   // sanitizer's runtime.
-  if (!sanitizer_runtime().empty()) preload = sanitizer_runtime() + ":" + preload;
-  std::vector<std::string> env = {"LD_PRELOAD=" + preload, "HIBER_RUN_DIR=" + hiberd.run_dir(),
+  if (sanitizer_runtime().empty()) return shim_library_path();
+  return sanitizer_runtime() + ":" + shim_library_path();
+}
+
+std::vector<std::string> shim_environment(const Hiberd& hiberd, const std::string& function_id) {
+  std::vector<std::string> env = {"LD_PRELOAD=" + shim_preload(),
+                                  "HIBER_RUN_DIR=" + hiberd.run_dir(),
                                   "HIBER_FUNCTION_ID=" + function_id};
   // LeakSanitizer stays on (scripts/test.sh sets detect_leaks=1): the preloaded runtime checks
   // the whole process at exit, which catches what the shim leaks in a real program. The

@@ -36,6 +36,10 @@ std::string shim_library_path();
 // preloaded before it into the uninstrumented programs; empty in a build without sanitizers.
 std::string sanitizer_runtime();
 
+// What LD_PRELOAD lists for a program run through the shim: the sanitizer runtime (if any),
+// then shim_library_path().
+std::string shim_preload();
+
 // Why the shim tests cannot run here (no shim built), or empty.
 std::string missing_shim();
 

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <thread>
 
+#include "tests/integration/wedged_listener.h"
 #include "wire/batch_builder.h"
 #include "wire/channel_layout.h"
 #include "wire/client_channel.h"
@@ -689,6 +690,41 @@ TEST(ChannelConnectTest, SilentServerTimesOut) {
   options.handshake_timeout = 100ms;
   const auto client = ClientChannel::connect(options);
   EXPECT_EQ(client.status().code(), ErrorCode::kTimeout) << client.status();
+}
+
+TEST(ChannelConnectTest, ListenerThatAcceptsNothingTimesOut) {
+  testing::WedgedListener wedged(testing::WedgedListener::Wedge::kQueueFull);
+  ASSERT_TRUE(wedged.ready()) << "could not fill the listen queue of " << wedged.path();
+  const ClientOptions options{
+      .socket_path = wedged.path(), .function_id = "fn", .handshake_timeout = 100ms};
+  const auto client = ClientChannel::connect(options);
+  EXPECT_EQ(client.status().code(), ErrorCode::kTimeout) << client.status();
+  EXPECT_NE(client.status().message().find(wedged.path()), std::string::npos) << client.status();
+  EXPECT_NE(client.status().message().find("accepted no connection within 100 ms"),
+            std::string::npos)
+      << client.status();
+}
+
+TEST(ChannelConnectTest, ConnectDeadlineDoesNotBindLaterSends) {
+  testing::WedgedListener listener(testing::WedgedListener::Wedge::kSilent);
+  const auto socket = connect_unix(listener.path(), 100ms);
+  ASSERT_TRUE(socket.ok()) << socket.status();
+  timeval send_timeout{.tv_sec = -1, .tv_usec = -1};
+  socklen_t size = sizeof(send_timeout);
+  ASSERT_EQ(::getsockopt(socket->get(), SOL_SOCKET, SO_SNDTIMEO, &send_timeout, &size), 0);
+  EXPECT_EQ(send_timeout.tv_sec, 0);
+  EXPECT_EQ(send_timeout.tv_usec, 0);
+}
+
+TEST(ChannelConnectTest, ListenerSilentAfterAcceptTimesOut) {
+  testing::WedgedListener wedged(testing::WedgedListener::Wedge::kSilent);
+  const ClientOptions options{
+      .socket_path = wedged.path(), .function_id = "fn", .handshake_timeout = 100ms};
+  const auto client = ClientChannel::connect(options);
+  EXPECT_EQ(client.status().code(), ErrorCode::kTimeout) << client.status();
+  EXPECT_NE(client.status().message().find("did not answer the hello within 100 ms"),
+            std::string::npos)
+      << client.status();
 }
 
 TEST(ChannelConnectTest, WelcomeWithoutTheMemfdIsInvalid) {
