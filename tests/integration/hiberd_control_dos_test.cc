@@ -155,7 +155,8 @@ void register_many(Hiberd& hiberd) {
 }
 
 TEST(ControlDos, StatusListsThousandsOfFunctionsWithLongIds) {
-  Hiberd hiberd;
+  // More than the default cap on registrations (--max_registered_functions, 4096).
+  Hiberd hiberd({"--max_registered_functions=" + std::to_string(kManyFunctions)});
   register_many(hiberd);
 
   // hiberctl fetches every page and prints every function.

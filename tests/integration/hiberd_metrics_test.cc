@@ -87,12 +87,14 @@ TEST(HiberdMetrics, MetricsCountThousandsOfFunctions) {
   char tmpl[] = "/tmp/hiber-metrics-XXXXXX";
   const std::string dir = ::mkdtemp(tmpl);
   const std::string port_file = dir + "/port";
-  Hiberd hiberd({"--metrics_listen=127.0.0.1:0", "--metrics_port_file=" + port_file});
+  constexpr int kFunctions = 5000;
+  // More than the default cap on registrations (--max_registered_functions, 4096).
+  Hiberd hiberd({"--metrics_listen=127.0.0.1:0", "--metrics_port_file=" + port_file,
+                 "--max_registered_functions=" + std::to_string(kFunctions)});
   const int port = read_port(port_file);
   ASSERT_GT(port, 0) << hiberd.log();
   auto control = hiberd.control();
   ASSERT_TRUE(control.ok()) << control.status();
-  constexpr int kFunctions = 5000;
   for (int i = 0; i < kFunctions; ++i) {
     std::string id = "function-" + std::to_string(i) + "-";
     id.resize(wire::kMaxFunctionIdBytes, 'x');
