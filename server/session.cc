@@ -255,7 +255,7 @@ void Session::begin_lease(const Lease& lease) {
 
 void Session::finish_lease(const Status& failure) {
   const Lease lease = *lease_;
-  // A lost context was logged when it was lost.
+  // A lost context was logged, and told to the client, when it was lost.
   if (!failure.ok() && failure.code() != ErrorCode::kLaunchTimeout) {
     LOG(WARNING) << "session " << identity_.id << " (" << identity_.function_id << "): GPU "
                  << lease.gpu << " failed under it: " << failure;
@@ -278,10 +278,12 @@ void Session::lose_context(const Status& why) {
                                                 "later call fails (reconnect to start over)"));
   LOG(WARNING) << "session " << identity_.id << " (" << identity_.function_id << ", pid "
                << identity_.peer.pid << "): " << lost_context_;
+  // Sequence 0: an error of the session, which the client makes sticky.
+  unsent_.push_back({0, limited(lost_context_), {}});
   if (lease_) {
+    // The client hears of it before the drain, which on CUDA waits for the kernel to end.
+    (void)deliver();
     finish_lease(lost_context_);
-  } else {
-    unsent_.push_back({0, limited(lost_context_), {}});
   }
 }
 
