@@ -585,8 +585,8 @@ void NodeCore::preempt(Time now) {
     if (!r.background || r.phase != Phase::kRunning || now - r.placed < options_.lease_slice) {
       continue;
     }
-    const bool others_wait = std::any_of(
-        state_->requests.begin(), state_->requests.end(), [&](const auto& entry) {
+    const bool others_wait =
+        std::any_of(state_->requests.begin(), state_->requests.end(), [&](const auto& entry) {
           return entry.second.phase == Phase::kQueued && entry.second.function != r.function;
         });
     if (others_wait) candidates.emplace_back(r.placed, *g.running);

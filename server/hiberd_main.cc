@@ -233,8 +233,8 @@ Result<server::DaemonOptions> make_options(const std::string& run_dir) {
   c.default_slo = static_cast<scheduler::Duration>(FLAGS_default_slo_ms * 1e6);
   constexpr uint64_t kMaxMs = uint64_t{1} << 40;  // far beyond any use; keeps the nanoseconds exact
   if (FLAGS_kernel_deadline_ms > kMaxMs || FLAGS_lease_slice_ms > kMaxMs) {
-    return error(ErrorCode::kInvalidValue, "--kernel_deadline_ms and --lease_slice_ms must be at "
-                                           "most ", kMaxMs);
+    return error(ErrorCode::kInvalidValue,
+                 "--kernel_deadline_ms and --lease_slice_ms must be at most ", kMaxMs);
   }
   c.kernel_deadline = static_cast<scheduler::Duration>(FLAGS_kernel_deadline_ms) * 1'000'000;
   c.lease_slice = static_cast<scheduler::Duration>(FLAGS_lease_slice_ms) * 1'000'000;

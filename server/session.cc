@@ -274,8 +274,8 @@ void Session::finish_lease(const Status& failure) {
 void Session::lose_context(const Status& why) {
   if (!lost_context_.ok()) return;  // a second kernel timed out before the first was seen
   lost_context_ = Status(ErrorCode::kLaunchTimeout,
-                         str_cat(why.message(), "; the function's CUDA context is lost: every "
-                                                "later call fails (reconnect to start over)"));
+                         str_cat(why.message(), "; the function's CUDA context is lost: every ",
+                                 "later call fails (reconnect to start over)"));
   LOG(WARNING) << "session " << identity_.id << " (" << identity_.function_id << ", pid "
                << identity_.peer.pid << "): " << lost_context_;
   // Sequence 0: an error of the session, which the client makes sticky.

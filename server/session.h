@@ -18,8 +18,9 @@
 // no GPU (allocation bookkeeping, code loading, handle creation, synchronisation on work already
 // queued) run at once. Device streams and events exist per GPU and are made the first time a
 // lease puts the client's handle to work on that GPU; synchronisation waits on the GPU where the
-// handle last had work. When a lease ends (the router's done, or an implicit lease idle for
-// --implicit_lease_idle_ms), the session drains its work, unmaps its blocks and hands the GPU
+// handle last had work. When a lease ends (the router's done, an implicit lease idle for
+// --implicit_lease_idle_us, or one past its slice while others wait: the controller's end_lease),
+// the session drains its work, unmaps its blocks and hands the GPU
 // back, so another function can never see its memory, and its next lease may be elsewhere.
 //
 // Kernel deadline. A kernel that runs longer than SessionConfig::kernel_deadline is stopped by

@@ -65,10 +65,10 @@ bool CudaKernelWatch::poll(Watched& stream, Clock::time_point now) {
       const Clock::time_point started = std::max(stream.head_since, head.launched);
       if (!head.reported && now - started > head.deadline) {
         head.reported = true;
-        const Status late = error(
-            ErrorCode::kLaunchTimeout, "kernel ", head.kernel, " ran past its deadline of ",
-            std::chrono::duration_cast<std::chrono::milliseconds>(head.deadline).count(),
-            " ms; a CUDA kernel cannot be stopped alone, so it runs on until it ends");
+        const Status late =
+            error(ErrorCode::kLaunchTimeout, "kernel ", head.kernel, " ran past its deadline of ",
+                  std::chrono::duration_cast<std::chrono::milliseconds>(head.deadline).count(),
+                  " ms; a CUDA kernel cannot be stopped alone, so it runs on until it ends");
         LOG(ERROR) << "GPU " << stream.gpu << ": " << late;
         if (head.on_timeout) head.on_timeout(late);
       }

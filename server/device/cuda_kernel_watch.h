@@ -58,7 +58,7 @@ class CudaKernelWatch {
   };
   struct Watched {
     int gpu = 0;
-    std::deque<Launch> launches;  // in stream order
+    std::deque<Launch> launches;   // in stream order
     Clock::time_point head_since;  // when the head launch could start at the earliest
   };
 

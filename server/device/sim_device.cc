@@ -637,9 +637,10 @@ Status SimDevice::launch(Stream stream, Function function, const LaunchConfig& c
     const std::optional<sim::Fault> fault = sim::run_guarded(body, data.get(), control.get());
     if (control) watchdog->unwatch(ticket);
     if (fault && fault->interrupted) {
-      Status late = error(ErrorCode::kLaunchTimeout, "kernel ", data->name, " ran past its deadline of ",
-                          std::chrono::duration_cast<std::chrono::milliseconds>(data->deadline).count(),
-                          " ms and was stopped");
+      Status late =
+          error(ErrorCode::kLaunchTimeout, "kernel ", data->name, " ran past its deadline of ",
+                std::chrono::duration_cast<std::chrono::milliseconds>(data->deadline).count(),
+                " ms and was stopped");
       if (data->on_timeout) data->on_timeout(late);
       return late;
     }

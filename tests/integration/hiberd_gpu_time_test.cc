@@ -72,8 +72,7 @@ Status download(wire::CallClient& c, void* dst, uint64_t src, uint64_t bytes) {
                            m.setSrc(src);
                            m.setBytes(bytes);
                            m.setStagingEnd(staged.staging_end);
-                         })
-                            .status());
+                         }).status());
   std::memcpy(dst, staged.bytes.data(), bytes);
   return Status();
 }
@@ -125,8 +124,7 @@ Status launch_spinner(wire::CallClient& c, uint64_t stop) {
                            f.setFunction(2);
                            f.setModule(1);
                            f.setName(test_kernels::kSpinUntil);
-                         })
-                            .status());
+                         }).status());
   return c.enqueue([&](proto::Call::Builder call) {
     auto l = call.initLaunchKernel();
     l.setFunction(2);
