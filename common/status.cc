@@ -33,6 +33,7 @@ std::string error_code_name(ErrorCode code) {
     case ErrorCode::kNotReady: return "CUDA_ERROR_NOT_READY";
     case ErrorCode::kIllegalAddress: return "CUDA_ERROR_ILLEGAL_ADDRESS";
     case ErrorCode::kLaunchOutOfResources: return "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES";
+    case ErrorCode::kLaunchTimeout: return "CUDA_ERROR_LAUNCH_TIMEOUT";
     case ErrorCode::kLaunchFailed: return "CUDA_ERROR_LAUNCH_FAILED";
     case ErrorCode::kNotPermitted: return "CUDA_ERROR_NOT_PERMITTED";
     case ErrorCode::kNotSupported: return "CUDA_ERROR_NOT_SUPPORTED";

@@ -44,6 +44,7 @@ enum class ErrorCode : uint32_t {
   kNotReady = 600,               // CUDA_ERROR_NOT_READY
   kIllegalAddress = 700,         // CUDA_ERROR_ILLEGAL_ADDRESS
   kLaunchOutOfResources = 701,   // CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES
+  kLaunchTimeout = 702,          // CUDA_ERROR_LAUNCH_TIMEOUT: a kernel ran past its deadline
   kLaunchFailed = 719,           // CUDA_ERROR_LAUNCH_FAILED
   kNotPermitted = 800,           // CUDA_ERROR_NOT_PERMITTED: authentication or credentials
   kNotSupported = 801,           // CUDA_ERROR_NOT_SUPPORTED: unknown call, unimplemented API

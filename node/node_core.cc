@@ -65,6 +65,7 @@ struct NodeCore::State {
     bool awaited = false;         // await_start() waits for an answer
     bool release_source = false;
     bool drop_source_from_view = false;
+    Time placed = 0;                   // when dispatch() started it
     std::optional<Decision> decision;  // once placed
     Status start_error;
   };
@@ -88,6 +89,7 @@ struct NodeCore::State {
   bool draining = false;
   std::array<NodeStatus::LinkSwaps, kSwapLinks> swaps_by_link{};
   Histogram swap_seconds{swap_seconds_bounds()};
+  uint64_t preemptions = 0;  // background requests preempt() ended
   // GPUs whose memory changed since the scheduler last heard their reserve: it is told before it
   // decides (dispatch, make_room), once however many changes came in between.
   scheduler::GpuMask stale_reserves = 0;
@@ -507,6 +509,7 @@ Status NodeCore::drain(std::optional<GpuId> gpu, bool resume) {
 // ---- Decisions ----
 
 void NodeCore::dispatch(Time now) {
+  preempt(now);
   // A start can fail at once and free its GPU again, so ask until nothing more starts.
   while (true) {
     refresh_reserves();
@@ -530,6 +533,7 @@ void NodeCore::start_one(const Decision& d, Time now) {
   }
   r.decision = d;
   r.phase = Phase::kPlacing;
+  r.placed = now;
   if (f == nullptr || !f->attached) {
     // The instance went away after the request queued.
     r.start_error = error(ErrorCode::kDeinitialized, "the function's instance is gone");
@@ -562,6 +566,58 @@ void NodeCore::start_one(const Decision& d, Time now) {
     f->background_queued.reset();
   }
   actuator_.start(start);
+}
+
+void NodeCore::preempt(Time now) {
+  if (options_.lease_slice <= 0) return;
+  // Requests waiting for a GPU, less the GPUs already on their way back.
+  int64_t wanted = 0;
+  for (const auto& [id, r] : state_->requests) {
+    if (r.phase == Phase::kQueued) ++wanted;
+    if (r.phase == Phase::kEnding) --wanted;
+  }
+  if (wanted <= 0) return;
+  // Background requests past their slice, whose GPU someone else waits for; longest held first.
+  std::vector<std::pair<Time, RequestId>> candidates;
+  for (const State::Gpu& g : state_->gpus) {
+    if (!g.running) continue;
+    const State::Request& r = state_->requests.at(*g.running);
+    if (!r.background || r.phase != Phase::kRunning || now - r.placed < options_.lease_slice) {
+      continue;
+    }
+    const bool others_wait =
+        std::any_of(state_->requests.begin(), state_->requests.end(), [&](const auto& entry) {
+          return entry.second.phase == Phase::kQueued && entry.second.function != r.function;
+        });
+    if (others_wait) candidates.emplace_back(r.placed, *g.running);
+  }
+  std::sort(candidates.begin(), candidates.end());
+  for (const auto& [placed, id] : candidates) {
+    if (wanted-- <= 0) break;
+    State::Request& r = state_->requests.at(id);
+    VLOG(1) << "t=" << now << " preempting background request " << id << " of '"
+            << state_->functions.at(r.function).spec.name << "' on GPU " << r.decision->gpu
+            << " after " << (now - placed) / 1'000'000 << " ms: others wait";
+    r.phase = Phase::kEnding;
+    ++state_->preemptions;
+    actuator_.end(id, r.function, Status());
+  }
+}
+
+Time NodeCore::slice_end() const {
+  if (options_.lease_slice <= 0) return scheduler::Scheduler::kNever;
+  bool waiting = false;
+  for (const auto& [id, r] : state_->requests) waiting |= r.phase == Phase::kQueued;
+  if (!waiting) return scheduler::Scheduler::kNever;
+  Time earliest = scheduler::Scheduler::kNever;
+  for (const State::Gpu& g : state_->gpus) {
+    if (!g.running) continue;
+    const State::Request& r = state_->requests.at(*g.running);
+    if (r.background && r.phase == Phase::kRunning) {
+      earliest = std::min(earliest, r.placed + options_.lease_slice);
+    }
+  }
+  return earliest;
 }
 
 void NodeCore::evict(FunctionId function, GpuId gpu, EvictionReason reason) {
@@ -653,7 +709,7 @@ void NodeCore::check_drains() {
   }
 }
 
-Time NodeCore::next_wakeup() const { return scheduler_->next_wakeup(); }
+Time NodeCore::next_wakeup() const { return std::min(scheduler_->next_wakeup(), slice_end()); }
 
 // ---- Views ----
 
@@ -706,6 +762,7 @@ NodeStatus NodeCore::status(Time now) const {
   out.draining = state_->draining;
   out.swaps_by_link = state_->swaps_by_link;
   out.swap_seconds = state_->swap_seconds;
+  out.preemptions = state_->preemptions;
   return out;
 }
 

@@ -30,7 +30,10 @@
 //                                       ended until done() so that the caller learns how it went
 //
 // A background request (need_gpu: the function's own use of a GPU outside its callers' requests,
-// such as its start-up) is forgotten at released(); nobody waits for it.
+// such as its start-up) is forgotten at released(); nobody waits for it. With a lease slice
+// (NodeOptions::lease_slice) dispatch() preempts one that has run for a slice while other
+// functions wait: it ends like any request, and its model stays on the GPU as a replica that the
+// eviction policy may take like any other.
 #pragma once
 
 #include <array>
@@ -56,6 +59,10 @@ struct NodeOptions {
   // Per GPU: bytes models can never use because they are outside the pools (the CUDA context,
   // the pool's rounding to the granularity). The scheduler's reserve starts there.
   std::vector<uint64_t> outside_pool_bytes;
+  // A background request (need_gpu) that has held its GPU this long gives it up when requests
+  // of other functions wait: dispatch() ends it (Actuator::end), and the function's next need
+  // for a GPU queues behind them. 0: background requests run until they end by themselves.
+  Duration lease_slice = 0;
 };
 
 // What the caller knows about a function when it adds it.
@@ -190,6 +197,7 @@ struct NodeStatus {
   bool draining = false;
   std::array<LinkSwaps, kSwapLinks> swaps_by_link{};  // finished swaps, by SwapLink
   Histogram swap_seconds{swap_seconds_bounds()};      // per finished swap
+  uint64_t preemptions = 0;  // background requests ended at the end of their lease slice
 };
 
 class NodeCore {
@@ -254,10 +262,12 @@ class NodeCore {
   Status drain(std::optional<GpuId> gpu, bool resume);
 
   // ---- Decisions ----
-  // Starts every queued request that can start now, and finishes drains that are complete.
-  // Call it after every batch of events.
+  // Preempts background requests past their slice while others wait, starts every queued
+  // request that can start now, and finishes drains that are complete. Call it after every
+  // batch of events.
   void dispatch(Time now);
-  // When dispatch() must run even if nothing happens (lazy queue policies); kNever otherwise.
+  // When dispatch() must run even if nothing happens (lazy queue policies, a lease slice that
+  // ends); kNever otherwise.
   Time next_wakeup() const;
 
   // ---- Views ----
@@ -273,6 +283,12 @@ class NodeCore {
   NodeCore(const scheduler::Topology& topology, const NodeOptions& options, Actuator& actuator);
 
   void start_one(const scheduler::Decision& decision, Time now);
+  // Ends background requests that have held their GPU for a slice, at most as many as there
+  // are other functions' requests waiting and not already covered by a GPU being freed.
+  void preempt(Time now);
+  // When the earliest background request that preempt() could end reaches its slice, if any
+  // request waits; kNever otherwise.
+  Time slice_end() const;
   void evict(FunctionId function, GpuId gpu, EvictionReason reason);
   // Tells the scheduler the model size the actuator reports, if it changed.
   void learn_model_bytes(FunctionId function);

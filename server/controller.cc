@@ -81,6 +81,7 @@ Result<std::unique_ptr<Controller>> Controller::create(device::Device& device,
   // The scheduler places models in the pool, not in the whole GPU.
   node::NodeOptions core_options;
   core_options.scheduler = options.scheduler;
+  core_options.lease_slice = options.lease_slice;
   for (int g = 0; g < device.gpu_count(); ++g) {
     const uint64_t total = controller->topology_->memory_bytes(g);
     const uint64_t pool = controller->pools_->pool_bytes(g);
@@ -170,6 +171,9 @@ Result<SessionPlan> Controller::admit(const std::string& function_id, uint64_t r
     }
     const Registration& r = registered->second.registration;
     plan.memory.stateful = r.stateful;
+    if (options_.kernel_deadline > 0) {
+      plan.kernel_deadline = std::chrono::nanoseconds(std::max(options_.kernel_deadline, r.slo));
+    }
     if (r.quota_bytes != 0) quota = r.quota_bytes;
   }
   if (quota == 0)
@@ -184,6 +188,8 @@ Result<SessionPlan> Controller::admit(const std::string& function_id, uint64_t r
   } else {
     // A program that connected on its own is a function of its own for as long as it lives.
     plan.function = FunctionId{next_function_++};
+    // It has no SLO of its own: the node's deadline alone.
+    plan.kernel_deadline = std::chrono::nanoseconds(options_.kernel_deadline);
   }
   plan.quota_bytes = quota;
   return plan;

@@ -75,6 +75,12 @@ struct ControllerOptions {
   uint64_t max_quota_bytes = 0;      // 0: one GPU's pool
   // Registered functions at most; each costs the scheduler and every status report. 0: no cap.
   uint64_t max_registered_functions = 4096;
+  // The longest one kernel may run: the larger of this and the function's SLO (a kernel never
+  // needs longer than its whole request may take). 0: no limit at all.
+  scheduler::Duration kernel_deadline = 0;
+  // An implicit lease held this long gives its GPU up when other functions wait (node/'s
+  // NodeOptions::lease_slice). 0: never.
+  scheduler::Duration lease_slice = 0;
 };
 
 // What the router registers (control.capnp FunctionRegistration).
@@ -93,6 +99,7 @@ struct SessionPlan {
   FunctionId function{0};  // owns the session's blocks
   uint64_t quota_bytes = 0;
   FunctionMemoryOptions memory;
+  std::chrono::nanoseconds kernel_deadline{0};  // 0: none
 };
 
 // The controller's part of the status report.

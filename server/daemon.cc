@@ -632,6 +632,7 @@ void Daemon::on_hello(Connection& connection) {
   config.implicit_lease_idle = options_.implicit_lease_idle;
   config.limits = options_.session_limits;
   config.memory = plan->memory;
+  config.kernel_deadline = plan->kernel_deadline;
   SessionIdentity identity{next_session_id_, hello->function_id, connection.peer};
   auto session = Session::create(device_, module_cache_, controller_->pools(),
                                  controller_->repository(), *controller_, identity, config);

@@ -127,6 +127,14 @@ DEFINE_bool(pipelined, true,
             "for the whole model)");
 DEFINE_uint64(implicit_lease_idle_us, 5000,
               "A GPU used outside any request goes back after this long without a GPU call");
+DEFINE_uint64(kernel_deadline_ms, 10000,
+              "The longest one kernel may run (a registered function gets at least its SLO); a "
+              "kernel past it is stopped and its function's later calls fail with "
+              "CUDA_ERROR_LAUNCH_TIMEOUT. 0 = no limit");
+DEFINE_uint64(lease_slice_ms, 100,
+              "An implicit lease (GPU use outside any request) held this long gives the GPU up "
+              "when other functions wait for one; the function's next GPU call waits for a new "
+              "lease. 0 = never preempt");
 DEFINE_double(default_slo_ms, 10000, "The SLO of functions that connect without being registered");
 DEFINE_int32(sim_fail_transfers_to_gpu, -1,
              "With --device=sim, fault injection: host-to-GPU transfers to this GPU fail after "
@@ -264,6 +272,13 @@ Result<server::DaemonOptions> make_options(const std::string& run_dir) {
     return error(ErrorCode::kInvalidValue, "--default_slo_ms must be positive");
   }
   c.default_slo = static_cast<scheduler::Duration>(FLAGS_default_slo_ms * 1e6);
+  constexpr uint64_t kMaxMs = uint64_t{1} << 40;  // far beyond any use; keeps the nanoseconds exact
+  if (FLAGS_kernel_deadline_ms > kMaxMs || FLAGS_lease_slice_ms > kMaxMs) {
+    return error(ErrorCode::kInvalidValue,
+                 "--kernel_deadline_ms and --lease_slice_ms must be at most ", kMaxMs);
+  }
+  c.kernel_deadline = static_cast<scheduler::Duration>(FLAGS_kernel_deadline_ms) * 1'000'000;
+  c.lease_slice = static_cast<scheduler::Duration>(FLAGS_lease_slice_ms) * 1'000'000;
   options.implicit_lease_idle = std::chrono::microseconds(FLAGS_implicit_lease_idle_us);
   options.session_limits.max_queued_bytes = FLAGS_session_max_queued_mib << 20;
   options.session_limits.max_queue_age = std::chrono::milliseconds(FLAGS_session_max_queue_age_ms);

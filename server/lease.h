@@ -6,7 +6,8 @@
 // implicit request the session asks for itself. While a lease lasts the function's blocks are
 // mapped at its own addresses on the lease's GPU and its calls execute there; when the lease
 // ends the session drains its work, unmaps, and hands the GPU back. The next lease may be on
-// another GPU: the function never notices.
+// another GPU: the function never notices. The controller ends an implicit lease itself
+// (end_lease) once it has held its GPU for a slice while other functions wait (--lease_slice_ms).
 //
 // The session talks to the controller through GpuLessor; the controller talks to the session
 // through LeaseHolder (grant(), end_lease() and fail()), which Session implements. Neither side

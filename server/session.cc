@@ -181,6 +181,8 @@ std::vector<Session::Command> Session::take_mail() {
       unsent_.push_back(std::move(*completion));
     } else if (auto* grant = std::get_if<GrantCommand>(&mail)) {
       commands.emplace_back(std::move(*grant));
+    } else if (auto* timeout = std::get_if<TimeoutCommand>(&mail)) {
+      commands.emplace_back(std::move(*timeout));
     } else {
       commands.emplace_back(std::get<EndCommand>(std::move(mail)));
     }
@@ -192,6 +194,8 @@ void Session::run_commands(std::vector<Command> commands) {
   for (Command& command : commands) {
     if (auto* grant = std::get_if<GrantCommand>(&command)) {
       begin_lease(grant->lease);
+    } else if (auto* timeout = std::get_if<TimeoutCommand>(&command)) {
+      lose_context(timeout->why);
     } else {
       const EndCommand& end = std::get<EndCommand>(command);
       if (!lease_ || lease_->id != end.lease) {
@@ -204,6 +208,12 @@ void Session::run_commands(std::vector<Command> commands) {
 }
 
 void Session::begin_lease(const Lease& lease) {
+  if (!lost_context_.ok()) {
+    // Asked for before the context was lost: nothing of this function runs any more.
+    lessor_.streaming(identity_.id, lease.id, lost_context_);
+    lessor_.released(identity_.id, lease.id, lost_context_);
+    return;
+  }
   if (lease_) {
     // The controller grants one lease at a time; a second one is its bug. Refuse it loudly
     // rather than run on two GPUs.
@@ -251,7 +261,8 @@ void Session::begin_lease(const Lease& lease) {
 
 void Session::finish_lease(const Status& failure) {
   const Lease lease = *lease_;
-  if (!failure.ok()) {
+  // A lost context was logged, and told to the client, when it was lost.
+  if (!failure.ok() && failure.code() != ErrorCode::kLaunchTimeout) {
     LOG(WARNING) << "session " << identity_.id << " (" << identity_.function_id << "): GPU "
                  << lease.gpu << " failed under it: " << failure;
     // Sequence 0: an error of the session, which the client makes sticky.
@@ -264,6 +275,22 @@ void Session::finish_lease(const Status& failure) {
   lease_.reset();
   bound_gpu_.store(std::nullopt);
   lessor_.released(identity_.id, lease.id, failure.ok() ? unbound : failure);
+}
+
+void Session::lose_context(const Status& why) {
+  if (!lost_context_.ok()) return;  // a second kernel timed out before the first was seen
+  lost_context_ = Status(ErrorCode::kLaunchTimeout,
+                         str_cat(why.message(), "; the function's CUDA context is lost: every ",
+                                 "later call fails (reconnect to start over)"));
+  LOG(WARNING) << "session " << identity_.id << " (" << identity_.function_id << ", pid "
+               << identity_.peer.pid << "): " << lost_context_;
+  // Sequence 0: an error of the session, which the client makes sticky.
+  unsent_.push_back({0, limited(lost_context_), {}});
+  if (lease_) {
+    // The client hears of it before the drain, which on CUDA waits for the kernel to end.
+    (void)deliver();
+    finish_lease(lost_context_);
+  }
 }
 
 // ---- The call stream ----
@@ -337,7 +364,7 @@ void Session::run_request(uint32_t first) {
 
 void Session::resume_held(std::chrono::nanoseconds wait) {
   const uint32_t first = *held_;
-  if (lease_) {
+  if (lease_ || !lost_context_.ok()) {
     run_request(first);
     return;
   }
@@ -385,7 +412,7 @@ std::optional<uint32_t> Session::handle_message(const wire::Message& message, ui
         for (uint32_t i = first; i < calls.size(); ++i) {
           // The client is gone: what it still asked for would only keep the GPU busy.
           if (abandoned_.load(std::memory_order_relaxed)) return Status();
-          if (!lease_ && wire::runs_on_gpu(calls[i].which())) {
+          if (!lease_ && lost_context_.ok() && wire::runs_on_gpu(calls[i].which())) {
             stopped_at = i;
             return Status();
           }
@@ -429,6 +456,10 @@ void Session::execute(proto::Call::Reader call, uint64_t seq) {
   // A field the client encoded wrongly throws when read; that fails this call only.
   VLOG(3) << "session " << identity_.id << ": call " << seq << " " << wire::call_name(call.which());
   kj::Maybe<kj::Exception> thrown = kj::runCatchingExceptions([&] {
+    if (!lost_context_.ok()) {
+      outcome = Outcome{lost_context_};
+      return;
+    }
     const bool on_gpu = lease_ && wire::runs_on_gpu(call.which());
     if (on_gpu) {
       last_gpu_call_ = std::chrono::steady_clock::now();

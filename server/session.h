@@ -18,9 +18,15 @@
 // no GPU (allocation bookkeeping, code loading, handle creation, synchronisation on work already
 // queued) run at once. Device streams and events exist per GPU and are made the first time a
 // lease puts the client's handle to work on that GPU; synchronisation waits on the GPU where the
-// handle last had work. When a lease ends (the router's done, or an implicit lease idle for
-// --implicit_lease_idle_ms), the session drains its work, unmaps its blocks and hands the GPU
+// handle last had work. When a lease ends (the router's done, an implicit lease idle for
+// --implicit_lease_idle_us, or one past its slice while others wait: the controller's end_lease),
+// the session drains its work, unmaps its blocks and hands the GPU
 // back, so another function can never see its memory, and its next lease may be elsewhere.
+//
+// Kernel deadline. A kernel that runs longer than SessionConfig::kernel_deadline is stopped by
+// the device; the session then loses its context as a CUDA program would: its lease ends (the
+// GPU goes back to the pool, nothing else of the node is touched) and every later call of the
+// function fails with the sticky CUDA_ERROR_LAUNCH_TIMEOUT, until it disconnects.
 //
 // Synchronous calls (stream, event and device synchronisation) do not block the session thread:
 // device callbacks queue their completions when the work is done and interrupt the session
@@ -94,6 +100,8 @@ struct SessionConfig {
   // How FunctionMemory swaps and places this session's blocks.
   FunctionMemoryOptions memory;
   SessionLimits limits;
+  // The longest one of its kernels may run; 0: no limit (the controller's SessionPlan).
+  std::chrono::nanoseconds kernel_deadline{0};
 };
 
 class Session final : public LeaseHolder {
@@ -170,10 +178,14 @@ class Session final : public LeaseHolder {
     RequestId lease;
     Status failure;  // ok: an ordinary end
   };
-  using Command = std::variant<GrantCommand, EndCommand>;
-  // What other threads hand the session thread: the controller's commands, and completions
-  // from device callbacks.
-  using Mail = std::variant<GrantCommand, EndCommand, CompletionRecord>;
+  // A kernel of the session ran past its deadline (a device thread says so).
+  struct TimeoutCommand {
+    Status why;
+  };
+  using Command = std::variant<GrantCommand, EndCommand, TimeoutCommand>;
+  // What other threads hand the session thread: the controller's commands, the device's
+  // timeouts, and completions from device callbacks.
+  using Mail = std::variant<GrantCommand, EndCommand, TimeoutCommand, CompletionRecord>;
 
   Session(device::Device& device, ModuleCache& modules, GpuLessor& lessor, SessionIdentity identity,
           const SessionConfig& config, std::unique_ptr<wire::ServerChannel> channel,
@@ -202,6 +214,9 @@ class Session final : public LeaseHolder {
   void run_commands(std::vector<Command> commands);
   void begin_lease(const Lease& lease);
   void finish_lease(const Status& failure);
+  // A kernel ran past its deadline: the function's context is lost. Its GPU goes back, and
+  // every later call fails with `why` (CUDA's sticky CUDA_ERROR_LAUNCH_TIMEOUT).
+  void lose_context(const Status& why);
   // Queues mail for the session thread and wakes it (any thread).
   void post(Mail mail);
 
@@ -275,6 +290,10 @@ class Session final : public LeaseHolder {
   std::optional<Lease> lease_;    // the GPU the calls execute on, if any
   bool asked_for_gpu_ = false;    // an implicit lease is on its way
   Status lease_failure_;          // the last grant could not be used
+  Status lost_context_;           // set by lose_context(): every call fails with it
+  // Set by the device thread that saw a kernel time out, so that the session's kernels queued
+  // behind it do not run (each could hold the GPU for a whole deadline).
+  const std::shared_ptr<std::atomic<bool>> context_lost_ = std::make_shared<std::atomic<bool>>();
   std::chrono::steady_clock::time_point last_gpu_call_;
   HandleTable handles_;  // client streams and events, per GPU
   // Each module holds one cache reference.

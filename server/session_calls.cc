@@ -486,6 +486,15 @@ Session::Outcome Session::launch_kernel(const wire::calls::LaunchKernel& c) {
   config.grid = {c.grid_x, c.grid_y, c.grid_z};
   config.block = {c.block_x, c.block_y, c.block_z};
   config.shared_memory_bytes = c.shared_mem_bytes;
+  if (config_.kernel_deadline.count() > 0) {
+    config.deadline = config_.kernel_deadline;
+    // The session thread acts on it: the function's context is lost (session.h).
+    config.on_timeout = [this](const Status& why) {
+      context_lost_->store(true);
+      post(TimeoutCommand{why});
+    };
+    config.context_lost = context_lost_;
+  }
   return {device_.launch(*s, f->second.function, config, bytes), {}, false, *s};
 }
 

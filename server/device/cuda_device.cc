@@ -36,6 +36,7 @@
 #include "common/fatbin.h"
 #include "common/mutex.h"
 #include "server/device/cuda_driver.h"
+#include "server/device/cuda_kernel_watch.h"
 #include "server/device/cuda_libraries.h"
 #include "server/device/cuda_topology.h"
 
@@ -270,6 +271,8 @@ class CudaDevice final : public Device, private CudaContexts {
   // a handle) and destroyed first, while the primary contexts their handles live in are held.
   std::unique_ptr<LibraryBackend> blas_;
   std::unique_ptr<LibraryBackend> dnn_;
+  // Kernel deadlines (LaunchConfig::deadline); destroyed before the contexts are released.
+  std::unique_ptr<CudaKernelWatch> watch_;
 };
 
 // ---- Creation ----
@@ -302,12 +305,15 @@ Result<std::unique_ptr<Device>> CudaDevice::create(const CudaDeviceOptions& opti
   }
   device->blas_ = make_cuda_blas_backend(*device, options.libraries);
   device->dnn_ = make_cuda_dnn_backend(*device, options.libraries);
+  device->watch_ = std::make_unique<CudaKernelWatch>(
+      *cu, [d = device.get()](int gpu) { return d->use_gpu(gpu); });
   LOG(INFO) << "CUDA backend: " << describe(device->topology_);
   return std::unique_ptr<Device>(std::move(device));
 }
 
 CudaDevice::~CudaDevice() {
-  // Library handles first: destroying them needs their GPU's context.
+  // Library handles and watched launches first: destroying them needs their GPU's context.
+  watch_.reset();
   blas_.reset();
   dnn_.reset();
   for (const Gpu& gpu : gpus_) {
@@ -1270,6 +1276,10 @@ Status CudaDevice::launch(Stream stream, Function function, const LaunchConfig& 
                             params.size()));
     }
   }
+  if (config.context_lost && config.context_lost->load()) {
+    return Status(ErrorCode::kLaunchTimeout,
+                  "launch: an earlier kernel of this context ran past its deadline");
+  }
   HIBER_ASSIGN_OR_RETURN(CUstream s, use_stream(stream));
   HIBER_RETURN_IF_ERROR(check_launch_dimensions(stream.gpu, config));
   HIBER_RETURN_IF_ERROR(
@@ -1283,6 +1293,15 @@ Status CudaDevice::launch(Stream stream, Function function, const LaunchConfig& 
       HIBER_CU(cuLaunchKernel, reinterpret_cast<CUfunction>(kernel), config.grid.x, config.grid.y,
                config.grid.z, config.block.x, config.block.y, config.block.z,
                config.shared_memory_bytes, s, nullptr, size != 0 ? extra : nullptr);
+  if (launched.ok() && config.deadline.count() > 0) {
+    std::string name;
+    {
+      ReaderLock lock(kernels_mutex_);
+      auto it = kernels_.find(kernel);
+      if (it != kernels_.end()) name = it->second.info.name;
+    }
+    launched = watch_->watch(stream.gpu, s, name, config);
+  }
   return on_error(std::move(launched), [&] {
     ReaderLock lock(kernels_mutex_);
     auto it = kernels_.find(kernel);

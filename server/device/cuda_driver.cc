@@ -54,6 +54,7 @@ HIBER_CUDA_DRIVER_ENTRY_POINTS(HIBER_CUDA_CHECK_SIGNATURE_)
   X(kNotReady, CUDA_ERROR_NOT_READY)                            \
   X(kIllegalAddress, CUDA_ERROR_ILLEGAL_ADDRESS)                \
   X(kLaunchOutOfResources, CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES)  \
+  X(kLaunchTimeout, CUDA_ERROR_LAUNCH_TIMEOUT)                  \
   X(kLaunchFailed, CUDA_ERROR_LAUNCH_FAILED)                    \
   X(kNotPermitted, CUDA_ERROR_NOT_PERMITTED)                    \
   X(kNotSupported, CUDA_ERROR_NOT_SUPPORTED)                    \

@@ -20,6 +20,8 @@
 #pragma once
 
 #include <array>
+#include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -73,6 +75,16 @@ struct LaunchConfig {
   Dim3 grid;
   Dim3 block;
   uint32_t shared_memory_bytes = 0;
+  // The longest the kernel may run once it starts; 0: no limit. A kernel past it is stopped
+  // (simulated device) or its GPU's context is ended (CUDA), and the launch fails with
+  // kLaunchTimeout.
+  std::chrono::nanoseconds deadline{0};
+  // With a deadline: told when the kernel ran past it, on a device thread (it must not call the
+  // device, as a stream callback must not).
+  std::function<void(const Status&)> on_timeout;
+  // Set once the caller's context is lost (an earlier kernel timed out): a kernel that finds it
+  // set when its turn comes does not run, and fails with kLaunchTimeout, as on a dead context.
+  std::shared_ptr<const std::atomic<bool>> context_lost;
 };
 
 using hiber::KernelInfo;

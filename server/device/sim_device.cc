@@ -23,6 +23,7 @@
 #include "server/device/sim/fault_guard.h"
 #include "server/device/sim/handle_table.h"
 #include "server/device/sim/kernel_registry.h"
+#include "server/device/sim/kernel_watchdog.h"
 #include "server/device/sim/link_model.h"
 #include "server/device/sim/physical_memory.h"
 #include "server/device/sim/properties.h"
@@ -64,6 +65,9 @@ struct LaunchData {
   std::vector<void*> params;              // into storage
   HiberSimLaunch launch{};                // launch.device_context points back here
   int result = 0;
+  std::chrono::nanoseconds deadline{0};
+  std::function<void(const Status&)> on_timeout;
+  std::shared_ptr<const std::atomic<bool>> context_lost;
   // The first range check_access refused: the launch's error.
   Mutex refused_mu;
   Status refused GUARDED_BY(refused_mu);
@@ -226,6 +230,7 @@ struct SimDevice::Impl {
   // Remoted libraries' host implementations (made once the device exists).
   std::unique_ptr<LibraryBackend> blas;
   std::unique_ptr<LibraryBackend> dnn;
+  sim::KernelWatchdog watchdog;
   // Last, so it is destroyed first: it finishes work that uses everything above.
   Scheduler scheduler;
 };
@@ -657,15 +662,38 @@ Status SimDevice::launch(Stream stream, Function function, const LaunchConfig& c
   data->launch.params = data->params.data();
   data->launch.check_access = check_kernel_access;
   data->launch.device_context = data.get();
+  data->deadline = config.deadline;
+  data->on_timeout = config.on_timeout;
+  data->context_lost = config.context_lost;
 
-  impl_->scheduler.enqueue_work(s, [data] {
+  impl_->scheduler.enqueue_work(s, [data, watchdog = &impl_->watchdog] {
+    if (data->context_lost && data->context_lost->load())
+      return error(ErrorCode::kLaunchTimeout, "kernel ", data->info.name,
+                   " not run: an earlier kernel of its context ran past its deadline");
     // When it runs, not when enqueued: what the GPU may access is what holds then.
     HIBER_RETURN_IF_ERROR(check_arguments(*data));
     auto body = [](void* arg) {
       auto* d = static_cast<LaunchData*>(arg);
       d->result = d->run(&d->launch);
     };
-    if (std::optional<sim::Fault> fault = sim::run_guarded(body, data.get()))
+    // The deadline counts from the kernel's start on its worker, not from the launch call.
+    std::shared_ptr<sim::RunControl> control;
+    uint64_t ticket = 0;
+    if (data->deadline.count() > 0) {
+      control = std::make_shared<sim::RunControl>();
+      ticket = watchdog->watch(control, sim::KernelWatchdog::Clock::now() + data->deadline);
+    }
+    const std::optional<sim::Fault> fault = sim::run_guarded(body, data.get(), control.get());
+    if (control) watchdog->unwatch(ticket);
+    if (fault && fault->interrupted) {
+      Status late =
+          error(ErrorCode::kLaunchTimeout, "kernel ", data->info.name, " ran past its deadline of ",
+                std::chrono::duration_cast<std::chrono::milliseconds>(data->deadline).count(),
+                " ms and was stopped");
+      if (data->on_timeout) data->on_timeout(late);
+      return late;
+    }
+    if (fault)
       return error(ErrorCode::kIllegalAddress, "kernel ", data->info.name, " touched ",
                    hex(fault->address), " (", strsignal(fault->signal),
                    "), which is not mapped memory of the simulated GPU");

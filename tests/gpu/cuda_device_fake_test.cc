@@ -8,6 +8,8 @@
 // normally and once per failure scenario (FakeDriverScenario, driven by environment variables).
 #include <dlfcn.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <future>
@@ -667,6 +669,56 @@ TEST_F(CudaDeviceFakeTest, LoadsModulesAndLaunchesWithThePackedBuffer) {
   EXPECT_EQ(device_->function_info(*odd).status().code(), ErrorCode::kInvalidHandle);
   EXPECT_EQ(device_->launch(*s, *noop, {}, {}).code(), ErrorCode::kInvalidHandle);
   EXPECT_TRUE(device_->destroy_stream(*s).ok());
+}
+
+// Kernel deadlines (issue 18, item 3): the backend records an event after a launch with a
+// deadline and polls it; a launch whose event is still pending past the deadline is reported
+// once, later kernels of the lost context never reach the driver, and the event is destroyed once
+// the work is seen done.
+TEST_F(CudaDeviceFakeTest, ALaunchPastItsDeadlineIsReportedOnceAndItsContextsKernelsRefused) {
+  Result<Module> module = device_->load_module(fake_fatbin());
+  ASSERT_TRUE(module.ok()) << module.status();
+  Result<Function> noop = device_->get_function(*module, "_Z4noopv");
+  ASSERT_TRUE(noop.ok());
+  Result<Stream> s = device_->create_stream(1, 0);
+  ASSERT_TRUE(s.ok());
+  int destroyed_before = 0;
+  {
+    std::lock_guard lock(fake_->mutex);
+    fake_->events_pending = true;
+    destroyed_before = fake_->events_destroyed;
+  }
+  auto lost = std::make_shared<std::atomic<bool>>(false);
+  std::atomic<int> reports{0};
+  std::promise<Status> told;
+  LaunchConfig config;
+  config.deadline = std::chrono::milliseconds(30);
+  config.context_lost = lost;
+  config.on_timeout = [&](const Status& why) {
+    lost->store(true);
+    if (reports.fetch_add(1) == 0) told.set_value(why);
+  };
+  ASSERT_TRUE(device_->launch(*s, *noop, config, {}).ok());
+  const Status late = told.get_future().get();
+  EXPECT_EQ(late.code(), ErrorCode::kLaunchTimeout) << late;
+  EXPECT_THAT(late.message(), HasSubstr("_Z4noopv ran past its deadline of 30 ms"));
+  EXPECT_EQ(device_->launch(*s, *noop, config, {}).code(), ErrorCode::kLaunchTimeout);
+
+  {
+    std::lock_guard lock(fake_->mutex);
+    EXPECT_EQ(fake_->launches.size(), 1u) << "the refused launch never reached the driver";
+    fake_->events_pending = false;  // the kernel ends at last
+  }
+  while (true) {
+    {
+      std::lock_guard lock(fake_->mutex);
+      if (fake_->events_destroyed > destroyed_before) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(reports.load(), 1) << "reported once";
+  EXPECT_TRUE(device_->destroy_stream(*s).ok());
+  EXPECT_TRUE(device_->unload_module(*module).ok());
 }
 
 TEST_F(CudaDeviceFakeTest, LoadsEveryKindOfImageTheReaderAccepts) {

@@ -69,6 +69,7 @@ struct FakeCuda {
   bool p2p_atomics = true;                  // false: peers over PCIe (no native atomics)
   std::map<int, size_t> granularity;        // per GPU, where not the default 2 MiB
   CUresult callback_status = CUDA_SUCCESS;  // what stream callbacks are told
+  bool events_pending = false;  // cuEventQuery answers NOT_READY: work that has not ended
 
   // Observations.
   std::vector<std::pair<std::string, int>> resolved;  // cuGetProcAddress (name, version)
@@ -85,6 +86,7 @@ struct FakeCuda {
   std::vector<size_t> reserve_alignments;
   std::vector<size_t> reserve_sizes;
   std::vector<int> context_synchronizations;  // cuCtxSynchronize: the current context's GPU
+  int events_destroyed = 0;
   // Calls that act on a stream or context while another GPU's context (or none) is current.
   std::vector<std::string> wrong_context_calls;
 };

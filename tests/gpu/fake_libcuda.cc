@@ -480,6 +480,8 @@ CUresult fake_cuEventDestroy(CUevent event) {
   if (e == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   e->tag = 0;
   delete e;
+  std::lock_guard lock(state().mutex);
+  ++state().events_destroyed;
   return CUDA_SUCCESS;
 }
 
@@ -497,7 +499,9 @@ CUresult fake_cuEventSynchronize(CUevent event) {
 }
 
 CUresult fake_cuEventQuery(CUevent event) {
-  return event_of(event) != nullptr ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+  if (event_of(event) == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  std::lock_guard lock(state().mutex);
+  return state().events_pending ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
 }
 
 CUresult fake_cuEventElapsedTime(float* ms, CUevent start, CUevent end) {

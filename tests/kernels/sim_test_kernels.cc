@@ -1,6 +1,8 @@
 // Host implementations of the kernels in test_kernels.cu, for the simulated GPU
 // (server/device/sim_kernel_plugin.h). Each runs every thread of the grid in turn and computes
 // exactly what the CUDA kernel computes, so a test can compare the two backends byte for byte.
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstring>
@@ -155,6 +157,20 @@ int fill_bytes_c(const HiberSimLaunch* l) {
 
 int noop(const HiberSimLaunch* l) { return l->param_count == 0 ? kSuccess : kInvalidValue; }
 
+// The device's memory may only be read, as in CUDA; a test that means it to end sets *stop.
+// Under TSan the loop also sleeps: TSan holds an asynchronous signal (the kernel deadline's
+// interruption) back until the thread enters one of its interceptors.
+int spin_until(const HiberSimLaunch* l) {
+  if (l->param_count != 1) return kInvalidValue;
+  auto stop = arg<const volatile unsigned*>(l, 0);
+  while (*stop == 0) {
+#if defined(__SANITIZE_THREAD__)
+    usleep(1000);
+#endif
+  }
+  return kSuccess;
+}
+
 namespace names = hiber::test_kernels;
 const HiberSimKernel kKernels[] = {
     {names::kVecAdd, add_vectors},
@@ -170,6 +186,7 @@ const HiberSimKernel kKernels[] = {
     {names::kScaleDouble, scale<double>},
     {names::kFillBytesC, fill_bytes_c},
     {names::kNoop, noop},
+    {names::kSpinUntil, spin_until},
 };
 
 }  // namespace

@@ -87,3 +87,10 @@ extern "C" __global__ void fill_bytes_c(unsigned char* out, unsigned char value,
 
 // Does nothing.
 __global__ void noop() {}
+
+// Never ends while *stop is 0: the runaway kernel of the kernel-deadline tests (hiberd's
+// --kernel_deadline_ms). Launch it on a real GPU only with a way to set *stop.
+__global__ void spin_until(const volatile unsigned* stop) {
+  while (*stop == 0) {
+  }
+}

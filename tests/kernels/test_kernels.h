@@ -44,6 +44,7 @@ inline constexpr const char kScaleFloat[] = "_Z5scaleIfEvPT_S0_j";
 inline constexpr const char kScaleDouble[] = "_Z5scaleIdEvPT_S0_j";
 inline constexpr const char kFillBytesC[] = "fill_bytes_c";
 inline constexpr const char kNoop[] = "_Z4noopv";
+inline constexpr const char kSpinUntil[] = "_Z10spin_untilPVKj";
 
 // Every kernel of test_kernels.cu, sorted by mangled name (as image_kernels() returns them).
 inline std::vector<KernelInfo> expected_kernels() {
@@ -61,6 +62,7 @@ inline std::vector<KernelInfo> expected_kernels() {
       {kScaleDouble, {{0, 8}, {8, 8}, {16, 4}}},
       {kFillBytesC, {{0, 8}, {8, 1}, {16, 8}}},
       {kNoop, {}},
+      {kSpinUntil, {{0, 8}}},
   };
   std::sort(kernels.begin(), kernels.end(),
             [](const KernelInfo& a, const KernelInfo& b) { return a.name < b.name; });

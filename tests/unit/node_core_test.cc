@@ -230,6 +230,138 @@ TEST_F(NodeCoreTest, BackgroundRequestsAreOneAtATimeAndForgottenWhenReleased) {
   EXPECT_EQ(status.counters.arrivals, 0u);
 }
 
+// Lease slices (issue 18, item 6): a background request that has held the only GPU for a slice
+// gives it up when another function waits, and not before; the next one gets it, and the
+// preempted function queues behind.
+TEST_F(NodeCoreTest, ABackgroundLeasePastItsSliceIsPreemptedWhenAnotherFunctionWaits) {
+  NodeOptions options;
+  options.lease_slice = 50 * kMs;
+  make(plain_topology(1, 16 * kGiB), options);
+  const FunctionId busy = add(1, kGiB);
+  const FunctionId other = add(2, kGiB);
+  core_->need_gpu(busy, now_);
+  core_->dispatch(now_);
+  ASSERT_EQ(actuator_.starts.size(), 1u);
+  const RequestId hog = actuator_.starts[0].request;
+  core_->streaming(hog, Status(), now_);
+  core_->swap_done(hog, Status(), {}, now_);
+  EXPECT_EQ(core_->next_wakeup(), scheduler::Scheduler::kNever) << "nobody waits: no slice ends";
+
+  now_ = 10 * kMs;
+  core_->need_gpu(other, now_);
+  EXPECT_EQ(core_->next_wakeup(), 50 * kMs) << "the slice counts from the busy lease's start";
+  core_->dispatch(now_);
+  EXPECT_TRUE(actuator_.ends.empty()) << "within its slice the lease keeps the GPU";
+  EXPECT_EQ(actuator_.starts.size(), 1u);
+
+  now_ = 50 * kMs;
+  core_->dispatch(now_);
+  ASSERT_EQ(actuator_.ends.size(), 1u);
+  EXPECT_EQ(actuator_.ends[0].request, hog);
+  EXPECT_EQ(actuator_.ends[0].function, busy);
+  EXPECT_TRUE(actuator_.ends[0].failure.ok()) << "an ordinary end: its work drains and is kept";
+  EXPECT_EQ(core_->phase(hog), Phase::kEnding);
+  EXPECT_EQ(core_->status(now_).preemptions, 1u);
+  core_->dispatch(now_);
+  EXPECT_EQ(actuator_.ends.size(), 1u) << "ended once";
+
+  // The busy function asks again as soon as its lease is gone: it queues behind the other.
+  now_ = 52 * kMs;
+  core_->released(hog, Status(), now_);
+  core_->need_gpu(busy, now_);
+  core_->dispatch(now_);
+  ASSERT_EQ(actuator_.starts.size(), 2u);
+  const Start next = actuator_.starts[1];
+  EXPECT_EQ(next.function, other);
+  EXPECT_TRUE(next.background);
+  EXPECT_EQ(core_->status(now_).gpus[0].evictions, 0u)
+      << "the preempted model stays on the GPU while there is room";
+  EXPECT_EQ(core_->running(GpuId{0}), next.request);
+
+  // And the slice turns: the other function's lease goes back to the busy one a slice later.
+  core_->streaming(next.request, Status(), now_);
+  core_->swap_done(next.request, Status(), {}, now_);
+  now_ = 101 * kMs;
+  core_->dispatch(now_);
+  EXPECT_EQ(actuator_.ends.size(), 1u) << "49 ms into its slice";
+  now_ = 102 * kMs;
+  core_->dispatch(now_);
+  ASSERT_EQ(actuator_.ends.size(), 2u);
+  EXPECT_EQ(actuator_.ends[1].request, next.request);
+  core_->released(next.request, Status(), now_);
+  core_->dispatch(now_);
+  ASSERT_EQ(actuator_.starts.size(), 3u);
+  EXPECT_EQ(actuator_.starts[2].function, busy);
+  EXPECT_EQ(actuator_.starts[2].source, Source::kResident) << "its replica stayed";
+}
+
+TEST_F(NodeCoreTest, NoPreemptionWithoutASliceForCallersRequestsOrForTheSameFunction) {
+  // Without a slice (the default), a background lease is never ended by others waiting.
+  make(plain_topology(1, 16 * kGiB));
+  const FunctionId a = add(1, kGiB);
+  const FunctionId b = add(2, kGiB);
+  core_->need_gpu(a, now_);
+  core_->dispatch(now_);
+  core_->streaming(actuator_.starts[0].request, Status(), now_);
+  core_->need_gpu(b, now_);
+  now_ = 3600 * scheduler::kSecond;
+  core_->dispatch(now_);
+  EXPECT_TRUE(actuator_.ends.empty());
+  EXPECT_EQ(core_->next_wakeup(), scheduler::Scheduler::kNever);
+
+  // With one, a caller's request is never preempted: it ends when the caller says done.
+  NodeOptions options;
+  options.lease_slice = 10 * kMs;
+  actuator_ = RecordingActuator();
+  now_ = 0;
+  make(plain_topology(1, 16 * kGiB), options);
+  const FunctionId c = add(1, kGiB);
+  const FunctionId d = add(2, kGiB);
+  const RequestId r = arrive(c);
+  core_->dispatch(now_);
+  core_->streaming(r, Status(), now_);
+  core_->need_gpu(d, now_);
+  now_ = 100 * kMs;
+  core_->dispatch(now_);
+  EXPECT_TRUE(actuator_.ends.empty()) << "a caller's request is not preempted";
+
+  // Nor is a background lease when only its own function's request waits.
+  ASSERT_TRUE(core_->done(r, false, now_).ok());
+  core_->released(r, Status(), now_);
+  core_->dispatch(now_);  // d's background request starts
+  ASSERT_EQ(actuator_.starts.size(), 2u);
+  const RequestId bg = actuator_.starts[1].request;
+  core_->streaming(bg, Status(), now_);
+  const RequestId own = arrive(d);  // its own caller's request waits behind it
+  now_ = 200 * kMs;
+  core_->dispatch(now_);
+  EXPECT_EQ(actuator_.ends.size(), 1u) << "only r's end; the background lease stays";
+  EXPECT_EQ(core_->phase(own), Phase::kQueued);
+}
+
+TEST_F(NodeCoreTest, PreemptionEndsNoMoreLeasesThanThereAreWaitersLongestHeldFirst) {
+  NodeOptions options;
+  options.lease_slice = 10 * kMs;
+  make(plain_topology(2, 16 * kGiB), options);
+  const FunctionId a = add(1, kGiB);
+  const FunctionId b = add(2, kGiB);
+  const FunctionId waiter = add(3, kGiB);
+  core_->need_gpu(a, now_);
+  core_->dispatch(now_);
+  now_ = 5 * kMs;
+  core_->need_gpu(b, now_);
+  core_->dispatch(now_);
+  ASSERT_EQ(actuator_.starts.size(), 2u);
+  for (const Start& s : actuator_.starts) core_->streaming(s.request, Status(), now_);
+  core_->need_gpu(waiter, now_);
+  now_ = 30 * kMs;  // both are past their slice
+  core_->dispatch(now_);
+  ASSERT_EQ(actuator_.ends.size(), 1u) << "one waiter: one GPU is enough";
+  EXPECT_EQ(actuator_.ends[0].function, a) << "the lease held longest goes first";
+  core_->dispatch(now_);
+  EXPECT_EQ(actuator_.ends.size(), 1u) << "a GPU on its way back covers the waiter";
+}
+
 TEST_F(NodeCoreTest, AQueuedCallerRequestServesTheInstancesOwnNeedsToo) {
   make(plain_topology(1, 16 * kGiB));
   const FunctionId busy = add(1, kGiB);

@@ -819,6 +819,66 @@ TEST_F(SimDeviceTest, KernelFaultsAreCaughtWhileAChainingHandlerIsInstalled) {
   free(a);
 }
 
+// A kernel that never returns. Under TSan the loop also sleeps: TSan holds an asynchronous
+// signal back until the thread enters one of its interceptors, which a bare loop never does.
+int spin_forever(const HiberSimLaunch*) {
+  volatile uint64_t turns = 0;
+  for (;;) {
+    turns = turns + 1;
+#if defined(__SANITIZE_THREAD__)
+    usleep(1000);
+#endif
+  }
+}
+
+// Issue 18, item 3: a kernel that runs past its deadline is stopped, fails its launch with
+// CUDA_ERROR_LAUNCH_TIMEOUT and tells the launcher; kernels queued behind it on a lost context
+// do not run; and other streams of the same GPU run correctly throughout.
+TEST_F(SimDeviceTest, AKernelPastItsDeadlineIsStoppedWhileOtherStreamsRunOn) {
+  make_default();
+  // sim_unimplemented (no parameters) gets a host implementation that never ends.
+  HIBER_ASSERT_OK(device_->register_kernel("sim_unimplemented", spin_forever));
+  Module m = load_sim_kernels();
+  Function spin = function(m, "sim_unimplemented");
+  Function copy = function(m, "sim_copy_param");
+  Stream runaway = stream(0);
+  Stream other = stream(0);
+  Allocation a = allocate(0, 4096);
+
+  auto lost = std::make_shared<std::atomic<bool>>(false);
+  std::atomic<int> timeouts{0};
+  LaunchConfig limited;
+  limited.deadline = std::chrono::milliseconds(100);
+  limited.context_lost = lost;
+  limited.on_timeout = [&](const Status& why) {
+    EXPECT_EQ(why.code(), ErrorCode::kLaunchTimeout) << why;
+    lost->store(true);
+    timeouts.fetch_add(1);
+  };
+  HIBER_ASSERT_OK(device_->launch(runaway, spin, limited, {}));
+  // Queued behind it on the same context: skipped once the context is lost.
+  HIBER_ASSERT_OK(device_->launch(runaway, spin, limited, {}));
+  // The other stream's work runs meanwhile (the GPU has two workers), with a deadline it keeps.
+  for (uint64_t v = 1; v <= 20; ++v) {
+    HIBER_ASSERT_OK(device_->launch(other, copy, limited, pack(a.va, v)));
+    HIBER_ASSERT_OK(device_->synchronize_stream(other));
+    EXPECT_EQ(*reinterpret_cast<volatile uint64_t*>(a.va), v);
+  }
+
+  const Status stopped = device_->synchronize_stream(runaway);
+  HIBER_EXPECT_CODE(stopped, ErrorCode::kLaunchTimeout);
+  EXPECT_NE(stopped.message().find("ran past its deadline of 100 ms"), std::string::npos)
+      << stopped;
+  EXPECT_EQ(timeouts.load(), 1) << "the second launch never ran, so it did not time out";
+  EXPECT_EQ(*reinterpret_cast<volatile uint64_t*>(a.va), 20u);
+
+  // The stream itself goes on: a kernel without the lost context runs, and its result is right.
+  HIBER_ASSERT_OK(device_->launch(runaway, copy, {}, pack(a.va, uint64_t{77})));
+  HIBER_EXPECT_OK(device_->synchronize_stream(runaway));
+  EXPECT_EQ(*reinterpret_cast<volatile uint64_t*>(a.va), 77u);
+  free(a);
+}
+
 TEST_F(SimDeviceTest, KernelErrorsAreReportedAtTheNextSynchronisation) {
   make_default();
   Module m = load_sim_kernels();

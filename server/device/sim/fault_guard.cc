@@ -15,6 +15,8 @@ struct GuardState {
   sigjmp_buf env{};
   volatile sig_atomic_t active = 0;
   Fault fault;
+  // The running guarded call's stop request, if another thread may interrupt it.
+  std::atomic<bool>* volatile stop = nullptr;
 };
 // Read by the signal handler, so it must not need a lazy TLS allocation (__tls_get_addr may
 // call malloc, which is not async-signal-safe): initial-exec TLS is at a fixed offset from the
@@ -58,7 +60,24 @@ void on_fault(int sig, siginfo_t* info, void* context) {
   pass_on(sig, info, context);
 }
 
+// The interrupt signal is ours alone: one that finds no interruptible run (it finished just
+// before the signal landed) is dropped.
+void on_interrupt(int sig, siginfo_t*, void*) {
+  GuardState& guard = t_guard;
+  std::atomic<bool>* stop = guard.stop;
+  if (guard.active && stop != nullptr && stop->load(std::memory_order_relaxed)) {
+    guard.active = 0;
+    guard.fault = Fault{.signal = sig, .address = 0, .interrupted = true};
+    siglongjmp(guard.env, 1);
+  }
+}
+
 void install() {
+  struct sigaction interrupt {};
+  interrupt.sa_sigaction = on_interrupt;
+  interrupt.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_RESTART;
+  sigemptyset(&interrupt.sa_mask);
+  PCHECK(sigaction(interrupt_signal(), &interrupt, nullptr) == 0);
   for (int sig : kSignals) {
     // Saved before ours goes in, so the handler never sees a half-written entry.
     PCHECK(sigaction(sig, nullptr, &g_previous[signal_slot(sig)]) == 0);
@@ -72,14 +91,44 @@ void install() {
 
 }  // namespace
 
-std::optional<Fault> run_guarded(void (*fn)(void*), void* arg) {
+int interrupt_signal() { return SIGRTMIN + 5; }
+
+void RunControl::interrupt() {
+  MutexLock lock(mu_);
+  requested_.store(true, std::memory_order_relaxed);
+  if (running_) pthread_kill(thread_, interrupt_signal());
+}
+
+std::optional<Fault> run_guarded(void (*fn)(void*), void* arg, RunControl* control) {
   std::call_once(g_installed, install);
   GuardState& guard = t_guard;
+  auto finish = [&] {
+    guard.stop = nullptr;
+    if (control == nullptr) return;
+    MutexLock lock(control->mu_);
+    control->running_ = false;
+  };
   // savemask = 1: the jump restores the signal mask, unblocking the signal being handled.
-  if (sigsetjmp(guard.env, 1) != 0) return guard.fault;
+  if (sigsetjmp(guard.env, 1) != 0) {
+    finish();
+    return guard.fault;
+  }
+  if (control != nullptr) {
+    MutexLock lock(control->mu_);
+    control->running_ = true;
+    control->thread_ = pthread_self();
+    guard.stop = &control->requested_;
+  }
   guard.active = 1;
+  // Interrupted before it began (the signal, if any, found it inactive and was dropped).
+  if (control != nullptr && control->requested_.load(std::memory_order_relaxed)) {
+    guard.active = 0;
+    finish();
+    return Fault{.signal = interrupt_signal(), .address = 0, .interrupted = true};
+  }
   fn(arg);
   guard.active = 0;
+  finish();
   return std::nullopt;
 }
 
