@@ -30,7 +30,8 @@ class WordBuffer {
   std::span<const capnp::word> span() const { return {data(), size()}; }
 
  private:
-  static_assert(sizeof(uint64_t) == sizeof(capnp::word) && alignof(uint64_t) >= alignof(capnp::word));
+  static_assert(sizeof(uint64_t) == sizeof(capnp::word) &&
+                alignof(uint64_t) >= alignof(capnp::word));
   std::vector<uint64_t> words_;
 };
 

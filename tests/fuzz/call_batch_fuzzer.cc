@@ -77,28 +77,32 @@ struct Checker {
 
 void check_batch(const wire::Message& message) {
   Checker checker;
-  (void)wire::read_message<proto::Batch>(
-      message, "batch", [&](proto::Batch::Reader batch) -> Status {
-        auto list = batch.getCalls();
-        if (list.size() > wire::kMaxCallsPerBatch) return Status(ErrorCode::kInvalidValue, "");
-        (void)batch.getFirstSeq();
-        // Refused batches give back their staging: staging_end reads no field that can throw.
-        for (auto call : list) (void)wire::staging_end(call);
-        for (auto call : list) {
-          (void)wire::call_name(call.which());
-          (void)wire::runs_on_gpu(call.which());
-          (void)call.getReply();
-          (void)kj::runCatchingExceptions([&] {
-            switch (call.which()) {
+  (void)wire::read_message<proto::Batch>(message, "batch",
+                                         [&](proto::Batch::Reader batch) -> Status {
+                                           auto list = batch.getCalls();
+                                           if (list.size() > wire::kMaxCallsPerBatch)
+                                             return Status(ErrorCode::kInvalidValue, "");
+                                           (void)batch.getFirstSeq();
+                                           // Refused batches give back their staging: staging_end
+                                           // reads no field that can throw.
+                                           for (auto call : list) (void)wire::staging_end(call);
+                                           for (auto call : list) {
+                                             (void)wire::call_name(call.which());
+                                             (void)wire::runs_on_gpu(call.which());
+                                             (void)call.getReply();
+                                             (void)kj::runCatchingExceptions([&] {
+                                               switch (call.which()) {
 #define HIBER_FUZZ_CALL(Name, name, WHICH, where, timing, shape, handler, fields) \
-  case proto::Call::WHICH: checker.call<calls::Name>(call); break;
-              HIBER_CALLS(HIBER_FUZZ_CALL, HIBER_CALL_IGNORED)
+  case proto::Call::WHICH:                                                        \
+    checker.call<calls::Name>(call);                                              \
+    break;
+                                                 HIBER_CALLS(HIBER_FUZZ_CALL, HIBER_CALL_IGNORED)
 #undef HIBER_FUZZ_CALL
-            }
-          });
-        }
-        return Status();
-      });
+                                               }
+                                             });
+                                           }
+                                           return Status();
+                                         });
 }
 
 }  // namespace

@@ -50,8 +50,7 @@ Result<wire::control::Reply> read_reply(const wire::Message& frame) {
 void check_request(const wire::Message& frame) {
   Result<wire::control::Request> request = read_request(frame);
   if (!request.ok()) return;
-  const wire::Message once =
-      encoded<proto::ControlRequest>(*request, wire::write_control_request);
+  const wire::Message once = encoded<proto::ControlRequest>(*request, wire::write_control_request);
   Result<wire::control::Request> back = read_request(once);
   CHECK(back.ok()) << "a re-encoded control request does not decode: " << back.status();
   const wire::Message twice = encoded<proto::ControlRequest>(*back, wire::write_control_request);

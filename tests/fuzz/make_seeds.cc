@@ -29,7 +29,8 @@ namespace calls = wire::calls;
 void save(const fs::path& dir, const std::string& name, std::span<const std::byte> bytes) {
   fs::create_directories(dir);
   std::ofstream out(dir / name, std::ios::binary | std::ios::trunc);
-  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  out.write(reinterpret_cast<const char*>(bytes.data()),
+            static_cast<std::streamsize>(bytes.size()));
   if (!out) {
     std::fprintf(stderr, "hiber_fuzz_seeds: cannot write %s\n", (dir / name).c_str());
     std::exit(1);
@@ -56,9 +57,10 @@ void handshake(const fs::path& dir) {
   const wire::ProtocolVersion ours = wire::current_protocol_version();
   save_encoded(dir, "hello", wire::encode_hello_frame({ours, "resnet50", "", 1 << 30}));
   save_encoded(dir, "hello_token", wire::encode_hello_frame({ours, "bert-large.v2", "s3cret", 0}));
-  save_encoded(dir, "hello_long_id",
-        wire::encode_hello_frame({ours, std::string(wire::kMaxFunctionIdBytes, 'f'),
-                                  std::string(wire::kMaxAuthTokenBytes, 't'), ~uint64_t{0}}));
+  save_encoded(
+      dir, "hello_long_id",
+      wire::encode_hello_frame({ours, std::string(wire::kMaxFunctionIdBytes, 'f'),
+                                std::string(wire::kMaxAuthTokenBytes, 't'), ~uint64_t{0}}));
   save_encoded(dir, "hello_old_version", wire::encode_hello_frame({{0, 1}, "f", "", 4096}));
 
   wire::SessionInfo session;
@@ -89,9 +91,10 @@ void handshake(const fs::path& dir) {
   session.node = default_node_config();
   save_encoded(dir, "welcome_default_node", wire::encode_welcome_frame(session));
   save_encoded(dir, "rejected_token",
-        wire::encode_rejection_frame(Status(ErrorCode::kNotPermitted, "wrong auth token")));
-  save_encoded(dir, "rejected_full",
-        wire::encode_rejection_frame(Status(ErrorCode::kDeviceUnavailable, "hiberd is full")));
+               wire::encode_rejection_frame(Status(ErrorCode::kNotPermitted, "wrong auth token")));
+  save_encoded(
+      dir, "rejected_full",
+      wire::encode_rejection_frame(Status(ErrorCode::kDeviceUnavailable, "hiberd is full")));
 }
 
 // ---- control requests and replies ----
@@ -115,17 +118,18 @@ void control(const fs::path& dir) {
   save_encoded(dir, "status", request_frame(control::StatusQuery{}, ""));
   save_encoded(dir, "ping_token", request_frame(control::Ping{}, "node-token"));
   save_encoded(dir, "register",
-        request_frame(wire::FunctionRegistration{.function_id = "resnet50",
-                                                 .slo_ms = 100,
-                                                 .tail_percentile = 0.98,
-                                                 .quota_bytes = 2ull << 30,
-                                                 .stateful = false,
-                                                 .heavy = true,
-                                                 .exec_ms_hint = 12.5},
-                      ""));
-  save_encoded(dir, "register_light",
-        request_frame(wire::FunctionRegistration{.function_id = "tiny", .slo_ms = 5, .heavy = false},
-                      "t"));
+               request_frame(wire::FunctionRegistration{.function_id = "resnet50",
+                                                        .slo_ms = 100,
+                                                        .tail_percentile = 0.98,
+                                                        .quota_bytes = 2ull << 30,
+                                                        .stateful = false,
+                                                        .heavy = true,
+                                                        .exec_ms_hint = 12.5},
+                             ""));
+  save_encoded(
+      dir, "register_light",
+      request_frame(wire::FunctionRegistration{.function_id = "tiny", .slo_ms = 5, .heavy = false},
+                    "t"));
   save_encoded(dir, "unregister", request_frame(control::UnregisterFunction{"resnet50"}, ""));
   save_encoded(dir, "arrived", request_frame(control::RequestArrived{"bert"}, ""));
   save_encoded(dir, "start", request_frame(control::RequestStart{42}, ""));
@@ -135,7 +139,8 @@ void control(const fs::path& dir) {
   save_encoded(dir, "reply_pong", reply_frame(control::Pong{}));
   save_encoded(dir, "reply_ok", reply_frame(control::Ok{}));
   save_encoded(dir, "reply_accepted", reply_frame(control::Accepted{9}));
-  save_encoded(dir, "reply_started", reply_frame(wire::Started{2, "peer", 1, "nvlink-peer", 3.5, "nvlink"}));
+  save_encoded(dir, "reply_started",
+               reply_frame(wire::Started{2, "peer", 1, "nvlink-peer", 3.5, "nvlink"}));
   save_encoded(dir, "reply_error", reply_frame(Status(ErrorCode::kNotFound, "no function 'x'")));
 }
 
@@ -209,52 +214,55 @@ void call_batch(const fs::path& dir) {
   const std::vector<std::byte> define = dnn_define_args();
 
   save(dir, "ping", Batch().add(calls::Ping{42}, true).bytes());
-  save(dir, "alloc_free", Batch()
-                               .add(calls::MemAllocate{va, 1 << 20})
-                               .add(calls::MemFree{va}, true)
-                               .bytes());
-  save(dir, "copies", Batch()
-                           .add(calls::MemAllocate{va, 1 << 20})
-                           .add(calls::StreamCreate{s1, 0})
-                           .add(calls::MemcpyHtoD{s1, va, 0, 4096, 4096})
-                           .add(calls::MemcpyDtoD{s1, va + 8192, va, 4096})
-                           .add(calls::Memset{s1, va, 7, 4, 1024})
-                           .add(calls::MemcpyDtoH{s1, 8192, va, 4096, 12288}, true)
-                           .add(calls::StreamSynchronize{s1}, true)
-                           .add(calls::StreamQuery{s1}, true)
-                           .add(calls::StreamDestroy{s1})
-                           .bytes());
-  save(dir, "events", Batch()
-                           .add(calls::EventCreate{e1, false})
-                           .add(calls::EventCreate{e2, true})
-                           .add(calls::EventRecord{s1, e1})
-                           .add(calls::StreamWaitEvent{s1, e1})
-                           .add(calls::EventRecord{s1, e2})
-                           .add(calls::EventSynchronize{e2}, true)
-                           .add(calls::EventQuery{e1}, true)
-                           .add(calls::EventElapsedTime{e1, e2}, true)
-                           .add(calls::EventDestroy{e1})
-                           .add(calls::DeviceSynchronize{}, true)
-                           .bytes(17));
-  save(dir, "modules", Batch()
-                            .add(calls::ModuleLoad{m1, 0, 8192, 8192})
-                            .add(calls::FunctionGet{f1, m1, "_Z6vecAddPKfS0_Pfi"}, true)
-                            .add(calls::LaunchKernel{s1, f1, 4, 1, 1, 256, 1, 1, 0, params})
-                            .add(calls::ModuleLoadCached{wire::ModuleHandle(2), sha}, true)
-                            .add(calls::ModuleUnload{m1})
-                            .bytes());
-  save(dir, "blas", Batch()
-                         .add(calls::LibraryHandleCreate{blas, 1})
-                         .add(calls::LibraryCall{s1, blas, 1, gemm})
-                         .add(calls::LibraryQuery{blas, 1, gemm}, true)
-                         .add(calls::LibraryHandleDestroy{blas})
-                         .bytes());
-  save(dir, "dnn", Batch()
-                        .add(calls::LibraryHandleCreate{dnn, 2})
-                        .add(calls::LibraryCall{s1, dnn, 200, define})
-                        .add(calls::LibraryQuery{dnn, 201, define}, true)
-                        .add(calls::LibraryHandleDestroy{dnn})
-                        .bytes());
+  save(dir, "alloc_free",
+       Batch().add(calls::MemAllocate{va, 1 << 20}).add(calls::MemFree{va}, true).bytes());
+  save(dir, "copies",
+       Batch()
+           .add(calls::MemAllocate{va, 1 << 20})
+           .add(calls::StreamCreate{s1, 0})
+           .add(calls::MemcpyHtoD{s1, va, 0, 4096, 4096})
+           .add(calls::MemcpyDtoD{s1, va + 8192, va, 4096})
+           .add(calls::Memset{s1, va, 7, 4, 1024})
+           .add(calls::MemcpyDtoH{s1, 8192, va, 4096, 12288}, true)
+           .add(calls::StreamSynchronize{s1}, true)
+           .add(calls::StreamQuery{s1}, true)
+           .add(calls::StreamDestroy{s1})
+           .bytes());
+  save(dir, "events",
+       Batch()
+           .add(calls::EventCreate{e1, false})
+           .add(calls::EventCreate{e2, true})
+           .add(calls::EventRecord{s1, e1})
+           .add(calls::StreamWaitEvent{s1, e1})
+           .add(calls::EventRecord{s1, e2})
+           .add(calls::EventSynchronize{e2}, true)
+           .add(calls::EventQuery{e1}, true)
+           .add(calls::EventElapsedTime{e1, e2}, true)
+           .add(calls::EventDestroy{e1})
+           .add(calls::DeviceSynchronize{}, true)
+           .bytes(17));
+  save(dir, "modules",
+       Batch()
+           .add(calls::ModuleLoad{m1, 0, 8192, 8192})
+           .add(calls::FunctionGet{f1, m1, "_Z6vecAddPKfS0_Pfi"}, true)
+           .add(calls::LaunchKernel{s1, f1, 4, 1, 1, 256, 1, 1, 0, params})
+           .add(calls::ModuleLoadCached{wire::ModuleHandle(2), sha}, true)
+           .add(calls::ModuleUnload{m1})
+           .bytes());
+  save(dir, "blas",
+       Batch()
+           .add(calls::LibraryHandleCreate{blas, 1})
+           .add(calls::LibraryCall{s1, blas, 1, gemm})
+           .add(calls::LibraryQuery{blas, 1, gemm}, true)
+           .add(calls::LibraryHandleDestroy{blas})
+           .bytes());
+  save(dir, "dnn",
+       Batch()
+           .add(calls::LibraryHandleCreate{dnn, 2})
+           .add(calls::LibraryCall{s1, dnn, 200, define})
+           .add(calls::LibraryQuery{dnn, 201, define}, true)
+           .add(calls::LibraryHandleDestroy{dnn})
+           .bytes());
 }
 
 }  // namespace
