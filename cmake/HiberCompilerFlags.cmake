@@ -9,7 +9,12 @@
 #   ""                 none (Release)
 #   "address;undefined" AddressSanitizer + UndefinedBehaviorSanitizer (the CI suite)
 #   "thread"           ThreadSanitizer (the threaded parts: wire, device, server)
+#
+# HIBER_FUZZ (the fuzz preset, clang only) adds libFuzzer's coverage instrumentation to every
+# library (-fsanitize=fuzzer-no-link) and builds the harnesses of tests/fuzz, which alone link
+# libFuzzer's main (-fsanitize=fuzzer).
 set(HIBER_SANITIZE "" CACHE STRING "Sanitizers: empty, 'address;undefined' or 'thread'")
+option(HIBER_FUZZ "Build the libFuzzer harnesses (tests/fuzz); needs clang" OFF)
 
 option(HIBER_WERROR "Treat compiler warnings as errors" OFF)
 
@@ -33,4 +38,12 @@ if(HIBER_SANITIZE)
     # thread: each io_context runs on one thread.
     add_compile_options(-Wno-tsan)
   endif()
+endif()
+
+if(HIBER_FUZZ)
+  if(NOT CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
+    message(FATAL_ERROR "HIBER_FUZZ needs clang with libFuzzer (the fuzz preset uses clang++-14; "
+                        "scripts/install-deps.sh installs clang-14 and libfuzzer-14-dev)")
+  endif()
+  add_compile_options(-fsanitize=fuzzer-no-link)
 endif()

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <set>
@@ -24,18 +25,31 @@ Status invalid(const std::string& what) {
 
 bool positive(double v) { return v > 0 && v < 1e9; }
 
+// Text becomes std::string through cStr(), which stops at a NUL byte, so a NUL inside would make
+// the config checked differ from the config kept (fuzz_handshake: a productName "\0..." passed
+// the "missing" check and was kept empty).
+Status check_text(capnp::Text::Reader text, const std::string& where) {
+  if (std::memchr(text.begin(), '\0', text.size()) != nullptr)
+    return invalid(where + " has a NUL byte");
+  return Status();
+}
+
 }  // namespace
 
 Result<NodeConfig> node_config_from_capnp(config::NodeConfig::Reader in) {
   NodeConfig out;
+  HIBER_RETURN_IF_ERROR(check_text(in.getName(), "'name'"));
+  HIBER_RETURN_IF_ERROR(check_text(in.getDescription(), "'description'"));
   out.name = in.getName();
   out.description = in.getDescription();
   if (out.name.empty()) return invalid("'name' is missing");
 
   std::map<std::string, config::GpuModel::Reader> models;
   for (auto m : in.getGpuModels()) {
+    HIBER_RETURN_IF_ERROR(check_text(m.getName(), "a gpuModels entry's 'name'"));
     std::string name = m.getName();
     std::string where = "gpuModels['" + name + "']";
+    HIBER_RETURN_IF_ERROR(check_text(m.getProductName(), where + ".productName"));
     if (name.empty()) return invalid("a gpuModels entry has no 'name'");
     if (!models.emplace(name, m).second) return invalid(where + " is defined twice");
     if (m.getMemoryBytes() == 0) return invalid(where + ".memoryBytes must be > 0");
@@ -63,6 +77,8 @@ Result<NodeConfig> node_config_from_capnp(config::NodeConfig::Reader in) {
   std::set<std::string> bus_ids;
   for (uint32_t i = 0; i < gpus.size(); ++i) {
     auto g = gpus[i];
+    HIBER_RETURN_IF_ERROR(check_text(g.getModel(), str_cat("gpus[", i, "].model")));
+    HIBER_RETURN_IF_ERROR(check_text(g.getPciBusId(), str_cat("gpus[", i, "].pciBusId")));
     auto it = models.find(g.getModel());
     if (it == models.end())
       return invalid(

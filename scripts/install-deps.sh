@@ -5,6 +5,7 @@ set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build pkg-config
+  clang-14 libfuzzer-14-dev       # the fuzz preset: libFuzzer harnesses (tests/fuzz, scripts/fuzz.sh)
   capnproto libcapnp-dev          # wire schemas and config files (JSON through capnp-json)
   liburing-dev                    # hiberd socket and control I/O
   libgflags-dev libgoogle-glog-dev

@@ -2,7 +2,9 @@
 # Builds and runs Hiber's whole test suite:
 #   1. Debug with AddressSanitizer + UndefinedBehaviorSanitizer: every test (unit, integration,
 #      and gpu, which skip with a one-line reason where there is no GPU);
-#   2. ThreadSanitizer: the threaded parts (wire, device, server) again, unit and integration.
+#   2. ThreadSanitizer: the threaded parts (wire, device, server) again, unit and integration;
+#   3. the libFuzzer harnesses (clang-14, tests/fuzz), each for a fixed number of runs from its
+#      seed corpus (scripts/fuzz.sh runs them long).
 # Any failure, sanitizer report or leak fails the run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,3 +23,12 @@ echo "== ThreadSanitizer build"
 cmake --preset tsan
 cmake --build --preset tsan -j "$jobs"
 ctest --preset tsan -j "$jobs" -L 'unit|integration'
+
+echo "== libFuzzer harnesses (fixed runs from the seed corpora)"
+if ! command -v clang++-14 >/dev/null; then
+  echo "test.sh: clang++-14 is missing; scripts/install-deps.sh installs clang-14 and libfuzzer-14-dev" >&2
+  exit 1
+fi
+cmake --preset fuzz
+cmake --build --preset fuzz -j "$jobs"
+ctest --preset fuzz -j "$jobs"

@@ -11,6 +11,7 @@
 #include <glog/logging.h>
 
 #include "wire/limits.h"
+#include "wire/word_buffer.h"
 
 namespace hiber::wire {
 namespace {
@@ -98,7 +99,7 @@ class BatchBuilder::Arena {
     set_list_length(first_[kCallsPointerWord], first_[kTagWord], count, kCallWords);
 
     const auto segments = message_->getSegmentsForOutput();
-    table_.assign(segments.size() / 2 + 1, capnp::word{});
+    table_.assign(segments.size() / 2 + 1);
     auto* table = reinterpret_cast<std::byte*>(table_.data());
     const auto put_u32 = [&](size_t index, size_t value) {
       const auto v = static_cast<uint32_t>(value);
@@ -106,7 +107,7 @@ class BatchBuilder::Arena {
     };
     put_u32(0, segments.size() - 1);
     pieces_.clear();
-    pieces_.push_back(std::as_bytes(std::span(table_)));
+    pieces_.push_back(std::as_bytes(table_.span()));
     const std::span<const capnp::word> first(first_.data(), first_segment_words(count));
     put_u32(1, first.size());
     pieces_.push_back(std::as_bytes(first));
@@ -126,9 +127,9 @@ class BatchBuilder::Arena {
       return kj::arrayPtr(first_.data(), first_.size());
     }
     if (later_given_ == later_.size()) later_.emplace_back();
-    std::vector<capnp::word>& segment = later_[later_given_++];
+    WordBuffer& segment = later_[later_given_++];
     if (segment.size() < minimum_words) {
-      segment.assign(std::max<uint64_t>(minimum_words, kLaterSegmentWords), capnp::word{});
+      segment.assign(std::max<uint64_t>(minimum_words, kLaterSegmentWords));
     }
     return kj::arrayPtr(segment.data(), segment.size());
   }
@@ -162,15 +163,15 @@ class BatchBuilder::Arena {
   }
 
   const uint32_t max_calls_;
-  std::vector<capnp::word> first_;
+  WordBuffer first_;
   bool first_given_ = false;
-  std::vector<std::vector<capnp::word>> later_;
+  std::vector<WordBuffer> later_;
   size_t later_given_ = 0;
   std::optional<Segments> message_;
   capnp::List<proto::Call>::Builder list_ = nullptr;
   uint32_t calls_written_ = 0;  // calls handed out: the part of the list that needs zeroing
   bool finished_ = false;
-  std::vector<capnp::word> table_;
+  WordBuffer table_;
   std::vector<std::span<const std::byte>> pieces_;
 };
 

@@ -95,7 +95,7 @@ class ClientChannel {
   RingProducer requests_;
   RingConsumer completions_;
   std::deque<Message> pending_;
-  std::vector<capnp::word> frame_table_;
+  WordBuffer frame_table_;
   AdaptiveSpin staging_spin_;
   bool server_gone_ = false;
   Status broken_;  // sticky: a corrupt completion ring

@@ -139,6 +139,11 @@ Result<control::Reply> read_control_reply(proto::ControlReply::Reader in) {
                                     .link = s.getLink().cStr()});
     }
     case proto::ControlReply::ERROR:
+      // An error answer is never a success (control::Reply); code 0 would read as one.
+      if (in.getError().getCode() == 0) {
+        return error(ErrorCode::kInvalidValue, "a control error reply with code 0 (success): ",
+                     in.getError().getMessage().cStr());
+      }
       return control::Reply(
           Status(static_cast<ErrorCode>(in.getError().getCode()), in.getError().getMessage()));
     case proto::ControlReply::STATUS: break;

@@ -13,7 +13,8 @@ Result<control::Request> read_control_request(proto::ControlRequest::Reader in);
 
 // REQUIRES: an error reply's Status is not ok.
 void write_control_reply(proto::ControlReply::Builder out, const control::Reply& reply);
-// kInvalidValue for a status reply or a reply kind newer than this build.
+// kInvalidValue for a status reply, a reply kind newer than this build, or an error reply with
+// code 0 (an error answer is never a success).
 Result<control::Reply> read_control_reply(proto::ControlReply::Reader in);
 
 }  // namespace hiber::wire

@@ -67,11 +67,11 @@ Status malformed(std::string_view what, const kj::Exception& exception) {
 }
 
 std::vector<std::span<const std::byte>> frame_pieces(capnp::MessageBuilder& builder,
-                                                     std::vector<capnp::word>& table) {
+                                                     WordBuffer& table) {
   const auto segments = builder.getSegmentsForOutput();
   CHECK(segments.size() > 0) << "framing a message that has no root";
   // Segment count - 1, each segment's size in words, then zero padding to a whole word.
-  table.assign(segments.size() / 2 + 1, capnp::word{});
+  table.assign(segments.size() / 2 + 1);
   auto* out = reinterpret_cast<std::byte*>(table.data());
   const auto put_u32 = [&](size_t index, size_t value) {
     const auto v = static_cast<uint32_t>(value);
@@ -82,7 +82,7 @@ std::vector<std::span<const std::byte>> frame_pieces(capnp::MessageBuilder& buil
 
   std::vector<std::span<const std::byte>> pieces;
   pieces.reserve(segments.size() + 1);
-  pieces.push_back(std::as_bytes(std::span(table)));
+  pieces.push_back(std::as_bytes(table.span()));
   for (const auto& segment : segments) {
     pieces.push_back(std::as_bytes(std::span(segment.begin(), segment.size())));
   }
@@ -90,7 +90,7 @@ std::vector<std::span<const std::byte>> frame_pieces(capnp::MessageBuilder& buil
 }
 
 std::vector<std::byte> frame_bytes(capnp::MessageBuilder& builder) {
-  std::vector<capnp::word> table;
+  WordBuffer table;
   const auto pieces = frame_pieces(builder, table);
   size_t total = 0;
   for (const auto& piece : pieces) total += piece.size();

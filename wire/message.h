@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "wire/word_buffer.h"
 
 namespace hiber::wire {
 
@@ -31,7 +32,7 @@ class Message {
   size_t size() const { return size_; }
 
  private:
-  std::vector<capnp::word> words_;
+  WordBuffer words_;
   size_t size_ = 0;
 };
 
@@ -56,7 +57,7 @@ Status malformed(std::string_view what, const kj::Exception& exception);
 // write can gather: the segment table, then each segment. The pieces point into `table` and
 // into the builder; both must outlive their use.
 std::vector<std::span<const std::byte>> frame_pieces(capnp::MessageBuilder& builder,
-                                                     std::vector<capnp::word>& table);
+                                                     WordBuffer& table);
 
 // The same, concatenated into one buffer.
 std::vector<std::byte> frame_bytes(capnp::MessageBuilder& builder);

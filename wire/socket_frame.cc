@@ -93,7 +93,7 @@ Status read_exact(int fd, std::span<std::byte> bytes, UniqueFd* received_fd,
 }  // namespace
 
 Result<std::vector<std::byte>> encode_frame(capnp::MessageBuilder& message, uint32_t max_bytes) {
-  std::vector<capnp::word> table;
+  WordBuffer table;
   const auto pieces = frame_pieces(message, table);
   size_t length = 0;
   for (const auto& piece : pieces) length += piece.size();

@@ -103,6 +103,33 @@ TEST(NodeConfig, RoundTripsThroughCapnp) {
   EXPECT_EQ(describe(*back), describe(*config));
 }
 
+// fuzz_handshake found a Welcome whose node had a productName starting with a NUL byte: it
+// passed the "missing" check (the Text is not empty) and was kept empty (std::string from
+// cStr()), so the config checked was not the config kept, and re-encoding it was refused. The
+// input itself is in tests/fuzz/corpus/handshake/regression-nul-product-name.
+TEST(NodeConfig, TextWithANulByteIsRefused) {
+  auto config = load_node_config(source_dir() + "/configs/nodes/torpor-4gpu.json");
+  ASSERT_TRUE(config.ok());
+  // std::string cannot carry the NUL through node_config_to_capnp: write it into the message.
+  capnp::MallocMessageBuilder message;
+  auto root = message.initRoot<config::NodeConfig>();
+  node_config_to_capnp(*config, root);
+  root.getGpuModels()[0].getProductName().begin()[0] = '\0';
+  auto back = node_config_from_capnp(root.asReader());
+  ASSERT_FALSE(back.ok());
+  EXPECT_EQ(back.status().code(), ErrorCode::kInvalidValue);
+  EXPECT_NE(back.status().message().find(".productName has a NUL byte"), std::string::npos)
+      << back.status();
+
+  capnp::MallocMessageBuilder bus;
+  auto bus_root = bus.initRoot<config::NodeConfig>();
+  node_config_to_capnp(*config, bus_root);
+  bus_root.getGpus()[1].getPciBusId().begin()[7] = '\0';
+  back = node_config_from_capnp(bus_root.asReader());
+  EXPECT_NE(back.status().message().find("gpus[1].pciBusId has a NUL byte"), std::string::npos)
+      << back.status();
+}
+
 struct BadConfig {
   const char* what;
   std::string json;

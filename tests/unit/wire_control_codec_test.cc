@@ -4,6 +4,11 @@
 #include <capnp/message.h>
 #include <gtest/gtest.h>
 
+#include <span>
+
+#include "wire/message.h"
+#include "wire/socket_frame.h"
+
 namespace hiber::wire {
 namespace {
 
@@ -148,6 +153,44 @@ TEST(ControlCodec, AStatusReplyIsNotAShortAnswer) {
   auto root = message.initRoot<proto::ControlReply>();
   root.initStatus();
   EXPECT_EQ(read_control_reply(root.asReader()).status().code(), ErrorCode::kInvalidValue);
+}
+
+TEST(ControlCodec, AnErrorReplyWithCodeZeroIsRefused) {
+  capnp::MallocMessageBuilder message;
+  auto error = message.initRoot<proto::ControlReply>().initError();
+  error.setCode(0);
+  error.setMessage("fine");
+  const auto read = read_control_reply(message.getRoot<proto::ControlReply>().asReader());
+  EXPECT_EQ(read.status().code(), ErrorCode::kInvalidValue);
+  EXPECT_NE(read.status().message().find("code 0"), std::string::npos) << read.status();
+}
+
+// The frame fuzz_control_request found (tests/fuzz): an error reply with code 0, which read as
+// a control::Reply holding a successful Status, although an error answer is never a success.
+TEST(ControlCodec, FuzzFoundErrorReplyWithCodeZero) {
+  const uint8_t input[] = {
+      0x50, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x09, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,
+      0x00, 0x02, 0x00, 0x01, 0x00, 0x01, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,
+      0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,
+      0x00, 0x00, 0x00, 0x00, 0x00, 0x14, 0x40, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,
+      0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00, 0x00,
+      0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x01, 0x00, 0x02, 0x00,
+      0xf4, 0x01, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x05, 0x00, 0x00, 0x00, 0x82, 0x00, 0x00,
+      0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x6e, 0x6f, 0x20, 0x66, 0x75, 0x6e,
+      0x63, 0x74, 0x69, 0x6f, 0x6e, 0x20, 0x27, 0x78, 0x27, 0x00,
+  };
+  FrameReader reader;
+  // The frame is its first 84 bytes; hiberd's reader leaves the rest for the next frame.
+  EXPECT_EQ(reader.feed(std::as_bytes(std::span(input))), 84u);
+  ASSERT_TRUE(reader.complete());
+  Result<control::Reply> reply = Status(ErrorCode::kUnknown, "not read");
+  Status read = read_message<proto::ControlReply>(reader.message(), "control reply",
+                                                  [&](proto::ControlReply::Reader r) -> Status {
+                                                    reply = read_control_reply(r);
+                                                    return Status();
+                                                  });
+  ASSERT_TRUE(read.ok()) << read;
+  EXPECT_EQ(reply.status().code(), ErrorCode::kInvalidValue) << reply.status();
 }
 
 }  // namespace

@@ -71,7 +71,7 @@ TEST(MessageTest, FramedMultiSegmentMessageRoundTrips) {
 TEST(MessageTest, FramePiecesMatchFrameBytes) {
   capnp::MallocMessageBuilder builder(4, capnp::AllocationStrategy::FIXED_SIZE);
   builder.initRoot<proto::Batch>().initCalls(3)[1].initPing().setValue(77);
-  std::vector<capnp::word> table;
+  WordBuffer table;
   std::vector<std::byte> joined;
   for (auto piece : frame_pieces(builder, table))
     joined.insert(joined.end(), piece.begin(), piece.end());

@@ -67,7 +67,7 @@ struct Drain {
 struct ControlReply {
   union {
     status @0 :NodeStatus;
-    error @1 :Handshake.Rejection;
+    error @1 :Handshake.Rejection;  # its code is never 0 (success); readers refuse one that is
     pong @2 :Void;
     ok @3 :Void;                   # (1.2)
     accepted @4 :UInt64;           # (1.2) requestArrived: the request's id
