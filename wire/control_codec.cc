@@ -17,6 +17,10 @@ std::optional<bool> heaviness(proto::Heaviness heavy) {
   return heavy == proto::Heaviness::HEAVY;
 }
 
+// Every byte of a Text, a NUL included: cStr() would cut an id at a NUL, so "a\0b" would act on
+// function "a"; whole, it is refused as non-printable where the id is checked.
+std::string whole(capnp::Text::Reader text) { return std::string(text.cStr(), text.size()); }
+
 }  // namespace
 
 void write_control_request(proto::ControlRequest::Builder out, const control::Request& request) {
@@ -62,7 +66,7 @@ void write_control_request(proto::ControlRequest::Builder out, const control::Re
 Result<control::Request> read_control_request(proto::ControlRequest::Reader in) {
   control::Request request;
   request.version = {in.getVersion().getMajor(), in.getVersion().getMinor()};
-  request.token = in.getToken().cStr();
+  request.token = whole(in.getToken());
   switch (in.which()) {
     case proto::ControlRequest::STATUS:
       request.body =
@@ -71,7 +75,7 @@ Result<control::Request> read_control_request(proto::ControlRequest::Reader in) 
     case proto::ControlRequest::PING: request.body = control::Ping{}; return request;
     case proto::ControlRequest::REGISTER_FUNCTION: {
       auto f = in.getRegisterFunction();
-      request.body = FunctionRegistration{.function_id = f.getFunctionId().cStr(),
+      request.body = FunctionRegistration{.function_id = whole(f.getFunctionId()),
                                           .slo_ms = f.getSloMs(),
                                           .tail_percentile = f.getTailPercentile(),
                                           .quota_bytes = f.getQuotaBytes(),
@@ -81,10 +85,10 @@ Result<control::Request> read_control_request(proto::ControlRequest::Reader in) 
       return request;
     }
     case proto::ControlRequest::UNREGISTER_FUNCTION:
-      request.body = control::UnregisterFunction{in.getUnregisterFunction().cStr()};
+      request.body = control::UnregisterFunction{whole(in.getUnregisterFunction())};
       return request;
     case proto::ControlRequest::REQUEST_ARRIVED:
-      request.body = control::RequestArrived{in.getRequestArrived().cStr()};
+      request.body = control::RequestArrived{whole(in.getRequestArrived())};
       return request;
     case proto::ControlRequest::REQUEST_START:
       request.body = control::RequestStart{in.getRequestStart()};

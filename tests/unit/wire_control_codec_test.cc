@@ -6,6 +6,7 @@
 
 #include <span>
 
+#include "wire/handshake.h"
 #include "wire/message.h"
 #include "wire/socket_frame.h"
 
@@ -108,6 +109,23 @@ TEST(ControlCodec, TheTokenTravelsWithEveryKindOfRequest) {
     EXPECT_EQ(read->token, "s3cret\x01");
     EXPECT_EQ(read->body.index(), body.index());
   }
+}
+
+// A NUL inside an id or a token is kept, so the id's check refuses it rather than acting on the
+// part before the NUL (found by fuzz_control_request).
+TEST(ControlCodec, TextWithANulByteIsReadWhole) {
+  const std::string id("a\0b", 3);
+  capnp::MallocMessageBuilder message;
+  auto root = message.initRoot<proto::ControlRequest>();
+  root.setRequestArrived(capnp::Text::Reader(id.data(), id.size()));
+  root.setToken(capnp::Text::Reader(id.data(), id.size()));
+  auto read = read_control_request(root.asReader());
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->token, id);
+  const auto* arrived = std::get_if<control::RequestArrived>(&read->body);
+  ASSERT_NE(arrived, nullptr);
+  EXPECT_EQ(arrived->function_id, id);
+  EXPECT_FALSE(check_function_id(arrived->function_id, "requestArrived").ok());
 }
 
 TEST(ControlCodec, ARequestWithoutATokenReadsAsAnEmptyOne) {
