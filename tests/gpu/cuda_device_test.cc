@@ -10,15 +10,18 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <fstream>
 #include <future>
 #include <iostream>
 #include <iterator>
+#include <memory>
 #include <numeric>
 #include <string>
 #include <vector>
 
+#include <glog/logging.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -501,6 +504,61 @@ TEST_F(CudaDeviceTest, LaunchChecksTheParameterBufferAndRunsOnEveryGpu) {
     EXPECT_TRUE(device_->destroy_stream(*s).ok());
     free_buffer(b);
   }
+  EXPECT_TRUE(device_->unload_module(*module).ok());
+}
+
+// Kernel deadlines on a real driver (issue 18, item 3): a kernel that spins until told to stop
+// is reported past its deadline, once; later kernels of its lost context are refused; and the GPU
+// comes back once the kernel ends (the driver cannot stop one kernel of a shared context).
+TEST_F(CudaDeviceTest, AKernelPastItsDeadlineIsReportedAndItsGpuComesBackWhenItEnds) {
+  std::vector<std::byte> image = read_file(HIBER_TEST_KERNELS_FATBIN);
+  Result<Module> module = device_->load_module(image);
+  ASSERT_TRUE(module.ok()) << module.status();
+  Result<Function> spin = device_->get_function(*module, test_kernels::kSpinUntil);
+  Result<Function> write = device_->get_function(*module, test_kernels::kWriteValue);
+  ASSERT_TRUE(spin.ok() && write.ok());
+  Buffer flag = make_buffer(0, granularity_, {0});
+  Result<Stream> s = device_->create_stream(0, 0);
+  Result<Stream> other = device_->create_stream(0, 0);
+  ASSERT_TRUE(s.ok() && other.ok());
+  ASSERT_TRUE(device_->memset(*other, flag.va, 0, 4, 1).ok());
+  ASSERT_TRUE(device_->synchronize_stream(*other).ok());
+
+  auto lost = std::make_shared<std::atomic<bool>>(false);
+  std::atomic<int> reports{0};
+  std::promise<Status> told;
+  LaunchConfig config;
+  config.deadline = std::chrono::milliseconds(200);
+  config.context_lost = lost;
+  config.on_timeout = [&](const Status& why) {
+    lost->store(true);
+    if (reports.fetch_add(1) == 0) told.set_value(why);
+  };
+  std::byte params[8];
+  const DevicePtr stop = flag.va;
+  std::memcpy(params, &stop, 8);
+  ASSERT_TRUE(device_->launch(*s, *spin, config, params).ok());
+  std::future<Status> report = told.get_future();
+  // A bound so a broken watch fails the test instead of hanging it; not a timing assertion.
+  ASSERT_EQ(report.wait_for(std::chrono::seconds(60)), std::future_status::ready)
+      << "no deadline report: the kernel still spins";
+  const Status late = report.get();
+  EXPECT_EQ(late.code(), ErrorCode::kLaunchTimeout) << late;
+  EXPECT_THAT(late.message(), HasSubstr("ran past its deadline of 200 ms"));
+  std::byte write_params[12] = {};
+  EXPECT_EQ(device_->launch(*other, *write, config, write_params).code(), ErrorCode::kLaunchTimeout)
+      << "a kernel of the lost context reached the driver";
+
+  // The kernel ends once the flag is set from another stream; then its stream drains.
+  ASSERT_TRUE(device_->memset(*other, flag.va, 1, 4, 1).ok());
+  EXPECT_TRUE(device_->synchronize_stream(*other).ok());
+  // Returns at all: the kernel ended (its status is the session's business, already told).
+  const Status drained = device_->synchronize_stream(*s);
+  LOG(INFO) << "the late kernel's stream drained: " << drained;
+  EXPECT_EQ(reports.load(), 1) << "reported once";
+  EXPECT_TRUE(device_->destroy_stream(*s).ok());
+  EXPECT_TRUE(device_->destroy_stream(*other).ok());
+  free_buffer(flag);
   EXPECT_TRUE(device_->unload_module(*module).ok());
 }
 
