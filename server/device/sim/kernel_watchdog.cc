@@ -39,8 +39,11 @@ void KernelWatchdog::loop() {
       continue;
     }
     auto first = watched_.begin();
-    if (Clock::now() < first->first.first) {
-      lock.wait_until(changed_, first->first.first);
+    // A copy: unwatch() may erase the entry while this thread waits, and wait_until reads its
+    // deadline again after waking.
+    const Clock::time_point deadline = first->first.first;
+    if (Clock::now() < deadline) {
+      lock.wait_until(changed_, deadline);
       continue;
     }
     // A run that ended meanwhile ignores the interruption (RunControl is per run).
