@@ -20,6 +20,8 @@ std::optional<bool> heaviness(proto::Heaviness heavy) {
 // Every byte of a Text, a NUL included: cStr() would cut an id at a NUL, so "a\0b" would act on
 // function "a"; whole, it is refused as non-printable where the id is checked.
 std::string whole(capnp::Text::Reader text) { return std::string(text.cStr(), text.size()); }
+// And written whole, so decoding and encoding agree (std::string converts through c_str()).
+capnp::Text::Reader whole(const std::string& text) { return {text.data(), text.size()}; }
 
 }  // namespace
 
@@ -27,7 +29,7 @@ void write_control_request(proto::ControlRequest::Builder out, const control::Re
   auto version = out.initVersion();
   version.setMajor(request.version.major);
   version.setMinor(request.version.minor);
-  if (!request.token.empty()) out.setToken(request.token);
+  if (!request.token.empty()) out.setToken(whole(request.token));
   std::visit(
       Overloaded{
           [&](const control::StatusQuery& q) {
@@ -38,7 +40,7 @@ void write_control_request(proto::ControlRequest::Builder out, const control::Re
           [&](const control::Ping&) { out.setPing(); },
           [&](const FunctionRegistration& f) {
             auto r = out.initRegisterFunction();
-            r.setFunctionId(f.function_id);
+            r.setFunctionId(whole(f.function_id));
             r.setSloMs(f.slo_ms);
             r.setTailPercentile(f.tail_percentile);
             r.setQuotaBytes(f.quota_bytes);
@@ -46,8 +48,10 @@ void write_control_request(proto::ControlRequest::Builder out, const control::Re
             r.setHeavyHint(heaviness(f.heavy));
             r.setExecMsHint(f.exec_ms_hint);
           },
-          [&](const control::UnregisterFunction& u) { out.setUnregisterFunction(u.function_id); },
-          [&](const control::RequestArrived& a) { out.setRequestArrived(a.function_id); },
+          [&](const control::UnregisterFunction& u) {
+            out.setUnregisterFunction(whole(u.function_id));
+          },
+          [&](const control::RequestArrived& a) { out.setRequestArrived(whole(a.function_id)); },
           [&](const control::RequestStart& s) { out.setRequestStart(s.request_id); },
           [&](const RequestDone& d) {
             auto r = out.initRequestDone();

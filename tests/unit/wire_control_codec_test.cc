@@ -126,6 +126,12 @@ TEST(ControlCodec, TextWithANulByteIsReadWhole) {
   ASSERT_NE(arrived, nullptr);
   EXPECT_EQ(arrived->function_id, id);
   EXPECT_FALSE(check_function_id(arrived->function_id, "requestArrived").ok());
+  // Written back whole too, so a request is a fixed point of reading and writing.
+  capnp::MallocMessageBuilder again;
+  auto written = again.initRoot<proto::ControlRequest>();
+  write_control_request(written, *read);
+  EXPECT_EQ(written.asReader().getRequestArrived().size(), id.size());
+  EXPECT_EQ(written.asReader().getToken().size(), id.size());
 }
 
 TEST(ControlCodec, ARequestWithoutATokenReadsAsAnEmptyOne) {
