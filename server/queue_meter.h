@@ -30,18 +30,18 @@ class QueueMeter {
  public:
   using Clock = std::chrono::steady_clock;
   struct Limits {
-    uint64_t max_bytes = 0;                  // 0: no limit
-    std::chrono::nanoseconds max_age{0};     // 0: no limit
+    uint64_t max_bytes = 0;               // 0: no limit
+    std::chrono::nanoseconds max_age{0};  // 0: no limit
   };
 
   explicit QueueMeter(Limits limits) : limits_(limits) {}
 
   // Whether another GPU call may go on now: kOutOfMemory when max_bytes are queued already (so
   // the bytes may pass it by one call's), kTimeout when work queued more than max_age ago has not
-  // finished. `call` names the call in the message. Returns the streams that need a marker first (work queued after their
-  // last marker ran): the caller places one on each and then calls marked() for it.
-  Status admit(std::string_view call, Clock::time_point now,
-               std::vector<device::Stream>& unmarked);
+  // finished. `call` names the call in the message. Returns the streams that need a marker first
+  // (work queued after their last marker ran): the caller places one on each and then calls
+  // marked() for it.
+  Status admit(std::string_view call, Clock::time_point now, std::vector<device::Stream>& unmarked);
   // `bytes` were queued on `stream`. True when the caller must place a marker after them (none is
   // outstanding on the stream): it then calls marked().
   bool enqueued(device::Stream stream, uint64_t bytes);
@@ -55,8 +55,8 @@ class QueueMeter {
  private:
   struct PerStream {
     device::Stream stream;
-    uint64_t open_bytes = 0;     // queued since the marker was placed, not behind one yet
-    uint64_t marked_bytes = 0;   // behind the outstanding marker
+    uint64_t open_bytes = 0;    // queued since the marker was placed, not behind one yet
+    uint64_t marked_bytes = 0;  // behind the outstanding marker
     std::optional<Clock::time_point> marked_at;  // the outstanding marker's; none: no marker
   };
 

@@ -298,7 +298,7 @@ class Session final : public LeaseHolder {
   HandleTable handles_;  // client streams and events, per GPU
   // Each module holds one cache reference.
   std::unordered_map<wire::ModuleHandle, ModuleCache::Ref> modules_;
-  uint64_t module_bytes_ = 0;  // the images of modules_, each handle counted
+  uint64_t module_bytes_ = 0;             // the images of modules_, each handle counted
   std::vector<device::Stream> unmarked_;  // scratch for admit_gpu_call
   std::unordered_map<wire::FunctionHandle, FunctionEntry> functions_;
   std::deque<CompletionRecord> unsent_;  // completions not yet written to the completion ring

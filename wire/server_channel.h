@@ -87,8 +87,8 @@ class ServerChannel {
   std::atomic<bool> interrupted_{false};
   RingConsumer requests_;
   std::mutex send_mutex_;
-  RingProducer completions_;              // guarded by send_mutex_
-  WordBuffer frame_table_;  // guarded by send_mutex_
+  RingProducer completions_;  // guarded by send_mutex_
+  WordBuffer frame_table_;    // guarded by send_mutex_
   // Serialises release_staging, so the shared counter never moves backwards.
   std::mutex staging_mutex_;
   uint64_t staging_released_ = 0;  // guarded by staging_mutex_
