@@ -11,9 +11,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
-#include <fstream>
 #include <random>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -98,18 +96,9 @@ void check_round(wire::CallClient& c, uint64_t a, uint64_t b, uint64_t bytes, ui
   EXPECT_EQ(back, host) << "round " << seed;
 }
 
-std::vector<std::byte> read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream text;
-  text << in.rdbuf();
-  const std::string s = text.str();
-  return std::vector<std::byte>(reinterpret_cast<const std::byte*>(s.data()),
-                                reinterpret_cast<const std::byte*>(s.data()) + s.size());
-}
-
 // Loads the test kernels and launches spin_until(stop), which ends only when *stop != 0.
 Status launch_spinner(wire::CallClient& c, uint64_t stop) {
-  const std::vector<std::byte> image = read_file(kernels_fatbin_path());
+  const std::vector<std::byte> image = read_bytes(kernels_fatbin_path());
   HIBER_ASSIGN_OR_RETURN(auto staged, c.stage(image.size()));
   std::memcpy(staged.bytes.data(), image.data(), image.size());
   HIBER_RETURN_IF_ERROR(c.enqueue([&](proto::Call::Builder call) {

@@ -35,6 +35,15 @@ std::string kernels_fatbin_path() { return HIBER_TEST_KERNELS_FATBIN; }
 std::string kernels_fatbin_path() { return ""; }  // built without the CUDA toolkit
 #endif
 
+std::vector<std::byte> read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream text;
+  text << in.rdbuf();
+  const std::string s = text.str();
+  const auto* begin = reinterpret_cast<const std::byte*>(s.data());
+  return std::vector<std::byte>(begin, begin + s.size());
+}
+
 namespace {
 
 int exit_code_of(int status) {

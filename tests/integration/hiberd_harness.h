@@ -5,6 +5,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -21,6 +22,8 @@ std::string probe_path();
 std::string test_client_path();
 std::string kernel_plugin_path();
 std::string kernels_fatbin_path();  // empty when the CUDA toolkit was absent at build time
+// A whole file's bytes (a module image); empty when it cannot be read.
+std::vector<std::byte> read_bytes(const std::string& path);
 // A node config of one simulated GPU whose PCIe moves `pcie_gbps` each way (when throttled,
 // --sim_throttle); the file lives in /tmp. slow_node_config: 0.1 GB/s, so a 32 MiB copy takes a
 // third of a second.

@@ -3,8 +3,6 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
-#include <fstream>
-#include <iterator>
 #include <random>
 #include <string>
 #include <vector>
@@ -27,14 +25,6 @@ uint64_t failed_calls(const StatusView& view, const std::string& function_id) {
     if (s.function_id == function_id) return s.failed_calls;
   ADD_FAILURE() << "no session of " << function_id;
   return 0;
-}
-
-Bytes read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  Bytes out(text.size());
-  std::memcpy(out.data(), text.data(), text.size());
-  return out;
 }
 
 // Checks of a Status that print it.
@@ -193,7 +183,7 @@ class Client {
 
 TEST(ModuleCache, ASecondClientLoadsAFatbinByItsHash) {
   if (kernels_fatbin_path().empty()) GTEST_SKIP() << "built without the CUDA toolkit: no fatbin";
-  const Bytes fatbin = read_file(kernels_fatbin_path());
+  const Bytes fatbin = read_bytes(kernels_fatbin_path());
   ASSERT_FALSE(fatbin.empty());
   const server::Sha256 digest = server::sha256(fatbin);
 

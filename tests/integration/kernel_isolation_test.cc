@@ -6,8 +6,6 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
-#include <fstream>
-#include <iterator>
 #include <string>
 #include <vector>
 
@@ -19,14 +17,6 @@ namespace {
 
 namespace proto = wire::proto;
 using Bytes = std::vector<std::byte>;
-
-Bytes read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  Bytes out(text.size());
-  std::memcpy(out.data(), text.data(), text.size());
-  return out;
-}
 
 // One session, with the calls these tests make, each waited for.
 class Client {
@@ -166,7 +156,7 @@ struct Attacker {
 
 TEST(KernelIsolation, AKernelReachesNoOtherSessionsBlock) {
   if (kernels_fatbin_path().empty()) GTEST_SKIP() << "built without the CUDA toolkit: no fatbin";
-  const Bytes image = read_file(kernels_fatbin_path());
+  const Bytes image = read_bytes(kernels_fatbin_path());
   ASSERT_FALSE(image.empty());
   // Leases stay while the test runs, so V's blocks stay mapped (for V's GPU) throughout.
   Hiberd hiberd({"--implicit_lease_idle_us=600000000"});

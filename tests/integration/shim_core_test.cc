@@ -13,8 +13,6 @@
 
 #include <cmath>
 #include <cstring>
-#include <fstream>
-#include <iterator>
 #include <thread>
 #include <vector>
 
@@ -147,17 +145,9 @@ TEST(FlushByCalls, SmallAllocationsShareSlabsAndAreChecked) {
   EXPECT_TRUE(client().synchronize_device().ok());
 }
 
-std::vector<std::byte> read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::vector<char> chars{std::istreambuf_iterator<char>(in), {}};
-  std::vector<std::byte> bytes(chars.size());
-  if (!chars.empty()) std::memcpy(bytes.data(), chars.data(), chars.size());
-  return bytes;
-}
-
 TEST(FlushByCalls, KernelsRunWithLayoutsTheClientParsed) {
   if (testing::kernels_fatbin_path().empty()) GTEST_SKIP() << "built without the CUDA toolkit";
-  const std::vector<std::byte> image = read_file(testing::kernels_fatbin_path());
+  const std::vector<std::byte> image = testing::read_bytes(testing::kernels_fatbin_path());
   ASSERT_FALSE(image.empty());
   auto module = client().load_module(image);
   ASSERT_TRUE(module.ok()) << module.status().message();
@@ -239,7 +229,7 @@ TEST(FlushByCalls, PinnedHostMemoryLivesInTheArena) {
 
 TEST(FlushByCalls, ResetFreesEverythingAndCodeLoadsAgain) {
   if (testing::kernels_fatbin_path().empty()) GTEST_SKIP() << "built without the CUDA toolkit";
-  auto module = client().load_module(read_file(testing::kernels_fatbin_path()));
+  auto module = client().load_module(testing::read_bytes(testing::kernels_fatbin_path()));
   ASSERT_TRUE(module.ok()) << module.status().message();
   auto kernel = client().module_function(*module, "_Z7vec_addPKfS0_Pfi");
   ASSERT_TRUE(kernel.ok());
@@ -302,7 +292,7 @@ TEST(FlushByCalls, ResetFreesEverythingAndCodeLoadsAgain) {
 // back at the next synchronisation point, and at every one after it.
 TEST(FlushByCalls, ZzFaultIsReportedAtTheSyncPointAndStays) {
   if (testing::kernels_fatbin_path().empty()) GTEST_SKIP() << "built without the CUDA toolkit";
-  auto module = client().load_module(read_file(testing::kernels_fatbin_path()));
+  auto module = client().load_module(testing::read_bytes(testing::kernels_fatbin_path()));
   ASSERT_TRUE(module.ok()) << module.status().message();
   auto kernel = client().module_function(*module, "_Z7vec_addPKfS0_Pfi");
   ASSERT_TRUE(kernel.ok());
