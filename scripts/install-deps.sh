@@ -22,6 +22,7 @@ packages=(
   chromium                        # the status page's test renders it headless
   wrk                             # bench/: the router's invocation rate and latency
   python3                         # the Python function SDK and its tests
+  python3-kubernetes python3-yaml # containers/k8s/validate.py: the manifests against the API's models
 )
 
 missing=()

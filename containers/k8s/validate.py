@@ -17,6 +17,7 @@ missing (ctest's skip).
 
 import argparse
 import copy
+import functools
 import inspect
 import os
 import re
@@ -113,6 +114,7 @@ EXTRA_KINDS = {
 KINDS = {**_api_kinds(), **EXTRA_KINDS}
 
 
+@functools.lru_cache(maxsize=None)
 def _fields(type_name):
     """({JSON name: type}, required JSON names) of a model or small schema."""
     if type_name.startswith("X:"):
