@@ -63,7 +63,7 @@ def _api_kinds():
             body = re.search(r":param (\w+) body:", method.__doc__ or "")
             if not body or not body.group(1).startswith(prefix):
                 continue
-            kind = body.group(1)[len("V" + api_version.split("/")[-1][1:]):]
+            kind = body.group(1)[len(prefix):]
             kinds.setdefault((api_version, kind),
                              (body.group(1), method_name.startswith("create_namespaced_")))
     return kinds
@@ -231,7 +231,7 @@ def _kustomization(folder, kind):
             if unknown:
                 raise Invalid(f"{path}: {', '.join(sorted(unknown))}: not rendered by validate.py "
                               f"(it renders {', '.join(sorted(KUSTOMIZATION_FIELDS))})")
-            return k, path
+            return k
     raise Invalid(f"{folder}: no kustomization.yaml")
 
 
@@ -349,7 +349,7 @@ def _set_images(docs, images):
 
 def render(folder, kind="Kustomization"):
     """The documents kustomize renders from folder."""
-    k, _ = _kustomization(folder, kind)
+    k = _kustomization(folder, kind)
     docs = []
     for r in k.get("resources") or []:
         path = os.path.normpath(os.path.join(folder, r))
@@ -368,7 +368,7 @@ def render(folder, kind="Kustomization"):
 
 def render_component(folder, parent_docs):
     """A component's own documents; its patches also apply to the parent's (in place)."""
-    k, _ = _kustomization(folder, "Component")
+    k = _kustomization(folder, "Component")
     own = []
     for r in k.get("resources") or []:
         own += _load_yaml(os.path.normpath(os.path.join(folder, r)))

@@ -45,6 +45,16 @@ class Kustomizations(unittest.TestCase):
                 self.assertEqual(problems, [])
                 self.assertTrue(compared)
 
+    def test_renderings_that_differ_are_reported(self):
+        ours = validate.render(os.path.join(K8S, "base"))
+        theirs = copy.deepcopy(ours)
+        (hiberd,) = [d for d in theirs if d["kind"] == "DaemonSet"]
+        hiberd["spec"]["template"]["spec"]["containers"][0]["image"] = "hiber/hiberd:other"
+        theirs = [d for d in theirs if d["kind"] != "PodDisruptionBudget"]
+        self.assertEqual(validate.compare_renderings(ours, theirs), [
+            "DaemonSet/hiber-system/hiberd: the renderings differ",
+            "PodDisruptionBudget/hiber-system/hiber-inject: only in validate.py's rendering"])
+
     def test_the_overlay_sets_images_and_the_gpu_count(self):
         docs = validate.render(os.path.join(K8S, "overlays", "example"))
         images = sorted({c["image"] for d in docs for _, c in validate._containers(d)})
