@@ -478,9 +478,56 @@ def _check_webhook(doc, bad):
             bad(f"{at}.clientConfig.service", "hiber-inject serves /mutate on port 8443")
 
 
+def _find(docs, kind, name):
+    for n, d in enumerate(docs):
+        if isinstance(d, dict) and d.get("kind") == kind and \
+                (d.get("metadata") or {}).get("name") == name:
+            return n, d
+    return None, None
+
+
+def _check_webhook_matches_node(docs, problems):
+    """hiber-inject must point function pods at the host folders and Secrets hiberd uses, and at
+    the router's attach port."""
+    n, inject = _find(docs, "Deployment", "hiber-inject")
+    _, hiberd = _find(docs, "DaemonSet", "hiberd")
+    pods = _pod_specs(hiberd or {})
+    inject_containers = [c for _, c in _containers(inject or {}) if c.get("name") == "hiber-inject"]
+    if not pods or not inject_containers:
+        return
+    pod = pods[0]
+    c = next((c for c in pod.get("containers") or [] if c.get("name") == "hiberd"), {})
+    by_mount = {m.get("mountPath"): m.get("name") for m in c.get("volumeMounts") or []}
+    volumes = {v.get("name"): v for v in pod.get("volumes") or [] if isinstance(v, dict)}
+
+    def volume(mount_path, source):
+        return ((volumes.get(by_mount.get(mount_path)) or {}).get(source) or {})
+
+    wanted = {
+        "run_dir_host_path": volume(_flag(c.get("args"), "run_dir", "/run/hiber"), "hostPath")
+        .get("path"),
+        "shim_host_path": ((volumes.get("shim") or {}).get("hostPath") or {}).get("path"),
+        "token_secret": volume(_flag(c.get("args"), "auth_token_file", ""), "secret")
+        .get("secretName"),
+    }
+    _, router = _find(docs, "Service", "hiber-router")
+    ports = [p.get("port") for p in ((router or {}).get("spec") or {}).get("ports") or []
+             if isinstance(p, dict) and p.get("name") == "attach"]
+    if ports:
+        namespace = router["metadata"].get("namespace", "default")
+        wanted["router_worker_address"] = f"tcp:hiber-router.{namespace}.svc:{ports[0]}"
+    args = inject_containers[0].get("args")
+    for flag, value in wanted.items():
+        if value is not None and _flag(args, flag, None) != value:
+            problems.append((n, "spec.template.spec.containers[hiber-inject].args",
+                             f"--{flag} must be {value} (as hiberd's DaemonSet and the router's "
+                             f"Service have it), got {_flag(args, flag, None)}"))
+
+
 def hiber_rules(docs):
     """[(document index, field path, message)] for Hiber's own rules."""
     problems = []
+    _check_webhook_matches_node(docs, problems)
     for n, doc in enumerate(docs):
         if not isinstance(doc, dict):
             continue

@@ -93,6 +93,23 @@ class Kustomizations(unittest.TestCase):
             "DaemonSet/hiberd: spec.template.spec.containers[hiberd].resources: hiberd must hold "
             "the node's GPUs one way: an nvidia.com/gpu limit or a DRA claim"]))
 
+    def test_the_webhook_must_match_hiberd_and_the_router(self):
+        docs = copy.deepcopy(validate.render(os.path.join(K8S, "base")))
+        for d in docs:
+            if d["kind"] == "DaemonSet":
+                (run_dir,) = [v for v in d["spec"]["template"]["spec"]["volumes"]
+                              if v["name"] == "run-dir"]
+                run_dir["hostPath"]["path"] = "/var/run/hiber"
+            if d["kind"] == "Service" and d["metadata"]["name"] == "hiber-router":
+                d["spec"]["ports"][1]["port"] = 7072
+        at = "Deployment/hiber-inject: spec.template.spec.containers[hiber-inject].args: "
+        self.assertEqual(without_source(validate.validate_docs("base", docs), "base"), [
+            at + "--router_worker_address must be tcp:hiber-router.hiber-system.svc:7072 (as "
+            "hiberd's DaemonSet and the router's Service have it), got "
+            "tcp:hiber-router.hiber-system.svc:7071",
+            at + "--run_dir_host_path must be /var/run/hiber (as hiberd's DaemonSet and the "
+            "router's Service have it), got /run/hiber"])
+
 
 class Fixtures(unittest.TestCase):
     def test_each_broken_fixture_fails_naming_the_document_and_the_field(self):
