@@ -8,7 +8,9 @@
 #include <optional>
 
 #include <glog/logging.h>
+#include <openssl/err.h>
 #include <openssl/ssl.h>
+#include <openssl/x509.h>
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/core/tcp_stream.hpp>
 #include <boost/beast/http.hpp>
@@ -69,6 +71,11 @@ Result<std::shared_ptr<ssl::context>> load_tls_context(const std::string& cert_f
                  ": not a PEM certificate: ", openssl_message(ec));
   }
   context->use_private_key_file(key_file, ssl::context::pem, ec);
+  if (ec && ec.category() == asio::error::get_ssl_category() &&
+      ERR_GET_REASON(static_cast<unsigned long>(ec.value())) == X509_R_KEY_VALUES_MISMATCH) {
+    return error(ErrorCode::kInvalidValue, "--tls_key_file ", key_file,
+                 " is not the key of the certificate in --tls_cert_file ", cert_file);
+  }
   if (ec) {
     return error(ErrorCode::kInvalidValue, "--tls_key_file ", key_file,
                  ": not a PEM private key: ", openssl_message(ec));
