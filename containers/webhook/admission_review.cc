@@ -41,7 +41,12 @@ std::string pod_name(const json& request, const json& object) {
     name = string_field(metadata, "name");
     if (name.empty()) name = string_field(metadata, "generateName") + "*";
   }
-  return printable(string_field(request, "namespace")) + "/" + printable(name);
+  // Without printable()'s quotes: names the API server sends are plain already.
+  auto bare = [](const std::string& text) {
+    const std::string quoted = printable(text);
+    return quoted.substr(1, quoted.size() - (quoted.back() == '"' ? 2 : 1));
+  };
+  return bare(string_field(request, "namespace")) + "/" + bare(name);
 }
 
 }  // namespace

@@ -191,6 +191,9 @@ TEST(InjectReview, GpuPodGetsTheShimAndLosesItsGpuRequests) {
   EXPECT_EQ(removals, 4u);
   ASSERT_TRUE(r.response.contains("warnings"));
   EXPECT_EQ(r.response["warnings"].size(), 2u);
+  EXPECT_EQ(r.answer.log.find("functions/resnet-50-7d9f8c6b5d-*: injected function resnet-50 ("),
+            0u)
+      << r.answer.log;
 
   const json before = doc["request"]["object"];
   const json pod = patched_pod(doc, r);
