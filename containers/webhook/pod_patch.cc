@@ -242,7 +242,7 @@ Status remove_gpus(const json& container, const std::string& path, const std::st
   }
   if (removed) {
     warnings.push_back("hiber-inject removed the nvidia.com/gpu request of container \"" + name +
-                       "\": hiberd serves this node's GPUs to it through the shim");
+                       "\": only hiberd holds this node's GPUs");
   }
   return Status();
 }
