@@ -104,7 +104,8 @@ ReviewAnswer review(std::string_view body, const InjectConfig& config) {
   };
 
   const json kind = request.value("kind", json());
-  if (!kind.is_object() || kind.value("group", json()) != "" || kind.value("kind", json()) != "Pod") {
+  if (!kind.is_object() || kind.value("group", json()) != "" ||
+      kind.value("kind", json()) != "Pod") {
     return deny("hiber-inject mutates Pods only; this request is for " + printable(kind) +
                 ": the webhook's rules should select pods alone");
   }

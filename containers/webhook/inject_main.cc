@@ -54,7 +54,8 @@ std::vector<std::string> split_list(const std::string& text) {
 
 HttpReply handle(const HttpRequest& request, const InjectConfig& config) {
   if (request.path == "/healthz") {
-    if (request.method != "GET") return HttpReply{405, "application/json", R"({"error":"GET only"})"};
+    if (request.method != "GET")
+      return HttpReply{405, "application/json", R"({"error":"GET only"})"};
     return HttpReply{200, "text/plain; charset=utf-8", "ok\n"};
   }
   if (request.path == "/mutate") {

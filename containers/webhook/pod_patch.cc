@@ -26,7 +26,8 @@ struct Volume {
 
 json secret_volume(const std::string& name, const std::string& secret, const std::string& key) {
   return {{"name", name},
-          {"secret", {{"secretName", secret}, {"items", json::array({{{"key", key}, {"path", key}}})}}}};
+          {"secret",
+           {{"secretName", secret}, {"items", json::array({{{"key", key}, {"path", key}}})}}}};
 }
 
 std::vector<Volume> volumes(const InjectConfig& c) {
@@ -37,10 +38,17 @@ std::vector<Volume> volumes(const InjectConfig& c) {
   // node waits in ContainerCreating instead of running without the shim.
   return {
       {{{"name", "hiber-shim"}, {"hostPath", {{"path", c.shim_host_path}, {"type", "Directory"}}}},
-       mount("hiber-shim", c.shim_mount_path), "hostPath", "path", c.shim_host_path},
+       mount("hiber-shim", c.shim_mount_path),
+       "hostPath",
+       "path",
+       c.shim_host_path},
       // Read-only suffices: connecting to a Unix socket needs no write access to its file system.
-      {{{"name", "hiber-run"}, {"hostPath", {{"path", c.run_dir_host_path}, {"type", "Directory"}}}},
-       mount("hiber-run", c.run_dir_mount_path), "hostPath", "path", c.run_dir_host_path},
+      {{{"name", "hiber-run"},
+        {"hostPath", {{"path", c.run_dir_host_path}, {"type", "Directory"}}}},
+       mount("hiber-run", c.run_dir_mount_path),
+       "hostPath",
+       "path",
+       c.run_dir_host_path},
       {secret_volume("hiber-function-token", c.token_secret, c.token_secret_key),
        mount("hiber-function-token", kTokenMountPath), "secret", "secretName", c.token_secret},
       {secret_volume("hiber-worker-token", c.worker_token_secret, c.worker_token_secret_key),
@@ -118,7 +126,8 @@ void append_all(json& patch, const std::string& path, bool exists, const std::ve
     patch.push_back({{"op", "add"}, {"path", path}, {"value", items}});
     return;
   }
-  for (const json& item : items) patch.push_back({{"op", "add"}, {"path", path + "/-"}, {"value", item}});
+  for (const json& item : items)
+    patch.push_back({{"op", "add"}, {"path", path + "/-"}, {"value", item}});
 }
 
 bool has_array(const json& parent, const char* field) {
@@ -147,7 +156,8 @@ Status add_volumes(const json& spec, const std::vector<Volume>& ours, json& patc
       source = &*it;
     }
     if (source == nullptr || source->value(v.source_key, json()) != v.source) {
-      return invalid("the pod has its own volume \"", name, "\"; volume names starting with "
+      return invalid("the pod has its own volume \"", name,
+                     "\"; volume names starting with "
                      "\"hiber-\" are hiber-inject's: rename it");
     }
   }
@@ -210,7 +220,8 @@ Status set_environment(const json& container, const std::string& path, const std
     std::string wanted = value;
     if (variable == "LD_PRELOAD") {
       if (from_source) {
-        return invalid(where, " takes LD_PRELOAD from valueFrom, which hiber-inject cannot extend "
+        return invalid(where,
+                       " takes LD_PRELOAD from valueFrom, which hiber-inject cannot extend "
                        "with the shim: give it as a value");
       }
       const json current = entry.value("value", json(""));
@@ -231,7 +242,8 @@ Status remove_gpus(const json& container, const std::string& path, const std::st
                    json& patch, std::vector<std::string>& warnings) {
   auto resources = container.find("resources");
   if (resources == container.end() || resources->is_null()) return Status();
-  if (!resources->is_object()) return invalid("container \"", name, "\".resources is not an object");
+  if (!resources->is_object())
+    return invalid("container \"", name, "\".resources is not an object");
   bool removed = false;
   for (const char* field : {"limits", "requests"}) {
     auto list = resources->find(field);
@@ -320,7 +332,8 @@ Status check_config(const InjectConfig& c) {
        {std::pair<const char*, const std::string&>{"--token_secret", c.token_secret},
         {"--worker_token_secret", c.worker_token_secret}}) {
     if (!dns_subdomain(name)) {
-      return invalid(flag, " \"", name, "\": a Secret's name is 1 to 253 of [a-z0-9.-], starting "
+      return invalid(flag, " \"", name,
+                     "\": a Secret's name is 1 to 253 of [a-z0-9.-], starting "
                      "and ending with a letter or digit");
     }
   }

@@ -45,9 +45,9 @@ inline constexpr char kTokenMountPath[] = "/var/run/secrets/hiber.io/function-to
 inline constexpr char kWorkerTokenMountPath[] = "/var/run/secrets/hiber.io/worker-token";
 
 struct PodPatch {
-  bool opted_in = false;      // the pod has hiber.io/inject: "true"
-  std::string function_id;    // its hiber.io/function label, when opted in
-  nlohmann::json patch;       // a JSON Patch (an array); empty when nothing changes
+  bool opted_in = false;              // the pod has hiber.io/inject: "true"
+  std::string function_id;            // its hiber.io/function label, when opted in
+  nlohmann::json patch;               // a JSON Patch (an array); empty when nothing changes
   std::vector<std::string> warnings;  // for the API server to show the user (GPU requests removed)
 };
 

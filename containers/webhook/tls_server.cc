@@ -39,25 +39,28 @@ std::string stamp(const std::string& cert_file, const std::string& key_file) {
   for (const std::string* file : {&cert_file, &key_file}) {
     struct stat st {};
     if (::stat(file->c_str(), &st) != 0) return "";
-    out += str_cat(st.st_ino, ":", st.st_size, ":", st.st_mtim.tv_sec, ".", st.st_mtim.tv_nsec, ";");
+    out +=
+        str_cat(st.st_ino, ":", st.st_size, ":", st.st_mtim.tv_sec, ".", st.st_mtim.tv_nsec, ";");
   }
   return out;
 }
 
 std::string openssl_message(const error_code& ec) {
   return ec.category() == asio::error::get_ssl_category() ? str_cat(ec.message(), " (OpenSSL)")
-                                                           : ec.message();
+                                                          : ec.message();
 }
 
 }  // namespace
 
 Result<std::shared_ptr<ssl::context>> load_tls_context(const std::string& cert_file,
                                                        const std::string& key_file) {
-  for (const auto& [flag, file] : {std::pair<const char*, const std::string&>{"--tls_cert_file", cert_file},
-                                   {"--tls_key_file", key_file}}) {
+  for (const auto& [flag, file] :
+       {std::pair<const char*, const std::string&>{"--tls_cert_file", cert_file},
+        {"--tls_key_file", key_file}}) {
     if (file.empty()) return error(ErrorCode::kInvalidValue, flag, " is required (a PEM file)");
     if (::access(file.c_str(), R_OK) != 0) {
-      return error(ErrorCode::kInvalidValue, flag, " ", file, ": cannot read it: ", std::strerror(errno));
+      return error(ErrorCode::kInvalidValue, flag, " ", file,
+                   ": cannot read it: ", std::strerror(errno));
     }
   }
   auto context = std::make_shared<ssl::context>(ssl::context::tls_server);
@@ -141,9 +144,9 @@ class TlsServer::Session : public std::enable_shared_from_this<Session> {
 
   void on_read(error_code ec) {
     // A timed-out stream is closed already: nothing can be sent.
-    if (ec == beast::error::timeout || ec == http::error::end_of_stream ||
-        ec == asio::error::eof || ec == ssl::error::stream_truncated ||
-        ec == asio::error::connection_reset || ec == asio::error::operation_aborted) {
+    if (ec == beast::error::timeout || ec == http::error::end_of_stream || ec == asio::error::eof ||
+        ec == ssl::error::stream_truncated || ec == asio::error::connection_reset ||
+        ec == asio::error::operation_aborted) {
       return close();
     }
     if (ec == http::error::body_limit) {
@@ -197,13 +200,15 @@ class TlsServer::Session : public std::enable_shared_from_this<Session> {
 };
 
 TlsServer::TlsServer(asio::io_context& io, TlsServerOptions options, Handler handler)
-    : options_(std::move(options)), handler_(std::move(handler)), acceptor_(io),
+    : options_(std::move(options)),
+      handler_(std::move(handler)),
+      acceptor_(io),
       accept_pause_(io) {}
 
 TlsServer::~TlsServer() { stop(); }
 
-Result<std::unique_ptr<TlsServer>> TlsServer::create(asio::io_context& io,
-                                                     TlsServerOptions options, Handler handler) {
+Result<std::unique_ptr<TlsServer>> TlsServer::create(asio::io_context& io, TlsServerOptions options,
+                                                     Handler handler) {
   const std::string loaded_stamp = stamp(options.cert_file, options.key_file);
   HIBER_ASSIGN_OR_RETURN(std::shared_ptr<ssl::context> context,
                          load_tls_context(options.cert_file, options.key_file));

@@ -54,7 +54,7 @@ struct HttpReply {
 // A TLS server context holding the pair; kInvalidValue naming the flag and the file when either
 // cannot be read, is not PEM, or the key is not the certificate's.
 Result<std::shared_ptr<boost::asio::ssl::context>> load_tls_context(const std::string& cert_file,
-                                                                   const std::string& key_file);
+                                                                    const std::string& key_file);
 
 class TlsServer {
  public:

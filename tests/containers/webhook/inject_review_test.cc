@@ -368,16 +368,16 @@ TEST(InjectReview, BadSettingsAreRefused) {
     EXPECT_FALSE(status.ok());
     return status.message();
   };
-  EXPECT_NE(refused([](InjectConfig& c) { c.shim_host_path = "relative/path"; })
-                .find("--shim_host_path"),
-            std::string::npos);
-  EXPECT_NE(refused([](InjectConfig& c) { c.run_dir_mount_path = c.shim_mount_path; })
-                .find("both"),
+  EXPECT_NE(
+      refused([](InjectConfig& c) { c.shim_host_path = "relative/path"; }).find("--shim_host_path"),
+      std::string::npos);
+  EXPECT_NE(refused([](InjectConfig& c) { c.run_dir_mount_path = c.shim_mount_path; }).find("both"),
             std::string::npos);
   EXPECT_NE(refused([](InjectConfig& c) { c.token_secret = "Not_A_Name"; }).find("--token_secret"),
             std::string::npos);
-  EXPECT_NE(refused([](InjectConfig& c) { c.worker_token_secret_key = "a/b"; })
-                .find("--worker_token_secret_key"),
+  EXPECT_NE(refused([](InjectConfig& c) {
+              c.worker_token_secret_key = "a/b";
+            }).find("--worker_token_secret_key"),
             std::string::npos);
   EXPECT_NE(refused([](InjectConfig& c) { c.shim_libraries = {"lib a.so"}; }).find("not a file"),
             std::string::npos);
@@ -395,8 +395,8 @@ TEST(InjectReview, AnyShapeOfReviewGetsAnAnswer) {
       pointers.insert(p.to_string());
     }
   }
-  const std::vector<json> replacements = {nullptr, 7, "text", true, json::array({1}),
-                                          json::object({{"k", 1}})};
+  const std::vector<json> replacements = {
+      nullptr, 7, "text", true, json::array({1}), json::object({{"k", 1}})};
   size_t answers = 0;
   for (const std::string& pointer : pointers) {
     for (const json& replacement : replacements) {
@@ -422,9 +422,13 @@ TEST(InjectReview, AnyShapeOfReviewGetsAnAnswer) {
 
 TEST(InjectReview, Base64AndPointers) {
   // RFC 4648, section 10.
-  const std::map<std::string, std::string> vectors = {
-      {"", ""},         {"f", "Zg=="},         {"fo", "Zm8="},        {"foo", "Zm9v"},
-      {"foob", "Zm9vYg=="}, {"fooba", "Zm9vYmE="}, {"foobar", "Zm9vYmFy"}};
+  const std::map<std::string, std::string> vectors = {{"", ""},
+                                                      {"f", "Zg=="},
+                                                      {"fo", "Zm8="},
+                                                      {"foo", "Zm9v"},
+                                                      {"foob", "Zm9vYg=="},
+                                                      {"fooba", "Zm9vYmE="},
+                                                      {"foobar", "Zm9vYmFy"}};
   for (const auto& [plain, encoded] : vectors) EXPECT_EQ(base64(plain), encoded) << plain;
   const std::string bytes("\x00\xff\x10\x80", 4);
   EXPECT_EQ(decode_base64(base64(bytes)), bytes);

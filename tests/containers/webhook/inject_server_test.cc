@@ -11,8 +11,8 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
-#include <optional>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -62,8 +62,11 @@ fs::path fresh_dir() {
 void make_certificate(const fs::path& cert, const fs::path& key, const std::string& subject) {
   const std::string command =
       "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 "
-      "-subj /CN=" + subject + " -addext subjectAltName=IP:127.0.0.1,DNS:hiber-inject.hiber-system.svc"
-      " -keyout " + key.string() + " -out " + cert.string() + " 2>/dev/null";
+      "-subj /CN=" +
+      subject +
+      " -addext subjectAltName=IP:127.0.0.1,DNS:hiber-inject.hiber-system.svc"
+      " -keyout " +
+      key.string() + " -out " + cert.string() + " 2>/dev/null";
   ASSERT_EQ(std::system(command.c_str()), 0) << command;
 }
 
@@ -166,7 +169,8 @@ std::string plain_exchange(uint16_t port, const std::string& bytes) {
   asio::write(stream, asio::buffer(bytes), ec);
   std::string reply;
   char chunk[4096];
-  for (size_t n; (n = stream.read_some(asio::buffer(chunk), ec)) > 0 || !ec;) reply.append(chunk, n);
+  for (size_t n; (n = stream.read_some(asio::buffer(chunk), ec)) > 0 || !ec;)
+    reply.append(chunk, n);
   return reply;
 }
 
@@ -195,8 +199,8 @@ TEST_F(InjectServerTest, AnswersReviewsOverTls) {
   EXPECT_EQ(health.status, 200u);
   EXPECT_EQ(health.body, "ok\n");
 
-  const Answer injected = https(inject.port(), cert_, http::verb::post, "/mutate",
-                                fixture("review_pod_with_gpu.json"));
+  const Answer injected =
+      https(inject.port(), cert_, http::verb::post, "/mutate", fixture("review_pod_with_gpu.json"));
   ASSERT_EQ(injected.status, 200u) << injected.body;
   const json answer = json::parse(injected.body);
   EXPECT_EQ(answer["response"]["uid"], "7f3e1c2a-0b4d-4e5f-8a6b-9c0d1e2f3a03");
@@ -215,8 +219,8 @@ TEST_F(InjectServerTest, AnswersReviewsOverTls) {
   EXPECT_EQ(denied.status, 200u);
   EXPECT_EQ(json::parse(denied.body)["response"]["allowed"], false);
 
-  const Answer malformed = https(inject.port(), cert_, http::verb::post, "/mutate",
-                                 fixture("review_not_json.txt"));
+  const Answer malformed =
+      https(inject.port(), cert_, http::verb::post, "/mutate", fixture("review_not_json.txt"));
   EXPECT_EQ(malformed.status, 400u);
   EXPECT_NE(malformed.body.find("not JSON"), std::string::npos);
 
@@ -270,7 +274,8 @@ TEST_F(InjectServerTest, ConnectionsPastTheLimitAreClosed) {
   auto silent = std::make_unique<tcp::socket>(io);
   silent->connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), inject.port()));
   // Accepted in order: the silent connection holds the one place, so this one is closed.
-  EXPECT_THROW(https(inject.port(), cert_, http::verb::get, "/healthz"), boost::system::system_error);
+  EXPECT_THROW(https(inject.port(), cert_, http::verb::get, "/healthz"),
+               boost::system::system_error);
   silent.reset();
   // Once the server has seen the silent one go, it serves again.
   unsigned status = 0;
@@ -330,7 +335,8 @@ TEST_F(InjectServerTest, RenewedCertificateIsServedWithoutARestart) {
   fs::rename(new_cert, cert_);
   // Trusting only the new certificate, the handshake succeeds only if it is the one served.
   EXPECT_EQ(https(inject.port(), cert_, http::verb::get, "/healthz").status, 200u);
-  EXPECT_THROW(https(inject.port(), old_cert, http::verb::get, "/healthz"), boost::system::system_error);
+  EXPECT_THROW(https(inject.port(), old_cert, http::verb::get, "/healthz"),
+               boost::system::system_error);
   EXPECT_NE(inject.log().find("loaded the changed certificate"), std::string::npos);
 
   // A broken renewal keeps the last good pair.
