@@ -243,7 +243,7 @@ TEST_F(InjectServerTest, MisbehavingClientsDoNotStopIt) {
       inject.port(), "POST /mutate HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}");
   EXPECT_EQ(plain.find("HTTP/1.1 200"), std::string::npos);
   plain_exchange(inject.port(), std::string(10000, '\x16'));
-  plain_exchange(inject.port(), "\x16\x03\x01\x00\x05hello");
+  plain_exchange(inject.port(), std::string("\x16\x03\x01\x00\x05hello", 10));
   EXPECT_NE(inject.log().find("TLS handshake with 127.0.0.1"), std::string::npos) << inject.log();
 
   // An oversized review: 413, and the server goes on.
