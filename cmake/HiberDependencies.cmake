@@ -4,8 +4,9 @@ find_package(PkgConfig REQUIRED)
 find_package(GTest REQUIRED)
 find_package(benchmark REQUIRED)
 find_package(gflags REQUIRED)
-# libcrypto only: hiberd's module cache keys code images by their SHA-256.
-find_package(OpenSSL REQUIRED COMPONENTS Crypto)
+# libcrypto: hiberd's module cache keys code images by their SHA-256. libssl: hiber-inject serves
+# HTTPS (containers/webhook).
+find_package(OpenSSL REQUIRED COMPONENTS Crypto SSL)
 
 # glog 0.6 ships a CMake config; fall back to pkg-config where it does not.
 find_package(glog 0.6 QUIET)

@@ -41,24 +41,6 @@ Status read_bool(const json& body, std::string_view field, bool& out) {
 
 }  // namespace
 
-Status check_function_name(std::string_view name) {
-  if (name.empty() || name.size() > 128) {
-    return error(ErrorCode::kInvalidValue, "a function name has 1 to 128 characters");
-  }
-  if (name.front() == '.') {
-    return error(ErrorCode::kInvalidValue, "a function name does not start with '.'");
-  }
-  for (char c : name) {
-    const bool allowed = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
-                         (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
-    if (!allowed) {
-      return error(ErrorCode::kInvalidValue,
-                   "a function name is made of letters, digits, '.', '_' and '-'");
-    }
-  }
-  return Status();
-}
-
 wire::FunctionRegistration FunctionSpec::registration() const {
   wire::FunctionRegistration r;
   r.function_id = name;

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/status.h"
+#include "router/function_name.h"
 #include "wire/control_types.h"
 
 namespace hiber::router {
@@ -38,10 +39,6 @@ struct FunctionSpec {
   wire::FunctionRegistration registration() const;
   nlohmann::json to_json() const;
 };
-
-// A function name is a path segment of the API and a file name here: 1 to 128 of [A-Za-z0-9._-],
-// not starting with '.'.
-Status check_function_name(std::string_view name);
 
 // Parses a registration body. kInvalidValue, naming the field, for anything malformed.
 Result<FunctionSpec> parse_function_spec(std::string_view name, std::string_view json_body);

@@ -13,7 +13,8 @@ packages=(
   libbenchmark-dev
   gnuplot-nox                     # hiber-sim's plots (scripts/evaluate.sh; pngcairo terminal)
   libzstd-dev liblz4-dev          # compressed fatbins (nvcc 12.8+ uses zstd, older nvcc lz4)
-  libssl-dev                      # SHA-256 (libcrypto) for hiberd's module cache
+  libssl-dev                      # SHA-256 (libcrypto) for hiberd's module cache; TLS (libssl) for hiber-inject
+  openssl                         # hiber-inject's test makes a self-signed certificate (openssl req)
   libelf-dev                      # hiber-coverage reads ELF dynamic symbols (elfutils libelf)
   procps psmisc                   # pgrep/kill in the demo and integration scripts
   libboost-dev                    # Boost.Beast and Asio: hiber-router's HTTP server and clients
