@@ -80,6 +80,10 @@ put() {
 b=$build_dir
 put "$b/server/hiberd" "$stage/hiberd/usr/bin/hiberd"
 put "$b/tools/hiberctl" "$stage/hiberd/usr/bin/hiberctl"
+# The host implementations of the demo programs' kernels, for --device=sim
+# (--sim_kernel_plugins; containers/run-node.sh), when they were built.
+plugin=$b/tests/shim/libhiber_shim_programs_plugin.so
+[ -f "$plugin" ] && put "$plugin" "$stage/hiberd/usr/lib/hiber/$(basename "$plugin")"
 mkdir -p "$stage/hiberd/etc/hiber"
 cp -r configs/nodes "$stage/hiberd/etc/hiber/nodes"
 put "$b/router/hiber-router" "$stage/router/usr/bin/hiber-router"
@@ -144,7 +148,9 @@ runtime_packages=(
   libzstd1 liblz4-1                            # compressed fatbins
   libssl3                                      # SHA-256 (libcrypto)
   libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 libcivetweb1  # /metrics
-  ca-certificates                              # for hiber-inject's TLS clients, if any
+  # The root is merged when mmdebstrap is done: usr-is-merged stands for usrmerge, which
+  # brings perl (47 MB), purged below.
+  usr-is-merged
 )
 base_image() {  # NAME EXTRA_PACKAGES...
   local name=$1
@@ -158,7 +164,7 @@ base_image() {  # NAME EXTRA_PACKAGES...
   echo "build.sh: mmdebstrap --variant=minbase bookworm with $include"
   # No documentation, no package lists; users hiber (10000: hiberd, the router) and function
   # (10001: function workers), so that the images run as non-root.
-  mmdebstrap --variant=minbase --include="$include" \
+  mmdebstrap --variant=minbase --include="$include" --aptopt='APT::Install-Recommends "false"' \
     --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/doc/*' \
     --dpkgopt='path-include=/usr/share/doc/*/copyright' \
     --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-exclude=/usr/share/info/*' \
@@ -166,6 +172,7 @@ base_image() {  # NAME EXTRA_PACKAGES...
     --customize-hook='echo "hiber:x:10000:" >>"$1/etc/group"' \
     --customize-hook='echo "function:x:10001:10001:function:/nonexistent:/usr/sbin/nologin" >>"$1/etc/passwd"' \
     --customize-hook='echo "function:x:10001:" >>"$1/etc/group"' \
+    --customize-hook='chroot "$1" dpkg --purge usrmerge libfile-find-rule-perl libnumber-compare-perl libtext-glob-perl perl libperl5.36 perl-modules-5.36 >/dev/null' \
     --customize-hook='rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/* "$1"/var/log/*' \
     bookworm "$build_dir/containers-$name.tar" >"$build_dir/containers-$name.log" 2>&1 ||
     fail "mmdebstrap failed; its log: $build_dir/containers-$name.log"
