@@ -118,7 +118,11 @@ podman run --rm --network=none --user 0 --entrypoint /bin/cp -v "$name-shim:/shi
   "localhost/hiber/function-base:$tag" -a /opt/hiber/shim/. /shim/
 
 # ---- hiberd ----
+# hiberd's I/O is io_uring, which podman's default seccomp profile refuses (ENOSYS):
+# containers/seccomp-hiberd.json is that profile (containers-common 0.50) with io_uring_setup,
+# io_uring_enter and io_uring_register allowed.
 podman run -d --name "$name-hiberd" --network=none \
+  --security-opt "seccomp=$PWD/containers/seccomp-hiberd.json" \
   -v "$name-run:/run/hiber:U" \
   --secret "$name-auth-token,target=hiber-auth-token,uid=10000,gid=10000,mode=0400" \
   "localhost/hiber/hiberd:$tag" --device=sim --sim_throttle --run_dir=/run/hiber \
@@ -170,8 +174,7 @@ function_container() {  # FN IMAGE [ARG...]: a worker that attaches to the route
 }
 # The shim, injected: its folder, LD_PRELOAD, the node's run dir and the token.
 extra=(-v "$name-shim:$shim:ro" -v "$name-run:/run/hiber:ro" -e "LD_PRELOAD=$preload"
-       -e HIBER_RUN_DIR=/run/hiber -e HIBER_AUTH_TOKEN_FILE=/run/secrets/hiber-auth-token
-       --secret "$name-auth-token,target=hiber-auth-token,uid=10001,gid=10001,mode=0400")
+       -e HIBER_RUN_DIR=/run/hiber --secret "$name-auth-token,type=env,target=HIBER_AUTH_TOKEN")
 # name seed MiB SLO_ms: mlp_server's model table (seed) of MiB, as in scripts/demo.sh.
 mlp=("mlp-a 100 64 300" "mlp-b 101 16 100")
 for m in "${mlp[@]}"; do
