@@ -14,11 +14,12 @@
 #                                        here (no registry is reachable; the default base is
 #                                        PyTorch's CUDA 13 image)
 #
-# Usage: containers/build.sh [--build_dir=DIR] [--tag=TAG] [--rebuild_base]
+# Usage: containers/build.sh [--build_dir=DIR] [--tag=TAG] [--rebuild_base] [--build_only]
 #   --build_dir   the build folder the binaries come from (default build/release, built here
 #                 first with the release preset; another folder is used as it is)
 #   --tag         the images' tag (default: the project version, e.g. 0.1.0)
 #   --rebuild_base  run mmdebstrap again even if the base images exist
+#   --build_only  only build the binaries the images need (release preset), no image
 # Every image carries the OCI labels org.opencontainers.image.version, .revision (git commit)
 # and .created (build date). Prints each image's size at the end.
 set -euo pipefail
@@ -29,20 +30,19 @@ export CONTAINERS_CONF=${CONTAINERS_CONF:-$root/containers/containers.conf}
 build_dir=""
 tag=""
 rebuild_base=0
+build_only=0
 for arg in "$@"; do
   case "$arg" in
     --build_dir=*) build_dir=${arg#*=} ;;
     --tag=*) tag=${arg#*=} ;;
     --rebuild_base) rebuild_base=1 ;;
+    --build_only) build_only=1 ;;
     -h | --help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "build.sh: unknown argument '$arg' (--help lists them)" >&2; exit 2 ;;
   esac
 done
 
 fail() { echo "build.sh: $*" >&2; exit 1; }
-for tool in podman mmdebstrap patchelf git; do
-  command -v "$tool" >/dev/null || fail "$tool is missing; scripts/install-deps.sh installs it"
-done
 
 version=$(sed -n 's/^project(hiber .*VERSION \([0-9.]*\)).*/\1/p' CMakeLists.txt)
 tag=${tag:-$version}
@@ -65,6 +65,10 @@ if [ -z "$build_dir" ]; then
   grep -q 'hiber-inject' build/release/build.ninja && targets+=(hiber-inject)
   cmake --build --preset release --target "${targets[@]}"
 fi
+[ "$build_only" = 1 ] && exit 0
+for tool in podman mmdebstrap patchelf git; do
+  command -v "$tool" >/dev/null || fail "$tool is missing; scripts/install-deps.sh installs it"
+done
 build_dir=$(cd "$build_dir" && pwd) || fail "no build folder $build_dir"
 
 # ---- Staging: each image's files, at the paths they take in the image ----
