@@ -46,6 +46,8 @@ fail() { echo "build.sh: $*" >&2; exit 1; }
 
 version=$(sed -n 's/^project(hiber .*VERSION \([0-9.]*\)).*/\1/p' CMakeLists.txt)
 tag=${tag:-$version}
+# The base roots depend on the package list alone: one pair per project version, whatever --tag.
+base_tag=$version
 revision=$(git rev-parse HEAD)
 git diff --quiet HEAD 2>/dev/null || revision+="-dirty"
 created=$(date -u +%Y-%m-%dT%H:%M:%SZ)
@@ -159,8 +161,8 @@ runtime_packages=(
 base_image() {  # NAME EXTRA_PACKAGES...
   local name=$1
   shift
-  if [ "$rebuild_base" = 0 ] && podman image exists "localhost/hiber/$name:$tag"; then
-    echo "build.sh: hiber/$name:$tag exists (--rebuild_base builds it again)"
+  if [ "$rebuild_base" = 0 ] && podman image exists "localhost/hiber/$name:$base_tag"; then
+    echo "build.sh: hiber/$name:$base_tag exists (--rebuild_base builds it again)"
     return
   fi
   local include
@@ -184,7 +186,7 @@ base_image() {  # NAME EXTRA_PACKAGES...
     --change "LABEL org.opencontainers.image.version=$version" \
     --change "LABEL org.opencontainers.image.revision=$revision" \
     --change "LABEL org.opencontainers.image.created=$created" \
-    "$build_dir/containers-$name.tar" "localhost/hiber/$name:$tag" >/dev/null
+    "$build_dir/containers-$name.tar" "localhost/hiber/$name:$base_tag" >/dev/null
   rm -f "$build_dir/containers-$name.tar"
 }
 base_image base
@@ -195,7 +197,7 @@ image() {  # NAME CONTAINERFILE CONTEXT [build args...]
   local name=$1 file=$2 context=$3
   shift 3
   echo "build.sh: hiber/$name"
-  podman build --quiet "${labels[@]}" --build-arg "HIBER_TAG=$tag" "$@" -f "$file" \
+  podman build --quiet "${labels[@]}" --build-arg "BASE_TAG=$base_tag" "$@" -f "$file" \
     -t "localhost/hiber/$name:$tag" "$context" >/dev/null
 }
 image hiberd containers/hiberd/Containerfile "$stage/hiberd"
@@ -204,9 +206,11 @@ image function-base containers/function-base/Containerfile "$stage/function-base
 [ "$have_shim" = 1 ] &&
   image mlp-function containers/mlp-function/Containerfile "$stage/mlp-function"
 image pytorch-function containers/pytorch-function/Containerfile "$stage/pytorch-function" \
-  --build-arg "BASE=localhost/hiber/base-python:$tag" \
+  --build-arg "BASE=localhost/hiber/base-python:$base_tag" \
   --build-arg "SDK_IMAGE=localhost/hiber/function-base:$tag"
 
 echo
 echo "images (tag $tag, revision $revision):"
-podman images --filter "reference=localhost/hiber/*:$tag" --format '{{.Repository}}:{{.Tag}}  {{.Size}}'
+for ref in "localhost/hiber/base*:$base_tag" "localhost/hiber/*:$tag"; do
+  podman images --filter "reference=$ref" --format '{{.Repository}}:{{.Tag}}  {{.Size}}'
+done | sort -u

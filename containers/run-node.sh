@@ -93,11 +93,11 @@ cleanup() {
 }
 
 # Can podman run a container at all here? (docs/deploy.md says why it may not.)
-for image in base hiberd router function-base mlp-function pytorch-function; do
+for image in hiberd router function-base mlp-function pytorch-function; do
   podman image exists "localhost/hiber/$image:$tag" ||
     fail "image localhost/hiber/$image:$tag is missing: run containers/build.sh first"
 done
-if ! why=$(podman run --rm --network=none "localhost/hiber/base:$tag" true 2>&1); then
+if ! why=$(podman run --rm --network=none --entrypoint /bin/true "localhost/hiber/hiberd:$tag" 2>&1); then
   echo "run-node.sh: podman cannot run containers here: $(tail -n 1 <<<"$why")" >&2
   exit 3
 fi
