@@ -16,8 +16,8 @@
 # Every function container has no network and runs as uid 10001; its worker attaches to the
 # router (registration "external": true). The tokens are podman secrets: NAME-auth-token (the
 # functions' token for hiberd) and NAME-worker-token (the workers' token for the router).
-# Then each function is invoked and its answer checked; hiber-load replays MINUTES of the
-# README demo's trace (sim/data/azure_demo.csv) at SPEEDUPx against the two CUDA functions from
+# Then each function is invoked and its answer checked; GPUs 0-3 are drained and resumed (their
+# models leave them), hiber-load replays MINUTES of the README demo's trace (sim/data/azure_demo.csv) at SPEEDUPx against the two CUDA functions from
 # inside the router's container; the first requests are sent again and must answer the same.
 #
 # Usage: containers/run-node.sh [--tag=TAG] [--name=NAME] [--port=PORT] [--minutes=M]
@@ -47,7 +47,7 @@ for arg in "$@"; do
     --speedup=*) speedup=${arg#*=} ;;
     --keep) mode=keep ;;
     --down) mode=down ;;
-    -h | --help) sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "run-node.sh: unknown argument '$arg' (--help lists them)" >&2; exit 2 ;;
   esac
 done
@@ -238,6 +238,13 @@ for m in "${mlp[@]}"; do
   check_mlp "$fn" "$seed" "$mib" first
 done
 check_torch
+echo
+echo "== GPUs 0-3 drained and resumed, as for maintenance: the models there leave the GPUs;"
+echo "   their host copies stay"
+for g in 0 1 2 3; do
+  podman exec "$name-hiberd" hiberctl --run_dir=/run/hiber drain --gpu="$g" >/dev/null
+  podman exec "$name-hiberd" hiberctl --run_dir=/run/hiber drain --gpu="$g" --resume >/dev/null
+done
 
 echo
 echo "== $minutes minutes of the demo's Azure Functions trace at ${speedup}x over HTTP (hiber-load,"
