@@ -24,12 +24,17 @@ for tool in podman mmdebstrap patchelf curl python3; do
 done
 [ -f "$build_dir/client_shim/libhibercuda.so" ] ||
   skip "no shim in $build_dir (the CUDA toolkit was absent at build time): no CUDA function to run"
-# Can podman run a container here? Tried on a throwaway root holding /bin/true.
+# Can podman run a container here? Tried on a throwaway root holding /bin/true, glibc and
+# libstdc++ and nothing else: later, the "any image" the shim is injected into.
 probe=$(mktemp -d)
 trap 'rm -rf "$probe"' EXIT
-mkdir -p "$probe/root/bin"
+mkdir -p "$probe/root/bin" "$probe/shim"
 cp /bin/true "$probe/root/bin/true"
-for lib in $(ldd /bin/true | awk '$3 ~ /^\// {print $3} $1 ~ /^\// {print $1}'); do
+libs=$(ldd /bin/true | awk '$3 ~ /^\// {print $3} $1 ~ /^\// {print $1}')
+for lib in libstdc++.so.6 libgcc_s.so.1 libm.so.6 libpthread.so.0 libdl.so.2 librt.so.1; do
+  libs+=" $(ldconfig -p | awk -v l="$lib" '$1 == l && /x86-64/ {print $NF; exit}')"
+done
+for lib in $libs; do
   mkdir -p "$probe/root$(dirname "$lib")"
   cp -L "$lib" "$probe/root$lib"
 done
@@ -61,6 +66,21 @@ done
 podman run --rm --network=none --entrypoint /bin/sh "localhost/hiber/mlp-function:$tag" -c \
   'test ! -e /opt/hiber/shim && ! ls /usr/lib/x86_64-linux-gnu | grep -q "hiber\|cudart"' ||
   fail "hiber/mlp-function holds a shim or a CUDA runtime: the shim must come from outside"
+
+# The shim folder works in an image that has none of its libraries: every library mlp_server
+# and the preloaded shim need resolves, those not glibc's or libstdc++'s from the shim folder.
+shim=/opt/hiber/shim
+podman run --rm --network=none --user 0 --entrypoint /bin/cp -v "$probe/shim:/out" \
+  "localhost/hiber/function-base:$tag" -a "$shim/." /out/
+libraries=$(podman run --rm --network=none -v "$probe/shim:$shim:ro" \
+  -v "$build_dir/tests/shim/programs/mlp_server:/usr/bin/mlp_server:ro" \
+  -e "LD_PRELOAD=$shim/libhibercuda.so $shim/libhibercublas.so $shim/libhibercublasLt.so $shim/libhibercudnn.so $shim/libhibernvml.so" \
+  --rootfs "$probe/root" /lib64/ld-linux-x86-64.so.2 --list /usr/bin/mlp_server 2>&1) ||
+  fail "mlp_server with the shim does not load in a bare image: $libraries"
+for lib in libglog.so.1 libcapnp-0.9.2.so libcrypto.so.3 libzstd.so.1; do
+  grep -q "$lib => $shim/deps/$lib" <<<"$libraries" ||
+    fail "$lib does not come from the shim folder: $libraries"
+done
 
 port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 url=http://127.0.0.1:$port
