@@ -249,6 +249,10 @@ TEST(AttachedWorkers, BadPeersAreRefusedAndTheGoodWorkerKeepsServing) {
                std::string::npos;
   })) << router.log();
   expect_echoes(router, "good");
+  // Their retries would take the slots the silent peers below count on.
+  wrong.kill();
+  unknown.kill();
+  not_external.kill();
 
   // Raw peers: a frame that is not a hello, no token, a header that is not JSON.
   const std::string token = read_file(node.token_file()).substr(0, 64);
