@@ -220,8 +220,7 @@ TEST(AttachedWorkers, StartedBeforeTheRouterTheyAttachOnceItIsUpAndAfterItRestar
   router = node.router.get();
   expect_echoes(*router, "early");
   expect_echoes(*router, "early-py");
-  EXPECT_NE(py.log().find("closed the connection; attaching again"), std::string::npos)
-      << py.log();
+  EXPECT_NE(py.log().find("closed the connection; attaching again"), std::string::npos) << py.log();
 }
 
 TEST(AttachedWorkers, BadPeersAreRefusedAndTheGoodWorkerKeepsServing) {
