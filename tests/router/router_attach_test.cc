@@ -94,11 +94,13 @@ json external(json extra = json::object()) {
 class AttachedWorker {
  public:
   AttachedWorker(std::vector<std::string> argv, const std::string& address,
-                 const std::string& token_file, const std::string& function)
+                 const std::string& token_file, const std::string& function,
+                 std::vector<std::string> env = {})
       : log_path_(temp_dir("hiber-attached-worker") + "/worker.log") {
-    pid_ = spawn(argv, log_path_, 0,
-                 {"HIBER_WORKER_SOCKET=" + address, "HIBER_WORKER_TOKEN_FILE=" + token_file,
-                  "HIBER_FUNCTION_ID=" + function});
+    env.push_back("HIBER_WORKER_SOCKET=" + address);
+    env.push_back("HIBER_WORKER_TOKEN_FILE=" + token_file);
+    env.push_back("HIBER_FUNCTION_ID=" + function);
+    pid_ = spawn(argv, log_path_, 0, env);
   }
   ~AttachedWorker() { kill(); }
   void kill() {
@@ -187,6 +189,25 @@ TEST(AttachedWorkers, CppAndPythonServeOverUnixAndTcp) {
   struct stat st {};
   ASSERT_EQ(::stat(node.token_file().c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0600u);
+}
+
+// A GPU function's attached worker, with the shim preloaded as a container's environment would
+// have it, runs its requests through hiberd like a started one.
+TEST(AttachedWorkers, AShimFunctionsRequestsGoThroughHiberd) {
+  if (shim_preload().empty()) GTEST_SKIP() << "built without the CUDA toolkit: no shim";
+  AttachNode node;
+  RouterProcess& router = *node.router;
+  ASSERT_EQ(router.load("gpu", external({{"shim", true}})).status, 200);
+  AttachedWorker worker(cpp_echo(), node.tcp_address(), node.token_file(), "gpu",
+                        {"LD_PRELOAD=" + shim_preload(), "HIBER_RUN_DIR=" + node.hiberd.run_dir()});
+  for (unsigned i = 0; i < 3; ++i) {
+    const std::string body = body_for("gpu", i);
+    router::HttpResponse answer = router.infer("gpu", body);
+    ASSERT_EQ(answer.status, 200) << answer.body << worker.log() << router.log();
+    EXPECT_EQ(answer.body, body);
+    EXPECT_EQ(answer.header("X-Hiber-Node").value_or(""), "node0");
+    EXPECT_TRUE(answer.header("X-Hiber-Gpu").has_value());
+  }
 }
 
 TEST(AttachedWorkers, StartedBeforeTheRouterTheyAttachOnceItIsUpAndAfterItRestarts) {
