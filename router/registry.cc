@@ -97,9 +97,9 @@ Result<FunctionSpec> parse_function_spec(std::string_view name, std::string_view
   if (body.is_discarded()) return error(ErrorCode::kInvalidValue, "registration is not JSON");
   if (!body.is_object()) return error(ErrorCode::kInvalidValue, "registration is not an object");
   static const char* const kKnown[] = {
-      "command",     "env",           "shim",     "slo_ms",         "percentile",   "quota_mib",
-      "concurrency", "max_instances", "stateful", "idle_timeout_s", "exec_ms_hint", "heavy",
-      "external"};
+      "command",      "env",         "shim",          "slo_ms",   "percentile",
+      "quota_mib",    "concurrency", "max_instances", "stateful", "idle_timeout_s",
+      "exec_ms_hint", "heavy",       "external"};
   for (const auto& [key, value] : body.items()) {
     if (std::find(std::begin(kKnown), std::end(kKnown), key) == std::end(kKnown)) {
       return field_error(key, "unknown field");

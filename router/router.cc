@@ -649,9 +649,9 @@ std::optional<std::string> Router::on_attach(AttachHello hello, AttachListener::
   }
   const uint64_t number = next_instance_++;
   Instance instance;
-  instance.worker = Worker::attach(io_, name, std::move(socket), hello.peer, number,
-                                   options_.worker_stop_timeout,
-                                   [this, name](Worker& w) { on_worker_gone(name, w.instance()); });
+  instance.worker =
+      Worker::attach(io_, name, std::move(socket), hello.peer, number, options_.worker_stop_timeout,
+                     [this, name](Worker& w) { on_worker_gone(name, w.instance()); });
   instance.node = node;
   instance.generation = function->generation;
   instance.became_ready = true;
@@ -972,7 +972,8 @@ void Router::scale_down() {
       const bool stale = instance.generation != function->generation;
       // An attached worker is not scaled to zero: nobody would start it again. A stale one
       // is closed, and attaches again under the new registration.
-      if (stale || (!worker.attached() && now - instance.idle_since >= function->spec.idle_timeout)) {
+      if (stale ||
+          (!worker.attached() && now - instance.idle_since >= function->spec.idle_timeout)) {
         instance.scaled_down = true;
         worker.stop(stale ? "replaced by a newer registration" : "idle: scaled to zero");
         LOG(INFO) << "function " << name << ": worker #" << id

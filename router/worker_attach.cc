@@ -153,28 +153,28 @@ void AttachListener::accept_unix() {
 }
 
 void AttachListener::accept_tcp() {
-  tcp_acceptor_.async_accept([this, alive = std::weak_ptr<bool>(alive_)](
-                                 error_code ec, asio::ip::tcp::socket peer) {
-    if (alive.expired() || ec == asio::error::operation_aborted) return;
-    if (ec) {
-      LOG(WARNING) << "worker attach listener: accept: " << ec.message();
-      return retry_later([this] { accept_tcp(); });
-    }
-    error_code ignored;
-    const auto remote = peer.remote_endpoint(ignored);
-    peer.set_option(asio::ip::tcp::no_delay(true), ignored);
-    admit(Socket(std::move(peer)),
-          str_cat("tcp ", remote.address().to_string(), ":", remote.port()));
-    accept_tcp();
-  });
+  tcp_acceptor_.async_accept(
+      [this, alive = std::weak_ptr<bool>(alive_)](error_code ec, asio::ip::tcp::socket peer) {
+        if (alive.expired() || ec == asio::error::operation_aborted) return;
+        if (ec) {
+          LOG(WARNING) << "worker attach listener: accept: " << ec.message();
+          return retry_later([this] { accept_tcp(); });
+        }
+        error_code ignored;
+        const auto remote = peer.remote_endpoint(ignored);
+        peer.set_option(asio::ip::tcp::no_delay(true), ignored);
+        admit(Socket(std::move(peer)),
+              str_cat("tcp ", remote.address().to_string(), ":", remote.port()));
+        accept_tcp();
+      });
 }
 
 void AttachListener::retry_later(std::function<void()> accept) {
   auto timer = std::make_shared<asio::steady_timer>(io_, std::chrono::milliseconds(100));
-  timer->async_wait([timer, accept = std::move(accept), alive = std::weak_ptr<bool>(alive_)](
-                        error_code ec) {
-    if (!ec && !alive.expired()) accept();
-  });
+  timer->async_wait(
+      [timer, accept = std::move(accept), alive = std::weak_ptr<bool>(alive_)](error_code ec) {
+        if (!ec && !alive.expired()) accept();
+      });
 }
 
 void AttachListener::admit(Socket socket, std::string peer) {
