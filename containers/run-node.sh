@@ -174,7 +174,8 @@ function_container() {  # FN IMAGE [ARG...]: a worker that attaches to the route
 }
 # The shim, injected: its folder, LD_PRELOAD, the node's run dir and the token.
 extra=(-v "$name-shim:$shim:ro" -v "$name-run:/run/hiber:ro" -e "LD_PRELOAD=$preload"
-       -e HIBER_RUN_DIR=/run/hiber --secret "$name-auth-token,type=env,target=HIBER_AUTH_TOKEN")
+       -e HIBER_RUN_DIR=/run/hiber -e HIBER_AUTH_TOKEN_FILE=/run/secrets/hiber-auth-token
+       --secret "$name-auth-token,target=hiber-auth-token,uid=10001,gid=10001,mode=0400")
 # name seed MiB SLO_ms: mlp_server's model table (seed) of MiB, as in scripts/demo.sh.
 mlp=("mlp-a 100 64 300" "mlp-b 101 16 100")
 for m in "${mlp[@]}"; do
@@ -199,11 +200,10 @@ v = float((seed * 2654435761 + i * 40503) % 65536)
 m, e = v.hex().split("p")
 print("0x0p+0" if v == 0 else m.rstrip("0").rstrip(".") + "p" + e)' "$1" "$2"
 }
-invoke() {  # FN CONTENT_TYPE BODY: the answer's body; waits for the worker to attach
-  local out tries=0
-  until out=$(curl -fsS -m 60 -H "Content-Type: $2" --data-binary "$3" "$url/v2/models/$1/infer" 2>&1); do
-    tries=$((tries + 1))
-    [ "$tries" -lt 20 ] || fail "invoking $1 failed: $out"
+invoke() {  # FN CONTENT_TYPE BODY: the answer's body; waits up to 2 minutes for the worker
+  local out deadline=$((SECONDS + 120))
+  until out=$(curl -fsS -m 30 -H "Content-Type: $2" --data-binary "$3" "$url/v2/models/$1/infer" 2>&1); do
+    [ "$SECONDS" -lt "$deadline" ] || fail "invoking $1 failed: $out"
     sleep 0.5
   done
   echo "$out"
