@@ -13,7 +13,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build_dir=${HIBER_BUILD_DIR:-$root/build/release}
 export CONTAINERS_CONF=$root/containers/containers.conf
-tag=test
+tag="test"
 name=hiber-test-$$
 
 skip() { echo "containers_node_test: skipped: $*"; exit 77; }
