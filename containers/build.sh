@@ -197,9 +197,13 @@ image() {  # NAME CONTAINERFILE CONTEXT [build args...]
   local name=$1 file=$2 context=$3
   shift 3
   echo "build.sh: hiber/$name"
+  local old
+  old=$(podman image inspect -f '{{.Id}}' "localhost/hiber/$name:$tag" 2>/dev/null || true)
   podman build --quiet "${labels[@]}" --build-arg "BASE_TAG=$base_tag" "$@" -f "$file" \
     -t "localhost/hiber/$name:$tag" "$context" >/dev/null
+  [ -n "$old" ] && replaced+=("$old")
 }
+replaced=()  # the images these replace, removed at the end
 image hiberd containers/hiberd/Containerfile "$stage/hiberd"
 image router containers/router/Containerfile "$stage/router"
 image function-base containers/function-base/Containerfile "$stage/function-base"
@@ -208,6 +212,12 @@ image function-base containers/function-base/Containerfile "$stage/function-base
 image pytorch-function containers/pytorch-function/Containerfile "$stage/pytorch-function" \
   --build-arg "BASE=localhost/hiber/base-python:$base_tag" \
   --build-arg "SDK_IMAGE=localhost/hiber/function-base:$tag"
+# Those now untagged (one that was rebuilt identically keeps its tag), unless a container
+# still uses them.
+for id in "${replaced[@]}"; do
+  [ -z "$(podman image inspect -f '{{join .RepoTags ","}}' "$id" 2>/dev/null)" ] &&
+    podman rmi "$id" >/dev/null 2>&1
+done
 
 echo
 echo "images (tag $tag, revision $revision):"
