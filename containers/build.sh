@@ -213,11 +213,14 @@ image pytorch-function containers/pytorch-function/Containerfile "$stage/pytorch
   --build-arg "BASE=localhost/hiber/base-python:$base_tag" \
   --build-arg "SDK_IMAGE=localhost/hiber/function-base:$tag"
 # Those now untagged (one that was rebuilt identically keeps its tag), unless a container
-# still uses them.
+# still uses them; and the untagged stage the PyTorch template's multi-stage build commits (it
+# carries this run's labels).
 for id in "${replaced[@]}"; do
   [ -z "$(podman image inspect -f '{{join .RepoTags ","}}' "$id" 2>/dev/null)" ] &&
     podman rmi "$id" >/dev/null 2>&1
 done
+podman images --filter dangling=true --filter "label=org.opencontainers.image.created=$created" \
+  --quiet | xargs -r podman rmi >/dev/null 2>&1 || true
 
 echo
 echo "images (tag $tag, revision $revision):"
