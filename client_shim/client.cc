@@ -112,7 +112,7 @@ void Client::open_locked() {
   options.function_id = function_env && *function_env
                             ? function_env
                             : program_name() + "-" + std::to_string(getpid());
-  auto token = client_auth_token(auth_token_path(run_dir));
+  auto token = client_auth_token(client_auth_token_file(run_dir));
   if (!token.ok()) {
     open_status_ = token.status().with_context("hibercuda: no auth token");
     LOG(ERROR) << open_status_.message();

@@ -20,6 +20,11 @@ std::string function_socket_path(const std::string& run_dir) { return run_dir + 
 std::string control_socket_path(const std::string& run_dir) { return run_dir + "/control.sock"; }
 std::string auth_token_path(const std::string& run_dir) { return run_dir + "/auth-token"; }
 
+std::string client_auth_token_file(const std::string& run_dir) {
+  const char* file = std::getenv("HIBER_AUTH_TOKEN_FILE");
+  return file != nullptr && *file != '\0' ? file : auth_token_path(run_dir);
+}
+
 std::string control_token_path(const std::string& control_socket) {
   const size_t slash = control_socket.rfind('/');
   if (slash == std::string::npos) return "control-token";
@@ -33,7 +38,8 @@ Result<std::string> client_auth_token(const std::string& token_file) {
   std::ifstream in(token_file);
   if (!in) {
     return error(ErrorCode::kNotPermitted, "cannot read the auth token ", token_file, ": ",
-                 std::strerror(errno), " (set HIBER_AUTH_TOKEN or give the token file)");
+                 std::strerror(errno),
+                 " (set HIBER_AUTH_TOKEN, or HIBER_AUTH_TOKEN_FILE to the file that holds it)");
   }
   std::string token;
   std::getline(in, token);

@@ -1,6 +1,9 @@
 #include "router/function_sdk.h"
 
 #include <dlfcn.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -14,6 +17,7 @@
 #include <cstring>
 #include <deque>
 #include <exception>
+#include <fstream>
 #include <limits>
 #include <mutex>
 #include <stdexcept>
@@ -35,6 +39,10 @@ constexpr int kExitProtocol = 3;
 constexpr long kMaxConcurrency = 4096;
 // Error messages are cut to this, so a result header always stays far below the 64 KiB limit.
 constexpr size_t kMaxErrorBytes = 16 << 10;
+// An attaching worker retries after 0.1 s, 0.2 s, ... up to this.
+constexpr std::chrono::milliseconds kMaxAttachBackoff{5000};
+// A connection that lasted this long was accepted: the next retry starts from the shortest wait.
+constexpr std::chrono::seconds kAcceptedConnection{1};
 
 void complain(const std::string& message) {
   std::fprintf(stderr, "hiber function worker: %s\n", message.c_str());
@@ -210,17 +218,18 @@ long concurrency_from_environment() {
   return value;
 }
 
-int connect_to(const std::string& path) {
+// A connected socket to `path` (a Unix socket's path), or -1 with `why` set.
+int connect_unix(const std::string& path, std::string& why) {
   sockaddr_un address{};
   address.sun_family = AF_UNIX;
   if (path.size() >= sizeof address.sun_path) {
-    complain("HIBER_WORKER_SOCKET=\"" + path + "\" is too long for a Unix socket address");
+    why = "HIBER_WORKER_SOCKET=\"" + path + "\" is too long for a Unix socket address";
     return -1;
   }
   std::memcpy(address.sun_path, path.data(), path.size());
   const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) {
-    complain(std::string("socket: ") + std::strerror(errno));
+    why = std::string("socket: ") + std::strerror(errno);
     return -1;
   }
   int rc;
@@ -228,11 +237,74 @@ int connect_to(const std::string& path) {
     rc = ::connect(fd, reinterpret_cast<const sockaddr*>(&address), sizeof address);
   } while (rc != 0 && errno == EINTR);
   if (rc != 0) {
-    complain("connect to " + path + ": " + std::strerror(errno));
+    why = "connect to " + path + ": " + std::strerror(errno);
     ::close(fd);
     return -1;
   }
   return fd;
+}
+
+// A connected socket to "HOST:PORT", or -1 with `why` set.
+int connect_tcp(const std::string& host_port, std::string& why) {
+  const size_t colon = host_port.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == host_port.size()) {
+    why = "HIBER_WORKER_SOCKET=\"tcp:" + host_port + "\" is not tcp:HOST:PORT";
+    return -1;
+  }
+  std::string host = host_port.substr(0, colon);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (const int rc = ::getaddrinfo(host.c_str(), host_port.c_str() + colon + 1, &hints, &found);
+      rc != 0) {
+    why = "resolve " + host_port + ": " + ::gai_strerror(rc);
+    return -1;
+  }
+  int fd = -1;
+  for (addrinfo* a = found; a != nullptr && fd < 0; a = a->ai_next) {
+    fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    int rc;
+    do {
+      rc = ::connect(fd, a->ai_addr, a->ai_addrlen);
+    } while (rc != 0 && errno == EINTR);
+    if (rc != 0) {
+      why = "connect to " + host_port + ": " + std::strerror(errno);
+      ::close(fd);
+      fd = -1;
+    }
+  }
+  ::freeaddrinfo(found);
+  if (fd >= 0) {
+    const int one = 1;  // frames are small and answered at once
+    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  }
+  return fd;
+}
+
+// HIBER_WORKER_SOCKET: a Unix socket's path, or tcp:HOST:PORT.
+int connect_to(const std::string& address, std::string& why) {
+  if (address.rfind("tcp:", 0) == 0) return connect_tcp(address.substr(4), why);
+  return connect_unix(address, why);
+}
+
+// The first line of the token file, without trailing blanks; empty with `why` set when it
+// cannot be read or is empty.
+std::string read_token(const std::string& path, std::string& why) {
+  std::ifstream in(path);
+  std::string token;
+  if (!in) {
+    why = "cannot read HIBER_WORKER_TOKEN_FILE=" + path + ": " + std::strerror(errno);
+    return "";
+  }
+  std::getline(in, token);
+  while (!token.empty() && (token.back() == '\r' || token.back() == ' ')) token.pop_back();
+  if (token.empty()) why = "HIBER_WORKER_TOKEN_FILE=" + path + " is empty";
+  return token;
 }
 
 // With Hiber's client libraries preloaded, initialises CUDA through them, which opens the
@@ -248,30 +320,9 @@ bool open_hiber_session() {
   return result == 0;
 }
 
-}  // namespace
-
-int serve(const Handler& handler) {
-  const char* socket_path = std::getenv("HIBER_WORKER_SOCKET");
-  if (socket_path == nullptr || *socket_path == '\0') {
-    complain(
-        "HIBER_WORKER_SOCKET is not set: this program is a function worker that "
-        "hiber-router starts");
-    return kExitEnvironment;
-  }
-  const long concurrency = concurrency_from_environment();
-  if (concurrency == 0) return kExitEnvironment;
-  const int fd = connect_to(socket_path);
-  if (fd < 0) return kExitProtocol;
-  Connection connection(fd);
-  if (!open_hiber_session()) return kExitEnvironment;
-
-  const char* function = std::getenv("HIBER_FUNCTION_ID");
-  connection.send(encode_worker_frame({{"type", "hello"},
-                                       {"protocol", 1},
-                                       {"function", function != nullptr ? function : ""},
-                                       {"pid", static_cast<int64_t>(::getpid())}},
-                                      {}));
-
+// Serves invokes on one connection until the router closes it. Returns why the protocol broke,
+// or empty.
+std::string serve_connection(Connection& connection, const Handler& handler, long concurrency) {
   Pool pool(concurrency > 1 ? static_cast<size_t>(concurrency) : 0, connection, handler);
   router::WorkerFrameReader reader;
   std::string protocol_error;
@@ -313,11 +364,105 @@ int serve(const Handler& handler) {
       write_errno != ECONNRESET) {
     protocol_error = std::string("write: ") + std::strerror(write_errno);
   }
-  if (!protocol_error.empty()) {
-    complain(protocol_error);
+  return protocol_error;
+}
+
+json hello(const char* function) {
+  return {{"type", "hello"},
+          {"protocol", 1},
+          {"function", function != nullptr ? function : ""},
+          {"pid", static_cast<int64_t>(::getpid())}};
+}
+
+// A worker the router started: one connection to its own socket.
+int serve_started(const std::string& address, const Handler& handler, long concurrency) {
+  std::string why;
+  const int fd = connect_to(address, why);
+  if (fd < 0) {
+    complain(why);
+    return kExitProtocol;
+  }
+  Connection connection(fd);
+  if (!open_hiber_session()) return kExitEnvironment;
+  connection.send(encode_worker_frame(hello(std::getenv("HIBER_FUNCTION_ID")), {}));
+  const std::string problem = serve_connection(connection, handler, concurrency);
+  if (!problem.empty()) {
+    complain(problem);
     return kExitProtocol;
   }
   return 0;
+}
+
+// A worker started by someone else (docs/router.md, "Attached workers"): it attaches with the
+// worker token, waits for the router to be up, and attaches again whenever the connection ends.
+int serve_attached(const std::string& address, const std::string& token_file,
+                   const Handler& handler, long concurrency) {
+  const char* function = std::getenv("HIBER_FUNCTION_ID");
+  if (function == nullptr || *function == '\0') {
+    complain("HIBER_FUNCTION_ID is not set: an attaching worker must name its function");
+    return kExitEnvironment;
+  }
+  json greeting = hello(function);
+  if (const char* run_dir = std::getenv("HIBER_RUN_DIR"); run_dir != nullptr) {
+    greeting["run_dir"] = run_dir;
+  }
+  bool session_opened = false;
+  std::chrono::milliseconds backoff{100};
+  std::string last_problem;
+  for (;;) {
+    std::string why;
+    const std::string token = read_token(token_file, why);
+    const int fd = token.empty() ? -1 : connect_to(address, why);
+    if (fd < 0) {
+      if (why != last_problem) complain(why + "; retrying");  // once, not every retry
+      last_problem = why;
+      std::this_thread::sleep_for(backoff);
+      backoff = std::min(backoff * 2, kMaxAttachBackoff);
+      continue;
+    }
+    last_problem.clear();
+    Connection connection(fd);
+    if (!session_opened) {
+      if (!open_hiber_session()) return kExitEnvironment;
+      session_opened = true;
+    }
+    greeting["token"] = token;
+    connection.send(encode_worker_frame(greeting, {}));
+    complain("connected to the router at " + address + " as function " + function);
+    const auto since = std::chrono::steady_clock::now();
+    const std::string problem = serve_connection(connection, handler, concurrency);
+    if (!problem.empty()) {
+      complain(problem);
+      return kExitProtocol;
+    }
+    complain("the router at " + address + " closed the connection; attaching again");
+    if (std::chrono::steady_clock::now() - since >= kAcceptedConnection) {
+      backoff = std::chrono::milliseconds(100);
+    } else {
+      // Refused at once (see the router's log): do not hammer it.
+      std::this_thread::sleep_for(backoff);
+      backoff = std::min(backoff * 2, kMaxAttachBackoff);
+    }
+  }
+}
+
+}  // namespace
+
+int serve(const Handler& handler) {
+  const char* socket_path = std::getenv("HIBER_WORKER_SOCKET");
+  if (socket_path == nullptr || *socket_path == '\0') {
+    complain(
+        "HIBER_WORKER_SOCKET is not set: this program is a function worker that "
+        "hiber-router starts, or that attaches to it (docs/router.md)");
+    return kExitEnvironment;
+  }
+  const long concurrency = concurrency_from_environment();
+  if (concurrency == 0) return kExitEnvironment;
+  const char* token_file = std::getenv("HIBER_WORKER_TOKEN_FILE");
+  if (token_file != nullptr && *token_file != '\0') {
+    return serve_attached(socket_path, token_file, handler, concurrency);
+  }
+  return serve_started(socket_path, handler, concurrency);
 }
 
 }  // namespace hiber::function

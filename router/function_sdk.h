@@ -1,7 +1,8 @@
 // The C++ function SDK: the worker side of the worker protocol (docs/router.md, "Workers").
 //
 // A function is a program that calls serve() with a handler; hiber-router starts it with
-// $HIBER_WORKER_SOCKET set and sends it requests. Depends only on the C++ standard library and
+// $HIBER_WORKER_SOCKET set and sends it requests (or a container runtime starts it, and it
+// attaches to the router by itself). Depends only on the C++ standard library and
 // POSIX in this header (C++17, so nvcc-built CUDA programs include it), and links nothing but
 // hiber_worker_protocol, hiber_status and the standard library: no logging or flag library.
 //
@@ -41,9 +42,12 @@ struct Response {
 // A handler returns its answer, or an error message (the router answers 500 with it).
 using Handler = std::function<std::variant<Response, std::string>(const Request&)>;
 
-// Connects to $HIBER_WORKER_SOCKET, says hello and serves invokes until the router closes the
-// connection (returns 0) or the protocol breaks (prints why on stderr and returns nonzero: 2
-// when the environment is wrong, 3 for a connection or protocol failure). Up to
+// Connects to $HIBER_WORKER_SOCKET (a Unix socket's path, or tcp:HOST:PORT), says hello and
+// serves invokes until the router closes the connection (returns 0) or the protocol breaks
+// (prints why on stderr and returns nonzero: 2 when the environment is wrong, 3 for a connection
+// or protocol failure). With $HIBER_WORKER_TOKEN_FILE set it is an attached worker
+// (docs/router.md, "Attached workers"): it retries until the router is up and attaches again
+// whenever the connection ends, returning only for the failures above. Up to
 // $HIBER_CONCURRENCY requests (default 1) run at once, each on its own thread; with 1 the
 // handler runs on the calling thread. A handler that throws answers an error with the
 // exception's message, and the worker keeps serving. Call it once per process.

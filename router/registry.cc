@@ -54,8 +54,7 @@ wire::FunctionRegistration FunctionSpec::registration() const {
 }
 
 json FunctionSpec::to_json() const {
-  json out = {{"command", command},
-              {"env", env},
+  json out = {{"env", env},
               {"shim", shim},
               {"slo_ms", slo_ms},
               {"percentile", percentile},
@@ -66,6 +65,11 @@ json FunctionSpec::to_json() const {
               {"idle_timeout_s", idle_timeout.count()},
               {"exec_ms_hint", exec_ms_hint}};
   out["heavy"] = heavy ? json(*heavy) : json(nullptr);
+  if (external) {
+    out["external"] = true;
+  } else {
+    out["command"] = command;
+  }
   return out;
 }
 
@@ -75,8 +79,9 @@ Result<FunctionSpec> parse_function_spec(std::string_view name, std::string_view
   if (body.is_discarded()) return error(ErrorCode::kInvalidValue, "registration is not JSON");
   if (!body.is_object()) return error(ErrorCode::kInvalidValue, "registration is not an object");
   static const char* const kKnown[] = {
-      "command",     "env",           "shim",     "slo_ms",         "percentile",   "quota_mib",
-      "concurrency", "max_instances", "stateful", "idle_timeout_s", "exec_ms_hint", "heavy"};
+      "command",      "env",         "shim",          "slo_ms",   "percentile",
+      "quota_mib",    "concurrency", "max_instances", "stateful", "idle_timeout_s",
+      "exec_ms_hint", "heavy",       "external"};
   for (const auto& [key, value] : body.items()) {
     if (std::find(std::begin(kKnown), std::end(kKnown), key) == std::end(kKnown)) {
       return field_error(key, "unknown field");
@@ -85,15 +90,25 @@ Result<FunctionSpec> parse_function_spec(std::string_view name, std::string_view
   FunctionSpec spec;
   spec.name = std::string(name);
 
+  HIBER_RETURN_IF_ERROR(read_bool(body, "external", spec.external));
   auto command = body.find("command");
-  if (command == body.end() || !command->is_array() || command->empty()) {
-    return field_error("command", "must be a non-empty array of strings (the worker's argv)");
+  if (spec.external) {
+    if (command != body.end() && !command->is_null()) {
+      return field_error("command",
+                         "must be absent with external: true (the router starts no worker)");
+    }
+  } else {
+    if (command == body.end() || !command->is_array() || command->empty()) {
+      return field_error("command",
+                         "must be a non-empty array of strings (the worker's argv), unless "
+                         "external is true");
+    }
+    for (const json& arg : *command) {
+      if (!arg.is_string()) return field_error("command", "must hold strings only");
+      spec.command.push_back(arg.get<std::string>());
+    }
+    if (spec.command[0].empty()) return field_error("command", "the program is empty");
   }
-  for (const json& arg : *command) {
-    if (!arg.is_string()) return field_error("command", "must hold strings only");
-    spec.command.push_back(arg.get<std::string>());
-  }
-  if (spec.command[0].empty()) return field_error("command", "the program is empty");
 
   if (auto env = body.find("env"); env != body.end() && !env->is_null()) {
     if (!env->is_object()) return field_error("env", "must be an object of strings");

@@ -22,7 +22,10 @@ namespace hiber::router {
 
 struct FunctionSpec {
   std::string name;
-  std::vector<std::string> command;  // argv; command[0] is the program
+  std::vector<std::string> command;  // argv; command[0] is the program; empty when external
+  // Its workers are started by someone else (a container runtime) and attach to the router
+  // (docs/router.md, "Attached workers"): the router never starts, restarts or stops them.
+  bool external = false;
   std::map<std::string, std::string> env;
   bool shim = false;  // preload Hiber's client libraries
   double slo_ms = 1000;

@@ -175,6 +175,15 @@ Result<std::unique_ptr<Router>> Router::create(asio::io_context& io, RouterOptio
     router->nodes_.push_back(std::move(node));
   }
   router->node_views_.resize(router->nodes_.size());
+  const AttachOptions& attach = router->options_.attach;
+  if (!attach.unix_path.empty() || !attach.tcp_listen.empty()) {
+    Router* self = router.get();
+    HIBER_ASSIGN_OR_RETURN(
+        router->attach_,
+        AttachListener::create(io, attach, [self](AttachHello hello, AttachListener::Socket& s) {
+          return self->on_attach(std::move(hello), s);
+        }));
+  }
   for (const auto& [name, spec] : router->registry_.functions()) {
     auto function = std::make_unique<Function>();
     function->spec = spec;
@@ -422,7 +431,7 @@ void Router::load(const std::string& name, const ApiRequest& request, Respond re
   Result<FunctionSpec> parsed = parse_function_spec(name, request.body);
   if (!parsed.ok()) return respond(error_response(400, parsed.status().message()));
   FunctionSpec spec = std::move(*parsed);
-  if (spec.shim && spec.max_instances > 1) {
+  if (spec.shim && spec.max_instances > 1 && !spec.external) {
     return respond(error_response(
         400,
         "max_instances must be 1 for a function using the GPU (shim: true): hiberd serves "
@@ -555,7 +564,8 @@ size_t Router::choose_node_for(const Function& function) const {
 }
 
 void Router::maybe_start_worker(Function& function, bool keep_warm) {
-  if (function.unloading || shutting_down_) return;
+  // An external function's workers attach by themselves: its queue waits for them.
+  if (function.unloading || shutting_down_ || function.spec.external) return;
   size_t live = 0, starting = 0;
   for (const auto& [id, instance] : function.instances) {
     if (instance.scaled_down) continue;
@@ -617,6 +627,62 @@ void Router::on_worker_ready(Function& function, Worker& worker) {
   pump(function);
 }
 
+std::optional<std::string> Router::on_attach(AttachHello hello, AttachListener::Socket& socket) {
+  const std::string& name = hello.function;
+  Function* function = find(name);
+  if (function == nullptr) return "unknown function \"" + name + "\"";
+  if (!function->spec.external) {
+    return "function \"" + name + "\" is not registered with external: true";
+  }
+  if (shutting_down_) return std::string("the router is stopping");
+  // Its node: the one whose run directory it uses (it opened its hiberd session there).
+  size_t node = nodes_.size();
+  for (size_t i = 0; i < nodes_.size(); ++i) {
+    if (!hello.run_dir.empty() && nodes_[i]->config().run_dir == hello.run_dir) node = i;
+  }
+  if (node == nodes_.size()) {
+    if (nodes_.size() > 1 && function->spec.shim) {
+      return "its HIBER_RUN_DIR \"" + hello.run_dir +
+             "\" is the run_dir of none of the router's nodes";
+    }
+    node = 0;  // one node, or a function that uses no GPU
+  }
+  const uint64_t number = next_instance_++;
+  Instance instance;
+  instance.worker =
+      Worker::attach(io_, name, std::move(socket), hello.peer, number, options_.worker_stop_timeout,
+                     [this, name](Worker& w) { on_worker_gone(name, w.instance()); });
+  instance.node = node;
+  instance.generation = function->generation;
+  instance.became_ready = true;
+  instance.spawned = instance.idle_since = Clock::now();
+  Worker& worker = *instance.worker;
+  function->instances.emplace(number, std::move(instance));
+  metrics_.worker_started(name);
+  metrics_.set_instances(name, static_cast<double>(function->instances.size()));
+  on_worker_ready(*function, worker);
+  return std::nullopt;
+}
+
+void Router::expire_unattached(Function& function, Clock::time_point now) {
+  for (const auto& [id, instance] : function.instances) {
+    if (instance.worker->ready() && !instance.scaled_down) return;  // it will take the queue
+  }
+  const auto waited_too_long = [&](const std::shared_ptr<Invocation>& invocation) {
+    return now - invocation->arrival >= options_.worker_start_timeout;
+  };
+  std::deque<std::shared_ptr<Invocation>> expired;
+  auto& queue = function.queue;
+  std::copy_if(queue.begin(), queue.end(), std::back_inserter(expired), waited_too_long);
+  if (expired.empty()) return;
+  queue.erase(std::remove_if(queue.begin(), queue.end(), waited_too_long), queue.end());
+  metrics_.set_queued(function.spec.name, static_cast<double>(queue.size()));
+  const ApiResponse response = retry_later(
+      503, str_cat("no worker of function \"", function.spec.name, "\" attached within ",
+                   options_.worker_start_timeout.count(), " ms"));
+  for (auto& invocation : expired) answer(*invocation, response);
+}
+
 void Router::on_worker_gone(std::string name, uint64_t number) {
   auto it = functions_.find(name);
   if (it == functions_.end()) return;
@@ -639,7 +705,7 @@ void Router::on_worker_gone(std::string name, uint64_t number) {
       function.next_start = Clock::now() + backoff(function.start_failures);
     }
     // A worker that died while warm is replaced at once, so that the function stays warm.
-    replace = instance.became_ready && !instance.scaled_down;
+    replace = instance.became_ready && !instance.scaled_down && !function.spec.external;
     function.instances.erase(gone);
     metrics_.set_instances(name, static_cast<double>(function.instances.size()));
     // A worker that cannot start fails the queue that waited for it.
@@ -904,7 +970,10 @@ void Router::scale_down() {
       }
       if (!worker.ready() || instance.busy > 0) continue;
       const bool stale = instance.generation != function->generation;
-      if (stale || now - instance.idle_since >= function->spec.idle_timeout) {
+      // An attached worker is not scaled to zero: nobody would start it again. A stale one
+      // is closed, and attaches again under the new registration.
+      if (stale ||
+          (!worker.attached() && now - instance.idle_since >= function->spec.idle_timeout)) {
         instance.scaled_down = true;
         worker.stop(stale ? "replaced by a newer registration" : "idle: scaled to zero");
         LOG(INFO) << "function " << name << ": worker #" << id
@@ -913,6 +982,7 @@ void Router::scale_down() {
     }
     // Backed-off starts and queues behind stale workers.
     if (!function->queue.empty()) pump(*function);
+    if (function->spec.external && !function->queue.empty()) expire_unattached(*function, now);
   }
   for (auto it = async_results_.begin(); it != async_results_.end();) {
     it = it->second.done && it->second.expires < now ? async_results_.erase(it) : std::next(it);
@@ -946,7 +1016,11 @@ void Router::poll_nodes() {
           // Its workers cannot reach a GPU: stop them, so that requests start workers elsewhere.
           for (auto& [fn, function] : functions_) {
             for (auto& [id, instance] : function->instances) {
-              if (instance.node != i || instance.scaled_down) continue;
+              // An attached worker cannot move: it stays, and its requests fail until the node
+              // is back.
+              if (instance.node != i || instance.scaled_down || instance.worker->attached()) {
+                continue;
+              }
               instance.scaled_down = true;
               instance.worker->stop("its node " + name + " is down");
             }
@@ -1021,6 +1095,7 @@ std::string Router::status_json() const {
     for (const auto& [id, instance] : function->instances) busy += instance.busy;
     functions.push_back({{"name", name},
                          {"slo_ms", function->spec.slo_ms},
+                         {"external", function->spec.external},
                          {"requests", function->requests},
                          {"ok", function->ok},
                          {"failed", function->failed},
@@ -1061,6 +1136,7 @@ std::string Router::status_json() const {
 
 void Router::shutdown(std::function<void()> done) {
   shutting_down_ = true;
+  attach_.reset();  // no more workers attach
   size_t live = 0;
   for (auto& [name, function] : functions_) {
     for (auto& [id, instance] : function->instances) {

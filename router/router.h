@@ -30,6 +30,7 @@
 #include "router/registry.h"
 #include "router/router_metrics.h"
 #include "router/worker.h"
+#include "router/worker_attach.h"
 
 namespace hiber::router {
 
@@ -43,6 +44,9 @@ struct RouterOptions {
   std::chrono::milliseconds status_interval{1000};
   std::chrono::seconds async_result_ttl{600};
   size_t max_async_results = 100000;
+  // Where workers of functions registered with external: true attach; no socket and no
+  // listener: none can.
+  AttachOptions attach;
 };
 
 class Router {
@@ -61,6 +65,8 @@ class Router {
   void shutdown(std::function<void()> done);
 
   RouterMetrics& metrics() { return metrics_; }
+  // The TCP port attached workers connect to (0 without --worker_attach_listen).
+  uint16_t attach_port() const { return attach_ ? attach_->tcp_port() : 0; }
   // GET /v2/status's document.
   std::string status_json() const;
 
@@ -101,6 +107,11 @@ class Router {
 
   // Workers and nodes.
   void on_worker_ready(Function& function, Worker& worker);
+  // A worker attached with a good hello: takes its connection, or says why not.
+  std::optional<std::string> on_attach(AttachHello hello, AttachListener::Socket& socket);
+  // Answers 503 to the requests of an external function that waited longer than the worker
+  // start timeout with no worker attached.
+  void expire_unattached(Function& function, std::chrono::steady_clock::time_point now);
   // By value: the caller's string may belong to the worker this erases.
   void on_worker_gone(std::string function, uint64_t instance);
   void reap();
@@ -116,6 +127,7 @@ class Router {
   Registry registry_;
   RouterMetrics metrics_;
   std::vector<std::unique_ptr<NodeClient>> nodes_;
+  std::unique_ptr<AttachListener> attach_;
   std::vector<NodeView> node_views_;
   std::map<std::string, std::unique_ptr<Function>> functions_;
   std::unordered_map<std::string, AsyncResult> async_results_;

@@ -13,6 +13,7 @@
 
 #include "common/cli.h"
 #include "common/paths.h"
+#include "common/token.h"
 #include "router/http_server.h"
 #include "router/router.h"
 #include "router/status_page.h"
@@ -41,6 +42,20 @@ DEFINE_uint64(worker_start_timeout_ms, 60000, "Time a new worker has to connect"
 DEFINE_uint64(worker_stop_timeout_ms, 5000, "Time a stopped worker has before SIGKILL");
 DEFINE_uint64(status_interval_ms, 1000, "How often each node's status is read");
 DEFINE_uint64(async_result_ttl_s, 600, "How long an asynchronous result waits to be collected");
+DEFINE_string(worker_attach_socket, "attach.sock",
+              "Unix socket where workers of functions registered with external: true attach "
+              "(docs/router.md, \"Attached workers\"); relative to --state_dir; empty: none");
+DEFINE_string(worker_attach_listen, "",
+              "HOST:PORT where such workers attach over TCP (port 0: any free port); empty: none");
+DEFINE_string(worker_attach_port_file, "",
+              "Once listening, write the TCP attach port here (for scripts and tests)");
+DEFINE_string(worker_token_file, "worker-token",
+              "The token attached workers present in their hello: its first line, created "
+              "(random, mode 0600) if missing; relative to --state_dir");
+DEFINE_uint64(worker_attach_max_pending, 64,
+              "Most attach connections waiting for their hello at once; more are closed");
+DEFINE_uint64(worker_hello_timeout_ms, 10000,
+              "Time an attach connection has to send its hello before it is closed");
 
 namespace hiber::router {
 namespace {
@@ -125,6 +140,23 @@ int run(const char* argv0) {
   options.status_interval =
       std::chrono::milliseconds(std::max<uint64_t>(FLAGS_status_interval_ms, 10));
   options.async_result_ttl = std::chrono::seconds(FLAGS_async_result_ttl_s);
+  const auto in_state_dir = [&](const std::string& path) {
+    return path.empty() ? path : (fs::path(options.state_dir) / path).string();
+  };
+  options.attach.unix_path = in_state_dir(FLAGS_worker_attach_socket);
+  options.attach.tcp_listen = FLAGS_worker_attach_listen;
+  options.attach.max_pending = std::max<uint64_t>(FLAGS_worker_attach_max_pending, 1);
+  options.attach.hello_timeout = std::chrono::milliseconds(FLAGS_worker_hello_timeout_ms);
+  if (!options.attach.unix_path.empty() || !options.attach.tcp_listen.empty()) {
+    std::error_code ec;
+    fs::create_directories(options.state_dir, ec);  // the token may be the first file there
+    Result<std::string> token = load_or_create_token(in_state_dir(FLAGS_worker_token_file));
+    if (!token.ok()) {
+      LOG(ERROR) << token.status().with_context("--worker_token_file");
+      return 1;
+    }
+    options.attach.token = std::move(*token);
+  }
 
   boost::asio::io_context io(1);
   Result<std::unique_ptr<Router>> router = Router::create(io, options);
@@ -172,6 +204,16 @@ int run(const char* argv0) {
   LOG(INFO) << "hiber-router listening on http://"
             << FLAGS_listen.substr(0, FLAGS_listen.rfind(':')) << ":" << port << " (state in "
             << options.state_dir << ")";
+  if (const uint16_t attach_port = core.attach_port(); attach_port != 0) {
+    LOG(INFO) << "workers attach over TCP on port " << attach_port;
+    if (!FLAGS_worker_attach_port_file.empty()) {
+      if (Status written = write_port_file(FLAGS_worker_attach_port_file, attach_port);
+          !written.ok()) {
+        LOG(ERROR) << written;
+        return 1;
+      }
+    }
+  }
   core.start();
 
   boost::asio::signal_set signals(io, SIGTERM, SIGINT);

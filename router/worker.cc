@@ -34,6 +34,9 @@ std::vector<std::string> worker_environment(const FunctionSpec& spec, const Work
     if (equals != nullptr) env[std::string(*e, static_cast<size_t>(equals - *e))] = equals + 1;
   }
   for (const auto& [key, value] : spec.env) env[key] = value;
+  // It makes an SDK attach by itself and retry forever (docs/router.md, "Attached workers");
+  // a worker the router starts connects once, to its own socket.
+  env.erase("HIBER_WORKER_TOKEN_FILE");
   env["HIBER_WORKER_SOCKET"] = launch.socket_path;
   env["HIBER_FUNCTION_ID"] = spec.name;
   env["HIBER_RUN_DIR"] = launch.node_run_dir;
@@ -64,7 +67,27 @@ Worker::Worker(asio::io_context& io, std::string function, WorkerLaunch launch, 
 Worker::~Worker() {
   *alive_ = false;
   if (pid_ > 0 && !process_gone_) ::kill(pid_, SIGKILL);  // the router is going away
-  ::unlink(launch_.socket_path.c_str());
+  if (!attached_) ::unlink(launch_.socket_path.c_str());
+}
+
+std::unique_ptr<Worker> Worker::attach(asio::io_context& io, std::string function,
+                                       asio::generic::stream_protocol::socket socket,
+                                       std::string peer, uint64_t instance,
+                                       std::chrono::milliseconds stop_timeout, Callback on_gone) {
+  WorkerLaunch launch;
+  launch.stop_timeout = stop_timeout;
+  std::unique_ptr<Worker> worker(new Worker(io, std::move(function), std::move(launch), instance,
+                                            nullptr, std::move(on_gone)));
+  worker->attached_ = true;
+  worker->peer_ = std::move(peer);
+  worker->socket_ = std::move(socket);
+  worker->process_gone_ = true;  // no process of the router's: the connection is the worker
+  worker->connection_open_ = true;
+  worker->ready_ = true;
+  LOG(INFO) << "worker " << worker->function_ << "#" << instance << " attached from "
+            << worker->peer_;
+  worker->read();
+  return worker;
 }
 
 Result<std::unique_ptr<Worker>> Worker::spawn(asio::io_context& io, const FunctionSpec& spec,
@@ -246,7 +269,8 @@ void Worker::lose_connection(const std::string& why) {
   writes_.clear();
   if (end_reason_.empty() && !stopping_) end_reason_ = why;
   if (was_open && !stopping_) {
-    LOG(WARNING) << "worker " << function_ << "#" << instance_ << ": " << why;
+    LOG(WARNING) << "worker " << function_ << "#" << instance_
+                 << (attached_ ? " (attached from " + peer_ + ")" : std::string()) << ": " << why;
   }
   // A worker without its connection is of no more use: make sure the process goes too.
   if (pid_ > 0 && !process_gone_ && !stopping_) stop(why);
@@ -271,7 +295,12 @@ void Worker::stop(std::string why) {
   if (pid_ > 0 && !process_gone_) ::kill(pid_, SIGTERM);
   kill_timer_.expires_after(launch_.stop_timeout);
   kill_timer_.async_wait([this, alive = std::weak_ptr<bool>(alive_)](error_code ec) {
-    if (ec || alive.expired() || process_gone_) return;
+    if (ec || alive.expired()) return;
+    if (attached_) {
+      if (connection_open_) lose_connection("it did not close its connection when stopped");
+      return;
+    }
+    if (process_gone_) return;
     LOG(WARNING) << "worker " << function_ << "#" << instance_ << " ignored SIGTERM: killed";
     ::kill(-pid_, SIGKILL);
     ::kill(pid_, SIGKILL);

@@ -1,11 +1,14 @@
 // One function worker: a process the router started, and the connection it opened back to the
-// router (the worker protocol of docs/router.md). The router sends it invokes, up to the
-// function's concurrency at once, and gets each result by its request id.
+// router (the worker protocol of docs/router.md); or an attached worker, a process started by
+// someone else (a container runtime) of which the router knows only the connection. The router
+// sends it invokes, up to the function's concurrency at once, and gets each result by its
+// request id.
 //
 // A worker's life: spawned -> ready (its hello arrived) -> stopping (the router closed the
-// connection to scale it down) -> gone (process reaped and connection closed). A worker whose
-// connection breaks or whose process exits while requests are in flight fails those requests
-// (500), and only those.
+// connection to scale it down) -> gone (process reaped and connection closed). An attached
+// worker starts ready (its hello was checked before, router/worker_attach.h) and is gone once
+// its connection is. A worker whose connection breaks or whose process exits while requests
+// are in flight fails those requests (500), and only those.
 //
 // Thread safety: every call and every handler runs on the io_context's one thread.
 #pragma once
@@ -21,6 +24,7 @@
 #include <optional>
 #include <string>
 
+#include <boost/asio/generic/stream_protocol.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/local/stream_protocol.hpp>
 #include <boost/asio/steady_timer.hpp>
@@ -60,9 +64,16 @@ class Worker {
                                                const FunctionSpec& spec, WorkerLaunch launch,
                                                uint64_t instance, Callback on_ready,
                                                Callback on_gone);
+  // An attached worker on its connection, whose hello the caller has read and accepted; ready
+  // at once. on_gone as for spawn(). `peer` names the other end in log lines.
+  static std::unique_ptr<Worker> attach(boost::asio::io_context& io, std::string function,
+                                        boost::asio::generic::stream_protocol::socket socket,
+                                        std::string peer, uint64_t instance,
+                                        std::chrono::milliseconds stop_timeout, Callback on_gone);
   ~Worker();
 
   uint64_t instance() const { return instance_; }
+  bool attached() const { return attached_; }
   pid_t pid() const { return pid_; }
   bool ready() const { return ready_ && !stopping_ && connection_open_; }
   bool stopping() const { return stopping_; }
@@ -78,7 +89,8 @@ class Worker {
               ResultHandler done);
 
   // Scales it down: closes the connection (the SDK's worker then returns), then SIGTERM, then
-  // SIGKILL after the stop timeout.
+  // SIGKILL after the stop timeout. An attached worker's connection is closed for good after
+  // the stop timeout if its worker has not closed it by then.
   void stop(std::string why);
 
   // The router's SIGCHLD reaper found this worker's process gone with this wait status.
@@ -104,9 +116,11 @@ class Worker {
   Callback on_ready_;
   Callback on_gone_;
   boost::asio::local::stream_protocol::acceptor acceptor_;
-  boost::asio::local::stream_protocol::socket socket_;
+  boost::asio::generic::stream_protocol::socket socket_;
   boost::asio::steady_timer kill_timer_;
   pid_t pid_ = -1;
+  bool attached_ = false;
+  std::string peer_;  // an attached worker's other end, for log lines
   bool ready_ = false;
   bool stopping_ = false;
   bool connection_open_ = false;

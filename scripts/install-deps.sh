@@ -24,6 +24,11 @@ packages=(
   wrk                             # bench/: the router's invocation rate and latency
   python3                         # the Python function SDK and its tests
   python3-kubernetes python3-yaml # containers/k8s/validate.py: the manifests against the API's models
+  podman runc                     # containers/: the images and the node under podman (runc:
+                                  # crun refuses hybrid cgroup hierarchies, docs/deploy.md)
+  mmdebstrap                      # containers/build.sh: the images' Debian base roots
+  patchelf                        # containers/build.sh: the shim folder finds its own libraries
+  curl                            # containers/run-node.sh and its test talk HTTP to the router
 )
 
 missing=()

@@ -4,7 +4,10 @@
 #      and gpu, which skip with a one-line reason where there is no GPU);
 #   2. ThreadSanitizer: the threaded parts (wire, device, server) again, unit and integration;
 #   3. the libFuzzer harnesses (clang-14, tests/fuzz), each for a fixed number of runs from its
-#      seed corpus (scripts/fuzz.sh runs them long).
+#      seed corpus (scripts/fuzz.sh runs them long);
+#   4. release: the node under podman (label containers, tests/containers), which builds the
+#      images once (tag "test", kept for the next run) and skips with one line where podman
+#      cannot run containers (docs/deploy.md).
 # Any failure, sanitizer report or leak fails the run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,3 +35,7 @@ fi
 cmake --preset fuzz
 cmake --build --preset fuzz -j "$jobs"
 ctest --preset fuzz -j "$jobs"
+
+echo "== The node under podman (release build; label containers)"
+containers/build.sh --build_only
+ctest --preset release -L containers

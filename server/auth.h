@@ -10,11 +10,11 @@
 
 #include <sys/types.h>
 
-#include <string>
 #include <string_view>
 #include <vector>
 
 #include "common/status.h"
+#include "common/token.h"  // load_or_create_token, tokens_equal
 
 namespace hiber::server {
 
@@ -26,14 +26,6 @@ struct PeerCredentials {
 
 // The credentials of the process at the other end of a connected Unix socket.
 Result<PeerCredentials> peer_credentials(int socket_fd);
-
-// Reads the token at `path`, or creates it (32 random bytes as hex, mode 0600) if the file does
-// not exist. kNotPermitted if the file is readable by others than its owner: a token anybody can
-// read protects nothing.
-Result<std::string> load_or_create_token(const std::string& path);
-
-// Compares a presented token `a` with the secret `b` in time that depends only on b's length.
-bool tokens_equal(std::string_view a, std::string_view b);
 
 // Parses "0,1000,1001" into uids. kInvalidValue naming the bad entry.
 Result<std::vector<uid_t>> parse_uid_list(std::string_view list);

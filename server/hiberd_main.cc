@@ -212,8 +212,8 @@ Result<server::DaemonOptions> make_options(const std::string& run_dir) {
   options.socket_path = FLAGS_socket.empty() ? function_socket_path(run_dir) : FLAGS_socket;
   options.control_socket_path =
       FLAGS_control_socket.empty() ? control_socket_path(run_dir) : FLAGS_control_socket;
-  auto token = server::load_or_create_token(FLAGS_auth_token_file.empty() ? auth_token_path(run_dir)
-                                                                          : FLAGS_auth_token_file);
+  auto token = load_or_create_token(FLAGS_auth_token_file.empty() ? auth_token_path(run_dir)
+                                                                  : FLAGS_auth_token_file);
   if (!token.ok()) return token.status();
   options.auth_token = *token;
   options.control_tcp_listen = FLAGS_control_tcp_listen;
@@ -228,8 +228,7 @@ Result<server::DaemonOptions> make_options(const std::string& run_dir) {
     return Status(ErrorCode::kInvalidValue, "--control_tcp_port_file needs --control_tcp_listen");
   }
   if (FLAGS_control_token_file.empty()) {
-    auto control_token =
-        server::load_or_create_token(control_token_path(options.control_socket_path));
+    auto control_token = load_or_create_token(control_token_path(options.control_socket_path));
     if (!control_token.ok()) return control_token.status().with_context("the control token");
     options.control_token = *control_token;
   } else {

@@ -158,7 +158,7 @@ Status data_round_trip(wire::CallClient& client, uint64_t bytes) {
 
 int run() {
   const std::string run_dir = FLAGS_run_dir.empty() ? default_run_dir() : FLAGS_run_dir;
-  auto token = client_auth_token(FLAGS_auth_token_file.empty() ? auth_token_path(run_dir)
+  auto token = client_auth_token(FLAGS_auth_token_file.empty() ? client_auth_token_file(run_dir)
                                                                : FLAGS_auth_token_file);
   if (!token.ok()) {
     std::fprintf(stderr, "hiber-probe: %s\n", token.status().to_string().c_str());

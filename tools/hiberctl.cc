@@ -78,6 +78,9 @@ DEFINE_int64(deadline_ms, 0, "invoke: answer within this many ms of arrival (0: 
 DEFINE_string(request_id, "", "invoke: the request's X-Request-Id (default: the router makes one)");
 DEFINE_string(file, "", "load: a registration JSON file (flags given as well override it)");
 DEFINE_string(command, "", "load: the worker's command line, split like a shell's words");
+DEFINE_bool(external, false,
+            "load: the function's workers attach to the router by themselves, none is started "
+            "(no --command; docs/router.md, \"Attached workers\")");
 DEFINE_string(env, "", "load: the worker's environment, NAME=VALUE,NAME2=VALUE2");
 DEFINE_bool(shim, false,
             "load: preload Hiber's client libraries into the worker (--shim for a function that "
@@ -234,6 +237,7 @@ Result<nlohmann::json> registration_from_flags() {
   }
   tools::RegistrationFlags f;
   if (given("command")) f.command = FLAGS_command;
+  if (given("external")) f.external = FLAGS_external;
   if (given("env")) f.env = FLAGS_env;
   if (given("shim")) f.shim = FLAGS_shim;
   if (given("slo_ms")) f.slo_ms = FLAGS_slo_ms;
@@ -417,7 +421,8 @@ int main(int argc, char** argv) {
                       "  hiberctl functions\n"
                       "  hiberctl invoke FN [--data=S | --data_file=P | -] [--content_type=T]\n"
                       "                     [--async] [--deadline_ms=N] [--request_id=ID]\n"
-                      "  hiberctl load FN --file=R.json | --command=\"...\" [--slo_ms=MS]\n"
+                      "  hiberctl load FN --file=R.json | --command=\"...\" | --external "
+                      "[--slo_ms=MS]\n"
                       "                   [--env=K=V,...] [--max_instances=N] ...\n"
                       "  hiberctl unload FN\n"
                       "  hiberctl top [--interval_ms=1000] [--iterations=N]\n"

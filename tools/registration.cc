@@ -97,15 +97,24 @@ Result<json> build_registration(json base, const RegistrationFlags& flags) {
   set("idle_timeout_s", flags.idle_timeout_s);
   set("exec_ms_hint", flags.exec_ms_hint);
   set("heavy", flags.heavy);
+  set("external", flags.external);
 
   auto it = base.find("command");
+  if (base.value("external", false) == true) {
+    if (it != base.end()) {
+      return Status(ErrorCode::kInvalidValue,
+                    "an external function (its workers attach by themselves) has no \"command\"");
+    }
+    return base;
+  }
   bool good = it != base.end() && it->is_array() && !it->empty();
   if (good) {
     for (const auto& word : *it) good = good && word.is_string();
   }
   if (!good) {
     return Status(ErrorCode::kInvalidValue,
-                  "a registration needs \"command\": a non-empty array of strings");
+                  "a registration needs \"command\": a non-empty array of strings (or "
+                  "\"external\": true)");
   }
   return base;
 }

@@ -31,10 +31,12 @@ struct RegistrationFlags {
   std::optional<uint64_t> idle_timeout_s;
   std::optional<double> exec_ms_hint;
   std::optional<bool> heavy;
+  std::optional<bool> external;  // workers attach by themselves: no command
 };
 
 // `base` (an object, or null for none) with `flags` set over it. `env` entries are added to the
-// base's. kInvalidValue when the result has no non-empty "command" array of strings.
+// base's. kInvalidValue when the result has no non-empty "command" array of strings, unless it
+// has "external": true, which must come without one.
 Result<nlohmann::json> build_registration(nlohmann::json base, const RegistrationFlags& flags);
 
 // "python3 'my worker.py' --x=\"a b\"" -> {python3, my worker.py, --x=a b}: blanks separate

@@ -26,6 +26,7 @@ import socket
 import struct
 import sys
 import threading
+import time
 from collections import deque
 
 __all__ = ["Request", "Response", "Error", "serve", "encode_frame", "read_frame",
@@ -41,6 +42,11 @@ _PREFIX = struct.Struct("<IQ")  # header bytes, body bytes
 
 _EXIT_ENVIRONMENT = 2
 _EXIT_PROTOCOL = 3
+# An attaching worker retries after 0.1 s, 0.2 s, ... up to 5 s; a connection that lasted 1 s was
+# accepted, and the next retry starts from the shortest wait again.
+_MIN_ATTACH_BACKOFF = 0.1
+_MAX_ATTACH_BACKOFF = 5.0
+_ACCEPTED_CONNECTION_S = 1.0
 
 
 class ProtocolError(Exception):
@@ -282,35 +288,39 @@ def _open_hiber_session():
     return result == 0
 
 
-def serve(handler):
-    """Connects to $HIBER_WORKER_SOCKET, says hello and serves invokes with `handler`.
-
-    Returns 0 when the router closes the connection; 2 when the environment is wrong and 3 when
-    the connection or the protocol fails (after printing why on stderr). Up to
-    $HIBER_CONCURRENCY requests (default 1) run at once on that many threads; with 1 the handler
-    runs on the calling thread.
-    """
-    path = os.environ.get("HIBER_WORKER_SOCKET", "")
-    if not path:
-        _complain("HIBER_WORKER_SOCKET is not set: this program is a function worker that "
-                  "hiber-router starts")
-        return _EXIT_ENVIRONMENT
-    concurrency = _concurrency()
-    if concurrency == 0:
-        return _EXIT_ENVIRONMENT
+def _connect(address):
+    """A socket connected to HIBER_WORKER_SOCKET: a Unix socket's path, or tcp:HOST:PORT."""
+    if address.startswith("tcp:"):
+        host, sep, port = address[4:].rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise OSError('HIBER_WORKER_SOCKET="%s" is not tcp:HOST:PORT' % address)
+        if host.startswith("[") and host.endswith("]"):
+            host = host[1:-1]
+        sock = socket.create_connection((host, int(port)))
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # small frames, answered at once
+        return sock
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        sock.connect(path)
-    except OSError as e:
-        _complain("connect to %s: %s" % (path, e))
+        sock.connect(address)
+    except OSError:
         sock.close()
-        return _EXIT_PROTOCOL
+        raise
+    return sock
+
+
+def _read_token(path):
+    """The token file's first line, without trailing blanks."""
+    with open(path, "r", encoding="utf-8") as f:
+        token = f.readline().rstrip("\r\n ")
+    if not token:
+        raise OSError("HIBER_WORKER_TOKEN_FILE=%s is empty" % path)
+    return token
+
+
+def _serve_connection(sock, handler, concurrency):
+    """Serves invokes on one connection until the router closes it; returns why the protocol
+    broke, or None."""
     connection = _Connection(sock)
-    if not _open_hiber_session():
-        return _EXIT_ENVIRONMENT
-    connection.send(encode_frame({"type": "hello", "protocol": PROTOCOL,
-                                  "function": os.environ.get("HIBER_FUNCTION_ID", ""),
-                                  "pid": os.getpid()}))
     pool = _Pool(concurrency, connection, handler) if concurrency > 1 else None
     stream = sock.makefile("rb", buffering=64 << 10)
     problem = None
@@ -342,7 +352,108 @@ def serve(handler):
     if problem is None and error is not None and not isinstance(
             error, (BrokenPipeError, ConnectionResetError)):
         problem = "write: %s" % error
+    return problem
+
+
+def _hello(**extra):
+    hello = {"type": "hello", "protocol": PROTOCOL,
+             "function": os.environ.get("HIBER_FUNCTION_ID", ""), "pid": os.getpid()}
+    hello.update(extra)
+    return encode_frame(hello)
+
+
+def _serve_started(address, handler, concurrency):
+    """A worker the router started: one connection to its own socket."""
+    try:
+        sock = _connect(address)
+    except OSError as e:
+        _complain("connect to %s: %s" % (address, e))
+        return _EXIT_PROTOCOL
+    if not _open_hiber_session():
+        sock.close()
+        return _EXIT_ENVIRONMENT
+    _Connection(sock).send(_hello())
+    problem = _serve_connection(sock, handler, concurrency)
     if problem is not None:
         _complain(problem)
         return _EXIT_PROTOCOL
     return 0
+
+
+def _serve_attached(address, token_file, handler, concurrency):
+    """A worker started by someone else (docs/router.md, "Attached workers"): it attaches with
+    the worker token, waits for the router to be up, and attaches again whenever the connection
+    ends."""
+    function = os.environ.get("HIBER_FUNCTION_ID", "")
+    if not function:
+        _complain("HIBER_FUNCTION_ID is not set: an attaching worker must name its function")
+        return _EXIT_ENVIRONMENT
+    extra = {}
+    if "HIBER_RUN_DIR" in os.environ:
+        extra["run_dir"] = os.environ["HIBER_RUN_DIR"]
+    session_opened = False
+    backoff = _MIN_ATTACH_BACKOFF
+    last_problem = None
+    while True:
+        sock = None
+        try:
+            token = _read_token(token_file)
+        except OSError as e:
+            why = "cannot read HIBER_WORKER_TOKEN_FILE=%s: %s" % (token_file, e.strerror or e)
+        else:
+            try:
+                sock = _connect(address)
+            except OSError as e:
+                why = "connect to %s: %s" % (address, e)
+        if sock is None:
+            if why != last_problem:
+                _complain(why + "; retrying")  # once, not every retry
+            last_problem = why
+            time.sleep(backoff)
+            backoff = min(backoff * 2, _MAX_ATTACH_BACKOFF)
+            continue
+        last_problem = None
+        if not session_opened:
+            if not _open_hiber_session():
+                sock.close()
+                return _EXIT_ENVIRONMENT
+            session_opened = True
+        _Connection(sock).send(_hello(token=token, **extra))
+        _complain("connected to the router at %s as function %s" % (address, function))
+        since = time.monotonic()
+        problem = _serve_connection(sock, handler, concurrency)
+        if problem is not None:
+            _complain(problem)
+            return _EXIT_PROTOCOL
+        _complain("the router at %s closed the connection; attaching again" % address)
+        if time.monotonic() - since >= _ACCEPTED_CONNECTION_S:
+            backoff = _MIN_ATTACH_BACKOFF
+        else:
+            time.sleep(backoff)  # refused at once (see the router's log): do not hammer it
+            backoff = min(backoff * 2, _MAX_ATTACH_BACKOFF)
+
+
+def serve(handler):
+    """Connects to $HIBER_WORKER_SOCKET, says hello and serves invokes with `handler`.
+
+    HIBER_WORKER_SOCKET is a Unix socket's path or tcp:HOST:PORT. A worker the router started
+    returns 0 when the router closes the connection; 2 when the environment is wrong and 3 when
+    the connection or the protocol fails (after printing why on stderr). With
+    $HIBER_WORKER_TOKEN_FILE set the worker attaches by itself (docs/router.md, "Attached
+    workers"): it retries until the router is up, attaches again after the connection ends, and
+    returns only for a wrong environment (2) or a protocol failure (3). Up to $HIBER_CONCURRENCY
+    requests (default 1) run at once on that many threads; with 1 the handler runs on the calling
+    thread.
+    """
+    address = os.environ.get("HIBER_WORKER_SOCKET", "")
+    if not address:
+        _complain("HIBER_WORKER_SOCKET is not set: this program is a function worker that "
+                  "hiber-router starts, or that attaches to it (docs/router.md)")
+        return _EXIT_ENVIRONMENT
+    concurrency = _concurrency()
+    if concurrency == 0:
+        return _EXIT_ENVIRONMENT
+    token_file = os.environ.get("HIBER_WORKER_TOKEN_FILE", "")
+    if token_file:
+        return _serve_attached(address, token_file, handler, concurrency)
+    return _serve_started(address, handler, concurrency)

@@ -71,5 +71,21 @@ TEST(BuildRegistration, NeedsACommand) {
                    .ok());
 }
 
+// An external function's workers attach by themselves: no command, and none allowed.
+TEST(BuildRegistration, ExternalHasNoCommand) {
+  RegistrationFlags f;
+  f.external = true;
+  f.concurrency = 2;
+  auto built = build_registration(nullptr, f);
+  ASSERT_TRUE(built.ok()) << built.status();
+  EXPECT_EQ(*built, json::parse(R"({"external": true, "concurrency": 2})"));
+  EXPECT_TRUE(build_registration(json::parse(R"({"external": true})"), {}).ok());
+  RegistrationFlags both;
+  both.external = true;
+  both.command = "w";
+  EXPECT_EQ(build_registration(nullptr, both).status().code(), ErrorCode::kInvalidValue);
+  EXPECT_FALSE(build_registration(json::parse(R"({"external": false})"), {}).ok());
+}
+
 }  // namespace
 }  // namespace hiber::tools

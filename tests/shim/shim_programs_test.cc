@@ -3,8 +3,10 @@
 // kernels with hiber_shim_programs_plugin), must print its OK line and exit 0, and must leave
 // hiberd running with its session closed and no device memory held.
 #include <signal.h>
+#include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
 
 #include <gtest/gtest.h>
 
@@ -74,6 +76,45 @@ TEST(ShimErrorCases, TheNextClientIsServedNormally) {
   EXPECT_NE(summary_line(next.output, "vector_add"), "") << next.output;
   expect_clean(hiberd, 2);
   EXPECT_EQ(hiberd.stop(), 0) << hiberd.log();
+}
+
+// HIBER_AUTH_TOKEN_FILE names the token's file wherever it is mounted (a Kubernetes secret):
+// hiberd keeps its token outside its run directory, and a program finds it only through the
+// variable; a missing file is a clear error naming it.
+TEST(ShimAuthToken, ReadFromHiberAuthTokenFile) {
+  if (std::string why = missing_shim(); !why.empty()) GTEST_SKIP() << why;
+  char folder[] = "/tmp/hiber-secret-XXXXXX";
+  ASSERT_NE(::mkdtemp(folder), nullptr);
+  const std::string token_file = std::string(folder) + "/token";
+  HiberdOptions options = sim_hiberd_options();
+  options.extra_flags.push_back("--auth_token_file=" + token_file);
+  Hiberd hiberd(options);
+  ASSERT_EQ(::access((hiberd.run_dir() + "/auth-token").c_str(), F_OK), -1)
+      << "the run directory must hold no token for this test";
+  const ProgramRun run{"vector_add", {"100000"}};
+
+  std::vector<std::string> env = shim_environment(hiberd, "secret-token");
+  env.push_back("HIBER_AUTH_TOKEN_FILE=" + token_file);
+  auto served = run_program(program_argv(run), env, 120s);
+  EXPECT_EQ(served.exit_code, 0) << served.output << "\nhiberd:\n" << hiberd.log();
+  EXPECT_NE(summary_line(served.output, "vector_add"), "") << served.output;
+
+  auto without = run_program(program_argv(run), shim_environment(hiberd, "no-token"), 120s);
+  EXPECT_NE(without.exit_code, 0) << without.output;
+  EXPECT_NE(without.output.find("cannot read the auth token " + hiberd.run_dir() + "/auth-token"),
+            std::string::npos)
+      << without.output;
+
+  env.back() = "HIBER_AUTH_TOKEN_FILE=" + std::string(folder) + "/missing";
+  auto missing = run_program(program_argv(run), env, 120s);
+  EXPECT_NE(missing.exit_code, 0) << missing.output;
+  EXPECT_NE(missing.output.find("cannot read the auth token " + std::string(folder) +
+                                "/missing: No such file or directory"),
+            std::string::npos)
+      << missing.output;
+  expect_clean(hiberd, 1);
+  EXPECT_EQ(hiberd.stop(), 0) << hiberd.log();
+  std::filesystem::remove_all(folder);
 }
 
 // A cuBLAS call Hiber does not remote returns CUBLAS_STATUS_NOT_SUPPORTED (library_gemm checks

@@ -59,6 +59,23 @@ TEST(FunctionSpec, DefaultsAndRoundTrip) {
   EXPECT_EQ(again->to_json(), spec->to_json());
 }
 
+// A function whose workers attach by themselves has no command; it survives the registry's file.
+TEST(FunctionSpec, External) {
+  auto spec = parse_function_spec("f", R"({"external": true, "concurrency": 4})");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_TRUE(spec->external);
+  EXPECT_TRUE(spec->command.empty());
+  EXPECT_EQ(spec->concurrency, 4u);
+  EXPECT_FALSE(spec->to_json().contains("command"));
+  auto again = parse_function_spec("f", spec->to_json().dump());
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(again->external);
+  EXPECT_FALSE(parse_function_spec("f", R"({"command": ["w"]})")->external);
+  auto both = parse_function_spec("f", R"({"external": true, "command": ["w"]})");
+  EXPECT_NE(both.status().message().find("must be absent with external: true"), std::string::npos)
+      << both.status();
+}
+
 TEST(FunctionSpec, RefusesWhatMakesNoSense) {
   const char* bad[] = {"not json",
                        "[1]",
@@ -75,7 +92,10 @@ TEST(FunctionSpec, RefusesWhatMakesNoSense) {
                        R"({"command": ["w"], "env": {"A": 1}})",
                        R"({"command": ["w"], "heavy": "yes"})",
                        R"({"command": ["w"], "colour": "red"})",
-                       R"({"command": ["w"], "idle_timeout_s": 1e12})"};
+                       R"({"command": ["w"], "idle_timeout_s": 1e12})",
+                       R"({"external": false})",
+                       R"({"external": "yes"})",
+                       R"({"external": true, "command": ["w"]})"};
   for (const char* body : bad) {
     auto spec = parse_function_spec("f", body);
     EXPECT_FALSE(spec.ok()) << body;
