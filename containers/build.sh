@@ -4,8 +4,8 @@
 #   localhost/hiber/base, base-python   mmdebstrap --variant=minbase bookworm roots holding only
 #                                        the runtime libraries Hiber's binaries need (and python3)
 #   localhost/hiber/hiberd              hiberd, hiberctl, configs/nodes
-#   localhost/hiber/router              hiber-router, hiber-load, hiberctl (and hiber-inject if
-#                                        it was built)
+#   localhost/hiber/router              hiber-router, hiber-load, hiberctl, hiber-inject (the
+#                                        admission webhook, docs/deploy.md)
 #   localhost/hiber/function-base       the shim folder (/opt/hiber/shim), the C++ and Python
 #                                        SDKs, python3, the worker entrypoint
 #   localhost/hiber/mlp-function        the demo's inference function (mlp_server, a CUDA
@@ -59,12 +59,11 @@ labels=(--label "org.opencontainers.image.version=$version"
 if [ -z "$build_dir" ]; then
   build_dir=build/release
   cmake --preset release >/dev/null
-  targets=(hiberd hiberctl hiber-router hiber-load hiber-echo-worker)
+  targets=(hiberd hiberctl hiber-router hiber-load hiber-echo-worker hiber-inject)
   # The shim and mlp_server need the CUDA toolkit at build time (not a GPU).
   grep -q 'hibercuda' build/release/build.ninja &&
     targets+=(hibercuda hibercuda_driver hibercublas hibercublasLt hibercudnn hibernvml
               hiber_shim_programs hiber_shim_programs_plugin)
-  grep -q 'hiber-inject' build/release/build.ninja && targets+=(hiber-inject)
   cmake --build --preset release --target "${targets[@]}"
 fi
 [ "$build_only" = 1 ] && exit 0
@@ -95,13 +94,7 @@ cp -r configs/nodes "$stage/hiberd/etc/hiber/nodes"
 put "$b/router/hiber-router" "$stage/router/usr/bin/hiber-router"
 put "$b/tools/hiber-load" "$stage/router/usr/bin/hiber-load"
 put "$b/tools/hiberctl" "$stage/router/usr/bin/hiberctl"
-inject=$(find "$b" -name hiber-inject -type f -perm -u+x 2>/dev/null | head -n 1)
-if [ -n "$inject" ]; then
-  put "$inject" "$stage/router/usr/bin/hiber-inject"
-  echo "build.sh: hiber/router carries hiber-inject ($inject)"
-else
-  echo "build.sh: hiber-inject is not built; hiber/router is without it"
-fi
+put "$b/containers/webhook/hiber-inject" "$stage/router/usr/bin/hiber-inject"
 # The README demo's trace, for hiber-load inside the router's image.
 put sim/data/azure_demo.csv "$stage/router/usr/share/hiber/azure_demo.csv"
 
