@@ -251,6 +251,13 @@ Status run_once(const NodeConfig& node, const HiberOptions& hiber) {
     std::printf(" %s %" PRIu64, start_kind_name(static_cast<StartKind>(k)), r.by_kind[k]);
   std::printf("\nhit ratio %s, mean load %s ms, mean GPU load %s\n", pct(r.hit_ratio).c_str(),
               fmt(r.mean_load_ms, 2).c_str(), pct(r.mean_gpu_load).c_str());
+  std::printf("compliant by model:");
+  for (size_t m = 0; m < r.functions_by_model.size(); ++m) {
+    if (r.functions_by_model[m] == 0) continue;
+    std::printf(" %s %d/%d", paper_models()[m].name.c_str(), r.compliant_by_model[m],
+                r.functions_by_model[m]);
+  }
+  std::printf("\n");
   if (FLAGS_out != ".") {
     std::filesystem::create_directories(FLAGS_out);
     CsvTable table = results_table("functions");
