@@ -61,6 +61,10 @@ struct EvictionOptions {
   // requests of Torpor's typical function and far longer than a decision, so the rebuild
   // (O(models log models)) stays off the common path.
   Duration mcache_refresh = 10 * kSecond;
+  // slack: a replica's key is last_used + slack_weight x risk^slack_power, risk = the share of
+  // its SLO a host load and its execution take (at most 1). See "slack" above for the values.
+  Duration slack_weight = 200 * kSecond;
+  double slack_power = 3;
 };
 
 // A replica that may leave, with the policy's keys.
@@ -156,5 +160,6 @@ std::unique_ptr<EvictionPolicy> make_random_eviction();
 std::unique_ptr<EvictionPolicy> make_belady_eviction();
 std::unique_ptr<EvictionPolicy> make_mcache_eviction(const EvictionOptions& options);
 std::unique_ptr<EvictionPolicy> make_cremebrulee_eviction(bool oracle);
+std::unique_ptr<EvictionPolicy> make_slack_eviction(const EvictionOptions& options);
 
 }  // namespace hiber::scheduler

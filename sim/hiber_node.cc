@@ -272,6 +272,16 @@ void HiberNode::fail(RequestId id, Request& r, Time now) {
   requests_.erase(id);
 }
 
+void HiberNode::rejected(RequestId id, FunctionId, const Status&) {
+  auto it = requests_.find(id);
+  CHECK(it != requests_.end()) << "the core shed request " << id << ", which this node never had";
+  recorder_->record(outcome_of(it->second, StartKind::kRejected));
+  requests_.erase(it);
+  // The caller's part: it has its answer, so the request is over.
+  const Status s = core_->done(id, /*failed=*/true, now_);
+  CHECK(s.ok()) << s;
+}
+
 Outcome HiberNode::outcome_of(const Request& r, StartKind kind) const {
   Outcome o;
   o.function = r.function;

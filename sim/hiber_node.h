@@ -143,6 +143,7 @@ class HiberNode final : public Node,
   // Nobody waits for a start or drains a simulated node.
   void answer_start(RequestId, const Result<node::StartInfo>&) override {}
   void drained(std::optional<GpuId>) override {}
+  void rejected(RequestId request, FunctionId function, const Status& why) override;
   uint64_t pool_allocated(GpuId gpu) const override { return allocated_[gpu.value()]; }
   uint64_t placed_bytes(FunctionId function, GpuId gpu) const override;
   uint64_t model_bytes(FunctionId function) const override;

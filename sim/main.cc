@@ -46,8 +46,16 @@ DEFINE_string(system, "hiber", "hiber, native, infless-ka or nonswap");
 DEFINE_string(placement, "algorithm1", "Hiber placement policy: algorithm1, random");
 DEFINE_string(eviction, "heaviness",
               "Hiber eviction policy: heaviness, lru, lfu, random, mcache, "
-              "cremebrulee, cremebrulee-oracle, belady");
+              "cremebrulee, cremebrulee-oracle, belady, slack");
 DEFINE_string(queue, "rrc", "Hiber queue policy: rrc, fifo, gshare");
+DEFINE_double(slack_weight_s, 200,
+              "slack eviction: seconds of recency a model whose host load takes its whole SLO "
+              "is worth");
+DEFINE_double(slack_power, 3, "slack eviction: exponent of the SLO share a host load takes");
+DEFINE_string(shed, "none",
+              "Hiber admission: none, late (shed a request that cannot meet its deadline even "
+              "if started now) or hopeless (also counting the host swap when no GPU holds the "
+              "model); shed requests are answered 'overloaded' and count as misses");
 DEFINE_string(memory_pool, "buddy", "Hiber GPU pool: buddy, block, naive");
 DEFINE_double(keep_alive_s, 60, "INFless-KA keep-alive window, seconds");
 DEFINE_bool(check_invariants, false,
@@ -109,6 +117,9 @@ Result<HiberOptions> hiber_options() {
   h.scheduler.placement = FLAGS_placement;
   h.scheduler.eviction = FLAGS_eviction;
   h.scheduler.queue = FLAGS_queue;
+  h.scheduler.eviction_options.slack_weight = seconds(FLAGS_slack_weight_s);
+  h.scheduler.eviction_options.slack_power = FLAGS_slack_power;
+  HIBER_ASSIGN_OR_RETURN(h.scheduler.shed, scheduler::shed_rule_from_name(FLAGS_shed));
   h.scheduler.seed = FLAGS_seed;
   HIBER_ASSIGN_OR_RETURN(h.pool, memory::parse_pool_kind(FLAGS_memory_pool));
   if (!(FLAGS_pcie_efficiency > 0 && FLAGS_pcie_efficiency <= 1))

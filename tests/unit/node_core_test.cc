@@ -66,6 +66,10 @@ class RecordingActuator final : public Actuator {
     log.push_back(str_cat("answer r", request, answer.ok() ? " ok" : " error"));
     answers.emplace(request, answer);
   }
+  void rejected(RequestId request, FunctionId, const Status& why) override {
+    log.push_back(str_cat("rejected r", request));
+    rejections.emplace(request, why);
+  }
   void drained(std::optional<GpuId> gpu) override {
     log.push_back(gpu ? str_cat("drained g", *gpu) : std::string("drained node"));
   }
@@ -88,6 +92,7 @@ class RecordingActuator final : public Actuator {
   std::vector<Start> starts;
   std::vector<EndCall> ends;
   std::map<RequestId, Result<StartInfo>> answers;
+  std::map<RequestId, Status> rejections;
   std::map<FunctionId, uint64_t> model_sizes;
   std::map<std::pair<FunctionId, GpuId>, uint64_t> placed;
   std::map<GpuId, uint64_t> allocated;
