@@ -73,7 +73,11 @@ DEFINE_int32(functions, 160, "Synthetic functions (or the most trace rows to kee
 DEFINE_double(duration_s, 660, "Synthetic workload length, seconds (warm-up included)");
 DEFINE_double(min_rate, 5, "Synthetic rates from Fig. 2 conditioned on [min_rate, max_rate] r/m");
 DEFINE_double(max_rate, 30, "Upper end of the rate window, r/m ('inf' for none)");
-DEFINE_string(pattern, "poisson", "Synthetic arrivals: poisson or bursty");
+DEFINE_string(pattern, "poisson", "Synthetic arrivals: poisson, bursty (on/off) or azure");
+DEFINE_string(burst_trace, "",
+              "--pattern=azure: draw each function's burst shape from this Azure-format trace's "
+              "rows (those with >= 1 invocation a minute; --http_only applies) instead of the "
+              "built-in targets");
 DEFINE_string(models, "", "Comma-separated models assigned round-robin (default: all eight)");
 DEFINE_double(vision_slo_ms, 80, "Deadline of CV models, ms");
 DEFINE_double(language_slo_ms, 200, "Deadline of Bert-qa, ms");
@@ -172,6 +176,11 @@ Result<Workload> workload() {
   s.min_rate_per_min = FLAGS_min_rate;
   s.max_rate_per_min = FLAGS_max_rate;
   HIBER_ASSIGN_OR_RETURN(s.pattern, parse_arrival_pattern(FLAGS_pattern));
+  if (!FLAGS_burst_trace.empty()) {
+    HIBER_ASSIGN_OR_RETURN(std::vector<TraceFunction> rows, load_azure_trace(FLAGS_burst_trace));
+    HIBER_ASSIGN_OR_RETURN(s.burst.azure_shapes,
+                           burst_shapes_from_trace(rows, FLAGS_http_only, /*min_mean=*/1));
+  }
   s.models = models;
   s.deadlines = deadlines;
   return synthetic_workload(s);
