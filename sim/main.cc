@@ -63,6 +63,9 @@ DEFINE_double(malloc_us, 100, "Device cudaMalloc fixed cost (block/naive pools),
 DEFINE_double(malloc_us_per_mib, 2, "Device cudaMalloc cost per MiB, us");
 DEFINE_double(free_us, 100, "Device cudaFree fixed cost, us");
 DEFINE_double(free_us_per_mib, 1, "Device cudaFree cost per MiB, us");
+DEFINE_double(exec_cv_vision, 0,
+              "Per-request execution-time CV of the CNNs (log-normal, mean Table 4's); 0 = fixed");
+DEFINE_double(exec_cv_language, 0, "Per-request execution-time CV of Bert-qa; 0 = fixed");
 
 // The workload.
 DEFINE_string(trace, "", "Azure Functions 2019 invocation CSV to replay (default: synthetic)");
@@ -133,6 +136,10 @@ Result<HiberOptions> hiber_options() {
   h.device_malloc.free_fixed = micros(FLAGS_free_us);
   h.device_malloc.free_per_mib = micros(FLAGS_free_us_per_mib);
   h.check_invariants = FLAGS_check_invariants;
+  if (!(FLAGS_exec_cv_vision >= 0 && FLAGS_exec_cv_language >= 0) ||
+      std::isinf(FLAGS_exec_cv_vision) || std::isinf(FLAGS_exec_cv_language))
+    return error(ErrorCode::kInvalidValue, "--exec_cv_vision and --exec_cv_language must be >= 0");
+  h.exec_variation = {FLAGS_exec_cv_vision, FLAGS_exec_cv_language, FLAGS_seed};
   return h;
 }
 
@@ -235,6 +242,7 @@ Status run_once(const NodeConfig& node, const HiberOptions& hiber) {
                    "' (known: hiber, native, infless-ka, nonswap)");
     system.early.kind = *kind;
     system.early.keep_alive = seconds(FLAGS_keep_alive_s);
+    system.early.exec_variation = hiber.exec_variation;
     if (system.early.kind == EarlyBinding::kNonSwap)
       system.early.gpu_reserve_bytes = hiber.gpu_reserve_bytes;
   }
