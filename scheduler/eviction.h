@@ -29,6 +29,15 @@
 //                         evict the lowest utility; then the largest-first pass (below).
 //   "cremebrulee-oracle"  the same with the true B (requests until next use) from an oracle.
 //   "belady"     BeladyMIN: the model whose next request is farthest away (oracle).
+//   "slack"      SLO-aware LRU (ours): key = last_used + slack_weight x risk^slack_power,
+//                risk = min(1, (host swap + execution) / SLO), the share of its deadline a miss
+//                costs the model; evict the lowest key. A model whose host load would eat its
+//                whole SLO (Bert-qa: 144 + 43 ms of 200) is a sure miss whenever it is not
+//                resident, so it is kept as if used 200 s later; a CNN whose load takes a
+//                quarter of its SLO still meets it from the host and gets about 3 s. The cube
+//                makes the order nearly a class order at the top and plain LRU at the bottom;
+//                the bounded bonus means no model is pinned forever. It is the "fair classes"
+//                mechanism: memory goes to the models that cannot comply without it.
 // penalty = FunctionTable::swap_estimate (the host->GPU load time: in Hiber the host copy is
 // always there, so a miss costs one PCIe swap); rate = FunctionTable::arrival_rate.
 // CremeBrulee's largest-first pass: once the greedy picks free enough, they are re-sorted by
