@@ -33,8 +33,8 @@
 //                risk = min(1, (host swap + execution) / SLO), the share of its deadline a miss
 //                costs the model; evict the lowest key. A model whose host load would eat its
 //                whole SLO (Bert-qa: 144 + 43 ms of 200) is a sure miss whenever it is not
-//                resident, so it is kept as if used 200 s later; a CNN whose load takes a
-//                quarter of its SLO still meets it from the host and gets about 3 s. The cube
+//                resident, so it is kept as if used 50 s later; a CNN whose load takes a
+//                quarter of its SLO still meets it from the host and gets about 1 s. The cube
 //                makes the order nearly a class order at the top and plain LRU at the bottom;
 //                the bounded bonus means no model is pinned forever. It is the "fair classes"
 //                mechanism: memory goes to the models that cannot comply without it.
@@ -72,7 +72,7 @@ struct EvictionOptions {
   Duration mcache_refresh = 10 * kSecond;
   // slack: a replica's key is last_used + slack_weight x risk^slack_power, risk = the share of
   // its SLO a host load and its execution take (at most 1). See "slack" above for the values.
-  Duration slack_weight = 200 * kSecond;
+  Duration slack_weight = 60 * kSecond;
   double slack_power = 3;
 };
 

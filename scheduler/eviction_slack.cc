@@ -15,10 +15,10 @@ class SlackEviction final : public EvictionPolicy {
   void score(std::span<EvictionCandidate> candidates, const EvictionContext& ctx) override {
     for (EvictionCandidate& c : candidates) {
       const FunctionSpec& spec = ctx.functions.spec(c.function);
-      const double miss = static_cast<double>(ctx.functions.swap_estimate(c.function) +
+      const double share = static_cast<double>(ctx.functions.swap_estimate(c.function) +
                                               ctx.functions.exec_estimate(c.function)) /
                           static_cast<double>(spec.slo);
-      const double risk = std::pow(std::min(miss, 1.0), options_.slack_power);
+      const double risk = std::pow(std::min(share, 1.0), options_.slack_power);
       c.key = static_cast<double>(c.last_used) + risk * static_cast<double>(options_.slack_weight);
     }
   }

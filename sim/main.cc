@@ -48,7 +48,7 @@ DEFINE_string(eviction, "heaviness",
               "Hiber eviction policy: heaviness, lru, lfu, random, mcache, "
               "cremebrulee, cremebrulee-oracle, belady, slack");
 DEFINE_string(queue, "rrc", "Hiber queue policy: rrc, fifo, gshare");
-DEFINE_double(slack_weight_s, 200,
+DEFINE_double(slack_weight_s, 60,
               "slack eviction: seconds of recency a model whose host load takes its whole SLO "
               "is worth");
 DEFINE_double(slack_power, 3, "slack eviction: exponent of the SLO share a host load takes");

@@ -275,8 +275,8 @@ class SlackEvictionTest : public EvictionTest {
 };
 
 TEST_F(SlackEvictionTest, AModelWhoseHostLoadTakesItsSloOutlastsCheapOnesUsedLater) {
-  // Defaults (200 s, cube): keys 1 + 200 = 201 s, 5 + 1.6 = 6.6 s, 2.5 + 25 = 27.5 s,
-  // 3 + 1.6 = 4.6 s.
+  // Defaults (60 s, cube): keys 1 + 60 = 61 s, 5 + 0.48 = 5.48 s, 2.5 + 7.5 = 10 s,
+  // 3 + 0.48 = 3.48 s.
   Evictor evictor(make_slack_eviction(EvictionOptions{}), EvictionOptions{});
   EXPECT_EQ(plan(evictor, 0, kGiB), (Ids{4}));
   EXPECT_EQ(plan(evictor, 0, 3 * kGiB), (Ids{4, 2, 3}));
@@ -297,8 +297,8 @@ TEST_F(SlackEvictionTest, WeightAndPowerSetHowMuchRecencyTheRiskIsWorth) {
 }
 
 TEST_F(EvictionTest, SlackKeepsNoModelForeverAndCapsTheRiskAtOne) {
-  // Risk 1 (capped: its 490 ms load is far past its SLO) and unused since 0 s: key 200 s. A cheap
-  // model used at 250 s has key 251.6 s, so the risky one leaves first at 300 s.
+  // Risk 1 (capped: its 490 ms load is far past its SLO) and unused since 0 s: key 60 s. A cheap
+  // model used at 250 s has key 250.48 s, so the risky one leaves first at 300 s.
   put(0, add(FunctionId{1}, 2 * kGiB, false, 490 * kMs), 0);
   put(0, add(FunctionId{2}, 2 * kGiB, false, 10 * kMs), 250 * kSecond);
   Evictor evictor(make_slack_eviction(EvictionOptions{}), EvictionOptions{});
