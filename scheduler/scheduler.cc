@@ -161,10 +161,12 @@ struct Scheduler::Impl {
   bool hopeless(const QueueCandidate& c) const {
     const RequestSlot& r = slots[slot_of(c.request)];
     if (options.shed == ShedRule::kNone || r.background) return false;
-    Time finish = last_now + functions.exec_estimate(c.function);
+    Duration least = functions.exec_estimate(c.function);
+    // A pipelined swap overlaps the execution, so the swap and the execution each bound the
+    // finish from below, and their sum would shed requests that can still make it.
     if (options.shed == ShedRule::kHopeless && node.holders(c.function) == 0)
-      finish += functions.swap_estimate(c.function);
-    return finish > r.deadline;
+      least = std::max(least, functions.swap_estimate(c.function));
+    return last_now + least > r.deadline;
   }
 
   // The candidate, already taken from the queue, is answered "overloaded": a miss in its

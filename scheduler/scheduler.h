@@ -73,7 +73,8 @@ struct SchedulerOptions {
   // running it holds a GPU that punctual requests wait for and evicts models they need.
   //   kNone:     never (the paper's policies);
   //   kLate:     now + expected execution > deadline (the same test as RRC's demotion);
-  //   kHopeless: also counting the host swap when no GPU holds the model.
+  //   kHopeless: now + the longer of execution and host swap > deadline when no GPU holds the
+  //              model (a pipelined swap overlaps the execution, so each bounds the finish).
   ShedRule shed = ShedRule::kNone;
   WindowOptions window;
   HeavinessOptions heaviness;

@@ -107,8 +107,8 @@ DEFINE_string(eviction, "heaviness",
 DEFINE_string(queue, "rrc", "Request order: rrc (Torpor's SLO-aware queue), fifo or gshare");
 DEFINE_string(shed, "none",
               "Admission: none, late (answer 'overloaded' to a request that cannot meet its "
-              "deadline even if started now) or hopeless (also counting the host swap when no "
-              "GPU holds the model)");
+              "deadline even if started now) or hopeless (also when the host swap alone ends "
+              "past it and no GPU holds the model)");
 DEFINE_uint64(scheduler_seed, 1, "Seed of the scheduler's random choices (random policies)");
 DEFINE_string(memory_pool, "buddy",
               "GPU memory management: buddy (pools reserved at start), block "

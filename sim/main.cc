@@ -54,8 +54,8 @@ DEFINE_double(slack_weight_s, 60,
 DEFINE_double(slack_power, 3, "slack eviction: exponent of the SLO share a host load takes");
 DEFINE_string(shed, "none",
               "Hiber admission: none, late (shed a request that cannot meet its deadline even "
-              "if started now) or hopeless (also counting the host swap when no GPU holds the "
-              "model); shed requests are answered 'overloaded' and count as misses");
+              "if started now) or hopeless (also when the host swap alone ends past it and no GPU "
+              "holds the model); shed requests are answered 'overloaded' and count as misses");
 DEFINE_string(memory_pool, "buddy", "Hiber GPU pool: buddy, block, naive");
 DEFINE_double(keep_alive_s, 60, "INFless-KA keep-alive window, seconds");
 DEFINE_bool(check_invariants, false,

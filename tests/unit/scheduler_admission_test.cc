@@ -72,7 +72,7 @@ TEST_F(AdmissionTest, LateKeepsARequestThatCanStillFinishInTimeWithItsModelResid
   EXPECT_EQ(decisions_[0].source, Source::kHost);
 }
 
-TEST_F(AdmissionTest, HopelessAlsoCountsTheHostSwapOfAModelNoGpuHolds) {
+TEST_F(AdmissionTest, HopelessAlsoBoundsByTheHostSwapOfAModelNoGpuHolds) {
   auto s = scheduler(ShedRule::kHopeless);
   // Function 2's model goes resident on a GPU first.
   const RequestId warm = arrive(*s, 2, 0);
@@ -84,19 +84,20 @@ TEST_F(AdmissionTest, HopelessAlsoCountsTheHostSwapOfAModelNoGpuHolds) {
 
   const RequestId cold = arrive(*s, 1, 100 * kMs);  // deadline 200 ms, resident nowhere
   const RequestId hot = arrive(*s, 2, 100 * kMs);   // deadline 200 ms, resident on its GPU
-  // At 145 ms: 145 + 50 + 10 > 200 for the cold one; 145 + 10 <= 200 for the resident one.
-  s->dispatch(145 * kMs, &decisions_, &rejected_);
+  // At 151 ms: 151 + max(50 swap, 10 execution) > 200 for the cold one (its swap overlaps its
+  // execution, so the longer of the two bounds its finish); 151 + 10 <= 200 for the resident one.
+  s->dispatch(151 * kMs, &decisions_, &rejected_);
   EXPECT_EQ(rejected_, std::vector<RequestId>{cold});
   ASSERT_EQ(decisions_.size(), 1u);
   EXPECT_EQ(decisions_[0].request, hot);
   EXPECT_EQ(decisions_[0].source, Source::kResident);
   EXPECT_INVARIANTS(*s);
 
-  // 340 + 50 + 10 = 400: a host load still makes it, so it runs.
+  // 350 + 50 = 400: a host load still makes it, so it runs.
   const RequestId in_time = arrive(*s, 1, 300 * kMs);
   decisions_.clear();
   rejected_.clear();
-  s->dispatch(340 * kMs, &decisions_, &rejected_);
+  s->dispatch(350 * kMs, &decisions_, &rejected_);
   EXPECT_TRUE(rejected_.empty());
   ASSERT_EQ(decisions_.size(), 1u);
   EXPECT_EQ(decisions_[0].request, in_time);
