@@ -530,9 +530,8 @@ void NodeCore::reject(RequestId id, Time now) {
   const State::Function* f = state_->function(r.function);
   r.phase = Phase::kEnded;
   r.failed = true;
-  r.start_error = error(ErrorCode::kDeviceUnavailable, "overloaded: request ", id,
-                        " of function '", f != nullptr ? f->spec.name : "?",
-                        "' cannot meet its deadline");
+  r.start_error = error(ErrorCode::kDeviceUnavailable, "overloaded: request ", id, " of function '",
+                        f != nullptr ? f->spec.name : "?", "' cannot meet its deadline");
   answer_start(id, now);
   // Last: the actuator may say done() at once, which forgets the request.
   actuator_.rejected(id, r.function, r.start_error);

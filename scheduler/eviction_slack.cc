@@ -16,8 +16,8 @@ class SlackEviction final : public EvictionPolicy {
     for (EvictionCandidate& c : candidates) {
       const FunctionSpec& spec = ctx.functions.spec(c.function);
       const double share = static_cast<double>(ctx.functions.swap_estimate(c.function) +
-                                              ctx.functions.exec_estimate(c.function)) /
-                          static_cast<double>(spec.slo);
+                                               ctx.functions.exec_estimate(c.function)) /
+                           static_cast<double>(spec.slo);
       const double risk = std::pow(std::min(share, 1.0), options_.slack_power);
       c.key = static_cast<double>(c.last_used) + risk * static_cast<double>(options_.slack_weight);
     }

@@ -29,7 +29,8 @@ class AdmissionTest : public ::testing::Test {
     SchedulerOptions options;
     options.shed = rule;
     auto s = make_scheduler(topology_, options);
-    for (uint32_t id : {1u, 2u}) EXPECT_TRUE(s->register_function(FunctionId{id}, function_spec(), 0).ok());
+    for (uint32_t id : {1u, 2u})
+      EXPECT_TRUE(s->register_function(FunctionId{id}, function_spec(), 0).ok());
     return s;
   }
   RequestId arrive(Scheduler& s, uint32_t id, Time now, bool background = false) {
@@ -45,7 +46,7 @@ class AdmissionTest : public ::testing::Test {
 
 TEST_F(AdmissionTest, LateShedsARequestThatCannotFinishInTimeEvenResidentAndRunsTheOthers) {
   auto s = scheduler(ShedRule::kLate);
-  const RequestId late = arrive(*s, 1, 0);          // deadline 100 ms
+  const RequestId late = arrive(*s, 1, 0);             // deadline 100 ms
   const RequestId punctual = arrive(*s, 2, 80 * kMs);  // deadline 180 ms
   // At 91 ms: 91 + 10 > 100 for the first; 91 + 10 <= 180 for the second.
   s->dispatch(91 * kMs, &decisions_, &rejected_);

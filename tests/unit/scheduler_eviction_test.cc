@@ -266,10 +266,10 @@ TEST_F(McacheTest, ALoadedModelIsRankedAgainstTheLastSnapshotAndTiesGoToLru) {
 class SlackEvictionTest : public EvictionTest {
  protected:
   void SetUp() override {
-    put(0, add(FunctionId{1}, kGiB, false, 90 * kMs), 1 * kSecond);   // risk 1
-    put(0, add(FunctionId{2}, kGiB, false, 10 * kMs), 5 * kSecond);   // risk 0.2
-    put(0, add(FunctionId{3}, kGiB, false, 40 * kMs), 2500 * kMs);    // risk 0.5
-    put(0, add(FunctionId{4}, kGiB, false, 10 * kMs), 3 * kSecond);   // risk 0.2
+    put(0, add(FunctionId{1}, kGiB, false, 90 * kMs), 1 * kSecond);  // risk 1
+    put(0, add(FunctionId{2}, kGiB, false, 10 * kMs), 5 * kSecond);  // risk 0.2
+    put(0, add(FunctionId{3}, kGiB, false, 40 * kMs), 2500 * kMs);   // risk 0.5
+    put(0, add(FunctionId{4}, kGiB, false, 10 * kMs), 3 * kSecond);  // risk 0.2
     ASSERT_EQ(node_.free_bytes(0), 0u);
   }
 };
