@@ -228,6 +228,7 @@ class NoteStarts final : public node::Actuator {
   void end(RequestId, FunctionId, const Status&) override {}
   void answer_start(RequestId, const Result<node::StartInfo>&) override {}
   void drained(std::optional<GpuId>) override {}
+  void rejected(RequestId, FunctionId, const Status&) override {}
   uint64_t pool_allocated(GpuId) const override { return 0; }
   uint64_t placed_bytes(FunctionId f, GpuId) const override { return model_bytes(f); }
   uint64_t model_bytes(FunctionId f) const override {

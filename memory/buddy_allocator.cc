@@ -65,6 +65,7 @@ Result<uint32_t> BuddyAllocator::add_chunk(uint64_t bytes) {
   const auto chunk = static_cast<uint32_t>(chunks_.size());
   const auto first = static_cast<uint32_t>(capacity_pages_);
   chunks_.push_back(Chunk{first, static_cast<uint32_t>(pages)});
+  runs_.emplace_back();
   heads_.resize(chunks_.size() * orders(), kNone);
   const size_t words = (chunks_.size() + 63) / 64;
   if (words != nonempty_words_) {
@@ -125,6 +126,7 @@ void BuddyAllocator::set_nonempty(int order, uint32_t chunk, bool nonempty) {
 void BuddyAllocator::push_free(uint32_t chunk, uint32_t page, int order) {
   uint32_t& first = head(chunk, order);
   free_order_[page] = static_cast<int8_t>(order);
+  runs_[chunk].stale = true;
   prev_[page] = kNone;
   next_[page] = first;
   if (first != kNone) prev_[first] = page;
@@ -142,6 +144,7 @@ void BuddyAllocator::remove_free(uint32_t chunk, uint32_t page, int order) {
   if (next_[page] != kNone) prev_[next_[page]] = prev_[page];
   if (head(chunk, order) == kNone) set_nonempty(order, chunk, false);
   free_order_[page] = -1;
+  runs_[chunk].stale = true;
   next_[page] = prev_[page] = kNone;
   --free_count_[order];
 }
@@ -252,40 +255,56 @@ Allocation BuddyAllocator::take_run(uint32_t chunk, uint32_t page, uint32_t page
 }
 
 template <typename Visit>
-void BuddyAllocator::for_each_free_run(Visit&& visit) const {
-  for (const Chunk& c : chunks_) {
-    uint64_t start = 0, length = 0;
-    for (uint64_t rel = 0; rel < c.pages;) {
-      const uint32_t page = c.first_page + static_cast<uint32_t>(rel);
-      if (const int order = free_order_[page]; order >= 0) {
-        if (length == 0) start = page;
-        length += uint64_t{1} << order;
-        rel += uint64_t{1} << order;
-        continue;
-      }
-      if (length != 0) visit(static_cast<uint32_t>(start), length);
-      length = 0;
-      rel += std::max<uint32_t>(span_pages_[page], 1);  // an allocation, or a cached block
+void BuddyAllocator::for_each_free_run(uint32_t chunk, Visit&& visit) const {
+  const Chunk& c = chunks_[chunk];
+  uint64_t start = 0, length = 0;
+  for (uint64_t rel = 0; rel < c.pages;) {
+    const uint32_t page = c.first_page + static_cast<uint32_t>(rel);
+    if (const int order = free_order_[page]; order >= 0) {
+      if (length == 0) start = page;
+      length += uint64_t{1} << order;
+      rel += uint64_t{1} << order;
+      continue;
     }
     if (length != 0) visit(static_cast<uint32_t>(start), length);
+    length = 0;
+    rel += std::max<uint32_t>(span_pages_[page], 1);  // an allocation, or a cached block
   }
+  if (length != 0) visit(static_cast<uint32_t>(start), length);
 }
 
-uint32_t BuddyAllocator::find_free_run(uint32_t pages) const {
+uint32_t BuddyAllocator::find_free_run(uint32_t pages) {
   uint32_t best = kNone;
   uint64_t best_length = UINT64_MAX;
-  for_each_free_run([&](uint32_t start, uint64_t length) {
-    if (length >= pages && length < best_length) {
-      best = start;
-      best_length = length;
+  for (uint32_t chunk = 0; chunk < chunks_.size(); ++chunk) {
+    ChunkRuns& cached = runs_[chunk];
+    if (cached.stale) {
+      cached.runs.clear();
+      cached.longest = 0;
+      // A run lies inside one chunk, and a chunk has fewer than 2^32 pages.
+      for_each_free_run(chunk, [&](uint32_t start, uint64_t length) {
+        cached.runs.emplace_back(start, static_cast<uint32_t>(length));
+        cached.longest = std::max(cached.longest, static_cast<uint32_t>(length));
+      });
+      cached.stale = false;
     }
-  });
+    if (cached.longest < pages) continue;
+    for (const auto& [start, length] : cached.runs) {
+      if (length >= pages && length < best_length) {
+        best = start;
+        best_length = length;
+      }
+    }
+  }
   return best;
 }
 
 uint64_t BuddyAllocator::largest_free_run_bytes() const {
   uint64_t largest = 0;
-  for_each_free_run([&](uint32_t, uint64_t length) { largest = std::max(largest, length); });
+  for (uint32_t chunk = 0; chunk < chunks_.size(); ++chunk) {
+    for_each_free_run(chunk,
+                      [&](uint32_t, uint64_t length) { largest = std::max(largest, length); });
+  }
   return largest << page_shift_;
 }
 
@@ -388,7 +407,7 @@ AllocationResult BuddyAllocator::do_allocate(uint64_t bytes, FunctionId owner,
 
 Shortfall BuddyAllocator::make_shortfall(uint64_t bytes, uint32_t pages, int order,
                                          FunctionId owner,
-                                         const EvictablePredicate& evictable) const {
+                                         const EvictablePredicate& evictable) {
   Shortfall shortfall;
   shortfall.requested_bytes = bytes;
   shortfall.needed_bytes = uint64_t{pages} << page_shift_;
@@ -398,21 +417,18 @@ Shortfall BuddyAllocator::make_shortfall(uint64_t bytes, uint32_t pages, int ord
 
   // The request needs a free aligned region of 2^order pages. For every such region, sum the
   // allocations that overlap it (evicting one frees all of it); keep the cheapest region that
-  // holds nothing protected.
-  struct Region {
-    uint64_t pages = 0;
-    bool blocked = false;
-    std::vector<OwnerBytes> owners;
-  };
+  // holds nothing protected (the first among equals). Only that region's owners are listed,
+  // in a second walk over it.
   const uint64_t region_pages = uint64_t{1} << order;
   uint64_t best_cost = UINT64_MAX;
-  std::vector<OwnerBytes> best_owners;
-  std::vector<Region> regions;
+  uint32_t best_chunk = 0;
+  uint64_t best_region = 0;
   for (uint32_t chunk = 0; chunk < chunks_.size(); ++chunk) {
     const Chunk& c = chunks_[chunk];
     const uint64_t count = c.pages / region_pages;
     if (count == 0) continue;
-    regions.assign(count, Region{});
+    region_pages_.assign(count, 0);
+    region_blocked_.assign(count, 0);
     for (uint64_t pos = 0; pos < count * region_pages;) {
       const uint32_t page = c.first_page + static_cast<uint32_t>(pos);
       if (free_order_[page] >= 0) {
@@ -425,31 +441,52 @@ Shortfall BuddyAllocator::make_shortfall(uint64_t bytes, uint32_t pages, int ord
         continue;
       }
       if (!span_cached_[page]) {
-        const FunctionId f = span_owner_[page];
-        const bool protected_owner = !may_evict(f);
+        const bool protected_owner = !may_evict(span_owner_[page]);
         const uint64_t last = std::min(pos + span, count * region_pages) - 1;
         for (uint64_t r = pos / region_pages; r <= last / region_pages; ++r) {
-          Region& region = regions[r];
-          region.blocked |= protected_owner;
-          region.pages += span;
-          auto it = std::find_if(region.owners.begin(), region.owners.end(),
-                                 [f](const OwnerBytes& o) { return o.function == f; });
-          if (it == region.owners.end()) {
-            region.owners.push_back({f, uint64_t{span} << page_shift_});
-          } else {
-            it->bytes += uint64_t{span} << page_shift_;
-          }
+          region_blocked_[r] |= protected_owner;
+          region_pages_[r] += span;
         }
       }
       pos += span;
     }
-    for (Region& region : regions) {
-      if (region.blocked || region.pages >= best_cost) continue;
-      best_cost = region.pages;
-      best_owners = std::move(region.owners);
+    for (uint64_t r = 0; r < count; ++r) {
+      if (region_blocked_[r] || region_pages_[r] >= best_cost) continue;
+      best_cost = region_pages_[r];
+      best_chunk = chunk;
+      best_region = r;
     }
   }
   if (best_cost != UINT64_MAX) {
+    // The allocations overlapping the region, in the order the first walk met them: the walk
+    // starts at the chunk's start, since one beginning before the region may run into it.
+    std::vector<OwnerBytes> best_owners;
+    const Chunk& c = chunks_[best_chunk];
+    const uint64_t begin = best_region * region_pages;
+    const uint64_t end = begin + region_pages;
+    for (uint64_t pos = 0; pos < end;) {
+      const uint32_t page = c.first_page + static_cast<uint32_t>(pos);
+      if (free_order_[page] >= 0) {
+        pos += uint64_t{1} << free_order_[page];
+        continue;
+      }
+      const uint32_t span = span_pages_[page];
+      if (span == 0) {
+        ++pos;
+        continue;
+      }
+      if (!span_cached_[page] && pos + span > begin) {
+        const FunctionId f = span_owner_[page];
+        auto it = std::find_if(best_owners.begin(), best_owners.end(),
+                               [f](const OwnerBytes& o) { return o.function == f; });
+        if (it == best_owners.end()) {
+          best_owners.push_back({f, uint64_t{span} << page_shift_});
+        } else {
+          it->bytes += uint64_t{span} << page_shift_;
+        }
+      }
+      pos += span;
+    }
     std::sort(best_owners.begin(), best_owners.end(), [](const OwnerBytes& a, const OwnerBytes& b) {
       return a.bytes != b.bytes ? a.bytes > b.bytes : a.function < b.function;
     });

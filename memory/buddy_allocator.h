@@ -141,18 +141,19 @@ class BuddyAllocator final : public PoolAllocator {
   // is freed again.
   Allocation take_run(uint32_t chunk, uint32_t page, uint32_t pages, FunctionId owner,
                       OwnerState& state, uint64_t requested);
-  // Calls visit(first page, pages) for every maximal run of adjacent free blocks, chunk by
-  // chunk. O(blocks in the pool).
+  // Calls visit(first page, pages) for every maximal run of adjacent free blocks of one chunk,
+  // in page order. O(blocks in the chunk).
   template <typename Visit>
-  void for_each_free_run(Visit&& visit) const;
+  void for_each_free_run(uint32_t chunk, Visit&& visit) const;
   // The first page of the shortest free run that holds `pages` (the lowest among equals), or
-  // kNone: the slow path for a request no free block can hold alone.
-  uint32_t find_free_run(uint32_t pages) const;
+  // kNone: the slow path for a request no free block can hold alone. It reads the runs of each
+  // chunk from runs_, walking again only the chunks whose free blocks changed since.
+  uint32_t find_free_run(uint32_t pages);
   // A free block of at least `order` among the free buddies of the owner's latest
   // allocation's ancestors (its region): {page, order}, or {kNone, -1}.
   std::pair<uint32_t, int> near_latest(const OwnerState& owner, FunctionId id, int order) const;
   Shortfall make_shortfall(uint64_t bytes, uint32_t pages, int order, FunctionId owner,
-                           const EvictablePredicate& evictable) const;
+                           const EvictablePredicate& evictable);
   uint64_t largest_free_bytes() const;
 
   BuddyOptions options_;
@@ -175,6 +176,19 @@ class BuddyAllocator final : public PoolAllocator {
   std::vector<FunctionId> span_owner_;
   std::vector<uint64_t> span_requested_;
   std::vector<uint8_t> span_cached_;  // the allocation sits in the sharing cache
+
+  // The free runs of each chunk, {first page, pages} in page order, and the longest; stale
+  // once a free block of the chunk is pushed or removed. Under memory pressure most requests
+  // take the slow path, and few chunks change between two of them.
+  struct ChunkRuns {
+    bool stale = true;
+    uint32_t longest = 0;
+    std::vector<std::pair<uint32_t, uint32_t>> runs;
+  };
+  std::vector<ChunkRuns> runs_;
+  // make_shortfall's per-region scratch, kept to spare an allocation per shortfall.
+  std::vector<uint64_t> region_pages_;
+  std::vector<uint8_t> region_blocked_;
 
   std::vector<uint32_t> shared_pages_;               // pages of each shared size
   std::vector<std::vector<uint32_t>> shared_cache_;  // cached allocations' first pages, per size

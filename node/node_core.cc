@@ -514,12 +514,27 @@ void NodeCore::dispatch(Time now) {
   while (true) {
     refresh_reserves();
     decisions_.clear();
-    scheduler_->dispatch(now, &decisions_);
-    if (decisions_.empty()) break;
-    // start_one() never dispatches, so decisions_ stays as it is while we walk it.
+    rejected_.clear();
+    scheduler_->dispatch(now, &decisions_, &rejected_);
+    if (decisions_.empty() && rejected_.empty()) break;
+    // Neither start_one() nor reject() dispatches, so the lists stay as they are while we walk
+    // them.
+    for (RequestId rid : rejected_) reject(rid, now);
     for (const Decision& d : decisions_) start_one(d, now);
   }
   check_drains();
+}
+
+void NodeCore::reject(RequestId id, Time now) {
+  State::Request& r = state_->requests.at(id);
+  const State::Function* f = state_->function(r.function);
+  r.phase = Phase::kEnded;
+  r.failed = true;
+  r.start_error = error(ErrorCode::kDeviceUnavailable, "overloaded: request ", id, " of function '",
+                        f != nullptr ? f->spec.name : "?", "' cannot meet its deadline");
+  answer_start(id, now);
+  // Last: the actuator may say done() at once, which forgets the request.
+  actuator_.rejected(id, r.function, r.start_error);
 }
 
 void NodeCore::start_one(const Decision& d, Time now) {

@@ -129,6 +129,9 @@ class Actuator {
   virtual void end(RequestId request, FunctionId function, const Status& failure) = 0;
   // The answer to await_start(): the request runs, or why it never will.
   virtual void answer_start(RequestId request, const Result<StartInfo>& answer) = 0;
+  // The scheduler shed the request (SchedulerOptions::shed): it will never run. `why` is the
+  // "overloaded" error await_start() answers (now, if it waits); the caller still says done().
+  virtual void rejected(RequestId request, FunctionId function, const Status& why) = 0;
   // A drain() finished: `gpu`, or the whole node when none.
   virtual void drained(std::optional<GpuId> gpu) = 0;
 
@@ -283,6 +286,8 @@ class NodeCore {
   NodeCore(const scheduler::Topology& topology, const NodeOptions& options, Actuator& actuator);
 
   void start_one(const scheduler::Decision& decision, Time now);
+  // The scheduler shed a queued request: it ends unstarted, answered "overloaded".
+  void reject(RequestId id, Time now);
   // Ends background requests that have held their GPU for a slice, at most as many as there
   // are other functions' requests waiting and not already covered by a GPU being freed.
   void preempt(Time now);
@@ -306,6 +311,7 @@ class NodeCore {
   std::unique_ptr<scheduler::Scheduler> scheduler_;
   std::unique_ptr<State> state_;
   std::vector<scheduler::Decision> decisions_;  // dispatch()'s scratch
+  std::vector<RequestId> rejected_;             // dispatch()'s scratch
 };
 
 }  // namespace hiber::node

@@ -29,6 +29,15 @@
 //                         evict the lowest utility; then the largest-first pass (below).
 //   "cremebrulee-oracle"  the same with the true B (requests until next use) from an oracle.
 //   "belady"     BeladyMIN: the model whose next request is farthest away (oracle).
+//   "slack"      SLO-aware LRU (ours): key = last_used + slack_weight x risk^slack_power,
+//                risk = min(1, (host swap + execution) / SLO), the share of its deadline a miss
+//                costs the model; evict the lowest key. A model whose host load would eat its
+//                whole SLO (Bert-qa: 144 + 43 ms of 200) is a sure miss whenever it is not
+//                resident, so it is kept as if used 50 s later; a CNN whose load takes a
+//                quarter of its SLO still meets it from the host and gets about 1 s. The cube
+//                makes the order nearly a class order at the top and plain LRU at the bottom;
+//                the bounded bonus means no model is pinned forever. It is the "fair classes"
+//                mechanism: memory goes to the models that cannot comply without it.
 // penalty = FunctionTable::swap_estimate (the host->GPU load time: in Hiber the host copy is
 // always there, so a miss costs one PCIe swap); rate = FunctionTable::arrival_rate.
 // CremeBrulee's largest-first pass: once the greedy picks free enough, they are re-sorted by
@@ -61,6 +70,10 @@ struct EvictionOptions {
   // requests of Torpor's typical function and far longer than a decision, so the rebuild
   // (O(models log models)) stays off the common path.
   Duration mcache_refresh = 10 * kSecond;
+  // slack: a replica's key is last_used + slack_weight x risk^slack_power, risk = the share of
+  // its SLO a host load and its execution take (at most 1). See "slack" above for the values.
+  Duration slack_weight = 60 * kSecond;
+  double slack_power = 3;
 };
 
 // A replica that may leave, with the policy's keys.
@@ -156,5 +169,6 @@ std::unique_ptr<EvictionPolicy> make_random_eviction();
 std::unique_ptr<EvictionPolicy> make_belady_eviction();
 std::unique_ptr<EvictionPolicy> make_mcache_eviction(const EvictionOptions& options);
 std::unique_ptr<EvictionPolicy> make_cremebrulee_eviction(bool oracle);
+std::unique_ptr<EvictionPolicy> make_slack_eviction(const EvictionOptions& options);
 
 }  // namespace hiber::scheduler

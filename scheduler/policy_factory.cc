@@ -7,8 +7,9 @@ namespace hiber::scheduler {
 namespace {
 
 constexpr std::array<std::string_view, 2> kPlacement = {"algorithm1", "random"};
-constexpr std::array<std::string_view, 8> kEviction = {
-    "heaviness", "lru", "lfu", "random", "mcache", "cremebrulee", "cremebrulee-oracle", "belady"};
+constexpr std::array<std::string_view, 9> kEviction = {
+    "heaviness",          "lru",    "lfu",  "random", "mcache", "cremebrulee",
+    "cremebrulee-oracle", "belady", "slack"};
 constexpr std::array<std::string_view, 3> kQueue = {"rrc", "fifo", "gshare"};
 
 Status unknown(std::string_view kind, std::string_view name,
@@ -52,6 +53,7 @@ Result<std::unique_ptr<EvictionPolicy>> make_eviction_policy(std::string_view na
   if (name == "cremebrulee") return make_cremebrulee_eviction(/*oracle=*/false);
   if (name == "cremebrulee-oracle") return make_cremebrulee_eviction(/*oracle=*/true);
   if (name == "belady") return make_belady_eviction();
+  if (name == "slack") return make_slack_eviction(options);
   return unknown("eviction", name, kEviction);
 }
 

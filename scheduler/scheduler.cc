@@ -56,6 +56,11 @@ Status validate(const SchedulerOptions& options) {
                  " is not a finite number > 0");
   if (e.mcache_refresh < 0)
     return error(ErrorCode::kInvalidValue, "scheduler: mcache_refresh is negative");
+  if (e.slack_weight < 0)
+    return error(ErrorCode::kInvalidValue, "scheduler: slack_weight is negative");
+  if (!(e.slack_power > 0 && std::isfinite(e.slack_power)))
+    return error(ErrorCode::kInvalidValue, "scheduler: slack_power ", e.slack_power,
+                 " is not a finite number > 0");
   return validate(options.queue_options);
 }
 
@@ -150,6 +155,28 @@ struct Scheduler::Impl {
       }
       excluded |= gpu_bit(p.gpu);
     }
+  }
+
+  // The candidate cannot meet its deadline under the shed rule (SchedulerOptions::shed).
+  bool hopeless(const QueueCandidate& c) const {
+    const RequestSlot& r = slots[slot_of(c.request)];
+    if (options.shed == ShedRule::kNone || r.background) return false;
+    Duration least = functions.exec_estimate(c.function);
+    // A pipelined swap overlaps the execution, so the swap and the execution each bound the
+    // finish from below, and their sum would shed requests that can still make it.
+    if (options.shed == ShedRule::kHopeless && node.holders(c.function) == 0)
+      least = std::max(least, functions.swap_estimate(c.function));
+    return last_now + least > r.deadline;
+  }
+
+  // The candidate, already taken from the queue, is answered "overloaded": a miss in its
+  // function's window, at once.
+  void reject(const QueueCandidate& c, std::vector<RequestId>* rejected) {
+    functions.record_completion(c.function, last_now, /*on_time=*/false, /*busy=*/0);
+    ++counters.rejected;
+    rejected->push_back(c.request);
+    release_slot(c.request);
+    queue->on_completion(c.function, queue_context());
   }
 
   // Updates the view as if the decision were carried out, and reports it.
@@ -383,6 +410,14 @@ Status Scheduler::Impl::check_requests() const {
 
 // ---- Scheduler ----
 
+Result<ShedRule> shed_rule_from_name(std::string_view name) {
+  if (name == "none") return ShedRule::kNone;
+  if (name == "late") return ShedRule::kLate;
+  if (name == "hopeless") return ShedRule::kHopeless;
+  return error(ErrorCode::kInvalidValue, "unknown shed rule '", name,
+               "' (known: none, late, hopeless)");
+}
+
 Result<std::unique_ptr<Scheduler>> Scheduler::create(const Topology& topology,
                                                      const SchedulerOptions& options,
                                                      const FutureOracle* oracle) {
@@ -483,7 +518,7 @@ Result<RequestId> Scheduler::arrive(FunctionId id, Time now, bool background) {
   return request;
 }
 
-void Scheduler::dispatch(Time now, std::vector<Decision>* out) {
+void Scheduler::dispatch(Time now, std::vector<Decision>* out, std::vector<RequestId>* rejected) {
   Impl& s = *impl_;
   s.advance(now);
   if (s.queue->size() == 0 || s.node.available() == 0) return;
@@ -492,6 +527,11 @@ void Scheduler::dispatch(Time now, std::vector<Decision>* out) {
   s.queue->begin_round(ctx);
   QueueCandidate c;
   while (s.node.available() != 0 && s.queue->next(ctx, &c)) {
+    if (rejected != nullptr && s.hopeless(c)) {
+      s.queue->take(c, ctx);
+      s.reject(c, rejected);
+      continue;
+    }
     if (!s.start(c, out)) {
       s.queue->pass(c, ctx);
       continue;

@@ -22,7 +22,8 @@
 //
 // Policies are chosen by name (SchedulerOptions): placement ("algorithm1", "random"),
 // eviction ("heaviness", "lru", "lfu", "random", "mcache", "cremebrulee",
-// "cremebrulee-oracle", "belady") and queueing ("rrc", "fifo", "gshare"). Unknown names are
+// "cremebrulee-oracle", "belady", "slack") and queueing ("rrc", "fifo", "gshare"), plus the
+// admission rule (SchedulerOptions::shed). Unknown names are
 // refused by create() with the list of known ones. Oracle policies need a FutureOracle.
 //
 // Memory. The scheduler's view of GPU memory is in model replicas (NodeState): a decision
@@ -37,6 +38,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/status.h"
@@ -52,6 +54,10 @@
 
 namespace hiber::scheduler {
 
+enum class ShedRule : uint8_t { kNone, kLate, kHopeless };
+// "none", "late", "hopeless"; kInvalidValue for another name.
+Result<ShedRule> shed_rule_from_name(std::string_view name);
+
 struct SchedulerOptions {
   std::string placement = "algorithm1";
   std::string eviction = "heaviness";
@@ -62,6 +68,14 @@ struct SchedulerOptions {
   // one request at a time, and its session executes on one GPU at a time (its blocks are mapped
   // at its own addresses on the GPU that runs it).
   int per_function_concurrency = 1;
+  // Admission: shed a request offered for a GPU once it cannot meet its deadline even if it
+  // started now, rather than run it late (dispatch()). A late request is a miss whatever we do;
+  // running it holds a GPU that punctual requests wait for and evicts models they need.
+  //   kNone:     never (the paper's policies);
+  //   kLate:     now + expected execution > deadline (the same test as RRC's demotion);
+  //   kHopeless: now + the longer of execution and host swap > deadline when no GPU holds the
+  //              model (a pipelined swap overlaps the execution, so each bounds the finish).
+  ShedRule shed = ShedRule::kNone;
   WindowOptions window;
   HeavinessOptions heaviness;
   EvictionOptions eviction_options;
@@ -114,6 +128,7 @@ struct SchedulerCounters {
   uint64_t on_time = 0;     // of those, within their SLO and not failed
   uint64_t failed = 0;      // of those, failed (a cancelled dispatched request is one)
   uint64_t cancelled = 0;   // cancel(), and queued requests of unregistered functions
+  uint64_t rejected = 0;    // shed by dispatch() (SchedulerOptions::shed); not in completed
   uint64_t resident_starts = 0;
   uint64_t peer_swaps = 0;
   uint64_t host_swaps = 0;
@@ -153,7 +168,11 @@ class Scheduler {
   // Appends to `out` a decision for every queued request that can start now, in the queue
   // policy's order, and updates the view as if each were carried out. A lazy policy (gshare)
   // may hold a request back for a GPU about to free; next_wakeup() says until when.
-  void dispatch(Time now, std::vector<Decision>* out);
+  // With SchedulerOptions::shed and `rejected` given, a caller's request that the queue offers
+  // when it can no longer meet its deadline (see shed) leaves the queue instead of starting:
+  // its id is appended to `rejected`, and the caller answers it "overloaded". It counts as
+  // completed late in the function's window (RRC), never as on time.
+  void dispatch(Time now, std::vector<Decision>* out, std::vector<RequestId>* rejected = nullptr);
   // The swap of a dispatched request finished. With ok == false the new replica is dropped
   // (the request still holds its GPU until done()). kNotFound for a request not loading.
   Status load_done(RequestId request, Time now, bool ok);

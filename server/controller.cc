@@ -627,6 +627,12 @@ void Controller::answer_start(RequestId request, const Result<node::StartInfo>& 
                       .link = link ? node::swap_link_name(*link) : ""});
 }
 
+// answer_start() has given the router the "overloaded" error already (or will, when it asks);
+// the router passes it on as 503 and says done, which ends the request in the core.
+void Controller::rejected(RequestId request, FunctionId function, const Status& why) {
+  VLOG(1) << "request " << request << " of function " << function << " shed: " << why;
+}
+
 void Controller::drained(std::optional<GpuId> gpu) {
   auto& replies = state_->drain_replies;
   auto it = std::find_if(replies.begin(), replies.end(),

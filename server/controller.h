@@ -217,6 +217,7 @@ class Controller final : public GpuLessor, private node::Actuator {
   void start(const node::Start& start) override;
   void end(RequestId request, FunctionId function, const Status& failure) override;
   void answer_start(RequestId request, const Result<node::StartInfo>& answer) override;
+  void rejected(RequestId request, FunctionId function, const Status& why) override;
   void drained(std::optional<GpuId> gpu) override;
   uint64_t pool_allocated(GpuId gpu) const override;
   uint64_t placed_bytes(FunctionId function, GpuId gpu) const override;

@@ -102,8 +102,13 @@ DEFINE_string(placement, "algorithm1",
               "or random (the Torpor-Random ablation)");
 DEFINE_string(eviction, "heaviness",
               "Which models leave a full GPU: heaviness (Torpor), lru, lfu, "
-              "random, mcache or cremebrulee");
+              "random, mcache, cremebrulee or slack (keeps models whose host load would "
+              "take most of their SLO)");
 DEFINE_string(queue, "rrc", "Request order: rrc (Torpor's SLO-aware queue), fifo or gshare");
+DEFINE_string(shed, "none",
+              "Admission: none, late (answer 'overloaded' to a request that cannot meet its "
+              "deadline even if started now) or hopeless (also when the host swap alone ends "
+              "past it and no GPU holds the model)");
 DEFINE_uint64(scheduler_seed, 1, "Seed of the scheduler's random choices (random policies)");
 DEFINE_string(memory_pool, "buddy",
               "GPU memory management: buddy (pools reserved at start), block "
@@ -256,6 +261,9 @@ Result<server::DaemonOptions> make_options(const std::string& run_dir) {
   c.scheduler.eviction = FLAGS_eviction;
   c.scheduler.queue = FLAGS_queue;
   c.scheduler.seed = FLAGS_scheduler_seed;
+  auto shed = scheduler::shed_rule_from_name(FLAGS_shed);
+  if (!shed.ok()) return shed.status().with_context("--shed");
+  c.scheduler.shed = *shed;
   auto pool = memory::parse_pool_kind(FLAGS_memory_pool);
   if (!pool.ok()) return pool.status().with_context("--memory_pool");
   c.pools.kind = *pool;

@@ -73,6 +73,7 @@ Status EarlyBindingNode::add_function(uint32_t index, const SimFunction& functio
   const bool remoting = options_.kind == EarlyBinding::kNonSwap;
   inst.footprint = remoting ? model.model_bytes + model.scratch_bytes : model.native_footprint;
   inst.exec = remoting ? model.exec : model.native_exec;
+  inst.model_class = model.model_class;
   inst.cold_start = model.cold_start;
   inst.last_used = now;
   // Deployed warm while memory lasts ("all functions are warmed up", §7).
@@ -185,7 +186,10 @@ void EarlyBindingNode::run_next(int g, Time now) {
   gpu.fifo.pop_front();
   gpu.running = true;
   gpu.started = now;
-  queue_->schedule(now + instances_[gpu.current.function].exec, this, kDone, g);
+  Instance& inst = instances_[gpu.current.function];
+  const Duration exec = options_.exec_variation.scale(inst.exec, inst.model_class,
+                                                      gpu.current.function, inst.served++);
+  queue_->schedule(now + exec, this, kDone, g);
 }
 
 void EarlyBindingNode::retry_pending(Time now) {

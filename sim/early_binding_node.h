@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "common/node_config.h"
+#include "sim/exec_variation.h"
 #include "sim/node.h"
 
 namespace hiber::sim {
@@ -46,6 +47,8 @@ struct EarlyBindingOptions {
   // GPU memory no instance can use. Native instances carry their own context, so nothing;
   // NonSwap's shared server runtime takes what hiberd's does (HiberOptions::gpu_reserve_bytes).
   uint64_t gpu_reserve_bytes = 0;
+  // Per-request spread of execution times (off by default: Table 4's fixed times).
+  ExecVariation exec_variation;
 };
 
 class EarlyBindingNode final : public Node, public EventHandler {
@@ -91,6 +94,8 @@ class EarlyBindingNode final : public Node, public EventHandler {
     int gpu = -1;
     uint64_t footprint = 0;
     Duration exec = 0;
+    ModelClass model_class = ModelClass::kVision;
+    uint64_t served = 0;  // numbers the function's requests for ExecVariation
     Duration cold_start = 0;
     uint32_t in_flight = 0;  // queued or running on its GPU
     Time last_used = 0;

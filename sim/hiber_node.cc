@@ -108,6 +108,8 @@ void HiberNode::arrive(uint32_t index, Time now) {
   Request& r = requests_[*id];
   r.function = index;
   r.arrival = now;
+  Deployed& d = deployed_[index];
+  r.exec = options_.exec_variation.scale(d.model->exec, d.model->model_class, index, d.arrivals++);
   dispatch(now);
 }
 
@@ -177,7 +179,7 @@ void HiberNode::start(const node::Start& d) {
   }
   core_->streaming(d.request, Status(), now);
   if (d.source == Source::kResident) {
-    const Duration exec = r.background ? 0 : model.exec;
+    const Duration exec = r.background ? 0 : r.exec;
     queue_->schedule(now + delay + exec, this, kDone, d.request.value());
   } else {
     queue_->schedule(now + delay + options_.pipeline.setup, this, kStartTransfer,
@@ -272,6 +274,16 @@ void HiberNode::fail(RequestId id, Request& r, Time now) {
   requests_.erase(id);
 }
 
+void HiberNode::rejected(RequestId id, FunctionId, const Status&) {
+  auto it = requests_.find(id);
+  CHECK(it != requests_.end()) << "the core shed request " << id << ", which this node never had";
+  recorder_->record(outcome_of(it->second, StartKind::kRejected));
+  requests_.erase(it);
+  // The caller's part: it has its answer, so the request is over.
+  const Status s = core_->done(id, /*failed=*/true, now_);
+  CHECK(s.ok()) << s;
+}
+
 Outcome HiberNode::outcome_of(const Request& r, StartKind kind) const {
   Outcome o;
   o.function = r.function;
@@ -291,7 +303,7 @@ void HiberNode::on_event(int kind, uint64_t arg, Time now) {
       int link = r.source == Source::kPeer ? links_->peer_link(r.source_gpu, r.gpu) : -1;
       // A peer copy without a direct link would cross PCIe; the placement never asks for one.
       if (link < 0) link = links_->host_link(r.gpu);
-      const Duration exec = r.background ? 0 : model.exec;
+      const Duration exec = r.background ? 0 : r.exec;
       r.pipeline = PipelinedRun(now, model.model_bytes, exec, options_.pipeline.group_bytes);
       links_->start(link, model.model_bytes, this, arg);
       break;

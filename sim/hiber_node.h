@@ -33,6 +33,7 @@
 #include "node/node_core.h"
 #include "scheduler/scheduler.h"
 #include "sim/device_malloc.h"
+#include "sim/exec_variation.h"
 #include "sim/links.h"
 #include "sim/node.h"
 #include "sim/pipeline.h"
@@ -52,6 +53,8 @@ struct HiberOptions {
   PipelineOptions pipeline;
   LinkOptions links;
   DeviceMallocCost device_malloc;
+  // Per-request spread of execution times (off by default: Table 4's fixed times).
+  ExecVariation exec_variation;
   // Each function loads its model when it is deployed, under a background request, as a
   // function's instance does at start-up in hiberd (its weights are copied in before its first
   // request). Off: a model reaches a GPU with its function's first request.
@@ -109,12 +112,14 @@ class HiberNode final : public Node,
     scheduler::Source source = scheduler::Source::kResident;
     bool started = false;
     bool background = false;  // a start-up (HiberOptions::start_up), not an arrival
+    Duration exec = 0;        // this request's computation at full speed
     std::vector<Block> scratch;
     PipelinedRun pipeline;
   };
   struct Deployed {
     const SimFunction* function = nullptr;
     const Model* model = nullptr;
+    uint64_t arrivals = 0;  // numbers the function's requests for ExecVariation
   };
 
   HiberNode(const HiberOptions& options, EventQueue* queue, Recorder* recorder, int node_index);
@@ -143,6 +148,7 @@ class HiberNode final : public Node,
   // Nobody waits for a start or drains a simulated node.
   void answer_start(RequestId, const Result<node::StartInfo>&) override {}
   void drained(std::optional<GpuId>) override {}
+  void rejected(RequestId request, FunctionId function, const Status& why) override;
   uint64_t pool_allocated(GpuId gpu) const override { return allocated_[gpu.value()]; }
   uint64_t placed_bytes(FunctionId function, GpuId gpu) const override;
   uint64_t model_bytes(FunctionId function) const override;

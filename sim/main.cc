@@ -46,8 +46,16 @@ DEFINE_string(system, "hiber", "hiber, native, infless-ka or nonswap");
 DEFINE_string(placement, "algorithm1", "Hiber placement policy: algorithm1, random");
 DEFINE_string(eviction, "heaviness",
               "Hiber eviction policy: heaviness, lru, lfu, random, mcache, "
-              "cremebrulee, cremebrulee-oracle, belady");
+              "cremebrulee, cremebrulee-oracle, belady, slack");
 DEFINE_string(queue, "rrc", "Hiber queue policy: rrc, fifo, gshare");
+DEFINE_double(slack_weight_s, 60,
+              "slack eviction: seconds of recency a model whose host load takes its whole SLO "
+              "is worth");
+DEFINE_double(slack_power, 3, "slack eviction: exponent of the SLO share a host load takes");
+DEFINE_string(shed, "none",
+              "Hiber admission: none, late (shed a request that cannot meet its deadline even "
+              "if started now) or hopeless (also when the host swap alone ends past it and no GPU "
+              "holds the model); shed requests are answered 'overloaded' and count as misses");
 DEFINE_string(memory_pool, "buddy", "Hiber GPU pool: buddy, block, naive");
 DEFINE_double(keep_alive_s, 60, "INFless-KA keep-alive window, seconds");
 DEFINE_bool(check_invariants, false,
@@ -63,6 +71,9 @@ DEFINE_double(malloc_us, 100, "Device cudaMalloc fixed cost (block/naive pools),
 DEFINE_double(malloc_us_per_mib, 2, "Device cudaMalloc cost per MiB, us");
 DEFINE_double(free_us, 100, "Device cudaFree fixed cost, us");
 DEFINE_double(free_us_per_mib, 1, "Device cudaFree cost per MiB, us");
+DEFINE_double(exec_cv_vision, 0,
+              "Per-request execution-time CV of the CNNs (log-normal, mean Table 4's); 0 = fixed");
+DEFINE_double(exec_cv_language, 0, "Per-request execution-time CV of Bert-qa; 0 = fixed");
 
 // The workload.
 DEFINE_string(trace, "", "Azure Functions 2019 invocation CSV to replay (default: synthetic)");
@@ -73,7 +84,11 @@ DEFINE_int32(functions, 160, "Synthetic functions (or the most trace rows to kee
 DEFINE_double(duration_s, 660, "Synthetic workload length, seconds (warm-up included)");
 DEFINE_double(min_rate, 5, "Synthetic rates from Fig. 2 conditioned on [min_rate, max_rate] r/m");
 DEFINE_double(max_rate, 30, "Upper end of the rate window, r/m ('inf' for none)");
-DEFINE_string(pattern, "poisson", "Synthetic arrivals: poisson or bursty");
+DEFINE_string(pattern, "poisson", "Synthetic arrivals: poisson, bursty (on/off) or azure");
+DEFINE_string(burst_trace, "",
+              "--pattern=azure: draw each function's burst shape from this Azure-format trace's "
+              "rows (those with >= 1 invocation a minute; --http_only applies) instead of the "
+              "built-in targets");
 DEFINE_string(models, "", "Comma-separated models assigned round-robin (default: all eight)");
 DEFINE_double(vision_slo_ms, 80, "Deadline of CV models, ms");
 DEFINE_double(language_slo_ms, 200, "Deadline of Bert-qa, ms");
@@ -109,6 +124,9 @@ Result<HiberOptions> hiber_options() {
   h.scheduler.placement = FLAGS_placement;
   h.scheduler.eviction = FLAGS_eviction;
   h.scheduler.queue = FLAGS_queue;
+  h.scheduler.eviction_options.slack_weight = seconds(FLAGS_slack_weight_s);
+  h.scheduler.eviction_options.slack_power = FLAGS_slack_power;
+  HIBER_ASSIGN_OR_RETURN(h.scheduler.shed, scheduler::shed_rule_from_name(FLAGS_shed));
   h.scheduler.seed = FLAGS_seed;
   HIBER_ASSIGN_OR_RETURN(h.pool, memory::parse_pool_kind(FLAGS_memory_pool));
   if (!(FLAGS_pcie_efficiency > 0 && FLAGS_pcie_efficiency <= 1))
@@ -129,6 +147,10 @@ Result<HiberOptions> hiber_options() {
   h.device_malloc.free_fixed = micros(FLAGS_free_us);
   h.device_malloc.free_per_mib = micros(FLAGS_free_us_per_mib);
   h.check_invariants = FLAGS_check_invariants;
+  if (!(FLAGS_exec_cv_vision >= 0 && FLAGS_exec_cv_language >= 0) ||
+      std::isinf(FLAGS_exec_cv_vision) || std::isinf(FLAGS_exec_cv_language))
+    return error(ErrorCode::kInvalidValue, "--exec_cv_vision and --exec_cv_language must be >= 0");
+  h.exec_variation = {FLAGS_exec_cv_vision, FLAGS_exec_cv_language, FLAGS_seed};
   return h;
 }
 
@@ -172,6 +194,11 @@ Result<Workload> workload() {
   s.min_rate_per_min = FLAGS_min_rate;
   s.max_rate_per_min = FLAGS_max_rate;
   HIBER_ASSIGN_OR_RETURN(s.pattern, parse_arrival_pattern(FLAGS_pattern));
+  if (!FLAGS_burst_trace.empty()) {
+    HIBER_ASSIGN_OR_RETURN(std::vector<TraceFunction> rows, load_azure_trace(FLAGS_burst_trace));
+    HIBER_ASSIGN_OR_RETURN(s.burst.azure_shapes,
+                           burst_shapes_from_trace(rows, FLAGS_http_only, /*min_mean=*/1));
+  }
   s.models = models;
   s.deadlines = deadlines;
   return synthetic_workload(s);
@@ -226,6 +253,7 @@ Status run_once(const NodeConfig& node, const HiberOptions& hiber) {
                    "' (known: hiber, native, infless-ka, nonswap)");
     system.early.kind = *kind;
     system.early.keep_alive = seconds(FLAGS_keep_alive_s);
+    system.early.exec_variation = hiber.exec_variation;
     if (system.early.kind == EarlyBinding::kNonSwap)
       system.early.gpu_reserve_bytes = hiber.gpu_reserve_bytes;
   }
@@ -251,6 +279,13 @@ Status run_once(const NodeConfig& node, const HiberOptions& hiber) {
     std::printf(" %s %" PRIu64, start_kind_name(static_cast<StartKind>(k)), r.by_kind[k]);
   std::printf("\nhit ratio %s, mean load %s ms, mean GPU load %s\n", pct(r.hit_ratio).c_str(),
               fmt(r.mean_load_ms, 2).c_str(), pct(r.mean_gpu_load).c_str());
+  std::printf("compliant by model:");
+  for (size_t m = 0; m < r.functions_by_model.size(); ++m) {
+    if (r.functions_by_model[m] == 0) continue;
+    std::printf(" %s %d/%d", paper_models()[m].name.c_str(), r.compliant_by_model[m],
+                r.functions_by_model[m]);
+  }
+  std::printf("\n");
   if (FLAGS_out != ".") {
     std::filesystem::create_directories(FLAGS_out);
     CsvTable table = results_table("functions");

@@ -35,7 +35,8 @@ enum class StartKind : uint8_t {
   kWarm,        // early binding: the function's instance was up
   kCold,        // early binding: the instance had to be started first
   kFailed,      // started but could not finish (no memory for its blocks)
-  kRejected,    // never started: no instance could exist (Native out of memory)
+  kRejected,    // never started: no instance could exist (Native out of memory), or shed
+                //   by the scheduler (SchedulerOptions::shed) as unable to meet its deadline
   kUnfinished,  // still waiting or running when the run ended
 };
 inline constexpr int kStartKinds = 8;

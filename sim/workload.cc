@@ -23,8 +23,9 @@ double exponential(scheduler::Rng& rng, double mean) {
 Result<ArrivalPattern> parse_arrival_pattern(std::string_view name) {
   if (name == "poisson") return ArrivalPattern::kPoisson;
   if (name == "bursty") return ArrivalPattern::kBursty;
+  if (name == "azure") return ArrivalPattern::kAzure;
   return error(ErrorCode::kInvalidValue, "unknown arrival pattern '", name,
-               "' (known: poisson, bursty)");
+               "' (known: poisson, bursty, azure)");
 }
 
 double normal_quantile(double p) {
@@ -79,6 +80,16 @@ std::vector<Time> generate_arrivals(double rate_per_min, Duration duration, Arri
     for (double t = exponential(rng, mean_gap); t < end; t += exponential(rng, mean_gap))
       out.push_back(static_cast<Time>(t));
     return out;
+  }
+  if (pattern == ArrivalPattern::kAzure) {
+    RateProcess shape;
+    if (!burst.azure_shapes.empty()) {
+      shape = burst.azure_shapes[rng.uniform(burst.azure_shapes.size())];
+    } else {
+      // The default targets are always in range, so the fit cannot fail.
+      shape = *fit_rate_process(default_burst_target(rate_per_min, rng), rate_per_min);
+    }
+    return azure_arrivals(shape, rate_per_min, duration, rng);
   }
   // On/off: the same mean rate packed into the "on" share of time.
   const double on = static_cast<double>(burst.on);

@@ -13,7 +13,8 @@
 //     (inverse-CDF sampling between the two quantiles).
 //   - Arrivals are Poisson, or bursty: an on/off Markov-modulated Poisson process with the same
 //     mean rate, all requests in the "on" periods (exponential, mean burst_on; "off" periods
-//     mean burst_off), the shape of the paper's Fig. 1.
+//     mean burst_off), the shape of the paper's Fig. 1; or "azure": per-minute counts with the
+//     Azure trace's burstiness at the same mean rate (sim/azure_arrivals.h).
 //   - Models are assigned round-robin over the chosen models (§7: "distribute them across
 //     inference functions in a round-robin manner").
 //   - Deadlines per model class: 80 ms for CV models and 200 ms for Bert-qa at p98 (§7), 150
@@ -27,6 +28,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "sim/azure_arrivals.h"
 #include "sim/models.h"
 
 namespace hiber::sim {
@@ -61,12 +63,16 @@ struct Workload {
   Time duration = 0;              // arrivals lie in [0, duration)
 };
 
-enum class ArrivalPattern : uint8_t { kPoisson, kBursty };
+enum class ArrivalPattern : uint8_t { kPoisson, kBursty, kAzure };
 Result<ArrivalPattern> parse_arrival_pattern(std::string_view name);
 
 struct BurstOptions {
+  // kBursty: mean "on" and "off" periods.
   Duration on = 20 * kSecond;
   Duration off = 100 * kSecond;
+  // kAzure: each function draws one of these shapes (fitted from a trace's rows); empty = each
+  // function fits default_burst_target() at its own mean rate.
+  std::vector<RateProcess> azure_shapes;
 };
 
 // Fig. 2's rate distribution (requests per minute).

@@ -31,11 +31,13 @@ const Model& model(const char* name) { return paper_models()[*find_model(name)];
 
 class Scenario {
  public:
-  Scenario(const NodeConfig& config, std::vector<std::string> models) {
+  Scenario(const NodeConfig& config, std::vector<std::string> models,
+           scheduler::ShedRule shed = scheduler::ShedRule::kNone) {
     workload_ = hand_workload(models);
     recorder_ = std::make_unique<Recorder>(workload_, 0, 1, config.gpu_count());
     HiberOptions o;
     o.check_invariants = true;
+    o.scheduler.shed = shed;
     Result<std::unique_ptr<HiberNode>> node =
         HiberNode::create(config, o, &queue_, recorder_.get(), 0);
     EXPECT_TRUE(node.ok()) << node.status();
@@ -163,6 +165,35 @@ TEST(HiberNode, MeetsOneSloAndMissesTheNext) {
   EXPECT_EQ(r.on_time, 1u);
   EXPECT_EQ(r.compliant, 1);
   EXPECT_EQ(r.functions_with_requests, 2);
+}
+
+TEST(HiberNode, ShedsTheRequestThatCannotMakeItAndCountsItAsAMiss) {
+  // The two Bert-qa requests above. When the GPU frees at 1.130 s, the second's model is on no
+  // GPU: 1.130 s + max(43 ms execution, 1294 MiB / 12 GB/s = 113 ms host swap) > 1.2 s, so
+  // "hopeless" sheds it. "late" counts the execution alone (1.173 s <= 1.2 s) and runs it late.
+  Scenario hopeless(torpor_gpus(1, 32 * kGiB), {"bertqa", "bertqa"},
+                    scheduler::ShedRule::kHopeless);
+  hopeless.arrive(0, 1 * kSecond);
+  hopeless.arrive(1, 1 * kSecond);
+  hopeless.finish();
+  const Results& r = hopeless.results();
+  EXPECT_EQ(r.by_kind[static_cast<int>(StartKind::kRejected)], 1u);
+  EXPECT_EQ(r.by_kind[static_cast<int>(StartKind::kHost)], 1u);
+  EXPECT_EQ(hopeless.node().scheduler().counters().rejected, 1u);
+  EXPECT_EQ(r.requests, 2u);
+  EXPECT_EQ(r.completed, 1u);
+  EXPECT_EQ(r.on_time, 1u);
+  EXPECT_EQ(r.compliant, 1) << "the shed request is a miss: its function does not comply";
+  EXPECT_EQ(r.functions_with_requests, 2);
+  EXPECT_TRUE(std::isinf(r.latency.p99)) << "a request that never finished is late";
+
+  Scenario late(torpor_gpus(1, 32 * kGiB), {"bertqa", "bertqa"}, scheduler::ShedRule::kLate);
+  late.arrive(0, 1 * kSecond);
+  late.arrive(1, 1 * kSecond);
+  late.finish();
+  EXPECT_EQ(late.results().by_kind[static_cast<int>(StartKind::kRejected)], 0u);
+  EXPECT_EQ(late.results().completed, 2u);
+  EXPECT_NEAR(late.results().latency.p99, 2 * swap_ns(model("bertqa"), kAlone) / 1e6, 2e-3);
 }
 
 TEST(Simulation, TheSameSeedGivesTheSameRunAndAnotherSeedAnother) {

@@ -66,6 +66,10 @@ class RecordingActuator final : public Actuator {
     log.push_back(str_cat("answer r", request, answer.ok() ? " ok" : " error"));
     answers.emplace(request, answer);
   }
+  void rejected(RequestId request, FunctionId, const Status& why) override {
+    log.push_back(str_cat("rejected r", request));
+    rejections.emplace(request, why);
+  }
   void drained(std::optional<GpuId> gpu) override {
     log.push_back(gpu ? str_cat("drained g", *gpu) : std::string("drained node"));
   }
@@ -88,6 +92,7 @@ class RecordingActuator final : public Actuator {
   std::vector<Start> starts;
   std::vector<EndCall> ends;
   std::map<RequestId, Result<StartInfo>> answers;
+  std::map<RequestId, Status> rejections;
   std::map<FunctionId, uint64_t> model_sizes;
   std::map<std::pair<FunctionId, GpuId>, uint64_t> placed;
   std::map<GpuId, uint64_t> allocated;
@@ -412,6 +417,40 @@ TEST_F(NodeCoreTest, AFailedGpuEndsItsRequestWhichStaysEndedUntilTheCallerSaysDo
   const Start next = serve(a);
   EXPECT_EQ(next.gpu, sb.gpu);
   EXPECT_FALSE(core_->status(now_).gpus[sa.gpu.value()].healthy);
+}
+
+TEST_F(NodeCoreTest, AShedRequestIsAnsweredOverloadedAndEndsUnstartedUntilTheCallerSaysDone) {
+  NodeOptions options;
+  options.scheduler.shed = scheduler::ShedRule::kLate;
+  make(plain_topology(1, 16 * kGiB), options);
+  const FunctionId a = add(1, kGiB);
+  const FunctionId b = add(2, kGiB);
+  const RequestId first = arrive(a);
+  core_->dispatch(now_);
+  core_->streaming(first, Status(), now_);
+  core_->swap_done(first, Status(), {}, now_);
+  const RequestId waiting = arrive(b);  // SLO 100 ms, execution 10 ms
+  ASSERT_TRUE(core_->await_start(waiting, now_).ok());
+  actuator_.take_log();
+
+  // The GPU frees at 95 ms: 95 + 10 > 100, so b's request cannot make its deadline.
+  now_ = 95 * kMs;
+  ASSERT_TRUE(core_->done(first, false, now_).ok());
+  core_->released(first, Status(), now_);
+  core_->dispatch(now_);
+  EXPECT_EQ(actuator_.take_log(), (std::vector<std::string>{str_cat("end r", first),
+                                                            str_cat("answer r", waiting, " error"),
+                                                            str_cat("rejected r", waiting)}));
+  const Result<StartInfo>& answer = actuator_.answers.at(waiting);
+  ASSERT_FALSE(answer.ok());
+  EXPECT_EQ(answer.status().code(), ErrorCode::kDeviceUnavailable);
+  EXPECT_NE(answer.status().message().find("overloaded"), std::string::npos) << answer.status();
+  EXPECT_EQ(actuator_.rejections.at(waiting).code(), ErrorCode::kDeviceUnavailable);
+  EXPECT_EQ(core_->phase(waiting), Phase::kEnded);
+  EXPECT_FALSE(core_->running(GpuId{0}).has_value()) << "it never held the GPU";
+  EXPECT_EQ(core_->status(now_).counters.rejected, 1u);
+  EXPECT_TRUE(core_->done(waiting, true, now_).ok());
+  EXPECT_FALSE(core_->phase(waiting).has_value());
 }
 
 TEST_F(NodeCoreTest, AnEndedRequestOutlivesItsSchedulerSlotWhichALaterRequestReuses) {

@@ -261,6 +261,50 @@ TEST_F(McacheTest, ALoadedModelIsRankedAgainstTheLastSnapshotAndTiesGoToLru) {
 }
 
 // CremeBrulee online: utility = penalty / (size x B'), B' = 1 / rate; then the largest-first pass.
+// slack: key = last_used + weight x risk^power, risk = min(1, (host swap + execution) / SLO).
+// Every function here has SLO 100 ms and execution 10 ms; `penalty` is its host swap.
+class SlackEvictionTest : public EvictionTest {
+ protected:
+  void SetUp() override {
+    put(0, add(FunctionId{1}, kGiB, false, 90 * kMs), 1 * kSecond);  // risk 1
+    put(0, add(FunctionId{2}, kGiB, false, 10 * kMs), 5 * kSecond);  // risk 0.2
+    put(0, add(FunctionId{3}, kGiB, false, 40 * kMs), 2500 * kMs);   // risk 0.5
+    put(0, add(FunctionId{4}, kGiB, false, 10 * kMs), 3 * kSecond);  // risk 0.2
+    ASSERT_EQ(node_.free_bytes(0), 0u);
+  }
+};
+
+TEST_F(SlackEvictionTest, AModelWhoseHostLoadTakesItsSloOutlastsCheapOnesUsedLater) {
+  // Defaults (60 s, cube): keys 1 + 60 = 61 s, 5 + 0.48 = 5.48 s, 2.5 + 7.5 = 10 s,
+  // 3 + 0.48 = 3.48 s.
+  Evictor evictor(make_slack_eviction(EvictionOptions{}), EvictionOptions{});
+  EXPECT_EQ(plan(evictor, 0, kGiB), (Ids{4}));
+  EXPECT_EQ(plan(evictor, 0, 3 * kGiB), (Ids{4, 2, 3}));
+  EXPECT_EQ(plan(evictor, 0, 4 * kGiB), (Ids{4, 2, 3, 1}));
+}
+
+TEST_F(SlackEvictionTest, WeightAndPowerSetHowMuchRecencyTheRiskIsWorth) {
+  // 10 s, linear: keys 1 + 10 = 11 s, 5 + 2 = 7 s, 2.5 + 5 = 7.5 s, 3 + 2 = 5 s.
+  EvictionOptions options;
+  options.slack_weight = 10 * kSecond;
+  options.slack_power = 1;
+  Evictor evictor(make_slack_eviction(options), options);
+  EXPECT_EQ(plan(evictor, 0, 3 * kGiB), (Ids{4, 2, 3}));
+  // Weight 0 is plain LRU: 1 s, 2.5 s, 3 s, 5 s.
+  options.slack_weight = 0;
+  Evictor lru(make_slack_eviction(options), options);
+  EXPECT_EQ(plan(lru, 0, 3 * kGiB), (Ids{1, 3, 4}));
+}
+
+TEST_F(EvictionTest, SlackKeepsNoModelForeverAndCapsTheRiskAtOne) {
+  // Risk 1 (capped: its 490 ms load is far past its SLO) and unused since 0 s: key 60 s. A cheap
+  // model used at 250 s has key 250.48 s, so the risky one leaves first at 300 s.
+  put(0, add(FunctionId{1}, 2 * kGiB, false, 490 * kMs), 0);
+  put(0, add(FunctionId{2}, 2 * kGiB, false, 10 * kMs), 250 * kSecond);
+  Evictor evictor(make_slack_eviction(EvictionOptions{}), EvictionOptions{});
+  EXPECT_EQ(plan(evictor, 0, 2 * kGiB, nullptr, std::nullopt, 300 * kSecond), (Ids{1}));
+}
+
 TEST_F(EvictionTest, CremeBruleeKeepsOnlyTheLargestOfItsGreedyPicksIfThatIsEnough) {
   // At 10 s, 10 requests each (1/s). Utilities in ms/s per GiB: 1 (1 GiB, 50 ms): 50;
   // 2 (2 GiB, 200 ms): 100; 3 (1 GiB, 300 ms): 300.

@@ -149,7 +149,16 @@ class Fuzzer {
       case Op::kDispatch: {
         const GpuMask available = s_->node().available();
         std::vector<Decision> decisions;
-        s_->dispatch(now, &decisions);
+        std::vector<RequestId> rejected;
+        s_->dispatch(now, &decisions, &rejected);
+        for (RequestId id : rejected) {
+          auto it = requests_.find(id);
+          ASSERT_NE(it, requests_.end());
+          EXPECT_EQ(it->second.state, RequestState::kQueued);
+          EXPECT_EQ(s_->request(id)->state, RequestState::kFinished);
+          finished(id);
+          trace_ << "shed " << id << '\n';
+        }
         GpuMask used = 0;
         for (const Decision& d : decisions) {
           auto it = requests_.find(d.request);
@@ -298,6 +307,7 @@ TEST_P(SchedulerFuzzTest, RandomEventSequencesKeepEveryInvariant) {
   for (uint64_t seed = 1; seed <= 3; ++seed) {
     options.seed = seed;
     options.per_function_concurrency = static_cast<int>(1 + seed % 2);
+    options.shed = seed == 1 ? ShedRule::kNone : seed == 2 ? ShedRule::kLate : ShedRule::kHopeless;
     Fuzzer fuzzer(topology, options, seed);
     fuzzer.run(1500);
     if (HasFailure()) return;
