@@ -136,8 +136,8 @@ class RrcQueue final : public QueuePolicy {
     return cursor_[f.value()] != kNil ? cursor_[f.value()] : queues_.front(f);
   }
 
-  // (group, late, deadline (or arrival) of the offered request, id); moves f's first-feasible cursor past
-  // requests that have turned late.
+  // (group, late, deadline (or arrival) of the offered request, id); moves f's first-feasible
+  // cursor past requests that have turned late.
   QueueKey key_of(FunctionIndex f, const QueueContext& ctx) {
     uint32_t& cursor = cursor_[f.value()];
     while (cursor != kNil && late(f, cursor, ctx)) cursor = queues_.next(cursor);

@@ -163,8 +163,7 @@ Result<const SeedsConfig*> find_seeds_config(std::string_view name) {
     if (c.name == name) return &c;
     known += str_cat(known.empty() ? "" : ", ", c.name);
   }
-  return error(ErrorCode::kInvalidValue, "unknown configuration '", name, "' (known: ", known,
-               ")");
+  return error(ErrorCode::kInvalidValue, "unknown configuration '", name, "' (known: ", known, ")");
 }
 
 std::string default_seeds_policies() {
@@ -227,7 +226,8 @@ Result<ExperimentResult> experiment_seeds(const ExperimentOptions& options) {
       std::vector<Results> per_seed;
       for (int k = 0; k < options.seeds; ++k, ++j) {
         per_seed.push_back(results[j]->results);
-        const SeedsRow one = summarize_seeds(std::string(c->name), pattern_names[p], {per_seed.back()});
+        const SeedsRow one =
+            summarize_seeds(std::string(c->name), pattern_names[p], {per_seed.back()});
         runs_csv.add({one.config, one.arrivals, std::to_string(options.seed + k),
                       fmt(one.compliant_pct.mean, 2), one.worst_model, fmt(one.worst_model_pct, 2),
                       fmt(one.rejected, 0), fmt(one.failed, 0), fmt(one.unfinished, 0),
@@ -256,7 +256,8 @@ Result<ExperimentResult> experiment_seeds(const ExperimentOptions& options) {
 
   // Where the first configuration (Hiber's default when listed first) still loses.
   std::string mechanisms, losses;
-  for (const SeedsConfig* c : configs) mechanisms += str_cat("- **", c->name, "**: ", c->mechanism, "\n");
+  for (const SeedsConfig* c : configs)
+    mechanisms += str_cat("- **", c->name, "**: ", c->mechanism, "\n");
   const std::string& base = rows.front().config;
   for (size_t p = 0; p < patterns.size(); ++p) {
     const SeedsRow& b = rows[p];
@@ -284,13 +285,14 @@ Result<ExperimentResult> experiment_seeds(const ExperimentOptions& options) {
   }
   if (losses.empty()) losses = "- Nowhere in this table.\n";
 
-  HIBER_ASSIGN_OR_RETURN(Workload sample, synthetic_workload(paper_workload(options, kFunctions, kMeasured)));
+  HIBER_ASSIGN_OR_RETURN(Workload sample,
+                         synthetic_workload(paper_workload(options, kFunctions, kMeasured)));
   const SeedsRow& h0 = rows[0];
   const SeedsRow& h1 = rows[1];
   out.paper = "(not in the paper) one seed, Poisson arrivals, fixed execution times";
-  out.ours = str_cat(base, " over ", options.seeds, " seeds: poisson ", fmt(h0.compliant_pct.mean, 1),
-                     " ± ", fmt(h0.compliant_pct.sd, 1), "%, azure ", fmt(h1.compliant_pct.mean, 1),
-                     " ± ", fmt(h1.compliant_pct.sd, 1), "%");
+  out.ours = str_cat(base, " over ", options.seeds, " seeds: poisson ",
+                     fmt(h0.compliant_pct.mean, 1), " ± ", fmt(h0.compliant_pct.sd, 1), "%, azure ",
+                     fmt(h1.compliant_pct.mean, 1), " ± ", fmt(h1.compliant_pct.sd, 1), "%");
   out.markdown = str_cat(
       "## Seeds and arrivals: every configuration over ", options.seeds, " seeds\n\n",
       "Setup: Fig. 11's node and its ", kFunctions, "-function point (10 measured minutes), seeds ",
@@ -301,7 +303,8 @@ Result<ExperimentResult> experiment_seeds(const ExperimentOptions& options) {
       fmt(100 * kVisionCv, 0), "% for the CNNs and ", fmt(100 * kLanguageCv, 0),
       "% for Bert-qa, an assumption: sim/exec_variation.h); the paper's figures above keep "
       "Table 4's fixed times. Command: `",
-      command_line("seeds"), "` (`--policies=a,b,c` picks the configurations, `--seeds=N` the "
+      command_line("seeds"),
+      "` (`--policies=a,b,c` picks the configurations, `--seeds=N` the "
       "count).\n\n"
       "Columns: SLO-compliant functions as mean ± standard deviation and range over the seeds; "
       "the model whose functions comply least (mean over seeds, and its lowest seed); requests "
