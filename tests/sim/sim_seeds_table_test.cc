@@ -82,5 +82,19 @@ TEST(SeedsTable, AnUnknownPolicyFailsTheExperiment) {
   EXPECT_NE(r.status().message().find("nope"), std::string::npos);
 }
 
+TEST(SeedsTable, OneConfigurationOneSeedEndToEnd) {
+  ExperimentOptions o;
+  o.out_dir = ::testing::TempDir();
+  o.node = paper_node_config();
+  o.time_scale = 0.02;  // 12 s measured
+  o.policies = "hiber";
+  o.seeds = 1;
+  Result<ExperimentResult> r = run_experiment("seeds", o);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->files, (std::vector<std::string>{"seeds.csv", "seeds_runs.csv"}));
+  EXPECT_NE(r->markdown.find("| hiber | poisson |"), std::string::npos);
+  EXPECT_NE(r->markdown.find("| hiber | azure |"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace hiber::sim
