@@ -24,7 +24,7 @@
 // What to do.
 DEFINE_string(experiment, "",
               "Run one of the paper's experiments (calibration, fig10, fig11, "
-              "fig12, fig14, caching, queue) or 'all'; empty: one run of the "
+              "fig12, fig14, caching, queue, seeds) or 'all'; empty: one run of the "
               "workload described by the other flags");
 DEFINE_string(out, ".", "Folder for CSV files");
 DEFINE_string(report, "", "With --experiment=all: write the evaluation report (Markdown) here");
