@@ -129,6 +129,10 @@ struct QueueOptions {
   double target_utilisation = 0.9;
   // rrc: demote requests that can no longer meet their deadline behind the feasible ones.
   bool demote_late = true;
+  // rrc: order each group by the deadline of the request a function offers (EDF); false orders
+  // it by arrival (FIFO). EDF and demotion are ours, beyond §5.2; both off is the queue as the
+  // paper describes it (the "torpor-paper" configuration of hiber-sim's seeds experiment).
+  bool earliest_deadline_first = true;
   // gshare: predictions are the historical mean × (1 + gshare_redundancy). gShare uses 0.4
   // (tested 0.3 to 0.5). >= 0.
   double gshare_redundancy = 0.4;

@@ -136,13 +136,15 @@ class RrcQueue final : public QueuePolicy {
     return cursor_[f.value()] != kNil ? cursor_[f.value()] : queues_.front(f);
   }
 
-  // (group, late, deadline of the offered request, id); moves f's first-feasible cursor past
-  // requests that have turned late.
+  // (group, late, deadline (or arrival) of the offered request, id); moves f's first-feasible
+  // cursor past requests that have turned late.
   QueueKey key_of(FunctionIndex f, const QueueContext& ctx) {
     uint32_t& cursor = cursor_[f.value()];
     while (cursor != kNil && late(f, cursor, ctx)) cursor = queues_.next(cursor);
     const uint32_t e = offered(f);
-    return QueueKey{low_[f.value()], cursor == kNil ? 1 : 0, queues_.request(e).deadline,
+    const QueuedRequest& r = queues_.request(e);
+    return QueueKey{low_[f.value()], cursor == kNil ? 1 : 0,
+                    options_.earliest_deadline_first ? r.deadline : r.arrival,
                     ctx.functions.id(f).value()};
   }
 

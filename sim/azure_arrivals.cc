@@ -96,8 +96,8 @@ MinuteStats expected_minute_stats(const RateProcess& p, double mean) {
   s.idle_share = (1 - p.on_share) + p.on_share * empty_on_minute(mean / p.on_share, p.sigma);
   // E[S S'] = pi q with q = P(on -> on) = pi + rho (1 - pi); E[L L'] = exp(rho sigma^2).
   const double stay_on = p.on_share + p.persistence * (1 - p.on_share);
-  const double cov = mean * mean *
-                     (stay_on / p.on_share * std::exp(p.persistence * p.sigma * p.sigma) - 1);
+  const double cov =
+      mean * mean * (stay_on / p.on_share * std::exp(p.persistence * p.sigma * p.sigma) - 1);
   s.lag1 = cov / var;
   return s;
 }

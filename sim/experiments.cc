@@ -8,7 +8,7 @@ namespace hiber::sim {
 
 const std::vector<std::string_view>& experiment_names() {
   static const std::vector<std::string_view> names = {"calibration", "fig10",   "fig11", "fig12",
-                                                      "fig14",       "caching", "queue"};
+                                                      "fig14",       "caching", "queue", "seeds"};
   return names;
 }
 
@@ -21,6 +21,7 @@ Result<ExperimentResult> run_experiment(std::string_view name, const ExperimentO
   if (name == "fig14") return experiment_fig14(options);
   if (name == "caching") return experiment_caching(options);
   if (name == "queue") return experiment_queue(options);
+  if (name == "seeds") return experiment_seeds(options);
   std::string known;
   for (std::string_view n : experiment_names()) known += str_cat(known.empty() ? "" : ", ", n);
   return error(ErrorCode::kInvalidValue, "unknown experiment '", name, "' (known: ", known,

@@ -13,6 +13,9 @@
 //   caching      Eviction policies of the caching papers (mCache, CremeBrulee, LRU, LFU,
 //                Belady) on hit ratio and load time at 40/60/80% capacity.
 //   queue        RRC against FIFO and gShare queueing under Poisson and bursty arrivals.
+//   seeds        Fig. 11's 560-function point over seeds 1..N, Poisson and Azure-shaped
+//                arrivals, per-request execution-time variation, for the configurations named
+//                in `policies` (sim/seeds_table.h): means, spreads, the worst model, p99.
 //
 // Each writes its CSV files into the output folder and returns its section of
 // docs/evaluation.md (setup, our numbers, the paper's beside them). "all" runs every one.
@@ -41,6 +44,10 @@ struct ExperimentOptions {
   uint64_t gpu_memory_bytes = 32 * kGiB;
   // Timing model and memory layout shared by every Hiber run (policies are per experiment).
   HiberOptions hiber;
+  // seeds: comma-separated configuration names (empty: every known one), and how many seeds
+  // (seed, seed + 1, ...).
+  std::string policies;
+  int seeds = 10;
 };
 
 struct ExperimentResult {

@@ -12,5 +12,6 @@ Result<ExperimentResult> experiment_fig12(const ExperimentOptions& options);
 Result<ExperimentResult> experiment_fig14(const ExperimentOptions& options);
 Result<ExperimentResult> experiment_caching(const ExperimentOptions& options);
 Result<ExperimentResult> experiment_queue(const ExperimentOptions& options);
+Result<ExperimentResult> experiment_seeds(const ExperimentOptions& options);
 
 }  // namespace hiber::sim

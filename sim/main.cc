@@ -24,7 +24,7 @@
 // What to do.
 DEFINE_string(experiment, "",
               "Run one of the paper's experiments (calibration, fig10, fig11, "
-              "fig12, fig14, caching, queue) or 'all'; empty: one run of the "
+              "fig12, fig14, caching, queue, seeds) or 'all'; empty: one run of the "
               "workload described by the other flags");
 DEFINE_string(out, ".", "Folder for CSV files");
 DEFINE_string(report, "", "With --experiment=all: write the evaluation report (Markdown) here");
@@ -100,6 +100,10 @@ DEFINE_double(drain_s, 60, "Time after the last arrival for queued requests to f
 DEFINE_uint64(seed, 1, "Seed of every random choice (workload and policies)");
 DEFINE_double(time_scale, 1.0, "Experiments: multiply measured durations by this");
 DEFINE_int32(threads, 2, "Experiments: runs simulated at once");
+DEFINE_string(policies, "",
+              "--experiment=seeds: comma-separated configurations (default: every known one; an "
+              "unknown name lists them)");
+DEFINE_int32(seeds, 10, "--experiment=seeds: seeds per configuration (--seed, --seed + 1, ...)");
 
 namespace hiber::sim {
 namespace {
@@ -320,6 +324,8 @@ int main_impl() {
     options.node = *node;
     options.gpu_memory_bytes = static_cast<uint64_t>(FLAGS_gpu_memory_gib * kGiB);
     options.hiber = *hiber;
+    options.policies = FLAGS_policies;
+    options.seeds = FLAGS_seeds;
     s = run_experiments(options);
   } else {
     s = run_once(*node, *hiber);

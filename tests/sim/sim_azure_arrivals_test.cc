@@ -53,9 +53,9 @@ void expect_reproduces(const Stats& target, int minutes, uint64_t seed) {
   const std::vector<Time> times =
       azure_arrivals(*shape, target.mean, static_cast<Duration>(minutes) * 60 * kSecond, rng);
   const Stats got = stats_of(per_minute(times, minutes));
-  SCOPED_TRACE(::testing::Message() << "target cv " << target.cv << " idle " << target.idle
-                                    << " lag1 " << target.lag1 << "; got cv " << got.cv
-                                    << " idle " << got.idle << " lag1 " << got.lag1);
+  SCOPED_TRACE(::testing::Message()
+               << "target cv " << target.cv << " idle " << target.idle << " lag1 " << target.lag1
+               << "; got cv " << got.cv << " idle " << got.idle << " lag1 " << got.lag1);
   // Four standard errors of a mean of correlated counts (AR(1) approximation).
   const double mean_error =
       4 * target.cv * target.mean * std::sqrt((1 + target.lag1) / (1 - target.lag1) / minutes);

@@ -260,7 +260,11 @@ TEST_F(QueuePolicyTest, RrcServesEarliestDeadlineFirstWhereFifoServesArrivalOrde
   const FunctionIndex tight = add(FunctionId{2}, spec(kGiB, 50 * kMs, 5 * kMs));
   auto rrc = make_rrc_queue(QueueOptions{});
   auto fifo = make_fifo_queue();
-  for (QueuePolicy* q : {rrc.get(), fifo.get()}) {
+  QueueOptions paper;  // §5.2 as written: no EDF, no demotion
+  paper.earliest_deadline_first = false;
+  paper.demote_late = false;
+  auto rrc_paper = make_rrc_queue(paper);
+  for (QueuePolicy* q : {rrc.get(), fifo.get(), rrc_paper.get()}) {
     q->add_function(loose);
     q->add_function(tight);
     push(*q, loose, 0, 0);                // deadline 100 ms
@@ -268,6 +272,7 @@ TEST_F(QueuePolicyTest, RrcServesEarliestDeadlineFirstWhereFifoServesArrivalOrde
   }
   EXPECT_EQ(order(*rrc, 10 * kMs), (std::vector<uint32_t>{2, 1}));
   EXPECT_EQ(order(*fifo, 10 * kMs), (std::vector<uint32_t>{1, 2}));
+  EXPECT_EQ(order(*rrc_paper, 10 * kMs), (std::vector<uint32_t>{1, 2}));
 }
 
 TEST_F(QueuePolicyTest, RequestsThatCanNoLongerMeetTheirDeadlineGoBehindFeasibleOnes) {
