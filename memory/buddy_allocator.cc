@@ -65,7 +65,9 @@ Result<uint32_t> BuddyAllocator::add_chunk(uint64_t bytes) {
   const auto chunk = static_cast<uint32_t>(chunks_.size());
   const auto first = static_cast<uint32_t>(capacity_pages_);
   chunks_.push_back(Chunk{first, static_cast<uint32_t>(pages)});
-  versions_.push_back(0);
+  free_versions_.push_back(0);
+  live_versions_.push_back(0);
+  free_pages_.push_back(0);
   runs_.emplace_back();
   regions_.resize(chunks_.size() * orders());
   heads_.resize(chunks_.size() * orders(), kNone);
@@ -129,7 +131,8 @@ void BuddyAllocator::set_nonempty(int order, uint32_t chunk, bool nonempty) {
 void BuddyAllocator::push_free(uint32_t chunk, uint32_t page, int order) {
   uint32_t& first = head(chunk, order);
   free_order_[page] = static_cast<int8_t>(order);
-  ++versions_[chunk];
+  ++free_versions_[chunk];
+  free_pages_[chunk] += uint32_t{1} << order;
   prev_[page] = kNone;
   next_[page] = first;
   if (first != kNone) prev_[first] = page;
@@ -147,7 +150,8 @@ void BuddyAllocator::remove_free(uint32_t chunk, uint32_t page, int order) {
   if (next_[page] != kNone) prev_[next_[page]] = prev_[page];
   if (head(chunk, order) == kNone) set_nonempty(order, chunk, false);
   free_order_[page] = -1;
-  ++versions_[chunk];
+  ++free_versions_[chunk];
+  free_pages_[chunk] -= uint32_t{1} << order;
   next_[page] = prev_[page] = kNone;
   --free_count_[order];
 }
@@ -200,7 +204,7 @@ void BuddyAllocator::record_span(uint32_t page, uint32_t pages, FunctionId owner
   span_owner_[page] = owner;
   span_requested_[page] = requested;
   span_cached_[page] = 0;
-  ++versions_[page_chunk_[page]];
+  ++live_versions_[page_chunk_[page]];
   allocated_pages_ += pages;
   requested_bytes_ += requested;
   ++live_allocations_;
@@ -282,7 +286,8 @@ uint32_t BuddyAllocator::find_free_run(uint32_t pages) {
   uint64_t best_length = UINT64_MAX;
   for (uint32_t chunk = 0; chunk < chunks_.size(); ++chunk) {
     ChunkRuns& cached = runs_[chunk];
-    if (cached.version != versions_[chunk]) {
+    if (free_pages_[chunk] < pages) continue;  // no run there can hold it
+    if (cached.version != free_versions_[chunk]) {
       cached.runs.clear();
       cached.longest = 0;
       // A run lies inside one chunk, and a chunk has fewer than 2^32 pages.
@@ -290,7 +295,7 @@ uint32_t BuddyAllocator::find_free_run(uint32_t pages) {
         cached.runs.emplace_back(start, static_cast<uint32_t>(length));
         cached.longest = std::max(cached.longest, static_cast<uint32_t>(length));
       });
-      cached.version = versions_[chunk];
+      cached.version = free_versions_[chunk];
     }
     if (cached.longest < pages) continue;
     for (const auto& [start, length] : cached.runs) {
@@ -411,7 +416,7 @@ AllocationResult BuddyAllocator::do_allocate(uint64_t bytes, FunctionId owner,
 
 const BuddyAllocator::ChunkRegions& BuddyAllocator::regions(uint32_t chunk, int order) {
   ChunkRegions& cached = regions_[chunk * orders() + order];
-  if (cached.version == versions_[chunk]) return cached;
+  if (cached.version == live_versions_[chunk]) return cached;
   const Chunk& c = chunks_[chunk];
   const uint64_t region_pages = uint64_t{1} << order;
   const uint64_t count = c.pages / region_pages;
@@ -440,7 +445,7 @@ const BuddyAllocator::ChunkRegions& BuddyAllocator::regions(uint32_t chunk, int 
   for (uint64_t r = 0; r < count; ++r) {
     if (cached.first[r] == kNone) cached.first[r] = static_cast<uint32_t>(r * region_pages);
   }
-  cached.version = versions_[chunk];
+  cached.version = live_versions_[chunk];
   return cached;
 }
 
@@ -560,6 +565,7 @@ Status BuddyAllocator::do_deallocate(const Allocation& allocation) noexcept {
   if (auto it = owners_.find(owner); it != owners_.end() && --it->second.live == 0) {
     owners_.erase(it);
   }
+  ++live_versions_[where.chunk];
   allocated_pages_ -= pages;
   requested_bytes_ -= span_requested_[page];
   --live_allocations_;
@@ -568,7 +574,6 @@ Status BuddyAllocator::do_deallocate(const Allocation& allocation) noexcept {
   const int shared = shared_index(pages);
   if (shared >= 0 && ((cached_pages_ + pages) << page_shift_) <= shared_cache_limit_) {
     span_cached_[page] = 1;
-    ++versions_[where.chunk];
     span_owner_[page] = kNoOwner;
     span_requested_[page] = 0;
     cached_pages_ += pages;

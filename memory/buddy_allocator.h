@@ -159,7 +159,7 @@ class BuddyAllocator final : public PoolAllocator {
   // allocations overlapping region r, and first[r], where a walk over the chunk's blocks that
   // meets all of them starts.
   struct ChunkRegions {
-    uint64_t version = UINT64_MAX;  // versions_[chunk] when computed
+    uint64_t version = UINT64_MAX;  // live_versions_[chunk] when computed
     std::vector<uint64_t> pages;
     std::vector<uint32_t> first;
   };
@@ -195,8 +195,12 @@ class BuddyAllocator final : public PoolAllocator {
 
   // Under memory pressure most requests take the slow paths (find_free_run, make_shortfall),
   // and few chunks change between two of them: what those paths compute per chunk is kept
-  // until the chunk's version moves, on any change to its free blocks or allocations.
-  std::vector<uint64_t> versions_;  // per chunk
+  // until the chunk's version moves. Per chunk: free_versions_ moves whenever a free block is
+  // pushed or removed (free runs), live_versions_ whenever a live allocation comes or goes
+  // (region costs; flushing the sharing cache leaves it).
+  std::vector<uint64_t> free_versions_;
+  std::vector<uint64_t> live_versions_;
+  std::vector<uint32_t> free_pages_;  // per chunk, in free blocks
   // The free runs of each chunk, {first page, pages} in page order, and the longest.
   struct ChunkRuns {
     uint64_t version = UINT64_MAX;
