@@ -281,12 +281,24 @@ void BuddyAllocator::for_each_free_run(uint32_t chunk, Visit&& visit) const {
   if (length != 0) visit(static_cast<uint32_t>(start), length);
 }
 
+// A run of 2^(k+1) - 1 free pages or more holds an aligned block of 2^k pages, which the
+// coalescing makes one free block of order k or more. So a chunk whose largest free block has
+// order m has no run longer than 2^(m+2) - 2 (while m < max_order_, above which nothing
+// coalesces).
+uint64_t BuddyAllocator::longest_run_bound(uint32_t chunk) const {
+  for (int k = max_order_; k >= 0; --k) {
+    if (head(chunk, k) == kNone) continue;
+    return k >= max_order_ ? UINT64_MAX : (uint64_t{1} << (k + 2)) - 2;
+  }
+  return 0;
+}
+
 uint32_t BuddyAllocator::find_free_run(uint32_t pages) {
   uint32_t best = kNone;
   uint64_t best_length = UINT64_MAX;
   for (uint32_t chunk = 0; chunk < chunks_.size(); ++chunk) {
     ChunkRuns& cached = runs_[chunk];
-    if (free_pages_[chunk] < pages) continue;  // no run there can hold it
+    if (free_pages_[chunk] < pages || longest_run_bound(chunk) < pages) continue;
     if (cached.version != free_versions_[chunk]) {
       cached.runs.clear();
       cached.longest = 0;

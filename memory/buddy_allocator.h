@@ -149,6 +149,8 @@ class BuddyAllocator final : public PoolAllocator {
   // kNone: the slow path for a request no free block can hold alone. It reads the runs of each
   // chunk from runs_, walking again only the chunks whose free blocks changed since.
   uint32_t find_free_run(uint32_t pages);
+  // No free run of the chunk is longer than this.
+  uint64_t longest_run_bound(uint32_t chunk) const;
   // A free block of at least `order` among the free buddies of the owner's latest
   // allocation's ancestors (its region): {page, order}, or {kNone, -1}.
   std::pair<uint32_t, int> near_latest(const OwnerState& owner, FunctionId id, int order) const;
