@@ -13,8 +13,9 @@
 //   below one minimum block. Freeing decomposes the prefix again and coalesces each piece.
 // - Runs. When no free block is large enough, a request takes the shortest run of adjacent free
 //   blocks that holds it (a 20 MiB segment fits in [4, 24) MiB though no aligned 32 MiB block
-//   is free) before the allocator answers with a shortfall. The search walks the pool, O(blocks),
-//   but only on this slow path; the fast paths stay O(log n).
+//   is free) before the allocator answers with a shortfall. The search is O(blocks) on this
+//   slow path only, and walks again only the chunks that changed since; the fast paths stay
+//   O(log n).
 // - Consolidation. A function's first block starts a region of its own: it is cut from a
 //   free block of at least `home_region_bytes` where one exists (else the largest there is).
 //   Its next blocks go, in order of preference, right after its latest block (exactly there:
