@@ -65,7 +65,11 @@ Result<uint32_t> BuddyAllocator::add_chunk(uint64_t bytes) {
   const auto chunk = static_cast<uint32_t>(chunks_.size());
   const auto first = static_cast<uint32_t>(capacity_pages_);
   chunks_.push_back(Chunk{first, static_cast<uint32_t>(pages)});
+  free_versions_.push_back(0);
+  live_versions_.push_back(0);
+  free_pages_.push_back(0);
   runs_.emplace_back();
+  regions_.resize(chunks_.size() * orders());
   heads_.resize(chunks_.size() * orders(), kNone);
   const size_t words = (chunks_.size() + 63) / 64;
   if (words != nonempty_words_) {
@@ -107,6 +111,7 @@ void BuddyAllocator::raise_max_order(int order) {
     std::copy_n(&heads_[c * old_orders], old_orders, &heads[c * orders()]);
   }
   heads_ = std::move(heads);
+  regions_.assign(chunks_.size() * orders(), ChunkRegions{});
   nonempty_.resize(orders() * nonempty_words_, 0);  // order-major: new orders go at the end
   free_count_.resize(orders(), 0);
 }
@@ -126,7 +131,8 @@ void BuddyAllocator::set_nonempty(int order, uint32_t chunk, bool nonempty) {
 void BuddyAllocator::push_free(uint32_t chunk, uint32_t page, int order) {
   uint32_t& first = head(chunk, order);
   free_order_[page] = static_cast<int8_t>(order);
-  runs_[chunk].stale = true;
+  ++free_versions_[chunk];
+  free_pages_[chunk] += uint32_t{1} << order;
   prev_[page] = kNone;
   next_[page] = first;
   if (first != kNone) prev_[first] = page;
@@ -144,7 +150,8 @@ void BuddyAllocator::remove_free(uint32_t chunk, uint32_t page, int order) {
   if (next_[page] != kNone) prev_[next_[page]] = prev_[page];
   if (head(chunk, order) == kNone) set_nonempty(order, chunk, false);
   free_order_[page] = -1;
-  runs_[chunk].stale = true;
+  ++free_versions_[chunk];
+  free_pages_[chunk] -= uint32_t{1} << order;
   next_[page] = prev_[page] = kNone;
   --free_count_[order];
 }
@@ -197,6 +204,7 @@ void BuddyAllocator::record_span(uint32_t page, uint32_t pages, FunctionId owner
   span_owner_[page] = owner;
   span_requested_[page] = requested;
   span_cached_[page] = 0;
+  ++live_versions_[page_chunk_[page]];
   allocated_pages_ += pages;
   requested_bytes_ += requested;
   ++live_allocations_;
@@ -273,12 +281,25 @@ void BuddyAllocator::for_each_free_run(uint32_t chunk, Visit&& visit) const {
   if (length != 0) visit(static_cast<uint32_t>(start), length);
 }
 
+// A run of 2^(k+1) - 1 free pages or more holds an aligned block of 2^k pages, which the
+// coalescing makes one free block of order k or more. So a chunk whose largest free block has
+// order m has no run longer than 2^(m+2) - 2 (while m < max_order_, above which nothing
+// coalesces).
+uint64_t BuddyAllocator::longest_run_bound(uint32_t chunk) const {
+  for (int k = max_order_; k >= 0; --k) {
+    if (head(chunk, k) == kNone) continue;
+    return k >= max_order_ ? UINT64_MAX : (uint64_t{1} << (k + 2)) - 2;
+  }
+  return 0;
+}
+
 uint32_t BuddyAllocator::find_free_run(uint32_t pages) {
   uint32_t best = kNone;
   uint64_t best_length = UINT64_MAX;
   for (uint32_t chunk = 0; chunk < chunks_.size(); ++chunk) {
     ChunkRuns& cached = runs_[chunk];
-    if (cached.stale) {
+    if (free_pages_[chunk] < pages || longest_run_bound(chunk) < pages) continue;
+    if (cached.version != free_versions_[chunk]) {
       cached.runs.clear();
       cached.longest = 0;
       // A run lies inside one chunk, and a chunk has fewer than 2^32 pages.
@@ -286,7 +307,7 @@ uint32_t BuddyAllocator::find_free_run(uint32_t pages) {
         cached.runs.emplace_back(start, static_cast<uint32_t>(length));
         cached.longest = std::max(cached.longest, static_cast<uint32_t>(length));
       });
-      cached.stale = false;
+      cached.version = free_versions_[chunk];
     }
     if (cached.longest < pages) continue;
     for (const auto& [start, length] : cached.runs) {
@@ -405,6 +426,61 @@ AllocationResult BuddyAllocator::do_allocate(uint64_t bytes, FunctionId owner,
   return make_shortfall(bytes, pages, order, owner, evictable);
 }
 
+const BuddyAllocator::ChunkRegions& BuddyAllocator::regions(uint32_t chunk, int order) {
+  ChunkRegions& cached = regions_[chunk * orders() + order];
+  if (cached.version == live_versions_[chunk]) return cached;
+  const Chunk& c = chunks_[chunk];
+  const uint64_t region_pages = uint64_t{1} << order;
+  const uint64_t count = c.pages / region_pages;
+  cached.pages.assign(count, 0);
+  cached.first.assign(count, kNone);
+  for (uint64_t pos = 0; pos < count * region_pages;) {
+    const uint32_t page = c.first_page + static_cast<uint32_t>(pos);
+    if (free_order_[page] >= 0) {
+      pos += uint64_t{1} << free_order_[page];
+      continue;
+    }
+    const uint32_t span = span_pages_[page];
+    if (span == 0) {  // cannot happen while the invariants hold; never loop forever
+      ++pos;
+      continue;
+    }
+    if (!span_cached_[page]) {
+      const uint64_t last = std::min(pos + span, count * region_pages) - 1;
+      for (uint64_t r = pos / region_pages; r <= last / region_pages; ++r) {
+        cached.pages[r] += span;
+        if (cached.first[r] == kNone) cached.first[r] = static_cast<uint32_t>(pos);
+      }
+    }
+    pos += span;
+  }
+  for (uint64_t r = 0; r < count; ++r) {
+    if (cached.first[r] == kNone) cached.first[r] = static_cast<uint32_t>(r * region_pages);
+  }
+  cached.version = live_versions_[chunk];
+  return cached;
+}
+
+template <typename Visit>
+void BuddyAllocator::for_each_allocation_in(uint32_t chunk, uint32_t from, uint64_t begin,
+                                            uint64_t end, Visit&& visit) const {
+  const Chunk& c = chunks_[chunk];
+  for (uint64_t pos = from; pos < end;) {
+    const uint32_t page = c.first_page + static_cast<uint32_t>(pos);
+    if (free_order_[page] >= 0) {
+      pos += uint64_t{1} << free_order_[page];
+      continue;
+    }
+    const uint32_t span = span_pages_[page];
+    if (span == 0) {
+      ++pos;
+      continue;
+    }
+    if (!span_cached_[page] && pos + span > begin && !visit(page, span)) return;
+    pos += span;
+  }
+}
+
 Shortfall BuddyAllocator::make_shortfall(uint64_t bytes, uint32_t pages, int order,
                                          FunctionId owner,
                                          const EvictablePredicate& evictable) {
@@ -415,78 +491,63 @@ Shortfall BuddyAllocator::make_shortfall(uint64_t bytes, uint32_t pages, int ord
   shortfall.largest_free_bytes = largest_free_bytes();
   const auto may_evict = [&](FunctionId f) { return evictable ? evictable(f) : f != owner; };
 
-  // The request needs a free aligned region of 2^order pages. For every such region, sum the
-  // allocations that overlap it (evicting one frees all of it); keep the cheapest region that
-  // holds nothing protected (the first among equals). Only that region's owners are listed,
-  // in a second walk over it.
+  // The request needs a free aligned region of 2^order pages. Evicting an allocation that
+  // overlaps a region frees all of it, so a region costs the pages of the allocations that
+  // overlap it; the answer is the cheapest region that holds nothing protected, the first
+  // (by chunk, then offset) among equals. The costs are kept per chunk and order until the
+  // chunk changes (regions()); protection depends on the request, so it is checked, cheapest
+  // first, for the candidates alone.
   const uint64_t region_pages = uint64_t{1} << order;
-  uint64_t best_cost = UINT64_MAX;
+  const auto blocked = [&](uint32_t chunk, uint64_t r, uint32_t from) {
+    bool holds_protected = false;
+    for_each_allocation_in(chunk, from, r * region_pages, (r + 1) * region_pages,
+                           [&](uint32_t page, uint32_t) {
+                             holds_protected = !may_evict(span_owner_[page]);
+                             return !holds_protected;
+                           });
+    return holds_protected;
+  };
+  uint64_t level = 0;  // every cost below has been looked at
+  bool found = false;
   uint32_t best_chunk = 0;
   uint64_t best_region = 0;
-  for (uint32_t chunk = 0; chunk < chunks_.size(); ++chunk) {
-    const Chunk& c = chunks_[chunk];
-    const uint64_t count = c.pages / region_pages;
-    if (count == 0) continue;
-    region_pages_.assign(count, 0);
-    region_blocked_.assign(count, 0);
-    for (uint64_t pos = 0; pos < count * region_pages;) {
-      const uint32_t page = c.first_page + static_cast<uint32_t>(pos);
-      if (free_order_[page] >= 0) {
-        pos += uint64_t{1} << free_order_[page];
-        continue;
+  uint64_t best_cost = 0;
+  while (!found) {
+    uint64_t cheapest = UINT64_MAX;
+    for (uint32_t chunk = 0; chunk < chunks_.size(); ++chunk) {
+      for (uint64_t cost : regions(chunk, order).pages) {
+        if (cost >= level) cheapest = std::min(cheapest, cost);
       }
-      const uint32_t span = span_pages_[page];
-      if (span == 0) {  // cannot happen while the invariants hold; never loop forever
-        ++pos;
-        continue;
-      }
-      if (!span_cached_[page]) {
-        const bool protected_owner = !may_evict(span_owner_[page]);
-        const uint64_t last = std::min(pos + span, count * region_pages) - 1;
-        for (uint64_t r = pos / region_pages; r <= last / region_pages; ++r) {
-          region_blocked_[r] |= protected_owner;
-          region_pages_[r] += span;
-        }
-      }
-      pos += span;
     }
-    for (uint64_t r = 0; r < count; ++r) {
-      if (region_blocked_[r] || region_pages_[r] >= best_cost) continue;
-      best_cost = region_pages_[r];
-      best_chunk = chunk;
-      best_region = r;
+    if (cheapest == UINT64_MAX) break;
+    for (uint32_t chunk = 0; chunk < chunks_.size() && !found; ++chunk) {
+      const ChunkRegions& costs = regions(chunk, order);
+      for (uint64_t r = 0; r < costs.pages.size(); ++r) {
+        if (costs.pages[r] != cheapest || blocked(chunk, r, costs.first[r])) continue;
+        found = true;
+        best_chunk = chunk;
+        best_region = r;
+        best_cost = cheapest;
+        break;
+      }
     }
+    level = cheapest + 1;
   }
-  if (best_cost != UINT64_MAX) {
-    // The allocations overlapping the region, in the order the first walk met them: the walk
-    // starts at the chunk's start, since one beginning before the region may run into it.
+  if (found) {
     std::vector<OwnerBytes> best_owners;
-    const Chunk& c = chunks_[best_chunk];
-    const uint64_t begin = best_region * region_pages;
-    const uint64_t end = begin + region_pages;
-    for (uint64_t pos = 0; pos < end;) {
-      const uint32_t page = c.first_page + static_cast<uint32_t>(pos);
-      if (free_order_[page] >= 0) {
-        pos += uint64_t{1} << free_order_[page];
-        continue;
-      }
-      const uint32_t span = span_pages_[page];
-      if (span == 0) {
-        ++pos;
-        continue;
-      }
-      if (!span_cached_[page] && pos + span > begin) {
-        const FunctionId f = span_owner_[page];
-        auto it = std::find_if(best_owners.begin(), best_owners.end(),
-                               [f](const OwnerBytes& o) { return o.function == f; });
-        if (it == best_owners.end()) {
-          best_owners.push_back({f, uint64_t{span} << page_shift_});
-        } else {
-          it->bytes += uint64_t{span} << page_shift_;
-        }
-      }
-      pos += span;
-    }
+    for_each_allocation_in(
+        best_chunk, regions(best_chunk, order).first[best_region], best_region * region_pages,
+        (best_region + 1) * region_pages, [&](uint32_t page, uint32_t span) {
+          const FunctionId f = span_owner_[page];
+          auto it = std::find_if(best_owners.begin(), best_owners.end(),
+                                 [f](const OwnerBytes& o) { return o.function == f; });
+          if (it == best_owners.end()) {
+            best_owners.push_back({f, uint64_t{span} << page_shift_});
+          } else {
+            it->bytes += uint64_t{span} << page_shift_;
+          }
+          return true;
+        });
     std::sort(best_owners.begin(), best_owners.end(), [](const OwnerBytes& a, const OwnerBytes& b) {
       return a.bytes != b.bytes ? a.bytes > b.bytes : a.function < b.function;
     });
@@ -516,6 +577,7 @@ Status BuddyAllocator::do_deallocate(const Allocation& allocation) noexcept {
   if (auto it = owners_.find(owner); it != owners_.end() && --it->second.live == 0) {
     owners_.erase(it);
   }
+  ++live_versions_[where.chunk];
   allocated_pages_ -= pages;
   requested_bytes_ -= span_requested_[page];
   --live_allocations_;

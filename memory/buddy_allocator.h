@@ -13,8 +13,9 @@
 //   below one minimum block. Freeing decomposes the prefix again and coalesces each piece.
 // - Runs. When no free block is large enough, a request takes the shortest run of adjacent free
 //   blocks that holds it (a 20 MiB segment fits in [4, 24) MiB though no aligned 32 MiB block
-//   is free) before the allocator answers with a shortfall. The search walks the pool, O(blocks),
-//   but only on this slow path; the fast paths stay O(log n).
+//   is free) before the allocator answers with a shortfall. The search is O(blocks) on this
+//   slow path only, and walks again only the chunks that changed since; the fast paths stay
+//   O(log n).
 // - Consolidation. A function's first block starts a region of its own: it is cut from a
 //   free block of at least `home_region_bytes` where one exists (else the largest there is).
 //   Its next blocks go, in order of preference, right after its latest block (exactly there:
@@ -149,11 +150,29 @@ class BuddyAllocator final : public PoolAllocator {
   // kNone: the slow path for a request no free block can hold alone. It reads the runs of each
   // chunk from runs_, walking again only the chunks whose free blocks changed since.
   uint32_t find_free_run(uint32_t pages);
+  // No free run of the chunk is longer than this.
+  uint64_t longest_run_bound(uint32_t chunk) const;
   // A free block of at least `order` among the free buddies of the owner's latest
   // allocation's ancestors (its region): {page, order}, or {kNone, -1}.
   std::pair<uint32_t, int> near_latest(const OwnerState& owner, FunctionId id, int order) const;
+  // What a shortfall proposes: the cheapest aligned region of 2^order pages to empty.
   Shortfall make_shortfall(uint64_t bytes, uint32_t pages, int order, FunctionId owner,
                            const EvictablePredicate& evictable);
+  // The costs of a chunk's aligned regions of 2^order pages: pages[r], the pages of the live
+  // allocations overlapping region r, and first[r], where a walk over the chunk's blocks that
+  // meets all of them starts.
+  struct ChunkRegions {
+    uint64_t version = UINT64_MAX;  // live_versions_[chunk] when computed
+    std::vector<uint64_t> pages;
+    std::vector<uint32_t> first;
+  };
+  const ChunkRegions& regions(uint32_t chunk, int order);
+  // Calls visit(first page, pages) for the live allocations of a chunk that overlap the
+  // chunk-relative pages [begin, end), walking from `from` (at or before the first of them);
+  // stops early when visit returns false.
+  template <typename Visit>
+  void for_each_allocation_in(uint32_t chunk, uint32_t from, uint64_t begin, uint64_t end,
+                              Visit&& visit) const;
   uint64_t largest_free_bytes() const;
 
   BuddyOptions options_;
@@ -177,18 +196,22 @@ class BuddyAllocator final : public PoolAllocator {
   std::vector<uint64_t> span_requested_;
   std::vector<uint8_t> span_cached_;  // the allocation sits in the sharing cache
 
-  // The free runs of each chunk, {first page, pages} in page order, and the longest; stale
-  // once a free block of the chunk is pushed or removed. Under memory pressure most requests
-  // take the slow path, and few chunks change between two of them.
+  // Under memory pressure most requests take the slow paths (find_free_run, make_shortfall),
+  // and few chunks change between two of them: what those paths compute per chunk is kept
+  // until the chunk's version moves. Per chunk: free_versions_ moves whenever a free block is
+  // pushed or removed (free runs), live_versions_ whenever a live allocation comes or goes
+  // (region costs; flushing the sharing cache leaves it).
+  std::vector<uint64_t> free_versions_;
+  std::vector<uint64_t> live_versions_;
+  std::vector<uint32_t> free_pages_;  // per chunk, in free blocks
+  // The free runs of each chunk, {first page, pages} in page order, and the longest.
   struct ChunkRuns {
-    bool stale = true;
+    uint64_t version = UINT64_MAX;
     uint32_t longest = 0;
     std::vector<std::pair<uint32_t, uint32_t>> runs;
   };
   std::vector<ChunkRuns> runs_;
-  // make_shortfall's per-region scratch, kept to spare an allocation per shortfall.
-  std::vector<uint64_t> region_pages_;
-  std::vector<uint8_t> region_blocked_;
+  std::vector<ChunkRegions> regions_;  // [chunk * orders + order]
 
   std::vector<uint32_t> shared_pages_;               // pages of each shared size
   std::vector<std::vector<uint32_t>> shared_cache_;  // cached allocations' first pages, per size

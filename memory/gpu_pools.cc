@@ -110,7 +110,7 @@ AllocationResult GpuPools::allocate(int gpu, uint64_t bytes, FunctionId function
   if (held == function_bytes_.end()) {
     held = function_bytes_.emplace(function, std::vector<uint64_t>(pools_.size(), 0)).first;
   }
-  owners_[gpu].emplace(key(result->where), Owned{function, result->bytes});
+  owners_[gpu].insert(key(result->where), Owned{function, result->bytes});
   held->second[gpu] += result->bytes;
   return result;
 }
@@ -120,8 +120,8 @@ Status GpuPools::deallocate(int gpu, const Allocation& allocation) {
   if (gpu < 0 || gpu >= gpu_count()) {
     return error(ErrorCode::kInvalidDevice, "deallocate on GPU ", gpu, " of ", gpu_count());
   }
-  auto owned = owners_[gpu].find(key(allocation.where));
-  if (owned == owners_[gpu].end() || owned->second.bytes != allocation.bytes) {
+  const Owned* owned = owners_[gpu].find(key(allocation.where));
+  if (owned == nullptr || owned->bytes != allocation.bytes) {
     return error(ErrorCode::kInvalidValue, "GPU ", gpu, ": no live allocation of ",
                  allocation.bytes, " bytes at chunk ", allocation.where.chunk, " offset ",
                  allocation.where.offset);
@@ -130,12 +130,12 @@ Status GpuPools::deallocate(int gpu, const Allocation& allocation) {
   if (Status freed = pools_[gpu]->deallocate(allocation); !freed.ok()) {
     return freed.with_context(str_cat("GPU ", gpu));
   }
-  auto held = function_bytes_.find(owned->second.function);
+  auto held = function_bytes_.find(owned->function);
   held->second[gpu] -= allocation.bytes;
   bool none = true;
   for (uint64_t bytes : held->second) none &= bytes == 0;
   if (none) function_bytes_.erase(held);
-  owners_[gpu].erase(owned);
+  owners_[gpu].erase(key(allocation.where));
   return Status();
 }
 
@@ -170,7 +170,7 @@ Status GpuPools::check_invariants() const {
   for (int gpu = 0; gpu < gpu_count(); ++gpu) {
     HIBER_RETURN_IF_ERROR(pools_[gpu]->check_invariants().with_context(str_cat("GPU ", gpu)));
     uint64_t owned = 0;
-    for (const auto& [where, entry] : owners_[gpu]) owned += entry.bytes;
+    owners_[gpu].for_each([&](uint64_t, const Owned& entry) { owned += entry.bytes; });
     uint64_t by_function = 0;
     for (const auto& [function, held] : function_bytes_) by_function += held[gpu];
     const PoolStats stats = pools_[gpu]->stats();

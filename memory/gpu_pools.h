@@ -18,6 +18,7 @@
 
 #include "common/status.h"
 #include "memory/buddy_allocator.h"
+#include "memory/location_index.h"
 #include "memory/pool_allocator.h"
 
 namespace hiber::memory {
@@ -59,10 +60,6 @@ class GpuPools {
   Status check_invariants() const;
 
  private:
-  struct Owned {
-    FunctionId function;
-    uint64_t bytes;
-  };
   GpuPools() = default;
   static uint64_t key(const PoolLocation& where) {
     return uint64_t{where.chunk} << 40 | where.offset;
@@ -70,7 +67,7 @@ class GpuPools {
 
   mutable std::mutex mutex_;
   std::vector<std::unique_ptr<PoolAllocator>> pools_;
-  std::vector<std::unordered_map<uint64_t, Owned>> owners_;               // per GPU, by location
+  std::vector<LocationIndex> owners_;                                     // per GPU, by location
   std::unordered_map<FunctionId, std::vector<uint64_t>> function_bytes_;  // per GPU
   std::unordered_map<FunctionId, uint64_t> quotas_;
 };

@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <map>
+#include <optional>
 #include <random>
 #include <set>
 #include <vector>
@@ -357,6 +359,142 @@ TEST(BuddyAllocator, ManyChunksUseTheirNonEmptyBitmaps) {
   EXPECT_EQ(used.size(), 130u);
   EXPECT_FALSE(buddy->allocate(2 * kMiB, FunctionId{1}).ok());
   EXPECT_TRUE(buddy->check_invariants().ok());
+}
+
+// ---- The slow paths against brute-force references ----
+//
+// The allocator keeps each chunk's free runs and region costs between requests (until the
+// chunk changes); these tests replay long random sequences and check every answer of those
+// paths against a reference computed from scratch from the test's own records.
+
+struct Live {
+  Allocation allocation;
+  FunctionId owner;
+};
+
+uint64_t pages_of(uint64_t bytes) { return (bytes + 2 * kMiB - 1) / (2 * kMiB); }
+int order_of(uint64_t pages) {
+  int order = 0;
+  while ((uint64_t{1} << order) < pages) ++order;
+  return order;
+}
+
+// Without consolidation or sharing, a request no free block holds takes the shortest run of
+// adjacent free blocks that holds it, the lowest among equals (from free_blocks()).
+TEST(BuddyAllocator, ARunRequestTakesTheShortestRunAsAFullWalkFindsIt) {
+  BuddyOptions options = no_sharing();
+  options.consolidate = false;
+  const std::vector<uint64_t> chunks = {64 * kMiB, 40 * kMiB, 64 * kMiB, 128 * kMiB};
+  auto buddy = make(chunks, options);
+  std::mt19937_64 rng(11);
+  std::vector<Allocation> live;
+  const uint64_t sizes[] = {2, 4, 6, 10, 12, 20, 24, 30};
+  int run_requests = 0;
+  for (int step = 0; step < 20000; ++step) {
+    if (!live.empty() && rng() % 2 == 0) {
+      const size_t i = rng() % live.size();
+      ASSERT_TRUE(buddy->deallocate(live[i]).ok());
+      live[i] = live.back();
+      live.pop_back();
+      continue;
+    }
+    const uint64_t bytes = sizes[rng() % std::size(sizes)] * kMiB;
+    const uint64_t pages = pages_of(bytes);
+    // The reference: runs of adjacent free blocks, per chunk, in address order.
+    const FreeBlocks free = buddy->free_blocks();
+    uint64_t largest_block = 0;
+    for (const auto& [where, size] : free) largest_block = std::max(largest_block, size);
+    const bool run_path = largest_block < (uint64_t{1} << order_of(pages)) * 2 * kMiB;
+    std::optional<PoolLocation> expected;
+    uint64_t best = UINT64_MAX;
+    for (size_t i = 0; i < free.size();) {
+      const PoolLocation start = free[i].first;
+      uint64_t end = start.offset + free[i].second;
+      size_t j = i + 1;
+      while (j < free.size() && free[j].first.chunk == start.chunk && free[j].first.offset == end)
+        end += free[j++].second;
+      const uint64_t length = end - start.offset;
+      if (length >= pages * 2 * kMiB && length < best) {
+        best = length;
+        expected = start;
+      }
+      i = j;
+    }
+    AllocationResult r = buddy->allocate(bytes, FunctionId{static_cast<uint32_t>(1 + rng() % 9)});
+    if (run_path) {
+      ++run_requests;
+      ASSERT_EQ(r.ok(), expected.has_value()) << "step " << step;
+      if (r.ok()) {
+        EXPECT_EQ(r->where, *expected) << "step " << step;
+      }
+    }
+    if (r.ok()) live.push_back(*r);
+  }
+  EXPECT_TRUE(buddy->check_invariants().ok()) << buddy->check_invariants();
+  EXPECT_GT(run_requests, 500) << "the sequence must exercise the slow path";
+}
+
+// With the default options (consolidation, sharing): every shortfall names the cheapest
+// aligned region of the request's order that holds none of the requester's allocations, the
+// first among equals, with its owners' bytes, all recomputed from the live allocations.
+TEST(BuddyAllocator, AShortfallNamesTheRegionAFullWalkFinds) {
+  const std::vector<uint64_t> chunks = {64 * kMiB, 40 * kMiB, 64 * kMiB, 128 * kMiB};
+  auto buddy = make(chunks);
+  std::mt19937_64 rng(5);
+  std::vector<Live> live;
+  const uint64_t sizes[] = {2, 2, 4, 10, 20, 20, 24, 34, 64};
+  int shortfalls = 0;
+  for (int step = 0; step < 20000; ++step) {
+    if (!live.empty() && rng() % 3 == 0) {
+      const size_t i = rng() % live.size();
+      ASSERT_TRUE(buddy->deallocate(live[i].allocation).ok());
+      live[i] = live.back();
+      live.pop_back();
+      continue;
+    }
+    const uint64_t bytes = sizes[rng() % std::size(sizes)] * kMiB;
+    const FunctionId owner{static_cast<uint32_t>(1 + rng() % 12)};
+    AllocationResult r = buddy->allocate(bytes, owner);
+    if (r.ok()) {
+      live.push_back({*r, owner});
+      continue;
+    }
+    ++shortfalls;
+    const uint64_t region = (uint64_t{1} << order_of(pages_of(bytes))) * 2 * kMiB;
+    uint64_t best_cost = UINT64_MAX;
+    std::vector<OwnerBytes> best_owners;
+    for (uint32_t chunk = 0; chunk < chunks.size(); ++chunk) {
+      for (uint64_t start = 0; start + region <= chunks[chunk]; start += region) {
+        uint64_t cost = 0;
+        bool blocked = false;
+        std::map<FunctionId, uint64_t> owners;
+        for (const Live& l : live) {
+          const Allocation& a = l.allocation;
+          if (a.where.chunk != chunk || a.where.offset >= start + region ||
+              a.where.offset + a.bytes <= start)
+            continue;
+          cost += a.bytes;
+          blocked |= l.owner == owner;
+          owners[l.owner] += a.bytes;
+        }
+        if (blocked || cost >= best_cost) continue;
+        best_cost = cost;
+        best_owners.clear();
+        for (const auto& [f, b] : owners) best_owners.push_back({f, b});
+        std::stable_sort(best_owners.begin(), best_owners.end(),
+                         [](const OwnerBytes& a, const OwnerBytes& b) { return a.bytes > b.bytes; });
+      }
+    }
+    if (best_cost == UINT64_MAX) {
+      EXPECT_EQ(r.shortfall().evict_bytes, 0u) << "step " << step;
+      EXPECT_TRUE(r.shortfall().evict.empty()) << "step " << step;
+    } else {
+      EXPECT_EQ(r.shortfall().evict_bytes, best_cost) << "step " << step;
+      EXPECT_EQ(r.shortfall().evict, best_owners) << "step " << step;
+    }
+  }
+  EXPECT_TRUE(buddy->check_invariants().ok()) << buddy->check_invariants();
+  EXPECT_GT(shortfalls, 1000) << "the sequence must exercise the shortfall";
 }
 
 }  // namespace
