@@ -20,7 +20,8 @@
 // can start. Between events the scheduler's view does not change by itself, so there is no
 // timer to run (next_wakeup() says otherwise only for lazy queue policies).
 //
-// Policies are chosen by name (SchedulerOptions): placement ("algorithm1", "random"),
+// Policies are chosen by name (SchedulerOptions): placement ("algorithm1", "random"), spatial
+// sharing ("off", "usher"),
 // eviction ("heaviness", "lru", "lfu", "random", "mcache", "cremebrulee",
 // "cremebrulee-oracle", "belady") and queueing ("rrc", "fifo", "gshare"). Unknown names are
 // refused by create() with the list of known ones. Oracle policies need a FutureOracle.
@@ -62,6 +63,15 @@ struct SchedulerOptions {
   // one request at a time, and its session executes on one GPU at a time (its blocks are mapped
   // at its own addresses on the GPU that runs it).
   int per_function_concurrency = 1;
+  // Spatial sharing. "off" (default): a GPU runs one request at a time. "usher": when placement
+  // finds no available GPU, a request whose model is complete on a busy GPU may start there
+  // beside what runs, if interference.h's admission rule predicts every deadline still met; of
+  // several such GPUs the one with the least predicted slowdown (USHER's pairing of
+  // compute-heavy with memory-heavy models), then the lowest number. Never beside a request
+  // still loading its model or a background one.
+  std::string sharing = "off";
+  // Requests that may execute on one GPU at once under sharing (>= 1).
+  int max_runners_per_gpu = 2;
   WindowOptions window;
   HeavinessOptions heaviness;
   EvictionOptions eviction_options;
@@ -115,6 +125,7 @@ struct SchedulerCounters {
   uint64_t failed = 0;      // of those, failed (a cancelled dispatched request is one)
   uint64_t cancelled = 0;   // cancel(), and queued requests of unregistered functions
   uint64_t resident_starts = 0;
+  uint64_t shared_starts = 0;  // of those, beside another request (SchedulerOptions::sharing)
   uint64_t peer_swaps = 0;
   uint64_t host_swaps = 0;
   uint64_t evictions = 0;
