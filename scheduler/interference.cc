@@ -34,6 +34,7 @@ std::optional<double> admit_co_runner(std::span<const CoRunner> runners, const C
   if (finish_at(now, incoming.work_left, slowdown) > static_cast<double>(incoming.deadline))
     return std::nullopt;
   for (const CoRunner& r : runners) {
+    if (incoming.work_left > r.work_left) return std::nullopt;
     const double deadline = static_cast<double>(r.deadline);
     const bool on_time_now = finish_at(now, r.work_left, old_slowdown) <= deadline;
     if (on_time_now && finish_at(now, r.work_left, slowdown) > deadline) return std::nullopt;

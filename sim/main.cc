@@ -48,6 +48,13 @@ DEFINE_string(eviction, "heaviness",
               "Hiber eviction policy: heaviness, lru, lfu, random, mcache, "
               "cremebrulee, cremebrulee-oracle, belady");
 DEFINE_string(queue, "rrc", "Hiber queue policy: rrc, fifo, gshare");
+DEFINE_string(sharing, "off",
+              "Hiber spatial sharing: off, or usher (a request may start beside a running one "
+              "where its model is resident and every deadline holds under the predicted "
+              "interference)");
+DEFINE_int32(max_runners_per_gpu, 2, "With --sharing: requests one GPU may execute at once");
+DEFINE_bool(interference, true,
+            "Requests executing on one GPU at once slow each other (docs/sim.md); off: never");
 DEFINE_string(memory_pool, "buddy", "Hiber GPU pool: buddy, block, naive");
 DEFINE_double(keep_alive_s, 60, "INFless-KA keep-alive window, seconds");
 DEFINE_bool(check_invariants, false,
@@ -110,6 +117,9 @@ Result<HiberOptions> hiber_options() {
   h.scheduler.eviction = FLAGS_eviction;
   h.scheduler.queue = FLAGS_queue;
   h.scheduler.seed = FLAGS_seed;
+  h.scheduler.sharing = FLAGS_sharing;
+  h.scheduler.max_runners_per_gpu = FLAGS_max_runners_per_gpu;
+  h.interference = FLAGS_interference;
   HIBER_ASSIGN_OR_RETURN(h.pool, memory::parse_pool_kind(FLAGS_memory_pool));
   if (!(FLAGS_pcie_efficiency > 0 && FLAGS_pcie_efficiency <= 1))
     return error(ErrorCode::kInvalidValue, "--pcie_efficiency must be in (0, 1]");
@@ -251,6 +261,13 @@ Status run_once(const NodeConfig& node, const HiberOptions& hiber) {
     std::printf(" %s %" PRIu64, start_kind_name(static_cast<StartKind>(k)), r.by_kind[k]);
   std::printf("\nhit ratio %s, mean load %s ms, mean GPU load %s\n", pct(r.hit_ratio).c_str(),
               fmt(r.mean_load_ms, 2).c_str(), pct(r.mean_gpu_load).c_str());
+  std::printf("compliant by model:");
+  for (size_t m = 0; m < r.functions_by_model.size() && m < paper_models().size(); ++m) {
+    if (r.functions_by_model[m] == 0) continue;
+    std::printf(" %s %d/%d", paper_models()[m].name.c_str(), r.compliant_by_model[m],
+                r.functions_by_model[m]);
+  }
+  std::printf("\n");
   if (FLAGS_out != ".") {
     std::filesystem::create_directories(FLAGS_out);
     CsvTable table = results_table("functions");
