@@ -420,9 +420,10 @@ uint64_t HiberNode::device_mallocs() const {
 std::string HiberNode::summary() const {
   const scheduler::SchedulerCounters& c = core_->scheduler().counters();
   return str_cat("node ", node_index_, ": ", c.arrivals, " arrivals, ", c.completed, " completed (",
-                 c.on_time, " on time), ", c.resident_starts, " resident (", c.shared_starts, " shared), ", c.peer_swaps,
-                 " peer swaps, ", c.host_swaps, " host swaps, ", evictions_, " evictions, ",
-                 pool_failures_, " pool refusals, ", device_mallocs(), " device mallocs",
+                 c.on_time, " on time), ", c.resident_starts, " resident (", c.shared_starts,
+                 " shared), ", c.peer_swaps, " peer swaps, ", c.host_swaps, " host swaps, ",
+                 evictions_, " evictions, ", pool_failures_, " pool refusals, ", device_mallocs(),
+                 " device mallocs",
                  lost_replicas_ ? str_cat(", ", lost_replicas_, " replicas lost by the view") : "");
 }
 

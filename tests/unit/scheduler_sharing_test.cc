@@ -266,8 +266,8 @@ class Pairing : public Sharing {
     add(1, function(200, 30 * kMs, kComputeHeavy));  // X
     add(2, function(100, 30 * kMs, kMemoryHeavy));   // Y
     add(3, function(50, 10 * kMs, z));               // Z
-    EXPECT_EQ(run_once(1), 0);  // X on GPU 0 (both empty: the lowest)
-    EXPECT_EQ(run_once(2), 1);  // Y on GPU 1 (more room)
+    EXPECT_EQ(run_once(1), 0);                       // X on GPU 0 (both empty: the lowest)
+    EXPECT_EQ(run_once(2), 1);                       // Y on GPU 1 (more room)
     // Z onto GPU 0 while Y runs on GPU 1, then onto GPU 1 while X runs on GPU 0.
     // (X and Y run for their 30 ms: the scheduler measures resident executions.)
     RequestId y = start(2);
