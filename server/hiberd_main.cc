@@ -104,6 +104,9 @@ DEFINE_string(eviction, "heaviness",
               "Which models leave a full GPU: heaviness (Torpor), lru, lfu, "
               "random, mcache or cremebrulee");
 DEFINE_string(queue, "rrc", "Request order: rrc (Torpor's SLO-aware queue), fifo or gshare");
+DEFINE_string(sharing, "off",
+              "Spatial sharing (several functions on one GPU at once): off; any other value is "
+              "refused at start with the reason (docs/hiberd.md, \"Spatial sharing\")");
 DEFINE_uint64(scheduler_seed, 1, "Seed of the scheduler's random choices (random policies)");
 DEFINE_string(memory_pool, "buddy",
               "GPU memory management: buddy (pools reserved at start), block "
@@ -257,6 +260,7 @@ Result<server::DaemonOptions> make_options(const std::string& run_dir) {
   c.scheduler.eviction = FLAGS_eviction;
   c.scheduler.queue = FLAGS_queue;
   c.scheduler.seed = FLAGS_scheduler_seed;
+  c.scheduler.sharing = FLAGS_sharing;
   auto pool = memory::parse_pool_kind(FLAGS_memory_pool);
   if (!pool.ok()) return pool.status().with_context("--memory_pool");
   c.pools.kind = *pool;
