@@ -152,7 +152,7 @@ struct Scheduler::Impl {
     GpuMask excluded = ~c.allowed;
     while (true) {
       const Placement p = placement->place(f, PlacementContext{node, functions, rng, excluded});
-      if (!p.placed()) return share(c, out);
+      if (!p.placed()) return !passed_over && share(c, out);
       victims.clear();
       if (p.source == Source::kResident || evictor.plan(p.gpu, bytes, f, ectx, &victims)) {
         commit(c.request, r, p, ectx, out);
@@ -401,7 +401,10 @@ struct Scheduler::Impl {
   bool clock_started = false;
   Time last_now = 0;
   uint64_t next_arrival_index = 0;
-  std::vector<Eviction> victims;               // scratch for plans
+  std::vector<Eviction> victims;  // scratch for plans
+  // This dispatch round left a request waiting: sharing then starts none behind it, which would
+  // keep the GPUs it waits for busy longer (a priority inversion).
+  bool passed_over = false;
   std::vector<RequestId> scratch_ids;          // settle_progress(): g's runners
   std::vector<Intensity> scratch_intensities;  // settle_progress()
 };
@@ -599,9 +602,11 @@ void Scheduler::dispatch(Time now, std::vector<Decision>* out) {
   const QueueContext ctx = s.queue_context();
   const uint32_t limit = static_cast<uint32_t>(s.options.per_function_concurrency);
   s.queue->begin_round(ctx);
+  s.passed_over = false;
   QueueCandidate c;
   while (can_start() && s.queue->next(ctx, &c)) {
     if (!s.start(c, out)) {
+      s.passed_over = true;
       s.queue->pass(c, ctx);
       continue;
     }

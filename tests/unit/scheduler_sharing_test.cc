@@ -196,6 +196,36 @@ TEST_F(Sharing, ProgressSlowsWhileSharedJoinsInTime) {
   EXPECT_EQ(d[0].rule, PlacementRule::kShared);
 }
 
+// In FIFO order: C (not resident: it needs the GPU to itself) arrived before B. B does not jump
+// ahead by sharing, which would keep the GPU C waits for busy longer. Arriving first, it shares.
+class SharingBehindAWaiter : public Sharing {
+ protected:
+  bool b_shares(bool c_first) {
+    SchedulerOptions options = sharing();
+    options.queue = "fifo";
+    make(1, options);
+    add(1, function(100, 30 * kMs, kComputeHeavy));
+    add(2, function(100, 10 * kMs, kMemoryHeavy));
+    add(3, function(100, 10 * kMs, kMemoryHeavy));
+    run_once(1);
+    run_once(2);
+    start(1);
+    if (c_first) {
+      EXPECT_TRUE(s_->arrive(FunctionId{3}, now_).ok());
+    }
+    const RequestId b = *s_->arrive(FunctionId{2}, now_);
+    if (!c_first) {
+      EXPECT_TRUE(s_->arrive(FunctionId{3}, now_).ok());
+    }
+    const std::vector<Decision> d = dispatch(*s_, now_);
+    EXPECT_INVARIANTS(*s_);
+    return d.size() == 1 && d[0].request == b && d[0].rule == PlacementRule::kShared;
+  }
+};
+
+TEST_F(SharingBehindAWaiter, NotBehindARequestThatWaits) { EXPECT_FALSE(b_shares(true)); }
+TEST_F(SharingBehindAWaiter, AheadOfIt) { EXPECT_TRUE(b_shares(false)); }
+
 TEST_F(Sharing, NoMoreRunnersThanTheLimit) {
   make(1, sharing(2));
   add(1, function(100, 30 * kMs, {0.3, 0.3}));
