@@ -68,7 +68,8 @@ struct SchedulerOptions {
   // beside what runs, if interference.h's admission rule predicts every deadline still met; of
   // several such GPUs the one with the least predicted slowdown (USHER's pairing of
   // compute-heavy with memory-heavy models), then the lowest number. Never beside a request
-  // still loading its model or a background one.
+  // still loading its model or a background one, never outlasting the requests it joins, and
+  // never for a request behind one that the same dispatch left waiting.
   std::string sharing = "off";
   // Requests that may execute on one GPU at once under sharing (>= 1).
   int max_runners_per_gpu = 2;
