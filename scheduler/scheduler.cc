@@ -94,7 +94,8 @@ struct Scheduler::Impl {
         placement(std::move(placement_policy)),
         evictor(std::move(eviction_policy), o.eviction_options),
         queue(std::move(queue_policy)),
-        started(static_cast<size_t>(t.gpu_count()), 0) {}
+        started(static_cast<size_t>(t.gpu_count()), 0),
+        share_gpus(o.sharing != "off") {}
 
   // ---- Time and contexts ----
   // Time never goes backwards: a smaller `now` is taken as the latest seen (types.h).
@@ -163,7 +164,7 @@ struct Scheduler::Impl {
   }
 
   // ---- Spatial sharing (SchedulerOptions::sharing) ----
-  bool sharing() const { return options.sharing != "off"; }
+  bool sharing() const { return share_gpus; }
   Intensity intensity(FunctionIndex f) const {
     return functions.spec(f).intensity.value_or(Intensity{});
   }
@@ -397,6 +398,7 @@ struct Scheduler::Impl {
   std::vector<uint32_t> free_slots;
   std::vector<uint32_t> in_flight;  // per function index: requests loading or running
   std::vector<Time> started;        // per GPU: dispatch time of the request running there
+  const bool share_gpus;  // options.sharing is not "off"
   SchedulerCounters counters;
   bool clock_started = false;
   Time last_now = 0;
@@ -596,13 +598,15 @@ Result<RequestId> Scheduler::arrive(FunctionId id, Time now, bool background) {
 void Scheduler::dispatch(Time now, std::vector<Decision>* out) {
   Impl& s = *impl_;
   s.advance(now);
-  // With no GPU free, only sharing can start a request.
-  const auto can_start = [&] { return s.node.available() != 0 || s.shareable() != 0; };
+  // With no GPU free, only sharing can start a request, and only before one was left waiting.
+  const auto can_start = [&] {
+    return s.node.available() != 0 || (!s.passed_over && s.shareable() != 0);
+  };
+  s.passed_over = false;
   if (s.queue->size() == 0 || !can_start()) return;
   const QueueContext ctx = s.queue_context();
   const uint32_t limit = static_cast<uint32_t>(s.options.per_function_concurrency);
   s.queue->begin_round(ctx);
-  s.passed_over = false;
   QueueCandidate c;
   while (can_start() && s.queue->next(ctx, &c)) {
     if (!s.start(c, out)) {

@@ -12,9 +12,9 @@ void CoRun::advance(Time now) {
 }
 
 void CoRun::finishes(Time now, std::vector<Finish>* out) {
-  std::vector<scheduler::Intensity> set;
-  for (const Entry& e : entries_) set.push_back(e.intensity);
-  slowdown_ = interference_ ? scheduler::co_run_slowdown(set) : 1.0;
+  set_.clear();
+  for (const Entry& e : entries_) set_.push_back(e.intensity);
+  slowdown_ = interference_ ? scheduler::co_run_slowdown(set_) : 1.0;
   for (const Entry& e : entries_) {
     out->push_back(Finish{e.request, now + std::llround(e.work_left * slowdown_)});
   }

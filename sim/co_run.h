@@ -52,6 +52,7 @@ class CoRun {
   std::vector<Entry> entries_;
   Time since_ = 0;
   double slowdown_ = 1;
+  std::vector<scheduler::Intensity> set_;  // finishes()' scratch
 };
 
 }  // namespace hiber::sim
