@@ -103,6 +103,10 @@ void NodeState::clear_running(int g, RequestId request) {
   available_ |= gpu_bit(g) & healthy_;
 }
 
+void NodeState::clear_running(int g) {
+  if (gpus_[g].running) clear_running(g, *gpus_[g].running);
+}
+
 bool NodeState::executing(int g, FunctionIndex f) const {
   const GpuState& gpu = gpus_[g];
   if (gpu.running_function == f) return true;

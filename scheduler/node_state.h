@@ -95,6 +95,8 @@ class NodeState {
   void add_sharing(int g, RequestId request, FunctionIndex f);
   // `request`, running on g or sharing it, is done; g is available once nothing runs there.
   void clear_running(int g, RequestId request);
+  // The request running on g, if any, is done.
+  void clear_running(int g);
   void set_host_loading(int g, std::optional<FunctionIndex> f);
   void set_healthy(int g, bool healthy);
 
