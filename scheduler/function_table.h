@@ -18,8 +18,8 @@
 
 #include "common/status.h"
 #include "scheduler/heaviness.h"
-#include "scheduler/interference.h"
 #include "scheduler/id_index.h"
+#include "scheduler/interference.h"
 #include "scheduler/types.h"
 
 namespace hiber::scheduler {

@@ -398,7 +398,7 @@ struct Scheduler::Impl {
   std::vector<uint32_t> free_slots;
   std::vector<uint32_t> in_flight;  // per function index: requests loading or running
   std::vector<Time> started;        // per GPU: dispatch time of the request running there
-  const bool share_gpus;  // options.sharing is not "off"
+  const bool share_gpus;            // options.sharing is not "off"
   SchedulerCounters counters;
   bool clock_started = false;
   Time last_now = 0;
