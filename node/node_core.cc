@@ -73,6 +73,7 @@ struct NodeCore::State {
     bool healthy = true;
     bool drained = false;
     std::optional<RequestId> running;
+    std::vector<RequestId> sharing;  // started beside `running` (spatial sharing)
     uint64_t swaps_in = 0;
     uint64_t swap_in_bytes = 0;
     double swap_in_seconds = 0;
@@ -95,6 +96,26 @@ struct NodeCore::State {
   scheduler::GpuMask stale_reserves = 0;
   // Drains not yet reported, in the order they were asked for.
   std::vector<std::optional<GpuId>> drains;
+
+  // `id` no longer runs on g; the first request sharing g takes the place of a running one.
+  void clear_runner(Gpu& g, RequestId id) {
+    if (g.running != id) {
+      std::erase(g.sharing, id);
+      return;
+    }
+    g.running.reset();
+    if (!g.sharing.empty()) {
+      g.running = g.sharing.front();
+      g.sharing.erase(g.sharing.begin());
+    }
+  }
+  // The requests executing on g: the running one, then those sharing it.
+  static std::vector<RequestId> runners(const Gpu& g) {
+    std::vector<RequestId> out;
+    if (g.running) out.push_back(*g.running);
+    out.insert(out.end(), g.sharing.begin(), g.sharing.end());
+    return out;
+  }
 
   Function* function(FunctionId id) {
     auto it = functions.find(id);
@@ -149,6 +170,7 @@ Status NodeCore::add_function(FunctionId id, const FunctionSpec& spec, Time now)
   s.tail_percentile = spec.tail_percentile;
   s.heavy_hint = spec.heavy_hint;
   s.exec_time_hint = spec.exec_time_hint;
+  s.intensity = spec.intensity;
   HIBER_RETURN_IF_ERROR(scheduler_->register_function(id, s, now));
   State::Function f;
   f.spec = spec;
@@ -222,7 +244,7 @@ void NodeCore::detach(FunctionId id, Time now) {
       (void)scheduler_->cancel(rid, now);
     } else {
       (void)scheduler_->done(rid, now, scheduler::Completion{.failed = true});
-      state_->gpus[r.decision->gpu].running.reset();
+      state_->clear_runner(state_->gpus[r.decision->gpu], rid);
     }
     state_->requests.erase(rid);
   }
@@ -395,7 +417,7 @@ void NodeCore::released(RequestId id, const Status& status, Time now) {
   completion.failed = r->failed || !status.ok();
   (void)scheduler_->done(id, now, completion);
   State::Gpu& g = state_->gpus[index_of(gpu)];
-  if (g.running == id) g.running.reset();
+  state_->clear_runner(g, id);
   if (State::Function* f = state_->function(r->function)) {
     if (f->lease == id) f->lease.reset();
     if (f->attached) {
@@ -461,15 +483,18 @@ void NodeCore::fail_gpu(GpuId gpu, const Status& why) {
              << "models will be brought back from their host copies elsewhere";
   g.healthy = false;
   scheduler_->set_gpu_healthy(gpu.value(), false);
-  std::optional<FunctionId> runner;
-  if (g.running) runner = state_->requests.at(*g.running).function;
+  const std::vector<RequestId> runners = State::runners(g);
+  std::vector<FunctionId> running;
+  for (RequestId id : runners) running.push_back(state_->requests.at(id).function);
   for (auto& [id, f] : state_->functions) {
-    if (f.attached && id != runner) actuator_.forget(id, gpu);
+    if (f.attached && std::find(running.begin(), running.end(), id) == running.end())
+      actuator_.forget(id, gpu);
   }
-  if (g.running) {
-    State::Request& r = state_->requests.at(*g.running);
-    r.failed = true;
-    actuator_.end(*g.running, r.function, why);
+  for (RequestId id : runners) {
+    State::Request* r = state_->request(id);
+    if (r == nullptr) continue;  // an earlier end() released it at once
+    r->failed = true;
+    actuator_.end(id, r->function, why);
   }
 }
 
@@ -494,11 +519,12 @@ Status NodeCore::drain(std::optional<GpuId> gpu, bool resume) {
   scheduler_->set_gpu_healthy(gpu->value(), false);
   // Its models leave (the scheduler's view already forgot them); the running one leaves when
   // its request is done.
-  std::optional<FunctionId> runner;
-  if (g.running) runner = state_->requests.at(*g.running).function;
+  std::vector<FunctionId> running;
+  for (RequestId id : State::runners(g)) running.push_back(state_->requests.at(id).function);
   std::vector<FunctionId> resident;
   for (const auto& [id, f] : state_->functions) {
-    if (f.attached && id != runner) resident.push_back(id);
+    if (f.attached && std::find(running.begin(), running.end(), id) == running.end())
+      resident.push_back(id);
   }
   std::sort(resident.begin(), resident.end());
   for (FunctionId id : resident) evict(id, *gpu, EvictionReason::kDrain);
@@ -542,7 +568,11 @@ void NodeCore::start_one(const Decision& d, Time now) {
   State::Request& r = state_->requests.at(rid);
   State::Function* f = state_->function(r.function);
   const GpuId gpu{d.gpu};
-  state_->gpus[d.gpu].running = rid;
+  if (d.rule == scheduler::PlacementRule::kShared) {
+    state_->gpus[d.gpu].sharing.push_back(rid);
+  } else {
+    state_->gpus[d.gpu].running = rid;
+  }
   for (const scheduler::Eviction& v : d.evictions) {
     evict(v.function, GpuId{v.gpu}, EvictionReason::kPlacement);
   }
@@ -554,7 +584,7 @@ void NodeCore::start_one(const Decision& d, Time now) {
     r.start_error = error(ErrorCode::kDeinitialized, "the function's instance is gone");
     answer_start(rid, now);
     (void)scheduler_->cancel(d.request, now);
-    state_->gpus[d.gpu].running.reset();
+    state_->clear_runner(state_->gpus[d.gpu], rid);
     state_->requests.erase(rid);
     return;
   }
@@ -712,7 +742,7 @@ void NodeCore::check_drains() {
       for (const auto& [id, r] : state_->requests)
         busy |= !r.background && r.phase != Phase::kEnded;
     } else {
-      busy = state_->gpus[index_of(**it)].running.has_value();
+      busy = state_->gpus[index_of(**it)].running.has_value();  // sharing only beside it
     }
     if (busy) {
       ++it;
@@ -745,6 +775,7 @@ NodeStatus NodeCore::status(Time now) const {
     gpu.healthy = g.healthy;
     gpu.drained = g.drained;
     if (g.running) gpu.running = state_->requests.at(*g.running).function;
+    for (RequestId id : g.sharing) gpu.sharing.push_back(state_->requests.at(id).function);
     gpu.swaps_in = g.swaps_in;
     gpu.swap_in_bytes = g.swap_in_bytes;
     gpu.swap_in_seconds = g.swap_in_seconds;

@@ -29,6 +29,10 @@
 //                           kEnded      nobody has said done() yet (its GPU failed, say), kept
 //                                       ended until done() so that the caller learns how it went
 //
+// With spatial sharing (SchedulerOptions::sharing) a GPU may execute several requests at once:
+// one is its running request, the others share it, and when the running one is released the
+// first of them takes its place. Each is started, ended and released on its own.
+//
 // A background request (need_gpu: the function's own use of a GPU outside its callers' requests,
 // such as its start-up) is forgotten at released(); nobody waits for it. With a lease slice
 // (NodeOptions::lease_slice) dispatch() preempts one that has run for a slice while other
@@ -73,6 +77,8 @@ struct FunctionSpec {
   double tail_percentile = 0.98;
   std::optional<bool> heavy_hint;
   Duration exec_time_hint = 0;
+  // What a request asks of a GPU while it runs alone, for spatial sharing; none: unknown.
+  std::optional<scheduler::Intensity> intensity;
   // Every block is state: a copy between GPUs is always a move (one replica only).
   bool stateful = false;
 };
@@ -172,6 +178,7 @@ struct NodeStatus {
     bool healthy = true;
     bool drained = false;
     std::optional<FunctionId> running;
+    std::vector<FunctionId> sharing;  // executing beside `running` (spatial sharing)
     uint64_t swaps_in = 0;
     uint64_t swap_in_bytes = 0;
     double swap_in_seconds = 0;
@@ -275,6 +282,7 @@ class NodeCore {
 
   // ---- Views ----
   std::optional<Phase> phase(RequestId request) const;
+  // The request running on `gpu`; with spatial sharing, others may execute beside it.
   std::optional<RequestId> running(GpuId gpu) const;
   NodeStatus status(Time now) const;
   const scheduler::Scheduler& scheduler() const { return *scheduler_; }

@@ -39,7 +39,7 @@ bool Evictor::plan(int g, uint64_t bytes, std::optional<FunctionIndex> keep,
   uint64_t available = 0;
   for (const Replica& r : gpu.replicas) {
     // Protected: in flight, a copy's source, executing here, or the model being placed.
-    if (r.loading || r.source_pins > 0 || r.function == gpu.running_function || r.function == keep)
+    if (r.loading || r.source_pins > 0 || node.executing(g, r.function) || r.function == keep)
       continue;
     candidates_.push_back(EvictionCandidate{
         .function = r.function,

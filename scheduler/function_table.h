@@ -19,6 +19,7 @@
 #include "common/status.h"
 #include "scheduler/heaviness.h"
 #include "scheduler/id_index.h"
+#include "scheduler/interference.h"
 #include "scheduler/types.h"
 
 namespace hiber::scheduler {
@@ -32,6 +33,9 @@ struct FunctionSpec {
   std::optional<bool> heavy_hint;  // heaviness label until it is measured (heaviness.h)
   Duration exec_time_hint = 0;     // expected execution time with the model resident; 0 = unknown
   Duration swap_time_hint = 0;     // expected host->GPU swap time; 0 = bytes / PCIe bandwidth
+  // What a request asks of a GPU while it runs alone (interference.h); unknown: the whole GPU,
+  // so that spatial sharing predicts the worst for it.
+  std::optional<Intensity> intensity;
 };
 
 struct WindowOptions {

@@ -82,10 +82,36 @@ void NodeState::set_running(int g, RequestId request, std::optional<FunctionInde
   available_ &= ~gpu_bit(g);
 }
 
-void NodeState::clear_running(int g) {
-  gpus_[g].running.reset();
-  gpus_[g].running_function.reset();
+void NodeState::add_sharing(int g, RequestId request, FunctionIndex f) {
+  gpus_[g].sharing.push_back(CoRunning{request, f});
+}
+
+void NodeState::clear_running(int g, RequestId request) {
+  GpuState& gpu = gpus_[g];
+  if (gpu.running != request) {
+    std::erase_if(gpu.sharing, [&](const CoRunning& c) { return c.request == request; });
+    return;
+  }
+  if (!gpu.sharing.empty()) {
+    gpu.running = gpu.sharing.front().request;
+    gpu.running_function = gpu.sharing.front().function;
+    gpu.sharing.erase(gpu.sharing.begin());
+    return;
+  }
+  gpu.running.reset();
+  gpu.running_function.reset();
   available_ |= gpu_bit(g) & healthy_;
+}
+
+void NodeState::clear_running(int g) {
+  if (gpus_[g].running) clear_running(g, *gpus_[g].running);
+}
+
+bool NodeState::executing(int g, FunctionIndex f) const {
+  const GpuState& gpu = gpus_[g];
+  if (gpu.running_function == f) return true;
+  return std::any_of(gpu.sharing.begin(), gpu.sharing.end(),
+                     [&](const CoRunning& c) { return c.function == f; });
 }
 
 void NodeState::set_healthy(int g, bool healthy) {
@@ -133,6 +159,13 @@ Status NodeState::check_invariants() const {
                    " availability disagrees with its health and request");
     if (running != s.running_function.has_value())
       return error(ErrorCode::kIllegalState, "GPU ", g, " running request and function disagree");
+    if (!running && !s.sharing.empty())
+      return error(ErrorCode::kIllegalState, "GPU ", g, " is shared with nothing running");
+    for (const CoRunning& c : s.sharing) {
+      if (c.request == s.running)
+        return error(ErrorCode::kIllegalState, "GPU ", g, " shares request ", c.request,
+                     " with itself");
+    }
     if (!running && s.host_loading)
       return error(ErrorCode::kIllegalState, "GPU ", g, " loads from the host with no request");
     if (s.host_loading.has_value() != ((host_loading_mask_ & gpu_bit(g)) != 0))

@@ -28,12 +28,21 @@ struct Replica {
   Time last_used = 0;        // last dispatch or completion of a request on this replica
 };
 
+// A request executing on a GPU beside the one in GpuState::running (spatial sharing).
+struct CoRunning {
+  RequestId request;
+  FunctionIndex function{0};
+};
+
 struct GpuState {
   uint64_t capacity = 0;  // bytes the scheduler may place models in (the GPU's memory)
   uint64_t reserved = 0;  // bytes used for anything but models, as the memory layer reports
   uint64_t used = 0;      // bytes of the replicas below, loading ones included
   std::optional<RequestId> running;  // the request placed here, until it is done
   std::optional<FunctionIndex> running_function;
+  // Requests started beside `running` (SchedulerOptions::sharing); empty without sharing. When
+  // `running` is done the first of them takes its place.
+  std::vector<CoRunning> sharing;
   std::optional<FunctionIndex> host_loading;  // model in flight from the host (PCIe), if any
   std::vector<Replica> replicas;
 };
@@ -64,6 +73,8 @@ class NodeState {
 
   const Replica* find(int g, FunctionIndex f) const;
   Replica* find(int g, FunctionIndex f);
+  // f has a request executing on g (running there or sharing it).
+  bool executing(int g, FunctionIndex f) const;
   // Complete replicas of f across the node.
   int replica_count(FunctionIndex f) const;
 
@@ -80,13 +91,18 @@ class NodeState {
   // The replica (on GPU g) has all its bytes.
   void mark_complete(int g, Replica& replica);
   void set_running(int g, RequestId request, std::optional<FunctionIndex> f);
+  // `request` joins g's running request (spatial sharing). REQUIRES: g runs one.
+  void add_sharing(int g, RequestId request, FunctionIndex f);
+  // `request`, running on g or sharing it, is done; g is available once nothing runs there.
+  void clear_running(int g, RequestId request);
+  // The request running on g, if any, is done.
   void clear_running(int g);
   void set_host_loading(int g, std::optional<FunctionIndex> f);
   void set_healthy(int g, bool healthy);
 
   // The invariants every event must keep: used = sum of replica bytes, holder masks match the
   // replicas, availability matches health and the running requests, at most one replica per
-  // (GPU, model).
+  // (GPU, model), requests share a GPU only beside a running one.
   // kIllegalState naming the first broken one. For tests and the simulator's debug mode.
   Status check_invariants() const;
 

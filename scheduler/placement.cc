@@ -13,6 +13,7 @@ const char* placement_rule_name(PlacementRule rule) {
     case PlacementRule::kHostLightNeighbours: return "host-light-neighbours";
     case PlacementRule::kHostAny: return "host-any";
     case PlacementRule::kRandom: return "random";
+    case PlacementRule::kShared: return "shared";
   }
   return "unknown";
 }

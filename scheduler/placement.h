@@ -49,6 +49,7 @@ enum class PlacementRule : uint8_t {
   kHostLightNeighbours,  // line 15: neighbours load light models only
   kHostAny,              // line 17
   kRandom,               // the "random" policy's host load
+  kShared,               // spatial sharing: beside a running request, model resident (scheduler.h)
 };
 
 const char* placement_rule_name(PlacementRule rule);

@@ -27,6 +27,10 @@ struct RequestSlot {
   bool release_source = false;
   bool pinned = false;      // holds a pin on its peer source replica
   bool background = false;  // not a request of the function's callers (see arrive())
+  // Spatial sharing's prediction while it executes: execution left (in time alone) as of
+  // progress_at; GPU-sharing re-times it whenever a request joins or leaves its GPU.
+  Duration work_left = 0;
+  Time progress_at = 0;
 };
 
 uint32_t slot_of(RequestId id) { return static_cast<uint32_t>(id.value()); }
@@ -36,6 +40,12 @@ RequestId make_id(uint32_t slot, uint32_t generation) {
 }
 
 Status validate(const SchedulerOptions& options) {
+  if (options.sharing != "off" && options.sharing != "usher")
+    return error(ErrorCode::kInvalidValue, "scheduler: unknown sharing '", options.sharing,
+                 "' (known: off, usher)");
+  if (options.max_runners_per_gpu < 1)
+    return error(ErrorCode::kInvalidValue, "scheduler: max_runners_per_gpu ",
+                 options.max_runners_per_gpu, " is below 1");
   if (options.per_function_concurrency < 1)
     return error(ErrorCode::kInvalidValue, "scheduler: per_function_concurrency ",
                  options.per_function_concurrency, " is below 1");
@@ -89,7 +99,8 @@ struct Scheduler::Impl {
         placement(std::move(placement_policy)),
         evictor(std::move(eviction_policy), o.eviction_options),
         queue(std::move(queue_policy)),
-        started(static_cast<size_t>(t.gpu_count()), 0) {}
+        started(static_cast<size_t>(t.gpu_count()), 0),
+        share_gpus(o.sharing != "off") {}
 
   // ---- Time and contexts ----
   // Time never goes backwards: a smaller `now` is taken as the latest seen (types.h).
@@ -147,7 +158,7 @@ struct Scheduler::Impl {
     GpuMask excluded = ~c.allowed;
     while (true) {
       const Placement p = placement->place(f, PlacementContext{node, functions, rng, excluded});
-      if (!p.placed()) return false;
+      if (!p.placed()) return !passed_over && share(c, out);
       victims.clear();
       if (p.source == Source::kResident || evictor.plan(p.gpu, bytes, f, ectx, &victims)) {
         commit(c.request, r, p, ectx, out);
@@ -179,6 +190,79 @@ struct Scheduler::Impl {
     queue->on_completion(c.function, queue_context());
   }
 
+  // ---- Spatial sharing (SchedulerOptions::sharing) ----
+  bool sharing() const { return share_gpus; }
+  Intensity intensity(FunctionIndex f) const {
+    return functions.spec(f).intensity.value_or(Intensity{});
+  }
+  // The requests executing on g: the running one, then those sharing it.
+  void runners(int g, std::vector<RequestId>* out) const {
+    out->clear();
+    const GpuState& gpu = node.gpu(g);
+    if (gpu.running) out->push_back(*gpu.running);
+    for (const CoRunning& c : gpu.sharing) out->push_back(c.request);
+  }
+  // Busy GPUs a request may join: healthy, running fewer than the limit, none of them loading
+  // its model or a background request.
+  GpuMask shareable() const {
+    if (!sharing()) return 0;
+    GpuMask mask = 0;
+    for (int g = 0; g < topology.gpu_count(); ++g) {
+      const GpuState& gpu = node.gpu(g);
+      if (!gpu.running || (node.healthy() & gpu_bit(g)) == 0 ||
+          1 + gpu.sharing.size() >= static_cast<size_t>(options.max_runners_per_gpu))
+        continue;
+      const RequestSlot& r = slots[slot_of(*gpu.running)];
+      if (r.state != RequestState::kRunning || r.background) continue;
+      mask |= gpu_bit(g);
+    }
+    return mask;
+  }
+  // Brings the predicted progress of g's runners up to now, at the slowdown they ran at.
+  void settle_progress(int g) {
+    runners(g, &scratch_ids);
+    scratch_intensities.clear();
+    for (RequestId id : scratch_ids)
+      scratch_intensities.push_back(intensity(slots[slot_of(id)].function));
+    const double slowdown = co_run_slowdown(scratch_intensities);
+    for (RequestId id : scratch_ids) {
+      RequestSlot& r = slots[slot_of(id)];
+      const double done = static_cast<double>(last_now - r.progress_at) / slowdown;
+      r.work_left = std::max<Duration>(0, r.work_left - static_cast<Duration>(done));
+      r.progress_at = last_now;
+    }
+  }
+  // Starts the candidate beside a running request where its model is complete and the
+  // admission rule lets it; of several GPUs the least predicted slowdown, then the lowest.
+  bool share(const QueueCandidate& c, std::vector<Decision>* out) {
+    const FunctionIndex f = c.function;
+    const GpuMask candidates = shareable() & node.holders(f) & c.allowed;
+    if (candidates == 0) return false;
+    RequestSlot& r = slots[slot_of(c.request)];
+    const CoRunner incoming{intensity(f), functions.exec_estimate(f), r.deadline};
+    int best = -1;
+    double best_slowdown = 0;
+    for (GpuMask left = candidates; left != 0; left &= left - 1) {
+      const int g = __builtin_ctzll(left);
+      settle_progress(g);
+      std::vector<CoRunner> running;
+      for (RequestId id : scratch_ids) {
+        const RequestSlot& other = slots[slot_of(id)];
+        running.push_back(CoRunner{intensity(other.function), other.work_left, other.deadline});
+      }
+      const std::optional<double> slowdown = admit_co_runner(running, incoming, last_now);
+      if (slowdown && (best < 0 || *slowdown < best_slowdown)) {
+        best = g;
+        best_slowdown = *slowdown;
+      }
+    }
+    if (best < 0) return false;
+    victims.clear();
+    commit(c.request, r, Placement{best, Source::kResident, -1, PlacementRule::kShared},
+           eviction_context(r.arrival_index), out);
+    return true;
+  }
+
   // Updates the view as if the decision were carried out, and reports it.
   void commit(RequestId id, RequestSlot& r, const Placement& p, const EvictionContext& ectx,
               std::vector<Decision>* out) {
@@ -200,6 +284,8 @@ struct Scheduler::Impl {
       case Source::kResident:
         node.find(g, f)->last_used = now;
         r.state = RequestState::kRunning;
+        r.work_left = functions.exec_estimate(f);
+        r.progress_at = now;
         ++counters.resident_starts;
         break;
       case Source::kPeer:
@@ -221,8 +307,14 @@ struct Scheduler::Impl {
         break;
     }
     if (p.source != Source::kResident) evictor.policy().on_loaded(f, ectx);
-    node.set_running(g, id, f);
-    started[static_cast<size_t>(g)] = now;
+    if (p.rule == PlacementRule::kShared) {
+      // Its runners' progress was settled when the rule admitted it.
+      node.add_sharing(g, id, f);
+      ++counters.shared_starts;
+    } else {
+      node.set_running(g, id, f);
+      started[static_cast<size_t>(g)] = now;
+    }
     r.gpu = g;
     r.dispatched = now;
     r.source = p.source;
@@ -274,6 +366,9 @@ struct Scheduler::Impl {
       }
       if (r.source == Source::kHost) functions.record_host_swap(f, last_now - r.dispatched);
       if (r.release_source) node.remove_replica(r.source_gpu, f);
+      // What is left to execute once the bytes are there; counted whole, so sharing errs safe.
+      r.work_left = functions.exec_estimate(f);
+      r.progress_at = last_now;
     } else if (replica != nullptr && replica->loading) {
       node.remove_replica(g, f);
     }
@@ -289,7 +384,8 @@ struct Scheduler::Impl {
     if (r.state == RequestState::kLoading) finish_load(r, /*ok=*/false);
     if (Replica* replica = node.find(g, f); replica != nullptr && !replica->loading)
       replica->last_used = now;
-    node.clear_running(g);
+    if (sharing()) settle_progress(g);
+    node.clear_running(g, id);
     if (!r.background) {
       const bool on_time = !failed && now - r.arrival <= functions.spec(f).slo;
       functions.record_completion(f, now, on_time, now - r.dispatched);
@@ -329,11 +425,17 @@ struct Scheduler::Impl {
   std::vector<uint32_t> free_slots;
   std::vector<uint32_t> in_flight;  // per function index: requests loading or running
   std::vector<Time> started;        // per GPU: dispatch time of the request running there
+  const bool share_gpus;            // options.sharing is not "off"
   SchedulerCounters counters;
   bool clock_started = false;
   Time last_now = 0;
   uint64_t next_arrival_index = 0;
   std::vector<Eviction> victims;  // scratch for plans
+  // This dispatch round left a request waiting: sharing then starts none behind it, which would
+  // keep the GPUs it waits for busy longer (a priority inversion).
+  bool passed_over = false;
+  std::vector<RequestId> scratch_ids;          // settle_progress(): g's runners
+  std::vector<Intensity> scratch_intensities;  // settle_progress()
 };
 
 Status Scheduler::Impl::check_requests() const {
@@ -356,7 +458,10 @@ Status Scheduler::Impl::check_requests() const {
       return error(ErrorCode::kIllegalState, "request ", id, " is live but finished");
     if (queue->contains(id))
       return error(ErrorCode::kIllegalState, "dispatched request ", id, " is still queued");
-    if (!valid_gpu(r.gpu) || node.gpu(r.gpu).running != id)
+    const auto shares = [&](const CoRunning& c) { return c.request == id; };
+    if (!valid_gpu(r.gpu) ||
+        (node.gpu(r.gpu).running != id &&
+         std::none_of(node.gpu(r.gpu).sharing.begin(), node.gpu(r.gpu).sharing.end(), shares)))
       return error(ErrorCode::kIllegalState, "dispatched request ", id, " does not hold GPU ",
                    r.gpu);
     ++flight[r.function.value()];
@@ -389,6 +494,13 @@ Status Scheduler::Impl::check_requests() const {
       if (r == nullptr || r->gpu != g || r->function != gpu.running_function)
         return error(ErrorCode::kIllegalState, "GPU ", g, " runs request ", *gpu.running,
                      " which is not dispatched there");
+    }
+    for (const CoRunning& c : gpu.sharing) {
+      const RequestSlot* r = find(c.request);
+      if (r == nullptr || r->gpu != g || r->function != c.function ||
+          r->state != RequestState::kRunning)
+        return error(ErrorCode::kIllegalState, "GPU ", g, " is shared with request ", c.request,
+                     " which is not running there");
     }
     for (const Replica& replica : gpu.replicas) {
       if (replica.loading) {
@@ -521,18 +633,24 @@ Result<RequestId> Scheduler::arrive(FunctionId id, Time now, bool background) {
 void Scheduler::dispatch(Time now, std::vector<Decision>* out, std::vector<RequestId>* rejected) {
   Impl& s = *impl_;
   s.advance(now);
-  if (s.queue->size() == 0 || s.node.available() == 0) return;
+  // With no GPU free, only sharing can start a request, and only before one was left waiting.
+  const auto can_start = [&] {
+    return s.node.available() != 0 || (!s.passed_over && s.shareable() != 0);
+  };
+  s.passed_over = false;
+  if (s.queue->size() == 0 || !can_start()) return;
   const QueueContext ctx = s.queue_context();
   const uint32_t limit = static_cast<uint32_t>(s.options.per_function_concurrency);
   s.queue->begin_round(ctx);
   QueueCandidate c;
-  while (s.node.available() != 0 && s.queue->next(ctx, &c)) {
+  while (can_start() && s.queue->next(ctx, &c)) {
     if (rejected != nullptr && s.hopeless(c)) {
       s.queue->take(c, ctx);
       s.reject(c, rejected);
       continue;
     }
     if (!s.start(c, out)) {
+      s.passed_over = true;
       s.queue->pass(c, ctx);
       continue;
     }

@@ -20,7 +20,8 @@
 // can start. Between events the scheduler's view does not change by itself, so there is no
 // timer to run (next_wakeup() says otherwise only for lazy queue policies).
 //
-// Policies are chosen by name (SchedulerOptions): placement ("algorithm1", "random"),
+// Policies are chosen by name (SchedulerOptions): placement ("algorithm1", "random"), spatial
+// sharing ("off", "usher"),
 // eviction ("heaviness", "lru", "lfu", "random", "mcache", "cremebrulee",
 // "cremebrulee-oracle", "belady", "slack") and queueing ("rrc", "fifo", "gshare"), plus the
 // admission rule (SchedulerOptions::shed). Unknown names are
@@ -76,6 +77,16 @@ struct SchedulerOptions {
   //   kHopeless: now + the longer of execution and host swap > deadline when no GPU holds the
   //              model (a pipelined swap overlaps the execution, so each bounds the finish).
   ShedRule shed = ShedRule::kNone;
+  // Spatial sharing. "off" (default): a GPU runs one request at a time. "usher": when placement
+  // finds no available GPU, a request whose model is complete on a busy GPU may start there
+  // beside what runs, if interference.h's admission rule predicts every deadline still met; of
+  // several such GPUs the one with the least predicted slowdown (USHER's pairing of
+  // compute-heavy with memory-heavy models), then the lowest number. Never beside a request
+  // still loading its model or a background one, never outlasting the requests it joins, and
+  // never for a request behind one that the same dispatch left waiting.
+  std::string sharing = "off";
+  // Requests that may execute on one GPU at once under sharing (>= 1).
+  int max_runners_per_gpu = 2;
   WindowOptions window;
   HeavinessOptions heaviness;
   EvictionOptions eviction_options;
@@ -130,6 +141,7 @@ struct SchedulerCounters {
   uint64_t cancelled = 0;   // cancel(), and queued requests of unregistered functions
   uint64_t rejected = 0;    // shed by dispatch() (SchedulerOptions::shed); not in completed
   uint64_t resident_starts = 0;
+  uint64_t shared_starts = 0;  // of those, beside another request (SchedulerOptions::sharing)
   uint64_t peer_swaps = 0;
   uint64_t host_swaps = 0;
   uint64_t evictions = 0;

@@ -63,6 +63,17 @@ struct Controller::State {
 
 Result<std::unique_ptr<Controller>> Controller::create(device::Device& device,
                                                        const ControllerOptions& options) {
+  // The node core could run two functions on one GPU (SchedulerOptions::sharing), but a lease is
+  // what keeps functions apart here: their memory is made accessible from the leased GPU, not
+  // to the leased function, in the GPU's one context that every session shares.
+  if (options.scheduler.sharing != "off") {
+    return error(ErrorCode::kInvalidValue, "sharing '", options.scheduler.sharing,
+                 "' is refused: hiberd leases a GPU to one function at a time because that is "
+                 "what isolates functions from each other (a lease maps the function's memory "
+                 "accessible from the GPU, in the context all functions share), so two "
+                 "functions on one GPU could reach each other's memory; sharing a GPU needs a "
+                 "context per function (docs/hiberd.md, \"Spatial sharing\")");
+  }
   std::unique_ptr<Controller> controller(new Controller(device, options));
   HIBER_ASSIGN_OR_RETURN(scheduler::Topology topology,
                          scheduler::Topology::from_config(device.topology()));

@@ -60,6 +60,7 @@ Result<std::unique_ptr<HiberNode>> HiberNode::create(const NodeConfig& config,
   node->model_placed_.resize(gpus);
   node->allocated_.assign(gpus, 0);
   node->device_cost_.assign(gpus, 0);
+  node->co_run_.assign(gpus, CoRun(options.interference));
   node::NodeOptions core_options;
   core_options.scheduler = options.scheduler;
   core_options.outside_pool_bytes.assign(gpus, options.gpu_reserve_bytes);
@@ -84,6 +85,7 @@ Status HiberNode::add_function(uint32_t index, const SimFunction& function, cons
   // What a function's author or hiberd's first run would tell: its execution time. The swap
   // time is left to the scheduler's own estimate (bytes over the PCIe bandwidth).
   spec.exec_time_hint = model.exec;
+  spec.intensity = model.intensity;
   if (index >= deployed_.size()) {
     deployed_.resize(index + 1);
     for (auto& per_gpu : models_) per_gpu.resize(index + 1);
@@ -179,8 +181,12 @@ void HiberNode::start(const node::Start& d) {
   }
   core_->streaming(d.request, Status(), now);
   if (d.source == Source::kResident) {
-    const Duration exec = r.background ? 0 : r.exec;
-    queue_->schedule(now + delay + exec, this, kDone, d.request.value());
+    if (r.background) {
+      r.finish_at = now + delay;
+      queue_->schedule(r.finish_at, this, kDone, d.request.value());
+    } else {
+      execute(d.request, r, delay + r.exec, now);
+    }
   } else {
     queue_->schedule(now + delay + options_.pipeline.setup, this, kStartTransfer,
                      d.request.value());
@@ -255,6 +261,22 @@ uint64_t HiberNode::model_bytes(FunctionId function) const {
   return deployed_[index_of(function)].model->model_bytes;
 }
 
+void HiberNode::execute(RequestId id, Request& r, Duration work, Time now) {
+  r.executing = true;
+  finishes_.clear();
+  co_run_[r.gpu].enter(id, work, deployed_[r.function].model->intensity, now, &finishes_);
+  retime(finishes_);
+}
+
+void HiberNode::retime(const std::vector<CoRun::Finish>& finishes) {
+  for (const CoRun::Finish& f : finishes) {
+    Request& r = requests_.at(f.request);
+    if (r.finish_at == f.at) continue;
+    r.finish_at = f.at;
+    queue_->schedule(f.at, this, kDone, f.request.value());
+  }
+}
+
 // ---- Request ends ----
 
 void HiberNode::fail(RequestId id, Request& r, Time now) {
@@ -308,10 +330,14 @@ void HiberNode::on_event(int kind, uint64_t arg, Time now) {
       links_->start(link, model.model_bytes, this, arg);
       break;
     }
-    case kDone:
+    case kDone: {
+      // A request re-timed since this event was scheduled has a later one.
+      auto it = requests_.find(RequestId{arg});
+      if (it == requests_.end() || it->second.finish_at != now) break;
       complete(RequestId{arg}, now);
       dispatch(now);
       break;
+    }
     case kWakeup:
       wakeup_at_ = scheduler::Scheduler::kNever;
       dispatch(now);
@@ -332,7 +358,12 @@ void HiberNode::transfer_done(uint64_t tag, Time t) {
   const Time finish = r.pipeline.finish(t);
   const Model& model = *deployed_[r.function].model;
   core_->swap_done(id, Status(), node::SwapStats{model.model_bytes, t - r.dispatched}, t);
-  queue_->schedule(finish, this, kDone, tag);
+  if (r.background) {
+    r.finish_at = finish;
+    queue_->schedule(finish, this, kDone, tag);
+  } else {
+    execute(id, r, finish - t, t);
+  }
   dispatch(t);
 }
 
@@ -340,6 +371,11 @@ void HiberNode::complete(RequestId id, Time now) {
   auto it = requests_.find(id);
   CHECK(it != requests_.end());
   Request& r = it->second;
+  if (r.executing) {
+    finishes_.clear();
+    co_run_[r.gpu].leave(id, now, &finishes_);
+    retime(finishes_);
+  }
   if (r.background) {
     // A start-up has loaded the model: its GPU is free, and no caller waits for an outcome.
     core_->released(id, Status(), now);
@@ -396,9 +432,10 @@ uint64_t HiberNode::device_mallocs() const {
 std::string HiberNode::summary() const {
   const scheduler::SchedulerCounters& c = core_->scheduler().counters();
   return str_cat("node ", node_index_, ": ", c.arrivals, " arrivals, ", c.completed, " completed (",
-                 c.on_time, " on time), ", c.resident_starts, " resident, ", c.peer_swaps,
-                 " peer swaps, ", c.host_swaps, " host swaps, ", evictions_, " evictions, ",
-                 pool_failures_, " pool refusals, ", device_mallocs(), " device mallocs",
+                 c.on_time, " on time), ", c.resident_starts, " resident (", c.shared_starts,
+                 " shared), ", c.peer_swaps, " peer swaps, ", c.host_swaps, " host swaps, ",
+                 evictions_, " evictions, ", pool_failures_, " pool refusals, ", device_mallocs(),
+                 " device mallocs",
                  lost_replicas_ ? str_cat(", ", lost_replicas_, " replicas lost by the view") : "");
 }
 

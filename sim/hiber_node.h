@@ -17,6 +17,9 @@
 //      sharing the link with other transfers (links.h), and r's computation follows the bytes
 //      (pipeline.h). The core hears swap_done when the last byte is there; a peer move then has
 //      the source replica forgotten (forget()).
+//      A request executes beside the others on g (spatial sharing, SchedulerOptions::sharing)
+//      at the slowdown of the interference model (co_run.h): from its start for a resident
+//      model, from the swap's last byte for the computation still left after it.
 //   5. finished: the core hears done(); its end() frees r's scratch and reports released().
 //
 // The Torpor-Block ablation runs the same node with PoolKind::kBlock, whose device allocations
@@ -32,6 +35,7 @@
 #include "memory/gpu_pools.h"
 #include "node/node_core.h"
 #include "scheduler/scheduler.h"
+#include "sim/co_run.h"
 #include "sim/device_malloc.h"
 #include "sim/exec_variation.h"
 #include "sim/links.h"
@@ -59,6 +63,8 @@ struct HiberOptions {
   // function's instance does at start-up in hiberd (its weights are copied in before its first
   // request). Off: a model reaches a GPU with its function's first request.
   bool start_up = false;
+  // Requests executing on one GPU at once slow each other (co_run.h). Off: they never do.
+  bool interference = true;
   // Check the scheduler's and the pools' invariants after every event (tests; slow).
   bool check_invariants = false;
 };
@@ -113,6 +119,8 @@ class HiberNode final : public Node,
     bool started = false;
     bool background = false;  // a start-up (HiberOptions::start_up), not an arrival
     Duration exec = 0;        // this request's computation at full speed
+    bool executing = false;   // in its GPU's CoRun
+    Time finish_at = -1;      // of its latest kDone event; older ones are stale
     std::vector<Block> scratch;
     PipelinedRun pipeline;
   };
@@ -132,6 +140,10 @@ class HiberNode final : public Node,
   // The start failed (no room): the core hears it, and the outcome is recorded.
   void fail(RequestId id, Request& r, Time now);
   void complete(RequestId id, Time now);
+  // `r` computes `work` (time alone) on its GPU from now, beside whatever executes there.
+  void execute(RequestId id, Request& r, Duration work, Time now);
+  // Schedules the kDone events of finish times that changed.
+  void retime(const std::vector<CoRun::Finish>& finishes);
   // Allocates `bytes` on `gpu` for function `index`, evicting through make_room if needed.
   bool allocate(int gpu, uint64_t bytes, uint32_t index, Time now, std::vector<Block>* out);
   void free_blocks(int gpu, std::vector<Block>* blocks, bool model, uint32_t index);
@@ -169,6 +181,8 @@ class HiberNode final : public Node,
   std::vector<std::vector<uint64_t>> model_placed_;      // [gpu][workload index]: requested bytes
   std::vector<uint64_t> allocated_;                      // per GPU: bytes the pool gave out
   std::vector<scheduler::Duration> device_cost_;         // per GPU: owed by the next start
+  std::vector<CoRun> co_run_;                            // per GPU: what executes there
+  std::vector<CoRun::Finish> finishes_;                  // scratch of retime()
   std::unordered_map<RequestId, Request> requests_;
   Time wakeup_at_ = scheduler::Scheduler::kNever;
   uint64_t pool_failures_ = 0;

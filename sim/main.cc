@@ -56,6 +56,13 @@ DEFINE_string(shed, "none",
               "Hiber admission: none, late (shed a request that cannot meet its deadline even "
               "if started now) or hopeless (also when the host swap alone ends past it and no GPU "
               "holds the model); shed requests are answered 'overloaded' and count as misses");
+DEFINE_string(sharing, "off",
+              "Hiber spatial sharing: off, or usher (a request may start beside a running one "
+              "where its model is resident and every deadline holds under the predicted "
+              "interference)");
+DEFINE_int32(max_runners_per_gpu, 2, "With --sharing: requests one GPU may execute at once");
+DEFINE_bool(interference, true,
+            "Requests executing on one GPU at once slow each other (docs/sim.md); off: never");
 DEFINE_string(memory_pool, "buddy", "Hiber GPU pool: buddy, block, naive");
 DEFINE_double(keep_alive_s, 60, "INFless-KA keep-alive window, seconds");
 DEFINE_bool(check_invariants, false,
@@ -132,6 +139,9 @@ Result<HiberOptions> hiber_options() {
   h.scheduler.eviction_options.slack_power = FLAGS_slack_power;
   HIBER_ASSIGN_OR_RETURN(h.scheduler.shed, scheduler::shed_rule_from_name(FLAGS_shed));
   h.scheduler.seed = FLAGS_seed;
+  h.scheduler.sharing = FLAGS_sharing;
+  h.scheduler.max_runners_per_gpu = FLAGS_max_runners_per_gpu;
+  h.interference = FLAGS_interference;
   HIBER_ASSIGN_OR_RETURN(h.pool, memory::parse_pool_kind(FLAGS_memory_pool));
   if (!(FLAGS_pcie_efficiency > 0 && FLAGS_pcie_efficiency <= 1))
     return error(ErrorCode::kInvalidValue, "--pcie_efficiency must be in (0, 1]");
@@ -284,7 +294,7 @@ Status run_once(const NodeConfig& node, const HiberOptions& hiber) {
   std::printf("\nhit ratio %s, mean load %s ms, mean GPU load %s\n", pct(r.hit_ratio).c_str(),
               fmt(r.mean_load_ms, 2).c_str(), pct(r.mean_gpu_load).c_str());
   std::printf("compliant by model:");
-  for (size_t m = 0; m < r.functions_by_model.size(); ++m) {
+  for (size_t m = 0; m < r.functions_by_model.size() && m < paper_models().size(); ++m) {
     if (r.functions_by_model[m] == 0) continue;
     std::printf(" %s %d/%d", paper_models()[m].name.c_str(), r.compliant_by_model[m],
                 r.functions_by_model[m]);

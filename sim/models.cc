@@ -63,7 +63,9 @@ std::vector<ModelSpec> build_specs() {
                    .tensors = {{1, 3.125}, {1, 6.35}},
                    .scratch = {{3, 20}},  // concatenated feature maps
                    .native_footprint_gib = 0,
-                   .cold_start_s = 8});
+                   .cold_start_s = 8,
+                   .compute_share = 0.6,  // concatenations copy feature maps: memory-heavy
+                   .memory_share = 0.8});
   specs.push_back({.name = "densenet201",
                    .model_class = ModelClass::kVision,
                    .remote_ms = 28,
@@ -74,7 +76,9 @@ std::vector<ModelSpec> build_specs() {
                    .tensors = {{1, 6.125}, {1, 7.32}},
                    .scratch = {{3, 20}},
                    .native_footprint_gib = 0,
-                   .cold_start_s = 8});
+                   .cold_start_s = 8,
+                   .compute_share = 0.6,  // as DenseNet-169
+                   .memory_share = 0.8});
   specs.push_back({.name = "inception_v3",
                    .model_class = ModelClass::kVision,
                    .remote_ms = 14,
@@ -103,7 +107,9 @@ std::vector<ModelSpec> build_specs() {
                                {1, 7.8125}},
                    .scratch = {{2, 20}},
                    .native_footprint_gib = 0,
-                   .cold_start_s = 8});
+                   .cold_start_s = 8,
+                   .compute_share = 0.9,  // wide convolutions: compute-heavy, ratio 1.5
+                   .memory_share = 0.6});
   specs.push_back({.name = "efficientnet_b0",
                    .model_class = ModelClass::kVision,
                    .remote_ms = 12,
@@ -114,7 +120,9 @@ std::vector<ModelSpec> build_specs() {
                    .tensors = {{1, 1.4}, {1, 1.56}, {1, 4.88}},
                    .scratch = {{2, 20}},
                    .native_footprint_gib = 0,
-                   .cold_start_s = 8});
+                   .cold_start_s = 8,
+                   .compute_share = 0.5,  // depthwise convolutions: memory-heavy
+                   .memory_share = 0.7});
   specs.push_back({.name = "resnet50",
                    .model_class = ModelClass::kVision,
                    .remote_ms = 9,
@@ -125,7 +133,9 @@ std::vector<ModelSpec> build_specs() {
                    .tensors = resnet(6),
                    .scratch = {{2, 20}},
                    .native_footprint_gib = 0,
-                   .cold_start_s = 8});
+                   .cold_start_s = 8,
+                   .compute_share = 0.8,  // compute-heavy, smaller than ResNet-101/152
+                   .memory_share = 0.55});
   specs.push_back({.name = "resnet101",
                    .model_class = ModelClass::kVision,
                    .remote_ms = 14,
@@ -136,7 +146,9 @@ std::vector<ModelSpec> build_specs() {
                    .tensors = resnet(23),
                    .scratch = {{2, 20}},
                    .native_footprint_gib = 0,
-                   .cold_start_s = 8});
+                   .cold_start_s = 8,
+                   .compute_share = 0.9,  // compute-heavy, ratio 1.5
+                   .memory_share = 0.6});
   specs.push_back({.name = "resnet152",
                    .model_class = ModelClass::kVision,
                    .remote_ms = 17,
@@ -149,21 +161,27 @@ std::vector<ModelSpec> build_specs() {
                    .native_footprint_gib = 1.6,
                    .native_footprint_measured = true,
                    .cold_start_s = 8,
-                   .cold_start_measured = true});
-  specs.push_back({.name = "bertqa",
-                   .model_class = ModelClass::kLanguage,
-                   .remote_ms = 43,
-                   .native_ms = 42,
-                   .paper_swap_pcie_ms = 144,
-                   .paper_swap_nvlink_ms = 45,
-                   // Biases, LayerNorms, token-type embeddings and the QA head.
-                   .small_mib = 4.8,
-                   .tensors = bert_large(),
-                   .scratch = {{4, 20}, {1, 48}},  // attention scores of 2 x 16 heads x 512^2
-                   .native_footprint_gib = 2.4,
-                   .native_footprint_measured = true,
-                   .cold_start_s = 11,
-                   .cold_start_measured = true});
+                   .cold_start_measured = true,
+                   .compute_share = 0.9,  // compute-heavy, ratio 1.5
+                   .memory_share = 0.6});
+  specs.push_back(
+      {.name = "bertqa",
+       .model_class = ModelClass::kLanguage,
+       .remote_ms = 43,
+       .native_ms = 42,
+       .paper_swap_pcie_ms = 144,
+       .paper_swap_nvlink_ms = 45,
+       // Biases, LayerNorms, token-type embeddings and the QA head.
+       .small_mib = 4.8,
+       .tensors = bert_large(),
+       .scratch = {{4, 20}, {1, 48}},  // attention scores of 2 x 16 heads x 512^2
+       .native_footprint_gib = 2.4,
+       .native_footprint_measured = true,
+       .cold_start_s = 11,
+       .cold_start_measured = true,
+       .compute_share =
+           1.0,  // its FLOPs fill the V100; weights 1.3 GB per request are 3% of its bandwidth
+       .memory_share = 0.4});
   // The estimated footprints: weights plus ResNet-152's measured runtime overhead.
   const ModelSpec& r152 = specs[6];
   double r152_weights = r152.small_mib;
@@ -247,6 +265,7 @@ Model make_model(const ModelSpec& spec) {
   m.native_footprint = static_cast<uint64_t>(std::llround(spec.native_footprint_gib * kGiB));
   m.paper_swap_pcie = ms(spec.paper_swap_pcie_ms);
   m.paper_swap_nvlink = ms(spec.paper_swap_nvlink_ms);
+  m.intensity = {spec.compute_share, spec.memory_share};
   return m;
 }
 

@@ -16,6 +16,12 @@
 //     unit nvidia-smi reports); the other six are ESTIMATED as their weights plus ResNet-152's
 //     runtime overhead (1.6 GiB minus its weights: CUDA context, cuDNN/cuBLAS, caching-allocator
 //     reserve).
+//   - Intensity (what a request asks of the GPU alone, for the interference model,
+//     scheduler/interference.h): ESTIMATED. Bert-qa's compute share from its FLOPs (2 x 335 M
+//     parameters x 1,024 tokens = 0.69 TFLOP in 43 ms is the V100's fp32 peak); the CNNs' from
+//     USHER's distribution of small models (Fig. 6a: most compute-heavy with Creq/Mreq in
+//     (1.35, 1.65], the rest memory-heavy with a ratio <= 0.75) and its Fig. 2 (two models
+//     multiplexed naively keep <= 0.55 of their goodput, so a typical pair sums to ~1.8).
 //   - Cold start: Table 1 for ResNet-152 (8 s) and Bert-qa (11 s); the other CNNs ESTIMATED at
 //     ResNet-152's 8 s (same image and framework start-up; their weights load in milliseconds).
 #pragma once
@@ -26,6 +32,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "scheduler/interference.h"
 #include "scheduler/types.h"
 
 namespace hiber::sim {
@@ -64,6 +71,8 @@ struct ModelSpec {
   bool native_footprint_measured = false;  // from Table 1, else estimated
   double cold_start_s = 0;
   bool cold_start_measured = false;  // from Table 1, else estimated
+  double compute_share = 1;          // ESTIMATED, see above
+  double memory_share = 1;           // ESTIMATED
 };
 
 // PyTorch's CUDA caching allocator (c10/cuda/CUDACachingAllocator.cpp) asks the device for
@@ -90,6 +99,7 @@ struct Model {
   uint64_t native_footprint = 0;
   Duration paper_swap_pcie = 0;
   Duration paper_swap_nvlink = 0;
+  scheduler::Intensity intensity;  // what a request asks of the GPU while it runs alone
 };
 
 Model make_model(const ModelSpec& spec);

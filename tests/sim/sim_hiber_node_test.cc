@@ -31,11 +31,10 @@ const Model& model(const char* name) { return paper_models()[*find_model(name)];
 
 class Scenario {
  public:
-  Scenario(const NodeConfig& config, std::vector<std::string> models,
+  Scenario(const NodeConfig& config, std::vector<std::string> models, HiberOptions o = {},
            scheduler::ShedRule shed = scheduler::ShedRule::kNone) {
     workload_ = hand_workload(models);
     recorder_ = std::make_unique<Recorder>(workload_, 0, 1, config.gpu_count());
-    HiberOptions o;
     o.check_invariants = true;
     o.scheduler.shed = shed;
     Result<std::unique_ptr<HiberNode>> node =
@@ -171,7 +170,7 @@ TEST(HiberNode, ShedsTheRequestThatCannotMakeItAndCountsItAsAMiss) {
   // The two Bert-qa requests above. When the GPU frees at 1.130 s, the second's model is on no
   // GPU: 1.130 s + max(43 ms execution, 1294 MiB / 12 GB/s = 113 ms host swap) > 1.2 s, so
   // "hopeless" sheds it. "late" counts the execution alone (1.173 s <= 1.2 s) and runs it late.
-  Scenario hopeless(torpor_gpus(1, 32 * kGiB), {"bertqa", "bertqa"},
+  Scenario hopeless(torpor_gpus(1, 32 * kGiB), {"bertqa", "bertqa"}, {},
                     scheduler::ShedRule::kHopeless);
   hopeless.arrive(0, 1 * kSecond);
   hopeless.arrive(1, 1 * kSecond);
@@ -187,13 +186,59 @@ TEST(HiberNode, ShedsTheRequestThatCannotMakeItAndCountsItAsAMiss) {
   EXPECT_EQ(r.functions_with_requests, 2);
   EXPECT_TRUE(std::isinf(r.latency.p99)) << "a request that never finished is late";
 
-  Scenario late(torpor_gpus(1, 32 * kGiB), {"bertqa", "bertqa"}, scheduler::ShedRule::kLate);
+  Scenario late(torpor_gpus(1, 32 * kGiB), {"bertqa", "bertqa"}, {},
+                scheduler::ShedRule::kLate);
   late.arrive(0, 1 * kSecond);
   late.arrive(1, 1 * kSecond);
   late.finish();
   EXPECT_EQ(late.results().by_kind[static_cast<int>(StartKind::kRejected)], 0u);
   EXPECT_EQ(late.results().completed, 2u);
   EXPECT_NEAR(late.results().latency.p99, 2 * swap_ns(model("bertqa"), kAlone) / 1e6, 2e-3);
+}
+
+// Spatial sharing: ResNet-152 (17 ms; compute 0.9, memory 0.6) runs from 3 s; EfficientNet-B0
+// (12 ms; 0.5, 0.7) arrives 3 ms later, both models resident. The scheduler predicts 14 ms left
+// for ResNet-152 and lets EfficientNet-B0 join (12 <= 14, both deadlines far). Together they
+// run at max(1.4, 1.3) = 1.4: EfficientNet-B0 ends after 12 x 1.4 = 16.8 ms; ResNet-152 has
+// then done 3 + 12 = 15 ms of its 17, and ends 2 ms later: 21.8 ms after its arrival.
+// Without interference: 17 ms and 12 ms. Without sharing EfficientNet-B0 waits: 14 + 12 = 26 ms.
+struct SharedLatencies {
+  LatencyQuantiles resnet152, efficientnet;  // of its swap and its resident run
+  uint64_t shared = 0;
+};
+SharedLatencies share_one_gpu(const std::string& sharing, bool interference) {
+  HiberOptions o;
+  o.scheduler.sharing = sharing;
+  o.interference = interference;
+  Scenario s(torpor_gpus(1, 32 * kGiB), {"resnet152", "efficientnet_b0"}, o);
+  s.arrive(0, 1 * kSecond);  // both swapped in, alone
+  s.arrive(1, 2 * kSecond);
+  s.arrive(0, 3 * kSecond);
+  s.arrive(1, 3 * kSecond + 3 * kMillisecond);
+  s.finish();
+  const Results& r = s.results();
+  return {of(r, "resnet152"), of(r, "efficientnet_b0"),
+          s.node().scheduler().counters().shared_starts};
+}
+
+TEST(HiberNode, RequestsSharingAGpuSlowEachOtherByTheModel) {
+  // The swaps alone (the larger of ResNet-152's two, the smaller of EfficientNet-B0's).
+  const double swap152 = swap_ns(model("resnet152"), kAlone) / 1e6;            // 27.75 ms
+  const double swap_effnet = swap_ns(model("efficientnet_b0"), kAlone) / 1e6;  // 13.80 ms
+  const SharedLatencies shared = share_one_gpu("usher", true);
+  EXPECT_EQ(shared.shared, 1u);
+  EXPECT_NEAR(shared.resnet152.p99, swap152, 1e-3);
+  EXPECT_NEAR(shared.resnet152.p50, 21.8, 1e-3);
+  EXPECT_NEAR(shared.efficientnet.p50, swap_effnet, 1e-3);
+  EXPECT_NEAR(shared.efficientnet.p99, 16.8, 1e-3);
+  const SharedLatencies free_ride = share_one_gpu("usher", false);
+  EXPECT_EQ(free_ride.shared, 1u);
+  EXPECT_NEAR(free_ride.resnet152.p50, 17.0, 1e-3);
+  EXPECT_NEAR(free_ride.efficientnet.p50, 12.0, 1e-3);
+  const SharedLatencies off = share_one_gpu("off", true);
+  EXPECT_EQ(off.shared, 0u);
+  EXPECT_NEAR(off.resnet152.p50, 17.0, 1e-3);
+  EXPECT_NEAR(off.efficientnet.p99, 26.0, 1e-3);
 }
 
 TEST(Simulation, TheSameSeedGivesTheSameRunAndAnotherSeedAnother) {

@@ -523,3 +523,28 @@ TEST(NodeCoreActuators, HiberdAndTheSimulatorMakeTheSameDecisions) {
 
 }  // namespace
 }  // namespace hiber
+
+namespace hiber {
+namespace {
+
+// hiberd runs the node core unchanged, but not with spatial sharing: its leases are exclusive
+// per GPU because they are what isolates functions (docs/hiberd.md, "Spatial sharing").
+TEST(NodeCoreActuators, HiberdRefusesSpatialSharingAndSaysWhy) {
+  device::SimDeviceOptions device_options;
+  device_options.node = node_config();
+  auto device = device::SimDevice::create(device_options);
+  ASSERT_TRUE(device.ok()) << device.status();
+  server::ControllerOptions options;
+  options.scheduler.sharing = "usher";
+  options.swap_group_bytes = kBlock;
+  auto controller = server::Controller::create(**device, options);
+  ASSERT_FALSE(controller.ok());
+  EXPECT_EQ(controller.status().code(), ErrorCode::kInvalidValue);
+  EXPECT_NE(controller.status().message().find("one function at a time"), std::string::npos)
+      << controller.status();
+  EXPECT_NE(controller.status().message().find("context per function"), std::string::npos)
+      << controller.status();
+}
+
+}  // namespace
+}  // namespace hiber

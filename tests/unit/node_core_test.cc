@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <string>
 #include <vector>
@@ -451,6 +452,98 @@ TEST_F(NodeCoreTest, AShedRequestIsAnsweredOverloadedAndEndsUnstartedUntilTheCal
   EXPECT_EQ(core_->status(now_).counters.rejected, 1u);
   EXPECT_TRUE(core_->done(waiting, true, now_).ok());
   EXPECT_FALSE(core_->phase(waiting).has_value());
+}
+
+// Spatial sharing: two functions' requests on one GPU, each started, ended and released on its
+// own; the GPU is free only once both are.
+class SharingCoreTest : public NodeCoreTest {
+ protected:
+  void make_shared() {
+    NodeOptions options;
+    options.scheduler.sharing = "usher";
+    make(plain_topology(1, 16 * kGiB), options);
+    a_ = add(1, kGiB);
+    b_ = add(2, kGiB);
+    serve(a_);
+    serve(b_);
+    ra_ = arrive(a_);
+    core_->dispatch(now_);
+    core_->streaming(ra_, Status(), now_);
+    rb_ = arrive(b_);
+    core_->dispatch(now_);
+    ASSERT_EQ(actuator_.starts.back().request, rb_);
+    EXPECT_EQ(actuator_.starts.back().gpu, GpuId{0});
+    EXPECT_EQ(actuator_.starts.back().rule, PlacementRule::kShared);
+    core_->streaming(rb_, Status(), now_);
+    EXPECT_EQ(core_->phase(rb_), Phase::kRunning);
+    EXPECT_EQ(core_->running(GpuId{0}), ra_);
+    const NodeStatus status = core_->status(now_);
+    EXPECT_EQ(status.gpus[0].running, a_);
+    EXPECT_EQ(status.gpus[0].sharing, std::vector<FunctionId>{b_});
+    actuator_.take_log();
+  }
+  FunctionId a_{0}, b_{0};
+  RequestId ra_{0}, rb_{0};
+};
+
+TEST_F(SharingCoreTest, TheRunningRequestEndsFirstAndTheSharerTakesItsPlace) {
+  make_shared();
+  ASSERT_TRUE(core_->done(ra_, false, now_).ok());
+  core_->released(ra_, Status(), now_);
+  EXPECT_EQ(core_->running(GpuId{0}), rb_);
+  EXPECT_TRUE(core_->status(now_).gpus[0].sharing.empty());
+  // A third request waits for the GPU (b's prediction is 10 ms, the same as c's, but c's model
+  // is not resident).
+  const FunctionId c = add(3, kGiB);
+  const RequestId rc = arrive(c);
+  core_->dispatch(now_);
+  EXPECT_EQ(core_->phase(rc), Phase::kQueued);
+  ASSERT_TRUE(core_->done(rb_, false, now_).ok());
+  core_->released(rb_, Status(), now_);
+  core_->dispatch(now_);
+  EXPECT_EQ(core_->phase(rc), Phase::kPlacing);
+  EXPECT_EQ(core_->running(GpuId{0}), rc);
+}
+
+TEST_F(SharingCoreTest, TheSharerEndsFirstAndTheRunningRequestKeepsTheGpu) {
+  make_shared();
+  ASSERT_TRUE(core_->done(rb_, false, now_).ok());
+  core_->released(rb_, Status(), now_);
+  EXPECT_EQ(core_->running(GpuId{0}), ra_);
+  EXPECT_TRUE(core_->status(now_).gpus[0].sharing.empty());
+  ASSERT_TRUE(core_->done(ra_, false, now_).ok());
+  core_->released(ra_, Status(), now_);
+  EXPECT_FALSE(core_->running(GpuId{0}).has_value());
+  EXPECT_TRUE(core_->scheduler().check_invariants().ok());
+}
+
+TEST_F(SharingCoreTest, AFailedGpuEndsEveryRequestOnIt) {
+  make_shared();
+  core_->fail_gpu(GpuId{0}, error(ErrorCode::kUnknown, "ECC error"));
+  EXPECT_EQ(actuator_.take_log(), (std::vector<std::string>{str_cat("end r", ra_, " failed"),
+                                                            str_cat("end r", rb_, " failed")}));
+  core_->released(rb_, actuator_.ends.back().failure, now_);
+  core_->released(ra_, actuator_.ends.back().failure, now_);
+  EXPECT_EQ(core_->phase(ra_), Phase::kEnded);
+  EXPECT_EQ(core_->phase(rb_), Phase::kEnded);
+  EXPECT_FALSE(core_->running(GpuId{0}).has_value());
+  EXPECT_TRUE(core_->scheduler().check_invariants().ok());
+}
+
+TEST_F(SharingCoreTest, DrainingASharedGpuWaitsForBothRequests) {
+  make_shared();
+  ASSERT_TRUE(core_->drain(GpuId{0}, false).ok());
+  EXPECT_TRUE(actuator_.take_log().empty()) << "both models are in use: nothing is evicted yet";
+  ASSERT_TRUE(core_->done(ra_, false, now_).ok());
+  core_->released(ra_, Status(), now_);
+  core_->dispatch(now_);
+  std::vector<std::string> log = actuator_.take_log();
+  EXPECT_EQ(std::count(log.begin(), log.end(), "drained g0"), 0);
+  ASSERT_TRUE(core_->done(rb_, false, now_).ok());
+  core_->released(rb_, Status(), now_);
+  core_->dispatch(now_);
+  log = actuator_.take_log();
+  EXPECT_EQ(std::count(log.begin(), log.end(), "drained g0"), 1);
 }
 
 TEST_F(NodeCoreTest, AnEndedRequestOutlivesItsSchedulerSlotWhichALaterRequestReuses) {
