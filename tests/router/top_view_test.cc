@@ -132,7 +132,7 @@ TEST(TopView, ColumnsAreAligned) {
 TEST(TopView, FirstRefreshHasNoRate) {
   auto text = render_top(fixture(), std::nullopt, TopOptions{"r", 10});
   ASSERT_TRUE(text.ok()) << text.status();
-  EXPECT_NE(find_line(squeezed(*text), "fn-1 10 - 80.0% 100 3.1 9.8 2 1 1 1 0"), -1) << *text;
+  EXPECT_NE(find_line(squeezed(*text), "fn-1 10 - 80.0% 100 3.1 9.8 2 1 1 1 0 0"), -1) << *text;
 }
 
 TEST(TopView, CounterThatWentBackHasNoRate) {
@@ -141,7 +141,7 @@ TEST(TopView, CounterThatWentBackHasNoRate) {
   previous.requests = {{"fn-1", 50}};  // the router restarted since
   auto text = render_top(fixture(), previous, TopOptions{"r", 10});
   ASSERT_TRUE(text.ok()) << text.status();
-  EXPECT_NE(find_line(squeezed(*text), "fn-1 10 - 80.0% 100 3.1 9.8 2 1 1 1 0"), -1) << *text;
+  EXPECT_NE(find_line(squeezed(*text), "fn-1 10 - 80.0% 100 3.1 9.8 2 1 1 1 0 0"), -1) << *text;
 }
 
 TEST(TopView, SampleFeedsTheNextRefresh) {
