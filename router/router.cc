@@ -794,12 +794,12 @@ void Router::on_started(const std::shared_ptr<Invocation>& invocation,
     const Status& why = started.status();
     if (overloaded(why)) {
       invocation->shed = true;
-      return finish(invocation,
-                    retry_later(503, str_cat("function \"", invocation->function,
-                                             "\" is overloaded: node ",
-                                             nodes_[invocation->node]->config().name,
-                                             " shed the request (", why.message(), "); retry later")),
-                    true);
+      return finish(
+          invocation,
+          retry_later(503, str_cat("function \"", invocation->function, "\" is overloaded: node ",
+                                   nodes_[invocation->node]->config().name, " shed the request (",
+                                   why.message(), "); retry later")),
+          true);
     }
     return finish(invocation, retry_later(status_for(why), "hiberd: " + why.message()), true);
   }

@@ -269,10 +269,9 @@ TEST(HiberdMetrics, CountsShedRequestsAndPreemptions) {
   auto control = wire::ControlClient::connect(hiberd.control_socket_path(), 60s);
   ASSERT_TRUE(control.ok()) << control.status();
   // A second's work against a millisecond's deadline: late from its arrival on.
-  ASSERT_TRUE(control
-                  ->register_function(
-                      {.function_id = "late-fn", .slo_ms = 1, .exec_ms_hint = 1000})
-                  .ok());
+  ASSERT_TRUE(
+      control->register_function({.function_id = "late-fn", .slo_ms = 1, .exec_ms_hint = 1000})
+          .ok());
   ASSERT_TRUE(control->register_function({.function_id = "waiting-fn", .slo_ms = 60000}).ok());
   auto late = hiberd.connect("late-fn");
   auto waiting = hiberd.connect("waiting-fn");
@@ -286,8 +285,7 @@ TEST(HiberdMetrics, CountsShedRequestsAndPreemptions) {
     auto started = control->request_start(*id);
     ASSERT_FALSE(started.ok()) << "started on GPU " << started->gpu;
     EXPECT_EQ(started.status().code(), ErrorCode::kDeviceUnavailable) << started.status();
-    EXPECT_EQ(started.status().message().rfind("overloaded: request " + std::to_string(*id), 0),
-              0u)
+    EXPECT_EQ(started.status().message().rfind("overloaded: request " + std::to_string(*id), 0), 0u)
         << started.status();
     ASSERT_TRUE(control->request_done(*id, /*failed=*/true).ok());
   }

@@ -263,8 +263,7 @@ TEST(Router, ARequestHiberdShedsGets503AndIsCountedAsShed) {
                             0),
               0u)
         << message;
-    EXPECT_NE(message.find("cannot meet its deadline); retry later"), std::string::npos)
-        << message;
+    EXPECT_NE(message.find("cannot meet its deadline); retry later"), std::string::npos) << message;
   }
   const json status = router.function_status("late");
   EXPECT_EQ(status["requests"], kShed);

@@ -83,8 +83,7 @@ TEST(TopView, Screen) {
             "35 requests");
   EXPECT_NE(find_line(lines, "NODE n0 up backend sim queued 2 shed 7 preempted 5"), -1) << *text;
   // A router before the counters (or a node that never answered) shows 0.
-  EXPECT_NE(find_line(lines, "NODE n1 DOWN backend cuda queued 0 shed 0 preempted 0"), -1)
-      << *text;
+  EXPECT_NE(find_line(lines, "NODE n1 DOWN backend cuda queued 0 shed 0 preempted 0"), -1) << *text;
   // 40 of 80 GiB: half of 20 cells.
   EXPECT_NE(find_line(lines, "0 H100 fn-1 [##########..........] 50.0% 40.0 GiB / 80.0 GiB 0.25"),
             -1)
