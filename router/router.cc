@@ -70,6 +70,13 @@ unsigned status_for(const Status& status) {
   }
 }
 
+// hiberd's admission (--shed) answers requestStart so when the request cannot meet its deadline
+// (node::NodeCore::reject): the node is busy, not broken.
+bool overloaded(const Status& status) {
+  return status.code() == ErrorCode::kDeviceUnavailable &&
+         status.message().rfind("overloaded:", 0) == 0;
+}
+
 ApiResponse retry_later(unsigned status, std::string_view message) {
   ApiResponse response = error_response(status, message);
   response.headers.emplace_back("Retry-After", "1");
@@ -108,6 +115,7 @@ struct Router::Invocation {
   size_t node = 0;
   std::optional<uint64_t> hiberd_request;
   std::optional<wire::Started> started;
+  bool shed = false;  // hiberd answered its start "overloaded"
   Clock::time_point dispatched;
   Clock::time_point started_at;
 };
@@ -134,7 +142,8 @@ struct Router::Function {
   Clock::time_point next_start;
   std::string last_start_error;
   // Answers.
-  uint64_t requests = 0, ok = 0, failed = 0, on_time = 0, rejected = 0;
+  // rejected: by the router (its queue full, no node up); shed: by hiberd, as overloaded.
+  uint64_t requests = 0, ok = 0, failed = 0, on_time = 0, rejected = 0, shed = 0;
   std::deque<double> latencies_ms;
 };
 
@@ -143,6 +152,8 @@ struct Router::NodeView {
   bool registered = false;  // every function was registered since it last came up
   std::string backend;
   uint64_t queued = 0;
+  uint64_t shed = 0;         // hiberd's requests answered "overloaded"
+  uint64_t preemptions = 0;  // and background leases ended at their slice
   json gpus = json::array();
   std::set<std::string> resident;  // functions with a model resident on one of its GPUs
 };
@@ -781,6 +792,15 @@ void Router::on_started(const std::shared_ptr<Invocation>& invocation,
                         Result<wire::Started> started) {
   if (!started.ok()) {
     const Status& why = started.status();
+    if (overloaded(why)) {
+      invocation->shed = true;
+      return finish(
+          invocation,
+          retry_later(503, str_cat("function \"", invocation->function, "\" is overloaded: node ",
+                                   nodes_[invocation->node]->config().name, " shed the request (",
+                                   why.message(), "); retry later")),
+          true);
+    }
     return finish(invocation, retry_later(status_for(why), "hiberd: " + why.message()), true);
   }
   invocation->started = *started;
@@ -895,12 +915,15 @@ void Router::answer(Invocation& invocation, ApiResponse response) {
       ++function.ok;
       function.latencies_ms.push_back(total * 1e3);
       if (function.latencies_ms.size() > kLatencyWindow) function.latencies_ms.pop_front();
+    } else if (invocation.shed) {
+      ++function.shed;
     } else {
       ++function.failed;
     }
     if (!violated) ++function.on_time;
   }
   metrics_.invocation(invocation.function, response.status, total, queue_wait, execution, violated);
+  if (invocation.shed) metrics_.shed(invocation.function);
   if (invocation.respond) {
     Respond respond = std::move(invocation.respond);
     respond(std::move(response));
@@ -1043,6 +1066,8 @@ void Router::poll_nodes() {
             const auto status = r.getStatus();
             fresh.backend = status.getBackend();
             fresh.queued = status.getScheduler().getQueued();
+            fresh.shed = status.getScheduler().getShed();
+            fresh.preemptions = status.getScheduler().getPreemptions();
             std::map<uint32_t, std::vector<std::string>> resident;
             for (const auto f : status.getFunctions()) {
               for (const uint32_t gpu : f.getResidentGpus()) {
@@ -1101,6 +1126,7 @@ std::string Router::status_json() const {
                          {"failed", function->failed},
                          {"on_time", function->on_time},
                          {"rejected", function->rejected},
+                         {"shed", function->shed},
                          {"queued", function->queue.size()},
                          {"instances", function->instances.size()},
                          {"busy", busy},
@@ -1116,6 +1142,8 @@ std::string Router::status_json() const {
                      {"up", view.up && nodes_[i]->up()},
                      {"backend", view.backend},
                      {"queued", view.queued},
+                     {"shed", view.shed},
+                     {"preemptions", view.preemptions},
                      {"gpus", view.gpus}});
   }
   json swaps = json::array();

@@ -42,6 +42,11 @@ RouterMetrics::RouterMetrics()
                           .Name("hiber_slo_violations_total")
                           .Help("Invocations answered after their function's SLO, or failed")
                           .Register(*registry_)),
+      shed_(BuildCounter()
+                .Name("hiber_invocations_shed_total")
+                .Help("Invocations answered 503 because hiberd shed them as overloaded (they "
+                      "could not meet their deadline)")
+                .Register(*registry_)),
       queued_(BuildGauge()
                   .Name("hiber_router_queued_requests")
                   .Help("Requests waiting at the router for a free worker")
@@ -87,6 +92,11 @@ void RouterMetrics::invocation(const std::string& function, unsigned status, dou
   }
   auto& violations = slo_violations_.Add({{"function", function}});
   if (slo_violated) violations.Increment();
+  shed_.Add({{"function", function}});  // 0 until one is shed, so rates have a series
+}
+
+void RouterMetrics::shed(const std::string& function) {
+  shed_.Add({{"function", function}}).Increment();
 }
 
 void RouterMetrics::set_queued(const std::string& function, double queued) {
@@ -116,7 +126,7 @@ void RouterMetrics::forget(const std::string& function) {
   for (auto* family : {&queued_, &instances_}) {
     if (family->Has(labels)) family->Remove(&family->Add(labels));
   }
-  for (auto* family : {&worker_starts_, &worker_losses_, &slo_violations_}) {
+  for (auto* family : {&worker_starts_, &worker_losses_, &slo_violations_, &shed_}) {
     if (family->Has(labels)) family->Remove(&family->Add(labels));
   }
   for (auto* family : {&duration_, &queue_wait_, &execution_}) {

@@ -25,6 +25,9 @@ class RouterMetrics {
   void invocation(const std::string& function, unsigned status, double total_seconds,
                   std::optional<double> queue_wait_seconds, std::optional<double> execution_seconds,
                   bool slo_violated);
+  // An invocation hiberd answered "overloaded" (its --shed): counted apart from failures, after
+  // its invocation().
+  void shed(const std::string& function);
   void set_queued(const std::string& function, double queued);
   void set_instances(const std::string& function, double instances);
   void worker_started(const std::string& function);
@@ -44,6 +47,7 @@ class RouterMetrics {
   prometheus::Family<prometheus::Histogram>& queue_wait_;
   prometheus::Family<prometheus::Histogram>& execution_;
   prometheus::Family<prometheus::Counter>& slo_violations_;
+  prometheus::Family<prometheus::Counter>& shed_;
   prometheus::Family<prometheus::Gauge>& queued_;
   prometheus::Family<prometheus::Gauge>& instances_;
   prometheus::Family<prometheus::Counter>& worker_starts_;

@@ -284,6 +284,8 @@ void ControlService::answer_status(ReplySender send, control::StatusQuery page) 
           sched.setPeerSwaps(controller->counters.peer_swaps);
           sched.setHostSwaps(controller->counters.host_swaps);
           sched.setEvictions(controller->counters.evictions);
+          sched.setShed(controller->counters.rejected);
+          sched.setPreemptions(controller->preemptions);
           sched.setSwapGroupBytes(controller->swap_group_bytes);
           sched.setHostPoolBytes(controller->host_pool.capacity_bytes);
           sched.setHostPoolUsedBytes(controller->host_pool.model_bytes +

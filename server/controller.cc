@@ -529,6 +529,7 @@ ControllerStatus Controller::on_status() {
   out.queue = options_.scheduler.queue;
   out.queued = core.queued;
   out.counters = core.counters;
+  out.preemptions = core.preemptions;
   out.swap_group_bytes = group_bytes_;
   out.host_pool = repository_->stats();
   out.draining = core.draining;

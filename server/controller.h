@@ -133,6 +133,7 @@ struct ControllerStatus {
   std::string placement, eviction, queue;
   uint64_t queued = 0;
   scheduler::SchedulerCounters counters;
+  uint64_t preemptions = 0;  // background leases ended at their slice (NodeStatus::preemptions)
   uint64_t swap_group_bytes = 0;
   memory::HostPoolStats host_pool;
   bool draining = false;

@@ -112,6 +112,14 @@ std::vector<MetricFamily> metric_families(proto::NodeStatus::Reader status,
   out.single("hiber_background_requests_total",
              "GPU uses outside any request (a function's start-up and the like)",
              MetricType::Counter, as_double(sched.getBackground()));
+  out.single("hiber_requests_shed_total",
+             "Requests answered 'overloaded' without running: they could not meet their "
+             "deadline (--shed)",
+             MetricType::Counter, as_double(sched.getShed()));
+  out.single("hiber_lease_preemptions_total",
+             "GPU uses outside any request ended after their slice because another function "
+             "waited (--lease_slice_ms)",
+             MetricType::Counter, as_double(sched.getPreemptions()));
 
   // Swaps and evictions.
   MetricFamily& swaps =

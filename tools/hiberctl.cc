@@ -134,12 +134,14 @@ void print_status(proto::NodeStatus::Reader s) {
   auto q = s.getScheduler();
   std::printf("  scheduler: placement %s, eviction %s, queue %s%s; %" PRIu64 " queued, %" PRIu64
               " arrived, %" PRIu64 " done (%" PRIu64 " on time), %" PRIu64
-              " background; starts: %" PRIu64 " resident, %" PRIu64 " peer, %" PRIu64
+              " shed as overloaded, %" PRIu64 " background (%" PRIu64
+              " preempted); starts: %" PRIu64 " resident, %" PRIu64 " peer, %" PRIu64
               " host; %" PRIu64 " evictions; swap groups of %" PRIu64 " KiB; host pool %" PRIu64
               " of %" PRIu64 " MiB\n",
               q.getPlacement().cStr(), q.getEviction().cStr(), q.getQueue().cStr(),
               q.getDrainingNode() ? " (draining)" : "", q.getQueued(), q.getArrivals(),
-              q.getCompleted(), q.getOnTime(), q.getBackground(), q.getResidentStarts(),
+              q.getCompleted(), q.getOnTime(), q.getShed(), q.getBackground(),
+              q.getPreemptions(), q.getResidentStarts(),
               q.getPeerSwaps(), q.getHostSwaps(), q.getEvictions(), q.getSwapGroupBytes() >> 10,
               q.getHostPoolUsedBytes() >> 20, q.getHostPoolBytes() >> 20);
   std::printf("  %u functions\n", s.getFunctions().size());

@@ -144,7 +144,8 @@ std::string render_nodes(const json& status) {
   for (const auto& node : array(status, "nodes")) {
     const bool up = flag(node, "up");
     out += str_cat("NODE ", text(node, "name"), "  ", up ? "up" : "DOWN", "  backend ",
-                   text(node, "backend"), "  queued ", count(node, "queued"), "\n");
+                   text(node, "backend"), "  queued ", count(node, "queued"), "  shed ",
+                   count(node, "shed"), "  preempted ", count(node, "preemptions"), "\n");
     const json& gpus = array(node, "gpus");
     if (gpus.empty()) continue;
     Table t({"GPU", "NAME", "RUNNING", "POOL", "", "USED", "FRAG", "STATE"}, "rlllrrrl");
@@ -250,8 +251,8 @@ Result<std::string> render_top(const json& status, const std::optional<TopSample
     out += "\n";
 
     Table t({"FUNCTION", "REQS", "RPS", "ON-TIME", "SLO ms", "P50 ms", "P99 ms", "QUEUED", "INST",
-             "BUSY", "FAILED", "REJECTED"},
-            "lrrrrrrrrrrr");
+             "BUSY", "FAILED", "REJECTED", "SHED"},
+            "lrrrrrrrrrrrr");
     for (const json* f : sorted) {
       const std::string name = text(*f, "name");
       const uint64_t requests = count(*f, "requests");
@@ -268,7 +269,8 @@ Result<std::string> render_top(const json& status, const std::optional<TopSample
              fixed(number(*f, "slo_ms"), 0), fixed(number(*f, "p50_ms")),
              fixed(number(*f, "p99_ms")), std::to_string(count(*f, "queued")),
              std::to_string(count(*f, "instances")), std::to_string(count(*f, "busy")),
-             std::to_string(count(*f, "failed")), std::to_string(count(*f, "rejected"))});
+             std::to_string(count(*f, "failed")), std::to_string(count(*f, "rejected")),
+             std::to_string(count(*f, "shed"))});
     }
     out += functions.empty() ? "FUNCTIONS: none registered\n" : t.render();
     out += "\n";

@@ -253,6 +253,110 @@ TEST(HiberdMetrics, ServesWhatTheNodeDid) {
   std::system(("rm -rf " + dir).c_str());
 }
 
+// What the scheduler did, counted (issue 20): requests --shed answered "overloaded" and implicit
+// leases --lease_slice_ms preempted, each caused a known number of times on one simulated GPU, in
+// the status reply, in /metrics and in `hiberctl status`.
+TEST(HiberdMetrics, CountsShedRequestsAndPreemptions) {
+  char tmpl[] = "/tmp/hiber-metrics-XXXXXX";
+  const std::string dir = ::mkdtemp(tmpl);
+  const std::string port_file = dir + "/port";
+  // Idle implicit leases are kept 30 s, so only the slice takes the GPU from one.
+  Hiberd hiberd({"--node_config=" + one_gpu_node_config(16), "--metrics_listen=127.0.0.1:0",
+                 "--metrics_port_file=" + port_file, "--shed=late", "--lease_slice_ms=20",
+                 "--implicit_lease_idle_us=30000000"});
+  const int port = read_port(port_file);
+  ASSERT_GT(port, 0) << hiberd.log();
+  auto control = wire::ControlClient::connect(hiberd.control_socket_path(), 60s);
+  ASSERT_TRUE(control.ok()) << control.status();
+  // A second's work against a millisecond's deadline: late from its arrival on.
+  ASSERT_TRUE(
+      control->register_function({.function_id = "late-fn", .slo_ms = 1, .exec_ms_hint = 1000})
+          .ok());
+  ASSERT_TRUE(control->register_function({.function_id = "waiting-fn", .slo_ms = 60000}).ok());
+  auto late = hiberd.connect("late-fn");
+  auto waiting = hiberd.connect("waiting-fn");
+  auto hog = hiberd.connect("hog");  // not registered: its GPU use is all implicit leases
+  ASSERT_TRUE(late.ok() && waiting.ok() && hog.ok());
+
+  constexpr int kShed = 3;
+  for (int i = 0; i < kShed; ++i) {
+    auto id = control->request_arrived("late-fn");
+    ASSERT_TRUE(id.ok()) << id.status();
+    auto started = control->request_start(*id);
+    ASSERT_FALSE(started.ok()) << "started on GPU " << started->gpu;
+    EXPECT_EQ(started.status().code(), ErrorCode::kDeviceUnavailable) << started.status();
+    EXPECT_EQ(started.status().message().rfind("overloaded: request " + std::to_string(*id), 0), 0u)
+        << started.status();
+    ASSERT_TRUE(control->request_done(*id, /*failed=*/true).ok());
+  }
+
+  // Each round the hog takes the GPU with a memset and keeps it idle; a request of another
+  // function then waits until the slice ends the hog's lease.
+  constexpr int kPreemptions = 2;
+  const uint64_t buffer = (*hog)->session().grant.va_base;
+  auto allocated = (*hog)->call([&](proto::Call::Builder call) {
+    auto a = call.initMemAllocate();
+    a.setVa(buffer);
+    a.setBytes(2 << 20);
+  });
+  ASSERT_TRUE(allocated.ok()) << allocated.status();
+  for (int round = 0; round < kPreemptions; ++round) {
+    auto set = (*hog)->call([&](proto::Call::Builder call) {
+      auto m = call.initMemset();
+      m.setDst(buffer);
+      m.setValue(static_cast<uint32_t>(round));
+      m.setElementBytes(4);
+      m.setCount(1024);
+    });
+    ASSERT_TRUE(set.ok()) << set.status();
+    auto id = control->request_arrived("waiting-fn");
+    ASSERT_TRUE(id.ok()) << id.status();
+    auto started = control->request_start(*id);
+    ASSERT_TRUE(started.ok()) << started.status();
+    ASSERT_TRUE(control->request_done(*id).ok());
+  }
+
+  // The last request is completed once its GPU is released, after requestDone's answer.
+  std::map<std::string, double> m;
+  for (int i = 0; i < 1500; ++i) {
+    auto answer = http_get(port, "/metrics");
+    ASSERT_TRUE(answer.ok()) << answer.status();
+    m = parse_samples(*answer);
+    if (m["hiber_requests_completed_total"] == kPreemptions) break;
+    std::this_thread::sleep_for(20ms);
+  }
+  EXPECT_EQ(m["hiber_requests_shed_total"], kShed);
+  EXPECT_EQ(m["hiber_lease_preemptions_total"], kPreemptions);
+  // Shed requests arrived but never completed.
+  EXPECT_EQ(m["hiber_requests_arrived_total"], kShed + kPreemptions);
+  EXPECT_EQ(m["hiber_requests_completed_total"], kPreemptions);
+  EXPECT_EQ(m["hiber_background_requests_total"], kPreemptions);
+
+  auto reply = control->status();
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  Status read = wire::read_message<proto::ControlReply>(
+      *reply, "status", [&](proto::ControlReply::Reader r) -> Status {
+        EXPECT_EQ(r.getStatus().getScheduler().getShed(), uint64_t{kShed});
+        EXPECT_EQ(r.getStatus().getScheduler().getPreemptions(), uint64_t{kPreemptions});
+        return Status();
+      });
+  EXPECT_TRUE(read.ok()) << read;
+
+  auto printed = run_program({HIBERCTL_PATH, "--run_dir=" + hiberd.run_dir(), "status"});
+  ASSERT_EQ(printed.exit_code, 0) << printed.output;
+  EXPECT_NE(printed.output.find(std::to_string(kShed) + " shed as overloaded, " +
+                                std::to_string(kPreemptions) + " background (" +
+                                std::to_string(kPreemptions) + " preempted)"),
+            std::string::npos)
+      << printed.output;
+
+  late->reset();
+  waiting->reset();
+  hog->reset();
+  EXPECT_EQ(hiberd.stop(), 0) << hiberd.log();
+  std::system(("rm -rf " + dir).c_str());
+}
+
 TEST(HiberdMetrics, APortInUseStopsHiberdSayingWhy) {
   UniqueFd taken(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
   ASSERT_TRUE(taken);

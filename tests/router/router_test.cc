@@ -27,8 +27,9 @@ using nlohmann::json;
 
 // One hiberd and a router in front of it.
 struct Node {
-  explicit Node(std::vector<std::string> router_flags = {})
-      : state_dir(temp_dir("hiber-router-test")) {
+  explicit Node(std::vector<std::string> router_flags = {},
+                std::vector<std::string> hiberd_flags = {})
+      : hiberd(std::move(hiberd_flags)), state_dir(temp_dir("hiber-router-test")) {
     router_flags.push_back("--run_dir=" + hiberd.run_dir());
     router_flags.push_back("--shim_preload=" + shim_preload());
     router = std::make_unique<RouterProcess>(state_dir, router_flags);
@@ -239,6 +240,42 @@ TEST(Router, OverloadGets429WithRetryAfter) {
   for (auto& c : clients) c.join();
   EXPECT_EQ(refused.load(), 3);
   EXPECT_EQ(answered_with_retry.load(), 3);
+}
+
+// hiberd's admission (--shed=late) answers a request that cannot meet its deadline
+// "overloaded": the client gets 503 with Retry-After and says so, and the router counts it as
+// shed, not failed, as hiberd does.
+TEST(Router, ARequestHiberdShedsGets503AndIsCountedAsShed) {
+  if (shim_preload().empty()) GTEST_SKIP() << "no shim (built without the CUDA toolkit)";
+  Node node({}, {"--shed=late"});
+  RouterProcess& router = *node.router;
+  // A second's work against a millisecond's deadline: late from its arrival on.
+  ASSERT_EQ(router.load("late", echo_registration({{"slo_ms", 1}, {"exec_ms_hint", 1000}})).status,
+            200);
+  constexpr int kShed = 3;
+  for (int i = 0; i < kShed; ++i) {
+    router::HttpResponse r = router.infer("late", "x");
+    ASSERT_EQ(r.status, 503) << r.body << router.log();
+    EXPECT_EQ(r.header("Retry-After").value_or(""), "1");
+    const std::string message = json::parse(r.body).value("error", "");
+    EXPECT_EQ(message.rfind("function \"late\" is overloaded: node node0 shed the request "
+                            "(overloaded: request ",
+                            0),
+              0u)
+        << message;
+    EXPECT_NE(message.find("cannot meet its deadline); retry later"), std::string::npos) << message;
+  }
+  const json status = router.function_status("late");
+  EXPECT_EQ(status["requests"], kShed);
+  EXPECT_EQ(status["shed"], kShed);
+  EXPECT_EQ(status["failed"], 0);
+  EXPECT_EQ(status["rejected"], 0);
+  EXPECT_EQ(router.metric(R"(hiber_invocations_shed_total{function="late"})"), kShed);
+  EXPECT_EQ(router.metric(R"(hiber_invocations_total{function="late",status="503"})"), kShed);
+  // hiberd counted the same requests; the router shows its count once it polled the node.
+  EXPECT_TRUE(eventually([&] { return router.status()["nodes"][0]["shed"] == kShed; }))
+      << router.status().dump();
+  EXPECT_EQ(router.status()["nodes"][0]["preemptions"], 0);
 }
 
 TEST(Router, ScalesFromZeroAndToZero) {

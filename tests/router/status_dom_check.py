@@ -194,7 +194,7 @@ class Checker:
             self.expect(s["time"] is not None and "showing data from" in
                         self.by_id("banner").text(), "the banner does not say the data is old")
 
-        completed = sum(num(f.get("ok")) + num(f.get("failed")) for f in fns)
+        completed = sum(num(f.get("ok")) + num(f.get("failed")) + num(f.get("shed")) for f in fns)
         summary = {
             "summary-nodes": f"{sum(1 for n in nodes if n.get('up'))} / {len(nodes)}",
             "summary-gpus": f"{sum(1 for g in gpus if g.get('running'))} / {len(gpus)}",
@@ -221,6 +221,10 @@ class Checker:
             self.equal(self.field(card, "up"), "up" if up else "down", f"node {n['name']} state")
             self.equal(self.field(card, "queued"), f"{js_str(num(n.get('queued')))} queued at hiberd",
                        f"node {n['name']} queued")
+            self.equal(self.field(card, "scheduler"),
+                       f"{js_str(num(n.get('shed')))} shed · "
+                       f"{js_str(num(n.get('preemptions')))} leases preempted",
+                       f"node {n['name']} shed and preempted")
             q = self.doc.find("data-queue-node", n["name"])
             self.equal(self.field(q, "queued") if q else None, js_str(num(n.get("queued"))),
                        f"queue entry of node {n['name']}")
@@ -258,7 +262,7 @@ class Checker:
             row = rows.get(f["name"])
             if row is None:
                 continue
-            done = num(f.get("ok")) + num(f.get("failed"))
+            done = num(f.get("ok")) + num(f.get("failed")) + num(f.get("shed"))
             slo = f.get("slo_ms")
             want = {
                 "name": f["name"],
@@ -267,6 +271,7 @@ class Checker:
                 "ok": js_str(num(f.get("ok"))),
                 "failed": js_str(num(f.get("failed"))),
                 "rejected": js_str(num(f.get("rejected"))),
+                "shed": js_str(num(f.get("shed"))),
                 "slo_met": fmt_pct(num(f.get("on_time")), done),
                 "p50_ms": fmt_ms(f.get("p50_ms")),
                 "p99_ms": fmt_ms(f.get("p99_ms")),

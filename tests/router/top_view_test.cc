@@ -81,8 +81,9 @@ TEST(TopView, Screen) {
   EXPECT_EQ(lines[0],
             "hiber-router http://127.0.0.1:8080 2025-11-26 01:20:00 UTC 3 functions, 2 nodes, "
             "35 requests");
-  EXPECT_NE(find_line(lines, "NODE n0 up backend sim queued 2"), -1) << *text;
-  EXPECT_NE(find_line(lines, "NODE n1 DOWN backend cuda queued 0"), -1) << *text;
+  EXPECT_NE(find_line(lines, "NODE n0 up backend sim queued 2 shed 7 preempted 5"), -1) << *text;
+  // A router before the counters (or a node that never answered) shows 0.
+  EXPECT_NE(find_line(lines, "NODE n1 DOWN backend cuda queued 0 shed 0 preempted 0"), -1) << *text;
   // 40 of 80 GiB: half of 20 cells.
   EXPECT_NE(find_line(lines, "0 H100 fn-1 [##########..........] 50.0% 40.0 GiB / 80.0 GiB 0.25"),
             -1)
@@ -98,11 +99,11 @@ TEST(TopView, Screen) {
   // sample, so counts from 0. On time: 24 of 25, 8 of 10, none of none.
   const int header = find_line(lines,
                                "FUNCTION REQS RPS ON-TIME SLO ms P50 ms P99 ms QUEUED INST BUSY "
-                               "FAILED REJECTED");
+                               "FAILED REJECTED SHED");
   ASSERT_NE(header, -1) << *text;
-  EXPECT_EQ(lines[header + 1], "resnet-big 25 10.0 96.0% 250 41.2 120.0 0 2 0 0 3");
-  EXPECT_EQ(lines[header + 2], "fn-1 10 2.0 80.0% 100 3.1 9.8 2 1 1 1 0");
-  EXPECT_EQ(lines[header + 3], "fn-3 0 0.0 - 50 - - 0 0 0 0 0");
+  EXPECT_EQ(lines[header + 1], "resnet-big 25 10.0 96.0% 250 41.2 120.0 0 2 0 0 3 4");
+  EXPECT_EQ(lines[header + 2], "fn-1 10 2.0 80.0% 100 3.1 9.8 2 1 1 1 0 0");
+  EXPECT_EQ(lines[header + 3], "fn-3 0 0.0 - 50 - - 0 0 0 0 0 0");
 
   const int swaps = find_line(lines, "RECENT SWAPS (2 of 2, newest first)");
   ASSERT_NE(swaps, -1) << *text;
@@ -130,7 +131,7 @@ TEST(TopView, ColumnsAreAligned) {
 TEST(TopView, FirstRefreshHasNoRate) {
   auto text = render_top(fixture(), std::nullopt, TopOptions{"r", 10});
   ASSERT_TRUE(text.ok()) << text.status();
-  EXPECT_NE(find_line(squeezed(*text), "fn-1 10 - 80.0% 100 3.1 9.8 2 1 1 1 0"), -1) << *text;
+  EXPECT_NE(find_line(squeezed(*text), "fn-1 10 - 80.0% 100 3.1 9.8 2 1 1 1 0 0"), -1) << *text;
 }
 
 TEST(TopView, CounterThatWentBackHasNoRate) {
@@ -139,7 +140,7 @@ TEST(TopView, CounterThatWentBackHasNoRate) {
   previous.requests = {{"fn-1", 50}};  // the router restarted since
   auto text = render_top(fixture(), previous, TopOptions{"r", 10});
   ASSERT_TRUE(text.ok()) << text.status();
-  EXPECT_NE(find_line(squeezed(*text), "fn-1 10 - 80.0% 100 3.1 9.8 2 1 1 1 0"), -1) << *text;
+  EXPECT_NE(find_line(squeezed(*text), "fn-1 10 - 80.0% 100 3.1 9.8 2 1 1 1 0 0"), -1) << *text;
 }
 
 TEST(TopView, SampleFeedsTheNextRefresh) {

@@ -110,6 +110,8 @@ class MetricsTest : public ::testing::Test {
     sched.setCompleted(33);
     sched.setOnTime(30);
     sched.setBackground(6);
+    sched.setShed(5);
+    sched.setPreemptions(2);
     sched.setHostPoolBytes(1 << 30);
     sched.setHostPoolUsedBytes(123456);
     auto links = s.initSwapsByLink(3);
@@ -161,6 +163,8 @@ TEST_F(MetricsTest, SessionsRequestsAndCounters) {
   EXPECT_EQ(counter(f, "hiber_requests_completed_total"), 33);
   EXPECT_EQ(counter(f, "hiber_requests_on_time_total"), 30);
   EXPECT_EQ(counter(f, "hiber_background_requests_total"), 6);
+  EXPECT_EQ(counter(f, "hiber_requests_shed_total"), 5);
+  EXPECT_EQ(counter(f, "hiber_lease_preemptions_total"), 2);
   EXPECT_EQ(gauge(f, "hiber_module_cache_images"), 3);
   EXPECT_EQ(gauge(f, "hiber_module_cache_image_bytes"), 4096);
   EXPECT_EQ(counter(f, "hiber_module_cache_hits_total"), 8);

@@ -192,6 +192,11 @@ struct SchedulerStatus {
   drainingNode @14 :Bool;
   background @15 :UInt64;          # background requests (implicit leases: a function's GPU calls
                                    # outside any request); in the starts, not in arrivals
+  # (1.6) What the scheduler did to requests (0 from a hiberd before 1.6).
+  shed @16 :UInt64;                # requests answered "overloaded" (--shed), never started; in
+                                   # arrivals, not in completed
+  preemptions @17 :UInt64;         # background leases ended at their slice (--lease_slice_ms)
+                                   # because another function waited for the GPU
 }
 
 struct Counters {
