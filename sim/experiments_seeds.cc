@@ -289,11 +289,11 @@ Result<ExperimentResult> experiment_seeds(const ExperimentOptions& options) {
                   str_cat(fmt(r.compliant_pct.min, 1), "-", fmt(r.compliant_pct.max, 1)),
                   str_cat(r.worst_model, " ", fmt(r.worst_model_pct, 1), " (worst seed ",
                           fmt(r.worst_model_min_pct, 0), ")"),
-                  str_cat(r.lowest_seed_model, " ", fmt(r.lowest_seed_pct, 0)),
-                  fmt(r.rejected, 0), fmt(r.failed, 0), fmt(r.unfinished, 0), fmt_ms(r.p99_ms),
+                  str_cat(r.lowest_seed_model, " ", fmt(r.lowest_seed_pct, 0)), fmt(r.rejected, 0),
+                  fmt(r.failed, 0), fmt(r.unfinished, 0), fmt_ms(r.p99_ms),
                   yes_no(meets_mean_goal(r)),
-                  str_cat(yes_no(meets_class_goal(r)), " (every seed: ",
-                          yes_no(meets_class_goal_every_seed(r)), ")")});
+                  str_cat(yes_no(meets_class_goal(r)),
+                          " (every seed: ", yes_no(meets_class_goal_every_seed(r)), ")")});
   }
   HIBER_RETURN_IF_ERROR(table_csv.write(file_in(options, "seeds.csv")));
   HIBER_RETURN_IF_ERROR(runs_csv.write(file_in(options, "seeds_runs.csv")));
@@ -325,9 +325,10 @@ Result<ExperimentResult> experiment_seeds(const ExperimentOptions& options) {
                         fmt(b.worst_model_pct, 1),
                         "% compliant on average, below the 50% every model class should reach.\n");
     else if (!meets_class_goal_every_seed(b))
-      losses += str_cat("- ", b.arrivals, ": ", base, " keeps every class at 50% or more on "
-                        "average, but not in every seed: ", b.lowest_seed_model, " falls to ",
-                        fmt(b.lowest_seed_pct, 1), "% in its worst seed.\n");
+      losses += str_cat("- ", b.arrivals, ": ", base,
+                        " keeps every class at 50% or more on average, but not in every seed: ",
+                        b.lowest_seed_model, " falls to ", fmt(b.lowest_seed_pct, 1),
+                        "% in its worst seed.\n");
     if (!meets_mean_goal(b))
       losses += str_cat("- ", b.arrivals, ": ", base, " averages ", fmt(b.compliant_pct.mean, 1),
                         "%, short of the 90% goal (issue 20).\n");
@@ -365,15 +366,17 @@ Result<ExperimentResult> experiment_seeds(const ExperimentOptions& options) {
       "A rejected request is a miss: it counts against its function's compliance as a late "
       "completion would.\n\n"
       "Issue 20's goals, judged per row in the last two columns: at least ",
-      fmt(kGoalCompliantPct, 0), "% of functions compliant as the mean over the seeds, and at "
-      "least ", fmt(kGoalClassPct, 0),
+      fmt(kGoalCompliantPct, 0),
+      "% of functions compliant as the mean over the seeds, and at "
+      "least ",
+      fmt(kGoalClassPct, 0),
       "% of the functions of every model class compliant (as the lowest class's mean over "
       "the seeds; \"every seed\" is the stricter reading, the lowest class in each run).\n\n",
-      markdown_table({"configuration", "arrivals", "compliant % (mean ± sd)", "range",
-                      "lowest class % (worst seed)", "lowest class in any seed", "rejected (overloaded)",
-                      "start failures", "unfinished", "p99 (ms)", ">= 90% mean",
-                      "every class >= 50%"},
-                     md),
+      markdown_table(
+          {"configuration", "arrivals", "compliant % (mean ± sd)", "range",
+           "lowest class % (worst seed)", "lowest class in any seed", "rejected (overloaded)",
+           "start failures", "unfinished", "p99 (ms)", ">= 90% mean", "every class >= 50%"},
+          md),
       "\nThe configurations:\n\n", mechanisms, "\nWhere ", base, " still loses:\n\n", losses,
       "\nThe arrivals' burstiness over a day per function, at the rates of the ", kFunctions,
       " functions (quartiles across functions):\n\n", arrival_statistics(sample, options.seed),

@@ -89,7 +89,8 @@ TEST(SeedsTable, GoalsPerRow) {
   EXPECT_FALSE(meets_class_goal_every_seed(low));
 
   // Exactly at the goals counts as meeting them.
-  const SeedsRow edge = summarize_seeds("lru", "poisson", {run(90, {5, 5, 5, 5, 5, 5, 5, 5}, 0, 1)});
+  const SeedsRow edge =
+      summarize_seeds("lru", "poisson", {run(90, {5, 5, 5, 5, 5, 5, 5, 5}, 0, 1)});
   EXPECT_TRUE(meets_mean_goal(edge));
   EXPECT_TRUE(meets_class_goal(edge));
   EXPECT_TRUE(meets_class_goal_every_seed(edge));
