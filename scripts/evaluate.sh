@@ -4,7 +4,7 @@
 # PNG plots with gnuplot, and writes the report with our numbers beside the paper's.
 #
 #   scripts/evaluate.sh                 build in build/release, run everything (a few minutes on
-#                                       16 cores; the seeds table alone is 120 runs of 11 minutes)
+#                                       16 cores; the seeds table alone is 140 runs of 11 minutes)
 #   scripts/evaluate.sh -B DIR          another build folder
 #   scripts/evaluate.sh --no-build      use the hiber-sim already built there
 #   scripts/evaluate.sh --time_scale=0.2 --seed=3    passed on to hiber-sim

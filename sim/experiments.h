@@ -15,7 +15,8 @@
 //   queue        RRC against FIFO and gShare queueing under Poisson and bursty arrivals.
 //   seeds        Fig. 11's 560-function point over seeds 1..N, Poisson and Azure-shaped
 //                arrivals, per-request execution-time variation, for the configurations named
-//                in `policies` (sim/seeds_table.h): means, spreads, the worst model, p99.
+//                in `policies` (sim/seeds_table.h): means, spreads, the lowest model class,
+//                rejected ("overloaded") requests, p99, and issue 20's goals met or not.
 //
 // Each writes its CSV files into the output folder and returns its section of
 // docs/evaluation.md (setup, our numbers, the paper's beside them). "all" runs every one.

@@ -19,11 +19,17 @@ constexpr int kFunctions = 560;
 constexpr double kVisionCv = 0.05;
 constexpr double kLanguageCv = 0.10;
 
+// A named configuration fixes its admission rule too, whatever --shed says.
 SystemSpec hiber_with(const ExperimentOptions& o, std::string_view name, std::string placement,
-                      std::string eviction, std::string queue) {
-  return hiber_system(o, std::string(name), std::move(placement), std::move(eviction),
-                      std::move(queue));
+                      std::string eviction, std::string queue,
+                      scheduler::ShedRule shed = scheduler::ShedRule::kNone) {
+  SystemSpec s = hiber_system(o, std::string(name), std::move(placement), std::move(eviction),
+                              std::move(queue));
+  s.hiber.scheduler.shed = shed;
+  return s;
 }
+
+std::string yes_no(bool b) { return b ? "yes" : "no"; }
 
 double quantile_of(std::vector<double> v, double q) {
   std::sort(v.begin(), v.end());
@@ -96,8 +102,12 @@ SeedsRow summarize_seeds(std::string config, std::string arrivals,
   for (const Results& r : per_seed) {
     compliant.push_back(100 * r.compliant_ratio);
     for (size_t m = 0; m < by_model.size(); ++m) {
-      if (r.functions_by_model[m] > 0)
-        by_model[m].push_back(100.0 * r.compliant_by_model[m] / r.functions_by_model[m]);
+      if (r.functions_by_model[m] == 0) continue;
+      by_model[m].push_back(100.0 * r.compliant_by_model[m] / r.functions_by_model[m]);
+      if (row.lowest_seed_model.empty() || by_model[m].back() < row.lowest_seed_pct) {
+        row.lowest_seed_pct = by_model[m].back();
+        row.lowest_seed_model = paper_models()[m].name;
+      }
     }
     row.rejected += static_cast<double>(r.by_kind[static_cast<int>(StartKind::kRejected)]) / n;
     row.failed += static_cast<double>(r.by_kind[static_cast<int>(StartKind::kFailed)]) / n;
@@ -118,9 +128,28 @@ SeedsRow summarize_seeds(std::string config, std::string arrivals,
   return row;
 }
 
+bool meets_mean_goal(const SeedsRow& row) { return row.compliant_pct.mean >= kGoalCompliantPct; }
+bool meets_class_goal(const SeedsRow& row) { return row.worst_model_pct >= kGoalClassPct; }
+bool meets_class_goal_every_seed(const SeedsRow& row) {
+  return row.lowest_seed_pct >= kGoalClassPct;
+}
+
 const std::vector<SeedsConfig>& seeds_configs() {
   using O = ExperimentOptions;
   static const std::vector<SeedsConfig> configs = {
+      {"hiber-slo",
+       "Hiber's placement and RRC queue (with EDF and demotion) plus the two SLO-aware "
+       "mechanisms of issue 20 (docs/scheduler.md, \"Beyond the paper\"). `slack` eviction keeps "
+       "a model as if it had been used up to 60 s later, by the cube of the share of its SLO a "
+       "host load costs it: Bert-qa (a 144 ms load against a 200 ms SLO) stays resident, and the "
+       "CNNs, whose loads fit their SLO from the host, swap instead. `--shed=hopeless` answers "
+       "\"overloaded\" at once to a request the queue offers once it can no longer finish in time "
+       "(execution alone, or a host load when no GPU holds the model, ends past its deadline), "
+       "so a late request holds no GPU and evicts no model; shed requests are misses.",
+       [](const O& o) {
+         return hiber_with(o, "hiber-slo", "algorithm1", "slack", "rrc",
+                           scheduler::ShedRule::kHopeless);
+       }},
       {"hiber",
        "Hiber's defaults: Algorithm 1 placement (resident, then a peer copy, then the host), "
        "heaviness-aware eviction, and the RRC queue with two additions beyond the paper: "
@@ -151,7 +180,16 @@ const std::vector<SeedsConfig>& seeds_configs() {
        [](const O& o) { return hiber_with(o, "gshare", "algorithm1", "heaviness", "gshare"); }},
       {"infless-ka",
        "INFless-KA: native GPU containers bound to one GPU, kept alive for 60 s after their last "
-       "request, cold-started (8-11 s) when a request finds none; no swapping.",
+       "request, cold-started (8-11 s) when a request finds none; no swapping. Its 0% is the "
+       "baseline's behaviour at this load, not a setup error: the seeds runs configure it as "
+       "Fig. 10 does (same node, 32 GiB GPUs, 60 s keep-alive, time scale), where it already "
+       "falls to 18% at 100 functions and 0% from 120. The four GPUs hold about 78 native "
+       "containers at once (Native executes 79 at 160), so at 560 functions an idle container "
+       "is reclaimed for another function's cold start long before its keep-alive ends (600 s "
+       "instead of 60 changes nothing). In seed 1, under Poisson, 1,230 of 71,758 requests find "
+       "their container up; the rest wait for one of 6,046 cold starts, each then serving the "
+       "dozen requests queued behind it, a mean wait of 34 s and a p99 of about 70 s against "
+       "80-200 ms deadlines.",
        [](const O& o) { return early_system(o, "infless-ka", EarlyBinding::kInflessKeepAlive); }},
   };
   return configs;
@@ -217,8 +255,9 @@ Result<ExperimentResult> experiment_seeds(const ExperimentOptions& options) {
                      "worst_model_pct", "rejected", "failed", "unfinished", "p99_ms"});
   CsvTable table_csv({"config", "arrivals", "seeds", "compliant_mean", "compliant_sd",
                       "compliant_min", "compliant_max", "worst_model", "worst_model_mean_pct",
-                      "worst_model_min_pct", "rejected_per_run", "failed_per_run",
-                      "unfinished_per_run", "p99_ms"});
+                      "worst_model_min_pct", "lowest_seed_model", "lowest_seed_pct",
+                      "rejected_per_run", "failed_per_run", "unfinished_per_run", "p99_ms",
+                      "goal_mean_90", "goal_class_50", "goal_class_50_every_seed"});
   std::vector<SeedsRow> rows;
   size_t j = 0;
   for (const SeedsConfig* c : configs) {
@@ -229,9 +268,9 @@ Result<ExperimentResult> experiment_seeds(const ExperimentOptions& options) {
         const SeedsRow one =
             summarize_seeds(std::string(c->name), pattern_names[p], {per_seed.back()});
         runs_csv.add({one.config, one.arrivals, std::to_string(options.seed + k),
-                      fmt(one.compliant_pct.mean, 2), one.worst_model, fmt(one.worst_model_pct, 2),
-                      fmt(one.rejected, 0), fmt(one.failed, 0), fmt(one.unfinished, 0),
-                      fmt(one.p99_ms, 1)});
+                      fmt(one.compliant_pct.mean, 2), one.lowest_seed_model,
+                      fmt(one.lowest_seed_pct, 2), fmt(one.rejected, 0), fmt(one.failed, 0),
+                      fmt(one.unfinished, 0), fmt(one.p99_ms, 1)});
       }
       rows.push_back(summarize_seeds(std::string(c->name), pattern_names[p], per_seed));
     }
@@ -241,14 +280,20 @@ Result<ExperimentResult> experiment_seeds(const ExperimentOptions& options) {
     table_csv.add({r.config, r.arrivals, std::to_string(r.seeds), fmt(r.compliant_pct.mean, 2),
                    fmt(r.compliant_pct.sd, 2), fmt(r.compliant_pct.min, 2),
                    fmt(r.compliant_pct.max, 2), r.worst_model, fmt(r.worst_model_pct, 2),
-                   fmt(r.worst_model_min_pct, 2), fmt(r.rejected, 1), fmt(r.failed, 1),
-                   fmt(r.unfinished, 1), fmt(r.p99_ms, 1)});
+                   fmt(r.worst_model_min_pct, 2), r.lowest_seed_model, fmt(r.lowest_seed_pct, 2),
+                   fmt(r.rejected, 1), fmt(r.failed, 1), fmt(r.unfinished, 1), fmt(r.p99_ms, 1),
+                   yes_no(meets_mean_goal(r)), yes_no(meets_class_goal(r)),
+                   yes_no(meets_class_goal_every_seed(r))});
     md.push_back({r.config, r.arrivals,
                   str_cat(fmt(r.compliant_pct.mean, 1), " ± ", fmt(r.compliant_pct.sd, 1)),
                   str_cat(fmt(r.compliant_pct.min, 1), "-", fmt(r.compliant_pct.max, 1)),
-                  str_cat(r.worst_model, " ", fmt(r.worst_model_pct, 1), " (min ",
+                  str_cat(r.worst_model, " ", fmt(r.worst_model_pct, 1), " (worst seed ",
                           fmt(r.worst_model_min_pct, 0), ")"),
-                  fmt(r.rejected, 0), fmt(r.failed + r.unfinished, 0), fmt_ms(r.p99_ms)});
+                  str_cat(r.lowest_seed_model, " ", fmt(r.lowest_seed_pct, 0)), fmt(r.rejected, 0),
+                  fmt(r.failed, 0), fmt(r.unfinished, 0), fmt_ms(r.p99_ms),
+                  yes_no(meets_mean_goal(r)),
+                  str_cat(yes_no(meets_class_goal(r)),
+                          " (every seed: ", yes_no(meets_class_goal_every_seed(r)), ")")});
   }
   HIBER_RETURN_IF_ERROR(table_csv.write(file_in(options, "seeds.csv")));
   HIBER_RETURN_IF_ERROR(runs_csv.write(file_in(options, "seeds_runs.csv")));
@@ -275,13 +320,23 @@ Result<ExperimentResult> experiment_seeds(const ExperimentOptions& options) {
         losses += str_cat("- ", r.arrivals, ": ", r.config, " has the shorter p99 (",
                           fmt_ms(r.p99_ms), " ms against ", fmt_ms(b.p99_ms), " ms).\n");
     }
-    if (b.worst_model_pct < 50)
+    if (!meets_class_goal(b))
       losses += str_cat("- ", b.arrivals, ": ", base, " leaves ", b.worst_model, " at ",
                         fmt(b.worst_model_pct, 1),
-                        "% compliant, below the 50% every model class should reach.\n");
-    if (b.compliant_pct.mean < 90)
+                        "% compliant on average, below the 50% every model class should reach.\n");
+    else if (!meets_class_goal_every_seed(b))
+      losses += str_cat("- ", b.arrivals, ": ", base,
+                        " keeps every class at 50% or more on average, but not in every seed: ",
+                        b.lowest_seed_model, " falls to ", fmt(b.lowest_seed_pct, 1),
+                        "% in its worst seed.\n");
+    if (!meets_mean_goal(b))
       losses += str_cat("- ", b.arrivals, ": ", base, " averages ", fmt(b.compliant_pct.mean, 1),
                         "%, short of the 90% goal (issue 20).\n");
+    // Shedding's price, stated even where nothing beats it.
+    if (b.rejected > 0)
+      losses += str_cat("- ", b.arrivals, ": ", base, " answers ", fmt(b.rejected, 0),
+                        " requests per run \"overloaded\" without running them (mean over the "
+                        "seeds): misses by design, counted in its compliance.\n");
   }
   if (losses.empty()) losses = "- Nowhere in this table.\n";
 
@@ -307,13 +362,26 @@ Result<ExperimentResult> experiment_seeds(const ExperimentOptions& options) {
       "` (`--policies=a,b,c` picks the configurations, `--seeds=N` the "
       "count).\n\n"
       "Columns: SLO-compliant functions as mean ± standard deviation and range over the seeds; "
-      "the model whose functions comply least (mean over seeds, and its lowest seed); requests "
-      "rejected without running and those failed or unfinished, per run; the p99 latency over "
-      "all requests, mean over seeds (inf when more than 1% of some run's requests never "
-      "finished).\n\n",
-      markdown_table({"configuration", "arrivals", "compliant % (mean ± sd)", "range",
-                      "worst model % (min)", "rejected", "failed + unfinished", "p99 (ms)"},
-                     md),
+      "the lowest model class (the class whose functions comply least, as the mean over the "
+      "seeds, and that class's worst seed); the lowest share of any class in any single seed; "
+      "per run, the requests rejected without running (shed and answered \"overloaded\" by "
+      "`--shed`; early binding never refuses under INFless-KA), the start failures (started, "
+      "could not finish) and those still unfinished at the end; the p99 latency over all "
+      "requests, mean over seeds (inf when more than 1% of some run's requests never finished). "
+      "A rejected request is a miss: it counts against its function's compliance as a late "
+      "completion would.\n\n"
+      "Issue 20's goals, judged per row in the last two columns: at least ",
+      fmt(kGoalCompliantPct, 0),
+      "% of functions compliant as the mean over the seeds, and at "
+      "least ",
+      fmt(kGoalClassPct, 0),
+      "% of the functions of every model class compliant (as the lowest class's mean over "
+      "the seeds; \"every seed\" is the stricter reading, the lowest class in each run).\n\n",
+      markdown_table(
+          {"configuration", "arrivals", "compliant % (mean ± sd)", "range",
+           "lowest class % (worst seed)", "lowest class in any seed", "rejected (overloaded)",
+           "start failures", "unfinished", "p99 (ms)", ">= 90% mean", "every class >= 50%"},
+          md),
       "\nThe configurations:\n\n", mechanisms, "\nWhere ", base, " still loses:\n\n", losses,
       "\nThe arrivals' burstiness over a day per function, at the rates of the ", kFunctions,
       " functions (quartiles across functions):\n\n", arrival_statistics(sample, options.seed),
