@@ -30,7 +30,7 @@ void BlockAllocator::release_cached() noexcept {
 }
 
 AllocationResult BlockAllocator::do_allocate(uint64_t bytes, FunctionId owner,
-                                             const EvictablePredicate&) {
+                                             const EvictablePredicate&, EvictionAdvice) {
   const uint64_t needed = round_up(bytes, granularity_);
   if (auto it = by_size_.lower_bound(needed); it != by_size_.end()) {
     const Cached block = *it->second;

@@ -346,7 +346,8 @@ std::pair<uint32_t, int> BuddyAllocator::near_latest(const OwnerState& state, Fu
 }
 
 AllocationResult BuddyAllocator::do_allocate(uint64_t bytes, FunctionId owner,
-                                             const EvictablePredicate& evictable) {
+                                             const EvictablePredicate& evictable,
+                                             EvictionAdvice advice) {
   const uint64_t pages64 = (bytes + min_block_bytes() - 1) >> page_shift_;
   const int order = ceil_log2(pages64);
   const auto block_pages = static_cast<uint32_t>(uint64_t{1} << order);
@@ -423,7 +424,7 @@ AllocationResult BuddyAllocator::do_allocate(uint64_t bytes, FunctionId owner,
   if (new_owner) owners_.erase(known);
   ++counters_.failures;
   if ((capacity_pages_ - allocated_pages_) >= pages) ++counters_.fragmentation_failures;
-  return make_shortfall(bytes, pages, order, owner, evictable);
+  return make_shortfall(bytes, pages, order, owner, evictable, advice);
 }
 
 const BuddyAllocator::ChunkRegions& BuddyAllocator::regions(uint32_t chunk, int order) {
@@ -482,13 +483,14 @@ void BuddyAllocator::for_each_allocation_in(uint32_t chunk, uint32_t from, uint6
 }
 
 Shortfall BuddyAllocator::make_shortfall(uint64_t bytes, uint32_t pages, int order,
-                                         FunctionId owner,
-                                         const EvictablePredicate& evictable) {
+                                         FunctionId owner, const EvictablePredicate& evictable,
+                                         EvictionAdvice advice) {
   Shortfall shortfall;
   shortfall.requested_bytes = bytes;
   shortfall.needed_bytes = uint64_t{pages} << page_shift_;
   shortfall.free_bytes = (capacity_pages_ - allocated_pages_) << page_shift_;
   shortfall.largest_free_bytes = largest_free_bytes();
+  if (advice == EvictionAdvice::kSkipped) return shortfall;
   const auto may_evict = [&](FunctionId f) { return evictable ? evictable(f) : f != owner; };
 
   // The request needs a free aligned region of 2^order pages. Evicting an allocation that

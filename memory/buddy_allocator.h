@@ -108,7 +108,8 @@ class BuddyAllocator final : public PoolAllocator {
   BuddyAllocator(BuddyOptions options, int page_shift, int max_order);
 
   AllocationResult do_allocate(uint64_t bytes, FunctionId owner,
-                               const EvictablePredicate& evictable) override;
+                               const EvictablePredicate& evictable,
+                               EvictionAdvice advice) override;
   Status do_deallocate(const Allocation& allocation) noexcept override;
   uint64_t max_request_bytes() const override;
 
@@ -155,9 +156,10 @@ class BuddyAllocator final : public PoolAllocator {
   // A free block of at least `order` among the free buddies of the owner's latest
   // allocation's ancestors (its region): {page, order}, or {kNone, -1}.
   std::pair<uint32_t, int> near_latest(const OwnerState& owner, FunctionId id, int order) const;
-  // What a shortfall proposes: the cheapest aligned region of 2^order pages to empty.
+  // What a shortfall proposes: the cheapest aligned region of 2^order pages to empty (unless
+  // the advice was skipped).
   Shortfall make_shortfall(uint64_t bytes, uint32_t pages, int order, FunctionId owner,
-                           const EvictablePredicate& evictable);
+                           const EvictablePredicate& evictable, EvictionAdvice advice);
   // The costs of a chunk's aligned regions of 2^order pages: pages[r], the pages of the live
   // allocations overlapping region r, and first[r], where a walk over the chunk's blocks that
   // meets all of them starts.

@@ -67,7 +67,7 @@ void GpuPools::set_quota(FunctionId function, uint64_t bytes) {
 }
 
 AllocationResult GpuPools::allocate(int gpu, uint64_t bytes, FunctionId function,
-                                    const EvictablePredicate& evictable) {
+                                    const EvictablePredicate& evictable, EvictionAdvice advice) {
   std::lock_guard lock(mutex_);
   if (gpu < 0 || gpu >= gpu_count()) {
     Shortfall shortfall;
@@ -98,7 +98,7 @@ AllocationResult GpuPools::allocate(int gpu, uint64_t bytes, FunctionId function
   };
   // The request as asked first; then what the pool took, which rounding may have made larger.
   if (std::optional<Shortfall> refused = over_quota(bytes)) return std::move(*refused);
-  AllocationResult result = pools_[gpu]->allocate(bytes, function, evictable);
+  AllocationResult result = pools_[gpu]->allocate(bytes, function, evictable, advice);
   if (!result.ok()) {
     result.shortfall().gpu = gpu;
     return result;

@@ -46,9 +46,11 @@ class GpuPools {
   // 0 = no limit. Applies to later allocations.
   void set_quota(FunctionId function, uint64_t bytes);
 
-  // Places `bytes` for `function` on `gpu`. The shortfall names the GPU and, over quota, says so.
+  // Places `bytes` for `function` on `gpu`. The shortfall names the GPU and, over quota, says so;
+  // `advice` as for PoolAllocator::allocate.
   AllocationResult allocate(int gpu, uint64_t bytes, FunctionId function,
-                            const EvictablePredicate& evictable = {});
+                            const EvictablePredicate& evictable = {},
+                            EvictionAdvice advice = EvictionAdvice::kWanted);
   // kInvalidValue for anything that is not a live allocation on that GPU.
   Status deallocate(int gpu, const Allocation& allocation);
 

@@ -11,7 +11,7 @@ NaiveAllocator::~NaiveAllocator() {
 }
 
 AllocationResult NaiveAllocator::do_allocate(uint64_t bytes, FunctionId,
-                                             const EvictablePredicate&) {
+                                             const EvictablePredicate&, EvictionAdvice) {
   const uint64_t needed = round_up(bytes, granularity_);
   Shortfall shortfall;
   shortfall.requested_bytes = bytes;
