@@ -77,6 +77,14 @@ AllocationResult BlockAllocator::do_allocate(uint64_t bytes, FunctionId owner,
   return shortfall;
 }
 
+std::optional<FunctionId> BlockAllocator::owner(const Allocation& allocation) const noexcept {
+  auto it = live_.find(allocation.where.chunk);
+  if (allocation.where.offset != 0 || it == live_.end() || it->second.bytes != allocation.bytes) {
+    return std::nullopt;
+  }
+  return it->second.owner;
+}
+
 Status BlockAllocator::do_deallocate(const Allocation& allocation) noexcept {
   auto it = live_.find(allocation.where.chunk);
   if (allocation.where.offset != 0 || it == live_.end() || it->second.bytes != allocation.bytes) {

@@ -25,6 +25,7 @@ class BlockAllocator final : public PoolAllocator {
   ~BlockAllocator() override;
 
   std::string_view name() const override { return "block"; }
+  std::optional<FunctionId> owner(const Allocation& allocation) const noexcept override;
   void release_cached() noexcept override;
   PoolStats stats() const override;
   Status check_invariants() const override;

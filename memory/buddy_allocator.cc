@@ -559,6 +559,21 @@ Shortfall BuddyAllocator::make_shortfall(uint64_t bytes, uint32_t pages, int ord
   return shortfall;
 }
 
+std::optional<FunctionId> BuddyAllocator::owner(const Allocation& allocation) const noexcept {
+  const PoolLocation& where = allocation.where;
+  if (where.chunk >= chunks_.size() || where.offset % min_block_bytes() != 0 ||
+      (where.offset >> page_shift_) >= chunks_[where.chunk].pages) {
+    return std::nullopt;
+  }
+  const uint32_t page =
+      chunks_[where.chunk].first_page + static_cast<uint32_t>(where.offset >> page_shift_);
+  const uint32_t pages = span_pages_[page];
+  if (pages == 0 || span_cached_[page] || (uint64_t{pages} << page_shift_) != allocation.bytes) {
+    return std::nullopt;
+  }
+  return span_owner_[page];
+}
+
 Status BuddyAllocator::do_deallocate(const Allocation& allocation) noexcept {
   const PoolLocation& where = allocation.where;
   const uint64_t min = min_block_bytes();

@@ -73,6 +73,7 @@ class BuddyAllocator final : public PoolAllocator {
                                                         BuddyOptions options = {});
 
   std::string_view name() const override { return "buddy"; }
+  std::optional<FunctionId> owner(const Allocation& allocation) const noexcept override;
   void release_cached() noexcept override;
   PoolStats stats() const override;
   Status check_invariants() const override;

@@ -18,7 +18,6 @@
 
 #include "common/status.h"
 #include "memory/buddy_allocator.h"
-#include "memory/location_index.h"
 #include "memory/pool_allocator.h"
 
 namespace hiber::memory {
@@ -63,13 +62,9 @@ class GpuPools {
 
  private:
   GpuPools() = default;
-  static uint64_t key(const PoolLocation& where) {
-    return uint64_t{where.chunk} << 40 | where.offset;
-  }
 
   mutable std::mutex mutex_;
   std::vector<std::unique_ptr<PoolAllocator>> pools_;
-  std::vector<LocationIndex> owners_;                                     // per GPU, by location
   std::unordered_map<FunctionId, std::vector<uint64_t>> function_bytes_;  // per GPU
   std::unordered_map<FunctionId, uint64_t> quotas_;
 };

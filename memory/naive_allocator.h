@@ -18,6 +18,7 @@ class NaiveAllocator final : public PoolAllocator {
   ~NaiveAllocator() override;
 
   std::string_view name() const override { return "naive"; }
+  std::optional<FunctionId> owner(const Allocation& allocation) const noexcept override;
   void release_cached() noexcept override {}
   PoolStats stats() const override;
   Status check_invariants() const override;
@@ -26,6 +27,7 @@ class NaiveAllocator final : public PoolAllocator {
   struct Live {
     uint64_t bytes;
     uint64_t requested;
+    FunctionId owner;
   };
   AllocationResult do_allocate(uint64_t bytes, FunctionId owner,
                                const EvictablePredicate& evictable,

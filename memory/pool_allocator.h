@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -135,6 +136,10 @@ class PoolAllocator {
   // Gives an allocation back. kInvalidValue (and no change) for anything that is not a live
   // allocation of this pool, so a confused caller cannot corrupt it.
   Status deallocate(const Allocation& allocation) noexcept;
+
+  // The function a live allocation of this pool (exactly this location and size) belongs to;
+  // nullopt for anything else. O(1) for buddy (its page arrays), a hash lookup for the others.
+  virtual std::optional<FunctionId> owner(const Allocation& allocation) const noexcept = 0;
 
   // Releases whatever caches hold (back to the buddy lists, or to the device).
   virtual void release_cached() noexcept = 0;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <map>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <tuple>
@@ -117,11 +118,22 @@ TEST_P(PoolContract, RandomAllocateAndFreeKeepEveryByteAccountedFor) {
       }
     } else {
       const size_t index = rng() % live.size();
-      ASSERT_TRUE(s.pool->deallocate(live[index].allocation).ok());
+      const Allocation freed = live[index].allocation;
+      ASSERT_TRUE(s.pool->deallocate(freed).ok());
       live[index] = live.back();
       live.pop_back();
+      // Freed (or cached for sharing): nobody's any more, unless the same place was handed out
+      // again, which it cannot have been yet.
+      EXPECT_EQ(s.pool->owner(freed), std::nullopt) << GetParam() << " step " << step;
     }
     if (step % 97 == 0 || step > 5900) {
+      // Every live allocation's owner, as the reference recorded it; a wrong size is no one's.
+      for (const Live& l : live) {
+        ASSERT_EQ(s.pool->owner(l.allocation), l.owner) << GetParam() << " step " << step;
+        Allocation resized = l.allocation;
+        resized.bytes += 2 * kMiB;
+        ASSERT_EQ(s.pool->owner(resized), std::nullopt) << GetParam() << " step " << step;
+      }
       ASSERT_TRUE(s.pool->check_invariants().ok()) << s.pool->check_invariants();
       expect_no_overlap(live);
       const PoolStats stats = s.pool->stats();
