@@ -91,6 +91,7 @@ Result<uint32_t> BuddyAllocator::add_chunk(uint64_t bytes) {
   span_owner_.resize(total, kNoOwner);
   span_requested_.resize(total, 0);
   span_cached_.resize(total, 0);
+  free_bits_.resize((total + 63) / 64, 0);
   capacity_pages_ = total;
   free_range(chunk, 0, static_cast<uint32_t>(pages));
   if (options_.shared_cache_bytes == 0) {
@@ -128,8 +129,32 @@ void BuddyAllocator::set_nonempty(int order, uint32_t chunk, bool nonempty) {
   word = nonempty ? (word | bit) : (word & ~bit);
 }
 
+void BuddyAllocator::mark_free(uint32_t page, uint32_t pages, bool free) {
+  for (uint64_t at = page, end = uint64_t{page} + pages; at < end;) {
+    const uint64_t bit = at % 64;
+    const uint64_t count = std::min<uint64_t>(64 - bit, end - at);
+    const uint64_t mask = (count == 64 ? ~uint64_t{0} : (uint64_t{1} << count) - 1) << bit;
+    uint64_t& word = free_bits_[at / 64];
+    word = free ? (word | mask) : (word & ~mask);
+    at += count;
+  }
+}
+
+uint64_t BuddyAllocator::next_page_with(uint64_t page, uint64_t end, bool want) const {
+  if (page >= end) return end;
+  uint64_t w = page / 64;
+  const uint64_t flip = want ? 0 : ~uint64_t{0};
+  uint64_t bits = (free_bits_[w] ^ flip) & (~uint64_t{0} << (page % 64));
+  while (bits == 0) {
+    if (++w * 64 >= end) return end;
+    bits = free_bits_[w] ^ flip;
+  }
+  return std::min(end, w * 64 + std::countr_zero(bits));
+}
+
 void BuddyAllocator::push_free(uint32_t chunk, uint32_t page, int order) {
   uint32_t& first = head(chunk, order);
+  mark_free(page, uint32_t{1} << order, true);
   free_order_[page] = static_cast<int8_t>(order);
   ++free_versions_[chunk];
   free_pages_[chunk] += uint32_t{1} << order;
@@ -149,6 +174,7 @@ void BuddyAllocator::remove_free(uint32_t chunk, uint32_t page, int order) {
   }
   if (next_[page] != kNone) prev_[next_[page]] = prev_[page];
   if (head(chunk, order) == kNone) set_nonempty(order, chunk, false);
+  mark_free(page, uint32_t{1} << order, false);
   free_order_[page] = -1;
   ++free_versions_[chunk];
   free_pages_[chunk] -= uint32_t{1} << order;
@@ -265,20 +291,13 @@ Allocation BuddyAllocator::take_run(uint32_t chunk, uint32_t page, uint32_t page
 template <typename Visit>
 void BuddyAllocator::for_each_free_run(uint32_t chunk, Visit&& visit) const {
   const Chunk& c = chunks_[chunk];
-  uint64_t start = 0, length = 0;
-  for (uint64_t rel = 0; rel < c.pages;) {
-    const uint32_t page = c.first_page + static_cast<uint32_t>(rel);
-    if (const int order = free_order_[page]; order >= 0) {
-      if (length == 0) start = page;
-      length += uint64_t{1} << order;
-      rel += uint64_t{1} << order;
-      continue;
-    }
-    if (length != 0) visit(static_cast<uint32_t>(start), length);
-    length = 0;
-    rel += std::max<uint32_t>(span_pages_[page], 1);  // an allocation, or a cached block
+  const uint64_t end = uint64_t{c.first_page} + c.pages;
+  for (uint64_t page = c.first_page; page < end;) {
+    const uint64_t start = next_page_with(page, end, true);
+    if (start == end) return;
+    page = next_page_with(start, end, false);
+    visit(static_cast<uint32_t>(start), page - start);
   }
-  if (length != 0) visit(static_cast<uint32_t>(start), length);
 }
 
 // A run of 2^(k+1) - 1 free pages or more holds an aligned block of 2^k pages, which the
@@ -694,11 +713,19 @@ Status BuddyAllocator::check_invariants() const {
         }
         ++heads_seen[chunk * orders() + order];
         free_pages += length;
+        if (next_page_with(page, page + length, false) != page + length) {
+          return error(ErrorCode::kIllegalState, "free block at chunk ", chunk, " page ", rel,
+                       " is not marked free");
+        }
       } else if (span_pages_[page] != 0) {
         length = span_pages_[page];
         if (rel + length > c.pages) {
           return error(ErrorCode::kIllegalState, "allocation at chunk ", chunk, " page ", rel,
                        " runs past the chunk");
+        }
+        if (next_page_with(page, page + length, true) != page + length) {
+          return error(ErrorCode::kIllegalState, "allocation at chunk ", chunk, " page ", rel,
+                       " is marked free");
         }
         if (span_cached_[page]) {
           cached += length;
