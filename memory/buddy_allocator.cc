@@ -291,13 +291,25 @@ Allocation BuddyAllocator::take_run(uint32_t chunk, uint32_t page, uint32_t page
 template <typename Visit>
 void BuddyAllocator::for_each_free_run(uint32_t chunk, Visit&& visit) const {
   const Chunk& c = chunks_[chunk];
-  const uint64_t end = uint64_t{c.first_page} + c.pages;
-  for (uint64_t page = c.first_page; page < end;) {
-    const uint64_t start = next_page_with(page, end, true);
-    if (start == end) return;
-    page = next_page_with(start, end, false);
-    visit(static_cast<uint32_t>(start), page - start);
+  const uint64_t first = c.first_page;
+  const uint64_t end = first + c.pages;
+  // One pass over the chunk's words; a run may span words, so it stays open across them.
+  uint64_t start = 0;
+  bool open = false;
+  for (uint64_t base = first / 64 * 64; base < end; base += 64) {
+    uint64_t bits = free_bits_[base / 64];
+    if (base < first) bits &= ~uint64_t{0} << (first - base);
+    if (end - base < 64) bits &= (uint64_t{1} << (end - base)) - 1;
+    for (uint64_t pos = 0;;) {
+      const uint64_t rest = (open ? ~bits : bits) & (~uint64_t{0} << pos);
+      if (rest == 0) break;
+      pos = std::countr_zero(rest);
+      if (open) visit(static_cast<uint32_t>(start), base + pos - start);
+      start = base + pos;
+      open = !open;
+    }
   }
+  if (open) visit(static_cast<uint32_t>(start), end - start);
 }
 
 // A run of 2^(k+1) - 1 free pages or more holds an aligned block of 2^k pages, which the
