@@ -30,7 +30,7 @@ void BlockAllocator::release_cached() noexcept {
 }
 
 AllocationResult BlockAllocator::do_allocate(uint64_t bytes, FunctionId owner,
-                                             const EvictablePredicate&) {
+                                             const EvictablePredicate&, EvictionAdvice) {
   const uint64_t needed = round_up(bytes, granularity_);
   if (auto it = by_size_.lower_bound(needed); it != by_size_.end()) {
     const Cached block = *it->second;
@@ -75,6 +75,14 @@ AllocationResult BlockAllocator::do_allocate(uint64_t bytes, FunctionId owner,
   shortfall.free_bytes = budget_bytes_ - live_bytes_ - cached_bytes_;
   shortfall.largest_free_bytes = shortfall.free_bytes;
   return shortfall;
+}
+
+std::optional<FunctionId> BlockAllocator::owner(const Allocation& allocation) const noexcept {
+  auto it = live_.find(allocation.where.chunk);
+  if (allocation.where.offset != 0 || it == live_.end() || it->second.bytes != allocation.bytes) {
+    return std::nullopt;
+  }
+  return it->second.owner;
 }
 
 Status BlockAllocator::do_deallocate(const Allocation& allocation) noexcept {

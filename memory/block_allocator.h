@@ -25,6 +25,7 @@ class BlockAllocator final : public PoolAllocator {
   ~BlockAllocator() override;
 
   std::string_view name() const override { return "block"; }
+  std::optional<FunctionId> owner(const Allocation& allocation) const noexcept override;
   void release_cached() noexcept override;
   PoolStats stats() const override;
   Status check_invariants() const override;
@@ -42,7 +43,8 @@ class BlockAllocator final : public PoolAllocator {
   using Age = std::list<Cached>::iterator;
 
   AllocationResult do_allocate(uint64_t bytes, FunctionId owner,
-                               const EvictablePredicate& evictable) override;
+                               const EvictablePredicate& evictable,
+                               EvictionAdvice advice) override;
   Status do_deallocate(const Allocation& allocation) noexcept override;
   uint64_t max_request_bytes() const override {
     return budget_bytes_ / granularity_ * granularity_;  // rounded requests must fit the budget

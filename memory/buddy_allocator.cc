@@ -91,6 +91,7 @@ Result<uint32_t> BuddyAllocator::add_chunk(uint64_t bytes) {
   span_owner_.resize(total, kNoOwner);
   span_requested_.resize(total, 0);
   span_cached_.resize(total, 0);
+  free_bits_.resize((total + 63) / 64, 0);
   capacity_pages_ = total;
   free_range(chunk, 0, static_cast<uint32_t>(pages));
   if (options_.shared_cache_bytes == 0) {
@@ -128,8 +129,32 @@ void BuddyAllocator::set_nonempty(int order, uint32_t chunk, bool nonempty) {
   word = nonempty ? (word | bit) : (word & ~bit);
 }
 
+void BuddyAllocator::mark_free(uint32_t page, uint32_t pages, bool free) {
+  for (uint64_t at = page, end = uint64_t{page} + pages; at < end;) {
+    const uint64_t bit = at % 64;
+    const uint64_t count = std::min<uint64_t>(64 - bit, end - at);
+    const uint64_t mask = (count == 64 ? ~uint64_t{0} : (uint64_t{1} << count) - 1) << bit;
+    uint64_t& word = free_bits_[at / 64];
+    word = free ? (word | mask) : (word & ~mask);
+    at += count;
+  }
+}
+
+uint64_t BuddyAllocator::next_page_with(uint64_t page, uint64_t end, bool want) const {
+  if (page >= end) return end;
+  uint64_t w = page / 64;
+  const uint64_t flip = want ? 0 : ~uint64_t{0};
+  uint64_t bits = (free_bits_[w] ^ flip) & (~uint64_t{0} << (page % 64));
+  while (bits == 0) {
+    if (++w * 64 >= end) return end;
+    bits = free_bits_[w] ^ flip;
+  }
+  return std::min(end, w * 64 + std::countr_zero(bits));
+}
+
 void BuddyAllocator::push_free(uint32_t chunk, uint32_t page, int order) {
   uint32_t& first = head(chunk, order);
+  mark_free(page, uint32_t{1} << order, true);
   free_order_[page] = static_cast<int8_t>(order);
   ++free_versions_[chunk];
   free_pages_[chunk] += uint32_t{1} << order;
@@ -149,6 +174,7 @@ void BuddyAllocator::remove_free(uint32_t chunk, uint32_t page, int order) {
   }
   if (next_[page] != kNone) prev_[next_[page]] = prev_[page];
   if (head(chunk, order) == kNone) set_nonempty(order, chunk, false);
+  mark_free(page, uint32_t{1} << order, false);
   free_order_[page] = -1;
   ++free_versions_[chunk];
   free_pages_[chunk] -= uint32_t{1} << order;
@@ -265,20 +291,25 @@ Allocation BuddyAllocator::take_run(uint32_t chunk, uint32_t page, uint32_t page
 template <typename Visit>
 void BuddyAllocator::for_each_free_run(uint32_t chunk, Visit&& visit) const {
   const Chunk& c = chunks_[chunk];
-  uint64_t start = 0, length = 0;
-  for (uint64_t rel = 0; rel < c.pages;) {
-    const uint32_t page = c.first_page + static_cast<uint32_t>(rel);
-    if (const int order = free_order_[page]; order >= 0) {
-      if (length == 0) start = page;
-      length += uint64_t{1} << order;
-      rel += uint64_t{1} << order;
-      continue;
+  const uint64_t first = c.first_page;
+  const uint64_t end = first + c.pages;
+  // One pass over the chunk's words; a run may span words, so it stays open across them.
+  uint64_t start = 0;
+  bool open = false;
+  for (uint64_t base = first / 64 * 64; base < end; base += 64) {
+    uint64_t bits = free_bits_[base / 64];
+    if (base < first) bits &= ~uint64_t{0} << (first - base);
+    if (end - base < 64) bits &= (uint64_t{1} << (end - base)) - 1;
+    for (uint64_t pos = 0;;) {
+      const uint64_t rest = (open ? ~bits : bits) & (~uint64_t{0} << pos);
+      if (rest == 0) break;
+      pos = std::countr_zero(rest);
+      if (open) visit(static_cast<uint32_t>(start), base + pos - start);
+      start = base + pos;
+      open = !open;
     }
-    if (length != 0) visit(static_cast<uint32_t>(start), length);
-    length = 0;
-    rel += std::max<uint32_t>(span_pages_[page], 1);  // an allocation, or a cached block
   }
-  if (length != 0) visit(static_cast<uint32_t>(start), length);
+  if (open) visit(static_cast<uint32_t>(start), end - start);
 }
 
 // A run of 2^(k+1) - 1 free pages or more holds an aligned block of 2^k pages, which the
@@ -346,7 +377,8 @@ std::pair<uint32_t, int> BuddyAllocator::near_latest(const OwnerState& state, Fu
 }
 
 AllocationResult BuddyAllocator::do_allocate(uint64_t bytes, FunctionId owner,
-                                             const EvictablePredicate& evictable) {
+                                             const EvictablePredicate& evictable,
+                                             EvictionAdvice advice) {
   const uint64_t pages64 = (bytes + min_block_bytes() - 1) >> page_shift_;
   const int order = ceil_log2(pages64);
   const auto block_pages = static_cast<uint32_t>(uint64_t{1} << order);
@@ -423,7 +455,7 @@ AllocationResult BuddyAllocator::do_allocate(uint64_t bytes, FunctionId owner,
   if (new_owner) owners_.erase(known);
   ++counters_.failures;
   if ((capacity_pages_ - allocated_pages_) >= pages) ++counters_.fragmentation_failures;
-  return make_shortfall(bytes, pages, order, owner, evictable);
+  return make_shortfall(bytes, pages, order, owner, evictable, advice);
 }
 
 const BuddyAllocator::ChunkRegions& BuddyAllocator::regions(uint32_t chunk, int order) {
@@ -482,13 +514,14 @@ void BuddyAllocator::for_each_allocation_in(uint32_t chunk, uint32_t from, uint6
 }
 
 Shortfall BuddyAllocator::make_shortfall(uint64_t bytes, uint32_t pages, int order,
-                                         FunctionId owner,
-                                         const EvictablePredicate& evictable) {
+                                         FunctionId owner, const EvictablePredicate& evictable,
+                                         EvictionAdvice advice) {
   Shortfall shortfall;
   shortfall.requested_bytes = bytes;
   shortfall.needed_bytes = uint64_t{pages} << page_shift_;
   shortfall.free_bytes = (capacity_pages_ - allocated_pages_) << page_shift_;
   shortfall.largest_free_bytes = largest_free_bytes();
+  if (advice == EvictionAdvice::kSkipped) return shortfall;
   const auto may_evict = [&](FunctionId f) { return evictable ? evictable(f) : f != owner; };
 
   // The request needs a free aligned region of 2^order pages. Evicting an allocation that
@@ -555,6 +588,21 @@ Shortfall BuddyAllocator::make_shortfall(uint64_t bytes, uint32_t pages, int ord
     shortfall.evict = std::move(best_owners);
   }
   return shortfall;
+}
+
+std::optional<FunctionId> BuddyAllocator::owner(const Allocation& allocation) const noexcept {
+  const PoolLocation& where = allocation.where;
+  if (where.chunk >= chunks_.size() || where.offset % min_block_bytes() != 0 ||
+      (where.offset >> page_shift_) >= chunks_[where.chunk].pages) {
+    return std::nullopt;
+  }
+  const uint32_t page =
+      chunks_[where.chunk].first_page + static_cast<uint32_t>(where.offset >> page_shift_);
+  const uint32_t pages = span_pages_[page];
+  if (pages == 0 || span_cached_[page] || (uint64_t{pages} << page_shift_) != allocation.bytes) {
+    return std::nullopt;
+  }
+  return span_owner_[page];
 }
 
 Status BuddyAllocator::do_deallocate(const Allocation& allocation) noexcept {
@@ -677,11 +725,19 @@ Status BuddyAllocator::check_invariants() const {
         }
         ++heads_seen[chunk * orders() + order];
         free_pages += length;
+        if (next_page_with(page, page + length, false) != page + length) {
+          return error(ErrorCode::kIllegalState, "free block at chunk ", chunk, " page ", rel,
+                       " is not marked free");
+        }
       } else if (span_pages_[page] != 0) {
         length = span_pages_[page];
         if (rel + length > c.pages) {
           return error(ErrorCode::kIllegalState, "allocation at chunk ", chunk, " page ", rel,
                        " runs past the chunk");
+        }
+        if (next_page_with(page, page + length, true) != page + length) {
+          return error(ErrorCode::kIllegalState, "allocation at chunk ", chunk, " page ", rel,
+                       " is marked free");
         }
         if (span_cached_[page]) {
           cached += length;

@@ -73,6 +73,7 @@ class BuddyAllocator final : public PoolAllocator {
                                                         BuddyOptions options = {});
 
   std::string_view name() const override { return "buddy"; }
+  std::optional<FunctionId> owner(const Allocation& allocation) const noexcept override;
   void release_cached() noexcept override;
   PoolStats stats() const override;
   Status check_invariants() const override;
@@ -108,7 +109,8 @@ class BuddyAllocator final : public PoolAllocator {
   BuddyAllocator(BuddyOptions options, int page_shift, int max_order);
 
   AllocationResult do_allocate(uint64_t bytes, FunctionId owner,
-                               const EvictablePredicate& evictable) override;
+                               const EvictablePredicate& evictable,
+                               EvictionAdvice advice) override;
   Status do_deallocate(const Allocation& allocation) noexcept override;
   uint64_t max_request_bytes() const override;
 
@@ -117,6 +119,10 @@ class BuddyAllocator final : public PoolAllocator {
   uint32_t head(uint32_t chunk, int order) const { return heads_[chunk * orders() + order]; }
   void push_free(uint32_t chunk, uint32_t page, int order);
   void remove_free(uint32_t chunk, uint32_t page, int order);
+  // Marks [page, page + pages) free or not in free_bits_.
+  void mark_free(uint32_t page, uint32_t pages, bool free);
+  // The first page in [page, end) that is free (want true) or not (false), else end.
+  uint64_t next_page_with(uint64_t page, uint64_t end, bool want) const;
   // Frees the block of `order` at chunk-relative page `rel`, coalescing with free buddies.
   void free_block(uint32_t chunk, uint32_t rel, int order);
   // Frees [rel, rel + pages) of a chunk as aligned power-of-two pieces.
@@ -143,7 +149,7 @@ class BuddyAllocator final : public PoolAllocator {
   Allocation take_run(uint32_t chunk, uint32_t page, uint32_t pages, FunctionId owner,
                       OwnerState& state, uint64_t requested);
   // Calls visit(first page, pages) for every maximal run of adjacent free blocks of one chunk,
-  // in page order. O(blocks in the chunk).
+  // in page order. O(pages in the chunk / 64): a scan of free_bits_.
   template <typename Visit>
   void for_each_free_run(uint32_t chunk, Visit&& visit) const;
   // The first page of the shortest free run that holds `pages` (the lowest among equals), or
@@ -155,9 +161,10 @@ class BuddyAllocator final : public PoolAllocator {
   // A free block of at least `order` among the free buddies of the owner's latest
   // allocation's ancestors (its region): {page, order}, or {kNone, -1}.
   std::pair<uint32_t, int> near_latest(const OwnerState& owner, FunctionId id, int order) const;
-  // What a shortfall proposes: the cheapest aligned region of 2^order pages to empty.
+  // What a shortfall proposes: the cheapest aligned region of 2^order pages to empty (unless
+  // the advice was skipped).
   Shortfall make_shortfall(uint64_t bytes, uint32_t pages, int order, FunctionId owner,
-                           const EvictablePredicate& evictable);
+                           const EvictablePredicate& evictable, EvictionAdvice advice);
   // The costs of a chunk's aligned regions of 2^order pages: pages[r], the pages of the live
   // allocations overlapping region r, and first[r], where a walk over the chunk's blocks that
   // meets all of them starts.
@@ -195,6 +202,9 @@ class BuddyAllocator final : public PoolAllocator {
   std::vector<FunctionId> span_owner_;
   std::vector<uint64_t> span_requested_;
   std::vector<uint8_t> span_cached_;  // the allocation sits in the sharing cache
+  // One bit per page of the pool: the page lies in a free block. Free runs are read from it a
+  // word (64 pages) at a time, where walking the chunk's blocks cost a step per block.
+  std::vector<uint64_t> free_bits_;
 
   // Under memory pressure most requests take the slow paths (find_free_run, make_shortfall),
   // and few chunks change between two of them: what those paths compute per chunk is kept

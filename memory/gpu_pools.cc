@@ -32,7 +32,6 @@ Result<std::unique_ptr<GpuPools>> GpuPools::create_buddy(
     if (!buddy.ok()) return buddy.status().with_context(str_cat("GPU ", gpu));
     pools->pools_.push_back(std::move(*buddy));
   }
-  pools->owners_.resize(pools->pools_.size());
   return pools;
 }
 
@@ -53,7 +52,6 @@ Result<std::unique_ptr<GpuPools>> GpuPools::create_upstream(
           std::make_unique<NaiveAllocator>(*upstreams[gpu], budgets[gpu], granularity_bytes));
     }
   }
-  pools->owners_.resize(pools->pools_.size());
   return pools;
 }
 
@@ -67,7 +65,7 @@ void GpuPools::set_quota(FunctionId function, uint64_t bytes) {
 }
 
 AllocationResult GpuPools::allocate(int gpu, uint64_t bytes, FunctionId function,
-                                    const EvictablePredicate& evictable) {
+                                    const EvictablePredicate& evictable, EvictionAdvice advice) {
   std::lock_guard lock(mutex_);
   if (gpu < 0 || gpu >= gpu_count()) {
     Shortfall shortfall;
@@ -98,7 +96,7 @@ AllocationResult GpuPools::allocate(int gpu, uint64_t bytes, FunctionId function
   };
   // The request as asked first; then what the pool took, which rounding may have made larger.
   if (std::optional<Shortfall> refused = over_quota(bytes)) return std::move(*refused);
-  AllocationResult result = pools_[gpu]->allocate(bytes, function, evictable);
+  AllocationResult result = pools_[gpu]->allocate(bytes, function, evictable, advice);
   if (!result.ok()) {
     result.shortfall().gpu = gpu;
     return result;
@@ -110,7 +108,6 @@ AllocationResult GpuPools::allocate(int gpu, uint64_t bytes, FunctionId function
   if (held == function_bytes_.end()) {
     held = function_bytes_.emplace(function, std::vector<uint64_t>(pools_.size(), 0)).first;
   }
-  owners_[gpu].insert(key(result->where), Owned{function, result->bytes});
   held->second[gpu] += result->bytes;
   return result;
 }
@@ -120,8 +117,10 @@ Status GpuPools::deallocate(int gpu, const Allocation& allocation) {
   if (gpu < 0 || gpu >= gpu_count()) {
     return error(ErrorCode::kInvalidDevice, "deallocate on GPU ", gpu, " of ", gpu_count());
   }
-  const Owned* owned = owners_[gpu].find(key(allocation.where));
-  if (owned == nullptr || owned->bytes != allocation.bytes) {
+  // The pool knows each live allocation's owner (the buddy allocator in its page arrays, which
+  // the deallocation reads next): no table of its own to miss in.
+  const std::optional<FunctionId> owner = pools_[gpu]->owner(allocation);
+  if (!owner) {
     return error(ErrorCode::kInvalidValue, "GPU ", gpu, ": no live allocation of ",
                  allocation.bytes, " bytes at chunk ", allocation.where.chunk, " offset ",
                  allocation.where.offset);
@@ -130,12 +129,11 @@ Status GpuPools::deallocate(int gpu, const Allocation& allocation) {
   if (Status freed = pools_[gpu]->deallocate(allocation); !freed.ok()) {
     return freed.with_context(str_cat("GPU ", gpu));
   }
-  auto held = function_bytes_.find(owned->function);
+  auto held = function_bytes_.find(*owner);
   held->second[gpu] -= allocation.bytes;
   bool none = true;
   for (uint64_t bytes : held->second) none &= bytes == 0;
   if (none) function_bytes_.erase(held);
-  owners_[gpu].erase(key(allocation.where));
   return Status();
 }
 
@@ -169,14 +167,12 @@ Status GpuPools::check_invariants() const {
   std::lock_guard lock(mutex_);
   for (int gpu = 0; gpu < gpu_count(); ++gpu) {
     HIBER_RETURN_IF_ERROR(pools_[gpu]->check_invariants().with_context(str_cat("GPU ", gpu)));
-    uint64_t owned = 0;
-    owners_[gpu].for_each([&](uint64_t, const Owned& entry) { owned += entry.bytes; });
     uint64_t by_function = 0;
     for (const auto& [function, held] : function_bytes_) by_function += held[gpu];
     const PoolStats stats = pools_[gpu]->stats();
-    if (owned != stats.allocated_bytes || by_function != owned) {
+    if (by_function != stats.allocated_bytes) {
       return error(ErrorCode::kIllegalState, "GPU ", gpu, ": pool holds ", stats.allocated_bytes,
-                   " bytes, owners ", owned, ", functions ", by_function);
+                   " bytes, functions ", by_function);
     }
   }
   return Status();

@@ -18,7 +18,6 @@
 
 #include "common/status.h"
 #include "memory/buddy_allocator.h"
-#include "memory/location_index.h"
 #include "memory/pool_allocator.h"
 
 namespace hiber::memory {
@@ -46,9 +45,11 @@ class GpuPools {
   // 0 = no limit. Applies to later allocations.
   void set_quota(FunctionId function, uint64_t bytes);
 
-  // Places `bytes` for `function` on `gpu`. The shortfall names the GPU and, over quota, says so.
+  // Places `bytes` for `function` on `gpu`. The shortfall names the GPU and, over quota, says so;
+  // `advice` as for PoolAllocator::allocate.
   AllocationResult allocate(int gpu, uint64_t bytes, FunctionId function,
-                            const EvictablePredicate& evictable = {});
+                            const EvictablePredicate& evictable = {},
+                            EvictionAdvice advice = EvictionAdvice::kWanted);
   // kInvalidValue for anything that is not a live allocation on that GPU.
   Status deallocate(int gpu, const Allocation& allocation);
 
@@ -61,13 +62,9 @@ class GpuPools {
 
  private:
   GpuPools() = default;
-  static uint64_t key(const PoolLocation& where) {
-    return uint64_t{where.chunk} << 40 | where.offset;
-  }
 
   mutable std::mutex mutex_;
   std::vector<std::unique_ptr<PoolAllocator>> pools_;
-  std::vector<LocationIndex> owners_;                                     // per GPU, by location
   std::unordered_map<FunctionId, std::vector<uint64_t>> function_bytes_;  // per GPU
   std::unordered_map<FunctionId, uint64_t> quotas_;
 };

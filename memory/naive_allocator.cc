@@ -10,8 +10,8 @@ NaiveAllocator::~NaiveAllocator() {
   for (const auto& [chunk, live] : live_) upstream_.release_chunk(chunk);
 }
 
-AllocationResult NaiveAllocator::do_allocate(uint64_t bytes, FunctionId,
-                                             const EvictablePredicate&) {
+AllocationResult NaiveAllocator::do_allocate(uint64_t bytes, FunctionId owner,
+                                             const EvictablePredicate&, EvictionAdvice) {
   const uint64_t needed = round_up(bytes, granularity_);
   Shortfall shortfall;
   shortfall.requested_bytes = bytes;
@@ -21,7 +21,7 @@ AllocationResult NaiveAllocator::do_allocate(uint64_t bytes, FunctionId,
     if (chunk.ok()) {
       ++counters_.upstream_allocations;
       ++counters_.allocations;
-      live_.emplace(*chunk, Live{needed, bytes});
+      live_.emplace(*chunk, Live{needed, bytes, owner});
       live_bytes_ += needed;
       requested_bytes_ += bytes;
       return Allocation{{*chunk, 0}, needed};
@@ -35,6 +35,14 @@ AllocationResult NaiveAllocator::do_allocate(uint64_t bytes, FunctionId,
   shortfall.free_bytes = budget_bytes_ - live_bytes_;
   shortfall.largest_free_bytes = shortfall.free_bytes;
   return shortfall;
+}
+
+std::optional<FunctionId> NaiveAllocator::owner(const Allocation& allocation) const noexcept {
+  auto it = live_.find(allocation.where.chunk);
+  if (allocation.where.offset != 0 || it == live_.end() || it->second.bytes != allocation.bytes) {
+    return std::nullopt;
+  }
+  return it->second.owner;
 }
 
 Status NaiveAllocator::do_deallocate(const Allocation& allocation) noexcept {

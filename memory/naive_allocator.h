@@ -18,6 +18,7 @@ class NaiveAllocator final : public PoolAllocator {
   ~NaiveAllocator() override;
 
   std::string_view name() const override { return "naive"; }
+  std::optional<FunctionId> owner(const Allocation& allocation) const noexcept override;
   void release_cached() noexcept override {}
   PoolStats stats() const override;
   Status check_invariants() const override;
@@ -26,9 +27,11 @@ class NaiveAllocator final : public PoolAllocator {
   struct Live {
     uint64_t bytes;
     uint64_t requested;
+    FunctionId owner;
   };
   AllocationResult do_allocate(uint64_t bytes, FunctionId owner,
-                               const EvictablePredicate& evictable) override;
+                               const EvictablePredicate& evictable,
+                               EvictionAdvice advice) override;
   Status do_deallocate(const Allocation& allocation) noexcept override;
   uint64_t max_request_bytes() const override {
     return budget_bytes_ / granularity_ * granularity_;  // rounded requests must fit the budget

@@ -18,6 +18,7 @@ std::string Shortfall::describe() const {
     return out.str();
   }
   out << ": " << free_bytes << " bytes free, largest free block " << largest_free_bytes;
+  if (!advised) return out.str();
   if (evict_bytes == 0) {
     out << "; nothing evictable makes room";
   } else {
@@ -36,18 +37,28 @@ double PoolStats::fragmentation() const {
 }
 
 AllocationResult PoolAllocator::allocate(uint64_t bytes, FunctionId owner,
-                                         const EvictablePredicate& evictable) {
+                                         const EvictablePredicate& evictable,
+                                         EvictionAdvice advice) {
   if (bytes == 0 || bytes > max_request_bytes()) {
     Shortfall shortfall;
     shortfall.requested_bytes = bytes;
     shortfall.needed_bytes = bytes;
     shortfall.never_fits = true;
+    shortfall.advised = advice == EvictionAdvice::kWanted;
     const PoolStats now = stats();
     shortfall.free_bytes = now.free_bytes + now.cached_bytes;
     shortfall.largest_free_bytes = now.largest_free_bytes;
     return shortfall;
   }
-  return do_allocate(bytes, owner, evictable);
+  AllocationResult result = do_allocate(bytes, owner, evictable, advice);
+  if (!result.ok() && advice == EvictionAdvice::kSkipped) {
+    // The same answer from every allocator, whether or not finding it cost anything.
+    Shortfall& shortfall = result.shortfall();
+    shortfall.advised = false;
+    shortfall.evict_bytes = 0;
+    shortfall.evict.clear();
+  }
+  return result;
 }
 
 Status PoolAllocator::deallocate(const Allocation& allocation) noexcept {

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -39,6 +40,14 @@ struct OwnerBytes {
   friend bool operator==(const OwnerBytes&, const OwnerBytes&) = default;
 };
 
+// Whether a refused request's Shortfall names what to evict. Finding the cheapest eviction
+// searches the pool (the buddy allocator's region costs); a caller whose own policy picks the
+// victims (hiber-sim, through the node core's make_room) skips that search.
+enum class EvictionAdvice : uint8_t {
+  kWanted,   // evict_bytes and evict are filled in
+  kSkipped,  // they stay 0 and empty (an over-quota refusal still gives evict_bytes)
+};
+
 // Why a request did not fit, and what eviction would make it fit.
 struct Shortfall {
   int gpu = -1;  // set by GpuPools; -1 for a bare allocator
@@ -52,9 +61,11 @@ struct Shortfall {
   // the bytes of theirs that would be freed. For the buddy allocator it is the contiguous
   // region holding the fewest evictable bytes; for block and naive, whose placement is the
   // device's business, any `evict_bytes` will do and `evict` is empty. Empty with
-  // evict_bytes == 0 when nothing evictable would make room.
+  // evict_bytes == 0 when nothing evictable would make room. Not computed when the request
+  // skipped the advice (`advised` false).
   uint64_t evict_bytes = 0;
   std::vector<OwnerBytes> evict;
+  bool advised = true;
 
   std::string describe() const;
 };
@@ -117,13 +128,18 @@ class PoolAllocator {
   virtual std::string_view name() const = 0;
 
   // Places `bytes` for `owner`. A request of 0 bytes or over the pool's size is answered, as
-  // is one that does not fit now.
+  // is one that does not fit now; `advice` says whether that answer names what to evict.
   AllocationResult allocate(uint64_t bytes, FunctionId owner,
-                            const EvictablePredicate& evictable = {});
+                            const EvictablePredicate& evictable = {},
+                            EvictionAdvice advice = EvictionAdvice::kWanted);
 
   // Gives an allocation back. kInvalidValue (and no change) for anything that is not a live
   // allocation of this pool, so a confused caller cannot corrupt it.
   Status deallocate(const Allocation& allocation) noexcept;
+
+  // The function a live allocation of this pool (exactly this location and size) belongs to;
+  // nullopt for anything else. O(1) for buddy (its page arrays), a hash lookup for the others.
+  virtual std::optional<FunctionId> owner(const Allocation& allocation) const noexcept = 0;
 
   // Releases whatever caches hold (back to the buddy lists, or to the device).
   virtual void release_cached() noexcept = 0;
@@ -139,7 +155,8 @@ class PoolAllocator {
 
  private:
   virtual AllocationResult do_allocate(uint64_t bytes, FunctionId owner,
-                                       const EvictablePredicate& evictable) = 0;
+                                       const EvictablePredicate& evictable,
+                                       EvictionAdvice advice) = 0;
   virtual Status do_deallocate(const Allocation& allocation) noexcept = 0;
   virtual uint64_t max_request_bytes() const = 0;
 };

@@ -197,7 +197,9 @@ bool HiberNode::allocate(int gpu, uint64_t bytes, uint32_t index, Time now,
                          std::vector<Block>* out) {
   const FunctionId id = id_of(index);
   while (true) {
-    memory::AllocationResult a = pools_->allocate(gpu, bytes, id);
+    // The core picks victims on a refusal, so the pool need not search for its own advice.
+    memory::AllocationResult a =
+        pools_->allocate(gpu, bytes, id, {}, memory::EvictionAdvice::kSkipped);
     if (a.ok()) {
       out->push_back({*a, bytes});
       allocated_[gpu] += a->bytes;

@@ -4,4 +4,3 @@ hiber_test(buddy_allocator_test LABEL unit SOURCES buddy_allocator_test.cc LIBS 
 hiber_test(block_allocator_test LABEL unit SOURCES block_allocator_test.cc LIBS hiber_memory)
 hiber_test(gpu_pools_test LABEL unit SOURCES gpu_pools_test.cc LIBS hiber_memory)
 hiber_test(host_pool_test LABEL unit SOURCES host_pool_test.cc LIBS hiber_memory)
-hiber_test(location_index_test LABEL unit SOURCES location_index_test.cc LIBS hiber_memory)

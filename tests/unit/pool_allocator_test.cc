@@ -5,8 +5,10 @@
 #include <algorithm>
 #include <map>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "memory/block_allocator.h"
@@ -116,11 +118,22 @@ TEST_P(PoolContract, RandomAllocateAndFreeKeepEveryByteAccountedFor) {
       }
     } else {
       const size_t index = rng() % live.size();
-      ASSERT_TRUE(s.pool->deallocate(live[index].allocation).ok());
+      const Allocation freed = live[index].allocation;
+      ASSERT_TRUE(s.pool->deallocate(freed).ok());
       live[index] = live.back();
       live.pop_back();
+      // Freed (or cached for sharing): nobody's any more, unless the same place was handed out
+      // again, which it cannot have been yet.
+      EXPECT_EQ(s.pool->owner(freed), std::nullopt) << GetParam() << " step " << step;
     }
     if (step % 97 == 0 || step > 5900) {
+      // Every live allocation's owner, as the reference recorded it; a wrong size is no one's.
+      for (const Live& l : live) {
+        ASSERT_EQ(s.pool->owner(l.allocation), l.owner) << GetParam() << " step " << step;
+        Allocation resized = l.allocation;
+        resized.bytes += 2 * kMiB;
+        ASSERT_EQ(s.pool->owner(resized), std::nullopt) << GetParam() << " step " << step;
+      }
       ASSERT_TRUE(s.pool->check_invariants().ok()) << s.pool->check_invariants();
       expect_no_overlap(live);
       const PoolStats stats = s.pool->stats();
@@ -199,6 +212,59 @@ TEST_P(PoolContract, AFullPoolSaysHowMuchMustBeEvicted) {
   // Evicting what it says makes the request fit.
   ASSERT_TRUE(s.pool->deallocate(held.back()).ok());
   EXPECT_TRUE(s.pool->allocate(64 * kMiB, FunctionId{9}).ok());
+}
+
+// Skipping the eviction advice (hiber-sim does) changes no placement and nothing else a
+// shortfall says: the same random sequence runs on two pools in lockstep, one asking for the
+// advice and one skipping it, and they must agree on every answer and every counter.
+TEST_P(PoolContract, SkippingTheEvictionAdviceChangesOnlyTheAdvice) {
+  Subject advised = make(GetParam());
+  Subject skipped = make(GetParam());
+  std::mt19937_64 rng(11);
+  std::vector<Allocation> live;
+  const uint64_t sizes[] = {2, 2, 3, 20, 20, 24, 40, 64, 100, 130};
+  int shortfalls = 0;
+  for (int step = 0; step < 20000; ++step) {
+    if (!live.empty() && rng() % 3 == 0) {
+      const size_t i = rng() % live.size();
+      ASSERT_TRUE(advised.pool->deallocate(live[i]).ok()) << "step " << step;
+      ASSERT_TRUE(skipped.pool->deallocate(live[i]).ok()) << "step " << step;
+      live[i] = live.back();
+      live.pop_back();
+      continue;
+    }
+    const uint64_t bytes = sizes[rng() % std::size(sizes)] * kMiB;
+    const FunctionId owner{static_cast<uint32_t>(1 + rng() % 12)};
+    const AllocationResult a = advised.pool->allocate(bytes, owner);
+    const AllocationResult b = skipped.pool->allocate(bytes, owner, {}, EvictionAdvice::kSkipped);
+    ASSERT_EQ(a.ok(), b.ok()) << "step " << step;
+    if (a.ok()) {
+      ASSERT_EQ(*a, *b) << "step " << step;
+      live.push_back(*a);
+      continue;
+    }
+    ++shortfalls;
+    const Shortfall& x = a.shortfall();
+    const Shortfall& y = b.shortfall();
+    EXPECT_TRUE(x.advised);
+    EXPECT_FALSE(y.advised);
+    EXPECT_EQ(y.evict_bytes, 0u) << "step " << step;
+    EXPECT_TRUE(y.evict.empty()) << "step " << step;
+    EXPECT_EQ(std::tie(x.requested_bytes, x.needed_bytes, x.free_bytes, x.largest_free_bytes,
+                       x.over_quota, x.never_fits),
+              std::tie(y.requested_bytes, y.needed_bytes, y.free_bytes, y.largest_free_bytes,
+                       y.over_quota, y.never_fits))
+        << "step " << step << ": " << x.describe() << " / " << y.describe();
+    EXPECT_EQ(y.describe().find("evict"), std::string::npos) << y.describe();
+  }
+  const PoolStats x = advised.pool->stats();
+  const PoolStats y = skipped.pool->stats();
+  EXPECT_EQ(std::tie(x.allocated_bytes, x.cached_bytes, x.free_bytes, x.allocations, x.failures,
+                     x.fragmentation_failures, x.splits, x.merges, x.cache_hits),
+            std::tie(y.allocated_bytes, y.cached_bytes, y.free_bytes, y.allocations, y.failures,
+                     y.fragmentation_failures, y.splits, y.merges, y.cache_hits));
+  EXPECT_TRUE(skipped.pool->check_invariants().ok()) << skipped.pool->check_invariants();
+  EXPECT_GT(shortfalls, 500) << "the sequence must exercise the shortfall";
 }
 
 INSTANTIATE_TEST_SUITE_P(AllPools, PoolContract,
