@@ -133,7 +133,10 @@ class HiberNode final : public Node,
   void fail(RequestId id, Request& r, Time now);
   void complete(RequestId id, Time now);
   // Allocates `bytes` on `gpu` for function `index`, evicting through make_room if needed.
-  bool allocate(int gpu, uint64_t bytes, uint32_t index, Time now, std::vector<Block>* out);
+  // `may_evict`: when the pool refuses, the core's eviction policy makes room; a prewarm does
+  // not (it must not evict what the scheduler did not name), so it fails instead.
+  bool allocate(int gpu, uint64_t bytes, uint32_t index, Time now, std::vector<Block>* out,
+                bool may_evict = true);
   void free_blocks(int gpu, std::vector<Block>* blocks, bool model, uint32_t index);
   void free_model(int gpu, uint32_t index);
   void collect_device_cost(int gpu);
