@@ -185,8 +185,10 @@ std::optional<PrewarmPlan> plan_prewarm(const NodeState& node, const FunctionTab
     if (!functions.live(f)) continue;
     if (i < in_flight.size() && in_flight[i] > 0) continue;
     if (histograms.prewarmed(f) || resident_anywhere(node, f)) continue;
+    // Due: the window opens within the time a host load takes, as the paper prewarms at the
+    // head, not ahead of it.
     const Time next = histograms.next_use(f, now);
-    if (next == kNotExpected) continue;
+    if (next == kNotExpected || next - now > functions.swap_estimate(f)) continue;
     candidates.push_back({next, miss_cost(functions, f), functions.id(f), f});
   }
   std::sort(candidates.begin(), candidates.end(), [](const Candidate& a, const Candidate& b) {

@@ -99,7 +99,8 @@ struct PrewarmPlan {
 
 // The next prewarm, if any, while more than keep_idle_gpus GPUs are available. Candidates: live
 // functions with nothing in flight (`in_flight`, per function index), no replica anywhere
-// (complete or loading), no prewarm since their last arrival, and a predicted next use; the
+// (complete or loading), no prewarm since their last arrival, and a predicted next use no later
+// than now + their host swap estimate (the model is then loaded when the window opens); the
 // soonest first, then the costliest miss (host swap + execution over the SLO), then the lower id.
 // GPUs: available ones whose own and PCIe neighbours' host links are idle, the most free memory
 // first, then the lowest. Victims on that GPU: replicas not executing, loading or a copy's

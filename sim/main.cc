@@ -57,6 +57,8 @@ DEFINE_string(prewarm, "none",
               "no request waits, load the model of a function predicted to arrive soon onto an "
               "idle GPU whose host link is idle, evicting only models predicted later)");
 DEFINE_int32(prewarm_bin_ms, 1000, "prewarm=histogram: width of an idle-time bin, ms");
+DEFINE_int32(prewarm_keep_idle_gpus, 1,
+             "prewarm=histogram: GPUs that must stay available after a prewarm takes one");
 DEFINE_string(shed, "none",
               "Hiber admission: none, late (shed a request that cannot meet its deadline even "
               "if started now) or hopeless (also when the host swap alone ends past it and no GPU "
@@ -138,6 +140,7 @@ Result<HiberOptions> hiber_options() {
   HIBER_ASSIGN_OR_RETURN(h.scheduler.shed, scheduler::shed_rule_from_name(FLAGS_shed));
   HIBER_ASSIGN_OR_RETURN(h.scheduler.prewarm, scheduler::prewarm_rule_from_name(FLAGS_prewarm));
   h.scheduler.prewarm_options.bin = FLAGS_prewarm_bin_ms * scheduler::kMillisecond;
+  h.scheduler.prewarm_options.keep_idle_gpus = FLAGS_prewarm_keep_idle_gpus;
   h.scheduler.seed = FLAGS_seed;
   HIBER_ASSIGN_OR_RETURN(h.pool, memory::parse_pool_kind(FLAGS_memory_pool));
   if (!(FLAGS_pcie_efficiency > 0 && FLAGS_pcie_efficiency <= 1))

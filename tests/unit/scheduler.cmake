@@ -1,6 +1,6 @@
 # Unit tests of scheduler/ (topology, placement, heaviness, eviction, queueing, the facade).
 set(hiber_scheduler_tests topology placement heaviness function_table eviction queue gshare facade fuzz
-  admission
+  admission prewarm
   cluster_balancer)
 foreach(topic IN LISTS hiber_scheduler_tests)
   hiber_test(scheduler_${topic}_test LABEL unit SOURCES scheduler_${topic}_test.cc LIBS hiber_scheduler)
