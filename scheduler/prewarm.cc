@@ -154,7 +154,32 @@ bool plan_victims(const NodeState& node, const FunctionTable& functions,
   return false;
 }
 
+// When f becomes due for a prewarm: its window opens within the time a host load takes, as the
+// paper prewarms at the head, not ahead of it. kNotExpected when it is no candidate.
+Time due_at(const NodeState& node, const FunctionTable& functions,
+            const IdleHistograms& histograms, const std::vector<uint32_t>& in_flight,
+            FunctionIndex f, Time now) {
+  if (!functions.live(f)) return kNotExpected;
+  if (f.value() < in_flight.size() && in_flight[f.value()] > 0) return kNotExpected;
+  if (histograms.prewarmed(f) || resident_anywhere(node, f)) return kNotExpected;
+  const Time next = histograms.next_use(f, now);
+  if (next == kNotExpected) return kNotExpected;
+  return next - functions.swap_estimate(f);
+}
+
 }  // namespace
+
+Time next_prewarm_due(const NodeState& node, const FunctionTable& functions,
+                      const IdleHistograms& histograms, const std::vector<uint32_t>& in_flight,
+                      Time now) {
+  Time first = kNotExpected;
+  for (size_t i = 0; i < functions.slots(); ++i) {
+    const Time due =
+        due_at(node, functions, histograms, in_flight, FunctionIndex{static_cast<uint32_t>(i)}, now);
+    if (due > now) first = std::min(first, due);
+  }
+  return first;
+}
 
 std::optional<PrewarmPlan> plan_prewarm(const NodeState& node, const FunctionTable& functions,
                                         const IdleHistograms& histograms,
@@ -182,13 +207,8 @@ std::optional<PrewarmPlan> plan_prewarm(const NodeState& node, const FunctionTab
   std::vector<Candidate> candidates;
   for (size_t i = 0; i < functions.slots(); ++i) {
     const FunctionIndex f{static_cast<uint32_t>(i)};
-    if (!functions.live(f)) continue;
-    if (i < in_flight.size() && in_flight[i] > 0) continue;
-    if (histograms.prewarmed(f) || resident_anywhere(node, f)) continue;
-    // Due: the window opens within the time a host load takes, as the paper prewarms at the
-    // head, not ahead of it.
     const Time next = histograms.next_use(f, now);
-    if (next == kNotExpected || next - now > functions.swap_estimate(f)) continue;
+    if (due_at(node, functions, histograms, in_flight, f, now) > now) continue;
     candidates.push_back({next, miss_cost(functions, f), functions.id(f), f});
   }
   std::sort(candidates.begin(), candidates.end(), [](const Candidate& a, const Candidate& b) {

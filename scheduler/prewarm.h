@@ -42,8 +42,9 @@ struct PrewarmOptions {
   double tail_percentile = 0.99;
   Duration keep_alive = 60 * kSecond;  // the fallback window
   // GPUs that must stay available after a prewarm: a prewarm holds its GPU for the load, and an
-  // arrival finding no GPU waits for it. 1: never the last idle GPU.
-  int keep_idle_gpus = 1;
+  // arrival finding no GPU waits for it. On the paper's 4-GPU node, 3 (prewarm only when every
+  // GPU is idle) lost less than 1 (docs/scheduler.md).
+  int keep_idle_gpus = 3;
 };
 Status validate(const PrewarmOptions& options);
 
@@ -111,5 +112,11 @@ std::optional<PrewarmPlan> plan_prewarm(const NodeState& node, const FunctionTab
                                         const IdleHistograms& histograms,
                                         const std::vector<uint32_t>& in_flight,
                                         const PrewarmOptions& options, Time now);
+
+// The first time after `now` at which a function becomes due for a prewarm (the rules above);
+// kNotExpected if none will without an arrival. One already due waits for an event instead.
+Time next_prewarm_due(const NodeState& node, const FunctionTable& functions,
+                      const IdleHistograms& histograms, const std::vector<uint32_t>& in_flight,
+                      Time now);
 
 }  // namespace hiber::scheduler

@@ -673,8 +673,12 @@ void Scheduler::set_gpu_healthy(int gpu, bool healthy) {
 Time Scheduler::next_wakeup() const {
   const Impl& s = *impl_;
   // With no GPU free nothing can start before an event frees one.
-  if (s.queue->size() == 0 || s.node.available() == 0) return kNever;
-  return s.queue->next_wakeup();
+  if (s.node.available() == 0) return kNever;
+  if (s.queue->size() != 0) return s.queue->next_wakeup();
+  // An idle node: the next prewarm that falls due (prewarm()).
+  if (s.options.prewarm == PrewarmRule::kNone) return kNever;
+  const Time due = next_prewarm_due(s.node, s.functions, s.histograms, s.in_flight, s.last_now);
+  return due == kNotExpected ? kNever : due;
 }
 
 Result<RequestInfo> Scheduler::request(RequestId request) const {

@@ -216,8 +216,9 @@ class Scheduler {
   void set_gpu_healthy(int gpu, bool healthy);
 
   // ---- Views ----
-  // The earliest time a lazy queue policy wants dispatch() called although no event happened;
-  // kNever for the others.
+  // The earliest time a lazy queue policy wants dispatch() called although no event happened,
+  // or, with prewarming and nothing queued, when the next prewarm falls due (the caller then
+  // calls prewarm(), which NodeCore::dispatch does); kNever otherwise.
   static constexpr Time kNever = INT64_MAX;
   Time next_wakeup() const;
   // A request that has finished (or was cancelled) reads as kFinished with nothing else known;

@@ -57,7 +57,7 @@ DEFINE_string(prewarm, "none",
               "no request waits, load the model of a function predicted to arrive soon onto an "
               "idle GPU whose host link is idle, evicting only models predicted later)");
 DEFINE_int32(prewarm_bin_ms, 1000, "prewarm=histogram: width of an idle-time bin, ms");
-DEFINE_int32(prewarm_keep_idle_gpus, 1,
+DEFINE_int32(prewarm_keep_idle_gpus, 3,
              "prewarm=histogram: GPUs that must stay available after a prewarm takes one");
 DEFINE_string(shed, "none",
               "Hiber admission: none, late (shed a request that cannot meet its deadline even "
