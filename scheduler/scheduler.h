@@ -23,7 +23,8 @@
 // Policies are chosen by name (SchedulerOptions): placement ("algorithm1", "random"),
 // eviction ("heaviness", "lru", "lfu", "random", "mcache", "cremebrulee",
 // "cremebrulee-oracle", "belady", "slack") and queueing ("rrc", "fifo", "gshare"), plus the
-// admission rule (SchedulerOptions::shed). Unknown names are
+// admission rule (SchedulerOptions::shed) and prewarming (SchedulerOptions::prewarm, prewarm()).
+// Unknown names are
 // refused by create() with the list of known ones. Oracle policies need a FutureOracle.
 //
 // Memory. The scheduler's view of GPU memory is in model replicas (NodeState): a decision
