@@ -18,14 +18,13 @@ Status validate(const PrewarmOptions& o) {
   if (o.bin <= 0 || o.bins < 1)
     return error(ErrorCode::kInvalidValue, "prewarm: ", o.bins, " bins of ", o.bin,
                  " ns (needs bins >= 1 and a width > 0)");
-  if (!(o.head_percentile >= 0 && o.head_percentile < o.tail_percentile &&
-        o.tail_percentile <= 1))
+  if (!(o.head_percentile >= 0 && o.head_percentile < o.tail_percentile && o.tail_percentile <= 1))
     return error(ErrorCode::kInvalidValue, "prewarm: percentiles ", o.head_percentile, " and ",
                  o.tail_percentile, " (needs 0 <= head < tail <= 1)");
   if (!(o.min_cv >= 0 && std::isfinite(o.min_cv)) ||
       !(o.max_out_of_range >= 0 && o.max_out_of_range <= 1))
-    return error(ErrorCode::kInvalidValue, "prewarm: min_cv ", o.min_cv,
-                 " or max_out_of_range ", o.max_out_of_range, " out of range");
+    return error(ErrorCode::kInvalidValue, "prewarm: min_cv ", o.min_cv, " or max_out_of_range ",
+                 o.max_out_of_range, " out of range");
   if (o.keep_alive < 0) return error(ErrorCode::kInvalidValue, "prewarm: keep_alive is negative");
   if (o.keep_idle_gpus < 0)
     return error(ErrorCode::kInvalidValue, "prewarm: keep_idle_gpus is negative");
@@ -156,9 +155,8 @@ bool plan_victims(const NodeState& node, const FunctionTable& functions,
 
 // When f becomes due for a prewarm: its window opens within the time a host load takes, as the
 // paper prewarms at the head, not ahead of it. kNotExpected when it is no candidate.
-Time due_at(const NodeState& node, const FunctionTable& functions,
-            const IdleHistograms& histograms, const std::vector<uint32_t>& in_flight,
-            FunctionIndex f, Time now) {
+Time due_at(const NodeState& node, const FunctionTable& functions, const IdleHistograms& histograms,
+            const std::vector<uint32_t>& in_flight, FunctionIndex f, Time now) {
   if (!functions.live(f)) return kNotExpected;
   if (f.value() < in_flight.size() && in_flight[f.value()] > 0) return kNotExpected;
   if (histograms.prewarmed(f) || resident_anywhere(node, f)) return kNotExpected;
@@ -174,8 +172,8 @@ Time next_prewarm_due(const NodeState& node, const FunctionTable& functions,
                       Time now) {
   Time first = kNotExpected;
   for (size_t i = 0; i < functions.slots(); ++i) {
-    const Time due =
-        due_at(node, functions, histograms, in_flight, FunctionIndex{static_cast<uint32_t>(i)}, now);
+    const Time due = due_at(node, functions, histograms, in_flight,
+                            FunctionIndex{static_cast<uint32_t>(i)}, now);
     if (due > now) first = std::min(first, due);
   }
   return first;

@@ -292,8 +292,7 @@ struct Scheduler::Impl {
     const FunctionIndex f = r.function;
     const int g = r.gpu;
     if (r.state == RequestState::kLoading) finish_load(r, /*ok=*/false);
-    if (Replica* replica = node.find(g, f);
-        replica != nullptr && !replica->loading && !r.prewarm)
+    if (Replica* replica = node.find(g, f); replica != nullptr && !replica->loading && !r.prewarm)
       replica->last_used = now;
     node.clear_running(g);
     if (!r.background) {
@@ -560,8 +559,8 @@ void Scheduler::prewarm(Time now, std::vector<Decision>* out) {
   if (s.options.prewarm == PrewarmRule::kNone || s.queue->size() != 0) return;
   const uint32_t limit = static_cast<uint32_t>(s.options.per_function_concurrency);
   while (std::optional<PrewarmPlan> plan =
-             plan_prewarm(s.node, s.functions, s.histograms, s.in_flight,
-                          s.options.prewarm_options, s.last_now)) {
+             plan_prewarm(s.node, s.functions, s.histograms, s.in_flight, s.options.prewarm_options,
+                          s.last_now)) {
     Result<RequestId> id = s.acquire_slot();
     if (!id.ok()) return;
     RequestSlot& r = s.slots[slot_of(*id)];

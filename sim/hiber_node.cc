@@ -187,8 +187,8 @@ void HiberNode::start(const node::Start& d) {
   }
 }
 
-bool HiberNode::allocate(int gpu, uint64_t bytes, uint32_t index, Time now,
-                         std::vector<Block>* out, bool may_evict) {
+bool HiberNode::allocate(int gpu, uint64_t bytes, uint32_t index, Time now, std::vector<Block>* out,
+                         bool may_evict) {
   const FunctionId id = id_of(index);
   while (true) {
     memory::AllocationResult a = pools_->allocate(gpu, bytes, id);
@@ -399,9 +399,9 @@ std::string HiberNode::summary() const {
   return str_cat("node ", node_index_, ": ", c.arrivals, " arrivals, ", c.completed, " completed (",
                  c.on_time, " on time), ", c.resident_starts, " resident, ", c.peer_swaps,
                  " peer swaps, ", c.host_swaps, " host swaps, ", evictions_, " evictions, ",
-                 c.prewarms > 0 ? str_cat(c.prewarms, " prewarms (", c.prewarm_evictions,
-                                          " evictions), ")
-                                : "",
+                 c.prewarms > 0
+                     ? str_cat(c.prewarms, " prewarms (", c.prewarm_evictions, " evictions), ")
+                     : "",
                  pool_failures_, " pool refusals, ", device_mallocs(), " device mallocs",
                  lost_replicas_ ? str_cat(", ", lost_replicas_, " replicas lost by the view") : "");
 }
