@@ -331,7 +331,10 @@ TEST_P(SchedulerFuzzTest, RandomEventSequencesKeepEveryInvariant) {
     options.prewarm_options.min_samples = 2;
     options.prewarm_options.keep_idle_gpus = 0;
     Fuzzer fuzzer(topology, options, seed);
-    fuzzer.run(1500);
+    const std::string trace = fuzzer.run(1500);
+    if (options.prewarm != PrewarmRule::kNone) {
+      EXPECT_NE(trace.find("\nprewarm "), std::string::npos) << "the fuzz made no prewarm";
+    }
     if (HasFailure()) return;
   }
 }
