@@ -548,7 +548,21 @@ void NodeCore::dispatch(Time now) {
     for (RequestId rid : rejected_) reject(rid, now);
     for (const Decision& d : decisions_) start_one(d, now);
   }
+  prewarm(now);
   check_drains();
+}
+
+void NodeCore::prewarm(Time now) {
+  if (options_.scheduler.prewarm == scheduler::PrewarmRule::kNone || state_->draining) return;
+  refresh_reserves();
+  decisions_.clear();
+  scheduler_->prewarm(now, &decisions_);
+  for (const Decision& d : decisions_) {
+    // A background request of nobody: it loads the model and ends (Actuator::start).
+    State::Request r{.function = d.function, .background = true, .arrival = now};
+    state_->requests.emplace(d.request, std::move(r));
+    start_one(d, now);
+  }
 }
 
 void NodeCore::reject(RequestId id, Time now) {
@@ -592,6 +606,7 @@ void NodeCore::start_one(const Decision& d, Time now) {
   start.source = d.source;
   if (d.source == Source::kPeer) start.source_gpu = GpuId{d.source_gpu};
   start.background = r.background;
+  start.prewarm = d.prewarm;
   start.first_request = !r.background && !f->model_fixed;
   start.rule = d.rule;
   // A function whose every block is state keeps a single replica: copies of it are moves.

@@ -95,6 +95,9 @@ struct Start {
   // actuator forget() the source replica.
   bool release_source = false;
   bool background = false;  // need_gpu(), not a caller's request
+  // A background request of nobody (SchedulerOptions::prewarm): load the model, run nothing,
+  // release the GPU once the swap is over. hiberd refuses to run with prewarming.
+  bool prewarm = false;
   // The function's first caller request: what it loaded before is its model (hiberd fixes it).
   bool first_request = false;
   scheduler::PlacementRule rule = scheduler::PlacementRule::kWait;
@@ -294,6 +297,9 @@ class NodeCore {
   NodeCore(const scheduler::Topology& topology, const NodeOptions& options, Actuator& actuator);
 
   void start_one(const scheduler::Decision& decision, Time now);
+  // With SchedulerOptions::prewarm: starts the scheduler's prewarm loads, each a background
+  // request that loads a model for nobody (Start::prewarm).
+  void prewarm(Time now);
   // The scheduler shed a queued request: it ends unstarted, answered "overloaded".
   void reject(RequestId id, Time now);
   // Ends background requests that have held their GPU for a slice, at most as many as there

@@ -31,6 +31,9 @@ struct RequestSlot {
   // progress_at; GPU-sharing re-times it whenever a request joins or leaves its GPU.
   Duration work_left = 0;
   Time progress_at = 0;
+  // prewarm(): its replica keeps the function's last use, so that a load for nobody does not
+  // make the model look recently used to the eviction policy.
+  bool prewarm = false;
 };
 
 uint32_t slot_of(RequestId id) { return static_cast<uint32_t>(id.value()); }
@@ -71,6 +74,7 @@ Status validate(const SchedulerOptions& options) {
   if (!(e.slack_power > 0 && std::isfinite(e.slack_power)))
     return error(ErrorCode::kInvalidValue, "scheduler: slack_power ", e.slack_power,
                  " is not a finite number > 0");
+  HIBER_RETURN_IF_ERROR(validate(options.prewarm_options));
   return validate(options.queue_options);
 }
 
@@ -96,6 +100,7 @@ struct Scheduler::Impl {
         rng(o.seed),
         node(t),
         functions(o.window, o.heaviness, slowest_host_gbps(t)),
+        histograms(o.prewarm_options),
         placement(std::move(placement_policy)),
         evictor(std::move(eviction_policy), o.eviction_options),
         queue(std::move(queue_policy)),
@@ -362,7 +367,7 @@ struct Scheduler::Impl {
     if (ok) {
       if (replica != nullptr) {
         node.mark_complete(g, *replica);
-        replica->last_used = last_now;
+        if (!r.prewarm) replica->last_used = last_now;
       }
       if (r.source == Source::kHost) functions.record_host_swap(f, last_now - r.dispatched);
       if (r.release_source) node.remove_replica(r.source_gpu, f);
@@ -382,7 +387,7 @@ struct Scheduler::Impl {
     const FunctionIndex f = r.function;
     const int g = r.gpu;
     if (r.state == RequestState::kLoading) finish_load(r, /*ok=*/false);
-    if (Replica* replica = node.find(g, f); replica != nullptr && !replica->loading)
+    if (Replica* replica = node.find(g, f); replica != nullptr && !replica->loading && !r.prewarm)
       replica->last_used = now;
     if (sharing()) settle_progress(g);
     node.clear_running(g, id);
@@ -417,6 +422,7 @@ struct Scheduler::Impl {
   Rng rng;
   NodeState node;
   FunctionTable functions;
+  IdleHistograms histograms;  // fed only under SchedulerOptions::prewarm
   std::unique_ptr<PlacementPolicy> placement;
   Evictor evictor;
   std::unique_ptr<QueuePolicy> queue;
@@ -562,6 +568,8 @@ Status Scheduler::register_function(FunctionId id, const FunctionSpec& spec, Tim
   HIBER_ASSIGN_OR_RETURN(const FunctionIndex f, s.functions.add(id, spec, now));
   s.node.ensure_function_slots(s.functions.slots());
   s.in_flight.resize(s.functions.slots(), 0);
+  s.histograms.ensure_slots(s.functions.slots());
+  s.histograms.forget(f);  // a reused slot starts afresh
   s.queue->add_function(f);
   s.queue->invalidate();
   return Status();
@@ -623,6 +631,7 @@ Result<RequestId> Scheduler::arrive(FunctionId id, Time now, bool background) {
     ++s.counters.background;
   } else {
     s.functions.record_arrival(f, now);
+    if (s.options.prewarm != PrewarmRule::kNone) s.histograms.record_arrival(f, now);
     ++s.counters.arrivals;
   }
   s.queue->push(QueuedRequest{request, f, r.arrival, r.deadline, r.arrival_index},
@@ -660,6 +669,38 @@ void Scheduler::dispatch(Time now, std::vector<Decision>* out, std::vector<Reque
     s.queue->take(c, ctx);
   }
   s.queue->end_round(ctx);
+}
+
+void Scheduler::prewarm(Time now, std::vector<Decision>* out) {
+  Impl& s = *impl_;
+  s.advance(now);
+  if (s.options.prewarm == PrewarmRule::kNone || s.queue->size() != 0) return;
+  const uint32_t limit = static_cast<uint32_t>(s.options.per_function_concurrency);
+  while (std::optional<PrewarmPlan> plan =
+             plan_prewarm(s.node, s.functions, s.histograms, s.in_flight, s.options.prewarm_options,
+                          s.last_now)) {
+    Result<RequestId> id = s.acquire_slot();
+    if (!id.ok()) return;
+    RequestSlot& r = s.slots[slot_of(*id)];
+    const FunctionIndex f = plan->function;
+    s.histograms.record_prewarm(f);
+    r.state = RequestState::kQueued;
+    r.function = f;
+    r.arrival = s.last_now;
+    r.deadline = s.last_now + s.functions.spec(f).slo;
+    r.arrival_index = s.next_arrival_index++;
+    r.background = true;
+    ++s.counters.background;
+    ++s.counters.prewarms;
+    s.counters.prewarm_evictions += plan->evictions.size();
+    s.victims = std::move(plan->evictions);
+    const Placement p{.gpu = plan->gpu, .source = Source::kHost, .rule = PlacementRule::kHostAny};
+    s.commit(*id, r, p, s.eviction_context(r.arrival_index), out);
+    out->back().prewarm = true;
+    r.prewarm = true;
+    s.node.find(plan->gpu, f)->last_used = s.functions.stats(f).last_arrival;
+    if (++s.in_flight[f.value()] >= limit) s.queue->set_eligible(f, false, s.queue_context());
+  }
 }
 
 Status Scheduler::load_done(RequestId request, Time now, bool ok) {
@@ -749,8 +790,12 @@ void Scheduler::set_gpu_healthy(int gpu, bool healthy) {
 Time Scheduler::next_wakeup() const {
   const Impl& s = *impl_;
   // With no GPU free nothing can start before an event frees one.
-  if (s.queue->size() == 0 || s.node.available() == 0) return kNever;
-  return s.queue->next_wakeup();
+  if (s.node.available() == 0) return kNever;
+  if (s.queue->size() != 0) return s.queue->next_wakeup();
+  // An idle node: the next prewarm that falls due (prewarm()).
+  if (s.options.prewarm == PrewarmRule::kNone) return kNever;
+  const Time due = next_prewarm_due(s.node, s.functions, s.histograms, s.in_flight, s.last_now);
+  return due == kNotExpected ? kNever : due;
 }
 
 Result<RequestInfo> Scheduler::request(RequestId request) const {

@@ -24,7 +24,8 @@
 // sharing ("off", "usher"),
 // eviction ("heaviness", "lru", "lfu", "random", "mcache", "cremebrulee",
 // "cremebrulee-oracle", "belady", "slack") and queueing ("rrc", "fifo", "gshare"), plus the
-// admission rule (SchedulerOptions::shed). Unknown names are
+// admission rule (SchedulerOptions::shed) and prewarming (SchedulerOptions::prewarm, prewarm()).
+// Unknown names are
 // refused by create() with the list of known ones. Oracle policies need a FutureOracle.
 //
 // Memory. The scheduler's view of GPU memory is in model replicas (NodeState): a decision
@@ -49,6 +50,7 @@
 #include "scheduler/node_state.h"
 #include "scheduler/oracle.h"
 #include "scheduler/placement.h"
+#include "scheduler/prewarm.h"
 #include "scheduler/queue.h"
 #include "scheduler/topology.h"
 #include "scheduler/types.h"
@@ -87,6 +89,10 @@ struct SchedulerOptions {
   std::string sharing = "off";
   // Requests that may execute on one GPU at once under sharing (>= 1).
   int max_runners_per_gpu = 2;
+  // Prewarming (prewarm()): kHistogram loads the model of a function predicted to arrive soon
+  // onto an idle GPU whose host link is idle, while no request waits (prewarm.h).
+  PrewarmRule prewarm = PrewarmRule::kNone;
+  PrewarmOptions prewarm_options;
   WindowOptions window;
   HeavinessOptions heaviness;
   EvictionOptions eviction_options;
@@ -109,6 +115,9 @@ struct Decision {
   bool release_source = false;
   Time arrival = 0;
   uint64_t arrival_index = 0;  // 0-based order of acceptance (oracle policies)
+  // A prewarm (prewarm()): a background request that loads the model from the host and runs
+  // nothing; done() once the load is over frees the GPU.
+  bool prewarm = false;
 };
 
 // How a request ended, as the caller saw it.
@@ -140,6 +149,8 @@ struct SchedulerCounters {
   uint64_t failed = 0;      // of those, failed (a cancelled dispatched request is one)
   uint64_t cancelled = 0;   // cancel(), and queued requests of unregistered functions
   uint64_t rejected = 0;    // shed by dispatch() (SchedulerOptions::shed); not in completed
+  uint64_t prewarms = 0;    // prewarm() loads, also counted in background and host_swaps
+  uint64_t prewarm_evictions = 0;  // replicas prewarms evicted, also counted in evictions
   uint64_t resident_starts = 0;
   uint64_t shared_starts = 0;  // of those, beside another request (SchedulerOptions::sharing)
   uint64_t peer_swaps = 0;
@@ -185,6 +196,12 @@ class Scheduler {
   // its id is appended to `rejected`, and the caller answers it "overloaded". It counts as
   // completed late in the function's window (RRC), never as on time.
   void dispatch(Time now, std::vector<Decision>* out, std::vector<RequestId>* rejected = nullptr);
+  // With SchedulerOptions::prewarm and no request queued: appends a decision for each model
+  // worth loading onto an idle GPU now (plan_prewarm() in prewarm.h: never evicting a model
+  // predicted to be used as soon, never onto a GPU or PCIe switch that is busy), and updates the
+  // view as dispatch() does. Each is a background request (Decision::prewarm) with a host load:
+  // the caller reports load_done() and then done() as for any other.
+  void prewarm(Time now, std::vector<Decision>* out);
   // The swap of a dispatched request finished. With ok == false the new replica is dropped
   // (the request still holds its GPU until done()). kNotFound for a request not loading.
   Status load_done(RequestId request, Time now, bool ok);
@@ -212,8 +229,9 @@ class Scheduler {
   void set_gpu_healthy(int gpu, bool healthy);
 
   // ---- Views ----
-  // The earliest time a lazy queue policy wants dispatch() called although no event happened;
-  // kNever for the others.
+  // The earliest time a lazy queue policy wants dispatch() called although no event happened,
+  // or, with prewarming and nothing queued, when the next prewarm falls due (the caller then
+  // calls prewarm(), which NodeCore::dispatch does); kNever otherwise.
   static constexpr Time kNever = INT64_MAX;
   Time next_wakeup() const;
   // A request that has finished (or was cancelled) reads as kFinished with nothing else known;

@@ -74,6 +74,13 @@ Result<std::unique_ptr<Controller>> Controller::create(device::Device& device,
                  "functions on one GPU could reach each other's memory; sharing a GPU needs a "
                  "context per function (docs/hiberd.md, \"Spatial sharing\")");
   }
+  // A prewarm is a GPU lease that loads a model for no session: the controller swaps models in
+  // only for a session's lease (its blocks are mapped at the function's own addresses), so it
+  // has nobody to load one for.
+  if (options.scheduler.prewarm != scheduler::PrewarmRule::kNone)
+    return error(ErrorCode::kInvalidValue,
+                 "prewarming is for hiber-sim only: hiberd loads a model only into a function "
+                 "session's lease, and a prewarm has no session");
   std::unique_ptr<Controller> controller(new Controller(device, options));
   HIBER_ASSIGN_OR_RETURN(scheduler::Topology topology,
                          scheduler::Topology::from_config(device.topology()));

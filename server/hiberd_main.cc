@@ -112,6 +112,9 @@ DEFINE_string(shed, "none",
 DEFINE_string(sharing, "off",
               "Spatial sharing (several functions on one GPU at once): off; any other value is "
               "refused at start with the reason (docs/hiberd.md, \"Spatial sharing\")");
+DEFINE_string(prewarm, "none",
+              "Prewarming from predicted arrivals: only none here (histogram is hiber-sim's; "
+              "hiberd loads a model only into a function session's lease)");
 DEFINE_uint64(scheduler_seed, 1, "Seed of the scheduler's random choices (random policies)");
 DEFINE_string(memory_pool, "buddy",
               "GPU memory management: buddy (pools reserved at start), block "
@@ -268,6 +271,9 @@ Result<server::DaemonOptions> make_options(const std::string& run_dir) {
   if (!shed.ok()) return shed.status().with_context("--shed");
   c.scheduler.shed = *shed;
   c.scheduler.sharing = FLAGS_sharing;
+  auto prewarm = scheduler::prewarm_rule_from_name(FLAGS_prewarm);
+  if (!prewarm.ok()) return prewarm.status().with_context("--prewarm");
+  c.scheduler.prewarm = *prewarm;
   auto pool = memory::parse_pool_kind(FLAGS_memory_pool);
   if (!pool.ok()) return pool.status().with_context("--memory_pool");
   c.pools.kind = *pool;

@@ -163,7 +163,7 @@ void HiberNode::start(const node::Start& d) {
       free_model(gpu, r.function);
     }
     for (uint64_t segment : model.segments) {
-      if (!allocate(gpu, segment, r.function, now, &models_[gpu][r.function])) {
+      if (!allocate(gpu, segment, r.function, now, &models_[gpu][r.function], !d.prewarm)) {
         ok = false;
         break;
       }
@@ -193,8 +193,8 @@ void HiberNode::start(const node::Start& d) {
   }
 }
 
-bool HiberNode::allocate(int gpu, uint64_t bytes, uint32_t index, Time now,
-                         std::vector<Block>* out) {
+bool HiberNode::allocate(int gpu, uint64_t bytes, uint32_t index, Time now, std::vector<Block>* out,
+                         bool may_evict) {
   const FunctionId id = id_of(index);
   while (true) {
     // The core picks victims on a refusal, so the pool need not search for its own advice.
@@ -207,6 +207,7 @@ bool HiberNode::allocate(int gpu, uint64_t bytes, uint32_t index, Time now,
       return true;
     }
     ++pool_failures_;
+    if (!may_evict) return false;
     // The core's eviction policy picks the victims, as it does for decisions.
     if (!core_->make_room(id, GpuId{gpu}, bytes, now).ok()) return false;
   }
@@ -433,12 +434,14 @@ uint64_t HiberNode::device_mallocs() const {
 
 std::string HiberNode::summary() const {
   const scheduler::SchedulerCounters& c = core_->scheduler().counters();
-  return str_cat("node ", node_index_, ": ", c.arrivals, " arrivals, ", c.completed, " completed (",
-                 c.on_time, " on time), ", c.resident_starts, " resident (", c.shared_starts,
-                 " shared), ", c.peer_swaps, " peer swaps, ", c.host_swaps, " host swaps, ",
-                 evictions_, " evictions, ", pool_failures_, " pool refusals, ", device_mallocs(),
-                 " device mallocs",
-                 lost_replicas_ ? str_cat(", ", lost_replicas_, " replicas lost by the view") : "");
+  return str_cat(
+      "node ", node_index_, ": ", c.arrivals, " arrivals, ", c.completed, " completed (", c.on_time,
+      " on time), ", c.resident_starts, " resident (", c.shared_starts, " shared), ", c.peer_swaps,
+      " peer swaps, ", c.host_swaps, " host swaps, ", evictions_, " evictions, ",
+      c.prewarms > 0 ? str_cat(c.prewarms, " prewarms (", c.prewarm_evictions, " evictions), ")
+                     : "",
+      pool_failures_, " pool refusals, ", device_mallocs(), " device mallocs",
+      lost_replicas_ ? str_cat(", ", lost_replicas_, " replicas lost by the view") : "");
 }
 
 void HiberNode::check(Time now) const {

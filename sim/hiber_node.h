@@ -145,7 +145,10 @@ class HiberNode final : public Node,
   // Schedules the kDone events of finish times that changed.
   void retime(const std::vector<CoRun::Finish>& finishes);
   // Allocates `bytes` on `gpu` for function `index`, evicting through make_room if needed.
-  bool allocate(int gpu, uint64_t bytes, uint32_t index, Time now, std::vector<Block>* out);
+  // `may_evict`: when the pool refuses, the core's eviction policy makes room; a prewarm does
+  // not (it must not evict what the scheduler did not name), so it fails instead.
+  bool allocate(int gpu, uint64_t bytes, uint32_t index, Time now, std::vector<Block>* out,
+                bool may_evict = true);
   void free_blocks(int gpu, std::vector<Block>* blocks, bool model, uint32_t index);
   void free_model(int gpu, uint32_t index);
   void collect_device_cost(int gpu);

@@ -52,6 +52,13 @@ DEFINE_double(slack_weight_s, 60,
               "slack eviction: seconds of recency a model whose host load takes its whole SLO "
               "is worth");
 DEFINE_double(slack_power, 3, "slack eviction: exponent of the SLO share a host load takes");
+DEFINE_string(prewarm, "none",
+              "Hiber prewarming: none, or histogram (an idle-time histogram per function; while "
+              "no request waits, load the model of a function predicted to arrive soon onto an "
+              "idle GPU whose host link is idle, evicting only models predicted later)");
+DEFINE_int32(prewarm_bin_ms, 1000, "prewarm=histogram: width of an idle-time bin, ms");
+DEFINE_int32(prewarm_keep_idle_gpus, 3,
+             "prewarm=histogram: GPUs that must stay available after a prewarm takes one");
 DEFINE_string(shed, "none",
               "Hiber admission: none, late (shed a request that cannot meet its deadline even "
               "if started now) or hopeless (also when the host swap alone ends past it and no GPU "
@@ -138,6 +145,9 @@ Result<HiberOptions> hiber_options() {
   h.scheduler.eviction_options.slack_weight = seconds(FLAGS_slack_weight_s);
   h.scheduler.eviction_options.slack_power = FLAGS_slack_power;
   HIBER_ASSIGN_OR_RETURN(h.scheduler.shed, scheduler::shed_rule_from_name(FLAGS_shed));
+  HIBER_ASSIGN_OR_RETURN(h.scheduler.prewarm, scheduler::prewarm_rule_from_name(FLAGS_prewarm));
+  h.scheduler.prewarm_options.bin = FLAGS_prewarm_bin_ms * scheduler::kMillisecond;
+  h.scheduler.prewarm_options.keep_idle_gpus = FLAGS_prewarm_keep_idle_gpus;
   h.scheduler.seed = FLAGS_seed;
   h.scheduler.sharing = FLAGS_sharing;
   h.scheduler.max_runners_per_gpu = FLAGS_max_runners_per_gpu;

@@ -499,6 +499,25 @@ class SimSide {
   std::unique_ptr<sim::HiberNode> node_;
 };
 
+// hiberd refuses prewarming at start: its controller loads models only into a session's lease.
+TEST(NodeCoreActuators, HiberdRefusesPrewarming) {
+  device::SimDeviceOptions device_options;
+  device_options.node = node_config();
+  auto device = device::SimDevice::create(device_options);
+  ASSERT_TRUE(device.ok()) << device.status();
+  server::ControllerOptions options;
+  options.pools.reserve_bytes = kReserve;
+  options.pools.chunk_bytes = kGpuMemory - kReserve;
+  options.scheduler.prewarm = scheduler::PrewarmRule::kHistogram;
+  auto controller = server::Controller::create(**device, options);
+  ASSERT_FALSE(controller.ok());
+  EXPECT_EQ(controller.status().code(), ErrorCode::kInvalidValue);
+  EXPECT_NE(controller.status().message().find("prewarm"), std::string::npos)
+      << controller.status();
+  options.scheduler.prewarm = scheduler::PrewarmRule::kNone;
+  EXPECT_TRUE(server::Controller::create(**device, options).ok());
+}
+
 TEST(NodeCoreActuators, HiberdAndTheSimulatorMakeTheSameDecisions) {
   const std::vector<std::vector<int>> steps = workload();
   std::vector<Placement> hiberd_placements, sim_placements;

@@ -1,6 +1,6 @@
 # Unit tests of scheduler/ (topology, placement, heaviness, eviction, queueing, the facade).
 set(hiber_scheduler_tests topology placement heaviness function_table eviction queue gshare facade fuzz
-  admission
+  admission prewarm
   interference sharing
   cluster_balancer)
 foreach(topic IN LISTS hiber_scheduler_tests)

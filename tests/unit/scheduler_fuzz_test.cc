@@ -178,6 +178,24 @@ class Fuzzer {
           trace_ << "start " << d.request << " gpu " << d.gpu << " from " << source_name(d.source)
                  << ' ' << d.source_gpu << " evict " << d.evictions.size() << '\n';
         }
+        // Prewarms: each a new background request, loading from the host onto a GPU still free.
+        std::vector<Decision> prewarms;
+        s_->prewarm(now, &prewarms);
+        for (const Decision& d : prewarms) {
+          EXPECT_TRUE(d.prewarm);
+          EXPECT_EQ(d.source, Source::kHost);
+          EXPECT_EQ(requests_.count(d.request), 0u);
+          EXPECT_EQ(s_->queued(), 0u) << "a prewarm went before a queued request";
+          EXPECT_NE(available & gpu_bit(d.gpu), 0u) << "GPU " << d.gpu << " was not available";
+          EXPECT_EQ(used & gpu_bit(d.gpu), 0u) << "GPU " << d.gpu << " given twice";
+          used |= gpu_bit(d.gpu);
+          for (const Eviction& e : d.evictions) EXPECT_EQ(e.gpu, d.gpu);
+          ++in_flight_[d.function];
+          requests_[d.request] = Request{d.function, RequestState::kLoading};
+          EXPECT_EQ(s_->request(d.request)->state, RequestState::kLoading);
+          trace_ << "prewarm " << d.request << " gpu " << d.gpu << " evict " << d.evictions.size()
+                 << '\n';
+        }
         trace_ << "wakeup " << s_->next_wakeup() << '\n';
         break;
       }
@@ -308,8 +326,15 @@ TEST_P(SchedulerFuzzTest, RandomEventSequencesKeepEveryInvariant) {
     options.seed = seed;
     options.per_function_concurrency = static_cast<int>(1 + seed % 2);
     options.shed = seed == 1 ? ShedRule::kNone : seed == 2 ? ShedRule::kLate : ShedRule::kHopeless;
+    // Prewarming on the last seed, with short histories and every GPU allowed.
+    options.prewarm = seed == 3 ? PrewarmRule::kHistogram : PrewarmRule::kNone;
+    options.prewarm_options.min_samples = 2;
+    options.prewarm_options.keep_idle_gpus = 0;
     Fuzzer fuzzer(topology, options, seed);
-    fuzzer.run(1500);
+    const std::string trace = fuzzer.run(1500);
+    if (options.prewarm != PrewarmRule::kNone) {
+      EXPECT_NE(trace.find("\nprewarm "), std::string::npos) << "the fuzz made no prewarm";
+    }
     if (HasFailure()) return;
   }
 }
