@@ -43,8 +43,7 @@ class BlockAllocator final : public PoolAllocator {
   using Age = std::list<Cached>::iterator;
 
   AllocationResult do_allocate(uint64_t bytes, FunctionId owner,
-                               const EvictablePredicate& evictable,
-                               EvictionAdvice advice) override;
+                               const EvictablePredicate& evictable, EvictionAdvice advice) override;
   Status do_deallocate(const Allocation& allocation) noexcept override;
   uint64_t max_request_bytes() const override {
     return budget_bytes_ / granularity_ * granularity_;  // rounded requests must fit the budget

@@ -109,8 +109,7 @@ class BuddyAllocator final : public PoolAllocator {
   BuddyAllocator(BuddyOptions options, int page_shift, int max_order);
 
   AllocationResult do_allocate(uint64_t bytes, FunctionId owner,
-                               const EvictablePredicate& evictable,
-                               EvictionAdvice advice) override;
+                               const EvictablePredicate& evictable, EvictionAdvice advice) override;
   Status do_deallocate(const Allocation& allocation) noexcept override;
   uint64_t max_request_bytes() const override;
 

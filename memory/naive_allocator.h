@@ -30,8 +30,7 @@ class NaiveAllocator final : public PoolAllocator {
     FunctionId owner;
   };
   AllocationResult do_allocate(uint64_t bytes, FunctionId owner,
-                               const EvictablePredicate& evictable,
-                               EvictionAdvice advice) override;
+                               const EvictablePredicate& evictable, EvictionAdvice advice) override;
   Status do_deallocate(const Allocation& allocation) noexcept override;
   uint64_t max_request_bytes() const override {
     return budget_bytes_ / granularity_ * granularity_;  // rounded requests must fit the budget

@@ -132,18 +132,17 @@ void print_status(proto::NodeStatus::Reader s) {
               links.empty() ? "none" : links.c_str(),
               durations.getCount() ? 1e3 * durations.getSum() / durations.getCount() : 0.0);
   auto q = s.getScheduler();
-  std::printf("  scheduler: placement %s, eviction %s, queue %s%s; %" PRIu64 " queued, %" PRIu64
-              " arrived, %" PRIu64 " done (%" PRIu64 " on time), %" PRIu64
-              " shed as overloaded, %" PRIu64 " background (%" PRIu64
-              " preempted); starts: %" PRIu64 " resident, %" PRIu64 " peer, %" PRIu64
-              " host; %" PRIu64 " evictions; swap groups of %" PRIu64 " KiB; host pool %" PRIu64
-              " of %" PRIu64 " MiB\n",
-              q.getPlacement().cStr(), q.getEviction().cStr(), q.getQueue().cStr(),
-              q.getDrainingNode() ? " (draining)" : "", q.getQueued(), q.getArrivals(),
-              q.getCompleted(), q.getOnTime(), q.getShed(), q.getBackground(),
-              q.getPreemptions(), q.getResidentStarts(),
-              q.getPeerSwaps(), q.getHostSwaps(), q.getEvictions(), q.getSwapGroupBytes() >> 10,
-              q.getHostPoolUsedBytes() >> 20, q.getHostPoolBytes() >> 20);
+  std::printf(
+      "  scheduler: placement %s, eviction %s, queue %s%s; %" PRIu64 " queued, %" PRIu64
+      " arrived, %" PRIu64 " done (%" PRIu64 " on time), %" PRIu64 " shed as overloaded, %" PRIu64
+      " background (%" PRIu64 " preempted); starts: %" PRIu64 " resident, %" PRIu64
+      " peer, %" PRIu64 " host; %" PRIu64 " evictions; swap groups of %" PRIu64
+      " KiB; host pool %" PRIu64 " of %" PRIu64 " MiB\n",
+      q.getPlacement().cStr(), q.getEviction().cStr(), q.getQueue().cStr(),
+      q.getDrainingNode() ? " (draining)" : "", q.getQueued(), q.getArrivals(), q.getCompleted(),
+      q.getOnTime(), q.getShed(), q.getBackground(), q.getPreemptions(), q.getResidentStarts(),
+      q.getPeerSwaps(), q.getHostSwaps(), q.getEvictions(), q.getSwapGroupBytes() >> 10,
+      q.getHostPoolUsedBytes() >> 20, q.getHostPoolBytes() >> 20);
   std::printf("  %u functions\n", s.getFunctions().size());
   for (auto f : s.getFunctions()) {
     std::string gpus;

@@ -481,8 +481,9 @@ TEST(BuddyAllocator, AShortfallNamesTheRegionAFullWalkFinds) {
         best_cost = cost;
         best_owners.clear();
         for (const auto& [f, b] : owners) best_owners.push_back({f, b});
-        std::stable_sort(best_owners.begin(), best_owners.end(),
-                         [](const OwnerBytes& a, const OwnerBytes& b) { return a.bytes > b.bytes; });
+        std::stable_sort(
+            best_owners.begin(), best_owners.end(),
+            [](const OwnerBytes& a, const OwnerBytes& b) { return a.bytes > b.bytes; });
       }
     }
     if (best_cost == UINT64_MAX) {
