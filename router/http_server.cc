@@ -8,6 +8,8 @@
 #include <boost/beast/http.hpp>
 #include <nlohmann/json.hpp>
 
+#include "router/listen_address.h"
+
 namespace hiber::router {
 namespace {
 
@@ -168,43 +170,18 @@ class HttpServer::Session : public std::enable_shared_from_this<Session> {
 };
 
 HttpServer::HttpServer(asio::io_context& io, HttpServerOptions options, Handler handler)
-    : io_(io), options_(std::move(options)), handler_(std::move(handler)), acceptor_(io),
+    : io_(io),
+      options_(std::move(options)),
+      handler_(std::move(handler)),
+      acceptor_(io),
       accept_pause_(io) {}
 
 HttpServer::~HttpServer() { stop(); }
 
 Result<std::unique_ptr<HttpServer>> HttpServer::create(asio::io_context& io,
                                                        HttpServerOptions options, Handler handler) {
-  const size_t colon = options.listen.rfind(':');
-  if (colon == std::string::npos) {
-    return error(ErrorCode::kInvalidValue, "--listen \"", options.listen, "\": expected host:port");
-  }
-  std::string host = options.listen.substr(0, colon);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
-  }
-  error_code ec;
-  const asio::ip::address address = asio::ip::make_address(host.empty() ? "0.0.0.0" : host, ec);
-  if (ec) return error(ErrorCode::kInvalidValue, "--listen host \"", host, "\": ", ec.message());
-  unsigned long port = 0;
-  try {
-    port = std::stoul(options.listen.substr(colon + 1));
-  } catch (...) {
-    port = 1 << 16;
-  }
-  if (port > 65535) {
-    return error(ErrorCode::kInvalidValue, "--listen \"", options.listen, "\": bad port");
-  }
   std::unique_ptr<HttpServer> server(new HttpServer(io, std::move(options), std::move(handler)));
-  const tcp::endpoint endpoint(address, static_cast<uint16_t>(port));
-  server->acceptor_.open(endpoint.protocol(), ec);
-  if (!ec) server->acceptor_.set_option(asio::socket_base::reuse_address(true), ec);
-  if (!ec) server->acceptor_.bind(endpoint, ec);
-  if (!ec) server->acceptor_.listen(asio::socket_base::max_listen_connections, ec);
-  if (ec) {
-    return error(ErrorCode::kOperatingSystem, "cannot listen on ", server->options_.listen, ": ",
-                 ec.message());
-  }
+  HIBER_RETURN_IF_ERROR(listen_on(server->acceptor_, server->options_.listen));
   server->port_ = server->acceptor_.local_endpoint().port();
   server->accept();
   return server;

@@ -17,6 +17,8 @@
 #include <boost/beast/ssl/ssl_stream.hpp>
 #include <nlohmann/json.hpp>
 
+#include "router/listen_address.h"
+
 namespace hiber::inject {
 namespace {
 
@@ -212,38 +214,10 @@ Result<std::unique_ptr<TlsServer>> TlsServer::create(asio::io_context& io, TlsSe
   const std::string loaded_stamp = stamp(options.cert_file, options.key_file);
   HIBER_ASSIGN_OR_RETURN(std::shared_ptr<ssl::context> context,
                          load_tls_context(options.cert_file, options.key_file));
-  const size_t colon = options.listen.rfind(':');
-  if (colon == std::string::npos) {
-    return error(ErrorCode::kInvalidValue, "--listen \"", options.listen, "\": expected host:port");
-  }
-  std::string host = options.listen.substr(0, colon);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
-  }
-  error_code ec;
-  const asio::ip::address address = asio::ip::make_address(host.empty() ? "0.0.0.0" : host, ec);
-  if (ec) return error(ErrorCode::kInvalidValue, "--listen host \"", host, "\": ", ec.message());
-  const std::string port_text = options.listen.substr(colon + 1);
-  unsigned long port = 1 << 16;
-  if (!port_text.empty() && port_text.find_first_not_of("0123456789") == std::string::npos &&
-      port_text.size() <= 5) {
-    port = std::stoul(port_text);
-  }
-  if (port > 65535) {
-    return error(ErrorCode::kInvalidValue, "--listen \"", options.listen, "\": bad port");
-  }
   std::unique_ptr<TlsServer> server(new TlsServer(io, std::move(options), std::move(handler)));
   server->context_ = std::move(context);
   server->loaded_stamp_ = loaded_stamp;
-  const tcp::endpoint endpoint(address, static_cast<uint16_t>(port));
-  server->acceptor_.open(endpoint.protocol(), ec);
-  if (!ec) server->acceptor_.set_option(asio::socket_base::reuse_address(true), ec);
-  if (!ec) server->acceptor_.bind(endpoint, ec);
-  if (!ec) server->acceptor_.listen(asio::socket_base::max_listen_connections, ec);
-  if (ec) {
-    return error(ErrorCode::kOperatingSystem, "cannot listen on ", server->options_.listen, ": ",
-                 ec.message());
-  }
+  HIBER_RETURN_IF_ERROR(router::listen_on(server->acceptor_, server->options_.listen));
   server->port_ = server->acceptor_.local_endpoint().port();
   server->accept();
   return server;
