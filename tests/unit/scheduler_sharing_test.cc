@@ -154,44 +154,38 @@ TEST_F(Sharing, WaitsWhenItWouldOutlastTheRunner) {
   EXPECT_TRUE(dispatch(*s_, now_).empty());
 }
 
-TEST_F(Sharing, ProgressSlowsWhileShared) {
-  // A (30 ms) runs from 0; B (10 ms) joins at 5 ms at 1.4: B's prediction ends at 19 ms, A has
-  // 25 ms left at 5 ms. When B ends at 19 ms, A has done 14 / 1.4 = 10 ms more: 15 ms left. So
-  // C (10 ms, memory-heavy) may join at 19 ms (10 <= 15), but not at 26 ms (8 ms left).
-  make(1, sharing());
-  add(1, function(100, 30 * kMs, kComputeHeavy));
-  add(2, function(100, 10 * kMs, kMemoryHeavy));
-  add(3, function(100, 10 * kMs, kMemoryHeavy));
-  run_once(1);
-  run_once(2);
-  run_once(3);
-  start(1);
-  now_ = 5 * kMs;
-  const RequestId b = *s_->arrive(FunctionId{2}, now_);
-  ASSERT_EQ(dispatch(*s_, now_).size(), 1u);
-  now_ = 19 * kMs;
-  ASSERT_TRUE(s_->done(b, now_).ok());
-  now_ = 26 * kMs;
-  ASSERT_TRUE(s_->arrive(FunctionId{3}, now_).ok());
-  EXPECT_TRUE(dispatch(*s_, now_).empty());
+// A (30 ms) runs from 0; B (10 ms) joins at 5 ms at 1.4: B's prediction ends at 19 ms, A has
+// 25 ms left at 5 ms. When B ends at 19 ms, A has done 14 / 1.4 = 10 ms more: 15 ms left. So
+// C (10 ms, memory-heavy) may join at 19 ms (10 <= 15), but not at 26 ms (8 ms left).
+class SharingProgress : public Sharing {
+ protected:
+  // Runs A, lets B join and end at 19 ms; then C arrives at `c_arrives` and is dispatched.
+  std::vector<Decision> c_decisions(Time c_arrives) {
+    make(1, sharing());
+    add(1, function(100, 30 * kMs, kComputeHeavy));
+    add(2, function(100, 10 * kMs, kMemoryHeavy));
+    add(3, function(100, 10 * kMs, kMemoryHeavy));
+    run_once(1);
+    run_once(2);
+    run_once(3);
+    start(1);
+    now_ = 5 * kMs;
+    const RequestId b = *s_->arrive(FunctionId{2}, now_);
+    EXPECT_EQ(dispatch(*s_, now_).size(), 1u);
+    now_ = 19 * kMs;
+    EXPECT_TRUE(s_->done(b, now_).ok());
+    now_ = c_arrives;
+    EXPECT_TRUE(s_->arrive(FunctionId{3}, now_).ok());
+    return dispatch(*s_, now_);
+  }
+};
+
+TEST_F(SharingProgress, TooLateToJoinOnceTheRunnerHasLessLeftThanTheJoiner) {
+  EXPECT_TRUE(c_decisions(26 * kMs).empty());
 }
 
-TEST_F(Sharing, ProgressSlowsWhileSharedJoinsInTime) {
-  make(1, sharing());
-  add(1, function(100, 30 * kMs, kComputeHeavy));
-  add(2, function(100, 10 * kMs, kMemoryHeavy));
-  add(3, function(100, 10 * kMs, kMemoryHeavy));
-  run_once(1);
-  run_once(2);
-  run_once(3);
-  start(1);
-  now_ = 5 * kMs;
-  const RequestId b = *s_->arrive(FunctionId{2}, now_);
-  ASSERT_EQ(dispatch(*s_, now_).size(), 1u);
-  now_ = 19 * kMs;
-  ASSERT_TRUE(s_->done(b, now_).ok());
-  ASSERT_TRUE(s_->arrive(FunctionId{3}, now_).ok());
-  const std::vector<Decision> d = dispatch(*s_, now_);
+TEST_F(SharingProgress, JoinsWhileTheRunnerHasEnoughLeft) {
+  const std::vector<Decision> d = c_decisions(19 * kMs);
   ASSERT_EQ(d.size(), 1u);
   EXPECT_EQ(d[0].rule, PlacementRule::kShared);
 }
