@@ -10,6 +10,8 @@
 # PyTorch template's y = W x + b (containers/pytorch-function/handler.py's docstring).
 # Exits 77 with one line where podman cannot run a container or the shim was not built.
 set -euo pipefail
+# A command that fails under set -e says where, so a failed run is never silent.
+trap 'echo "containers_node_test: line $LINENO failed (exit $?)" >&2' ERR
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build_dir=${HIBER_BUILD_DIR:-$root/build/release}
 export CONTAINERS_CONF=$root/containers/containers.conf
@@ -31,8 +33,10 @@ trap 'rm -rf "$probe"' EXIT
 mkdir -p "$probe/root/bin" "$probe/shim"
 cp /bin/true "$probe/root/bin/true"
 libs=$(ldd /bin/true | awk '$3 ~ /^\// {print $3} $1 ~ /^\// {print $1}')
+# Read once: awk leaving a pipe early would kill ldconfig with SIGPIPE, failing under pipefail.
+ld_cache=$(ldconfig -p)
 for lib in libstdc++.so.6 libgcc_s.so.1 libm.so.6 libpthread.so.0 libdl.so.2 librt.so.1; do
-  libs+=" $(ldconfig -p | awk -v l="$lib" '$1 == l && /x86-64/ {print $NF; exit}')"
+  libs+=" $(awk -v l="$lib" '$1 == l && /x86-64/ && !found {print $NF; found = 1}' <<<"$ld_cache")"
 done
 for lib in $libs; do
   mkdir -p "$probe/root$(dirname "$lib")"
