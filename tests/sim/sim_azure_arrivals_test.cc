@@ -152,7 +152,7 @@ TEST(AzureArrivals, BadInputIsAnError) {
   t.lag1 = 1;
   EXPECT_FALSE(fit_rate_process(t, 5).ok());
   std::vector<TraceFunction> rows(1);
-  rows[0].function = "f";
+  rows[0].function = std::string("f");  // not = "f": GCC 12 -Wrestrict false positive
   rows[0].trigger = "timer";
   rows[0].per_minute = {3, 0, 4, 1};
   EXPECT_FALSE(burst_shapes_from_trace(rows, /*http_only=*/true, 1).ok());
