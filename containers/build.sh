@@ -19,6 +19,8 @@
 #                 first with the release preset; another folder is used as it is)
 #   --tag         the images' tag (default: the project version, e.g. 0.1.0)
 #   --rebuild_base  run mmdebstrap again even if the base images exist
+# A base image is reused only when its label org.hiber.base-key matches the hash of what makes
+# it (the package list and the mmdebstrap command), not by its tag alone.
 #   --build_only  only build the binaries the images need (release preset), no image
 # Every image carries the OCI labels org.opencontainers.image.version, .revision (git commit)
 # and .created (build date). Prints each image's size at the end.
@@ -61,9 +63,10 @@ if [ -z "$build_dir" ]; then
   cmake --preset release >/dev/null
   targets=(hiberd hiberctl hiber-router hiber-load hiber-echo-worker hiber-inject)
   # The shim and mlp_server need the CUDA toolkit at build time (not a GPU).
-  grep -q 'hibercuda' build/release/build.ninja &&
+  if grep -q 'hibercuda' build/release/build.ninja; then
     targets+=(hibercuda hibercuda_driver hibercublas hibercublasLt hibercudnn hibernvml
               hiber_shim_programs hiber_shim_programs_plugin)
+  fi
   cmake --build --preset release --target "${targets[@]}"
 fi
 [ "$build_only" = 1 ] && exit 0
@@ -88,7 +91,7 @@ put "$b/tools/hiberctl" "$stage/hiberd/usr/bin/hiberctl"
 # The host implementations of the demo programs' kernels, for --device=sim
 # (--sim_kernel_plugins; containers/run-node.sh), when they were built.
 plugin=$b/tests/shim/libhiber_shim_programs_plugin.so
-[ -f "$plugin" ] && put "$plugin" "$stage/hiberd/usr/lib/hiber/$(basename "$plugin")"
+if [ -f "$plugin" ]; then put "$plugin" "$stage/hiberd/usr/lib/hiber/$(basename "$plugin")"; fi
 mkdir -p "$stage/hiberd/etc/hiber"
 cp -r configs/nodes "$stage/hiberd/etc/hiber/nodes"
 put "$b/router/hiber-router" "$stage/router/usr/bin/hiber-router"
@@ -130,7 +133,9 @@ if [ -f "$b/client_shim/libhibercuda.so" ]; then
       *) cp -L "$lib" "$shim/deps/" ;;
     esac
   done
+  # shellcheck disable=SC2016  # $ORIGIN is the dynamic loader's, not the shell's
   for f in "$shim"/*.so "$shim/driver/libcuda.so.1"; do patchelf --set-rpath '$ORIGIN/deps:$ORIGIN/../deps' "$f"; done
+  # shellcheck disable=SC2016  # as above
   for f in "$shim"/deps/*; do patchelf --set-rpath '$ORIGIN' "$f"; done
   put "$b/tests/shim/programs/mlp_server" "$stage/mlp-function/usr/bin/mlp_server"
 else
@@ -154,8 +159,14 @@ runtime_packages=(
 base_image() {  # NAME EXTRA_PACKAGES...
   local name=$1
   shift
-  if [ "$rebuild_base" = 0 ] && podman image exists "localhost/hiber/$name:$base_tag"; then
-    echo "build.sh: hiber/$name:$base_tag exists (--rebuild_base builds it again)"
+  # What makes the root: the packages and this function's text (the mmdebstrap command).
+  local key
+  key=$({ declare -p runtime_packages; declare -f base_image; echo "$name $*"; } | sha256sum |
+    cut -c1-32)
+  local ref=localhost/hiber/$name:$base_tag
+  if [ "$rebuild_base" = 0 ] &&
+    [ "$(podman image inspect -f '{{index .Labels "org.hiber.base-key"}}' "$ref" 2>/dev/null)" = "$key" ]; then
+    echo "build.sh: hiber/$name:$base_tag exists with key $key (--rebuild_base builds it again)"
     return
   fi
   local include
@@ -163,6 +174,7 @@ base_image() {  # NAME EXTRA_PACKAGES...
   echo "build.sh: mmdebstrap --variant=minbase bookworm with $include"
   # No documentation, no package lists; users hiber (10000: hiberd, the router) and function
   # (10001: function workers), so that the images run as non-root.
+  # shellcheck disable=SC2016  # "$1" in a hook is the root, expanded by mmdebstrap's shell
   mmdebstrap --variant=minbase --include="$include" --aptopt='APT::Install-Recommends "false"' \
     --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/doc/*' \
     --dpkgopt='path-include=/usr/share/doc/*/copyright' \
@@ -179,7 +191,8 @@ base_image() {  # NAME EXTRA_PACKAGES...
     --change "LABEL org.opencontainers.image.version=$version" \
     --change "LABEL org.opencontainers.image.revision=$revision" \
     --change "LABEL org.opencontainers.image.created=$created" \
-    "$build_dir/containers-$name.tar" "localhost/hiber/$name:$base_tag" >/dev/null
+    --change "LABEL org.hiber.base-key=$key" \
+    "$build_dir/containers-$name.tar" "$ref" >/dev/null
   rm -f "$build_dir/containers-$name.tar"
 }
 base_image base
@@ -194,14 +207,15 @@ image() {  # NAME CONTAINERFILE CONTEXT [build args...]
   old=$(podman image inspect -f '{{.Id}}' "localhost/hiber/$name:$tag" 2>/dev/null || true)
   podman build --quiet "${labels[@]}" --build-arg "BASE_TAG=$base_tag" "$@" -f "$file" \
     -t "localhost/hiber/$name:$tag" "$context" >/dev/null
-  [ -n "$old" ] && replaced+=("$old")
+  if [ -n "$old" ]; then replaced+=("$old"); fi
 }
 replaced=()  # the images these replace, removed at the end
 image hiberd containers/hiberd/Containerfile "$stage/hiberd"
 image router containers/router/Containerfile "$stage/router"
 image function-base containers/function-base/Containerfile "$stage/function-base"
-[ "$have_shim" = 1 ] &&
+if [ "$have_shim" = 1 ]; then
   image mlp-function containers/mlp-function/Containerfile "$stage/mlp-function"
+fi
 image pytorch-function containers/pytorch-function/Containerfile "$stage/pytorch-function" \
   --build-arg "BASE=localhost/hiber/base-python:$base_tag" \
   --build-arg "SDK_IMAGE=localhost/hiber/function-base:$tag"
@@ -209,8 +223,9 @@ image pytorch-function containers/pytorch-function/Containerfile "$stage/pytorch
 # still uses them; and the untagged stage the PyTorch template's multi-stage build commits (it
 # carries this run's labels).
 for id in "${replaced[@]}"; do
-  [ -z "$(podman image inspect -f '{{join .RepoTags ","}}' "$id" 2>/dev/null)" ] &&
-    podman rmi "$id" >/dev/null 2>&1
+  if [ -z "$(podman image inspect -f '{{join .RepoTags ","}}' "$id" 2>/dev/null)" ]; then
+    podman rmi "$id" >/dev/null 2>&1 || true
+  fi
 done
 podman images --filter dangling=true --filter "label=org.opencontainers.image.created=$created" \
   --quiet | xargs -r podman rmi >/dev/null 2>&1 || true

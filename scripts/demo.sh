@@ -102,8 +102,9 @@ wait_for_file() {
 # hiberd: the embedded default node, simulated; Prometheus metrics on a free port.
 hiberd_flags=(--device=sim --sim_throttle --run_dir="$run_dir" --metrics_listen=127.0.0.1:0
               --metrics_port_file="$run_dir/hiberd-metrics.port")
-[ "$have_shim" = 1 ] &&
+if [ "$have_shim" = 1 ]; then
   hiberd_flags+=(--sim_kernel_plugins="$bin/tests/shim/libhiber_shim_programs_plugin.so")
+fi
 # Each in a session of its own, so that a Ctrl-C reaches only this script, which stops them in
 # order (the router, then hiberd).
 setsid "$bin/server/hiberd" "${hiberd_flags[@]}" 2>"$run_dir/hiberd.log" &
@@ -222,7 +223,7 @@ placement() {
   source=$(header X-Hiber-Source "$err")
   link=$(header X-Hiber-Link "$err")
   [ -n "$source" ] || { echo "no GPU"; return; }
-  [ "$source" = peer ] && source="peer, $link"
+  if [ "$source" = peer ]; then source="peer, $link"; fi
   echo "GPU $(header X-Hiber-Gpu "$err") ($source)"
 }
 check_answer() {
@@ -245,7 +246,7 @@ for n in "${!names[@]}"; do
   check_answer first "$n"
   read -r _ mib slo <<<"${functions[n]}"
   answer=$(cat "$run_dir/first-$n.out")
-  [ ${#answer} -gt 44 ] && answer="${answer:0:41}..."
+  if [ ${#answer} -gt 44 ]; then answer="${answer:0:41}..."; fi
   printf '   %-8s %5s %7s  %-20s %s\n' "${names[n]}" "$mib" "$slo" "$(placement first "$n")" "$answer"
 done
 if [ "$have_shim" = 1 ]; then
@@ -279,18 +280,19 @@ done
 # Three of them, those that moved to another GPU first.
 shown=()
 for n in "${!names[@]}"; do
-  [ "$(placement first "$n")" != "$(placement again "$n")" ] && shown+=("$n")
+  if [ "$(placement first "$n")" != "$(placement again "$n")" ]; then shown+=("$n"); fi
 done
 for n in "${!names[@]}"; do
-  [ "$(placement first "$n")" = "$(placement again "$n")" ] && shown+=("$n")
+  if [ "$(placement first "$n")" = "$(placement again "$n")" ]; then shown+=("$n"); fi
 done
 for n in "${shown[@]:0:3}"; do
   printf '   %-8s before: %-20s now: %-20s the same answer\n' "${names[n]}" \
     "$(placement first "$n")" "$(placement again "$n")"
 done
 echo "   (and so did the other $((${#names[@]} - 3)))"
-[ "$have_shim" = 1 ] &&
+if [ "$have_shim" = 1 ]; then
   echo "   (the integration tests check the MLP's outputs against the host computation)"
+fi
 
 echo
 echo "== hiberctl --router=$url top --iterations=1"

@@ -36,6 +36,8 @@ else
   echo "fuzz: '$budget' is neither a number of runs nor a time like 600s" >&2
   exit 2
 fi
+# FUZZ_ARGS holds several flags separated by spaces.
+read -ra fuzz_args <<<"${FUZZ_ARGS:-}"
 for h in "${harnesses[@]}"; do
   [[ -d tests/fuzz/corpus/$h ]] || { echo "fuzz: no harness '$h' (one of: ${all[*]})" >&2; exit 2; }
 done
@@ -57,7 +59,7 @@ for h in "${harnesses[@]}"; do
   rc=0
   (cd "$workdir/$h" &&
     "$OLDPWD/build/fuzz/tests/fuzz/fuzz_$h" "${limit[@]}" "${parallel[@]}" -timeout=10 \
-      -print_final_stats=1 -artifact_prefix="$findings/" ${FUZZ_ARGS:-} \
+      -print_final_stats=1 -artifact_prefix="$findings/" "${fuzz_args[@]}" \
       "$scratch" "$OLDPWD/tests/fuzz/corpus/$h") >"$log" 2>&1 || rc=$?
   # With -jobs each job's stats are in its own fuzz-N.log (and -runs applies per job).
   logs=("$workdir/$h"/fuzz-*.log)

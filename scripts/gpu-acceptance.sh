@@ -66,7 +66,7 @@ coverage_bin=$build/tools/hiber-coverage
 shim_dir=$build/client_shim
 preload=$shim_dir/libhibercuda.so
 for library in libhibercublas.so libhibercublasLt.so libhibercudnn.so libhibernvml.so; do
-  [[ -e $shim_dir/$library ]] && preload="$preload:$shim_dir/$library"
+  if [[ -e $shim_dir/$library ]]; then preload="$preload:$shim_dir/$library"; fi
 done
 missing=()
 for f in "$build/CTestTestfile.cmake" "$hiberd_bin" "$coverage_bin" "$shim_dir/libhibercuda.so" \
@@ -276,13 +276,13 @@ EOF
   done
   stop_hiberd
 
-  [[ $steps == *c* ]] && {
+  if [[ $steps == *c* ]]; then {
     echo "- (c) PyTorch, batch 8, fp32, deterministic settings, median of $iters warm inferences" \
          "(hiberd's libraries: $(grep -ho 'lib[a-zA-Z]*\.so\.[0-9]* loaded from [^ ]*' "$hiberd_log" 2>/dev/null | sort -u | paste -sd ';' - || true)):"
     echo
     timeout 120 python3 scripts/torch_acceptance.py compare --out="$out" 2>&1 || failed=1
     echo
-  } >>"$report"
+  } >>"$report"; fi
 fi
 
 echo "Exit status: $( ((failed)) && echo 'FAILED' || echo 'passed'). Logs: \`$work\`." >>"$report"

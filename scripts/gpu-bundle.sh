@@ -14,7 +14,7 @@ set -uo pipefail
 
 bundle_pack() {
   local build=build/release
-  [[ ${1:-} == -B ]] && build=$2
+  if [[ ${1:-} == -B ]]; then build=$2; fi
   [[ -f $build/CTestTestfile.cmake ]] || { echo "gpu-bundle: no build at $build" >&2; return 2; }
   rm -rf .gpu
   mkdir -p .gpu/lib
@@ -24,8 +24,8 @@ bundle_pack() {
   rm -rf .gpu/release/gpu-acceptance .gpu/release/tests/{unit,sim,integration}
   find .gpu/release -type f \( -name '*.o' -o -name '*.a' -o -name '*.d' -o -name '.ninja_*' \) -delete
   # The absolute path the build was configured in: CTestTestfile.cmake and RUNPATHs name it.
-  echo "$(cd "$build/../.." && pwd)" >.gpu/source_dir
-  echo "$(cd "$build" && pwd)" >.gpu/build_dir
+  (cd "$build/../.." && pwd) >.gpu/source_dir
+  (cd "$build" && pwd) >.gpu/build_dir
   local f
   while IFS= read -r f; do
     if file -b "$f" | grep -q '^ELF'; then
@@ -57,7 +57,7 @@ bundle_unpack() {
     ldconfig -p | grep -q "^\s*$(basename "$lib") " || cp -L "$lib" /tmp/hiber-lib/
   done
   export LD_LIBRARY_PATH="/tmp/hiber-lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  echo "gpu-bundle: build at $build_dir; carried libraries used: $(ls /tmp/hiber-lib | paste -sd ' ' -)" >&2
+  echo "gpu-bundle: build at $build_dir; carried libraries used: $(find /tmp/hiber-lib -mindepth 1 -printf '%f\n' | sort | paste -sd ' ' -)" >&2
 }
 
 case "${1:-}" in

@@ -11,7 +11,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 build=build/release
-[[ ${1:-} == -B ]] && build=$2
+if [[ ${1:-} == -B ]]; then build=$2; fi
 build=$(cd "$build" && pwd) || exit 2
 nvidia-smi -L >/dev/null 2>&1 || { echo "gpu-router-check: no GPU here"; exit 3; }
 python3 -c 'import torch' 2>/dev/null || { echo "gpu-router-check: no PyTorch here"; exit 3; }
@@ -20,8 +20,9 @@ work=$(mktemp -d /tmp/hiber-gpu-router-XXXXXX)
 "$build/server/hiberd" --device=cuda --run_dir="$work/node" 2>"$work/hiberd.log" &
 hiberd=$!
 router=""
+# shellcheck disable=SC2317  # run by the EXIT trap, which shellcheck does not follow
 cleanup() {
-  [[ -n $router ]] && kill -TERM "$router" 2>/dev/null && wait "$router" 2>/dev/null
+  if [[ -n $router ]]; then kill -TERM "$router" 2>/dev/null && wait "$router" 2>/dev/null; fi
   kill -TERM "$hiberd" 2>/dev/null; wait "$hiberd" 2>/dev/null
 }
 trap cleanup EXIT
@@ -51,8 +52,10 @@ for round in 1 2; do
     python3 scripts/gpu-router-check.py "$url" "$fn" 20 || status=1
   done
   # A drained GPU sends the models there elsewhere (peer or host) for round 2.
-  [[ $round == 1 ]] && "$build/tools/hiberctl" --run_dir="$work/node" drain --gpu=0 >/dev/null &&
-    "$build/tools/hiberctl" --run_dir="$work/node" drain --gpu=0 --resume >/dev/null
+  if [[ $round == 1 ]]; then
+    "$build/tools/hiberctl" --run_dir="$work/node" drain --gpu=0 >/dev/null &&
+      "$build/tools/hiberctl" --run_dir="$work/node" drain --gpu=0 --resume >/dev/null
+  fi
 done
 curl -s "$url/v2/status"; echo
 [[ $status == 0 ]] || { tail -20 "$work/router.log" "$work/router/workers/"*.log; }

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Installs everything Hiber needs to build and test on Debian 12, from Debian's archive only.
 # Idempotent: packages already present are left alone. Runs apt-get through sudo when not root.
+# The CUDA toolkit is not a Debian package and is not installed here: where it is found
+# (/usr/local/cuda, or cmake -DHIBER_CUDA_ROOT=...) the shim and the CUDA test programs are
+# built; elsewhere they are skipped (README, "Building by hand").
 set -euo pipefail
 
 packages=(
@@ -29,6 +32,8 @@ packages=(
   mmdebstrap                      # containers/build.sh: the images' Debian base roots
   patchelf                        # containers/build.sh: the shim folder finds its own libraries
   curl                            # containers/run-node.sh and its test talk HTTP to the router
+  git                             # containers/build.sh labels the images with the commit
+  shellcheck                      # tests/scripts: the project's shell scripts are checked
 )
 
 missing=()

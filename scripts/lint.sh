@@ -25,12 +25,12 @@ while (($#)); do
   shift
 done
 
-sources='*.cc *.h *.cu *.cuh'
+sources=('*.cc' '*.h' '*.cu' '*.cuh')
 if ((${#files[@]} == 0)); then
   if [[ -n $since ]]; then
-    mapfile -t files < <(git diff --name-only --diff-filter=d "$since" -- $sources)
+    mapfile -t files < <(git diff --name-only --diff-filter=d "$since" -- "${sources[@]}")
   else
-    mapfile -t files < <(git ls-files -- $sources)
+    mapfile -t files < <(git ls-files -- "${sources[@]}")
   fi
 fi
 if ((${#files[@]} == 0)); then

@@ -6,8 +6,9 @@
 #   3. the libFuzzer harnesses (clang-14, tests/fuzz), each for a fixed number of runs from its
 #      seed corpus (scripts/fuzz.sh runs them long);
 #   4. release: the node under podman (label containers, tests/containers), which builds the
-#      images once (tag "test", kept for the next run) and skips with one line where podman
-#      cannot run containers (docs/deploy.md).
+#      base roots and images from scratch in a podman storage of its own, removed at the end
+#      (nothing of an earlier run is reused), and skips with one line where podman cannot run
+#      containers (docs/deploy.md).
 # Any failure, sanitizer report or leak fails the run.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # containers_node_test: a Hiber node under podman (containers/run-node.sh) answers correctly.
 #
-# Builds the images from $HIBER_BUILD_DIR with containers/build.sh under the tag "test" (the
-# Debian base roots are built once and kept), checks what the images promise
+# Hermetic: podman runs on a storage of its own under this run's temporary folder (images,
+# containers, volumes, secrets and podman's own state), so nothing an earlier run or another
+# user of podman left can hide a failure; it is removed at the end. Builds the Debian base roots
+# (mmdebstrap, about 2.5 minutes) and the images from $HIBER_BUILD_DIR with containers/build.sh
+# under the tag "test", checks what the images promise
 # (non-root users, OCI labels, no shim inside the function image), starts the node with
 # run-node.sh --keep and a short trace replay, then invokes the functions with inputs of its own
 # and compares each answer with the formula computed here: mlp_server's table entry
@@ -14,7 +17,6 @@ set -euo pipefail
 trap 'echo "containers_node_test: line $LINENO failed (exit $?)" >&2' ERR
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build_dir=${HIBER_BUILD_DIR:-$root/build/release}
-export CONTAINERS_CONF=$root/containers/containers.conf
 tag="test"
 name=hiber-test-$$
 
@@ -26,12 +28,42 @@ for tool in podman mmdebstrap patchelf curl python3; do
 done
 [ -f "$build_dir/client_shim/libhibercuda.so" ] ||
   skip "no shim in $build_dir (the CUDA toolkit was absent at build time): no CUDA function to run"
+work=$(mktemp -d "${TMPDIR:-/tmp}/hiber-containers-test.XXXXXX")
+# podman's storage and state, this run's own: storage.conf names the image store and its run
+# state; a copy of containers/containers.conf adds podman's temporary state (tmp_dir). Volumes
+# and secrets live under the image store.
+cat >"$work/storage.conf" <<CONF
+[storage]
+driver = "overlay"
+graphroot = "$work/podman/storage"
+runroot = "$work/podman/run"
+CONF
+sed "/^\[engine\]/a tmp_dir = \"$work/podman/tmp\"" "$root/containers/containers.conf" \
+  >"$work/containers.conf"
+export CONTAINERS_STORAGE_CONF=$work/storage.conf CONTAINERS_CONF=$work/containers.conf
+# Everything this run made goes with its folder: containers first (they hold mounts), then the
+# images, then the folder, mounts and all.
+own_storage=0
+remove_storage() {
+  if [ "$own_storage" = 1 ]; then
+    podman rm --all --force --time 5 >/dev/null 2>&1 || true
+    podman rmi --all --force >/dev/null 2>&1 || true
+    findmnt -rn -o TARGET | grep "^$work/" | sort -r | xargs -r umount -l 2>/dev/null || true
+  fi
+  rm -rf "$work"
+}
+trap remove_storage EXIT
+store=$(podman info --format '{{.Store.GraphRoot}}' 2>&1) || skip "podman cannot start here: $store"
+# Never touch a storage that is not this run's (remove_storage removes everything in it).
+[ "$store" = "$work/podman/storage" ] ||
+  fail "podman uses $store, not this run's storage: CONTAINERS_STORAGE_CONF was ignored"
+own_storage=1
+[ -z "$(podman images --quiet)" ] || fail "this run's podman storage is not empty"
+
 # Can podman run a container here? Tried on a throwaway root holding /bin/true, glibc and
 # libstdc++ and nothing else: later, the "any image" the shim is injected into.
-probe=$(mktemp -d)
-trap 'rm -rf "$probe"' EXIT
-mkdir -p "$probe/root/bin" "$probe/shim"
-cp /bin/true "$probe/root/bin/true"
+mkdir -p "$work/root/bin" "$work/shim"
+cp /bin/true "$work/root/bin/true"
 libs=$(ldd /bin/true | awk '$3 ~ /^\// {print $3} $1 ~ /^\// {print $1}')
 # Read once: awk leaving a pipe early would kill ldconfig with SIGPIPE, failing under pipefail.
 ld_cache=$(ldconfig -p)
@@ -39,26 +71,26 @@ for lib in libstdc++.so.6 libgcc_s.so.1 libm.so.6 libpthread.so.0 libdl.so.2 lib
   libs+=" $(awk -v l="$lib" '$1 == l && /x86-64/ && !found {print $NF; found = 1}' <<<"$ld_cache")"
 done
 for lib in $libs; do
-  mkdir -p "$probe/root$(dirname "$lib")"
-  cp -L "$lib" "$probe/root$lib"
+  mkdir -p "$work/root$(dirname "$lib")"
+  cp -L "$lib" "$work/root$lib"
 done
-if ! why=$(podman run --rm --network=none --rootfs "$probe/root" /bin/true 2>&1); then
+if ! why=$(podman run --rm --network=none --rootfs "$work/root" /bin/true 2>&1); then
   skip "podman cannot run containers here: $(tail -n 1 <<<"$why")"
 fi
 
-# The images, from this build's binaries: about 20 s once the base roots exist (build.sh keeps
-# them; the first run builds them with mmdebstrap, a few minutes).
+# The images, from this build's binaries, and their base roots from Debian's archive.
 images=(hiberd router function-base mlp-function pytorch-function)
-"$root/containers/build.sh" --build_dir="$build_dir" --tag="$tag" >"$probe/build.log" 2>&1 ||
-  { tail -n 20 "$probe/build.log" >&2; fail "containers/build.sh failed"; }
+"$root/containers/build.sh" --build_dir="$build_dir" --tag="$tag" >"$work/build.log" 2>&1 ||
+  { tail -n 20 "$work/build.log" >&2; fail "containers/build.sh failed"; }
 
 # What the images promise.
 revision_of() { podman image inspect -f '{{index .Labels "org.opencontainers.image.revision"}}' "$1"; }
 for image in "${images[@]}"; do
   ref=localhost/hiber/$image:$tag
   user=$(podman image inspect -f '{{.Config.User}}' "$ref")
-  [ -n "$user" ] && [ "${user%%:*}" != 0 ] && [ "${user%%:*}" != root ] ||
+  if [ -z "$user" ] || [ "${user%%:*}" = 0 ] || [ "${user%%:*}" = root ]; then
     fail "$ref runs as '${user:-root}', not as a non-root user"
+  fi
   revision=$(revision_of "$ref")
   [[ "$revision" =~ ^[0-9a-f]{40}(-dirty)?$ ]] || fail "$ref: revision label '$revision'"
   created=$(podman image inspect -f '{{index .Labels "org.opencontainers.image.created"}}' "$ref")
@@ -71,12 +103,12 @@ podman run --rm --network=none --entrypoint /bin/sh "localhost/hiber/mlp-functio
 # The shim folder works in an image that has none of its libraries: every library mlp_server
 # and the preloaded shim need resolves, those not glibc's or libstdc++'s from the shim folder.
 shim=/opt/hiber/shim
-podman run --rm --network=none --user 0 --entrypoint /bin/cp -v "$probe/shim:/out" \
+podman run --rm --network=none --user 0 --entrypoint /bin/cp -v "$work/shim:/out" \
   "localhost/hiber/function-base:$tag" -a "$shim/." /out/
-libraries=$(podman run --rm --network=none -v "$probe/shim:$shim:ro" \
+libraries=$(podman run --rm --network=none -v "$work/shim:$shim:ro" \
   -v "$build_dir/tests/shim/programs/mlp_server:/usr/bin/mlp_server:ro" \
   -e "LD_PRELOAD=$shim/libhibercuda.so $shim/libhibercublas.so $shim/libhibercublasLt.so $shim/libhibercudnn.so $shim/libhibernvml.so" \
-  --rootfs "$probe/root" /lib64/ld-linux-x86-64.so.2 --list /usr/bin/mlp_server 2>&1) ||
+  --rootfs "$work/root" /lib64/ld-linux-x86-64.so.2 --list /usr/bin/mlp_server 2>&1) ||
   fail "mlp_server with the shim does not load in a bare image: $libraries"
 for lib in libglog.so.1 libcapnp-0.9.2.so libcrypto.so.3 libzstd.so.1; do
   grep -q "$lib => $shim/deps/$lib" <<<"$libraries" ||
@@ -85,12 +117,12 @@ done
 
 port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 url=http://127.0.0.1:$port
-trap '"$root/containers/run-node.sh" --down --name="$name" >/dev/null; rm -rf "$probe"' EXIT
+trap '"$root/containers/run-node.sh" --down --name="$name" >/dev/null; remove_storage' EXIT
 "$root/containers/run-node.sh" --tag="$tag" --name="$name" --port="$port" --minutes=1 \
-  --speedup=60 --keep >"$probe/node.log" 2>&1 ||
-  { cat "$probe/node.log" >&2; fail "run-node.sh failed"; }
-grep -q '^run-node.sh: every answer checked out' "$probe/node.log" ||
-  { cat "$probe/node.log" >&2; fail "run-node.sh did not check its answers"; }
+  --speedup=60 --keep >"$work/node.log" 2>&1 ||
+  { cat "$work/node.log" >&2; fail "run-node.sh failed"; }
+grep -q '^run-node.sh: every answer checked out' "$work/node.log" ||
+  { cat "$work/node.log" >&2; fail "run-node.sh did not check its answers"; }
 
 infer() {  # FN CONTENT_TYPE BODY
   curl -fsS -m 60 -H "Content-Type: $2" --data-binary "$3" "$url/v2/models/$1/infer"
@@ -111,9 +143,10 @@ PY
 for entry in 0 1 4095 123457 16777215; do check_entry mlp-a 100 "$entry" 3; done
 for entry in 0 65535 4194303; do check_entry mlp-b 101 "$entry" 11; done
 for x in "1 2 3 4" "0 0 0 0" "-1.5 2.25 0.5 -4"; do
-  body=$(python3 -c 'import json, sys; print(json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [4], "data": [float(v) for v in sys.argv[1:]]}]}))' $x)
+  read -ra xs <<<"$x"
+  body=$(python3 -c 'import json, sys; print(json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [4], "data": [float(v) for v in sys.argv[1:]]}]}))' "${xs[@]}")
   answer=$(infer torch application/json "$body") || fail "torch: request x = [$x] failed"
-  python3 - "$answer" $x <<'PY' || fail "torch answered '$answer' to x = [$x]"
+  python3 - "$answer" "${xs[@]}" <<'PY' || fail "torch answered '$answer' to x = [$x]"
 import json, sys
 y = json.loads(sys.argv[1])["outputs"][0]["data"]
 x = [float(v) for v in sys.argv[2:]]

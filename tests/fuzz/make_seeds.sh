@@ -15,7 +15,7 @@ cmake --preset fuzz >/dev/null
 cmake --build --preset fuzz --target hiber_fuzz_seeds >/dev/null
 # Inputs that once found a bug (regression-*) are kept: CI replays them every run.
 for h in handshake call_batch control_request; do
-  [[ -d $corpus/$h ]] && find "$corpus/$h" -type f ! -name 'regression-*' -delete
+  if [[ -d $corpus/$h ]]; then find "$corpus/$h" -type f ! -name 'regression-*' -delete; fi
 done
 build/fuzz/tests/fuzz/hiber_fuzz_seeds "$corpus"
 
@@ -30,7 +30,7 @@ fi
 out="$corpus/fatbin"
 rm -rf "$out" && mkdir -p "$out"
 src=tests/fuzz/seed_kernels.cu
-arch=(-gencode arch=compute_80,code=sm_80 -gencode arch=compute_80,code=compute_80)
+arch=(-gencode 'arch=compute_80,code=sm_80' -gencode 'arch=compute_80,code=compute_80')
 "$nvcc" --fatbin "${arch[@]}" -Xfatbin=-compress=false "$src" -o "$out/plain.fatbin"
 "$nvcc" --fatbin "${arch[@]}" -Xfatbin=-compress-all "$src" -o "$out/zstd.fatbin"
 "$nvcc" --fatbin "${arch[@]}" -Xfatbin=-compress-all -Xfatbin=-compress-mode=speed "$src" \

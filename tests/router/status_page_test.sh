@@ -69,9 +69,12 @@ if [[ -z "$url" ]]; then
     cp "$page" "$tmp/page.html" || die "cannot read $page"
   fi
   server_args=(--page="$tmp/page.html" --port_file="$tmp/port")
-  [[ -n "$fixture" ]] && server_args+=(--status="$fixture") && checks+=(--expect-json="$fixture")
-  [[ $unreachable == 1 ]] && server_args+=(--unreachable)
-  [[ -n "$fail_after" ]] && server_args+=(--fail_after="$fail_after")
+  if [[ -n "$fixture" ]]; then
+    server_args+=(--status="$fixture")
+    checks+=(--expect-json="$fixture")
+  fi
+  if [[ $unreachable == 1 ]]; then server_args+=(--unreachable); fi
+  if [[ -n "$fail_after" ]]; then server_args+=(--fail_after="$fail_after"); fi
   python3 "$here/status_fixture_server.py" "${server_args[@]}" 2>"$tmp/server.log" &
   server_pid=$!
   # Wait for the server to listen: it writes the port file once bound.
