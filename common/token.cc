@@ -21,20 +21,7 @@ std::string trim(std::string s) {
 }
 
 Result<std::string> create_token(const std::string& path) {
-  unsigned char random[kTokenRandomBytes];
-  size_t got = 0;
-  while (got < sizeof random) {
-    ssize_t n = ::getrandom(random + got, sizeof random - got, 0);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return os_error("getrandom", errno);
-    got += static_cast<size_t>(n);
-  }
-  static const char kHex[] = "0123456789abcdef";
-  std::string token;
-  for (unsigned char b : random) {
-    token.push_back(kHex[b >> 4]);
-    token.push_back(kHex[b & 15]);
-  }
+  HIBER_ASSIGN_OR_RETURN(std::string token, random_hex(kTokenRandomBytes));
   // O_EXCL: if another hiberd raced us to it, read theirs instead of overwriting.
   UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
   if (!fd) {
@@ -49,6 +36,26 @@ Result<std::string> create_token(const std::string& path) {
 }
 
 }  // namespace
+
+Result<std::string> random_hex(size_t bytes) {
+  std::string random(bytes, '\0');
+  size_t got = 0;
+  while (got < bytes) {
+    ssize_t n = ::getrandom(random.data() + got, bytes - got, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return os_error("getrandom", errno);
+    got += static_cast<size_t>(n);
+  }
+  static const char kHex[] = "0123456789abcdef";
+  std::string hex;
+  hex.reserve(2 * bytes);
+  for (char c : random) {
+    const auto b = static_cast<unsigned char>(c);
+    hex.push_back(kHex[b >> 4]);
+    hex.push_back(kHex[b & 15]);
+  }
+  return hex;
+}
 
 Result<std::string> load_or_create_token(const std::string& path) {
   UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));

@@ -13,6 +13,10 @@ namespace hiber {
 // read protects nothing.
 Result<std::string> load_or_create_token(const std::string& path);
 
+// `bytes` random bytes from the kernel's CSPRNG (getrandom), as lower-case hex: tokens and ids
+// nobody can guess (the router's asynchronous invocation ids).
+Result<std::string> random_hex(size_t bytes);
+
 // Compares a presented token `a` with the secret `b` in time that depends only on b's length.
 bool tokens_equal(std::string_view a, std::string_view b);
 

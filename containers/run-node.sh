@@ -15,7 +15,8 @@
 #
 # Every function container has no network and runs as uid 10001; its worker attaches to the
 # router (registration "external": true). The tokens are podman secrets: NAME-auth-token (the
-# functions' token for hiberd) and NAME-worker-token (the workers' token for the router).
+# functions' token for hiberd), NAME-worker-token (the workers' token for the router) and
+# NAME-operator-token (the router's repository API: this script registers the functions with it).
 # Then each function is invoked and its answer checked; GPUs 0-3 are drained and resumed (their
 # models leave them), hiber-load replays MINUTES of the README demo's trace (sim/data/azure_demo.csv) at SPEEDUPx against the two CUDA functions from
 # inside the router's container; the first requests are sent again and must answer the same.
@@ -57,7 +58,7 @@ containers=()
 for f in "${functions[@]}"; do containers+=("$name-$f"); done
 containers+=("$name-router" "$name-hiberd")  # in the order they stop
 volumes=("$name-run" "$name-attach" "$name-router" "$name-shim")
-secrets=("$name-auth-token" "$name-worker-token")
+secrets=("$name-auth-token" "$name-worker-token" "$name-operator-token")
 
 down() {
   podman rm --force --time 10 --ignore "${containers[@]}" >/dev/null 2>&1 || true
@@ -108,9 +109,12 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-# The secrets: 32 random bytes as hex, as hiberd makes its own.
+# The secrets: 32 random bytes as hex, as hiberd makes its own. This script keeps the operator
+# token, to register the functions.
 for s in "${secrets[@]}"; do
-  od -An -tx1 -N32 /dev/urandom | tr -d ' \n' | podman secret create "$s" - >/dev/null
+  token=$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')
+  if [ "$s" = "$name-operator-token" ]; then operator_token=$token; fi
+  printf '%s' "$token" | podman secret create "$s" - >/dev/null
 done
 for v in "${volumes[@]}"; do podman volume create "$v" >/dev/null; done
 # The shim folder, from hiber/function-base, into a volume any function container can mount.
@@ -141,9 +145,11 @@ podman run -d --name "$name-router" -p "127.0.0.1:$port:8080" \
   -v "$name-run:/run/hiber" -v "$name-attach:/run/hiber-router:U" \
   -v "$name-router:/var/lib/hiber-router:U" \
   --secret "$name-worker-token,target=hiber-worker-token,uid=10000,gid=10000,mode=0400" \
+  --secret "$name-operator-token,target=hiber-operator-token,uid=10000,gid=10000,mode=0400" \
   "localhost/hiber/router:$tag" --run_dir=/run/hiber --state_dir=/var/lib/hiber-router \
   --listen=0.0.0.0:8080 --worker_attach_socket=/run/hiber-router/attach.sock \
-  --worker_token_file=/run/secrets/hiber-worker-token >/dev/null
+  --worker_token_file=/run/secrets/hiber-worker-token \
+  --operator_token_file=/run/secrets/hiber-operator-token >/dev/null
 url="http://127.0.0.1:$port"
 tries=0
 until curl -fsS -o /dev/null "$url/v2/health/ready" 2>/dev/null; do
@@ -157,6 +163,7 @@ echo "== hiberd and hiber-router run in containers $name-hiberd and $name-router
 # ---- the functions: registered as external, their workers in their own containers ----
 register() {  # FN JSON
   curl -fsS -X POST -H 'Content-Type: application/json' --data "$2" \
+    -H "Authorization: Bearer $operator_token" \
     "$url/v2/repository/models/$1/load" >/dev/null || fail "registering $1 failed"
 }
 shim=/opt/hiber/shim

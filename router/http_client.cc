@@ -153,6 +153,10 @@ Result<HttpResponse> HttpConnection::request(std::string_view method, std::strin
     req.insert(name, value);
     has_type = has_type || iequals(name, "content-type");
   }
+  for (const auto& [name, value] : default_headers_) {
+    if (req.find(beast::string_view(name.data(), name.size())) == req.end())
+      req.insert(name, value);
+  }
   if (!body.empty() && !has_type) req.set(http::field::content_type, "application/json");
   req.body() = std::move(body);
   req.prepare_payload();

@@ -69,6 +69,8 @@ class HttpConnection {
                                std::chrono::milliseconds timeout = 30s);
 
   const HttpTarget& target() const { return target_; }
+  // Headers sent with every request that does not give its own of that name (a credential).
+  void set_default_headers(HttpHeaders headers) { default_headers_ = std::move(headers); }
   // TCP connections opened so far: 1 after any number of requests on a kept-alive connection.
   uint64_t connections_opened() const { return connections_opened_; }
   bool connected() const;
@@ -77,6 +79,7 @@ class HttpConnection {
  private:
   struct Impl;
   HttpTarget target_;
+  HttpHeaders default_headers_;
   std::unique_ptr<Impl> impl_;
   uint64_t connections_opened_ = 0;
 };

@@ -8,6 +8,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "router/worker_programs.h"
+
 namespace hiber::router {
 namespace {
 
@@ -119,6 +121,7 @@ Result<FunctionSpec> parse_function_spec(std::string_view name, std::string_view
       }
       spec.env[key] = value.get<std::string>();
     }
+    HIBER_RETURN_IF_ERROR(check_worker_environment(spec.env));
   }
   HIBER_RETURN_IF_ERROR(read_bool(body, "shim", spec.shim));
   HIBER_RETURN_IF_ERROR(read_bool(body, "stateful", spec.stateful));

@@ -10,6 +10,7 @@
 #include <glog/logging.h>
 #include <nlohmann/json.hpp>
 
+#include "common/token.h"
 #include "scheduler/cluster_balancer.h"
 #include "wire/schema/control.capnp.h"
 
@@ -87,6 +88,33 @@ ApiResponse retry_later(unsigned status, std::string_view message) {
 std::chrono::milliseconds backoff(int failures) {
   return std::min<std::chrono::milliseconds>(
       std::chrono::milliseconds(500) * (1 << std::min(failures, 6)), std::chrono::seconds(30));
+}
+
+// 401 for a management call without the operator's token (RFC 6750's answer to a missing or
+// wrong bearer token).
+ApiResponse unauthorized(bool presented) {
+  ApiResponse response = error_response(
+      401, presented ? "the operator token presented is not this router's"
+                     : "this call needs the operator's credential: Authorization: Bearer <the "
+                       "token in hiber-router's --operator_token_file>");
+  response.headers.emplace_back("WWW-Authenticate",
+                                presented ? R"(Bearer realm="hiber-router", error="invalid_token")"
+                                          : R"(Bearer realm="hiber-router")");
+  return response;
+}
+
+// The token of an "Authorization: Bearer <token>" header, or none.
+std::optional<std::string_view> bearer_token(const ApiRequest& request) {
+  const std::string& value = request.header("authorization");
+  constexpr std::string_view kScheme = "bearer ";
+  if (value.size() <= kScheme.size()) return std::nullopt;
+  for (size_t i = 0; i < kScheme.size(); ++i) {
+    if (std::tolower(static_cast<unsigned char>(value[i])) != kScheme[i]) return std::nullopt;
+  }
+  std::string_view token = std::string_view(value).substr(kScheme.size());
+  while (!token.empty() && token.front() == ' ') token.remove_prefix(1);
+  while (!token.empty() && token.back() == ' ') token.remove_suffix(1);
+  return token;
 }
 
 double percentile(std::vector<double> values, double p) {
@@ -173,6 +201,9 @@ struct Router::Swap {
 
 Result<std::unique_ptr<Router>> Router::create(asio::io_context& io, RouterOptions options) {
   if (options.nodes.empty()) return error(ErrorCode::kInvalidValue, "the router has no node");
+  if (options.operator_token.empty()) {
+    return error(ErrorCode::kInvalidValue, "the router has no operator token");
+  }
   std::error_code ec;
   fs::create_directories(fs::path(options.state_dir) / "workers", ec);
   if (ec) {
@@ -228,9 +259,19 @@ Router::Function* Router::find(const std::string& name) {
 
 // ---- The API ----
 
+bool Router::from_operator(const ApiRequest& request) const {
+  const std::optional<std::string_view> token = bearer_token(request);
+  return token && tokens_equal(*token, options_.operator_token);
+}
+
 void Router::handle(ApiRequest request, Respond respond) {
   const std::vector<std::string> parts = split_path(request.path);
   const std::string& method = request.method;
+  const bool operator_call = from_operator(request);
+  // The repository API changes what the node runs: the operator's alone.
+  if (parts.size() >= 2 && parts[0] == "v2" && parts[1] == "repository" && !operator_call) {
+    return respond(unauthorized(bearer_token(request).has_value()));
+  }
   auto is = [&](std::initializer_list<const char*> want) {
     if (parts.size() != want.size()) return false;
     size_t i = 0;
@@ -306,7 +347,7 @@ void Router::handle(ApiRequest request, Respond respond) {
     if (rest.empty()) {
       if (!only("GET")) return;
       respond(function != nullptr
-                  ? metadata(*function)
+                  ? metadata(*function, operator_call)
                   : error_response(404, "function \"" + name + "\" is not registered"));
       return;
     }
@@ -328,9 +369,11 @@ void Router::handle(ApiRequest request, Respond respond) {
   respond(error_response(404, "no such endpoint: " + method + " " + request.path));
 }
 
-ApiResponse Router::metadata(const Function& function) const {
+ApiResponse Router::metadata(const Function& function, bool operator_call) const {
   json parameters = function.spec.to_json();
   parameters.erase("env");  // may hold secrets
+  // The command says what runs as the router's user, and where: the operator's to read.
+  if (!operator_call) parameters.erase("command");
   const json body = {{"name", function.spec.name}, {"versions", json::array({"1"})},
                      {"platform", "hiber"},        {"inputs", json::array()},
                      {"outputs", json::array()},   {"parameters", parameters}};
@@ -390,8 +433,12 @@ void Router::infer(const std::string& name, ApiRequest request, Respond respond)
     return respond(retry_later(503, "too many asynchronous results are waiting to be collected"));
   }
 
+  // 128 random bits: nobody can guess another caller's asynchronous result, and no id repeats
+  // after a restart.
+  Result<std::string> id = random_hex(16);
+  if (!id.ok()) return respond(error_response(500, id.status().message()));
   auto invocation = std::make_shared<Invocation>();
-  invocation->id = std::to_string(next_invocation_++);
+  invocation->id = std::move(*id);
   invocation->request_id = request.header("x-request-id");
   if (invocation->request_id.empty()) invocation->request_id = "hiber-" + invocation->id;
   invocation->function = name;
@@ -442,6 +489,15 @@ void Router::load(const std::string& name, const ApiRequest& request, Respond re
   Result<FunctionSpec> parsed = parse_function_spec(name, request.body);
   if (!parsed.ok()) return respond(error_response(400, parsed.status().message()));
   FunctionSpec spec = std::move(*parsed);
+  if (!spec.external) {
+    // Only a program the operator listed runs; one that does not exist is refused now, not at
+    // the first request.
+    Result<std::string> program = options_.worker_programs.resolve(spec.command[0]);
+    if (!program.ok()) {
+      const bool forbidden = program.status().code() == ErrorCode::kNotPermitted;
+      return respond(error_response(forbidden ? 403 : 400, program.status().message()));
+    }
+  }
   if (spec.shim && spec.max_instances > 1 && !spec.external) {
     return respond(error_response(
         400,
@@ -598,9 +654,22 @@ void Router::maybe_start_worker(Function& function, bool keep_warm) {
     fail_queue(function, retry_later(503, "no hiberd node answers"));
     return;
   }
+  // Backs off, and answers the queue with the reason.
+  const auto start_failed = [&](const Status& why) {
+    function.last_start_error = why.message();
+    ++function.start_failures;
+    function.next_start = Clock::now() + backoff(function.start_failures);
+    LOG(WARNING) << "function " << name << ": " << function.last_start_error;
+    fail_queue(function, retry_later(503, "cannot start a worker: " + function.last_start_error));
+  };
+  // Checked again at each start: the registry may hold a registration from before the
+  // operator's list changed.
+  Result<std::string> program = options_.worker_programs.resolve(function.spec.command[0]);
+  if (!program.ok()) return start_failed(program.status());
   const uint64_t number = next_instance_++;
   WorkerLaunch launch;
   const fs::path workers = fs::path(options_.state_dir) / "workers";
+  launch.program = std::move(*program);
   launch.socket_path = (workers / (std::to_string(number) + ".sock")).string();
   launch.log_path = (workers / (name + ".log")).string();
   launch.node_run_dir = nodes_[node]->config().run_dir;
@@ -612,14 +681,7 @@ void Router::maybe_start_worker(Function& function, bool keep_warm) {
         if (Function* f = find(name)) on_worker_ready(*f, worker);
       },
       [this, name](Worker& worker) { on_worker_gone(name, worker.instance()); });
-  if (!worker.ok()) {
-    function.last_start_error = worker.status().message();
-    ++function.start_failures;
-    function.next_start = Clock::now() + backoff(function.start_failures);
-    LOG(WARNING) << "function " << name << ": " << function.last_start_error;
-    fail_queue(function, retry_later(503, "cannot start a worker: " + function.last_start_error));
-    return;
-  }
+  if (!worker.ok()) return start_failed(worker.status());
   Instance instance;
   instance.worker = std::move(*worker);
   instance.node = node;

@@ -31,11 +31,17 @@
 #include "router/router_metrics.h"
 #include "router/worker.h"
 #include "router/worker_attach.h"
+#include "router/worker_programs.h"
 
 namespace hiber::router {
 
 struct RouterOptions {
   std::string state_dir;          // the registry, worker sockets and worker logs
+  // The operator's credential: the repository API (load, unload, index) and everything that
+  // shows a worker's command need `Authorization: Bearer <operator_token>`. Never empty.
+  std::string operator_token;
+  // The programs registrations may name as their command's program.
+  WorkerPrograms worker_programs;
   std::vector<NodeConfig> nodes;  // at least one
   std::string shim_preload;       // LD_PRELOAD for functions registered with shim: true
   size_t max_queue = 1024;        // per function, at the router; more get 429
@@ -83,7 +89,10 @@ class Router {
   void infer(const std::string& name, ApiRequest request, Respond respond);
   void load(const std::string& name, const ApiRequest& request, Respond respond);
   void unload(const std::string& name, Respond respond);
-  ApiResponse metadata(const Function& function) const;
+  // With the operator's credential, the worker's command too.
+  ApiResponse metadata(const Function& function, bool operator_call) const;
+  // Whether the request carries the operator's token (compared in constant time).
+  bool from_operator(const ApiRequest& request) const;
   ApiResponse repository_index() const;
   void async_result(const std::string& id, Respond respond);
 
@@ -137,7 +146,6 @@ class Router {
   boost::asio::steady_timer housekeeping_;
   boost::asio::steady_timer poll_timer_;
   uint64_t next_instance_ = 1;
-  uint64_t next_invocation_ = 1;
   bool shutting_down_ = false;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };

@@ -54,6 +54,17 @@ DEFINE_string(worker_token_file, "worker-token",
               "(random, mode 0600) if missing; relative to --state_dir");
 DEFINE_uint64(worker_attach_max_pending, 64,
               "Most attach connections waiting for their hello at once; more are closed");
+DEFINE_string(operator_token_file, "operator-token",
+              "The operator's credential: the repository API (load, unload, index) needs "
+              "\"Authorization: Bearer <its first line>\"; created (random, mode 0600) if "
+              "missing; relative to --state_dir");
+DEFINE_string(worker_programs, "",
+              "Comma-separated programs that registrations may name as their command's program "
+              "(each an executable file; a registration naming any other is refused with 403); "
+              "empty: the router starts no program, functions must be external");
+DEFINE_bool(allow_root, false,
+            "Run as root although the workers it starts would run as root too (refused "
+            "otherwise: give the router a user of its own)");
 DEFINE_uint64(worker_hello_timeout_ms, 10000,
               "Time an attach connection has to send its hello before it is closed");
 
@@ -123,6 +134,17 @@ std::string shim_preload(const char* argv0) {
 }
 
 int run(const char* argv0) {
+  if (::geteuid() == 0 && !FLAGS_allow_root) {
+    LOG(ERROR) << "hiber-router refuses to run as root: the workers it starts would run as root. "
+                  "Run it as a user of its own (docs/deploy.md), or give --allow_root";
+    return 2;
+  }
+  if (::geteuid() == 0) LOG(WARNING) << "running as root (--allow_root): so do its workers";
+  Result<WorkerPrograms> programs = WorkerPrograms::parse(FLAGS_worker_programs);
+  if (!programs.ok()) {
+    LOG(ERROR) << programs.status();
+    return 2;
+  }
   Result<std::vector<NodeConfig>> nodes = read_nodes();
   if (!nodes.ok()) {
     LOG(ERROR) << nodes.status();
@@ -134,6 +156,11 @@ int run(const char* argv0) {
                           ? (fs::path(options.nodes[0].run_dir) / "router").string()
                           : FLAGS_state_dir;
   options.shim_preload = shim_preload(argv0);
+  options.worker_programs = std::move(*programs);
+  std::string allowed;
+  for (const std::string& p : options.worker_programs.programs()) allowed += " " + p;
+  LOG(INFO) << "workers may run:"
+            << (allowed.empty() ? " no program (external functions only)" : allowed);
   options.max_queue = FLAGS_max_queue;
   options.worker_start_timeout = std::chrono::milliseconds(FLAGS_worker_start_timeout_ms);
   options.worker_stop_timeout = std::chrono::milliseconds(FLAGS_worker_stop_timeout_ms);
@@ -147,9 +174,16 @@ int run(const char* argv0) {
   options.attach.tcp_listen = FLAGS_worker_attach_listen;
   options.attach.max_pending = std::max<uint64_t>(FLAGS_worker_attach_max_pending, 1);
   options.attach.hello_timeout = std::chrono::milliseconds(FLAGS_worker_hello_timeout_ms);
+  std::error_code ec;
+  fs::create_directories(options.state_dir, ec);  // a token may be the first file there
+  Result<std::string> operator_token =
+      load_or_create_token(in_state_dir(FLAGS_operator_token_file));
+  if (!operator_token.ok()) {
+    LOG(ERROR) << operator_token.status().with_context("--operator_token_file");
+    return 1;
+  }
+  options.operator_token = std::move(*operator_token);
   if (!options.attach.unix_path.empty() || !options.attach.tcp_listen.empty()) {
-    std::error_code ec;
-    fs::create_directories(options.state_dir, ec);  // the token may be the first file there
     Result<std::string> token = load_or_create_token(in_state_dir(FLAGS_worker_token_file));
     if (!token.ok()) {
       LOG(ERROR) << token.status().with_context("--worker_token_file");

@@ -131,7 +131,8 @@ Result<std::unique_ptr<Worker>> Worker::spawn(asio::io_context& io, const Functi
   for (const std::string& var : env) envp.push_back(const_cast<char*>(var.c_str()));
   envp.push_back(nullptr);
   pid_t pid = -1;
-  const int rc = ::posix_spawnp(&pid, argv[0], &actions, &attributes, argv.data(), envp.data());
+  const int rc =
+      ::posix_spawn(&pid, l.program.c_str(), &actions, &attributes, argv.data(), envp.data());
   posix_spawn_file_actions_destroy(&actions);
   posix_spawnattr_destroy(&attributes);
   ::close(log);

@@ -45,6 +45,9 @@ struct WorkerOutcome {
 
 // Where and how a worker starts.
 struct WorkerLaunch {
+  // The file executed: spec.command[0] resolved by WorkerPrograms (absolute; argv[0] stays as
+  // the registration gives it).
+  std::string program;
   std::string socket_path;   // the router listens here; the worker connects
   std::string log_path;      // the worker's stdout and stderr
   std::string node_run_dir;  // HIBER_RUN_DIR

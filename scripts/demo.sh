@@ -119,12 +119,18 @@ until "$ctl" --run_dir="$run_dir" ping >/dev/null 2>&1; do
 done
 hiberd_metrics="http://127.0.0.1:$(cat "$run_dir/hiberd-metrics.port")/metrics"
 
-setsid "$bin/router/hiber-router" --run_dir="$run_dir" --state_dir="$run_dir/router" \
-  --listen=127.0.0.1:0 --port_file="$run_dir/router.port" 2>"$run_dir/router.log" &
+# The router starts only the programs listed here (--worker_programs); the repository API needs
+# the operator token it writes to its state folder, which hiberctl reads (--router_token_file).
+programs=$bin/router/hiber-echo-worker
+if [ "$have_shim" = 1 ]; then programs+=",$bin/tests/shim/programs/mlp_server"; fi
+router_flags=(--run_dir="$run_dir" --state_dir="$run_dir/router" --listen=127.0.0.1:0
+              --port_file="$run_dir/router.port" --worker_programs="$programs")
+if [ "$(id -u)" = 0 ]; then router_flags+=(--allow_root); fi  # its workers run as root too
+setsid "$bin/router/hiber-router" "${router_flags[@]}" 2>"$run_dir/router.log" &
 router=$!
 wait_for_file "$run_dir/router.port" "$router" hiber-router
 url="http://127.0.0.1:$(cat "$run_dir/router.port")"
-rctl() { "$ctl" --router="$url" "$@"; }
+rctl() { "$ctl" --router="$url" --router_token_file="$run_dir/router/operator-token" "$@"; }
 
 echo "== hiberd serves the simulated node; hiber-router listens on $url"
 "$bin/tools/hiber-probe" --run_dir="$run_dir"

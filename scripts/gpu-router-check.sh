@@ -35,15 +35,18 @@ for library in libhibercuda.so libhibercublas.so libhibercublasLt.so libhibercud
                libhibernvml.so; do
   preload+="$build/client_shim/$library "
 done
-"$build/router/hiber-router" --listen=127.0.0.1:0 --port_file="$work/port" \
-  --run_dir="$work/node" --state_dir="$work/router" --shim_preload="$preload" \
-  2>"$work/router.log" &
+router_flags=(--listen=127.0.0.1:0 --port_file="$work/port" --run_dir="$work/node"
+              --state_dir="$work/router" --shim_preload="$preload"
+              --worker_programs="$(command -v python3)")
+if [[ $(id -u) == 0 ]]; then router_flags+=(--allow_root); fi
+"$build/router/hiber-router" "${router_flags[@]}" 2>"$work/router.log" &
 router=$!
 for _ in $(seq 100); do [[ -s $work/port ]] && break; sleep 0.1; done
 url="http://127.0.0.1:$(cat "$work/port")"
 status=0
 for fn in torch-a torch-b; do
   curl -sf -X POST "$url/v2/repository/models/$fn/load" -H 'Content-Type: application/json' \
+    -H "Authorization: Bearer $(cat "$work/router/operator-token")" \
     -d "{\"command\": [\"python3\", \"$PWD/scripts/torch_worker.py\"], \"shim\": true,
          \"slo_ms\": 2000}" >/dev/null || status=1
 done

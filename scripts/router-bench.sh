@@ -110,9 +110,12 @@ mkdir -m 700 "$run_dir"
 pids+=($!)
 wait_for "[[ -S $run_dir/control.sock ]]" hiberd "${pids[-1]}" "$work/hiberd.log"
 
+root_flag=()
+if [[ $(id -u) == 0 ]]; then root_flag=(--allow_root); fi
 # shellcheck disable=SC2086  # ROUTER_FLAGS is a list of flags
 "$router_bin" --listen=127.0.0.1:0 --port_file="$work/port" --run_dir="$run_dir" \
-  --state_dir="$work/state" ${ROUTER_FLAGS:-} 2>"$work/router.log" &
+  --state_dir="$work/state" --worker_programs="$echo_bin" "${root_flag[@]}" ${ROUTER_FLAGS:-} \
+  2>"$work/router.log" &
 pids+=($!)
 wait_for "[[ -s $work/port ]]" hiber-router "${pids[-1]}" "$work/router.log"
 url=http://127.0.0.1:$(cat "$work/port")
@@ -126,6 +129,7 @@ register() {
   local registration="{\"command\": [\"$echo_bin\"], \"shim\": $2, \"slo_ms\": 1000,"
   registration+=" \"concurrency\": 1, \"max_instances\": 1}"
   curl -sf -X POST -H 'Content-Type: application/json' -d "$registration" \
+    -H "Authorization: Bearer $(cat "$work/state/operator-token")" \
     "$url/v2/repository/models/$1/load" >/dev/null ||
     { echo "registering $1 failed:" >&2; tail -20 "$work/router.log" >&2; exit 1; }
   curl -sf -X POST -H 'Content-Type: application/octet-stream' --data-binary "$body" \

@@ -57,13 +57,16 @@ def main():
         os.mkdir(f"{tmp}/state")
         procs.append(subprocess.Popen(
             [binaries["router"], "--listen=127.0.0.1:0", f"--port_file={tmp}/state/port",
-             f"--state_dir={tmp}/state", f"--run_dir={run}", f"--shim_preload={binaries['shim']}"],
+             f"--state_dir={tmp}/state", f"--run_dir={run}", f"--shim_preload={binaries['shim']}",
+             f"--worker_programs={binaries['echo']},{binaries['test_worker']}"]
+            + (["--allow_root"] if os.geteuid() == 0 else []),
             stdout=subprocess.DEVNULL, stderr=open(f"{tmp}/router.log", "w")))
         wait_for(lambda: os.path.getsize(f"{tmp}/state/port") > 0
                  if os.path.exists(f"{tmp}/state/port") else False, "hiber-router")
         base = "http://127.0.0.1:" + open(f"{tmp}/state/port").read().strip()
         wait_for(lambda: get(base + "/v2/health/ready") == 200, "a ready router")
-        traffic(base, binaries, run)
+        token = open(f"{tmp}/state/operator-token").read().strip()
+        traffic(base, binaries, run, {"Authorization": f"Bearer {token}"})
         os.makedirs(f"{tmp}/home")
         subprocess.run([a.chromium, "--headless=new", "--no-sandbox", "--disable-gpu",
                         "--no-first-run", f"--user-data-dir={tmp}/profile",
@@ -111,7 +114,7 @@ def post(base, path, body=b"", ctype="application/octet-stream", headers=None):
         return 0, str(e).encode()
 
 
-def traffic(base, binaries, run):
+def traffic(base, binaries, run, operator):
     echo, tw = binaries["echo"], binaries["test_worker"]
     # name: (worker, SLO ms, model MiB); echo workers hold no device memory. One allocation
     # stays within hiberd's --pool_chunk_mib (2048): a larger one is allocated, but cannot be
@@ -125,7 +128,7 @@ def traffic(base, binaries, run):
         registration = {"command": [program], "shim": True, "idle_timeout_s": 600, "slo_ms": slo,
                         "concurrency": 2 if name == "llama-7b" else 1}
         status, body = post(base, f"/v2/repository/models/{name}/load",
-                            json.dumps(registration).encode(), "application/json")
+                            json.dumps(registration).encode(), "application/json", operator)
         if status != 200:
             sys.exit(f"status-page-screenshot: load {name}: {status} {body!r}")
     for name, (_, _, mib) in functions.items():

@@ -30,6 +30,7 @@
 #include <fstream>
 #include <iostream>
 #include <iterator>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -62,6 +63,10 @@ DEFINE_int32(timeout_ms, 30000,
 DEFINE_string(router, "",
               "hiber-router's address, http://host:port (default: $HIBER_ROUTER, else "
               "http://127.0.0.1:8080)");
+DEFINE_string(router_token_file, "",
+              "load, unload, functions: file whose first line is the router's operator token "
+              "(hiber-router --operator_token_file; default: $HIBER_ROUTER_TOKEN_FILE, else "
+              "<run_dir>/router/operator-token, the router's default, when readable)");
 DEFINE_double(slo_ms, 0, "register, load: the function's deadline, ms");
 DEFINE_double(tail, 0, "register, load: the share of requests that must meet it (0: 0.98)");
 DEFINE_uint64(quota_mib, 0,
@@ -211,6 +216,29 @@ Result<router::HttpTarget> router_target() {
   return router::parse_http_url(url);
 }
 
+// The operator token to present to the router, or none when no token file can be read (the
+// router's 401 then says what it needs).
+std::optional<std::string> router_operator_token() {
+  std::string path = FLAGS_router_token_file;
+  if (path.empty()) {
+    const char* env = std::getenv("HIBER_ROUTER_TOKEN_FILE");
+    path = env != nullptr && *env != '\0'
+               ? env
+               : (FLAGS_run_dir.empty() ? default_run_dir() : FLAGS_run_dir) +
+                     "/router/operator-token";
+  }
+  std::ifstream in(path);
+  std::string token;
+  if (!std::getline(in, token)) {
+    if (!FLAGS_router_token_file.empty()) {
+      std::fprintf(stderr, "hiberctl: cannot read --router_token_file %s\n", path.c_str());
+    }
+    return std::nullopt;
+  }
+  while (!token.empty() && (token.back() == '\r' || token.back() == ' ')) token.pop_back();
+  return token;
+}
+
 bool is_router_command(const std::string& command) {
   return command == "functions" || command == "invoke" || command == "load" ||
          command == "unload" || command == "top";
@@ -263,6 +291,9 @@ int run_router(const std::vector<std::string>& args) {
   auto target = router_target();
   if (!target.ok()) return fail(target.status());
   router::HttpConnection connection(*target);
+  if (std::optional<std::string> token = router_operator_token()) {
+    connection.set_default_headers({{"Authorization", "Bearer " + *token}});
+  }
   const auto timeout = std::chrono::milliseconds(FLAGS_timeout_ms);
   const std::string& command = args[0];
   if (command == "functions" || command == "top") {

@@ -40,10 +40,15 @@ class HiberctlRouterTest : public ::testing::Test {
 
   std::string url() const { return "http://127.0.0.1:" + std::to_string(router_.target().port); }
 
-  // Runs `hiberctl --router=URL ARGS` (ARGS a shell word list), stdout and stderr apart.
+  // Runs `hiberctl --router=URL --router_token_file=<the router's> ARGS` (ARGS a shell word
+  // list), stdout and stderr apart.
   Ran hiberctl(const std::string& args) {
-    const std::string command = str_cat(HIBERCTL_PATH, " --router=", url(), " ", args, " >", dir_,
-                                        "/out 2>", dir_, "/err </dev/null");
+    return hiberctl_as(str_cat("--router_token_file=", dir_, "/operator-token"), args);
+  }
+  // The same with other credential flags instead (e.g. none).
+  Ran hiberctl_as(const std::string& credential, const std::string& args) {
+    const std::string command = str_cat(HIBERCTL_PATH, " --router=", url(), " ", credential, " ",
+                                        args, " >", dir_, "/out 2>", dir_, "/err </dev/null");
     const int status = std::system(command.c_str());
     Ran r;
     r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
@@ -85,6 +90,31 @@ std::vector<std::string> row(const std::string& text, const std::string& prefix)
   return {};
 }
 
+// Without the operator's token hiberctl cannot change the registry, and says why; a program the
+// operator did not allow is refused with the router's reason.
+TEST_F(HiberctlRouterTest, LoadNeedsTheOperatorTokenAndAnAllowedProgram) {
+  Ran r = hiberctl_as("--router_token_file=" + dir_ + "/no-such-token",
+                      "load x --command=" + echo_worker_path());
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("cannot read --router_token_file"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("HTTP 401"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("operator"), std::string::npos) << r.err;
+  std::ofstream(dir_ + "/wrong-token") << "0123456789abcdef\n";
+  r = hiberctl_as("--router_token_file=" + dir_ + "/wrong-token", "unload x");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("HTTP 401"), std::string::npos) << r.err;
+  r = hiberctl_as("--router_token_file=" + dir_ + "/wrong-token", "functions");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("HTTP 401"), std::string::npos) << r.err;
+  EXPECT_EQ(router_.request("GET", "/v2/models/x").status, 404);  // nothing was registered
+
+  r = hiberctl("load x --command=/bin/sh");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("HTTP 403"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--worker_programs"), std::string::npos) << r.err;
+  EXPECT_EQ(router_.request("GET", "/v2/models/x").status, 404);
+}
+
 TEST_F(HiberctlRouterTest, LoadInvokeListTopUnload) {
   const bool shim = !shim_preload().empty();
   // Load from a registration file...
@@ -116,10 +146,10 @@ TEST_F(HiberctlRouterTest, LoadInvokeListTopUnload) {
   EXPECT_EQ(saved["env"], json({{"COLOUR", "blue"}})) << saved;
 
   // A flag not given is not sent: the router's default applies (shim: false), as --help says.
-  r = hiberctl("load plain --command=/bin/cat");
+  r = hiberctl("load plain --command=" + echo_worker_path());
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(registration("plain")["shim"], false);
-  r = hiberctl("load plain --command=/bin/cat --shim");
+  r = hiberctl("load plain --command=" + echo_worker_path() + " --shim");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(registration("plain")["shim"], true);
   ASSERT_EQ(hiberctl("unload plain").exit_code, 0);

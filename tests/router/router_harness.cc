@@ -1,9 +1,11 @@
 #include "tests/router/router_harness.h"
 
 #include <signal.h>
+#include <strings.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -25,6 +27,13 @@ std::string shim_preload() {
   return runtime.empty() ? shim : runtime + " " + shim;
 }
 
+std::string worker_programs_flag(const std::vector<std::string>& extra) {
+  std::string flag = "--worker_programs=" + echo_worker_path() + "," + test_worker_path();
+  if (::access("/usr/bin/python3", X_OK) == 0) flag += ",/usr/bin/python3";
+  for (const std::string& program : extra) flag += "," + program;
+  return flag;
+}
+
 std::string temp_dir(const std::string& prefix) {
   std::string pattern = "/tmp/" + prefix + "-XXXXXX";
   const char* made = ::mkdtemp(pattern.data());
@@ -39,6 +48,11 @@ RouterProcess::RouterProcess(std::string state_dir, std::vector<std::string> fla
   std::vector<std::string> argv = {router_path(), "--listen=127.0.0.1:0",
                                    "--port_file=" + port_file, "--state_dir=" + state_dir,
                                    "--status_interval_ms=100"};
+  if (::geteuid() == 0) argv.push_back("--allow_root");
+  if (std::none_of(flags.begin(), flags.end(),
+                   [](const std::string& f) { return f.rfind("--worker_programs=", 0) == 0; })) {
+    argv.push_back(worker_programs_flag());
+  }
   argv.insert(argv.end(), flags.begin(), flags.end());
   pid_ = spawn(argv, log_path_);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
@@ -47,6 +61,9 @@ RouterProcess::RouterProcess(std::string state_dir, std::vector<std::string> fla
     unsigned port = 0;
     if (in >> port && port > 0) {
       target_ = router::HttpTarget{"127.0.0.1", static_cast<uint16_t>(port)};
+      // Written before the router listens (unless a flag put it elsewhere).
+      std::ifstream token(state_dir + "/operator-token");
+      std::getline(token, operator_token_);
       break;
     }
     int status = 0;
@@ -94,6 +111,19 @@ int RouterProcess::stop(std::chrono::milliseconds timeout) {
 router::HttpResponse RouterProcess::request(const std::string& method, const std::string& path,
                                             std::string body, const router::HttpHeaders& headers,
                                             std::chrono::milliseconds timeout) const {
+  router::HttpHeaders with_token = headers;
+  if (std::none_of(headers.begin(), headers.end(), [](const auto& h) {
+        return strcasecmp(h.first.c_str(), "authorization") == 0;
+      })) {
+    with_token.emplace_back("Authorization", "Bearer " + operator_token_);
+  }
+  return anonymous_request(method, path, std::move(body), with_token, timeout);
+}
+
+router::HttpResponse RouterProcess::anonymous_request(const std::string& method,
+                                                      const std::string& path, std::string body,
+                                                      const router::HttpHeaders& headers,
+                                                      std::chrono::milliseconds timeout) const {
   auto response = router::http_request(target_, method, path, std::move(body), headers, timeout);
   EXPECT_TRUE(response.ok()) << method << " " << path << ": " << response.status();
   return response.ok() ? std::move(*response) : router::HttpResponse{};

@@ -22,11 +22,15 @@ std::string python_worker_path();  // router/python/echo_worker.py
 // LD_PRELOAD for workers registered with shim: true: the sanitizer runtime of this build (if
 // any), then libhibercuda.so.
 std::string shim_preload();
+// --worker_programs= for the router: the echo worker, the test worker, /usr/bin/python3 (the
+// Python SDK's workers), and `extra`.
+std::string worker_programs_flag(const std::vector<std::string>& extra = {});
 
 class RouterProcess {
  public:
   // Starts hiber-router --listen=127.0.0.1:0 with its state in `state_dir` (kept by the caller,
-  // so that a second router can reuse it) and `flags`, and waits until it listens.
+  // so that a second router can reuse it) and `flags`, and waits until it listens. Adds
+  // worker_programs_flag() unless `flags` has a --worker_programs, and --allow_root as root.
   RouterProcess(std::string state_dir, std::vector<std::string> flags);
   // SIGTERM and wait, if still running.
   ~RouterProcess();
@@ -39,10 +43,18 @@ class RouterProcess {
   // SIGTERM, then waits; the exit status as from waitpid (or -1).
   int stop(std::chrono::milliseconds timeout = std::chrono::seconds(20));
 
-  // One request on a fresh connection; fails the test on a transport error.
+  // One request on a fresh connection, as the operator (with the operator token the router
+  // created in its state folder, unless `headers` has an Authorization); fails the test on a
+  // transport error.
   router::HttpResponse request(const std::string& method, const std::string& path,
                                std::string body = {}, const router::HttpHeaders& headers = {},
                                std::chrono::milliseconds timeout = std::chrono::seconds(60)) const;
+  // The same without any credential: what anybody who reaches the port can do.
+  router::HttpResponse anonymous_request(
+      const std::string& method, const std::string& path, std::string body = {},
+      const router::HttpHeaders& headers = {},
+      std::chrono::milliseconds timeout = std::chrono::seconds(60)) const;
+  const std::string& operator_token() const { return operator_token_; }
   router::HttpResponse load(const std::string& function, const nlohmann::json& registration) const;
   router::HttpResponse infer(const std::string& function, std::string body,
                              const std::string& content_type = "application/octet-stream",
@@ -56,6 +68,7 @@ class RouterProcess {
  private:
   pid_t pid_ = -1;
   std::string log_path_;
+  std::string operator_token_;
   router::HttpTarget target_;
 };
 

@@ -25,8 +25,8 @@ TEST(RouterMlp, AnswersMatchTheHostThroughTheRouter) {
   if (!shim::missing_shim().empty()) GTEST_SKIP() << shim::missing_shim();
   Hiberd hiberd(shim::sim_hiberd_options());
   const std::string state = temp_dir("hiber-router-mlp");
-  RouterProcess router(state,
-                       {"--run_dir=" + hiberd.run_dir(), "--shim_preload=" + shim_preload()});
+  RouterProcess router(state, {"--run_dir=" + hiberd.run_dir(), "--shim_preload=" + shim_preload(),
+                               worker_programs_flag({shim::program_path("mlp_server")})});
   const std::vector<MlpFunction> functions = {{"mlp-a", 7, 0}, {"mlp-b", 8, 16}, {"mlp-c", 9, 4}};
   for (const MlpFunction& f : functions) {
     const json registration = {

@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 
 #include <atomic>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <set>
@@ -317,13 +318,25 @@ TEST(Router, AWorkerKilledMidRequestFailsThatRequestOnly) {
 }
 
 TEST(Router, AWorkerThatCannotStartFailsWithItsReason) {
-  Node node;
+  // An allowed program that is gone by the time its worker starts.
+  const std::string dir = temp_dir("hiber-router-vanishing");
+  const std::string vanishing = dir + "/worker";
+  std::filesystem::copy_file(echo_worker_path(), vanishing);
+  std::filesystem::permissions(vanishing, std::filesystem::perms::owner_all);
+  Node node({worker_programs_flag({"/bin/false", vanishing})});
   RouterProcess& router = *node.router;
-  ASSERT_EQ(router.load("x", {{"command", {"/nonexistent/worker"}}}).status, 200);
-  router::HttpResponse r = router.infer("x", "a");
-  EXPECT_EQ(r.status, 503);
+  // A program that does not exist is refused at load time.
+  router::HttpResponse r = router.load("x", {{"command", {"/nonexistent/worker"}}});
+  EXPECT_EQ(r.status, 400);
   EXPECT_NE(r.body.find("/nonexistent/worker"), std::string::npos) << r.body;
+  ASSERT_EQ(router.load("v", {{"command", {vanishing}}}).status, 200);
+  std::filesystem::remove_all(dir);
+  r = router.infer("v", "a");
+  EXPECT_EQ(r.status, 503);
+  EXPECT_NE(r.body.find(vanishing), std::string::npos) << r.body;
   EXPECT_TRUE(r.header("Retry-After").has_value());
+  EXPECT_NE(router.function_status("v")["last_start_error"].get<std::string>().find(vanishing),
+            std::string::npos);
   ASSERT_EQ(router.load("y", {{"command", {"/bin/false"}}}).status, 200);
   r = router.infer("y", "a");
   EXPECT_EQ(r.status, 503);
@@ -538,7 +551,9 @@ TEST(Router, AnswersHelp) {
   for (const char* flag : {"listen", "config", "run_dir", "state_dir", "max_queue", "shim_dir"}) {
     EXPECT_NE(help.output.find(std::string("-") + flag + " "), std::string::npos) << flag;
   }
-  const ProgramResult bad = run_program({router_path(), "--config=/nonexistent.json"});
+  std::vector<std::string> bad_argv = {router_path(), "--config=/nonexistent.json"};
+  if (::geteuid() == 0) bad_argv.push_back("--allow_root");
+  const ProgramResult bad = run_program(bad_argv);
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_NE(bad.output.find("/nonexistent.json"), std::string::npos) << bad.output;
 }
