@@ -8,6 +8,8 @@
 #include <gflags/gflags.h>
 #include <glog/logging.h>
 
+#include "common/build_info.h"
+
 // Defined by gflags itself.
 DECLARE_bool(help);
 DECLARE_bool(helpshort);
@@ -16,6 +18,8 @@ namespace hiber {
 
 void init_program(int* argc, char*** argv, const char* usage, const char* flags_file) {
   gflags::SetUsageMessage(usage);
+  // One project version, printed the same by every program (--version).
+  gflags::SetVersionString(build_version() + " (commit " + build_commit() + ")");
   FLAGS_logtostderr = true;
   gflags::ParseCommandLineNonHelpFlags(argc, argv, /*remove_flags=*/true);
   if (FLAGS_help || FLAGS_helpshort) {

@@ -103,6 +103,7 @@ Status BlockAllocator::do_deallocate(const Allocation& allocation) noexcept {
 
 PoolStats BlockAllocator::stats() const {
   PoolStats stats = counters_;
+  stats.max_block_bytes = max_request_bytes();
   stats.capacity_bytes = budget_bytes_;
   stats.allocated_bytes = live_bytes_;
   stats.requested_bytes = requested_bytes_;

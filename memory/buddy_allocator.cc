@@ -672,6 +672,7 @@ uint64_t BuddyAllocator::largest_free_bytes() const {
 
 PoolStats BuddyAllocator::stats() const {
   PoolStats stats = counters_;
+  stats.max_block_bytes = max_request_bytes();
   stats.capacity_bytes = capacity_pages_ << page_shift_;
   stats.allocated_bytes = allocated_pages_ << page_shift_;
   stats.requested_bytes = requested_bytes_;

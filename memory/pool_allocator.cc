@@ -1,5 +1,6 @@
 #include "memory/pool_allocator.h"
 
+#include <algorithm>
 #include <sstream>
 
 namespace hiber::memory {
@@ -32,8 +33,9 @@ std::string Shortfall::describe() const {
 
 double PoolStats::fragmentation() const {
   const uint64_t all_free = free_bytes + cached_bytes;
-  if (all_free == 0) return 0.0;
-  return 1.0 - static_cast<double>(largest_free_bytes) / static_cast<double>(all_free);
+  const uint64_t whole = max_block_bytes == 0 ? all_free : std::min(all_free, max_block_bytes);
+  if (whole == 0) return 0.0;
+  return std::max(0.0, 1.0 - static_cast<double>(largest_free_bytes) / static_cast<double>(whole));
 }
 
 AllocationResult PoolAllocator::allocate(uint64_t bytes, FunctionId owner,

@@ -99,6 +99,9 @@ struct PoolStats {
   // The largest request sure to fit now without touching caches: the largest free block (the
   // buddy allocator can also join adjacent free blocks: BuddyAllocator::largest_free_run_bytes).
   uint64_t largest_free_bytes = 0;
+  // The largest block the pool makes (the buddy's chunk, the budget of block and naive): no
+  // free block can be larger, however much is free.
+  uint64_t max_block_bytes = 0;
   uint64_t live_allocations = 0;
   // Counters since construction.
   uint64_t allocations = 0;
@@ -113,8 +116,10 @@ struct PoolStats {
 
   // Rounding waste inside live allocations.
   uint64_t internal_waste_bytes() const { return allocated_bytes - requested_bytes; }
-  // 1 - largest free block / all free bytes (caches included): 0 when free memory is one
-  // piece (or there is none), towards 1 when it is dust.
+  // 1 - largest free block / the largest free block there could be: all free bytes (caches
+  // included), but never more than max_block_bytes. 0 when free memory is as whole as the pool
+  // allows (an empty pool, a pool whose free chunks are whole) or there is none; towards 1 as
+  // it turns to dust.
   double fragmentation() const;
 };
 

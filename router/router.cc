@@ -10,6 +10,7 @@
 #include <glog/logging.h>
 #include <nlohmann/json.hpp>
 
+#include "common/build_info.h"
 #include "common/token.h"
 #include "scheduler/cluster_balancer.h"
 #include "wire/schema/control.capnp.h"
@@ -308,7 +309,7 @@ void Router::handle(ApiRequest request, Respond respond) {
                           "application/json",
                           {},
                           json{{"name", "hiber-router"},
-                               {"version", "0.1.0"},
+                               {"version", build_version()},
                                {"extensions", {"repository", "async", "status"}}}
                               .dump()});
     }

@@ -551,6 +551,19 @@ TEST(Router, AnswersHelp) {
   for (const char* flag : {"listen", "config", "run_dir", "state_dir", "max_queue", "shim_dir"}) {
     EXPECT_NE(help.output.find(std::string("-") + flag + " "), std::string::npos) << flag;
   }
+  // One project version, the same in every program's --version and in GET /v2.
+  for (const std::string& program : {router_path(), hiberd_path(), std::string(HIBERCTL_PATH)}) {
+    const ProgramResult version = run_program({program, "--version"});
+    EXPECT_EQ(version.exit_code, 0) << program;
+    EXPECT_NE(version.output.find(std::string(" version ") + HIBER_PROJECT_VERSION + " (commit "),
+              std::string::npos)
+        << program << ": " << version.output;
+  }
+  {
+    Node node;
+    const json v2 = json::parse(node.router->anonymous_request("GET", "/v2").body);
+    EXPECT_EQ(v2["version"], HIBER_PROJECT_VERSION) << v2;
+  }
   std::vector<std::string> bad_argv = {router_path(), "--config=/nonexistent.json"};
   if (::geteuid() == 0) bad_argv.push_back("--allow_root");
   const ProgramResult bad = run_program(bad_argv);

@@ -293,6 +293,41 @@ TEST(BuddyAllocator, CountsAFailureDespiteEnoughFreeBytesAsFragmentation) {
   EXPECT_DOUBLE_EQ(buddy->stats().fragmentation(), 0.75);
 }
 
+// Fragmentation compares the largest free block with the largest there could be: the free
+// bytes, but never more than a chunk (no block is larger). An empty pool of many chunks reads 0
+// (it once read 1 - 1/chunks: "frag 97%" on every idle GPU), so does one whose free chunks are
+// whole; a checkerboard reads high.
+TEST(BuddyAllocator, FragmentationIsZeroForAnEmptyOrWholePoolAndHighForACheckerboard) {
+  auto buddy = make(std::vector<uint64_t>(32, 64 * kMiB), no_sharing());
+  EXPECT_EQ(buddy->stats().max_block_bytes, 64 * kMiB);
+  EXPECT_DOUBLE_EQ(buddy->stats().fragmentation(), 0.0) << "empty";
+  // Half full, in whole chunks: every free chunk is one piece.
+  std::vector<Allocation> half;
+  for (int i = 0; i < 16; ++i) {
+    AllocationResult r = buddy->allocate(64 * kMiB, FunctionId{1});
+    ASSERT_TRUE(r.ok());
+    half.push_back(*r);
+  }
+  EXPECT_EQ(buddy->stats().free_bytes, 16 * 64 * kMiB);
+  EXPECT_DOUBLE_EQ(buddy->stats().fragmentation(), 0.0) << "half full, whole chunks";
+  for (const Allocation& a : half) ASSERT_TRUE(buddy->deallocate(a).ok());
+  EXPECT_DOUBLE_EQ(buddy->stats().fragmentation(), 0.0) << "empty again";
+  // A checkerboard of 2 MiB blocks (the smallest) over every chunk: 2 MiB holes, half the pool
+  // free.
+  std::vector<Allocation> blocks;
+  for (int i = 0; i < 32 * 32; ++i) {
+    AllocationResult r = buddy->allocate(2 * kMiB, FunctionId{2});
+    ASSERT_TRUE(r.ok());
+    blocks.push_back(*r);
+  }
+  for (size_t i = 0; i < blocks.size(); i += 2) ASSERT_TRUE(buddy->deallocate(blocks[i]).ok());
+  const PoolStats board = buddy->stats();
+  EXPECT_EQ(board.free_bytes, 32 * 32 * kMiB);
+  EXPECT_EQ(board.largest_free_bytes, 2 * kMiB);
+  // The largest there could be is one chunk (64 MiB) of the 1 GiB free: 1 - 2/64.
+  EXPECT_DOUBLE_EQ(board.fragmentation(), 1.0 - 2.0 / 64);
+}
+
 TEST(BuddyAllocator, ARequestNoFreeBlockHoldsTakesARunOfAdjacentFreeBlocks) {
   auto buddy = make({64 * kMiB}, no_sharing());
   std::vector<Allocation> blocks = eight_blocks(*buddy);
