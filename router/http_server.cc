@@ -129,6 +129,7 @@ class HttpServer::Session : public std::enable_shared_from_this<Session> {
     const bool keep_alive = message.keep_alive();
     const unsigned version = message.version();
     version_ = version;
+    head_ = message.method() == http::verb::head;
     // The answer holds the session: nothing else does while the handler works.
     handler_(std::move(request), [self = shared_from_this(), keep_alive](ApiResponse response) {
       self->send(std::move(response), !keep_alive, false);
@@ -144,6 +145,18 @@ class HttpServer::Session : public std::enable_shared_from_this<Session> {
     response->body() = std::move(answer.body);
     response->keep_alive(!close_after && !refuse_more);
     response->prepare_payload();
+    if (head_) {
+      // HEAD: the header GET would have had (its Content-Length too), without the body.
+      head_ = false;
+      auto serializer = std::make_shared<http::response_serializer<http::string_body>>(*response);
+      http::async_write_header(
+          socket_, *serializer,
+          [self = shared_from_this(), response, serializer](error_code ec, size_t) {
+            if (ec || !response->keep_alive()) return self->close();
+            self->wait_for_request();
+          });
+      return;
+    }
     http::async_write(socket_, *response,
                       [self = shared_from_this(), response](error_code ec, size_t) {
                         if (ec || !response->keep_alive()) return self->close();
@@ -166,6 +179,7 @@ class HttpServer::Session : public std::enable_shared_from_this<Session> {
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
   bool timed_out_ = false;
+  bool head_ = false;  // the request being answered is a HEAD
   unsigned version_ = 11;
 };
 

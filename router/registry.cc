@@ -67,6 +67,11 @@ json FunctionSpec::to_json() const {
               {"idle_timeout_s", idle_timeout.count()},
               {"exec_ms_hint", exec_ms_hint}};
   out["heavy"] = heavy ? json(*heavy) : json(nullptr);
+  for (const auto& [field, tensors] : {std::pair{"inputs", &inputs}, {"outputs", &outputs}}) {
+    if (tensors->empty()) continue;
+    json& list = out[field] = json::array();
+    for (const TensorSpec& t : *tensors) list.push_back(t.to_json());
+  }
   if (external) {
     out["external"] = true;
   } else {
@@ -83,7 +88,7 @@ Result<FunctionSpec> parse_function_spec(std::string_view name, std::string_view
   static const char* const kKnown[] = {
       "command",      "env",         "shim",          "slo_ms",   "percentile",
       "quota_mib",    "concurrency", "max_instances", "stateful", "idle_timeout_s",
-      "exec_ms_hint", "heavy",       "external"};
+      "exec_ms_hint", "heavy",       "external",      "inputs",   "outputs"};
   for (const auto& [key, value] : body.items()) {
     if (std::find(std::begin(kKnown), std::end(kKnown), key) == std::end(kKnown)) {
       return field_error(key, "unknown field");
@@ -147,6 +152,12 @@ Result<FunctionSpec> parse_function_spec(std::string_view name, std::string_view
   if (auto heavy = body.find("heavy"); heavy != body.end() && !heavy->is_null()) {
     if (!heavy->is_boolean()) return field_error("heavy", "must be true, false or null");
     spec.heavy = heavy->get<bool>();
+  }
+  for (const auto& [field, tensors] :
+       {std::pair{"inputs", &spec.inputs}, {"outputs", &spec.outputs}}) {
+    auto it = body.find(field);
+    if (it == body.end() || it->is_null()) continue;
+    HIBER_ASSIGN_OR_RETURN(*tensors, parse_tensor_specs(*it, field));
   }
   return spec;
 }

@@ -16,6 +16,7 @@
 
 #include "common/status.h"
 #include "router/function_name.h"
+#include "router/inference_request.h"
 #include "wire/control_types.h"
 
 namespace hiber::router {
@@ -37,6 +38,10 @@ struct FunctionSpec {
   std::chrono::seconds idle_timeout{60};
   double exec_ms_hint = 0;
   std::optional<bool> heavy;
+  // The tensors it takes and gives (the model metadata); empty: not declared, and JSON requests
+  // are then checked against the protocol alone.
+  std::vector<TensorSpec> inputs;
+  std::vector<TensorSpec> outputs;
 
   // The registration hiberd gets for it.
   wire::FunctionRegistration registration() const;

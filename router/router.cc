@@ -131,6 +131,8 @@ double percentile(std::vector<double> values, double p) {
 struct Router::Invocation {
   std::string id;          // the router's: worker protocol and asynchronous result id
   std::string request_id;  // X-Request-Id
+  // The JSON request's "id": its answer's "id" (the protocol's), whatever the worker wrote.
+  std::optional<std::string> client_id;
   std::string function;
   std::string content_type;
   std::string body;
@@ -289,12 +291,20 @@ void Router::handle(ApiRequest request, Respond respond) {
     respond(std::move(response));
     return false;
   };
+  // HEAD answers as GET without the body (the HTTP server drops it): for health probes.
+  auto get_or_head = [&]() {
+    if (method == "GET" || method == "HEAD") return true;
+    ApiResponse response = error_response(405, "method not allowed");
+    response.headers.emplace_back("Allow", "GET, HEAD");
+    respond(std::move(response));
+    return false;
+  };
   if (is({"v2", "health", "live"})) {
-    if (only("GET")) respond(ApiResponse{200, "application/json", {}, R"({"live":true})"});
+    if (get_or_head()) respond(ApiResponse{200, "application/json", {}, R"({"live":true})"});
     return;
   }
   if (is({"v2", "health", "ready"})) {
-    if (!only("GET")) return;
+    if (!get_or_head()) return;
     const bool ready =
         std::any_of(nodes_.begin(), nodes_.end(), [](const auto& node) { return node->up(); }) &&
         std::any_of(node_views_.begin(), node_views_.end(),
@@ -310,7 +320,7 @@ void Router::handle(ApiRequest request, Respond respond) {
                           {},
                           json{{"name", "hiber-router"},
                                {"version", build_version()},
-                               {"extensions", {"repository", "async", "status"}}}
+                               {"extensions", {"model_repository", "async", "status"}}}
                               .dump()});
     }
     return;
@@ -353,13 +363,15 @@ void Router::handle(ApiRequest request, Respond respond) {
       return;
     }
     if (rest.size() == 1 && rest[0] == "ready") {
-      if (!only("GET")) return;
-      respond(function != nullptr
-                  ? ApiResponse{200,
-                                "application/json",
-                                {},
-                                json{{"name", name}, {"ready", true}}.dump()}
-                  : error_response(404, "function \"" + name + "\" is not registered"));
+      if (!get_or_head()) return;
+      if (function == nullptr) {
+        return respond(error_response(404, "function \"" + name + "\" is not registered"));
+      }
+      // The protocol's answer: 200 ready, a 4xx not.
+      const std::optional<std::string> why_not = not_ready(*function);
+      json body = {{"name", name}, {"ready", !why_not}};
+      if (why_not) body["error"] = *why_not;
+      respond(ApiResponse{why_not ? 400u : 200u, "application/json", {}, body.dump()});
       return;
     }
     if (rest.size() == 1 && rest[0] == "infer") {
@@ -375,10 +387,26 @@ ApiResponse Router::metadata(const Function& function, bool operator_call) const
   parameters.erase("env");  // may hold secrets
   // The command says what runs as the router's user, and where: the operator's to read.
   if (!operator_call) parameters.erase("command");
+  parameters.erase("inputs");  // served as the metadata's own
+  parameters.erase("outputs");
+  const std::optional<std::string> why_not = not_ready(function);
+  parameters["ready"] = !why_not;
+  if (why_not) parameters["last_start_error"] = *why_not;
+  json inputs = json::array(), outputs = json::array();
+  for (const TensorSpec& t : function.spec.inputs) inputs.push_back(t.to_json());
+  for (const TensorSpec& t : function.spec.outputs) outputs.push_back(t.to_json());
   const json body = {{"name", function.spec.name}, {"versions", json::array({"1"})},
-                     {"platform", "hiber"},        {"inputs", json::array()},
-                     {"outputs", json::array()},   {"parameters", parameters}};
+                     {"platform", "hiber"},        {"inputs", inputs},
+                     {"outputs", outputs},         {"parameters", parameters}};
   return ApiResponse{200, "application/json", {}, body.dump()};
+}
+
+std::optional<std::string> Router::not_ready(const Function& function) const {
+  if (function.start_failures == 0) return std::nullopt;
+  for (const auto& [id, instance] : function.instances) {
+    if (instance.worker->ready()) return std::nullopt;
+  }
+  return function.last_start_error;
 }
 
 ApiResponse Router::repository_index() const {
@@ -400,33 +428,45 @@ void Router::infer(const std::string& name, ApiRequest request, Respond respond)
   if (function == nullptr) {
     return respond(error_response(404, "function \"" + name + "\" is not registered"));
   }
+  // A client's mistake: answered 400 here, counted as rejected, never reaching the worker nor
+  // counting against the function.
+  const auto reject = [&](std::string_view why) {
+    ++function->rejected;
+    metrics_.rejected(name, 400);
+    respond(error_response(400, why));
+  };
   std::string content_type = request.header("content-type");
   if (content_type.empty()) content_type = "application/octet-stream";
+  std::optional<std::string> client_id;
   if (media_type(content_type) == "application/json") {
     const json body = json::parse(request.body, nullptr, /*allow_exceptions=*/false);
-    if (body.is_discarded() || !body.is_object()) {
-      return respond(error_response(400, "the body is not a JSON object (an inference request)"));
-    }
+    if (body.is_discarded()) return reject("the body is not JSON (an inference request)");
+    Result<CheckedInference> checked =
+        check_inference_request(body, function->spec.inputs, function->spec.outputs);
+    if (!checked.ok()) return reject(checked.status().message());
+    client_id = std::move(checked->id);
   }
   std::optional<Clock::time_point> deadline;
   if (const std::string& ms = request.header("x-hiber-deadline-ms"); !ms.empty()) {
     char* end = nullptr;
     const double value = std::strtod(ms.c_str(), &end);
     if (end == ms.c_str() || *end != '\0' || !std::isfinite(value) || value <= 0 || value > 1e9) {
-      return respond(error_response(400, "X-Hiber-Deadline-Ms must be a positive number of ms"));
+      return reject("X-Hiber-Deadline-Ms must be a positive number of ms");
     }
     deadline = Clock::now() + std::chrono::microseconds(static_cast<int64_t>(value * 1000));
   }
   if (function->queue.size() >= options_.max_queue) {
     ++function->rejected;
-    metrics_.invocation(name, 429, 0, std::nullopt, std::nullopt, true);
+    metrics_.rejected(name, 429);
     return respond(retry_later(429, "function \"" + name + "\" has " +
                                         std::to_string(function->queue.size()) +
                                         " requests waiting at the router"));
   }
-  if (std::none_of(nodes_.begin(), nodes_.end(), [](const auto& node) { return node->up(); })) {
+  // A function without the shim uses no GPU: it runs whether or not a node answers.
+  if (function->spec.shim &&
+      std::none_of(nodes_.begin(), nodes_.end(), [](const auto& node) { return node->up(); })) {
     ++function->rejected;
-    metrics_.invocation(name, 503, 0, std::nullopt, std::nullopt, true);
+    metrics_.rejected(name, 503);
     return respond(retry_later(503, "no hiberd node answers"));
   }
   const bool async = request.header("prefer").find("respond-async") != std::string::npos;
@@ -443,6 +483,7 @@ void Router::infer(const std::string& name, ApiRequest request, Respond respond)
   invocation->request_id = request.header("x-request-id");
   if (invocation->request_id.empty()) invocation->request_id = "hiber-" + invocation->id;
   invocation->function = name;
+  invocation->client_id = std::move(client_id);
   invocation->content_type = std::move(content_type);
   invocation->body = std::move(request.body);
   invocation->arrival = Clock::now();
@@ -649,8 +690,9 @@ void Router::maybe_start_worker(Function& function, bool keep_warm) {
     return;
   }
   if (Clock::now() < function.next_start) return;  // backing off; housekeeping retries
-  const size_t node = choose_node_for(function);
+  size_t node = choose_node_for(function);
   const std::string& name = function.spec.name;
+  if (node >= nodes_.size() && !function.spec.shim) node = 0;  // it needs no node
   if (node >= nodes_.size()) {
     fail_queue(function, retry_later(503, "no hiberd node answers"));
     return;
@@ -912,6 +954,13 @@ void Router::on_outcome(const std::shared_ptr<Invocation>& invocation, WorkerOut
   response.status = 200;
   response.content_type = std::move(outcome.content_type);
   response.body = std::move(outcome.body);
+  if (invocation->client_id && media_type(response.content_type) == "application/json") {
+    json answer = json::parse(response.body, nullptr, /*allow_exceptions=*/false);
+    if (answer.is_object()) {
+      answer["id"] = *invocation->client_id;
+      response.body = answer.dump(-1, ' ', false, json::error_handler_t::replace);
+    }
+  }
   finish(invocation, std::move(response), false);
 }
 
@@ -1104,7 +1153,9 @@ void Router::poll_nodes() {
             for (auto& [id, instance] : function->instances) {
               // An attached worker cannot move: it stays, and its requests fail until the node
               // is back.
-              if (instance.node != i || instance.scaled_down || instance.worker->attached()) {
+              // One without the shim never reaches a GPU: it goes on.
+              if (instance.node != i || instance.scaled_down || instance.worker->attached() ||
+                  !function->spec.shim) {
                 continue;
               }
               instance.scaled_down = true;
@@ -1193,8 +1244,9 @@ std::string Router::status_json() const {
                          {"queued", function->queue.size()},
                          {"instances", function->instances.size()},
                          {"busy", busy},
-                         {"p50_ms", percentile(latencies, 0.50)},
-                         {"p99_ms", percentile(latencies, 0.99)},
+                         // null, not 0, before a first successful answer: "-" to readers.
+                         {"p50_ms", latencies.empty() ? json() : json(percentile(latencies, 0.50))},
+                         {"p99_ms", latencies.empty() ? json() : json(percentile(latencies, 0.99))},
                          {"last_start_error", function->last_start_error}});
   }
   json nodes = json::array();

@@ -91,6 +91,8 @@ class Router {
   void unload(const std::string& name, Respond respond);
   // With the operator's credential, the worker's command too.
   ApiResponse metadata(const Function& function, bool operator_call) const;
+  // Why the function cannot serve now (its workers fail to start: the last reason), or none.
+  std::optional<std::string> not_ready(const Function& function) const;
   // Whether the request carries the operator's token (compared in constant time).
   bool from_operator(const ApiRequest& request) const;
   ApiResponse repository_index() const;

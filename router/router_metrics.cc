@@ -95,6 +95,10 @@ void RouterMetrics::invocation(const std::string& function, unsigned status, dou
   shed_.Add({{"function", function}});  // 0 until one is shed, so rates have a series
 }
 
+void RouterMetrics::rejected(const std::string& function, unsigned status) {
+  invocations_.Add({{"function", function}, {"status", std::to_string(status)}}).Increment();
+}
+
 void RouterMetrics::shed(const std::string& function) {
   shed_.Add({{"function", function}}).Increment();
 }
@@ -131,6 +135,18 @@ void RouterMetrics::forget(const std::string& function) {
   }
   for (auto* family : {&duration_, &queue_wait_, &execution_}) {
     if (family->Has(labels)) family->Remove(&family->Add(labels, latency_buckets()));
+  }
+  // One series per status the function answered: found in what the family holds.
+  for (const prometheus::MetricFamily& collected : invocations_.Collect()) {
+    for (const prometheus::ClientMetric& metric : collected.metric) {
+      std::map<std::string, std::string> series;
+      for (const prometheus::ClientMetric::Label& label : metric.label) {
+        series[label.name] = label.value;
+      }
+      if (series.count("function") && series["function"] == function && invocations_.Has(series)) {
+        invocations_.Remove(&invocations_.Add(series));
+      }
+    }
   }
 }
 

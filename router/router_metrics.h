@@ -25,6 +25,9 @@ class RouterMetrics {
   void invocation(const std::string& function, unsigned status, double total_seconds,
                   std::optional<double> queue_wait_seconds, std::optional<double> execution_seconds,
                   bool slo_violated);
+  // An invocation the router refused before it reached a worker (a client's mistake, a full
+  // queue, no node): counted by status, but no time observed and no SLO violation.
+  void rejected(const std::string& function, unsigned status);
   // An invocation hiberd answered "overloaded" (its --shed): counted apart from failures, after
   // its invocation().
   void shed(const std::string& function);
@@ -34,7 +37,8 @@ class RouterMetrics {
   void worker_lost(const std::string& function);
   void set_node_up(const std::string& node, bool up);
   void set_connections(double connections);
-  // Drops a function's series (unloaded).
+  // Drops every series of a function (unloaded): a reload starts them all from zero, as the
+  // router's own counts in /v2/status.
   void forget(const std::string& function);
 
   // The text exposition of every metric.

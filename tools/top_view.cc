@@ -305,6 +305,10 @@ Result<std::string> render_functions(const json& index, const json& status) {
              std::to_string(requests), fixed(number(f, "slo_ms"), 0),
              percent(count(f, "on_time"), requests), fixed(number(f, "p50_ms")),
              fixed(number(f, "p99_ms"))});
+      // Why its worker cannot start, while it cannot.
+      if (const std::string why = text(f, "last_start_error", ""); !why.empty()) {
+        t.add_note("cannot start: " + why);
+      }
     }
     return index.empty() ? std::string("no functions registered\n") : t.render();
   } catch (const json::exception& e) {

@@ -131,6 +131,26 @@ TEST(Router, ControlConnectionsHiberdClosedForIdlenessAreReplaced) {
   EXPECT_EQ(answer.body, "after idling");
 }
 
+// Before its first successful answer a function has no latency: p50 and p99 are null (shown as
+// "-"), not 0 ms.
+TEST(Router, LatenciesAreNullUntilAFunctionHasAnswered) {
+  Node node;
+  RouterProcess& router = *node.router;
+  ASSERT_EQ(router.load("t", test_worker_registration()).status, 200);
+  json status = router.function_status("t");
+  EXPECT_TRUE(status["p50_ms"].is_null()) << status;
+  EXPECT_TRUE(status["p99_ms"].is_null()) << status;
+  // A failure is no latency either.
+  EXPECT_EQ(router.infer("t", "sad", "application/x-test-error").status, 500);
+  status = router.function_status("t");
+  EXPECT_TRUE(status["p50_ms"].is_null()) << status;
+  ASSERT_EQ(router.infer("t", "fine").status, 200);
+  status = router.function_status("t");
+  ASSERT_TRUE(status["p50_ms"].is_number()) << status;
+  EXPECT_GT(status["p50_ms"].get<double>(), 0.0);
+  EXPECT_GE(status["p99_ms"].get<double>(), status["p50_ms"].get<double>());
+}
+
 TEST(Router, PythonWorker) {
   Node node;
   RouterProcess& router = *node.router;
@@ -337,6 +357,22 @@ TEST(Router, AWorkerThatCannotStartFailsWithItsReason) {
   EXPECT_TRUE(r.header("Retry-After").has_value());
   EXPECT_NE(router.function_status("v")["last_start_error"].get<std::string>().find(vanishing),
             std::string::npos);
+  // Not ready while it cannot start (the protocol's 4xx), with the reason: in the readiness
+  // answer, the metadata and hiberctl functions.
+  router::HttpResponse ready = router.anonymous_request("GET", "/v2/models/v/ready");
+  EXPECT_EQ(ready.status, 400) << ready.body;
+  EXPECT_EQ(json::parse(ready.body)["ready"], false) << ready.body;
+  EXPECT_NE(ready.body.find(vanishing), std::string::npos) << ready.body;
+  const json parameters =
+      json::parse(router.anonymous_request("GET", "/v2/models/v").body)["parameters"];
+  EXPECT_EQ(parameters["ready"], false) << parameters;
+  EXPECT_NE(parameters["last_start_error"].get<std::string>().find(vanishing), std::string::npos);
+  const ProgramResult functions =
+      run_program({HIBERCTL_PATH, "--router=" + router.target().url(),
+                   "--router_token_file=" + node.state_dir + "/operator-token", "functions"});
+  EXPECT_EQ(functions.exit_code, 0) << functions.output;
+  EXPECT_NE(functions.output.find("cannot start: "), std::string::npos) << functions.output;
+  EXPECT_NE(functions.output.find(vanishing), std::string::npos) << functions.output;
   ASSERT_EQ(router.load("y", {{"command", {"/bin/false"}}}).status, 200);
   r = router.infer("y", "a");
   EXPECT_EQ(r.status, 503);

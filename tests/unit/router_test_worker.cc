@@ -11,6 +11,9 @@
 //   application/x-test-alloc    allocates <body> MiB of device memory with cuMemAlloc and keeps
 //                               it, so that the function's model has bytes to swap; answers
 //                               "allocated <n> MiB" (an error without the shim preloaded)
+//   application/json; x-test=kserve
+//                               answers a KServe v2 response whose outputs are its inputs (the
+//                               SDK's outputs_response, with the request's id, as functions do)
 //   anything else               echoes the body with its content type
 #include <dlfcn.h>
 #include <unistd.h>
@@ -57,6 +60,12 @@ std::variant<Response, std::string> handle(const Request& request) {
     return Response{"text/plain", std::to_string(::getpid())};
   }
   if (request.content_type == "application/x-test-alloc") return allocate(request.body);
+  if (request.content_type == "application/json; x-test=kserve") {
+    auto inputs = hiber::function::parse_inputs(request.body);
+    if (auto* problem = std::get_if<std::string>(&inputs)) return *problem;
+    return hiber::function::outputs_response(std::get<std::vector<hiber::function::Tensor>>(inputs),
+                                             request.id, "test");
+  }
   if (request.content_type == "application/x-test-barrier") {
     const int needed = std::stoi(request.body);
     std::unique_lock<std::mutex> lock(barrier_mutex);

@@ -21,3 +21,7 @@ hiber_test(router_kserve_tensors_test LABEL unit TIMEOUT 60
 # The router's registry and node addresses.
 hiber_test(router_registry_test LABEL unit TIMEOUT 60
   SOURCES router_registry_test.cc LIBS hiber_router)
+
+# The Open Inference Protocol's tensors: declarations and JSON requests checked against them.
+hiber_test(router_inference_request_test LABEL unit TIMEOUT 60
+  SOURCES router_inference_request_test.cc LIBS hiber_router)
