@@ -4,9 +4,11 @@
 
 #include <pthread.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -114,7 +116,14 @@ void Client::open_locked() {
                             : program_name() + "-" + std::to_string(getpid());
   auto token = client_auth_token(client_auth_token_file(run_dir));
   if (!token.ok()) {
-    open_status_ = token.status().with_context("hibercuda: no auth token");
+    // Without the socket either, hiberd is not running there: the likelier reason, said first.
+    struct stat st {};
+    open_status_ = ::stat(options.socket_path.c_str(), &st) != 0 && errno == ENOENT
+                       ? token.status().with_context(
+                             str_cat("hibercuda: hiberd is not running at ", options.socket_path,
+                                     " (no socket there; HIBER_RUN_DIR or "
+                                     "HIBER_SOCKET name another), and no auth token"))
+                       : token.status().with_context("hibercuda: no auth token");
     LOG(ERROR) << open_status_.message();
     return;
   }

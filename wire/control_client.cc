@@ -51,6 +51,15 @@ Result<UniqueFd> ControlClient::open(const std::string& address,
 Result<ControlClient> ControlClient::connect(const std::string& address, const std::string& token,
                                              std::chrono::milliseconds timeout) {
   std::string presented = token;
+  if (!address.starts_with(kTcp)) {
+    // No socket: hiberd is not running there, which says more than a missing token would.
+    struct stat st {};
+    const std::string socket = unix_path(address);
+    if (::stat(socket.c_str(), &st) != 0 && errno == ENOENT) {
+      return error(ErrorCode::kDeinitialized, "hiberd is not running at ", socket,
+                   " (no socket there): start it, or point --run_dir or --control at it");
+    }
+  }
   if (presented.empty() && !address.starts_with(kTcp)) {
     const std::string file = control_token_path(unix_path(address));
     auto read = read_token_file(file);

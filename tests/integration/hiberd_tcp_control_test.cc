@@ -294,6 +294,22 @@ TEST(HiberdTcpControl, HiberctlReachesANodeOverTcp) {
   EXPECT_NE(no_token.output.find("--control_token_file"), std::string::npos) << no_token.output;
 }
 
+// Where no hiberd runs, hiberctl says where it looked, not that a token file is missing.
+TEST(HiberdTcpControl, HiberctlWithoutAHiberdSaysWhereItLooked) {
+  char dir[] = "/tmp/hiber-no-hiberd-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  const std::string run_dir = dir;
+  for (const char* command : {"status", "ping"}) {
+    auto r = run_program({hiberctl_path(), "--run_dir=" + run_dir, command});
+    EXPECT_NE(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("hiberd is not running at " + run_dir + "/control.sock"),
+              std::string::npos)
+        << r.output;
+    EXPECT_EQ(r.output.find("token"), std::string::npos) << r.output;
+  }
+  ::rmdir(dir);
+}
+
 TEST(HiberdTcpControl, RefusesToStartWithoutAUsableTokenFile) {
   TempDir files;
   auto without = run_program({hiberd_path(), "--device=sim", "--run_dir=" + files.path() + "/run",

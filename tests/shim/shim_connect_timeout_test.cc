@@ -81,6 +81,28 @@ TEST_P(ShimConnectTimeoutTest, RuntimeCallFailsWithNoDevice) {
   expect_one_clear_line(result.output, wedged.path());
 }
 
+// No hiberd at all (no socket) and so no token beside it: the shim says hiberd is not running
+// there, before the missing token.
+TEST(ShimWithoutHiberd, SaysHiberdIsNotRunningWhereItLooked) {
+  if (std::string why = missing_shim(); !why.empty()) GTEST_SKIP() << why;
+  char dir[] = "/tmp/hiber-no-hiberd-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  const std::vector<std::string> env = {
+      "LD_PRELOAD=" + shim_preload(),
+      "LD_LIBRARY_PATH=" + std::filesystem::path(HIBER_DRIVER_STANDIN).parent_path().string(),
+      std::string("HIBER_RUN_DIR=") + dir,
+      "HIBER_AUTH_TOKEN=",
+      "HIBER_AUTH_TOKEN_FILE=",
+      "HIBER_SOCKET=",
+      "HIBER_FUNCTION_ID=lonely"};
+  const auto result = run_program(program_argv({"vector_add", {}}), env, std::chrono::seconds(60));
+  EXPECT_EQ(result.exit_code, 1) << result.output;
+  EXPECT_NE(result.output.find(std::string("hibercuda: hiberd is not running at ") + dir),
+            std::string::npos)
+      << result.output;
+  std::filesystem::remove_all(dir);
+}
+
 INSTANTIATE_TEST_SUITE_P(Wedges, ShimConnectTimeoutTest,
                          ::testing::Values(Wedge::kQueueFull, Wedge::kSilent),
                          [](const ::testing::TestParamInfo<Wedge>& info) {
