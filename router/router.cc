@@ -1060,10 +1060,12 @@ void Router::expire(const std::shared_ptr<Invocation>& invocation) {
   // worker may still be running it: its later calls are the function's background work, and its
   // slot stays taken until it answers); one hiberd still queues is ended once it starts.
   if (invocation->started) release_gpu(*invocation, /*failed=*/true);
+  // Only a request that went to hiberd and was not started yet waited for hiberd: one of a
+  // function without the shim never reaches it.
+  const bool at_hiberd = !invocation->started && it != functions_.end() && it->second->spec.shim;
   answer(*invocation,
-         error_response(504, invocation->started
-                                 ? "the deadline passed while the function ran"
-                                 : "the deadline passed while hiberd queued the request"));
+         error_response(504, at_hiberd ? "the deadline passed while hiberd queued the request"
+                                       : "the deadline passed while the function ran"));
 }
 
 // ---- Workers and nodes ----

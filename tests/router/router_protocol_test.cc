@@ -212,6 +212,19 @@ TEST_F(RouterProtocolTest, UnloadAndReloadResetEveryMetricOfTheFunction) {
   EXPECT_EQ(status["rejected"], 0) << status;
 }
 
+// A deadline that passes while a function without the shim runs is the function's, not hiberd's:
+// such a request never reaches hiberd.
+TEST_F(RouterProtocolTest, ADeadlineOfAFunctionWithoutTheShimDoesNotBlameHiberd) {
+  ASSERT_EQ(router_.load("k", kserve_registration()).status, 200);
+  ASSERT_EQ(router_.infer("k", "warm").status, 200);
+  // A barrier of two that only one request reaches: it runs until its deadline.
+  router::HttpResponse r =
+      router_.infer("k", "2", "application/x-test-barrier", {{"X-Hiber-Deadline-Ms", "300"}});
+  EXPECT_EQ(r.status, 504) << r.body;
+  EXPECT_NE(r.body.find("while the function ran"), std::string::npos) << r.body;
+  EXPECT_EQ(r.body.find("hiberd"), std::string::npos) << r.body;
+}
+
 // A function registered without the shim uses no GPU: hiberd going away neither refuses its
 // requests nor stops its worker, and a new worker of such a function starts without a node.
 TEST_F(RouterProtocolTest, AHiberdOutageDoesNotStopFunctionsWithoutTheShim) {
