@@ -379,21 +379,17 @@ void NodeCore::swap_done(RequestId id, const Status& status, const SwapStats& st
     fail_gpu(gpu, status.with_context("swapping a model in"));
     return;
   }
-  // Only a transfer counts as a swap: a function's first request, whose model is not there yet
-  // (nothing to copy), or a swap that found every block already in place moved nothing.
-  if (stats.bytes > 0) {
-    State::Gpu& g = state_->gpus[index_of(gpu)];
-    ++g.swaps_in;
-    g.swap_in_bytes += stats.bytes;
-    g.swap_in_seconds += static_cast<double>(stats.duration) / 1e9;
-    if (const std::optional<SwapLink> link =
-            swap_link(topology_, r->decision->source, r->decision->source_gpu, gpu.value())) {
-      NodeStatus::LinkSwaps& by_link = state_->swaps_by_link[static_cast<size_t>(*link)];
-      ++by_link.swaps;
-      by_link.bytes += stats.bytes;
-    }
-    state_->swap_seconds.observe(static_cast<double>(stats.duration) / 1e9);
+  State::Gpu& g = state_->gpus[index_of(gpu)];
+  ++g.swaps_in;
+  g.swap_in_bytes += stats.bytes;
+  g.swap_in_seconds += static_cast<double>(stats.duration) / 1e9;
+  if (const std::optional<SwapLink> link =
+          swap_link(topology_, r->decision->source, r->decision->source_gpu, gpu.value())) {
+    NodeStatus::LinkSwaps& by_link = state_->swaps_by_link[static_cast<size_t>(*link)];
+    ++by_link.swaps;
+    by_link.bytes += stats.bytes;
   }
+  state_->swap_seconds.observe(static_cast<double>(stats.duration) / 1e9);
   if (r->decision->source == Source::kPeer && r->release_source) {
     // The copy was a move: the old replica goes (the scheduler may not have dropped it itself:
     // a function whose every block is state keeps one replica, full or not).

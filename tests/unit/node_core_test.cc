@@ -212,30 +212,6 @@ TEST_F(NodeCoreTest, ARequestLoadsFromTheHostRunsAndEndsThenTheNextRunsResident)
   EXPECT_EQ(status.counters.on_time, 2u);
 }
 
-// A swap that moved nothing (a first request, before the function has a model) is no swap:
-// it would add a 0-byte, 0 s host swap to the counters and dilute the mean swap time.
-TEST_F(NodeCoreTest, ASwapThatMovedNoBytesIsNotCounted) {
-  make(plain_topology(1, 16 * kGiB));
-  const FunctionId f = add(1, kGiB);
-  const RequestId r = arrive(f);
-  ASSERT_TRUE(core_->await_start(r, now_).ok());
-  core_->dispatch(now_);
-  ASSERT_EQ(actuator_.starts.size(), 1u);
-  core_->streaming(r, Status(), now_);
-  core_->swap_done(r, Status(), SwapStats{0, 0}, now_);
-  ASSERT_TRUE(core_->done(r, false, now_).ok());
-  core_->released(r, Status(), now_);
-  const NodeStatus status = core_->status(now_);
-  EXPECT_EQ(status.gpus[0].swaps_in, 0u);
-  EXPECT_EQ(status.gpus[0].swap_in_bytes, 0u);
-  for (const NodeStatus::LinkSwaps& by_link : status.swaps_by_link) {
-    EXPECT_EQ(by_link.swaps, 0u);
-    EXPECT_EQ(by_link.bytes, 0u);
-  }
-  EXPECT_EQ(status.swap_seconds.count, 0u);
-  EXPECT_EQ(status.counters.completed, 1u);
-}
-
 TEST_F(NodeCoreTest, BackgroundRequestsAreOneAtATimeAndForgottenWhenReleased) {
   make(plain_topology(1, 16 * kGiB));
   const FunctionId f = add(1, kGiB);
@@ -718,7 +694,7 @@ TEST_F(NodeCoreTest, APeerCopyOfAFunctionWithoutAFixedModelIsAMove) {
   EXPECT_TRUE(s.first_request);
   actuator_.take_log();
   core_->streaming(r, Status(), now_);
-  core_->swap_done(r, Status(), SwapStats{kGiB, kMs}, now_);
+  core_->swap_done(r, Status(), {}, now_);
   EXPECT_EQ(actuator_.take_log(),
             (std::vector<std::string>{str_cat("forget f", f, " g", boot.gpu)}));
   const auto index = core_->scheduler().functions().find(f);
