@@ -7,6 +7,8 @@
 #include <filesystem>
 #include <optional>
 
+#include "common/split.h"
+
 namespace hiber::router {
 namespace {
 
@@ -39,11 +41,8 @@ Result<WorkerPrograms> WorkerPrograms::create(const std::vector<std::string>& pr
 
 Result<WorkerPrograms> WorkerPrograms::parse(std::string_view comma_separated) {
   std::vector<std::string> programs;
-  size_t start = 0;
-  while (start <= comma_separated.size()) {
-    const size_t end = std::min(comma_separated.find(',', start), comma_separated.size());
-    if (end > start) programs.emplace_back(comma_separated.substr(start, end - start));
-    start = end + 1;
+  for (std::string_view program : split_nonempty(comma_separated, ",")) {
+    programs.emplace_back(program);
   }
   return create(programs);
 }

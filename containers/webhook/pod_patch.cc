@@ -5,6 +5,7 @@
 #include <optional>
 #include <string_view>
 
+#include "common/split.h"
 #include "router/function_name.h"
 
 namespace hiber::inject {
@@ -84,14 +85,7 @@ std::vector<std::pair<std::string, std::string>> environment(const InjectConfig&
 
 // LD_PRELOAD's separators are spaces and colons.
 std::vector<std::string_view> split_preload(std::string_view value) {
-  std::vector<std::string_view> parts;
-  size_t start = 0;
-  while (start <= value.size()) {
-    const size_t end = std::min(value.find_first_of(" :", start), value.size());
-    if (end > start) parts.push_back(value.substr(start, end - start));
-    start = end + 1;
-  }
-  return parts;
+  return split_nonempty(value, " :");
 }
 
 // The user's LD_PRELOAD with the shim's libraries in front, unless they are all there already.
