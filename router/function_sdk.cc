@@ -90,31 +90,48 @@ class Connection {
   int write_errno_ = 0;
 };
 
-std::variant<Response, std::string> run_handler(const Handler& handler, const Request& request) {
+// A handler's answer: its Response, its own failure's message, or a client error.
+struct Answer {
+  std::variant<Response, std::string> result;
+  std::optional<unsigned> client_error;  // 400..499 with result holding the message
+};
+
+Answer run_handler(const Handler& handler, const Request& request) {
   try {
-    return handler(request);
+    return {handler(request), std::nullopt};
+  } catch (const ClientError& e) {
+    return {std::string(e.what()), e.status()};
   } catch (const std::exception& e) {
-    return std::string("the handler threw: ") + e.what();
+    return {std::string("the handler threw: ") + e.what(), std::nullopt};
   } catch (...) {
-    return std::string("the handler threw an exception that is not a std::exception");
+    return {std::string("the handler threw an exception that is not a std::exception"),
+            std::nullopt};
   }
 }
 
-std::string result_frame(const std::string& id, std::variant<Response, std::string> answer) {
-  if (auto* response = std::get_if<Response>(&answer)) {
-    if (response->body.size() <= router::kMaxWorkerBodyBytes) {
-      return encode_worker_frame(
-          {{"type", "result"}, {"id", id}, {"ok", true}, {"content_type", response->content_type}},
-          response->body);
+std::string result_frame(const std::string& id, Answer answer) {
+  if (auto* response = std::get_if<Response>(&answer.result)) {
+    if (response->body.size() <= router::kMaxWorkerBodyBytes &&
+        (!response->inference_header_bytes ||
+         *response->inference_header_bytes <= response->body.size())) {
+      json header = {
+          {"type", "result"}, {"id", id}, {"ok", true}, {"content_type", response->content_type}};
+      if (response->inference_header_bytes) {
+        header["inference_header_bytes"] = *response->inference_header_bytes;
+      }
+      return encode_worker_frame(header, response->body);
     }
-    answer = "the answer of " + std::to_string(response->body.size()) +
-             " bytes is larger than the protocol's limit of " +
-             std::to_string(router::kMaxWorkerBodyBytes);
+    answer.result = response->body.size() > router::kMaxWorkerBodyBytes
+                        ? "the answer of " + std::to_string(response->body.size()) +
+                              " bytes is larger than the protocol's limit of " +
+                              std::to_string(router::kMaxWorkerBodyBytes)
+                        : std::string("the answer's inference_header_bytes is past its body");
   }
-  std::string message = std::move(std::get<std::string>(answer));
+  std::string message = std::move(std::get<std::string>(answer.result));
   if (message.size() > kMaxErrorBytes) message.resize(kMaxErrorBytes);
-  return encode_worker_frame({{"type", "result"}, {"id", id}, {"ok", false}, {"error", message}},
-                             {});
+  json header = {{"type", "result"}, {"id", id}, {"ok", false}, {"error", message}};
+  if (answer.client_error) header["status"] = *answer.client_error;
+  return encode_worker_frame(header, {});
 }
 
 void answer(Connection& connection, const Handler& handler, const Request& request) {
@@ -148,6 +165,14 @@ std::variant<Request, std::string> parse_invoke(router::WorkerFrame frame) {
     request.deadline = std::chrono::milliseconds(ms <= 0      ? 0
                                                  : ms >= 1e15 ? static_cast<int64_t>(1e15)
                                                               : static_cast<int64_t>(ms));
+  }
+  const auto header_bytes = header.find("inference_header_bytes");
+  if (header_bytes != header.end() && !header_bytes->is_null()) {
+    if (!header_bytes->is_number_unsigned() || header_bytes->get<uint64_t>() > frame.body.size()) {
+      return "invoke " + request.id +
+             ": inference_header_bytes is not a byte count within the body";
+    }
+    request.inference_header_bytes = header_bytes->get<uint64_t>();
   }
   request.body = std::move(frame.body);
   return request;

@@ -15,16 +15,16 @@ constexpr int64_t kMaxElements = int64_t{1} << 40;
 struct Datatype {
   const char* name;
   enum Kind { kBool, kSigned, kUnsigned, kFloat, kBytes } kind;
-  int bits;  // of an integer
+  int bits;  // of one element in binary form; 0 for BYTES
 };
 
 constexpr Datatype kDatatypes[] = {
-    {"BOOL", Datatype::kBool, 0},        {"UINT8", Datatype::kUnsigned, 8},
+    {"BOOL", Datatype::kBool, 8},        {"UINT8", Datatype::kUnsigned, 8},
     {"UINT16", Datatype::kUnsigned, 16}, {"UINT32", Datatype::kUnsigned, 32},
     {"UINT64", Datatype::kUnsigned, 64}, {"INT8", Datatype::kSigned, 8},
     {"INT16", Datatype::kSigned, 16},    {"INT32", Datatype::kSigned, 32},
-    {"INT64", Datatype::kSigned, 64},    {"FP16", Datatype::kFloat, 0},
-    {"FP32", Datatype::kFloat, 0},       {"FP64", Datatype::kFloat, 0},
+    {"INT64", Datatype::kSigned, 64},    {"FP16", Datatype::kFloat, 16},
+    {"FP32", Datatype::kFloat, 32},      {"FP64", Datatype::kFloat, 64},
     {"BYTES", Datatype::kBytes, 0}};
 
 const Datatype* find_datatype(std::string_view name) {
@@ -121,7 +121,83 @@ Result<std::string> read_name(const json& tensor, std::string_view where) {
 
 std::string shape_text(const std::vector<int64_t>& shape) { return json(shape).dump(); }
 
+// An input's "parameters"."binary_data_size": none when absent.
+Result<std::optional<uint64_t>> binary_data_size(const json& input, std::string_view where) {
+  auto parameters = input.find("parameters");
+  if (parameters == input.end()) return std::optional<uint64_t>();
+  if (!parameters->is_object()) return shape_error(where, "\"parameters\" must be an object");
+  auto size = parameters->find("binary_data_size");
+  if (size == parameters->end()) return std::optional<uint64_t>();
+  if (!size->is_number_integer() || (!size->is_number_unsigned() && size->get<int64_t>() < 0)) {
+    return shape_error(where, "\"binary_data_size\" must be a byte count, got " + size->dump());
+  }
+  return std::optional<uint64_t>(size->get<uint64_t>());
+}
+
+// Checks one input's binary data against its datatype and element count.
+Status check_binary_data(std::string_view bytes, const Datatype& type, int64_t elements,
+                         const std::vector<int64_t>& dims, std::string_view where) {
+  if (type.kind != Datatype::kBytes) {
+    const uint64_t element = static_cast<uint64_t>(type.bits / 8);
+    if (bytes.size() != static_cast<uint64_t>(elements) * element) {
+      return error(ErrorCode::kInvalidValue, where, ": ", bytes.size(),
+                   " bytes of binary data for the shape ", shape_text(dims), " (", elements, " ",
+                   type.name, " elements of ", element, " bytes)");
+    }
+    return Status();
+  }
+  int64_t count = 0;
+  size_t at = 0;
+  while (at < bytes.size()) {
+    if (bytes.size() - at < 4) {
+      return error(ErrorCode::kInvalidValue, where, ": the length of BYTES element ", count,
+                   " is cut off");
+    }
+    uint32_t length = 0;
+    for (int i = 3; i >= 0; --i) length = (length << 8) | static_cast<uint8_t>(bytes[at + i]);
+    at += 4;
+    if (length > bytes.size() - at) {
+      return error(ErrorCode::kInvalidValue, where, ": BYTES element ", count, " needs ", length,
+                   " bytes, ", bytes.size() - at, " are left");
+    }
+    at += length;
+    ++count;
+  }
+  if (count != elements) {
+    return error(ErrorCode::kInvalidValue, where, ": ", count, " BYTES elements for the shape ",
+                 shape_text(dims), " (", elements, " elements)");
+  }
+  return Status();
+}
+
 }  // namespace
+
+std::optional<size_t> binary_element_bytes(std::string_view datatype) {
+  const Datatype* type = find_datatype(datatype);
+  if (type == nullptr || type->kind == Datatype::kBytes) return std::nullopt;
+  return static_cast<size_t>(type->bits / 8);
+}
+
+Result<json> binary_extension_header(std::string_view body, std::string_view header_bytes) {
+  uint64_t length = 0;
+  const bool digits = !header_bytes.empty() && header_bytes.size() <= 19 &&
+                      std::all_of(header_bytes.begin(), header_bytes.end(),
+                                  [](char c) { return c >= '0' && c <= '9'; });
+  if (digits) {
+    for (char c : header_bytes) length = length * 10 + static_cast<uint64_t>(c - '0');
+  }
+  if (!digits || length > body.size()) {
+    return error(ErrorCode::kInvalidValue, "Inference-Header-Content-Length must be the byte ",
+                 "count of the JSON at the start of the body (at most ", body.size(), "), got \"",
+                 header_bytes.substr(0, 40), "\"");
+  }
+  json header = json::parse(body.substr(0, length), nullptr, /*allow_exceptions=*/false);
+  if (!header.is_object()) {
+    return error(ErrorCode::kInvalidValue, "the first ", length,
+                 " bytes of the body (Inference-Header-Content-Length) are not a JSON object");
+  }
+  return header;
+}
 
 json TensorSpec::to_json() const {
   return {{"name", name}, {"datatype", datatype}, {"shape", shape}};
@@ -162,7 +238,8 @@ Result<std::vector<TensorSpec>> parse_tensor_specs(const json& specs, std::strin
 
 Result<CheckedInference> check_inference_request(const json& request,
                                                  const std::vector<TensorSpec>& inputs,
-                                                 const std::vector<TensorSpec>& outputs) {
+                                                 const std::vector<TensorSpec>& outputs,
+                                                 std::optional<std::string_view> binary) {
   const auto bad = [](auto&&... what) {
     return error(ErrorCode::kInvalidValue, std::forward<decltype(what)>(what)...);
   };
@@ -176,7 +253,15 @@ Result<CheckedInference> check_inference_request(const json& request,
   if (given == request.end() || !given->is_array() || given->empty()) {
     return bad("the request needs a non-empty \"inputs\" array");
   }
+  if (auto parameters = request.find("parameters"); parameters != request.end()) {
+    if (!parameters->is_object()) return bad("\"parameters\" must be an object");
+    auto binary_output = parameters->find("binary_data_output");
+    if (binary_output != parameters->end() && !binary_output->is_boolean()) {
+      return bad("\"binary_data_output\" must be true or false");
+    }
+  }
   std::set<std::string> names;
+  uint64_t binary_used = 0;
   for (const json& input : *given) {
     if (!input.is_object()) return bad("each input must be an object");
     HIBER_ASSIGN_OR_RETURN(std::string name, read_name(input, "an input"));
@@ -195,16 +280,33 @@ Result<CheckedInference> check_inference_request(const json& request,
     std::vector<int64_t> dims;
     HIBER_ASSIGN_OR_RETURN(const int64_t elements, read_shape(*shape, 0, where, dims));
     auto data = input.find("data");
-    if (data == input.end()) return bad(where, ": needs \"data\"");
-    std::string wrong;
-    const std::optional<int64_t> values = count_values(*data, *type, wrong);
-    if (!values) {
-      return bad(where, ": ", wrong.size() > 40 ? wrong.substr(0, 40) + "..." : wrong, " is not a ",
-                 type->name, " value");
-    }
-    if (*values != elements) {
-      return bad(where, ": ", *values, " values for the shape ", shape_text(dims), " (", elements,
-                 " elements)");
+    HIBER_ASSIGN_OR_RETURN(const std::optional<uint64_t> binary_size,
+                           binary_data_size(input, where));
+    if (binary_size) {
+      if (!binary) {
+        return bad(where, ": \"binary_data_size\" needs the binary tensor data extension (the ",
+                   "Inference-Header-Content-Length header)");
+      }
+      if (data != input.end()) return bad(where, ": has both \"data\" and \"binary_data_size\"");
+      if (*binary_size > binary->size() - binary_used) {
+        return bad(where, ": \"binary_data_size\" is ", *binary_size, " bytes, and ",
+                   binary->size() - binary_used, " bytes of binary data are left after the JSON");
+      }
+      HIBER_RETURN_IF_ERROR(check_binary_data(binary->substr(binary_used, *binary_size), *type,
+                                              elements, dims, where));
+      binary_used += *binary_size;
+    } else {
+      if (data == input.end()) return bad(where, ": needs \"data\"");
+      std::string wrong;
+      const std::optional<int64_t> values = count_values(*data, *type, wrong);
+      if (!values) {
+        return bad(where, ": ", wrong.size() > 40 ? wrong.substr(0, 40) + "..." : wrong,
+                   " is not a ", type->name, " value");
+      }
+      if (*values != elements) {
+        return bad(where, ": ", *values, " values for the shape ", shape_text(dims), " (", elements,
+                   " elements)");
+      }
     }
     if (inputs.empty()) continue;
     auto declared = std::find_if(inputs.begin(), inputs.end(),
@@ -229,11 +331,24 @@ Result<CheckedInference> check_inference_request(const json& request,
   for (const TensorSpec& t : inputs) {
     if (names.count(t.name) == 0) return bad("the input \"", t.name, "\" is missing");
   }
+  if (binary && binary_used != binary->size()) {
+    return bad(binary->size() - binary_used,
+               " bytes of binary data after the JSON belong to no input (binary_data_size)");
+  }
   if (auto requested = request.find("outputs"); requested != request.end()) {
     if (!requested->is_array()) return bad("\"outputs\" must be an array");
     for (const json& output : *requested) {
       if (!output.is_object()) return bad("each requested output must be an object");
       HIBER_ASSIGN_OR_RETURN(std::string name, read_name(output, "a requested output"));
+      if (auto parameters = output.find("parameters"); parameters != output.end()) {
+        auto binary_data =
+            parameters->is_object() ? parameters->find("binary_data") : parameters->end();
+        if (!parameters->is_object() ||
+            (binary_data != parameters->end() && !binary_data->is_boolean())) {
+          return bad("the output \"", name,
+                     "\": \"parameters\" must be an object and \"binary_data\" true or false");
+        }
+      }
       if (!outputs.empty() && std::none_of(outputs.begin(), outputs.end(),
                                            [&](const TensorSpec& t) { return t.name == name; })) {
         return bad("the output \"", name, "\" is not an output of this function");

@@ -43,6 +43,11 @@ struct CheckedInference {
   std::optional<std::string> id;  // the request's "id", which its answer carries
 };
 
+// The bytes one element of `datatype` takes in the binary tensor data extension (BOOL 1, FP16
+// 2, ...); none for BYTES (each element is a 4-byte little-endian length and its bytes) and for
+// a name that is not a datatype.
+std::optional<size_t> binary_element_bytes(std::string_view datatype);
+
 // Checks a JSON inference request: an object with a non-empty "inputs" array, each input with a
 // unique name, a known datatype, a shape of non-negative dimensions and "data" holding as many
 // values of that datatype as the shape has elements (nested arrays are flattened, as the
@@ -50,8 +55,21 @@ struct CheckedInference {
 // with a name. With declarations, every input must be declared with the same datatype and a
 // shape that matches (same rank; -1 matches any size), every declared input must be given, and
 // every requested output must be declared. kInvalidValue with the reason otherwise.
-Result<CheckedInference> check_inference_request(const nlohmann::json& request,
-                                                 const std::vector<TensorSpec>& inputs,
-                                                 const std::vector<TensorSpec>& outputs);
+//
+// `binary` is the part of the body after the JSON of a request in the binary tensor data
+// extension (KServe's and Triton's `Inference-Header-Content-Length`), none for a plain JSON
+// request. There an input may carry `"parameters": {"binary_data_size": N}` instead of "data":
+// its N bytes follow in the binary part, in the order of the inputs, little-endian, elements of
+// the datatype's size (BYTES: a 4-byte length before each element). The sizes must match the
+// shapes and add up to the binary part exactly.
+Result<CheckedInference> check_inference_request(
+    const nlohmann::json& request, const std::vector<TensorSpec>& inputs,
+    const std::vector<TensorSpec>& outputs, std::optional<std::string_view> binary = std::nullopt);
+
+// The JSON of a request or an answer in the binary tensor data extension: `header_bytes` (the
+// `Inference-Header-Content-Length` header's text) must be a decimal byte count no larger than
+// the body, and those bytes a JSON object. Returns the object; kInvalidValue otherwise.
+Result<nlohmann::json> binary_extension_header(std::string_view body,
+                                               std::string_view header_bytes);
 
 }  // namespace hiber::router

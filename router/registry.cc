@@ -162,15 +162,14 @@ Result<FunctionSpec> parse_function_spec(std::string_view name, std::string_view
   return spec;
 }
 
-Result<Registry> Registry::open(const std::string& state_dir) {
-  Registry registry((fs::path(state_dir) / "functions").string());
+namespace {
+
+// Reads the registrations in `folder` into `out`.
+Status read_folder(const std::string& folder, std::map<std::string, FunctionSpec>& out) {
   std::error_code ec;
-  fs::create_directories(registry.folder_, ec);
-  if (ec) {
-    return error(ErrorCode::kOperatingSystem, "cannot create ", registry.folder_, ": ",
-                 ec.message());
-  }
-  for (const fs::directory_entry& entry : fs::directory_iterator(registry.folder_, ec)) {
+  fs::create_directories(folder, ec);
+  if (ec) return error(ErrorCode::kOperatingSystem, "cannot create ", folder, ": ", ec.message());
+  for (const fs::directory_entry& entry : fs::directory_iterator(folder, ec)) {
     const fs::path& path = entry.path();
     if (path.extension() != ".json") continue;  // a temporary file left by a crash
     std::ifstream in(path);
@@ -179,11 +178,33 @@ Result<Registry> Registry::open(const std::string& state_dir) {
     if (!in) return error(ErrorCode::kOperatingSystem, "cannot read ", path.string());
     Result<FunctionSpec> spec = parse_function_spec(path.stem().string(), text.str());
     if (!spec.ok()) return spec.status().with_context(path.string());
-    registry.functions_[spec->name] = std::move(*spec);
+    out[spec->name] = std::move(*spec);
   }
-  if (ec)
-    return error(ErrorCode::kOperatingSystem, "cannot list ", registry.folder_, ": ", ec.message());
+  if (ec) return error(ErrorCode::kOperatingSystem, "cannot list ", folder, ": ", ec.message());
+  return Status();
+}
+
+}  // namespace
+
+Result<Registry> Registry::open(const std::string& state_dir) {
+  Registry registry((fs::path(state_dir) / "functions").string());
+  HIBER_RETURN_IF_ERROR(read_folder(registry.folder_, registry.functions_));
+  HIBER_RETURN_IF_ERROR(
+      read_folder((fs::path(registry.folder_) / "unloaded").string(), registry.unloaded_));
+  // A crash between a load's rename and its unlink leaves both: the load happened.
+  for (const auto& [name, spec] : registry.functions_) {
+    if (registry.unloaded_.erase(name) > 0) {
+      if (::unlink(registry.unloaded_path_of(name).c_str()) != 0 && errno != ENOENT) {
+        return os_error("unlink " + registry.unloaded_path_of(name));
+      }
+    }
+  }
   return registry;
+}
+
+const FunctionSpec* Registry::find_unloaded(const std::string& name) const {
+  auto it = unloaded_.find(name);
+  return it == unloaded_.end() ? nullptr : &it->second;
 }
 
 const FunctionSpec* Registry::find(const std::string& name) const {
@@ -193,6 +214,10 @@ const FunctionSpec* Registry::find(const std::string& name) const {
 
 std::string Registry::path_of(const std::string& name) const {
   return (fs::path(folder_) / (name + ".json")).string();
+}
+
+std::string Registry::unloaded_path_of(const std::string& name) const {
+  return (fs::path(folder_) / "unloaded" / (name + ".json")).string();
 }
 
 Status Registry::put(FunctionSpec spec) {
@@ -217,16 +242,24 @@ Status Registry::put(FunctionSpec spec) {
     if (::fsync(fd) != 0 || ::close(fd) != 0) return os_error("fsync " + temporary);
   }
   if (::rename(temporary.c_str(), path.c_str()) != 0) return os_error("rename " + path);
+  if (unloaded_.erase(spec.name) > 0 && ::unlink(unloaded_path_of(spec.name).c_str()) != 0 &&
+      errno != ENOENT) {
+    return os_error("unlink " + unloaded_path_of(spec.name));
+  }
   functions_[spec.name] = std::move(spec);
   return Status();
 }
 
-Status Registry::remove(const std::string& name) {
-  if (functions_.count(name) == 0) {
-    return error(ErrorCode::kNotFound, "function \"", name, "\" is not registered");
+Status Registry::unload(const std::string& name) {
+  auto it = functions_.find(name);
+  if (it == functions_.end()) {
+    return error(ErrorCode::kNotFound, "function \"", name, "\" is not loaded");
   }
-  if (::unlink(path_of(name).c_str()) != 0 && errno != ENOENT) return os_error("unlink");
-  functions_.erase(name);
+  if (::rename(path_of(name).c_str(), unloaded_path_of(name).c_str()) != 0) {
+    return os_error("rename " + path_of(name));
+  }
+  unloaded_[name] = std::move(it->second);
+  functions_.erase(it);
   return Status();
 }
 

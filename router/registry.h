@@ -51,26 +51,36 @@ struct FunctionSpec {
 // Parses a registration body. kInvalidValue, naming the field, for anything malformed.
 Result<FunctionSpec> parse_function_spec(std::string_view name, std::string_view json_body);
 
+// A function unloaded through the repository API stays in the repository, not ready, until a
+// load (with or without a body) loads it again: its file moves to <state_dir>/functions/unloaded.
 class Registry {
  public:
-  // Reads every registration under <state_dir>/functions (creating the folders). A file that
-  // cannot be read is an error: the router must not start with part of its registry missing.
+  // Reads every registration under <state_dir>/functions and functions/unloaded (creating the
+  // folders). A file that cannot be read is an error: the router must not start with part of
+  // its registry missing.
   static Result<Registry> open(const std::string& state_dir);
 
   const std::map<std::string, FunctionSpec>& functions() const { return functions_; }
+  const std::map<std::string, FunctionSpec>& unloaded() const { return unloaded_; }
+  // A loaded function's spec, or none.
   const FunctionSpec* find(const std::string& name) const;
+  // An unloaded function's spec, or none.
+  const FunctionSpec* find_unloaded(const std::string& name) const;
 
-  // Writes the file (atomically: a temporary file renamed over it), then keeps the spec.
+  // Writes the file (atomically: a temporary file renamed over it), then keeps the spec as
+  // loaded; an unloaded copy of it is removed.
   Status put(FunctionSpec spec);
-  // kNotFound when `name` is not registered.
-  Status remove(const std::string& name);
+  // Moves a loaded function to the unloaded ones. kNotFound when `name` is not loaded.
+  Status unload(const std::string& name);
 
  private:
   explicit Registry(std::string folder) : folder_(std::move(folder)) {}
   std::string path_of(const std::string& name) const;
+  std::string unloaded_path_of(const std::string& name) const;
 
   std::string folder_;
   std::map<std::string, FunctionSpec> functions_;
+  std::map<std::string, FunctionSpec> unloaded_;
 };
 
 }  // namespace hiber::router

@@ -136,6 +136,8 @@ struct Router::Invocation {
   std::string function;
   std::string content_type;
   std::string body;
+  // A request in the binary tensor data extension: its JSON's length at the body's start.
+  std::optional<uint64_t> inference_header_bytes;
   Clock::time_point arrival;
   std::optional<Clock::time_point> deadline;
   Respond respond;  // empty for an asynchronous invocation
@@ -147,6 +149,8 @@ struct Router::Invocation {
   std::optional<uint64_t> hiberd_request;
   std::optional<wire::Started> started;
   bool shed = false;  // hiberd answered its start "overloaded"
+  // The worker answered that the request was the client's mistake (a 4xx of its choosing).
+  bool client_error = false;
   Clock::time_point dispatched;
   Clock::time_point started_at;
 };
@@ -315,13 +319,14 @@ void Router::handle(ApiRequest request, Respond respond) {
   }
   if (is({"v2"})) {
     if (only("GET")) {
-      respond(ApiResponse{200,
-                          "application/json",
-                          {},
-                          json{{"name", "hiber-router"},
-                               {"version", build_version()},
-                               {"extensions", {"model_repository", "async", "status"}}}
-                              .dump()});
+      respond(ApiResponse{
+          200,
+          "application/json",
+          {},
+          json{{"name", "hiber-router"},
+               {"version", build_version()},
+               {"extensions", {"model_repository", "binary_tensor_data", "async", "status"}}}
+              .dump()});
     }
     return;
   }
@@ -357,16 +362,19 @@ void Router::handle(ApiRequest request, Respond respond) {
     Function* function = find(name);
     if (rest.empty()) {
       if (!only("GET")) return;
-      respond(function != nullptr
-                  ? metadata(*function, operator_call)
-                  : error_response(404, "function \"" + name + "\" is not registered"));
+      respond(function != nullptr ? metadata(*function, operator_call) : unknown_function(name));
       return;
     }
     if (rest.size() == 1 && rest[0] == "ready") {
       if (!get_or_head()) return;
-      if (function == nullptr) {
-        return respond(error_response(404, "function \"" + name + "\" is not registered"));
+      if (function == nullptr && registry_.find_unloaded(name) != nullptr) {
+        return respond(ApiResponse{
+            400,
+            "application/json",
+            {},
+            json{{"name", name}, {"ready", false}, {"error", unloaded_message(name)}}.dump()});
       }
+      if (function == nullptr) return respond(unknown_function(name));
       // The protocol's answer: 200 ready, a 4xx not.
       const std::optional<std::string> why_not = not_ready(*function);
       json body = {{"name", name}, {"ready", !why_not}};
@@ -410,24 +418,41 @@ std::optional<std::string> Router::not_ready(const Function& function) const {
 }
 
 ApiResponse Router::repository_index() const {
-  json index = json::array();
+  std::map<std::string, json> entries;
   for (const auto& [name, function] : functions_) {
-    if (function->unloading) continue;
     bool warm = false;
     for (const auto& [id, instance] : function->instances) warm |= instance.worker->ready();
-    index.push_back({{"name", name},
-                     {"version", "1"},
-                     {"state", warm ? "READY" : "IDLE"},
-                     {"reason", warm ? "" : "scaled to zero: a worker starts on demand"}});
+    const char* state = function->unloading ? "UNLOADING" : warm ? "READY" : "IDLE";
+    const char* reason = function->unloading ? "its workers are stopping"
+                         : warm              ? ""
+                                             : "scaled to zero: a worker starts on demand";
+    entries[name] = {{"name", name}, {"version", "1"}, {"state", state}, {"reason", reason}};
   }
+  for (const auto& [name, spec] : registry_.unloaded()) {
+    if (entries.count(name) > 0) continue;  // unloading: listed above
+    entries[name] = {
+        {"name", name}, {"version", "1"}, {"state", "UNAVAILABLE"}, {"reason", "unloaded"}};
+  }
+  json index = json::array();
+  for (auto& [name, entry] : entries) index.push_back(std::move(entry));
   return ApiResponse{200, "application/json", {}, index.dump()};
+}
+
+std::string Router::unloaded_message(const std::string& name) {
+  return "function \"" + name + "\" is unloaded: POST /v2/repository/models/" + name +
+         "/load loads it again";
+}
+
+ApiResponse Router::unknown_function(const std::string& name) const {
+  // An unloaded function is still in the repository: asking for it is a request it cannot
+  // serve now, not one for a name that does not exist.
+  if (registry_.find_unloaded(name) != nullptr) return error_response(400, unloaded_message(name));
+  return error_response(404, "function \"" + name + "\" is not registered");
 }
 
 void Router::infer(const std::string& name, ApiRequest request, Respond respond) {
   Function* function = find(name);
-  if (function == nullptr) {
-    return respond(error_response(404, "function \"" + name + "\" is not registered"));
-  }
+  if (function == nullptr) return respond(unknown_function(name));
   // A client's mistake: answered 400 here, counted as rejected, never reaching the worker nor
   // counting against the function.
   const auto reject = [&](std::string_view why) {
@@ -438,13 +463,35 @@ void Router::infer(const std::string& name, ApiRequest request, Respond respond)
   std::string content_type = request.header("content-type");
   if (content_type.empty()) content_type = "application/octet-stream";
   std::optional<std::string> client_id;
-  if (media_type(content_type) == "application/json") {
+  std::optional<uint64_t> inference_header_bytes;
+  if (const std::string header_bytes = request.header("inference-header-content-length");
+      !header_bytes.empty()) {
+    // The binary tensor data extension: the body's first header_bytes are the JSON request,
+    // the tensors' bytes follow.
+    Result<json> header = binary_extension_header(request.body, header_bytes);
+    if (!header.ok()) return reject(header.status().message());
+    const uint64_t length = std::strtoull(header_bytes.c_str(), nullptr, 10);
+    Result<CheckedInference> checked =
+        check_inference_request(*header, function->spec.inputs, function->spec.outputs,
+                                std::string_view(request.body).substr(length));
+    if (!checked.ok()) return reject(checked.status().message());
+    client_id = std::move(checked->id);
+    inference_header_bytes = length;
+  } else if (media_type(content_type) == "application/json") {
     const json body = json::parse(request.body, nullptr, /*allow_exceptions=*/false);
     if (body.is_discarded()) return reject("the body is not JSON (an inference request)");
     Result<CheckedInference> checked =
         check_inference_request(body, function->spec.inputs, function->spec.outputs);
     if (!checked.ok()) return reject(checked.status().message());
     client_id = std::move(checked->id);
+  } else if (!function->spec.inputs.empty() &&
+             media_type(content_type) != "application/octet-stream") {
+    // A function that declares its tensors takes inference requests; raw bodies of the
+    // caller's own type go only to functions that declare none.
+    return reject("this function declares its inputs: send an inference request " +
+                  std::string("(Content-Type: application/json, or the binary tensor data ") +
+                  "extension with Inference-Header-Content-Length), not " +
+                  media_type(content_type));
   }
   std::optional<Clock::time_point> deadline;
   if (const std::string& ms = request.header("x-hiber-deadline-ms"); !ms.empty()) {
@@ -486,6 +533,7 @@ void Router::infer(const std::string& name, ApiRequest request, Respond respond)
   invocation->client_id = std::move(client_id);
   invocation->content_type = std::move(content_type);
   invocation->body = std::move(request.body);
+  invocation->inference_header_bytes = inference_header_bytes;
   invocation->arrival = Clock::now();
   invocation->deadline = deadline;
   if (async) {
@@ -528,9 +576,23 @@ void Router::async_result(const std::string& id, Respond respond) {
 // ---- Registration ----
 
 void Router::load(const std::string& name, const ApiRequest& request, Respond respond) {
-  Result<FunctionSpec> parsed = parse_function_spec(name, request.body);
-  if (!parsed.ok()) return respond(error_response(400, parsed.status().message()));
-  FunctionSpec spec = std::move(*parsed);
+  FunctionSpec spec;
+  if (std::all_of(request.body.begin(), request.body.end(),
+                  [](char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; })) {
+    // No body: the repository's registration, loaded again (the protocol's load of a model
+    // the repository holds).
+    const FunctionSpec* known = registry_.find(name);
+    if (known == nullptr) known = registry_.find_unloaded(name);
+    if (known == nullptr) {
+      return respond(error_response(
+          404, "function \"" + name + "\" is not in the repository: send its registration"));
+    }
+    spec = *known;
+  } else {
+    Result<FunctionSpec> parsed = parse_function_spec(name, request.body);
+    if (!parsed.ok()) return respond(error_response(400, parsed.status().message()));
+    spec = std::move(*parsed);
+  }
   if (!spec.external) {
     // Only a program the operator listed runs; one that does not exist is refused now, not at
     // the first request.
@@ -604,11 +666,15 @@ void Router::load(const std::string& name, const ApiRequest& request, Respond re
 
 void Router::unload(const std::string& name, Respond respond) {
   Function* function = find(name);
+  if (function == nullptr && registry_.find_unloaded(name) != nullptr) {
+    // Already unloaded (or on its way): nothing changes.
+    return respond(ApiResponse{200, "application/json", {}, json{{"name", name}}.dump()});
+  }
   if (function == nullptr) {
     return respond(error_response(404, "function \"" + name + "\" is not registered"));
   }
-  if (Status removed = registry_.remove(name); !removed.ok()) {
-    return respond(error_response(500, "cannot remove the registration: " + removed.message()));
+  if (Status moved = registry_.unload(name); !moved.ok()) {
+    return respond(error_response(500, "cannot unload the registration: " + moved.message()));
   }
   function->unloading = true;
   fail_queue(*function, error_response(503, "function \"" + name + "\" was unloaded"));
@@ -939,14 +1005,20 @@ void Router::invoke_worker(const std::shared_ptr<Invocation>& invocation) {
     left = std::chrono::ceil<std::chrono::milliseconds>(*invocation->deadline - Clock::now());
   }
   instance->worker->invoke(
-      invocation->id, invocation->request_id, invocation->content_type, std::move(invocation->body),
-      left, [this, invocation, alive = std::weak_ptr<bool>(alive_)](WorkerOutcome outcome) {
+      WorkerRequest{invocation->id, invocation->request_id, invocation->content_type,
+                    std::move(invocation->body), left, invocation->inference_header_bytes},
+      [this, invocation, alive = std::weak_ptr<bool>(alive_)](WorkerOutcome outcome) {
         if (alive.expired()) return;
         on_outcome(invocation, std::move(outcome));
       });
 }
 
 void Router::on_outcome(const std::shared_ptr<Invocation>& invocation, WorkerOutcome outcome) {
+  if (!outcome.ok && outcome.client_error) {
+    // The function's handler found the request wrong: the client's mistake, not a failure.
+    invocation->client_error = true;
+    return finish(invocation, error_response(*outcome.client_error, outcome.error), false);
+  }
   if (!outcome.ok) {
     return finish(invocation, error_response(500, outcome.error), true);
   }
@@ -954,7 +1026,21 @@ void Router::on_outcome(const std::shared_ptr<Invocation>& invocation, WorkerOut
   response.status = 200;
   response.content_type = std::move(outcome.content_type);
   response.body = std::move(outcome.body);
-  if (invocation->client_id && media_type(response.content_type) == "application/json") {
+  if (outcome.inference_header_bytes) {
+    // The answer's JSON comes first; the header tells the client where its tensors start.
+    uint64_t header_bytes = *outcome.inference_header_bytes;
+    if (invocation->client_id) {
+      json answer = json::parse(std::string_view(response.body).substr(0, header_bytes), nullptr,
+                                /*allow_exceptions=*/false);
+      if (answer.is_object()) {
+        answer["id"] = *invocation->client_id;
+        std::string text = answer.dump(-1, ' ', false, json::error_handler_t::replace);
+        response.body.replace(0, header_bytes, text);
+        header_bytes = text.size();
+      }
+    }
+    response.headers.emplace_back("Inference-Header-Content-Length", std::to_string(header_bytes));
+  } else if (invocation->client_id && media_type(response.content_type) == "application/json") {
     json answer = json::parse(response.body, nullptr, /*allow_exceptions=*/false);
     if (answer.is_object()) {
       answer["id"] = *invocation->client_id;
@@ -1021,18 +1107,25 @@ void Router::answer(Invocation& invocation, ApiResponse response) {
   bool violated = true;
   if (it != functions_.end()) {
     Function& function = *it->second;
-    violated = response.status != 200 || total * 1e3 > function.spec.slo_ms;
-    ++function.requests;
-    if (response.status == 200) {
-      ++function.ok;
-      function.latencies_ms.push_back(total * 1e3);
-      if (function.latencies_ms.size() > kLatencyWindow) function.latencies_ms.pop_front();
-    } else if (invocation.shed) {
-      ++function.shed;
+    if (invocation.client_error) {
+      // A request its function found wrong is the client's, like one the router refused: not
+      // one of the function's requests, and no SLO violation.
+      violated = false;
+      ++function.rejected;
     } else {
-      ++function.failed;
+      violated = response.status != 200 || total * 1e3 > function.spec.slo_ms;
+      ++function.requests;
+      if (response.status == 200) {
+        ++function.ok;
+        function.latencies_ms.push_back(total * 1e3);
+        if (function.latencies_ms.size() > kLatencyWindow) function.latencies_ms.pop_front();
+      } else if (invocation.shed) {
+        ++function.shed;
+      } else {
+        ++function.failed;
+      }
+      if (!violated) ++function.on_time;
     }
-    if (!violated) ++function.on_time;
   }
   metrics_.invocation(invocation.function, response.status, total, queue_wait, execution, violated);
   if (invocation.shed) metrics_.shed(invocation.function);

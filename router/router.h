@@ -36,7 +36,7 @@
 namespace hiber::router {
 
 struct RouterOptions {
-  std::string state_dir;          // the registry, worker sockets and worker logs
+  std::string state_dir;  // the registry, worker sockets and worker logs
   // The operator's credential: the repository API (load, unload, index) and everything that
   // shows a worker's command need `Authorization: Bearer <operator_token>`. Never empty.
   std::string operator_token;
@@ -96,6 +96,10 @@ class Router {
   // Whether the request carries the operator's token (compared in constant time).
   bool from_operator(const ApiRequest& request) const;
   ApiResponse repository_index() const;
+  // The answer for a name with no loaded function: 400 when it is unloaded (still in the
+  // repository), 404 when it was never registered.
+  ApiResponse unknown_function(const std::string& name) const;
+  static std::string unloaded_message(const std::string& name);
   void async_result(const std::string& id, Respond respond);
 
   // Invocations.

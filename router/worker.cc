@@ -214,10 +214,25 @@ void Worker::on_frame(WorkerFrame frame) {
   if (outcome.ok) {
     outcome.content_type = header.value("content_type", "application/octet-stream");
     outcome.body = std::move(frame.body);
+    auto header_bytes = header.find("inference_header_bytes");
+    if (header_bytes != header.end()) {
+      if (!header_bytes->is_number_unsigned() ||
+          header_bytes->get<uint64_t>() > outcome.body.size()) {
+        return lose_connection("protocol error: inference_header_bytes is not a byte count " +
+                               std::string("within the answer"));
+      }
+      outcome.inference_header_bytes = header_bytes->get<uint64_t>();
+    }
   } else {
     auto why = header.find("error");
     outcome.error =
         why != header.end() && why->is_string() ? why->get<std::string>() : "the function failed";
+    // Only a 4xx is the worker's to choose: anything else is its own failure.
+    auto status = header.find("status");
+    if (status != header.end() && status->is_number_unsigned() && status->get<uint64_t>() >= 400 &&
+        status->get<uint64_t>() < 500) {
+      outcome.client_error = static_cast<unsigned>(status->get<uint64_t>());
+    }
   }
   ResultHandler done = std::move(it->second);
   pending_.erase(it);
@@ -225,14 +240,17 @@ void Worker::on_frame(WorkerFrame frame) {
   done(std::move(outcome));
 }
 
-void Worker::invoke(const std::string& id, const std::string& request_id,
-                    const std::string& content_type, std::string body,
-                    std::optional<std::chrono::milliseconds> deadline, ResultHandler done) {
-  json header = {
-      {"type", "invoke"}, {"id", id}, {"request_id", request_id}, {"content_type", content_type}};
-  if (deadline) header["deadline_ms"] = deadline->count();
-  pending_.emplace(id, std::move(done));
-  write(encode_worker_frame(header, body));
+void Worker::invoke(WorkerRequest request, ResultHandler done) {
+  json header = {{"type", "invoke"},
+                 {"id", request.id},
+                 {"request_id", request.request_id},
+                 {"content_type", request.content_type}};
+  if (request.deadline) header["deadline_ms"] = request.deadline->count();
+  if (request.inference_header_bytes) {
+    header["inference_header_bytes"] = *request.inference_header_bytes;
+  }
+  pending_.emplace(request.id, std::move(done));
+  write(encode_worker_frame(header, request.body));
 }
 
 void Worker::write(std::string frame) {

@@ -35,11 +35,27 @@
 
 namespace hiber::router {
 
+// One request as a worker receives it (docs/router.md, "Worker protocol").
+struct WorkerRequest {
+  std::string id;          // names the invoke on the connection
+  std::string request_id;  // the client's X-Request-Id
+  std::string content_type;
+  std::string body;
+  std::optional<std::chrono::milliseconds> deadline;
+  // A request in the binary tensor data extension: the body's first bytes are its JSON.
+  std::optional<uint64_t> inference_header_bytes;
+};
+
 struct WorkerOutcome {
   bool ok = false;
   std::string content_type;
-  std::string body;          // the answer when ok
-  std::string error;         // why not, when !ok
+  std::string body;  // the answer when ok
+  // An answer in the binary tensor data extension: the body's first bytes are its JSON.
+  std::optional<uint64_t> inference_header_bytes;
+  std::string error;  // why not, when !ok
+  // When !ok: 400..499 when the handler said the request was the client's mistake (the router
+  // answers it so), none for the function's own failure (500).
+  std::optional<unsigned> client_error;
   bool worker_lost = false;  // the worker died or broke the protocol mid-request
 };
 
@@ -86,10 +102,7 @@ class Worker {
   const std::string& end_reason() const { return end_reason_; }
 
   // REQUIRES: ready(). `done` runs once, with the answer or the failure.
-  // `id` names the invoke on the connection; `request_id` is the client's X-Request-Id.
-  void invoke(const std::string& id, const std::string& request_id, const std::string& content_type,
-              std::string body, std::optional<std::chrono::milliseconds> deadline,
-              ResultHandler done);
+  void invoke(WorkerRequest request, ResultHandler done);
 
   // Scales it down: closes the connection (the SDK's worker then returns), then SIGTERM, then
   // SIGKILL after the stop timeout. An attached worker's connection is closed for good after

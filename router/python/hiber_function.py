@@ -17,7 +17,11 @@ A handler gets a Request and returns the answer:
     dict or list                       application/json (json.dumps)
     Response(body, content_type)       as given
     Error(message)                     an error: hiber-router answers 500 with the message
-An exception the handler raises is an error with its message too; the worker keeps serving.
+    ClientError(message, status=400)   the client's mistake: hiber-router answers status
+                                       (400..499) with the message, counted as rejected
+An exception the handler raises is an error with its message too (a ClientError raised is the
+client's mistake); the worker keeps serving. A request in the binary tensor data extension has
+inference_header_bytes set: its body's first bytes are the JSON (request.json() reads them).
 """
 
 import json
@@ -29,7 +33,7 @@ import threading
 import time
 from collections import deque
 
-__all__ = ["Request", "Response", "Error", "serve", "encode_frame", "read_frame",
+__all__ = ["Request", "Response", "Error", "ClientError", "serve", "encode_frame", "read_frame",
            "ProtocolError", "MAX_HEADER_BYTES", "MAX_BODY_BYTES"]
 
 PROTOCOL = 1
@@ -54,19 +58,30 @@ class ProtocolError(Exception):
 
 
 class Request:
-    """One invocation: id, content_type, body (bytes) and deadline_ms (ms left, or None)."""
+    """One invocation: id, content_type, body (bytes), deadline_ms (ms left, or None) and
+    inference_header_bytes (the JSON's length in a binary tensor data request, or None)."""
 
-    __slots__ = ("id", "content_type", "body", "deadline_ms")
+    __slots__ = ("id", "content_type", "body", "deadline_ms", "inference_header_bytes")
 
-    def __init__(self, id, content_type, body, deadline_ms=None):
+    def __init__(self, id, content_type, body, deadline_ms=None, inference_header_bytes=None):
         self.id = id
         self.content_type = content_type
         self.body = body
         self.deadline_ms = deadline_ms
+        self.inference_header_bytes = inference_header_bytes
 
     def json(self):
-        """The body parsed as JSON (a KServe v2 request when content_type is application/json)."""
+        """The body parsed as JSON (a KServe v2 request when content_type is application/json);
+        of a binary tensor data request, its JSON part."""
+        if self.inference_header_bytes is not None:
+            return json.loads(self.body[:self.inference_header_bytes])
         return json.loads(self.body)
+
+    def binary_data(self):
+        """The bytes after the JSON of a binary tensor data request (b"" otherwise)."""
+        if self.inference_header_bytes is None:
+            return b""
+        return self.body[self.inference_header_bytes:]
 
     def text(self):
         return self.body.decode("utf-8")
@@ -77,13 +92,17 @@ class Request:
 
 
 class Response:
-    """An answer with an explicit content type; a str body is sent as UTF-8."""
+    """An answer with an explicit content type; a str body is sent as UTF-8. With
+    inference_header_bytes, an answer in the binary tensor data extension: the body's first
+    bytes are its JSON (hiber-router sends the Inference-Header-Content-Length header)."""
 
-    __slots__ = ("body", "content_type")
+    __slots__ = ("body", "content_type", "inference_header_bytes")
 
-    def __init__(self, body, content_type="application/octet-stream"):
+    def __init__(self, body, content_type="application/octet-stream",
+                 inference_header_bytes=None):
         self.body = body
         self.content_type = content_type
+        self.inference_header_bytes = inference_header_bytes
 
 
 class Error:
@@ -93,6 +112,16 @@ class Error:
 
     def __init__(self, message):
         self.message = str(message)
+
+
+class ClientError(Exception):
+    """The request is the client's mistake: hiber-router answers status (400..499) with the
+    message and counts it as rejected, not as the function's failure. Return it or raise it."""
+
+    def __init__(self, message, status=400):
+        super().__init__(str(message))
+        self.message = str(message)
+        self.status = status if isinstance(status, int) and 400 <= status < 500 else 400
 
 
 def encode_frame(header, body=b""):
@@ -147,19 +176,31 @@ def _parse_invoke(header, body):
     if deadline_ms is not None and (isinstance(deadline_ms, bool)
                                     or not isinstance(deadline_ms, (int, float))):
         raise ProtocolError("invoke %s: deadline_ms is not a number" % request_id)
-    return Request(request_id, content_type, body, deadline_ms)
+    header_bytes = header.get("inference_header_bytes")
+    if header_bytes is not None and (isinstance(header_bytes, bool)
+                                     or not isinstance(header_bytes, int)
+                                     or not 0 <= header_bytes <= len(body)):
+        raise ProtocolError("invoke %s: inference_header_bytes is not a byte count within the "
+                            "body" % request_id)
+    return Request(request_id, content_type, body, deadline_ms, header_bytes)
 
 
-def _error_frame(request_id, message):
-    return encode_frame({"type": "result", "id": request_id, "ok": False,
-                         "error": message[:_MAX_ERROR_CHARS]})
+def _error_frame(request_id, message, status=None):
+    header = {"type": "result", "id": request_id, "ok": False, "error": message[:_MAX_ERROR_CHARS]}
+    if status is not None:
+        header["status"] = status
+    return encode_frame(header)
 
 
 def _result_frame(request_id, answer):
     if isinstance(answer, Error):
         return _error_frame(request_id, answer.message)
+    if isinstance(answer, ClientError):
+        return _error_frame(request_id, answer.message, answer.status)
+    header_bytes = None
     if isinstance(answer, Response):
         content_type, body = answer.content_type, answer.body
+        header_bytes = answer.inference_header_bytes
     elif isinstance(answer, (bytes, bytearray, memoryview)):
         content_type, body = "application/octet-stream", answer
     elif isinstance(answer, str):
@@ -168,15 +209,21 @@ def _result_frame(request_id, answer):
         content_type, body = "application/json", json.dumps(answer, separators=(",", ":"))
     else:
         return _error_frame(request_id, "the handler returned a %s, not bytes, str, dict, list, "
-                            "Response or Error" % type(answer).__name__)
+                            "Response, Error or ClientError" % type(answer).__name__)
     if isinstance(body, str):
         body = body.encode("utf-8")
     body = bytes(body)
     if len(body) > MAX_BODY_BYTES:
         return _error_frame(request_id, "the answer of %d bytes is larger than the protocol's "
                             "limit of %d" % (len(body), MAX_BODY_BYTES))
-    return encode_frame({"type": "result", "id": request_id, "ok": True,
-                         "content_type": str(content_type)}, body)
+    header = {"type": "result", "id": request_id, "ok": True, "content_type": str(content_type)}
+    if header_bytes is not None:
+        if isinstance(header_bytes, bool) or not isinstance(header_bytes, int) \
+                or not 0 <= header_bytes <= len(body):
+            return _error_frame(request_id, "the answer's inference_header_bytes is not a byte "
+                                "count within its body")
+        header["inference_header_bytes"] = header_bytes
+    return encode_frame(header, body)
 
 
 class _Connection:
@@ -205,6 +252,8 @@ class _Connection:
 def _answer(connection, handler, request):
     try:
         answer = handler(request)
+    except ClientError as e:
+        answer = e
     except Exception as e:  # noqa: BLE001 - any handler failure is the request's error
         answer = Error("the handler raised %s: %s" % (type(e).__name__, e))
     connection.send(_result_frame(request.id, answer))

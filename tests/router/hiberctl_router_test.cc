@@ -239,20 +239,27 @@ TEST_F(HiberctlRouterTest, LoadInvokeListTopUnload) {
     EXPECT_NE(r.out.find("resident: echo"), std::string::npos) << r.out;
   }
 
-  // unload: gone from the registry; invoking it is the router's 404, its message relayed.
+  // unload: the function stays in the repository, unavailable; invoking it is the router's
+  // 400, and a name never registered its 404, each message relayed.
   r = hiberctl("unload tw");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.out, "unloaded 'tw'\n");
   const json index = json::parse(router_.request("GET", "/v2/repository/index").body);
-  ASSERT_EQ(index.size(), 1u) << index;
+  // "plain" was unloaded above: both stay listed, unavailable.
+  ASSERT_EQ(index.size(), 3u) << index;
   EXPECT_EQ(index[0]["name"], "echo");
-  r = hiberctl("unload tw");
+  EXPECT_EQ(index[0]["state"], "READY") << index;
+  EXPECT_EQ(index[2]["name"], "tw");
+  EXPECT_NE(index[2]["state"], "READY") << index;
+  r = hiberctl("unload tw");  // already unloaded: nothing changes
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  r = hiberctl("unload nope");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("HTTP 404"), std::string::npos) << r.err;
 
-  for (const std::string name : {"tw", "nope"}) {
+  for (const auto& [name, status] : {std::pair<std::string, int>{"tw", 400}, {"nope", 404}}) {
     router::HttpResponse direct = router_.infer(name, "x");
-    ASSERT_EQ(direct.status, 404);
+    ASSERT_EQ(direct.status, status) << direct.body;
     const json message = json::parse(direct.body, nullptr, false);
     const std::string expected = message.is_object() && message.contains("error")
                                      ? message["error"].get<std::string>()
@@ -261,7 +268,7 @@ TEST_F(HiberctlRouterTest, LoadInvokeListTopUnload) {
     r = hiberctl("invoke " + name + " --data=x");
     EXPECT_NE(r.exit_code, 0);
     EXPECT_TRUE(r.out.empty()) << r.out;
-    EXPECT_NE(r.err.find("HTTP 404"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("HTTP " + std::to_string(status)), std::string::npos) << r.err;
     EXPECT_NE(r.err.find(expected), std::string::npos) << r.err << " lacks " << expected;
   }
 }

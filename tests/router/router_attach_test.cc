@@ -364,7 +364,7 @@ TEST(AttachedWorkers, ADyingWorkerFailsItsRequestAndTheNextWaitsForAnother) {
            router.log().find("refused: unknown function \"t\"") != std::string::npos;
   })) << worker->log()
       << router.log();
-  EXPECT_EQ(router.infer("t", "gone").status, 404);
+  EXPECT_EQ(router.infer("t", "gone").status, 400);  // unloaded: in the repository, not ready
 }
 
 }  // namespace

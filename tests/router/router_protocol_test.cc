@@ -1,12 +1,14 @@
 // The Open Inference Protocol v2 (KServe's predict_v2) against a real hiber-router in front of
 // a real hiberd, over HTTP: server metadata and its extensions, HEAD on the health endpoints,
 // model metadata with declared tensors, a client's mistakes answered 400 and counted as
-// rejected (never reaching the worker, never the function's failure), and the answer's id
-// being the client's.
+// rejected (never reaching the worker, never the function's failure), the answer's id
+// being the client's, the binary tensor data extension, and a handler's own 4xx.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
+
+#include <cstring>
 
 #include <gtest/gtest.h>
 
@@ -29,6 +31,9 @@ json kserve_registration() {
           {"outputs", json::parse(R"([{"name": "x", "datatype": "FP32", "shape": [-1, 2]}])")}};
 }
 constexpr const char* kKserve = "application/json; x-test=kserve";
+
+// The test worker without declarations: it takes raw bodies of any content type.
+json raw_registration() { return {{"command", {test_worker_path()}}, {"slo_ms", 5000}}; }
 
 json good_request() {
   return {{"id", "client-request-42"},
@@ -182,6 +187,107 @@ TEST_F(RouterProtocolTest, TheAnswersIdIsTheClients) {
   EXPECT_EQ(json::parse(r.body)["id"], "client-request-43");
 }
 
+// Little-endian bytes of floats, written here for the test's own reference.
+std::string float_bytes(const std::vector<float>& values) {
+  std::string out(values.size() * 4, '\0');
+  std::memcpy(out.data(), values.data(), out.size());  // x86 and Arm servers are little-endian
+  return out;
+}
+
+// The binary tensor data extension: the JSON's length in Inference-Header-Content-Length, the
+// tensors' bytes after it, in both directions; its mistakes are 400s like the JSON ones.
+TEST_F(RouterProtocolTest, BinaryTensorDataGoesBothWays) {
+  ASSERT_EQ(router_.load("k", kserve_registration()).status, 200);
+  const std::vector<float> x = {1.5f, -2.0f, 3.25f, 1e-20f};
+  const std::string tag = std::string(
+      "\x03\x00\x00\x00"
+      "abc",
+      7);
+  const json header = {{"id", "binary-7"},
+                       {"inputs",
+                        {{{"name", "x"},
+                          {"datatype", "FP32"},
+                          {"shape", {2, 2}},
+                          {"parameters", {{"binary_data_size", 16}}}},
+                         {{"name", "tag"},
+                          {"datatype", "BYTES"},
+                          {"shape", {1}},
+                          {"parameters", {{"binary_data_size", tag.size()}}}}}},
+                       {"outputs", {{{"name", "x"}, {"parameters", {{"binary_data", true}}}}}}};
+  const std::string json_part = header.dump();
+  const std::string body = json_part + float_bytes(x) + tag;
+  const router::HttpHeaders binary = {
+      {"Inference-Header-Content-Length", std::to_string(json_part.size())}};
+  router::HttpResponse r =
+      router_.infer("k", body, "application/octet-stream; x-test=kserve", binary);
+  ASSERT_EQ(r.status, 200) << r.body;
+  const std::optional<std::string> length = r.header("Inference-Header-Content-Length");
+  ASSERT_TRUE(length.has_value()) << "an answer in binary form names its JSON's length";
+  const size_t answer_json = std::stoul(*length);
+  ASSERT_LE(answer_json, r.body.size());
+  const json answer = json::parse(r.body.substr(0, answer_json));
+  EXPECT_EQ(answer["id"], "binary-7") << answer;
+  ASSERT_EQ(answer["outputs"].size(), 2u) << answer;
+  EXPECT_EQ(answer["outputs"][0]["parameters"]["binary_data_size"], 16) << answer;
+  // The worker's outputs are its inputs: the same bytes come back after the JSON.
+  EXPECT_EQ(r.body.substr(answer_json), float_bytes(x) + tag);
+
+  // The same tensors as JSON answer in JSON, with the same values.
+  r = router_.infer("k", good_request().dump(), kKserve);
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_FALSE(r.header("Inference-Header-Content-Length").has_value());
+
+  const std::vector<std::pair<std::pair<std::string, std::string>, std::string>> mistakes = {
+      {{body, "abc"}, "Inference-Header-Content-Length must be the byte count"},
+      {{body, std::to_string(body.size() + 1)}, "Inference-Header-Content-Length must be"},
+      {{body, "3"}, "are not a JSON object"},
+      {{body + "!", std::to_string(json_part.size())}, "1 bytes of binary data after the JSON"},
+      {{json_part + float_bytes(x), std::to_string(json_part.size())},
+       "bytes of binary data are left"},
+  };
+  for (const auto& [request, why] : mistakes) {
+    r = router_.infer("k", request.first, "application/octet-stream; x-test=kserve",
+                      {{"Inference-Header-Content-Length", request.second}});
+    EXPECT_EQ(r.status, 400) << why << ": " << r.body;
+    EXPECT_NE(r.body.find(why), std::string::npos) << r.body;
+  }
+  const json status = router_.function_status("k");
+  EXPECT_EQ(status["rejected"], mistakes.size()) << status;
+  EXPECT_EQ(status["failed"], 0) << status;
+}
+
+// A function that declares its tensors takes inference requests, not raw text.
+TEST_F(RouterProtocolTest, AFunctionWithDeclaredInputsRefusesOtherContentTypes) {
+  ASSERT_EQ(router_.load("k", kserve_registration()).status, 200);
+  router::HttpResponse r = router_.infer("k", "hello", "text/plain");
+  EXPECT_EQ(r.status, 400) << r.body;
+  EXPECT_NE(r.body.find("declares its inputs"), std::string::npos) << r.body;
+  EXPECT_EQ(router_.function_status("k")["rejected"], 1);
+  // A function that declares none takes the caller's own types, as they are.
+  ASSERT_EQ(router_.load("raw", raw_registration()).status, 200);
+  r = router_.infer("raw", "hello", "text/plain");
+  EXPECT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.body, "hello");
+}
+
+// A handler that finds the request wrong answers a 4xx of its own: the client's mistake,
+// counted as rejected, never as the function's failure nor against its SLO.
+TEST_F(RouterProtocolTest, AHandlersClientErrorIsA4xxCountedAsRejected) {
+  ASSERT_EQ(router_.load("w", raw_registration()).status, 200);
+  router::HttpResponse r =
+      router_.infer("w", "x must be positive", "application/x-test-client-error");
+  EXPECT_EQ(r.status, 422) << r.body;
+  EXPECT_NE(r.body.find("x must be positive"), std::string::npos) << r.body;
+  r = router_.infer("w", "the model is sad", "application/x-test-error");
+  EXPECT_EQ(r.status, 500) << r.body;
+  const json status = router_.function_status("w");
+  EXPECT_EQ(status["rejected"], 1) << status;
+  EXPECT_EQ(status["failed"], 1) << status;
+  EXPECT_EQ(router_.metric(R"(hiber_invocations_total{function="w",status="422"})"), 1);
+  EXPECT_EQ(router_.metric(R"(hiber_slo_violations_total{function="w"})"), 1)
+      << "only the function's own failure violates its SLO";
+}
+
 // Unloading drops every series of the function, counters and histograms alike, and its router
 // counts; loading it again starts them all from zero.
 TEST_F(RouterProtocolTest, UnloadAndReloadResetEveryMetricOfTheFunction) {
@@ -215,7 +321,7 @@ TEST_F(RouterProtocolTest, UnloadAndReloadResetEveryMetricOfTheFunction) {
 // A deadline that passes while a function without the shim runs is the function's, not hiberd's:
 // such a request never reaches hiberd.
 TEST_F(RouterProtocolTest, ADeadlineOfAFunctionWithoutTheShimDoesNotBlameHiberd) {
-  ASSERT_EQ(router_.load("k", kserve_registration()).status, 200);
+  ASSERT_EQ(router_.load("k", raw_registration()).status, 200);
   ASSERT_EQ(router_.infer("k", "warm").status, 200);
   // A barrier of two that only one request reaches: it runs until its deadline.
   router::HttpResponse r =
@@ -228,9 +334,10 @@ TEST_F(RouterProtocolTest, ADeadlineOfAFunctionWithoutTheShimDoesNotBlameHiberd)
 // A function registered without the shim uses no GPU: hiberd going away neither refuses its
 // requests nor stops its worker, and a new worker of such a function starts without a node.
 TEST_F(RouterProtocolTest, AHiberdOutageDoesNotStopFunctionsWithoutTheShim) {
-  ASSERT_EQ(router_.load("k", kserve_registration()).status, 200);
+  ASSERT_EQ(router_.load("k", raw_registration()).status, 200);
   ASSERT_EQ(router_.infer("k", "warm").body, "warm");
   const std::string pid = router_.infer("k", "", "application/x-test-pid").body;
+  ASSERT_GT(std::atoi(pid.c_str()), 0) << pid;
   ASSERT_EQ(hiberd_.stop(), 0);
   ASSERT_TRUE(eventually([&] {
     return router_.anonymous_request("GET", "/v2/health/ready").status == 503;

@@ -395,13 +395,24 @@ TEST(Router, ARestartKeepsTheRegistry) {
   }
   RouterProcess router(state, flags);
   const json index = json::parse(router.request("GET", "/v2/repository/index").body);
-  ASSERT_EQ(index.size(), 2u) << index;
+  // The unloaded one is still in the repository, unavailable, after the restart.
+  ASSERT_EQ(index.size(), 3u) << index;
   EXPECT_EQ(index[0]["name"], "a");
   EXPECT_EQ(index[1]["name"], "b");
+  EXPECT_EQ(index[2]["name"], "c");
+  EXPECT_EQ(index[2]["state"], "UNAVAILABLE");
+  EXPECT_EQ(index[2]["reason"], "unloaded");
   EXPECT_EQ(json::parse(router.request("GET", "/v2/models/b").body)["parameters"]["slo_ms"], 250);
   EXPECT_EQ(router.infer("a", "after restart").body, "after restart");
   EXPECT_EQ(router.infer("b", "b too").body, "b too");
-  EXPECT_EQ(router.infer("c", "gone").status, 404);
+  router::HttpResponse unloaded = router.infer("c", "gone");
+  EXPECT_EQ(unloaded.status, 400);
+  EXPECT_NE(unloaded.body.find("is unloaded"), std::string::npos) << unloaded.body;
+  EXPECT_EQ(router.request("GET", "/v2/models/c/ready").status, 400);
+  // A load without a body loads it again from the repository.
+  ASSERT_EQ(router.request("POST", "/v2/repository/models/c/load").status, 200);
+  EXPECT_EQ(router.infer("c", "back").body, "back");
+  EXPECT_EQ(router.request("POST", "/v2/repository/models/never/load").status, 404);
 }
 
 // Raw TCP, for what a well-behaved client library will not send.

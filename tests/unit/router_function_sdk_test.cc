@@ -121,9 +121,11 @@ class Worker {
   }
 
   void invoke(const std::string& id, const std::string& content_type, const std::string& body,
-              std::optional<int> deadline_ms = std::nullopt) {
+              std::optional<int> deadline_ms = std::nullopt,
+              std::optional<uint64_t> inference_header_bytes = std::nullopt) {
     json header = {{"type", "invoke"}, {"id", id}, {"content_type", content_type}};
     if (deadline_ms) header["deadline_ms"] = *deadline_ms;
+    if (inference_header_bytes) header["inference_header_bytes"] = *inference_header_bytes;
     send_bytes(encode_worker_frame(header, body));
   }
 
@@ -319,6 +321,38 @@ TEST_P(TestWorkerSdkTest, HandlerErrorsAndExceptionsAnswerErrorsAndServingGoesOn
   expect_echo(worker.read_frame(), "after", "application/octet-stream", binary(1000));
   worker.close_connection();
   expect_exit(worker, 0);
+}
+
+// A handler says a request is the client's mistake (C++: throw ClientError; Python: raise or
+// return ClientError): the result carries its 4xx, which the router answers.
+TEST_P(TestWorkerSdkTest, AClientErrorCarriesItsStatus) {
+  Worker worker(GetParam(), 1);
+  expect_hello(worker);
+  worker.invoke("c1", "application/x-test-client-error", "x must be positive");
+  EXPECT_EQ(worker.read_frame().header, json({{"type", "result"},
+                                              {"id", "c1"},
+                                              {"ok", false},
+                                              {"error", "x must be positive"},
+                                              {"status", 422}}));
+  // A plain error has no status: the function's own failure.
+  worker.invoke("e1", "application/x-test-error", "sad");
+  EXPECT_FALSE(worker.read_frame().header.contains("status"));
+  worker.close_connection();
+  expect_exit(worker, 0);
+}
+
+// The binary tensor data extension's JSON length reaches the handler and comes back with its
+// answer.
+TEST_P(TestWorkerSdkTest, InferenceHeaderBytesReachTheHandlerAndComeBack) {
+  Worker worker(GetParam(), 1);
+  expect_hello(worker);
+  worker.invoke("b1", "application/octet-stream", "{}tensor", std::nullopt, 2);
+  const WorkerFrame echoed = worker.read_frame();
+  EXPECT_EQ(echoed.header.value("inference_header_bytes", 0), 2) << echoed.header;
+  EXPECT_EQ(echoed.body, "{}tensor");
+  // Past the body: the worker refuses the frame (a protocol error ends it).
+  worker.invoke("b2", "application/octet-stream", "{}", std::nullopt, 3);
+  expect_exit(worker, 3);
 }
 
 TEST_P(TestWorkerSdkTest, ConcurrencyFourRunsFourHandlersAtOnce) {

@@ -131,5 +131,107 @@ TEST(InferenceRequest, DeclarationsMustBeWellFormed) {
   }
 }
 
+// A binary tensor data input: its JSON names the byte count instead of "data".
+json binary_input(const std::string& name, const std::string& datatype, json shape, size_t bytes) {
+  return {{"name", name},
+          {"datatype", datatype},
+          {"shape", shape},
+          {"parameters", {{"binary_data_size", bytes}}}};
+}
+
+std::string binary_refusal(const json& r, std::string_view binary,
+                           const std::vector<TensorSpec>& inputs = {}) {
+  Result<CheckedInference> checked = check_inference_request(r, inputs, {}, binary);
+  if (checked.ok()) return "";
+  EXPECT_EQ(checked.status().code(), ErrorCode::kInvalidValue);
+  return checked.status().message();
+}
+
+// Four bytes of little-endian length, then the bytes: one BYTES element in binary form.
+std::string bytes_element(const std::string& s) {
+  std::string out;
+  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((s.size() >> (8 * i)) & 0xff));
+  return out + s;
+}
+
+TEST(InferenceRequest, BinaryDataMatchesEachDatatypesSize) {
+  const std::vector<std::pair<std::string, size_t>> sizes = {
+      {"BOOL", 1},   {"UINT8", 1}, {"INT8", 1}, {"UINT16", 2}, {"INT16", 2}, {"FP16", 2},
+      {"UINT32", 4}, {"INT32", 4}, {"FP32", 4}, {"UINT64", 8}, {"INT64", 8}, {"FP64", 8}};
+  for (const auto& [datatype, bytes] : sizes) {
+    EXPECT_EQ(binary_element_bytes(datatype), bytes) << datatype;
+    const std::string data(3 * bytes, '\1');
+    EXPECT_EQ(binary_refusal(request({binary_input("x", datatype, {3}, data.size())}), data), "")
+        << datatype;
+    // One byte short, and one element too many.
+    EXPECT_NE(binary_refusal(request({binary_input("x", datatype, {3}, data.size() - 1)}),
+                             data.substr(1)),
+              "")
+        << datatype;
+    EXPECT_NE(binary_refusal(request({binary_input("x", datatype, {2}, data.size())}), data), "")
+        << datatype;
+  }
+  EXPECT_EQ(binary_element_bytes("BYTES"), std::nullopt);
+  EXPECT_EQ(binary_element_bytes("FP33"), std::nullopt);
+}
+
+TEST(InferenceRequest, BinaryInputsTileTheBinaryPartInOrder) {
+  const std::string floats(8, '\0'), strings = bytes_element("ab") + bytes_element("");
+  // JSON and binary inputs mixed: the binary ones take the binary part in order.
+  const json mixed = request({binary_input("x", "FP32", {2}, 8), input("k", "INT32", {1}, {7}),
+                              binary_input("s", "BYTES", {2}, strings.size())});
+  EXPECT_EQ(binary_refusal(mixed, floats + strings), "");
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {binary_refusal(mixed, floats + strings + "!"), "1 bytes of binary data after the JSON"},
+      {binary_refusal(mixed, floats), "is 10 bytes, and 0 bytes of binary data are left"},
+      {binary_refusal(request({binary_input("s", "BYTES", {3}, strings.size())}), strings),
+       "2 BYTES elements for the shape [3]"},
+      {binary_refusal(request({binary_input("s", "BYTES", {1}, 5)}),
+                      bytes_element("abc").substr(0, 5)),
+       "BYTES element 0 needs 3 bytes, 1 are left"},
+      {binary_refusal(request({binary_input("s", "BYTES", {1}, 3)}), "abc"), "is cut off"},
+      {binary_refusal(request({{{"name", "x"},
+                                {"datatype", "FP32"},
+                                {"shape", {1}},
+                                {"data", {1.0}},
+                                {"parameters", {{"binary_data_size", 4}}}}}),
+                      floats.substr(0, 4)),
+       "both \"data\" and \"binary_data_size\""},
+      {binary_refusal(request({{{"name", "x"},
+                                {"datatype", "FP32"},
+                                {"shape", {1}},
+                                {"parameters", {{"binary_data_size", -4}}}}}),
+                      ""),
+       "must be a byte count"},
+      {binary_refusal({{"inputs", {input("k", "INT32", {1}, {7})}},
+                       {"parameters", {{"binary_data_output", "yes"}}}},
+                      ""),
+       "\"binary_data_output\" must be true or false"},
+      // Without the extension, binary_data_size has no bytes to refer to.
+      {refusal(request({binary_input("x", "FP32", {2}, 8)})),
+       "needs the binary tensor data extension"},
+  };
+  for (const auto& [message, why] : cases) {
+    EXPECT_NE(message.find(why), std::string::npos) << "'" << message << "' lacks '" << why << "'";
+  }
+}
+
+TEST(InferenceRequest, TheBinaryExtensionHeaderIsTheJsonsLength) {
+  const std::string json_part = R"({"inputs": []})";
+  const std::string body = json_part + "tensor bytes";
+  Result<json> header = binary_extension_header(body, std::to_string(json_part.size()));
+  ASSERT_TRUE(header.ok()) << header.status();
+  EXPECT_TRUE(header->contains("inputs"));
+  for (const std::string bad : {"", "-1", "1e3", "12x", "99999999999999999999", "1000"}) {
+    Result<json> refused = binary_extension_header(body, bad);
+    ASSERT_FALSE(refused.ok()) << bad;
+    EXPECT_NE(refused.status().message().find("Inference-Header-Content-Length"), std::string::npos)
+        << refused.status();
+  }
+  // The right length of something that is not a JSON object.
+  EXPECT_FALSE(binary_extension_header("[1, 2]xyz", "6").ok());
+  EXPECT_FALSE(binary_extension_header(body, "5").ok());
+}
+
 }  // namespace
 }  // namespace hiber::router

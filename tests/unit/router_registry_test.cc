@@ -122,8 +122,10 @@ TEST(Registry, KeepsFunctionsAcrossReopening) {
       ASSERT_TRUE(spec.ok());
       ASSERT_TRUE(registry->put(*spec).ok());
     }
-    ASSERT_TRUE(registry->remove("b").ok());
-    EXPECT_EQ(registry->remove("b").code(), ErrorCode::kNotFound);
+    ASSERT_TRUE(registry->unload("b").ok());
+    EXPECT_EQ(registry->unload("b").code(), ErrorCode::kNotFound);
+    EXPECT_EQ(registry->find("b"), nullptr);
+    ASSERT_NE(registry->find_unloaded("b"), nullptr);
   }
   // A temporary file left by a crash mid-write is not a registration.
   std::ofstream(state + "/functions/d.json.tmp") << "{\"comm";
@@ -133,6 +135,18 @@ TEST(Registry, KeepsFunctionsAcrossReopening) {
   EXPECT_NE(reopened->find("a"), nullptr);
   EXPECT_EQ(reopened->find("b"), nullptr);
   EXPECT_EQ(reopened->find("c")->slo_ms, 250);
+  // The unloaded one stays in the repository, with its registration, across the restart.
+  ASSERT_EQ(reopened->unloaded().size(), 1u);
+  ASSERT_NE(reopened->find_unloaded("b"), nullptr);
+  EXPECT_EQ(reopened->find_unloaded("b")->slo_ms, 250);
+  // Loading it again makes it loaded, on disk too.
+  ASSERT_TRUE(reopened->put(*reopened->find_unloaded("b")).ok());
+  EXPECT_EQ(reopened->find_unloaded("b"), nullptr);
+  EXPECT_FALSE(fs::exists(state + "/functions/unloaded/b.json"));
+  auto again = Registry::open(state);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->functions().size(), 3u);
+  EXPECT_TRUE(again->unloaded().empty());
   // The files are the owner's only.
   struct stat st {};
   ASSERT_EQ(::stat((state + "/functions/a.json").c_str(), &st), 0);

@@ -2,6 +2,8 @@
 // router_test_worker.py is its Python twin). By the request's content type:
 //   application/x-test-error    answers the error message <body>
 //   application/x-test-throw    throws std::runtime_error(<body>)
+//   application/x-test-client-error
+//                               throws ClientError(<body>, 422): the client's mistake
 //   application/x-test-barrier  waits until <body> requests (a decimal count) are inside the
 //                               handler at once, then answers "together"; after 60 s without
 //                               them it answers the error "barrier timed out", so a worker that
@@ -11,10 +13,12 @@
 //   application/x-test-alloc    allocates <body> MiB of device memory with cuMemAlloc and keeps
 //                               it, so that the function's model has bytes to swap; answers
 //                               "allocated <n> MiB" (an error without the shim preloaded)
-//   application/json; x-test=kserve
-//                               answers a KServe v2 response whose outputs are its inputs (the
-//                               SDK's outputs_response, with the request's id, as functions do)
-//   anything else               echoes the body with its content type
+//   ...; x-test=kserve          answers a KServe v2 response whose outputs are its inputs (the
+//                               SDK's parse_inputs and outputs_response, with the request's id,
+//                               as functions do), in binary form when the request asks for it;
+//                               a request it cannot read is a ClientError (400)
+//   anything else               echoes the body with its content type (and its
+//                               inference_header_bytes, when set)
 #include <dlfcn.h>
 #include <unistd.h>
 
@@ -52,6 +56,9 @@ std::variant<Response, std::string> allocate(const std::string& mib_text) {
 std::variant<Response, std::string> handle(const Request& request) {
   if (request.content_type == "application/x-test-error") return request.body;
   if (request.content_type == "application/x-test-throw") throw std::runtime_error(request.body);
+  if (request.content_type == "application/x-test-client-error") {
+    throw hiber::function::ClientError(request.body, 422);
+  }
   if (request.content_type == "application/x-test-deadline") {
     return Response{"text/plain",
                     request.deadline ? std::to_string(request.deadline->count()) : "none"};
@@ -60,11 +67,14 @@ std::variant<Response, std::string> handle(const Request& request) {
     return Response{"text/plain", std::to_string(::getpid())};
   }
   if (request.content_type == "application/x-test-alloc") return allocate(request.body);
-  if (request.content_type == "application/json; x-test=kserve") {
-    auto inputs = hiber::function::parse_inputs(request.body);
-    if (auto* problem = std::get_if<std::string>(&inputs)) return *problem;
+  if (request.content_type.find("; x-test=kserve") != std::string::npos) {
+    auto inputs = hiber::function::parse_inputs(request);
+    if (auto* problem = std::get_if<std::string>(&inputs)) {
+      throw hiber::function::ClientError(*problem);
+    }
     return hiber::function::outputs_response(std::get<std::vector<hiber::function::Tensor>>(inputs),
-                                             request.id, "test");
+                                             request.id, "test",
+                                             hiber::function::wants_binary_outputs(request));
   }
   if (request.content_type == "application/x-test-barrier") {
     const int needed = std::stoi(request.body);
@@ -77,7 +87,7 @@ std::variant<Response, std::string> handle(const Request& request) {
     }
     return Response{"text/plain", "together"};
   }
-  return Response{request.content_type, request.body};
+  return Response{request.content_type, request.body, request.inference_header_bytes};
 }
 
 }  // namespace

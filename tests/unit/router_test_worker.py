@@ -20,6 +20,8 @@ def handle(request):
         return hiber_function.Error(request.text())
     if request.content_type == "application/x-test-throw":
         raise RuntimeError(request.text())
+    if request.content_type == "application/x-test-client-error":
+        raise hiber_function.ClientError(request.text(), 422)
     if request.content_type == "application/x-test-deadline":
         deadline = request.deadline_ms
         return hiber_function.Response("none" if deadline is None else str(int(deadline)),
@@ -32,7 +34,8 @@ def handle(request):
             if not _barrier.wait_for(lambda: _arrived >= needed, timeout=60):
                 return hiber_function.Error("barrier timed out")
         return hiber_function.Response(b"together", "text/plain")
-    return hiber_function.Response(request.body, request.content_type)
+    return hiber_function.Response(request.body, request.content_type,
+                                   request.inference_header_bytes)
 
 
 if __name__ == "__main__":
