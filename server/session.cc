@@ -119,8 +119,10 @@ void Session::start(std::function<void()> on_exit) {
 
 void Session::close(std::string_view reason) {
   if (!channel_->closed()) {
-    VLOG(1) << "session " << identity_.id << " (" << identity_.function_id
-            << ") closing: " << reason;
+    // Once per session: why it ends, when hiberd ends it, is the first thing a client's
+    // "hiberd ended the session" leads to.
+    LOG(INFO) << "session " << identity_.id << " (" << identity_.function_id
+              << ") closing: " << reason;
   }
   channel_->close();
   // Wakes the session thread wherever it waits: for mail, or on the channel.

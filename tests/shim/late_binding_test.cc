@@ -123,6 +123,30 @@ NodeView node_view(const Hiberd& hiberd) {
   return view;
 }
 
+// The lines of hiberd's log about one function and its sessions: first in a failure's message,
+// where a long log cut in the middle still shows them.
+std::string log_lines_of(const std::string& log, const std::string& function_id) {
+  std::vector<std::string> sessions;
+  std::string out;
+  std::istringstream in(log);
+  for (std::string line; std::getline(in, line);) {
+    const bool named = line.find("'" + function_id + "'") != std::string::npos ||
+                       line.find("(" + function_id + ")") != std::string::npos ||
+                       line.find("(" + function_id + ",") != std::string::npos;
+    if (named) {
+      // "session 11 opened for function 'fn-10'": later lines may name only "session 11".
+      if (const size_t at = line.find("session "); at != std::string::npos) {
+        const size_t digits = line.find_first_not_of("0123456789", at + 8);
+        sessions.push_back(line.substr(at, digits - at) + " ");
+      }
+    }
+    bool about = named;
+    for (const std::string& s : sessions) about |= line.find(s) != std::string::npos;
+    if (about) out += line + "\n";
+  }
+  return out;
+}
+
 // Waits until no GPU runs anything (leases of finished requests end a little after requestDone).
 void wait_idle(const Hiberd& hiberd) {
   const auto deadline = std::chrono::steady_clock::now() + 60s;
@@ -178,7 +202,8 @@ class LateBindingTest : public ::testing::Test {
       const std::string line = f->program->read_line(300s);
       ASSERT_EQ(line.rfind("ready", 0), 0u)
           << f->id << " did not start: '" << line << "'\n"
-          << read_file(hiberd.run_dir() + "/" + f->id + ".log") << "\nhiberd:\n"
+          << read_file(hiberd.run_dir() + "/" + f->id + ".log") << "\nhiberd, of " << f->id << ":\n"
+          << log_lines_of(hiberd.log(), f->id) << "\nhiberd:\n"
           << hiberd.log();
     }
   }
