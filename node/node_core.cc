@@ -60,6 +60,7 @@ struct NodeCore::State {
     bool background = false;
     Time arrival = 0;
     bool swap_in_flight = false;  // a swap was started and has not reported
+    bool moved_nothing = false;   // its load from the host found the model in place
     bool failed = false;          // the caller said so, or its GPU failed
     bool done_said = false;       // done() came
     bool awaited = false;         // await_start() waits for an answer
@@ -356,11 +357,19 @@ Status NodeCore::done(RequestId id, bool failed, Time now) {
 
 // ---- Reports ----
 
-void NodeCore::streaming(RequestId id, const Status& status, Time now) {
+void NodeCore::streaming(RequestId id, const Status& status, Time now, bool moves_nothing) {
   State::Request* r = state_->request(id);
   if (r == nullptr) return;
   if (status.ok()) {
     if (r->phase == Phase::kPlacing) r->phase = Phase::kRunning;
+    // Nothing came from elsewhere: what the caller is told, and what the counters say, is that
+    // the model was resident. The swap still ends (swap_done) for the scheduler's accounting.
+    // (A peer copy that finds its blocks in place still settles its source replica in
+    // swap_done, so only a load from the host is turned into residence.)
+    if (moves_nothing && r->decision && r->decision->source == Source::kHost) {
+      r->decision->source = Source::kResident;
+      r->moved_nothing = true;
+    }
   } else {
     r->start_error = status;
     r->failed = true;
@@ -379,17 +388,20 @@ void NodeCore::swap_done(RequestId id, const Status& status, const SwapStats& st
     fail_gpu(gpu, status.with_context("swapping a model in"));
     return;
   }
-  State::Gpu& g = state_->gpus[index_of(gpu)];
-  ++g.swaps_in;
-  g.swap_in_bytes += stats.bytes;
-  g.swap_in_seconds += static_cast<double>(stats.duration) / 1e9;
-  if (const std::optional<SwapLink> link =
-          swap_link(topology_, r->decision->source, r->decision->source_gpu, gpu.value())) {
-    NodeStatus::LinkSwaps& by_link = state_->swaps_by_link[static_cast<size_t>(*link)];
-    ++by_link.swaps;
-    by_link.bytes += stats.bytes;
+  // A start that moved nothing was answered as resident (streaming): it is no swap.
+  if (!r->moved_nothing) {
+    State::Gpu& g = state_->gpus[index_of(gpu)];
+    ++g.swaps_in;
+    g.swap_in_bytes += stats.bytes;
+    g.swap_in_seconds += static_cast<double>(stats.duration) / 1e9;
+    if (const std::optional<SwapLink> link =
+            swap_link(topology_, r->decision->source, r->decision->source_gpu, gpu.value())) {
+      NodeStatus::LinkSwaps& by_link = state_->swaps_by_link[static_cast<size_t>(*link)];
+      ++by_link.swaps;
+      by_link.bytes += stats.bytes;
+    }
+    state_->swap_seconds.observe(static_cast<double>(stats.duration) / 1e9);
   }
-  state_->swap_seconds.observe(static_cast<double>(stats.duration) / 1e9);
   if (r->decision->source == Source::kPeer && r->release_source) {
     // The copy was a move: the old replica goes (the scheduler may not have dropped it itself:
     // a function whose every block is state keeps one replica, full or not).

@@ -253,8 +253,11 @@ class NodeCore {
   Status done(RequestId request, bool failed, Time now);
 
   // ---- Reports from the actuator ----
-  // The request's model is resident or streaming in (ok), or the start failed.
-  void streaming(RequestId request, const Status& status, Time now);
+  // The request's model is resident or streaming in (ok), or the start failed. `moves_nothing`:
+  // the start found every byte of the model in place (a function's first lease, before it has a
+  // model to bring; blocks already on the GPU): the start is answered as resident and no swap is
+  // counted, whatever the placement expected.
+  void streaming(RequestId request, const Status& status, Time now, bool moves_nothing = false);
   // The request's swap finished (or failed: its GPU is taken out of service).
   void swap_done(RequestId request, const Status& status, const SwapStats& stats, Time now);
   // The request's work has drained; its GPU is free.

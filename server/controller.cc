@@ -554,8 +554,10 @@ void Controller::need_gpu(SessionId session) {
   });
 }
 
-void Controller::streaming(SessionId, RequestId lease, const Status& status) {
-  post([lease, status](State& s) { s.core->streaming(lease, status, now_ns()); });
+void Controller::streaming(SessionId, RequestId lease, const Status& status, bool moves_nothing) {
+  post([lease, status, moves_nothing](State& s) {
+    s.core->streaming(lease, status, now_ns(), moves_nothing);
+  });
 }
 
 void Controller::swap_done(SessionId session, RequestId lease, const Status& status,

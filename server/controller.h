@@ -184,7 +184,8 @@ class Controller final : public GpuLessor, private node::Actuator {
 
   // ---- GpuLessor (session threads, device callbacks) ----
   void need_gpu(SessionId session) override;
-  void streaming(SessionId session, RequestId lease, const Status& status) override;
+  void streaming(SessionId session, RequestId lease, const Status& status,
+                 bool moves_nothing) override;
   void swap_done(SessionId session, RequestId lease, const Status& status,
                  const SwapReport& report) override;
   void released(SessionId session, RequestId lease, const Status& status) override;

@@ -392,6 +392,8 @@ Status FunctionMemory::bind(const Lease& lease, device::Stream swap_stream, Swap
   //    The moved blocks are loading until the swap's callback says it ended (settle()).
   std::vector<SwapEngine::Transfer> transfers;
   transfers.reserve(moving.size());
+  bound_swap_bytes_ = 0;
+  for (const Move& m : moving) bound_swap_bytes_ += table_.block_at(m.va)->bytes;
   for (const Move& m : moving) {
     SwapEngine::Transfer t{.dst = m.va, .bytes = table_.block_at(m.va)->bytes};
     if (m.from >= 0) {
@@ -451,6 +453,11 @@ Status FunctionMemory::bind(const Lease& lease, device::Stream swap_stream, Swap
   }
   // The end of the swap, reported from the device's callback thread.
   return swap_.report_end(swap_stream, std::move(on_done));
+}
+
+uint64_t FunctionMemory::bound_swap_bytes() const {
+  MutexLock lock(mutex_);
+  return bound_swap_bytes_;
 }
 
 Status FunctionMemory::unbind() {

@@ -115,6 +115,8 @@ class FunctionMemory {
   // A first request fixes the model first. On an error nothing stays mapped.
   Status bind(const Lease& lease, device::Stream swap_stream, SwapDone on_done,
               const RoomMaker& room);
+  // The bytes the last successful bind() copies in (0: every block was in place already).
+  uint64_t bound_swap_bytes() const;
   // Unmaps everything. REQUIRES: the function's work on the GPU has drained.
   Status unbind();
   // The events a use of [ptr, ptr + bytes) must wait for (groups of a swap still in flight), and
@@ -215,6 +217,7 @@ class FunctionMemory {
   memory::BlockTable table_ GUARDED_BY(mutex_);
   std::unordered_map<uint64_t, Extra> extra_ GUARDED_BY(mutex_);  // by va
   bool model_fixed_ GUARDED_BY(mutex_) = false;
+  uint64_t bound_swap_bytes_ GUARDED_BY(mutex_) = 0;  // what the last bind() copies in
   std::optional<int> bound_gpu_ GUARDED_BY(mutex_);
   // (va, bytes) at own addresses
   std::vector<std::pair<uint64_t, uint64_t>> mapped_ GUARDED_BY(mutex_);

@@ -55,7 +55,9 @@ class GpuLessor {
   // The session has calls that need a GPU and holds no lease: queue an implicit request.
   virtual void need_gpu(SessionId session) = 0;
   // The lease's swap has been enqueued (the model is streaming or resident), or it failed.
-  virtual void streaming(SessionId session, RequestId lease, const Status& status) = 0;
+  // `moves_nothing`: every byte of the model was in place (nothing is copied in).
+  virtual void streaming(SessionId session, RequestId lease, const Status& status,
+                         bool moves_nothing) = 0;
   // The lease's swap finished: every group is on the GPU (or the transfer failed).
   virtual void swap_done(SessionId session, RequestId lease, const Status& status,
                          const SwapReport& report) = 0;

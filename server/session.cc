@@ -212,7 +212,7 @@ void Session::run_commands(std::vector<Command> commands) {
 void Session::begin_lease(const Lease& lease) {
   if (!lost_context_.ok()) {
     // Asked for before the context was lost: nothing of this function runs any more.
-    lessor_.streaming(identity_.id, lease.id, lost_context_);
+    lessor_.streaming(identity_.id, lease.id, lost_context_, false);
     lessor_.released(identity_.id, lease.id, lost_context_);
     return;
   }
@@ -222,7 +222,7 @@ void Session::begin_lease(const Lease& lease) {
     LOG(ERROR) << "session " << identity_.id << ": lease " << lease.id << " on GPU " << lease.gpu
                << " granted while lease " << lease_->id << " is held; refusing it";
     lessor_.streaming(identity_.id, lease.id,
-                      Status(ErrorCode::kIllegalState, "a second lease while one is held"));
+                      Status(ErrorCode::kIllegalState, "a second lease while one is held"), false);
     lessor_.released(identity_.id, lease.id, Status());
     return;
   }
@@ -245,7 +245,7 @@ void Session::begin_lease(const Lease& lease) {
           return lessor_.make_room(identity_.id, g, s);
         });
   }
-  lessor_.streaming(identity_.id, lease.id, bound);
+  lessor_.streaming(identity_.id, lease.id, bound, bound.ok() && memory_->bound_swap_bytes() == 0);
   if (!bound.ok()) {
     LOG(WARNING) << "session " << identity_.id << " (" << identity_.function_id
                  << "): cannot run on GPU " << gpu << ": " << bound;

@@ -222,7 +222,7 @@ class Instance final : public server::LeaseHolder {
           changed_.notify_all();
         },
         [this](GpuId g, const memory::Shortfall& s) { return lessor_.make_room(id_, g, s); });
-    lessor_.streaming(id_, lease.id, bound);
+    lessor_.streaming(id_, lease.id, bound, bound.ok() && memory_->bound_swap_bytes() == 0);
     note_failure(bound);
     lease_ = lease;
     if (!bound.ok()) {

@@ -212,6 +212,44 @@ TEST_F(NodeCoreTest, ARequestLoadsFromTheHostRunsAndEndsThenTheNextRunsResident)
   EXPECT_EQ(status.counters.on_time, 2u);
 }
 
+// A load from the host that finds the whole model in place (a function's first lease, before it
+// has a model to bring) moves nothing: it is answered as resident and counts no swap, so the
+// counters never hold a 0-byte, 0 s host swap that the caller was told nothing about.
+TEST_F(NodeCoreTest, AStartThatMovesNothingIsResidentAndNoSwap) {
+  make(plain_topology(1, 16 * kGiB));
+  const FunctionId f = add(1, kGiB);
+  const RequestId r = arrive(f);
+  ASSERT_TRUE(core_->await_start(r, now_).ok());
+  core_->dispatch(now_);
+  ASSERT_EQ(actuator_.starts.size(), 1u);
+  EXPECT_EQ(actuator_.starts[0].source, Source::kHost);  // the placement expected a load
+  core_->streaming(r, Status(), now_, /*moves_nothing=*/true);
+  ASSERT_EQ(actuator_.answers.count(r), 1u);
+  ASSERT_TRUE(actuator_.answers.at(r).ok());
+  EXPECT_EQ(actuator_.answers.at(r)->source, Source::kResident);
+  core_->swap_done(r, Status(), SwapStats{0, 0}, now_);
+  ASSERT_TRUE(core_->done(r, false, now_).ok());
+  core_->released(r, Status(), now_);
+  const NodeStatus status = core_->status(now_);
+  EXPECT_EQ(status.gpus[0].swaps_in, 0u);
+  for (const NodeStatus::LinkSwaps& by_link : status.swaps_by_link) {
+    EXPECT_EQ(by_link.swaps, 0u);
+    EXPECT_EQ(by_link.bytes, 0u);
+  }
+  EXPECT_EQ(status.swap_seconds.count, 0u);
+  EXPECT_EQ(status.counters.completed, 1u);
+  // A second request of another function that does move bytes is a host swap, counted.
+  const FunctionId g = add(2, kGiB);
+  const RequestId r2 = arrive(g);
+  ASSERT_TRUE(core_->await_start(r2, now_).ok());
+  core_->dispatch(now_);
+  core_->streaming(r2, Status(), now_);
+  EXPECT_EQ(actuator_.answers.at(r2)->source, Source::kHost);
+  core_->swap_done(r2, Status(), SwapStats{kGiB, 1'000'000}, now_);
+  EXPECT_EQ(core_->status(now_).gpus[0].swaps_in, 1u);
+  EXPECT_EQ(core_->status(now_).gpus[0].swap_in_bytes, kGiB);
+}
+
 TEST_F(NodeCoreTest, BackgroundRequestsAreOneAtATimeAndForgottenWhenReleased) {
   make(plain_topology(1, 16 * kGiB));
   const FunctionId f = add(1, kGiB);

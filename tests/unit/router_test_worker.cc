@@ -11,12 +11,17 @@
 //   application/x-test-deadline answers the request's deadline in ms, or "none"
 //   application/x-test-pid      answers the worker's process id (tests kill it)
 //   application/x-test-alloc    allocates <body> MiB of device memory with cuMemAlloc and keeps
-//                               it, so that the function's model has bytes to swap; answers
-//                               "allocated <n> MiB" (an error without the shim preloaded)
+//                               it (the request's: a function's model is what it allocated
+//                               before its first request); answers "allocated <n> MiB" (an
+//                               error without the shim preloaded)
+// With HIBER_TEST_MODEL_MIB=<n> it allocates its model of n MiB at start-up, before serving.
 //   ...; x-test=kserve          answers a KServe v2 response whose outputs are its inputs (the
 //                               SDK's parse_inputs and outputs_response, with the request's id,
 //                               as functions do), in binary form when the request asks for it;
-//                               a request it cannot read is a ClientError (400)
+//                               a request it cannot read is a ClientError (400). With
+//                               HIBER_TEST_KSERVE=1 in its environment, so are application/json
+//                               and binary tensor data requests: it is then a KServe model
+//                               (router_conformance_test)
 //   anything else               echoes the body with its content type (and its
 //                               inference_header_bytes, when set)
 #include <dlfcn.h>
@@ -24,6 +29,8 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -67,7 +74,11 @@ std::variant<Response, std::string> handle(const Request& request) {
     return Response{"text/plain", std::to_string(::getpid())};
   }
   if (request.content_type == "application/x-test-alloc") return allocate(request.body);
-  if (request.content_type.find("; x-test=kserve") != std::string::npos) {
+  static const bool kserve_model = std::getenv("HIBER_TEST_KSERVE") != nullptr;
+  const bool kserve_request = request.content_type.rfind("application/json", 0) == 0 ||
+                              request.inference_header_bytes.has_value();
+  if (request.content_type.find("; x-test=kserve") != std::string::npos ||
+      (kserve_model && kserve_request)) {
     auto inputs = hiber::function::parse_inputs(request);
     if (auto* problem = std::get_if<std::string>(&inputs)) {
       throw hiber::function::ClientError(*problem);
@@ -92,4 +103,15 @@ std::variant<Response, std::string> handle(const Request& request) {
 
 }  // namespace
 
-int main() { return hiber::function::serve(handle); }
+int main() {
+  // HIBER_TEST_MODEL_MIB: a model allocated at start-up, before the first request, as a real
+  // function loads its weights (an allocation made inside a request is that request's scratch).
+  if (const char* mib = std::getenv("HIBER_TEST_MODEL_MIB"); mib != nullptr && *mib != '\0') {
+    auto loaded = allocate(mib);
+    if (auto* problem = std::get_if<std::string>(&loaded)) {
+      std::fprintf(stderr, "hiber_router_test_worker: %s\n", problem->c_str());
+      return 1;
+    }
+  }
+  return hiber::function::serve(handle);
+}
