@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <numeric>
+#include <thread>
 #include <vector>
 
 #include <gflags/gflags.h>
@@ -29,6 +30,9 @@ DEFINE_string(auth_token_file, "",
 DEFINE_string(function_id, "hiber-probe", "Function identity to present");
 DEFINE_uint64(quota_mib, 0, "Device memory to ask for (0: hiberd's default)");
 DEFINE_int32(pings, 2000, "Synchronous round trips to time");
+DEFINE_double(stay_s, 0,
+              "After the probe, stay connected this many seconds: an instance of --function_id "
+              "that hiberd can schedule requests for (hiberctl node-invoke)");
 DEFINE_uint64(copy_mib, 32,
               "Bytes to send through the data round trip, MiB (32 wraps the default 64 MiB "
               "arena, so the second pass shows warm pages)");
@@ -183,6 +187,12 @@ int run() {
     return 1;
   }
   std::printf("hiber-probe: OK\n");
+  if (FLAGS_stay_s > 0) {
+    std::printf("hiber-probe: staying connected as '%s' for %.1f s\n", FLAGS_function_id.c_str(),
+                FLAGS_stay_s);
+    std::fflush(stdout);
+    std::this_thread::sleep_for(std::chrono::duration<double>(FLAGS_stay_s));
+  }
   return 0;
 }
 

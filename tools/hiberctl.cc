@@ -32,8 +32,10 @@
 #include <iterator>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include <capnp/compat/json.h>
 #include <gflags/gflags.h>
 #include <glog/logging.h>
 
@@ -96,6 +98,12 @@ DEFINE_uint64(idle_timeout_s, 60, "load: stop a worker idle this long (scale to 
 DEFINE_int32(interval_ms, 1000, "top: time between refreshes");
 DEFINE_uint64(iterations, 0, "top: refreshes before exiting (0: until interrupted)");
 DEFINE_bool(failed, false, "done: the request gave no answer");
+DEFINE_uint64(wait_ms, 0,
+              "arrive, node-invoke: wait up to this long for an instance of the function to "
+              "connect (0: fail at once when none is connected)");
+DEFINE_bool(json, false,
+            "status: print hiberd's status as one JSON object (the fields of NodeStatus in "
+            "wire/schema/control.capnp, in camelCase; 64-bit integers as strings) instead of text");
 DEFINE_int32(gpu, -1, "drain: one GPU (default: the whole node)");
 DEFINE_bool(resume, false, "drain: undo a drain");
 
@@ -104,19 +112,38 @@ namespace {
 
 namespace proto = wire::proto;
 
+// "1 swap", "2 swaps".
+std::string count_of(uint64_t n, const char* thing) {
+  return std::to_string(n) + " " + thing + (n == 1 ? "" : "s");
+}
+
+// What the scheduler's RRC says, in words: the on-time requests a function still needs in its
+// window to reach its SLO's percentile (scheduler/queue.h), or that it meets it.
+std::string slo_standing(double rrc, uint64_t requests) {
+  char text[96];
+  if (requests == 0) return "no requests in the window yet";
+  if (rrc <= 0) return "meets its SLO in the window";
+  std::snprintf(text, sizeof text, "needs %.1f more on-time requests to meet its SLO", rrc);
+  return text;
+}
+
 void print_status(proto::NodeStatus::Reader s) {
   std::printf("hiberd %u.%u on node %s (%s device), up %.1f s\n", s.getServerVersion().getMajor(),
               s.getServerVersion().getMinor(), s.getNodeName().cStr(), s.getBackend().cStr(),
               s.getUptimeSeconds());
   for (auto d : s.getDevices()) {
-    std::printf(
-        "  GPU %u %s%s%s: pool %" PRIu64 " MiB, %" PRIu64 " MiB placed, largest free %" PRIu64
-        " MiB, fragmentation %.2f; running '%s'; %" PRIu64 " swaps in (%" PRIu64 " MiB), %" PRIu64
-        " evictions\n",
-        d.getOrdinal(), d.getName().cStr(), d.getHealthy() ? "" : " UNHEALTHY",
-        d.getDrained() ? " drained" : "", d.getPoolBytes() >> 20, d.getPoolAllocatedBytes() >> 20,
-        d.getPoolLargestFreeBytes() >> 20, d.getPoolFragmentation(), d.getRunningFunction().cStr(),
-        d.getSwapsIn(), d.getSwapInBytes() >> 20, d.getEvictions());
+    const std::string running =
+        d.getRunningFunction().size() == 0
+            ? std::string("idle")
+            : "running '" + std::string(d.getRunningFunction().cStr()) + "'";
+    std::printf("  GPU %u %s%s%s: pool %" PRIu64 " MiB, %" PRIu64
+                " MiB placed, largest free %" PRIu64 " MiB, fragmentation %.2f; %s; %s in (%" PRIu64
+                " MiB), %s\n",
+                d.getOrdinal(), d.getName().cStr(), d.getHealthy() ? "" : " UNHEALTHY",
+                d.getDrained() ? " drained" : "", d.getPoolBytes() >> 20,
+                d.getPoolAllocatedBytes() >> 20, d.getPoolLargestFreeBytes() >> 20,
+                d.getPoolFragmentation(), running.c_str(), count_of(d.getSwapsIn(), "swap").c_str(),
+                d.getSwapInBytes() >> 20, count_of(d.getEvictions(), "eviction").c_str());
     if (d.getEvictions() > 0) {
       std::string reasons;
       for (auto r : d.getEvictionsByReason()) {
@@ -133,39 +160,47 @@ void print_status(proto::NodeStatus::Reader s) {
              std::to_string(l.getSwaps()) + " (" + std::to_string(l.getBytes() >> 20) + " MiB)";
   }
   const auto durations = s.getSwapDuration();
-  std::printf("  swaps by link: %s; %.2f ms each on average\n",
-              links.empty() ? "none" : links.c_str(),
-              durations.getCount() ? 1e3 * durations.getSum() / durations.getCount() : 0.0);
+  if (links.empty()) {
+    std::printf("  swaps by link: none\n");
+  } else {
+    std::printf("  swaps by link: %s; %.2f ms each on average\n", links.c_str(),
+                durations.getCount() ? 1e3 * durations.getSum() / durations.getCount() : 0.0);
+  }
   auto q = s.getScheduler();
   std::printf(
-      "  scheduler: placement %s, eviction %s, queue %s%s; %" PRIu64 " queued, %" PRIu64
-      " arrived, %" PRIu64 " done (%" PRIu64 " on time), %" PRIu64 " shed as overloaded, %" PRIu64
-      " background (%" PRIu64 " preempted); starts: %" PRIu64 " resident, %" PRIu64
-      " peer, %" PRIu64 " host; %" PRIu64 " evictions; swap groups of %" PRIu64
-      " KiB; host pool %" PRIu64 " of %" PRIu64 " MiB\n",
+      "  scheduler: placement %s, eviction %s, queue %s%s; since start: %" PRIu64
+      " arrived, %" PRIu64 " completed (%" PRIu64 " on time), %" PRIu64
+      " shed as overloaded, %" PRIu64 " queued now, %" PRIu64 " background (%" PRIu64
+      " preempted); starts: %" PRIu64 " resident, %" PRIu64 " peer, %" PRIu64
+      " host; %s; swap groups of %" PRIu64 " KiB; host pool %" PRIu64 " of %" PRIu64 " MiB\n",
       q.getPlacement().cStr(), q.getEviction().cStr(), q.getQueue().cStr(),
-      q.getDrainingNode() ? " (draining)" : "", q.getQueued(), q.getArrivals(), q.getCompleted(),
-      q.getOnTime(), q.getShed(), q.getBackground(), q.getPreemptions(), q.getResidentStarts(),
-      q.getPeerSwaps(), q.getHostSwaps(), q.getEvictions(), q.getSwapGroupBytes() >> 10,
-      q.getHostPoolUsedBytes() >> 20, q.getHostPoolBytes() >> 20);
-  std::printf("  %u functions\n", s.getFunctions().size());
+      q.getDrainingNode() ? " (draining)" : "", q.getArrivals(), q.getCompleted(), q.getOnTime(),
+      q.getShed(), q.getQueued(), q.getBackground(), q.getPreemptions(), q.getResidentStarts(),
+      q.getPeerSwaps(), q.getHostSwaps(), count_of(q.getEvictions(), "eviction").c_str(),
+      q.getSwapGroupBytes() >> 10, q.getHostPoolUsedBytes() >> 20, q.getHostPoolBytes() >> 20);
+  std::printf("  %s\n", count_of(s.getFunctions().size(), "function").c_str());
   for (auto f : s.getFunctions()) {
     std::string gpus;
     for (uint32_t g : f.getResidentGpus()) {
       if (!gpus.empty()) gpus += ',';
       gpus += std::to_string(g);
     }
-    std::printf("    '%s'%s%s %s: model %" PRIu64 " MiB, resident on [%s], %" PRIu64
-                " requests (%" PRIu64 " on time in the window), RRC %.2f\n",
+    // requests and onTime count the scheduler's sliding window (its SLO accounting), not the
+    // function's whole life: the scheduler line above has those.
+    std::printf("    '%s'%s%s %s: model %" PRIu64 " MiB, resident on [%s]; window: %s, %" PRIu64
+                " on time, %s\n",
                 f.getFunctionId().cStr(), f.getRegistered() ? "" : " (unregistered)",
                 f.getStateful() ? " stateful" : "", f.getHeavy() ? "heavy" : "light",
-                f.getModelBytes() >> 20, gpus.c_str(), f.getRequests(), f.getOnTime(), f.getRrc());
+                f.getModelBytes() >> 20, gpus.c_str(), count_of(f.getRequests(), "request").c_str(),
+                f.getOnTime(), slo_standing(f.getRrc(), f.getRequests()).c_str());
   }
-  std::printf("  %u sessions\n", s.getSessions().size());
+  std::printf("  %s\n", count_of(s.getSessions().size(), "session").c_str());
   for (auto x : s.getSessions()) {
-    std::printf("    session %" PRIu64 " '%s' pid %d uid %u GPU %d: %" PRIu64 " of %" PRIu64
+    const std::string gpu =
+        x.getBoundGpu() < 0 ? std::string("no GPU") : "on GPU " + std::to_string(x.getBoundGpu());
+    std::printf("    session %" PRIu64 " '%s' pid %d uid %u, %s: %" PRIu64 " of %" PRIu64
                 " MiB, %" PRIu64 " batches, %" PRIu64 " calls (%" PRIu64 " failed), %.1f s\n",
-                x.getId(), x.getFunctionId().cStr(), x.getPid(), x.getUid(), x.getBoundGpu(),
+                x.getId(), x.getFunctionId().cStr(), x.getPid(), x.getUid(), gpu.c_str(),
                 x.getAllocatedBytes() >> 20, x.getQuotaBytes() >> 20, x.getBatches(), x.getCalls(),
                 x.getFailedCalls(), x.getConnectedSeconds());
   }
@@ -367,7 +402,13 @@ int run(const std::vector<std::string>& args) {
     Status read = wire::read_message<proto::ControlReply>(
         *reply, "status", [](proto::ControlReply::Reader r) -> Status {
           if (!r.isStatus()) return Status(ErrorCode::kInvalidValue, "not a status reply");
-          print_status(r.getStatus());
+          if (FLAGS_json) {
+            // The schema's own names (wire/schema/control.capnp), every field: for scripts.
+            capnp::JsonCodec codec;
+            std::printf("%s\n", codec.encode(r.getStatus()).cStr());
+          } else {
+            print_status(r.getStatus());
+          }
           return Status();
         });
     return read.ok() ? 0 : fail(read);
@@ -401,6 +442,15 @@ int run(const std::vector<std::string>& args) {
     auto function = function_arg();
     if (!function.ok()) return fail(function.status());
     auto id = client->request_arrived(*function);
+    // A function whose instance is still connecting: wait for it, if asked to.
+    const auto give_up =
+        std::chrono::steady_clock::now() + std::chrono::milliseconds(FLAGS_wait_ms);
+    while (!id.ok() && id.status().code() == ErrorCode::kDeviceUnavailable &&
+           id.status().message().find("no connected instance") != std::string::npos &&
+           std::chrono::steady_clock::now() < give_up) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      id = client->request_arrived(*function);
+    }
     if (!id.ok()) return fail(id.status());
     if (command == "arrive") {
       std::printf("%" PRIu64 "\n", *id);
@@ -447,25 +497,26 @@ int run(const std::vector<std::string>& args) {
 }  // namespace hiber
 
 int main(int argc, char** argv) {
-  hiber::init_program(&argc, &argv,
-                      "hiberctl: talks to hiber-router's HTTP API and hiberd's control socket.\n"
-                      "hiber-router (--router):\n"
-                      "  hiberctl functions\n"
-                      "  hiberctl invoke FN [--data=S | --data_file=P | -] [--content_type=T]\n"
-                      "                     [--async] [--deadline_ms=N] [--request_id=ID]\n"
-                      "  hiberctl load FN --file=R.json | --command=\"...\" | --external "
-                      "[--slo_ms=MS]\n"
-                      "                   [--env=K=V,...] [--max_instances=N] ...\n"
-                      "  hiberctl unload FN\n"
-                      "  hiberctl top [--interval_ms=1000] [--iterations=N]\n"
-                      "hiberd (--run_dir, --control_socket):\n"
-                      "  hiberctl status | ping\n"
-                      "  hiberctl register FN --slo_ms=MS [--tail=P] [--quota_mib=N] [--stateful]\n"
-                      "  hiberctl unregister FN\n"
-                      "  hiberctl arrive FN | start ID | done ID [--failed] | node-invoke FN\n"
-                      "  hiberctl drain [--gpu=N] [--resume]\n"
-                      "  hiberctl --control=tcp:HOST:PORT --control_token_file=FILE COMMAND ...",
-                      __FILE__);
+  hiber::init_program(
+      &argc, &argv,
+      "hiberctl: talks to hiber-router's HTTP API and hiberd's control socket.\n"
+      "hiber-router (--router):\n"
+      "  hiberctl functions\n"
+      "  hiberctl invoke FN [--data=S | --data_file=P | -] [--content_type=T]\n"
+      "                     [--async] [--deadline_ms=N] [--request_id=ID]\n"
+      "  hiberctl load FN --file=R.json | --command=\"...\" | --external "
+      "[--slo_ms=MS]\n"
+      "                   [--env=K=V,...] [--max_instances=N] ...\n"
+      "  hiberctl unload FN\n"
+      "  hiberctl top [--interval_ms=1000] [--iterations=N]\n"
+      "hiberd (--run_dir, --control_socket):\n"
+      "  hiberctl status [--json] | ping\n"
+      "  hiberctl register FN --slo_ms=MS [--tail=P] [--quota_mib=N] [--stateful]\n"
+      "  hiberctl unregister FN\n"
+      "  hiberctl arrive FN | start ID | done ID [--failed] | node-invoke FN [--wait_ms=N]\n"
+      "  hiberctl drain [--gpu=N] [--resume]\n"
+      "  hiberctl --control=tcp:HOST:PORT --control_token_file=FILE COMMAND ...",
+      __FILE__);
   if (argc < 2) {
     std::fprintf(stderr, "usage: hiberctl [flags] COMMAND [ARG] (see --help)\n");
     return 2;
