@@ -25,6 +25,8 @@ using boost::system::error_code;
 using nlohmann::json;
 
 constexpr size_t kLatencyWindow = 2048;  // recent answers per function, for p50 and p99
+// The window of a function's request rate (`rps` in /v2/status): answers in the last 10 s.
+constexpr std::chrono::seconds kRateWindow{10};
 constexpr size_t kRecentSwaps = 50;
 
 double seconds_between(Clock::time_point a, Clock::time_point b) {
@@ -180,6 +182,7 @@ struct Router::Function {
   // rejected: by the router (its queue full, no node up); shed: by hiberd, as overloaded.
   uint64_t requests = 0, ok = 0, failed = 0, on_time = 0, rejected = 0, shed = 0;
   std::deque<double> latencies_ms;
+  std::deque<Clock::time_point> answered_at;  // of `requests`, the last kRateWindow's
 };
 
 struct Router::NodeView {
@@ -1115,6 +1118,8 @@ void Router::answer(Invocation& invocation, ApiResponse response) {
     } else {
       violated = response.status != 200 || total * 1e3 > function.spec.slo_ms;
       ++function.requests;
+      function.answered_at.push_back(now);
+      while (now - function.answered_at.front() > kRateWindow) function.answered_at.pop_front();
       if (response.status == 200) {
         ++function.ok;
         function.latencies_ms.push_back(total * 1e3);
@@ -1320,6 +1325,13 @@ void Router::poll_nodes() {
   });
 }
 
+double Router::requests_per_second(const Function& function) const {
+  const Clock::time_point since = Clock::now() - kRateWindow;
+  const auto recent = std::count_if(function.answered_at.begin(), function.answered_at.end(),
+                                    [&](Clock::time_point t) { return t >= since; });
+  return static_cast<double>(recent) / std::chrono::duration<double>(kRateWindow).count();
+}
+
 std::string Router::status_json() const {
   json functions = json::array();
   for (const auto& [name, function] : functions_) {
@@ -1331,6 +1343,7 @@ std::string Router::status_json() const {
                          {"slo_ms", function->spec.slo_ms},
                          {"external", function->spec.external},
                          {"requests", function->requests},
+                         {"rps", requests_per_second(*function)},
                          {"ok", function->ok},
                          {"failed", function->failed},
                          {"on_time", function->on_time},

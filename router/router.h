@@ -96,6 +96,8 @@ class Router {
   // Whether the request carries the operator's token (compared in constant time).
   bool from_operator(const ApiRequest& request) const;
   ApiResponse repository_index() const;
+  // The function's answered requests over the last 10 s, per second.
+  double requests_per_second(const Function& function) const;
   // The answer for a name with no loaded function: 400 when it is unloaded (still in the
   // repository), 404 when it was never registered.
   ApiResponse unknown_function(const std::string& name) const;

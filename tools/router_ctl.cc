@@ -170,16 +170,14 @@ int ctl_unload(HttpConnection& router, const std::string& function,
 }
 
 int ctl_top(HttpConnection& router, const TopLoopOptions& o) {
-  std::optional<TopSample> previous;
   for (uint64_t i = 0; o.iterations == 0 || i < o.iterations; ++i) {
     if (i > 0) std::this_thread::sleep_for(o.interval);
     std::string text;
     auto status = get_json(router, "/v2/status", o.timeout);
     if (status.ok()) {
-      auto rendered = render_top(*status, previous, TopOptions{router.target().url(), 10});
+      auto rendered = render_top(*status, TopOptions{router.target().url(), 10});
       if (rendered.ok()) {
         text = std::move(*rendered);
-        previous = top_sample(*status);
       } else {
         status = rendered.status();
       }

@@ -166,7 +166,10 @@ std::string render_nodes(const json& status) {
 
 std::string render_swaps(const json& status, size_t max_swaps) {
   const json& swaps = array(status, "swaps");
-  if (swaps.empty()) return "RECENT SWAPS: none\n";
+  // The router's list: requests it started whose model came from elsewhere. hiberd's own
+  // counters (hiberctl status, /metrics) also count the swaps of background leases (a worker
+  // starting up), which no request of the router's waited for.
+  if (swaps.empty()) return "RECENT SWAPS: none of the requests this router started needed one\n";
   Table t({"TIME", "FUNCTION", "NODE", "GPU", "FROM", "LINK", "QUEUED ms"}, "lllrllr");
   size_t shown = 0;
   for (const auto& s : swaps) {
@@ -209,22 +212,7 @@ std::string format_bytes(uint64_t bytes) {
   return printf_string("%.1f %s", v, kUnits[unit]);
 }
 
-TopSample top_sample(const json& status) {
-  TopSample sample;
-  if (!status.is_object()) return sample;
-  try {
-    sample.time = number(status, "time").value_or(0);
-    for (const auto& f : array(status, "functions")) {
-      sample.requests[text(f, "name")] = count(f, "requests");
-    }
-  } catch (const json::exception&) {
-    // A malformed status gives no rates; render_top reports the error itself.
-  }
-  return sample;
-}
-
-Result<std::string> render_top(const json& status, const std::optional<TopSample>& previous,
-                               const TopOptions& options) {
+Result<std::string> render_top(const json& status, const TopOptions& options) {
   if (!status.is_object()) return Status(ErrorCode::kInvalidValue, "the status is not an object");
   try {
     const json& functions = array(status, "functions");
@@ -256,21 +244,12 @@ Result<std::string> render_top(const json& status, const std::optional<TopSample
     for (const json* f : sorted) {
       const std::string name = text(*f, "name");
       const uint64_t requests = count(*f, "requests");
-      std::string rps = "-";
-      if (previous && now && *now > previous->time) {
-        auto before = previous->requests.find(name);
-        const uint64_t base = before == previous->requests.end() ? 0 : before->second;
-        if (requests >= base) {
-          rps =
-              printf_string("%.1f", static_cast<double>(requests - base) / (*now - previous->time));
-        }
-      }
-      t.add({name, std::to_string(requests), rps, percent(count(*f, "on_time"), requests),
-             fixed(number(*f, "slo_ms"), 0), fixed(number(*f, "p50_ms")),
-             fixed(number(*f, "p99_ms")), std::to_string(count(*f, "queued")),
-             std::to_string(count(*f, "instances")), std::to_string(count(*f, "busy")),
-             std::to_string(count(*f, "failed")), std::to_string(count(*f, "rejected")),
-             std::to_string(count(*f, "shed"))});
+      t.add({name, std::to_string(requests), fixed(number(*f, "rps"), 1),
+             percent(count(*f, "on_time"), requests), fixed(number(*f, "slo_ms"), 0),
+             fixed(number(*f, "p50_ms")), fixed(number(*f, "p99_ms")),
+             std::to_string(count(*f, "queued")), std::to_string(count(*f, "instances")),
+             std::to_string(count(*f, "busy")), std::to_string(count(*f, "failed")),
+             std::to_string(count(*f, "rejected")), std::to_string(count(*f, "shed"))});
     }
     out += functions.empty() ? "FUNCTIONS: none registered\n" : t.render();
     out += "\n";

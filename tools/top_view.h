@@ -14,25 +14,16 @@
 
 namespace hiber::tools {
 
-// What the next refresh needs from this one to compute requests per second.
-struct TopSample {
-  double time = 0;                           // the status's "time", seconds
-  std::map<std::string, uint64_t> requests;  // per function
-};
-
-TopSample top_sample(const nlohmann::json& status);
-
 struct TopOptions {
   std::string router;     // shown in the title line
   size_t max_swaps = 10;  // rows of the recent swaps table
 };
 
 // The whole screen, lines ending in '\n'. The functions table is sorted by requests, most first;
-// its RPS column is the change in requests since `previous` over the change in status time
-// ("-" without a previous sample, or when the router's counters restarted). Missing fields show
-// as "-"; a field of the wrong type is kInvalidValue.
-Result<std::string> render_top(const nlohmann::json& status,
-                               const std::optional<TopSample>& previous, const TopOptions& options);
+// its RPS column is the router's own rate, the function's answers over the last 10 s (the
+// status's "rps"), so the first refresh has it too. Missing fields show as "-"; a field of the
+// wrong type is kInvalidValue.
+Result<std::string> render_top(const nlohmann::json& status, const TopOptions& options);
 
 // `hiberctl functions`: one row per function of the registry (`GET /v2/repository/index`, in
 // its order) with its numbers from the status (`GET /v2/status`), "-" where it has none.
