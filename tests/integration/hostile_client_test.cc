@@ -678,8 +678,10 @@ TEST(Queues, AGoneClientsQueuedWorkIsCancelled) {
 // Past the session's queue limit a copy fails with the limit's name; the work already queued
 // runs, and once it has, copies go through again.
 TEST(Queues, CopiesPastTheQueueLimitFail) {
-  Hiberd hiberd(
-      {"--sim_throttle", "--session_max_queued_mib=64", "--node_config=" + slow_node_config()});
+  // A 20 MB/s link: a copy of 32 MiB takes 1.7 s, far longer than the session takes to queue
+  // the next two even on a loaded machine (at 100 MB/s, a third of a second was not always).
+  Hiberd hiberd({"--sim_throttle", "--session_max_queued_mib=64",
+                 "--node_config=" + one_gpu_node_config(0.02)});
   auto client = hiberd.connect("queue-limit");
   ASSERT_TRUE(client.ok()) << client.status();
   const uint64_t va = (*client)->session().grant.va_base;
@@ -700,7 +702,7 @@ TEST(Queues, CopiesPastTheQueueLimitFail) {
       m.setBytes(32 << 20);
     });
   };
-  // In one batch: the first copy takes a third of a second, so all three are queued at once.
+  // In one batch: the first copy takes 1.7 s, so all three are queued at once.
   for (int i = 0; i < 3; ++i) ASSERT_TRUE(copy().ok());
   auto sync =
       (*client)->call([](proto::Call::Builder c) { c.initStreamSynchronize().setStream(0); });
