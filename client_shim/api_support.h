@@ -32,6 +32,7 @@ auto traced(const char* name, Body&& body) {
 inline int failed(const char* name, const Status& status) {
   const int code = static_cast<int>(status.code());
   thread_last_error() = code;
+  if (status.code() != ErrorCode::kNotReady) thread_last_error_message() = status.message();
   if (status.code() != ErrorCode::kNotReady) {
     LOG_FIRST_N(WARNING, 256) << "hibercuda: " << name << " failed (" << code
                               << "): " << status.message();

@@ -76,6 +76,11 @@ int& thread_last_error() {
   return last_error;
 }
 
+std::string& thread_last_error_message() {
+  thread_local std::string message;
+  return message;
+}
+
 std::vector<Client::CallConfiguration>& Client::call_configurations() {
   thread_local std::vector<CallConfiguration> stack;
   return stack;

@@ -405,5 +405,7 @@ uint64_t code_image_size(const void* image);
 
 // The last error of the calling thread (cudaGetLastError), set by every failing runtime call.
 int& thread_last_error();
+// Its message: hiberd's reason (or the shim's), which the API's error code cannot carry.
+std::string& thread_last_error_message();
 
 }  // namespace hiber::shim

@@ -332,6 +332,13 @@ cudaError_t cudaPeekAtLastError(void) {
   return static_cast<cudaError_t>(Client::get().peek_async_error().code());
 }
 
+// Hiber's own: the message of the calling thread's last failure (hiberd's reason, which no
+// cudaError_t can carry), "" before any; valid until the thread's next failing call. Programs
+// find it with dlsym(RTLD_DEFAULT, ...), so that they still run without Hiber (docs/shim.md).
+extern "C" const char* hiber_shim_last_error_message(void) {
+  return hiber::shim::thread_last_error_message().c_str();
+}
+
 const char* cudaGetErrorName(cudaError_t error) {
   const char* name = hiber::shim::runtime_error_name(error);
   return name ? name : "cudaErrorUnknown";

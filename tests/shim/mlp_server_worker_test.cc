@@ -146,11 +146,13 @@ TEST(MlpServerWorker, AnswersTheRoutersRequestsOverTheWorkerProtocol) {
   router.invoke("count-2", "text/plain", "count");
   expect_text(router.read_frame(), "count-2", "count 2");
 
-  // A bad request line is an error answer, and serving goes on.
+  // A bad request line is the client's mistake (400), and serving goes on.
   router.invoke("bad", "text/plain", "nonsense");
-  EXPECT_EQ(
-      router.read_frame().header,
-      json({{"type", "result"}, {"id", "bad"}, {"ok", false}, {"error", "bad request: nonsense"}}));
+  EXPECT_EQ(router.read_frame().header, json({{"type", "result"},
+                                              {"id", "bad"},
+                                              {"ok", false},
+                                              {"error", "bad request: nonsense"},
+                                              {"status", 400}}));
 
   // Two outstanding at once (HIBER_CONCURRENCY=2), answered in any order.
   router.invoke("p1", "application/octet-stream", "1 5");
@@ -165,6 +167,34 @@ TEST(MlpServerWorker, AnswersTheRoutersRequestsOverTheWorkerProtocol) {
   }
   EXPECT_EQ(answered, (std::set<std::string>{"p1", "p2"}));
 
+  router.close_connection();
+  EXPECT_EQ(wait_exit(pid, 120s), 0) << read_file(log_path);
+  EXPECT_EQ(hiberd.stop(), 0) << hiberd.log();
+}
+
+// On the simulated GPU without its kernels' host implementations (no --sim_kernel_plugins), a
+// request's answer says so, in hiberd's words, instead of the worker dying ("worker was lost");
+// the worker goes on answering.
+TEST(MlpServerWorker, WithoutItsKernelsOnTheSimulatedGpuARequestSaysWhy) {
+  if (std::string why = missing_shim(); !why.empty()) GTEST_SKIP() << why;
+  Hiberd hiberd(HiberdOptions{});  // no kernel plugin
+  const std::string socket_path = hiberd.run_dir() + "/worker-test.sock";
+  const std::string log_path = hiberd.run_dir() + "/mlp_server.log";
+  RouterSide router(socket_path);
+  std::vector<std::string> env = shim_environment(hiberd, "mlp-no-kernels");
+  env.push_back("HIBER_WORKER_SOCKET=" + socket_path);
+  const pid_t pid = spawn(program_argv({"mlp_server", {"5", "1"}}), log_path, 0, env);
+  ASSERT_TRUE(router.accept()) << read_file(log_path) << "\nhiberd:\n" << hiberd.log();
+  ASSERT_EQ(router.read_frame().header.value("type", ""), "hello");
+  for (const char* id : {"first", "second"}) {
+    router.invoke(id, "application/octet-stream", "3 17");
+    const WorkerFrame result = router.read_frame();
+    EXPECT_EQ(result.header.value("ok", true), false) << result.header;
+    EXPECT_FALSE(result.header.contains("status")) << "the function's failure, not the client's";
+    const std::string error = result.header.value("error", "");
+    EXPECT_NE(error.find("has no host implementation of this kernel"), std::string::npos)
+        << error << "\n" << read_file(log_path);
+  }
   router.close_connection();
   EXPECT_EQ(wait_exit(pid, 120s), 0) << read_file(log_path);
   EXPECT_EQ(hiberd.stop(), 0) << hiberd.log();

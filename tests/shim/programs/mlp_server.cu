@@ -243,21 +243,25 @@ int serve_stdin(Server& server) {
   return 0;
 }
 
-// Serves hiber-router's requests through the function SDK: the exit status.
+// Serves hiber-router's requests through the function SDK: the exit status. A request it cannot
+// read is the client's mistake (400); a CUDA call that fails answers the request with the call,
+// its error and hiberd's reason (500: on the simulated GPU without --sim_kernel_plugins, "the
+// simulated GPU has no host implementation of this kernel"), and serving goes on.
 int serve_router(Server& server) {
   namespace fn = hiber::function;
+  program::cuda_failures_throw() = true;
   std::mutex one_at_a_time;  // the server's state is not thread-safe; requests take turns
   return fn::serve([&](const fn::Request& request) -> std::variant<fn::Response, std::string> {
     const bool kserve = request.content_type.rfind("application/json", 0) == 0;
     std::string line = request.body;
     if (kserve) {
-      auto inputs = fn::parse_inputs(request.body);
-      if (auto* problem = std::get_if<std::string>(&inputs)) return *problem;
+      auto inputs = fn::parse_inputs(request);
+      if (auto* problem = std::get_if<std::string>(&inputs)) throw fn::ClientError(*problem);
       const auto& tensors = std::get<std::vector<fn::Tensor>>(inputs);
       const auto* lines =
           tensors.size() == 1 ? std::get_if<std::vector<std::string>>(&tensors[0].data) : nullptr;
       if (lines == nullptr || lines->size() != 1) {
-        return std::string("mlp_server takes one BYTES input holding one request line");
+        throw fn::ClientError("mlp_server takes one BYTES input holding one request line");
       }
       line = (*lines)[0];
     }
@@ -265,7 +269,7 @@ int serve_router(Server& server) {
     std::string out;
     {
       std::lock_guard<std::mutex> lock(one_at_a_time);
-      if (!server.answer(line, out)) return "bad request: " + line;
+      if (!server.answer(line, out)) throw fn::ClientError("bad request: " + line);
     }
     if (!kserve) return fn::Response{"text/plain", out};
     return fn::outputs_response({fn::Tensor{"answer", "BYTES", {1}, std::vector<std::string>{out}}},

@@ -20,6 +20,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <stdexcept>
+#include <string>
 
 namespace program {
 
@@ -83,18 +85,48 @@ size_t count_mismatches(const char* what, const T* got, const T* want, size_t n)
   return bad;
 }
 
+// Through Hiber, the message of the calling thread's last failing CUDA call (hiberd's reason,
+// client_shim: hiber_shim_last_error_message); "" natively.
+inline std::string hiber_error_message() {
+  using Message = const char* (*)();
+  static const auto message =
+      reinterpret_cast<Message>(dlsym(RTLD_DEFAULT, "hiber_shim_last_error_message"));
+  const char* text = message != nullptr ? message() : nullptr;
+  return text != nullptr ? text : "";
+}
+
+// Set by a program that serves requests: a failing CUDA_CHECK then throws (the request's answer
+// says why) instead of ending the process.
+inline bool& cuda_failures_throw() {
+  static bool enabled = false;
+  return enabled;
+}
+
+// What CUDA_CHECK does on a failure: "<where>: <call> failed: <name>: <description>", with
+// Hiber's message after it when there is one.
+[[noreturn]] inline void cuda_failed(const char* file, int line, const char* call,
+                                     const char* name, const char* description) {
+  std::string text = std::string(file) + ":" + std::to_string(line) + ": " + call +
+                     " failed: " + name + ": " + description;
+  if (const std::string hiber = hiber_error_message(); !hiber.empty()) {
+    text += " (hiberd: " + hiber + ")";
+  }
+  if (cuda_failures_throw()) throw std::runtime_error(text);
+  std::fprintf(stderr, "%s\n", text.c_str());
+  std::exit(kExitCudaError);
+}
+
 }  // namespace program
 
-// Checks a CUDA runtime call; on failure prints where, the error's name and description, and
-// exits with status 1.
-#define CUDA_CHECK(call)                                                                    \
-  do {                                                                                      \
-    const cudaError_t cuda_check_err_ = (call);                                             \
-    if (cuda_check_err_ != cudaSuccess) {                                                   \
-      std::fprintf(stderr, "%s:%d: %s failed: %s: %s\n", __FILE__, __LINE__, #call,         \
-                   cudaGetErrorName(cuda_check_err_), cudaGetErrorString(cuda_check_err_)); \
-      std::exit(program::kExitCudaError);                                                   \
-    }                                                                                       \
+// Checks a CUDA runtime call; on failure prints where, the error's name and description (and,
+// through Hiber, hiberd's reason), and exits with status 1 (throws in a serving program).
+#define CUDA_CHECK(call)                                                                   \
+  do {                                                                                     \
+    const cudaError_t cuda_check_err_ = (call);                                            \
+    if (cuda_check_err_ != cudaSuccess) {                                                  \
+      program::cuda_failed(__FILE__, __LINE__, #call, cudaGetErrorName(cuda_check_err_),   \
+                           cudaGetErrorString(cuda_check_err_));                           \
+    }                                                                                      \
   } while (0)
 
 // Checks the launch just made (<<<>>> reports configuration errors through cudaGetLastError).
