@@ -388,8 +388,10 @@ void NodeCore::swap_done(RequestId id, const Status& status, const SwapStats& st
     fail_gpu(gpu, status.with_context("swapping a model in"));
     return;
   }
-  // A start that moved nothing was answered as resident (streaming): it is no swap.
-  if (!r->moved_nothing) {
+  // A start that moved nothing was answered as resident (streaming): it is no swap. The swap's
+  // end may be reported before its streaming (nothing to copy ends at once, on another thread),
+  // so its bytes say it too.
+  if (!r->moved_nothing && stats.bytes > 0) {
     State::Gpu& g = state_->gpus[index_of(gpu)];
     ++g.swaps_in;
     g.swap_in_bytes += stats.bytes;

@@ -250,6 +250,23 @@ TEST_F(NodeCoreTest, AStartThatMovesNothingIsResidentAndNoSwap) {
   EXPECT_EQ(core_->status(now_).gpus[0].swap_in_bytes, kGiB);
 }
 
+// The same when the swap's end is reported before its streaming: hiberd's swap ends on the
+// device's callback thread, and with nothing to copy it can end at once.
+TEST_F(NodeCoreTest, ASwapThatEndsBeforeItsStreamingAndMovedNothingIsNoSwap) {
+  make(plain_topology(1, 16 * kGiB));
+  const FunctionId f = add(1, kGiB);
+  const RequestId r = arrive(f);
+  ASSERT_TRUE(core_->await_start(r, now_).ok());
+  core_->dispatch(now_);
+  core_->swap_done(r, Status(), SwapStats{0, 0}, now_);
+  core_->streaming(r, Status(), now_, /*moves_nothing=*/true);
+  ASSERT_TRUE(actuator_.answers.at(r).ok());
+  EXPECT_EQ(actuator_.answers.at(r)->source, Source::kResident);
+  const NodeStatus status = core_->status(now_);
+  EXPECT_EQ(status.gpus[0].swaps_in, 0u);
+  EXPECT_EQ(status.swap_seconds.count, 0u);
+}
+
 TEST_F(NodeCoreTest, BackgroundRequestsAreOneAtATimeAndForgottenWhenReleased) {
   make(plain_topology(1, 16 * kGiB));
   const FunctionId f = add(1, kGiB);
@@ -732,7 +749,7 @@ TEST_F(NodeCoreTest, APeerCopyOfAFunctionWithoutAFixedModelIsAMove) {
   EXPECT_TRUE(s.first_request);
   actuator_.take_log();
   core_->streaming(r, Status(), now_);
-  core_->swap_done(r, Status(), {}, now_);
+  core_->swap_done(r, Status(), SwapStats{kGiB, 1'000'000}, now_);  // the copy moved the model
   EXPECT_EQ(actuator_.take_log(),
             (std::vector<std::string>{str_cat("forget f", f, " g", boot.gpu)}));
   const auto index = core_->scheduler().functions().find(f);
