@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <cstdlib>
 #include <fstream>
@@ -364,6 +365,30 @@ TEST(HiberdMetrics, CountsShedRequestsAndPreemptions) {
                                 std::to_string(kPreemptions) + " preempted)"),
             std::string::npos)
       << printed.output;
+  // Every figure in words: no empty name for an idle GPU, no GPU -1 for a session between
+  // leases, the SLO window said as such, counts with their plural.
+  for (const char* never : {"running ''", "GPU -1", "RRC", "1 swaps", "1 sessions"}) {
+    EXPECT_EQ(printed.output.find(never), std::string::npos) << never << "\n" << printed.output;
+  }
+  EXPECT_TRUE(printed.output.find("; idle;") != std::string::npos ||
+              printed.output.find("; running '") != std::string::npos)
+      << printed.output;
+  EXPECT_TRUE(printed.output.find(", no GPU:") != std::string::npos ||
+              printed.output.find(", on GPU ") != std::string::npos)
+      << printed.output;
+  EXPECT_NE(printed.output.find("window: "), std::string::npos) << printed.output;
+  EXPECT_NE(printed.output.find(" completed ("), std::string::npos) << printed.output;
+
+  // --json: the same reply as JSON, under the schema's names (64-bit integers as strings).
+  auto as_json = run_program({HIBERCTL_PATH, "--run_dir=" + hiberd.run_dir(), "status", "--json"});
+  ASSERT_EQ(as_json.exit_code, 0) << as_json.output;
+  const nlohmann::json status = nlohmann::json::parse(as_json.output, nullptr, false);
+  ASSERT_TRUE(status.is_object()) << as_json.output;
+  EXPECT_EQ(status["scheduler"]["shed"], std::to_string(kShed)) << status["scheduler"];
+  EXPECT_EQ(status["scheduler"]["preemptions"], std::to_string(kPreemptions));
+  ASSERT_TRUE(status["devices"].is_array());
+  EXPECT_FALSE(status["devices"].empty());
+  EXPECT_TRUE(status["sessions"].is_array());
 
   late->reset();
   waiting->reset();
