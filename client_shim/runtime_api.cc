@@ -319,7 +319,10 @@ cudaError_t cudaGetLastError(void) {
   int& last = hiber::shim::thread_last_error();
   if (last == cudaSuccess) {
     Status async = Client::get().take_async_error();
-    if (!async.ok()) last = static_cast<int>(async.code());
+    if (!async.ok()) {
+      last = static_cast<int>(async.code());
+      hiber::shim::thread_last_error_message() = async.message();
+    }
   }
   const int error = last;
   last = cudaSuccess;
@@ -329,7 +332,9 @@ cudaError_t cudaGetLastError(void) {
 cudaError_t cudaPeekAtLastError(void) {
   const int last = hiber::shim::thread_last_error();
   if (last != cudaSuccess) return static_cast<cudaError_t>(last);
-  return static_cast<cudaError_t>(Client::get().peek_async_error().code());
+  const Status async = Client::get().peek_async_error();
+  if (!async.ok()) hiber::shim::thread_last_error_message() = async.message();
+  return static_cast<cudaError_t>(async.code());
 }
 
 // Hiber's own: the message of the calling thread's last failure (hiberd's reason, which no
