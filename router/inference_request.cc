@@ -178,7 +178,8 @@ std::optional<size_t> binary_element_bytes(std::string_view datatype) {
   return static_cast<size_t>(type->bits / 8);
 }
 
-Result<json> binary_extension_header(std::string_view body, std::string_view header_bytes) {
+Result<BinaryExtensionHeader> binary_extension_header(std::string_view body,
+                                                      std::string_view header_bytes) {
   uint64_t length = 0;
   const bool digits = !header_bytes.empty() && header_bytes.size() <= 19 &&
                       std::all_of(header_bytes.begin(), header_bytes.end(),
@@ -196,7 +197,7 @@ Result<json> binary_extension_header(std::string_view body, std::string_view hea
     return error(ErrorCode::kInvalidValue, "the first ", length,
                  " bytes of the body (Inference-Header-Content-Length) are not a JSON object");
   }
-  return header;
+  return BinaryExtensionHeader{std::move(header), length};
 }
 
 json TensorSpec::to_json() const {

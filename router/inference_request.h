@@ -68,8 +68,12 @@ Result<CheckedInference> check_inference_request(
 
 // The JSON of a request or an answer in the binary tensor data extension: `header_bytes` (the
 // `Inference-Header-Content-Length` header's text) must be a decimal byte count no larger than
-// the body, and those bytes a JSON object. Returns the object; kInvalidValue otherwise.
-Result<nlohmann::json> binary_extension_header(std::string_view body,
-                                               std::string_view header_bytes);
+// the body, and those bytes a JSON object. kInvalidValue otherwise.
+struct BinaryExtensionHeader {
+  nlohmann::json json;  // the object
+  uint64_t bytes = 0;   // its length: the tensors' bytes start there
+};
+Result<BinaryExtensionHeader> binary_extension_header(std::string_view body,
+                                                      std::string_view header_bytes);
 
 }  // namespace hiber::router

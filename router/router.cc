@@ -471,15 +471,14 @@ void Router::infer(const std::string& name, ApiRequest request, Respond respond)
       !header_bytes.empty()) {
     // The binary tensor data extension: the body's first header_bytes are the JSON request,
     // the tensors' bytes follow.
-    Result<json> header = binary_extension_header(request.body, header_bytes);
+    Result<BinaryExtensionHeader> header = binary_extension_header(request.body, header_bytes);
     if (!header.ok()) return reject(header.status().message());
-    const uint64_t length = std::strtoull(header_bytes.c_str(), nullptr, 10);
     Result<CheckedInference> checked =
-        check_inference_request(*header, function->spec.inputs, function->spec.outputs,
-                                std::string_view(request.body).substr(length));
+        check_inference_request(header->json, function->spec.inputs, function->spec.outputs,
+                                std::string_view(request.body).substr(header->bytes));
     if (!checked.ok()) return reject(checked.status().message());
     client_id = std::move(checked->id);
-    inference_header_bytes = length;
+    inference_header_bytes = header->bytes;
   } else if (media_type(content_type) == "application/json") {
     const json body = json::parse(request.body, nullptr, /*allow_exceptions=*/false);
     if (body.is_discarded()) return reject("the body is not JSON (an inference request)");

@@ -219,11 +219,13 @@ TEST(InferenceRequest, BinaryInputsTileTheBinaryPartInOrder) {
 TEST(InferenceRequest, TheBinaryExtensionHeaderIsTheJsonsLength) {
   const std::string json_part = R"({"inputs": []})";
   const std::string body = json_part + "tensor bytes";
-  Result<json> header = binary_extension_header(body, std::to_string(json_part.size()));
+  Result<BinaryExtensionHeader> header =
+      binary_extension_header(body, std::to_string(json_part.size()));
   ASSERT_TRUE(header.ok()) << header.status();
-  EXPECT_TRUE(header->contains("inputs"));
+  EXPECT_TRUE(header->json.contains("inputs"));
+  EXPECT_EQ(header->bytes, json_part.size());
   for (const std::string bad : {"", "-1", "1e3", "12x", "99999999999999999999", "1000"}) {
-    Result<json> refused = binary_extension_header(body, bad);
+    Result<BinaryExtensionHeader> refused = binary_extension_header(body, bad);
     ASSERT_FALSE(refused.ok()) << bad;
     EXPECT_NE(refused.status().message().find("Inference-Header-Content-Length"), std::string::npos)
         << refused.status();
