@@ -8,8 +8,8 @@
 -- Environment: HIBER_FUNCTIONS, a comma-separated list of functions that successive requests
 -- take in turn (hiberd runs one request of a function at a time, so a throughput run spreads
 -- its requests over several functions); else HIBER_FUNCTION (default echo). HIBER_BODY (default
--- "ping") or HIBER_BODY_FILE (the body read from a file), HIBER_LABEL (the RESULT lines' label,
--- default "router").
+-- "ping") or HIBER_BODY_FILE (the body read from a file), HIBER_CONTENT_TYPE (default
+-- application/octet-stream), HIBER_LABEL (the RESULT lines' label, default "router").
 -- Prints "RESULT label=L name=router_p50|router_p99|router_p999|router_mean value=N unit=us",
 -- "name=router_rate unit=per_s" (answers per second) and "name=router_errors unit=count"
 -- (connect, read, write, timeout errors and non-2xx/3xx answers together).
@@ -31,7 +31,7 @@ if #functions == 0 then functions = {os.getenv("HIBER_FUNCTION") or "echo"} end
 wrk.method = "POST"
 wrk.path = "/v2/models/" .. functions[1] .. "/infer"
 wrk.body = body
-wrk.headers["Content-Type"] = "application/octet-stream"
+wrk.headers["Content-Type"] = os.getenv("HIBER_CONTENT_TYPE") or "application/octet-stream"
 wrk.headers["Connection"] = "keep-alive"
 
 -- Each wrk thread gets its number, so the threads start at different functions.

@@ -134,6 +134,11 @@ void Client::open_locked() {
   }
   options.auth_token = *token;
   options.requested_quota_bytes = env_u64("HIBER_QUOTA_MIB", 0) << 20;
+  // The router's worker number: hiberd gives this session the leases of the requests the router
+  // sends this process.
+  if (const char* instance = std::getenv("HIBER_INSTANCE_ID"); instance != nullptr) {
+    options.instance = instance;
+  }
   options.handshake_timeout = std::chrono::milliseconds(config_.connect_timeout_ms);
 
   wire::CallClientOptions call_options;

@@ -431,6 +431,9 @@ int serve_attached(const std::string& address, const std::string& token_file,
   if (const char* run_dir = std::getenv("HIBER_RUN_DIR"); run_dir != nullptr) {
     greeting["run_dir"] = run_dir;
   }
+  if (const char* instance = std::getenv("HIBER_INSTANCE_ID"); instance != nullptr && *instance) {
+    greeting["instance"] = instance;
+  }
   bool session_opened = false;
   std::chrono::milliseconds backoff{100};
   std::string last_problem;

@@ -1,6 +1,7 @@
 #include "router/router.h"
 
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -604,12 +605,6 @@ void Router::load(const std::string& name, const ApiRequest& request, Respond re
       return respond(error_response(forbidden ? 403 : 400, program.status().message()));
     }
   }
-  if (spec.shim && spec.max_instances > 1 && !spec.external) {
-    return respond(error_response(
-        400,
-        "max_instances must be 1 for a function using the GPU (shim: true): hiberd serves "
-        "one session per function; use concurrency for parallel requests"));
-  }
   auto existing = functions_.find(name);
   if (existing != functions_.end() && existing->second->unloading) {
     return respond(retry_later(409, "function \"" + name + "\" is being unloaded"));
@@ -786,6 +781,8 @@ void Router::maybe_start_worker(Function& function, bool keep_warm) {
   launch.node_run_dir = nodes_[node]->config().run_dir;
   launch.preload = options_.shim_preload;
   launch.stop_timeout = options_.worker_stop_timeout;
+  // The router's process id makes the key unique across router restarts too.
+  launch.instance_key = str_cat(::getpid(), ".", number);
   Result<std::unique_ptr<Worker>> worker = Worker::spawn(
       io_, function.spec, std::move(launch), number,
       [this, name](Worker& worker) {
@@ -831,11 +828,24 @@ std::optional<std::string> Router::on_attach(AttachHello hello, AttachListener::
     }
     node = 0;  // one node, or a function that uses no GPU
   }
+  if (function->spec.shim && !function->instances.empty()) {
+    // hiberd gives each request's lease to the session its requestArrived names: with several
+    // workers of one GPU function, each must say which session is its own.
+    const bool all_named =
+        !hello.instance.empty() &&
+        std::all_of(function->instances.begin(), function->instances.end(),
+                    [](const auto& entry) { return !entry.second.worker->instance_key().empty(); });
+    if (!all_named) {
+      return "function \"" + name +
+             "\" uses the GPU and has an attached worker already: each of its workers must set "
+             "HIBER_INSTANCE_ID, a key of its own";
+    }
+  }
   const uint64_t number = next_instance_++;
   Instance instance;
-  instance.worker =
-      Worker::attach(io_, name, std::move(socket), hello.peer, number, options_.worker_stop_timeout,
-                     [this, name](Worker& w) { on_worker_gone(name, w.instance()); });
+  instance.worker = Worker::attach(io_, name, std::move(socket), hello.peer, number, hello.instance,
+                                   options_.worker_stop_timeout,
+                                   [this, name](Worker& w) { on_worker_gone(name, w.instance()); });
   instance.node = node;
   instance.generation = function->generation;
   instance.became_ready = true;
@@ -933,7 +943,7 @@ void Router::run(Function& function, Instance& instance, std::shared_ptr<Invocat
   }
   NodeClient& node = *nodes_[instance.node];
   node.call(
-      wire::control::RequestArrived{function.spec.name},
+      wire::control::RequestArrived{function.spec.name, instance.worker->instance_key()},
       [this, invocation, alive = std::weak_ptr<bool>(alive_)](Result<wire::control::Reply> reply) {
         if (alive.expired()) return;
         const auto* accepted = reply.ok() ? std::get_if<wire::control::Accepted>(&*reply) : nullptr;
@@ -1099,6 +1109,9 @@ void Router::answer(Invocation& invocation, ApiResponse response) {
     char queued[32];
     std::snprintf(queued, sizeof queued, "%.3f", started.queued_ms);
     response.headers.emplace_back("X-Hiber-Queued-Ms", queued);
+  }
+  if (invocation.instance) {
+    response.headers.emplace_back("X-Hiber-Instance", std::to_string(*invocation.instance));
   }
   if (invocation.instance && invocation.started_at != Clock::time_point()) {
     queue_wait = seconds_between(invocation.arrival, invocation.started_at);

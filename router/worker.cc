@@ -41,6 +41,7 @@ std::vector<std::string> worker_environment(const FunctionSpec& spec, const Work
   env["HIBER_FUNCTION_ID"] = spec.name;
   env["HIBER_RUN_DIR"] = launch.node_run_dir;
   env["HIBER_CONCURRENCY"] = std::to_string(spec.concurrency);
+  env["HIBER_INSTANCE_ID"] = launch.instance_key;
   if (spec.shim && !launch.preload.empty()) {
     auto it = spec.env.find("LD_PRELOAD");
     env["LD_PRELOAD"] = it == spec.env.end() ? launch.preload : launch.preload + " " + it->second;
@@ -73,9 +74,11 @@ Worker::~Worker() {
 std::unique_ptr<Worker> Worker::attach(asio::io_context& io, std::string function,
                                        asio::generic::stream_protocol::socket socket,
                                        std::string peer, uint64_t instance,
+                                       std::string instance_key,
                                        std::chrono::milliseconds stop_timeout, Callback on_gone) {
   WorkerLaunch launch;
   launch.stop_timeout = stop_timeout;
+  launch.instance_key = std::move(instance_key);
   std::unique_ptr<Worker> worker(new Worker(io, std::move(function), std::move(launch), instance,
                                             nullptr, std::move(on_gone)));
   worker->attached_ = true;

@@ -68,6 +68,10 @@ struct WorkerLaunch {
   std::string log_path;      // the worker's stdout and stderr
   std::string node_run_dir;  // HIBER_RUN_DIR
   std::string preload;       // LD_PRELOAD for `shim: true` (space-separated), may be empty
+  // HIBER_INSTANCE_ID: the key the worker's hiberd session presents, so that requestArrived
+  // names the process that gets the request. An attached worker's is what its hello said ("":
+  // none).
+  std::string instance_key;
   std::chrono::milliseconds stop_timeout{5000};
 };
 
@@ -88,10 +92,12 @@ class Worker {
   static std::unique_ptr<Worker> attach(boost::asio::io_context& io, std::string function,
                                         boost::asio::generic::stream_protocol::socket socket,
                                         std::string peer, uint64_t instance,
+                                        std::string instance_key,
                                         std::chrono::milliseconds stop_timeout, Callback on_gone);
   ~Worker();
 
   uint64_t instance() const { return instance_; }
+  const std::string& instance_key() const { return launch_.instance_key; }
   bool attached() const { return attached_; }
   pid_t pid() const { return pid_; }
   bool ready() const { return ready_ && !stopping_ && connection_open_; }

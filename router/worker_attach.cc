@@ -10,6 +10,7 @@
 
 #include "common/token.h"
 #include "router/worker_protocol.h"
+#include "wire/handshake.h"
 
 namespace hiber::router {
 namespace {
@@ -44,6 +45,13 @@ std::string check_hello(const json& header, const std::string& token) {
   }
   if (auto run_dir = header.find("run_dir"); run_dir != header.end() && !run_dir->is_string()) {
     return "its hello's run_dir is not a string";
+  }
+  if (auto instance = header.find("instance"); instance != header.end()) {
+    if (!instance->is_string()) return "its hello's instance is not a string";
+    if (Status valid = wire::check_instance_key(instance->get<std::string>(), "its hello");
+        !valid.ok()) {
+      return valid.message();
+    }
   }
   return "";
 }
@@ -232,6 +240,7 @@ void AttachListener::on_hello_frame(uint64_t id, std::string_view extra) {
   AttachHello hello;
   hello.function = frame.header.at("function").get<std::string>();
   hello.run_dir = frame.header.value("run_dir", "");
+  hello.instance = frame.header.value("instance", "");
   hello.peer = pending.peer;
   std::unique_ptr<Pending> taken = std::move(it->second);
   pending_.erase(it);

@@ -37,8 +37,9 @@ struct AttachOptions {
 // What a good hello said.
 struct AttachHello {
   std::string function;
-  std::string run_dir;  // HIBER_RUN_DIR as the worker saw it; empty when it sent none
-  std::string peer;     // "unix (pid 12, uid 1000)" or "tcp 10.0.0.5:41234", for log lines
+  std::string run_dir;   // HIBER_RUN_DIR as the worker saw it; empty when it sent none
+  std::string instance;  // HIBER_INSTANCE_ID as the worker saw it; empty when it sent none
+  std::string peer;      // "unix (pid 12, uid 1000)" or "tcp 10.0.0.5:41234", for log lines
 };
 
 class AttachListener {

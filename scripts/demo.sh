@@ -11,8 +11,9 @@
 #  3. GPUs 0-3 are drained and resumed (maintenance): the models on them leave, their host
 #     copies stay. Then ten minutes of an Azure Functions trace (sim/data/azure_demo.csv) are
 #     replayed over HTTP at 30x by hiber-load, which reports per function the requests, SLO
-#     compliance, p50 and p99, and where each request's model came from (resident, another GPU
-#     over NVLink or PCIe, host memory).
+#     compliance, p50 and p99, where each request's model came from (resident, another GPU
+#     over NVLink or PCIe, host memory) and how many instances answered (the busiest function
+#     may have up to four workers, each on a GPU of its own, when its requests queue).
 #  4. The first requests are sent again: the answers must not have changed though the models
 #     moved between GPUs. hiberctl top shows the node, and the status page and metrics URLs
 #     stay on screen while the node runs (until Enter or Ctrl-C when stdin is a terminal; a
@@ -156,12 +157,14 @@ if [ "$have_shim" = 1 ]; then
   done
 fi
 
-# The functions: name, model MiB (mlp_server's table; its MLP adds a few KiB), SLO ms. Trace
-# row r drives function r, so the two busiest rows go to the two largest models.
+# The functions: name, model MiB (mlp_server's table; its MLP adds a few KiB), SLO ms, and the
+# most instances (workers, each on a GPU of its own) the router may start. Trace row r drives
+# function r, so the two busiest rows go to the two largest models, and the busiest may scale
+# out when its requests queue.
 functions=(
-  "fn-256m 256 2000" "fn-192m 192 1500" "fn-128m 128 1000" "fn-96m 96 500"
-  "fn-64m 64 300" "fn-48m 48 250" "fn-32m 32 200" "fn-16m 16 100"
-  "fn-8m 8 80" "fn-4m 4 50" "fn-2m 2 30" "fn-1m 1 20"
+  "fn-256m 256 2000 4" "fn-192m 192 1500 1" "fn-128m 128 1000 1" "fn-96m 96 500 1"
+  "fn-64m 64 300 1" "fn-48m 48 250 1" "fn-32m 32 200 1" "fn-16m 16 100 1"
+  "fn-8m 8 80 1" "fn-4m 4 50 1" "fn-2m 2 30 1" "fn-1m 1 20 1"
 )
 shim=$([ "$have_shim" = 1 ] && echo true || echo false)
 names=()
@@ -179,7 +182,7 @@ else
 fi
 i=0
 for f in "${functions[@]}"; do
-  read -r name mib slo <<<"$f"
+  read -r name mib slo instances <<<"$f"
   seed=$((100 + i))
   if [ "$have_shim" = 1 ]; then
     command="$bin/tests/shim/programs/mlp_server $seed $mib"
@@ -188,7 +191,7 @@ for f in "${functions[@]}"; do
   fi
   # idle_timeout_s: no scale-to-zero during the demo.
   rctl load "$name" --command="$command" --shim="$shim" --slo_ms="$slo" --idle_timeout_s=600 \
-    >/dev/null
+    --max_instances="$instances" >/dev/null
   names+=("$name")
   seeds+=("$seed")
   entries+=($((mib * 262144 - 1)))  # the table's last float: the far end of the model
@@ -250,7 +253,7 @@ invoke_all first
 printf '   %-8s %5s %7s  %-20s %s\n' function MiB SLO_ms "ran on" "answer to \"7 <last table entry>\""
 for n in "${!names[@]}"; do
   check_answer first "$n"
-  read -r _ mib slo <<<"${functions[n]}"
+  read -r _ mib slo _ <<<"${functions[n]}"
   answer=$(cat "$run_dir/first-$n.out")
   if [ ${#answer} -gt 44 ]; then answer="${answer:0:41}..."; fi
   printf '   %-8s %5s %7s  %-20s %s\n' "${names[n]}" "$mib" "$slo" "$(placement first "$n")" "$answer"

@@ -149,11 +149,13 @@ Status ControlService::answer(const wire::Message& message, ReplySender send) {
                  },
                  [&](const control::RequestArrived& a) {
                    Status valid = wire::check_function_id(a.function_id, "requestArrived");
+                   if (valid.ok()) valid = wire::check_instance_key(a.instance, "requestArrived");
                    if (!valid.ok()) return send(error_frame(valid));
-                   controller_.request_arrived(a.function_id, [send](Result<uint64_t> id) {
-                     if (!id.ok()) return send(error_frame(id.status()));
-                     send(reply_frame(control::Reply(control::Accepted{*id})));
-                   });
+                   controller_.request_arrived(
+                       a.function_id, a.instance, [send](Result<uint64_t> id) {
+                         if (!id.ok()) return send(error_frame(id.status()));
+                         send(reply_frame(control::Reply(control::Accepted{*id})));
+                       });
                  },
                  [&](const control::RequestStart& s) {
                    controller_.request_start(s.request_id, [send](Result<wire::Started> started) {
@@ -245,6 +247,7 @@ void ControlService::answer_status(ReplySender send, control::StatusQuery page) 
             out.setCalls(s.calls);
             out.setFailedCalls(s.failed_calls);
             out.setConnectedSeconds(s.connected_seconds);
+            out.setInstance(s.identity.instance);
           }
           // The page asked for: [first, end) of every function.
           const uint64_t count = controller->functions.size();
@@ -270,6 +273,7 @@ void ControlService::answer_status(ReplySender send, control::StatusQuery page) 
             out.setRequests(f.requests);
             out.setOnTime(f.on_time);
             out.setRrc(f.rrc);
+            out.setInstances(f.instances);
           }
           auto sched = status.initScheduler();
           sched.setPlacement(controller->placement);

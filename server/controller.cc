@@ -21,6 +21,19 @@ scheduler::Time now_ns() {
 // positive size, and the memory layer asks for room itself when the real blocks do not fit.
 constexpr uint64_t kUnknownModelBytes = 1;
 
+// What the node core is told of a registered function (of each of its instances).
+node::FunctionSpec function_spec(const Registration& r) {
+  node::FunctionSpec spec;
+  spec.name = r.function_id;
+  spec.model_bytes = kUnknownModelBytes;
+  spec.slo = r.slo;
+  spec.tail_percentile = r.tail_percentile;
+  spec.heavy_hint = r.heavy_hint;
+  spec.exec_time_hint = r.exec_hint;
+  spec.stateful = r.stateful;
+  return spec;
+}
+
 }  // namespace
 
 // ---- The controller thread's state ----
@@ -28,19 +41,27 @@ constexpr uint64_t kUnknownModelBytes = 1;
 struct Controller::State {
   // A function the node knows: registered by the router, or an instance that connected on its
   // own (a program run by hand), which is forgotten when it disconnects.
+  // A registered function's instances beyond its first are tenants too (`extra`), each a core
+  // function of its own named like the registration, made at attach and forgotten at detach.
   struct Tenant {
     std::string name;  // the function id; ad-hoc sessions get "<id>#<session>"
     bool registered = false;
+    bool extra = false;
     Registration registration;
     LeaseHolder* session = nullptr;
     std::optional<SessionId> session_id;
+    std::string instance;  // the session's instance key
     std::shared_ptr<FunctionMemory> memory;
+    uint64_t open_requests = 0;  // arrived and not yet done
   };
 
   std::unique_ptr<node::NodeCore> core;
   std::unordered_map<FunctionId, Tenant> tenants;
-  std::unordered_map<std::string, FunctionId> by_name;
+  std::unordered_map<std::string, FunctionId> by_name;  // registrations and ad-hoc tenants
   std::unordered_map<SessionId, FunctionId> by_session;
+  // A registered function's connected instances, in the order they attached.
+  std::unordered_map<std::string, std::vector<FunctionId>> instances_of;
+  std::unordered_map<RequestId, FunctionId> open_requests;  // requestArrived, not yet done
   std::unordered_map<RequestId, Reply<wire::Started>> start_replies;
   std::deque<std::pair<std::optional<GpuId>, Reply<Ok>>> drain_replies;  // in the order asked
   std::vector<std::optional<device::Stream>> service;  // per GPU: the controller's write-backs
@@ -171,8 +192,8 @@ void Controller::run() {
 
 // ---- Sessions ----
 
-Result<SessionPlan> Controller::admit(const std::string& function_id, uint64_t requested_quota,
-                                      SessionId session) {
+Result<SessionPlan> Controller::admit(const std::string& function_id, const std::string& instance,
+                                      uint64_t requested_quota, SessionId session) {
   const uint64_t one_gpu = pools_->pool_bytes(0);
   const uint64_t max_quota = options_.max_quota_bytes != 0 ? options_.max_quota_bytes : one_gpu;
   SessionPlan plan;
@@ -182,10 +203,21 @@ Result<SessionPlan> Controller::admit(const std::string& function_id, uint64_t r
   auto registered = registry_.find(function_id);
   uint64_t quota = requested_quota;
   if (registered != registry_.end()) {
-    if (auto live = live_instances_.find(function_id); live != live_instances_.end()) {
-      return error(ErrorCode::kDeviceUnavailable, "function '", function_id,
-                   "' already has a connected instance (session ", live->second,
-                   "); a registered function runs one instance per node");
+    const auto& instances = registered->second.instances;
+    if (options_.max_instances_per_function != 0 &&
+        instances.size() >= options_.max_instances_per_function) {
+      return error(ErrorCode::kDeviceUnavailable, "function '", function_id, "' already has ",
+                   instances.size(),
+                   " connected instances, the most --max_instances_per_function allows");
+    }
+    if (!instance.empty()) {
+      for (const auto& [other, admitted] : instances) {
+        if (admitted.instance == instance) {
+          return error(ErrorCode::kInvalidValue, "function '", function_id, "' has an instance '",
+                       instance, "' connected already (session ", other,
+                       "); each instance needs a key of its own");
+        }
+      }
     }
     const Registration& r = registered->second.registration;
     plan.memory.stateful = r.stateful;
@@ -201,8 +233,14 @@ Result<SessionPlan> Controller::admit(const std::string& function_id, uint64_t r
                  max_quota);
   }
   if (registered != registry_.end()) {
-    live_instances_.insert_or_assign(function_id, session);
-    plan.function = registered->second.id;
+    // The registration's core function serves the first instance; each other instance at once
+    // gets one of its own (attach() adds it to the core).
+    auto& instances = registered->second.instances;
+    const FunctionId own = registered->second.id;
+    const bool own_taken = std::any_of(instances.begin(), instances.end(),
+                                       [&](const auto& entry) { return entry.second.core == own; });
+    plan.function = own_taken ? FunctionId{next_function_++} : own;
+    instances.insert_or_assign(session, Admitted{plan.function, instance});
   } else {
     // A program that connected on its own is a function of its own for as long as it lives.
     plan.function = FunctionId{next_function_++};
@@ -215,27 +253,50 @@ Result<SessionPlan> Controller::admit(const std::string& function_id, uint64_t r
 
 void Controller::withdraw(const std::string& function_id, SessionId session) {
   MutexLock lock(registry_mutex_);
-  auto live = live_instances_.find(function_id);
-  if (live != live_instances_.end() && live->second == session) live_instances_.erase(live);
+  if (auto it = registry_.find(function_id); it != registry_.end()) {
+    it->second.instances.erase(session);
+  }
 }
 
 void Controller::attach(LeaseHolder* session) {
   const std::string& function_id = session->function_id();
   const FunctionId id{session->memory()->owner()};
   bool registered = false;
+  std::optional<Registration> extra;
   {
     MutexLock lock(registry_mutex_);
     auto it = registry_.find(function_id);
-    registered = it != registry_.end() && it->second.id == id;
+    if (it != registry_.end()) {
+      auto admitted = it->second.instances.find(session->id());
+      registered = admitted != it->second.instances.end() && admitted->second.core == id;
+      if (registered && id != it->second.id) extra = it->second.registration;
+    }
   }
-  post([this, session, id, registered](State&) { on_attach(session, id, registered); });
+  post([this, session, id, registered, extra](State&) {
+    on_attach(session, id, registered, extra);
+  });
 }
 
-void Controller::on_attach(LeaseHolder* session, FunctionId id, bool registered) {
+void Controller::on_attach(LeaseHolder* session, FunctionId id, bool registered,
+                           const std::optional<Registration>& extra) {
   State& s = *state_;
   const std::string& function_id = session->function_id();
   const SessionId session_id = session->id();
-  if (registered) {
+  if (extra) {
+    // Another instance of a registered function: a core function of its own, specified as the
+    // registration is.
+    Status added = s.core->add_function(id, function_spec(*extra), now_ns());
+    if (!added.ok()) {
+      LOG(ERROR) << "session " << session_id << ": " << added;
+      return;
+    }
+    State::Tenant tenant;
+    tenant.name = function_id;
+    tenant.registered = true;
+    tenant.extra = true;
+    tenant.registration = *extra;
+    s.tenants.emplace(id, std::move(tenant));
+  } else if (registered) {
     if (s.tenant(id) == nullptr) {
       LOG(ERROR) << "session " << session_id << ": function '" << function_id
                  << "' is registered but unknown to the node core";
@@ -265,8 +326,10 @@ void Controller::on_attach(LeaseHolder* session, FunctionId id, bool registered)
   State::Tenant& t = s.tenants.at(id);
   t.session = session;
   t.session_id = session_id;
+  t.instance = session->instance_key();
   t.memory = session->memory();
   s.by_session.emplace(session_id, id);
+  if (t.registered) s.instances_of[function_id].push_back(id);
 }
 
 void Controller::detach(SessionId session) {
@@ -289,17 +352,20 @@ void Controller::on_detach(SessionId session) {
   t.session_id.reset();
   t.memory.reset();
   s.by_session.erase(it);
-  if (!t.registered) {
+  if (t.registered) {
+    auto live = s.instances_of.find(t.name);
+    if (live != s.instances_of.end()) {
+      std::erase(live->second, id);
+      if (live->second.empty()) s.instances_of.erase(live);
+    }
+    MutexLock lock(registry_mutex_);
+    if (auto r = registry_.find(t.name); r != registry_.end()) r->second.instances.erase(session);
+  }
+  if (!t.registered || t.extra) {
     Status gone = s.core->remove_function(id, now);
     LOG_IF(ERROR, !gone.ok()) << "forgetting '" << t.name << "': " << gone;
-    s.by_name.erase(t.name);
+    if (!t.registered) s.by_name.erase(t.name);
     s.tenants.erase(id);
-  } else {
-    MutexLock lock(registry_mutex_);
-    auto live = live_instances_.find(t.name);
-    if (live != live_instances_.end() && live->second == session) {
-      live_instances_.erase(live);
-    }
   }
 }
 
@@ -351,15 +417,7 @@ void Controller::register_function(const Registration& registration, Reply<Ok> r
 
 void Controller::on_register(const Registration& r, FunctionId id, Reply<Ok>& reply) {
   State& s = *state_;
-  node::FunctionSpec spec;
-  spec.name = r.function_id;
-  spec.model_bytes = kUnknownModelBytes;
-  spec.slo = r.slo;
-  spec.tail_percentile = r.tail_percentile;
-  spec.heavy_hint = r.heavy_hint;
-  spec.exec_time_hint = r.exec_hint;
-  spec.stateful = r.stateful;
-  Status added = s.core->add_function(id, spec, now_ns());
+  Status added = s.core->add_function(id, function_spec(r), now_ns());
   if (!added.ok()) {
     MutexLock lock(registry_mutex_);
     registry_.erase(r.function_id);
@@ -390,9 +448,12 @@ void Controller::on_unregister(const std::string& function_id, Reply<Ok>& reply)
     reply(error(ErrorCode::kNotFound, "function '", function_id, "' is not registered"));
     return;
   }
-  if (t->session != nullptr) {
-    reply(error(ErrorCode::kIllegalState, "function '", function_id,
-                "' still has a connected instance (session ", *t->session_id, "); stop it first"));
+  if (auto live = s.instances_of.find(function_id); live != s.instances_of.end()) {
+    const State::Tenant* first = s.tenant(live->second.front());
+    reply(error(ErrorCode::kIllegalState, "function '", function_id, "' still has ",
+                live->second.size(), " connected instance(s) (session ",
+                first != nullptr && first->session_id ? first->session_id->value() : 0,
+                live->second.size() > 1 ? " and others" : "", "); stop them first"));
     return;
   }
   const FunctionId id = s.by_name.at(function_id);
@@ -410,13 +471,15 @@ void Controller::on_unregister(const std::string& function_id, Reply<Ok>& reply)
   reply(Ok{});
 }
 
-void Controller::request_arrived(const std::string& function_id, Reply<uint64_t> reply) {
-  post([this, function_id, reply = std::move(reply)](State&) mutable {
-    on_arrived(function_id, reply);
+void Controller::request_arrived(const std::string& function_id, const std::string& instance,
+                                 Reply<uint64_t> reply) {
+  post([this, function_id, instance, reply = std::move(reply)](State&) mutable {
+    on_arrived(function_id, instance, reply);
   });
 }
 
-void Controller::on_arrived(const std::string& function_id, Reply<uint64_t>& reply) {
+void Controller::on_arrived(const std::string& function_id, const std::string& instance,
+                            Reply<uint64_t>& reply) {
   State& s = *state_;
   State::Tenant* t = s.tenant_named(function_id);
   if (t == nullptr || !t->registered) {
@@ -424,11 +487,40 @@ void Controller::on_arrived(const std::string& function_id, Reply<uint64_t>& rep
                 "' is not registered"));
     return;
   }
-  Result<RequestId> id = s.core->arrive(s.by_name.at(function_id), now_ns());
+  // Which instance serves it: the one named, or the least busy. With none connected the
+  // registration's own core function answers (it has no instance: the core says so).
+  FunctionId chosen = s.by_name.at(function_id);
+  if (auto live = s.instances_of.find(function_id); live != s.instances_of.end()) {
+    const std::vector<FunctionId>& instances = live->second;
+    if (!instance.empty()) {
+      auto named = std::find_if(instances.begin(), instances.end(), [&](FunctionId id) {
+        return s.tenants.at(id).instance == instance;
+      });
+      if (named == instances.end()) {
+        reply(error(ErrorCode::kDeviceUnavailable, "requestArrived: function '", function_id,
+                    "' has no connected instance '", instance, "' (", instances.size(),
+                    " other instance(s) are connected)"));
+        return;
+      }
+      chosen = *named;
+    } else {
+      chosen =
+          *std::min_element(instances.begin(), instances.end(), [&](FunctionId a, FunctionId b) {
+            return s.tenants.at(a).open_requests < s.tenants.at(b).open_requests;
+          });
+    }
+  } else if (!instance.empty()) {
+    reply(error(ErrorCode::kDeviceUnavailable, "requestArrived: function '", function_id,
+                "' has no connected instance '", instance, "'"));
+    return;
+  }
+  Result<RequestId> id = s.core->arrive(chosen, now_ns());
   if (!id.ok()) {
     reply(id.status().with_context("requestArrived"));
     return;
   }
+  ++s.tenants.at(chosen).open_requests;
+  s.open_requests.emplace(*id, chosen);
   reply(id->value());
 }
 
@@ -452,6 +544,12 @@ void Controller::request_start(uint64_t request, Reply<wire::Started> reply) {
 
 void Controller::request_done(uint64_t request, bool failed, Reply<Ok> reply) {
   post([this, request, failed, reply = std::move(reply)](State& s) {
+    if (auto open = s.open_requests.find(RequestId{request}); open != s.open_requests.end()) {
+      if (State::Tenant* t = s.tenant(open->second); t != nullptr && t->open_requests > 0) {
+        --t->open_requests;
+      }
+      s.open_requests.erase(open);
+    }
     Status done = s.core->done(RequestId{request}, failed, now_ns());
     if (!done.ok()) {
       reply(done.with_context("requestDone"));
@@ -513,21 +611,37 @@ ControllerStatus Controller::on_status() {
     gpu.evictions_by_reason = in.evictions_by_reason;
     out.gpus.push_back(gpu);
   }
+  // One entry per function: its instances' core functions summed into it.
+  std::unordered_map<std::string, size_t> entry_of;
   for (const node::NodeStatus::Function& in : core.functions) {
     const State::Tenant* t = s.tenant(in.id);
     if (t == nullptr) continue;
-    ControllerStatus::Function f;
-    f.function_id = t->name;
-    f.registered = t->registered;
-    f.stateful = in.stateful;
-    f.heavy = in.heavy;
-    f.model_bytes = t->memory ? t->memory->model_bytes() : 0;
-    f.host_copy_bytes = t->memory ? t->memory->host_bytes() : 0;
-    for (GpuId g : in.resident_gpus) f.resident_gpus.push_back(g.value());
-    f.requests = in.requests;
-    f.on_time = in.on_time;
-    f.rrc = in.rrc;
-    out.functions.push_back(std::move(f));
+    auto [entry, added] = entry_of.emplace(t->name, out.functions.size());
+    if (added) {
+      ControllerStatus::Function f;
+      f.function_id = t->name;
+      f.registered = t->registered;
+      f.stateful = in.stateful;
+      f.rrc = in.rrc;
+      out.functions.push_back(std::move(f));
+    }
+    ControllerStatus::Function& f = out.functions[entry->second];
+    f.heavy = f.heavy || in.heavy;
+    if (t->memory) {
+      f.model_bytes = std::max(f.model_bytes, t->memory->model_bytes());
+      f.host_copy_bytes += t->memory->host_bytes();
+    }
+    for (GpuId g : in.resident_gpus) {
+      if (std::find(f.resident_gpus.begin(), f.resident_gpus.end(), g.value()) ==
+          f.resident_gpus.end()) {
+        f.resident_gpus.push_back(g.value());
+      }
+    }
+    std::sort(f.resident_gpus.begin(), f.resident_gpus.end());
+    f.requests += in.requests;
+    f.on_time += in.on_time;
+    f.rrc = std::max(f.rrc, in.rrc);
+    if (t->session != nullptr) ++f.instances;
   }
   std::sort(out.functions.begin(), out.functions.end(),
             [](const auto& a, const auto& b) { return a.function_id < b.function_id; });

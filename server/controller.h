@@ -14,6 +14,17 @@
 // Calls a function makes outside any request (its start-up, or a program run without a router)
 // get background requests the same way, so one scheduler sees every use of every GPU.
 //
+// Instances. A registered function may have several instances at once, each a process with a
+// session of its own (the router scales a hot function's workers up to its max_instances). Each
+// instance is a function of its own to the node core: its own address range, blocks, replicas
+// and queue, so two instances run at once on two GPUs, each with its own copy of the model (a
+// VMM address maps one allocation, so two GPUs running one function at once need two address
+// ranges; docs/design.md, "Instances"). The first instance uses the registration's core
+// function; the others get core functions made when they attach and removed when they detach.
+// requestArrived names the instance that will serve the request (its Hello's instance key), so
+// the lease goes to the process that gets the request; without a key, the instance with the
+// fewest open requests gets it. Status reports each function once, its instances summed.
+//
 // Faults. A session that dies frees its lease, its queued requests (their waiting router calls
 // get an error) and its memory. A transfer that fails marks its GPU unhealthy: the GPU takes no
 // more requests, the models there are forgotten (their host copies bring them back elsewhere),
@@ -35,6 +46,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -75,6 +87,9 @@ struct ControllerOptions {
   uint64_t max_quota_bytes = 0;      // 0: one GPU's pool
   // Registered functions at most; each costs the scheduler and every status report. 0: no cap.
   uint64_t max_registered_functions = 4096;
+  // Connected instances of one registered function at most (each holds a quota of its own).
+  // 0: no cap.
+  uint32_t max_instances_per_function = 64;
   // The longest one kernel may run: the larger of this and the function's SLO (a kernel never
   // needs longer than its whole request may take). 0: no limit at all.
   scheduler::Duration kernel_deadline = 0;
@@ -126,7 +141,8 @@ struct ControllerStatus {
     std::vector<int> resident_gpus;
     uint64_t requests = 0;
     uint64_t on_time = 0;
-    double rrc = 0;
+    double rrc = 0;          // the highest of its instances'
+    uint32_t instances = 0;  // connected instances (sessions)
   };
   std::vector<Gpu> gpus;
   std::vector<Function> functions;
@@ -159,11 +175,13 @@ class Controller final : public GpuLessor, private node::Actuator {
   uint64_t swap_group_bytes() const { return group_bytes_; }
 
   // ---- Sessions (the daemon's thread) ----
-  // The quota and memory settings of a new session of `function_id`; an error refuses it (the
-  // function already has a live instance, or asks for more than it may). A registered
-  // function's instance slot is taken for `session` until detach() or withdraw().
-  Result<SessionPlan> admit(const std::string& function_id, uint64_t requested_quota,
-                            SessionId session);
+  // The quota and memory settings of a new session of `function_id`, the instance keyed
+  // `instance` ("" for none); an error refuses it (the function has as many instances as
+  // --max_instances_per_function allows, another instance has that key, or it asks for more
+  // than it may). A registered function's instance slot is taken for `session` until detach()
+  // or withdraw().
+  Result<SessionPlan> admit(const std::string& function_id, const std::string& instance,
+                            uint64_t requested_quota, SessionId session);
   // An admitted session that never started (its creation or Welcome failed).
   void withdraw(const std::string& function_id, SessionId session);
   // The session exists (after Session::create, its memory owned by the plan's function): it
@@ -176,7 +194,10 @@ class Controller final : public GpuLessor, private node::Actuator {
   // ---- Control calls (any thread; replies come on the controller thread) ----
   void register_function(const Registration& registration, Reply<Ok> reply);
   void unregister_function(const std::string& function_id, Reply<Ok> reply);
-  void request_arrived(const std::string& function_id, Reply<uint64_t> reply);
+  // A request of `function_id` for its instance keyed `instance`; "": the instance with the
+  // fewest open requests.
+  void request_arrived(const std::string& function_id, const std::string& instance,
+                       Reply<uint64_t> reply);
   void request_start(uint64_t request, Reply<wire::Started> reply);
   void request_done(uint64_t request, bool failed, Reply<Ok> reply);
   void drain(int gpu, bool resume, Reply<Ok> reply);
@@ -204,11 +225,15 @@ class Controller final : public GpuLessor, private node::Actuator {
   void run();
 
   // The controller thread's handlers (state_ is theirs alone).
-  void on_attach(LeaseHolder* session, FunctionId id, bool registered);
+  // `extra`: the registration of a registered function whose instance uses a core function of
+  // its own (not the registration's).
+  void on_attach(LeaseHolder* session, FunctionId id, bool registered,
+                 const std::optional<Registration>& extra);
   void on_detach(SessionId session);
   void on_register(const Registration& registration, FunctionId id, Reply<Ok>& reply);
   void on_unregister(const std::string& function_id, Reply<Ok>& reply);
-  void on_arrived(const std::string& function_id, Reply<uint64_t>& reply);
+  void on_arrived(const std::string& function_id, const std::string& instance,
+                  Reply<uint64_t>& reply);
   void on_drain(int gpu, bool resume, Reply<Ok>& reply);
   ControllerStatus on_status();
   Result<device::Stream> service_stream(GpuId gpu);
@@ -233,14 +258,17 @@ class Controller final : public GpuLessor, private node::Actuator {
   uint64_t group_bytes_ = 0;
 
   // Registrations, readable from the daemon's thread for admit().
+  struct Admitted {
+    FunctionId core;       // the instance's function in the node core
+    std::string instance;  // its key; "" for none
+  };
   struct Registered {
     Registration registration;
-    FunctionId id;
+    FunctionId id;  // the registration's core function, which its first instance uses
+    std::map<SessionId, Admitted> instances;  // admitted and not yet detached or withdrawn
   };
   Mutex registry_mutex_;
   std::unordered_map<std::string, Registered> registry_ GUARDED_BY(registry_mutex_);
-  // Function id -> the session of its instance.
-  std::unordered_map<std::string, SessionId> live_instances_ GUARDED_BY(registry_mutex_);
   uint32_t next_function_ GUARDED_BY(registry_mutex_) = 1;
 
   Mailbox<Event> events_;  // for the controller thread, in arrival order

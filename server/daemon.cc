@@ -616,8 +616,8 @@ void Daemon::on_hello(Connection& connection) {
     reject(connection, admitted);
     return;
   }
-  auto plan =
-      controller_->admit(hello->function_id, hello->requested_quota_bytes, next_session_id_);
+  auto plan = controller_->admit(hello->function_id, hello->instance, hello->requested_quota_bytes,
+                                 next_session_id_);
   if (!plan.ok()) {
     reject(connection, plan.status());
     return;
@@ -633,7 +633,7 @@ void Daemon::on_hello(Connection& connection) {
   config.limits = options_.session_limits;
   config.memory = plan->memory;
   config.kernel_deadline = plan->kernel_deadline;
-  SessionIdentity identity{next_session_id_, hello->function_id, connection.peer};
+  SessionIdentity identity{next_session_id_, hello->function_id, connection.peer, hello->instance};
   auto session = Session::create(device_, module_cache_, controller_->pools(),
                                  controller_->repository(), *controller_, identity, config);
   if (!session.ok()) {

@@ -83,6 +83,9 @@ DEFINE_uint64(max_quota_mib, 0,
 DEFINE_uint64(max_registered_functions, 4096,
               "The most functions registered at once; registerFunction past it is refused "
               "(0: no cap)");
+DEFINE_uint32(max_instances_per_function, 64,
+              "The most connected instances (sessions) of one registered function; a session "
+              "past it is refused (0: no cap)");
 // What one client may make hiberd hold (docs/hiberd.md, "Limits").
 DEFINE_uint64(session_max_queued_mib, 16384,
               "The most bytes of copies and memsets one session may have queued on its GPU and "
@@ -263,6 +266,7 @@ Result<server::DaemonOptions> make_options(const std::string& run_dir) {
   c.default_quota_bytes = FLAGS_default_quota_mib << 20;
   c.max_quota_bytes = FLAGS_max_quota_mib << 20;
   c.max_registered_functions = FLAGS_max_registered_functions;
+  c.max_instances_per_function = FLAGS_max_instances_per_function;
   c.scheduler.placement = FLAGS_placement;
   c.scheduler.eviction = FLAGS_eviction;
   c.scheduler.queue = FLAGS_queue;

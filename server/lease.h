@@ -79,6 +79,8 @@ class LeaseHolder {
   virtual SessionId id() const = 0;
   // The function id the instance connected as.
   virtual const std::string& function_id() const = 0;
+  // The key its Hello gave (which of the function's instances it is); "" for none.
+  virtual const std::string& instance_key() const = 0;
   // The instance's memory, shared with the controller, which evicts its replicas from GPUs it
   // does not run on.
   virtual const std::shared_ptr<FunctionMemory>& memory() const = 0;

@@ -123,6 +123,7 @@ class Session final : public LeaseHolder {
   int memfd() const { return channel_->memfd(); }
   SessionId id() const override { return identity_.id; }
   const std::string& function_id() const override { return identity_.function_id; }
+  const std::string& instance_key() const override { return identity_.instance; }
   const SessionIdentity& identity() const { return identity_; }
   // Shared with the controller, which evicts the session's replicas from GPUs it does not run on.
   const std::shared_ptr<FunctionMemory>& memory() const override { return memory_; }

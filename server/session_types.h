@@ -16,6 +16,7 @@ struct SessionIdentity {
   SessionId id{0};  // set when the session is made
   std::string function_id;
   PeerCredentials peer;
+  std::string instance = {};  // its Hello's instance key; "" when it gave none
 };
 
 // A point-in-time view for status reports.

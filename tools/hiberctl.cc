@@ -187,22 +187,26 @@ void print_status(proto::NodeStatus::Reader s) {
     }
     // requests and onTime count the scheduler's sliding window (its SLO accounting), not the
     // function's whole life: the scheduler line above has those.
-    std::printf("    '%s'%s%s %s: model %" PRIu64 " MiB, resident on [%s]; window: %s, %" PRIu64
-                " on time, %s\n",
+    std::printf("    '%s'%s%s %s, %s: model %" PRIu64
+                " MiB (per instance), resident on [%s]; "
+                "window: %s, %" PRIu64 " on time, %s\n",
                 f.getFunctionId().cStr(), f.getRegistered() ? "" : " (unregistered)",
                 f.getStateful() ? " stateful" : "", f.getHeavy() ? "heavy" : "light",
-                f.getModelBytes() >> 20, gpus.c_str(), count_of(f.getRequests(), "request").c_str(),
-                f.getOnTime(), slo_standing(f.getRrc(), f.getRequests()).c_str());
+                count_of(f.getInstances(), "instance").c_str(), f.getModelBytes() >> 20,
+                gpus.c_str(), count_of(f.getRequests(), "request").c_str(), f.getOnTime(),
+                slo_standing(f.getRrc(), f.getRequests()).c_str());
   }
   std::printf("  %s\n", count_of(s.getSessions().size(), "session").c_str());
   for (auto x : s.getSessions()) {
     const std::string gpu =
         x.getBoundGpu() < 0 ? std::string("no GPU") : "on GPU " + std::to_string(x.getBoundGpu());
-    std::printf("    session %" PRIu64 " '%s' pid %d uid %u, %s: %" PRIu64 " of %" PRIu64
+    const std::string instance =
+        x.getInstance().size() == 0 ? "" : str_cat(" instance '", x.getInstance().cStr(), "'");
+    std::printf("    session %" PRIu64 " '%s'%s pid %d uid %u, %s: %" PRIu64 " of %" PRIu64
                 " MiB, %" PRIu64 " batches, %" PRIu64 " calls (%" PRIu64 " failed), %.1f s\n",
-                x.getId(), x.getFunctionId().cStr(), x.getPid(), x.getUid(), gpu.c_str(),
-                x.getAllocatedBytes() >> 20, x.getQuotaBytes() >> 20, x.getBatches(), x.getCalls(),
-                x.getFailedCalls(), x.getConnectedSeconds());
+                x.getId(), x.getFunctionId().cStr(), instance.c_str(), x.getPid(), x.getUid(),
+                gpu.c_str(), x.getAllocatedBytes() >> 20, x.getQuotaBytes() >> 20, x.getBatches(),
+                x.getCalls(), x.getFailedCalls(), x.getConnectedSeconds());
   }
   auto c = s.getCounters();
   std::printf("  counters: sessions opened %" PRIu64 ", closed %" PRIu64

@@ -36,6 +36,7 @@ Result<std::unique_ptr<ClientChannel>> ClientChannel::connect(const ClientOption
       .function_id = options.function_id,
       .auth_token = options.auth_token,
       .requested_quota_bytes = options.requested_quota_bytes,
+      .instance = options.instance,
   };
   HIBER_ASSIGN_OR_RETURN(const std::vector<std::byte> hello_frame, encode_hello_frame(hello));
   Message reply;

@@ -30,6 +30,7 @@ struct ClientOptions {
   std::string function_id;
   std::string auth_token;
   uint64_t requested_quota_bytes = 0;  // 0 = the server's default
+  std::string instance;                // which of the function's instances this is; "": none
   // The deadline for connecting and for hiberd's answer to the Hello (kTimeout after it).
   // hiberd answers once the session exists, which on a node busy opening many sessions takes
   // seconds; a hiberd that dies closes the socket and ends the wait at once, so only a wedged

@@ -132,9 +132,10 @@ Status ControlClient::unregister_function(const std::string& function_id) {
   return call<control::Ok>(control::UnregisterFunction{function_id}).status();
 }
 
-Result<uint64_t> ControlClient::request_arrived(const std::string& function_id) {
+Result<uint64_t> ControlClient::request_arrived(const std::string& function_id,
+                                                const std::string& instance) {
   HIBER_ASSIGN_OR_RETURN(auto accepted,
-                         call<control::Accepted>(control::RequestArrived{function_id}));
+                         call<control::Accepted>(control::RequestArrived{function_id, instance}));
   return accepted.request_id;
 }
 

@@ -42,8 +42,10 @@ class ControlClient {
   Status ping();
   Status register_function(const FunctionRegistration& registration);
   Status unregister_function(const std::string& function_id);
-  // The request's id.
-  Result<uint64_t> request_arrived(const std::string& function_id);
+  // The request's id. `instance`: the key of the function's instance that serves it (its Hello's
+  // instance); "": any instance.
+  Result<uint64_t> request_arrived(const std::string& function_id,
+                                   const std::string& instance = "");
   Result<Started> request_start(uint64_t request);
   Status request_done(uint64_t request, bool failed = false);
   // gpu -1: the node.

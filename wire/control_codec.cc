@@ -30,41 +30,43 @@ void write_control_request(proto::ControlRequest::Builder out, const control::Re
   version.setMajor(request.version.major);
   version.setMinor(request.version.minor);
   if (!request.token.empty()) out.setToken(whole(request.token));
-  std::visit(
-      Overloaded{
-          [&](const control::StatusQuery& q) {
-            out.setStatus();
-            out.setStatusFunctionOffset(q.function_offset);
-            out.setStatusFunctionLimit(q.function_limit);
-          },
-          [&](const control::Ping&) { out.setPing(); },
-          [&](const FunctionRegistration& f) {
-            auto r = out.initRegisterFunction();
-            r.setFunctionId(whole(f.function_id));
-            r.setSloMs(f.slo_ms);
-            r.setTailPercentile(f.tail_percentile);
-            r.setQuotaBytes(f.quota_bytes);
-            r.setStateful(f.stateful);
-            r.setHeavyHint(heaviness(f.heavy));
-            r.setExecMsHint(f.exec_ms_hint);
-          },
-          [&](const control::UnregisterFunction& u) {
-            out.setUnregisterFunction(whole(u.function_id));
-          },
-          [&](const control::RequestArrived& a) { out.setRequestArrived(whole(a.function_id)); },
-          [&](const control::RequestStart& s) { out.setRequestStart(s.request_id); },
-          [&](const RequestDone& d) {
-            auto r = out.initRequestDone();
-            r.setRequestId(d.request_id);
-            r.setFailed(d.failed);
-          },
-          [&](const Drain& d) {
-            auto r = out.initDrain();
-            r.setGpu(d.gpu);
-            r.setResume(d.resume);
-          },
-      },
-      request.body);
+  std::visit(Overloaded{
+                 [&](const control::StatusQuery& q) {
+                   out.setStatus();
+                   out.setStatusFunctionOffset(q.function_offset);
+                   out.setStatusFunctionLimit(q.function_limit);
+                 },
+                 [&](const control::Ping&) { out.setPing(); },
+                 [&](const FunctionRegistration& f) {
+                   auto r = out.initRegisterFunction();
+                   r.setFunctionId(whole(f.function_id));
+                   r.setSloMs(f.slo_ms);
+                   r.setTailPercentile(f.tail_percentile);
+                   r.setQuotaBytes(f.quota_bytes);
+                   r.setStateful(f.stateful);
+                   r.setHeavyHint(heaviness(f.heavy));
+                   r.setExecMsHint(f.exec_ms_hint);
+                 },
+                 [&](const control::UnregisterFunction& u) {
+                   out.setUnregisterFunction(whole(u.function_id));
+                 },
+                 [&](const control::RequestArrived& a) {
+                   out.setRequestArrived(whole(a.function_id));
+                   if (!a.instance.empty()) out.setRequestArrivedInstance(whole(a.instance));
+                 },
+                 [&](const control::RequestStart& s) { out.setRequestStart(s.request_id); },
+                 [&](const RequestDone& d) {
+                   auto r = out.initRequestDone();
+                   r.setRequestId(d.request_id);
+                   r.setFailed(d.failed);
+                 },
+                 [&](const Drain& d) {
+                   auto r = out.initDrain();
+                   r.setGpu(d.gpu);
+                   r.setResume(d.resume);
+                 },
+             },
+             request.body);
 }
 
 Result<control::Request> read_control_request(proto::ControlRequest::Reader in) {
@@ -92,7 +94,8 @@ Result<control::Request> read_control_request(proto::ControlRequest::Reader in) 
       request.body = control::UnregisterFunction{whole(in.getUnregisterFunction())};
       return request;
     case proto::ControlRequest::REQUEST_ARRIVED:
-      request.body = control::RequestArrived{whole(in.getRequestArrived())};
+      request.body = control::RequestArrived{whole(in.getRequestArrived()),
+                                             whole(in.getRequestArrivedInstance())};
       return request;
     case proto::ControlRequest::REQUEST_START:
       request.body = control::RequestStart{in.getRequestStart()};

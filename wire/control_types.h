@@ -64,6 +64,8 @@ struct UnregisterFunction {
 };
 struct RequestArrived {
   std::string function_id;
+  // (1.7) The instance that serves it (its Hello's instance key); "": any.
+  std::string instance = {};
 };
 struct RequestStart {
   uint64_t request_id = 0;

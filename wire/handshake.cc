@@ -19,6 +19,7 @@ Status invalid(std::string_view what, const std::string& reason) {
 // The same rules on both sides, so a client learns of a bad value before the server refuses it.
 Status check_hello(const Hello& hello, std::string_view what) {
   HIBER_RETURN_IF_ERROR(check_function_id(hello.function_id, what));
+  HIBER_RETURN_IF_ERROR(check_instance_key(hello.instance, what));
   if (hello.auth_token.size() > kMaxAuthTokenBytes) {
     return invalid(what, str_cat("the auth token has ", hello.auth_token.size(), " bytes; at most ",
                                  kMaxAuthTokenBytes, " are allowed"));
@@ -144,6 +145,7 @@ Result<std::vector<std::byte>> encode_hello_frame(const Hello& hello) {
   root.setAuthToken(capnp::Data::Reader(
       reinterpret_cast<const capnp::byte*>(hello.auth_token.data()), hello.auth_token.size()));
   root.setRequestedQuotaBytes(hello.requested_quota_bytes);
+  if (!hello.instance.empty()) root.setInstance(hello.instance);
   return encode_frame(message);
 }
 
@@ -168,22 +170,30 @@ Status check_function_id(std::string_view id, std::string_view what) {
   return check_printable_name(id, kMaxFunctionIdBytes, "function id", what);
 }
 
+Status check_instance_key(std::string_view key, std::string_view what) {
+  if (key.empty()) return Status();
+  return check_printable_name(key, kMaxInstanceKeyBytes, "instance key", what);
+}
+
 Result<Hello> decode_hello(const Message& frame) {
   Hello hello;
   HIBER_RETURN_IF_ERROR(read_message<proto::Hello>(frame, "hello", [&](proto::Hello::Reader in) {
     // Sizes first: nothing oversized is copied.
     if (in.getFunctionId().size() > kMaxFunctionIdBytes ||
-        in.getAuthToken().size() > kMaxAuthTokenBytes) {
-      return invalid(
-          "hello", str_cat("function id of ", in.getFunctionId().size(), " bytes or auth token of ",
-                           in.getAuthToken().size(), " bytes exceeds its limit (",
-                           kMaxFunctionIdBytes, ", ", kMaxAuthTokenBytes, ")"));
+        in.getAuthToken().size() > kMaxAuthTokenBytes ||
+        in.getInstance().size() > kMaxInstanceKeyBytes) {
+      return invalid("hello", str_cat("function id of ", in.getFunctionId().size(),
+                                      " bytes, auth token of ", in.getAuthToken().size(),
+                                      " bytes or instance key of ", in.getInstance().size(),
+                                      " bytes exceeds its limit (", kMaxFunctionIdBytes, ", ",
+                                      kMaxAuthTokenBytes, ", ", kMaxInstanceKeyBytes, ")"));
     }
     hello.version = version_from(in.getVersion());
     hello.function_id = text(in.getFunctionId());
     hello.auth_token.assign(reinterpret_cast<const char*>(in.getAuthToken().begin()),
                             in.getAuthToken().size());
     hello.requested_quota_bytes = in.getRequestedQuotaBytes();
+    hello.instance = std::string(in.getInstance().cStr(), in.getInstance().size());
     return Status();
   }));
   HIBER_RETURN_IF_ERROR(check_hello(hello, "hello"));

@@ -26,6 +26,8 @@ struct Hello {
   std::string function_id;
   std::string auth_token;
   uint64_t requested_quota_bytes = 0;
+  // (1.7) Which of the function's instances this process is; "": it names none.
+  std::string instance;
 };
 
 struct Grant {
@@ -64,6 +66,10 @@ Result<SessionInfo> decode_hello_reply(const Message& frame);
 // kMaxFunctionIdBytes printable ASCII bytes, so that no id carries a newline or an escape
 // sequence into a log or a terminal. kInvalidValue "<what>: ..." otherwise.
 Status check_function_id(std::string_view id, std::string_view what);
+
+// An instance key as every part takes it: empty (none), or 1 to kMaxInstanceKeyBytes printable
+// ASCII bytes. kInvalidValue "<what>: ..." otherwise.
+Status check_instance_key(std::string_view key, std::string_view what);
 
 // A name a client gives (a kernel's) and hiberd may log or echo: 1 to `max_bytes` printable
 // ASCII bytes, for the same reason. kInvalidValue "<what>: ..." naming `kind` otherwise.

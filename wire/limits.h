@@ -38,6 +38,8 @@ inline constexpr uint32_t kMaxDeviceAttributes = 1024;
 // Function identity and auth token in the handshake.
 inline constexpr uint32_t kMaxFunctionIdBytes = 256;
 inline constexpr uint32_t kMaxAuthTokenBytes = 256;
+// An instance key (Hello.instance, requestArrivedInstance).
+inline constexpr uint32_t kMaxInstanceKeyBytes = 64;
 
 // Ring sizes are powers of two in [kMinRingBytes, kMaxRingBytes].
 inline constexpr uint64_t kMinRingBytes = 4096;

@@ -440,6 +440,8 @@ def _serve_attached(address, token_file, handler, concurrency):
     extra = {}
     if "HIBER_RUN_DIR" in os.environ:
         extra["run_dir"] = os.environ["HIBER_RUN_DIR"]
+    if os.environ.get("HIBER_INSTANCE_ID"):
+        extra["instance"] = os.environ["HIBER_INSTANCE_ID"]
     session_opened = False
     backoff = _MIN_ATTACH_BACKOFF
     last_problem = None

@@ -210,6 +210,44 @@ TEST(AttachedWorkers, AShimFunctionsRequestsGoThroughHiberd) {
   }
 }
 
+// hiberd gives a request's lease to the session its requestArrived names, so once a GPU function
+// has several attached workers each must name its own (HIBER_INSTANCE_ID): a second worker of a
+// function whose first named none is refused, saying why, and workers that name theirs attach
+// side by side and each serves requests.
+TEST(AttachedWorkers, SeveralWorkersOfAGpuFunctionMustNameTheirInstances) {
+  if (shim_preload().empty()) GTEST_SKIP() << "built without the CUDA toolkit: no shim";
+  AttachNode node;
+  RouterProcess& router = *node.router;
+  const auto shim_env = [&](const std::string& instance) {
+    std::vector<std::string> env = {"LD_PRELOAD=" + shim_preload(),
+                                    "HIBER_RUN_DIR=" + node.hiberd.run_dir()};
+    if (!instance.empty()) env.push_back("HIBER_INSTANCE_ID=" + instance);
+    return env;
+  };
+  ASSERT_EQ(router.load("unnamed", external({{"shim", true}, {"max_instances", 2}})).status, 200);
+  AttachedWorker first(cpp_echo(), node.tcp_address(), node.token_file(), "unnamed", shim_env(""));
+  expect_echoes(router, "unnamed");
+  AttachedWorker second(cpp_echo(), node.tcp_address(), node.token_file(), "unnamed",
+                        shim_env("b"));
+  EXPECT_TRUE(eventually([&] {
+    return router.log().find("each of its workers must set HIBER_INSTANCE_ID") != std::string::npos;
+  })) << router.log();
+  EXPECT_EQ(router.function_status("unnamed")["instances"], 1);
+  expect_echoes(router, "unnamed");
+
+  ASSERT_EQ(router.load("named", external({{"shim", true}, {"max_instances", 2}})).status, 200);
+  AttachedWorker one(cpp_echo(), node.tcp_address(), node.token_file(), "named", shim_env("one"));
+  AttachedWorker two(cpp_echo(), node.tcp_address(), node.token_file(), "named", shim_env("two"));
+  EXPECT_TRUE(eventually([&] { return router.function_status("named")["instances"] == 2; }))
+      << one.log() << two.log() << router.log();
+  for (unsigned i = 0; i < 6; ++i) {
+    const std::string body = body_for("named", i);
+    router::HttpResponse answer = router.infer("named", body);
+    ASSERT_EQ(answer.status, 200) << answer.body << router.log();
+    EXPECT_EQ(answer.body, body);
+  }
+}
+
 TEST(AttachedWorkers, StartedBeforeTheRouterTheyAttachOnceItIsUpAndAfterItRestarts) {
   const std::string state_dir = temp_dir("hiber-attach-early");
   {

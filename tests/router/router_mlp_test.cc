@@ -4,6 +4,7 @@
 // the models move between GPUs when one is drained.
 #include <gtest/gtest.h>
 
+#include <future>
 #include <set>
 
 #include "tests/router/router_harness.h"
@@ -76,6 +77,41 @@ TEST(RouterMlp, AnswersMatchTheHostThroughTheRouter) {
   // The router's numbers agree.
   EXPECT_EQ(router.function_status("mlp-b")["ok"], 7);
   EXPECT_GE(router.status()["swaps"].size(), 1u);
+}
+
+// A GPU function with max_instances 2 serves two requests at once, on two GPUs: the router
+// starts a second worker while the first is busy, and each request's lease goes to the worker
+// that serves it. The workers wait for each other inside their handlers (a barrier across
+// processes), so the test fails unless both requests hold their GPUs at the same time.
+TEST(RouterMlp, AGpuFunctionScalesToTwoInstancesOnTwoGpus) {
+  if (!shim::missing_shim().empty()) GTEST_SKIP() << shim::missing_shim();
+  Hiberd hiberd(shim::sim_hiberd_options());
+  const std::string state = temp_dir("hiber-router-instances");
+  const std::string barrier = temp_dir("hiber-router-barrier");
+  RouterProcess router(state, {"--run_dir=" + hiberd.run_dir(), "--shim_preload=" + shim_preload(),
+                               worker_programs_flag({test_worker_path()})});
+  ASSERT_EQ(router
+                .load("hot", {{"command", {test_worker_path()}},
+                              {"shim", true},
+                              {"max_instances", 2},
+                              {"concurrency", 1},
+                              {"slo_ms", 60000}})
+                .status,
+            200);
+  auto together = [&] {
+    return router.infer("hot", barrier + " 2", "application/x-test-file-barrier");
+  };
+  auto first = std::async(std::launch::async, together);
+  auto second = std::async(std::launch::async, together);
+  const router::HttpResponse a = first.get();
+  const router::HttpResponse b = second.get();
+  ASSERT_EQ(a.status, 200) << a.body << "\n" << router.log() << "\n" << hiberd.log();
+  ASSERT_EQ(b.status, 200) << b.body << "\n" << router.log() << "\n" << hiberd.log();
+  EXPECT_EQ(a.body, "together");
+  EXPECT_EQ(b.body, "together");
+  EXPECT_NE(a.header("X-Hiber-Gpu").value_or("a"), b.header("X-Hiber-Gpu").value_or("b"));
+  EXPECT_EQ(router.function_status("hot")["instances"], 2);
+  EXPECT_EQ(router.function_status("hot")["ok"], 2);
 }
 
 }  // namespace

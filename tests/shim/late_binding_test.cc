@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -93,6 +94,8 @@ struct NodeView {
   std::vector<std::string> running;
   uint64_t host_swaps = 0, peer_swaps = 0, resident_starts = 0, completed = 0, sessions = 0;
   uint64_t arrivals = 0, background = 0;
+  std::map<std::string, uint32_t> instances;   // by function
+  std::vector<std::string> session_instances;  // each session's instance key
 };
 
 NodeView node_view(const Hiberd& hiberd) {
@@ -117,6 +120,8 @@ NodeView node_view(const Hiberd& hiberd) {
         view.arrivals = s.getScheduler().getArrivals();
         view.background = s.getScheduler().getBackground();
         view.sessions = s.getSessions().size();
+        for (auto f : s.getFunctions()) view.instances[f.getFunctionId()] = f.getInstances();
+        for (auto x : s.getSessions()) view.session_instances.push_back(x.getInstance());
         return Status();
       });
   EXPECT_TRUE(read.ok()) << read;
@@ -685,8 +690,7 @@ TEST_F(LateBindingTest, OnlyAStatefulFunctionKeepsWhatItWroteAcrossEvictions) {
   finish_all(hiberd);
 }
 
-// The control calls answer nonsense with clear errors, and a registered function runs one
-// instance per node.
+// The control calls answer nonsense with clear errors.
 TEST_F(LateBindingTest, ControlCallsRefuseBadRequestsWithClearErrors) {
   const std::string node = write_node(scratch_dir(), 2, 48, 4, /*nvlink=*/true);
   Hiberd hiberd(late_binding_hiberd(node));
@@ -718,11 +722,6 @@ TEST_F(LateBindingTest, ControlCallsRefuseBadRequestsWithClearErrors) {
   EXPECT_EQ(client.register_function(again).code(), ErrorCode::kInvalidValue) << "registered twice";
   EXPECT_EQ(client.unregister_function(f.id).code(), ErrorCode::kIllegalState)
       << "its instance is still connected";
-  // A second instance of a registered function is turned away at the handshake.
-  auto second = run_through_shim(hiberd, {"mlp_server", {"1"}}, f.id, 60s);
-  EXPECT_NE(second.exit_code, 0);
-  EXPECT_NE(second.output.find("already has a connected instance"), std::string::npos)
-      << second.output;
   // Asking twice where a request runs gets the same answer; finishing it twice does not work.
   auto id = client.request_arrived(f.id);
   ASSERT_TRUE(id.ok());
@@ -738,6 +737,88 @@ TEST_F(LateBindingTest, ControlCallsRefuseBadRequestsWithClearErrors) {
   finish_all(hiberd);
   EXPECT_TRUE(client.unregister_function(f.id).ok());
   EXPECT_EQ(client.request_arrived(f.id).status().code(), ErrorCode::kNotFound);
+}
+
+// A registered function with two instances (two processes, instance keys "a" and "b") runs a
+// request on each at once, on two GPUs, each answer computed by its own process; the key routes
+// each request's lease to the process that serves it.
+TEST_F(LateBindingTest, InstancesOfOneFunctionRunAtOnceOnTwoGpus) {
+  const std::string node = write_node(scratch_dir(), 2, 48, 4, /*nvlink=*/true);
+  Hiberd hiberd(late_binding_hiberd(node));
+  auto client = control(hiberd);
+  wire::FunctionRegistration r;
+  r.function_id = "hot";
+  r.slo_ms = 2000;
+  ASSERT_TRUE(client.register_function(r).ok());
+  constexpr uint64_t kSeed = 7;
+  std::map<std::string, std::unique_ptr<ServedProgram>> instances;
+  for (const std::string key : {"a", "b"}) {
+    instances[key] = std::make_unique<ServedProgram>(
+        hiberd,
+        ProgramRun{"mlp_server", {std::to_string(kSeed), "1"}, {"HIBER_INSTANCE_ID=" + key}}, "hot",
+        hiberd.run_dir() + "/hot-" + key + ".log");
+  }
+  for (auto& [key, program] : instances) {
+    const std::string line = program->read_line(300s);
+    ASSERT_EQ(line.rfind("ready", 0), 0u)
+        << "instance " << key << " did not start: '" << line << "'\n"
+        << read_file(hiberd.run_dir() + "/hot-" + key + ".log") << "\nhiberd:\n"
+        << hiberd.log();
+  }
+  // A third process with a key in use is refused at its handshake, saying why.
+  auto duplicate =
+      run_through_shim(hiberd, {"mlp_server", {"1"}, {"HIBER_INSTANCE_ID=a"}}, "hot", 60s);
+  EXPECT_NE(duplicate.exit_code, 0);
+  EXPECT_NE(duplicate.output.find("has an instance 'a' connected already"), std::string::npos)
+      << duplicate.output;
+  EXPECT_EQ(client.request_arrived("hot", "c").status().code(), ErrorCode::kDeviceUnavailable)
+      << "no instance has key c";
+
+  // Both requests start before either is done: with one instance they could not (one request of
+  // an instance at a time), so each instance holds a GPU of its own.
+  auto a = client.request_arrived("hot", "a");
+  auto b = client.request_arrived("hot", "b");
+  ASSERT_TRUE(a.ok() && b.ok()) << a.status() << " " << b.status();
+  auto started_a = client.request_start(*a);
+  auto started_b = client.request_start(*b);
+  ASSERT_TRUE(started_a.ok() && started_b.ok())
+      << started_a.status() << " " << started_b.status() << "\n"
+      << hiberd.log();
+  EXPECT_NE(started_a->gpu, started_b->gpu);
+  NodeView view = node_view(hiberd);
+  EXPECT_EQ(view.running, (std::vector<std::string>{"hot", "hot"}));
+  EXPECT_EQ(view.instances["hot"], 2u);
+  std::sort(view.session_instances.begin(), view.session_instances.end());
+  EXPECT_EQ(view.session_instances, (std::vector<std::string>{"a", "b"}));
+  // Each process computes its answer under its own lease, against the host's reference.
+  for (int input : {3, 4}) {
+    for (auto& [key, program] : instances) {
+      ASSERT_TRUE(program->send_line(std::to_string(input) + " -1"));
+      EXPECT_EQ(program->read_line(120s), mlp_server_answer(kSeed, input, -1)) << key;
+    }
+  }
+  EXPECT_TRUE(client.request_done(*a).ok());
+  EXPECT_TRUE(client.request_done(*b).ok());
+  EXPECT_EQ(client.unregister_function("hot").code(), ErrorCode::kIllegalState)
+      << "its instances are connected";
+  // A request naming no instance goes to one of them.
+  auto any = client.request_arrived("hot");
+  ASSERT_TRUE(any.ok()) << any.status();
+  ASSERT_TRUE(client.request_start(*any).ok());
+  EXPECT_TRUE(client.request_done(*any).ok());
+
+  for (auto& [key, program] : instances) program->send_line("quit");
+  for (auto& [key, program] : instances) {
+    EXPECT_EQ(program->finish(120s), 0) << read_file(hiberd.run_dir() + "/hot-" + key + ".log");
+  }
+  auto idle = hiberd.wait_for([](const StatusView& v) { return v.sessions.empty(); }, 60s);
+  ASSERT_TRUE(idle.ok());
+  view = node_view(hiberd);
+  EXPECT_EQ(view.instances["hot"], 0u);
+  for (size_t g = 0; g < view.pool_allocated.size(); ++g) {
+    EXPECT_EQ(view.pool_allocated[g], 0u) << "GPU " << g << " still holds function memory";
+  }
+  EXPECT_TRUE(client.unregister_function("hot").ok());
 }
 
 }  // namespace

@@ -69,20 +69,32 @@ std::vector<std::string> shim_environment(const Hiberd& hiberd, const std::strin
   return env;
 }
 
+namespace {
+
+// The shim's environment and the run's own variables.
+std::vector<std::string> run_environment(const Hiberd& hiberd, const ProgramRun& run,
+                                         const std::string& function_id) {
+  std::vector<std::string> env = shim_environment(hiberd, function_id);
+  env.insert(env.end(), run.env.begin(), run.env.end());
+  return env;
+}
+
+}  // namespace
+
 ProgramResult run_through_shim(const Hiberd& hiberd, const ProgramRun& run,
                                const std::string& function_id, std::chrono::milliseconds timeout) {
-  return run_program(program_argv(run), shim_environment(hiberd, function_id), timeout);
+  return run_program(program_argv(run), run_environment(hiberd, run, function_id), timeout);
 }
 
 pid_t spawn_through_shim(const Hiberd& hiberd, const ProgramRun& run,
                          const std::string& function_id, const std::string& log_path) {
-  return spawn(program_argv(run), log_path, 0, shim_environment(hiberd, function_id));
+  return spawn(program_argv(run), log_path, 0, run_environment(hiberd, run, function_id));
 }
 
 ServedProgram::ServedProgram(const Hiberd& hiberd, const ProgramRun& run,
                              const std::string& function_id, const std::string& stderr_path)
-    : process_(spawn_piped(program_argv(run), stderr_path, shim_environment(hiberd, function_id))) {
-}
+    : process_(
+          spawn_piped(program_argv(run), stderr_path, run_environment(hiberd, run, function_id))) {}
 
 ServedProgram::~ServedProgram() {
   if (process_.pid > 0 && !exited_) {

@@ -19,6 +19,7 @@ namespace hiber::testing::shim {
 struct ProgramRun {
   std::string name;
   std::vector<std::string> args;
+  std::vector<std::string> env = {};  // KEY=VALUE added to the shim's environment
 };
 
 // Every program in tests/shim/programs, in a fixed order.

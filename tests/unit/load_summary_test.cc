@@ -45,6 +45,10 @@ TEST(LoadSummaryTest, CountsComplianceAndSources) {
       rec(1, 200, 7, "resident"),
       rec(1, 200, 5, "resident"),
   };
+  // fn-a was answered by workers 3 and 5, fn-b by worker 4; errors at the router name none.
+  for (size_t i : {0, 1, 2}) records[i].instance = "3";
+  records[3].instance = "5";
+  for (size_t i : {6, 7}) records[i].instance = "4";
   records[0].send_lag_ms = 0.5;
   records[1].send_lag_ms = 3;
   Summary s = summarize({"fn-a", "fn-b"}, {100.0, std::nullopt}, records, 2.0);
@@ -63,6 +67,7 @@ TEST(LoadSummaryTest, CountsComplianceAndSources) {
   EXPECT_EQ(a.peer_pcie, 1u);
   EXPECT_EQ(a.host, 1u);
   EXPECT_EQ(a.no_source, 1u);  // the 503; the unanswered one has no answer to count
+  EXPECT_EQ(a.instances, 2u);
 
   const FunctionSummary& b = s.functions[1];
   EXPECT_EQ(b.requests, 2u);
@@ -72,6 +77,7 @@ TEST(LoadSummaryTest, CountsComplianceAndSources) {
   EXPECT_EQ(b.p50_ms, 5);
   EXPECT_EQ(b.p99_ms, 7);
   EXPECT_EQ(b.resident, 2u);
+  EXPECT_EQ(b.instances, 1u);
 
   const FunctionSummary& t = s.total;
   EXPECT_EQ(t.name, "total");
@@ -81,6 +87,7 @@ TEST(LoadSummaryTest, CountsComplianceAndSources) {
   EXPECT_EQ(t.p50_ms, 20);                    // 5 7 20 50 100 150: 3rd
   EXPECT_EQ(t.p99_ms, 150);
   EXPECT_EQ(t.resident, 3u);
+  EXPECT_EQ(t.instances, 3u);
   EXPECT_EQ(s.late_sends, 1u);
   EXPECT_EQ(s.max_send_lag_ms, 3);
 
@@ -91,6 +98,7 @@ TEST(LoadSummaryTest, CountsComplianceAndSources) {
   EXPECT_TRUE(j["functions"][1]["slo_ms"].is_null());
   EXPECT_EQ(j["functions"][0]["sources"]["peer_nvlink"], 1);
   EXPECT_EQ(j["total"]["requests"], 8);
+  EXPECT_EQ(j["functions"][0]["instances"], 2);
 
   const std::string table = format_summary(s);
   EXPECT_NE(table.find("fn-a"), std::string::npos);

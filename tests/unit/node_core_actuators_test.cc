@@ -135,6 +135,7 @@ class Instance final : public server::LeaseHolder {
 
   SessionId id() const override { return id_; }
   const std::string& function_id() const override { return name_; }
+  const std::string& instance_key() const override { return instance_key_; }
   const std::shared_ptr<server::FunctionMemory>& memory() const override { return memory_; }
   void grant(const server::Lease& lease) override { post({lease, std::nullopt, Status()}); }
   void end_lease(RequestId lease) override { post({std::nullopt, lease, Status()}); }
@@ -275,6 +276,7 @@ class Instance final : public server::LeaseHolder {
 
   const SessionId id_;
   const std::string name_;
+  const std::string instance_key_;  // none
   device::Device& device_;
   server::GpuLessor& lessor_;
   const std::shared_ptr<server::FunctionMemory> memory_;
@@ -332,7 +334,7 @@ class HiberdSide {
       wait_reply<server::Controller::Ok>(
           [&](auto reply) { controller_->register_function(r, std::move(reply)); });
       const SessionId session{f + 1};
-      auto plan = controller_->admit(r.function_id, 0, session);
+      auto plan = controller_->admit(r.function_id, "", 0, session);
       ASSERT_TRUE(plan.ok()) << plan.status();
       auto memory = server::FunctionMemory::create(*device_, controller_->pools(),
                                                    controller_->repository(), plan->function,
@@ -349,7 +351,7 @@ class HiberdSide {
       for (int f : step) {
         const std::string name = str_cat("fn", f);
         const uint64_t id = wait_reply<uint64_t>(
-            [&](auto reply) { controller_->request_arrived(name, std::move(reply)); });
+            [&](auto reply) { controller_->request_arrived(name, "", std::move(reply)); });
         const wire::Started answer = wait_reply<wire::Started>(
             [&](auto reply) { controller_->request_start(id, std::move(reply)); });
         placements->push_back({answer.gpu, answer.source});

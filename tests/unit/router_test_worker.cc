@@ -8,6 +8,14 @@
 //                               handler at once, then answers "together"; after 60 s without
 //                               them it answers the error "barrier timed out", so a worker that
 //                               runs requests one at a time fails the test instead of hanging
+//   application/x-test-file-barrier
+//                               the barrier across processes: <body> is "<dir> <count>"; it
+//                               writes a file named by its pid into <dir> and waits until <dir>
+//                               holds <count> files (several workers inside their handlers at
+//                               once), then answers "together"; "barrier timed out" after 60 s
+//   application/x-test-hold     holds the request <body> ms (sleeps) and answers "held": a
+//                               request that keeps its GPU lease that long, as a kernel of
+//                               that length would (scripts/instances-bench.sh)
 //   application/x-test-deadline answers the request's deadline in ms, or "none"
 //   application/x-test-pid      answers the worker's process id (tests kill it)
 //   application/x-test-alloc    allocates <body> MiB of device memory with cuMemAlloc and keeps
@@ -31,9 +39,14 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <mutex>
+#include <sstream>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <variant>
 
 #include "router/function_sdk.h"
@@ -86,6 +99,25 @@ std::variant<Response, std::string> handle(const Request& request) {
     return hiber::function::outputs_response(std::get<std::vector<hiber::function::Tensor>>(inputs),
                                              request.id, "test",
                                              hiber::function::wants_binary_outputs(request));
+  }
+  if (request.content_type == "application/x-test-hold") {
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::stol(request.body)));
+    return Response{"text/plain", "held"};
+  }
+  if (request.content_type == "application/x-test-file-barrier") {
+    std::istringstream words(request.body);
+    std::string dir;
+    size_t needed = 0;
+    if (!(words >> dir >> needed)) throw hiber::function::ClientError("want \"<dir> <count>\"");
+    std::ofstream(dir + "/" + std::to_string(::getpid())) << "here\n";
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    for (;;) {
+      const auto entries = std::filesystem::directory_iterator(dir);
+      if (static_cast<size_t>(std::distance(begin(entries), end(entries))) >= needed) break;
+      if (std::chrono::steady_clock::now() >= deadline) return std::string("barrier timed out");
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return Response{"text/plain", "together"};
   }
   if (request.content_type == "application/x-test-barrier") {
     const int needed = std::stoi(request.body);

@@ -67,6 +67,12 @@ TEST(ControlCodec, RequestsRoundTrip) {
   EXPECT_EQ(
       std::get<control::RequestArrived>(round_trip(control::RequestArrived{"f"}).body).function_id,
       "f");
+  EXPECT_EQ(
+      std::get<control::RequestArrived>(round_trip(control::RequestArrived{"f"}).body).instance,
+      "");
+  const auto arrived = round_trip(control::RequestArrived{"f", "4711.2"});
+  EXPECT_EQ(std::get<control::RequestArrived>(arrived.body).function_id, "f");
+  EXPECT_EQ(std::get<control::RequestArrived>(arrived.body).instance, "4711.2");
   EXPECT_TRUE(
       std::holds_alternative<control::StatusQuery>(round_trip(control::StatusQuery{}).body));
   const auto page =

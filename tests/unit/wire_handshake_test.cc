@@ -34,7 +34,8 @@ Hello valid_hello() {
   return Hello{.version = current_protocol_version(),
                .function_id = "resnet50-v2",
                .auth_token = std::string("s3cr\0t", 6),
-               .requested_quota_bytes = 8ull << 30};
+               .requested_quota_bytes = 8ull << 30,
+               .instance = "4711.3"};
 }
 
 SessionInfo valid_session() {
@@ -71,6 +72,13 @@ TEST(HandshakeTest, HelloRoundTrips) {
   EXPECT_EQ(decoded->function_id, hello.function_id);
   EXPECT_EQ(decoded->auth_token, hello.auth_token);
   EXPECT_EQ(decoded->requested_quota_bytes, hello.requested_quota_bytes);
+  EXPECT_EQ(decoded->instance, hello.instance);
+  // No key is allowed too: the process is an instance without a name.
+  Hello anonymous = hello;
+  anonymous.instance.clear();
+  auto decoded_anonymous = decode_hello(body(*encode_hello_frame(anonymous)));
+  ASSERT_TRUE(decoded_anonymous.ok()) << decoded_anonymous.status();
+  EXPECT_EQ(decoded_anonymous->instance, "");
 }
 
 TEST(HandshakeTest, HelloLimitsAreCheckedOnBothSides) {
@@ -84,6 +92,7 @@ TEST(HandshakeTest, HelloLimitsAreCheckedOnBothSides) {
     root.setFunctionId(capnp::Text::Reader(hello.function_id.c_str(), hello.function_id.size()));
     root.setAuthToken(capnp::Data::Reader(
         reinterpret_cast<const capnp::byte*>(hello.auth_token.data()), hello.auth_token.size()));
+    root.setInstance(capnp::Text::Reader(hello.instance.c_str(), hello.instance.size()));
     const auto decoded = decode_hello(body_of(builder));
     EXPECT_EQ(decoded.status().code(), ErrorCode::kInvalidValue) << why;
   };
@@ -97,10 +106,16 @@ TEST(HandshakeTest, HelloLimitsAreCheckedOnBothSides) {
   hello = valid_hello();
   hello.auth_token = std::string(kMaxAuthTokenBytes + 1, 't');
   expect_refused(hello, "auth token");
+  hello = valid_hello();
+  hello.instance = std::string(kMaxInstanceKeyBytes + 1, 'i');
+  expect_refused(hello, "instance key");
+  hello.instance = "a\nb";
+  expect_refused(hello, "instance key has a non-printable byte 10 at offset 1");
 
   hello = valid_hello();
   hello.function_id = std::string(kMaxFunctionIdBytes, '~');
   hello.auth_token = std::string(kMaxAuthTokenBytes, '\xff');
+  hello.instance = std::string(kMaxInstanceKeyBytes, 'k');
   ASSERT_TRUE(encode_hello_frame(hello).ok()) << "the limits themselves are allowed";
 }
 

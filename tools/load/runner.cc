@@ -189,6 +189,7 @@ class LoadRun {
       r.link = header("X-Hiber-Link");
       r.node = header("X-Hiber-Node");
       r.gpu = header("X-Hiber-Gpu");
+      r.instance = header("X-Hiber-Instance");
       if (!answer.keep_alive()) {
         close(c);
       } else {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <set>
 
 namespace hiber::load {
 namespace {
@@ -34,6 +35,7 @@ void add_counts(const FunctionSummary& from, FunctionSummary* to) {
   to->peer_pcie += from.peer_pcie;
   to->host += from.host;
   to->no_source += from.no_source;
+  to->instances += from.instances;  // instance numbers are the router's: none is shared
 }
 
 std::string errors_text(const std::map<int, uint64_t>& errors) {
@@ -74,7 +76,8 @@ nlohmann::json function_json(const FunctionSummary& s) {
             {"peer_nvlink", s.peer_nvlink},
             {"peer_pcie", s.peer_pcie},
             {"host", s.host},
-            {"none", s.no_source}}}};
+            {"none", s.no_source}}},
+          {"instances", s.instances}};
 }
 
 }  // namespace
@@ -94,6 +97,7 @@ Summary summarize(const std::vector<std::string>& names,
   out.wall_s = wall_s;
   out.functions.resize(names.size());
   std::vector<std::vector<double>> latencies(names.size());
+  std::vector<std::set<std::string>> instances(names.size());
   std::vector<double> all_latencies;
   for (size_t i = 0; i < names.size(); ++i) {
     out.functions[i].name = names[i];
@@ -112,6 +116,7 @@ Summary summarize(const std::vector<std::string>& names,
       ++s.errors[r.status];
     }
     count_source(r, &s);
+    if (!r.instance.empty()) instances[r.function].insert(r.instance);
     out.max_send_lag_ms = std::max(out.max_send_lag_ms, r.send_lag_ms);
     if (r.send_lag_ms > 1.0) ++out.late_sends;
   }
@@ -119,6 +124,7 @@ Summary summarize(const std::vector<std::string>& names,
   uint64_t slo_requests = 0;
   for (size_t i = 0; i < names.size(); ++i) {
     FunctionSummary& s = out.functions[i];
+    s.instances = instances[i].size();
     s.p50_ms = percentile(latencies[i], 0.50);
     s.p99_ms = percentile(latencies[i], 0.99);
     if (s.slo_ms && s.requests > 0)
@@ -141,18 +147,21 @@ std::string format_summary(const Summary& summary) {
   char line[512];
   auto row = [&](const FunctionSummary& s) {
     std::snprintf(
-        line, sizeof(line), "%-*s %8llu %8llu  %-14s %7s %8s %9s %9s %8llu %11llu %9llu %6llu\n",
+        line, sizeof(line),
+        "%-*s %8llu %8llu  %-14s %7s %8s %9s %9s %8llu %11llu %9llu %6llu %9llu\n",
         static_cast<int>(width), s.name.c_str(), static_cast<unsigned long long>(s.requests),
         static_cast<unsigned long long>(s.ok), errors_text(s.errors).c_str(),
         number(s.slo_ms, "%.0f").c_str(), number(s.compliance_pct, "%.1f%%").c_str(),
         number(s.p50_ms, "%.2f").c_str(), number(s.p99_ms, "%.2f").c_str(),
         static_cast<unsigned long long>(s.resident), static_cast<unsigned long long>(s.peer_nvlink),
-        static_cast<unsigned long long>(s.peer_pcie), static_cast<unsigned long long>(s.host));
+        static_cast<unsigned long long>(s.peer_pcie), static_cast<unsigned long long>(s.host),
+        static_cast<unsigned long long>(s.instances));
     out += line;
   };
-  std::snprintf(line, sizeof(line), "%-*s %8s %8s  %-14s %7s %8s %9s %9s %8s %11s %9s %6s\n",
+  std::snprintf(line, sizeof(line), "%-*s %8s %8s  %-14s %7s %8s %9s %9s %8s %11s %9s %6s %9s\n",
                 static_cast<int>(width), "function", "requests", "ok", "errors", "slo_ms",
-                "on-time", "p50_ms", "p99_ms", "resident", "peer/nvlink", "peer/pcie", "host");
+                "on-time", "p50_ms", "p99_ms", "resident", "peer/nvlink", "peer/pcie", "host",
+                "instances");
   out += line;
   for (const FunctionSummary& s : summary.functions) row(s);
   row(summary.total);

@@ -1,6 +1,6 @@
-// hiber-load's report: per-function and total counts, SLO compliance, latency percentiles and
-// where the models came from, as a table and as JSON. Pure, so tests check the arithmetic
-// against hand-computed values.
+// hiber-load's report: per-function and total counts, SLO compliance, latency percentiles,
+// where the models came from and how many instances answered, as a table and as JSON. Pure, so
+// tests check the arithmetic against hand-computed values.
 #pragma once
 
 #include <cstdint>
@@ -23,6 +23,7 @@ struct RequestRecord {
   std::string link;        // X-Hiber-Link
   std::string node;        // X-Hiber-Node
   std::string gpu;         // X-Hiber-Gpu
+  std::string instance;    // X-Hiber-Instance: the worker that answered
   std::string error;       // with status 0, why
 };
 
@@ -38,6 +39,7 @@ struct FunctionSummary {
   // X-Hiber-Source / X-Hiber-Link of every answer that carries them.
   uint64_t resident = 0, peer_nvlink = 0, peer_pcie = 0, host = 0;
   uint64_t no_source = 0;  // answers without the header (errors at the router, most often)
+  uint64_t instances = 0;  // distinct X-Hiber-Instance values: the workers that answered
 };
 
 struct Summary {

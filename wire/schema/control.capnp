@@ -33,6 +33,9 @@ struct ControlRequest {
   # statusFunctionOffset-th on, and says how many there are (NodeStatus.functionCount).
   statusFunctionOffset @10 :UInt64;
   statusFunctionLimit @11 :UInt32;
+  # (1.7) requestArrived: the instance that will serve the request (its Hello's instance), when
+  # the function has several. "": any of them (the one with the fewest open requests).
+  requestArrivedInstance @12 :Text;
 }
 
 struct FunctionRegistration {
@@ -159,6 +162,7 @@ struct SessionStatus {
   failedCalls @9 :UInt64;
   connectedSeconds @10 :Float64;
   boundGpu @11 :Int32;             # (1.2) the GPU its calls execute on now; -1 between requests
+  instance @12 :Text;              # (1.7) its Hello's instance key; "" when it gave none
 }
 
 struct FunctionStatus {
@@ -172,6 +176,7 @@ struct FunctionStatus {
   requests @7 :UInt64;
   onTime @8 :UInt64;
   rrc @9 :Float64;
+  instances @10 :UInt32;           # (1.7) connected instances (sessions) of the function
 }
 
 struct SchedulerStatus {

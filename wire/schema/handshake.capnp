@@ -11,11 +11,12 @@ using Config = import "/common/node_config.capnp";
 # Minor: additions only (new calls, new fields). Both sides accept any minor of their major. A call
 # the server does not know fails with CUDA_ERROR_NOT_SUPPORTED and a message naming it.
 const protocolMajor :UInt16 = 1;
-const protocolMinor :UInt16 = 6;  # 1.1: moduleLoadCached; 1.2: late-binding control calls;
+const protocolMinor :UInt16 = 7;  # 1.1: moduleLoadCached; 1.2: late-binding control calls;
                                   # 1.3: library handles, calls and queries (wire/library.h);
                                   # 1.4: control token (TCP), Started.link, metrics in NodeStatus;
                                   # 1.5: control token on the Unix socket, paged status;
-                                  # 1.6: shed requests and lease preemptions in status
+                                  # 1.6: shed requests and lease preemptions in status;
+                                  # 1.7: instances (Hello.instance, requestArrivedInstance)
 
 struct ProtocolVersion {
   major @0 :UInt16;
@@ -29,6 +30,10 @@ struct Hello {
   functionId @1 :Text;             # the function this process serves
   authToken @2 :Data;              # the node's shared secret, compared in constant time
   requestedQuotaBytes @3 :UInt64;  # device memory wanted; 0 = the server's default
+  # (1.7) Which instance of the function this process is: the key its launcher gave it
+  # (HIBER_INSTANCE_ID; the router's worker number), printable, unique among the function's
+  # connected instances. requestArrived names it so the right process gets the lease. "": none.
+  instance @4 :Text;
 }
 
 # Server -> client: the answer to Hello. A Welcome arrives with the channel's memfd attached
