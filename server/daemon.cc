@@ -264,6 +264,7 @@ Daemon::Daemon(device::Device& device, DaemonOptions options,
       options_(std::move(options)),
       controller_(std::move(controller)),
       module_cache_(device, options_.max_module_bytes),
+      contexts_(device, options_.isolation, options_.contexts_ready_per_gpu),
       control_(std::make_unique<ControlService>(device, *controller_, module_cache_,
                                                 [this] { return daemon_report(); })),
       loop_(std::move(loop)),
@@ -634,7 +635,7 @@ void Daemon::on_hello(Connection& connection) {
   config.memory = plan->memory;
   config.kernel_deadline = plan->kernel_deadline;
   SessionIdentity identity{next_session_id_, hello->function_id, connection.peer, hello->instance};
-  auto session = Session::create(device_, module_cache_, controller_->pools(),
+  auto session = Session::create(device_, module_cache_, contexts_, controller_->pools(),
                                  controller_->repository(), *controller_, identity, config);
   if (!session.ok()) {
     controller_->withdraw(hello->function_id, identity.id);

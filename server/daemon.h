@@ -26,6 +26,7 @@
 #include "common/status.h"
 #include "common/unique_fd.h"
 #include "server/auth.h"
+#include "server/context_pool.h"
 #include "server/control_service.h"
 #include "server/controller.h"
 #include "server/device/device.h"
@@ -66,6 +67,10 @@ struct DaemonOptions {
   std::chrono::microseconds implicit_lease_idle{5000};
   // What each session may make hiberd hold (queued GPU work, code images).
   SessionLimits session_limits;
+  // A device context per instance, or one shared per GPU (server/context_pool.h); how many
+  // contexts are made ahead per GPU.
+  Isolation isolation = Isolation::kContext;
+  int contexts_ready_per_gpu = 1;
   // The most bytes of distinct code images loaded at once, for all sessions (0: no bound).
   uint64_t max_module_bytes = uint64_t{16} << 30;
   wire::ChannelConfig channel;
@@ -167,6 +172,9 @@ class Daemon {
   // Code images, shared by every session. Declared before connections_, so it outlives the
   // sessions (which give their references back as they end).
   ModuleCache module_cache_;
+  // The instances' contexts. Declared before connections_, so it outlives the sessions (which
+  // give their contexts back as they end).
+  ContextPool contexts_;
   // Answers the control socket's requests, with the controller and the module cache.
   std::unique_ptr<ControlService> control_;
   std::unique_ptr<IoLoop> loop_;

@@ -3,6 +3,7 @@
 #include <cinttypes>
 #include <cstdio>
 #include <string>
+#include <utility>
 
 namespace hiber::server {
 namespace {
@@ -31,8 +32,8 @@ Status check_new_handle(uint64_t handle, bool in_use, size_t held, size_t limit,
   return Status();
 }
 
-HandleTable::HandleTable(device::Device& device, int gpu_count)
-    : device_(device), gpu_count_(gpu_count) {
+HandleTable::HandleTable(device::Device& device, int gpu_count, ContextSource contexts)
+    : device_(device), gpu_count_(gpu_count), contexts_(std::move(contexts)) {
   default_stream_.per_gpu.resize(gpu_count_);
   sync_streams_.resize(gpu_count_);
   swap_streams_.resize(gpu_count_);
@@ -99,11 +100,19 @@ Result<ClientEvent> HandleTable::remove_event(wire::EventHandle handle) {
   return entry;
 }
 
+Result<device::Context> HandleTable::context_on(int gpu) const {
+  if (contexts_) return contexts_(gpu);
+  if (gpu < 0 || gpu >= gpu_count_)
+    return error(ErrorCode::kInvalidDevice, "GPU ", gpu, " does not exist");
+  return device_.shared_context(gpu);
+}
+
 Result<device::Stream> HandleTable::device_stream(PerGpuStreams& per_gpu, int32_t priority,
                                                   int gpu) {
   std::optional<device::Stream>& slot = per_gpu[gpu];
   if (!slot) {
-    auto created = device_.create_stream(gpu, priority);
+    HIBER_ASSIGN_OR_RETURN(device::Context context, context_on(gpu));
+    auto created = device_.create_stream(context, priority);
     if (!created.ok()) return created.status();
     slot = *created;
   }
@@ -120,7 +129,8 @@ Result<device::Stream> HandleTable::work_stream(wire::StreamHandle handle, int g
 Result<device::Event> HandleTable::event_on(ClientEvent& event, int gpu) {
   std::optional<device::Event>& slot = event.per_gpu[gpu];
   if (!slot) {
-    auto created = device_.create_event(gpu, event.disable_timing);
+    HIBER_ASSIGN_OR_RETURN(device::Context context, context_on(gpu));
+    auto created = device_.create_event(context, event.disable_timing);
     if (!created.ok()) return created.status();
     slot = *created;
   }

@@ -3,12 +3,14 @@
 // it to work, made on first use there.
 //
 // Also the session's own per-GPU streams: one for event synchronisation, one for the model's
-// swap transfers.
+// swap transfers. Every device stream and event of the table is made in the context the
+// table's ContextSource names for its GPU (the session's instance context there).
 //
 // Thread safety: the session thread only.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string_view>
@@ -52,10 +54,13 @@ struct ClientEvent {
   std::shared_ptr<RecordTime> completed = std::make_shared<RecordTime>();
 };
 
+// The context the session's device objects on a GPU live in.
+using ContextSource = std::function<Result<device::Context>(int gpu)>;
+
 class HandleTable {
  public:
-  // `device` must outlive the table.
-  HandleTable(device::Device& device, int gpu_count);
+  // `device` must outlive the table. Without `contexts`, each GPU's shared context.
+  HandleTable(device::Device& device, int gpu_count, ContextSource contexts = {});
 
   HandleTable(const HandleTable&) = delete;
   HandleTable& operator=(const HandleTable&) = delete;
@@ -98,8 +103,11 @@ class HandleTable {
   // per_gpu[gpu], created with `priority` if it does not exist yet.
   Result<device::Stream> device_stream(PerGpuStreams& per_gpu, int32_t priority, int gpu);
 
+  Result<device::Context> context_on(int gpu) const;
+
   device::Device& device_;
   const int gpu_count_;
+  const ContextSource contexts_;
   ClientStream default_stream_;  // the client's stream 0
   PerGpuStreams sync_streams_;   // per GPU: event synchronisation
   PerGpuStreams swap_streams_;   // per GPU: the model's transfers

@@ -145,6 +145,14 @@ DEFINE_uint64(kernel_deadline_ms, 10000,
               "The longest one kernel may run (a registered function gets at least its SLO); a "
               "kernel past it is stopped and its function's later calls fail with "
               "CUDA_ERROR_LAUNCH_TIMEOUT. 0 = no limit");
+DEFINE_string(isolation, "context",
+              "context: each function instance runs in a CUDA context of its own on each GPU, so "
+              "a fault of its kernels fails that instance only; shared: every instance runs in "
+              "its GPU's primary context (no memory per instance, but a fault fails every "
+              "instance on that GPU; trusted nodes only)");
+DEFINE_int32(contexts_ready_per_gpu, 1,
+             "With --isolation=context, contexts made ahead per GPU, so making one is off the "
+             "request path (each costs GPU memory)");
 DEFINE_uint64(lease_slice_ms, 100,
               "An implicit lease (GPU use outside any request) held this long gives the GPU up "
               "when other functions wait for one; the function's next GPU call waits for a new "
@@ -301,6 +309,11 @@ Result<server::DaemonOptions> make_options(const std::string& run_dir) {
   c.kernel_deadline = static_cast<scheduler::Duration>(FLAGS_kernel_deadline_ms) * 1'000'000;
   c.lease_slice = static_cast<scheduler::Duration>(FLAGS_lease_slice_ms) * 1'000'000;
   options.implicit_lease_idle = std::chrono::microseconds(FLAGS_implicit_lease_idle_us);
+  HIBER_ASSIGN_OR_RETURN(options.isolation, server::parse_isolation(FLAGS_isolation));
+  if (FLAGS_contexts_ready_per_gpu < 0 || FLAGS_contexts_ready_per_gpu > 64) {
+    return error(ErrorCode::kInvalidValue, "--contexts_ready_per_gpu must be in 0..64");
+  }
+  options.contexts_ready_per_gpu = FLAGS_contexts_ready_per_gpu;
   options.session_limits.max_queued_bytes = FLAGS_session_max_queued_mib << 20;
   options.session_limits.max_queue_age = std::chrono::milliseconds(FLAGS_session_max_queue_age_ms);
   options.session_limits.max_module_bytes = FLAGS_session_max_module_mib << 20;

@@ -41,17 +41,18 @@ Status invalid(const std::string& message) { return Status(ErrorCode::kInvalidVa
 }  // namespace
 
 Result<std::unique_ptr<Session>> Session::create(device::Device& device, ModuleCache& modules,
-                                                 DevicePools& pools, ModelRepository& repository,
-                                                 GpuLessor& lessor, SessionIdentity identity,
+                                                 ContextPool& contexts, DevicePools& pools,
+                                                 ModelRepository& repository, GpuLessor& lessor,
+                                                 SessionIdentity identity,
                                                  const SessionConfig& config) {
   auto channel = wire::ServerChannel::create(config.channel);
   if (!channel.ok()) return channel.status().with_context("creating the session channel");
   auto memory = FunctionMemory::create(device, pools, repository, config.function, config.va_bytes,
                                        config.quota_bytes, config.memory);
   if (!memory.ok()) return memory.status().with_context("the session's memory");
-  std::unique_ptr<Session> session(new Session(device, modules, lessor, std::move(identity), config,
-                                               std::move(channel).value(),
-                                               std::move(memory).value()));
+  std::unique_ptr<Session> session(
+      new Session(device, modules, contexts, lessor, std::move(identity), config,
+                  std::move(channel).value(), std::move(memory).value()));
   // From here the destructor releases what exists.
   // Copies read and write the arena directly; registered, the CUDA backend DMAs from it.
   const std::span<std::byte> arena = session->channel_->arena();
@@ -66,12 +67,13 @@ Result<std::unique_ptr<Session>> Session::create(device::Device& device, ModuleC
   return session;
 }
 
-Session::Session(device::Device& device, ModuleCache& modules, GpuLessor& lessor,
-                 SessionIdentity identity, const SessionConfig& config,
+Session::Session(device::Device& device, ModuleCache& modules, ContextPool& contexts,
+                 GpuLessor& lessor, SessionIdentity identity, const SessionConfig& config,
                  std::unique_ptr<wire::ServerChannel> channel,
                  std::shared_ptr<FunctionMemory> memory)
     : device_(device),
       module_cache_(modules),
+      context_pool_(contexts),
       lessor_(lessor),
       identity_(std::move(identity)),
       config_(config),
@@ -81,7 +83,8 @@ Session::Session(device::Device& device, ModuleCache& modules, GpuLessor& lessor
       memory_(std::move(memory)),
       staging_([this](uint64_t end) { channel_->release_staging(end); }),
       queue_({config.limits.max_queued_bytes, config.limits.max_queue_age}),
-      handles_(device, gpu_count_) {}
+      contexts_(gpu_count_),
+      handles_(device, gpu_count_, [this](int gpu) { return context_on(gpu); }) {}
 
 Session::~Session() {
   CHECK(!thread_.joinable()) << "session " << identity_.id << " destroyed while running";
@@ -183,8 +186,8 @@ std::vector<Session::Command> Session::take_mail() {
       unsent_.push_back(std::move(*completion));
     } else if (auto* grant = std::get_if<GrantCommand>(&mail)) {
       commands.emplace_back(std::move(*grant));
-    } else if (auto* timeout = std::get_if<TimeoutCommand>(&mail)) {
-      commands.emplace_back(std::move(*timeout));
+    } else if (auto* fault = std::get_if<FaultCommand>(&mail)) {
+      commands.emplace_back(std::move(*fault));
     } else {
       commands.emplace_back(std::get<EndCommand>(std::move(mail)));
     }
@@ -196,8 +199,8 @@ void Session::run_commands(std::vector<Command> commands) {
   for (Command& command : commands) {
     if (auto* grant = std::get_if<GrantCommand>(&command)) {
       begin_lease(grant->lease);
-    } else if (auto* timeout = std::get_if<TimeoutCommand>(&command)) {
-      lose_context(timeout->why);
+    } else if (auto* fault = std::get_if<FaultCommand>(&command)) {
+      lose_context(fault->why);
     } else {
       const EndCommand& end = std::get<EndCommand>(command);
       if (!lease_ || lease_->id != end.lease) {
@@ -264,7 +267,7 @@ void Session::begin_lease(const Lease& lease) {
 void Session::finish_lease(const Status& failure) {
   const Lease lease = *lease_;
   // A lost context was logged, and told to the client, when it was lost.
-  if (!failure.ok() && failure.code() != ErrorCode::kLaunchTimeout) {
+  if (!failure.ok() && !device::is_context_fault(failure.code())) {
     LOG(WARNING) << "session " << identity_.id << " (" << identity_.function_id << "): GPU "
                  << lease.gpu << " failed under it: " << failure;
     // Sequence 0: an error of the session, which the client makes sticky.
@@ -279,11 +282,23 @@ void Session::finish_lease(const Status& failure) {
   lessor_.released(identity_.id, lease.id, failure.ok() ? unbound : failure);
 }
 
+Result<device::Context> Session::context_on(int gpu) {
+  if (gpu < 0 || gpu >= gpu_count_)
+    return error(ErrorCode::kInvalidDevice, "GPU ", gpu, " does not exist");
+  std::optional<device::Context>& slot = contexts_[gpu];
+  if (!slot) {
+    HIBER_ASSIGN_OR_RETURN(device::Context context, context_pool_.take(gpu));
+    slot = context;
+  }
+  return *slot;
+}
+
 void Session::lose_context(const Status& why) {
-  if (!lost_context_.ok()) return;  // a second kernel timed out before the first was seen
-  lost_context_ = Status(ErrorCode::kLaunchTimeout,
-                         str_cat(why.message(), "; the function's CUDA context is lost: every ",
-                                 "later call fails (reconnect to start over)"));
+  if (!lost_context_.ok()) return;  // a second fault came before the first was seen
+  const ErrorCode code =
+      device::is_context_fault(why.code()) ? why.code() : ErrorCode::kLaunchFailed;
+  lost_context_ = Status(code, str_cat(why.message(), "; the function's CUDA context is lost: ",
+                                       "every later call fails (reconnect to start over)"));
   LOG(WARNING) << "session " << identity_.id << " (" << identity_.function_id << ", pid "
                << identity_.peer.pid << "): " << lost_context_;
   // Sequence 0: an error of the session, which the client makes sticky.
@@ -480,6 +495,12 @@ void Session::execute(proto::Call::Reader call, uint64_t seq) {
   }
   // Not ready answers a query; it is not a failure (and, as in CUDA, not a sticky error).
   const bool failed = !outcome.status.ok() && outcome.status.code() != ErrorCode::kNotReady;
+  // A fault the call found (a synchronisation or query answering it, or a call the faulted
+  // context refused) ends the context: the session loses it once this batch is done, between
+  // calls (the calls after it fail on the faulted context meanwhile).
+  if (lost_context_.ok() && device::is_context_fault(outcome.status.code())) {
+    post(FaultCommand{outcome.status});
+  }
   if (failed) {
     // Nor is a module cache miss, which asks the client for the image: it still goes back to
     // the client as an error, but the session's count of failed calls leaves it out.
@@ -626,6 +647,8 @@ void Session::build_completions(capnp::MessageBuilder& message,
 
 void Session::post_completion(uint64_t seq, Status status, CallResult result) {
   if (!status.ok()) failed_calls_.fetch_add(1, std::memory_order_relaxed);
+  // Work that faulted ended the context it ran in: the session loses it (on its thread).
+  if (device::is_context_fault(status.code())) post(FaultCommand{status});
   post(CompletionRecord{seq, limited(std::move(status)), std::move(result)});
 }
 
@@ -708,8 +731,13 @@ void Session::teardown() {
   }
   modules_.clear();
   module_bytes_ = 0;
-  // Unmaps and frees every block on every GPU, and its host copies.
+  // Unmaps and frees every block on every GPU, and its host copies (and the swap's events).
   memory_->release_all();
+  // Nothing of the session is left in its contexts now: they go back, to be destroyed.
+  for (std::optional<device::Context>& context : contexts_) {
+    if (context) context_pool_.give_back(*context);
+    context.reset();
+  }
   lease_.reset();
   bound_gpu_.store(std::nullopt);
   if (arena_registered_) {

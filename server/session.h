@@ -23,10 +23,14 @@
 // the session drains its work, unmaps its blocks and hands the GPU
 // back, so another function can never see its memory, and its next lease may be elsewhere.
 //
-// Kernel deadline. A kernel that runs longer than SessionConfig::kernel_deadline is stopped by
-// the device; the session then loses its context as a CUDA program would: its lease ends (the
-// GPU goes back to the pool, nothing else of the node is touched) and every later call of the
-// function fails with the sticky CUDA_ERROR_LAUNCH_TIMEOUT, until it disconnects.
+// Contexts and faults. The session's device streams and events on a GPU live in the instance's
+// context there, from the ContextPool: its own (--isolation=context) or the GPU's shared one.
+// A fault of its work (device::is_context_fault: an illegal address, a trap, a kernel past
+// SessionConfig::kernel_deadline, which the device stops) ends that context, and the session
+// loses its context as a CUDA program would: its lease ends (the GPU goes back to the pool;
+// in context mode nothing else of the node is touched) and every later call of the function
+// fails with the sticky error, until it disconnects. Its contexts go back to the pool, to be
+// destroyed, when the session ends.
 //
 // Synchronous calls (stream, event and device synchronisation) do not block the session thread:
 // device callbacks queue their completions when the work is done and interrupt the session
@@ -62,6 +66,7 @@
 #include "common/mutex.h"
 #include "common/thread_annotations.h"
 #include "server/auth.h"
+#include "server/context_pool.h"
 #include "server/device/device.h"
 #include "server/function_memory.h"
 #include "server/handle_table.h"
@@ -107,10 +112,12 @@ struct SessionConfig {
 class Session final : public LeaseHolder {
  public:
   // Creates the session's memory (its address range), the channel and registers the arena.
-  // `device`, `modules`, `pools`, `repository` and `lessor` must outlive the session.
+  // `device`, `modules`, `contexts`, `pools`, `repository` and `lessor` must outlive the
+  // session.
   static Result<std::unique_ptr<Session>> create(device::Device& device, ModuleCache& modules,
-                                                 DevicePools& pools, ModelRepository& repository,
-                                                 GpuLessor& lessor, SessionIdentity identity,
+                                                 ContextPool& contexts, DevicePools& pools,
+                                                 ModelRepository& repository, GpuLessor& lessor,
+                                                 SessionIdentity identity,
                                                  const SessionConfig& config);
   // Releases whatever is still held. REQUIRES: the thread, if started, has been joined.
   ~Session() override;
@@ -179,18 +186,19 @@ class Session final : public LeaseHolder {
     RequestId lease;
     Status failure;  // ok: an ordinary end
   };
-  // A kernel of the session ran past its deadline (a device thread says so).
-  struct TimeoutCommand {
+  // Work of the session faulted, ending its context (a device thread or callback says so: a
+  // kernel past its deadline, an illegal address reported at a synchronisation).
+  struct FaultCommand {
     Status why;
   };
-  using Command = std::variant<GrantCommand, EndCommand, TimeoutCommand>;
+  using Command = std::variant<GrantCommand, EndCommand, FaultCommand>;
   // What other threads hand the session thread: the controller's commands, the device's
-  // timeouts, and completions from device callbacks.
-  using Mail = std::variant<GrantCommand, EndCommand, TimeoutCommand, CompletionRecord>;
+  // faults, and completions from device callbacks.
+  using Mail = std::variant<GrantCommand, EndCommand, FaultCommand, CompletionRecord>;
 
-  Session(device::Device& device, ModuleCache& modules, GpuLessor& lessor, SessionIdentity identity,
-          const SessionConfig& config, std::unique_ptr<wire::ServerChannel> channel,
-          std::shared_ptr<FunctionMemory> memory);
+  Session(device::Device& device, ModuleCache& modules, ContextPool& contexts, GpuLessor& lessor,
+          SessionIdentity identity, const SessionConfig& config,
+          std::unique_ptr<wire::ServerChannel> channel, std::shared_ptr<FunctionMemory> memory);
 
   void run();
   // Executes request_ from call `first` on, noting in held_ where a call waits for a lease.
@@ -215,9 +223,11 @@ class Session final : public LeaseHolder {
   void run_commands(std::vector<Command> commands);
   void begin_lease(const Lease& lease);
   void finish_lease(const Status& failure);
-  // A kernel ran past its deadline: the function's context is lost. Its GPU goes back, and
-  // every later call fails with `why` (CUDA's sticky CUDA_ERROR_LAUNCH_TIMEOUT).
+  // Work faulted (`why`, device::is_context_fault): the function's context is lost. Its GPU
+  // goes back, and every later call fails with `why`'s code (CUDA's sticky errors).
   void lose_context(const Status& why);
+  // The instance's context on `gpu`, taken from the pool on first use.
+  Result<device::Context> context_on(int gpu);
   // Queues mail for the session thread and wakes it (any thread).
   void post(Mail mail);
 
@@ -272,6 +282,7 @@ class Session final : public LeaseHolder {
 
   device::Device& device_;
   ModuleCache& module_cache_;
+  ContextPool& context_pool_;
   GpuLessor& lessor_;
   const SessionIdentity identity_;
   const SessionConfig config_;
@@ -296,7 +307,8 @@ class Session final : public LeaseHolder {
   // behind it do not run (each could hold the GPU for a whole deadline).
   const std::shared_ptr<std::atomic<bool>> context_lost_ = std::make_shared<std::atomic<bool>>();
   std::chrono::steady_clock::time_point last_gpu_call_;
-  HandleTable handles_;  // client streams and events, per GPU
+  std::vector<std::optional<device::Context>> contexts_;  // per GPU, once used there
+  HandleTable handles_;  // client streams and events, per GPU, in contexts_
   // Each module holds one cache reference.
   std::unordered_map<wire::ModuleHandle, ModuleCache::Ref> modules_;
   uint64_t module_bytes_ = 0;             // the images of modules_, each handle counted

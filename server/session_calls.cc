@@ -491,7 +491,7 @@ Session::Outcome Session::launch_kernel(const wire::calls::LaunchKernel& c) {
     // The session thread acts on it: the function's context is lost (session.h).
     config.on_timeout = [this](const Status& why) {
       context_lost_->store(true);
-      post(TimeoutCommand{why});
+      post(FaultCommand{why});
     };
     config.context_lost = context_lost_;
   }
@@ -559,12 +559,15 @@ Session::Outcome Session::library_query(const wire::calls::LibraryQuery& c) {
   Status checked = libraries_.check_query(c.handle, c.op, c.args);
   if (!checked.ok()) return {checked};
   device::LibraryBackend* backend = device_.library(*libraries_.library(c.handle));
-  // Answers hold for the GPU model that runs the work: the lease's, or the first GPU's between
-  // leases (a node's GPUs are of one model).
-  const int gpu = lease_ ? lease_->gpu.value() : 0;
+  // Answers hold for the GPU model that runs the work: the lease's, in the instance's context
+  // there, or the first GPU's between leases, in its shared context (a node's GPUs are of one
+  // model, and no context of the instance's is made for a GPU it may never run on).
+  Result<device::Context> context =
+      lease_ ? context_on(lease_->gpu.value()) : Result<device::Context>(device_.shared_context(0));
+  if (!context.ok()) return {context.status()};
   const device::LibraryCall call{identity_.id.value(), c.handle, static_cast<wire::LibraryOp>(c.op),
                                  c.args};
-  Result<std::vector<std::byte>> answer = backend->answer(gpu, call);
+  Result<std::vector<std::byte>> answer = backend->answer(*context, call);
   if (!answer.ok()) return {answer.status()};
   return {Status(), wire::LibraryAnswer{std::move(answer).value()}};
 }

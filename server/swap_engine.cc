@@ -16,10 +16,16 @@ void SwapEngine::release() {
   }
 }
 
-Result<device::Event> SwapEngine::event(int gpu, size_t index) {
-  std::vector<device::Event>& pool = events_[gpu];
+Result<device::Event> SwapEngine::event(device::Stream stream, size_t index) {
+  std::vector<device::Event>& pool = events_[stream.gpu];
+  if (!pool.empty() && pool.front().context != stream.context) {
+    // The GPU's swaps now run in another context: the old events cannot be recorded there.
+    for (const device::Event& e : pool) (void)device_.destroy_event(e);
+    pool.clear();
+  }
+  const device::Context context{stream.context, stream.gpu};
   while (pool.size() <= index) {
-    HIBER_ASSIGN_OR_RETURN(device::Event e, device_.create_event(gpu, /*disable_timing=*/true));
+    HIBER_ASSIGN_OR_RETURN(device::Event e, device_.create_event(context, /*disable_timing=*/true));
     pool.push_back(e);
   }
   return pool[index];
@@ -40,7 +46,7 @@ Result<std::vector<int32_t>> SwapEngine::start(int gpu, device::Stream stream,
   completes_in.reserve(transfers.size());
   uint64_t in_group = 0;
   auto close_group = [&]() -> Status {
-    HIBER_ASSIGN_OR_RETURN(device::Event e, event(gpu, static_cast<size_t>(groups_)));
+    HIBER_ASSIGN_OR_RETURN(device::Event e, event(stream, static_cast<size_t>(groups_)));
     HIBER_RETURN_IF_ERROR(device_.record_event(e, stream));
     ++groups_;
     in_group = 0;

@@ -78,8 +78,9 @@ class SwapEngine {
     std::atomic<bool> failed{false};
   };
 
-  // The event that ends group `index` on `gpu`, made on first use and reused by later swaps.
-  Result<device::Event> event(int gpu, size_t index);
+  // The event that ends group `index` on `stream`'s GPU, made on first use in the stream's
+  // context (an event is recorded only in its own context) and reused by later swaps there.
+  Result<device::Event> event(device::Stream stream, size_t index);
 
   device::Device& device_;
   const uint64_t group_bytes_;

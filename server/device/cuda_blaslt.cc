@@ -272,12 +272,12 @@ uint64_t fnv1a(std::string_view text) {
   return hash;
 }
 
-// ---- Real handles and descriptors per (owner, client handle, GPU) ----
+// ---- Real handles and descriptors per (owner, client handle, GPU and context) ----
 
 struct LtKey {
   uint64_t owner = 0;
   uint64_t handle = 0;
-  int gpu = 0;
+  Context context;  // where the real handle was made, and must be used and destroyed
   friend auto operator<=>(const LtKey&, const LtKey&) = default;
 };
 
@@ -325,8 +325,8 @@ class CudaBlasLtBackend final : public LibraryBackend {
     // An empty D: nothing to compute or write (the session checked no operand), as on the sim.
     if (dims.m == 0 || dims.n == 0) return Status();
     HIBER_ASSIGN_OR_RETURN(CUstream s, contexts_.use_stream(stream));
-    HIBER_ASSIGN_OR_RETURN(auto entry,
-                           get_entry(*api, {call.owner, call.handle.value(), stream.gpu}));
+    HIBER_ASSIGN_OR_RETURN(auto entry, get_entry(*api, {call.owner, call.handle.value(),
+                                                        Context{stream.context, stream.gpu}}));
     MutexLock lock(entry->mutex);
     HIBER_ASSIGN_OR_RETURN(Descriptors * d, descriptors(*api, *entry, mm.problem));
     const LtProblem& p = mm.problem;
@@ -360,7 +360,8 @@ class CudaBlasLtBackend final : public LibraryBackend {
         "cublasLtMatmul");
   }
 
-  Result<std::vector<std::byte>> answer(int gpu, const LibraryCall& call) override {
+  Result<std::vector<std::byte>> answer(Context context, const LibraryCall& call) override {
+    const int gpu = context.gpu;
     if (call.op != wire::LibraryOp::kLtHeuristic)
       return error(ErrorCode::kNotSupported, "cuBLAS query ", static_cast<unsigned>(call.op),
                    " is not one hiberd's CUDA backend answers");
@@ -372,8 +373,8 @@ class CudaBlasLtBackend final : public LibraryBackend {
     if (h.requested < 1 || h.requested > wire::blas::kMaxLtHeuristicResults)
       return error(ErrorCode::kInvalidValue, "cuBLASLt heuristic: ", h.requested,
                    " algorithms requested");
-    HIBER_RETURN_IF_ERROR(contexts_.use_gpu(gpu));
-    HIBER_ASSIGN_OR_RETURN(auto entry, get_entry(*api, {call.owner, call.handle.value(), gpu}));
+    HIBER_RETURN_IF_ERROR(contexts_.use_context(context));
+    HIBER_ASSIGN_OR_RETURN(auto entry, get_entry(*api, {call.owner, call.handle.value(), context}));
     MutexLock lock(entry->mutex);
     HIBER_ASSIGN_OR_RETURN(Descriptors * d, descriptors(*api, *entry, h.problem));
     AlgoKey key;
@@ -412,8 +413,8 @@ class CudaBlasLtBackend final : public LibraryBackend {
   }
 
  private:
-  // The entry for `key`, creating its real handle if there is none yet. The GPU's context must be
-  // current on this thread.
+  // The entry for `key`, creating its real handle if there is none yet. The key's context must
+  // be current on this thread.
   Result<std::shared_ptr<LtEntry>> get_entry(const LtApi& api, const LtKey& key) {
     {
       MutexLock lock(mutex_);
@@ -422,7 +423,7 @@ class CudaBlasLtBackend final : public LibraryBackend {
     // Created outside the table's lock, so other sessions' calls do not wait for it.
     cublasLtHandle_t raw = nullptr;
     HIBER_RETURN_IF_ERROR(api.check(api.pfn_cublasLtCreate(&raw), "cublasLtCreate")
-                              .with_context(str_cat("a cuBLASLt handle on GPU ", key.gpu,
+                              .with_context(str_cat("a cuBLASLt handle on GPU ", key.context.gpu,
                                                     " for session ", key.owner)));
     auto entry = std::make_shared<LtEntry>();
     {
@@ -601,7 +602,7 @@ class CudaBlasLtBackend final : public LibraryBackend {
     if (gone.empty() || api == nullptr) return;
     for (auto& [key, entry] : gone) {
       MutexLock lock(entry->mutex);
-      Status status = contexts_.use_gpu(key.gpu);
+      Status status = contexts_.use_context(key.context);
       if (status.ok()) {
         for (auto& [hash, d] : entry->descriptors) d.destroy(*api);
         entry->descriptors.clear();
@@ -612,7 +613,7 @@ class CudaBlasLtBackend final : public LibraryBackend {
           status = api->check(api->pfn_cublasLtDestroy(entry->raw), "cublasLtDestroy");
       }
       LOG_IF(WARNING, !status.ok()) << "destroying the cuBLASLt handle of session " << key.owner
-                                    << " on GPU " << key.gpu << ": " << status;
+                                    << " on GPU " << key.context.gpu << ": " << status;
       entry->raw = nullptr;
     }
   }

@@ -2,19 +2,23 @@
 // cuda_driver.h for how entry points are found.
 //
 // Threading. Every method may run on any thread, concurrently. The CUDA "current context" is per
-// thread, so each method makes the primary context of the GPU it touches current before its first
-// driver call (cuCtxSetCurrent is a thread-local store in the driver, cheap enough to repeat);
-// nothing assumes a context left current by an earlier call. State of our own:
+// thread, so each method makes the context it works in current before its first driver call (a
+// stream's or event's own context, or the GPU's primary context for the rest; cuCtxSetCurrent is
+// a thread-local store in the driver, cheap enough to repeat); nothing assumes a context left
+// current by an earlier call. State of our own:
 //   - constant after create(): gpus_, peer_, topology_, min_granularity_, max_granularity_;
 //   - reservations_ and mappings_ under mappings_mutex_: the reserved and the mapped ranges, so
 //     map/unmap/free reject misuse with a clear message before the driver sees it, and
 //     set_access knows which GPUs own the memory behind a range;
 //   - kernels_ and module_kernels_ under kernels_mutex_: parameter layouts of the kernels handed
 //     out by get_function, so launch checks the parameter buffer without a driver call, and the
-//     dynamic shared memory each kernel has been allowed on each GPU.
+//     dynamic shared memory each kernel has been allowed on each GPU;
+//   - created_ under contexts_mutex_: the contexts create_context made, each with an idle probe
+//     stream whose query answers context_status without waiting for the context's work.
 //
-// Handles carry the driver's own handle values (CUstream, CUevent, CUlibrary, CUkernel,
-// CUmemGenericAllocationHandle) in their id, with `gpu` set where the object belongs to one GPU.
+// Handles carry the driver's own handle values (CUcontext, CUstream, CUevent, CUlibrary, CUkernel,
+// CUmemGenericAllocationHandle) in their id, with `gpu` set where the object belongs to one GPU
+// and a stream's or event's `context` its CUcontext.
 // They come only from hiberd's own code, never from a client, so they are trusted like the
 // driver's handles would be.
 #include "server/device/cuda_device.h"
@@ -153,13 +157,20 @@ class CudaDevice final : public Device, private CudaContexts {
   Status register_host_memory(void* ptr, uint64_t bytes) override;
   Status unregister_host_memory(void* ptr) override;
 
-  Result<Stream> create_stream(int gpu, int priority) override;
+  Context shared_context(int gpu) const override;
+  Result<Context> create_context(int gpu) override;
+  Status destroy_context(Context context) override;
+  Status context_status(Context context) override;
+
+  using Device::create_event;
+  using Device::create_stream;
+  Result<Stream> create_stream(Context context, int priority) override;
   Status destroy_stream(Stream stream) override;
   Status synchronize_stream(Stream stream) override;
   Status query_stream(Stream stream) override;
   Status add_callback(Stream stream, StreamCallback callback) override;
   Status cancel_stream(Stream stream, const Status& why) override;
-  Result<Event> create_event(int gpu, bool disable_timing) override;
+  Result<Event> create_event(Context context, bool disable_timing) override;
   Status destroy_event(Event event) override;
   Status record_event(Event event, Stream stream) override;
   Status wait_event(Stream stream, Event event) override;
@@ -190,6 +201,7 @@ class CudaDevice final : public Device, private CudaContexts {
   struct Gpu {
     CUdevice device = 0;
     CUcontext context = nullptr;  // the primary context, retained until destruction
+    CUstream probe = nullptr;     // an idle stream of the primary context (context_status)
     DeviceProperties properties;
     uint64_t granularity = 0;   // CU_MEM_ALLOC_GRANULARITY_MINIMUM, see allocation_granularity
     int least_priority = 0;     // cuCtxGetStreamPriorityRange: numerically largest
@@ -220,9 +232,14 @@ class CudaDevice final : public Device, private CudaContexts {
   // Validates `gpu` and makes its primary context current on this thread (also what the library
   // backends use, through CudaContexts).
   Status use_gpu(int gpu) const override;
-  // Validates a stream handle and makes its GPU's context current: a Stream's id is its CUstream.
+  // Makes a context current: its id is its CUcontext (0 stands for the GPU's primary context).
+  Status use_context(Context context) const override;
+  // Validates a stream handle and makes its context current: a Stream's id is its CUstream.
   Result<CUstream> use_stream(Stream stream) const override;
-  Status synchronize_gpu(int gpu) const override;
+  Status synchronize_context(Context context) const override;
+  // The idle stream of a context of this device; kInvalidContext for a context it did not make
+  // or already destroyed.
+  Result<CUstream> probe_of(Context context) const;
   Result<CUevent> event_of(Event event) const;
   // Grid and block within the GPU's limits, so a bad launch is refused with the reason rather
   // than the driver's bare CUDA_ERROR_INVALID_VALUE.
@@ -267,8 +284,15 @@ class CudaDevice final : public Device, private CudaContexts {
   std::unordered_map<CUkernel, KernelState> kernels_ GUARDED_BY(kernels_mutex_);
   std::unordered_map<CUlibrary, std::vector<CUkernel>> module_kernels_ GUARDED_BY(kernels_mutex_);
 
+  struct CreatedContext {
+    int gpu = 0;
+    CUstream probe = nullptr;
+  };
+  mutable Mutex contexts_mutex_;
+  std::unordered_map<CUcontext, CreatedContext> created_ GUARDED_BY(contexts_mutex_);
+
   // The remoted libraries' backends, made at creation (they open nothing until a client creates
-  // a handle) and destroyed first, while the primary contexts their handles live in are held.
+  // a handle) and destroyed first, while the contexts their handles live in still exist.
   std::unique_ptr<LibraryBackend> blas_;
   std::unique_ptr<LibraryBackend> dnn_;
   // Kernel deadlines (LaunchConfig::deadline); destroyed before the contexts are released.
@@ -306,7 +330,7 @@ Result<std::unique_ptr<Device>> CudaDevice::create(const CudaDeviceOptions& opti
   device->blas_ = make_cuda_blas_backend(*device, options.libraries);
   device->dnn_ = make_cuda_dnn_backend(*device, options.libraries);
   device->watch_ = std::make_unique<CudaKernelWatch>(
-      *cu, [d = device.get()](int gpu) { return d->use_gpu(gpu); });
+      *cu, [d = device.get()](Context context) { return d->use_context(context); });
   LOG(INFO) << "CUDA backend: " << describe(device->topology_);
   return std::unique_ptr<Device>(std::move(device));
 }
@@ -316,8 +340,19 @@ CudaDevice::~CudaDevice() {
   watch_.reset();
   blas_.reset();
   dnn_.reset();
+  {
+    MutexLock lock(contexts_mutex_);
+    for (auto& [context, created] : created_) {
+      LOG(WARNING) << "a context of GPU " << created.gpu << " was never destroyed; destroying it";
+      (void)cu_.pfn_cuCtxDestroy(context);
+    }
+    created_.clear();
+  }
   for (const Gpu& gpu : gpus_) {
     if (gpu.context == nullptr) continue;
+    if (gpu.probe != nullptr && use_gpu(gpu.properties.ordinal).ok()) {
+      (void)cu_.pfn_cuStreamDestroy(gpu.probe);
+    }
     Status s = HIBER_CU(cuDevicePrimaryCtxRelease, gpu.device);
     // At process exit the driver may already be torn down; nothing is left to release then.
     if (!s.ok() && s.code() != ErrorCode::kDeinitialized) {
@@ -398,6 +433,8 @@ Status CudaDevice::init_gpu(int ordinal) {
   HIBER_RETURN_IF_ERROR(
       HIBER_CU(cuCtxGetStreamPriorityRange, &gpu.least_priority, &gpu.greatest_priority)
           .with_context(context("stream priorities")));
+  HIBER_RETURN_IF_ERROR(HIBER_CU(cuStreamCreateWithPriority, &gpu.probe, CU_STREAM_NON_BLOCKING, 0)
+                            .with_context(context("the primary context's probe stream")));
   return Status();
 }
 
@@ -563,19 +600,40 @@ Status CudaDevice::use_gpu(int gpu) const {
   return HIBER_CU(cuCtxSetCurrent, gpus_[gpu].context);
 }
 
+Status CudaDevice::use_context(Context context) const {
+  if (!valid_gpu(context.gpu)) return no_such_gpu(context.gpu);
+  CUcontext c = context.id != 0 ? from_id<CUcontext>(context.id) : gpus_[context.gpu].context;
+  return HIBER_CU(cuCtxSetCurrent, c);
+}
+
 Result<CUstream> CudaDevice::use_stream(Stream stream) const {
   if (stream.id == 0) {
     // 0 would be CUDA's legacy default stream, which Hiber never uses: it synchronises with
     // every other stream of the context and so with every other function on the GPU.
     return Status(ErrorCode::kInvalidHandle, "stream handle 0 was not made by create_stream");
   }
-  HIBER_RETURN_IF_ERROR(use_gpu(stream.gpu));
+  HIBER_RETURN_IF_ERROR(use_context(Context{stream.context, stream.gpu}));
   return from_id<CUstream>(stream.id);
 }
 
-Status CudaDevice::synchronize_gpu(int gpu) const {
-  HIBER_RETURN_IF_ERROR(use_gpu(gpu));
+Status CudaDevice::synchronize_context(Context context) const {
+  HIBER_RETURN_IF_ERROR(use_context(context));
   return HIBER_CU(cuCtxSynchronize);
+}
+
+Result<CUstream> CudaDevice::probe_of(Context context) const {
+  if (!valid_gpu(context.gpu)) return no_such_gpu(context.gpu);
+  if (context.id == 0 || from_id<CUcontext>(context.id) == gpus_[context.gpu].context) {
+    return gpus_[context.gpu].probe;
+  }
+  MutexLock lock(contexts_mutex_);
+  auto it = created_.find(from_id<CUcontext>(context.id));
+  if (it == created_.end() || it->second.gpu != context.gpu) {
+    return Status(ErrorCode::kInvalidContext,
+                  str_cat("context ", hex(context.id), " of GPU ", context.gpu,
+                          " was not made by create_context, or is destroyed"));
+  }
+  return it->second.probe;
 }
 
 Result<CUevent> CudaDevice::event_of(Event event) const {
@@ -960,10 +1018,75 @@ Status CudaDevice::unregister_host_memory(void* ptr) {
       .with_context(str_cat("unregister_host_memory(", ptr, ")"));
 }
 
+// ---- Contexts ----
+
+Context CudaDevice::shared_context(int gpu) const {
+  CHECK(valid_gpu(gpu)) << "shared_context(" << gpu << "): this node has " << gpu_count()
+                        << " GPUs";
+  return Context{to_id(gpus_[gpu].context), gpu};
+}
+
+Result<Context> CudaDevice::create_context(int gpu) {
+  if (!valid_gpu(gpu)) return no_such_gpu(gpu);
+  auto where = [&] { return str_cat("create_context(GPU ", gpu, ")"); };
+  // cuCtxCreate pushes the new context on this thread's stack; it is popped again below, so the
+  // stack stays as deep as it was (everything else here only ever replaces its top).
+  CUcontext context = nullptr;
+  HIBER_RETURN_IF_ERROR(
+      HIBER_CU(cuCtxCreate, &context, nullptr, CU_CTX_SCHED_AUTO, gpus_[gpu].device)
+          .with_context(where()));
+  CUstream probe = nullptr;
+  Status made = HIBER_CU(cuStreamCreateWithPriority, &probe, CU_STREAM_NON_BLOCKING, 0);
+  CUcontext popped = nullptr;
+  (void)cu_.pfn_cuCtxPopCurrent(&popped);
+  if (!made.ok()) {
+    (void)cu_.pfn_cuCtxDestroy(context);
+    return made.with_context(where());
+  }
+  MutexLock lock(contexts_mutex_);
+  created_.emplace(context, CreatedContext{gpu, probe});
+  return Context{to_id(context), gpu};
+}
+
+Status CudaDevice::destroy_context(Context context) {
+  auto where = [&] { return str_cat("destroy_context(GPU ", context.gpu, ")"); };
+  if (valid_gpu(context.gpu) && from_id<CUcontext>(context.id) == gpus_[context.gpu].context) {
+    return Status(ErrorCode::kInvalidValue,
+                  where() + ": the primary context is shared and never destroyed");
+  }
+  CreatedContext created;
+  {
+    MutexLock lock(contexts_mutex_);
+    auto it = created_.find(from_id<CUcontext>(context.id));
+    if (it == created_.end() || it->second.gpu != context.gpu) {
+      return Status(ErrorCode::kInvalidContext,
+                    where() + ": not a context create_context made, or already destroyed");
+    }
+    created = it->second;
+    created_.erase(it);
+  }
+  HIBER_RETURN_IF_ERROR(use_context(context).with_context(where()));
+  watch_->forget(context);
+  (void)cu_.pfn_cuStreamDestroy(created.probe);
+  // Destroys what is left in it (streams, events, the kernels loaded into it), after a fault too.
+  return HIBER_CU(cuCtxDestroy, from_id<CUcontext>(context.id)).with_context(where());
+}
+
+Status CudaDevice::context_status(Context context) {
+  HIBER_ASSIGN_OR_RETURN(CUstream probe, probe_of(context));
+  HIBER_RETURN_IF_ERROR(use_context(context));
+  // The probe never has work: a query answers at once, with the context's sticky error if a
+  // fault ended it.
+  CUresult r = cu_.pfn_cuStreamQuery(probe);
+  if (r == CUDA_SUCCESS || r == CUDA_ERROR_NOT_READY) return Status();
+  return cu_.check(r, "cuStreamQuery").with_context("context_status");
+}
+
 // ---- Streams and events ----
 
-Result<Stream> CudaDevice::create_stream(int gpu, int priority) {
-  HIBER_RETURN_IF_ERROR(use_gpu(gpu));
+Result<Stream> CudaDevice::create_stream(Context context, int priority) {
+  HIBER_RETURN_IF_ERROR(use_context(context));
+  const int gpu = context.gpu;
   // CUDA clamps out-of-range priorities too; clamping here keeps it explicit. Lower is higher
   // priority, so greatest_priority is the numerically smallest value.
   const Gpu& g = gpus_[gpu];
@@ -974,7 +1097,7 @@ Result<Stream> CudaDevice::create_stream(int gpu, int priority) {
   HIBER_RETURN_IF_ERROR(
       HIBER_CU(cuStreamCreateWithPriority, &stream, CU_STREAM_NON_BLOCKING, clamped)
           .with_context(str_cat("create_stream(GPU ", gpu, ", priority ", priority, ")")));
-  return Stream{to_id(stream), gpu};
+  return Stream{to_id(stream), gpu, context.id};
 }
 
 Status CudaDevice::destroy_stream(Stream stream) {
@@ -1014,18 +1137,18 @@ Status CudaDevice::add_callback(Stream stream, StreamCallback callback) {
   return added;
 }
 
-Result<Event> CudaDevice::create_event(int gpu, bool disable_timing) {
-  HIBER_RETURN_IF_ERROR(use_gpu(gpu));
+Result<Event> CudaDevice::create_event(Context context, bool disable_timing) {
+  HIBER_RETURN_IF_ERROR(use_context(context));
   CUevent event = nullptr;
   HIBER_RETURN_IF_ERROR(
       HIBER_CU(cuEventCreate, &event, disable_timing ? CU_EVENT_DISABLE_TIMING : CU_EVENT_DEFAULT)
-          .with_context(str_cat("create_event(GPU ", gpu, ")")));
-  return Event{to_id(event), gpu};
+          .with_context(str_cat("create_event(GPU ", context.gpu, ")")));
+  return Event{to_id(event), context.gpu, context.id};
 }
 
 Status CudaDevice::destroy_event(Event event) {
   HIBER_ASSIGN_OR_RETURN(CUevent e, event_of(event));
-  HIBER_RETURN_IF_ERROR(use_gpu(event.gpu));
+  HIBER_RETURN_IF_ERROR(use_context(Context{event.context, event.gpu}));
   return HIBER_CU(cuEventDestroy, e);
 }
 
@@ -1036,6 +1159,10 @@ Status CudaDevice::record_event(Event event, Stream stream) {
     return Status(ErrorCode::kInvalidHandle,
                   str_cat("record_event: an event of GPU ", event.gpu,
                           " cannot be recorded on a stream of GPU ", stream.gpu));
+  }
+  if (event.context != stream.context) {
+    return Status(ErrorCode::kInvalidHandle,
+                  "record_event: the event and the stream are in different contexts");
   }
   HIBER_ASSIGN_OR_RETURN(CUstream s, use_stream(stream));
   return HIBER_CU(cuEventRecord, e, s);
@@ -1050,13 +1177,13 @@ Status CudaDevice::wait_event(Stream stream, Event event) {
 
 Status CudaDevice::synchronize_event(Event event) {
   HIBER_ASSIGN_OR_RETURN(CUevent e, event_of(event));
-  HIBER_RETURN_IF_ERROR(use_gpu(event.gpu));
+  HIBER_RETURN_IF_ERROR(use_context(Context{event.context, event.gpu}));
   return HIBER_CU(cuEventSynchronize, e);
 }
 
 Status CudaDevice::query_event(Event event) {
   HIBER_ASSIGN_OR_RETURN(CUevent e, event_of(event));
-  HIBER_RETURN_IF_ERROR(use_gpu(event.gpu));
+  HIBER_RETURN_IF_ERROR(use_context(Context{event.context, event.gpu}));
   CUresult r = cu_.pfn_cuEventQuery(e);
   if (r == CUDA_ERROR_NOT_READY) return Status(ErrorCode::kNotReady, "event has pending work");
   return cu_.check(r, "cuEventQuery");
@@ -1065,7 +1192,7 @@ Status CudaDevice::query_event(Event event) {
 Result<float> CudaDevice::elapsed_ms(Event start, Event end) {
   HIBER_ASSIGN_OR_RETURN(CUevent s, event_of(start));
   HIBER_ASSIGN_OR_RETURN(CUevent e, event_of(end));
-  HIBER_RETURN_IF_ERROR(use_gpu(start.gpu));
+  HIBER_RETURN_IF_ERROR(use_context(Context{start.context, start.gpu}));
   float ms = 0;
   // The driver answers kNotReady for a pending record and kInvalidHandle for an event created
   // with timing disabled or never recorded, as the interface specifies.
@@ -1115,8 +1242,13 @@ Status CudaDevice::copy_peer(Stream stream, DevicePtr dst, int dst_gpu, DevicePt
   // the copying GPU to reach both ranges, copy_peer between ranges that only their own GPUs may
   // access fails or faults, and the contract must say so (or this must stage through the host).
   // DeviceContractTest.PeerCopiesMoveTheRightBytes on a 2-GPU machine decides.
-  return on_error(HIBER_CU(cuMemcpyPeerAsync, dst, gpus_[dst_gpu].context, src,
-                           gpus_[src_gpu].context, bytes, s),
+  // The stream's own context stands for its GPU's side (a created context has no legacy peer
+  // access enabled, so the driver may stage such a copy through the host; also unverified).
+  auto side = [&](int gpu) {
+    return gpu == stream.gpu && stream.context != 0 ? from_id<CUcontext>(stream.context)
+                                                    : gpus_[gpu].context;
+  };
+  return on_error(HIBER_CU(cuMemcpyPeerAsync, dst, side(dst_gpu), src, side(src_gpu), bytes, s),
                   [&] {
                     return str_cat("copy_peer(GPU ", dst_gpu, " ", hex(dst), " <- GPU ", src_gpu,
                                    " ", hex(src), ", ", bytes, " bytes)");
@@ -1300,7 +1432,7 @@ Status CudaDevice::launch(Stream stream, Function function, const LaunchConfig& 
       auto it = kernels_.find(kernel);
       if (it != kernels_.end()) name = it->second.info.name;
     }
-    launched = watch_->watch(stream.gpu, s, name, config);
+    launched = watch_->watch(Context{stream.context, stream.gpu}, s, name, config);
   }
   return on_error(std::move(launched), [&] {
     ReaderLock lock(kernels_mutex_);

@@ -5,7 +5,8 @@
 // machines without a driver; create() then fails with kNoDevice (or kStubLibrary for the
 // toolkit's stub) and a message saying why.
 //
-// One primary context per GPU, shared by every session (runtime sharing). Device memory uses
+// Each GPU's primary context is its shared context (device.h, "Contexts"); create_context makes
+// more with cuCtxCreate, one per instance where hiberd isolates instances. Device memory uses
 // the VMM API (cuMemCreate, cuMemAddressReserve, cuMemMap, cuMemSetAccess); a PhysicalMemory is
 // one allocation per granularity unit, since cuMemMap takes offset 0 only; modules are loaded
 // once with cuLibraryLoadData and serve every GPU, after common/fatbin.h has checked every size

@@ -615,7 +615,7 @@ struct PlanKey {
   uint64_t owner = 0;
   uint64_t graph_id = 0;
   uint64_t handle = 0;
-  int gpu = 0;
+  Context context;  // of the handle the plan was built with
   friend auto operator<=>(const PlanKey&, const PlanKey&) = default;
 };
 
@@ -660,7 +660,7 @@ class CudaDnnBackend final : public LibraryBackend {
                  " is not implemented on hiberd's CUDA backend");
   }
 
-  Result<std::vector<std::byte>> answer(int gpu, const LibraryCall& call) override {
+  Result<std::vector<std::byte>> answer(Context context, const LibraryCall& call) override {
     HIBER_RETURN_IF_ERROR(check_available());
     const CudnnApi& api = *api_.load();
     if (call.op != wire::LibraryOp::kDnnFinalize)
@@ -668,8 +668,9 @@ class CudaDnnBackend final : public LibraryBackend {
                    " is not implemented on hiberd's CUDA backend");
     HIBER_ASSIGN_OR_RETURN(dnn::Graph graph, dnn::decode_graph(call.args));
     HIBER_RETURN_IF_ERROR(check_rebuildable(graph, dnn::kOperationGraph));
-    HIBER_RETURN_IF_ERROR(contexts_.use_gpu(gpu));
-    HIBER_ASSIGN_OR_RETURN(auto entry, handles_.get(api, {call.owner, call.handle.value(), gpu}));
+    HIBER_RETURN_IF_ERROR(contexts_.use_context(context));
+    HIBER_ASSIGN_OR_RETURN(auto entry,
+                           handles_.get(api, {call.owner, call.handle.value(), context}));
     MutexLock lock(entry->mutex);
     HIBER_ASSIGN_OR_RETURN(Descriptors made, rebuild(api, graph, entry->raw));
     HIBER_ASSIGN_OR_RETURN(int64_t count,
@@ -717,8 +718,9 @@ class CudaDnnBackend final : public LibraryBackend {
     HIBER_ASSIGN_OR_RETURN(Op op, wire::read_op<Op>(call.args, name));
     HIBER_RETURN_IF_ERROR(dnn::check_op(op));
     HIBER_ASSIGN_OR_RETURN(CUstream s, contexts_.use_stream(stream));
-    HIBER_ASSIGN_OR_RETURN(auto entry,
-                           handles_.get(api, {call.owner, call.handle.value(), stream.gpu}));
+    HIBER_ASSIGN_OR_RETURN(
+        auto entry,
+        handles_.get(api, cuda_lib::handle_key(call.owner, call.handle.value(), stream)));
     MutexLock lock(entry->mutex);
     HIBER_RETURN_IF_ERROR(use_stream_on(api, entry->raw, entry->settings, s));
     return run(api, entry->raw, op);
@@ -758,10 +760,12 @@ class CudaDnnBackend final : public LibraryBackend {
       return error(ErrorCode::kInvalidValue, "cuDNN execute: graph ", e.header.graph_id,
                    " was not defined by this session");
     HIBER_ASSIGN_OR_RETURN(CUstream s, contexts_.use_stream(stream));
-    HIBER_ASSIGN_OR_RETURN(auto entry,
-                           handles_.get(api, {call.owner, call.handle.value(), stream.gpu}));
+    HIBER_ASSIGN_OR_RETURN(
+        auto entry,
+        handles_.get(api, cuda_lib::handle_key(call.owner, call.handle.value(), stream)));
     MutexLock lock(entry->mutex);
-    const PlanKey key{call.owner, e.header.graph_id, call.handle.value(), stream.gpu};
+    const PlanKey key{call.owner, e.header.graph_id, call.handle.value(),
+                      Context{stream.context, stream.gpu}};
     HIBER_ASSIGN_OR_RETURN(std::shared_ptr<RealPlan> plan, plan_for(api, key, entry->raw, *graph));
     if (plan->workspace_bytes > e.header.workspace_bytes)
       return error(ErrorCode::kInvalidValue, "cuDNN execute: graph ", e.header.graph_id,
@@ -803,20 +807,21 @@ class CudaDnnBackend final : public LibraryBackend {
     Result<Descriptors> made = rebuild(api, graph, handle);
     if (!made.ok())
       return made.status().with_context(
-          str_cat("building graph ", key.graph_id, "'s execution plan on GPU ", key.gpu));
+          str_cat("building graph ", key.graph_id, "'s execution plan on GPU ", key.context.gpu));
     auto plan = std::make_shared<RealPlan>(std::move(made).value());
     HIBER_ASSIGN_OR_RETURN(int64_t workspace,
                            get_int64(api, plan->descriptors.back(), dnn::kPlanWorkspaceSize,
                                      "EXECUTION_PLAN_WORKSPACE_SIZE"));
     plan->workspace_bytes = static_cast<uint64_t>(std::max<int64_t>(workspace, 0));
     VLOG(1) << "cuDNN plan for session " << key.owner << " graph " << key.graph_id
-            << " built on GPU " << key.gpu << " (workspace " << plan->workspace_bytes << " bytes)";
+            << " built on GPU " << key.context.gpu << " (workspace " << plan->workspace_bytes
+            << " bytes)";
     MutexLock lock(mu_);
     plans_[key] = plan;
     return plan;
   }
 
-  // Destroys the plans whose key matches, each in its GPU's context once the GPU's work is done.
+  // Destroys the plans whose key matches, each in its context once the context's work is done.
   template <typename Match>
   void destroy_plans(Match&& match) {
     std::vector<std::pair<PlanKey, std::shared_ptr<RealPlan>>> gone;
@@ -831,13 +836,14 @@ class CudaDnnBackend final : public LibraryBackend {
         }
       }
     }
-    std::set<int> synchronized;
+    std::set<Context> synchronized;
     for (auto& [key, plan] : gone) {
-      // synchronize_gpu makes the GPU's context current too.
-      Status status = synchronized.insert(key.gpu).second ? contexts_.synchronize_gpu(key.gpu)
-                                                          : contexts_.use_gpu(key.gpu);
+      // synchronize_context makes the context current too.
+      Status status = synchronized.insert(key.context).second
+                          ? contexts_.synchronize_context(key.context)
+                          : contexts_.use_context(key.context);
       LOG_IF(WARNING, !status.ok()) << "before destroying cuDNN plans of session " << key.owner
-                                    << " on GPU " << key.gpu << ": " << status;
+                                    << " on GPU " << key.context.gpu << ": " << status;
       plan->descriptors.destroy();
     }
   }

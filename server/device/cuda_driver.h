@@ -51,6 +51,9 @@
   X(cuDevicePrimaryCtxRetain, 7000)              \
   X(cuDevicePrimaryCtxRelease, 11000)            \
   X(cuCtxSetCurrent, 4000)                       \
+  X(cuCtxCreate, 12050) /* _v4: CUDA 13's cuCtxCreate, with CUctxCreateParams */ \
+  X(cuCtxDestroy, 4000)                          \
+  X(cuCtxPopCurrent, 4000)                       \
   X(cuCtxSynchronize, 2000)                      \
   X(cuCtxGetStreamPriorityRange, 5050)           \
   X(cuCtxEnablePeerAccess, 4000)                 \

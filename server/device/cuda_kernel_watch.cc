@@ -5,8 +5,8 @@
 namespace hiber::device {
 
 CudaKernelWatch::CudaKernelWatch(const cuda_driver::CudaDriver& driver,
-                                 std::function<Status(int)> use_gpu)
-    : cu_(driver), use_gpu_(std::move(use_gpu)) {}
+                                 std::function<Status(Context)> use_context)
+    : cu_(driver), use_context_(std::move(use_context)) {}
 
 CudaKernelWatch::~CudaKernelWatch() {
   {
@@ -17,12 +17,12 @@ CudaKernelWatch::~CudaKernelWatch() {
   if (thread_.joinable()) thread_.join();
   MutexLock lock(mu_);
   for (auto& [stream, watched] : streams_) {
-    if (!use_gpu_(watched.gpu).ok()) continue;
+    if (!use_context_(watched.context).ok()) continue;
     for (Launch& launch : watched.launches) (void)cu_.pfn_cuEventDestroy(launch.done);
   }
 }
 
-Status CudaKernelWatch::watch(int gpu, CUstream stream, const std::string& kernel,
+Status CudaKernelWatch::watch(Context context, CUstream stream, const std::string& kernel,
                               const LaunchConfig& config) {
   Launch launch;
   HIBER_RETURN_IF_ERROR(
@@ -38,11 +38,23 @@ Status CudaKernelWatch::watch(int gpu, CUstream stream, const std::string& kerne
   launch.launched = Clock::now();
   MutexLock lock(mu_);
   Watched& watched = streams_[stream];
-  watched.gpu = gpu;
+  watched.context = context;
   if (watched.launches.empty()) watched.head_since = launch.launched;
   watched.launches.push_back(std::move(launch));
   if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
   return Status();
+}
+
+void CudaKernelWatch::forget(Context context) {
+  MutexLock lock(mu_);
+  for (auto it = streams_.begin(); it != streams_.end();) {
+    if (it->second.context != context) {
+      ++it;
+      continue;
+    }
+    for (Launch& launch : it->second.launches) (void)cu_.pfn_cuEventDestroy(launch.done);
+    it = streams_.erase(it);
+  }
 }
 
 void CudaKernelWatch::loop() {
@@ -57,7 +69,7 @@ void CudaKernelWatch::loop() {
 }
 
 bool CudaKernelWatch::poll(Watched& stream, Clock::time_point now) {
-  if (!use_gpu_(stream.gpu).ok()) return true;
+  if (!use_context_(stream.context).ok()) return true;
   while (!stream.launches.empty()) {
     Launch& head = stream.launches.front();
     const CUresult state = cu_.pfn_cuEventQuery(head.done);
@@ -69,7 +81,7 @@ bool CudaKernelWatch::poll(Watched& stream, Clock::time_point now) {
             error(ErrorCode::kLaunchTimeout, "kernel ", head.kernel, " ran past its deadline of ",
                   std::chrono::duration_cast<std::chrono::milliseconds>(head.deadline).count(),
                   " ms; a CUDA kernel cannot be stopped alone, so it runs on until it ends");
-        LOG(ERROR) << "GPU " << stream.gpu << ": " << late;
+        LOG(ERROR) << "GPU " << stream.context.gpu << ": " << late;
         if (head.on_timeout) head.on_timeout(late);
       }
       return true;

@@ -7,10 +7,9 @@
 // launch past its deadline is reported once, through its on_timeout, and watched until its event
 // completes, to destroy it then.
 //
-// What is reported is all this backend does: every GPU's primary context is shared by every
-// session (runtime sharing), so ending it would take down the other functions' memory on that
-// GPU too; the kernel runs on until it ends by itself (docs/gpu-runs.md lists the check pending
-// on a real GPU, and docs/reliability.md what a per-function context would add).
+// What is reported is all this backend does: the driver has no call that stops one kernel, in
+// its own context or a shared one, so the kernel runs on until it ends by itself; the session
+// that launched it ends its context (docs/gpu-runs.md lists the check pending on a real GPU).
 //
 // Thread-safe. REQUIRES at destruction: no watched work is still queued on the GPUs.
 #pragma once
@@ -37,15 +36,20 @@ class CudaKernelWatch {
   using Clock = std::chrono::steady_clock;
   static constexpr std::chrono::milliseconds kPoll{10};
 
-  // `use_gpu` makes a GPU's context current on the calling thread.
-  CudaKernelWatch(const cuda_driver::CudaDriver& driver, std::function<Status(int)> use_gpu);
+  // `use_context` makes a context current on the calling thread.
+  CudaKernelWatch(const cuda_driver::CudaDriver& driver,
+                  std::function<Status(Context)> use_context);
   ~CudaKernelWatch();
   CudaKernelWatch(const CudaKernelWatch&) = delete;
   CudaKernelWatch& operator=(const CudaKernelWatch&) = delete;
 
-  // Watches the launch just enqueued on `stream` (of `gpu`): records an event after it. REQUIRES:
-  // the GPU's context is current on this thread.
-  Status watch(int gpu, CUstream stream, const std::string& kernel, const LaunchConfig& config);
+  // Watches the launch just enqueued on `stream` (in `context`): records an event after it.
+  // REQUIRES: the context is current on this thread.
+  Status watch(Context context, CUstream stream, const std::string& kernel,
+               const LaunchConfig& config);
+  // Stops watching the launches in `context`, which is about to be destroyed (and its events
+  // with it). REQUIRES: the context is current on this thread.
+  void forget(Context context);
 
  private:
   struct Launch {
@@ -57,7 +61,7 @@ class CudaKernelWatch {
     bool reported = false;
   };
   struct Watched {
-    int gpu = 0;
+    Context context;
     std::deque<Launch> launches;   // in stream order
     Clock::time_point head_since;  // when the head launch could start at the earliest
   };
@@ -67,7 +71,7 @@ class CudaKernelWatch {
   bool poll(Watched& stream, Clock::time_point now);
 
   const cuda_driver::CudaDriver& cu_;
-  const std::function<Status(int)> use_gpu_;
+  const std::function<Status(Context)> use_context_;
   Mutex mu_;
   std::condition_variable wake_;
   std::map<CUstream, Watched> streams_ GUARDED_BY(mu_);

@@ -152,8 +152,9 @@ class CudaBlasBackend final : public LibraryBackend {
       case wire::LibraryOp::kBlasGemm: {
         HIBER_ASSIGN_OR_RETURN(auto g, wire::read_op<wire::blas::Gemm>(call.args, "cuBLAS gemm"));
         HIBER_ASSIGN_OR_RETURN(CUstream s, contexts_.use_stream(stream));
-        HIBER_ASSIGN_OR_RETURN(auto entry,
-                               handles_.get(*api, {call.owner, call.handle.value(), stream.gpu}));
+        HIBER_ASSIGN_OR_RETURN(
+            auto entry,
+            handles_.get(*api, cuda_lib::handle_key(call.owner, call.handle.value(), stream)));
         MutexLock lock(entry->mutex);
         return gemm(*api, entry->raw, entry->settings, s, g);
       }
@@ -164,8 +165,8 @@ class CudaBlasBackend final : public LibraryBackend {
     }
   }
 
-  Result<std::vector<std::byte>> answer(int gpu, const LibraryCall& call) override {
-    if (call.op == wire::LibraryOp::kLtHeuristic) return lt_->answer(gpu, call);
+  Result<std::vector<std::byte>> answer(Context context, const LibraryCall& call) override {
+    if (call.op == wire::LibraryOp::kLtHeuristic) return lt_->answer(context, call);
     return error(ErrorCode::kNotSupported, "cuBLAS query ", static_cast<unsigned>(call.op),
                  " is not implemented on hiberd's CUDA backend yet");
   }

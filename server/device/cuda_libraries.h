@@ -48,15 +48,18 @@ class CudaContexts {
   // a cuBLASLt algorithm chosen on one model is re-chosen on another (cuda_blaslt.h).
   virtual std::string gpu_model(int gpu) const = 0;
 
-  // Validates `gpu` and makes its primary context current on this thread.
+  // Validates `gpu` and makes its primary (shared) context current on this thread.
   virtual Status use_gpu(int gpu) const = 0;
-  // The CUstream a device::Stream stands for, with its GPU's primary context made current.
+  // Makes `context` (of this device, not destroyed) current on this thread: library handles
+  // are made, used and destroyed in the context of the streams they serve.
+  virtual Status use_context(Context context) const = 0;
+  // The CUstream a device::Stream stands for, with its context made current.
   virtual Result<CUstream> use_stream(Stream stream) const = 0;
-  // Waits for all work on `gpu` (cuCtxSynchronize in its primary context), so work enqueued with
-  // a library object (a cuDNN execution plan) has finished before the object is destroyed. It
-  // waits for every session's work on the GPU, as cudnnDestroy and cublasDestroy do anyway: it is
-  // used only where a handle or a session goes.
-  virtual Status synchronize_gpu(int gpu) const = 0;
+  // Waits for all work in `context` (cuCtxSynchronize), so work enqueued with a library object
+  // (a cuDNN execution plan) has finished before the object is destroyed. In the shared context
+  // it waits for every session's work on the GPU, as cudnnDestroy and cublasDestroy do anyway:
+  // it is used only where a handle or a session goes.
+  virtual Status synchronize_context(Context context) const = 0;
 };
 
 // Backends for wire::Library::kBlas (cuBLAS and cuBLASLt: one handle table, as PyTorch casts a

@@ -1,6 +1,7 @@
 // What the CUDA backend's library parts (cuda_libraries.cc: cuBLAS; cuda_dnn.cc: cuDNN) share:
 // opening a library at run time and resolving its entry points, and the table of real handles per
-// (owner, client handle, GPU). Internal to server/device; see cuda_libraries.h for the design.
+// (owner, client handle, GPU and context). Internal to server/device; see cuda_libraries.h for the
+// design.
 #pragma once
 
 #include <dlfcn.h>
@@ -76,14 +77,18 @@ class LazyLibrary {
   Api api_;
 };
 
-// ---- Real handles per (owner, client handle, GPU) ----
+// ---- Real handles per (owner, client handle, GPU and context) ----
 
 struct HandleKey {
   uint64_t owner = 0;
   uint64_t handle = 0;
-  int gpu = 0;
+  Context context;  // where the real handle was made, and must be used and destroyed
   friend auto operator<=>(const HandleKey&, const HandleKey&) = default;
 };
+// The key of `owner`'s `handle` for work on `stream`.
+inline HandleKey handle_key(uint64_t owner, uint64_t handle, const Stream& stream) {
+  return {owner, handle, Context{stream.context, stream.gpu}};
+}
 
 // Traits: Raw (the library's handle type), Settings (what was last applied to it), and
 // create/destroy through the Api.
@@ -112,7 +117,7 @@ class HandleTable {
     // the GPU), and other sessions' calls must not wait for it.
     typename Traits::Raw raw = nullptr;
     HIBER_RETURN_IF_ERROR(Traits::create(api, &raw).with_context(
-        str_cat("a handle on GPU ", key.gpu, " for session ", key.owner)));
+        str_cat("a handle on GPU ", key.context.gpu, " for session ", key.owner)));
     auto entry = std::make_shared<Entry>();
     {
       MutexLock entry_lock(entry->mutex);
@@ -129,7 +134,7 @@ class HandleTable {
     return it->second;
   }
 
-  // Destroys the real handles whose key matches, each with its GPU's context current.
+  // Destroys the real handles whose key matches, each with its context current.
   template <typename Match>
   void release_if(Match&& match) {
     std::vector<std::pair<HandleKey, std::shared_ptr<Entry>>> gone;
@@ -149,10 +154,10 @@ class HandleTable {
     for (auto& [key, entry] : gone) {
       MutexLock lock(entry->mutex);
       if (entry->raw == nullptr || api == nullptr) continue;
-      Status status = contexts_.use_gpu(key.gpu);
+      Status status = contexts_.use_context(key.context);
       if (status.ok()) status = Traits::destroy(*api, entry->raw);
       LOG_IF(WARNING, !status.ok()) << "destroying the " << Traits::kName << " handle of session "
-                                    << key.owner << " on GPU " << key.gpu << ": " << status;
+                                    << key.owner << " on GPU " << key.context.gpu << ": " << status;
       entry->raw = nullptr;
     }
   }

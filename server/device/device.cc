@@ -4,6 +4,39 @@
 
 namespace hiber::device {
 
+bool is_context_fault(ErrorCode code) {
+  switch (static_cast<uint32_t>(code)) {
+    case 700:  // CUDA_ERROR_ILLEGAL_ADDRESS
+    case 702:  // CUDA_ERROR_LAUNCH_TIMEOUT
+    case 710:  // CUDA_ERROR_ASSERT
+    case 714:  // CUDA_ERROR_HARDWARE_STACK_ERROR
+    case 715:  // CUDA_ERROR_ILLEGAL_INSTRUCTION
+    case 716:  // CUDA_ERROR_MISALIGNED_ADDRESS
+    case 717:  // CUDA_ERROR_INVALID_ADDRESS_SPACE
+    case 718:  // CUDA_ERROR_INVALID_PC
+    case 719:  // CUDA_ERROR_LAUNCH_FAILED
+      return true;
+    default: return false;
+  }
+}
+
+namespace {
+Status no_such_gpu(const Device& device, int gpu) {
+  return error(ErrorCode::kInvalidDevice, "GPU ", gpu, " does not exist (this node has ",
+               device.gpu_count(), " GPUs)");
+}
+}  // namespace
+
+Result<Stream> Device::create_stream(int gpu, int priority) {
+  if (gpu < 0 || gpu >= gpu_count()) return no_such_gpu(*this, gpu);
+  return create_stream(shared_context(gpu), priority);
+}
+
+Result<Event> Device::create_event(int gpu, bool disable_timing) {
+  if (gpu < 0 || gpu >= gpu_count()) return no_such_gpu(*this, gpu);
+  return create_event(shared_context(gpu), disable_timing);
+}
+
 Result<std::vector<PhysicalMemory>> reserve_pool(Device& device, int gpu, uint64_t reserve_bytes,
                                                  uint64_t chunk_bytes) {
   const uint64_t granularity = device.allocation_granularity(gpu);

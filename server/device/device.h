@@ -14,6 +14,15 @@
 // reports its error at the next synchronisation of its stream (synchronize_stream,
 // synchronize_event or a stream callback's status), as CUDA does.
 //
+// Contexts. Streams and events live in a context of one GPU. Every GPU has a shared context
+// (CUDA's primary context), which exists as long as the device; more contexts can be created
+// and destroyed. A fault of work in a context (a kernel's illegal address, trap or overrun:
+// is_context_fault) is sticky for that context, as on CUDA: the faulting work's error is then
+// the answer of every later synchronisation, query and enqueue of its streams and events, and
+// its work not yet started does not run. Other contexts, on the same GPU or others, are not
+// affected. Memory is not per context: physical memory, reservations and mappings belong to the
+// device, and set_access grants GPUs, whatever context their work runs in.
+//
 // Thread safety: every method may be called from any thread concurrently. Handles are plain
 // values; the caller owns what it creates and destroys it exactly once. Passing a destroyed or
 // foreign handle is a caller bug (the simulated backend reports kInvalidHandle where it can).
@@ -22,6 +31,7 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <compare>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -42,14 +52,21 @@ namespace hiber::device {
 using DevicePtr = uint64_t;
 
 // Opaque handles. `gpu` is the GPU the object belongs to (not meaningful for Module/Function,
-// which serve every GPU).
+// which serve every GPU); `context` is the id of the Context a stream or event lives in.
+struct Context {
+  uint64_t id = 0;
+  int gpu = 0;
+  friend auto operator<=>(const Context&, const Context&) = default;
+};
 struct Stream {
   uint64_t id = 0;
   int gpu = 0;
+  uint64_t context = 0;
 };
 struct Event {
   uint64_t id = 0;
   int gpu = 0;
+  uint64_t context = 0;
 };
 struct PhysicalMemory {
   uint64_t id = 0;
@@ -116,6 +133,11 @@ struct MemoryInfo {
 // callbacks); it may post work to other threads.
 using StreamCallback = std::function<void(Status)>;
 
+// Whether an error of work on a GPU ends its context (CUDA's sticky errors): an illegal
+// address, a kernel past its deadline, a trap or assertion, a misaligned or illegal
+// instruction, a failed launch.
+bool is_context_fault(ErrorCode code);
+
 class Device {
  public:
   virtual ~Device() = default;
@@ -158,9 +180,22 @@ class Device {
   virtual Status register_host_memory(void* ptr, uint64_t bytes) = 0;
   virtual Status unregister_host_memory(void* ptr) = 0;
 
+  // ---- Contexts ----
+  // The GPU's shared context (REQUIRES: the GPU exists): never destroyed.
+  virtual Context shared_context(int gpu) const = 0;
+  // A new context on `gpu`, with nothing in it.
+  virtual Result<Context> create_context(int gpu) = 0;
+  // Destroys a created context (kInvalidValue for a shared one). Its streams and events must be
+  // destroyed first; work already enqueued in it finishes or, after a fault, is dropped.
+  virtual Status destroy_context(Context context) = 0;
+  // kSuccess, or the fault that ended the context (is_context_fault).
+  virtual Status context_status(Context context) = 0;
+
   // ---- Streams and events ----
   // Lower priority values run first, as in CUDA; 0 is the default.
-  virtual Result<Stream> create_stream(int gpu, int priority) = 0;
+  virtual Result<Stream> create_stream(Context context, int priority) = 0;
+  // In the GPU's shared context.
+  Result<Stream> create_stream(int gpu, int priority);
   // Work already enqueued still runs.
   virtual Status destroy_stream(Stream stream) = 0;
   virtual Status synchronize_stream(Stream stream) = 0;
@@ -174,11 +209,14 @@ class Device {
   // (CUDA); the work then runs to its end.
   virtual Status cancel_stream(Stream stream, const Status& why) = 0;
 
-  virtual Result<Event> create_event(int gpu, bool disable_timing) = 0;
+  virtual Result<Event> create_event(Context context, bool disable_timing) = 0;
+  // In the GPU's shared context.
+  Result<Event> create_event(int gpu, bool disable_timing);
   virtual Status destroy_event(Event event) = 0;
+  // The event and the stream must share a context (kInvalidHandle otherwise).
   virtual Status record_event(Event event, Stream stream) = 0;
   // Later work on `stream` waits until the work before the event's latest record is done.
-  // An event never recorded is complete.
+  // An event never recorded is complete. The event may be of another context or GPU.
   virtual Status wait_event(Stream stream, Event event) = 0;
   virtual Status synchronize_event(Event event) = 0;
   virtual Status query_event(Event event) = 0;

@@ -3,8 +3,9 @@
 // The session checks a library call first (server/library_calls.h: its handle is the session's,
 // its values are in range, its operands lie inside the session's memory, and their swap groups
 // are waited for), then hands it to the device's backend for the library:
-//   - CUDA: the real libraries, with a library handle per owner, client handle and GPU, so a
-//     function moved to another GPU gets fresh handles there;
+//   - CUDA: the real libraries, with a library handle per owner, client handle, GPU and
+//     context, so a function moved to another GPU gets fresh handles there, made in its own
+//     context;
 //   - simulated: host implementations, run in stream order like kernels.
 // A backend answers kNotSupported, naming what, for anything it cannot run exactly.
 //
@@ -39,8 +40,8 @@ class LibraryBackend {
   virtual Status check_available() { return Status(); }
   // Enqueues a compute call on `stream`; its failure after enqueueing is the stream's error.
   virtual Status run(Stream stream, const LibraryCall& call) = 0;
-  // Answers a query (heuristics, finalizing a plan) for work that will run on `gpu`.
-  virtual Result<std::vector<std::byte>> answer(int gpu, const LibraryCall& call) = 0;
+  // Answers a query (heuristics, finalizing a plan) for work that will run in `context`.
+  virtual Result<std::vector<std::byte>> answer(Context context, const LibraryCall& call) = 0;
   // Forgets what was kept for `owner`'s `handle` (every handle if none). Work already enqueued
   // still runs.
   virtual void release(uint64_t owner, std::optional<wire::LibraryHandle> handle) = 0;

@@ -34,6 +34,7 @@ namespace hiber::device {
 namespace {
 
 using sim::Scheduler;
+using ContextState = Scheduler::ContextState;
 using StreamState = Scheduler::StreamState;
 using EventState = Scheduler::EventState;
 
@@ -159,16 +160,36 @@ struct SimDevice::Impl {
                    options.node.gpu_count(), " GPUs)");
     return Status();
   }
-  Result<std::shared_ptr<StreamState>> stream(Stream s) const {
+  // A context that exists and was not destroyed; with `usable`, also not ended by a fault (its
+  // fault is the error then, as CUDA answers every call in a faulted context).
+  Result<std::shared_ptr<ContextState>> context(Context c, bool usable) {
+    auto state = contexts.find(c.id);
+    if (!state || state->gpu != c.gpu)
+      return error(ErrorCode::kInvalidContext, "context ", c.id, " (GPU ", c.gpu,
+                   ") does not exist");
+    HIBER_RETURN_IF_ERROR(live(*state, usable));
+    return state;
+  }
+  Status live(const ContextState& c, bool usable) {
+    if (c.destroyed.load(std::memory_order_acquire))
+      return error(ErrorCode::kInvalidContext, "its context (GPU ", c.gpu, ") was destroyed");
+    if (usable) return scheduler.fault(c);
+    return Status();
+  }
+  // A stream or event that exists; with `usable` (every call but destroy), in a context that
+  // is usable.
+  Result<std::shared_ptr<StreamState>> stream(Stream s, bool usable = true) {
     auto state = streams.find(s.id);
     if (!state || state->gpu != s.gpu)
       return error(ErrorCode::kInvalidHandle, "stream ", s.id, " (GPU ", s.gpu, ") does not exist");
+    HIBER_RETURN_IF_ERROR(live(*state->context, usable));
     return state;
   }
-  Result<std::shared_ptr<EventState>> event(Event e) const {
+  Result<std::shared_ptr<EventState>> event(Event e, bool usable = true) {
     auto state = events.find(e.id);
     if (!state || state->gpu != e.gpu)
       return error(ErrorCode::kInvalidHandle, "event ", e.id, " (GPU ", e.gpu, ") does not exist");
+    HIBER_RETURN_IF_ERROR(live(*state->context, usable));
     return state;
   }
   Result<std::shared_ptr<sim::PhysicalBlock>> block(const PhysicalMemory& m) const {
@@ -220,6 +241,8 @@ struct SimDevice::Impl {
   sim::KernelRegistry kernels;
   sim::IdSource ids;
   sim::HandleTable<sim::PhysicalBlock> physical{ids};
+  sim::HandleTable<ContextState> contexts{ids};
+  std::vector<Context> shared_contexts;  // per GPU
   sim::HandleTable<StreamState> streams{ids};
   sim::HandleTable<EventState> events{ids};
   sim::HandleTable<ModuleState> modules{ids};
@@ -258,6 +281,8 @@ Result<std::unique_ptr<SimDevice>> SimDevice::create(const SimDeviceOptions& opt
     for (int peer = 0; peer < options.node.gpu_count(); ++peer)
       if (impl->peers(peer, g)) reach |= uint64_t{1} << peer;
     impl->reachers.push_back(reach);
+    impl->shared_contexts.push_back(
+        Context{impl->contexts.insert(impl->scheduler.create_context(g, /*shared=*/true)), g});
   }
   for (const std::string& plugin : options.kernel_plugins)
     HIBER_RETURN_IF_ERROR(impl->kernels.load_plugin(plugin));
@@ -379,33 +404,66 @@ Status SimDevice::unregister_host_memory(void* ptr) {
   return Status();
 }
 
+// ---- Contexts ----
+
+Context SimDevice::shared_context(int gpu) const {
+  CHECK(impl_->check_gpu(gpu).ok()) << "shared_context(" << gpu << "): no such GPU";
+  return impl_->shared_contexts[gpu];
+}
+
+Result<Context> SimDevice::create_context(int gpu) {
+  HIBER_RETURN_IF_ERROR(impl_->check_gpu(gpu));
+  return Context{impl_->contexts.insert(impl_->scheduler.create_context(gpu, /*shared=*/false)),
+                 gpu};
+}
+
+Status SimDevice::destroy_context(Context context) {
+  HIBER_ASSIGN_OR_RETURN(auto state, impl_->context(context, /*usable=*/false));
+  if (state->shared)
+    return error(ErrorCode::kInvalidValue, "destroy_context: GPU ", context.gpu,
+                 "'s shared context is never destroyed");
+  // Its streams and events fail from now on (kInvalidContext); work already enqueued holds the
+  // state it needs and finishes.
+  state->destroyed.store(true, std::memory_order_release);
+  impl_->contexts.erase(context.id);
+  return Status();
+}
+
+Status SimDevice::context_status(Context context) {
+  HIBER_ASSIGN_OR_RETURN(auto state, impl_->context(context, /*usable=*/false));
+  return impl_->scheduler.fault(*state);
+}
+
 // ---- Streams and events ----
 
-Result<Stream> SimDevice::create_stream(int gpu, int priority) {
-  HIBER_RETURN_IF_ERROR(impl_->check_gpu(gpu));
-  return Stream{impl_->streams.insert(impl_->scheduler.create_stream(gpu, priority)), gpu};
+Result<Stream> SimDevice::create_stream(Context context, int priority) {
+  HIBER_ASSIGN_OR_RETURN(auto c, impl_->context(context, /*usable=*/true));
+  return Stream{impl_->streams.insert(impl_->scheduler.create_stream(c, priority)), context.gpu,
+                context.id};
 }
 
 Status SimDevice::destroy_stream(Stream stream) {
-  HIBER_RETURN_IF_ERROR(impl_->stream(stream).status());
+  HIBER_RETURN_IF_ERROR(impl_->stream(stream, /*usable=*/false).status());
   // Work already enqueued holds the stream's state and still runs.
   if (!impl_->streams.erase(stream.id))
     return error(ErrorCode::kInvalidHandle, "stream ", stream.id, " was already destroyed");
   return Status();
 }
 
+// Synchronisations and queries find a faulted context's streams and events too: they wait for
+// the work enqueued (which a fault skips) and then answer the fault (sim/scheduler.h).
 Status SimDevice::synchronize_stream(Stream stream) {
-  HIBER_ASSIGN_OR_RETURN(auto s, impl_->stream(stream));
+  HIBER_ASSIGN_OR_RETURN(auto s, impl_->stream(stream, /*usable=*/false));
   return impl_->scheduler.synchronize(*s);
 }
 
 Status SimDevice::query_stream(Stream stream) {
-  HIBER_ASSIGN_OR_RETURN(auto s, impl_->stream(stream));
+  HIBER_ASSIGN_OR_RETURN(auto s, impl_->stream(stream, /*usable=*/false));
   return impl_->scheduler.query(*s);
 }
 
 Status SimDevice::cancel_stream(Stream stream, const Status& why) {
-  HIBER_ASSIGN_OR_RETURN(auto s, impl_->stream(stream));
+  HIBER_ASSIGN_OR_RETURN(auto s, impl_->stream(stream, /*usable=*/false));
   impl_->scheduler.cancel(*s, why.ok() ? Status(ErrorCode::kUnknown, "cancelled") : why);
   return Status();
 }
@@ -417,13 +475,14 @@ Status SimDevice::add_callback(Stream stream, StreamCallback callback) {
   return Status();
 }
 
-Result<Event> SimDevice::create_event(int gpu, bool disable_timing) {
-  HIBER_RETURN_IF_ERROR(impl_->check_gpu(gpu));
-  return Event{impl_->events.insert(impl_->scheduler.create_event(gpu, !disable_timing)), gpu};
+Result<Event> SimDevice::create_event(Context context, bool disable_timing) {
+  HIBER_ASSIGN_OR_RETURN(auto c, impl_->context(context, /*usable=*/true));
+  return Event{impl_->events.insert(impl_->scheduler.create_event(c, !disable_timing)), context.gpu,
+               context.id};
 }
 
 Status SimDevice::destroy_event(Event event) {
-  HIBER_RETURN_IF_ERROR(impl_->event(event).status());
+  HIBER_RETURN_IF_ERROR(impl_->event(event, /*usable=*/false).status());
   if (!impl_->events.erase(event.id))
     return error(ErrorCode::kInvalidHandle, "event ", event.id, " was already destroyed");
   return Status();
@@ -435,6 +494,9 @@ Status SimDevice::record_event(Event event, Stream stream) {
   if (e->gpu != s->gpu)
     return error(ErrorCode::kInvalidHandle, "record_event: event of GPU ", e->gpu,
                  " recorded on a stream of GPU ", s->gpu);
+  if (e->context != s->context)
+    return error(ErrorCode::kInvalidHandle,
+                 "record_event: the event and the stream are in different contexts");
   impl_->scheduler.enqueue_record(s, e);
   return Status();
 }
@@ -447,12 +509,12 @@ Status SimDevice::wait_event(Stream stream, Event event) {
 }
 
 Status SimDevice::synchronize_event(Event event) {
-  HIBER_ASSIGN_OR_RETURN(auto e, impl_->event(event));
+  HIBER_ASSIGN_OR_RETURN(auto e, impl_->event(event, /*usable=*/false));
   return impl_->scheduler.synchronize(*e);
 }
 
 Status SimDevice::query_event(Event event) {
-  HIBER_ASSIGN_OR_RETURN(auto e, impl_->event(event));
+  HIBER_ASSIGN_OR_RETURN(auto e, impl_->event(event, /*usable=*/false));
   return impl_->scheduler.query(*e);
 }
 
@@ -666,49 +728,52 @@ Status SimDevice::launch(Stream stream, Function function, const LaunchConfig& c
   data->on_timeout = config.on_timeout;
   data->context_lost = config.context_lost;
 
-  impl_->scheduler.enqueue_work(s, [data, watchdog = &impl_->watchdog] {
-    if (data->context_lost && data->context_lost->load())
-      return error(ErrorCode::kLaunchTimeout, "kernel ", data->info.name,
-                   " not run: an earlier kernel of its context ran past its deadline");
-    // When it runs, not when enqueued: what the GPU may access is what holds then.
-    HIBER_RETURN_IF_ERROR(check_arguments(*data));
-    auto body = [](void* arg) {
-      auto* d = static_cast<LaunchData*>(arg);
-      d->result = d->run(&d->launch);
-    };
-    // The deadline counts from the kernel's start on its worker, not from the launch call.
-    std::shared_ptr<sim::RunControl> control;
-    uint64_t ticket = 0;
-    if (data->deadline.count() > 0) {
-      control = std::make_shared<sim::RunControl>();
-      ticket = watchdog->watch(control, sim::KernelWatchdog::Clock::now() + data->deadline);
-    }
-    const std::optional<sim::Fault> fault = sim::run_guarded(body, data.get(), control.get());
-    if (control) watchdog->unwatch(ticket);
-    if (fault && fault->interrupted) {
-      Status late =
-          error(ErrorCode::kLaunchTimeout, "kernel ", data->info.name, " ran past its deadline of ",
-                std::chrono::duration_cast<std::chrono::milliseconds>(data->deadline).count(),
-                " ms and was stopped");
-      if (data->on_timeout) data->on_timeout(late);
-      return late;
-    }
-    if (fault)
-      return error(ErrorCode::kIllegalAddress, "kernel ", data->info.name, " touched ",
-                   hex(fault->address), " (", strsignal(fault->signal),
-                   "), which is not mapped memory of the simulated GPU");
-    {
-      // A refused access fails the launch whatever the kernel returned, as a fault would.
-      MutexLock lock(data->refused_mu);
-      if (!data->refused.ok())
-        return data->refused.with_context(
-            str_cat("kernel ", data->info.name, " (not memory of the caller's own blocks)"));
-    }
-    if (data->result != 0)
-      return error(static_cast<ErrorCode>(data->result), "kernel ", data->info.name,
-                   " failed with CUresult ", data->result);
-    return Status();
-  });
+  impl_->scheduler.enqueue_work(
+      s,
+      [data, watchdog = &impl_->watchdog] {
+        if (data->context_lost && data->context_lost->load())
+          return error(ErrorCode::kLaunchTimeout, "kernel ", data->info.name,
+                       " not run: an earlier kernel of its context ran past its deadline");
+        // When it runs, not when enqueued: what the GPU may access is what holds then.
+        HIBER_RETURN_IF_ERROR(check_arguments(*data));
+        auto body = [](void* arg) {
+          auto* d = static_cast<LaunchData*>(arg);
+          d->result = d->run(&d->launch);
+        };
+        // The deadline counts from the kernel's start on its worker, not from the launch call.
+        std::shared_ptr<sim::RunControl> control;
+        uint64_t ticket = 0;
+        if (data->deadline.count() > 0) {
+          control = std::make_shared<sim::RunControl>();
+          ticket = watchdog->watch(control, sim::KernelWatchdog::Clock::now() + data->deadline);
+        }
+        const std::optional<sim::Fault> fault = sim::run_guarded(body, data.get(), control.get());
+        if (control) watchdog->unwatch(ticket);
+        if (fault && fault->interrupted) {
+          Status late = error(
+              ErrorCode::kLaunchTimeout, "kernel ", data->info.name, " ran past its deadline of ",
+              std::chrono::duration_cast<std::chrono::milliseconds>(data->deadline).count(),
+              " ms and was stopped");
+          if (data->on_timeout) data->on_timeout(late);
+          return late;
+        }
+        if (fault)
+          return error(ErrorCode::kIllegalAddress, "kernel ", data->info.name, " touched ",
+                       hex(fault->address), " (", strsignal(fault->signal),
+                       "), which is not mapped memory of the simulated GPU");
+        {
+          // A refused access fails the launch whatever the kernel returned, as a fault would.
+          MutexLock lock(data->refused_mu);
+          if (!data->refused.ok())
+            return data->refused.with_context(
+                str_cat("kernel ", data->info.name, " (not memory of the caller's own blocks)"));
+        }
+        if (data->result != 0)
+          return error(static_cast<ErrorCode>(data->result), "kernel ", data->info.name,
+                       " failed with CUresult ", data->result);
+        return Status();
+      },
+      /*kernel=*/true);
   return Status();
 }
 
@@ -727,16 +792,20 @@ Status SimDevice::enqueue_host_work(Stream stream, std::span<const Operand> oper
     HIBER_RETURN_IF_ERROR(impl_->check_range(what.c_str(), o.va, o.bytes, s->gpu).status());
   }
   auto data = std::make_shared<HostWork>(HostWork{std::move(what), std::move(work), Status()});
-  impl_->scheduler.enqueue_work(s, [data] {
-    auto body = [](void* arg) {
-      auto* d = static_cast<HostWork*>(arg);
-      d->result = d->work();
-    };
-    if (std::optional<sim::Fault> fault = sim::run_guarded(body, data.get()))
-      return error(ErrorCode::kIllegalAddress, data->what, " touched ", hex(fault->address), " (",
-                   strsignal(fault->signal), "), which is not mapped memory of the simulated GPU");
-    return data->result.with_context(data->what);
-  });
+  impl_->scheduler.enqueue_work(
+      s,
+      [data] {
+        auto body = [](void* arg) {
+          auto* d = static_cast<HostWork*>(arg);
+          d->result = d->work();
+        };
+        if (std::optional<sim::Fault> fault = sim::run_guarded(body, data.get()))
+          return error(ErrorCode::kIllegalAddress, data->what, " touched ", hex(fault->address),
+                       " (", strsignal(fault->signal),
+                       "), which is not mapped memory of the simulated GPU");
+        return data->result.with_context(data->what);
+      },
+      /*kernel=*/true);
   return Status();
 }
 

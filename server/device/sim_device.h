@@ -7,7 +7,8 @@
 //    exactly as with CUDA VMM. Access per GPU is tracked and enforced on copies and memsets;
 //    as with CUDA, only the memory's own GPU and its peers may be granted it.
 //  - Streams are ordered queues run by a pool of worker threads per GPU; events mark positions
-//    in streams and carry timestamps.
+//    in streams and carry timestamps. Contexts group streams and events; a fault (an illegal
+//    address, a kernel stopped past its deadline) ends its context only (sim/scheduler.h).
 //  - Copies move real bytes. With throttling on, each transfer takes the time the config's links
 //    allow: host<->GPU through the GPU's PCIe switch (shared by the GPUs behind it, each direction
 //    separately), GPU<->GPU over the NVLink or NVSwitch port between them, or through the host.
@@ -83,13 +84,19 @@ class SimDevice final : public Device {
   Status set_access(DevicePtr va, uint64_t bytes, std::span<const int> gpus) override;
   Status register_host_memory(void* ptr, uint64_t bytes) override;
   Status unregister_host_memory(void* ptr) override;
-  Result<Stream> create_stream(int gpu, int priority) override;
+  Context shared_context(int gpu) const override;
+  Result<Context> create_context(int gpu) override;
+  Status destroy_context(Context context) override;
+  Status context_status(Context context) override;
+  using Device::create_event;
+  using Device::create_stream;
+  Result<Stream> create_stream(Context context, int priority) override;
   Status destroy_stream(Stream stream) override;
   Status synchronize_stream(Stream stream) override;
   Status query_stream(Stream stream) override;
   Status add_callback(Stream stream, StreamCallback callback) override;
   Status cancel_stream(Stream stream, const Status& why) override;
-  Result<Event> create_event(int gpu, bool disable_timing) override;
+  Result<Event> create_event(Context context, bool disable_timing) override;
   Status destroy_event(Event event) override;
   Status record_event(Event event, Stream stream) override;
   Status wait_event(Stream stream, Event event) override;

@@ -157,7 +157,8 @@ class CudaBlasLtFakeTest : public ::testing::Test {
                                                    const LtHeuristic& h) {
     const LibraryCall call{owner, wire::LibraryHandle(handle), wire::LibraryOp::kLtHeuristic,
                            wire::op_bytes(h)};
-    HIBER_ASSIGN_OR_RETURN(std::vector<std::byte> bytes, blas_->answer(gpu, call));
+    HIBER_ASSIGN_OR_RETURN(std::vector<std::byte> bytes,
+                           blas_->answer(device_->shared_context(gpu), call));
     EXPECT_EQ(bytes.size() % sizeof(LtHeuristicResult), 0u);
     std::vector<LtHeuristicResult> results(bytes.size() / sizeof(LtHeuristicResult));
     if (!results.empty()) std::memcpy(results.data(), bytes.data(), bytes.size());
@@ -461,7 +462,8 @@ TEST_F(CudaBlasLtFakeTest, AShortArgumentStructIsRefused) {
   const LibraryCall call{1, wire::LibraryHandle(7), wire::LibraryOp::kLtMatmul, short_args};
   EXPECT_EQ(blas_->run(streams_[0], call).code(), ErrorCode::kInvalidValue);
   const LibraryCall query{1, wire::LibraryHandle(7), wire::LibraryOp::kLtHeuristic, short_args};
-  EXPECT_EQ(blas_->answer(0, query).status().code(), ErrorCode::kInvalidValue);
+  EXPECT_EQ(blas_->answer(device_->shared_context(0), query).status().code(),
+            ErrorCode::kInvalidValue);
   EXPECT_TRUE(created().empty()) << "nothing made for a refused call";
 }
 

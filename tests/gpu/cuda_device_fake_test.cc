@@ -50,6 +50,16 @@ FakeCuda* fake() {
   return get != nullptr ? get() : nullptr;
 }
 
+// The fake's context current on this thread (fake_cuda_current_context).
+const void* current_fake_context() {
+  void* handle = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  if (handle == nullptr) return nullptr;
+  auto get = reinterpret_cast<const void* (*)()>(dlsym(handle, "fake_cuda_current_context"));
+  const void* current = get != nullptr ? get() : nullptr;
+  dlclose(handle);
+  return current;
+}
+
 using Bytes = std::vector<std::byte>;
 
 template <typename T>
@@ -718,6 +728,80 @@ TEST_F(CudaDeviceFakeTest, ALaunchPastItsDeadlineIsReportedOnceAndItsContextsKer
   }
   EXPECT_EQ(reports.load(), 1) << "reported once";
   EXPECT_TRUE(device_->destroy_stream(*s).ok());
+  EXPECT_TRUE(device_->unload_module(*module).ok());
+}
+
+// Contexts (issue 29): create_context makes a context with cuCtxCreate and leaves the thread's
+// context stack as it was; streams and events live in their context, and every call on them
+// makes that context current; a fault in one context is sticky there and nowhere else; a
+// destroyed context is gone, and the primary (shared) one cannot be destroyed.
+TEST_F(CudaDeviceFakeTest, EachContextKeepsItsStreamsAndItsFaultToItself) {
+  Result<Module> module = device_->load_module(fake_fatbin());
+  ASSERT_TRUE(module.ok()) << module.status();
+  Result<Function> write = device_->get_function(*module, "_Z11write_valuePii");
+  ASSERT_TRUE(write.ok()) << write.status();
+  int created_before = 0, destroyed_before = 0;
+  {
+    std::lock_guard lock(fake_->mutex);
+    created_before = fake_->contexts_created;
+    destroyed_before = fake_->contexts_destroyed;
+    fake_->faulting_kernel = "_Z11write_valuePii";
+  }
+  Result<Stream> primary = device_->create_stream(1, 0);  // leaves GPU 1's primary current
+  ASSERT_TRUE(primary.ok());
+  const void* current_before = current_fake_context();
+
+  Result<Context> faulty = device_->create_context(1);
+  ASSERT_TRUE(faulty.ok()) << faulty.status();
+  Result<Context> healthy = device_->create_context(1);
+  ASSERT_TRUE(healthy.ok()) << healthy.status();
+  EXPECT_EQ(current_fake_context(), current_before) << "cuCtxCreate's push was popped";
+  EXPECT_NE(faulty->id, healthy->id);
+  EXPECT_NE(faulty->id, device_->shared_context(1).id);
+  EXPECT_EQ(faulty->gpu, 1);
+
+  Result<Stream> bad = device_->create_stream(*faulty, 0);
+  Result<Stream> good = device_->create_stream(*healthy, 0);
+  Result<Event> good_event = device_->create_event(*healthy, false);
+  ASSERT_TRUE(bad.ok() && good.ok() && good_event.ok());
+  EXPECT_EQ(bad->context, faulty->id);
+  EXPECT_EQ(good_event->context, healthy->id);
+  EXPECT_EQ(device_->record_event(*good_event, *bad).code(), ErrorCode::kInvalidHandle)
+      << "an event is recorded in its own context only";
+
+  std::vector<std::byte> params(12);
+  ASSERT_TRUE(device_->launch(*bad, *write, {}, params).ok()) << "the fault shows later";
+  EXPECT_EQ(device_->synchronize_stream(*bad).code(), ErrorCode::kIllegalAddress);
+  EXPECT_EQ(device_->query_stream(*bad).code(), ErrorCode::kIllegalAddress) << "sticky";
+  EXPECT_EQ(device_->context_status(*faulty).code(), ErrorCode::kIllegalAddress);
+  EXPECT_EQ(device_->launch(*bad, *write, {}, params).code(), ErrorCode::kIllegalAddress);
+
+  // The other context of the GPU, and its primary context, go on.
+  {
+    std::lock_guard lock(fake_->mutex);
+    fake_->faulting_kernel.clear();
+  }
+  EXPECT_TRUE(device_->context_status(*healthy).ok());
+  EXPECT_TRUE(device_->context_status(device_->shared_context(1)).ok());
+  EXPECT_TRUE(device_->launch(*good, *write, {}, params).ok());
+  EXPECT_TRUE(device_->record_event(*good_event, *good).ok());
+  EXPECT_TRUE(device_->synchronize_event(*good_event).ok());
+  EXPECT_TRUE(device_->synchronize_stream(*good).ok());
+
+  EXPECT_EQ(device_->destroy_context(device_->shared_context(1)).code(), ErrorCode::kInvalidValue);
+  EXPECT_TRUE(device_->destroy_stream(*bad).ok()) << "cleaning up after a fault works";
+  EXPECT_TRUE(device_->destroy_context(*faulty).ok());
+  EXPECT_EQ(device_->destroy_context(*faulty).code(), ErrorCode::kInvalidContext);
+  EXPECT_EQ(device_->context_status(*faulty).code(), ErrorCode::kInvalidContext);
+  EXPECT_TRUE(device_->destroy_event(*good_event).ok());
+  EXPECT_TRUE(device_->destroy_stream(*good).ok());
+  EXPECT_TRUE(device_->destroy_context(*healthy).ok());
+  {
+    std::lock_guard lock(fake_->mutex);
+    EXPECT_EQ(fake_->contexts_created - created_before, 2);
+    EXPECT_EQ(fake_->contexts_destroyed - destroyed_before, 2);
+  }
+  EXPECT_TRUE(device_->destroy_stream(*primary).ok());
   EXPECT_TRUE(device_->unload_module(*module).ok());
 }
 

@@ -194,7 +194,8 @@ class CudaDnnFakeTest : public ::testing::Test {
     const std::vector<std::byte> bytes = dnn::encode_graph(g);
     const LibraryCall call{owner, wire::LibraryHandle(kHandle), wire::LibraryOp::kDnnFinalize,
                            bytes};
-    HIBER_ASSIGN_OR_RETURN(std::vector<std::byte> answer, dnn_->answer(gpu, call));
+    HIBER_ASSIGN_OR_RETURN(std::vector<std::byte> answer,
+                           dnn_->answer(device_->shared_context(gpu), call));
     return dnn::decode_finalize_answer(answer);
   }
   Status define(uint64_t id, const dnn::Graph& g, uint64_t owner = kOwner) {

@@ -4,7 +4,8 @@
 // entry point of HIBER_CUDA_DRIVER_ENTRY_POINTS through cuGetProcAddress_v2 and records what it
 // was asked, so a test that loads it (by path, before the backend opens "libcuda.so.1", which
 // then resolves to it by SONAME) can check the calls the backend makes: which versions it
-// resolves, which context is current for each call, the access descriptors of cuMemSetAccess,
+// resolves, which context is current for each call (each stream and event remembers its own,
+// and cuCtxCreate/cuCtxDestroy make and end more), the access descriptors of cuMemSetAccess,
 // the parameter buffer of each launch, reference counts of primary contexts. It moves no bytes
 // and runs no kernels; what a real driver does is the business of the gpu-labelled tests.
 //
@@ -70,6 +71,9 @@ struct FakeCuda {
   std::map<int, size_t> granularity;        // per GPU, where not the default 2 MiB
   CUresult callback_status = CUDA_SUCCESS;  // what stream callbacks are told
   bool events_pending = false;  // cuEventQuery answers NOT_READY: work that has not ended
+  // A launch of the kernel of this (mangled) name faults its context: the launch succeeds, and
+  // every later call in that context answers CUDA_ERROR_ILLEGAL_ADDRESS (sticky), as on a GPU.
+  std::string faulting_kernel;
 
   // Observations.
   std::vector<std::pair<std::string, int>> resolved;  // cuGetProcAddress (name, version)
@@ -87,9 +91,13 @@ struct FakeCuda {
   std::vector<size_t> reserve_sizes;
   std::vector<int> context_synchronizations;  // cuCtxSynchronize: the current context's GPU
   int events_destroyed = 0;
+  int contexts_created = 0;  // cuCtxCreate
+  int contexts_destroyed = 0;
   // Calls that act on a stream or context while another GPU's context (or none) is current.
   std::vector<std::string> wrong_context_calls;
 };
 
 extern "C" FakeCuda* fake_cuda();
 extern "C" int fake_cuda_current_gpu();
+// The context current on the calling thread (an opaque pointer, null for none).
+extern "C" const void* fake_cuda_current_context();

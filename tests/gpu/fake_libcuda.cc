@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "server/device/cuda_driver.h"
 #include "tests/gpu/fake_cuda.h"
@@ -37,16 +38,22 @@ enum Tag : unsigned {
 struct FakeContext {
   unsigned tag = kContextTag;
   int gpu = 0;
+  bool primary = true;
+  // A fault's error (FakeCuda::faulting_kernel): every later call in the context answers it,
+  // as a real driver answers a sticky error. Guarded by the state's mutex.
+  CUresult sticky = CUDA_SUCCESS;
 };
 struct FakeStream {
   unsigned tag = kStreamTag;
   int gpu = 0;
+  FakeContext* context = nullptr;
 };
 struct FakeEvent {
   unsigned tag = kEventTag;
   int gpu = 0;
   bool timing = true;
   bool recorded = false;
+  FakeContext* context = nullptr;
 };
 struct FakeKernel {
   unsigned tag = kKernelTag;
@@ -67,10 +74,21 @@ FakeContext* contexts() {
   return all;
 }
 
+// Contexts cuCtxCreate made. Destroyed ones stay (with their tag cleared), so a stream or event
+// left in one finds it destroyed instead of reading freed memory.
+std::vector<FakeContext*>& created_contexts() {
+  static auto* all = new std::vector<FakeContext*>();
+  return *all;
+}
+
 // Initial-exec, so reading it needs no __tls_get_addr: LeakSanitizer's bookkeeping of dynamic
 // TLS blocks (GCC 12) misreads some of them and crashes at exit, depending on where the block
 // happens to land.
 __attribute__((tls_model("initial-exec"))) thread_local FakeContext* current = nullptr;
+// The thread's context stack below `current`: cuCtxCreate pushes, cuCtxPopCurrent pops.
+constexpr int kMaxStack = 8;
+__attribute__((tls_model("initial-exec"))) thread_local FakeContext* below[kMaxStack] = {};
+__attribute__((tls_model("initial-exec"))) thread_local int below_depth = 0;
 
 int gpu_of(CUcontext c) { return reinterpret_cast<FakeContext*>(c)->gpu; }
 FakeStream* stream_of(CUstream s) {
@@ -84,13 +102,26 @@ FakeEvent* event_of(CUevent e) {
 
 bool valid_device(CUdevice d) { return d >= 0 && d < state().gpu_count; }
 
-// Records a call made while the current context is not `gpu`'s (the backend promises to make
-// the right context current before touching a GPU).
-void expect_current(int gpu, const char* call) {
-  if (current == nullptr || current->gpu != gpu) {
-    std::lock_guard lock(state().mutex);
-    state().wrong_context_calls.push_back(std::string(call) + " on GPU " + std::to_string(gpu));
+// Records a call made while the current context is not `context` (the backend promises to make
+// the context of the stream or event it uses current first), and answers the context's state:
+// destroyed, a fault's sticky error, or success.
+CUresult expect_current(const FakeContext* context, const char* call) {
+  std::lock_guard lock(state().mutex);
+  if (current != context) {
+    state().wrong_context_calls.push_back(std::string(call) + " on GPU " +
+                                          std::to_string(context->gpu) +
+                                          (current != nullptr && current->gpu == context->gpu
+                                               ? " (another context of that GPU is current)"
+                                               : ""));
   }
+  if (context->tag != kContextTag) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+  return context->sticky;
+}
+
+// The current context's sticky error (success when it has none), for calls that act on it.
+CUresult current_sticky() {
+  std::lock_guard lock(state().mutex);
+  return current->sticky;
 }
 
 // ---- Errors, initialisation, devices ----
@@ -239,6 +270,42 @@ CUresult fake_cuCtxSetCurrent(CUcontext context) {
   return CUDA_SUCCESS;
 }
 
+CUresult fake_cuCtxCreate(CUcontext* context, CUctxCreateParams* params, unsigned int flags,
+                          CUdevice dev) {
+  if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+  if (context == nullptr || params != nullptr || flags != CU_CTX_SCHED_AUTO) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (below_depth == kMaxStack) return CUDA_ERROR_INVALID_VALUE;  // the backend leaks pushes
+  auto* made = new FakeContext{kContextTag, dev, false, CUDA_SUCCESS};
+  {
+    std::lock_guard lock(state().mutex);
+    created_contexts().push_back(made);
+    ++state().contexts_created;
+  }
+  below[below_depth++] = current;
+  current = made;
+  *context = reinterpret_cast<CUcontext>(made);
+  return CUDA_SUCCESS;
+}
+
+CUresult fake_cuCtxPopCurrent(CUcontext* context) {
+  if (current == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  if (context != nullptr) *context = reinterpret_cast<CUcontext>(current);
+  current = below_depth > 0 ? below[--below_depth] : nullptr;
+  return CUDA_SUCCESS;
+}
+
+CUresult fake_cuCtxDestroy(CUcontext context) {
+  auto* c = reinterpret_cast<FakeContext*>(context);
+  if (c == nullptr || c->tag != kContextTag || c->primary) return CUDA_ERROR_INVALID_CONTEXT;
+  std::lock_guard lock(state().mutex);
+  c->tag = 0;
+  ++state().contexts_destroyed;
+  if (current == c) current = nullptr;
+  return CUDA_SUCCESS;
+}
+
 CUresult fake_cuCtxGetStreamPriorityRange(int* least, int* greatest) {
   if (current == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
   *least = 0;
@@ -328,7 +395,7 @@ CUresult fake_cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size,
     return CUDA_ERROR_INVALID_VALUE;
   }
   if (size > kGpuMemory) return CUDA_ERROR_OUT_OF_MEMORY;
-  expect_current(prop->location.id, "cuMemCreate");
+  (void)expect_current(&contexts()[prop->location.id], "cuMemCreate");
   std::lock_guard lock(state().mutex);
   *handle = vmm().next_handle++;
   vmm().physical[*handle] = {prop->location.id, size};
@@ -409,17 +476,19 @@ CUresult fake_cuMemHostUnregister(void* p) {
 
 CUresult fake_cuStreamCreateWithPriority(CUstream* stream, unsigned int flags, int priority) {
   if (current == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  if (CUresult sticky = current_sticky(); sticky != CUDA_SUCCESS) return sticky;
   std::lock_guard lock(state().mutex);
   state().stream_priorities.push_back(priority);
   state().stream_flags.push_back(flags);
-  *stream = reinterpret_cast<CUstream>(new FakeStream{kStreamTag, current->gpu});
+  *stream = reinterpret_cast<CUstream>(new FakeStream{kStreamTag, current->gpu, current});
   return CUDA_SUCCESS;
 }
 
 CUresult fake_cuStreamDestroy(CUstream stream) {
   FakeStream* s = stream_of(stream);
   if (s == nullptr) return CUDA_ERROR_INVALID_HANDLE;
-  expect_current(s->gpu, "cuStreamDestroy");
+  // Destroying works after a fault: that is how a program cleans up.
+  (void)expect_current(s->context, "cuStreamDestroy");
   s->tag = 0;
   delete s;
   return CUDA_SUCCESS;
@@ -429,21 +498,19 @@ CUresult fake_cuCtxSynchronize() {
   if (current == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
   std::lock_guard lock(state().mutex);
   state().context_synchronizations.push_back(current->gpu);
-  return CUDA_SUCCESS;
+  return current->sticky;
 }
 
 CUresult fake_cuStreamSynchronize(CUstream stream) {
   FakeStream* s = stream_of(stream);
   if (s == nullptr) return CUDA_ERROR_INVALID_HANDLE;
-  expect_current(s->gpu, "cuStreamSynchronize");
-  return CUDA_SUCCESS;
+  return expect_current(s->context, "cuStreamSynchronize");
 }
 
 CUresult fake_cuStreamQuery(CUstream stream) {
   FakeStream* s = stream_of(stream);
   if (s == nullptr) return CUDA_ERROR_INVALID_HANDLE;
-  expect_current(s->gpu, "cuStreamQuery");
-  return CUDA_SUCCESS;
+  return expect_current(s->context, "cuStreamQuery");
 }
 
 CUresult fake_cuStreamAddCallback(CUstream stream, CUstreamCallback callback, void* user,
@@ -463,15 +530,15 @@ CUresult fake_cuStreamAddCallback(CUstream stream, CUstreamCallback callback, vo
 CUresult fake_cuStreamWaitEvent(CUstream stream, CUevent event, unsigned int flags) {
   FakeStream* s = stream_of(stream);
   if (s == nullptr || event_of(event) == nullptr || flags != 0) return CUDA_ERROR_INVALID_HANDLE;
-  expect_current(s->gpu, "cuStreamWaitEvent");
-  return CUDA_SUCCESS;
+  return expect_current(s->context, "cuStreamWaitEvent");
 }
 
 CUresult fake_cuEventCreate(CUevent* event, unsigned int flags) {
   if (current == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
   if ((flags & ~CU_EVENT_DISABLE_TIMING) != 0) return CUDA_ERROR_INVALID_VALUE;
-  *event = reinterpret_cast<CUevent>(
-      new FakeEvent{kEventTag, current->gpu, (flags & CU_EVENT_DISABLE_TIMING) == 0, false});
+  if (CUresult sticky = current_sticky(); sticky != CUDA_SUCCESS) return sticky;
+  *event = reinterpret_cast<CUevent>(new FakeEvent{
+      kEventTag, current->gpu, (flags & CU_EVENT_DISABLE_TIMING) == 0, false, current});
   return CUDA_SUCCESS;
 }
 
@@ -488,18 +555,24 @@ CUresult fake_cuEventDestroy(CUevent event) {
 CUresult fake_cuEventRecord(CUevent event, CUstream stream) {
   FakeEvent* e = event_of(event);
   FakeStream* s = stream_of(stream);
-  if (e == nullptr || s == nullptr || e->gpu != s->gpu) return CUDA_ERROR_INVALID_HANDLE;
-  expect_current(s->gpu, "cuEventRecord");
+  // The driver requires both in one context.
+  if (e == nullptr || s == nullptr || e->context != s->context) return CUDA_ERROR_INVALID_HANDLE;
+  if (CUresult r = expect_current(s->context, "cuEventRecord"); r != CUDA_SUCCESS) return r;
   e->recorded = true;
   return CUDA_SUCCESS;
 }
 
 CUresult fake_cuEventSynchronize(CUevent event) {
-  return event_of(event) != nullptr ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+  FakeEvent* e = event_of(event);
+  if (e == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  return expect_current(e->context, "cuEventSynchronize");
 }
 
 CUresult fake_cuEventQuery(CUevent event) {
-  if (event_of(event) == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  FakeEvent* e = event_of(event);
+  if (e == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  // Polled by the kernel watch with the event's context current, like every event call.
+  if (CUresult r = expect_current(e->context, "cuEventQuery"); r != CUDA_SUCCESS) return r;
   std::lock_guard lock(state().mutex);
   return state().events_pending ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
 }
@@ -519,7 +592,7 @@ CUresult fake_cuEventElapsedTime(float* ms, CUevent start, CUevent end) {
 CUresult record_copy(FakeCudaCopy copy, CUstream stream, const char* call) {
   FakeStream* s = stream_of(stream);
   if (s == nullptr) return CUDA_ERROR_INVALID_HANDLE;
-  expect_current(s->gpu, call);
+  if (CUresult r = expect_current(s->context, call); r != CUDA_SUCCESS) return r;
   copy.gpu = s->gpu;
   std::lock_guard lock(state().mutex);
   state().copies.push_back(copy);
@@ -659,13 +732,17 @@ CUresult fake_cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, uns
   FakeStream* s = stream_of(stream);
   if (k == nullptr || s == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   if (params != nullptr) return CUDA_ERROR_INVALID_VALUE;  // the backend only uses `extra`
-  expect_current(s->gpu, "cuLaunchKernel");
+  if (CUresult r = expect_current(s->context, "cuLaunchKernel"); r != CUDA_SUCCESS) return r;
   {
     // As a real GPU: more than 48 KiB of dynamic shared memory needs the kernel's opt-in.
     std::lock_guard lock(state().mutex);
     if (shared_bytes > (48u << 10) &&
         static_cast<int>(shared_bytes) > k->max_dynamic_shared[s->gpu]) {
       return CUDA_ERROR_INVALID_VALUE;
+    }
+    // The launch is accepted; the fault it makes shows at the context's next calls.
+    if (!state().faulting_kernel.empty() && k->name == state().faulting_kernel) {
+      s->context->sticky = CUDA_ERROR_ILLEGAL_ADDRESS;
     }
   }
   FakeCudaLaunch launch{k->name, {gx, gy, gz}, {bx, by, bz}, shared_bytes, s->gpu, extra != nullptr,
@@ -705,6 +782,10 @@ extern "C" __attribute__((visibility("default"))) FakeCuda* fake_cuda() { return
 // them, as the real ones need.
 extern "C" __attribute__((visibility("default"))) int fake_cuda_current_gpu() {
   return current != nullptr ? current->gpu : -1;
+}
+
+extern "C" __attribute__((visibility("default"))) const void* fake_cuda_current_context() {
+  return current;
 }
 
 extern "C" __attribute__((visibility("default"))) CUresult cuGetProcAddress_v2(

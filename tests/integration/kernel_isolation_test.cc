@@ -208,5 +208,59 @@ TEST(KernelIsolation, AKernelReachesNoOtherSessionsBlock) {
   EXPECT_EQ(got, written[10]);
 }
 
+// Issue 29: a fault ends the faulting instance's context, on its GPU, and nothing else there.
+// On a one-GPU node V computes, X's kernel then writes to a hole in X's own range (reserved,
+// nothing allocated there) and faults, and V computes again on the same GPU. In context mode
+// (the default) V's second result is right and X alone is failed, for good; in shared mode
+// (--isolation=shared: every instance in the GPU's one context) the fault ends that context
+// for every instance on the GPU, as runtime sharing on CUDA does.
+void fault_next_to_a_neighbour(const std::string& isolation, bool neighbour_survives) {
+  if (kernels_fatbin_path().empty()) GTEST_SKIP() << "built without the CUDA toolkit: no fatbin";
+  const Bytes image = read_bytes(kernels_fatbin_path());
+  Hiberd hiberd({"--node_config=" + one_gpu_node_config(16), "--isolation=" + isolation});
+  Client v(hiberd, "neighbour");
+  Attacker x(hiberd, "faulter", image);
+  ASSERT_TRUE(v.connected() && x.c.connected());
+  const uint64_t v_out = v.grant().va_base;
+  ASSERT_TRUE(v.allocate(v_out, 4096).ok());
+  ASSERT_TRUE(v.get(kWriteValue, test_kernels::kWriteValue, image).ok());
+  int got = 0;
+  ASSERT_TRUE(v.launch(kWriteValue, write_value_params(v_out, 5)).ok());
+  ASSERT_TRUE(v.download(&got, v_out, sizeof(got)).ok());
+  ASSERT_EQ(got, 5);
+
+  const uint64_t hole = x.c.grant().va_base + 8 * x.c.grant().allocation_granularity;
+  const Status faulted = x.c.launch(kWriteValue, write_value_params(hole, 666));
+  expect_illegal_address(faulted, hole);
+  expect_illegal_address(x.c.download(&got, x.out, sizeof(got)), hole);  // sticky for X
+
+  const Status launched = v.launch(kWriteValue, write_value_params(v_out, 6));
+  if (neighbour_survives) {
+    ASSERT_TRUE(launched.ok()) << launched;
+    ASSERT_TRUE(v.download(&got, v_out, sizeof(got)).ok());
+    EXPECT_EQ(got, 6);
+    // And a function that connects now gets the GPU and a context of its own.
+    Client late(hiberd, "late");
+    ASSERT_TRUE(late.connected());
+    const uint64_t out = late.grant().va_base;
+    ASSERT_TRUE(late.allocate(out, 4096).ok());
+    ASSERT_TRUE(late.get(kWriteValue, test_kernels::kWriteValue, image).ok());
+    ASSERT_TRUE(late.launch(kWriteValue, write_value_params(out, 7)).ok());
+    ASSERT_TRUE(late.download(&got, out, sizeof(got)).ok());
+    EXPECT_EQ(got, 7);
+  } else {
+    EXPECT_EQ(launched.code(), ErrorCode::kIllegalAddress) << launched;
+  }
+  EXPECT_NE(hiberd.log().find("context is lost"), std::string::npos) << hiberd.log();
+}
+
+TEST(KernelIsolation, AFaultEndsOnlyItsOwnInstanceOnAGpuInContextMode) {
+  fault_next_to_a_neighbour("context", /*neighbour_survives=*/true);
+}
+
+TEST(KernelIsolation, AFaultEndsEveryInstanceOnItsGpuInSharedMode) {
+  fault_next_to_a_neighbour("shared", /*neighbour_survives=*/false);
+}
+
 }  // namespace
 }  // namespace hiber::testing

@@ -825,6 +825,87 @@ TEST_P(DeviceContractTest, LaunchMayUseSharedMemoryUpToTheOptInLimit) {
 
 // ---- Pools ----
 
+// ---- Contexts ----
+
+// A kernel that faults (here: a write to a reserved range with nothing mapped) ends its own
+// context, for good, and no other: another context on the same GPU and the GPU's shared context
+// compute on, and a context made after the fault works (device.h, "Contexts"). On a GPU this is
+// the isolation check of docs/gpu-runs.md.
+TEST_P(DeviceContractTest, AFaultEndsItsOwnContextAndNoOther) {
+  SKIP_WITHOUT_KERNELS();
+  Module module = load_test_kernels();
+  Function write = function(module, names::kWriteValue);
+  auto info = device_->function_info(write);
+  ASSERT_TRUE(info.ok()) << info.status();
+  auto launch_write = [&](Stream s, DevicePtr where, int value) {
+    KernelParams params(*info);
+    params.add(where).add(value);
+    return device_->launch(s, write, LaunchConfig{{1, 1, 1}, {1, 1, 1}, 0}, params.bytes());
+  };
+  const uint64_t g = device_->allocation_granularity(0);
+  HIBER_ASSERT_OK_AND_ASSIGN(DevicePtr hole, device_->reserve_address_range(g, 0));
+  HIBER_ASSERT_OK_AND_ASSIGN(Context faulty, device_->create_context(0));
+  HIBER_ASSERT_OK_AND_ASSIGN(Context healthy, device_->create_context(0));
+  EXPECT_EQ(faulty.gpu, 0);
+  EXPECT_NE(faulty.id, healthy.id);
+  EXPECT_NE(faulty, device_->shared_context(0));
+  HIBER_ASSERT_OK_AND_ASSIGN(Stream bad, device_->create_stream(faulty, 0));
+  HIBER_ASSERT_OK_AND_ASSIGN(Stream good, device_->create_stream(healthy, 0));
+  Stream shared = make_stream(0);
+
+  // Refused at once or at the synchronisation, as the backend can tell; sticky either way.
+  Status launched = launch_write(bad, hole, 7);
+  if (launched.ok()) launched = device_->synchronize_stream(bad);
+  HIBER_EXPECT_CODE(launched, ErrorCode::kIllegalAddress);
+  HIBER_EXPECT_CODE(device_->synchronize_stream(bad), ErrorCode::kIllegalAddress) << "sticky";
+  HIBER_EXPECT_CODE(device_->context_status(faulty), ErrorCode::kIllegalAddress);
+
+  Allocation out = allocate(0, 64);
+  int value = 40;
+  for (Stream s : {good, shared}) {
+    HIBER_ASSERT_OK(launch_write(s, out.va, ++value));
+    EXPECT_EQ(from_bytes<int>(download(s, out.va, 4))[0], value);
+  }
+  HIBER_EXPECT_OK(device_->context_status(healthy));
+  HIBER_EXPECT_OK(device_->context_status(device_->shared_context(0)));
+
+  HIBER_EXPECT_CODE(device_->destroy_context(device_->shared_context(0)), ErrorCode::kInvalidValue);
+  HIBER_EXPECT_OK(device_->destroy_stream(bad)) << "cleaning up after a fault works";
+  HIBER_EXPECT_OK(device_->destroy_context(faulty));
+  HIBER_EXPECT_CODE(device_->context_status(faulty), ErrorCode::kInvalidContext);
+  HIBER_ASSERT_OK_AND_ASSIGN(Context fresh, device_->create_context(0));
+  HIBER_ASSERT_OK_AND_ASSIGN(Stream again, device_->create_stream(fresh, 0));
+  HIBER_ASSERT_OK(launch_write(again, out.va, 99));
+  EXPECT_EQ(from_bytes<int>(download(again, out.va, 4))[0], 99);
+
+  for (Stream s : {good, again}) HIBER_EXPECT_OK(device_->destroy_stream(s));
+  for (Context c : {healthy, fresh}) HIBER_EXPECT_OK(device_->destroy_context(c));
+  HIBER_EXPECT_OK(device_->free_address_range(hole, g));
+}
+
+// Events are recorded in their own context, and waited for from any.
+TEST_P(DeviceContractTest, EventsOrderWorkAcrossContexts) {
+  HIBER_ASSERT_OK_AND_ASSIGN(Context a, device_->create_context(0));
+  HIBER_ASSERT_OK_AND_ASSIGN(Context b, device_->create_context(0));
+  HIBER_ASSERT_OK_AND_ASSIGN(Stream sa, device_->create_stream(a, 0));
+  HIBER_ASSERT_OK_AND_ASSIGN(Stream sb, device_->create_stream(b, 0));
+  HIBER_ASSERT_OK_AND_ASSIGN(Event ea, device_->create_event(a, true));
+  HIBER_EXPECT_CODE(device_->record_event(ea, sb), ErrorCode::kInvalidHandle);
+  Allocation buf = allocate(0, 1 << 20);
+  const Bytes data = random_bytes(1 << 20, 3);
+  HIBER_ASSERT_OK(device_->copy_host_to_device(sa, buf.va, data.data(), data.size()));
+  HIBER_ASSERT_OK(device_->record_event(ea, sa));
+  HIBER_ASSERT_OK(device_->wait_event(sb, ea));
+  Bytes back(data.size());
+  HIBER_ASSERT_OK(device_->copy_device_to_host(sb, back.data(), buf.va, back.size()));
+  HIBER_ASSERT_OK(device_->synchronize_stream(sb));
+  EXPECT_TRUE(same_bytes(back, data));
+  HIBER_EXPECT_OK(device_->synchronize_stream(sa));
+  HIBER_EXPECT_OK(device_->destroy_event(ea));
+  for (Stream s : {sa, sb}) HIBER_EXPECT_OK(device_->destroy_stream(s));
+  for (Context c : {a, b}) HIBER_EXPECT_OK(device_->destroy_context(c));
+}
+
 TEST_P(DeviceContractTest, ReservePoolCarvesChunksAndKeepsTheReserve) {
   const uint64_t g = device_->allocation_granularity(0);
   const uint64_t chunk = 4 * g;

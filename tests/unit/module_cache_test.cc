@@ -115,8 +115,16 @@ class CountingDevice final : public Device {
     return sim_->register_host_memory(ptr, bytes);
   }
   Status unregister_host_memory(void* ptr) override { return sim_->unregister_host_memory(ptr); }
-  Result<device::Stream> create_stream(int gpu, int priority) override {
-    return sim_->create_stream(gpu, priority);
+  device::Context shared_context(int gpu) const override { return sim_->shared_context(gpu); }
+  Result<device::Context> create_context(int gpu) override { return sim_->create_context(gpu); }
+  Status destroy_context(device::Context context) override {
+    return sim_->destroy_context(context);
+  }
+  Status context_status(device::Context context) override { return sim_->context_status(context); }
+  using Device::create_event;
+  using Device::create_stream;
+  Result<device::Stream> create_stream(device::Context context, int priority) override {
+    return sim_->create_stream(context, priority);
   }
   Status destroy_stream(device::Stream stream) override { return sim_->destroy_stream(stream); }
   Status synchronize_stream(device::Stream stream) override {
@@ -129,8 +137,8 @@ class CountingDevice final : public Device {
   Status cancel_stream(device::Stream stream, const Status& why) override {
     return sim_->cancel_stream(stream, why);
   }
-  Result<device::Event> create_event(int gpu, bool disable_timing) override {
-    return sim_->create_event(gpu, disable_timing);
+  Result<device::Event> create_event(device::Context context, bool disable_timing) override {
+    return sim_->create_event(context, disable_timing);
   }
   Status destroy_event(device::Event event) override { return sim_->destroy_event(event); }
   Status record_event(device::Event event, device::Stream stream) override {

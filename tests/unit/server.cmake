@@ -7,6 +7,7 @@ hiber_test(module_cache_test LABEL unit SOURCES module_cache_test.cc LIBS hiber_
 hiber_test_uses_kernel_images(module_cache_test)
 hiber_test(function_memory_test LABEL unit SOURCES function_memory_test.cc LIBS hiber_server)
 hiber_test(handle_table_test LABEL unit SOURCES handle_table_test.cc LIBS hiber_server)
+hiber_test(context_pool_test LABEL unit SOURCES context_pool_test.cc LIBS hiber_server)
 hiber_test(swap_engine_test LABEL unit SOURCES swap_engine_test.cc LIBS hiber_server)
 hiber_test(library_calls_test LABEL unit SOURCES library_calls_test.cc LIBS hiber_server)
 # cuDNN remoting: graph codec, the session's checks, the simulated GPU's host implementations.

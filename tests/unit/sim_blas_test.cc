@@ -282,7 +282,8 @@ TEST_F(SimBlasTest, LtHeuristicAnswersOneAlgoForWhatItRunsAndNoneOtherwise) {
   h.problem.compute_type = kCompute32F, h.problem.scale_type = kF32;
   LibraryCall call{
       .owner = 1, .handle = {}, .op = wire::LibraryOp::kLtHeuristic, .args = wire::op_bytes(h)};
-  HIBER_ASSERT_OK_AND_ASSIGN(std::vector<std::byte> answer, blas_->answer(0, call));
+  HIBER_ASSERT_OK_AND_ASSIGN(std::vector<std::byte> answer,
+                             blas_->answer(device_->shared_context(0), call));
   ASSERT_EQ(answer.size(), sizeof(wire::blas::LtHeuristicResult));
   wire::blas::LtHeuristicResult result;
   std::memcpy(static_cast<void*>(&result), answer.data(), sizeof(result));
@@ -290,7 +291,8 @@ TEST_F(SimBlasTest, LtHeuristicAnswersOneAlgoForWhatItRunsAndNoneOtherwise) {
   EXPECT_EQ(result.algo.problem, wire::blas::lt_problem_hash(h.problem));
   // int8 data: not a type the host runs.
   h.problem.a.type = h.problem.b.type = 3;
-  EXPECT_EQ(blas_->answer(0, call).status().code(), ErrorCode::kNotSupported);
+  EXPECT_EQ(blas_->answer(device_->shared_context(0), call).status().code(),
+            ErrorCode::kNotSupported);
 }
 
 // ---- hiberd's checks ----

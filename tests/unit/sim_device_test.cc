@@ -238,6 +238,15 @@ class SimDeviceTest : public ::testing::Test {
     EXPECT_TRUE(s.ok()) << s.status();
     return s.ok() ? *s : Stream{};
   }
+  // A stream in a context of its own on `gpu`, for work that faults (a fault ends its context).
+  Stream stream_in_new_context(int gpu) {
+    auto c = device_->create_context(gpu);
+    EXPECT_TRUE(c.ok()) << c.status();
+    if (!c.ok()) return Stream{};
+    auto s = device_->create_stream(*c, 0);
+    EXPECT_TRUE(s.ok()) << s.status();
+    return s.ok() ? *s : Stream{};
+  }
 
   std::unique_ptr<SimDevice> device_;
 };
@@ -622,18 +631,21 @@ TEST_F(SimDeviceTest, KernelTouchingUnmappedMemoryFailsWithIllegalAddress) {
   make_default();
   Module m = load_sim_kernels();
   Function poke = function(m, "sim_poke");
-  Stream s = stream(0);
   const uint64_t g = device_->allocation_granularity(0);
   HIBER_ASSERT_OK_AND_ASSIGN(DevicePtr reserved, device_->reserve_address_range(g, 0));
   for (DevicePtr target : {reserved + 64, DevicePtr{16}}) {
+    // Each fault ends its context, so each goes in a context of its own.
+    Stream s = stream_in_new_context(0);
     Bytes params = pack(target, 5);
     HIBER_ASSERT_OK(device_->launch(s, poke, {}, params));
     Status status = device_->synchronize_stream(s);
     HIBER_EXPECT_CODE(status, ErrorCode::kIllegalAddress);
     EXPECT_NE(status.message().find(str_cat("0x", std::hex, target)), std::string::npos) << status;
     EXPECT_NE(status.message().find("sim_poke"), std::string::npos) << status;
+    HIBER_EXPECT_CODE(device_->synchronize_stream(s), ErrorCode::kIllegalAddress) << "sticky";
   }
-  // The process, the stream and the worker all carry on.
+  // The process, the workers and the GPU's other contexts all carry on.
+  Stream s = stream(0);
   Allocation a = allocate(0, g);
   Bytes params = pack(a.va + 8, 1234);
   HIBER_ASSERT_OK(device_->launch(s, poke, {}, params));
@@ -665,9 +677,11 @@ TEST_F(SimDeviceTest, AKernelReachesOnlyTheMemoryItsGpuMayAccess) {
   HIBER_ASSERT_OK(device_->copy_host_to_device(on_victim, victim.va, written.data(), g));
   HIBER_ASSERT_OK(device_->synchronize_stream(on_victim));
 
+  // Each refusal is a fault, which ends its context: each runs in a context of its own.
   auto expect_refused = [&](Function f, const Bytes& params, DevicePtr named) {
-    HIBER_ASSERT_OK(device_->launch(on_own, f, {}, params));
-    Status status = device_->synchronize_stream(on_own);
+    Stream refused = stream_in_new_context(1);
+    HIBER_ASSERT_OK(device_->launch(refused, f, {}, params));
+    Status status = device_->synchronize_stream(refused);
     HIBER_EXPECT_CODE(status, ErrorCode::kIllegalAddress);
     EXPECT_NE(status.message().find(str_cat("0x", std::hex, named)), std::string::npos) << status;
     EXPECT_NE(status.message().find("not accessible from GPU 1"), std::string::npos) << status;
@@ -679,6 +693,7 @@ TEST_F(SimDeviceTest, AKernelReachesOnlyTheMemoryItsGpuMayAccess) {
   // Through a pointer X stored in its own memory.
   const DevicePtr stored = victim.va + 16;
   HIBER_ASSERT_OK(device_->copy_host_to_device(on_own, own.va, &stored, sizeof(stored)));
+  HIBER_ASSERT_OK(device_->synchronize_stream(on_own));  // the refused kernels run elsewhere
   expect_refused(store_through, pack(own.va, 77), stored);
   // A refusal fails the launch even if the kernel carries on and reports success.
   expect_refused(function(m, "sim_ignore_refusal"), pack(own.va), stored);
@@ -841,7 +856,7 @@ TEST_F(SimDeviceTest, AKernelPastItsDeadlineIsStoppedWhileOtherStreamsRunOn) {
   Module m = load_sim_kernels();
   Function spin = function(m, "sim_unimplemented");
   Function copy = function(m, "sim_copy_param");
-  Stream runaway = stream(0);
+  Stream runaway = stream_in_new_context(0);  // its overrun ends its context
   Stream other = stream(0);
   Allocation a = allocate(0, 4096);
 
@@ -872,9 +887,11 @@ TEST_F(SimDeviceTest, AKernelPastItsDeadlineIsStoppedWhileOtherStreamsRunOn) {
   EXPECT_EQ(timeouts.load(), 1) << "the second launch never ran, so it did not time out";
   EXPECT_EQ(*reinterpret_cast<volatile uint64_t*>(a.va), 20u);
 
-  // The stream itself goes on: a kernel without the lost context runs, and its result is right.
-  HIBER_ASSERT_OK(device_->launch(runaway, copy, {}, pack(a.va, uint64_t{77})));
-  HIBER_EXPECT_OK(device_->synchronize_stream(runaway));
+  // Its context is ended for good; the GPU's other context goes on, and its result is right.
+  HIBER_EXPECT_CODE(device_->launch(runaway, copy, {}, pack(a.va, uint64_t{77})),
+                    ErrorCode::kLaunchTimeout);
+  HIBER_ASSERT_OK(device_->launch(other, copy, {}, pack(a.va, uint64_t{77})));
+  HIBER_EXPECT_OK(device_->synchronize_stream(other));
   EXPECT_EQ(*reinterpret_cast<volatile uint64_t*>(a.va), 77u);
   free(a);
 }
@@ -884,24 +901,24 @@ TEST_F(SimDeviceTest, KernelErrorsAreReportedAtTheNextSynchronisation) {
   Module m = load_sim_kernels();
   Function fail = function(m, "sim_fail");
   Stream s = stream(0);
-  Bytes code = pack(static_cast<int>(ErrorCode::kLaunchFailed));
+  Bytes code = pack(static_cast<int>(ErrorCode::kLaunchOutOfResources));
   std::promise<Status> seen;
   HIBER_ASSERT_OK(device_->launch(s, fail, {}, code));
   HIBER_ASSERT_OK(device_->add_callback(s, [&](Status st) { seen.set_value(st); }));
   Status callback_status = seen.get_future().get();
-  HIBER_EXPECT_CODE(callback_status, ErrorCode::kLaunchFailed);
-  HIBER_EXPECT_CODE(device_->synchronize_stream(s), ErrorCode::kLaunchFailed);
+  HIBER_EXPECT_CODE(callback_status, ErrorCode::kLaunchOutOfResources);
+  HIBER_EXPECT_CODE(device_->synchronize_stream(s), ErrorCode::kLaunchOutOfResources);
   HIBER_EXPECT_OK(device_->synchronize_stream(s)) << "reported once";
 
   // query reports (and clears) it too; the first error wins.
-  Bytes other = pack(static_cast<int>(ErrorCode::kLaunchOutOfResources));
+  Bytes other = pack(static_cast<int>(ErrorCode::kInvalidValue));
   HIBER_ASSERT_OK(device_->launch(s, fail, {}, code));
   HIBER_ASSERT_OK(device_->launch(s, fail, {}, other));
   Status queried;
   do {
     queried = device_->query_stream(s);
   } while (queried.code() == ErrorCode::kNotReady);
-  HIBER_EXPECT_CODE(queried, ErrorCode::kLaunchFailed);
+  HIBER_EXPECT_CODE(queried, ErrorCode::kLaunchOutOfResources);
   HIBER_EXPECT_OK(device_->query_stream(s)) << "reported once";
   HIBER_EXPECT_OK(device_->synchronize_stream(s));
 }
@@ -913,11 +930,13 @@ TEST_F(SimDeviceTest, EventsReportTheErrorsOfTheWorkBeforeThem) {
   Function poke = function(m, "sim_poke");
   Stream s = stream(0);
   HIBER_ASSERT_OK_AND_ASSIGN(Event e, device_->create_event(0, true));
-  HIBER_ASSERT_OK(device_->launch(s, fail, {}, pack(static_cast<int>(ErrorCode::kLaunchFailed))));
+  HIBER_ASSERT_OK(
+      device_->launch(s, fail, {}, pack(static_cast<int>(ErrorCode::kLaunchOutOfResources))));
   HIBER_ASSERT_OK(device_->record_event(e, s));
-  HIBER_EXPECT_CODE(device_->synchronize_event(e), ErrorCode::kLaunchFailed);
-  HIBER_EXPECT_CODE(device_->query_event(e), ErrorCode::kLaunchFailed) << "and again";
-  HIBER_EXPECT_CODE(device_->synchronize_stream(s), ErrorCode::kLaunchFailed) << "the stream too";
+  HIBER_EXPECT_CODE(device_->synchronize_event(e), ErrorCode::kLaunchOutOfResources);
+  HIBER_EXPECT_CODE(device_->query_event(e), ErrorCode::kLaunchOutOfResources) << "and again";
+  HIBER_EXPECT_CODE(device_->synchronize_stream(s), ErrorCode::kLaunchOutOfResources)
+      << "the stream too";
   // Recorded after the stream reported its error: nothing failed before this record.
   HIBER_ASSERT_OK(device_->record_event(e, s));
   HIBER_EXPECT_OK(device_->synchronize_event(e));
@@ -951,7 +970,7 @@ TEST_F(SimDeviceTest, ACallbackSeesTheErrorEvenIfASyncReportedItMeanwhile) {
   Gate start, hold;
   HIBER_ASSERT_OK(device_->add_callback(failing, start.callback()));
   HIBER_ASSERT_OK(
-      device_->launch(failing, fail, {}, pack(static_cast<int>(ErrorCode::kLaunchFailed))));
+      device_->launch(failing, fail, {}, pack(static_cast<int>(ErrorCode::kLaunchOutOfResources))));
   auto sync = std::async(std::launch::async, [&] { return device_->synchronize_stream(failing); });
   // Let the synchronisation take its target (the gate and the kernel) before more is enqueued.
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -965,10 +984,10 @@ TEST_F(SimDeviceTest, ACallbackSeesTheErrorEvenIfASyncReportedItMeanwhile) {
   // Normally the synchronisation returns now, with the worker held; had it not taken its target
   // in time, it returns after the callback, and the test shows nothing (but does not hang).
   if (sync.wait_for(std::chrono::seconds(10)) == std::future_status::ready) {
-    HIBER_EXPECT_CODE(sync.get(), ErrorCode::kLaunchFailed);
+    HIBER_EXPECT_CODE(sync.get(), ErrorCode::kLaunchOutOfResources);
   }
   hold.open();
-  HIBER_EXPECT_CODE(seen.get_future().get(), ErrorCode::kLaunchFailed);
+  HIBER_EXPECT_CODE(seen.get_future().get(), ErrorCode::kLaunchOutOfResources);
   if (sync.valid()) (void)sync.get();
   HIBER_EXPECT_OK(device_->synchronize_stream(urgent));
   HIBER_EXPECT_OK(device_->destroy_event(failed));

@@ -225,7 +225,7 @@ class SimBlas final : public LibraryBackend {
                  " has no host implementation on the simulated GPU");
   }
 
-  Result<std::vector<std::byte>> answer(int, const LibraryCall& call) override {
+  Result<std::vector<std::byte>> answer(Context, const LibraryCall& call) override {
     if (call.op == wire::LibraryOp::kLtHeuristic) return lt_heuristic(call.args);
     return error(ErrorCode::kNotSupported, "cuBLAS query ", static_cast<unsigned>(call.op),
                  " has no host implementation on the simulated GPU");

@@ -60,7 +60,7 @@ class SimDnn final : public LibraryBackend {
                  " has no host implementation on the simulated GPU");
   }
 
-  Result<std::vector<std::byte>> answer(int, const LibraryCall& call) override {
+  Result<std::vector<std::byte>> answer(Context, const LibraryCall& call) override {
     if (call.op != wire::LibraryOp::kDnnFinalize)
       return error(ErrorCode::kNotSupported, "cuDNN query ", static_cast<unsigned>(call.op),
                    " has no host implementation on the simulated GPU");

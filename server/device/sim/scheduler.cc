@@ -21,12 +21,30 @@ Scheduler::~Scheduler() {
   for (std::thread& t : workers_) t.join();
 }
 
-std::shared_ptr<Scheduler::StreamState> Scheduler::create_stream(int gpu, int priority) {
-  return std::make_shared<StreamState>(gpu, priority);
+std::shared_ptr<Scheduler::ContextState> Scheduler::create_context(int gpu, bool shared) {
+  return std::make_shared<ContextState>(gpu, shared);
 }
 
-std::shared_ptr<Scheduler::EventState> Scheduler::create_event(int gpu, bool timing) {
-  return std::make_shared<EventState>(gpu, timing);
+std::shared_ptr<Scheduler::StreamState> Scheduler::create_stream(
+    const std::shared_ptr<ContextState>& context, int priority) {
+  return std::make_shared<StreamState>(context, priority);
+}
+
+std::shared_ptr<Scheduler::EventState> Scheduler::create_event(
+    const std::shared_ptr<ContextState>& context, bool timing) {
+  return std::make_shared<EventState>(context, timing);
+}
+
+Status Scheduler::fault(const ContextState& context) {
+  if (!context.faulted.load(std::memory_order_acquire)) return Status();
+  MutexLock lock(mu_);
+  return context.fault;
+}
+
+void Scheduler::record_fault(ContextState& context, const Status& status) {
+  if (!is_context_fault(status.code()) || !context.fault.ok()) return;
+  context.fault = status;
+  context.faulted.store(true, std::memory_order_release);
 }
 
 void Scheduler::enqueue(const std::shared_ptr<StreamState>& stream, Op op) {
@@ -36,10 +54,11 @@ void Scheduler::enqueue(const std::shared_ptr<StreamState>& stream, Op op) {
   if (!stream->active) advance(stream);
 }
 
-void Scheduler::enqueue_work(const std::shared_ptr<StreamState>& stream, Work work) {
+void Scheduler::enqueue_work(const std::shared_ptr<StreamState>& stream, Work work, bool kernel) {
   Op op;
   op.kind = Op::Kind::kWork;
   op.work = std::move(work);
+  op.kernel = kernel;
   MutexLock lock(mu_);
   enqueue(stream, std::move(op));
 }
@@ -144,18 +163,23 @@ void Scheduler::worker(int g) {
     // A running callback is notification, not work: a query made in answer to it (a client
     // that the callback woke) finds the stream idle. Synchronisation still waits for it.
     const bool is_callback = op.kind == Op::Kind::kCallback;
+    const bool is_kernel = op.kernel;
     if (is_callback) ++stream->running_callbacks;
+    // After a fault of its context, work does not run and callbacks are told the fault.
+    const Status context_fault = stream->context->fault;
+    if (is_callback && !context_fault.ok()) op.status = context_fault;
     lock.unlock();
 
     Status status;
     if (op.kind == Op::Kind::kWork) {
-      status = op.work();
+      status = context_fault.ok() ? op.work() : context_fault;
     } else {
       op.callback(std::move(op.status));
     }
     op = Op();  // release what the operation captured outside the lock
 
     lock.lock();
+    if (is_kernel) record_fault(*stream->context, status);
     if (!status.ok() && stream->error.ok()) stream->error = std::move(status);
     if (is_callback) --stream->running_callbacks;
     finish_op(*stream);
@@ -182,11 +206,13 @@ Status Scheduler::synchronize(StreamState& stream) {
   MutexLock lock(mu_);
   const uint64_t target = stream.enqueued;
   lock.wait(done_cv_, [&] { return stream.completed >= target; });
+  if (!stream.context->fault.ok()) return stream.context->fault;
   return std::exchange(stream.error, Status());
 }
 
 Status Scheduler::query(StreamState& stream) {
   MutexLock lock(mu_);
+  if (!stream.context->fault.ok()) return stream.context->fault;
   if (stream.completed + stream.running_callbacks < stream.enqueued)
     return error(ErrorCode::kNotReady, stream.enqueued - stream.completed,
                  " operations pending on the stream");
@@ -197,11 +223,13 @@ Status Scheduler::synchronize(EventState& event) {
   MutexLock lock(mu_);
   const uint64_t generation = event.recorded;
   lock.wait(done_cv_, [&] { return !event.pending.contains(generation); });
+  if (!event.context->fault.ok()) return event.context->fault;
   return event.error;
 }
 
 Status Scheduler::query(EventState& event) {
   MutexLock lock(mu_);
+  if (!event.context->fault.ok()) return event.context->fault;
   if (event.pending.contains(event.recorded))
     return error(ErrorCode::kNotReady, "the event's latest record is pending");
   return event.error;

@@ -6,11 +6,19 @@
 // inline, under the lock, as soon as the stream reaches them: recording an event (a timestamp)
 // and waiting for one (the stream parks until the awaited record completes, holding no worker).
 //
+// Contexts: every stream and event belongs to one. A kernel failing with a fault
+// (is_context_fault: a fault caught in it, a refused access, a stop at its deadline) ends its
+// context: the context's work not yet started fails with the fault without running, callbacks
+// are told the fault, and every synchronisation and query of its streams and events answers it,
+// for good. Streams of other contexts go on. (A failed copy fails its stream only: the simulated
+// copies fail where hiberd itself unmapped memory under them, not where a program faulted.)
+//
 // Locking: one mutex guards all streams and events of the device, so an event recorded on one
 // GPU can wake a stream of another without lock ordering. It is held only for bookkeeping, never
 // while an operation or callback runs.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -34,6 +42,7 @@ class Scheduler {
   // An operation's work: runs on a worker of the stream's GPU; an error becomes the stream's.
   using Work = std::function<Status()>;
 
+  struct ContextState;
   struct EventState;
   struct StreamState;
 
@@ -44,10 +53,16 @@ class Scheduler {
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
 
-  std::shared_ptr<StreamState> create_stream(int gpu, int priority);
-  std::shared_ptr<EventState> create_event(int gpu, bool timing);
+  std::shared_ptr<ContextState> create_context(int gpu, bool shared);
+  std::shared_ptr<StreamState> create_stream(const std::shared_ptr<ContextState>& context,
+                                             int priority);
+  std::shared_ptr<EventState> create_event(const std::shared_ptr<ContextState>& context,
+                                           bool timing);
+  // kSuccess, or the fault that ended the context.
+  Status fault(const ContextState& context);
 
-  void enqueue_work(const std::shared_ptr<StreamState>& stream, Work work);
+  // `kernel`: the work is a kernel's (or a library call's), whose faults end the context.
+  void enqueue_work(const std::shared_ptr<StreamState>& stream, Work work, bool kernel = false);
   void enqueue_callback(const std::shared_ptr<StreamState>& stream, StreamCallback callback);
   void enqueue_record(const std::shared_ptr<StreamState>& stream,
                       const std::shared_ptr<EventState>& event);
@@ -78,6 +93,7 @@ class Scheduler {
     enum class Kind { kWork, kCallback, kRecord, kWait };
     Kind kind = Kind::kWork;
     Work work;
+    bool kernel = false;  // kWork: a fault of it ends the context
     StreamCallback callback;
     std::shared_ptr<EventState> event;
     uint64_t generation = 0;  // of the event's record that kRecord completes or kWait awaits
@@ -86,10 +102,22 @@ class Scheduler {
     Status status;
   };
 
+  struct ContextState {
+    ContextState(int gpu, bool shared) : gpu(gpu), shared(shared) {}
+    const int gpu;
+    const bool shared;  // the GPU's shared context, never destroyed
+    // Set once `fault` is (under the scheduler's mutex), so enqueueing can check it unlocked.
+    std::atomic<bool> faulted{false};
+    std::atomic<bool> destroyed{false};
+    Status fault;  // guarded by the scheduler's mutex
+  };
+
   struct StreamState {
-    StreamState(int gpu, int priority) : gpu(gpu), priority(priority) {}
+    StreamState(std::shared_ptr<ContextState> context, int priority)
+        : gpu(context->gpu), priority(priority), context(std::move(context)) {}
     const int gpu;
     const int priority;
+    const std::shared_ptr<ContextState> context;
     // Guarded by the scheduler's mutex.
     std::deque<Op> queue;
     uint64_t enqueued = 0;
@@ -100,9 +128,11 @@ class Scheduler {
   };
 
   struct EventState {
-    EventState(int gpu, bool timing) : gpu(gpu), timing(timing) {}
+    EventState(std::shared_ptr<ContextState> context, bool timing)
+        : gpu(context->gpu), timing(timing), context(std::move(context)) {}
     const int gpu;
     const bool timing;
+    const std::shared_ptr<ContextState> context;
     // Guarded by the scheduler's mutex.
     uint64_t recorded = 0;       // generation of the latest record call; 0 = never recorded
     std::set<uint64_t> pending;  // generations recorded but not yet reached by their stream
@@ -121,6 +151,8 @@ class Scheduler {
   // every stream that this wakes. REQUIRES: stream not active.
   void advance(std::shared_ptr<StreamState> stream) REQUIRES(mu_);
   void finish_op(StreamState& stream) REQUIRES(mu_);
+  // Ends `context` with `status` if it is the context's first fault.
+  void record_fault(ContextState& context, const Status& status) REQUIRES(mu_);
   void worker(int gpu);
 
   // Also guards the streams' and events' states and each Gpu's ready map (their "Guarded by"
