@@ -83,7 +83,8 @@ TEST(StatusPageLive, DrawsARunningNode) {
         drained.insert(g["ordinal"].get<int>());
     }
     return !drained.empty();
-  })) << "alpha's model is never reported resident: " << router.status().dump(1);
+  })) << "alpha's model is never reported resident: "
+      << router.status().dump(1);
   const auto hiberctl = [&](const std::string& args) {
     ProgramResult r =
         run_program({"/bin/sh", "-c",
