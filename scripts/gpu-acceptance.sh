@@ -87,6 +87,7 @@ if ((dry_run)); then
   cat <<EOF
 gpu-acceptance (dry run): build $build; every file it needs is there. It would run:
   (a) timeout 600 ctest --test-dir $build -L gpu --output-on-failure
+      then timeout 120 $build/bench/context_bench --device=cuda --iterations=200 (recorded only)
   (b) timeout 300 $coverage_bin <torch>/lib/libtorch_cuda.so   (stubs recorded, not a failure)
   (c) hiberd --device=cuda --run_dir=<tmp> --cuda_library_path=<torch's nvidia/*/lib>:/usr/local/cuda/lib64
       then, for each of $(python3 scripts/torch_acceptance.py models | tr '\n' ' ')
@@ -145,6 +146,18 @@ else
     echo "- (a) \`ctest -L gpu\`: $summary" >>"$report"
   fi
   tail -40 "$work/ctest.log" >&2
+  # What a context per instance costs on this GPU (docs/perf.md, "contexts"): recorded only.
+  if [[ -x $build/bench/context_bench ]]; then
+    if timeout 120 "$build/bench/context_bench" --device=cuda --iterations=200 \
+      >"$work/context_bench.log" 2>&1; then
+      figures=$(sed -n 's/^RESULT .*name=\([a-z_0-9]*\) value=\([0-9.]*\) unit=\([a-z]*\)$/\1 \2 \3/p' \
+                "$work/context_bench.log" | paste -sd ';' -)
+      echo "- (a) \`context_bench --device=cuda\`: $figures" >>"$report"
+    else
+      echo "- (a) \`context_bench --device=cuda\`: failed: $(tail -1 "$work/context_bench.log")" \
+        >>"$report"
+    fi
+  fi
 fi
 
 # ---- torch ----

@@ -20,8 +20,13 @@ bundle_pack() {
   mkdir -p .gpu/lib
   # Everything but compiler outputs that nothing runs: objects, archives, dependency files.
   cp -a "$build" .gpu/release
-  # The GPU machine runs `ctest -L gpu`, the benchmarks and hiberd: not the CPU-only suites.
-  rm -rf .gpu/release/gpu-acceptance .gpu/release/tests/{unit,sim,integration}
+  # The GPU machine runs `ctest -L gpu`, the benchmarks and hiberd: not the CPU-only suites
+  # (of tests/integration only kernel_isolation_test, whose CUDA test is gpu-labelled), nor the
+  # container images (containers/build.sh's stage), which would take the bundle past 64 MiB.
+  rm -rf .gpu/release/gpu-acceptance .gpu/release/tests/{unit,sim,router,containers} \
+    .gpu/release/containers-stage .gpu/release/containers
+  find .gpu/release/tests/integration -mindepth 1 -maxdepth 1 ! -name kernel_isolation_test \
+    ! -name CTestTestfile.cmake -exec rm -rf {} +
   find .gpu/release -type f \( -name '*.o' -o -name '*.a' -o -name '*.d' -o -name '.ninja_*' \) -delete
   # The absolute path the build was configured in: CTestTestfile.cmake and RUNPATHs name it.
   (cd "$build/../.." && pwd) >.gpu/source_dir
