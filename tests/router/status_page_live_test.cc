@@ -157,7 +157,8 @@ TEST(StatusPageLive, DrawsARunningNode) {
                    s["link"].get<std::string>());
   }
   // A first request finds nothing to bring (its model is made where it runs): no swap. Only
-  // alpha's model had to come from elsewhere, when its GPUs were drained.
+  // alpha has a model before its first request, so only alpha swaps: when its GPUs were drained,
+  // and at its first request if that ran elsewhere than its start-up.
   EXPECT_EQ(swapped, (std::set<std::string>{"alpha"})) << status["swaps"];
   args.push_back(str_cat("--expect-swaps-min=", status["swaps"].size()));
 
