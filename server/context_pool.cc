@@ -23,7 +23,15 @@ ContextPool::ContextPool(device::Device& device, Isolation isolation, int ready_
       isolation_(isolation),
       ready_per_gpu_(std::max(ready_per_gpu, 0)),
       ready_(device.gpu_count()) {
-  if (isolation_ == Isolation::kContext) thread_ = std::thread([this] { run(); });
+  if (isolation_ == Isolation::kContext) {
+    LOG(INFO) << "isolation: each function instance runs in a context of its own on each GPU it "
+                 "uses (--isolation=context), "
+              << ready_per_gpu_ << " made ahead per GPU";
+    thread_ = std::thread([this] { run(); });
+  } else {
+    LOG(INFO) << "isolation: every function instance runs in its GPU's shared context "
+                 "(--isolation=shared): a fault there fails every instance on that GPU";
+  }
 }
 
 ContextPool::~ContextPool() {
