@@ -25,13 +25,21 @@ ContextPool::ContextPool(device::Device& device, Isolation isolation, int ready_
       ready_(device.gpu_count()) {
   if (isolation_ == Isolation::kContext) {
     LOG(INFO) << "isolation: each function instance runs in a context of its own on each GPU it "
-                 "uses (--isolation=context), "
-              << ready_per_gpu_ << " made ahead per GPU";
+                 "uses (--isolation="
+              << isolation_name(isolation_) << "), " << ready_per_gpu_ << " made ahead per GPU";
     thread_ = std::thread([this] { run(); });
   } else {
     LOG(INFO) << "isolation: every function instance runs in its GPU's shared context "
-                 "(--isolation=shared): a fault there fails every instance on that GPU";
+                 "(--isolation="
+              << isolation_name(isolation_) << "): a fault there fails every instance on that GPU";
   }
+}
+
+bool ContextPool::destroy(device::Context context) {
+  Status destroyed = device_.destroy_context(context);
+  LOG_IF(WARNING, !destroyed.ok())
+      << "destroying a context of GPU " << context.gpu << ": " << destroyed;
+  return destroyed.ok();
 }
 
 ContextPool::~ContextPool() {
@@ -46,11 +54,7 @@ ContextPool::~ContextPool() {
     for (const device::Context& c : ready) given_back_.push_back(c);
     ready.clear();
   }
-  for (const device::Context& c : given_back_) {
-    Status destroyed = device_.destroy_context(c);
-    LOG_IF(WARNING, !destroyed.ok())
-        << "destroying a context of GPU " << c.gpu << ": " << destroyed;
-  }
+  for (const device::Context& c : given_back_) (void)destroy(c);
   given_back_.clear();
 }
 
@@ -102,12 +106,7 @@ void ContextPool::run() {
       std::vector<device::Context> gone = std::exchange(given_back_, {});
       lock.unlock();
       uint64_t failed = 0;
-      for (const device::Context& c : gone) {
-        Status destroyed = device_.destroy_context(c);
-        if (destroyed.ok()) continue;
-        ++failed;
-        LOG(WARNING) << "destroying a context of GPU " << c.gpu << ": " << destroyed;
-      }
+      for (const device::Context& c : gone) failed += destroy(c) ? 0 : 1;
       lock.lock();
       stats_.destroyed += gone.size() - failed;
       stats_.failed += failed;

@@ -51,8 +51,6 @@ class ContextPool {
   ContextPool(const ContextPool&) = delete;
   ContextPool& operator=(const ContextPool&) = delete;
 
-  Isolation isolation() const { return isolation_; }
-
   // A context for one instance on `gpu`: the GPU's shared context in kShared mode, a fresh one
   // otherwise (a ready one, or one made now). kInvalidDevice for a GPU the device lacks.
   Result<device::Context> take(int gpu);
@@ -64,6 +62,8 @@ class ContextPool {
 
  private:
   void run();
+  // Destroys `context`, logging a refusal; whether it was destroyed.
+  bool destroy(device::Context context);
 
   device::Device& device_;
   const Isolation isolation_;

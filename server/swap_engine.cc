@@ -17,12 +17,8 @@ void SwapEngine::release() {
 }
 
 Result<device::Event> SwapEngine::event(device::Stream stream, size_t index) {
+  // A session's swaps onto a GPU all run in its one context there, where the events are made.
   std::vector<device::Event>& pool = events_[stream.gpu];
-  if (!pool.empty() && pool.front().context != stream.context) {
-    // The GPU's swaps now run in another context: the old events cannot be recorded there.
-    for (const device::Event& e : pool) (void)device_.destroy_event(e);
-    pool.clear();
-  }
   const device::Context context{stream.context, stream.gpu};
   while (pool.size() <= index) {
     HIBER_ASSIGN_OR_RETURN(device::Event e, device_.create_event(context, /*disable_timing=*/true));

@@ -42,23 +42,19 @@ void load_fake() {
   ASSERT_NE(handle, nullptr) << dlerror();
 }
 
-FakeCuda* fake() {
+// What the fake's exported function `name` answers; null when the fake is not loaded.
+template <typename T>
+T* from_fake(const char* name) {
   void* handle = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
   if (handle == nullptr) return nullptr;
-  auto get = reinterpret_cast<FakeCuda* (*)()>(dlsym(handle, "fake_cuda"));
+  auto get = reinterpret_cast<T* (*)()>(dlsym(handle, name));
   dlclose(handle);  // only drops the reference RTLD_NOLOAD took
   return get != nullptr ? get() : nullptr;
 }
 
-// The fake's context current on this thread (fake_cuda_current_context).
-const void* current_fake_context() {
-  void* handle = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-  if (handle == nullptr) return nullptr;
-  auto get = reinterpret_cast<const void* (*)()>(dlsym(handle, "fake_cuda_current_context"));
-  const void* current = get != nullptr ? get() : nullptr;
-  dlclose(handle);
-  return current;
-}
+FakeCuda* fake() { return from_fake<FakeCuda>("fake_cuda"); }
+// The fake's context current on this thread.
+const void* current_fake_context() { return from_fake<const void>("fake_cuda_current_context"); }
 
 using Bytes = std::vector<std::byte>;
 
