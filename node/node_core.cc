@@ -512,6 +512,14 @@ void NodeCore::fail_gpu(GpuId gpu, const Status& why) {
   }
 }
 
+Status NodeCore::hold_gpu(GpuId gpu, bool hold) {
+  if (gpu.value() < 0 || gpu.value() >= gpu_count()) {
+    return error(ErrorCode::kInvalidDevice, "hold_gpu: no GPU ", gpu);
+  }
+  scheduler_->set_gpu_held(gpu.value(), hold);
+  return Status();
+}
+
 // ---- Operators ----
 
 Status NodeCore::drain(std::optional<GpuId> gpu, bool resume) {

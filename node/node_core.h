@@ -270,6 +270,10 @@ class NodeCore {
   // A transfer on `gpu` failed: it takes no more requests, its replicas are forgotten, and the
   // request running there ends with `why`.
   void fail_gpu(GpuId gpu, const Status& why);
+  // While held, `gpu` takes no new requests; its replicas stay where they are, and whatever
+  // runs there goes on (hiberd: a shared context being reset after a fault). kInvalidDevice for
+  // a GPU outside the node.
+  Status hold_gpu(GpuId gpu, bool hold);
 
   // ---- Operators ----
   // Drains `gpu` (its replicas leave; it takes no requests) or, with none, the node (no new

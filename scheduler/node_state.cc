@@ -100,7 +100,7 @@ void NodeState::clear_running(int g, RequestId request) {
   }
   gpu.running.reset();
   gpu.running_function.reset();
-  available_ |= gpu_bit(g) & healthy_;
+  available_ |= gpu_bit(g) & healthy_ & ~held_;
 }
 
 void NodeState::clear_running(int g) {
@@ -117,10 +117,20 @@ bool NodeState::executing(int g, FunctionIndex f) const {
 void NodeState::set_healthy(int g, bool healthy) {
   if (healthy) {
     healthy_ |= gpu_bit(g);
-    if (!gpus_[g].running) available_ |= gpu_bit(g);
+    if (!gpus_[g].running) available_ |= gpu_bit(g) & ~held_;
   } else {
     healthy_ &= ~gpu_bit(g);
     available_ &= ~gpu_bit(g);
+  }
+}
+
+void NodeState::set_held(int g, bool held) {
+  if (held) {
+    held_ |= gpu_bit(g);
+    available_ &= ~gpu_bit(g);
+  } else {
+    held_ &= ~gpu_bit(g);
+    if (!gpus_[g].running) available_ |= gpu_bit(g) & healthy_;
   }
 }
 
@@ -153,10 +163,10 @@ Status NodeState::check_invariants() const {
     if (used != s.used)
       return error(ErrorCode::kIllegalState, "GPU ", g, " used ", s.used, " != replicas ", used);
     const bool running = s.running.has_value();
-    const bool should_be_available = !running && (healthy_ & gpu_bit(g)) != 0;
+    const bool should_be_available = !running && (healthy_ & ~held_ & gpu_bit(g)) != 0;
     if (should_be_available != ((available_ & gpu_bit(g)) != 0))
       return error(ErrorCode::kIllegalState, "GPU ", g,
-                   " availability disagrees with its health and request");
+                   " availability disagrees with its health, hold and request");
     if (running != s.running_function.has_value())
       return error(ErrorCode::kIllegalState, "GPU ", g, " running request and function disagree");
     if (!running && !s.sharing.empty())

@@ -55,7 +55,7 @@ class NodeState {
   int gpu_count() const { return topology_->gpu_count(); }
   const GpuState& gpu(int g) const { return gpus_[g]; }
 
-  // Healthy GPUs with no request placed on them: Algorithm 1's set A.
+  // Healthy GPUs, not held, with no request placed on them: Algorithm 1's set A.
   GpuMask available() const { return available_; }
   // GPUs that may take requests; an unhealthy GPU is never available.
   GpuMask healthy() const { return healthy_; }
@@ -99,6 +99,8 @@ class NodeState {
   void clear_running(int g);
   void set_host_loading(int g, std::optional<FunctionIndex> f);
   void set_healthy(int g, bool healthy);
+  // A held GPU takes no requests, and keeps its replicas and whatever runs there.
+  void set_held(int g, bool held);
 
   // The invariants every event must keep: used = sum of replica bytes, holder masks match the
   // replicas, availability matches health and the running requests, at most one replica per
@@ -112,6 +114,7 @@ class NodeState {
   std::vector<GpuMask> holders_;
   GpuMask available_ = 0;
   GpuMask healthy_ = 0;
+  GpuMask held_ = 0;
   GpuMask host_loading_mask_ = 0;
 };
 

@@ -785,6 +785,13 @@ void Scheduler::set_gpu_healthy(int gpu, bool healthy) {
   s.queue->invalidate();
 }
 
+void Scheduler::set_gpu_held(int gpu, bool held) {
+  Impl& s = *impl_;
+  if (!s.valid_gpu(gpu)) return;
+  s.node.set_held(gpu, held);
+  s.queue->invalidate();
+}
+
 // ---- Views ----
 
 Time Scheduler::next_wakeup() const {

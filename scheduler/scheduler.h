@@ -227,6 +227,9 @@ class Scheduler {
   // An unhealthy GPU gets no requests and loses its replicas from the view; running requests
   // there are still reported done/cancelled by the caller.
   void set_gpu_healthy(int gpu, bool healthy);
+  // A held GPU gets no requests until released; it keeps its replicas in the view, and a request
+  // running there goes on.
+  void set_gpu_held(int gpu, bool held);
 
   // ---- Views ----
   // The earliest time a lazy queue policy wants dispatch() called although no event happened,

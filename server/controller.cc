@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <future>
+#include <set>
 
 #include <glog/logging.h>
 
@@ -65,6 +66,13 @@ struct Controller::State {
   std::unordered_map<RequestId, Reply<wire::Started>> start_replies;
   std::deque<std::pair<std::optional<GpuId>, Reply<Ok>>> drain_replies;  // in the order asked
   std::vector<std::optional<device::Stream>> service;  // per GPU: the controller's write-backs
+  // Shared mode: GPUs whose shared context is being reset after a fault, with the fault and
+  // the sessions that have not yet forgotten their objects there.
+  struct Reset {
+    Status fault;
+    std::set<SessionId> waiting;
+  };
+  std::map<GpuId, Reset> resets;
 
   Tenant* tenant(FunctionId id) {
     auto it = tenants.find(id);
@@ -348,6 +356,8 @@ void Controller::on_detach(SessionId session) {
   const scheduler::Time now = now_ns();
   // Its requests end and its replicas leave the view (its memory went with the session).
   s.core->detach(id, now);
+  // A context being reset waits for it no more: its objects went with it.
+  forgotten(session, std::nullopt);
   t.session = nullptr;
   t.session_id.reset();
   t.memory.reset();
@@ -686,7 +696,66 @@ void Controller::swap_done(SessionId session, RequestId lease, const Status& sta
 }
 
 void Controller::released(SessionId, RequestId lease, const Status& status) {
-  post([lease, status](State& s) { s.core->released(lease, status, now_ns()); });
+  post([this, lease, status](State& s) {
+    if (options_.isolation == Isolation::kShared && device::is_context_fault(status.code())) {
+      begin_reset(lease, status);
+    }
+    s.core->released(lease, status, now_ns());
+  });
+}
+
+void Controller::context_forgotten(SessionId session, GpuId gpu) {
+  post([this, session, gpu](State&) { forgotten(session, gpu); });
+}
+
+// ---- Shared mode: resetting a GPU's shared context after a fault ----
+
+void Controller::begin_reset(RequestId lease, const Status& fault) {
+  State& s = *state_;
+  std::optional<GpuId> gpu;
+  for (int g = 0; g < s.core->gpu_count(); ++g) {
+    if (s.core->running(GpuId{g}) == lease) gpu = GpuId{g};
+  }
+  if (!gpu || s.resets.contains(*gpu)) return;  // not running (it ended already), or known
+  LOG(WARNING) << "GPU " << *gpu << ": a fault ended its shared context (" << fault
+               << "); resetting it (--isolation=shared): the GPU takes no new requests until "
+               << "every session has forgotten its objects there";
+  (void)s.core->hold_gpu(*gpu, true);
+  State::Reset& reset = s.resets[*gpu];
+  reset.fault = fault;
+  for (const auto& [session, id] : s.by_session) reset.waiting.insert(session);
+  for (const auto& [session, id] : s.by_session) {
+    if (State::Tenant* t = s.tenant(id); t != nullptr && t->session != nullptr) {
+      t->session->forget_shared_context(*gpu);
+    }
+  }
+  if (reset.waiting.empty()) finish_reset(*gpu);
+}
+
+void Controller::forgotten(SessionId session, std::optional<GpuId> gpu) {
+  State& s = *state_;
+  std::vector<GpuId> ready;
+  for (auto& [g, reset] : s.resets) {
+    if (gpu && g != *gpu) continue;
+    if (reset.waiting.erase(session) != 0 && reset.waiting.empty()) ready.push_back(g);
+  }
+  for (GpuId g : ready) finish_reset(g);
+}
+
+void Controller::finish_reset(GpuId gpu) {
+  State& s = *state_;
+  const Status fault = s.resets.at(gpu).fault;
+  s.resets.erase(gpu);
+  // The controller's own stream there went with the context: forgotten, not destroyed.
+  s.service[gpu.value()].reset();
+  const Status reset = device_.reset_shared_context(gpu.value());
+  if (!reset.ok()) {
+    s.core->fail_gpu(gpu, reset.with_context("resetting its shared context after a fault"));
+    return;
+  }
+  (void)s.core->hold_gpu(gpu, false);
+  LOG(WARNING) << "GPU " << gpu << ": its shared context was reset after the fault (" << fault
+               << "); it takes requests again, and its models stayed on it";
 }
 
 Status Controller::make_room(SessionId session, GpuId gpu, const memory::Shortfall& shortfall) {

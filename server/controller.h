@@ -26,7 +26,13 @@
 // fewest open requests gets it. Status reports each function once, its instances summed.
 //
 // Faults. A session that dies frees its lease, its queued requests (their waiting router calls
-// get an error) and its memory. A transfer that fails marks its GPU unhealthy: the GPU takes no
+// get an error) and its memory. With --isolation=shared, a fault that ended a GPU's shared
+// context (a lease released with a context fault) has the controller reset it: the GPU is held
+// (it takes no new requests, its models stay), every session forgets its objects in that
+// context (LeaseHolder::forget_shared_context), then the device resets it
+// (Device::reset_shared_context) and the GPU takes requests again. Only the requests that ran
+// in the context when it faulted failed. (With --isolation=context the fault ended the
+// instance's own context, which the session gives back to be destroyed.) A transfer that fails marks its GPU unhealthy: the GPU takes no
 // more requests, the models there are forgotten (their host copies bring them back elsewhere),
 // and the request that was running there gets the error as a CUDA error. A request whose lease
 // ends before the router's requestDone (such a failure can beat even its requestStart) is kept:
@@ -64,6 +70,7 @@
 #include "node/node_core.h"
 #include "scheduler/scheduler.h"
 #include "scheduler/topology.h"
+#include "server/context_pool.h"
 #include "server/device/device.h"
 #include "server/device_pools.h"
 #include "server/function_memory.h"
@@ -96,6 +103,9 @@ struct ControllerOptions {
   // An implicit lease held this long gives its GPU up when other functions wait (node/'s
   // NodeOptions::lease_slice). 0: never.
   scheduler::Duration lease_slice = 0;
+  // The sessions' contexts (server/context_pool.h): in kShared mode the controller resets a
+  // GPU's shared context after a fault ends it.
+  Isolation isolation = Isolation::kContext;
 };
 
 // What the router registers (control.capnp FunctionRegistration).
@@ -211,6 +221,7 @@ class Controller final : public GpuLessor, private node::Actuator {
                  const SwapReport& report) override;
   void released(SessionId session, RequestId lease, const Status& status) override;
   Status make_room(SessionId session, GpuId gpu, const memory::Shortfall& shortfall) override;
+  void context_forgotten(SessionId session, GpuId gpu) override;
 
  private:
   struct State;
@@ -237,6 +248,15 @@ class Controller final : public GpuLessor, private node::Actuator {
   void on_drain(int gpu, bool resume, Reply<Ok>& reply);
   ControllerStatus on_status();
   Result<device::Stream> service_stream(GpuId gpu);
+  // Shared mode: `lease` ended with `fault`, which ended its GPU's shared context. Holds the
+  // GPU and asks every session to forget its objects there; finish_reset() follows once all
+  // have.
+  void begin_reset(RequestId lease, const Status& fault);
+  // Every session has forgotten its objects in `gpu`'s shared context: resets it, and the GPU
+  // takes requests again (or, if the device refuses, is out of service).
+  void finish_reset(GpuId gpu);
+  // `session` has nothing more in any context being reset (it forgot, or it ended).
+  void forgotten(SessionId session, std::optional<GpuId> gpu);
 
   // ---- node::Actuator (the controller thread) ----
   Result<uint64_t> evict(FunctionId function, GpuId gpu) override;

@@ -509,6 +509,11 @@ void FunctionMemory::note(const VirtualBlock& block, bool write,
   waits->push_back(e);
 }
 
+void FunctionMemory::forget_context(int gpu) {
+  MutexLock lock(mutex_);
+  swap_.forget_gpu(gpu);
+}
+
 void FunctionMemory::access(uint64_t ptr, uint64_t bytes, bool write,
                             std::vector<device::Event>* waits) {
   MutexLock lock(mutex_);

@@ -149,6 +149,9 @@ class FunctionMemory {
   // Frees every placement on `gpu` without copying anything back: the GPU failed, or the
   // function's bytes there were moved to another GPU.
   void forget(GpuId gpu);
+  // `gpu`'s shared context is being reset: the swap's events there went with it (forgotten,
+  // not destroyed). REQUIRES: the function is not bound to `gpu`.
+  void forget_context(int gpu);
   // Unmaps the source windows of finished peer copies (device callbacks cannot).
   void retire_windows();
   // Unmaps and frees everything everywhere, host copies included (the session ended).

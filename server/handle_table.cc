@@ -174,6 +174,21 @@ std::vector<device::Stream> HandleTable::all_streams() const {
   return all;
 }
 
+void HandleTable::forget_gpu(int gpu) {
+  auto forget_stream = [gpu](ClientStream& stream) {
+    stream.per_gpu[gpu].reset();
+    if (stream.last_gpu == gpu) stream.last_gpu.reset();
+  };
+  forget_stream(default_stream_);
+  for (auto& [handle, entry] : streams_) forget_stream(entry);
+  for (auto& [handle, entry] : events_) {
+    entry.per_gpu[gpu].reset();
+    if (entry.last_gpu == gpu) entry.last_gpu.reset();
+  }
+  sync_streams_[gpu].reset();
+  swap_streams_[gpu].reset();
+}
+
 void HandleTable::destroy_all() {
   for (auto& [handle, entry] : events_) {
     for (const std::optional<device::Event>& e : entry.per_gpu) {

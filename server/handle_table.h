@@ -94,6 +94,12 @@ class HandleTable {
   // Every device stream: the client streams' and the session's own.
   std::vector<device::Stream> all_streams() const;
 
+  // Forgets the device streams and events on `gpu` without destroying them (their context was
+  // reset, which ended them); client objects stay, and get new ones there when next used. A
+  // client stream or event whose latest work was there has none pending now. REQUIRES: no work
+  // is left on them.
+  void forget_gpu(int gpu);
+
   // Destroys every device stream and event and forgets every client object. REQUIRES: no work
   // is left on them.
   void destroy_all();

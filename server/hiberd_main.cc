@@ -310,6 +310,7 @@ Result<server::DaemonOptions> make_options(const std::string& run_dir) {
   c.lease_slice = static_cast<scheduler::Duration>(FLAGS_lease_slice_ms) * 1'000'000;
   options.implicit_lease_idle = std::chrono::microseconds(FLAGS_implicit_lease_idle_us);
   HIBER_ASSIGN_OR_RETURN(options.isolation, server::parse_isolation(FLAGS_isolation));
+  c.isolation = options.isolation;
   if (FLAGS_contexts_ready_per_gpu < 0 || FLAGS_contexts_ready_per_gpu > 64) {
     return error(ErrorCode::kInvalidValue, "--contexts_ready_per_gpu must be in 0..64");
   }

@@ -68,6 +68,9 @@ class GpuLessor {
   // region the pool names when the free bytes are there but in pieces). Synchronous;
   // kOutOfMemory when nothing evictable makes room.
   virtual Status make_room(SessionId session, GpuId gpu, const memory::Shortfall& shortfall) = 0;
+  // The session forgot its objects in `gpu`'s shared context (LeaseHolder::forget_shared_context):
+  // it will not pass them to the device again.
+  virtual void context_forgotten(SessionId session, GpuId gpu) = 0;
 };
 
 // The session's side, as the controller sees it: a function's instance that can hold a lease.
@@ -92,6 +95,10 @@ class LeaseHolder {
   // The lease's GPU failed: the function's work there is lost. The client sees `why` as a
   // sticky error at its next synchronisation; the lease ends as end_lease() would.
   virtual void fail(RequestId lease, const Status& why) = 0;
+  // `gpu`'s shared context is about to be reset (shared isolation, after a fault there): the
+  // instance forgets its streams, events and swap events in it, without destroying them (the
+  // reset ends them), and reports GpuLessor::context_forgotten. It holds no lease on `gpu`.
+  virtual void forget_shared_context(GpuId gpu) = 0;
 };
 
 }  // namespace hiber::server

@@ -174,6 +174,8 @@ void Session::fail(RequestId lease, const Status& why) {
   post(EndCommand{lease, why.ok() ? Status(ErrorCode::kUnknown, "GPU failed") : why});
 }
 
+void Session::forget_shared_context(GpuId gpu) { post(ForgetContextCommand{gpu}); }
+
 void Session::post(Mail mail) {
   // A closed session drops it: its thread is ending and acts on nothing more.
   if (mail_.post(std::move(mail))) channel_->interrupt();
@@ -188,6 +190,8 @@ std::vector<Session::Command> Session::take_mail() {
       commands.emplace_back(std::move(*grant));
     } else if (auto* fault = std::get_if<FaultCommand>(&mail)) {
       commands.emplace_back(std::move(*fault));
+    } else if (auto* forget = std::get_if<ForgetContextCommand>(&mail)) {
+      commands.emplace_back(*forget);
     } else {
       commands.emplace_back(std::get<EndCommand>(std::move(mail)));
     }
@@ -201,6 +205,8 @@ void Session::run_commands(std::vector<Command> commands) {
       begin_lease(grant->lease);
     } else if (auto* fault = std::get_if<FaultCommand>(&command)) {
       lose_context(fault->why);
+    } else if (auto* forget = std::get_if<ForgetContextCommand>(&command)) {
+      forget_context(forget->gpu);
     } else {
       const EndCommand& end = std::get<EndCommand>(command);
       if (!lease_ || lease_->id != end.lease) {
@@ -308,6 +314,22 @@ void Session::lose_context(const Status& why) {
     (void)deliver();
     finish_lease(lost_context_);
   }
+}
+
+void Session::forget_context(GpuId gpu) {
+  const int g = gpu.value();
+  if (lease_ && lease_->gpu == gpu) {
+    // The controller holds a GPU it resets, and only one lease runs on a GPU: its bug.
+    LOG(DFATAL) << "session " << identity_.id << ": told to forget GPU " << gpu
+                << "'s context while leasing it; keeping it";
+  } else if (g >= 0 && g < gpu_count_ && contexts_[g]) {
+    // No lease is on the GPU, so the work of these objects has drained (finish_lease); what it
+    // left (a stream's first failure) stays for the client.
+    handles_.forget_gpu(g);
+    memory_->forget_context(g);
+    contexts_[g].reset();  // the shared context: nothing to give back
+  }
+  lessor_.context_forgotten(identity_.id, gpu);
 }
 
 // ---- The call stream ----

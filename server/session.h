@@ -154,6 +154,7 @@ class Session final : public LeaseHolder {
   // The lease's GPU failed: the function's work there is lost. The client sees `why` as a
   // sticky error at its next synchronisation; the lease ends as end_lease() would.
   void fail(RequestId lease, const Status& why) override;
+  void forget_shared_context(GpuId gpu) override;
 
   SessionSnapshot snapshot() const;
 
@@ -191,10 +192,15 @@ class Session final : public LeaseHolder {
   struct FaultCommand {
     Status why;
   };
-  using Command = std::variant<GrantCommand, EndCommand, FaultCommand>;
+  // The GPU's shared context is about to be reset: forget what the session made in it.
+  struct ForgetContextCommand {
+    GpuId gpu;
+  };
+  using Command = std::variant<GrantCommand, EndCommand, FaultCommand, ForgetContextCommand>;
   // What other threads hand the session thread: the controller's commands, the device's
   // faults, and completions from device callbacks.
-  using Mail = std::variant<GrantCommand, EndCommand, FaultCommand, CompletionRecord>;
+  using Mail =
+      std::variant<GrantCommand, EndCommand, FaultCommand, ForgetContextCommand, CompletionRecord>;
 
   Session(device::Device& device, ModuleCache& modules, ContextPool& contexts, GpuLessor& lessor,
           SessionIdentity identity, const SessionConfig& config,
@@ -226,6 +232,8 @@ class Session final : public LeaseHolder {
   // Work faulted (`why`, device::is_context_fault): the function's context is lost. Its GPU
   // goes back, and every later call fails with `why`'s code (CUDA's sticky errors).
   void lose_context(const Status& why);
+  // Forgets the session's device objects on `gpu` (their context is being reset) and says so.
+  void forget_context(GpuId gpu);
   // The instance's context on `gpu`, taken from the pool on first use.
   Result<device::Context> context_on(int gpu);
   // Queues mail for the session thread and wakes it (any thread).

@@ -16,6 +16,8 @@ void SwapEngine::release() {
   }
 }
 
+void SwapEngine::forget_gpu(int gpu) { events_[gpu].clear(); }
+
 Result<device::Event> SwapEngine::event(device::Stream stream, size_t index) {
   // A session's swaps onto a GPU all run in its one context there, where the events are made.
   std::vector<device::Event>& pool = events_[stream.gpu];

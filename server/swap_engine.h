@@ -69,6 +69,9 @@ class SwapEngine {
 
   // Destroys the group events (the function's session ended).
   void release();
+  // Forgets the group events on `gpu` without destroying them: the context they were made in
+  // was reset, which ended them. REQUIRES: no swap onto `gpu` is running.
+  void forget_gpu(int gpu);
 
  private:
   // Set by a swap's completion callback; one per swap, so that a late callback of an earlier

@@ -412,6 +412,12 @@ class CudaBlasLtBackend final : public LibraryBackend {
     });
   }
 
+  // The entries' handles, preferences and descriptors went with their reset context.
+  void forget_context(Context context) override {
+    MutexLock lock(mutex_);
+    std::erase_if(entries_, [&](const auto& entry) { return entry.first.context == context; });
+  }
+
  private:
   // The entry for `key`, creating its real handle if there is none yet. The key's context must
   // be current on this thread.

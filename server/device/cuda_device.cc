@@ -161,6 +161,7 @@ class CudaDevice final : public Device, private CudaContexts {
   Result<Context> create_context(int gpu) override;
   Status destroy_context(Context context) override;
   Status context_status(Context context) override;
+  Status reset_shared_context(int gpu) override;
 
   using Device::create_event;
   using Device::create_stream;
@@ -201,7 +202,6 @@ class CudaDevice final : public Device, private CudaContexts {
   struct Gpu {
     CUdevice device = 0;
     CUcontext context = nullptr;  // the primary context, retained until destruction
-    CUstream probe = nullptr;     // an idle stream of the primary context (context_status)
     DeviceProperties properties;
     uint64_t granularity = 0;   // CU_MEM_ALLOC_GRANULARITY_MINIMUM, see allocation_granularity
     int least_priority = 0;     // cuCtxGetStreamPriorityRange: numerically largest
@@ -222,6 +222,12 @@ class CudaDevice final : public Device, private CudaContexts {
   explicit CudaDevice(const CudaDriver& driver) : cu_(driver) {}
 
   Status init_gpu(int ordinal);
+  // Makes `gpu`'s primary context current and gives it an idle probe stream (at creation, and
+  // again after a reset destroyed the last one).
+  Status make_primary_probe(int gpu);
+  // Peer access between the primary contexts of `gpu` and every capable peer (both ways), or
+  // of every capable pair when none.
+  Status enable_peer_access(std::optional<int> gpu);
   Status init_peers();
   Status discover_topology();
   Status use_configured_topology(const NodeConfig& node);
@@ -290,6 +296,8 @@ class CudaDevice final : public Device, private CudaContexts {
   };
   mutable Mutex contexts_mutex_;
   std::unordered_map<CUcontext, CreatedContext> created_ GUARDED_BY(contexts_mutex_);
+  // Per GPU: an idle stream of the primary context (context_status), remade after a reset.
+  std::vector<CUstream> primary_probes_ GUARDED_BY(contexts_mutex_);
 
   // The remoted libraries' backends, made at creation (they open nothing until a client creates
   // a handle) and destroyed first, while the contexts their handles live in still exist.
@@ -350,9 +358,13 @@ CudaDevice::~CudaDevice() {
   }
   for (const Gpu& gpu : gpus_) {
     if (gpu.context == nullptr) continue;
-    if (gpu.probe != nullptr && use_gpu(gpu.properties.ordinal).ok()) {
-      (void)cu_.pfn_cuStreamDestroy(gpu.probe);
+    const int g = gpu.properties.ordinal;
+    CUstream probe = nullptr;
+    {
+      MutexLock lock(contexts_mutex_);
+      if (g < static_cast<int>(primary_probes_.size())) probe = primary_probes_[g];
     }
+    if (probe != nullptr && use_gpu(g).ok()) (void)cu_.pfn_cuStreamDestroy(probe);
     Status s = HIBER_CU(cuDevicePrimaryCtxRelease, gpu.device);
     // At process exit the driver may already be torn down; nothing is left to release then.
     if (!s.ok() && s.code() != ErrorCode::kDeinitialized) {
@@ -433,8 +445,17 @@ Status CudaDevice::init_gpu(int ordinal) {
   HIBER_RETURN_IF_ERROR(
       HIBER_CU(cuCtxGetStreamPriorityRange, &gpu.least_priority, &gpu.greatest_priority)
           .with_context(context("stream priorities")));
-  HIBER_RETURN_IF_ERROR(HIBER_CU(cuStreamCreateWithPriority, &gpu.probe, CU_STREAM_NON_BLOCKING, 0)
-                            .with_context(context("the primary context's probe stream")));
+  return make_primary_probe(ordinal);
+}
+
+Status CudaDevice::make_primary_probe(int gpu) {
+  HIBER_RETURN_IF_ERROR(use_gpu(gpu));
+  CUstream probe = nullptr;
+  HIBER_RETURN_IF_ERROR(HIBER_CU(cuStreamCreateWithPriority, &probe, CU_STREAM_NON_BLOCKING, 0)
+                            .with_context(str_cat("GPU ", gpu, ": the primary context's probe")));
+  MutexLock lock(contexts_mutex_);
+  if (static_cast<int>(primary_probes_.size()) <= gpu) primary_probes_.resize(gpu + 1, nullptr);
+  primary_probes_[gpu] = probe;
   return Status();
 }
 
@@ -451,12 +472,17 @@ Status CudaDevice::init_peers() {
       peer_[g][p] = can != 0;
     }
   }
-  // Peer access for every capable pair, once: peer copies between the primary contexts then go
+  return enable_peer_access(std::nullopt);
+}
+
+Status CudaDevice::enable_peer_access(std::optional<int> gpu) {
+  const int n = gpu_count();
+  // Peer access for every capable pair: peer copies between the primary contexts then go
   // GPU to GPU instead of through the host. (VMM mappings get their peer access from
   // set_access; this covers cuMemcpyPeerAsync and anything else using the legacy mechanism.)
   for (int g = 0; g < n; ++g) {
     for (int p = 0; p < n; ++p) {
-      if (p == g || !peer_[g][p]) continue;
+      if (p == g || !peer_[g][p] || (gpu && g != *gpu && p != *gpu)) continue;
       HIBER_RETURN_IF_ERROR(use_gpu(g));
       CUresult r = cu_.pfn_cuCtxEnablePeerAccess(gpus_[p].context, 0);
       if (r == CUDA_SUCCESS || r == CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED) continue;
@@ -623,10 +649,10 @@ Status CudaDevice::synchronize_context(Context context) const {
 
 Result<CUstream> CudaDevice::probe_of(Context context) const {
   if (!valid_gpu(context.gpu)) return no_such_gpu(context.gpu);
-  if (context.id == 0 || from_id<CUcontext>(context.id) == gpus_[context.gpu].context) {
-    return gpus_[context.gpu].probe;
-  }
   MutexLock lock(contexts_mutex_);
+  if (context.id == 0 || from_id<CUcontext>(context.id) == gpus_[context.gpu].context) {
+    return primary_probes_.at(context.gpu);
+  }
   auto it = created_.find(from_id<CUcontext>(context.id));
   if (it == created_.end() || it->second.gpu != context.gpu) {
     return Status(ErrorCode::kInvalidContext,
@@ -1080,6 +1106,26 @@ Status CudaDevice::context_status(Context context) {
   CUresult r = cu_.pfn_cuStreamQuery(probe);
   if (r == CUDA_SUCCESS || r == CUDA_ERROR_NOT_READY) return Status();
   return cu_.check(r, "cuStreamQuery").with_context("context_status");
+}
+
+Status CudaDevice::reset_shared_context(int gpu) {
+  if (!valid_gpu(gpu)) return no_such_gpu(gpu);
+  auto where = [&] { return str_cat("reset_shared_context(GPU ", gpu, ")"); };
+  const Context shared = shared_context(gpu);
+  // What was kept in the context goes with it: forgotten, never destroyed (the reset frees it,
+  // and destroying it after would pass freed handles to the driver).
+  watch_->forget(shared);
+  blas_->forget_context(shared);
+  dnn_->forget_context(shared);
+  {
+    MutexLock lock(contexts_mutex_);
+    primary_probes_.at(gpu) = nullptr;
+  }
+  HIBER_RETURN_IF_ERROR(HIBER_CU(cuDevicePrimaryCtxReset, gpus_[gpu].device).with_context(where()));
+  // The primary context stays retained (a reset does not release it) and is made afresh when
+  // next made current; its peer access went with it.
+  HIBER_RETURN_IF_ERROR(make_primary_probe(gpu).with_context(where()));
+  return enable_peer_access(gpu).with_context(where());
 }
 
 // ---- Streams and events ----

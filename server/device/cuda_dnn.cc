@@ -220,6 +220,9 @@ class Descriptors {
     }
     made_.clear();
   }
+  // Forgets the descriptors without destroying them: they were made in a context that was
+  // reset, and destroying a plan of it could touch what the reset freed.
+  void abandon() { made_.clear(); }
   cudnnBackendDescriptor_t at(size_t i) const { return made_.at(i); }
   cudnnBackendDescriptor_t back() const { return made_.back(); }
   size_t size() const { return made_.size(); }
@@ -709,6 +712,18 @@ class CudaDnnBackend final : public LibraryBackend {
     handles_.release_if([&](const HandleKey& key) {
       return key.owner == owner && (!handle.has_value() || key.handle == handle->value());
     });
+  }
+
+  void forget_context(Context context) override {
+    {
+      MutexLock lock(mu_);
+      std::erase_if(plans_, [&](auto& entry) {
+        if (entry.first.context != context) return false;
+        entry.second->descriptors.abandon();
+        return true;
+      });
+    }
+    handles_.forget_if([&](const HandleKey& key) { return key.context == context; });
   }
 
  private:

@@ -50,6 +50,7 @@
   /* contexts */                                 \
   X(cuDevicePrimaryCtxRetain, 7000)              \
   X(cuDevicePrimaryCtxRelease, 11000)            \
+  X(cuDevicePrimaryCtxReset, 11000)              \
   X(cuCtxSetCurrent, 4000)                       \
   X(cuCtxCreate, 12050) /* _v4: CUDA 13's cuCtxCreate, with CUctxCreateParams */ \
   X(cuCtxDestroy, 4000)                          \

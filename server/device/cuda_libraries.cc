@@ -177,6 +177,11 @@ class CudaBlasBackend final : public LibraryBackend {
       return key.owner == owner && (!handle.has_value() || key.handle == handle->value());
     });
   }
+  void forget_context(Context context) override {
+    lt_->forget_context(context);
+    handles_.forget_if([&](const HandleKey& key) { return key.context == context; });
+  }
+
 
  private:
   // Applies the call's settings to the real handle where they differ from what it has.

@@ -162,6 +162,14 @@ class HandleTable {
     }
   }
 
+  // Drops the entries whose key matches without destroying their real handles: their context
+  // was reset, and they went with it (on CUDA their values may name new objects now).
+  template <typename Match>
+  void forget_if(Match&& match) {
+    MutexLock lock(mutex_);
+    std::erase_if(entries_, [&](const auto& entry) { return match(entry.first); });
+  }
+
   // Set once the library is loaded: release needs it, and nothing exists to release before.
   void set_api(const Api* api) { api_for_release_ = api; }
 

@@ -21,7 +21,8 @@
 // the answer of every later synchronisation, query and enqueue of its streams and events, and
 // its work not yet started does not run. Other contexts, on the same GPU or others, are not
 // affected. Memory is not per context: physical memory, reservations and mappings belong to the
-// device, and set_access grants GPUs, whatever context their work runs in.
+// device, and set_access grants GPUs, whatever context their work runs in. A faulted shared
+// context stays faulted until reset_shared_context starts it afresh.
 //
 // Thread safety: every method may be called from any thread concurrently. Handles are plain
 // values; the caller owns what it creates and destroys it exactly once. Passing a destroyed or
@@ -190,6 +191,15 @@ class Device {
   virtual Status destroy_context(Context context) = 0;
   // kSuccess, or the fault that ended the context (is_context_fault).
   virtual Status context_status(Context context) = 0;
+  // Shared mode's recovery after a fault (docs/design.md, "Isolation modes"): ends `gpu`'s
+  // shared context, faulted or not, and starts it afresh (CUDA: cuDevicePrimaryCtxReset), so
+  // work can run there again. Every stream and event made in it, and what the library backends
+  // kept in it, is gone: the caller forgets its handles of them and must not pass them again,
+  // not even to destroy them (on CUDA their values may name new objects). Physical memory,
+  // reservations, mappings and their access, registered host memory and modules belong to the
+  // device and stay. shared_context(gpu) names the fresh context (on CUDA the same value).
+  // REQUIRES: nothing uses the old context's streams and events any more, on any thread.
+  virtual Status reset_shared_context(int gpu) = 0;
 
   // ---- Streams and events ----
   // Lower priority values run first, as in CUDA; 0 is the default.

@@ -45,6 +45,9 @@ class LibraryBackend {
   // Forgets what was kept for `owner`'s `handle` (every handle if none). Work already enqueued
   // still runs.
   virtual void release(uint64_t owner, std::optional<wire::LibraryHandle> handle) = 0;
+  // `context` was reset (Device::reset_shared_context): whatever was kept in it (handles,
+  // plans) went with it. Forgets it all without destroying anything.
+  virtual void forget_context(Context context) = 0;
 };
 
 }  // namespace hiber::device

@@ -242,7 +242,8 @@ struct SimDevice::Impl {
   sim::IdSource ids;
   sim::HandleTable<sim::PhysicalBlock> physical{ids};
   sim::HandleTable<ContextState> contexts{ids};
-  std::vector<Context> shared_contexts;  // per GPU
+  mutable Mutex shared_mu;
+  std::vector<Context> shared_contexts GUARDED_BY(shared_mu);  // per GPU
   sim::HandleTable<StreamState> streams{ids};
   sim::HandleTable<EventState> events{ids};
   sim::HandleTable<ModuleState> modules{ids};
@@ -281,6 +282,7 @@ Result<std::unique_ptr<SimDevice>> SimDevice::create(const SimDeviceOptions& opt
     for (int peer = 0; peer < options.node.gpu_count(); ++peer)
       if (impl->peers(peer, g)) reach |= uint64_t{1} << peer;
     impl->reachers.push_back(reach);
+    MutexLock lock(impl->shared_mu);
     impl->shared_contexts.push_back(
         Context{impl->contexts.insert(impl->scheduler.create_context(g, /*shared=*/true)), g});
   }
@@ -408,6 +410,7 @@ Status SimDevice::unregister_host_memory(void* ptr) {
 
 Context SimDevice::shared_context(int gpu) const {
   CHECK(impl_->check_gpu(gpu).ok()) << "shared_context(" << gpu << "): no such GPU";
+  MutexLock lock(impl_->shared_mu);
   return impl_->shared_contexts[gpu];
 }
 
@@ -426,6 +429,22 @@ Status SimDevice::destroy_context(Context context) {
   // state it needs and finishes.
   state->destroyed.store(true, std::memory_order_release);
   impl_->contexts.erase(context.id);
+  return Status();
+}
+
+Status SimDevice::reset_shared_context(int gpu) {
+  HIBER_RETURN_IF_ERROR(impl_->check_gpu(gpu));
+  MutexLock lock(impl_->shared_mu);
+  const Context old = impl_->shared_contexts[gpu];
+  std::shared_ptr<ContextState> state = impl_->contexts.erase(old.id);
+  CHECK(state != nullptr) << "GPU " << gpu << "'s shared context is missing";
+  // The old context's streams and events go with it: a handle of them that is passed again
+  // finds nothing (kInvalidHandle), and work still holding their state finishes as destroyed.
+  state->destroyed.store(true, std::memory_order_release);
+  impl_->streams.erase_if([&](const StreamState& s) { return s.context == state; });
+  impl_->events.erase_if([&](const EventState& e) { return e.context == state; });
+  impl_->shared_contexts[gpu] =
+      Context{impl_->contexts.insert(impl_->scheduler.create_context(gpu, /*shared=*/true)), gpu};
   return Status();
 }
 

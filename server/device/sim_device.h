@@ -88,6 +88,7 @@ class SimDevice final : public Device {
   Result<Context> create_context(int gpu) override;
   Status destroy_context(Context context) override;
   Status context_status(Context context) override;
+  Status reset_shared_context(int gpu) override;
   using Device::create_event;
   using Device::create_stream;
   Result<Stream> create_stream(Context context, int priority) override;

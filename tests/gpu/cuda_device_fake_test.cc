@@ -727,6 +727,53 @@ TEST_F(CudaDeviceFakeTest, ALaunchPastItsDeadlineIsReportedOnceAndItsContextsKer
   EXPECT_TRUE(device_->unload_module(*module).ok());
 }
 
+// Shared mode's recovery: reset_shared_context resets the GPU's primary context with
+// cuDevicePrimaryCtxReset, which ends its streams, events and sticky error; the backend then
+// gives it a new probe (context_status answers again), enables peer access again both ways,
+// and never passes a stream of the old context to the driver. Memory mappings stay.
+TEST_F(CudaDeviceFakeTest, ResettingTheSharedContextEndsItsFaultAndItsStreams) {
+  Result<Module> module = device_->load_module(fake_fatbin());
+  ASSERT_TRUE(module.ok()) << module.status();
+  Result<Function> write = device_->get_function(*module, "_Z11write_valuePii");
+  ASSERT_TRUE(write.ok()) << write.status();
+  const DevicePtr va = mapped(1, 2 << 20, {1});
+  Result<Stream> before = device_->create_stream(1, 0);
+  Result<Stream> other_gpu = device_->create_stream(0, 0);
+  ASSERT_TRUE(before.ok() && other_gpu.ok());
+  {
+    std::lock_guard lock(fake_->mutex);
+    fake_->faulting_kernel = "_Z11write_valuePii";
+    fake_->peer_access.clear();
+  }
+  std::vector<std::byte> params(12);
+  ASSERT_TRUE(device_->launch(*before, *write, {}, params).ok());
+  EXPECT_EQ(device_->synchronize_stream(*before).code(), ErrorCode::kIllegalAddress);
+  EXPECT_EQ(device_->context_status(device_->shared_context(1)).code(),
+            ErrorCode::kIllegalAddress);
+  {
+    std::lock_guard lock(fake_->mutex);
+    fake_->faulting_kernel.clear();
+  }
+
+  ASSERT_TRUE(device_->reset_shared_context(1).ok());
+  EXPECT_TRUE(device_->context_status(device_->shared_context(1)).ok());
+  Result<Stream> after = device_->create_stream(1, 0);
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_TRUE(device_->launch(*after, *write, {}, params).ok());
+  EXPECT_TRUE(device_->synchronize_stream(*after).ok());
+  EXPECT_TRUE(device_->synchronize_stream(*other_gpu).ok()) << "GPU 0 was not touched";
+  EXPECT_TRUE(device_->destroy_stream(*after).ok());
+  EXPECT_TRUE(device_->destroy_stream(*other_gpu).ok());
+  EXPECT_TRUE(device_->unmap(va, 2 << 20).ok()) << "the mapping outlived the reset";
+  EXPECT_TRUE(device_->free_address_range(va, 2 << 20).ok());
+  EXPECT_TRUE(device_->unload_module(*module).ok());
+  std::lock_guard lock(fake_->mutex);
+  EXPECT_THAT(fake_->primary_context_resets, ElementsAre(1));
+  EXPECT_EQ(fake_->stale_handle_calls, 0) << "a stream of the old context was passed again";
+  EXPECT_EQ(fake_->peer_access.count({0, 1}), 1u);
+  EXPECT_EQ(fake_->peer_access.count({1, 0}), 1u);
+}
+
 // Contexts (issue 29): create_context makes a context with cuCtxCreate and leaves the thread's
 // context stack as it was; streams and events live in their context, and every call on them
 // makes that context current; a fault in one context is sticky there and nowhere else; a

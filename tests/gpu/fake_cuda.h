@@ -5,7 +5,8 @@
 // was asked, so a test that loads it (by path, before the backend opens "libcuda.so.1", which
 // then resolves to it by SONAME) can check the calls the backend makes: which versions it
 // resolves, which context is current for each call (each stream and event remembers its own,
-// and cuCtxCreate/cuCtxDestroy make and end more), the access descriptors of cuMemSetAccess,
+// cuCtxCreate/cuCtxDestroy make and end more, and cuDevicePrimaryCtxReset ends a primary
+// context's streams and events and its sticky error), the access descriptors of cuMemSetAccess,
 // the parameter buffer of each launch, reference counts of primary contexts. It moves no bytes
 // and runs no kernels; what a real driver does is the business of the gpu-labelled tests.
 //
@@ -93,6 +94,10 @@ struct FakeCuda {
   int events_destroyed = 0;
   int contexts_created = 0;  // cuCtxCreate
   int contexts_destroyed = 0;
+  std::vector<int> primary_context_resets;  // cuDevicePrimaryCtxReset: the GPU
+  // Calls naming a stream or event made before its context's latest reset (refused as invalid
+  // handles): the backend must forget those, not use or destroy them.
+  int stale_handle_calls = 0;
   // Calls that act on a stream or context while another GPU's context (or none) is current.
   std::vector<std::string> wrong_context_calls;
 };

@@ -42,11 +42,15 @@ struct FakeContext {
   // A fault's error (FakeCuda::faulting_kernel): every later call in the context answers it,
   // as a real driver answers a sticky error. Guarded by the state's mutex.
   CUresult sticky = CUDA_SUCCESS;
+  // cuDevicePrimaryCtxReset calls so far: a stream or event made before the latest one is
+  // gone with the context's old self. Guarded by the state's mutex.
+  int resets = 0;
 };
 struct FakeStream {
   unsigned tag = kStreamTag;
   int gpu = 0;
   FakeContext* context = nullptr;
+  int resets = 0;  // the context's when the stream was made
 };
 struct FakeEvent {
   unsigned tag = kEventTag;
@@ -54,6 +58,7 @@ struct FakeEvent {
   bool timing = true;
   bool recorded = false;
   FakeContext* context = nullptr;
+  int resets = 0;  // the context's when the event was made
 };
 struct FakeKernel {
   unsigned tag = kKernelTag;
@@ -91,13 +96,22 @@ __attribute__((tls_model("initial-exec"))) thread_local FakeContext* below[kMaxS
 __attribute__((tls_model("initial-exec"))) thread_local int below_depth = 0;
 
 int gpu_of(CUcontext c) { return reinterpret_cast<FakeContext*>(c)->gpu; }
+// A stream or event whose context was reset after it was made is gone: a call naming it is
+// counted (FakeCuda::stale_handle_calls) and refused as an invalid handle.
+template <typename Object>
+Object* live(Object* f) {
+  std::lock_guard lock(state().mutex);
+  if (f->resets == f->context->resets) return f;
+  ++state().stale_handle_calls;
+  return nullptr;
+}
 FakeStream* stream_of(CUstream s) {
   auto* f = reinterpret_cast<FakeStream*>(s);
-  return f != nullptr && f->tag == kStreamTag ? f : nullptr;
+  return f != nullptr && f->tag == kStreamTag ? live(f) : nullptr;
 }
 FakeEvent* event_of(CUevent e) {
   auto* f = reinterpret_cast<FakeEvent*>(e);
-  return f != nullptr && f->tag == kEventTag ? f : nullptr;
+  return f != nullptr && f->tag == kEventTag ? live(f) : nullptr;
 }
 
 bool valid_device(CUdevice d) { return d >= 0 && d < state().gpu_count; }
@@ -116,6 +130,12 @@ CUresult expect_current(const FakeContext* context, const char* call) {
   }
   if (context->tag != kContextTag) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
   return context->sticky;
+}
+
+// How often the current context was reset, for the streams and events made in it.
+int current_resets() {
+  std::lock_guard lock(state().mutex);
+  return current->resets;
 }
 
 // The current context's sticky error (success when it has none), for calls that act on it.
@@ -260,6 +280,19 @@ CUresult fake_cuDevicePrimaryCtxRelease(CUdevice dev) {
   std::lock_guard lock(state().mutex);
   if (state().primary_context_refs[dev] <= 0) return CUDA_ERROR_INVALID_CONTEXT;
   --state().primary_context_refs[dev];
+  return CUDA_SUCCESS;
+}
+
+// Ends everything of the primary context (its streams and events, its sticky error); the
+// context itself stays retained.
+CUresult fake_cuDevicePrimaryCtxReset(CUdevice dev) {
+  if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+  std::lock_guard lock(state().mutex);
+  FakeContext& c = contexts()[dev];
+  c.sticky = CUDA_SUCCESS;
+  ++c.resets;
+  state().primary_context_resets.push_back(dev);
+  state().peer_access.clear();  // peer access goes with it (both ways, simply: all of it)
   return CUDA_SUCCESS;
 }
 
@@ -480,7 +513,8 @@ CUresult fake_cuStreamCreateWithPriority(CUstream* stream, unsigned int flags, i
   std::lock_guard lock(state().mutex);
   state().stream_priorities.push_back(priority);
   state().stream_flags.push_back(flags);
-  *stream = reinterpret_cast<CUstream>(new FakeStream{kStreamTag, current->gpu, current});
+  *stream = reinterpret_cast<CUstream>(
+      new FakeStream{kStreamTag, current->gpu, current, current->resets});
   return CUDA_SUCCESS;
 }
 
@@ -538,7 +572,8 @@ CUresult fake_cuEventCreate(CUevent* event, unsigned int flags) {
   if ((flags & ~CU_EVENT_DISABLE_TIMING) != 0) return CUDA_ERROR_INVALID_VALUE;
   if (CUresult sticky = current_sticky(); sticky != CUDA_SUCCESS) return sticky;
   *event = reinterpret_cast<CUevent>(new FakeEvent{
-      kEventTag, current->gpu, (flags & CU_EVENT_DISABLE_TIMING) == 0, false, current});
+      kEventTag, current->gpu, (flags & CU_EVENT_DISABLE_TIMING) == 0, false, current,
+      current_resets()});
   return CUDA_SUCCESS;
 }
 

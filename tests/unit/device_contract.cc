@@ -883,6 +883,50 @@ TEST_P(DeviceContractTest, AFaultEndsItsOwnContextAndNoOther) {
   HIBER_EXPECT_OK(device_->free_address_range(hole, g));
 }
 
+// Shared mode's recovery (hiberd --isolation=shared): a fault ends the GPU's shared context for
+// every stream in it, and resetting the context starts it afresh, with the device's memory,
+// mappings and modules as they were. Streams of the old context are forgotten, never passed
+// again (on CUDA their values may name new streams).
+TEST_P(DeviceContractTest, ResettingTheSharedContextEndsItsFaultAndKeepsMemory) {
+  SKIP_WITHOUT_KERNELS();
+  Module module = load_test_kernels();
+  Function write = function(module, names::kWriteValue);
+  auto info = device_->function_info(write);
+  ASSERT_TRUE(info.ok()) << info.status();
+  auto launch_write = [&](Stream s, DevicePtr where, int value) {
+    KernelParams params(*info);
+    params.add(where).add(value);
+    return device_->launch(s, write, LaunchConfig{{1, 1, 1}, {1, 1, 1}, 0}, params.bytes());
+  };
+  const uint64_t g = device_->allocation_granularity(0);
+  HIBER_ASSERT_OK_AND_ASSIGN(DevicePtr hole, device_->reserve_address_range(g, 0));
+  Allocation out = allocate(0, 64);
+  HIBER_ASSERT_OK_AND_ASSIGN(Stream before, device_->create_stream(device_->shared_context(0), 0));
+  HIBER_ASSERT_OK(launch_write(before, out.va, 5));
+  HIBER_ASSERT_OK(device_->synchronize_stream(before));
+
+  Status launched = launch_write(before, hole, 7);
+  if (launched.ok()) launched = device_->synchronize_stream(before);
+  HIBER_EXPECT_CODE(launched, ErrorCode::kIllegalAddress);
+  HIBER_EXPECT_CODE(device_->context_status(device_->shared_context(0)),
+                    ErrorCode::kIllegalAddress);
+  // Another GPU's shared context is not touched.
+  if (device_->gpu_count() > 1) {
+    HIBER_EXPECT_OK(device_->context_status(device_->shared_context(1)));
+  }
+
+  HIBER_ASSERT_OK(device_->reset_shared_context(0));
+  const Context fresh = device_->shared_context(0);
+  HIBER_EXPECT_OK(device_->context_status(fresh));
+  HIBER_ASSERT_OK_AND_ASSIGN(Stream after, device_->create_stream(fresh, 0));
+  EXPECT_EQ(from_bytes<int>(download(after, out.va, 4))[0], 5) << "the memory stayed";
+  HIBER_ASSERT_OK(launch_write(after, out.va, 6)) << "the module and the mapping stayed";
+  EXPECT_EQ(from_bytes<int>(download(after, out.va, 4))[0], 6);
+  HIBER_EXPECT_OK(device_->destroy_stream(after));
+  HIBER_EXPECT_OK(device_->free_address_range(hole, g));
+  HIBER_EXPECT_CODE(device_->reset_shared_context(device_->gpu_count()), ErrorCode::kInvalidDevice);
+}
+
 // Events are recorded in their own context, and waited for from any.
 TEST_P(DeviceContractTest, EventsOrderWorkAcrossContexts) {
   HIBER_ASSERT_OK_AND_ASSIGN(Context a, device_->create_context(0));

@@ -89,5 +89,37 @@ TEST_F(HandleTableTest, AnEventGetsADeviceEventOnFirstUseOnAGpu) {
   EXPECT_FALSE(event->per_gpu[0].has_value());
 }
 
+// After GPU 1's shared context is reset, the table forgets its objects there (never passing
+// them to the device again) and makes new ones in the fresh context on next use; GPU 0's stay.
+TEST_F(HandleTableTest, ForgettingAGpuDropsItsObjectsThereAndOnlyThere) {
+  ASSERT_TRUE(table_->add_stream(StreamHandle(1), 0).ok());
+  ASSERT_TRUE(table_->add_event(EventHandle(2), false).ok());
+  auto on0 = table_->work_stream(StreamHandle(1), 0);
+  auto on1 = table_->work_stream(StreamHandle(1), 1);
+  ClientEvent* event = *table_->event(EventHandle(2));
+  auto event_on1 = table_->event_on(*event, 1);
+  ASSERT_TRUE(on0.ok() && on1.ok() && event_on1.ok() && table_->swap_stream(1).ok());
+  event->last_gpu = 1;
+  ASSERT_TRUE(device_->reset_shared_context(1).ok());
+
+  table_->forget_gpu(1);
+  ClientStream* stream = *table_->stream(StreamHandle(1));
+  EXPECT_FALSE(stream->per_gpu[1].has_value());
+  EXPECT_FALSE(stream->last_gpu.has_value()) << "its latest work there drained";
+  EXPECT_FALSE(event->per_gpu[1].has_value());
+  EXPECT_FALSE(event->last_gpu.has_value()) << "complete";
+  ASSERT_TRUE(stream->per_gpu[0].has_value());
+  EXPECT_EQ(stream->per_gpu[0]->id, on0->id);
+  EXPECT_EQ(table_->all_streams().size(), 1u) << "GPU 1's swap stream is forgotten too";
+  EXPECT_EQ(device_->query_stream(*on1).code(), ErrorCode::kInvalidHandle)
+      << "the old stream is gone with its context";
+
+  auto again = table_->work_stream(StreamHandle(1), 1);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->context, device_->shared_context(1).id);
+  EXPECT_TRUE(device_->query_stream(*again).ok());
+  table_->destroy_all();
+}
+
 }  // namespace
 }  // namespace hiber::server

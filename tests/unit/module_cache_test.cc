@@ -121,6 +121,7 @@ class CountingDevice final : public Device {
     return sim_->destroy_context(context);
   }
   Status context_status(device::Context context) override { return sim_->context_status(context); }
+  Status reset_shared_context(int gpu) override { return sim_->reset_shared_context(gpu); }
   using Device::create_event;
   using Device::create_stream;
   Result<device::Stream> create_stream(device::Context context, int priority) override {

@@ -140,6 +140,9 @@ class Instance final : public server::LeaseHolder {
   void grant(const server::Lease& lease) override { post({lease, std::nullopt, Status()}); }
   void end_lease(RequestId lease) override { post({std::nullopt, lease, Status()}); }
   void fail(RequestId lease, const Status& why) override { post({std::nullopt, lease, why}); }
+  // These instances run no kernels, so nothing faults and no shared context is ever reset
+  // under them; the controller only needs the answer.
+  void forget_shared_context(GpuId gpu) override { lessor_.context_forgotten(id_, gpu); }
 
   // Start-up, as a function's process does it: allocate the model's blocks, then write them,
   // which needs a GPU (a background lease, given back once the writes are done).

@@ -475,6 +475,29 @@ TEST_F(NodeCoreTest, AFailedGpuEndsItsRequestWhichStaysEndedUntilTheCallerSaysDo
   EXPECT_FALSE(core_->status(now_).gpus[sa.gpu.value()].healthy);
 }
 
+// A held GPU (hiberd resetting its shared context after a fault) takes no new requests, evicts
+// nothing and keeps its replicas; released, it takes requests again, and its model is there.
+TEST_F(NodeCoreTest, AHeldGpuTakesNoRequestsAndKeepsItsReplicas) {
+  make(plain_topology(1, 16 * kGiB));
+  const FunctionId f = add(1, kGiB);
+  const Start first = serve(f);
+  EXPECT_EQ(first.source, Source::kHost);
+  ASSERT_TRUE(core_->hold_gpu(GpuId{0}, true).ok());
+  const RequestId r = arrive(f);
+  actuator_.take_log();
+  core_->dispatch(now_);
+  EXPECT_EQ(core_->phase(r), Phase::kQueued) << "nothing starts on a held GPU";
+  EXPECT_TRUE(actuator_.take_log().empty()) << "and nothing is evicted or forgotten";
+  EXPECT_EQ(core_->status(now_).gpus[0].evictions, 0u);
+
+  ASSERT_TRUE(core_->hold_gpu(GpuId{0}, false).ok());
+  core_->dispatch(now_);
+  ASSERT_EQ(core_->phase(r), Phase::kPlacing);
+  EXPECT_EQ(actuator_.starts.back().request, r);
+  EXPECT_EQ(actuator_.starts.back().source, Source::kResident) << "the replica stayed";
+  EXPECT_EQ(core_->hold_gpu(GpuId{1}, true).code(), ErrorCode::kInvalidDevice);
+}
+
 TEST_F(NodeCoreTest, AShedRequestIsAnsweredOverloadedAndEndsUnstartedUntilTheCallerSaysDone) {
   NodeOptions options;
   options.scheduler.shed = scheduler::ShedRule::kLate;

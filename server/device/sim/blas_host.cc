@@ -233,6 +233,7 @@ class SimBlas final : public LibraryBackend {
 
   // The host implementations keep nothing per handle.
   void release(uint64_t, std::optional<wire::LibraryHandle>) override {}
+  void forget_context(Context) override {}
 
  private:
   // One algorithm for every problem the host runs; none (kNotSupported) for the rest, as

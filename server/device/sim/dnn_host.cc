@@ -85,6 +85,8 @@ class SimDnn final : public LibraryBackend {
     MutexLock lock(mu_);
     graphs_.erase(owner);
   }
+  // Graphs are the session's, in no context.
+  void forget_context(Context) override {}
 
  private:
   static uint64_t extent(const dnn::TensorShape& s) {

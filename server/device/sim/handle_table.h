@@ -52,6 +52,13 @@ class HandleTable {
     return object;
   }
 
+  // Removes every object `match` accepts.
+  template <typename Match>
+  void erase_if(Match&& match) {
+    MutexLock lock(mu_);
+    std::erase_if(objects_, [&](const auto& entry) { return match(*entry.second); });
+  }
+
  private:
   IdSource& ids_;
   mutable Mutex mu_;
