@@ -30,7 +30,9 @@
 // loses its context as a CUDA program would: its lease ends (the GPU goes back to the pool;
 // in context mode nothing else of the node is touched) and every later call of the function
 // fails with the sticky error, until it disconnects. Its contexts go back to the pool, to be
-// destroyed, when the session ends.
+// destroyed, when the session ends. In shared mode, before the controller resets a GPU's shared
+// context after a fault, every session forgets (never destroys) its objects there
+// (forget_shared_context) and makes new ones in the fresh context when it next runs there.
 //
 // Synchronous calls (stream, event and device synchronisation) do not block the session thread:
 // device callbacks queue their completions when the work is done and interrupt the session
