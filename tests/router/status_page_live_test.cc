@@ -6,9 +6,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <iostream>
 #include <map>
 #include <set>
+#include <thread>
 
 #include <gtest/gtest.h>
 
@@ -73,17 +75,26 @@ TEST(StatusPageLive, DrawsARunningNode) {
   // Every GPU alpha's model is on is drained: its last request loads alpha onto another GPU, a
   // swap. (There may be two: when its first request ran on another GPU than its start-up, the
   // swap there left a replica on each, GPUs not being short of memory.)
-  std::set<int> drained;
-  ASSERT_TRUE(eventually([&] {
-    drained.clear();
+  // The router's view of the node is refreshed once a second (--status_interval_ms), so a
+  // replica made by alpha's last request may show a refresh later: the set is taken once two
+  // reads, more than a refresh apart, agree.
+  const auto alpha_gpus = [&] {
+    std::set<int> on;
     const json now = router.status();
     for (const auto& g : now["nodes"][0]["gpus"]) {
       const json& resident = g["resident"];
       if (std::find(resident.begin(), resident.end(), "alpha") != resident.end())
-        drained.insert(g["ordinal"].get<int>());
+        on.insert(g["ordinal"].get<int>());
     }
-    return !drained.empty();
-  })) << "alpha's model is never reported resident: "
+    return on;
+  };
+  std::set<int> drained;
+  ASSERT_TRUE(eventually([&] {
+    drained = alpha_gpus();
+    if (drained.empty()) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    return alpha_gpus() == drained;
+  })) << "alpha's model is never reported resident, or its GPUs keep changing: "
       << router.status().dump(1);
   const auto hiberctl = [&](const std::string& args) {
     ProgramResult r =
