@@ -32,11 +32,11 @@
 // context (LeaseHolder::forget_shared_context), then the device resets it
 // (Device::reset_shared_context) and the GPU takes requests again. Only the requests that ran
 // in the context when it faulted failed. (With --isolation=context the fault ended the
-// instance's own context, which the session gives back to be destroyed.) A transfer that fails marks its GPU unhealthy: the GPU takes no
-// more requests, the models there are forgotten (their host copies bring them back elsewhere),
-// and the request that was running there gets the error as a CUDA error. A request whose lease
-// ends before the router's requestDone (such a failure can beat even its requestStart) is kept:
-// requestStart answers with the error, and requestDone forgets it.
+// instance's own context, which the session gives back to be destroyed.) A transfer that fails
+// marks its GPU unhealthy: the GPU takes no more requests, the models there are forgotten (their
+// host copies bring them back elsewhere), and the request that was running there gets the error as
+// a CUDA error. A request whose lease ends before the router's requestDone (such a failure can beat
+// even its requestStart) is kept: requestStart answers with the error, and requestDone forgets it.
 //
 // Threading. Everything the core decides happens on the controller's thread, in the order events
 // arrive: control calls (from the daemon's event loop), lease messages (from session threads)

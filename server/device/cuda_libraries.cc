@@ -182,7 +182,6 @@ class CudaBlasBackend final : public LibraryBackend {
     handles_.forget_if([&](const HandleKey& key) { return key.context == context; });
   }
 
-
  private:
   // Applies the call's settings to the real handle where they differ from what it has.
   static Status apply(const CublasApi& api, cublasHandle_t h, CublasTraits::Settings& now,

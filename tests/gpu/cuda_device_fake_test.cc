@@ -748,8 +748,7 @@ TEST_F(CudaDeviceFakeTest, ResettingTheSharedContextEndsItsFaultAndItsStreams) {
   std::vector<std::byte> params(12);
   ASSERT_TRUE(device_->launch(*before, *write, {}, params).ok());
   EXPECT_EQ(device_->synchronize_stream(*before).code(), ErrorCode::kIllegalAddress);
-  EXPECT_EQ(device_->context_status(device_->shared_context(1)).code(),
-            ErrorCode::kIllegalAddress);
+  EXPECT_EQ(device_->context_status(device_->shared_context(1)).code(), ErrorCode::kIllegalAddress);
   {
     std::lock_guard lock(fake_->mutex);
     fake_->faulting_kernel.clear();

@@ -571,9 +571,9 @@ CUresult fake_cuEventCreate(CUevent* event, unsigned int flags) {
   if (current == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
   if ((flags & ~CU_EVENT_DISABLE_TIMING) != 0) return CUDA_ERROR_INVALID_VALUE;
   if (CUresult sticky = current_sticky(); sticky != CUDA_SUCCESS) return sticky;
-  *event = reinterpret_cast<CUevent>(new FakeEvent{
-      kEventTag, current->gpu, (flags & CU_EVENT_DISABLE_TIMING) == 0, false, current,
-      current_resets()});
+  *event = reinterpret_cast<CUevent>(new FakeEvent{kEventTag, current->gpu,
+                                                   (flags & CU_EVENT_DISABLE_TIMING) == 0, false,
+                                                   current, current_resets()});
   return CUDA_SUCCESS;
 }
 

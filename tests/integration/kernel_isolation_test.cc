@@ -261,7 +261,9 @@ void fault_next_to_a_neighbour(const HiberdOptions& options, const std::string& 
   EXPECT_EQ(got, 7);
   expect_fault(x.c.download(&got, x.out, sizeof(got)), hole);  // still sticky for X
   EXPECT_NE(hiberd.log().find("context is lost"), std::string::npos) << hiberd.log();
-  if (!recovery.empty()) EXPECT_NE(hiberd.log().find(recovery), std::string::npos) << hiberd.log();
+  if (!recovery.empty()) {
+    EXPECT_NE(hiberd.log().find(recovery), std::string::npos) << hiberd.log();
+  }
 }
 
 HiberdOptions one_simulated_gpu(const std::string& isolation) {

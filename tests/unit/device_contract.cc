@@ -89,6 +89,14 @@ class StreamGate {
 
 uint64_t round_up(uint64_t n, uint64_t to) { return (n + to - 1) / to * to; }
 
+// write_value(where, value) as one thread on a stream.
+struct WriteValue {
+  Device& device;
+  Function function;
+  KernelInfo info;
+  Status operator()(Stream stream, DevicePtr where, int value) const;
+};
+
 }  // namespace
 
 std::string device_test_name(const ::testing::TestParamInfo<DeviceUnderTest>& info) {
@@ -206,6 +214,12 @@ void KernelParams::place(const void* value, size_t size) {
     return;
   }
   std::memcpy(buffer_.data() + p.offset, value, size);
+}
+
+Status WriteValue::operator()(Stream stream, DevicePtr where, int value) const {
+  KernelParams params(info);
+  params.add(where).add(value);
+  return device.launch(stream, function, LaunchConfig{{1, 1, 1}, {1, 1, 1}, 0}, params.bytes());
 }
 
 // Skips the test when the suite has no test kernels (no toolkit at build time).
@@ -835,13 +849,8 @@ TEST_P(DeviceContractTest, AFaultEndsItsOwnContextAndNoOther) {
   SKIP_WITHOUT_KERNELS();
   Module module = load_test_kernels();
   Function write = function(module, names::kWriteValue);
-  auto info = device_->function_info(write);
-  ASSERT_TRUE(info.ok()) << info.status();
-  auto launch_write = [&](Stream s, DevicePtr where, int value) {
-    KernelParams params(*info);
-    params.add(where).add(value);
-    return device_->launch(s, write, LaunchConfig{{1, 1, 1}, {1, 1, 1}, 0}, params.bytes());
-  };
+  HIBER_ASSERT_OK_AND_ASSIGN(KernelInfo info, device_->function_info(write));
+  const WriteValue launch_write{*device_, write, info};
   const uint64_t g = device_->allocation_granularity(0);
   HIBER_ASSERT_OK_AND_ASSIGN(DevicePtr hole, device_->reserve_address_range(g, 0));
   HIBER_ASSERT_OK_AND_ASSIGN(Context faulty, device_->create_context(0));
@@ -891,13 +900,8 @@ TEST_P(DeviceContractTest, ResettingTheSharedContextEndsItsFaultAndKeepsMemory) 
   SKIP_WITHOUT_KERNELS();
   Module module = load_test_kernels();
   Function write = function(module, names::kWriteValue);
-  auto info = device_->function_info(write);
-  ASSERT_TRUE(info.ok()) << info.status();
-  auto launch_write = [&](Stream s, DevicePtr where, int value) {
-    KernelParams params(*info);
-    params.add(where).add(value);
-    return device_->launch(s, write, LaunchConfig{{1, 1, 1}, {1, 1, 1}, 0}, params.bytes());
-  };
+  HIBER_ASSERT_OK_AND_ASSIGN(KernelInfo info, device_->function_info(write));
+  const WriteValue launch_write{*device_, write, info};
   const uint64_t g = device_->allocation_granularity(0);
   HIBER_ASSERT_OK_AND_ASSIGN(DevicePtr hole, device_->reserve_address_range(g, 0));
   Allocation out = allocate(0, 64);
