@@ -86,6 +86,13 @@ std::vector<FakeContext*>& created_contexts() {
   return *all;
 }
 
+// Streams and events made and not destroyed. A reset context's stay here (the backend forgets
+// them, as it must), so they are still reachable, as a driver keeps what a reset freed.
+std::set<void*>& made_objects() {
+  static auto* all = new std::set<void*>();
+  return *all;
+}
+
 // Initial-exec, so reading it needs no __tls_get_addr: LeakSanitizer's bookkeeping of dynamic
 // TLS blocks (GCC 12) misreads some of them and crashes at exit, depending on where the block
 // happens to land.
@@ -513,8 +520,9 @@ CUresult fake_cuStreamCreateWithPriority(CUstream* stream, unsigned int flags, i
   std::lock_guard lock(state().mutex);
   state().stream_priorities.push_back(priority);
   state().stream_flags.push_back(flags);
-  *stream = reinterpret_cast<CUstream>(
-      new FakeStream{kStreamTag, current->gpu, current, current->resets});
+  auto* made = new FakeStream{kStreamTag, current->gpu, current, current->resets};
+  made_objects().insert(made);
+  *stream = reinterpret_cast<CUstream>(made);
   return CUDA_SUCCESS;
 }
 
@@ -524,6 +532,10 @@ CUresult fake_cuStreamDestroy(CUstream stream) {
   // Destroying works after a fault: that is how a program cleans up.
   (void)expect_current(s->context, "cuStreamDestroy");
   s->tag = 0;
+  {
+    std::lock_guard lock(state().mutex);
+    made_objects().erase(s);
+  }
   delete s;
   return CUDA_SUCCESS;
 }
@@ -571,9 +583,11 @@ CUresult fake_cuEventCreate(CUevent* event, unsigned int flags) {
   if (current == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
   if ((flags & ~CU_EVENT_DISABLE_TIMING) != 0) return CUDA_ERROR_INVALID_VALUE;
   if (CUresult sticky = current_sticky(); sticky != CUDA_SUCCESS) return sticky;
-  *event = reinterpret_cast<CUevent>(new FakeEvent{kEventTag, current->gpu,
-                                                   (flags & CU_EVENT_DISABLE_TIMING) == 0, false,
-                                                   current, current_resets()});
+  auto* made = new FakeEvent{kEventTag, current->gpu, (flags & CU_EVENT_DISABLE_TIMING) == 0,
+                             false,     current,      current_resets()};
+  std::lock_guard lock(state().mutex);
+  made_objects().insert(made);
+  *event = reinterpret_cast<CUevent>(made);
   return CUDA_SUCCESS;
 }
 
@@ -581,6 +595,10 @@ CUresult fake_cuEventDestroy(CUevent event) {
   FakeEvent* e = event_of(event);
   if (e == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   e->tag = 0;
+  {
+    std::lock_guard lock(state().mutex);
+    made_objects().erase(e);
+  }
   delete e;
   std::lock_guard lock(state().mutex);
   ++state().events_destroyed;
