@@ -723,9 +723,10 @@ void Controller::begin_reset(RequestId lease, const Status& fault) {
   (void)s.core->hold_gpu(*gpu, true);
   State::Reset& reset = s.resets[*gpu];
   reset.fault = fault;
-  for (const auto& [session, id] : s.by_session) reset.waiting.insert(session);
+  // Their answers come as events of this thread, so none can arrive before the set is full.
   for (const auto& [session, id] : s.by_session) {
     if (State::Tenant* t = s.tenant(id); t != nullptr && t->session != nullptr) {
+      reset.waiting.insert(session);
       t->session->forget_shared_context(*gpu);
     }
   }
