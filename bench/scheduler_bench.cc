@@ -222,17 +222,18 @@ void BM_Decision(benchmark::State& state, const std::string& queue, const std::s
 class NoteStarts final : public node::Actuator {
  public:
   explicit NoteStarts(const Workload& w) : workload_(w) {}
-  Result<uint64_t> evict(FunctionId, GpuId) override { return uint64_t{0}; }
-  void forget(FunctionId, GpuId) override {}
+  // Every function has one instance, numbered as the function.
+  Result<uint64_t> evict(InstanceId, GpuId) override { return uint64_t{0}; }
+  void forget(InstanceId, GpuId) override {}
   void start(const node::Start& s) override { started.push_back(s); }
-  void end(RequestId, FunctionId, const Status&) override {}
+  void end(RequestId, InstanceId, const Status&) override {}
   void answer_start(RequestId, const Result<node::StartInfo>&) override {}
   void drained(std::optional<GpuId>) override {}
-  void rejected(RequestId, FunctionId, const Status&) override {}
+  void rejected(RequestId, InstanceId, const Status&) override {}
   uint64_t pool_allocated(GpuId) const override { return 0; }
-  uint64_t placed_bytes(FunctionId f, GpuId) const override { return model_bytes(f); }
-  uint64_t model_bytes(FunctionId f) const override {
-    return workload_.specs[f.value() - 1].model_bytes;
+  uint64_t placed_bytes(InstanceId i, GpuId) const override { return model_bytes(i); }
+  uint64_t model_bytes(InstanceId i) const override {
+    return workload_.specs[i.value() - 1].model_bytes;
   }
   std::vector<node::Start> started;
 
@@ -261,14 +262,15 @@ void BM_CoreDecision(benchmark::State& state, const std::string& queue,
     f.exec_time_hint = spec.exec_time_hint;
     const FunctionId id{static_cast<uint32_t>(i + 1)};
     Status st = core.add_function(id, f, 0);
-    if (st.ok()) st = core.attach(id);
+    if (st.ok()) st = core.attach(InstanceId{id.value()}, id, 0);
     if (!st.ok()) die(st, "adding a function");
   }
   std::deque<node::Start> in_flight;  // oldest first
   size_t next_arrival = 0;
   Time now = 0;
   auto arrive = [&] {
-    const Result<RequestId> r = core.arrive(w.arrivals[next_arrival++], now);
+    const FunctionId f = w.arrivals[next_arrival++];
+    const Result<RequestId> r = core.arrive(f, InstanceId{f.value()}, now);
     if (!r.ok()) die(r.status(), "arrival");
   };
   auto step = [&] {

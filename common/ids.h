@@ -8,8 +8,14 @@
 
 namespace hiber {
 
-// A function: one tenant of the node, one model. The node core numbers them.
+// A function: one tenant of the node, one model. The caller of the node core numbers them.
 using FunctionId = StrongId<struct FunctionIdTag, uint32_t>;
+
+// An instance of a function: one process serving it (in hiberd, one session), with its own
+// address range, blocks and copy of the model, its handles and its contexts. A function may have
+// several at once, each running one request at a time on a GPU of its own. The caller of the
+// node core numbers them and never reuses a number.
+using InstanceId = StrongId<struct InstanceIdTag, uint32_t>;
 
 // A request the scheduler accepted. The scheduler builds it: the low 32 bits are a slot, the
 // high 32 bits a generation, so a stale id never names a later request.

@@ -1,6 +1,7 @@
 #include "node/node_core.h"
 
 #include <algorithm>
+#include <tuple>
 #include <unordered_map>
 
 #include <glog/logging.h>
@@ -48,14 +49,22 @@ const char* eviction_reason_name(EvictionReason reason) {
 struct NodeCore::State {
   struct Function {
     FunctionSpec spec;
-    bool attached = false;
-    // A caller's request was granted: what the function loaded before is its model, fixed.
+    // Its slots, the scheduler's ids for them: the first is the function's own id, the others
+    // the core's (kFirstOwnId and up), in the order they were made.
+    std::vector<FunctionId> slots;
+  };
+  // One scheduler entry of a function, which one instance at a time runs as.
+  struct Slot {
+    FunctionId function;
+    std::optional<InstanceId> instance;  // attached now
+    uint64_t attached_at = 0;            // the order instances attached in, for arrive()'s choice
+    // A caller's request was granted: what the instance loaded before is its model, fixed.
     bool model_fixed = false;
     std::optional<RequestId> background_queued;  // need_gpu()'s request, not yet placed
     std::optional<RequestId> lease;              // placed and not yet released
   };
   struct Request {
-    FunctionId function;
+    FunctionId slot;  // the scheduler's id of the slot it runs in
     Phase phase = Phase::kQueued;
     bool background = false;
     Time arrival = 0;
@@ -69,6 +78,7 @@ struct NodeCore::State {
     Time placed = 0;                   // when dispatch() started it
     std::optional<Decision> decision;  // once placed
     Status start_error;
+    std::optional<InstanceId> instance;  // its slot's when it arrived
   };
   struct Gpu {
     bool healthy = true;
@@ -84,6 +94,10 @@ struct NodeCore::State {
   };
 
   std::unordered_map<FunctionId, Function> functions;
+  std::unordered_map<FunctionId, Slot> slots;          // by the scheduler's id
+  std::unordered_map<InstanceId, FunctionId> slot_of;  // attached instances
+  uint32_t next_own_id = kFirstOwnId;
+  uint64_t attachments = 0;
   // Not a vector indexed by the scheduler's slot: a request that ended before its caller said
   // done() outlives its scheduler slot, which a later request may then reuse.
   std::unordered_map<RequestId, Request> requests;
@@ -122,6 +136,21 @@ struct NodeCore::State {
     auto it = functions.find(id);
     return it == functions.end() ? nullptr : &it->second;
   }
+  Slot* slot(FunctionId id) {
+    auto it = slots.find(id);
+    return it == slots.end() ? nullptr : &it->second;
+  }
+  // The slot's instance, while one is attached.
+  std::optional<InstanceId> instance(FunctionId slot_id) const {
+    auto it = slots.find(slot_id);
+    return it == slots.end() ? std::nullopt : it->second.instance;
+  }
+  const std::string& name(FunctionId slot_id) const {
+    static const std::string unknown = "?";
+    auto it = slots.find(slot_id);
+    if (it == slots.end()) return unknown;
+    return functions.at(it->second.function).spec.name;
+  }
   Request* request(RequestId id) {
     auto it = requests.find(id);
     return it == requests.end() ? nullptr : &it->second;
@@ -158,12 +187,11 @@ Result<std::unique_ptr<NodeCore>> NodeCore::create(const scheduler::Topology& to
 
 int NodeCore::gpu_count() const { return static_cast<int>(state_->gpus.size()); }
 
-// ---- Functions ----
+// ---- Functions and instances ----
 
-Status NodeCore::add_function(FunctionId id, const FunctionSpec& spec, Time now) {
-  if (state_->functions.count(id) != 0) {
-    return error(ErrorCode::kInvalidValue, "function ", id, " ('", spec.name, "') exists already");
-  }
+namespace {
+
+scheduler::FunctionSpec scheduler_spec(const FunctionSpec& spec) {
   scheduler::FunctionSpec s;
   s.name = spec.name;
   s.model_bytes = spec.model_bytes;
@@ -172,34 +200,73 @@ Status NodeCore::add_function(FunctionId id, const FunctionSpec& spec, Time now)
   s.heavy_hint = spec.heavy_hint;
   s.exec_time_hint = spec.exec_time_hint;
   s.intensity = spec.intensity;
-  HIBER_RETURN_IF_ERROR(scheduler_->register_function(id, s, now));
+  return s;
+}
+
+}  // namespace
+
+Status NodeCore::add_function(FunctionId id, const FunctionSpec& spec, Time now) {
+  if (id.value() >= kFirstOwnId) {
+    return error(ErrorCode::kInvalidValue, "function id ", id, " ('", spec.name,
+                 "') is one of the node core's own");
+  }
+  if (state_->functions.count(id) != 0) {
+    return error(ErrorCode::kInvalidValue, "function ", id, " ('", spec.name, "') exists already");
+  }
+  // Its first slot is registered now, under its own id: a function with one instance is to the
+  // scheduler what it was before instances.
+  HIBER_RETURN_IF_ERROR(scheduler_->register_function(id, scheduler_spec(spec), now));
   State::Function f;
   f.spec = spec;
+  f.slots.push_back(id);
   state_->functions.emplace(id, std::move(f));
+  state_->slots.emplace(id, State::Slot{.function = id});
   return Status();
+}
+
+Result<FunctionId> NodeCore::add_slot(FunctionId function, Time now) {
+  State::Function& f = state_->functions.at(function);
+  if (state_->next_own_id == UINT32_MAX) {
+    return error(ErrorCode::kOutOfMemory, "function '", f.spec.name,
+                 "': the node core has no instance slot ids left");
+  }
+  const FunctionId id{state_->next_own_id};
+  FunctionSpec spec = f.spec;
+  spec.name = str_cat(f.spec.name, "/", f.slots.size());
+  HIBER_RETURN_IF_ERROR(scheduler_->register_function(id, scheduler_spec(spec), now));
+  ++state_->next_own_id;
+  f.slots.push_back(id);
+  state_->slots.emplace(id, State::Slot{.function = function});
+  return id;
 }
 
 Status NodeCore::remove_function(FunctionId id, Time now) {
   State::Function* f = state_->function(id);
   if (f == nullptr) return error(ErrorCode::kNotFound, "function ", id, " is unknown");
-  if (f->attached) {
-    return error(ErrorCode::kIllegalState, "function '", f->spec.name,
-                 "' still has an instance attached");
-  }
-  std::vector<scheduler::RequestId> cancelled;
-  HIBER_RETURN_IF_ERROR(scheduler_->unregister_function(id, now, &cancelled));
-  // Requests that outlived the instance (ended, awaiting the caller's done) go too.
-  std::vector<RequestId> mine;
-  for (const auto& [rid, r] : state_->requests) {
-    if (r.function == id) mine.push_back(rid);
-  }
-  for (RequestId rid : mine) {
-    State::Request& r = state_->requests.at(rid);
-    if (r.awaited) {
-      r.start_error = error(ErrorCode::kDeinitialized, "function '", f->spec.name, "' was removed");
-      answer_start(rid, now);
+  for (FunctionId slot : f->slots) {
+    if (state_->slots.at(slot).instance) {
+      return error(ErrorCode::kIllegalState, "function '", f->spec.name,
+                   "' still has an instance attached");
     }
-    state_->requests.erase(rid);
+  }
+  for (FunctionId slot : f->slots) {
+    std::vector<scheduler::RequestId> cancelled;
+    HIBER_RETURN_IF_ERROR(scheduler_->unregister_function(slot, now, &cancelled));
+    // Requests that outlived the instance (ended, awaiting the caller's done) go too.
+    std::vector<RequestId> mine;
+    for (const auto& [rid, r] : state_->requests) {
+      if (r.slot == slot) mine.push_back(rid);
+    }
+    for (RequestId rid : mine) {
+      State::Request& r = state_->requests.at(rid);
+      if (r.awaited) {
+        r.start_error =
+            error(ErrorCode::kDeinitialized, "function '", f->spec.name, "' was removed");
+        answer_start(rid, now);
+      }
+      state_->requests.erase(rid);
+    }
+    state_->slots.erase(slot);
   }
   state_->functions.erase(id);
   return Status();
@@ -207,32 +274,47 @@ Status NodeCore::remove_function(FunctionId id, Time now) {
 
 bool NodeCore::has_function(FunctionId id) const { return state_->functions.count(id) != 0; }
 
-Status NodeCore::attach(FunctionId id) {
-  State::Function* f = state_->function(id);
-  if (f == nullptr) return error(ErrorCode::kNotFound, "function ", id, " is unknown");
-  if (f->attached) {
-    return error(ErrorCode::kDeviceUnavailable, "function '", f->spec.name,
-                 "' has an instance attached already");
+Status NodeCore::attach(InstanceId instance, FunctionId function, Time now) {
+  State::Function* f = state_->function(function);
+  if (f == nullptr) return error(ErrorCode::kNotFound, "function ", function, " is unknown");
+  if (state_->slot_of.count(instance) != 0) {
+    return error(ErrorCode::kInvalidValue, "instance ", instance, " is attached already");
   }
-  f->attached = true;
-  f->model_fixed = false;
+  std::optional<FunctionId> free;
+  for (FunctionId slot : f->slots) {
+    if (!state_->slots.at(slot).instance) {
+      free = slot;
+      break;
+    }
+  }
+  if (!free) {
+    HIBER_ASSIGN_OR_RETURN(free, add_slot(function, now));
+  }
+  State::Slot& slot = state_->slots.at(*free);
+  slot.instance = instance;
+  slot.attached_at = ++state_->attachments;
+  slot.model_fixed = false;
+  state_->slot_of.emplace(instance, *free);
   return Status();
 }
 
-void NodeCore::detach(FunctionId id, Time now) {
-  State::Function* f = state_->function(id);
-  if (f == nullptr || !f->attached) return;
+void NodeCore::detach(InstanceId instance, Time now) {
+  auto found = state_->slot_of.find(instance);
+  if (found == state_->slot_of.end()) return;
+  const FunctionId id = found->second;
+  State::Slot& slot = state_->slots.at(id);
+  const std::string& name = state_->name(id);
   // Its requests end: queued ones are withdrawn, the running one failed (the instance's work
   // drained when it went, so its GPU is free).
   std::vector<RequestId> mine;
   for (const auto& [rid, r] : state_->requests) {
-    if (r.function == id) mine.push_back(rid);
+    if (r.slot == id) mine.push_back(rid);
   }
   std::sort(mine.begin(), mine.end());
   for (RequestId rid : mine) {
     State::Request& r = state_->requests.at(rid);
     if (r.awaited) {
-      r.start_error = error(ErrorCode::kDeinitialized, "the instance of '", f->spec.name,
+      r.start_error = error(ErrorCode::kDeinitialized, "the instance of '", name,
                             "' exited before its request started");
       answer_start(rid, now);
     }
@@ -251,58 +333,108 @@ void NodeCore::detach(FunctionId id, Time now) {
   }
   // Its memory went with the instance.
   for (int g = 0; g < gpu_count(); ++g) scheduler_->drop_replica(g, id);
-  f->attached = false;
-  f->lease.reset();
-  f->background_queued.reset();
+  slot.instance.reset();
+  slot.lease.reset();
+  slot.background_queued.reset();
+  state_->slot_of.erase(found);
   for (int g = 0; g < gpu_count(); ++g) reserve_changed(GpuId{g});
+}
+
+std::optional<FunctionId> NodeCore::function_of(InstanceId instance) const {
+  auto it = state_->slot_of.find(instance);
+  if (it == state_->slot_of.end()) return std::nullopt;
+  return state_->slots.at(it->second).function;
 }
 
 // ---- Requests ----
 
-Result<RequestId> NodeCore::arrive(FunctionId id, Time now) {
-  State::Function* f = state_->function(id);
-  if (f == nullptr) return error(ErrorCode::kNotFound, "function ", id, " is unknown");
+Result<RequestId> NodeCore::arrive(FunctionId function, std::optional<InstanceId> instance,
+                                   Time now) {
+  State::Function* f = state_->function(function);
+  if (f == nullptr) return error(ErrorCode::kNotFound, "function ", function, " is unknown");
   if (state_->draining) return error(ErrorCode::kDeviceUnavailable, "the node is draining");
-  if (!f->attached) {
+  std::optional<FunctionId> chosen;
+  if (instance) {
+    auto it = state_->slot_of.find(*instance);
+    if (it == state_->slot_of.end() || state_->slots.at(it->second).function != function) {
+      return error(ErrorCode::kDeviceUnavailable, "function '", f->spec.name,
+                   "' has no connected instance ", *instance);
+    }
+    chosen = it->second;
+  } else {
+    std::vector<FunctionId> attached;
+    for (FunctionId slot : f->slots) {
+      if (state_->slots.at(slot).instance) attached.push_back(slot);
+    }
+    if (attached.size() == 1) {
+      chosen = attached.front();
+    } else if (!attached.empty()) {
+      // The least busy instance (its callers' requests not yet done), then one that can start
+      // without a swap, then the one attached first.
+      std::unordered_map<FunctionId, uint64_t> open;
+      for (const auto& [rid, r] : state_->requests) {
+        if (!r.background && !r.done_said && r.phase != Phase::kEnded) ++open[r.slot];
+      }
+      const scheduler::FunctionTable& table = scheduler_->functions();
+      auto rank = [&](FunctionId slot) {
+        const std::optional<scheduler::FunctionIndex> index = table.find(slot);
+        const bool resident = index && scheduler_->node().holders(*index) != 0;
+        return std::make_tuple(open[slot], !resident, state_->slots.at(slot).attached_at);
+      };
+      chosen = *std::min_element(attached.begin(), attached.end(),
+                                 [&](FunctionId a, FunctionId b) { return rank(a) < rank(b); });
+    }
+  }
+  if (!chosen) {
     return error(ErrorCode::kDeviceUnavailable, "function '", f->spec.name,
                  "' has no connected instance");
   }
   // What the instance has loaded by now (its start-up) is what this request's placement must
   // make room for.
-  learn_model_bytes(id);
-  HIBER_ASSIGN_OR_RETURN(scheduler::RequestId arrived, scheduler_->arrive(id, now));
+  learn_model_bytes(*chosen);
+  HIBER_ASSIGN_OR_RETURN(scheduler::RequestId arrived, scheduler_->arrive(*chosen, now));
   const RequestId rid = arrived;
-  State::Request r{.function = id};
+  State::Request r{.slot = *chosen};
   r.arrival = now;
+  r.instance = state_->slots.at(*chosen).instance;
   state_->requests.emplace(rid, std::move(r));
   return rid;
 }
 
-void NodeCore::need_gpu(FunctionId id, Time now) {
-  State::Function* f = state_->function(id);
-  if (f == nullptr || !f->attached) return;
+std::optional<InstanceId> NodeCore::instance_of(RequestId request) const {
+  auto it = state_->requests.find(request);
+  if (it == state_->requests.end()) return std::nullopt;
+  return it->second.instance;
+}
+
+void NodeCore::need_gpu(InstanceId instance, Time now) {
+  auto found = state_->slot_of.find(instance);
+  if (found == state_->slot_of.end()) return;
+  const FunctionId id = found->second;
+  State::Slot& slot = state_->slots.at(id);
   // A lease is on its way or held (the instance asked before it saw the grant).
-  if (f->lease || f->background_queued) return;
+  if (slot.lease || slot.background_queued) return;
   // A queued caller request will give it a lease; its work runs under that.
   for (const auto& [rid, r] : state_->requests) {
-    if (r.function == id && !r.background && r.phase != Phase::kEnded) return;
+    if (r.slot == id && !r.background && r.phase != Phase::kEnded) return;
   }
   // Its start-up allocated what it is loading now: the placement must make room for that.
   learn_model_bytes(id);
-  // Background: the function's own use of a GPU is not one of its callers' requests, and must
+  // Background: the instance's own use of a GPU is not one of its callers' requests, and must
   // not weigh on its SLO statistics (RRC) or its execution times.
   auto arrived = scheduler_->arrive(id, now, /*background=*/true);
   if (!arrived.ok()) {
-    LOG(ERROR) << "function '" << f->spec.name
+    LOG(ERROR) << "function '" << state_->name(id)
                << "': cannot queue a background request: " << arrived.status();
     return;
   }
   const RequestId rid = *arrived;
-  State::Request r{.function = id};
+  State::Request r{.slot = id};
   r.background = true;
   r.arrival = now;
+  r.instance = instance;
   state_->requests.emplace(rid, std::move(r));
-  f->background_queued = rid;
+  slot.background_queued = rid;
 }
 
 Status NodeCore::await_start(RequestId id, Time now) {
@@ -347,8 +479,8 @@ Status NodeCore::done(RequestId id, bool failed, Time now) {
     case Phase::kPlacing:
     case Phase::kRunning:
       r->phase = Phase::kEnding;
-      // The GPU is free once the function's work there has drained (released()).
-      actuator_.end(id, r->function, Status());
+      // The GPU is free once the instance's work there has drained (released()).
+      if (r->instance) actuator_.end(id, *r->instance, Status());
       return Status();
     case Phase::kEnding: return Status();
   }
@@ -408,8 +540,10 @@ void NodeCore::swap_done(RequestId id, const Status& status, const SwapStats& st
     // The copy was a move: the old replica goes (the scheduler may not have dropped it itself:
     // a function whose every block is state keeps one replica, full or not).
     const GpuId source{r->decision->source_gpu};
-    if (r->drop_source_from_view) scheduler_->drop_replica(source.value(), r->function);
-    actuator_.forget(r->function, source);
+    if (r->drop_source_from_view) scheduler_->drop_replica(source.value(), r->slot);
+    if (const std::optional<InstanceId> instance = state_->instance(r->slot)) {
+      actuator_.forget(*instance, source);
+    }
     reserve_changed(source);
   }
 }
@@ -432,17 +566,17 @@ void NodeCore::released(RequestId id, const Status& status, Time now) {
   (void)scheduler_->done(id, now, completion);
   State::Gpu& g = state_->gpus[index_of(gpu)];
   state_->clear_runner(g, id);
-  if (State::Function* f = state_->function(r->function)) {
-    if (f->lease == id) f->lease.reset();
-    if (f->attached) {
+  if (State::Slot* slot = state_->slot(r->slot)) {
+    if (slot->lease == id) slot->lease.reset();
+    if (slot->instance) {
       // The scheduler learns the model's real size once a run has shown it.
-      learn_model_bytes(r->function);
+      learn_model_bytes(r->slot);
       if (!g.healthy || g.drained) {
-        scheduler_->drop_replica(gpu.value(), r->function);
+        scheduler_->drop_replica(gpu.value(), r->slot);
         if (g.healthy) {
-          evict(r->function, gpu, EvictionReason::kDrain);
+          evict(r->slot, gpu, EvictionReason::kDrain);
         } else {
-          actuator_.forget(r->function, gpu);
+          actuator_.forget(*slot->instance, gpu);
         }
       }
     }
@@ -455,10 +589,12 @@ void NodeCore::released(RequestId id, const Status& status, Time now) {
   reserve_changed(gpu);
 }
 
-Status NodeCore::make_room(FunctionId function, GpuId gpu, uint64_t bytes, Time now) {
-  if (gpu.value() < 0 || gpu.value() >= gpu_count() || state_->function(function) == nullptr) {
+Status NodeCore::make_room(InstanceId instance, GpuId gpu, uint64_t bytes, Time now) {
+  auto found = state_->slot_of.find(instance);
+  if (gpu.value() < 0 || gpu.value() >= gpu_count() || found == state_->slot_of.end()) {
     return error(ErrorCode::kOutOfMemory, "no room on GPU ", gpu);
   }
+  const FunctionId slot = found->second;
   // The view must first see what the pool holds; then the policy is asked for more room than
   // the view believes free, so that it evicts at least this block's worth. (Evicting the region
   // the pool names as cheapest instead frees exactly the missing run, but bypasses the policy:
@@ -467,12 +603,12 @@ Status NodeCore::make_room(FunctionId function, GpuId gpu, uint64_t bytes, Time 
   update_reserved(gpu);
   const uint64_t target = scheduler_->node().free_bytes(gpu.value()) + bytes;
   std::vector<scheduler::Eviction> victims;
-  if (!scheduler_->make_room(gpu.value(), target, function, now, &victims) || victims.empty()) {
+  if (!scheduler_->make_room(gpu.value(), target, slot, now, &victims) || victims.empty()) {
     return error(ErrorCode::kOutOfMemory, "GPU ", gpu, " has no room for ", bytes,
                  " more bytes: everything there is in use or protected");
   }
-  VLOG(1) << "t=" << now << " GPU " << gpu << " refused " << bytes << " bytes for function "
-          << function << ": make_room evicts " << victims.size();
+  VLOG(1) << "t=" << now << " GPU " << gpu << " refused " << bytes << " bytes for instance "
+          << instance << " of '" << state_->name(slot) << "': make_room evicts " << victims.size();
   for (const scheduler::Eviction& v : victims) {
     evict(v.function, GpuId{v.gpu}, EvictionReason::kMemory);
   }
@@ -481,13 +617,16 @@ Status NodeCore::make_room(FunctionId function, GpuId gpu, uint64_t bytes, Time 
 
 void NodeCore::memory_changed(GpuId gpu) { reserve_changed(gpu); }
 
-void NodeCore::learn_model_bytes(FunctionId id) {
-  State::Function& f = state_->functions.at(id);
-  const uint64_t model = std::max<uint64_t>(actuator_.model_bytes(id), 1);
-  if (model == f.spec.model_bytes) return;
+void NodeCore::learn_model_bytes(FunctionId slot) {
+  const std::optional<InstanceId> instance = state_->instance(slot);
+  if (!instance) return;
+  const uint64_t model = std::max<uint64_t>(actuator_.model_bytes(*instance), 1);
+  const scheduler::FunctionTable& table = scheduler_->functions();
+  const std::optional<scheduler::FunctionIndex> index = table.find(slot);
+  if (!index || model == table.spec(*index).model_bytes) return;
   // A size no GPU can hold is refused, and the view keeps the old one: the placement then
   // fails in the actuator, which reports it.
-  if (scheduler_->set_model_bytes(id, model).ok()) f.spec.model_bytes = model;
+  (void)scheduler_->set_model_bytes(slot, model);
 }
 
 void NodeCore::fail_gpu(GpuId gpu, const Status& why) {
@@ -499,16 +638,16 @@ void NodeCore::fail_gpu(GpuId gpu, const Status& why) {
   scheduler_->set_gpu_healthy(gpu.value(), false);
   const std::vector<RequestId> runners = State::runners(g);
   std::vector<FunctionId> running;
-  for (RequestId id : runners) running.push_back(state_->requests.at(id).function);
-  for (auto& [id, f] : state_->functions) {
-    if (f.attached && std::find(running.begin(), running.end(), id) == running.end())
-      actuator_.forget(id, gpu);
+  for (RequestId id : runners) running.push_back(state_->requests.at(id).slot);
+  for (auto& [id, slot] : state_->slots) {
+    if (slot.instance && std::find(running.begin(), running.end(), id) == running.end())
+      actuator_.forget(*slot.instance, gpu);
   }
   for (RequestId id : runners) {
     State::Request* r = state_->request(id);
     if (r == nullptr) continue;  // an earlier end() released it at once
     r->failed = true;
-    actuator_.end(id, r->function, why);
+    if (r->instance) actuator_.end(id, *r->instance, why);
   }
 }
 
@@ -542,10 +681,10 @@ Status NodeCore::drain(std::optional<GpuId> gpu, bool resume) {
   // Its models leave (the scheduler's view already forgot them); the running one leaves when
   // its request is done.
   std::vector<FunctionId> running;
-  for (RequestId id : State::runners(g)) running.push_back(state_->requests.at(id).function);
+  for (RequestId id : State::runners(g)) running.push_back(state_->requests.at(id).slot);
   std::vector<FunctionId> resident;
-  for (const auto& [id, f] : state_->functions) {
-    if (f.attached && std::find(running.begin(), running.end(), id) == running.end())
+  for (const auto& [id, slot] : state_->slots) {
+    if (slot.instance && std::find(running.begin(), running.end(), id) == running.end())
       resident.push_back(id);
   }
   std::sort(resident.begin(), resident.end());
@@ -581,7 +720,8 @@ void NodeCore::prewarm(Time now) {
   scheduler_->prewarm(now, &decisions_);
   for (const Decision& d : decisions_) {
     // A background request of nobody: it loads the model and ends (Actuator::start).
-    State::Request r{.function = d.function, .background = true, .arrival = now};
+    State::Request r{.slot = d.function, .background = true, .arrival = now};
+    r.instance = state_->instance(d.function);
     state_->requests.emplace(d.request, std::move(r));
     start_one(d, now);
   }
@@ -589,20 +729,21 @@ void NodeCore::prewarm(Time now) {
 
 void NodeCore::reject(RequestId id, Time now) {
   State::Request& r = state_->requests.at(id);
-  const State::Function* f = state_->function(r.function);
   r.phase = Phase::kEnded;
   r.failed = true;
   r.start_error = error(ErrorCode::kDeviceUnavailable, "overloaded: request ", id, " of function '",
-                        f != nullptr ? f->spec.name : "?", "' cannot meet its deadline");
+                        state_->name(r.slot), "' cannot meet its deadline");
   answer_start(id, now);
   // Last: the actuator may say done() at once, which forgets the request.
-  actuator_.rejected(id, r.function, r.start_error);
+  if (r.instance) {
+    actuator_.rejected(id, *r.instance, r.start_error);
+  }
 }
 
 void NodeCore::start_one(const Decision& d, Time now) {
   const RequestId rid = d.request;
   State::Request& r = state_->requests.at(rid);
-  State::Function* f = state_->function(r.function);
+  State::Slot* slot = state_->slot(r.slot);
   const GpuId gpu{d.gpu};
   if (d.rule == scheduler::PlacementRule::kShared) {
     state_->gpus[d.gpu].sharing.push_back(rid);
@@ -615,7 +756,7 @@ void NodeCore::start_one(const Decision& d, Time now) {
   r.decision = d;
   r.phase = Phase::kPlacing;
   r.placed = now;
-  if (f == nullptr || !f->attached) {
+  if (slot == nullptr || !slot->instance) {
     // The instance went away after the request queued.
     r.start_error = error(ErrorCode::kDeinitialized, "the function's instance is gone");
     answer_start(rid, now);
@@ -624,28 +765,29 @@ void NodeCore::start_one(const Decision& d, Time now) {
     state_->requests.erase(rid);
     return;
   }
-  Start start{.request = rid, .function = r.function, .gpu = gpu};
+  const State::Function& f = state_->functions.at(slot->function);
+  Start start{.request = rid, .instance = *slot->instance, .function = slot->function, .gpu = gpu};
   start.source = d.source;
   if (d.source == Source::kPeer) start.source_gpu = GpuId{d.source_gpu};
   start.background = r.background;
   start.prewarm = d.prewarm;
-  start.first_request = !r.background && !f->model_fixed;
+  start.first_request = !r.background && !slot->model_fixed;
   start.rule = d.rule;
   // A function whose every block is state keeps a single replica: copies of it are moves.
-  const bool all_state = f->spec.stateful || !f->model_fixed;
-  if (!r.background) f->model_fixed = true;
+  const bool all_state = f.spec.stateful || !slot->model_fixed;
+  if (!r.background) slot->model_fixed = true;
   r.release_source = d.source == Source::kPeer && (d.release_source || all_state);
   r.drop_source_from_view = r.release_source && !d.release_source;
   start.release_source = r.release_source;
   r.swap_in_flight = d.source != Source::kResident;
-  f->lease = rid;
+  slot->lease = rid;
   if (r.background) {
-    f->background_queued.reset();
-  } else if (f->background_queued) {
+    slot->background_queued.reset();
+  } else if (slot->background_queued) {
     // The instance's work runs under this request; the background one it asked for is moot.
-    (void)scheduler_->cancel(*f->background_queued, now);
-    state_->requests.erase(*f->background_queued);
-    f->background_queued.reset();
+    (void)scheduler_->cancel(*slot->background_queued, now);
+    state_->requests.erase(*slot->background_queued);
+    slot->background_queued.reset();
   }
   actuator_.start(start);
 }
@@ -669,7 +811,7 @@ void NodeCore::preempt(Time now) {
     }
     const bool others_wait =
         std::any_of(state_->requests.begin(), state_->requests.end(), [&](const auto& entry) {
-          return entry.second.phase == Phase::kQueued && entry.second.function != r.function;
+          return entry.second.phase == Phase::kQueued && entry.second.slot != r.slot;
         });
     if (others_wait) candidates.emplace_back(r.placed, *g.running);
   }
@@ -678,11 +820,11 @@ void NodeCore::preempt(Time now) {
     if (wanted-- <= 0) break;
     State::Request& r = state_->requests.at(id);
     VLOG(1) << "t=" << now << " preempting background request " << id << " of '"
-            << state_->functions.at(r.function).spec.name << "' on GPU " << r.decision->gpu
-            << " after " << (now - placed) / 1'000'000 << " ms: others wait";
+            << state_->name(r.slot) << "' on GPU " << r.decision->gpu << " after "
+            << (now - placed) / 1'000'000 << " ms: others wait";
     r.phase = Phase::kEnding;
     ++state_->preemptions;
-    actuator_.end(id, r.function, Status());
+    if (r.instance) actuator_.end(id, *r.instance, Status());
   }
 }
 
@@ -702,12 +844,13 @@ Time NodeCore::slice_end() const {
   return earliest;
 }
 
-void NodeCore::evict(FunctionId function, GpuId gpu, EvictionReason reason) {
-  State::Function* f = state_->function(function);
-  if (f == nullptr || !f->attached) return;
-  Result<uint64_t> freed = actuator_.evict(function, gpu);
+void NodeCore::evict(FunctionId slot, GpuId gpu, EvictionReason reason) {
+  const std::optional<InstanceId> instance = state_->instance(slot);
+  if (!instance) return;
+  Result<uint64_t> freed = actuator_.evict(*instance, gpu);
   if (!freed.ok()) {
-    LOG(ERROR) << "evicting '" << f->spec.name << "' from GPU " << gpu << ": " << freed.status();
+    LOG(ERROR) << "evicting instance " << *instance << " of '" << state_->name(slot)
+               << "' from GPU " << gpu << ": " << freed.status();
     // A copy that failed is the GPU's fault; anything else is ours, and the GPU is fine.
     if (freed.status().code() != ErrorCode::kIllegalState) {
       fail_gpu(gpu, freed.status().with_context("writing a model back"));
@@ -742,7 +885,8 @@ void NodeCore::update_reserved(GpuId gpu) {
   const scheduler::FunctionTable& functions = scheduler_->functions();
   uint64_t models = 0;
   for (const scheduler::Replica& replica : view.gpu(g).replicas) {
-    models += std::min(replica.bytes, actuator_.placed_bytes(functions.id(replica.function), gpu));
+    const std::optional<InstanceId> instance = state_->instance(functions.id(replica.function));
+    if (instance) models += std::min(replica.bytes, actuator_.placed_bytes(*instance, gpu));
   }
   const uint64_t allocated = actuator_.pool_allocated(gpu);
   const uint64_t outside = options_.outside_pool_bytes.empty() ? 0 : options_.outside_pool_bytes[g];
@@ -811,8 +955,12 @@ NodeStatus NodeCore::status(Time now) const {
     NodeStatus::Gpu gpu;
     gpu.healthy = g.healthy;
     gpu.drained = g.drained;
-    if (g.running) gpu.running = state_->requests.at(*g.running).function;
-    for (RequestId id : g.sharing) gpu.sharing.push_back(state_->requests.at(id).function);
+    if (g.running) gpu.running = state_->requests.at(*g.running).instance;
+    for (RequestId id : g.sharing) {
+      if (const std::optional<InstanceId> instance = state_->requests.at(id).instance) {
+        gpu.sharing.push_back(*instance);
+      }
+    }
     gpu.swaps_in = g.swaps_in;
     gpu.swap_in_bytes = g.swap_in_bytes;
     gpu.swap_in_seconds = g.swap_in_seconds;
@@ -824,22 +972,30 @@ NodeStatus NodeCore::status(Time now) const {
   for (const auto& [id, f] : state_->functions) {
     NodeStatus::Function fs{.id = id};
     fs.name = f.spec.name;
-    fs.attached = f.attached;
     fs.stateful = f.spec.stateful;
-    if (const std::optional<scheduler::FunctionIndex> index = table.find(id)) {
-      fs.heavy = table.heavy(*index);
-      fs.requests = table.stats(*index).requests;
-      fs.on_time = table.stats(*index).window.totals(now).on_time;
-      fs.rrc = scheduler_->rrc(id, now);
-      const scheduler::GpuMask holders = scheduler_->node().holders(*index);
-      for (int g = 0; g < gpu_count(); ++g) {
-        if (holders & scheduler::gpu_bit(g)) fs.resident_gpus.push_back(GpuId{g});
+    scheduler::GpuMask holders = 0;
+    for (FunctionId slot_id : f.slots) {
+      if (const std::optional<InstanceId> instance = state_->instance(slot_id)) {
+        fs.instances.push_back(*instance);
+        out.instances.emplace_back(*instance, id);
       }
+      const std::optional<scheduler::FunctionIndex> index = table.find(slot_id);
+      if (!index) continue;
+      fs.heavy = fs.heavy || table.heavy(*index);
+      fs.requests += table.stats(*index).requests;
+      fs.on_time += table.stats(*index).window.totals(now).on_time;
+      fs.rrc = std::max(fs.rrc, scheduler_->rrc(slot_id, now));
+      holders |= scheduler_->node().holders(*index);
+    }
+    std::sort(fs.instances.begin(), fs.instances.end());
+    for (int g = 0; g < gpu_count(); ++g) {
+      if (holders & scheduler::gpu_bit(g)) fs.resident_gpus.push_back(GpuId{g});
     }
     out.functions.push_back(std::move(fs));
   }
   std::sort(out.functions.begin(), out.functions.end(),
             [](const auto& a, const auto& b) { return a.id < b.id; });
+  std::sort(out.instances.begin(), out.instances.end());
   out.queued = scheduler_->queued();
   out.counters = scheduler_->counters();
   out.draining = state_->draining;

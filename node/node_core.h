@@ -33,7 +33,18 @@
 // one is its running request, the others share it, and when the running one is released the
 // first of them takes its place. Each is started, ended and released on its own.
 //
-// A background request (need_gpu: the function's own use of a GPU outside its callers' requests,
+// Functions and instances. A function (add_function) is what callers ask for; an instance
+// (attach) is a process that serves it, with its own address range, blocks and copy of the
+// model. A function may have several instances at once: each runs one request at a time, so two
+// requests of one function run at once on two GPUs, each with its instance's copy. The core
+// chooses the instance of a request that names none (arrive), and the scheduler places each
+// instance's requests and replicas as it places a function's: to the scheduler every instance
+// slot of a function is an entry of its own (its queue, replicas and statistics). A slot
+// outlives its instance, so a function's statistics survive its instances' restarts; an
+// instance that attaches takes its function's first free slot. hiber-sim's functions have one
+// instance each.
+//
+// A background request (need_gpu: the instance's own use of a GPU outside its callers' requests,
 // such as its start-up) is forgotten at released(); nobody waits for it. With a lease slice
 // (NodeOptions::lease_slice) dispatch() preempts one that has run for a slice while other
 // functions wait: it ends like any request, and its model stays on the GPU as a replica that the
@@ -47,6 +58,7 @@
 #include <string>
 #include <vector>
 
+#include "common/gpu_set.h"
 #include "common/histogram.h"
 #include "common/ids.h"
 #include "common/status.h"
@@ -83,11 +95,12 @@ struct FunctionSpec {
   bool stateful = false;
 };
 
-// What the actuator must do to start a request: bring the function's model onto `gpu` from
+// What the actuator must do to start a request: bring the instance's model onto `gpu` from
 // `source` (nothing to bring when resident) and run the request there.
 struct Start {
   RequestId request;
-  FunctionId function;
+  InstanceId instance;  // runs it
+  FunctionId function;  // the instance's
   GpuId gpu;
   scheduler::Source source = scheduler::Source::kResident;
   std::optional<GpuId> source_gpu;  // Source::kPeer: the GPU holding the replica to copy
@@ -122,36 +135,36 @@ class Actuator {
  public:
   virtual ~Actuator() = default;
 
-  // Frees `function`'s replica on `gpu`; its host copy is authoritative, so only state that must
+  // Frees `instance`'s replica on `gpu`; its host copy is authoritative, so only state that must
   // survive is written back. Returns the bytes freed. An error other than kIllegalState means
   // the GPU failed (a write-back did not complete).
-  virtual Result<uint64_t> evict(FunctionId function, GpuId gpu) = 0;
-  // Frees `function`'s replica on `gpu` without writing anything back: its GPU failed, or its
+  virtual Result<uint64_t> evict(InstanceId instance, GpuId gpu) = 0;
+  // Frees `instance`'s replica on `gpu` without writing anything back: its GPU failed, or its
   // bytes were moved to another GPU.
-  virtual void forget(FunctionId function, GpuId gpu) = 0;
+  virtual void forget(InstanceId instance, GpuId gpu) = 0;
   // Starts a request (evictions are done). The actuator reports streaming() when the model is
   // resident or streaming in (or the start failed), swap_done() when a swap ends, and
   // released() when the request's work has drained and the GPU is free.
   virtual void start(const Start& start) = 0;
   // The request must end: drain its work and report released(). `failure` is ok for an
   // ordinary end; otherwise the request's GPU failed and its work is lost.
-  virtual void end(RequestId request, FunctionId function, const Status& failure) = 0;
+  virtual void end(RequestId request, InstanceId instance, const Status& failure) = 0;
   // The answer to await_start(): the request runs, or why it never will.
   virtual void answer_start(RequestId request, const Result<StartInfo>& answer) = 0;
   // The scheduler shed the request (SchedulerOptions::shed): it will never run. `why` is the
   // "overloaded" error await_start() answers (now, if it waits); the caller still says done().
-  virtual void rejected(RequestId request, FunctionId function, const Status& why) = 0;
+  virtual void rejected(RequestId request, InstanceId instance, const Status& why) = 0;
   // A drain() finished: `gpu`, or the whole node when none.
   virtual void drained(std::optional<GpuId> gpu) = 0;
 
   // ---- Memory, for the reserve accounting ----
   // Bytes `gpu`'s pool has given out, to anything.
   virtual uint64_t pool_allocated(GpuId gpu) const = 0;
-  // Bytes of `function`'s blocks placed on `gpu`.
-  virtual uint64_t placed_bytes(FunctionId function, GpuId gpu) const = 0;
-  // The function's model size as its memory knows it now (asked when a request arrives, and
+  // Bytes of `instance`'s blocks placed on `gpu`.
+  virtual uint64_t placed_bytes(InstanceId instance, GpuId gpu) const = 0;
+  // The instance's model size as its memory knows it now (asked when a request arrives, and
   // when one releases).
-  virtual uint64_t model_bytes(FunctionId function) const = 0;
+  virtual uint64_t model_bytes(InstanceId instance) const = 0;
 };
 
 // The link a swap brings a model over.
@@ -180,8 +193,8 @@ struct NodeStatus {
   struct Gpu {
     bool healthy = true;
     bool drained = false;
-    std::optional<FunctionId> running;
-    std::vector<FunctionId> sharing;  // executing beside `running` (spatial sharing)
+    std::optional<InstanceId> running;
+    std::vector<InstanceId> sharing;  // executing beside `running` (spatial sharing)
     uint64_t swaps_in = 0;
     uint64_t swap_in_bytes = 0;
     double swap_in_seconds = 0;
@@ -192,19 +205,22 @@ struct NodeStatus {
     uint64_t swaps = 0;
     uint64_t bytes = 0;
   };
+  // A function, its instances' slots summed.
   struct Function {
     FunctionId id;
     std::string name;
-    bool attached = false;
+    std::vector<InstanceId> instances;  // attached, in increasing order
     bool stateful = false;
-    bool heavy = false;
+    bool heavy = false;  // any slot's
     uint64_t requests = 0;
     uint64_t on_time = 0;
-    double rrc = 0;
-    std::vector<GpuId> resident_gpus;
+    double rrc = 0;                    // the highest slot's
+    std::vector<GpuId> resident_gpus;  // where any of its instances has a replica
   };
   std::vector<Gpu> gpus;
   std::vector<Function> functions;  // by id
+  // The function of every attached instance: what Gpu::running names.
+  std::vector<std::pair<InstanceId, FunctionId>> instances;  // by instance
   uint64_t queued = 0;
   scheduler::SchedulerCounters counters;
   bool draining = false;
@@ -224,26 +240,39 @@ class NodeCore {
   NodeCore(const NodeCore&) = delete;
   NodeCore& operator=(const NodeCore&) = delete;
 
-  // ---- Functions ----
-  // kInvalidValue for a bad spec or an id in use. The caller numbers its functions.
+  // ---- Functions and instances ----
+  // The ids at and above this one are the core's own (its scheduler entries for instance slots
+  // beyond a function's first); add_function refuses them.
+  static constexpr uint32_t kFirstOwnId = uint32_t{1} << 31;
+  // kInvalidValue for a bad spec, an id in use or one at or above kFirstOwnId. The caller numbers
+  // its functions.
   Status add_function(FunctionId id, const FunctionSpec& spec, Time now);
   // Forgets the function and cancels its queued requests. kIllegalState while it has an
   // instance attached; kNotFound if unknown.
   Status remove_function(FunctionId id, Time now);
   bool has_function(FunctionId id) const;
-  // The function has an instance that can run its requests (hiberd: a connected session).
-  Status attach(FunctionId id);
+  // `instance` can run `function`'s requests (hiberd: a connected session). kNotFound for an
+  // unknown function; kInvalidValue for an instance attached already.
+  Status attach(InstanceId instance, FunctionId function, Time now);
   // The instance is gone, and its memory with it: its queued requests are withdrawn, a running
-  // one ends as failed, waiting await_start()s are answered with an error.
-  void detach(FunctionId id, Time now);
+  // one ends as failed, waiting await_start()s are answered with an error. Unknown: nothing.
+  void detach(InstanceId instance, Time now);
+  // The function `instance` serves, while it is attached.
+  std::optional<FunctionId> function_of(InstanceId instance) const;
 
   // ---- Requests ----
-  // A caller's request. kNotFound for an unknown function; kDeviceUnavailable when the node
-  // drains or the function has no instance.
-  Result<RequestId> arrive(FunctionId id, Time now);
-  // The function's instance needs a GPU outside any caller's request: a background request is
-  // queued unless it holds or awaits one already.
-  void need_gpu(FunctionId id, Time now);
+  // A caller's request of `function`, for `instance` when the caller has already sent it to
+  // that process (hiber-router names the worker's instance), or for the instance the core
+  // chooses: the one with the fewest of its callers' requests not yet done, among those one
+  // whose model is on a GPU already, then the one attached first. kNotFound for an unknown
+  // function; kDeviceUnavailable when the node drains, the function has no instance, or
+  // `instance` is not one of its instances.
+  Result<RequestId> arrive(FunctionId function, std::optional<InstanceId> instance, Time now);
+  // The instance the request runs on, until it is forgotten.
+  std::optional<InstanceId> instance_of(RequestId request) const;
+  // The instance needs a GPU outside any caller's request: a background request is queued
+  // unless it holds or awaits one already.
+  void need_gpu(InstanceId instance, Time now);
   // The caller waits for `request` to run: Actuator::answer_start() answers, now or later.
   // kNotFound for a request not waiting (unknown, finished, background); kInvalidValue when
   // somebody waits already.
@@ -262,9 +291,9 @@ class NodeCore {
   void swap_done(RequestId request, const Status& status, const SwapStats& stats, Time now);
   // The request's work has drained; its GPU is free.
   void released(RequestId request, const Status& status, Time now);
-  // `function` needs `bytes` more on `gpu` than its pool can give: the eviction policy frees
-  // other functions' replicas there. kOutOfMemory when nothing it may evict is left.
-  Status make_room(FunctionId function, GpuId gpu, uint64_t bytes, Time now);
+  // `instance` needs `bytes` more on `gpu` than its pool can give: the eviction policy frees
+  // other replicas there. kOutOfMemory when nothing it may evict is left.
+  Status make_room(InstanceId instance, GpuId gpu, uint64_t bytes, Time now);
   // The actuator's memory on `gpu` changed outside a core call (blocks allocated or freed).
   void memory_changed(GpuId gpu);
   // A transfer on `gpu` failed: it takes no more requests, its replicas are forgotten, and the
@@ -315,9 +344,13 @@ class NodeCore {
   // When the earliest background request that preempt() could end reaches its slice, if any
   // request waits; kNever otherwise.
   Time slice_end() const;
-  void evict(FunctionId function, GpuId gpu, EvictionReason reason);
-  // Tells the scheduler the model size the actuator reports, if it changed.
-  void learn_model_bytes(FunctionId function);
+  // Evicts the replica of the slot the scheduler calls `slot` (an id of its), if an instance
+  // holds the slot.
+  void evict(FunctionId slot, GpuId gpu, EvictionReason reason);
+  // Tells the scheduler the model size the slot's instance reports, if it changed.
+  void learn_model_bytes(FunctionId slot);
+  // A new slot of `function` in the scheduler, with the function's spec.
+  Result<FunctionId> add_slot(FunctionId function, Time now);
   // Tells the scheduler how much of `gpu` is used by anything but the replicas it placed.
   void update_reserved(GpuId gpu);
   // `gpu`'s reserve may have changed: update_reserved() before the next decision.

@@ -40,29 +40,29 @@ node::FunctionSpec function_spec(const Registration& r) {
 // ---- The controller thread's state ----
 
 struct Controller::State {
-  // A function the node knows: registered by the router, or an instance that connected on its
-  // own (a program run by hand), which is forgotten when it disconnects.
-  // A registered function's instances beyond its first are tenants too (`extra`), each a core
-  // function of its own named like the registration, made at attach and forgotten at detach.
-  struct Tenant {
-    std::string name;  // the function id; ad-hoc sessions get "<id>#<session>"
+  // A function the node knows: registered by the router, or a program that connected on its own
+  // (a function of its own, "<id>#<session>", forgotten when it disconnects).
+  struct Function {
+    std::string name;
     bool registered = false;
-    bool extra = false;
     Registration registration;
+    std::vector<InstanceId> instances;  // connected, in the order they attached
+  };
+  // A connected session: one instance of a function (node/node_core.h, "Functions and
+  // instances").
+  struct Instance {
+    FunctionId function;
     LeaseHolder* session = nullptr;
-    std::optional<SessionId> session_id;
-    std::string instance;  // the session's instance key
+    SessionId session_id;
+    std::string key;  // its Hello's instance key
     std::shared_ptr<FunctionMemory> memory;
-    uint64_t open_requests = 0;  // arrived and not yet done
   };
 
   std::unique_ptr<node::NodeCore> core;
-  std::unordered_map<FunctionId, Tenant> tenants;
-  std::unordered_map<std::string, FunctionId> by_name;  // registrations and ad-hoc tenants
-  std::unordered_map<SessionId, FunctionId> by_session;
-  // A registered function's connected instances, in the order they attached.
-  std::unordered_map<std::string, std::vector<FunctionId>> instances_of;
-  std::unordered_map<RequestId, FunctionId> open_requests;  // requestArrived, not yet done
+  std::unordered_map<FunctionId, Function> functions;
+  std::unordered_map<std::string, FunctionId> by_name;  // registrations and ad-hoc functions
+  std::unordered_map<InstanceId, Instance> instances;
+  std::unordered_map<SessionId, InstanceId> by_session;
   std::unordered_map<RequestId, Reply<wire::Started>> start_replies;
   std::deque<std::pair<std::optional<GpuId>, Reply<Ok>>> drain_replies;  // in the order asked
   std::vector<std::optional<device::Stream>> service;  // per GPU: the controller's write-backs
@@ -74,17 +74,25 @@ struct Controller::State {
   };
   std::map<GpuId, Reset> resets;
 
-  Tenant* tenant(FunctionId id) {
-    auto it = tenants.find(id);
-    return it == tenants.end() ? nullptr : &it->second;
+  Function* function(FunctionId id) {
+    auto it = functions.find(id);
+    return it == functions.end() ? nullptr : &it->second;
   }
-  Tenant* tenant_of_session(SessionId session) {
-    auto it = by_session.find(session);
-    return it == by_session.end() ? nullptr : tenant(it->second);
-  }
-  Tenant* tenant_named(const std::string& name) {
+  Function* function_named(const std::string& name) {
     auto it = by_name.find(name);
-    return it == by_name.end() ? nullptr : tenant(it->second);
+    return it == by_name.end() ? nullptr : function(it->second);
+  }
+  Instance* instance(InstanceId id) {
+    auto it = instances.find(id);
+    return it == instances.end() ? nullptr : &it->second;
+  }
+  const Instance* instance(InstanceId id) const {
+    auto it = instances.find(id);
+    return it == instances.end() ? nullptr : &it->second;
+  }
+  Instance* instance_of_session(SessionId session) {
+    auto it = by_session.find(session);
+    return it == by_session.end() ? nullptr : instance(it->second);
   }
 };
 
@@ -160,7 +168,7 @@ Controller::~Controller() {
       if (stream) (void)device_.destroy_stream(*stream);
     }
     // Function memory (held by sessions) is gone before the pools it lived in.
-    state_->tenants.clear();
+    state_->instances.clear();
   }
 }
 
@@ -220,7 +228,7 @@ Result<SessionPlan> Controller::admit(const std::string& function_id, const std:
     }
     if (!instance.empty()) {
       for (const auto& [other, admitted] : instances) {
-        if (admitted.instance == instance) {
+        if (admitted.key == instance) {
           return error(ErrorCode::kInvalidValue, "function '", function_id, "' has an instance '",
                        instance, "' connected already (session ", other,
                        "); each instance needs a key of its own");
@@ -240,18 +248,15 @@ Result<SessionPlan> Controller::admit(const std::string& function_id, const std:
     return error(ErrorCode::kOutOfMemory, "a quota of ", quota, " bytes is above the maximum of ",
                  max_quota);
   }
+  if (next_instance_ == UINT32_MAX) {
+    return error(ErrorCode::kDeviceUnavailable, "hiberd has numbered ", next_instance_,
+                 " instances, all it can; restart it");
+  }
+  plan.instance = InstanceId{next_instance_++};
   if (registered != registry_.end()) {
-    // The registration's core function serves the first instance; each other instance at once
-    // gets one of its own (attach() adds it to the core).
-    auto& instances = registered->second.instances;
-    const FunctionId own = registered->second.id;
-    const bool own_taken = std::any_of(instances.begin(), instances.end(),
-                                       [&](const auto& entry) { return entry.second.core == own; });
-    plan.function = own_taken ? FunctionId{next_function_++} : own;
-    instances.insert_or_assign(session, Admitted{plan.function, instance});
+    registered->second.instances.insert_or_assign(session, Admitted{plan.instance, instance});
   } else {
     // A program that connected on its own is a function of its own for as long as it lives.
-    plan.function = FunctionId{next_function_++};
     // It has no SLO of its own: the node's deadline alone.
     plan.kernel_deadline = std::chrono::nanoseconds(options_.kernel_deadline);
   }
@@ -268,76 +273,64 @@ void Controller::withdraw(const std::string& function_id, SessionId session) {
 
 void Controller::attach(LeaseHolder* session) {
   const std::string& function_id = session->function_id();
-  const FunctionId id{session->memory()->owner()};
-  bool registered = false;
-  std::optional<Registration> extra;
+  std::optional<FunctionId> registered;
   {
     MutexLock lock(registry_mutex_);
     auto it = registry_.find(function_id);
-    if (it != registry_.end()) {
-      auto admitted = it->second.instances.find(session->id());
-      registered = admitted != it->second.instances.end() && admitted->second.core == id;
-      if (registered && id != it->second.id) extra = it->second.registration;
+    if (it != registry_.end() && it->second.instances.count(session->id()) != 0) {
+      registered = it->second.id;
     }
   }
-  post([this, session, id, registered, extra](State&) {
-    on_attach(session, id, registered, extra);
+  std::optional<FunctionId> own;
+  if (!registered) {
+    MutexLock lock(registry_mutex_);
+    own = FunctionId{next_function_++};
+  }
+  post([this, session, registered, own](State&) {
+    on_attach(session, registered ? *registered : *own, registered.has_value());
   });
 }
 
-void Controller::on_attach(LeaseHolder* session, FunctionId id, bool registered,
-                           const std::optional<Registration>& extra) {
+void Controller::on_attach(LeaseHolder* session, FunctionId id, bool registered) {
   State& s = *state_;
   const std::string& function_id = session->function_id();
   const SessionId session_id = session->id();
-  if (extra) {
-    // Another instance of a registered function: a core function of its own, specified as the
-    // registration is.
-    Status added = s.core->add_function(id, function_spec(*extra), now_ns());
-    if (!added.ok()) {
-      LOG(ERROR) << "session " << session_id << ": " << added;
-      return;
-    }
-    State::Tenant tenant;
-    tenant.name = function_id;
-    tenant.registered = true;
-    tenant.extra = true;
-    tenant.registration = *extra;
-    s.tenants.emplace(id, std::move(tenant));
-  } else if (registered) {
-    if (s.tenant(id) == nullptr) {
+  const scheduler::Time now = now_ns();
+  if (registered) {
+    if (s.function(id) == nullptr) {
       LOG(ERROR) << "session " << session_id << ": function '" << function_id
                  << "' is registered but unknown to the node core";
       return;
     }
   } else {
-    // A process that connected on its own: a tenant of its own, with the default SLO.
+    // A process that connected on its own: a function of its own, with the default SLO.
     node::FunctionSpec spec;
     spec.name = str_cat(function_id, "#", session_id);
     spec.model_bytes = kUnknownModelBytes;
     spec.slo = options_.default_slo;
-    Status added = s.core->add_function(id, spec, now_ns());
+    Status added = s.core->add_function(id, spec, now);
     if (!added.ok()) {
       LOG(ERROR) << "session " << session_id << ": " << added;
       return;
     }
-    State::Tenant tenant;
-    tenant.name = spec.name;
-    s.tenants.emplace(id, std::move(tenant));
+    State::Function function;
+    function.name = spec.name;
+    s.functions.emplace(id, std::move(function));
     s.by_name.emplace(spec.name, id);
   }
-  Status attached = s.core->attach(id);
+  const InstanceId instance = session->instance();
+  Status attached = s.core->attach(instance, id, now);
   if (!attached.ok()) {
     LOG(ERROR) << "session " << session_id << ": " << attached;
     return;
   }
-  State::Tenant& t = s.tenants.at(id);
-  t.session = session;
-  t.session_id = session_id;
-  t.instance = session->instance_key();
-  t.memory = session->memory();
-  s.by_session.emplace(session_id, id);
-  if (t.registered) s.instances_of[function_id].push_back(id);
+  s.instances.emplace(instance, State::Instance{.function = id,
+                                                .session = session,
+                                                .session_id = session_id,
+                                                .key = session->instance_key(),
+                                                .memory = session->memory()});
+  s.by_session.emplace(session_id, instance);
+  s.functions.at(id).instances.push_back(instance);
 }
 
 void Controller::detach(SessionId session) {
@@ -351,31 +344,25 @@ void Controller::on_detach(SessionId session) {
   State& s = *state_;
   auto it = s.by_session.find(session);
   if (it == s.by_session.end()) return;
-  const FunctionId id = it->second;
-  State::Tenant& t = s.tenants.at(id);
+  const InstanceId instance = it->second;
+  const FunctionId id = s.instances.at(instance).function;
   const scheduler::Time now = now_ns();
   // Its requests end and its replicas leave the view (its memory went with the session).
-  s.core->detach(id, now);
+  s.core->detach(instance, now);
   // A context being reset waits for it no more: its objects went with it.
   forgotten(session, std::nullopt);
-  t.session = nullptr;
-  t.session_id.reset();
-  t.memory.reset();
+  s.instances.erase(instance);
   s.by_session.erase(it);
-  if (t.registered) {
-    auto live = s.instances_of.find(t.name);
-    if (live != s.instances_of.end()) {
-      std::erase(live->second, id);
-      if (live->second.empty()) s.instances_of.erase(live);
-    }
+  State::Function& f = s.functions.at(id);
+  std::erase(f.instances, instance);
+  if (f.registered) {
     MutexLock lock(registry_mutex_);
-    if (auto r = registry_.find(t.name); r != registry_.end()) r->second.instances.erase(session);
-  }
-  if (!t.registered || t.extra) {
+    if (auto r = registry_.find(f.name); r != registry_.end()) r->second.instances.erase(session);
+  } else {
     Status gone = s.core->remove_function(id, now);
-    LOG_IF(ERROR, !gone.ok()) << "forgetting '" << t.name << "': " << gone;
-    if (!t.registered) s.by_name.erase(t.name);
-    s.tenants.erase(id);
+    LOG_IF(ERROR, !gone.ok()) << "forgetting '" << f.name << "': " << gone;
+    s.by_name.erase(f.name);
+    s.functions.erase(id);
   }
 }
 
@@ -434,11 +421,11 @@ void Controller::on_register(const Registration& r, FunctionId id, Reply<Ok>& re
     reply(added);
     return;
   }
-  State::Tenant tenant;
-  tenant.name = r.function_id;
-  tenant.registered = true;
-  tenant.registration = r;
-  s.tenants.emplace(id, std::move(tenant));
+  State::Function function;
+  function.name = r.function_id;
+  function.registered = true;
+  function.registration = r;
+  s.functions.emplace(id, std::move(function));
   s.by_name.emplace(r.function_id, id);
   LOG(INFO) << "registered function '" << r.function_id << "': SLO " << r.slo / 1e6 << " ms at p"
             << r.tail_percentile * 100 << (r.stateful ? ", stateful" : "");
@@ -453,17 +440,16 @@ void Controller::unregister_function(const std::string& function_id, Reply<Ok> r
 
 void Controller::on_unregister(const std::string& function_id, Reply<Ok>& reply) {
   State& s = *state_;
-  State::Tenant* t = s.tenant_named(function_id);
-  if (t == nullptr || !t->registered) {
+  State::Function* f = s.function_named(function_id);
+  if (f == nullptr || !f->registered) {
     reply(error(ErrorCode::kNotFound, "function '", function_id, "' is not registered"));
     return;
   }
-  if (auto live = s.instances_of.find(function_id); live != s.instances_of.end()) {
-    const State::Tenant* first = s.tenant(live->second.front());
+  if (!f->instances.empty()) {
+    const State::Instance& first = s.instances.at(f->instances.front());
     reply(error(ErrorCode::kIllegalState, "function '", function_id, "' still has ",
-                live->second.size(), " connected instance(s) (session ",
-                first != nullptr && first->session_id ? first->session_id->value() : 0,
-                live->second.size() > 1 ? " and others" : "", "); stop them first"));
+                f->instances.size(), " connected instance(s) (session ", first.session_id,
+                f->instances.size() > 1 ? " and others" : "", "); stop them first"));
     return;
   }
   const FunctionId id = s.by_name.at(function_id);
@@ -473,7 +459,7 @@ void Controller::on_unregister(const std::string& function_id, Reply<Ok>& reply)
     return;
   }
   s.by_name.erase(function_id);
-  s.tenants.erase(id);
+  s.functions.erase(id);
   {
     MutexLock lock(registry_mutex_);
     registry_.erase(function_id);
@@ -491,46 +477,31 @@ void Controller::request_arrived(const std::string& function_id, const std::stri
 void Controller::on_arrived(const std::string& function_id, const std::string& instance,
                             Reply<uint64_t>& reply) {
   State& s = *state_;
-  State::Tenant* t = s.tenant_named(function_id);
-  if (t == nullptr || !t->registered) {
+  State::Function* f = s.function_named(function_id);
+  if (f == nullptr || !f->registered) {
     reply(error(ErrorCode::kNotFound, "requestArrived: function '", function_id,
                 "' is not registered"));
     return;
   }
-  // Which instance serves it: the one named, or the least busy. With none connected the
-  // registration's own core function answers (it has no instance: the core says so).
-  FunctionId chosen = s.by_name.at(function_id);
-  if (auto live = s.instances_of.find(function_id); live != s.instances_of.end()) {
-    const std::vector<FunctionId>& instances = live->second;
-    if (!instance.empty()) {
-      auto named = std::find_if(instances.begin(), instances.end(), [&](FunctionId id) {
-        return s.tenants.at(id).instance == instance;
-      });
-      if (named == instances.end()) {
-        reply(error(ErrorCode::kDeviceUnavailable, "requestArrived: function '", function_id,
-                    "' has no connected instance '", instance, "' (", instances.size(),
-                    " other instance(s) are connected)"));
-        return;
-      }
-      chosen = *named;
-    } else {
-      chosen =
-          *std::min_element(instances.begin(), instances.end(), [&](FunctionId a, FunctionId b) {
-            return s.tenants.at(a).open_requests < s.tenants.at(b).open_requests;
-          });
+  // The instance named is the router's worker that gets the request; without one the core
+  // chooses (NodeCore::arrive).
+  std::optional<InstanceId> named;
+  if (!instance.empty()) {
+    for (InstanceId i : f->instances) {
+      if (s.instances.at(i).key == instance) named = i;
     }
-  } else if (!instance.empty()) {
-    reply(error(ErrorCode::kDeviceUnavailable, "requestArrived: function '", function_id,
-                "' has no connected instance '", instance, "'"));
-    return;
+    if (!named) {
+      reply(error(ErrorCode::kDeviceUnavailable, "requestArrived: function '", function_id,
+                  "' has no connected instance '", instance, "' (", f->instances.size(),
+                  " other instance(s) are connected)"));
+      return;
+    }
   }
-  Result<RequestId> id = s.core->arrive(chosen, now_ns());
+  Result<RequestId> id = s.core->arrive(s.by_name.at(function_id), named, now_ns());
   if (!id.ok()) {
     reply(id.status().with_context("requestArrived"));
     return;
   }
-  ++s.tenants.at(chosen).open_requests;
-  s.open_requests.emplace(*id, chosen);
   reply(id->value());
 }
 
@@ -554,12 +525,6 @@ void Controller::request_start(uint64_t request, Reply<wire::Started> reply) {
 
 void Controller::request_done(uint64_t request, bool failed, Reply<Ok> reply) {
   post([this, request, failed, reply = std::move(reply)](State& s) {
-    if (auto open = s.open_requests.find(RequestId{request}); open != s.open_requests.end()) {
-      if (State::Tenant* t = s.tenant(open->second); t != nullptr && t->open_requests > 0) {
-        --t->open_requests;
-      }
-      s.open_requests.erase(open);
-    }
     Status done = s.core->done(RequestId{request}, failed, now_ns());
     if (!done.ok()) {
       reply(done.with_context("requestDone"));
@@ -610,7 +575,9 @@ ControllerStatus Controller::on_status() {
     gpu.healthy = in.healthy;
     gpu.drained = in.drained;
     if (in.running) {
-      if (State::Tenant* t = s.tenant(*in.running)) gpu.running = t->name;
+      if (const State::Instance* i = s.instance(*in.running)) {
+        gpu.running = s.functions.at(i->function).name;
+      }
     }
     gpu.pool_bytes = pools_->pool_bytes(g);
     gpu.pool = pools_->pools().stats(g);
@@ -621,37 +588,27 @@ ControllerStatus Controller::on_status() {
     gpu.evictions_by_reason = in.evictions_by_reason;
     out.gpus.push_back(gpu);
   }
-  // One entry per function: its instances' core functions summed into it.
-  std::unordered_map<std::string, size_t> entry_of;
+  // One entry per function, its instances summed (the core sums their statistics).
   for (const node::NodeStatus::Function& in : core.functions) {
-    const State::Tenant* t = s.tenant(in.id);
-    if (t == nullptr) continue;
-    auto [entry, added] = entry_of.emplace(t->name, out.functions.size());
-    if (added) {
-      ControllerStatus::Function f;
-      f.function_id = t->name;
-      f.registered = t->registered;
-      f.stateful = in.stateful;
-      f.rrc = in.rrc;
-      out.functions.push_back(std::move(f));
+    const State::Function* known = s.function(in.id);
+    if (known == nullptr) continue;
+    ControllerStatus::Function f;
+    f.function_id = known->name;
+    f.registered = known->registered;
+    f.stateful = in.stateful;
+    f.heavy = in.heavy;
+    f.rrc = in.rrc;
+    f.requests = in.requests;
+    f.on_time = in.on_time;
+    for (GpuId g : in.resident_gpus) f.resident_gpus.push_back(g.value());
+    for (InstanceId id : in.instances) {
+      const State::Instance* instance = s.instance(id);
+      if (instance == nullptr || !instance->memory) continue;
+      f.model_bytes = std::max(f.model_bytes, instance->memory->model_bytes());
+      f.host_copy_bytes += instance->memory->host_bytes();
     }
-    ControllerStatus::Function& f = out.functions[entry->second];
-    f.heavy = f.heavy || in.heavy;
-    if (t->memory) {
-      f.model_bytes = std::max(f.model_bytes, t->memory->model_bytes());
-      f.host_copy_bytes += t->memory->host_bytes();
-    }
-    for (GpuId g : in.resident_gpus) {
-      if (std::find(f.resident_gpus.begin(), f.resident_gpus.end(), g.value()) ==
-          f.resident_gpus.end()) {
-        f.resident_gpus.push_back(g.value());
-      }
-    }
-    std::sort(f.resident_gpus.begin(), f.resident_gpus.end());
-    f.requests += in.requests;
-    f.on_time += in.on_time;
-    f.rrc = std::max(f.rrc, in.rrc);
-    if (t->session != nullptr) ++f.instances;
+    f.instances = static_cast<uint32_t>(in.instances.size());
+    out.functions.push_back(std::move(f));
   }
   std::sort(out.functions.begin(), out.functions.end(),
             [](const auto& a, const auto& b) { return a.function_id < b.function_id; });
@@ -688,8 +645,8 @@ void Controller::swap_done(SessionId session, RequestId lease, const Status& sta
                            const SwapReport& report) {
   post([session, lease, status, report](State& s) {
     // Device callbacks cannot unmap the sources of finished peer copies; this thread can.
-    if (State::Tenant* t = s.tenant_of_session(session); t != nullptr && t->memory) {
-      t->memory->retire_windows();
+    if (State::Instance* i = s.instance_of_session(session); i != nullptr && i->memory) {
+      i->memory->retire_windows();
     }
     s.core->swap_done(lease, status, node::SwapStats{report.bytes, report.duration_ns}, now_ns());
   });
@@ -725,9 +682,9 @@ void Controller::begin_reset(RequestId lease, const Status& fault) {
   reset.fault = fault;
   // Their answers come as events of this thread, so none can arrive before the set is full.
   for (const auto& [session, id] : s.by_session) {
-    if (State::Tenant* t = s.tenant(id); t != nullptr && t->session != nullptr) {
+    if (State::Instance* i = s.instance(id); i != nullptr && i->session != nullptr) {
       reset.waiting.insert(session);
-      t->session->forget_shared_context(*gpu);
+      i->session->forget_shared_context(*gpu);
     }
   }
   if (reset.waiting.empty()) finish_reset(*gpu);
@@ -773,42 +730,42 @@ Status Controller::make_room(SessionId session, GpuId gpu, const memory::Shortfa
 
 // ---- node::Actuator ----
 
-Result<uint64_t> Controller::evict(FunctionId function, GpuId gpu) {
-  State::Tenant* t = state_->tenant(function);
-  if (t == nullptr || !t->memory) return uint64_t{0};
+Result<uint64_t> Controller::evict(InstanceId instance, GpuId gpu) {
+  State::Instance* i = state_->instance(instance);
+  if (i == nullptr || !i->memory) return uint64_t{0};
   HIBER_ASSIGN_OR_RETURN(device::Stream stream, service_stream(gpu));
-  return t->memory->evict(gpu, stream);
+  return i->memory->evict(gpu, stream);
 }
 
-void Controller::forget(FunctionId function, GpuId gpu) {
-  State::Tenant* t = state_->tenant(function);
-  if (t != nullptr && t->memory) t->memory->forget(gpu);
+void Controller::forget(InstanceId instance, GpuId gpu) {
+  State::Instance* i = state_->instance(instance);
+  if (i != nullptr && i->memory) i->memory->forget(gpu);
 }
 
 void Controller::start(const node::Start& start) {
-  State::Tenant* t = state_->tenant(start.function);
-  if (t == nullptr || t->session == nullptr) {
-    // The core starts attached functions only; an instance is attached while its session lives.
-    LOG(DFATAL) << "start of request " << start.request << " for function " << start.function
+  State::Instance* i = state_->instance(start.instance);
+  if (i == nullptr || i->session == nullptr) {
+    // The core starts attached instances only; an instance is attached while its session lives.
+    LOG(DFATAL) << "start of request " << start.request << " for instance " << start.instance
                 << ", which has no session";
     return;
   }
-  Lease lease{.id = start.request, .gpu = start.gpu};
+  Lease lease{.id = start.request, .gpus = GpuSet::of(start.gpu)};
   lease.implicit = start.background;
   lease.source = start.source;
   lease.source_gpu = start.source_gpu;
   lease.release_source = start.release_source;
   lease.first_request = start.first_request;
-  t->session->grant(lease);
+  i->session->grant(lease);
 }
 
-void Controller::end(RequestId request, FunctionId function, const Status& failure) {
-  State::Tenant* t = state_->tenant(function);
-  if (t == nullptr || t->session == nullptr) return;  // its detach ends the request
+void Controller::end(RequestId request, InstanceId instance, const Status& failure) {
+  State::Instance* i = state_->instance(instance);
+  if (i == nullptr || i->session == nullptr) return;  // its detach ends the request
   if (failure.ok()) {
-    t->session->end_lease(request);
+    i->session->end_lease(request);
   } else {
-    t->session->fail(request, failure);
+    i->session->fail(request, failure);
   }
 }
 
@@ -834,8 +791,8 @@ void Controller::answer_start(RequestId request, const Result<node::StartInfo>& 
 
 // answer_start() has given the router the "overloaded" error already (or will, when it asks);
 // the router passes it on as 503 and says done, which ends the request in the core.
-void Controller::rejected(RequestId request, FunctionId function, const Status& why) {
-  VLOG(1) << "request " << request << " of function " << function << " shed: " << why;
+void Controller::rejected(RequestId request, InstanceId instance, const Status& why) {
+  VLOG(1) << "request " << request << " of instance " << instance << " shed: " << why;
 }
 
 void Controller::drained(std::optional<GpuId> gpu) {
@@ -852,14 +809,14 @@ uint64_t Controller::pool_allocated(GpuId gpu) const {
   return pools_->pools().stats(gpu.value()).allocated_bytes;
 }
 
-uint64_t Controller::placed_bytes(FunctionId function, GpuId gpu) const {
-  const State::Tenant* t = state_->tenant(function);
-  return t != nullptr && t->memory ? t->memory->placed_bytes(gpu) : 0;
+uint64_t Controller::placed_bytes(InstanceId instance, GpuId gpu) const {
+  const State::Instance* i = state_->instance(instance);
+  return i != nullptr && i->memory ? i->memory->placed_bytes(gpu) : 0;
 }
 
-uint64_t Controller::model_bytes(FunctionId function) const {
-  const State::Tenant* t = state_->tenant(function);
-  return t != nullptr && t->memory ? t->memory->model_bytes() : kUnknownModelBytes;
+uint64_t Controller::model_bytes(InstanceId instance) const {
+  const State::Instance* i = state_->instance(instance);
+  return i != nullptr && i->memory ? i->memory->model_bytes() : kUnknownModelBytes;
 }
 
 Result<device::Stream> Controller::service_stream(GpuId gpu) {

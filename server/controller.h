@@ -15,15 +15,15 @@
 // get background requests the same way, so one scheduler sees every use of every GPU.
 //
 // Instances. A registered function may have several instances at once, each a process with a
-// session of its own (the router scales a hot function's workers up to its max_instances). Each
-// instance is a function of its own to the node core: its own address range, blocks, replicas
-// and queue, so two instances run at once on two GPUs, each with its own copy of the model (a
-// VMM address maps one allocation, so two GPUs running one function at once need two address
-// ranges; docs/design.md, "Instances"). The first instance uses the registration's core
-// function; the others get core functions made when they attach and removed when they detach.
-// requestArrived names the instance that will serve the request (its Hello's instance key), so
-// the lease goes to the process that gets the request; without a key, the instance with the
-// fewest open requests gets it. Status reports each function once, its instances summed.
+// session of its own (the router scales a hot function's workers up to its max_instances). The
+// controller numbers each admitted session's instance (InstanceId) and attaches it to its
+// function in the node core, which schedules instances: each has its own address range, blocks,
+// replicas and queue, so two instances run at once on two GPUs, each with its own copy of the
+// model (a VMM address maps one allocation, so two GPUs running one function at once need two
+// address ranges; docs/design.md, "Functions and instances"). requestArrived names the instance
+// that will serve the request (its Hello's instance key), so the lease goes to the process that
+// gets the request; without a key the node core chooses. Status reports each function once, its
+// instances summed.
 //
 // Faults. A session that dies frees its lease, its queued requests (their waiting router calls
 // get an error) and its memory. With --isolation=shared, a fault that ended a GPU's shared
@@ -121,7 +121,7 @@ struct Registration {
 
 // What a function's session is created with.
 struct SessionPlan {
-  FunctionId function{0};  // owns the session's blocks
+  InstanceId instance{0};  // the session's instance; it owns the session's blocks
   uint64_t quota_bytes = 0;
   FunctionMemoryOptions memory;
   std::chrono::nanoseconds kernel_deadline{0};  // 0: none
@@ -194,7 +194,7 @@ class Controller final : public GpuLessor, private node::Actuator {
                             uint64_t requested_quota, SessionId session);
   // An admitted session that never started (its creation or Welcome failed).
   void withdraw(const std::string& function_id, SessionId session);
-  // The session exists (after Session::create, its memory owned by the plan's function): it
+  // The session exists (after Session::create, its memory owned by the plan's instance): it
   // may now be granted leases.
   void attach(LeaseHolder* session);
   // The session ended and released everything (its thread has run teardown). Returns once the
@@ -204,8 +204,8 @@ class Controller final : public GpuLessor, private node::Actuator {
   // ---- Control calls (any thread; replies come on the controller thread) ----
   void register_function(const Registration& registration, Reply<Ok> reply);
   void unregister_function(const std::string& function_id, Reply<Ok> reply);
-  // A request of `function_id` for its instance keyed `instance`; "": the instance with the
-  // fewest open requests.
+  // A request of `function_id` for its instance keyed `instance`; "": the instance the node
+  // core chooses (NodeCore::arrive).
   void request_arrived(const std::string& function_id, const std::string& instance,
                        Reply<uint64_t> reply);
   void request_start(uint64_t request, Reply<wire::Started> reply);
@@ -236,10 +236,8 @@ class Controller final : public GpuLessor, private node::Actuator {
   void run();
 
   // The controller thread's handlers (state_ is theirs alone).
-  // `extra`: the registration of a registered function whose instance uses a core function of
-  // its own (not the registration's).
-  void on_attach(LeaseHolder* session, FunctionId id, bool registered,
-                 const std::optional<Registration>& extra);
+  // `id`: the session's function, registered or (when not) made for it now.
+  void on_attach(LeaseHolder* session, FunctionId id, bool registered);
   void on_detach(SessionId session);
   void on_register(const Registration& registration, FunctionId id, Reply<Ok>& reply);
   void on_unregister(const std::string& function_id, Reply<Ok>& reply);
@@ -259,16 +257,16 @@ class Controller final : public GpuLessor, private node::Actuator {
   void forgotten(SessionId session, std::optional<GpuId> gpu);
 
   // ---- node::Actuator (the controller thread) ----
-  Result<uint64_t> evict(FunctionId function, GpuId gpu) override;
-  void forget(FunctionId function, GpuId gpu) override;
+  Result<uint64_t> evict(InstanceId instance, GpuId gpu) override;
+  void forget(InstanceId instance, GpuId gpu) override;
   void start(const node::Start& start) override;
-  void end(RequestId request, FunctionId function, const Status& failure) override;
+  void end(RequestId request, InstanceId instance, const Status& failure) override;
   void answer_start(RequestId request, const Result<node::StartInfo>& answer) override;
-  void rejected(RequestId request, FunctionId function, const Status& why) override;
+  void rejected(RequestId request, InstanceId instance, const Status& why) override;
   void drained(std::optional<GpuId> gpu) override;
   uint64_t pool_allocated(GpuId gpu) const override;
-  uint64_t placed_bytes(FunctionId function, GpuId gpu) const override;
-  uint64_t model_bytes(FunctionId function) const override;
+  uint64_t placed_bytes(InstanceId instance, GpuId gpu) const override;
+  uint64_t model_bytes(InstanceId instance) const override;
 
   device::Device& device_;
   const ControllerOptions options_;
@@ -279,17 +277,18 @@ class Controller final : public GpuLessor, private node::Actuator {
 
   // Registrations, readable from the daemon's thread for admit().
   struct Admitted {
-    FunctionId core;       // the instance's function in the node core
-    std::string instance;  // its key; "" for none
+    InstanceId instance;
+    std::string key;  // its Hello's instance key; "" for none
   };
   struct Registered {
     Registration registration;
-    FunctionId id;  // the registration's core function, which its first instance uses
+    FunctionId id;                            // the function in the node core
     std::map<SessionId, Admitted> instances;  // admitted and not yet detached or withdrawn
   };
   Mutex registry_mutex_;
   std::unordered_map<std::string, Registered> registry_ GUARDED_BY(registry_mutex_);
   uint32_t next_function_ GUARDED_BY(registry_mutex_) = 1;
+  uint32_t next_instance_ GUARDED_BY(registry_mutex_) = 1;
 
   Mailbox<Event> events_;  // for the controller thread, in arrival order
 

@@ -624,7 +624,7 @@ void Daemon::on_hello(Connection& connection) {
     return;
   }
   SessionConfig config;
-  config.function = plan->function;
+  config.instance = plan->instance;
   config.quota_bytes = plan->quota_bytes;
   // Room around the quota for the client's placement to fragment.
   config.va_bytes =

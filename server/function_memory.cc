@@ -271,7 +271,11 @@ void FunctionMemory::settle() {
 Status FunctionMemory::bind(const Lease& lease, device::Stream swap_stream, SwapDone on_done,
                             const RoomMaker& room) {
   MutexLock lock(mutex_);
-  const int gpu = lease.gpu.value();
+  if (lease.gpus.size() != 1) {
+    return error(ErrorCode::kInvalidValue, "bind to GPUs ", lease.gpus,
+                 ": a function's memory is bound to one GPU at a time");
+  }
+  const int gpu = lease.gpus.first().value();
   if (bound_gpu_) {
     return error(ErrorCode::kIllegalState, "bind to GPU ", gpu, " while bound to GPU ",
                  *bound_gpu_);

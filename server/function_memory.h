@@ -110,9 +110,10 @@ class FunctionMemory {
   uint64_t allocated_bytes() const;
 
   // ---- Leases (the session thread) ----
-  // Places every block on lease.gpu, maps them there, and starts bringing what must be there
-  // (from lease.source); `on_done` reports the end of the swap (at once when nothing moves).
-  // A first request fixes the model first. On an error nothing stays mapped.
+  // Places every block on the lease's GPU (kInvalidValue for a lease of several), maps them there,
+  // and starts bringing what must be there (from lease.source); `on_done` reports the end of the
+  // swap (at once when nothing moves). A first request fixes the model first. On an error nothing
+  // stays mapped.
   Status bind(const Lease& lease, device::Stream swap_stream, SwapDone on_done,
               const RoomMaker& room);
   // The bytes the last successful bind() copies in (0: every block was in place already).

@@ -20,6 +20,7 @@
 #include <optional>
 #include <string>
 
+#include "common/gpu_set.h"
 #include "common/ids.h"
 #include "common/status.h"
 #include "memory/pool_allocator.h"
@@ -29,10 +30,12 @@ namespace hiber::server {
 
 class FunctionMemory;
 
-// One grant of a GPU to a session.
+// One grant of GPUs to a session: one GPU for every lease today (the node core places a request
+// on one GPU, and a session refuses a lease of more), so that a function spanning GPUs widens
+// what a lease holds and nothing that passes one around.
 struct Lease {
   RequestId id;  // the request it serves
-  GpuId gpu;
+  GpuSet gpus;
   bool implicit = false;  // asked for by the session, not announced by the router
   scheduler::Source source = scheduler::Source::kHost;  // where the model's bytes come from
   std::optional<GpuId> source_gpu;  // Source::kPeer: the GPU holding the replica to copy
@@ -80,6 +83,8 @@ class LeaseHolder {
  public:
   virtual ~LeaseHolder() = default;
   virtual SessionId id() const = 0;
+  // The instance it is, as the controller numbered it when it admitted the session.
+  virtual InstanceId instance() const = 0;
   // The function id the instance connected as.
   virtual const std::string& function_id() const = 0;
   // The key its Hello gave (which of the function's instances it is); "" for none.
@@ -87,8 +92,8 @@ class LeaseHolder {
   // The instance's memory, shared with the controller, which evicts its replicas from GPUs it
   // does not run on.
   virtual const std::shared_ptr<FunctionMemory>& memory() const = 0;
-  // The instance may run on lease.gpu: it places and maps its blocks there, starts the swap,
-  // and reports GpuLessor::streaming (then swap_done).
+  // The instance may run on the lease's GPU: it places and maps its blocks there, starts the
+  // swap, and reports GpuLessor::streaming (then swap_done).
   virtual void grant(const Lease& lease) = 0;
   // The lease is over: drain, unmap, report GpuLessor::released.
   virtual void end_lease(RequestId lease) = 0;

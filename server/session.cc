@@ -47,8 +47,9 @@ Result<std::unique_ptr<Session>> Session::create(device::Device& device, ModuleC
                                                  const SessionConfig& config) {
   auto channel = wire::ServerChannel::create(config.channel);
   if (!channel.ok()) return channel.status().with_context("creating the session channel");
-  auto memory = FunctionMemory::create(device, pools, repository, config.function, config.va_bytes,
-                                       config.quota_bytes, config.memory);
+  auto memory =
+      FunctionMemory::create(device, pools, repository, memory::FunctionId{config.instance.value()},
+                             config.va_bytes, config.quota_bytes, config.memory);
   if (!memory.ok()) return memory.status().with_context("the session's memory");
   std::unique_ptr<Session> session(
       new Session(device, modules, contexts, lessor, std::move(identity), config,
@@ -225,19 +226,24 @@ void Session::begin_lease(const Lease& lease) {
     lessor_.released(identity_.id, lease.id, lost_context_);
     return;
   }
-  if (lease_) {
-    // The controller grants one lease at a time; a second one is its bug. Refuse it loudly
-    // rather than run on two GPUs.
-    LOG(ERROR) << "session " << identity_.id << ": lease " << lease.id << " on GPU " << lease.gpu
-               << " granted while lease " << lease_->id << " is held; refusing it";
+  if (lease_ || lease.gpus.size() != 1) {
+    // The controller grants one lease at a time, of one GPU; anything else is its bug. Refuse
+    // it loudly rather than run on two GPUs.
+    LOG(ERROR) << "session " << identity_.id << ": lease " << lease.id << " on GPUs " << lease.gpus
+               << " granted while "
+               << (lease_ ? str_cat("lease ", lease_->id, " is held")
+                          : "an instance runs on one GPU")
+               << "; refusing it";
     lessor_.streaming(identity_.id, lease.id,
-                      Status(ErrorCode::kIllegalState, "a second lease while one is held"), false);
+                      Status(ErrorCode::kIllegalState, lease_ ? "a second lease while one is held"
+                                                              : "a lease of several GPUs"),
+                      false);
     lessor_.released(identity_.id, lease.id, Status());
     return;
   }
   asked_for_gpu_ = false;
   leases_.fetch_add(1, std::memory_order_relaxed);
-  const int gpu = lease.gpu.value();
+  const int gpu = lease.gpus.first().value();
   // The swap runs on a stream of its own on the lease's GPU, so client work queued behind it
   // waits only for the groups it touches.
   auto swap_stream = handles_.swap_stream(gpu);
@@ -266,7 +272,7 @@ void Session::begin_lease(const Lease& lease) {
     return;
   }
   lease_ = lease;
-  bound_gpu_.store(lease.gpu);
+  bound_gpu_.store(lease.gpus.first());
   last_gpu_call_ = std::chrono::steady_clock::now();
 }
 
@@ -275,9 +281,9 @@ void Session::finish_lease(const Status& failure) {
   // A lost context was logged, and told to the client, when it was lost.
   if (!failure.ok() && !device::is_context_fault(failure.code())) {
     LOG(WARNING) << "session " << identity_.id << " (" << identity_.function_id << "): GPU "
-                 << lease.gpu << " failed under it: " << failure;
+                 << lease.gpus.first() << " failed under it: " << failure;
     // Sequence 0: an error of the session, which the client makes sticky.
-    unsent_.push_back({0, limited(failure.with_context(str_cat("GPU ", lease.gpu))), {}});
+    unsent_.push_back({0, limited(failure.with_context(str_cat("GPU ", lease.gpus.first()))), {}});
   }
   // Nothing of this function may run on the GPU once it is handed back.
   quiesce();
@@ -318,7 +324,7 @@ void Session::lose_context(const Status& why) {
 
 void Session::forget_context(GpuId gpu) {
   const int g = gpu.value();
-  if (lease_ && lease_->gpu == gpu) {
+  if (lease_ && lease_->gpus.first() == gpu) {
     // The controller holds a GPU it resets, and only one lease runs on a GPU: its bug.
     LOG(DFATAL) << "session " << identity_.id << ": told to forget GPU " << gpu
                 << "'s context while leasing it; keeping it";

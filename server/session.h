@@ -98,7 +98,7 @@ struct SessionLimits {
 };
 
 struct SessionConfig {
-  FunctionId function{0};    // owns the session's blocks (the controller's SessionPlan)
+  InstanceId instance{0};    // the controller's SessionPlan; its blocks' owner in the pools
   uint64_t quota_bytes = 0;  // device memory the client may allocate
   uint64_t va_bytes = 0;     // size of its address range
   wire::ChannelConfig channel;
@@ -131,6 +131,7 @@ class Session final : public LeaseHolder {
   wire::SessionInfo welcome() const;
   int memfd() const { return channel_->memfd(); }
   SessionId id() const override { return identity_.id; }
+  InstanceId instance() const override { return config_.instance; }
   const std::string& function_id() const override { return identity_.function_id; }
   const std::string& instance_key() const override { return identity_.instance; }
   const SessionIdentity& identity() const { return identity_; }
@@ -148,7 +149,7 @@ class Session final : public LeaseHolder {
   void join();
 
   // ---- From the controller (any thread; acted on by the session thread) ----
-  // The session may run on lease.gpu: it places and maps its blocks there, starts the swap,
+  // The session may run on the lease's GPU: it places and maps its blocks there, starts the swap,
   // and reports GpuLessor::streaming (then swap_done).
   void grant(const Lease& lease) override;
   // The lease is over: drain, unmap, report GpuLessor::released.

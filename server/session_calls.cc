@@ -64,7 +64,8 @@ Session::Outcome Session::ping(const wire::calls::Ping& c) { return {Status(), c
 
 Session::Outcome Session::mem_allocate(const wire::calls::MemAllocate& c) {
   // Placed and mapped at once under a lease; otherwise recorded, and placed by the next lease.
-  const std::optional<GpuId> gpu = lease_ ? std::optional<GpuId>(lease_->gpu) : std::nullopt;
+  const std::optional<GpuId> gpu =
+      lease_ ? std::optional<GpuId>(lease_->gpus.first()) : std::nullopt;
   Status added =
       memory_->add_block(c.va, c.bytes, gpu, [this](GpuId g, const memory::Shortfall& s) {
         return lessor_.make_room(identity_.id, g, s);
@@ -175,7 +176,7 @@ Session::Outcome Session::memset(const wire::calls::Memset& c) {
 // ---- Streams and events ----
 
 Result<device::Stream> Session::work_stream(wire::StreamHandle handle) {
-  return handles_.work_stream(handle, lease_->gpu.value());
+  return handles_.work_stream(handle, lease_->gpus.first().value());
 }
 
 Session::Outcome Session::stream_create(const wire::calls::StreamCreate& c) {
@@ -228,7 +229,7 @@ Session::Outcome Session::stream_wait_event(const wire::calls::StreamWaitEvent& 
   // An event never recorded is complete; one recorded under an earlier lease was drained when
   // that lease ended. Only a record on this GPU can still be pending.
   const ClientEvent& entry = **e;
-  if (entry.last_gpu != lease_->gpu.value()) return {Status(), {}, false, *s};
+  if (entry.last_gpu != lease_->gpus.first().value()) return {Status(), {}, false, *s};
   return {device_.wait_event(*s, *entry.per_gpu[*entry.last_gpu]), {}, false, *s};
 }
 
@@ -254,9 +255,9 @@ Session::Outcome Session::event_record(const wire::calls::EventRecord& c) {
   auto s = work_stream(c.stream);
   if (!s.ok()) return {s.status()};
   ClientEvent& entry = **e;
-  auto event = handles_.event_on(entry, lease_->gpu.value());
+  auto event = handles_.event_on(entry, lease_->gpus.first().value());
   if (!event.ok()) return {event.status()};
-  entry.last_gpu = lease_->gpu.value();
+  entry.last_gpu = lease_->gpus.first().value();
   Status recorded = device_.record_event(*event, *s);
   if (recorded.ok() && !entry.disable_timing) {
     const uint64_t record = entry.completed->begin();
@@ -562,8 +563,8 @@ Session::Outcome Session::library_query(const wire::calls::LibraryQuery& c) {
   // Answers hold for the GPU model that runs the work: the lease's, in the instance's context
   // there, or the first GPU's between leases, in its shared context (a node's GPUs are of one
   // model, and no context of the instance's is made for a GPU it may never run on).
-  Result<device::Context> context =
-      lease_ ? context_on(lease_->gpu.value()) : Result<device::Context>(device_.shared_context(0));
+  Result<device::Context> context = lease_ ? context_on(lease_->gpus.first().value())
+                                           : Result<device::Context>(device_.shared_context(0));
   if (!context.ok()) return {context.status()};
   const device::LibraryCall call{identity_.id.value(), c.handle, static_cast<wire::LibraryOp>(c.op),
                                  c.args};

@@ -94,10 +94,10 @@ Status HiberNode::add_function(uint32_t index, const SimFunction& function, cons
   deployed_[index] = {&function, &model};
   HIBER_RETURN_IF_ERROR(core_->add_function(id_of(index), spec, now));
   // A simulated function's instance is always there.
-  HIBER_RETURN_IF_ERROR(core_->attach(id_of(index)));
+  HIBER_RETURN_IF_ERROR(core_->attach(instance_of(index), id_of(index), now));
   if (options_.start_up) {
     now_ = now;
-    core_->need_gpu(id_of(index), now);
+    core_->need_gpu(instance_of(index), now);
     dispatch(now);
   }
   return Status();
@@ -105,7 +105,7 @@ Status HiberNode::add_function(uint32_t index, const SimFunction& function, cons
 
 void HiberNode::arrive(uint32_t index, Time now) {
   now_ = now;
-  Result<RequestId> id = core_->arrive(id_of(index), now);
+  Result<RequestId> id = core_->arrive(id_of(index), instance_of(index), now);
   CHECK(id.ok()) << "arrival for a function this node does not host: " << id.status();
   Request& r = requests_[*id];
   r.function = index;
@@ -134,7 +134,7 @@ void HiberNode::start(const node::Start& d) {
   if (d.background) {
     // A start-up: the instance loads its model (HiberOptions::start_up).
     Request& startup = requests_[d.request];
-    startup.function = index_of(d.function);
+    startup.function = index_of(d.instance);
     startup.arrival = now;
     startup.background = true;
   }
@@ -209,7 +209,7 @@ bool HiberNode::allocate(int gpu, uint64_t bytes, uint32_t index, Time now, std:
     ++pool_failures_;
     if (!may_evict) return false;
     // The core's eviction policy picks the victims, as it does for decisions.
-    if (!core_->make_room(id, GpuId{gpu}, bytes, now).ok()) return false;
+    if (!core_->make_room(instance_of(index), GpuId{gpu}, bytes, now).ok()) return false;
   }
 }
 
@@ -234,19 +234,19 @@ void HiberNode::collect_device_cost(int gpu) {
 
 // ---- node::Actuator ----
 
-Result<uint64_t> HiberNode::evict(FunctionId function, GpuId gpu) {
+Result<uint64_t> HiberNode::evict(InstanceId instance, GpuId gpu) {
   uint64_t freed = 0;
-  for (const Block& b : models_[gpu.value()][index_of(function)]) freed += b.allocation.bytes;
-  free_model(gpu.value(), index_of(function));
+  for (const Block& b : models_[gpu.value()][index_of(instance)]) freed += b.allocation.bytes;
+  free_model(gpu.value(), index_of(instance));
   ++evictions_;
   return freed;
 }
 
-void HiberNode::forget(FunctionId function, GpuId gpu) {
-  free_model(gpu.value(), index_of(function));
+void HiberNode::forget(InstanceId instance, GpuId gpu) {
+  free_model(gpu.value(), index_of(instance));
 }
 
-void HiberNode::end(RequestId id, FunctionId, const Status& failure) {
+void HiberNode::end(RequestId id, InstanceId, const Status& failure) {
   // A simulated request's work ends with it (complete() or fail()), which is what led here
   // through NodeCore::done(): nothing is left to drain but its scratch.
   Request& r = requests_.at(id);
@@ -256,12 +256,12 @@ void HiberNode::end(RequestId id, FunctionId, const Status& failure) {
   core_->released(id, failure, now_);
 }
 
-uint64_t HiberNode::placed_bytes(FunctionId function, GpuId gpu) const {
-  return model_placed_[gpu.value()][index_of(function)];
+uint64_t HiberNode::placed_bytes(InstanceId instance, GpuId gpu) const {
+  return model_placed_[gpu.value()][index_of(instance)];
 }
 
-uint64_t HiberNode::model_bytes(FunctionId function) const {
-  return deployed_[index_of(function)].model->model_bytes;
+uint64_t HiberNode::model_bytes(InstanceId instance) const {
+  return deployed_[index_of(instance)].model->model_bytes;
 }
 
 void HiberNode::execute(RequestId id, Request& r, Duration work, Time now) {
@@ -299,7 +299,7 @@ void HiberNode::fail(RequestId id, Request& r, Time now) {
   requests_.erase(id);
 }
 
-void HiberNode::rejected(RequestId id, FunctionId, const Status&) {
+void HiberNode::rejected(RequestId id, InstanceId, const Status&) {
   auto it = requests_.find(id);
   CHECK(it != requests_.end()) << "the core shed request " << id << ", which this node never had";
   recorder_->record(outcome_of(it->second, StartKind::kRejected));

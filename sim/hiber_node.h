@@ -134,8 +134,10 @@ class HiberNode final : public Node,
   // The outcome of `r` as far as its request got: `kind`, not completed.
   Outcome outcome_of(const Request& r, StartKind kind) const;
 
+  // A simulated function has one instance, numbered as the function.
   static FunctionId id_of(uint32_t index) { return FunctionId{index + 1}; }
-  static uint32_t index_of(FunctionId id) { return id.value() - 1; }
+  static InstanceId instance_of(uint32_t index) { return InstanceId{index + 1}; }
+  static uint32_t index_of(InstanceId id) { return id.value() - 1; }
   void dispatch(Time now);
   // The start failed (no room): the core hears it, and the outcome is recorded.
   void fail(RequestId id, Request& r, Time now);
@@ -156,17 +158,17 @@ class HiberNode final : public Node,
   void check(Time now) const;
 
   // ---- node::Actuator ----
-  Result<uint64_t> evict(FunctionId function, GpuId gpu) override;
-  void forget(FunctionId function, GpuId gpu) override;
+  Result<uint64_t> evict(InstanceId instance, GpuId gpu) override;
+  void forget(InstanceId instance, GpuId gpu) override;
   void start(const node::Start& start) override;
-  void end(RequestId request, FunctionId function, const Status& failure) override;
+  void end(RequestId request, InstanceId instance, const Status& failure) override;
   // Nobody waits for a start or drains a simulated node.
   void answer_start(RequestId, const Result<node::StartInfo>&) override {}
   void drained(std::optional<GpuId>) override {}
-  void rejected(RequestId request, FunctionId function, const Status& why) override;
+  void rejected(RequestId request, InstanceId instance, const Status& why) override;
   uint64_t pool_allocated(GpuId gpu) const override { return allocated_[gpu.value()]; }
-  uint64_t placed_bytes(FunctionId function, GpuId gpu) const override;
-  uint64_t model_bytes(FunctionId function) const override;
+  uint64_t placed_bytes(InstanceId instance, GpuId gpu) const override;
+  uint64_t model_bytes(InstanceId instance) const override;
 
   HiberOptions options_;
   EventQueue* queue_;

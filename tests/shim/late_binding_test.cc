@@ -801,11 +801,20 @@ TEST_F(LateBindingTest, InstancesOfOneFunctionRunAtOnceOnTwoGpus) {
   EXPECT_TRUE(client.request_done(*b).ok());
   EXPECT_EQ(client.unregister_function("hot").code(), ErrorCode::kIllegalState)
       << "its instances are connected";
-  // A request naming no instance goes to one of them.
+  // Requests naming no instance: hiberd's node core chooses, the least busy first, so two at
+  // once go to both instances and start at once on two GPUs.
   auto any = client.request_arrived("hot");
-  ASSERT_TRUE(any.ok()) << any.status();
-  ASSERT_TRUE(client.request_start(*any).ok());
+  auto other = client.request_arrived("hot");
+  ASSERT_TRUE(any.ok() && other.ok()) << any.status() << " " << other.status();
+  auto started_any = client.request_start(*any);
+  auto started_other = client.request_start(*other);
+  ASSERT_TRUE(started_any.ok() && started_other.ok())
+      << started_any.status() << " " << started_other.status() << "\n"
+      << hiberd.log();
+  EXPECT_NE(started_any->gpu, started_other->gpu);
+  EXPECT_EQ(node_view(hiberd).running, (std::vector<std::string>{"hot", "hot"}));
   EXPECT_TRUE(client.request_done(*any).ok());
+  EXPECT_TRUE(client.request_done(*other).ok());
 
   for (auto& [key, program] : instances) program->send_line("quit");
   for (auto& [key, program] : instances) {

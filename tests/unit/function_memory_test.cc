@@ -82,7 +82,7 @@ class FunctionMemoryTest : public testing::Test {
   // Binds to `gpu`; the future ends with the swap.
   std::future<Status> start_bind(int gpu, scheduler::Source source = scheduler::Source::kHost,
                                  int source_gpu = -1, bool first_request = false) {
-    Lease lease{.id = RequestId{++leases_}, .gpu = GpuId{gpu}};
+    Lease lease{.id = RequestId{++leases_}, .gpus = GpuSet::of(GpuId{gpu})};
     lease.source = source;
     if (source_gpu >= 0) lease.source_gpu = GpuId{source_gpu};
     lease.first_request = first_request;
@@ -178,6 +178,24 @@ TEST_F(FunctionMemoryTest, AModelFilledBeforeItsFirstRequestIsWrittenBackOnEvict
   ASSERT_TRUE(memory_->evict(GpuId{1}, streams_[1]).ok());
   ASSERT_OK(bind(2));
   EXPECT_EQ(read(2), model);
+  ASSERT_OK(memory_->unbind());
+}
+
+TEST_F(FunctionMemoryTest, ALeaseOfSeveralGpusIsRefusedAndBindsNothing) {
+  start(/*stateful=*/false);
+  const auto model = pattern(3);
+  load_model(0, model);
+  Lease lease{.id = RequestId{++leases_}};
+  lease.gpus.insert(GpuId{1});
+  lease.gpus.insert(GpuId{2});
+  const Status refused =
+      memory_->bind(lease, streams_[1], [](const Status&, const SwapReport&) {}, {});
+  EXPECT_EQ(refused.code(), ErrorCode::kInvalidValue) << refused;
+  EXPECT_EQ(memory_->placed_bytes(GpuId{1}), 0u);
+  EXPECT_EQ(memory_->placed_bytes(GpuId{2}), 0u);
+  // Nothing is bound: a lease of one GPU works next.
+  ASSERT_OK(bind(1));
+  EXPECT_EQ(read(1), model);
   ASSERT_OK(memory_->unbind());
 }
 

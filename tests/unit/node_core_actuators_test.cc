@@ -111,9 +111,10 @@ std::vector<std::vector<int>> workload() {
 
 class Instance final : public server::LeaseHolder {
  public:
-  Instance(SessionId id, std::string name, device::Device& device, server::GpuLessor& lessor,
-           std::shared_ptr<server::FunctionMemory> memory)
+  Instance(SessionId id, InstanceId instance, std::string name, device::Device& device,
+           server::GpuLessor& lessor, std::shared_ptr<server::FunctionMemory> memory)
       : id_(id),
+        instance_(instance),
         name_(std::move(name)),
         device_(device),
         lessor_(lessor),
@@ -134,6 +135,7 @@ class Instance final : public server::LeaseHolder {
   }
 
   SessionId id() const override { return id_; }
+  InstanceId instance() const override { return instance_; }
   const std::string& function_id() const override { return name_; }
   const std::string& instance_key() const override { return instance_key_; }
   const std::shared_ptr<server::FunctionMemory>& memory() const override { return memory_; }
@@ -211,8 +213,9 @@ class Instance final : public server::LeaseHolder {
   }
 
   void begin(const server::Lease& lease) {
-    auto& stream = streams_[lease.gpu.value()];
-    if (!stream) stream = *device_.create_stream(lease.gpu.value(), 0);
+    const GpuId gpu = lease.gpus.first();
+    auto& stream = streams_[gpu.value()];
+    if (!stream) stream = *device_.create_stream(gpu.value(), 0);
     const RequestId id = lease.id;
     Status bound = memory_->bind(
         lease, *stream,
@@ -255,7 +258,7 @@ class Instance final : public server::LeaseHolder {
     for (int i = 0; i < kScratchBlocks; ++i) {
       const uint64_t va = next_va_ + i * kBlock;
       Status placed = memory_->add_block(
-          va, kBlock, lease.gpu,
+          va, kBlock, lease.gpus.first(),
           [this](GpuId g, const memory::Shortfall& s) { return lessor_.make_room(id_, g, s); });
       note_failure(placed);
       if (placed.ok()) scratch_.push_back(va);
@@ -278,6 +281,7 @@ class Instance final : public server::LeaseHolder {
   }
 
   const SessionId id_;
+  const InstanceId instance_;
   const std::string name_;
   const std::string instance_key_;  // none
   device::Device& device_;
@@ -339,12 +343,12 @@ class HiberdSide {
       const SessionId session{f + 1};
       auto plan = controller_->admit(r.function_id, "", 0, session);
       ASSERT_TRUE(plan.ok()) << plan.status();
-      auto memory = server::FunctionMemory::create(*device_, controller_->pools(),
-                                                   controller_->repository(), plan->function,
-                                                   256 * kMiB, plan->quota_bytes, plan->memory);
+      auto memory = server::FunctionMemory::create(
+          *device_, controller_->pools(), controller_->repository(),
+          memory::FunctionId{plan->instance.value()}, 256 * kMiB, plan->quota_bytes, plan->memory);
       ASSERT_TRUE(memory.ok()) << memory.status();
-      instances_.push_back(std::make_unique<Instance>(session, r.function_id, *device_,
-                                                      *controller_, std::move(*memory)));
+      instances_.push_back(std::make_unique<Instance>(session, plan->instance, r.function_id,
+                                                      *device_, *controller_, std::move(*memory)));
       controller_->attach(instances_.back().get());
       instances_.back()->start_up(kModelBlocks[f]);
       snapshots->push_back(snapshot());

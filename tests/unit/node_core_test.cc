@@ -31,43 +31,43 @@ class RecordingActuator final : public Actuator {
  public:
   struct EndCall {
     RequestId request;
-    FunctionId function;
+    InstanceId instance;
     Status failure;
   };
 
-  Result<uint64_t> evict(FunctionId function, GpuId gpu) override {
-    log.push_back(str_cat("evict f", function, " g", gpu));
-    const uint64_t freed = placed[{function, gpu}];
+  Result<uint64_t> evict(InstanceId instance, GpuId gpu) override {
+    log.push_back(str_cat("evict f", instance, " g", gpu));
+    const uint64_t freed = placed[{instance, gpu}];
     allocated[gpu] -= freed;
-    placed.erase({function, gpu});
+    placed.erase({instance, gpu});
     return freed;
   }
-  void forget(FunctionId function, GpuId gpu) override {
-    log.push_back(str_cat("forget f", function, " g", gpu));
-    allocated[gpu] -= placed[{function, gpu}];
-    placed.erase({function, gpu});
+  void forget(InstanceId instance, GpuId gpu) override {
+    log.push_back(str_cat("forget f", instance, " g", gpu));
+    allocated[gpu] -= placed[{instance, gpu}];
+    placed.erase({instance, gpu});
   }
   void start(const Start& s) override {
-    log.push_back(str_cat("start r", s.request, " f", s.function, " g", s.gpu, " ",
+    log.push_back(str_cat("start r", s.request, " f", s.instance, " g", s.gpu, " ",
                           scheduler::source_name(s.source), s.background ? " background" : "",
                           s.release_source ? " move" : ""));
     starts.push_back(s);
     if (s.source != Source::kResident) {
-      const uint64_t bytes = model_sizes.count(s.function) ? model_sizes[s.function] : 0;
-      uint64_t& here = placed[{s.function, s.gpu}];
+      const uint64_t bytes = model_sizes.count(s.instance) ? model_sizes[s.instance] : 0;
+      uint64_t& here = placed[{s.instance, s.gpu}];
       allocated[s.gpu] += bytes - here;
       here = bytes;
     }
   }
-  void end(RequestId request, FunctionId function, const Status& failure) override {
+  void end(RequestId request, InstanceId instance, const Status& failure) override {
     log.push_back(str_cat("end r", request, failure.ok() ? "" : " failed"));
-    ends.push_back({request, function, failure});
+    ends.push_back({request, instance, failure});
   }
   void answer_start(RequestId request, const Result<StartInfo>& answer) override {
     log.push_back(str_cat("answer r", request, answer.ok() ? " ok" : " error"));
     answers.emplace(request, answer);
   }
-  void rejected(RequestId request, FunctionId, const Status& why) override {
+  void rejected(RequestId request, InstanceId, const Status& why) override {
     log.push_back(str_cat("rejected r", request));
     rejections.emplace(request, why);
   }
@@ -78,12 +78,12 @@ class RecordingActuator final : public Actuator {
     auto it = allocated.find(gpu);
     return it == allocated.end() ? 0 : it->second;
   }
-  uint64_t placed_bytes(FunctionId function, GpuId gpu) const override {
-    auto it = placed.find({function, gpu});
+  uint64_t placed_bytes(InstanceId instance, GpuId gpu) const override {
+    auto it = placed.find({instance, gpu});
     return it == placed.end() ? 0 : it->second;
   }
-  uint64_t model_bytes(FunctionId function) const override {
-    auto it = model_sizes.find(function);
+  uint64_t model_bytes(InstanceId instance) const override {
+    auto it = model_sizes.find(instance);
     return it == model_sizes.end() ? 1 : it->second;
   }
 
@@ -94,8 +94,8 @@ class RecordingActuator final : public Actuator {
   std::vector<EndCall> ends;
   std::map<RequestId, Result<StartInfo>> answers;
   std::map<RequestId, Status> rejections;
-  std::map<FunctionId, uint64_t> model_sizes;
-  std::map<std::pair<FunctionId, GpuId>, uint64_t> placed;
+  std::map<InstanceId, uint64_t> model_sizes;
+  std::map<std::pair<InstanceId, GpuId>, uint64_t> placed;
   std::map<GpuId, uint64_t> allocated;
 };
 
@@ -117,16 +117,19 @@ class NodeCoreTest : public ::testing::Test {
     ASSERT_TRUE(core.ok()) << core.status();
     core_ = std::move(core).value();
   }
-  // Adds and attaches a function whose model is `bytes`.
+  // Adds a function whose model is `bytes` and attaches its one instance, numbered as the
+  // function (instance()).
   FunctionId add(uint32_t id, uint64_t bytes, bool stateful = false) {
     const FunctionId f{id};
-    actuator_.model_sizes[f] = bytes;
+    actuator_.model_sizes[instance(f)] = bytes;
     EXPECT_TRUE(core_->add_function(f, spec(str_cat("fn", id), bytes, stateful), now_).ok());
-    EXPECT_TRUE(core_->attach(f).ok());
+    EXPECT_TRUE(core_->attach(instance(f), f, now_).ok());
     return f;
   }
+  static InstanceId instance(FunctionId f) { return InstanceId{f.value()}; }
+  // A request the core gives an instance of `f`.
   RequestId arrive(FunctionId f) {
-    Result<RequestId> r = core_->arrive(f, now_);
+    Result<RequestId> r = core_->arrive(f, std::nullopt, now_);
     EXPECT_TRUE(r.ok()) << r.status();
     return *r;
   }
@@ -270,14 +273,14 @@ TEST_F(NodeCoreTest, ASwapThatEndsBeforeItsStreamingAndMovedNothingIsNoSwap) {
 TEST_F(NodeCoreTest, BackgroundRequestsAreOneAtATimeAndForgottenWhenReleased) {
   make(plain_topology(1, 16 * kGiB));
   const FunctionId f = add(1, kGiB);
-  core_->need_gpu(f, now_);
-  core_->need_gpu(f, now_);  // asked again before the grant: still one
+  core_->need_gpu(instance(f), now_);
+  core_->need_gpu(instance(f), now_);  // asked again before the grant: still one
   core_->dispatch(now_);
   ASSERT_EQ(actuator_.starts.size(), 1u);
   const Start s = actuator_.starts[0];
   EXPECT_TRUE(s.background);
   EXPECT_FALSE(s.first_request) << "a background request does not fix the model";
-  core_->need_gpu(f, now_);  // holds a lease: nothing more
+  core_->need_gpu(instance(f), now_);  // holds a lease: nothing more
   core_->dispatch(now_);
   EXPECT_EQ(actuator_.starts.size(), 1u);
   EXPECT_EQ(core_->await_start(s.request, now_).code(), ErrorCode::kNotFound)
@@ -300,7 +303,7 @@ TEST_F(NodeCoreTest, ABackgroundLeasePastItsSliceIsPreemptedWhenAnotherFunctionW
   make(plain_topology(1, 16 * kGiB), options);
   const FunctionId busy = add(1, kGiB);
   const FunctionId other = add(2, kGiB);
-  core_->need_gpu(busy, now_);
+  core_->need_gpu(instance(busy), now_);
   core_->dispatch(now_);
   ASSERT_EQ(actuator_.starts.size(), 1u);
   const RequestId hog = actuator_.starts[0].request;
@@ -309,7 +312,7 @@ TEST_F(NodeCoreTest, ABackgroundLeasePastItsSliceIsPreemptedWhenAnotherFunctionW
   EXPECT_EQ(core_->next_wakeup(), scheduler::Scheduler::kNever) << "nobody waits: no slice ends";
 
   now_ = 10 * kMs;
-  core_->need_gpu(other, now_);
+  core_->need_gpu(instance(other), now_);
   EXPECT_EQ(core_->next_wakeup(), 50 * kMs) << "the slice counts from the busy lease's start";
   core_->dispatch(now_);
   EXPECT_TRUE(actuator_.ends.empty()) << "within its slice the lease keeps the GPU";
@@ -319,7 +322,7 @@ TEST_F(NodeCoreTest, ABackgroundLeasePastItsSliceIsPreemptedWhenAnotherFunctionW
   core_->dispatch(now_);
   ASSERT_EQ(actuator_.ends.size(), 1u);
   EXPECT_EQ(actuator_.ends[0].request, hog);
-  EXPECT_EQ(actuator_.ends[0].function, busy);
+  EXPECT_EQ(actuator_.ends[0].instance, instance(busy));
   EXPECT_TRUE(actuator_.ends[0].failure.ok()) << "an ordinary end: its work drains and is kept";
   EXPECT_EQ(core_->phase(hog), Phase::kEnding);
   EXPECT_EQ(core_->status(now_).preemptions, 1u);
@@ -329,7 +332,7 @@ TEST_F(NodeCoreTest, ABackgroundLeasePastItsSliceIsPreemptedWhenAnotherFunctionW
   // The busy function asks again as soon as its lease is gone: it queues behind the other.
   now_ = 52 * kMs;
   core_->released(hog, Status(), now_);
-  core_->need_gpu(busy, now_);
+  core_->need_gpu(instance(busy), now_);
   core_->dispatch(now_);
   ASSERT_EQ(actuator_.starts.size(), 2u);
   const Start next = actuator_.starts[1];
@@ -361,10 +364,10 @@ TEST_F(NodeCoreTest, NoPreemptionWithoutASliceForCallersRequestsOrForTheSameFunc
   make(plain_topology(1, 16 * kGiB));
   const FunctionId a = add(1, kGiB);
   const FunctionId b = add(2, kGiB);
-  core_->need_gpu(a, now_);
+  core_->need_gpu(instance(a), now_);
   core_->dispatch(now_);
   core_->streaming(actuator_.starts[0].request, Status(), now_);
-  core_->need_gpu(b, now_);
+  core_->need_gpu(instance(b), now_);
   now_ = 3600 * scheduler::kSecond;
   core_->dispatch(now_);
   EXPECT_TRUE(actuator_.ends.empty());
@@ -381,7 +384,7 @@ TEST_F(NodeCoreTest, NoPreemptionWithoutASliceForCallersRequestsOrForTheSameFunc
   const RequestId r = arrive(c);
   core_->dispatch(now_);
   core_->streaming(r, Status(), now_);
-  core_->need_gpu(d, now_);
+  core_->need_gpu(instance(d), now_);
   now_ = 100 * kMs;
   core_->dispatch(now_);
   EXPECT_TRUE(actuator_.ends.empty()) << "a caller's request is not preempted";
@@ -407,18 +410,18 @@ TEST_F(NodeCoreTest, PreemptionEndsNoMoreLeasesThanThereAreWaitersLongestHeldFir
   const FunctionId a = add(1, kGiB);
   const FunctionId b = add(2, kGiB);
   const FunctionId waiter = add(3, kGiB);
-  core_->need_gpu(a, now_);
+  core_->need_gpu(instance(a), now_);
   core_->dispatch(now_);
   now_ = 5 * kMs;
-  core_->need_gpu(b, now_);
+  core_->need_gpu(instance(b), now_);
   core_->dispatch(now_);
   ASSERT_EQ(actuator_.starts.size(), 2u);
   for (const Start& s : actuator_.starts) core_->streaming(s.request, Status(), now_);
-  core_->need_gpu(waiter, now_);
+  core_->need_gpu(instance(waiter), now_);
   now_ = 30 * kMs;  // both are past their slice
   core_->dispatch(now_);
   ASSERT_EQ(actuator_.ends.size(), 1u) << "one waiter: one GPU is enough";
-  EXPECT_EQ(actuator_.ends[0].function, a) << "the lease held longest goes first";
+  EXPECT_EQ(actuator_.ends[0].instance, instance(a)) << "the lease held longest goes first";
   core_->dispatch(now_);
   EXPECT_EQ(actuator_.ends.size(), 1u) << "a GPU on its way back covers the waiter";
 }
@@ -430,7 +433,7 @@ TEST_F(NodeCoreTest, AQueuedCallerRequestServesTheInstancesOwnNeedsToo) {
   const RequestId hog = arrive(busy);
   core_->dispatch(now_);  // the only GPU is taken
   const RequestId r = arrive(f);
-  core_->need_gpu(f, now_);  // its calls will run under r's lease
+  core_->need_gpu(instance(f), now_);  // its calls will run under r's lease
   core_->streaming(hog, Status(), now_);
   core_->swap_done(hog, Status(), {}, now_);
   ASSERT_TRUE(core_->done(hog, false, now_).ok());
@@ -556,8 +559,8 @@ class SharingCoreTest : public NodeCoreTest {
     EXPECT_EQ(core_->phase(rb_), Phase::kRunning);
     EXPECT_EQ(core_->running(GpuId{0}), ra_);
     const NodeStatus status = core_->status(now_);
-    EXPECT_EQ(status.gpus[0].running, a_);
-    EXPECT_EQ(status.gpus[0].sharing, std::vector<FunctionId>{b_});
+    EXPECT_EQ(status.gpus[0].running, instance(a_));
+    EXPECT_EQ(status.gpus[0].sharing, std::vector<InstanceId>{instance(b_)});
     actuator_.take_log();
   }
   FunctionId a_{0}, b_{0};
@@ -697,13 +700,13 @@ TEST_F(NodeCoreTest, MakeRoomEvictsByThePolicyAndRefusesWhenNothingMayGo) {
   actuator_.take_log();
   // b, running, needs 4 GiB of scratch that the view did not count: a's replica goes.
   actuator_.allocated[GpuId{0}] += 2 * kGiB;  // some scratch is placed already
-  ASSERT_TRUE(core_->make_room(b, GpuId{0}, 4 * kGiB, now_).ok());
+  ASSERT_TRUE(core_->make_room(instance(b), GpuId{0}, 4 * kGiB, now_).ok());
   EXPECT_EQ(actuator_.take_log(), (std::vector<std::string>{str_cat("evict f", a, " g0")}));
   const NodeStatus::Gpu gpu = core_->status(now_).gpus[0];
   EXPECT_EQ(gpu.evictions, 1u);
   EXPECT_EQ(gpu.evictions_by_reason[static_cast<size_t>(node::EvictionReason::kMemory)], 1u);
   // Nothing else may go: b runs.
-  const Status refused = core_->make_room(b, GpuId{0}, 8 * kGiB, now_);
+  const Status refused = core_->make_room(instance(b), GpuId{0}, 8 * kGiB, now_);
   EXPECT_EQ(refused.code(), ErrorCode::kOutOfMemory) << refused;
   EXPECT_TRUE(actuator_.take_log().empty());
 }
@@ -722,7 +725,7 @@ TEST_F(NodeCoreTest, TheReserveIsWhatThePoolGaveOutBeyondTheViewsPlacedReplicas)
   EXPECT_EQ(core_->scheduler().node().gpu(0).reserved, 4 * kGiB);
   // A replica counts for what of it is placed: while its blocks are being placed, the rest of
   // what the pool gave out is still reserve.
-  actuator_.placed[{f, GpuId{0}}] = kGiB;
+  actuator_.placed[{instance(f), GpuId{0}}] = kGiB;
   core_->memory_changed(GpuId{0});
   core_->dispatch(now_);
   EXPECT_EQ(core_->scheduler().node().gpu(0).reserved, 5 * kGiB);
@@ -747,7 +750,7 @@ TEST_F(NodeCoreTest, APeerCopyOfAFunctionWithoutAFixedModelIsAMove) {
   const FunctionId third = add(3, kGiB);
   const RequestId first = arrive(other);  // takes one GPU ...
   core_->dispatch(now_);
-  core_->need_gpu(f, now_);  // ... so f's start-up runs on the other
+  core_->need_gpu(instance(f), now_);  // ... so f's start-up runs on the other
   core_->dispatch(now_);
   ASSERT_EQ(actuator_.starts.size(), 2u);
   const Start boot = actuator_.starts[1];
@@ -804,13 +807,13 @@ TEST_F(NodeCoreTest, DetachWithdrawsQueuedRequestsAndFailsTheRunningOne) {
   core_->streaming(running, Status(), now_);
   const RequestId queued = arrive(f);
   ASSERT_TRUE(core_->await_start(queued, now_).ok());
-  core_->detach(f, now_);
+  core_->detach(instance(f), now_);
   EXPECT_FALSE(core_->phase(running).has_value());
   EXPECT_FALSE(core_->phase(queued).has_value());
   ASSERT_EQ(actuator_.answers.count(queued), 1u);
   EXPECT_EQ(actuator_.answers.at(queued).status().code(), ErrorCode::kDeinitialized);
   EXPECT_FALSE(core_->running(GpuId{0}).has_value());
-  EXPECT_EQ(core_->arrive(f, now_).status().code(), ErrorCode::kDeviceUnavailable);
+  EXPECT_EQ(core_->arrive(f, std::nullopt, now_).status().code(), ErrorCode::kDeviceUnavailable);
   const NodeStatus status = core_->status(now_);
   EXPECT_EQ(status.counters.failed, 1u);
   EXPECT_EQ(status.counters.cancelled, 1u);
@@ -859,7 +862,7 @@ TEST_F(NodeCoreTest, DrainingTheNodeRefusesArrivalsAndEndsWhenCallersRequestsAre
   ASSERT_TRUE(core_->drain(std::nullopt, false).ok());
   core_->dispatch(now_);
   EXPECT_TRUE(actuator_.take_log().empty());
-  EXPECT_EQ(core_->arrive(f, now_).status().code(), ErrorCode::kDeviceUnavailable);
+  EXPECT_EQ(core_->arrive(f, std::nullopt, now_).status().code(), ErrorCode::kDeviceUnavailable);
   core_->streaming(r, Status(), now_);
   ASSERT_TRUE(core_->done(r, false, now_).ok());
   core_->released(r, Status(), now_);
@@ -871,14 +874,14 @@ TEST_F(NodeCoreTest, DrainingTheNodeRefusesArrivalsAndEndsWhenCallersRequestsAre
 
 TEST_F(NodeCoreTest, BadCallsGetClearErrors) {
   make(plain_topology(1, 16 * kGiB));
-  EXPECT_EQ(core_->arrive(FunctionId{9}, now_).status().code(), ErrorCode::kNotFound);
+  EXPECT_EQ(core_->arrive(FunctionId{9}, std::nullopt, now_).status().code(), ErrorCode::kNotFound);
   const FunctionId f{1};
   ASSERT_TRUE(core_->add_function(f, spec("fn", kGiB), now_).ok());
   EXPECT_EQ(core_->add_function(f, spec("fn", kGiB), now_).code(), ErrorCode::kInvalidValue);
-  EXPECT_EQ(core_->arrive(f, now_).status().code(), ErrorCode::kDeviceUnavailable)
+  EXPECT_EQ(core_->arrive(f, std::nullopt, now_).status().code(), ErrorCode::kDeviceUnavailable)
       << "no instance attached";
-  ASSERT_TRUE(core_->attach(f).ok());
-  EXPECT_EQ(core_->attach(f).code(), ErrorCode::kDeviceUnavailable);
+  ASSERT_TRUE(core_->attach(instance(f), f, now_).ok());
+  EXPECT_EQ(core_->attach(instance(f), f, now_).code(), ErrorCode::kInvalidValue);
   EXPECT_EQ(core_->remove_function(f, now_).code(), ErrorCode::kIllegalState);
   const RequestId r = arrive(f);
   ASSERT_TRUE(core_->await_start(r, now_).ok());
@@ -889,12 +892,156 @@ TEST_F(NodeCoreTest, BadCallsGetClearErrors) {
   core_->streaming(RequestId{12345}, Status(), now_);
   core_->released(RequestId{12345}, Status(), now_);
   core_->swap_done(RequestId{12345}, Status(), {}, now_);
-  EXPECT_EQ(core_->make_room(f, GpuId{3}, kGiB, now_).code(), ErrorCode::kOutOfMemory);
+  EXPECT_EQ(core_->make_room(instance(f), GpuId{3}, kGiB, now_).code(), ErrorCode::kOutOfMemory);
   // A queued request that the caller gives up on leaves the queue.
   ASSERT_TRUE(core_->done(r, false, now_).ok());
   EXPECT_EQ(actuator_.answers.at(r).status().code(), ErrorCode::kDeinitialized);
   core_->dispatch(now_);
   EXPECT_TRUE(actuator_.starts.empty());
+}
+
+// ---- Functions and instances ----
+
+// Attaches one more instance of `f`, numbered `id`, whose model is `bytes`.
+class NodeCoreInstancesTest : public NodeCoreTest {
+ protected:
+  InstanceId attach(FunctionId f, uint32_t id, uint64_t bytes) {
+    const InstanceId i{id};
+    actuator_.model_sizes[i] = bytes;
+    EXPECT_TRUE(core_->attach(i, f, now_).ok());
+    return i;
+  }
+  // Starts the one request dispatch() starts now, and answers its swap.
+  Start start_next() {
+    const size_t before = actuator_.starts.size();
+    core_->dispatch(now_);
+    EXPECT_EQ(actuator_.starts.size(), before + 1);
+    const Start s = actuator_.starts.back();
+    core_->streaming(s.request, Status(), now_);
+    if (s.source != Source::kResident) core_->swap_done(s.request, Status(), {}, now_);
+    return s;
+  }
+  // Dispatches after `r` arrived: it starts.
+  Start start_next_after(RequestId r) {
+    const Start s = start_next();
+    EXPECT_EQ(s.request, r);
+    return s;
+  }
+  void finish(const Start& s) {
+    ASSERT_TRUE(core_->done(s.request, false, now_).ok());
+    core_->released(s.request, Status(), now_);
+  }
+};
+
+TEST_F(NodeCoreInstancesTest, TwoInstancesOfOneFunctionRunItsRequestsAtOnceOnTwoGpus) {
+  make(plain_topology(4, 16 * kGiB));
+  const FunctionId f = add(1, kGiB);  // instance 1
+  const InstanceId second = attach(f, 2, kGiB);
+  const RequestId r1 = arrive(f);
+  const RequestId r2 = arrive(f);
+  core_->dispatch(now_);
+  ASSERT_EQ(actuator_.starts.size(), 2u) << "one request per instance, both at once";
+  const Start a = actuator_.starts[0];
+  const Start b = actuator_.starts[1];
+  EXPECT_EQ(a.request, r1);
+  EXPECT_EQ(b.request, r2);
+  EXPECT_EQ(a.function, f);
+  EXPECT_EQ(b.function, f);
+  EXPECT_NE(a.instance, b.instance);
+  EXPECT_TRUE(b.instance == second || a.instance == second);
+  EXPECT_NE(a.gpu, b.gpu) << "a GPU runs one instance at a time";
+  EXPECT_EQ(core_->instance_of(r1), a.instance);
+  EXPECT_EQ(core_->instance_of(r2), b.instance);
+  for (const Start& s : {a, b}) {
+    core_->streaming(s.request, Status(), now_);
+    core_->swap_done(s.request, Status(), {}, now_);
+  }
+  // A third request waits for one of them: each instance runs one request at a time.
+  const RequestId r3 = arrive(f);
+  core_->dispatch(now_);
+  EXPECT_EQ(actuator_.starts.size(), 2u);
+  EXPECT_EQ(core_->phase(r3), Phase::kQueued);
+  const NodeStatus status = core_->status(now_);
+  ASSERT_EQ(status.functions.size(), 1u);
+  EXPECT_EQ(status.functions[0].instances, (std::vector<InstanceId>{InstanceId{1}, second}));
+  EXPECT_EQ(status.functions[0].requests, 3u) << "the function's requests, over its instances";
+  EXPECT_EQ(status.functions[0].resident_gpus.size(), 2u) << "a replica on each instance's GPU";
+}
+
+TEST_F(NodeCoreInstancesTest, ARequestWithoutAnInstanceGoesToTheLeastBusyThenToOneWithItsModel) {
+  make(plain_topology(2, 16 * kGiB));
+  const FunctionId f = add(1, kGiB);
+  const InstanceId first{1};
+  const InstanceId second = attach(f, 2, kGiB);
+  // The second instance runs a request once, so its model stays on a GPU.
+  ASSERT_TRUE(core_->arrive(f, second, now_).ok());
+  finish(start_next());
+  // Both idle: the one whose model is resident, though it attached later.
+  now_ += kMs;
+  const Start warm = start_next_after(arrive(f));
+  EXPECT_EQ(warm.instance, second);
+  EXPECT_EQ(warm.source, Source::kResident);
+  // It is busy now: the next goes to the idle one, which must load its own copy.
+  const Start cold = start_next_after(arrive(f));
+  EXPECT_EQ(cold.instance, first);
+  EXPECT_EQ(cold.source, Source::kHost);
+  EXPECT_NE(cold.gpu, warm.gpu);
+}
+
+TEST_F(NodeCoreInstancesTest, ARequestForANamedInstanceRunsThereOrIsRefused) {
+  make(plain_topology(2, 16 * kGiB));
+  const FunctionId f = add(1, kGiB);
+  const FunctionId other = add(2, kGiB);
+  const InstanceId second = attach(f, 3, kGiB);
+  const Result<RequestId> named = core_->arrive(f, second, now_);
+  ASSERT_TRUE(named.ok()) << named.status();
+  EXPECT_EQ(start_next().instance, second);
+  EXPECT_EQ(core_->arrive(f, InstanceId{99}, now_).status().code(), ErrorCode::kDeviceUnavailable)
+      << "no such instance";
+  EXPECT_EQ(core_->arrive(f, instance(other), now_).status().code(), ErrorCode::kDeviceUnavailable)
+      << "another function's instance";
+  EXPECT_EQ(core_->function_of(second), f);
+  EXPECT_EQ(core_->function_of(InstanceId{99}), std::nullopt);
+}
+
+TEST_F(NodeCoreInstancesTest, AnInstanceThatGoesLeavesTheOthersRunningAndItsSlotToTheNext) {
+  make(plain_topology(2, 16 * kGiB));
+  const FunctionId f = add(1, kGiB);
+  const InstanceId second = attach(f, 2, kGiB);
+  ASSERT_TRUE(core_->arrive(f, InstanceId{1}, now_).ok());
+  const Start gone = start_next();
+  ASSERT_TRUE(core_->arrive(f, second, now_).ok());
+  const Start stays = start_next();
+  core_->detach(InstanceId{1}, now_);
+  EXPECT_EQ(core_->phase(gone.request), std::nullopt) << "its request ended with it";
+  EXPECT_EQ(core_->phase(stays.request), Phase::kRunning) << "the other instance's goes on";
+  EXPECT_EQ(core_->function_of(InstanceId{1}), std::nullopt);
+  EXPECT_EQ(core_->remove_function(f, now_).code(), ErrorCode::kIllegalState)
+      << "an instance is still attached";
+  // A new instance takes the free slot: the function's statistics carry on, its memory does not.
+  const InstanceId third = attach(f, 3, kGiB);
+  const NodeStatus status = core_->status(now_);
+  ASSERT_EQ(status.functions.size(), 1u);
+  EXPECT_EQ(status.functions[0].instances, (std::vector<InstanceId>{second, third}));
+  EXPECT_EQ(status.functions[0].requests, 2u);
+  ASSERT_TRUE(core_->arrive(f, third, now_).ok());
+  const Start fresh = start_next();
+  EXPECT_EQ(fresh.instance, third);
+  EXPECT_EQ(fresh.source, Source::kHost) << "the old instance's replica went with it";
+  EXPECT_NE(fresh.gpu, stays.gpu);
+  finish(stays);
+  finish(fresh);
+  core_->detach(second, now_);
+  core_->detach(third, now_);
+  EXPECT_TRUE(core_->remove_function(f, now_).ok());
+  EXPECT_TRUE(core_->scheduler().check_invariants().ok());
+}
+
+TEST_F(NodeCoreInstancesTest, FunctionIdsOfTheCoresOwnAreRefused) {
+  make(plain_topology(1, 16 * kGiB));
+  EXPECT_EQ(core_->add_function(FunctionId{NodeCore::kFirstOwnId}, spec("high", kGiB), now_).code(),
+            ErrorCode::kInvalidValue);
+  EXPECT_EQ(core_->attach(InstanceId{1}, FunctionId{5}, now_).code(), ErrorCode::kNotFound);
 }
 
 }  // namespace
