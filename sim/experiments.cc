@@ -73,8 +73,12 @@ std::string evaluation_report(const ExperimentOptions& options,
     rows.push_back({std::string(names[i]), results[i].paper, results[i].ours});
     sections += results[i].markdown;
   }
-  return str_cat(evaluation_preamble(options), "## Summary\n\n",
-                 markdown_table({"experiment", "paper", "ours"}, rows), "\n", sections);
+  std::string report = str_cat(evaluation_preamble(options), "## Summary\n\n",
+                                markdown_table({"experiment", "paper", "ours"}, rows), "\n",
+                                sections);
+  // A section ends with a blank line to part it from the next; the file ends with one newline.
+  while (report.ends_with("\n\n")) report.pop_back();
+  return report;
 }
 
 }  // namespace hiber::sim
