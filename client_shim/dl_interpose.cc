@@ -7,6 +7,10 @@
 //   libcudnn* -> libhibercudnn.so, libnvidia-ml.so* -> libhibernvml.so. Where the replacement
 //   is not installed, the load fails with dlerror() naming the missing file (and one log line):
 //   never the real library, whose internals would reach for driver entry points the shim lacks.
+// - A load of one of those libraries by a name of another major version (libcudart.so.12 when
+//   the shim serves CUDA 13, libcudnn.so.8 for cuDNN 9) is refused: a library's major version is
+//   its ABI, and binding a framework built for one to the other would corrupt its calls
+//   silently. dlerror() names both versions, and one log line says the same.
 // - Any other bare name (no slash) is looked up with the search path of the *caller* of dlopen,
 //   as the real dlopen would: the real dlopen sees the shim as its caller, so its DT_RUNPATH /
 //   DT_RPATH would be the shim's. The caller's (found with __builtin_return_address and dladdr,
@@ -24,11 +28,15 @@
 #include <link.h>
 #include <unistd.h>
 
+#include <charconv>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "common/cuda_abi.h"
 
 namespace {
 
@@ -59,6 +67,50 @@ const char* replacement_for(std::string_view base) {
   if (starts_with(base, "libcudnn")) return "libhibercudnn.so";
   if (starts_with(base, "libnvidia-ml.so")) return "libhibernvml.so";
   return nullptr;
+}
+
+// The major version a library's file name asks for: "libcudart.so.12" and "libcudnn_ops.so.8.9"
+// ask for 12 and 8; "libcudart.so" for none (the development link, any version).
+std::optional<int> requested_major(std::string_view base) {
+  const auto so = base.find(".so.");
+  if (so == std::string_view::npos) return std::nullopt;
+  const std::string_view digits = base.substr(so + 4);
+  int major = 0;
+  const auto [end, error] = std::from_chars(digits.data(), digits.data() + digits.size(), major);
+  if (error != std::errc() || end == digits.data()) return std::nullopt;
+  return major;
+}
+
+// Why a load of `base` is refused, if it names a library whose ABI this shim serves at another
+// major version; "" when it is not.
+std::string other_abi(std::string_view base) {
+  struct Abi {
+    std::string_view stem;
+    std::string_view name;
+    int major;
+    std::string_view soname;
+  };
+  static constexpr Abi kAbis[] = {
+      {"libcudart.so", "CUDA", hiber::cuda_abi::kCudaMajor, hiber::cuda_abi::kRuntimeSoname},
+      {"libcublas", "CUDA", hiber::cuda_abi::kCudaMajor, hiber::cuda_abi::kCublasSoname},
+      {"libcudnn", "cuDNN", hiber::cuda_abi::kCudnnMajor, hiber::cuda_abi::kCudnnSoname},
+  };
+  for (const Abi& abi : kAbis) {
+    if (!starts_with(base, abi.stem)) continue;
+    const std::optional<int> major = requested_major(base);
+    if (!major || *major == abi.major) return "";
+    return std::string(base) + " is " + std::string(abi.name) + " " + std::to_string(*major) +
+           "'s ABI, and Hiber's shim serves " + std::string(abi.name) + " " +
+           std::to_string(abi.major) + "'s (" + std::string(abi.soname) + ")";
+  }
+  return "";
+}
+
+// Fails the load with `why` as dlerror()'s text: glibc sets that text only from a failing load,
+// so the shim asks for a file that cannot exist, named by the reason.
+void* refuse(DlopenFn real, const char* name, const std::string& why, int mode) {
+  std::fprintf(stderr, "hibercuda: dlopen(\"%s\") refused: %s\n", name, why.c_str());
+  return real(("/hibercuda refused the load: " + why).c_str(), mode);
 }
 
 const char* shim_path() {
@@ -173,6 +225,7 @@ extern "C" void* dlopen(const char* file, int mode) {
   if (real == nullptr) return nullptr;
   if (file == nullptr || shim_path() == nullptr) return real(file, mode);
   const std::string_view base = base_name(file);
+  if (const std::string why = other_abi(base); !why.empty()) return refuse(real, file, why, mode);
   if (is_cuda_library(base)) return real(shim_path(), mode);
   if (const char* replacement = replacement_for(base)) {
     return open_replacement(real, file, replacement, mode);

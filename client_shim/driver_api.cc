@@ -16,11 +16,18 @@
 
 #include "client_shim/api_support.h"
 #include "client_shim/driver_table.h"
+#include "client_shim/thread_context.h"
 
 using hiber::ErrorCode;
 using hiber::Status;
+using hiber::shim::as_primary;
 using hiber::shim::Client;
+using hiber::shim::context_stack;
 using hiber::shim::CopyKind;
+using hiber::shim::current_context;
+using hiber::shim::device_of;
+using hiber::shim::primary_context;
+using hiber::shim::PrimaryContext;
 using hiber::shim::traced;
 
 namespace {
@@ -29,39 +36,7 @@ constexpr auto& fail = hiber::shim::fail<CUresult>;
 constexpr auto& done = hiber::shim::done<CUresult>;
 constexpr auto& invalid = hiber::shim::invalid<CUresult>;
 
-// The primary context of the session's devices: one object, handed out as CUcontext.
-// cuCtxCreate hands out the device's primary context too, counted in `created` so that
-// cuCtxDestroy releases exactly what was created (docs/shim.md, "Contexts").
-struct PrimaryContext {
-  int device = 0;
-  std::atomic<unsigned> flags{0};  // cuDevicePrimaryCtxSetFlags / cuCtxCreate / cuCtxSetFlags
-  std::atomic<int> created{0};     // cuCtxCreate calls not yet destroyed
-};
-PrimaryContext primary_contexts[64];
-
 bool initialized = false;
-
-// The calling thread's context stack (cuCtxPushCurrent / cuCtxPopCurrent / cuCtxSetCurrent) over
-// the primary contexts. Empty: the thread uses device 0's primary context, which is current
-// everywhere once cuInit succeeded (the shim has one context per device, and every device of
-// the session shares one address space, so which one is current changes nothing hiberd sees).
-std::vector<CUcontext>& context_stack() {
-  thread_local std::vector<CUcontext> stack;
-  return stack;
-}
-
-PrimaryContext* as_primary(CUcontext context) {
-  auto* primary = reinterpret_cast<PrimaryContext*>(context);
-  if (primary < primary_contexts || primary >= primary_contexts + 64) return nullptr;
-  return primary;
-}
-
-CUcontext current_context() {
-  auto& stack = context_stack();
-  if (!stack.empty()) return stack.back();
-  primary_contexts[0].device = 0;
-  return reinterpret_cast<CUcontext>(&primary_contexts[0]);
-}
 
 // `context`, or the current one when it is null (as cuCtxGetDevice_v2 and its siblings take it).
 PrimaryContext* context_or_current(CUcontext context) {
@@ -91,7 +66,7 @@ struct LinkState {
 CUresult check_device(const char* name, CUdevice device) {
   if (!initialized) return fail(name, Status(ErrorCode::kNotInitialized, "cuInit was not called"));
   const int count = Client::get().device_count();
-  if (device < 0 || device >= count || device >= 64) {
+  if (device < 0 || device >= count || device >= hiber::shim::kMaxDevices) {
     return fail(name,
                 hiber::error(ErrorCode::kInvalidDevice, "device ", device, " does not exist"));
   }
@@ -201,8 +176,7 @@ CUresult cuDeviceGetPCIBusId(char* bus_id, int length, CUdevice device) {
 CUresult cuDevicePrimaryCtxRetain(CUcontext* context, CUdevice device) {
   if (context == nullptr) return invalid("cuDevicePrimaryCtxRetain");
   if (CUresult r = check_device("cuDevicePrimaryCtxRetain", device); r != CUDA_SUCCESS) return r;
-  primary_contexts[device].device = device;
-  *context = reinterpret_cast<CUcontext>(&primary_contexts[device]);
+  *context = primary_context(device);
   return CUDA_SUCCESS;
 }
 
@@ -213,7 +187,7 @@ CUresult cuDevicePrimaryCtxRelease(CUdevice device) {
 CUresult cuDevicePrimaryCtxGetState(CUdevice device, unsigned int* flags, int* active) {
   if (flags == nullptr || active == nullptr) return invalid("cuDevicePrimaryCtxGetState");
   if (CUresult r = check_device("cuDevicePrimaryCtxGetState", device); r != CUDA_SUCCESS) return r;
-  *flags = primary_contexts[device].flags;
+  *flags = as_primary(primary_context(device))->flags;
   *active = 1;
   return CUDA_SUCCESS;
 }
@@ -221,7 +195,7 @@ CUresult cuDevicePrimaryCtxGetState(CUdevice device, unsigned int* flags, int* a
 CUresult cuDevicePrimaryCtxSetFlags(CUdevice device, unsigned int flags) {
   if (CUresult r = check_device("cuDevicePrimaryCtxSetFlags", device); r != CUDA_SUCCESS) return r;
   // Scheduling flags choose how the host waits; the shim always spins briefly, then sleeps.
-  primary_contexts[device].flags = flags;
+  as_primary(primary_context(device))->flags = flags;
   return CUDA_SUCCESS;
 }
 
@@ -238,12 +212,11 @@ CUresult cuDevicePrimaryCtxReset(CUdevice device) {
 CUresult create_context(const char* name, CUcontext* context, unsigned int flags, CUdevice device) {
   if (context == nullptr) return invalid(name);
   if (CUresult r = check_device(name, device); r != CUDA_SUCCESS) return r;
-  PrimaryContext& primary = primary_contexts[device];
-  primary.device = device;
+  PrimaryContext& primary = *as_primary(primary_context(device));
   primary.flags = flags;
   ++primary.created;
-  *context = reinterpret_cast<CUcontext>(&primary);
-  context_stack().push_back(*context);
+  *context = primary_context(device);
+  hiber::shim::push_context(*context);
   return CUDA_SUCCESS;
 }
 
@@ -296,20 +269,10 @@ CUresult cuCtxGetCurrent(CUcontext* context) {
 }
 
 CUresult cuCtxSetCurrent(CUcontext context) {
-  auto& stack = context_stack();
-  if (context == nullptr) {
-    // Unbinding leaves the implicit primary context of device 0 (see context_stack).
-    if (!stack.empty()) stack.pop_back();
-    return CUDA_SUCCESS;
-  }
-  if (as_primary(context) == nullptr) {
+  if (context != nullptr && as_primary(context) == nullptr) {
     return fail("cuCtxSetCurrent", Status(ErrorCode::kInvalidContext, "not a primary context"));
   }
-  if (stack.empty()) {
-    stack.push_back(context);
-  } else {
-    stack.back() = context;
-  }
+  hiber::shim::set_current_context(context);
   return CUDA_SUCCESS;
 }
 
@@ -318,24 +281,23 @@ CUresult cuCtxPushCurrent(CUcontext context) {
     return fail("cuCtxPushCurrent", Status(ErrorCode::kInvalidContext,
                                            "not a primary context (the shim has no other)"));
   }
-  context_stack().push_back(context);
+  hiber::shim::push_context(context);
   return CUDA_SUCCESS;
 }
 
 CUresult cuCtxPopCurrent(CUcontext* context) {
-  auto& stack = context_stack();
-  if (stack.empty()) {
+  const CUcontext top = hiber::shim::pop_context();
+  if (top == nullptr) {
     return fail("cuCtxPopCurrent",
                 Status(ErrorCode::kInvalidContext, "no context was pushed on this thread"));
   }
-  if (context != nullptr) *context = stack.back();
-  stack.pop_back();
+  if (context != nullptr) *context = top;
   return CUDA_SUCCESS;
 }
 
 CUresult cuCtxGetDevice(CUdevice* device) {
   if (device == nullptr) return invalid("cuCtxGetDevice");
-  *device = as_primary(current_context())->device;
+  *device = device_of(current_context());
   return CUDA_SUCCESS;
 }
 
@@ -343,7 +305,7 @@ CUresult cuCtxGetDevice_v2(CUdevice* device, CUcontext context) {
   if (device == nullptr) return invalid("cuCtxGetDevice_v2");
   PrimaryContext* primary = context_or_current(context);
   if (primary == nullptr) return not_a_context("cuCtxGetDevice_v2");
-  *device = primary->device;
+  *device = device_of(context != nullptr ? context : current_context());
   return CUDA_SUCCESS;
 }
 
@@ -369,7 +331,10 @@ CUresult cuCtxGetId(CUcontext context, unsigned long long* id) {
   if (id == nullptr) return invalid("cuCtxGetId");
   PrimaryContext* primary = context_or_current(context);
   if (primary == nullptr) return not_a_context("cuCtxGetId");
-  *id = static_cast<unsigned long long>(primary->device) + 1;  // unique per context, never 0
+  // Unique per context, never 0.
+  *id =
+      static_cast<unsigned long long>(device_of(context != nullptr ? context : current_context())) +
+      1;
   return CUDA_SUCCESS;
 }
 
@@ -887,7 +852,7 @@ CUresult cuPointerGetAttribute(void* data, CUpointer_attribute attr, CUdeviceptr
       *static_cast<bool*>(data) = attr == CU_POINTER_ATTRIBUTE_MAPPED;
       return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
-      *static_cast<int*>(data) = device ? 0 : as_primary(current_context())->device;
+      *static_cast<int*>(data) = device ? 0 : device_of(current_context());
       return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
       *static_cast<CUdeviceptr*>(data) = range->start;

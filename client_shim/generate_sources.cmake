@@ -31,7 +31,7 @@ function(_hiber_exports library out)
 endfunction()
 
 function(hiber_generate_shim_sources out_dir)
-  find_file(cudart NAMES libcudart.so.13 HINTS ${HIBER_CUDA_ROOT}/lib64 ${HIBER_CUDA_ROOT}/lib
+  find_file(cudart NAMES ${HIBER_CUDART_SONAME} HINTS ${HIBER_CUDA_ROOT}/lib64 ${HIBER_CUDA_ROOT}/lib
             ${HIBER_CUDA_ROOT}/targets/x86_64-linux/lib NO_DEFAULT_PATH NO_CACHE REQUIRED)
   _hiber_exports(${cudart} runtime_names)
   _hiber_exports(${HIBER_CUDA_STUB} driver_names)

@@ -9,6 +9,7 @@
 
 #include "client_shim/api_support.h"
 #include "client_shim/driver_table.h"
+#include "client_shim/thread_context.h"
 
 // Deprecated entry points are still part of the ABI the shim provides.
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations"
@@ -31,12 +32,9 @@ constexpr auto& fail = hiber::shim::fail<cudaError_t>;
 constexpr auto& done = hiber::shim::done<cudaError_t>;
 constexpr auto& invalid = hiber::shim::invalid<cudaError_t>;
 
-// The device the calling thread uses (cudaSetDevice). Every device the session sees is served
-// by the same session, so the choice only has to be valid.
-int& current_device() {
-  thread_local int device = 0;
-  return device;
-}
+// The device the calling thread uses: its current context's (client_shim/thread_context.h), so
+// cudaSetDevice and the driver's context calls agree.
+using hiber::shim::current_device;
 
 Status check_device(int device) {
   const int count = Client::get().device_count();
@@ -173,7 +171,7 @@ cudaError_t cudaSetDevice(int device) {
   return traced("cudaSetDevice", [&] {
     Status ok = check_device(device);
     if (!ok.ok()) return fail("cudaSetDevice", ok);
-    current_device() = device;
+    hiber::shim::set_current_device(device);
     return cudaSuccess;
   });
 }

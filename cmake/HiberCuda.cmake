@@ -18,6 +18,42 @@ if(HIBER_ENABLE_CUDA)
   endif()
 endif()
 
+# The ABI Hiber serves: CUDA's major version names libcudart.so.N, libcublas.so.N and
+# libcublasLt.so.N and their version nodes, cuDNN's names libcudnn.so.N. Every soname the shim
+# exports, accepts in a dlopen and hiberd opens comes from these two (common/cuda_abi.h.in, the
+# shim's link options and version scripts). They default to the toolkit's, and must match it
+# where one is found: a shim built against one ABI's headers cannot serve another's.
+set(_hiber_toolkit_cuda_major 13)
+set(_hiber_toolkit_cudnn_major 9)
+if(HIBER_HAVE_CUDA)
+  file(STRINGS ${HIBER_CUDA_INCLUDE_DIR}/cuda.h _hiber_line REGEX "^#define CUDA_VERSION [0-9]+")
+  string(REGEX REPLACE "^#define CUDA_VERSION ([0-9]+).*" "\\1" _hiber_version "${_hiber_line}")
+  math(EXPR _hiber_toolkit_cuda_major "${_hiber_version} / 1000")
+  if(EXISTS ${HIBER_CUDA_INCLUDE_DIR}/cudnn_version.h)
+    file(STRINGS ${HIBER_CUDA_INCLUDE_DIR}/cudnn_version.h _hiber_line
+         REGEX "^#define CUDNN_MAJOR [0-9]+")
+    string(REGEX REPLACE "^#define CUDNN_MAJOR ([0-9]+).*" "\\1" _hiber_toolkit_cudnn_major
+           "${_hiber_line}")
+  endif()
+endif()
+set(HIBER_CUDA_MAJOR ${_hiber_toolkit_cuda_major} CACHE STRING
+    "CUDA major version whose ABI the shim serves (libcudart.so.N); the toolkit's by default")
+set(HIBER_CUDNN_MAJOR ${_hiber_toolkit_cudnn_major} CACHE STRING
+    "cuDNN major version whose ABI the shim serves (libcudnn.so.N); the toolkit's by default")
+if(HIBER_HAVE_CUDA AND NOT HIBER_CUDA_MAJOR EQUAL _hiber_toolkit_cuda_major)
+  message(FATAL_ERROR "HIBER_CUDA_MAJOR is ${HIBER_CUDA_MAJOR}, but the toolkit under "
+          "${HIBER_CUDA_ROOT} is CUDA ${_hiber_toolkit_cuda_major}: point HIBER_CUDA_ROOT at a "
+          "CUDA ${HIBER_CUDA_MAJOR} toolkit, or drop the setting")
+endif()
+if(HIBER_HAVE_CUDA AND NOT HIBER_CUDNN_MAJOR EQUAL _hiber_toolkit_cudnn_major)
+  message(FATAL_ERROR "HIBER_CUDNN_MAJOR is ${HIBER_CUDNN_MAJOR}, but the toolkit's headers are "
+          "cuDNN ${_hiber_toolkit_cudnn_major}'s")
+endif()
+set(HIBER_CUDART_SONAME libcudart.so.${HIBER_CUDA_MAJOR})
+set(HIBER_CUBLAS_SONAME libcublas.so.${HIBER_CUDA_MAJOR})
+set(HIBER_CUBLASLT_SONAME libcublasLt.so.${HIBER_CUDA_MAJOR})
+set(HIBER_CUDNN_SONAME libcudnn.so.${HIBER_CUDNN_MAJOR})
+
 if(HIBER_HAVE_CUDA)
   message(STATUS "CUDA toolkit found (${HIBER_NVCC}): building the CUDA device backend and the nvcc-compiled test programs")
 else()

@@ -16,6 +16,7 @@
 
 #include <glog/logging.h>
 
+#include "common/cuda_abi.h"
 #include "common/mutex.h"
 #include "server/device/cuda_library_support.h"
 #include "wire/blas_ops.h"
@@ -114,7 +115,7 @@ class LazyLt {
   void mark_loaded() { loaded_ = &api_; }
 
  private:
-  static constexpr const char* kSoname = "libcublasLt.so.13";
+  static constexpr const char* kSoname = cuda_abi::kCublasLtSoname;
   OpenCudaLibrary open_;
   std::once_flag once_;
   Status status_;  // written once, under once_

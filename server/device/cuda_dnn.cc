@@ -57,6 +57,7 @@
 
 #include <glog/logging.h>
 
+#include "common/cuda_abi.h"
 #include "common/mutex.h"
 #include "server/device/cuda_libraries.h"
 #include "server/device/cuda_library_support.h"
@@ -126,7 +127,7 @@ struct CudnnApi {
   HIBER_RETURN_IF_ERROR(resolve(library, #name, reinterpret_cast<void**>(&pfn_##name)));
     HIBER_CUDNN_ENTRY_POINTS(HIBER_RESOLVE_)
 #undef HIBER_RESOLVE_
-    // cuDNN's major version is its ABI: a libcudnn.so.9 of another minor release is fine, but say
+    // cuDNN's major version is its ABI: a libcudnn of another minor release is fine, but say
     // which one serves, since engines and numerics differ between releases.
     LOG(INFO) << "cuDNN " << pfn_cudnnGetVersion() << " (hiberd built with " << CUDNN_VERSION
               << ")";
@@ -625,7 +626,7 @@ struct PlanKey {
 class CudaDnnBackend final : public LibraryBackend {
  public:
   CudaDnnBackend(const CudaContexts& contexts, const CudaLibraryOptions& options)
-      : contexts_(contexts), cudnn_(options, "libcudnn.so.9"), handles_(contexts) {}
+      : contexts_(contexts), cudnn_(options, cuda_abi::kCudnnSoname), handles_(contexts) {}
 
   ~CudaDnnBackend() override {
     // The plans go before the handles they were built with (handles_ is destroyed after this).

@@ -12,6 +12,7 @@
 
 #include <glog/logging.h>
 
+#include "common/cuda_abi.h"
 #include "common/mutex.h"
 #include "server/device/cuda_blaslt.h"
 #include "server/device/cuda_library_support.h"
@@ -131,7 +132,7 @@ class CudaBlasBackend final : public LibraryBackend {
  public:
   CudaBlasBackend(const CudaContexts& contexts, const CudaLibraryOptions& options)
       : contexts_(contexts),
-        cublas_(options, "libcublas.so.13"),
+        cublas_(options, cuda_abi::kCublasSoname),
         handles_(contexts),
         lt_(make_cuda_blaslt_backend(
             contexts, [options](const char* soname) { return open_for_lt(options, soname); })) {}

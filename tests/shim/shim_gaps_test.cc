@@ -1,7 +1,8 @@
 // The runtime and driver calls PyTorch needs beyond the basics, NVML, and dlopen through the
 // caller's RUNPATH, each a program run through the shim against hiberd --device=sim
-// (tests/shim/programs: runtime_gaps.cu, nvml_query.cc, dlopen_rpath.cc; each compares with its
-// own CPU reference or with the CUDA runtime's answers and prints "<name>: OK" only then).
+// (tests/shim/programs: runtime_gaps.cu, nvml_query.cc, dlopen_rpath.cc, dlopen_versions.cc; each
+// compares with its own CPU reference or with the CUDA runtime's answers and prints "<name>: OK"
+// only then).
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -37,6 +38,7 @@ TEST_F(ShimGapsTest, RuntimeAndDriverGapsBehaveAsCudaDocuments) {
       << last_output_;
   EXPECT_NE(last_output_.find("host functions ran in stream order"), std::string::npos);
   EXPECT_NE(last_output_.find("PTX linked, loaded and launched"), std::string::npos);
+  EXPECT_NE(last_output_.find("device state: runtime and driver agree"), std::string::npos);
 }
 
 // Issue 18, item 13: what cuda-samples (asyncAPI, simpleCallback, matrixMul, the driver API
@@ -58,6 +60,15 @@ TEST_F(ShimGapsTest, BareDlopenSearchesTheCallersRunpath) {
   ASSERT_EQ(std::filesystem::path(HIBER_RPATH_CALLER).parent_path(),
             target.parent_path().parent_path());
   expect_ok("dlopen_rpath", {HIBER_RPATH_CALLER});
+}
+
+// Issue 30: a framework built for another major version (TensorFlow's CUDA 12 wheels) must not
+// bind this ABI silently.
+TEST_F(ShimGapsTest, ALoadOfAnotherMajorVersionIsRefusedNamingBoth) {
+  expect_ok("dlopen_versions", {});
+  EXPECT_NE(last_output_.find("refused: /hibercuda refused the load: libcudart.so."),
+            std::string::npos)
+      << last_output_;
 }
 
 }  // namespace

@@ -8,7 +8,8 @@
 //   - cudaLaunchHostFunc / cudaStreamAddCallback / cuLaunchHostFunc: the function sees the work
 //     before it, and work submitted after it (a copy from pinned memory it writes) sees its
 //     writes; cudaStreamSynchronize waits for it;
-//   - pointer attributes, cuMemGetAddressRange, capture status, context push/pop, priorities,
+//   - pointer attributes, cuMemGetAddressRange, capture status, context push/pop, one device
+//     state (cudaSetDevice and the driver's current context agree, per thread), priorities,
 //     occupancy, cudaGetFuncBySymbol + cuLaunchKernelEx, cuFuncGet/SetAttribute;
 //   - cuLink* of one PTX image + cuModuleLoadData + launch; cuModuleGetGlobal and linking two
 //     inputs fail with CUDA_ERROR_NOT_SUPPORTED.
@@ -21,6 +22,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "program_util.h"
@@ -255,6 +257,49 @@ int main(int argc, char** argv) {
   CU_CHECK(DRV(cuCtxGetStreamPriorityRange)(&least, &greatest));
   CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&rt_least, &rt_greatest));
   EXPECT(least == rt_least && greatest == rt_greatest && greatest <= least);
+
+  // ---- One device state: the runtime's device and the driver's current context agree ----
+  // Through hiberd a function sees one device, so `other` is device 0 there; natively on a
+  // machine with several GPUs it is device 1 (tests/unit/thread_context_test.cc covers several
+  // devices in the shim).
+  int devices = 0;
+  CUDA_CHECK(cudaGetDeviceCount(&devices));
+  const int other = devices >= 2 ? 1 : 0;
+  CUcontext first = nullptr, second = nullptr;
+  CU_CHECK(DRV(cuDevicePrimaryCtxRetain)(&first, 0));
+  CU_CHECK(DRV(cuDevicePrimaryCtxRetain)(&second, other));
+  int runtime_device = -1;
+  CUdevice driver_device = -1;
+  CUDA_CHECK(cudaSetDevice(other));  // its primary context becomes current
+  CU_CHECK(DRV(cuCtxGetCurrent)(&current));
+  CU_CHECK(DRV(cuCtxGetDevice)(&driver_device));
+  EXPECT(current == second && driver_device == other);
+  CU_CHECK(DRV(cuCtxPushCurrent)(first));  // the runtime follows the driver's stack
+  CUDA_CHECK(cudaGetDevice(&runtime_device));
+  EXPECT(runtime_device == 0);
+  CU_CHECK(DRV(cuCtxPopCurrent)(&popped));
+  CUDA_CHECK(cudaGetDevice(&runtime_device));
+  EXPECT(popped == first && runtime_device == other);
+  CU_CHECK(DRV(cuCtxSetCurrent)(first));
+  CUDA_CHECK(cudaGetDevice(&runtime_device));
+  EXPECT(runtime_device == 0);
+  CU_CHECK(DRV(cuCtxSetCurrent)(second));
+  CUDA_CHECK(cudaGetDevice(&runtime_device));
+  EXPECT(runtime_device == other);
+  // A new thread starts on device 0, whatever this one uses.
+  int thread_device = -1;
+  CUcontext thread_context = nullptr;
+  std::thread([&] {
+    if (cudaGetDevice(&thread_device) != cudaSuccess || cudaFree(nullptr) != cudaSuccess ||
+        DRV(cuCtxGetCurrent)(&thread_context) != CUDA_SUCCESS) {
+      thread_device = -2;
+    }
+  }).join();
+  EXPECT(thread_device == 0 && thread_context == first);
+  CUDA_CHECK(cudaSetDevice(0));
+  CU_CHECK(DRV(cuCtxGetCurrent)(&current));
+  EXPECT(current == first);
+  std::printf("runtime_gaps: device state: runtime and driver agree (devices 0 and %d)\n", other);
 
   // ---- Occupancy, function handles, cuLaunchKernelEx ----
   int max_threads_sm = 0, max_blocks_sm = 0;
