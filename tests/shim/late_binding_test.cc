@@ -797,6 +797,14 @@ TEST_F(LateBindingTest, InstancesOfOneFunctionRunAtOnceOnTwoGpus) {
       EXPECT_EQ(program->read_line(120s), mlp_server_answer(kSeed, input, -1)) << key;
     }
   }
+  // A write to model memory (a counter the model keeps on the GPU) is its instance's own: each
+  // instance has its own copy of the model (docs/design.md, "Functions and instances").
+  for (const auto& [key, writes] : {std::pair<std::string, int>{"a", 2}, {"b", 1}}) {
+    for (int w = 1; w <= writes; ++w) {
+      ASSERT_TRUE(instances[key]->send_line("count"));
+      EXPECT_EQ(instances[key]->read_line(120s), "count " + std::to_string(w)) << key;
+    }
+  }
   EXPECT_TRUE(client.request_done(*a).ok());
   EXPECT_TRUE(client.request_done(*b).ok());
   EXPECT_EQ(client.unregister_function("hot").code(), ErrorCode::kIllegalState)
