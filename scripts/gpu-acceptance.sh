@@ -14,7 +14,8 @@
 #       deterministic settings, warm latency per inference both ways and the ratio; every Hiber
 #       stub a shim run hits ("<library>: <name> is not supported by Hiber" on its stderr) and
 #       every call refused as not supported is listed by name (torch_acceptance.py stubs), and
-#       fails the run: unlike (b)'s imports, these were called;
+#       fails the run: unlike (b)'s imports, these were called; then ResNet-50 through the shim
+#       once more against a hiberd --isolation=shared, its warm latency against context mode's;
 #   (d) the results, with the device name and the date, inserted at the top of
 #       docs/gpu-runs.md (newest first; --no-append only prints them).
 #
@@ -94,6 +95,7 @@ gpu-acceptance (dry run): build $build; every file it needs is there. It would r
         timeout 300 python3 scripts/torch_acceptance.py run --mode=native --model=M --out=$out --iters=$iters
         timeout 600 LD_PRELOAD=$preload HIBER_RUN_DIR=<tmp> python3 scripts/torch_acceptance.py run --mode=shim ...
         python3 scripts/torch_acceptance.py stubs --model=M --out=$out <its log>   (a stub hit fails the run)
+      then a hiberd --isolation=shared and timeout 300 ... run --mode=shim-shared --model=resnet50
       and python3 scripts/torch_acceptance.py compare --out=$out
   (d) the report ($report) $( ((append)) && echo "inserted at the top of docs/gpu-runs.md" || echo "printed only")
   budget: ${budget_s} s in all, each step at most 600 s
@@ -224,10 +226,11 @@ EOF
     fi
   }
   trap 'stop_hiberd; rm -rf "$run_dir"' EXIT
+  # start_hiberd [FLAGS...]: hiberd --device=cuda with FLAGS added.
   start_hiberd() {
     LD_LIBRARY_PATH="$lib_dirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$hiberd_bin" --device=cuda \
       --run_dir="$run_dir" --cuda_library_path="${lib_dirs:+$lib_dirs:}/usr/local/cuda/lib64" \
-      >>"$hiberd_log" 2>&1 &
+      "$@" >>"$hiberd_log" 2>&1 &
     hiberd=$!
     for _ in $(seq 1200); do  # up to 120 s: hiberd measures the link once at start
       [[ -S $run_dir/hiberd.sock ]] && return 0
@@ -288,6 +291,19 @@ EOF
     fi
   done
   stop_hiberd
+  # A warm inference in --isolation=shared against the runs above (context mode, the default):
+  # ResNet-50 once more, against a hiberd of its own (issue 29's measure).
+  t=$(step_timeout 300)
+  if [[ $steps == *c* ]] && ((t > 0)) && [[ -s $out/resnet50.shim.json ]]; then
+    if start_hiberd --isolation=shared; then
+      say "(c) resnet50 through the shim, hiberd --isolation=shared (timeout ${t}s)"
+      timeout "$t" env HIBER_RUN_DIR="$run_dir" HIBER_FUNCTION_ID="torch-resnet50" \
+        LD_PRELOAD="$preload" python3 scripts/torch_acceptance.py run --mode=shim-shared \
+        --model=resnet50 --out="$out" --iters="$iters" >>"$work/torch-shim.log" 2>&1 ||
+        say "resnet50 with --isolation=shared failed (exit $?): $(tail -1 "$work/torch-shim.log")"
+      stop_hiberd
+    fi
+  fi
 
   if [[ $steps == *c* ]]; then {
     echo "- (c) PyTorch, batch 8, fp32, deterministic settings, median of $iters warm inferences" \

@@ -367,6 +367,26 @@ def compare(args):
         ratio = shim["median_ms"] / native["median_ms"]
         lines.append(f"| {name} | {native['source']} | {native['median_ms']:.2f} | "
                      f"{shim['median_ms']:.2f} | {ratio:.3f} | {verdict} | {stub_cell} |")
+    # A warm inference through hiberd in each isolation mode (the shim runs are context mode,
+    # hiberd's default), where a shim-shared run was made.
+    isolation = ["", "| model | context ms | shared ms | context/shared | outputs |",
+                 "|---|---|---|---|---|"]
+    for name in MODELS:
+        paths = {m: os.path.join(args.out, f"{name}.{m}.json") for m in ("shim", "shim-shared")}
+        if not all(os.path.exists(p) for p in paths.values()):
+            continue
+        context, shared = (json.load(open(paths[m])) for m in ("shim", "shim-shared"))
+        if not context["ok"] or not shared["ok"]:
+            isolation.append(f"| {name} | | | | FAILED: {shared.get('error', context.get('error'))} |")
+            all_ok = False
+            continue
+        same = torch.equal(torch.load(os.path.join(args.out, f"{name}.shim.pt")),
+                           torch.load(os.path.join(args.out, f"{name}.shim-shared.pt")))
+        isolation.append(f"| {name} | {context['median_ms']:.2f} | {shared['median_ms']:.2f} | "
+                         f"{context['median_ms'] / shared['median_ms']:.3f} | "
+                         f"{'bit-exact' if same else 'differ'} |")
+    if len(isolation) > 3:
+        lines += isolation
     print("\n".join(lines))
     return 0 if all_ok else 1
 
@@ -375,7 +395,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="run one model, write <out>/<model>.<mode>.{json,pt}")
-    r.add_argument("--mode", required=True, choices=("native", "shim"))
+    r.add_argument("--mode", required=True, choices=("native", "shim", "shim-shared"),
+                   help="shim-shared: through the shim against a hiberd --isolation=shared")
     r.add_argument("--model", required=True, choices=MODELS)
     r.add_argument("--out", required=True)
     r.add_argument("--iters", type=int, default=20, help="timed inferences (median reported)")
