@@ -14,11 +14,21 @@
 #include <set>
 #include <utility>
 
+#include "client_shim/refused_calls.h"
+
 namespace hiber::coverage {
 namespace {
 
 bool starts_with(std::string_view s, std::string_view prefix) {
   return s.substr(0, prefix.size()) == prefix;
+}
+
+// Whether the shim's definition of `symbol` is a documented refusal.
+bool is_refused(std::string_view symbol) {
+#define HIBER_REFUSED_NAME_(name, why) #name,
+  static constexpr std::string_view kRefused[] = {HIBER_SHIM_REFUSED_CALLS(HIBER_REFUSED_NAME_)};
+#undef HIBER_REFUSED_NAME_
+  return std::find(std::begin(kRefused), std::end(kRefused), symbol) != std::end(kRefused);
 }
 
 // "libfoo.so", "libfoo.so.13", "libfoo.so.9.1": `stem` then ".so", then nothing or a version.
@@ -101,6 +111,7 @@ std::string_view coverage_name(Coverage coverage) {
     case Coverage::kStub: return "stub";
     case Coverage::kMissing: return "missing";
     case Coverage::kLocal: return "local";
+    case Coverage::kRefused: return "refused";
   }
   return "?";
 }
@@ -261,7 +272,9 @@ CoverageReport assess(const std::vector<const ElfFile*>& scanned,
         note_set.insert(str_cat(replacement, " (the replacement for ", symbol.library,
                                 ") is not built: its symbols are reported missing"));
       } else if (const ElfSymbol* definition = it->second.find_export(symbol.symbol, version)) {
-        symbol.coverage = definition->weak ? Coverage::kStub : Coverage::kRemoted;
+        symbol.coverage = definition->weak            ? Coverage::kStub
+                          : is_refused(symbol.symbol) ? Coverage::kRefused
+                                                      : Coverage::kRemoted;
       } else {
         symbol.coverage = Coverage::kMissing;
         const auto& exports = it->second.exports;
@@ -450,19 +463,23 @@ Result<CoverageReport> scan(const std::string& path, const ScanOptions& options)
 
 int exit_code(const CoverageReport& report) {
   for (const ImportedSymbol& symbol : report.symbols) {
-    if (symbol.coverage == Coverage::kStub || symbol.coverage == Coverage::kMissing) return 1;
+    if (symbol.coverage == Coverage::kStub || symbol.coverage == Coverage::kMissing ||
+        symbol.coverage == Coverage::kRefused) {
+      return 1;
+    }
   }
   return 0;
 }
 
 namespace {
 
-constexpr std::array<Coverage, 4> kAllCoverages = {Coverage::kRemoted, Coverage::kStub,
-                                                   Coverage::kMissing, Coverage::kLocal};
+constexpr std::array<Coverage, 5> kAllCoverages = {
+    Coverage::kRemoted, Coverage::kStub, Coverage::kMissing, Coverage::kLocal, Coverage::kRefused};
 
 // library -> count per Coverage, in library order.
-std::map<std::string, std::array<int, 4>> count_by_library(const CoverageReport& report) {
-  std::map<std::string, std::array<int, 4>> counts;
+std::map<std::string, std::array<int, kAllCoverages.size()>> count_by_library(
+    const CoverageReport& report) {
+  std::map<std::string, std::array<int, kAllCoverages.size()>> counts;
   for (const ImportedSymbol& symbol : report.symbols) {
     auto [it, inserted] = counts.try_emplace(symbol.library);
     if (inserted) it->second.fill(0);

@@ -32,8 +32,11 @@ std::string_view replacement_for(CudaLibrary library);
 // Used only where the NEEDED library itself is not on this machine to look into.
 CudaLibrary library_by_symbol_name(std::string_view symbol);
 
-enum class Coverage { kRemoted, kStub, kMissing, kLocal };
-std::string_view coverage_name(Coverage coverage);  // "remoted", "stub", "missing", "local"
+// kRefused: the shim defines the call and refuses it, as documented (client_shim/
+// refused_calls.h): the program gets an error where it calls it.
+enum class Coverage { kRemoted, kStub, kMissing, kLocal, kRefused };
+// "remoted", "stub", "missing", "local", "refused"
+std::string_view coverage_name(Coverage coverage);
 
 // ---- The loader's search (see docs/coverage.md for the order) ----
 

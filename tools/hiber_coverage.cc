@@ -1,7 +1,7 @@
 // hiber-coverage FILE: which CUDA symbols a program or library imports (following its NEEDED
 // libraries as the loader would) and whether Hiber remotes each, only stubs it, or lacks it.
-// Exit status: 0 all remoted (or local), 1 a stub or missing symbol, 2 an error (no such file,
-// not ELF, wrong usage). docs/coverage.md explains the search and the output.
+// Exit status: 0 all remoted (or local), 1 a stub, refused or missing symbol, 2 an error (no such
+// file, not ELF, wrong usage). docs/coverage.md explains the search and the output.
 #include <cstdio>
 #include <filesystem>
 #include <string>
@@ -102,10 +102,10 @@ int main(int argc, char** argv) {
       &argc, &argv,
       "hiber-coverage: the CUDA runtime/driver, cuBLAS, cuBLASLt, cuDNN, NVRTC and NVML symbols\n"
       "FILE imports (itself and through its NEEDED libraries), each with the library it binds to\n"
-      "and whether Hiber remotes it, has only a stub, or lacks it (NVRTC: local, runs in the\n"
-      "client). See docs/coverage.md.\n"
+      "and whether Hiber remotes it, refuses it as documented, has only a stub, or lacks it\n"
+      "(NVRTC: local, runs in the client). See docs/coverage.md.\n"
       "  hiber-coverage [--summary | --json] [--shim_dir=DIR] FILE\n"
-      "Exit status: 0 all remoted or local, 1 a stub or missing symbol, 2 an error.",
+      "Exit status: 0 all remoted or local, 1 a stub, refused or missing symbol, 2 an error.",
       __FILE__);
   if (argc != 2) {
     std::fprintf(stderr, "usage: hiber-coverage [flags] FILE (see --help)\n");

@@ -12,6 +12,7 @@
 //   - a missing file and a file that is not ELF: exit 2 with a clear message.
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <filesystem>
@@ -23,6 +24,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "client_shim/refused_calls.h"
 #include "tools/elf_file.h"
 
 namespace hiber::coverage {
@@ -108,6 +110,35 @@ INSTANTIATE_TEST_SUITE_P(Programs, ShimProgramCoverage,
                                            "d2d_memset", "tiny_mlp", "error_cases",
                                            "dlopen_runtime", "mlp_server", "library_cnn",
                                            "library_transformer"));
+
+// Issue 30: sample_calls calls cudaHostGetDevicePointer, which the shim defines and refuses
+// (mapped host memory): the tool says so and the program is not runnable as it is.
+TEST(ShimProgramCoverage, ARefusedCallIsReportedRefusedAndFails) {
+  ToolRun run = run_tool(std::string(HIBER_SHIM_PROGRAMS_DIR) + "/sample_calls");
+  EXPECT_EQ(run.exit_code, 1) << run.output;
+  auto lines = symbol_lines(run.output);
+  ASSERT_TRUE(lines.contains("cudaHostGetDevicePointer")) << run.output;
+  EXPECT_EQ(lines["cudaHostGetDevicePointer"].status, "refused");
+  EXPECT_EQ(lines["cudaMalloc"].status, "remoted") << run.output;
+  EXPECT_THAT(run.output, HasSubstr(" refused"));
+}
+
+// Every refusal the table declares is a strong definition of the shim: a declared refusal the
+// shim no longer defines, or only stubs, would be reported wrongly.
+TEST(ShimProgramCoverage, EveryDeclaredRefusalIsDefinedByTheShim) {
+  auto shim = read_elf_file(std::string(HIBER_SHIM_DIR) + "/libhibercuda.so");
+  ASSERT_TRUE(shim.ok()) << shim.status();
+#define HIBER_CHECK_REFUSED_(call, why)                                         \
+  {                                                                             \
+    const auto& exports = shim->exports;                                        \
+    auto it = std::find_if(exports.begin(), exports.end(),                      \
+                           [](const ElfSymbol& e) { return e.name == #call; }); \
+    ASSERT_NE(it, exports.end()) << #call;                                      \
+    EXPECT_FALSE(it->weak) << #call << " is declared refused but only stubbed"; \
+  }
+  HIBER_SHIM_REFUSED_CALLS(HIBER_CHECK_REFUSED_)
+#undef HIBER_CHECK_REFUSED_
+}
 
 // library_gemm calls cublasSsyrk on purpose (its error path: a loud stub must say "not
 // supported"): the tool reports that one import as a stub, and only it, and exits 1.

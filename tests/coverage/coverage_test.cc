@@ -248,7 +248,7 @@ TEST(Output, Json) {
   EXPECT_THAT(json, HasSubstr("{\"library\": \"libcudart.so.13\", \"symbol\": \"cudaMalloc\", "
                               "\"status\": \"remoted\", \"importers\": [\"prog\", \"lib\\\"q\"]}"));
   EXPECT_THAT(json, HasSubstr("\"libcudart.so.13\": {\"remoted\": 1, \"stub\": 1, \"missing\": 0, "
-                              "\"local\": 0}"));
+                              "\"local\": 0, \"refused\": 0}"));
   EXPECT_THAT(json, HasSubstr("\"notes\": [\"libhibercublas.so is not built\"]"));
   EXPECT_THAT(json, HasSubstr("\"complete\": false"));
   EXPECT_THAT(format_json(CoverageReport{}), HasSubstr("\"symbols\": [],"));
