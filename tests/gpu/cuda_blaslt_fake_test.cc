@@ -23,6 +23,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "common/cuda_abi.h"
 #include "server/device/cuda_device.h"
 #include "server/device/library.h"
 #include "tests/gpu/fake_cublaslt.h"
@@ -42,8 +43,8 @@ using wire::blas::LtProblem;
 
 // The fake cuBLASLt the backend opened from the folder it was given (nullptr before it did).
 FakeCublasLt* fake_lt() {
-  return loaded_fake<FakeCublasLt>(std::string(HIBER_FAKE_LIBCUBLAS_DIR) + "/libcublasLt.so.13",
-                                   "fake_cublaslt");
+  return loaded_fake<FakeCublasLt>(
+      std::string(HIBER_FAKE_LIBCUBLAS_DIR) + "/" + cuda_abi::kCublasLtSoname, "fake_cublaslt");
 }
 
 // D (4 x 5) = GELU(alpha * A^T B + beta * C + bias), 3 strided batches, A stored 6 x 4 with
@@ -478,9 +479,9 @@ TEST(CudaBlasLtMissing, AHandleWithoutLibcublasLtFailsNamingIt) {
   ASSERT_NE(blas, nullptr);
   Status s = blas->check_available();
   EXPECT_EQ(s.code(), ErrorCode::kNotSupported);
-  EXPECT_THAT(s.message(), HasSubstr("libcublasLt.so.13"));
-  EXPECT_THAT(s.message(),
-              HasSubstr(std::string(HIBER_FAKE_NO_LT_DIR) + "/libcublasLt.so.13 (no such file)"));
+  EXPECT_THAT(s.message(), HasSubstr(cuda_abi::kCublasLtSoname));
+  EXPECT_THAT(s.message(), HasSubstr(std::string(HIBER_FAKE_NO_LT_DIR) + "/" +
+                                     cuda_abi::kCublasLtSoname + " (no such file)"));
   EXPECT_THAT(s.message(), HasSubstr("--cuda_library_path"));
 
   Result<Stream> stream = device->create_stream(0, 0);

@@ -18,6 +18,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "common/cuda_abi.h"
 #include "server/device/cuda_device.h"
 #include "server/device/library.h"
 #include "tests/gpu/fake_cuda.h"
@@ -35,7 +36,7 @@ using ::testing::UnorderedElementsAre;
 
 // The fake cuDNN the backend opened from the folder it was given (nullptr before it did).
 FakeCudnn* fake_dnn() {
-  return loaded_fake<FakeCudnn>(std::string(HIBER_FAKE_LIBCUDNN_DIR) + "/libcudnn.so.9",
+  return loaded_fake<FakeCudnn>(std::string(HIBER_FAKE_LIBCUDNN_DIR) + "/" + cuda_abi::kCudnnSoname,
                                 "fake_cudnn");
 }
 

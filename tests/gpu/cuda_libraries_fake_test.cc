@@ -15,6 +15,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "common/cuda_abi.h"
 #include "server/device/cuda_device.h"
 #include "server/device/library.h"
 #include "tests/gpu/fake_cublas.h"
@@ -32,8 +33,8 @@ using wire::blas::Gemm;
 
 // The fake cuBLAS the backend opened from the folder it was given (nullptr before it did).
 FakeCublas* fake_blas() {
-  return loaded_fake<FakeCublas>(std::string(HIBER_FAKE_LIBCUBLAS_DIR) + "/libcublas.so.13",
-                                 "fake_cublas");
+  return loaded_fake<FakeCublas>(
+      std::string(HIBER_FAKE_LIBCUBLAS_DIR) + "/" + cuda_abi::kCublasSoname, "fake_cublas");
 }
 
 Gemm sgemm() {
@@ -352,8 +353,9 @@ TEST(CudaLibrariesMissing, AHandleOfAMissingLibraryFailsNamingIt) {
   ASSERT_NE(blas, nullptr);
   Status s = blas->check_available();
   EXPECT_EQ(s.code(), ErrorCode::kNotSupported);
-  EXPECT_THAT(s.message(), HasSubstr("libcublas.so.13"));
-  EXPECT_THAT(s.message(), HasSubstr("/nonexistent/hiber-libs/libcublas.so.13 (no such file)"));
+  EXPECT_THAT(s.message(), HasSubstr(cuda_abi::kCublasSoname));
+  EXPECT_THAT(s.message(), HasSubstr(std::string("/nonexistent/hiber-libs/") +
+                                     cuda_abi::kCublasSoname + " (no such file)"));
   EXPECT_THAT(s.message(), HasSubstr("--cuda_library_path"));
   EXPECT_EQ(s.message().find('\n'), std::string::npos) << "one line";
 
@@ -368,7 +370,7 @@ TEST(CudaLibrariesMissing, AHandleOfAMissingLibraryFailsNamingIt) {
   ASSERT_NE(dnn, nullptr);
   Status d = dnn->check_available();
   EXPECT_EQ(d.code(), ErrorCode::kNotSupported);
-  EXPECT_THAT(d.message(), HasSubstr("libcudnn.so.9"));
+  EXPECT_THAT(d.message(), HasSubstr(cuda_abi::kCudnnSoname));
   EXPECT_TRUE(device->destroy_stream(*stream).ok());
 }
 
