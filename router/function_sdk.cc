@@ -335,14 +335,26 @@ std::string read_token(const std::string& path, std::string& why) {
 // With Hiber's client libraries preloaded, initialises CUDA through them, which opens the
 // function's session in hiberd: hiberd places a function's requests only once it has an
 // instance, and the router sends requests as soon as the worker says hello. A worker without the
-// shim (a function that uses no GPU) has no cuInit to call. Returns false when cuInit failed.
+// shim (a function that uses no GPU) has no cuInit to call. Returns false when cuInit or the
+// synchronization after it failed.
 bool open_hiber_session() {
   using CuInit = int (*)(unsigned int);
   auto cu_init = reinterpret_cast<CuInit>(::dlsym(RTLD_DEFAULT, "cuInit"));
   if (cu_init == nullptr || std::getenv("HIBER_RUN_DIR") == nullptr) return true;
   const int result = cu_init(0);
-  if (result != 0) complain("cuInit failed (CUresult " + std::to_string(result) + ")");
-  return result == 0;
+  if (result != 0) {
+    complain("cuInit failed (CUresult " + std::to_string(result) + ")");
+    return false;
+  }
+  // hiberd fixes a function's model at its first request (docs/design.md, "Functions and
+  // instances"): what the program allocated and wrote before serving, its weights, must have
+  // reached hiberd before the router sends a request, or it would count as that request's
+  // scratch. The shim batches calls, so wait for every one made so far.
+  using CuCtxSynchronize = int (*)();
+  auto synchronize = reinterpret_cast<CuCtxSynchronize>(::dlsym(RTLD_DEFAULT, "cuCtxSynchronize"));
+  const int synced = synchronize != nullptr ? synchronize() : 0;
+  if (synced != 0) complain("cuCtxSynchronize failed (CUresult " + std::to_string(synced) + ")");
+  return synced == 0;
 }
 
 // Serves invokes on one connection until the router closes it. Returns why the protocol broke,

@@ -319,8 +319,11 @@ def _open_hiber_session():
     """With Hiber's client libraries preloaded, initialises CUDA through them.
 
     That opens the function's session in hiberd, which places a function's requests only once it
-    has an instance; the router sends requests as soon as the worker says hello. A worker without
-    the shim (no GPU) has no cuInit. Returns False when cuInit failed.
+    has an instance; the router sends requests as soon as the worker says hello. hiberd fixes a
+    function's model at its first request, so what the program did on the GPU before serving
+    (loading its weights) must have reached hiberd first: the shim batches calls, so this waits
+    for them (cuCtxSynchronize). A worker without the shim (no GPU) has no cuInit. Returns False
+    when cuInit or the synchronization failed.
     """
     if "HIBER_RUN_DIR" not in os.environ:
         return True
@@ -334,6 +337,16 @@ def _open_hiber_session():
     result = cu_init(0)
     if result != 0:
         _complain("cuInit failed (CUresult %d)" % result)
+        return False
+    try:
+        synchronize = ctypes.CDLL(None).cuCtxSynchronize
+    except AttributeError:
+        return True
+    synchronize.argtypes = []
+    synchronize.restype = ctypes.c_int
+    result = synchronize()
+    if result != 0:
+        _complain("cuCtxSynchronize failed (CUresult %d)" % result)
     return result == 0
 
 

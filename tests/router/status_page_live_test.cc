@@ -100,7 +100,8 @@ TEST(StatusPageLive, DrawsARunningNode) {
   EXPECT_EQ(moved.body, "moved");
   gpu["alpha"] = gpu_of(moved);
   EXPECT_EQ(drained.count(gpu["alpha"]), 0u) << "ran on a drained GPU";
-  EXPECT_NE(moved.header("X-Hiber-Source").value_or("resident"), "resident");
+  EXPECT_NE(moved.header("X-Hiber-Source").value_or("resident"), "resident")
+      << "on GPU " << gpu["alpha"] << "; hiberd now: " << hiberctl("status 2>/dev/null");
   const std::string link = moved.header("X-Hiber-Link").value_or("");
   EXPECT_FALSE(link.empty());
   for (int g : drained) hiberctl("drain --gpu=" + std::to_string(g) + " --resume");
