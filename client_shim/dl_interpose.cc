@@ -92,6 +92,7 @@ std::string other_abi(std::string_view base) {
   };
   static constexpr Abi kAbis[] = {
       {"libcudart.so", "CUDA", hiber::cuda_abi::kCudaMajor, hiber::cuda_abi::kRuntimeSoname},
+      {"libcublasLt", "CUDA", hiber::cuda_abi::kCudaMajor, hiber::cuda_abi::kCublasLtSoname},
       {"libcublas", "CUDA", hiber::cuda_abi::kCudaMajor, hiber::cuda_abi::kCublasSoname},
       {"libcudnn", "cuDNN", hiber::cuda_abi::kCudnnMajor, hiber::cuda_abi::kCudnnSoname},
   };
