@@ -273,22 +273,16 @@ void Controller::withdraw(const std::string& function_id, SessionId session) {
 
 void Controller::attach(LeaseHolder* session) {
   const std::string& function_id = session->function_id();
-  std::optional<FunctionId> registered;
-  {
+  // The registration's function, or (a program that connected on its own) a new one.
+  const auto [id, registered] = [&] {
     MutexLock lock(registry_mutex_);
     auto it = registry_.find(function_id);
     if (it != registry_.end() && it->second.instances.count(session->id()) != 0) {
-      registered = it->second.id;
+      return std::pair(it->second.id, true);
     }
-  }
-  std::optional<FunctionId> own;
-  if (!registered) {
-    MutexLock lock(registry_mutex_);
-    own = FunctionId{next_function_++};
-  }
-  post([this, session, registered, own](State&) {
-    on_attach(session, registered ? *registered : *own, registered.has_value());
-  });
+    return std::pair(FunctionId{next_function_++}, false);
+  }();
+  post([this, session, id, registered](State&) { on_attach(session, id, registered); });
 }
 
 void Controller::on_attach(LeaseHolder* session, FunctionId id, bool registered) {
