@@ -28,7 +28,7 @@
 #include <link.h>
 #include <unistd.h>
 
-#include <charconv>
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <optional>
@@ -69,16 +69,16 @@ const char* replacement_for(std::string_view base) {
   return nullptr;
 }
 
-// The major version a library's file name asks for: "libcudart.so.12" and "libcudnn_ops.so.8.9"
-// ask for 12 and 8; "libcudart.so" for none (the development link, any version).
-std::optional<int> requested_major(std::string_view base) {
+// The major version a library's file name asks for, as its digits: "libcudart.so.12" and
+// "libcudnn_ops.so.8.9" ask for "12" and "8"; "libcudart.so" for none (the development link,
+// any version). Digits, not a number, so that no spelling of a version can overflow into this one.
+std::optional<std::string_view> requested_major(std::string_view base) {
   const auto so = base.find(".so.");
   if (so == std::string_view::npos) return std::nullopt;
-  const std::string_view digits = base.substr(so + 4);
-  int major = 0;
-  const auto [end, error] = std::from_chars(digits.data(), digits.data() + digits.size(), major);
-  if (error != std::errc() || end == digits.data()) return std::nullopt;
-  return major;
+  const std::string_view rest = base.substr(so + 4);
+  const size_t digits = std::min(rest.find_first_not_of("0123456789"), rest.size());
+  if (digits == 0) return std::nullopt;
+  return rest.substr(0, digits);
 }
 
 // Why a load of `base` is refused, if it names a library whose ABI this shim serves at another
@@ -98,9 +98,9 @@ std::string other_abi(std::string_view base) {
   };
   for (const Abi& abi : kAbis) {
     if (!starts_with(base, abi.stem)) continue;
-    const std::optional<int> major = requested_major(base);
-    if (!major || *major == abi.major) return "";
-    return std::string(base) + " is " + std::string(abi.name) + " " + std::to_string(*major) +
+    const std::optional<std::string_view> major = requested_major(base);
+    if (!major || *major == std::to_string(abi.major)) return "";
+    return std::string(base) + " is " + std::string(abi.name) + " " + std::string(*major) +
            "'s ABI, and Hiber's shim serves " + std::string(abi.name) + " " +
            std::to_string(abi.major) + "'s (" + std::string(abi.soname) + ")";
   }

@@ -48,6 +48,9 @@ int main() {
   for (const char* stem : {"libcudart.so.", "libcublas.so.", "libcublasLt.so."}) {
     expect_refused(stem + other_cuda, "CUDA " + other_cuda + "'s", served_cuda);
   }
+  // A version too large for any integer type is another version too, not this one wrapped.
+  const std::string huge = "4294967296" + std::to_string(cuda);
+  expect_refused("libcudart.so." + huge, "CUDA " + huge + "'s", served_cuda);
   const std::string other_cudnn = std::to_string(cudnn - 1);
   const std::string served_cudnn = "cuDNN " + std::to_string(cudnn) + "'s";
   for (const char* stem : {"libcudnn.so.", "libcudnn_ops.so."}) {
