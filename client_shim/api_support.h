@@ -1,31 +1,15 @@
-// What every exported entry point does around its work: trace it (HIBER_TRACE=1 logs each
-// call with its duration and result), and turn a Status into the API's error code, keeping it
-// as the thread's last error and logging its message.
+// What the runtime's and the driver's entry point bodies share: turning a Status into the API's
+// error code, kept as the thread's last error, with its message logged. (Tracing is around every
+// body, in the generated exported functions: entry_support.h.) Status codes are CUresult
+// values, and cudaError_t shares them for every code hiberd and the core produce, so one integer
+// type serves both front-ends.
 #pragma once
-
-#include <chrono>
 
 #include <glog/logging.h>
 
 #include "client_shim/client.h"
 
 namespace hiber::shim {
-
-// Runs an entry point's body. Status codes are CUresult values, and cudaError_t shares them for
-// every code hiberd and the core produce, so one integer type serves both front-ends.
-template <typename Body>
-auto traced(const char* name, Body&& body) {
-  static const bool trace = Client::get().config().trace;
-  if (!trace) return body();
-  const auto start = std::chrono::steady_clock::now();
-  auto result = body();
-  const auto ns =
-      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start)
-          .count();
-  LOG(INFO) << "hibercuda trace: " << name << " " << ns / 1000.0 << " us -> "
-            << static_cast<int>(result);
-  return result;
-}
 
 // A failure: kept as the thread's last error (runtime API) and logged, once per distinct
 // call site burst, so a program that ignores return codes still leaves a trail.

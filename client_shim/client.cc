@@ -15,6 +15,7 @@
 
 #include <glog/logging.h>
 
+#include "client_shim/entry_support.h"
 #include "common/paths.h"
 
 namespace hiber::shim {
@@ -62,8 +63,8 @@ ShimConfig ShimConfig::from_environment() {
       static_cast<uint32_t>(std::max<uint64_t>(1, env_u64("HIBER_BATCH_CALLS", c.batch_calls)));
   c.batch_bytes = env_u64("HIBER_BATCH_BYTES", c.batch_bytes);
   c.quiet_us = static_cast<uint32_t>(env_u64("HIBER_BATCH_QUIET_US", c.quiet_us));
-  c.trace = env_u64("HIBER_TRACE", 0) != 0;
-  c.stats = env_u64("HIBER_STATS", 0) != 0;
+  c.trace = trace_mode() == TraceMode::kCalls;
+  c.stats = env_u64("HIBER_STATS", 0) != 0 || trace_mode() == TraceMode::kSummary;
   c.reply_timeout_ms = std::max<uint64_t>(1, env_u64("HIBER_REPLY_TIMEOUT_MS", c.reply_timeout_ms));
   c.connect_timeout_ms = std::clamp<uint64_t>(
       env_u64("HIBER_CONNECT_TIMEOUT_MS", c.connect_timeout_ms), 1, kMaxConnectTimeoutMs);

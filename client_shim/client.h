@@ -46,9 +46,9 @@ struct ShimConfig {
   uint32_t batch_calls = 64;         // HIBER_BATCH_CALLS: N
   uint64_t batch_bytes = 256 << 10;  // HIBER_BATCH_BYTES: B
   uint32_t quiet_us = 50;            // HIBER_BATCH_QUIET_US: T
-  bool trace = false;                // HIBER_TRACE
-  // HIBER_STATS: at exit, one line on stderr with the calls, batches and synchronous round
-  // trips the process made.
+  bool trace = false;                // HIBER_TRACE=1 (entry_support.h traces each call)
+  // HIBER_STATS=1 or HIBER_TRACE=summary: at exit, one line on stderr with the calls, batches
+  // and synchronous round trips the process made.
   bool stats = false;
   // HIBER_REPLY_TIMEOUT_MS: how long a synchronous call waits for hiberd's reply. Long: under
   // late binding a call may wait in hiberd's queue for a GPU, and a hiberd that dies closes the

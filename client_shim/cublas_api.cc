@@ -11,6 +11,8 @@
 #include <climits>
 #include <cstring>
 
+#include "client_shim/cublas_entry_decls.h"
+#include "client_shim/cublas_overloads.h"
 #include "client_shim/cublas_status.h"
 #include "client_shim/library_client.h"
 #include "wire/blas_ops.h"
@@ -100,9 +102,7 @@ Gemm make_gemm(cublasOperation_t transa, cublasOperation_t transb, int m, int n,
 
 }  // namespace
 
-#define HIBER_API extern "C" __attribute__((visibility("default")))
-
-HIBER_API cublasStatus_t cublasCreate_v2(cublasHandle_t* handle) {
+cublasStatus_t hiber_entry::cublasCreate_v2(cublasHandle_t* handle) {
   if (handle == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
   auto made = hiber::shim::library_handle_create(Library::kBlas);
   if (!made.ok()) return fail("cublasCreate", made.status());
@@ -110,19 +110,19 @@ HIBER_API cublasStatus_t cublasCreate_v2(cublasHandle_t* handle) {
   return CUBLAS_STATUS_SUCCESS;
 }
 
-HIBER_API cublasStatus_t cublasDestroy_v2(cublasHandle_t handle) {
+cublasStatus_t hiber_entry::cublasDestroy_v2(cublasHandle_t handle) {
   LibraryHandleObj* h = handle_of(handle, "cublasDestroy");
   if (h == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
   return fail("cublasDestroy", hiber::shim::library_handle_destroy(h));
 }
 
-HIBER_API cublasStatus_t cublasSetStream_v2(cublasHandle_t handle, cudaStream_t stream) {
+cublasStatus_t hiber_entry::cublasSetStream_v2(cublasHandle_t handle, cudaStream_t stream) {
   LibraryHandleObj* h = handle_of(handle, "cublasSetStream");
   if (h == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
   return fail("cublasSetStream", hiber::shim::library_set_stream(h, stream));
 }
 
-HIBER_API cublasStatus_t cublasGetStream_v2(cublasHandle_t handle, cudaStream_t* stream) {
+cublasStatus_t hiber_entry::cublasGetStream_v2(cublasHandle_t handle, cudaStream_t* stream) {
   LibraryHandleObj* h = handle_of(handle, "cublasGetStream");
   if (h == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
   if (stream == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
@@ -130,10 +130,11 @@ HIBER_API cublasStatus_t cublasGetStream_v2(cublasHandle_t handle, cudaStream_t*
   return CUBLAS_STATUS_SUCCESS;
 }
 
-HIBER_API cublasStatus_t cublasSgemm_v2(cublasHandle_t handle, cublasOperation_t transa,
-                                        cublasOperation_t transb, int m, int n, int k,
-                                        const float* alpha, const float* a, int lda, const float* b,
-                                        int ldb, const float* beta, float* c, int ldc) {
+cublasStatus_t hiber_entry::cublasSgemm_v2(cublasHandle_t handle, cublasOperation_t transa,
+                                           cublasOperation_t transb, int m, int n, int k,
+                                           const float* alpha, const float* a, int lda,
+                                           const float* b, int ldb, const float* beta, float* c,
+                                           int ldc) {
   LibraryHandleObj* h = handle_of(handle, "cublasSgemm");
   if (h == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
   return submit_gemm("cublasSgemm", h,
@@ -142,12 +143,12 @@ HIBER_API cublasStatus_t cublasSgemm_v2(cublasHandle_t handle, cublasOperation_t
                      alpha, beta);
 }
 
-HIBER_API cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
-                                      cublasOperation_t transb, int m, int n, int k,
-                                      const void* alpha, const void* a, cudaDataType a_type,
-                                      int lda, const void* b, cudaDataType b_type, int ldb,
-                                      const void* beta, void* c, cudaDataType c_type, int ldc,
-                                      cublasComputeType_t compute_type, cublasGemmAlgo_t algo) {
+cublasStatus_t hiber_entry::cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
+                                         cublasOperation_t transb, int m, int n, int k,
+                                         const void* alpha, const void* a, cudaDataType a_type,
+                                         int lda, const void* b, cudaDataType b_type, int ldb,
+                                         const void* beta, void* c, cudaDataType c_type, int ldc,
+                                         cublasComputeType_t compute_type, cublasGemmAlgo_t algo) {
   LibraryHandleObj* h = handle_of(handle, "cublasGemmEx");
   if (h == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
   Gemm g = make_gemm(transa, transb, m, n, k, a, a_type, lda, b, b_type, ldb, c, c_type, ldc,
@@ -217,8 +218,8 @@ cublasStatus_t submit_gemv(const char* call, cublasHandle_t handle, cublasOperat
 
 // ---- Handle settings: kept in the client, sent with each call ----
 
-HIBER_API cublasStatus_t cublasSetWorkspace_v2(cublasHandle_t handle, void* workspace,
-                                               size_t bytes) {
+cublasStatus_t hiber_entry::cublasSetWorkspace_v2(cublasHandle_t handle, void* workspace,
+                                                  size_t bytes) {
   LibraryHandleObj* h = handle_of(handle, "cublasSetWorkspace");
   if (h == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
   if (workspace == nullptr && bytes != 0) return CUBLAS_STATUS_INVALID_VALUE;
@@ -227,7 +228,7 @@ HIBER_API cublasStatus_t cublasSetWorkspace_v2(cublasHandle_t handle, void* work
   return CUBLAS_STATUS_SUCCESS;
 }
 
-HIBER_API cublasStatus_t cublasSetMathMode(cublasHandle_t handle, cublasMath_t mode) {
+cublasStatus_t hiber_entry::cublasSetMathMode(cublasHandle_t handle, cublasMath_t mode) {
   LibraryHandleObj* h = handle_of(handle, "cublasSetMathMode");
   if (h == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
   const int base = static_cast<int>(mode) & ~CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION;
@@ -237,7 +238,7 @@ HIBER_API cublasStatus_t cublasSetMathMode(cublasHandle_t handle, cublasMath_t m
   return CUBLAS_STATUS_SUCCESS;
 }
 
-HIBER_API cublasStatus_t cublasGetMathMode(cublasHandle_t handle, cublasMath_t* mode) {
+cublasStatus_t hiber_entry::cublasGetMathMode(cublasHandle_t handle, cublasMath_t* mode) {
   LibraryHandleObj* h = handle_of(handle, "cublasGetMathMode");
   if (h == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
   if (mode == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
@@ -245,7 +246,8 @@ HIBER_API cublasStatus_t cublasGetMathMode(cublasHandle_t handle, cublasMath_t* 
   return CUBLAS_STATUS_SUCCESS;
 }
 
-HIBER_API cublasStatus_t cublasSetPointerMode_v2(cublasHandle_t handle, cublasPointerMode_t mode) {
+cublasStatus_t hiber_entry::cublasSetPointerMode_v2(cublasHandle_t handle,
+                                                    cublasPointerMode_t mode) {
   LibraryHandleObj* h = handle_of(handle, "cublasSetPointerMode");
   if (h == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
   if (mode != CUBLAS_POINTER_MODE_HOST && mode != CUBLAS_POINTER_MODE_DEVICE)
@@ -254,7 +256,8 @@ HIBER_API cublasStatus_t cublasSetPointerMode_v2(cublasHandle_t handle, cublasPo
   return CUBLAS_STATUS_SUCCESS;
 }
 
-HIBER_API cublasStatus_t cublasGetPointerMode_v2(cublasHandle_t handle, cublasPointerMode_t* mode) {
+cublasStatus_t hiber_entry::cublasGetPointerMode_v2(cublasHandle_t handle,
+                                                    cublasPointerMode_t* mode) {
   LibraryHandleObj* h = handle_of(handle, "cublasGetPointerMode");
   if (h == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
   if (mode == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
@@ -262,7 +265,7 @@ HIBER_API cublasStatus_t cublasGetPointerMode_v2(cublasHandle_t handle, cublasPo
   return CUBLAS_STATUS_SUCCESS;
 }
 
-HIBER_API cublasStatus_t cublasSetAtomicsMode(cublasHandle_t handle, cublasAtomicsMode_t mode) {
+cublasStatus_t hiber_entry::cublasSetAtomicsMode(cublasHandle_t handle, cublasAtomicsMode_t mode) {
   LibraryHandleObj* h = handle_of(handle, "cublasSetAtomicsMode");
   if (h == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
   if (mode != CUBLAS_ATOMICS_NOT_ALLOWED && mode != CUBLAS_ATOMICS_ALLOWED)
@@ -271,7 +274,7 @@ HIBER_API cublasStatus_t cublasSetAtomicsMode(cublasHandle_t handle, cublasAtomi
   return CUBLAS_STATUS_SUCCESS;
 }
 
-HIBER_API cublasStatus_t cublasGetAtomicsMode(cublasHandle_t handle, cublasAtomicsMode_t* mode) {
+cublasStatus_t hiber_entry::cublasGetAtomicsMode(cublasHandle_t handle, cublasAtomicsMode_t* mode) {
   LibraryHandleObj* h = handle_of(handle, "cublasGetAtomicsMode");
   if (h == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
   if (mode == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
@@ -281,14 +284,14 @@ HIBER_API cublasStatus_t cublasGetAtomicsMode(cublasHandle_t handle, cublasAtomi
 
 // ---- Versions and status strings: those of the headers Hiber was built with ----
 
-HIBER_API cublasStatus_t cublasGetVersion_v2(cublasHandle_t handle, int* version) {
+cublasStatus_t hiber_entry::cublasGetVersion_v2(cublasHandle_t handle, int* version) {
   if (handle_of(handle, "cublasGetVersion") == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
   if (version == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
   *version = CUBLAS_VERSION;
   return CUBLAS_STATUS_SUCCESS;
 }
 
-HIBER_API cublasStatus_t cublasGetProperty(libraryPropertyType type, int* value) {
+cublasStatus_t hiber_entry::cublasGetProperty(libraryPropertyType type, int* value) {
   if (value == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
   switch (type) {
     case MAJOR_VERSION: *value = CUBLAS_VER_MAJOR; return CUBLAS_STATUS_SUCCESS;
@@ -298,19 +301,21 @@ HIBER_API cublasStatus_t cublasGetProperty(libraryPropertyType type, int* value)
   return CUBLAS_STATUS_INVALID_VALUE;
 }
 
-HIBER_API size_t cublasGetCudartVersion(void) { return CUDART_VERSION; }
+size_t hiber_entry::cublasGetCudartVersion(void) { return CUDART_VERSION; }
 
-HIBER_API const char* cublasGetStatusName(cublasStatus_t status) { return status_name(status); }
+const char* hiber_entry::cublasGetStatusName(cublasStatus_t status) { return status_name(status); }
 
-HIBER_API const char* cublasGetStatusString(cublasStatus_t status) { return status_string(status); }
+const char* hiber_entry::cublasGetStatusString(cublasStatus_t status) {
+  return status_string(status);
+}
 
 // ---- GEMMs ----
 
-HIBER_API cublasStatus_t cublasDgemm_v2(cublasHandle_t handle, cublasOperation_t transa,
-                                        cublasOperation_t transb, int m, int n, int k,
-                                        const double* alpha, const double* a, int lda,
-                                        const double* b, int ldb, const double* beta, double* c,
-                                        int ldc) {
+cublasStatus_t hiber_entry::cublasDgemm_v2(cublasHandle_t handle, cublasOperation_t transa,
+                                           cublasOperation_t transb, int m, int n, int k,
+                                           const double* alpha, const double* a, int lda,
+                                           const double* b, int ldb, const double* beta, double* c,
+                                           int ldc) {
   LibraryHandleObj* h = handle_of(handle, "cublasDgemm");
   if (h == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
   return submit_gemm("cublasDgemm", h,
@@ -320,10 +325,11 @@ HIBER_API cublasStatus_t cublasDgemm_v2(cublasHandle_t handle, cublasOperation_t
 }
 
 // Hgemm computes in half, with half alpha and beta (CUBLAS_COMPUTE_16F).
-HIBER_API cublasStatus_t cublasHgemm(cublasHandle_t handle, cublasOperation_t transa,
-                                     cublasOperation_t transb, int m, int n, int k,
-                                     const __half* alpha, const __half* a, int lda, const __half* b,
-                                     int ldb, const __half* beta, __half* c, int ldc) {
+cublasStatus_t hiber_entry::cublasHgemm(cublasHandle_t handle, cublasOperation_t transa,
+                                        cublasOperation_t transb, int m, int n, int k,
+                                        const __half* alpha, const __half* a, int lda,
+                                        const __half* b, int ldb, const __half* beta, __half* c,
+                                        int ldc) {
   LibraryHandleObj* h = handle_of(handle, "cublasHgemm");
   if (h == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
   return submit_gemm("cublasHgemm", h,
@@ -332,12 +338,10 @@ HIBER_API cublasStatus_t cublasHgemm(cublasHandle_t handle, cublasOperation_t tr
                      alpha, beta);
 }
 
-HIBER_API cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t handle, cublasOperation_t transa,
-                                                   cublasOperation_t transb, int m, int n, int k,
-                                                   const float* alpha, const float* a, int lda,
-                                                   long long stride_a, const float* b, int ldb,
-                                                   long long stride_b, const float* beta, float* c,
-                                                   int ldc, long long stride_c, int batch_count) {
+cublasStatus_t hiber_entry::cublasSgemmStridedBatched(
+    cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k,
+    const float* alpha, const float* a, int lda, long long stride_a, const float* b, int ldb,
+    long long stride_b, const float* beta, float* c, int ldc, long long stride_c, int batch_count) {
   LibraryHandleObj* h = handle_of(handle, "cublasSgemmStridedBatched");
   if (h == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
   return submit_gemm("cublasSgemmStridedBatched", h,
@@ -347,13 +351,11 @@ HIBER_API cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t handle, cublas
                      alpha, beta);
 }
 
-HIBER_API cublasStatus_t cublasDgemmStridedBatched(cublasHandle_t handle, cublasOperation_t transa,
-                                                   cublasOperation_t transb, int m, int n, int k,
-                                                   const double* alpha, const double* a, int lda,
-                                                   long long stride_a, const double* b, int ldb,
-                                                   long long stride_b, const double* beta,
-                                                   double* c, int ldc, long long stride_c,
-                                                   int batch_count) {
+cublasStatus_t hiber_entry::cublasDgemmStridedBatched(
+    cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k,
+    const double* alpha, const double* a, int lda, long long stride_a, const double* b, int ldb,
+    long long stride_b, const double* beta, double* c, int ldc, long long stride_c,
+    int batch_count) {
   LibraryHandleObj* h = handle_of(handle, "cublasDgemmStridedBatched");
   if (h == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
   return submit_gemm("cublasDgemmStridedBatched", h,
@@ -363,13 +365,11 @@ HIBER_API cublasStatus_t cublasDgemmStridedBatched(cublasHandle_t handle, cublas
                      alpha, beta);
 }
 
-HIBER_API cublasStatus_t cublasHgemmStridedBatched(cublasHandle_t handle, cublasOperation_t transa,
-                                                   cublasOperation_t transb, int m, int n, int k,
-                                                   const __half* alpha, const __half* a, int lda,
-                                                   long long stride_a, const __half* b, int ldb,
-                                                   long long stride_b, const __half* beta,
-                                                   __half* c, int ldc, long long stride_c,
-                                                   int batch_count) {
+cublasStatus_t hiber_entry::cublasHgemmStridedBatched(
+    cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k,
+    const __half* alpha, const __half* a, int lda, long long stride_a, const __half* b, int ldb,
+    long long stride_b, const __half* beta, __half* c, int ldc, long long stride_c,
+    int batch_count) {
   LibraryHandleObj* h = handle_of(handle, "cublasHgemmStridedBatched");
   if (h == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
   return submit_gemm("cublasHgemmStridedBatched", h,
@@ -379,7 +379,7 @@ HIBER_API cublasStatus_t cublasHgemmStridedBatched(cublasHandle_t handle, cublas
                      alpha, beta);
 }
 
-HIBER_API cublasStatus_t cublasGemmStridedBatchedEx(
+cublasStatus_t hiber_entry::cublasGemmStridedBatchedEx(
     cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k,
     const void* alpha, const void* a, cudaDataType a_type, int lda, long long stride_a,
     const void* b, cudaDataType b_type, int ldb, long long stride_b, const void* beta, void* c,
@@ -395,7 +395,7 @@ HIBER_API cublasStatus_t cublasGemmStridedBatchedEx(
 }
 
 // Batched with device arrays of device pointers: hiberd reads the arrays when the call runs.
-HIBER_API cublasStatus_t cublasGemmBatchedEx(
+cublasStatus_t hiber_entry::cublasGemmBatchedEx(
     cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k,
     const void* alpha, const void* const a[], cudaDataType a_type, int lda, const void* const b[],
     cudaDataType b_type, int ldb, const void* beta, void* const c[], cudaDataType c_type, int ldc,
@@ -409,11 +409,11 @@ HIBER_API cublasStatus_t cublasGemmBatchedEx(
   return submit_gemm("cublasGemmBatchedEx", h, g, alpha, beta);
 }
 
-HIBER_API cublasStatus_t cublasSgemmBatched(cublasHandle_t handle, cublasOperation_t transa,
-                                            cublasOperation_t transb, int m, int n, int k,
-                                            const float* alpha, const float* const a[], int lda,
-                                            const float* const b[], int ldb, const float* beta,
-                                            float* const c[], int ldc, int batch_count) {
+cublasStatus_t hiber_entry::cublasSgemmBatched(cublasHandle_t handle, cublasOperation_t transa,
+                                               cublasOperation_t transb, int m, int n, int k,
+                                               const float* alpha, const float* const a[], int lda,
+                                               const float* const b[], int ldb, const float* beta,
+                                               float* const c[], int ldc, int batch_count) {
   LibraryHandleObj* h = handle_of(handle, "cublasSgemmBatched");
   if (h == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
   return submit_gemm(
@@ -424,11 +424,12 @@ HIBER_API cublasStatus_t cublasSgemmBatched(cublasHandle_t handle, cublasOperati
       alpha, beta);
 }
 
-HIBER_API cublasStatus_t cublasDgemmBatched(cublasHandle_t handle, cublasOperation_t transa,
-                                            cublasOperation_t transb, int m, int n, int k,
-                                            const double* alpha, const double* const a[], int lda,
-                                            const double* const b[], int ldb, const double* beta,
-                                            double* const c[], int ldc, int batch_count) {
+cublasStatus_t hiber_entry::cublasDgemmBatched(cublasHandle_t handle, cublasOperation_t transa,
+                                               cublasOperation_t transb, int m, int n, int k,
+                                               const double* alpha, const double* const a[],
+                                               int lda, const double* const b[], int ldb,
+                                               const double* beta, double* const c[], int ldc,
+                                               int batch_count) {
   LibraryHandleObj* h = handle_of(handle, "cublasDgemmBatched");
   if (h == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
   return submit_gemm(
@@ -441,29 +442,29 @@ HIBER_API cublasStatus_t cublasDgemmBatched(cublasHandle_t handle, cublasOperati
 
 // ---- gemv (as GEMMs, above) ----
 
-HIBER_API cublasStatus_t cublasSgemv_v2(cublasHandle_t handle, cublasOperation_t trans, int m,
-                                        int n, const float* alpha, const float* a, int lda,
-                                        const float* x, int incx, const float* beta, float* y,
-                                        int incy) {
+cublasStatus_t hiber_entry::cublasSgemv_v2(cublasHandle_t handle, cublasOperation_t trans, int m,
+                                           int n, const float* alpha, const float* a, int lda,
+                                           const float* x, int incx, const float* beta, float* y,
+                                           int incy) {
   return submit_gemv("cublasSgemv", handle, trans, m, n, alpha, a, lda, x, incx, beta, y, incy,
                      CUDA_R_32F, CUBLAS_COMPUTE_32F);
 }
 
-HIBER_API cublasStatus_t cublasDgemv_v2(cublasHandle_t handle, cublasOperation_t trans, int m,
-                                        int n, const double* alpha, const double* a, int lda,
-                                        const double* x, int incx, const double* beta, double* y,
-                                        int incy) {
+cublasStatus_t hiber_entry::cublasDgemv_v2(cublasHandle_t handle, cublasOperation_t trans, int m,
+                                           int n, const double* alpha, const double* a, int lda,
+                                           const double* x, int incx, const double* beta, double* y,
+                                           int incy) {
   return submit_gemv("cublasDgemv", handle, trans, m, n, alpha, a, lda, x, incx, beta, y, incy,
                      CUDA_R_64F, CUBLAS_COMPUTE_64F);
 }
 
 // ---- The 64-bit forms ----
 
-HIBER_API cublasStatus_t cublasSgemm_v2_64(cublasHandle_t handle, cublasOperation_t transa,
-                                           cublasOperation_t transb, int64_t m, int64_t n,
-                                           int64_t k, const float* alpha, const float* a,
-                                           int64_t lda, const float* b, int64_t ldb,
-                                           const float* beta, float* c, int64_t ldc) {
+cublasStatus_t hiber_entry::cublasSgemm_v2_64(cublasHandle_t handle, cublasOperation_t transa,
+                                              cublasOperation_t transb, int64_t m, int64_t n,
+                                              int64_t k, const float* alpha, const float* a,
+                                              int64_t lda, const float* b, int64_t ldb,
+                                              const float* beta, float* c, int64_t ldc) {
   LibraryHandleObj* h = handle_of(handle, "cublasSgemm_64");
   if (h == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
   if (!fits32("cublasSgemm_64", {m, n, k})) return CUBLAS_STATUS_NOT_SUPPORTED;
@@ -474,11 +475,11 @@ HIBER_API cublasStatus_t cublasSgemm_v2_64(cublasHandle_t handle, cublasOperatio
       alpha, beta);
 }
 
-HIBER_API cublasStatus_t cublasDgemm_v2_64(cublasHandle_t handle, cublasOperation_t transa,
-                                           cublasOperation_t transb, int64_t m, int64_t n,
-                                           int64_t k, const double* alpha, const double* a,
-                                           int64_t lda, const double* b, int64_t ldb,
-                                           const double* beta, double* c, int64_t ldc) {
+cublasStatus_t hiber_entry::cublasDgemm_v2_64(cublasHandle_t handle, cublasOperation_t transa,
+                                              cublasOperation_t transb, int64_t m, int64_t n,
+                                              int64_t k, const double* alpha, const double* a,
+                                              int64_t lda, const double* b, int64_t ldb,
+                                              const double* beta, double* c, int64_t ldc) {
   LibraryHandleObj* h = handle_of(handle, "cublasDgemm_64");
   if (h == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
   if (!fits32("cublasDgemm_64", {m, n, k})) return CUBLAS_STATUS_NOT_SUPPORTED;
@@ -489,13 +490,11 @@ HIBER_API cublasStatus_t cublasDgemm_v2_64(cublasHandle_t handle, cublasOperatio
       alpha, beta);
 }
 
-HIBER_API cublasStatus_t cublasGemmEx_64(cublasHandle_t handle, cublasOperation_t transa,
-                                         cublasOperation_t transb, int64_t m, int64_t n, int64_t k,
-                                         const void* alpha, const void* a, cudaDataType a_type,
-                                         int64_t lda, const void* b, cudaDataType b_type,
-                                         int64_t ldb, const void* beta, void* c,
-                                         cudaDataType c_type, int64_t ldc,
-                                         cublasComputeType_t compute_type, cublasGemmAlgo_t algo) {
+cublasStatus_t hiber_entry::cublasGemmEx_64(
+    cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int64_t m, int64_t n,
+    int64_t k, const void* alpha, const void* a, cudaDataType a_type, int64_t lda, const void* b,
+    cudaDataType b_type, int64_t ldb, const void* beta, void* c, cudaDataType c_type, int64_t ldc,
+    cublasComputeType_t compute_type, cublasGemmAlgo_t algo) {
   LibraryHandleObj* h = handle_of(handle, "cublasGemmEx_64");
   if (h == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
   if (!fits32("cublasGemmEx_64", {m, n, k})) return CUBLAS_STATUS_NOT_SUPPORTED;
@@ -505,7 +504,7 @@ HIBER_API cublasStatus_t cublasGemmEx_64(cublasHandle_t handle, cublasOperation_
   return submit_gemm("cublasGemmEx_64", h, g, alpha, beta);
 }
 
-HIBER_API cublasStatus_t cublasGemmStridedBatchedEx_64(
+cublasStatus_t hiber_entry::cublasGemmStridedBatchedEx_64(
     cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int64_t m, int64_t n,
     int64_t k, const void* alpha, const void* a, cudaDataType a_type, int64_t lda,
     long long stride_a, const void* b, cudaDataType b_type, int64_t ldb, long long stride_b,
@@ -523,19 +522,20 @@ HIBER_API cublasStatus_t cublasGemmStridedBatchedEx_64(
   return submit_gemm("cublasGemmStridedBatchedEx_64", h, g, alpha, beta);
 }
 
-HIBER_API cublasStatus_t cublasSgemv_v2_64(cublasHandle_t handle, cublasOperation_t trans,
-                                           int64_t m, int64_t n, const float* alpha, const float* a,
-                                           int64_t lda, const float* x, int64_t incx,
-                                           const float* beta, float* y, int64_t incy) {
+cublasStatus_t hiber_entry::cublasSgemv_v2_64(cublasHandle_t handle, cublasOperation_t trans,
+                                              int64_t m, int64_t n, const float* alpha,
+                                              const float* a, int64_t lda, const float* x,
+                                              int64_t incx, const float* beta, float* y,
+                                              int64_t incy) {
   return submit_gemv("cublasSgemv_64", handle, trans, m, n, alpha, a, lda, x, incx, beta, y, incy,
                      CUDA_R_32F, CUBLAS_COMPUTE_32F);
 }
 
-HIBER_API cublasStatus_t cublasDgemv_v2_64(cublasHandle_t handle, cublasOperation_t trans,
-                                           int64_t m, int64_t n, const double* alpha,
-                                           const double* a, int64_t lda, const double* x,
-                                           int64_t incx, const double* beta, double* y,
-                                           int64_t incy) {
+cublasStatus_t hiber_entry::cublasDgemv_v2_64(cublasHandle_t handle, cublasOperation_t trans,
+                                              int64_t m, int64_t n, const double* alpha,
+                                              const double* a, int64_t lda, const double* x,
+                                              int64_t incx, const double* beta, double* y,
+                                              int64_t incy) {
   return submit_gemv("cublasDgemv_64", handle, trans, m, n, alpha, a, lda, x, incx, beta, y, incy,
                      CUDA_R_64F, CUBLAS_COMPUTE_64F);
 }

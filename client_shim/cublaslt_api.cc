@@ -22,11 +22,10 @@
 #include <unordered_map>
 #include <vector>
 
+#include "client_shim/cublasLt_entry_decls.h"
 #include "client_shim/cublas_status.h"
 #include "client_shim/library_client.h"
 #include "wire/blas_ops.h"
-
-#define HIBER_API extern "C" __attribute__((visibility("default")))
 
 namespace {
 
@@ -345,7 +344,7 @@ class HeuristicCache {
 
 // ---- Handle ----
 
-HIBER_API cublasStatus_t cublasLtCreate(cublasLtHandle_t* handle) {
+cublasStatus_t hiber_entry::cublasLtCreate(cublasLtHandle_t* handle) {
   if (handle == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
   auto made = hiber::shim::library_handle_create(Library::kBlas);
   if (!made.ok()) return fail("cublasLtCreate", made.status());
@@ -353,7 +352,7 @@ HIBER_API cublasStatus_t cublasLtCreate(cublasLtHandle_t* handle) {
   return CUBLAS_STATUS_SUCCESS;
 }
 
-HIBER_API cublasStatus_t cublasLtDestroy(cublasLtHandle_t handle) {
+cublasStatus_t hiber_entry::cublasLtDestroy(cublasLtHandle_t handle) {
   auto h = hiber::shim::library_handle(handle, Library::kBlas);
   if (!h.ok()) return fail("cublasLtDestroy", h.status());
   return fail("cublasLtDestroy", hiber::shim::library_handle_destroy(*h));
@@ -361,13 +360,15 @@ HIBER_API cublasStatus_t cublasLtDestroy(cublasLtHandle_t handle) {
 
 // ---- Versions and status strings: those of the headers Hiber was built with ----
 
-HIBER_API size_t cublasLtGetVersion(void) { return CUBLAS_VERSION; }
-HIBER_API size_t cublasLtGetCudartVersion(void) { return CUDART_VERSION; }
-HIBER_API const char* cublasLtGetStatusName(cublasStatus_t status) { return status_name(status); }
-HIBER_API const char* cublasLtGetStatusString(cublasStatus_t status) {
+size_t hiber_entry::cublasLtGetVersion(void) { return CUBLAS_VERSION; }
+size_t hiber_entry::cublasLtGetCudartVersion(void) { return CUDART_VERSION; }
+const char* hiber_entry::cublasLtGetStatusName(cublasStatus_t status) {
+  return status_name(status);
+}
+const char* hiber_entry::cublasLtGetStatusString(cublasStatus_t status) {
   return status_string(status);
 }
-HIBER_API cublasStatus_t cublasLtGetProperty(libraryPropertyType type, int* value) {
+cublasStatus_t hiber_entry::cublasLtGetProperty(libraryPropertyType type, int* value) {
   if (value == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
   switch (type) {
     case MAJOR_VERSION: *value = CUBLAS_VER_MAJOR; return CUBLAS_STATUS_SUCCESS;
@@ -379,9 +380,9 @@ HIBER_API cublasStatus_t cublasLtGetProperty(libraryPropertyType type, int* valu
 
 // ---- Descriptors ----
 
-HIBER_API cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* desc,
-                                                  cublasComputeType_t compute_type,
-                                                  cudaDataType_t scale_type) {
+cublasStatus_t hiber_entry::cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* desc,
+                                                     cublasComputeType_t compute_type,
+                                                     cudaDataType_t scale_type) {
   if (desc == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
   auto* made = new MatmulDesc;
   made->attrs.set_value(CUBLASLT_MATMUL_DESC_COMPUTE_TYPE, static_cast<uint64_t>(compute_type));
@@ -390,7 +391,7 @@ HIBER_API cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* desc,
   return CUBLAS_STATUS_SUCCESS;
 }
 
-HIBER_API cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t desc) {
+cublasStatus_t hiber_entry::cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t desc) {
   if (desc == nullptr) return CUBLAS_STATUS_SUCCESS;
   MatmulDesc* d = object<MatmulDesc>(desc);
   if (d == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
@@ -399,23 +400,24 @@ HIBER_API cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t desc) {
   return CUBLAS_STATUS_SUCCESS;
 }
 
-HIBER_API cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t desc,
-                                                        cublasLtMatmulDescAttributes_t attr,
-                                                        const void* buf, size_t size) {
+cublasStatus_t hiber_entry::cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t desc,
+                                                           cublasLtMatmulDescAttributes_t attr,
+                                                           const void* buf, size_t size) {
   MatmulDesc* d = object<MatmulDesc>(desc);
   return d == nullptr ? CUBLAS_STATUS_INVALID_VALUE : d->attrs.set(attr, buf, size);
 }
 
-HIBER_API cublasStatus_t cublasLtMatmulDescGetAttribute(cublasLtMatmulDesc_t desc,
-                                                        cublasLtMatmulDescAttributes_t attr,
-                                                        void* buf, size_t size, size_t* written) {
+cublasStatus_t hiber_entry::cublasLtMatmulDescGetAttribute(cublasLtMatmulDesc_t desc,
+                                                           cublasLtMatmulDescAttributes_t attr,
+                                                           void* buf, size_t size,
+                                                           size_t* written) {
   const MatmulDesc* d = object<MatmulDesc>(desc);
   return d == nullptr ? CUBLAS_STATUS_INVALID_VALUE : d->attrs.get(attr, buf, size, written);
 }
 
-HIBER_API cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t* layout,
-                                                    cudaDataType type, uint64_t rows, uint64_t cols,
-                                                    int64_t ld) {
+cublasStatus_t hiber_entry::cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t* layout,
+                                                       cudaDataType type, uint64_t rows,
+                                                       uint64_t cols, int64_t ld) {
   if (layout == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
   auto* made = new Layout;
   made->attrs.set_value(CUBLASLT_MATRIX_LAYOUT_TYPE, static_cast<uint64_t>(type));
@@ -426,7 +428,7 @@ HIBER_API cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t* layo
   return CUBLAS_STATUS_SUCCESS;
 }
 
-HIBER_API cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t layout) {
+cublasStatus_t hiber_entry::cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t layout) {
   if (layout == nullptr) return CUBLAS_STATUS_SUCCESS;
   Layout* l = object<Layout>(layout);
   if (l == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
@@ -435,27 +437,28 @@ HIBER_API cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t layo
   return CUBLAS_STATUS_SUCCESS;
 }
 
-HIBER_API cublasStatus_t cublasLtMatrixLayoutSetAttribute(cublasLtMatrixLayout_t layout,
-                                                          cublasLtMatrixLayoutAttribute_t attr,
-                                                          const void* buf, size_t size) {
+cublasStatus_t hiber_entry::cublasLtMatrixLayoutSetAttribute(cublasLtMatrixLayout_t layout,
+                                                             cublasLtMatrixLayoutAttribute_t attr,
+                                                             const void* buf, size_t size) {
   Layout* l = object<Layout>(layout);
   return l == nullptr ? CUBLAS_STATUS_INVALID_VALUE : l->attrs.set(attr, buf, size);
 }
 
-HIBER_API cublasStatus_t cublasLtMatrixLayoutGetAttribute(cublasLtMatrixLayout_t layout,
-                                                          cublasLtMatrixLayoutAttribute_t attr,
-                                                          void* buf, size_t size, size_t* written) {
+cublasStatus_t hiber_entry::cublasLtMatrixLayoutGetAttribute(cublasLtMatrixLayout_t layout,
+                                                             cublasLtMatrixLayoutAttribute_t attr,
+                                                             void* buf, size_t size,
+                                                             size_t* written) {
   const Layout* l = object<Layout>(layout);
   return l == nullptr ? CUBLAS_STATUS_INVALID_VALUE : l->attrs.get(attr, buf, size, written);
 }
 
-HIBER_API cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t* pref) {
+cublasStatus_t hiber_entry::cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t* pref) {
   if (pref == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
   *pref = reinterpret_cast<cublasLtMatmulPreference_t>(new Preference);
   return CUBLAS_STATUS_SUCCESS;
 }
 
-HIBER_API cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t pref) {
+cublasStatus_t hiber_entry::cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t pref) {
   if (pref == nullptr) return CUBLAS_STATUS_SUCCESS;
   Preference* p = object<Preference>(pref);
   if (p == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
@@ -464,14 +467,14 @@ HIBER_API cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreferenc
   return CUBLAS_STATUS_SUCCESS;
 }
 
-HIBER_API cublasStatus_t cublasLtMatmulPreferenceSetAttribute(
+cublasStatus_t hiber_entry::cublasLtMatmulPreferenceSetAttribute(
     cublasLtMatmulPreference_t pref, cublasLtMatmulPreferenceAttributes_t attr, const void* buf,
     size_t size) {
   Preference* p = object<Preference>(pref);
   return p == nullptr ? CUBLAS_STATUS_INVALID_VALUE : p->attrs.set(attr, buf, size);
 }
 
-HIBER_API cublasStatus_t cublasLtMatmulPreferenceGetAttribute(
+cublasStatus_t hiber_entry::cublasLtMatmulPreferenceGetAttribute(
     cublasLtMatmulPreference_t pref, cublasLtMatmulPreferenceAttributes_t attr, void* buf,
     size_t size, size_t* written) {
   const Preference* p = object<Preference>(pref);
@@ -480,7 +483,7 @@ HIBER_API cublasStatus_t cublasLtMatmulPreferenceGetAttribute(
 
 // ---- Heuristics: asked of hiberd once per problem and preference, then cached ----
 
-HIBER_API cublasStatus_t cublasLtMatmulAlgoGetHeuristic(
+cublasStatus_t hiber_entry::cublasLtMatmulAlgoGetHeuristic(
     cublasLtHandle_t handle, cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t a,
     cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t d,
     cublasLtMatmulPreference_t preference, int requested, cublasLtMatmulHeuristicResult_t results[],
@@ -551,7 +554,7 @@ HIBER_API cublasStatus_t cublasLtMatmulAlgoGetHeuristic(
   return answer.empty() ? CUBLAS_STATUS_NOT_SUPPORTED : CUBLAS_STATUS_SUCCESS;
 }
 
-HIBER_API cublasStatus_t cublasLtMatmulAlgoConfigGetAttribute(
+cublasStatus_t hiber_entry::cublasLtMatmulAlgoConfigGetAttribute(
     const cublasLtMatmulAlgo_t* algo, cublasLtMatmulAlgoConfigAttributes_t attr, void* buf,
     size_t size, size_t* written) {
   if (algo == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
@@ -586,14 +589,14 @@ HIBER_API cublasStatus_t cublasLtMatmulAlgoConfigGetAttribute(
 
 // ---- Matmul: one asynchronous call on `stream` ----
 
-HIBER_API cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc,
-                                        const void* alpha, const void* a,
-                                        cublasLtMatrixLayout_t a_desc, const void* b,
-                                        cublasLtMatrixLayout_t b_desc, const void* beta,
-                                        const void* c, cublasLtMatrixLayout_t c_desc, void* d,
-                                        cublasLtMatrixLayout_t d_desc,
-                                        const cublasLtMatmulAlgo_t* algo, void* workspace,
-                                        size_t workspace_bytes, cudaStream_t stream) {
+cublasStatus_t hiber_entry::cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc,
+                                           const void* alpha, const void* a,
+                                           cublasLtMatrixLayout_t a_desc, const void* b,
+                                           cublasLtMatrixLayout_t b_desc, const void* beta,
+                                           const void* c, cublasLtMatrixLayout_t c_desc, void* d,
+                                           cublasLtMatrixLayout_t d_desc,
+                                           const cublasLtMatmulAlgo_t* algo, void* workspace,
+                                           size_t workspace_bytes, cudaStream_t stream) {
   constexpr const char* kCall = "cublasLtMatmul";
   auto h = hiber::shim::library_handle(handle, Library::kBlas);
   if (!h.ok()) return fail(kCall, h.status());

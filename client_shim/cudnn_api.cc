@@ -49,7 +49,7 @@ LibraryHandleObj* handle_of(cudnnHandle_t handle, const char* call) {
 
 using namespace hiber::shim::dnn;  // NOLINT: the C API's definitions below
 
-HIBER_API cudnnStatus_t cudnnCreate(cudnnHandle_t* handle) {
+cudnnStatus_t hiber_entry::cudnnCreate(cudnnHandle_t* handle) {
   if (handle == nullptr) return bad_param("cudnnCreate", "handle is NULL");
   auto made = hiber::shim::library_handle_create(hiber::wire::Library::kDnn);
   if (!made.ok()) {
@@ -60,19 +60,19 @@ HIBER_API cudnnStatus_t cudnnCreate(cudnnHandle_t* handle) {
   return CUDNN_STATUS_SUCCESS;
 }
 
-HIBER_API cudnnStatus_t cudnnDestroy(cudnnHandle_t handle) {
+cudnnStatus_t hiber_entry::cudnnDestroy(cudnnHandle_t handle) {
   auto* h = handle_of(handle, "cudnnDestroy");
   if (h == nullptr) return CUDNN_STATUS_BAD_PARAM;
   return fail("cudnnDestroy", hiber::shim::library_handle_destroy(h));
 }
 
-HIBER_API cudnnStatus_t cudnnSetStream(cudnnHandle_t handle, cudaStream_t stream) {
+cudnnStatus_t hiber_entry::cudnnSetStream(cudnnHandle_t handle, cudaStream_t stream) {
   auto* h = handle_of(handle, "cudnnSetStream");
   if (h == nullptr) return CUDNN_STATUS_BAD_PARAM;
   return fail("cudnnSetStream", hiber::shim::library_set_stream(h, stream));
 }
 
-HIBER_API cudnnStatus_t cudnnGetStream(cudnnHandle_t handle, cudaStream_t* stream) {
+cudnnStatus_t hiber_entry::cudnnGetStream(cudnnHandle_t handle, cudaStream_t* stream) {
   auto* h = handle_of(handle, "cudnnGetStream");
   if (h == nullptr) return CUDNN_STATUS_BAD_PARAM;
   if (stream == nullptr) return bad_param("cudnnGetStream", "stream is NULL");
@@ -81,11 +81,11 @@ HIBER_API cudnnStatus_t cudnnGetStream(cudnnHandle_t handle, cudaStream_t* strea
 }
 
 // The versions of the headers Hiber was built with: the cudnn-frontend enables features by them.
-HIBER_API size_t cudnnGetVersion(void) { return CUDNN_VERSION; }
-HIBER_API size_t cudnnGetMaxDeviceVersion(void) { return 1200; }
-HIBER_API size_t cudnnGetCudartVersion(void) { return CUDART_VERSION; }
+size_t hiber_entry::cudnnGetVersion(void) { return CUDNN_VERSION; }
+size_t hiber_entry::cudnnGetMaxDeviceVersion(void) { return 1200; }
+size_t hiber_entry::cudnnGetCudartVersion(void) { return CUDART_VERSION; }
 
-HIBER_API cudnnStatus_t cudnnGetProperty(libraryPropertyType type, int* value) {
+cudnnStatus_t hiber_entry::cudnnGetProperty(libraryPropertyType type, int* value) {
   if (value == nullptr) return bad_param("cudnnGetProperty", "value is NULL");
   switch (type) {
     case MAJOR_VERSION: *value = CUDNN_MAJOR; return CUDNN_STATUS_SUCCESS;
@@ -95,7 +95,7 @@ HIBER_API cudnnStatus_t cudnnGetProperty(libraryPropertyType type, int* value) {
   return bad_param("cudnnGetProperty", "unknown libraryPropertyType " + std::to_string(type));
 }
 
-HIBER_API const char* cudnnGetErrorString(cudnnStatus_t status) {
+const char* hiber_entry::cudnnGetErrorString(cudnnStatus_t status) {
   switch (status) {
 #define HIBER_STATUS(s) \
   case s: return #s;
@@ -153,7 +153,7 @@ HIBER_API const char* cudnnGetErrorString(cudnnStatus_t status) {
   return "CUDNN_STATUS_UNKNOWN";
 }
 
-HIBER_API void cudnnGetLastErrorString(char* message, size_t max_size) {
+void hiber_entry::cudnnGetLastErrorString(char* message, size_t max_size) {
   if (message == nullptr || max_size == 0) return;
   const std::string last = take_last_error();
   const size_t n = std::min(last.size(), max_size - 1);

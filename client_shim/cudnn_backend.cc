@@ -485,8 +485,8 @@ cudnnStatus_t get_attribute(const DescPtr& d, int32_t name, int32_t type, int64_
 
 }  // namespace
 
-HIBER_API cudnnStatus_t cudnnBackendCreateDescriptor(cudnnBackendDescriptorType_t type,
-                                                     cudnnBackendDescriptor_t* descriptor) {
+cudnnStatus_t hiber_entry::cudnnBackendCreateDescriptor(cudnnBackendDescriptorType_t type,
+                                                        cudnnBackendDescriptor_t* descriptor) {
   if (descriptor == nullptr) return bad_param("cudnnBackendCreateDescriptor", "descriptor is NULL");
   if (!supported_type(type))
     return not_supported("cudnnBackendCreateDescriptor", wdnn::descriptor_type_name(type) +
@@ -500,7 +500,7 @@ HIBER_API cudnnStatus_t cudnnBackendCreateDescriptor(cudnnBackendDescriptorType_
   return CUDNN_STATUS_SUCCESS;
 }
 
-HIBER_API cudnnStatus_t cudnnBackendDestroyDescriptor(cudnnBackendDescriptor_t descriptor) {
+cudnnStatus_t hiber_entry::cudnnBackendDestroyDescriptor(cudnnBackendDescriptor_t descriptor) {
   std::lock_guard lock(mu);
   // Other descriptors may still reference it: they keep their copy alive.
   if (live().erase(descriptor) == 0)
@@ -508,7 +508,7 @@ HIBER_API cudnnStatus_t cudnnBackendDestroyDescriptor(cudnnBackendDescriptor_t d
   return CUDNN_STATUS_SUCCESS;
 }
 
-HIBER_API cudnnStatus_t cudnnBackendInitialize(cudnnBackendDescriptor_t descriptor) {
+cudnnStatus_t hiber_entry::cudnnBackendInitialize(cudnnBackendDescriptor_t descriptor) {
   std::lock_guard lock(mu);
   DescPtr d = find(descriptor);
   if (d == nullptr) return bad_param("cudnnBackendInitialize", "not a live backend descriptor");
@@ -518,10 +518,10 @@ HIBER_API cudnnStatus_t cudnnBackendInitialize(cudnnBackendDescriptor_t descript
   return CUDNN_STATUS_SUCCESS;
 }
 
-HIBER_API cudnnStatus_t cudnnBackendSetAttribute(cudnnBackendDescriptor_t descriptor,
-                                                 cudnnBackendAttributeName_t name,
-                                                 cudnnBackendAttributeType_t type, int64_t count,
-                                                 const void* elements) {
+cudnnStatus_t hiber_entry::cudnnBackendSetAttribute(cudnnBackendDescriptor_t descriptor,
+                                                    cudnnBackendAttributeName_t name,
+                                                    cudnnBackendAttributeType_t type, int64_t count,
+                                                    const void* elements) {
   constexpr const char* kCall = "cudnnBackendSetAttribute";
   std::lock_guard lock(mu);
   DescPtr d = find(descriptor);
@@ -561,7 +561,7 @@ HIBER_API cudnnStatus_t cudnnBackendSetAttribute(cudnnBackendDescriptor_t descri
   return CUDNN_STATUS_SUCCESS;
 }
 
-HIBER_API cudnnStatus_t cudnnBackendFinalize(cudnnBackendDescriptor_t descriptor) {
+cudnnStatus_t hiber_entry::cudnnBackendFinalize(cudnnBackendDescriptor_t descriptor) {
   std::lock_guard lock(mu);
   DescPtr d = find(descriptor);
   if (d == nullptr) return bad_param("cudnnBackendFinalize", "not a live backend descriptor");
@@ -583,11 +583,11 @@ HIBER_API cudnnStatus_t cudnnBackendFinalize(cudnnBackendDescriptor_t descriptor
   return s;
 }
 
-HIBER_API cudnnStatus_t cudnnBackendGetAttribute(cudnnBackendDescriptor_t const descriptor,
-                                                 cudnnBackendAttributeName_t name,
-                                                 cudnnBackendAttributeType_t type,
-                                                 int64_t requested, int64_t* count,
-                                                 void* elements) {
+cudnnStatus_t hiber_entry::cudnnBackendGetAttribute(cudnnBackendDescriptor_t const descriptor,
+                                                    cudnnBackendAttributeName_t name,
+                                                    cudnnBackendAttributeType_t type,
+                                                    int64_t requested, int64_t* count,
+                                                    void* elements) {
   std::lock_guard lock(mu);
   DescPtr d = find(descriptor);
   if (d == nullptr) return bad_param("cudnnBackendGetAttribute", "not a live backend descriptor");
@@ -595,9 +595,9 @@ HIBER_API cudnnStatus_t cudnnBackendGetAttribute(cudnnBackendDescriptor_t const 
   return get_attribute(d, name, type, requested, count, elements);
 }
 
-HIBER_API cudnnStatus_t cudnnBackendExecute(cudnnHandle_t handle,
-                                            cudnnBackendDescriptor_t execution_plan,
-                                            cudnnBackendDescriptor_t variant_pack) {
+cudnnStatus_t hiber_entry::cudnnBackendExecute(cudnnHandle_t handle,
+                                               cudnnBackendDescriptor_t execution_plan,
+                                               cudnnBackendDescriptor_t variant_pack) {
   constexpr const char* kCall = "cudnnBackendExecute";
   auto* h = handle_of(handle, kCall);
   if (h == nullptr) return CUDNN_STATUS_BAD_PARAM;

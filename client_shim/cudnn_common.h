@@ -9,6 +9,7 @@
 #include <string>
 #include <unordered_set>
 
+#include "client_shim/cudnn_entry_decls.h"
 #include "client_shim/library_client.h"
 #include "common/status.h"
 

@@ -153,16 +153,17 @@ cudnnStatus_t submit(cudnnHandle_t handle, const Op& op, const char* call) {
 }  // namespace
 
 // ---- Tensor descriptors ----
-HIBER_API cudnnStatus_t cudnnCreateTensorDescriptor(cudnnTensorDescriptor_t* desc) {
+cudnnStatus_t hiber_entry::cudnnCreateTensorDescriptor(cudnnTensorDescriptor_t* desc) {
   return create(tensors(), desc, "cudnnCreateTensorDescriptor");
 }
-HIBER_API cudnnStatus_t cudnnDestroyTensorDescriptor(cudnnTensorDescriptor_t desc) {
+cudnnStatus_t hiber_entry::cudnnDestroyTensorDescriptor(cudnnTensorDescriptor_t desc) {
   return destroy(tensors(), desc, "cudnnDestroyTensorDescriptor");
 }
 
-HIBER_API cudnnStatus_t cudnnSetTensor4dDescriptor(cudnnTensorDescriptor_t desc,
-                                                   cudnnTensorFormat_t format, cudnnDataType_t type,
-                                                   int n, int c, int h, int w) {
+cudnnStatus_t hiber_entry::cudnnSetTensor4dDescriptor(cudnnTensorDescriptor_t desc,
+                                                      cudnnTensorFormat_t format,
+                                                      cudnnDataType_t type, int n, int c, int h,
+                                                      int w) {
   if (format != CUDNN_TENSOR_NCHW && format != CUDNN_TENSOR_NHWC)
     return not_supported("cudnnSetTensor4dDescriptor",
                          "tensor format " + std::to_string(format) + " (NCHW and NHWC only)");
@@ -172,17 +173,17 @@ HIBER_API cudnnStatus_t cudnnSetTensor4dDescriptor(cudnnTensorDescriptor_t desc,
   return set_tensor(desc, type, 4, dims, strides, "cudnnSetTensor4dDescriptor");
 }
 
-HIBER_API cudnnStatus_t cudnnSetTensor4dDescriptorEx(cudnnTensorDescriptor_t desc,
-                                                     cudnnDataType_t type, int n, int c, int h,
-                                                     int w, int ns, int cs, int hs, int ws) {
+cudnnStatus_t hiber_entry::cudnnSetTensor4dDescriptorEx(cudnnTensorDescriptor_t desc,
+                                                        cudnnDataType_t type, int n, int c, int h,
+                                                        int w, int ns, int cs, int hs, int ws) {
   const int64_t dims[4] = {n, c, h, w};
   const int64_t strides[4] = {ns, cs, hs, ws};
   return set_tensor(desc, type, 4, dims, strides, "cudnnSetTensor4dDescriptorEx");
 }
 
-HIBER_API cudnnStatus_t cudnnSetTensorNdDescriptor(cudnnTensorDescriptor_t desc,
-                                                   cudnnDataType_t type, int rank,
-                                                   const int dim_a[], const int stride_a[]) {
+cudnnStatus_t hiber_entry::cudnnSetTensorNdDescriptor(cudnnTensorDescriptor_t desc,
+                                                      cudnnDataType_t type, int rank,
+                                                      const int dim_a[], const int stride_a[]) {
   if (dim_a == nullptr || stride_a == nullptr || rank < 1 || rank > wdnn::kMaxDims)
     return bad_param("cudnnSetTensorNdDescriptor", "bad nbDims or NULL arrays");
   int64_t dims[wdnn::kMaxDims], strides[wdnn::kMaxDims];
@@ -191,10 +192,10 @@ HIBER_API cudnnStatus_t cudnnSetTensorNdDescriptor(cudnnTensorDescriptor_t desc,
   return set_tensor(desc, type, rank, dims, strides, "cudnnSetTensorNdDescriptor");
 }
 
-HIBER_API cudnnStatus_t cudnnSetTensorNdDescriptorEx(cudnnTensorDescriptor_t desc,
-                                                     cudnnTensorFormat_t format,
-                                                     cudnnDataType_t type, int rank,
-                                                     const int dim_a[]) {
+cudnnStatus_t hiber_entry::cudnnSetTensorNdDescriptorEx(cudnnTensorDescriptor_t desc,
+                                                        cudnnTensorFormat_t format,
+                                                        cudnnDataType_t type, int rank,
+                                                        const int dim_a[]) {
   if (dim_a == nullptr || rank < 3 || rank > wdnn::kMaxDims)
     return bad_param("cudnnSetTensorNdDescriptorEx", "bad nbDims or NULL dimensions");
   if (format != CUDNN_TENSOR_NCHW && format != CUDNN_TENSOR_NHWC)
@@ -206,9 +207,9 @@ HIBER_API cudnnStatus_t cudnnSetTensorNdDescriptorEx(cudnnTensorDescriptor_t des
   return set_tensor(desc, type, rank, dims, strides, "cudnnSetTensorNdDescriptorEx");
 }
 
-HIBER_API cudnnStatus_t cudnnGetTensor4dDescriptor(const cudnnTensorDescriptor_t desc,
-                                                   cudnnDataType_t* type, int* n, int* c, int* h,
-                                                   int* w, int* ns, int* cs, int* hs, int* ws) {
+cudnnStatus_t hiber_entry::cudnnGetTensor4dDescriptor(const cudnnTensorDescriptor_t desc,
+                                                      cudnnDataType_t* type, int* n, int* c, int* h,
+                                                      int* w, int* ns, int* cs, int* hs, int* ws) {
   const auto* s = shape_of(desc, "cudnnGetTensor4dDescriptor", "tensorDesc");
   if (s == nullptr) return CUDNN_STATUS_BAD_PARAM;
   if (s->rank != 4) return bad_param("cudnnGetTensor4dDescriptor", "the descriptor is not 4-d");
@@ -222,9 +223,9 @@ HIBER_API cudnnStatus_t cudnnGetTensor4dDescriptor(const cudnnTensorDescriptor_t
   return CUDNN_STATUS_SUCCESS;
 }
 
-HIBER_API cudnnStatus_t cudnnGetTensorNdDescriptor(const cudnnTensorDescriptor_t desc,
-                                                   int requested, cudnnDataType_t* type, int* rank,
-                                                   int dim_a[], int stride_a[]) {
+cudnnStatus_t hiber_entry::cudnnGetTensorNdDescriptor(const cudnnTensorDescriptor_t desc,
+                                                      int requested, cudnnDataType_t* type,
+                                                      int* rank, int dim_a[], int stride_a[]) {
   const auto* s = shape_of(desc, "cudnnGetTensorNdDescriptor", "tensorDesc");
   if (s == nullptr) return CUDNN_STATUS_BAD_PARAM;
   if (type != nullptr) *type = static_cast<cudnnDataType_t>(s->data_type);
@@ -236,8 +237,8 @@ HIBER_API cudnnStatus_t cudnnGetTensorNdDescriptor(const cudnnTensorDescriptor_t
   return CUDNN_STATUS_SUCCESS;
 }
 
-HIBER_API cudnnStatus_t cudnnGetTensorSizeInBytes(const cudnnTensorDescriptor_t desc,
-                                                  size_t* size) {
+cudnnStatus_t hiber_entry::cudnnGetTensorSizeInBytes(const cudnnTensorDescriptor_t desc,
+                                                     size_t* size) {
   const auto* s = shape_of(desc, "cudnnGetTensorSizeInBytes", "tensorDesc");
   if (s == nullptr || size == nullptr) return CUDNN_STATUS_BAD_PARAM;
   auto bytes = wdnn::tensor_extent(wdnn::as_tensor(*s));
@@ -247,16 +248,17 @@ HIBER_API cudnnStatus_t cudnnGetTensorSizeInBytes(const cudnnTensorDescriptor_t 
 }
 
 // ---- Filter descriptors (kept for programs that describe filters this way) ----
-HIBER_API cudnnStatus_t cudnnCreateFilterDescriptor(cudnnFilterDescriptor_t* desc) {
+cudnnStatus_t hiber_entry::cudnnCreateFilterDescriptor(cudnnFilterDescriptor_t* desc) {
   return create(filters(), desc, "cudnnCreateFilterDescriptor");
 }
-HIBER_API cudnnStatus_t cudnnDestroyFilterDescriptor(cudnnFilterDescriptor_t desc) {
+cudnnStatus_t hiber_entry::cudnnDestroyFilterDescriptor(cudnnFilterDescriptor_t desc) {
   return destroy(filters(), desc, "cudnnDestroyFilterDescriptor");
 }
 
-HIBER_API cudnnStatus_t cudnnSetFilterNdDescriptor(cudnnFilterDescriptor_t desc,
-                                                   cudnnDataType_t type, cudnnTensorFormat_t format,
-                                                   int rank, const int dims[]) {
+cudnnStatus_t hiber_entry::cudnnSetFilterNdDescriptor(cudnnFilterDescriptor_t desc,
+                                                      cudnnDataType_t type,
+                                                      cudnnTensorFormat_t format, int rank,
+                                                      const int dims[]) {
   auto* f = filters().find(desc);
   if (f == nullptr) return bad_param("cudnnSetFilterNdDescriptor", "not a live filter descriptor");
   if (dims == nullptr || rank < 3 || rank > wdnn::kMaxDims)
@@ -273,17 +275,18 @@ HIBER_API cudnnStatus_t cudnnSetFilterNdDescriptor(cudnnFilterDescriptor_t desc,
   return CUDNN_STATUS_SUCCESS;
 }
 
-HIBER_API cudnnStatus_t cudnnSetFilter4dDescriptor(cudnnFilterDescriptor_t desc,
-                                                   cudnnDataType_t type, cudnnTensorFormat_t format,
-                                                   int k, int c, int h, int w) {
+cudnnStatus_t hiber_entry::cudnnSetFilter4dDescriptor(cudnnFilterDescriptor_t desc,
+                                                      cudnnDataType_t type,
+                                                      cudnnTensorFormat_t format, int k, int c,
+                                                      int h, int w) {
   const int dims[4] = {k, c, h, w};
-  return cudnnSetFilterNdDescriptor(desc, type, format, 4, dims);
+  return hiber_entry::cudnnSetFilterNdDescriptor(desc, type, format, 4, dims);
 }
 
-HIBER_API cudnnStatus_t cudnnGetFilterNdDescriptor(const cudnnFilterDescriptor_t desc,
-                                                   int requested, cudnnDataType_t* type,
-                                                   cudnnTensorFormat_t* format, int* rank,
-                                                   int dims[]) {
+cudnnStatus_t hiber_entry::cudnnGetFilterNdDescriptor(const cudnnFilterDescriptor_t desc,
+                                                      int requested, cudnnDataType_t* type,
+                                                      cudnnTensorFormat_t* format, int* rank,
+                                                      int dims[]) {
   auto* f = filters().find(desc);
   if (f == nullptr) return bad_param("cudnnGetFilterNdDescriptor", "not a live filter descriptor");
   if (type != nullptr) *type = static_cast<cudnnDataType_t>(f->data_type);
@@ -294,18 +297,18 @@ HIBER_API cudnnStatus_t cudnnGetFilterNdDescriptor(const cudnnFilterDescriptor_t
 }
 
 // ---- Pooling ----
-HIBER_API cudnnStatus_t cudnnCreatePoolingDescriptor(cudnnPoolingDescriptor_t* desc) {
+cudnnStatus_t hiber_entry::cudnnCreatePoolingDescriptor(cudnnPoolingDescriptor_t* desc) {
   return create(poolings(), desc, "cudnnCreatePoolingDescriptor");
 }
-HIBER_API cudnnStatus_t cudnnDestroyPoolingDescriptor(cudnnPoolingDescriptor_t desc) {
+cudnnStatus_t hiber_entry::cudnnDestroyPoolingDescriptor(cudnnPoolingDescriptor_t desc) {
   return destroy(poolings(), desc, "cudnnDestroyPoolingDescriptor");
 }
 
-HIBER_API cudnnStatus_t cudnnSetPoolingNdDescriptor(cudnnPoolingDescriptor_t desc,
-                                                    const cudnnPoolingMode_t mode,
-                                                    const cudnnNanPropagation_t nan, int rank,
-                                                    const int window[], const int pad[],
-                                                    const int stride[]) {
+cudnnStatus_t hiber_entry::cudnnSetPoolingNdDescriptor(cudnnPoolingDescriptor_t desc,
+                                                       const cudnnPoolingMode_t mode,
+                                                       const cudnnNanPropagation_t nan, int rank,
+                                                       const int window[], const int pad[],
+                                                       const int stride[]) {
   auto* p = poolings().find(desc);
   if (p == nullptr)
     return bad_param("cudnnSetPoolingNdDescriptor", "not a live pooling descriptor");
@@ -329,17 +332,18 @@ HIBER_API cudnnStatus_t cudnnSetPoolingNdDescriptor(cudnnPoolingDescriptor_t des
   return CUDNN_STATUS_SUCCESS;
 }
 
-HIBER_API cudnnStatus_t cudnnSetPooling2dDescriptor(cudnnPoolingDescriptor_t desc,
-                                                    cudnnPoolingMode_t mode,
-                                                    cudnnNanPropagation_t nan, int wh, int ww,
-                                                    int vpad, int hpad, int vstride, int hstride) {
+cudnnStatus_t hiber_entry::cudnnSetPooling2dDescriptor(cudnnPoolingDescriptor_t desc,
+                                                       cudnnPoolingMode_t mode,
+                                                       cudnnNanPropagation_t nan, int wh, int ww,
+                                                       int vpad, int hpad, int vstride,
+                                                       int hstride) {
   const int window[2] = {wh, ww}, pad[2] = {vpad, hpad}, stride[2] = {vstride, hstride};
-  return cudnnSetPoolingNdDescriptor(desc, mode, nan, 2, window, pad, stride);
+  return hiber_entry::cudnnSetPoolingNdDescriptor(desc, mode, nan, 2, window, pad, stride);
 }
 
-HIBER_API cudnnStatus_t cudnnGetPoolingNdForwardOutputDim(const cudnnPoolingDescriptor_t desc,
-                                                          const cudnnTensorDescriptor_t input,
-                                                          int rank, int out[]) {
+cudnnStatus_t hiber_entry::cudnnGetPoolingNdForwardOutputDim(const cudnnPoolingDescriptor_t desc,
+                                                             const cudnnTensorDescriptor_t input,
+                                                             int rank, int out[]) {
   auto* p = poolings().find(desc);
   const auto* s = shape_of(input, "cudnnGetPoolingNdForwardOutputDim", "inputTensorDesc");
   if (p == nullptr || s == nullptr || out == nullptr || rank != s->rank || rank != p->spatial + 2)
@@ -352,11 +356,11 @@ HIBER_API cudnnStatus_t cudnnGetPoolingNdForwardOutputDim(const cudnnPoolingDesc
   return CUDNN_STATUS_SUCCESS;
 }
 
-HIBER_API cudnnStatus_t cudnnGetPooling2dForwardOutputDim(const cudnnPoolingDescriptor_t desc,
-                                                          const cudnnTensorDescriptor_t input,
-                                                          int* n, int* c, int* h, int* w) {
+cudnnStatus_t hiber_entry::cudnnGetPooling2dForwardOutputDim(const cudnnPoolingDescriptor_t desc,
+                                                             const cudnnTensorDescriptor_t input,
+                                                             int* n, int* c, int* h, int* w) {
   int out[4];
-  const cudnnStatus_t s = cudnnGetPoolingNdForwardOutputDim(desc, input, 4, out);
+  const cudnnStatus_t s = hiber_entry::cudnnGetPoolingNdForwardOutputDim(desc, input, 4, out);
   if (s != CUDNN_STATUS_SUCCESS) return s;
   if (n == nullptr || c == nullptr || h == nullptr || w == nullptr)
     return bad_param("cudnnGetPooling2dForwardOutputDim", "an output pointer is NULL");
@@ -367,11 +371,12 @@ HIBER_API cudnnStatus_t cudnnGetPooling2dForwardOutputDim(const cudnnPoolingDesc
   return CUDNN_STATUS_SUCCESS;
 }
 
-HIBER_API cudnnStatus_t cudnnPoolingForward(cudnnHandle_t handle,
-                                            const cudnnPoolingDescriptor_t desc, const void* alpha,
-                                            const cudnnTensorDescriptor_t x_desc, const void* x,
-                                            const void* beta, const cudnnTensorDescriptor_t y_desc,
-                                            void* y) {
+cudnnStatus_t hiber_entry::cudnnPoolingForward(cudnnHandle_t handle,
+                                               const cudnnPoolingDescriptor_t desc,
+                                               const void* alpha,
+                                               const cudnnTensorDescriptor_t x_desc, const void* x,
+                                               const void* beta,
+                                               const cudnnTensorDescriptor_t y_desc, void* y) {
   constexpr const char* kCall = "cudnnPoolingForward";
   auto* p = poolings().find(desc);
   if (p == nullptr || p->spatial == 0)
@@ -396,16 +401,16 @@ HIBER_API cudnnStatus_t cudnnPoolingForward(cudnnHandle_t handle,
 }
 
 // ---- Activation ----
-HIBER_API cudnnStatus_t cudnnCreateActivationDescriptor(cudnnActivationDescriptor_t* desc) {
+cudnnStatus_t hiber_entry::cudnnCreateActivationDescriptor(cudnnActivationDescriptor_t* desc) {
   return create(activations(), desc, "cudnnCreateActivationDescriptor");
 }
-HIBER_API cudnnStatus_t cudnnDestroyActivationDescriptor(cudnnActivationDescriptor_t desc) {
+cudnnStatus_t hiber_entry::cudnnDestroyActivationDescriptor(cudnnActivationDescriptor_t desc) {
   return destroy(activations(), desc, "cudnnDestroyActivationDescriptor");
 }
 
-HIBER_API cudnnStatus_t cudnnSetActivationDescriptor(cudnnActivationDescriptor_t desc,
-                                                     cudnnActivationMode_t mode,
-                                                     cudnnNanPropagation_t nan, double coef) {
+cudnnStatus_t hiber_entry::cudnnSetActivationDescriptor(cudnnActivationDescriptor_t desc,
+                                                        cudnnActivationMode_t mode,
+                                                        cudnnNanPropagation_t nan, double coef) {
   auto* a = activations().find(desc);
   if (a == nullptr)
     return bad_param("cudnnSetActivationDescriptor", "not a live activation descriptor");
@@ -417,9 +422,9 @@ HIBER_API cudnnStatus_t cudnnSetActivationDescriptor(cudnnActivationDescriptor_t
   return CUDNN_STATUS_SUCCESS;
 }
 
-HIBER_API cudnnStatus_t cudnnGetActivationDescriptor(const cudnnActivationDescriptor_t desc,
-                                                     cudnnActivationMode_t* mode,
-                                                     cudnnNanPropagation_t* nan, double* coef) {
+cudnnStatus_t hiber_entry::cudnnGetActivationDescriptor(const cudnnActivationDescriptor_t desc,
+                                                        cudnnActivationMode_t* mode,
+                                                        cudnnNanPropagation_t* nan, double* coef) {
   auto* a = activations().find(desc);
   if (a == nullptr)
     return bad_param("cudnnGetActivationDescriptor", "not a live activation descriptor");
@@ -429,8 +434,8 @@ HIBER_API cudnnStatus_t cudnnGetActivationDescriptor(const cudnnActivationDescri
   return CUDNN_STATUS_SUCCESS;
 }
 
-HIBER_API cudnnStatus_t cudnnSetActivationDescriptorSwishBeta(cudnnActivationDescriptor_t desc,
-                                                              double beta) {
+cudnnStatus_t hiber_entry::cudnnSetActivationDescriptorSwishBeta(cudnnActivationDescriptor_t desc,
+                                                                 double beta) {
   auto* a = activations().find(desc);
   if (a == nullptr)
     return bad_param("cudnnSetActivationDescriptorSwishBeta", "not a live activation descriptor");
@@ -438,11 +443,12 @@ HIBER_API cudnnStatus_t cudnnSetActivationDescriptorSwishBeta(cudnnActivationDes
   return CUDNN_STATUS_SUCCESS;
 }
 
-HIBER_API cudnnStatus_t cudnnActivationForward(cudnnHandle_t handle,
-                                               cudnnActivationDescriptor_t desc, const void* alpha,
-                                               const cudnnTensorDescriptor_t x_desc, const void* x,
-                                               const void* beta,
-                                               const cudnnTensorDescriptor_t y_desc, void* y) {
+cudnnStatus_t hiber_entry::cudnnActivationForward(cudnnHandle_t handle,
+                                                  cudnnActivationDescriptor_t desc,
+                                                  const void* alpha,
+                                                  const cudnnTensorDescriptor_t x_desc,
+                                                  const void* x, const void* beta,
+                                                  const cudnnTensorDescriptor_t y_desc, void* y) {
   constexpr const char* kCall = "cudnnActivationForward";
   auto* a = activations().find(desc);
   if (a == nullptr) return bad_param(kCall, "not a live activation descriptor");
@@ -463,11 +469,11 @@ HIBER_API cudnnStatus_t cudnnActivationForward(cudnnHandle_t handle,
 }
 
 // ---- Softmax, add tensor, batch-norm inference ----
-HIBER_API cudnnStatus_t cudnnSoftmaxForward(cudnnHandle_t handle, cudnnSoftmaxAlgorithm_t algo,
-                                            cudnnSoftmaxMode_t mode, const void* alpha,
-                                            const cudnnTensorDescriptor_t x_desc, const void* x,
-                                            const void* beta, const cudnnTensorDescriptor_t y_desc,
-                                            void* y) {
+cudnnStatus_t hiber_entry::cudnnSoftmaxForward(cudnnHandle_t handle, cudnnSoftmaxAlgorithm_t algo,
+                                               cudnnSoftmaxMode_t mode, const void* alpha,
+                                               const cudnnTensorDescriptor_t x_desc, const void* x,
+                                               const void* beta,
+                                               const cudnnTensorDescriptor_t y_desc, void* y) {
   constexpr const char* kCall = "cudnnSoftmaxForward";
   const auto* xs = shape_of(x_desc, kCall, "xDesc");
   const auto* ys = shape_of(y_desc, kCall, "yDesc");
@@ -484,10 +490,10 @@ HIBER_API cudnnStatus_t cudnnSoftmaxForward(cudnnHandle_t handle, cudnnSoftmaxAl
   return submit(handle, op, kCall);
 }
 
-HIBER_API cudnnStatus_t cudnnAddTensor(cudnnHandle_t handle, const void* alpha,
-                                       const cudnnTensorDescriptor_t a_desc, const void* a,
-                                       const void* beta, const cudnnTensorDescriptor_t c_desc,
-                                       void* c) {
+cudnnStatus_t hiber_entry::cudnnAddTensor(cudnnHandle_t handle, const void* alpha,
+                                          const cudnnTensorDescriptor_t a_desc, const void* a,
+                                          const void* beta, const cudnnTensorDescriptor_t c_desc,
+                                          void* c) {
   constexpr const char* kCall = "cudnnAddTensor";
   const auto* as = shape_of(a_desc, kCall, "aDesc");
   const auto* cs = shape_of(c_desc, kCall, "cDesc");
@@ -502,7 +508,7 @@ HIBER_API cudnnStatus_t cudnnAddTensor(cudnnHandle_t handle, const void* alpha,
   return submit(handle, op, kCall);
 }
 
-HIBER_API cudnnStatus_t cudnnBatchNormalizationForwardInference(
+cudnnStatus_t hiber_entry::cudnnBatchNormalizationForwardInference(
     cudnnHandle_t handle, cudnnBatchNormMode_t mode, const void* alpha, const void* beta,
     const cudnnTensorDescriptor_t x_desc, const void* x, const cudnnTensorDescriptor_t y_desc,
     void* y, const cudnnTensorDescriptor_t bn_desc, const void* scale, const void* bias,

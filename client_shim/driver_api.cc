@@ -4,7 +4,6 @@
 // current ABI; older names fall through to the loudly failing stubs.
 #include <cuda.h>
 #include <cudaProfiler.h>
-#include <dlfcn.h>
 
 #include <algorithm>
 #include <atomic>
@@ -15,6 +14,7 @@
 #include <vector>
 
 #include "client_shim/api_support.h"
+#include "client_shim/cuda_entry_decls.h"
 #include "client_shim/driver_table.h"
 #include "client_shim/thread_context.h"
 
@@ -28,7 +28,6 @@ using hiber::shim::current_context;
 using hiber::shim::device_of;
 using hiber::shim::primary_context;
 using hiber::shim::PrimaryContext;
-using hiber::shim::traced;
 
 namespace {
 
@@ -98,26 +97,21 @@ void* dev_ptr(CUdeviceptr p) { return reinterpret_cast<void*>(p); }
 
 }  // namespace
 
-#pragma GCC visibility push(default)
-extern "C" {
-
-CUresult cuInit(unsigned int flags) {
-  return traced("cuInit", [&] {
-    if (flags != 0) return invalid("cuInit");
-    Status ready = Client::get().ready();
-    if (!ready.ok()) return fail("cuInit", Status(ErrorCode::kNoDevice, ready.message()));
-    initialized = true;
-    return CUDA_SUCCESS;
-  });
+CUresult hiber_entry::cuInit(unsigned int flags) {
+  if (flags != 0) return invalid("cuInit");
+  Status ready = Client::get().ready();
+  if (!ready.ok()) return fail("cuInit", Status(ErrorCode::kNoDevice, ready.message()));
+  initialized = true;
+  return CUDA_SUCCESS;
 }
 
-CUresult cuDriverGetVersion(int* version) {
+CUresult hiber_entry::cuDriverGetVersion(int* version) {
   if (version == nullptr) return invalid("cuDriverGetVersion");
   *version = CUDA_VERSION;
   return CUDA_SUCCESS;
 }
 
-CUresult cuDeviceGetCount(int* count) {
+CUresult hiber_entry::cuDeviceGetCount(int* count) {
   if (count == nullptr) return invalid("cuDeviceGetCount");
   if (!initialized)
     return fail("cuDeviceGetCount", Status(ErrorCode::kNotInitialized, "cuInit was not called"));
@@ -125,14 +119,14 @@ CUresult cuDeviceGetCount(int* count) {
   return CUDA_SUCCESS;
 }
 
-CUresult cuDeviceGet(CUdevice* device, int ordinal) {
+CUresult hiber_entry::cuDeviceGet(CUdevice* device, int ordinal) {
   if (device == nullptr) return invalid("cuDeviceGet");
   if (CUresult r = check_device("cuDeviceGet", ordinal); r != CUDA_SUCCESS) return r;
   *device = ordinal;
   return CUDA_SUCCESS;
 }
 
-CUresult cuDeviceGetName(char* name, int length, CUdevice device) {
+CUresult hiber_entry::cuDeviceGetName(char* name, int length, CUdevice device) {
   if (name == nullptr || length <= 0) return invalid("cuDeviceGetName");
   if (CUresult r = check_device("cuDeviceGetName", device); r != CUDA_SUCCESS) return r;
   std::strncpy(name, Client::get().session()->devices[device].name.c_str(), length - 1);
@@ -140,7 +134,7 @@ CUresult cuDeviceGetName(char* name, int length, CUdevice device) {
   return CUDA_SUCCESS;
 }
 
-CUresult cuDeviceGetUuid(CUuuid* uuid, CUdevice device) {
+CUresult hiber_entry::cuDeviceGetUuid(CUuuid* uuid, CUdevice device) {
   if (uuid == nullptr) return invalid("cuDeviceGetUuid");
   if (CUresult r = check_device("cuDeviceGetUuid", device); r != CUDA_SUCCESS) return r;
   const auto& bytes = Client::get().session()->devices[device].uuid;
@@ -149,21 +143,21 @@ CUresult cuDeviceGetUuid(CUuuid* uuid, CUdevice device) {
   return CUDA_SUCCESS;
 }
 
-CUresult cuDeviceTotalMem(size_t* bytes, CUdevice device) {
+CUresult hiber_entry::cuDeviceTotalMem(size_t* bytes, CUdevice device) {
   if (bytes == nullptr) return invalid("cuDeviceTotalMem");
   if (CUresult r = check_device("cuDeviceTotalMem", device); r != CUDA_SUCCESS) return r;
   *bytes = Client::get().session()->devices[device].total_memory_bytes;
   return CUDA_SUCCESS;
 }
 
-CUresult cuDeviceGetAttribute(int* value, CUdevice_attribute attr, CUdevice device) {
+CUresult hiber_entry::cuDeviceGetAttribute(int* value, CUdevice_attribute attr, CUdevice device) {
   if (value == nullptr) return invalid("cuDeviceGetAttribute");
   if (CUresult r = check_device("cuDeviceGetAttribute", device); r != CUDA_SUCCESS) return r;
   *value = Client::get().device_attribute(device, attr);
   return CUDA_SUCCESS;
 }
 
-CUresult cuDeviceGetPCIBusId(char* bus_id, int length, CUdevice device) {
+CUresult hiber_entry::cuDeviceGetPCIBusId(char* bus_id, int length, CUdevice device) {
   if (bus_id == nullptr || length <= 0) return invalid("cuDeviceGetPCIBusId");
   if (CUresult r = check_device("cuDeviceGetPCIBusId", device); r != CUDA_SUCCESS) return r;
   std::strncpy(bus_id, Client::get().session()->devices[device].pci_bus_id.c_str(), length - 1);
@@ -173,18 +167,19 @@ CUresult cuDeviceGetPCIBusId(char* bus_id, int length, CUdevice device) {
 
 // ---- Contexts: each device has its primary context, always active once cuInit succeeded ----
 
-CUresult cuDevicePrimaryCtxRetain(CUcontext* context, CUdevice device) {
+CUresult hiber_entry::cuDevicePrimaryCtxRetain(CUcontext* context, CUdevice device) {
   if (context == nullptr) return invalid("cuDevicePrimaryCtxRetain");
   if (CUresult r = check_device("cuDevicePrimaryCtxRetain", device); r != CUDA_SUCCESS) return r;
   *context = primary_context(device);
   return CUDA_SUCCESS;
 }
 
-CUresult cuDevicePrimaryCtxRelease(CUdevice device) {
+CUresult hiber_entry::cuDevicePrimaryCtxRelease(CUdevice device) {
   return check_device("cuDevicePrimaryCtxRelease", device);
 }
 
-CUresult cuDevicePrimaryCtxGetState(CUdevice device, unsigned int* flags, int* active) {
+CUresult hiber_entry::cuDevicePrimaryCtxGetState(CUdevice device, unsigned int* flags,
+                                                 int* active) {
   if (flags == nullptr || active == nullptr) return invalid("cuDevicePrimaryCtxGetState");
   if (CUresult r = check_device("cuDevicePrimaryCtxGetState", device); r != CUDA_SUCCESS) return r;
   *flags = as_primary(primary_context(device))->flags;
@@ -192,19 +187,18 @@ CUresult cuDevicePrimaryCtxGetState(CUdevice device, unsigned int* flags, int* a
   return CUDA_SUCCESS;
 }
 
-CUresult cuDevicePrimaryCtxSetFlags(CUdevice device, unsigned int flags) {
+CUresult hiber_entry::cuDevicePrimaryCtxSetFlags(CUdevice device, unsigned int flags) {
   if (CUresult r = check_device("cuDevicePrimaryCtxSetFlags", device); r != CUDA_SUCCESS) return r;
   // Scheduling flags choose how the host waits; the shim always spins briefly, then sleeps.
   as_primary(primary_context(device))->flags = flags;
   return CUDA_SUCCESS;
 }
 
-CUresult cuDevicePrimaryCtxReset(CUdevice device) {
+CUresult hiber_entry::cuDevicePrimaryCtxReset(CUdevice device) {
   if (CUresult r = check_device("cuDevicePrimaryCtxReset", device); r != CUDA_SUCCESS) return r;
   // Every device of the session shares one context in hiberd: resetting one resets the session,
   // as cudaDeviceReset does.
-  return traced("cuDevicePrimaryCtxReset",
-                [] { return done("cuDevicePrimaryCtxReset", Client::get().reset_device()); });
+  return done("cuDevicePrimaryCtxReset", Client::get().reset_device());
 }
 
 // cuCtxCreate: the device's primary context, made current on the calling thread, with one more
@@ -220,12 +214,12 @@ CUresult create_context(const char* name, CUcontext* context, unsigned int flags
   return CUDA_SUCCESS;
 }
 
-CUresult cuCtxCreate_v2(CUcontext* context, unsigned int flags, CUdevice device) {
+CUresult hiber_entry::cuCtxCreate_v2(CUcontext* context, unsigned int flags, CUdevice device) {
   return create_context("cuCtxCreate_v2", context, flags, device);
 }
 
-CUresult cuCtxCreate_v3(CUcontext* context, CUexecAffinityParam* params, int count,
-                        unsigned int flags, CUdevice device) {
+CUresult hiber_entry::cuCtxCreate_v3(CUcontext* context, CUexecAffinityParam* params, int count,
+                                     unsigned int flags, CUdevice device) {
   if (count != 0 || params != nullptr) {
     return fail("cuCtxCreate_v3",
                 Status(ErrorCode::kNotSupported, "execution affinity contexts are not supported"));
@@ -233,8 +227,8 @@ CUresult cuCtxCreate_v3(CUcontext* context, CUexecAffinityParam* params, int cou
   return create_context("cuCtxCreate_v3", context, flags, device);
 }
 
-CUresult cuCtxCreate(CUcontext* context, CUctxCreateParams* params, unsigned int flags,
-                     CUdevice device) {
+CUresult hiber_entry::cuCtxCreate(CUcontext* context, CUctxCreateParams* params, unsigned int flags,
+                                  CUdevice device) {
   if (params != nullptr && (params->numExecAffinityParams != 0 || params->cigParams != nullptr)) {
     return fail("cuCtxCreate_v4", Status(ErrorCode::kNotSupported,
                                          "execution affinity and CIG contexts are not supported"));
@@ -242,7 +236,7 @@ CUresult cuCtxCreate(CUcontext* context, CUctxCreateParams* params, unsigned int
   return create_context("cuCtxCreate_v4", context, flags, device);
 }
 
-CUresult cuCtxDestroy(CUcontext context) {
+CUresult hiber_entry::cuCtxDestroy(CUcontext context) {
   PrimaryContext* primary = as_primary(context);
   if (primary == nullptr) return not_a_context("cuCtxDestroy_v2");
   int created = primary->created.load();
@@ -262,13 +256,13 @@ CUresult cuCtxDestroy(CUcontext context) {
   return CUDA_SUCCESS;
 }
 
-CUresult cuCtxGetCurrent(CUcontext* context) {
+CUresult hiber_entry::cuCtxGetCurrent(CUcontext* context) {
   if (context == nullptr) return invalid("cuCtxGetCurrent");
   *context = initialized || Client::get().ready().ok() ? current_context() : nullptr;
   return CUDA_SUCCESS;
 }
 
-CUresult cuCtxSetCurrent(CUcontext context) {
+CUresult hiber_entry::cuCtxSetCurrent(CUcontext context) {
   if (context != nullptr && as_primary(context) == nullptr) {
     return fail("cuCtxSetCurrent", Status(ErrorCode::kInvalidContext, "not a primary context"));
   }
@@ -276,7 +270,7 @@ CUresult cuCtxSetCurrent(CUcontext context) {
   return CUDA_SUCCESS;
 }
 
-CUresult cuCtxPushCurrent(CUcontext context) {
+CUresult hiber_entry::cuCtxPushCurrent(CUcontext context) {
   if (as_primary(context) == nullptr) {
     return fail("cuCtxPushCurrent", Status(ErrorCode::kInvalidContext,
                                            "not a primary context (the shim has no other)"));
@@ -285,7 +279,7 @@ CUresult cuCtxPushCurrent(CUcontext context) {
   return CUDA_SUCCESS;
 }
 
-CUresult cuCtxPopCurrent(CUcontext* context) {
+CUresult hiber_entry::cuCtxPopCurrent(CUcontext* context) {
   const CUcontext top = hiber::shim::pop_context();
   if (top == nullptr) {
     return fail("cuCtxPopCurrent",
@@ -295,13 +289,13 @@ CUresult cuCtxPopCurrent(CUcontext* context) {
   return CUDA_SUCCESS;
 }
 
-CUresult cuCtxGetDevice(CUdevice* device) {
+CUresult hiber_entry::cuCtxGetDevice(CUdevice* device) {
   if (device == nullptr) return invalid("cuCtxGetDevice");
   *device = device_of(current_context());
   return CUDA_SUCCESS;
 }
 
-CUresult cuCtxGetDevice_v2(CUdevice* device, CUcontext context) {
+CUresult hiber_entry::cuCtxGetDevice_v2(CUdevice* device, CUcontext context) {
   if (device == nullptr) return invalid("cuCtxGetDevice_v2");
   PrimaryContext* primary = context_or_current(context);
   if (primary == nullptr) return not_a_context("cuCtxGetDevice_v2");
@@ -309,25 +303,25 @@ CUresult cuCtxGetDevice_v2(CUdevice* device, CUcontext context) {
   return CUDA_SUCCESS;
 }
 
-CUresult cuCtxGetApiVersion(CUcontext context, unsigned int* version) {
+CUresult hiber_entry::cuCtxGetApiVersion(CUcontext context, unsigned int* version) {
   if (version == nullptr) return invalid("cuCtxGetApiVersion");
   if (context_or_current(context) == nullptr) return not_a_context("cuCtxGetApiVersion");
   *version = 3020;  // what the driver reports for every context of the current (3.2+) ABI
   return CUDA_SUCCESS;
 }
 
-CUresult cuCtxGetFlags(unsigned int* flags) {
+CUresult hiber_entry::cuCtxGetFlags(unsigned int* flags) {
   if (flags == nullptr) return invalid("cuCtxGetFlags");
   *flags = as_primary(current_context())->flags;
   return CUDA_SUCCESS;
 }
 
-CUresult cuCtxSetFlags(unsigned int flags) {
+CUresult hiber_entry::cuCtxSetFlags(unsigned int flags) {
   as_primary(current_context())->flags = flags;
   return CUDA_SUCCESS;
 }
 
-CUresult cuCtxGetId(CUcontext context, unsigned long long* id) {
+CUresult hiber_entry::cuCtxGetId(CUcontext context, unsigned long long* id) {
   if (id == nullptr) return invalid("cuCtxGetId");
   PrimaryContext* primary = context_or_current(context);
   if (primary == nullptr) return not_a_context("cuCtxGetId");
@@ -338,41 +332,41 @@ CUresult cuCtxGetId(CUcontext context, unsigned long long* id) {
   return CUDA_SUCCESS;
 }
 
-CUresult cuCtxGetStreamPriorityRange(int* least, int* greatest) {
+CUresult hiber_entry::cuCtxGetStreamPriorityRange(int* least, int* greatest) {
   const auto [l, g] = Client::get().stream_priority_range();
   if (least) *least = l;
   if (greatest) *greatest = g;
   return CUDA_SUCCESS;
 }
 
-CUresult cuCtxSynchronize(void) {
-  return traced("cuCtxSynchronize",
-                [] { return done("cuCtxSynchronize", Client::get().synchronize_device()); });
+CUresult hiber_entry::cuCtxSynchronize(void) {
+  return done("cuCtxSynchronize", Client::get().synchronize_device());
 }
 
-CUresult cuCtxSynchronize_v2(CUcontext context) {
+CUresult hiber_entry::cuCtxSynchronize_v2(CUcontext context) {
   if (context_or_current(context) == nullptr) return not_a_context("cuCtxSynchronize_v2");
   // The session's devices share one context in hiberd: its work is all of theirs.
-  return traced("cuCtxSynchronize_v2",
-                [] { return done("cuCtxSynchronize_v2", Client::get().synchronize_device()); });
+  return done("cuCtxSynchronize_v2", Client::get().synchronize_device());
 }
 
 // ---- Profiler: no profiler is ever attached, so these succeed and do nothing, as the real
 // driver's do without one ----
 
-CUresult cuProfilerInitialize(const char*, const char*, CUoutput_mode) { return CUDA_SUCCESS; }
-CUresult cuProfilerStart(void) { return CUDA_SUCCESS; }
-CUresult cuProfilerStop(void) { return CUDA_SUCCESS; }
+CUresult hiber_entry::cuProfilerInitialize(const char*, const char*, CUoutput_mode) {
+  return CUDA_SUCCESS;
+}
+CUresult hiber_entry::cuProfilerStart(void) { return CUDA_SUCCESS; }
+CUresult hiber_entry::cuProfilerStop(void) { return CUDA_SUCCESS; }
 
 // ---- Errors ----
 
-CUresult cuGetErrorName(CUresult error, const char** name) {
+CUresult hiber_entry::cuGetErrorName(CUresult error, const char** name) {
   if (name == nullptr) return invalid("cuGetErrorName");
   *name = hiber::shim::driver_error_name(error);
   return *name ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
-CUresult cuGetErrorString(CUresult error, const char** text) {
+CUresult hiber_entry::cuGetErrorString(CUresult error, const char** text) {
   if (text == nullptr) return invalid("cuGetErrorString");
   if (hiber::shim::driver_error_name(error) == nullptr) {
     *text = nullptr;
@@ -383,22 +377,20 @@ CUresult cuGetErrorString(CUresult error, const char** text) {
   return CUDA_SUCCESS;
 }
 
-CUresult cuGetProcAddress(const char* symbol, void** function, int version, cuuint64_t flags,
-                          CUdriverProcAddressQueryResult* status) {
-  return traced("cuGetProcAddress", [&] {
-    if (symbol == nullptr || function == nullptr) return invalid("cuGetProcAddress");
-    (void)flags;  // per-thread default stream variants map to the same functions
-    *function = hiber::shim::driver_entry_point(symbol, version);
-    if (status) {
-      *status = *function ? CU_GET_PROC_ADDRESS_SUCCESS : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
-    }
-    return *function ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
-  });
+CUresult hiber_entry::cuGetProcAddress(const char* symbol, void** function, int version,
+                                       cuuint64_t flags, CUdriverProcAddressQueryResult* status) {
+  if (symbol == nullptr || function == nullptr) return invalid("cuGetProcAddress");
+  (void)flags;  // per-thread default stream variants map to the same functions
+  *function = hiber::shim::driver_entry_point(symbol, version);
+  if (status) {
+    *status = *function ? CU_GET_PROC_ADDRESS_SUCCESS : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+  }
+  return *function ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
 }
 
 // ---- Memory ----
 
-CUresult cuMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
+CUresult hiber_entry::cuMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
   Status ready = Client::get().ready();
   if (!ready.ok()) return fail("cuMemGetInfo", ready);
   const auto info = Client::get().memory_info();
@@ -407,101 +399,106 @@ CUresult cuMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
   return CUDA_SUCCESS;
 }
 
-CUresult cuMemAlloc(CUdeviceptr* pointer, size_t bytes) {
-  return traced("cuMemAlloc", [&] {
-    if (pointer == nullptr || bytes == 0) return invalid("cuMemAlloc");
-    uint64_t address = 0;
-    CUresult r = resolved("cuMemAlloc", Client::get().malloc_device(bytes), &address);
-    *pointer = address;
-    return r;
-  });
+CUresult hiber_entry::cuMemAlloc(CUdeviceptr* pointer, size_t bytes) {
+  if (pointer == nullptr || bytes == 0) return invalid("cuMemAlloc");
+  uint64_t address = 0;
+  CUresult r = resolved("cuMemAlloc", Client::get().malloc_device(bytes), &address);
+  *pointer = address;
+  return r;
 }
 
-CUresult cuMemFree(CUdeviceptr pointer) {
-  return traced("cuMemFree", [&] { return done("cuMemFree", Client::get().free_device(pointer)); });
+CUresult hiber_entry::cuMemFree(CUdeviceptr pointer) {
+  return done("cuMemFree", Client::get().free_device(pointer));
 }
 
-CUresult cuMemAllocHost(void** pointer, size_t bytes) {
+CUresult hiber_entry::cuMemAllocHost(void** pointer, size_t bytes) {
   if (pointer == nullptr) return invalid("cuMemAllocHost");
   return resolved("cuMemAllocHost", Client::get().malloc_host(bytes), pointer);
 }
 
-CUresult cuMemHostAlloc(void** pointer, size_t bytes, unsigned int flags) {
+CUresult hiber_entry::cuMemHostAlloc(void** pointer, size_t bytes, unsigned int flags) {
   if (flags & CU_MEMHOSTALLOC_DEVICEMAP) {
     return fail("cuMemHostAlloc", hiber::shim::mapped_host_memory_unsupported());
   }
   return cuMemAllocHost(pointer, bytes);
 }
 
-CUresult cuMemHostGetDevicePointer(CUdeviceptr* device_pointer, void*, unsigned int) {
+CUresult hiber_entry::cuMemHostGetDevicePointer(CUdeviceptr* device_pointer, void*, unsigned int) {
   if (device_pointer == nullptr) return invalid("cuMemHostGetDevicePointer_v2");
   return fail("cuMemHostGetDevicePointer_v2", hiber::shim::mapped_host_memory_unsupported());
 }
 
-CUresult cuMemFreeHost(void* pointer) {
+CUresult hiber_entry::cuMemFreeHost(void* pointer) {
   return done("cuMemFreeHost", Client::get().free_host(pointer));
 }
 
-CUresult cuMemHostRegister(void* pointer, size_t bytes, unsigned int flags) {
+CUresult hiber_entry::cuMemHostRegister(void* pointer, size_t bytes, unsigned int flags) {
   if (flags & (CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_IOMEMORY)) {
     return fail("cuMemHostRegister", hiber::shim::mapped_host_memory_unsupported());
   }
   return done("cuMemHostRegister", Client::get().register_host(pointer, bytes));
 }
 
-CUresult cuMemHostUnregister(void* pointer) {
+CUresult hiber_entry::cuMemHostUnregister(void* pointer) {
   return done("cuMemHostUnregister", Client::get().unregister_host(pointer));
 }
 
-CUresult cuMemcpyHtoD(CUdeviceptr dst, const void* src, size_t bytes) {
+CUresult hiber_entry::cuMemcpyHtoD(CUdeviceptr dst, const void* src, size_t bytes) {
   return copy("cuMemcpyHtoD", dev_ptr(dst), src, bytes, CopyKind::kHostToDevice, nullptr, false);
 }
-CUresult cuMemcpyDtoH(void* dst, CUdeviceptr src, size_t bytes) {
+CUresult hiber_entry::cuMemcpyDtoH(void* dst, CUdeviceptr src, size_t bytes) {
   return copy("cuMemcpyDtoH", dst, dev_ptr(src), bytes, CopyKind::kDeviceToHost, nullptr, false);
 }
-CUresult cuMemcpyDtoD(CUdeviceptr dst, CUdeviceptr src, size_t bytes) {
+CUresult hiber_entry::cuMemcpyDtoD(CUdeviceptr dst, CUdeviceptr src, size_t bytes) {
   return copy("cuMemcpyDtoD", dev_ptr(dst), dev_ptr(src), bytes, CopyKind::kDeviceToDevice, nullptr,
               false);
 }
-CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t bytes) {
+CUresult hiber_entry::cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t bytes) {
   return copy("cuMemcpy", dev_ptr(dst), dev_ptr(src), bytes, CopyKind::kDefault, nullptr, false);
 }
-CUresult cuMemcpyHtoDAsync(CUdeviceptr dst, const void* src, size_t bytes, CUstream stream) {
+CUresult hiber_entry::cuMemcpyHtoDAsync(CUdeviceptr dst, const void* src, size_t bytes,
+                                        CUstream stream) {
   return copy("cuMemcpyHtoDAsync", dev_ptr(dst), src, bytes, CopyKind::kHostToDevice, stream, true);
 }
-CUresult cuMemcpyDtoHAsync(void* dst, CUdeviceptr src, size_t bytes, CUstream stream) {
+CUresult hiber_entry::cuMemcpyDtoHAsync(void* dst, CUdeviceptr src, size_t bytes, CUstream stream) {
   return copy("cuMemcpyDtoHAsync", dst, dev_ptr(src), bytes, CopyKind::kDeviceToHost, stream, true);
 }
-CUresult cuMemcpyDtoDAsync(CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream stream) {
+CUresult hiber_entry::cuMemcpyDtoDAsync(CUdeviceptr dst, CUdeviceptr src, size_t bytes,
+                                        CUstream stream) {
   return copy("cuMemcpyDtoDAsync", dev_ptr(dst), dev_ptr(src), bytes, CopyKind::kDeviceToDevice,
               stream, true);
 }
-CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream stream) {
+CUresult hiber_entry::cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t bytes,
+                                    CUstream stream) {
   return copy("cuMemcpyAsync", dev_ptr(dst), dev_ptr(src), bytes, CopyKind::kDefault, stream, true);
 }
 
-CUresult cuMemsetD8(CUdeviceptr dst, unsigned char value, size_t count) {
+CUresult hiber_entry::cuMemsetD8(CUdeviceptr dst, unsigned char value, size_t count) {
   return fill("cuMemsetD8", dst, value, 1, count, nullptr, false);
 }
-CUresult cuMemsetD16(CUdeviceptr dst, unsigned short value, size_t count) {
+CUresult hiber_entry::cuMemsetD16(CUdeviceptr dst, unsigned short value, size_t count) {
   return fill("cuMemsetD16", dst, value, 2, count, nullptr, false);
 }
-CUresult cuMemsetD32(CUdeviceptr dst, unsigned int value, size_t count) {
+CUresult hiber_entry::cuMemsetD32(CUdeviceptr dst, unsigned int value, size_t count) {
   return fill("cuMemsetD32", dst, value, 4, count, nullptr, false);
 }
-CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char value, size_t count, CUstream stream) {
+CUresult hiber_entry::cuMemsetD8Async(CUdeviceptr dst, unsigned char value, size_t count,
+                                      CUstream stream) {
   return fill("cuMemsetD8Async", dst, value, 1, count, stream, true);
 }
-CUresult cuMemsetD16Async(CUdeviceptr dst, unsigned short value, size_t count, CUstream stream) {
+CUresult hiber_entry::cuMemsetD16Async(CUdeviceptr dst, unsigned short value, size_t count,
+                                       CUstream stream) {
   return fill("cuMemsetD16Async", dst, value, 2, count, stream, true);
 }
-CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned int value, size_t count, CUstream stream) {
+CUresult hiber_entry::cuMemsetD32Async(CUdeviceptr dst, unsigned int value, size_t count,
+                                       CUstream stream) {
   return fill("cuMemsetD32Async", dst, value, 4, count, stream, true);
 }
 
 // ---- Streams and events ----
 
-CUresult cuStreamCreateWithPriority(CUstream* stream, unsigned int flags, int priority) {
+CUresult hiber_entry::cuStreamCreateWithPriority(CUstream* stream, unsigned int flags,
+                                                 int priority) {
   if (stream == nullptr || (flags & ~CU_STREAM_NON_BLOCKING) != 0) return invalid("cuStreamCreate");
   hiber::shim::StreamObj* created = nullptr;
   CUresult r = resolved("cuStreamCreate", Client::get().create_stream(flags, priority), &created);
@@ -509,29 +506,29 @@ CUresult cuStreamCreateWithPriority(CUstream* stream, unsigned int flags, int pr
   return r;
 }
 
-CUresult cuStreamCreate(CUstream* stream, unsigned int flags) {
-  return cuStreamCreateWithPriority(stream, flags, 0);
+CUresult hiber_entry::cuStreamCreate(CUstream* stream, unsigned int flags) {
+  return hiber_entry::cuStreamCreateWithPriority(stream, flags, 0);
 }
 
-CUresult cuStreamDestroy(CUstream stream) {
+CUresult hiber_entry::cuStreamDestroy(CUstream stream) {
   auto s = Client::get().stream(stream);
   if (!s.ok()) return fail("cuStreamDestroy", s.status());
   return done("cuStreamDestroy", Client::get().destroy_stream(*s));
 }
 
-CUresult cuStreamSynchronize(CUstream stream) {
+CUresult hiber_entry::cuStreamSynchronize(CUstream stream) {
   auto s = Client::get().stream(stream);
   if (!s.ok()) return fail("cuStreamSynchronize", s.status());
   return done("cuStreamSynchronize", Client::get().synchronize_stream(*s));
 }
 
-CUresult cuStreamQuery(CUstream stream) {
+CUresult hiber_entry::cuStreamQuery(CUstream stream) {
   auto s = Client::get().stream(stream);
   if (!s.ok()) return fail("cuStreamQuery", s.status());
   return done("cuStreamQuery", Client::get().query_stream(*s));
 }
 
-CUresult cuStreamWaitEvent(CUstream stream, CUevent event, unsigned int flags) {
+CUresult hiber_entry::cuStreamWaitEvent(CUstream stream, CUevent event, unsigned int flags) {
   if (flags != 0) return invalid("cuStreamWaitEvent");
   auto s = Client::get().stream(stream);
   if (!s.ok()) return fail("cuStreamWaitEvent", s.status());
@@ -540,7 +537,7 @@ CUresult cuStreamWaitEvent(CUstream stream, CUevent event, unsigned int flags) {
   return done("cuStreamWaitEvent", Client::get().wait_event(*s, *e));
 }
 
-CUresult cuEventCreate(CUevent* event, unsigned int flags) {
+CUresult hiber_entry::cuEventCreate(CUevent* event, unsigned int flags) {
   if (event == nullptr || (flags & ~(CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING)) != 0) {
     return invalid("cuEventCreate");
   }
@@ -550,13 +547,13 @@ CUresult cuEventCreate(CUevent* event, unsigned int flags) {
   return r;
 }
 
-CUresult cuEventDestroy(CUevent event) {
+CUresult hiber_entry::cuEventDestroy(CUevent event) {
   auto e = Client::get().event(event);
   if (!e.ok()) return fail("cuEventDestroy", e.status());
   return done("cuEventDestroy", Client::get().destroy_event(*e));
 }
 
-CUresult cuEventRecord(CUevent event, CUstream stream) {
+CUresult hiber_entry::cuEventRecord(CUevent event, CUstream stream) {
   auto e = Client::get().event(event);
   if (!e.ok()) return fail("cuEventRecord", e.status());
   auto s = Client::get().stream(stream);
@@ -564,19 +561,19 @@ CUresult cuEventRecord(CUevent event, CUstream stream) {
   return done("cuEventRecord", Client::get().record_event(*e, *s));
 }
 
-CUresult cuEventSynchronize(CUevent event) {
+CUresult hiber_entry::cuEventSynchronize(CUevent event) {
   auto e = Client::get().event(event);
   if (!e.ok()) return fail("cuEventSynchronize", e.status());
   return done("cuEventSynchronize", Client::get().synchronize_event(*e));
 }
 
-CUresult cuEventQuery(CUevent event) {
+CUresult hiber_entry::cuEventQuery(CUevent event) {
   auto e = Client::get().event(event);
   if (!e.ok()) return fail("cuEventQuery", e.status());
   return done("cuEventQuery", Client::get().query_event(*e));
 }
 
-CUresult cuEventElapsedTime(float* ms, CUevent start, CUevent end) {
+CUresult hiber_entry::cuEventElapsedTime(float* ms, CUevent start, CUevent end) {
   if (ms == nullptr) return invalid("cuEventElapsedTime");
   auto a = Client::get().event(start);
   if (!a.ok()) return fail("cuEventElapsedTime", a.status());
@@ -587,44 +584,41 @@ CUresult cuEventElapsedTime(float* ms, CUevent start, CUevent end) {
 
 // ---- Modules and launches ----
 
-CUresult cuModuleLoadData(CUmodule* module, const void* image) {
-  return traced("cuModuleLoadData", [&] {
-    if (module == nullptr || image == nullptr) return invalid("cuModuleLoadData");
-    const auto* bytes = static_cast<const std::byte*>(image);
-    hiber::shim::ModuleObj* loaded = nullptr;
-    CUresult r =
-        resolved("cuModuleLoadData",
-                 Client::get().load_module({bytes, hiber::shim::code_image_size(image)}), &loaded);
-    *module = reinterpret_cast<CUmodule>(loaded);
-    return r;
-  });
+CUresult hiber_entry::cuModuleLoadData(CUmodule* module, const void* image) {
+  if (module == nullptr || image == nullptr) return invalid("cuModuleLoadData");
+  const auto* bytes = static_cast<const std::byte*>(image);
+  hiber::shim::ModuleObj* loaded = nullptr;
+  CUresult r =
+      resolved("cuModuleLoadData",
+               Client::get().load_module({bytes, hiber::shim::code_image_size(image)}), &loaded);
+  *module = reinterpret_cast<CUmodule>(loaded);
+  return r;
 }
 
-CUresult cuModuleLoadDataEx(CUmodule* module, const void* image, unsigned int, CUjit_option*,
-                            void**) {
+CUresult hiber_entry::cuModuleLoadDataEx(CUmodule* module, const void* image, unsigned int,
+                                         CUjit_option*, void**) {
   // JIT options tune PTX compilation in hiberd's driver; they do not change results.
-  return cuModuleLoadData(module, image);
+  return hiber_entry::cuModuleLoadData(module, image);
 }
 
-CUresult cuModuleUnload(CUmodule module) {
+CUresult hiber_entry::cuModuleUnload(CUmodule module) {
   auto m = Client::get().module(module);
   if (!m.ok()) return fail("cuModuleUnload", m.status());
   return done("cuModuleUnload", Client::get().unload_module(*m));
 }
 
-CUresult cuModuleGetFunction(CUfunction* function, CUmodule module, const char* name) {
-  return traced("cuModuleGetFunction", [&] {
-    if (function == nullptr || name == nullptr) return invalid("cuModuleGetFunction");
-    auto m = Client::get().module(module);
-    if (!m.ok()) return fail("cuModuleGetFunction", m.status());
-    hiber::shim::KernelObj* kernel = nullptr;
-    CUresult r = resolved("cuModuleGetFunction", Client::get().module_function(*m, name), &kernel);
-    *function = reinterpret_cast<CUfunction>(kernel);
-    return r;
-  });
+CUresult hiber_entry::cuModuleGetFunction(CUfunction* function, CUmodule module, const char* name) {
+  if (function == nullptr || name == nullptr) return invalid("cuModuleGetFunction");
+  auto m = Client::get().module(module);
+  if (!m.ok()) return fail("cuModuleGetFunction", m.status());
+  hiber::shim::KernelObj* kernel = nullptr;
+  CUresult r = resolved("cuModuleGetFunction", Client::get().module_function(*m, name), &kernel);
+  *function = reinterpret_cast<CUfunction>(kernel);
+  return r;
 }
 
-CUresult cuFuncGetParamInfo(CUfunction function, size_t index, size_t* offset, size_t* bytes) {
+CUresult hiber_entry::cuFuncGetParamInfo(CUfunction function, size_t index, size_t* offset,
+                                         size_t* bytes) {
   if (offset == nullptr || bytes == nullptr) return invalid("cuFuncGetParamInfo");
   auto kernel = Client::get().kernel(function);
   if (!kernel.ok()) return fail("cuFuncGetParamInfo", kernel.status());
@@ -636,49 +630,47 @@ CUresult cuFuncGetParamInfo(CUfunction function, size_t index, size_t* offset, s
   return CUDA_SUCCESS;
 }
 
-CUresult cuLaunchKernel(CUfunction function, unsigned int grid_x, unsigned int grid_y,
-                        unsigned int grid_z, unsigned int block_x, unsigned int block_y,
-                        unsigned int block_z, unsigned int shared_bytes, CUstream stream,
-                        void** params, void** extra) {
-  return traced("cuLaunchKernel", [&] {
-    if (extra != nullptr) {
-      return fail("cuLaunchKernel", Status(ErrorCode::kNotSupported,
-                                           "the `extra` parameter buffer form is not supported"));
-    }
-    if (grid_x == 0 || grid_y == 0 || grid_z == 0 || block_x == 0 || block_y == 0 || block_z == 0) {
-      return invalid("cuLaunchKernel");
-    }
-    auto kernel = Client::get().kernel(function);
-    if (!kernel.ok()) return fail("cuLaunchKernel", kernel.status());
-    auto s = Client::get().stream(stream);
-    if (!s.ok()) return fail("cuLaunchKernel", s.status());
-    return done("cuLaunchKernel",
-                Client::get().launch(*kernel, {grid_x, grid_y, grid_z}, {block_x, block_y, block_z},
-                                     shared_bytes, *s, params));
-  });
+CUresult hiber_entry::cuLaunchKernel(CUfunction function, unsigned int grid_x, unsigned int grid_y,
+                                     unsigned int grid_z, unsigned int block_x,
+                                     unsigned int block_y, unsigned int block_z,
+                                     unsigned int shared_bytes, CUstream stream, void** params,
+                                     void** extra) {
+  if (extra != nullptr) {
+    return fail("cuLaunchKernel", Status(ErrorCode::kNotSupported,
+                                         "the `extra` parameter buffer form is not supported"));
+  }
+  if (grid_x == 0 || grid_y == 0 || grid_z == 0 || block_x == 0 || block_y == 0 || block_z == 0) {
+    return invalid("cuLaunchKernel");
+  }
+  auto kernel = Client::get().kernel(function);
+  if (!kernel.ok()) return fail("cuLaunchKernel", kernel.status());
+  auto s = Client::get().stream(stream);
+  if (!s.ok()) return fail("cuLaunchKernel", s.status());
+  return done("cuLaunchKernel",
+              Client::get().launch(*kernel, {grid_x, grid_y, grid_z}, {block_x, block_y, block_z},
+                                   shared_bytes, *s, params));
 }
 
-CUresult cuLaunchKernelEx(const CUlaunchConfig* config, CUfunction function, void** params,
-                          void** extra) {
-  return traced("cuLaunchKernelEx", [&] {
-    if (config == nullptr) return invalid("cuLaunchKernelEx", "null config");
-    for (unsigned i = 0; i < config->numAttrs; ++i) {
-      if (config->attrs[i].id != CU_LAUNCH_ATTRIBUTE_IGNORE) {
-        return fail("cuLaunchKernelEx",
-                    hiber::error(ErrorCode::kNotSupported, "launch attribute ",
-                                 static_cast<int>(config->attrs[i].id),
-                                 " is not supported (only CU_LAUNCH_ATTRIBUTE_IGNORE)"));
-      }
+CUresult hiber_entry::cuLaunchKernelEx(const CUlaunchConfig* config, CUfunction function,
+                                       void** params, void** extra) {
+  if (config == nullptr) return invalid("cuLaunchKernelEx", "null config");
+  for (unsigned i = 0; i < config->numAttrs; ++i) {
+    if (config->attrs[i].id != CU_LAUNCH_ATTRIBUTE_IGNORE) {
+      return fail("cuLaunchKernelEx",
+                  hiber::error(ErrorCode::kNotSupported, "launch attribute ",
+                               static_cast<int>(config->attrs[i].id),
+                               " is not supported (only CU_LAUNCH_ATTRIBUTE_IGNORE)"));
     }
-    return cuLaunchKernel(function, config->gridDimX, config->gridDimY, config->gridDimZ,
-                          config->blockDimX, config->blockDimY, config->blockDimZ,
-                          config->sharedMemBytes, config->hStream, params, extra);
-  });
+  }
+  return hiber_entry::cuLaunchKernel(function, config->gridDimX, config->gridDimY, config->gridDimZ,
+                                     config->blockDimX, config->blockDimY, config->blockDimZ,
+                                     config->sharedMemBytes, config->hStream, params, extra);
 }
 
 // ---- Function attributes and occupancy ----
 
-CUresult cuFuncGetAttribute(int* value, CUfunction_attribute attr, CUfunction function) {
+CUresult hiber_entry::cuFuncGetAttribute(int* value, CUfunction_attribute attr,
+                                         CUfunction function) {
   if (value == nullptr) return invalid("cuFuncGetAttribute");
   auto kernel = function_kernel(function);
   if (!kernel.ok()) return fail("cuFuncGetAttribute", kernel.status());
@@ -709,7 +701,8 @@ CUresult cuFuncGetAttribute(int* value, CUfunction_attribute attr, CUfunction fu
   }
 }
 
-CUresult cuFuncSetAttribute(CUfunction function, CUfunction_attribute attr, int value) {
+CUresult hiber_entry::cuFuncSetAttribute(CUfunction function, CUfunction_attribute attr,
+                                         int value) {
   auto kernel = function_kernel(function);
   if (!kernel.ok()) return fail("cuFuncSetAttribute", kernel.status());
   switch (attr) {
@@ -737,7 +730,7 @@ CUresult cuFuncSetAttribute(CUfunction function, CUfunction_attribute attr, int 
   }
 }
 
-CUresult cuFuncSetCacheConfig(CUfunction function, CUfunc_cache config) {
+CUresult hiber_entry::cuFuncSetCacheConfig(CUfunction function, CUfunc_cache config) {
   auto kernel = function_kernel(function);
   if (!kernel.ok()) return fail("cuFuncSetCacheConfig", kernel.status());
   if (config < CU_FUNC_CACHE_PREFER_NONE || config > CU_FUNC_CACHE_PREFER_EQUAL) {
@@ -747,9 +740,8 @@ CUresult cuFuncSetCacheConfig(CUfunction function, CUfunc_cache config) {
   return CUDA_SUCCESS;
 }
 
-CUresult cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int* blocks, CUfunction function,
-                                                              int block_size, size_t shared_bytes,
-                                                              unsigned int) {
+CUresult hiber_entry::cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
+    int* blocks, CUfunction function, int block_size, size_t shared_bytes, unsigned int) {
   if (blocks == nullptr || block_size <= 0) {
     return invalid("cuOccupancyMaxActiveBlocksPerMultiprocessor");
   }
@@ -759,18 +751,20 @@ CUresult cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int* blocks, CUfun
   return CUDA_SUCCESS;
 }
 
-CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, CUfunction function,
-                                                     int block_size, size_t shared_bytes) {
-  return cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(blocks, function, block_size,
-                                                              shared_bytes, 0);
+CUresult hiber_entry::cuOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, CUfunction function,
+                                                                  int block_size,
+                                                                  size_t shared_bytes) {
+  return hiber_entry::cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
+      blocks, function, block_size, shared_bytes, 0);
 }
 
 // The block size with the most resident threads per multiprocessor (ties: the larger block),
 // by the same device-limits model as cuOccupancyMaxActiveBlocksPerMultiprocessor.
-CUresult cuOccupancyMaxPotentialBlockSizeWithFlags(int* min_grid, int* block, CUfunction function,
-                                                   CUoccupancyB2DSize shared_of_block,
-                                                   size_t shared_bytes, int block_limit,
-                                                   unsigned int) {
+CUresult hiber_entry::cuOccupancyMaxPotentialBlockSizeWithFlags(int* min_grid, int* block,
+                                                                CUfunction function,
+                                                                CUoccupancyB2DSize shared_of_block,
+                                                                size_t shared_bytes,
+                                                                int block_limit, unsigned int) {
   if (min_grid == nullptr || block == nullptr) return invalid("cuOccupancyMaxPotentialBlockSize");
   auto kernel = function_kernel(function);
   if (!kernel.ok()) return fail("cuOccupancyMaxPotentialBlockSize", kernel.status());
@@ -796,16 +790,18 @@ CUresult cuOccupancyMaxPotentialBlockSizeWithFlags(int* min_grid, int* block, CU
   return CUDA_SUCCESS;
 }
 
-CUresult cuOccupancyMaxPotentialBlockSize(int* min_grid, int* block, CUfunction function,
-                                          CUoccupancyB2DSize shared_of_block, size_t shared_bytes,
-                                          int block_limit) {
-  return cuOccupancyMaxPotentialBlockSizeWithFlags(min_grid, block, function, shared_of_block,
-                                                   shared_bytes, block_limit, 0);
+CUresult hiber_entry::cuOccupancyMaxPotentialBlockSize(int* min_grid, int* block,
+                                                       CUfunction function,
+                                                       CUoccupancyB2DSize shared_of_block,
+                                                       size_t shared_bytes, int block_limit) {
+  return hiber_entry::cuOccupancyMaxPotentialBlockSizeWithFlags(
+      min_grid, block, function, shared_of_block, shared_bytes, block_limit, 0);
 }
 
 // ---- Module globals ----
 
-CUresult cuModuleGetGlobal(CUdeviceptr* address, size_t* bytes, CUmodule module, const char* name) {
+CUresult hiber_entry::cuModuleGetGlobal(CUdeviceptr* address, size_t* bytes, CUmodule module,
+                                        const char* name) {
   if (name == nullptr) return invalid("cuModuleGetGlobal");
   auto m = Client::get().module(module);
   if (!m.ok()) return fail("cuModuleGetGlobal", m.status());
@@ -821,7 +817,8 @@ CUresult cuModuleGetGlobal(CUdeviceptr* address, size_t* bytes, CUmodule module,
 
 // ---- Pointers ----
 
-CUresult cuPointerGetAttribute(void* data, CUpointer_attribute attr, CUdeviceptr pointer) {
+CUresult hiber_entry::cuPointerGetAttribute(void* data, CUpointer_attribute attr,
+                                            CUdeviceptr pointer) {
   if (data == nullptr) return invalid("cuPointerGetAttribute");
   const auto range = Client::get().pointer_range(dev_ptr(pointer));
   if (!range) {
@@ -873,15 +870,16 @@ CUresult cuPointerGetAttribute(void* data, CUpointer_attribute attr, CUdeviceptr
   }
 }
 
-CUresult cuPointerGetAttributes(unsigned int count, CUpointer_attribute* attributes, void** data,
-                                CUdeviceptr pointer) {
+CUresult hiber_entry::cuPointerGetAttributes(unsigned int count, CUpointer_attribute* attributes,
+                                             void** data, CUdeviceptr pointer) {
   if (attributes == nullptr || data == nullptr) return invalid("cuPointerGetAttributes");
   // Unlike cuPointerGetAttribute, memory the shim does not know is no error: its attributes
   // read as 0 (memory type 0, context NULL), as CUDA documents.
   const bool known = Client::get().pointer_range(dev_ptr(pointer)).has_value();
   for (unsigned i = 0; i < count; ++i) {
     if (data[i] == nullptr) continue;
-    CUresult r = known ? cuPointerGetAttribute(data[i], attributes[i], pointer) : CUDA_SUCCESS;
+    CUresult r =
+        known ? hiber_entry::cuPointerGetAttribute(data[i], attributes[i], pointer) : CUDA_SUCCESS;
     if (!known || r == CUDA_ERROR_INVALID_VALUE) {
       switch (attributes[i]) {
         case CU_POINTER_ATTRIBUTE_CONTEXT: *static_cast<CUcontext*>(data[i]) = nullptr; break;
@@ -907,7 +905,7 @@ CUresult cuPointerGetAttributes(unsigned int count, CUpointer_attribute* attribu
   return CUDA_SUCCESS;
 }
 
-CUresult cuMemGetAddressRange(CUdeviceptr* base, size_t* bytes, CUdeviceptr pointer) {
+CUresult hiber_entry::cuMemGetAddressRange(CUdeviceptr* base, size_t* bytes, CUdeviceptr pointer) {
   const auto range = Client::get().pointer_range(dev_ptr(pointer));
   if (!range || range->kind != hiber::shim::PointerKind::kDevice) {
     return fail("cuMemGetAddressRange", hiber::error(ErrorCode::kInvalidValue,
@@ -923,7 +921,7 @@ CUresult cuMemGetAddressRange(CUdeviceptr* base, size_t* bytes, CUdeviceptr poin
 
 // Stream capture (CUDA graphs) is not supported: no stream is ever capturing, and beginning a
 // capture fails loudly (an unsupported entry point).
-CUresult cuStreamIsCapturing(CUstream stream, CUstreamCaptureStatus* status) {
+CUresult hiber_entry::cuStreamIsCapturing(CUstream stream, CUstreamCaptureStatus* status) {
   if (status == nullptr) return invalid("cuStreamIsCapturing");
   auto s = Client::get().stream(stream);
   if (!s.ok()) return fail("cuStreamIsCapturing", s.status());
@@ -931,30 +929,26 @@ CUresult cuStreamIsCapturing(CUstream stream, CUstreamCaptureStatus* status) {
   return CUDA_SUCCESS;
 }
 
-CUresult cuLaunchHostFunc(CUstream stream, CUhostFn fn, void* data) {
-  return traced("cuLaunchHostFunc", [&] {
-    if (fn == nullptr) return invalid("cuLaunchHostFunc");
-    auto s = Client::get().stream(stream);
-    if (!s.ok()) return fail("cuLaunchHostFunc", s.status());
-    return done("cuLaunchHostFunc",
-                Client::get().launch_host_function(*s, [fn, data](const Status& status) {
-                  if (status.ok()) fn(data);  // never after an error, as CUDA documents
-                }));
-  });
+CUresult hiber_entry::cuLaunchHostFunc(CUstream stream, CUhostFn fn, void* data) {
+  if (fn == nullptr) return invalid("cuLaunchHostFunc");
+  auto s = Client::get().stream(stream);
+  if (!s.ok()) return fail("cuLaunchHostFunc", s.status());
+  return done("cuLaunchHostFunc",
+              Client::get().launch_host_function(*s, [fn, data](const Status& status) {
+                if (status.ok()) fn(data);  // never after an error, as CUDA documents
+              }));
 }
 
-CUresult cuStreamAddCallback(CUstream stream, CUstreamCallback callback, void* data,
-                             unsigned int flags) {
-  return traced("cuStreamAddCallback", [&] {
-    if (callback == nullptr || flags != 0) return invalid("cuStreamAddCallback");
-    auto s = Client::get().stream(stream);
-    if (!s.ok()) return fail("cuStreamAddCallback", s.status());
-    return done(
-        "cuStreamAddCallback",
-        Client::get().launch_host_function(*s, [stream, callback, data](const Status& status) {
-          callback(stream, static_cast<CUresult>(status.code()), data);
-        }));
-  });
+CUresult hiber_entry::cuStreamAddCallback(CUstream stream, CUstreamCallback callback, void* data,
+                                          unsigned int flags) {
+  if (callback == nullptr || flags != 0) return invalid("cuStreamAddCallback");
+  auto s = Client::get().stream(stream);
+  if (!s.ok()) return fail("cuStreamAddCallback", s.status());
+  return done(
+      "cuStreamAddCallback",
+      Client::get().launch_host_function(*s, [stream, callback, data](const Status& status) {
+        callback(stream, static_cast<CUresult>(status.code()), data);
+      }));
 }
 
 // ---- Linking (cuLink*) ----
@@ -963,15 +957,16 @@ CUresult cuStreamAddCallback(CUstream stream, CUstreamCallback callback, void* d
 // cuModuleLoadData then ships it to hiberd like any image. Linking several inputs (relocatable
 // device code, libraries) would need the driver's linker in hiberd: not supported yet.
 
-CUresult cuLinkCreate(unsigned int, CUjit_option*, void**, CUlinkState* state) {
+CUresult hiber_entry::cuLinkCreate(unsigned int, CUjit_option*, void**, CUlinkState* state) {
   if (state == nullptr) return invalid("cuLinkCreate");
   // JIT options tune compilation and logging in the driver; they do not change results.
   *state = reinterpret_cast<CUlinkState>(new LinkState());
   return CUDA_SUCCESS;
 }
 
-CUresult cuLinkAddData(CUlinkState state, CUjitInputType type, void* data, size_t bytes,
-                       const char*, unsigned int, CUjit_option*, void**) {
+CUresult hiber_entry::cuLinkAddData(CUlinkState state, CUjitInputType type, void* data,
+                                    size_t bytes, const char*, unsigned int, CUjit_option*,
+                                    void**) {
   if (state == nullptr || data == nullptr || bytes == 0) return invalid("cuLinkAddData");
   auto* link = reinterpret_cast<LinkState*>(state);
   const auto* begin = static_cast<const std::byte*>(data);
@@ -980,8 +975,8 @@ CUresult cuLinkAddData(CUlinkState state, CUjitInputType type, void* data, size_
   return CUDA_SUCCESS;
 }
 
-CUresult cuLinkAddFile(CUlinkState state, CUjitInputType type, const char* path, unsigned int,
-                       CUjit_option*, void**) {
+CUresult hiber_entry::cuLinkAddFile(CUlinkState state, CUjitInputType type, const char* path,
+                                    unsigned int, CUjit_option*, void**) {
   if (state == nullptr || path == nullptr) return invalid("cuLinkAddFile");
   std::ifstream file(path, std::ios::binary);
   if (!file) {
@@ -990,10 +985,11 @@ CUresult cuLinkAddFile(CUlinkState state, CUjitInputType type, const char* path,
   }
   std::vector<char> text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
   if (type == CU_JIT_INPUT_PTX) text.push_back('\0');  // PTX images end at their NUL
-  return cuLinkAddData(state, type, text.data(), text.size(), path, 0, nullptr, nullptr);
+  return hiber_entry::cuLinkAddData(state, type, text.data(), text.size(), path, 0, nullptr,
+                                    nullptr);
 }
 
-CUresult cuLinkComplete(CUlinkState state, void** image, size_t* bytes) {
+CUresult hiber_entry::cuLinkComplete(CUlinkState state, void** image, size_t* bytes) {
   if (state == nullptr || image == nullptr) return invalid("cuLinkComplete");
   auto* link = reinterpret_cast<LinkState*>(state);
   if (link->inputs.size() != 1 ||
@@ -1013,51 +1009,31 @@ CUresult cuLinkComplete(CUlinkState state, void** image, size_t* bytes) {
   return CUDA_SUCCESS;
 }
 
-CUresult cuLinkDestroy(CUlinkState state) {
+CUresult hiber_entry::cuLinkDestroy(CUlinkState state) {
   if (state == nullptr) return invalid("cuLinkDestroy");
   delete reinterpret_cast<LinkState*>(state);
   return CUDA_SUCCESS;
 }
 
-}  // extern "C"
-#pragma GCC visibility pop
-
 namespace hiber::shim {
 
 void* driver_entry_point(const char* symbol, int cuda_version) {
-  // The shim's own object: every driver function it exports, implemented or stubbed.
-  struct Self {
-    void* handle = nullptr;
-    void* base = nullptr;
-  };
-  static const Self self = [] {
-    Dl_info info{};
-    dladdr(reinterpret_cast<void*>(&driver_entry_point), &info);
-    return Self{dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD), info.dli_fbase};
-  }();
-  if (self.handle == nullptr || std::strncmp(symbol, "cu", 2) != 0) return nullptr;
-  // cuGetProcAddress changed its signature in 12.0; older callers get the old one.
-  if (std::strcmp(symbol, "cuGetProcAddress") == 0 && cuda_version < 12000) {
-    return dlsym(self.handle, "cuGetProcAddress");
-  }
-  // So did cuCtxCreate in 12.5 (_v4); older callers get the _v2 signature.
-  if (std::strcmp(symbol, "cuCtxCreate") == 0 && cuda_version < 12050) {
-    return dlsym(self.handle, "cuCtxCreate_v2");
-  }
-  // Their _v2 is another function (it takes a context), asked for by its own name.
-  if (std::strcmp(symbol, "cuCtxGetDevice") == 0 || std::strcmp(symbol, "cuCtxSynchronize") == 0) {
-    return dlsym(self.handle, symbol);
-  }
-  for (const char* suffix : {"_v4", "_v3", "_v2", ""}) {
-    const std::string name = std::string(symbol) + suffix;
-    void* found = dlsym(self.handle, name.c_str());
-    // Only the shim's own definitions, never one of a library it depends on.
-    Dl_info where{};
-    if (found != nullptr && dladdr(found, &where) != 0 && where.dli_fbase == self.base) {
-      return found;
+  struct ByBase {
+    bool operator()(const HiberDriverProc& proc, const char* name) const {
+      return std::strcmp(proc.base, name) < 0;
     }
+    bool operator()(const char* name, const HiberDriverProc& proc) const {
+      return std::strcmp(name, proc.base) < 0;
+    }
+  };
+  const HiberDriverProc* begin = hiber_driver_procs;
+  const auto [first, last] =
+      std::equal_range(begin, begin + hiber_driver_proc_count, symbol, ByBase{});
+  void* newest = nullptr;  // versions ascend within a base name
+  for (const HiberDriverProc* proc = first; proc != last; ++proc) {
+    if (proc->version <= cuda_version) newest = proc->address;
   }
-  return nullptr;
+  return newest;
 }
 
 }  // namespace hiber::shim

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "client_shim/client.h"
+#include "client_shim/entry_support.h"
 
 namespace hiber::shim {
 
@@ -55,6 +56,7 @@ void library_log_once(const char* library, const std::string& message) {
 }  // namespace hiber::shim
 
 extern "C" int hiber_shim_library_unsupported(const char* library, const char* name, int status) {
+  hiber::shim::library_trace_stub_call(library, name, status);
   hiber::shim::library_log_once(library,
                                 std::string(name) +
                                     " is not supported by Hiber; it returns the library's \"not "

@@ -19,7 +19,9 @@
 #include "common/status.h"
 #include "wire/library.h"
 
+#ifndef HIBER_SHIM_EXPORT
 #define HIBER_SHIM_EXPORT __attribute__((visibility("default")))
+#endif
 
 namespace hiber::shim {
 

@@ -23,6 +23,7 @@
 #include <string>
 
 #include "client_shim/nvml_abi.h"
+#include "client_shim/nvml_entry_decls.h"
 
 namespace {
 
@@ -105,10 +106,7 @@ nvmlReturn_t copy_string(const std::string& value, char* out, unsigned int lengt
 
 }  // namespace
 
-#pragma GCC visibility push(default)
-extern "C" {
-
-nvmlReturn_t nvmlInitWithFlags(unsigned int) {
+nvmlReturn_t hiber_entry::nvmlInitWithFlags(unsigned int) {
   // Opens (or joins) the shim's session; without hiberd NVML has no driver, as without a GPU.
   const CUresult r = cuInit(0);
   if (r != CUDA_SUCCESS) return NVML_ERROR_DRIVER_NOT_LOADED;
@@ -117,17 +115,17 @@ nvmlReturn_t nvmlInitWithFlags(unsigned int) {
   return NVML_SUCCESS;
 }
 
-nvmlReturn_t nvmlInit_v2(void) { return nvmlInitWithFlags(0); }
-nvmlReturn_t nvmlInit(void) { return nvmlInitWithFlags(0); }
+nvmlReturn_t hiber_entry::nvmlInit_v2(void) { return nvmlInitWithFlags(0); }
+nvmlReturn_t hiber_entry::nvmlInit(void) { return nvmlInitWithFlags(0); }
 
-nvmlReturn_t nvmlShutdown(void) {
+nvmlReturn_t hiber_entry::nvmlShutdown(void) {
   std::lock_guard lock(mu);
   if (init_count == 0) return NVML_ERROR_UNINITIALIZED;
   --init_count;
   return NVML_SUCCESS;
 }
 
-const char* nvmlErrorString(nvmlReturn_t result) {
+const char* hiber_entry::nvmlErrorString(nvmlReturn_t result) {
   switch (result) {
     case NVML_SUCCESS: return "Success";
     case NVML_ERROR_UNINITIALIZED: return "Uninitialized";
@@ -148,7 +146,7 @@ const char* nvmlErrorString(nvmlReturn_t result) {
   }
 }
 
-nvmlReturn_t nvmlSystemGetDriverVersion(char* version, unsigned int length) {
+nvmlReturn_t hiber_entry::nvmlSystemGetDriverVersion(char* version, unsigned int length) {
   if (!initialized()) return NVML_ERROR_UNINITIALIZED;
   // hiberd does not tell the kernel driver's version; this is the CUDA driver API version the
   // shim implements, which is what a function can rely on.
@@ -158,29 +156,31 @@ nvmlReturn_t nvmlSystemGetDriverVersion(char* version, unsigned int length) {
                      length);
 }
 
-nvmlReturn_t nvmlSystemGetNVMLVersion(char* version, unsigned int length) {
+nvmlReturn_t hiber_entry::nvmlSystemGetNVMLVersion(char* version, unsigned int length) {
   return copy_string("hiber-nvml", version, length);
 }
 
-nvmlReturn_t nvmlSystemGetCudaDriverVersion(int* version) {
+nvmlReturn_t hiber_entry::nvmlSystemGetCudaDriverVersion(int* version) {
   if (version == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
   return from_cu(cuDriverGetVersion(version));
 }
 
-nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int* version) {
+nvmlReturn_t hiber_entry::nvmlSystemGetCudaDriverVersion_v2(int* version) {
   return nvmlSystemGetCudaDriverVersion(version);
 }
 
-nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int* count) {
+nvmlReturn_t hiber_entry::nvmlDeviceGetCount_v2(unsigned int* count) {
   if (!initialized()) return NVML_ERROR_UNINITIALIZED;
   if (count == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
   *count = static_cast<unsigned>(device_count());
   return NVML_SUCCESS;
 }
 
-nvmlReturn_t nvmlDeviceGetCount(unsigned int* count) { return nvmlDeviceGetCount_v2(count); }
+nvmlReturn_t hiber_entry::nvmlDeviceGetCount(unsigned int* count) {
+  return nvmlDeviceGetCount_v2(count);
+}
 
-nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t* device) {
+nvmlReturn_t hiber_entry::nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t* device) {
   if (!initialized()) return NVML_ERROR_UNINITIALIZED;
   if (device == nullptr || index >= static_cast<unsigned>(device_count())) {
     return NVML_ERROR_INVALID_ARGUMENT;
@@ -189,11 +189,11 @@ nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t* dev
   return NVML_SUCCESS;
 }
 
-nvmlReturn_t nvmlDeviceGetHandleByIndex(unsigned int index, nvmlDevice_t* device) {
-  return nvmlDeviceGetHandleByIndex_v2(index, device);
+nvmlReturn_t hiber_entry::nvmlDeviceGetHandleByIndex(unsigned int index, nvmlDevice_t* device) {
+  return hiber_entry::nvmlDeviceGetHandleByIndex_v2(index, device);
 }
 
-nvmlReturn_t nvmlDeviceGetHandleByUUID(const char* uuid, nvmlDevice_t* device) {
+nvmlReturn_t hiber_entry::nvmlDeviceGetHandleByUUID(const char* uuid, nvmlDevice_t* device) {
   if (!initialized()) return NVML_ERROR_UNINITIALIZED;
   if (uuid == nullptr || device == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
   for (int i = 0; i < device_count(); ++i) {
@@ -206,7 +206,8 @@ nvmlReturn_t nvmlDeviceGetHandleByUUID(const char* uuid, nvmlDevice_t* device) {
   return NVML_ERROR_NOT_FOUND;
 }
 
-nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char* bus_id, nvmlDevice_t* device) {
+nvmlReturn_t hiber_entry::nvmlDeviceGetHandleByPciBusId_v2(const char* bus_id,
+                                                           nvmlDevice_t* device) {
   if (!initialized()) return NVML_ERROR_UNINITIALIZED;
   BusId wanted;
   if (bus_id == nullptr || device == nullptr || !parse_bus_id(bus_id, &wanted)) {
@@ -224,18 +225,18 @@ nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char* bus_id, nvmlDevice_t* 
   return NVML_ERROR_NOT_FOUND;
 }
 
-nvmlReturn_t nvmlDeviceGetHandleByPciBusId(const char* bus_id, nvmlDevice_t* device) {
-  return nvmlDeviceGetHandleByPciBusId_v2(bus_id, device);
+nvmlReturn_t hiber_entry::nvmlDeviceGetHandleByPciBusId(const char* bus_id, nvmlDevice_t* device) {
+  return hiber_entry::nvmlDeviceGetHandleByPciBusId_v2(bus_id, device);
 }
 
-nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int* index) {
+nvmlReturn_t hiber_entry::nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int* index) {
   HIBER_NVML_DEVICE(device, i);
   if (index == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
   *index = static_cast<unsigned>(i);
   return NVML_SUCCESS;
 }
 
-nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char* name, unsigned int length) {
+nvmlReturn_t hiber_entry::nvmlDeviceGetName(nvmlDevice_t device, char* name, unsigned int length) {
   HIBER_NVML_DEVICE(device, i);
   char text[256];
   if (nvmlReturn_t r = from_cu(cuDeviceGetName(text, sizeof(text), i)); r != NVML_SUCCESS) {
@@ -244,14 +245,14 @@ nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char* name, unsigned int len
   return copy_string(text, name, length);
 }
 
-nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char* uuid, unsigned int length) {
+nvmlReturn_t hiber_entry::nvmlDeviceGetUUID(nvmlDevice_t device, char* uuid, unsigned int length) {
   HIBER_NVML_DEVICE(device, i);
   CUuuid id{};
   if (nvmlReturn_t r = from_cu(cuDeviceGetUuid(&id, i)); r != NVML_SUCCESS) return r;
   return copy_string(uuid_text(id), uuid, length);
 }
 
-nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t* pci) {
+nvmlReturn_t hiber_entry::nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t* pci) {
   HIBER_NVML_DEVICE(device, i);
   if (pci == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
   char text[64];
@@ -272,14 +273,15 @@ nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t* pci) {
   return NVML_SUCCESS;
 }
 
-nvmlReturn_t nvmlDeviceGetPciInfo_v2(nvmlDevice_t device, nvmlPciInfo_t* pci) {
-  return nvmlDeviceGetPciInfo_v3(device, pci);
+nvmlReturn_t hiber_entry::nvmlDeviceGetPciInfo_v2(nvmlDevice_t device, nvmlPciInfo_t* pci) {
+  return hiber_entry::nvmlDeviceGetPciInfo_v3(device, pci);
 }
-nvmlReturn_t nvmlDeviceGetPciInfo(nvmlDevice_t device, nvmlPciInfo_t* pci) {
-  return nvmlDeviceGetPciInfo_v3(device, pci);
+nvmlReturn_t hiber_entry::nvmlDeviceGetPciInfo(nvmlDevice_t device, nvmlPciInfo_t* pci) {
+  return hiber_entry::nvmlDeviceGetPciInfo_v3(device, pci);
 }
 
-nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int* major, int* minor) {
+nvmlReturn_t hiber_entry::nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int* major,
+                                                             int* minor) {
   HIBER_NVML_DEVICE(device, i);
   if (major == nullptr || minor == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
   if (nvmlReturn_t r =
@@ -291,7 +293,7 @@ nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int* major,
 }
 
 // The function's quota and what it has allocated, the figures cudaMemGetInfo reports.
-nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t* memory) {
+nvmlReturn_t hiber_entry::nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t* memory) {
   HIBER_NVML_DEVICE(device, i);
   (void)i;
   if (memory == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
@@ -305,62 +307,15 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t* memory) 
   return NVML_SUCCESS;
 }
 
-nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t* memory) {
+nvmlReturn_t hiber_entry::nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t* memory) {
   if (memory == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
   if (memory->version != nvmlMemory_v2) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
   nvmlMemory_t v1{};
-  if (nvmlReturn_t r = nvmlDeviceGetMemoryInfo(device, &v1); r != NVML_SUCCESS) return r;
+  if (nvmlReturn_t r = hiber_entry::nvmlDeviceGetMemoryInfo(device, &v1); r != NVML_SUCCESS)
+    return r;
   memory->total = v1.total;
   memory->reserved = 0;
   memory->free = v1.free;
   memory->used = v1.used;
   return NVML_SUCCESS;
 }
-
-// What frameworks are known to probe and Hiber cannot answer truthfully for a function that
-// shares its GPUs (utilisation, clocks, power and temperatures are the node's; processes and
-// topology are hiberd's): NVML_ERROR_NOT_SUPPORTED, logged once per name. Declared without
-// parameters: the C calling convention lets a caller pass any.
-#define HIBER_NVML_UNSUPPORTED(name)                                                              \
-  nvmlReturn_t name() {                                                                           \
-    static std::once_flag logged;                                                                 \
-    std::call_once(logged, [] {                                                                   \
-      std::fprintf(stderr, "hibernvml: %s is not supported (NVML_ERROR_NOT_SUPPORTED)\n", #name); \
-    });                                                                                           \
-    return NVML_ERROR_NOT_SUPPORTED;                                                              \
-  }
-HIBER_NVML_UNSUPPORTED(nvmlDeviceGetUtilizationRates)
-HIBER_NVML_UNSUPPORTED(nvmlDeviceGetComputeRunningProcesses)
-HIBER_NVML_UNSUPPORTED(nvmlDeviceGetComputeRunningProcesses_v2)
-HIBER_NVML_UNSUPPORTED(nvmlDeviceGetComputeRunningProcesses_v3)
-HIBER_NVML_UNSUPPORTED(nvmlDeviceGetGraphicsRunningProcesses_v3)
-HIBER_NVML_UNSUPPORTED(nvmlDeviceGetNvLinkState)
-HIBER_NVML_UNSUPPORTED(nvmlDeviceGetNvLinkRemotePciInfo_v2)
-HIBER_NVML_UNSUPPORTED(nvmlDeviceGetNvLinkRemoteDeviceType)
-HIBER_NVML_UNSUPPORTED(nvmlDeviceGetP2PStatus)
-HIBER_NVML_UNSUPPORTED(nvmlDeviceGetTopologyCommonAncestor)
-HIBER_NVML_UNSUPPORTED(nvmlDeviceGetCpuAffinity)
-HIBER_NVML_UNSUPPORTED(nvmlDeviceGetMemoryAffinity)
-HIBER_NVML_UNSUPPORTED(nvmlDeviceGetTemperature)
-HIBER_NVML_UNSUPPORTED(nvmlDeviceGetPowerUsage)
-HIBER_NVML_UNSUPPORTED(nvmlDeviceGetPowerManagementLimit)
-HIBER_NVML_UNSUPPORTED(nvmlDeviceGetClockInfo)
-HIBER_NVML_UNSUPPORTED(nvmlDeviceGetMaxClockInfo)
-HIBER_NVML_UNSUPPORTED(nvmlDeviceGetCurrentClocksThrottleReasons)
-HIBER_NVML_UNSUPPORTED(nvmlDeviceGetCurrentClocksEventReasons)
-HIBER_NVML_UNSUPPORTED(nvmlDeviceGetFanSpeed)
-HIBER_NVML_UNSUPPORTED(nvmlDeviceGetBAR1MemoryInfo)
-HIBER_NVML_UNSUPPORTED(nvmlDeviceGetPersistenceMode)
-HIBER_NVML_UNSUPPORTED(nvmlDeviceGetComputeMode)
-HIBER_NVML_UNSUPPORTED(nvmlDeviceGetEccMode)
-HIBER_NVML_UNSUPPORTED(nvmlDeviceGetMigMode)
-HIBER_NVML_UNSUPPORTED(nvmlDeviceGetMinorNumber)
-HIBER_NVML_UNSUPPORTED(nvmlDeviceGetArchitecture)
-HIBER_NVML_UNSUPPORTED(nvmlDeviceGetBrand)
-HIBER_NVML_UNSUPPORTED(nvmlDeviceGetSerial)
-HIBER_NVML_UNSUPPORTED(nvmlDeviceGetTotalEnergyConsumption)
-HIBER_NVML_UNSUPPORTED(nvmlSystemGetProcessName)
-#undef HIBER_NVML_UNSUPPORTED
-
-}  // extern "C"
-#pragma GCC visibility pop

@@ -4,6 +4,8 @@
 #include <cuda_runtime_api.h>
 
 #include "client_shim/api_support.h"
+#include "client_shim/cudart_entry_decls.h"
+#include "client_shim/runtime_private_abi.h"
 
 using hiber::shim::Client;
 using hiber::shim::ModuleObj;
@@ -19,10 +21,7 @@ namespace {
 ModuleObj* const kRejectedFatbin = nullptr;
 }  // namespace
 
-#pragma GCC visibility push(default)
-extern "C" {
-
-void** __cudaRegisterFatBinary(void* fatbin) {
+void** hiber_entry::__cudaRegisterFatBinary(void* fatbin) {
   auto module = Client::get().register_fatbin(fatbin);
   if (!module.ok()) {
     LOG(ERROR) << "hibercuda: __cudaRegisterFatBinary: " << module.status().message()
@@ -33,15 +32,16 @@ void** __cudaRegisterFatBinary(void* fatbin) {
   return reinterpret_cast<void**>(*module);
 }
 
-void __cudaRegisterFatBinaryEnd(void**) {}
+void hiber_entry::__cudaRegisterFatBinaryEnd(void**) {}
 
-void __cudaUnregisterFatBinary(void** handle) {
+void hiber_entry::__cudaUnregisterFatBinary(void** handle) {
   auto module = Client::get().module(handle);
   if (module.ok()) Client::get().unregister_fatbin(*module);
 }
 
-void __cudaRegisterFunction(void** handle, const char* host_function, char* device_function,
-                            const char* device_name, int, uint3*, uint3*, dim3*, dim3*, int*) {
+void hiber_entry::__cudaRegisterFunction(void** handle, const char* host_function,
+                                         char* device_function, const char* device_name, int,
+                                         uint3*, uint3*, dim3*, dim3*, int*) {
   auto module = Client::get().module(handle);
   if (!module.ok()) return;  // a rejected fatbin, already reported
   (void)device_function;
@@ -50,11 +50,11 @@ void __cudaRegisterFunction(void** handle, const char* host_function, char* devi
 
 // Device variables are recorded by nobody yet: every API that would use them
 // (cudaMemcpyToSymbol, cudaGetSymbolAddress, ...) is unsupported and fails loudly.
-void __cudaRegisterVar(void**, char*, char*, const char*, int, size_t, int, int) {}
+void hiber_entry::__cudaRegisterVar(void**, char*, char*, const char*, int, size_t, int, int) {}
 
-char __cudaInitModule(void**) { return 1; }
+char hiber_entry::__cudaInitModule(void**) { return 1; }
 
-cudaError_t __cudaGetKernel(cudaKernel_t* kernel, const void* host_function) {
+cudaError_t hiber_entry::__cudaGetKernel(cudaKernel_t* kernel, const void* host_function) {
   if (kernel == nullptr) return cudaErrorInvalidValue;
   auto found = Client::get().kernel_for_host_function(host_function);
   if (!found.ok()) {
@@ -68,24 +68,25 @@ cudaError_t __cudaGetKernel(cudaKernel_t* kernel, const void* host_function) {
   return cudaSuccess;
 }
 
-cudaError_t __cudaLaunchKernel(cudaKernel_t kernel, dim3 grid, dim3 block, void** args,
-                               size_t shared, cudaStream_t stream) {
+cudaError_t hiber_entry::__cudaLaunchKernel(cudaKernel_t kernel, dim3 grid, dim3 block, void** args,
+                                            size_t shared, cudaStream_t stream) {
   return hiber::shim::launch_registered(kernel, grid, block, args, shared, stream);
 }
 
-cudaError_t __cudaLaunchKernel_ptsz(cudaKernel_t kernel, dim3 grid, dim3 block, void** args,
-                                    size_t shared, cudaStream_t stream) {
+cudaError_t hiber_entry::__cudaLaunchKernel_ptsz(cudaKernel_t kernel, dim3 grid, dim3 block,
+                                                 void** args, size_t shared, cudaStream_t stream) {
   return hiber::shim::launch_registered(kernel, grid, block, args, shared, stream);
 }
 
-unsigned __cudaPushCallConfiguration(dim3 grid, dim3 block, size_t shared,
-                                     struct CUstream_st* stream) {
+unsigned hiber_entry::__cudaPushCallConfiguration(dim3 grid, dim3 block, size_t shared,
+                                                  struct CUstream_st* stream) {
   Client::call_configurations().push_back(
       {{grid.x, grid.y, grid.z}, {block.x, block.y, block.z}, shared, stream});
   return 0;
 }
 
-cudaError_t __cudaPopCallConfiguration(dim3* grid, dim3* block, size_t* shared, void* stream) {
+cudaError_t hiber_entry::__cudaPopCallConfiguration(dim3* grid, dim3* block, size_t* shared,
+                                                    void* stream) {
   auto& stack = Client::call_configurations();
   if (stack.empty()) return cudaErrorMissingConfiguration;
   const auto c = stack.back();
@@ -96,6 +97,3 @@ cudaError_t __cudaPopCallConfiguration(dim3* grid, dim3* block, size_t* shared, 
   *static_cast<void**>(stream) = c.stream;
   return cudaSuccess;
 }
-
-}  // extern "C"
-#pragma GCC visibility pop

@@ -8,7 +8,9 @@
 #include <cstring>
 
 #include "client_shim/api_support.h"
+#include "client_shim/cudart_entry_decls.h"
 #include "client_shim/driver_table.h"
+#include "client_shim/runtime_private_abi.h"
 #include "client_shim/thread_context.h"
 
 // Deprecated entry points are still part of the ABI the shim provides.
@@ -22,7 +24,6 @@ using hiber::shim::EventObj;
 using hiber::shim::KernelObj;
 using hiber::shim::PointerKind;
 using hiber::shim::StreamObj;
-using hiber::shim::traced;
 
 namespace {
 
@@ -131,62 +132,55 @@ cudaError_t event_sync_like(const char* name, cudaEvent_t event, Status (Client:
 
 }  // namespace
 
-#pragma GCC visibility push(default)
-extern "C" {
-
 // ---- Versions, devices ----
 
-cudaError_t cudaRuntimeGetVersion(int* version) {
+cudaError_t hiber_entry::cudaRuntimeGetVersion(int* version) {
   if (version == nullptr) return invalid("cudaRuntimeGetVersion", "null pointer");
   *version = kRuntimeVersion;
   return cudaSuccess;
 }
 
-cudaError_t cudaDriverGetVersion(int* version) {
+cudaError_t hiber_entry::cudaDriverGetVersion(int* version) {
   if (version == nullptr) return invalid("cudaDriverGetVersion", "null pointer");
   *version = CUDA_VERSION;  // the driver API the shim implements
   return cudaSuccess;
 }
 
-cudaError_t cudaGetDeviceCount(int* count) {
-  return traced("cudaGetDeviceCount", [&] {
-    if (count == nullptr) return invalid("cudaGetDeviceCount", "null pointer");
-    *count = 0;
-    Status ready = Client::get().ready();
-    if (!ready.ok()) {
-      return fail("cudaGetDeviceCount", Status(ErrorCode::kNoDevice, ready.message()));
-    }
-    *count = Client::get().device_count();
-    return cudaSuccess;
-  });
+cudaError_t hiber_entry::cudaGetDeviceCount(int* count) {
+  if (count == nullptr) return invalid("cudaGetDeviceCount", "null pointer");
+  *count = 0;
+  Status ready = Client::get().ready();
+  if (!ready.ok()) {
+    return fail("cudaGetDeviceCount", Status(ErrorCode::kNoDevice, ready.message()));
+  }
+  *count = Client::get().device_count();
+  return cudaSuccess;
 }
 
-cudaError_t cudaGetDevice(int* device) {
+cudaError_t hiber_entry::cudaGetDevice(int* device) {
   if (device == nullptr) return invalid("cudaGetDevice", "null pointer");
   *device = current_device();
   return cudaSuccess;
 }
 
-cudaError_t cudaSetDevice(int device) {
-  return traced("cudaSetDevice", [&] {
-    Status ok = check_device(device);
-    if (!ok.ok()) return fail("cudaSetDevice", ok);
-    hiber::shim::set_current_device(device);
-    return cudaSuccess;
-  });
+cudaError_t hiber_entry::cudaSetDevice(int device) {
+  Status ok = check_device(device);
+  if (!ok.ok()) return fail("cudaSetDevice", ok);
+  hiber::shim::set_current_device(device);
+  return cudaSuccess;
 }
 
-cudaError_t cudaInitDevice(int device, unsigned int, unsigned int) {
+cudaError_t hiber_entry::cudaInitDevice(int device, unsigned int, unsigned int) {
   return done("cudaInitDevice", check_device(device));
 }
 
-cudaError_t cudaGetDeviceFlags(unsigned int* flags) {
+cudaError_t hiber_entry::cudaGetDeviceFlags(unsigned int* flags) {
   if (flags == nullptr) return invalid("cudaGetDeviceFlags", "null pointer");
   *flags = cudaDeviceScheduleAuto | cudaDeviceMapHost;
   return cudaSuccess;
 }
 
-cudaError_t cudaSetDeviceFlags(unsigned int flags) {
+cudaError_t hiber_entry::cudaSetDeviceFlags(unsigned int flags) {
   // Scheduling flags choose how the host waits; the shim always spins briefly, then sleeps.
   if ((flags & ~(cudaDeviceScheduleMask | cudaDeviceMapHost | cudaDeviceLmemResizeToMax)) != 0) {
     return invalid("cudaSetDeviceFlags", "unknown flags");
@@ -194,77 +188,73 @@ cudaError_t cudaSetDeviceFlags(unsigned int flags) {
   return cudaSuccess;
 }
 
-cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
-  return traced("cudaDeviceGetAttribute", [&] {
-    if (value == nullptr) return invalid("cudaDeviceGetAttribute", "null pointer");
-    Status ok = check_device(device);
-    if (!ok.ok()) return fail("cudaDeviceGetAttribute", ok);
-    // cudaDeviceAttr and CUdevice_attribute share their values.
-    *value = Client::get().device_attribute(device, static_cast<int>(attr));
-    return cudaSuccess;
-  });
+cudaError_t hiber_entry::cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
+  if (value == nullptr) return invalid("cudaDeviceGetAttribute", "null pointer");
+  Status ok = check_device(device);
+  if (!ok.ok()) return fail("cudaDeviceGetAttribute", ok);
+  // cudaDeviceAttr and CUdevice_attribute share their values.
+  *value = Client::get().device_attribute(device, static_cast<int>(attr));
+  return cudaSuccess;
 }
 
-cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
-  return traced("cudaGetDeviceProperties", [&] {
-    if (prop == nullptr) return invalid("cudaGetDeviceProperties", "null pointer");
-    Status ok = check_device(device);
-    if (!ok.ok()) return fail("cudaGetDeviceProperties", ok);
-    const auto& info = Client::get().session()->devices[device];
-    std::memset(prop, 0, sizeof(*prop));
-    std::strncpy(prop->name, info.name.c_str(), sizeof(prop->name) - 1);
-    std::memcpy(prop->uuid.bytes, info.uuid.data(),
-                std::min(info.uuid.size(), sizeof(prop->uuid.bytes)));
-    prop->totalGlobalMem = info.total_memory_bytes;
-    auto a = [&](CUdevice_attribute attr) { return Client::get().device_attribute(device, attr); };
-    prop->sharedMemPerBlock = a(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK);
-    prop->regsPerBlock = a(CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK);
-    prop->warpSize = a(CU_DEVICE_ATTRIBUTE_WARP_SIZE);
-    prop->memPitch = a(CU_DEVICE_ATTRIBUTE_MAX_PITCH);
-    prop->maxThreadsPerBlock = a(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK);
-    prop->maxThreadsDim[0] = a(CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X);
-    prop->maxThreadsDim[1] = a(CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y);
-    prop->maxThreadsDim[2] = a(CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z);
-    prop->maxGridSize[0] = a(CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X);
-    prop->maxGridSize[1] = a(CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y);
-    prop->maxGridSize[2] = a(CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z);
-    prop->totalConstMem = a(CU_DEVICE_ATTRIBUTE_TOTAL_CONSTANT_MEMORY);
-    prop->major = a(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR);
-    prop->minor = a(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR);
-    prop->textureAlignment = a(CU_DEVICE_ATTRIBUTE_TEXTURE_ALIGNMENT);
-    prop->texturePitchAlignment = a(CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT);
-    prop->multiProcessorCount = a(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT);
-    prop->integrated = a(CU_DEVICE_ATTRIBUTE_INTEGRATED);
-    prop->canMapHostMemory = 0;  // kernels run in hiberd and cannot see client host memory
-    prop->concurrentKernels = a(CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS);
-    prop->ECCEnabled = a(CU_DEVICE_ATTRIBUTE_ECC_ENABLED);
-    prop->pciBusID = a(CU_DEVICE_ATTRIBUTE_PCI_BUS_ID);
-    prop->pciDeviceID = a(CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID);
-    prop->pciDomainID = a(CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID);
-    prop->asyncEngineCount = a(CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT);
-    prop->unifiedAddressing = a(CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING);
-    prop->memoryBusWidth = a(CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH);
-    prop->l2CacheSize = a(CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE);
-    prop->persistingL2CacheMaxSize = a(CU_DEVICE_ATTRIBUTE_MAX_PERSISTING_L2_CACHE_SIZE);
-    prop->maxThreadsPerMultiProcessor = a(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR);
-    prop->streamPrioritiesSupported = 1;
-    prop->globalL1CacheSupported = a(CU_DEVICE_ATTRIBUTE_GLOBAL_L1_CACHE_SUPPORTED);
-    prop->localL1CacheSupported = a(CU_DEVICE_ATTRIBUTE_LOCAL_L1_CACHE_SUPPORTED);
-    prop->sharedMemPerMultiprocessor = a(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR);
-    prop->regsPerMultiprocessor = a(CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR);
-    prop->managedMemory = 0;  // cudaMallocManaged is not supported
-    prop->isMultiGpuBoard = a(CU_DEVICE_ATTRIBUTE_MULTI_GPU_BOARD);
-    prop->computePreemptionSupported = a(CU_DEVICE_ATTRIBUTE_COMPUTE_PREEMPTION_SUPPORTED);
-    prop->cooperativeLaunch = 0;  // cooperative launches are not supported
-    prop->sharedMemPerBlockOptin = a(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN);
-    prop->maxBlocksPerMultiProcessor = a(CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR);
-    prop->reservedSharedMemPerBlock = a(CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK);
-    prop->hostRegisterSupported = 1;
-    return cudaSuccess;
-  });
+cudaError_t hiber_entry::cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
+  if (prop == nullptr) return invalid("cudaGetDeviceProperties", "null pointer");
+  Status ok = check_device(device);
+  if (!ok.ok()) return fail("cudaGetDeviceProperties", ok);
+  const auto& info = Client::get().session()->devices[device];
+  std::memset(prop, 0, sizeof(*prop));
+  std::strncpy(prop->name, info.name.c_str(), sizeof(prop->name) - 1);
+  std::memcpy(prop->uuid.bytes, info.uuid.data(),
+              std::min(info.uuid.size(), sizeof(prop->uuid.bytes)));
+  prop->totalGlobalMem = info.total_memory_bytes;
+  auto a = [&](CUdevice_attribute attr) { return Client::get().device_attribute(device, attr); };
+  prop->sharedMemPerBlock = a(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK);
+  prop->regsPerBlock = a(CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK);
+  prop->warpSize = a(CU_DEVICE_ATTRIBUTE_WARP_SIZE);
+  prop->memPitch = a(CU_DEVICE_ATTRIBUTE_MAX_PITCH);
+  prop->maxThreadsPerBlock = a(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK);
+  prop->maxThreadsDim[0] = a(CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X);
+  prop->maxThreadsDim[1] = a(CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y);
+  prop->maxThreadsDim[2] = a(CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z);
+  prop->maxGridSize[0] = a(CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X);
+  prop->maxGridSize[1] = a(CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y);
+  prop->maxGridSize[2] = a(CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z);
+  prop->totalConstMem = a(CU_DEVICE_ATTRIBUTE_TOTAL_CONSTANT_MEMORY);
+  prop->major = a(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR);
+  prop->minor = a(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR);
+  prop->textureAlignment = a(CU_DEVICE_ATTRIBUTE_TEXTURE_ALIGNMENT);
+  prop->texturePitchAlignment = a(CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT);
+  prop->multiProcessorCount = a(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT);
+  prop->integrated = a(CU_DEVICE_ATTRIBUTE_INTEGRATED);
+  prop->canMapHostMemory = 0;  // kernels run in hiberd and cannot see client host memory
+  prop->concurrentKernels = a(CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS);
+  prop->ECCEnabled = a(CU_DEVICE_ATTRIBUTE_ECC_ENABLED);
+  prop->pciBusID = a(CU_DEVICE_ATTRIBUTE_PCI_BUS_ID);
+  prop->pciDeviceID = a(CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID);
+  prop->pciDomainID = a(CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID);
+  prop->asyncEngineCount = a(CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT);
+  prop->unifiedAddressing = a(CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING);
+  prop->memoryBusWidth = a(CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH);
+  prop->l2CacheSize = a(CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE);
+  prop->persistingL2CacheMaxSize = a(CU_DEVICE_ATTRIBUTE_MAX_PERSISTING_L2_CACHE_SIZE);
+  prop->maxThreadsPerMultiProcessor = a(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR);
+  prop->streamPrioritiesSupported = 1;
+  prop->globalL1CacheSupported = a(CU_DEVICE_ATTRIBUTE_GLOBAL_L1_CACHE_SUPPORTED);
+  prop->localL1CacheSupported = a(CU_DEVICE_ATTRIBUTE_LOCAL_L1_CACHE_SUPPORTED);
+  prop->sharedMemPerMultiprocessor = a(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR);
+  prop->regsPerMultiprocessor = a(CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR);
+  prop->managedMemory = 0;  // cudaMallocManaged is not supported
+  prop->isMultiGpuBoard = a(CU_DEVICE_ATTRIBUTE_MULTI_GPU_BOARD);
+  prop->computePreemptionSupported = a(CU_DEVICE_ATTRIBUTE_COMPUTE_PREEMPTION_SUPPORTED);
+  prop->cooperativeLaunch = 0;  // cooperative launches are not supported
+  prop->sharedMemPerBlockOptin = a(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN);
+  prop->maxBlocksPerMultiProcessor = a(CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR);
+  prop->reservedSharedMemPerBlock = a(CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK);
+  prop->hostRegisterSupported = 1;
+  return cudaSuccess;
 }
 
-cudaError_t cudaDeviceGetPCIBusId(char* bus_id, int length, int device) {
+cudaError_t hiber_entry::cudaDeviceGetPCIBusId(char* bus_id, int length, int device) {
   if (bus_id == nullptr || length <= 0) return invalid("cudaDeviceGetPCIBusId", "bad buffer");
   Status ok = check_device(device);
   if (!ok.ok()) return fail("cudaDeviceGetPCIBusId", ok);
@@ -274,14 +264,14 @@ cudaError_t cudaDeviceGetPCIBusId(char* bus_id, int length, int device) {
   return cudaSuccess;
 }
 
-cudaError_t cudaDeviceGetStreamPriorityRange(int* least, int* greatest) {
+cudaError_t hiber_entry::cudaDeviceGetStreamPriorityRange(int* least, int* greatest) {
   const auto [l, g] = Client::get().stream_priority_range();
   if (least) *least = l;
   if (greatest) *greatest = g;
   return cudaSuccess;
 }
 
-cudaError_t cudaDeviceCanAccessPeer(int* can_access, int device, int peer) {
+cudaError_t hiber_entry::cudaDeviceCanAccessPeer(int* can_access, int device, int peer) {
   if (can_access == nullptr) return invalid("cudaDeviceCanAccessPeer", "null pointer");
   Status ok = check_device(device);
   if (ok.ok()) ok = check_device(peer);
@@ -290,30 +280,26 @@ cudaError_t cudaDeviceCanAccessPeer(int* can_access, int device, int peer) {
   return cudaSuccess;
 }
 
-cudaError_t cudaDeviceSynchronize(void) {
-  return traced("cudaDeviceSynchronize",
-                [] { return done("cudaDeviceSynchronize", Client::get().synchronize_device()); });
+cudaError_t hiber_entry::cudaDeviceSynchronize(void) {
+  return done("cudaDeviceSynchronize", Client::get().synchronize_device());
 }
 
-cudaError_t cudaDeviceReset(void) {
-  return traced("cudaDeviceReset",
-                [] { return done("cudaDeviceReset", Client::get().reset_device()); });
+cudaError_t hiber_entry::cudaDeviceReset(void) {
+  return done("cudaDeviceReset", Client::get().reset_device());
 }
 
-cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
-  return traced("cudaMemGetInfo", [&] {
-    Status ready = Client::get().ready();
-    if (!ready.ok()) return fail("cudaMemGetInfo", ready);
-    const auto info = Client::get().memory_info();
-    if (free_bytes) *free_bytes = info.free_bytes;
-    if (total_bytes) *total_bytes = info.total_bytes;
-    return cudaSuccess;
-  });
+cudaError_t hiber_entry::cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
+  Status ready = Client::get().ready();
+  if (!ready.ok()) return fail("cudaMemGetInfo", ready);
+  const auto info = Client::get().memory_info();
+  if (free_bytes) *free_bytes = info.free_bytes;
+  if (total_bytes) *total_bytes = info.total_bytes;
+  return cudaSuccess;
 }
 
 // ---- Errors ----
 
-cudaError_t cudaGetLastError(void) {
+cudaError_t hiber_entry::cudaGetLastError(void) {
   int& last = hiber::shim::thread_last_error();
   if (last == cudaSuccess) {
     Status async = Client::get().take_async_error();
@@ -327,7 +313,7 @@ cudaError_t cudaGetLastError(void) {
   return static_cast<cudaError_t>(error);
 }
 
-cudaError_t cudaPeekAtLastError(void) {
+cudaError_t hiber_entry::cudaPeekAtLastError(void) {
   const int last = hiber::shim::thread_last_error();
   if (last != cudaSuccess) return static_cast<cudaError_t>(last);
   const Status async = Client::get().peek_async_error();
@@ -338,90 +324,81 @@ cudaError_t cudaPeekAtLastError(void) {
 // Hiber's own: the message of the calling thread's last failure (hiberd's reason, which no
 // cudaError_t can carry), "" before any; valid until the thread's next failing call. Programs
 // find it with dlsym(RTLD_DEFAULT, ...), so that they still run without Hiber (docs/shim.md).
-extern "C" const char* hiber_shim_last_error_message(void) {
+extern "C" __attribute__((visibility("default"))) const char* hiber_shim_last_error_message(void) {
   return hiber::shim::thread_last_error_message().c_str();
 }
 
-const char* cudaGetErrorName(cudaError_t error) {
+const char* hiber_entry::cudaGetErrorName(cudaError_t error) {
   const char* name = hiber::shim::runtime_error_name(error);
   return name ? name : "cudaErrorUnknown";
 }
 
-const char* cudaGetErrorString(cudaError_t error) {
+const char* hiber_entry::cudaGetErrorString(cudaError_t error) {
   const char* text = hiber::shim::runtime_error_string(error);
   return text ? text : "unknown error";
 }
 
 // ---- Device memory ----
 
-cudaError_t cudaMalloc(void** pointer, size_t bytes) {
-  return traced("cudaMalloc", [&] {
-    if (pointer == nullptr) return invalid("cudaMalloc", "null pointer");
-    auto address = Client::get().malloc_device(bytes);
-    if (!address.ok()) {
-      *pointer = nullptr;
-      ErrorCode code = address.status().code();
-      // An exhausted quota is cudaErrorMemoryAllocation, as a full GPU is.
-      if (code == ErrorCode::kOutOfMemory) code = static_cast<ErrorCode>(cudaErrorMemoryAllocation);
-      return fail("cudaMalloc", Status(code, address.status().message()));
-    }
-    *pointer = reinterpret_cast<void*>(*address);
-    return cudaSuccess;
-  });
+cudaError_t hiber_entry::cudaMalloc(void** pointer, size_t bytes) {
+  if (pointer == nullptr) return invalid("cudaMalloc", "null pointer");
+  auto address = Client::get().malloc_device(bytes);
+  if (!address.ok()) {
+    *pointer = nullptr;
+    ErrorCode code = address.status().code();
+    // An exhausted quota is cudaErrorMemoryAllocation, as a full GPU is.
+    if (code == ErrorCode::kOutOfMemory) code = static_cast<ErrorCode>(cudaErrorMemoryAllocation);
+    return fail("cudaMalloc", Status(code, address.status().message()));
+  }
+  *pointer = reinterpret_cast<void*>(*address);
+  return cudaSuccess;
 }
 
-cudaError_t cudaFree(void* pointer) {
-  return traced("cudaFree", [&] {
-    return done("cudaFree", Client::get().free_device(reinterpret_cast<uint64_t>(pointer)));
-  });
+cudaError_t hiber_entry::cudaFree(void* pointer) {
+  return done("cudaFree", Client::get().free_device(reinterpret_cast<uint64_t>(pointer)));
 }
 
 // ---- Host memory ----
 
-cudaError_t cudaMallocHost(void** pointer, size_t bytes) {
-  return traced("cudaMallocHost", [&] {
-    if (pointer == nullptr) return invalid("cudaMallocHost", "null pointer");
-    auto memory = Client::get().malloc_host(bytes);
-    if (!memory.ok()) {
-      *pointer = nullptr;
-      return fail("cudaMallocHost", memory.status());
-    }
-    *pointer = *memory;
-    return cudaSuccess;
-  });
+cudaError_t hiber_entry::cudaMallocHost(void** pointer, size_t bytes) {
+  if (pointer == nullptr) return invalid("cudaMallocHost", "null pointer");
+  auto memory = Client::get().malloc_host(bytes);
+  if (!memory.ok()) {
+    *pointer = nullptr;
+    return fail("cudaMallocHost", memory.status());
+  }
+  *pointer = *memory;
+  return cudaSuccess;
 }
 
-cudaError_t cudaHostAlloc(void** pointer, size_t bytes, unsigned int flags) {
+cudaError_t hiber_entry::cudaHostAlloc(void** pointer, size_t bytes, unsigned int flags) {
   if ((flags & cudaHostAllocMapped) != 0) {
     return fail("cudaHostAlloc", hiber::shim::mapped_host_memory_unsupported());
   }
   return cudaMallocHost(pointer, bytes);
 }
 
-cudaError_t cudaFreeHost(void* pointer) {
-  return traced("cudaFreeHost",
-                [&] { return done("cudaFreeHost", Client::get().free_host(pointer)); });
+cudaError_t hiber_entry::cudaFreeHost(void* pointer) {
+  return done("cudaFreeHost", Client::get().free_host(pointer));
 }
 
-cudaError_t cudaHostRegister(void* pointer, size_t bytes, unsigned int flags) {
-  return traced("cudaHostRegister", [&] {
-    if ((flags & (cudaHostRegisterMapped | cudaHostRegisterIoMemory)) != 0) {
-      return fail("cudaHostRegister", hiber::shim::mapped_host_memory_unsupported());
-    }
-    return done("cudaHostRegister", Client::get().register_host(pointer, bytes));
-  });
+cudaError_t hiber_entry::cudaHostRegister(void* pointer, size_t bytes, unsigned int flags) {
+  if ((flags & (cudaHostRegisterMapped | cudaHostRegisterIoMemory)) != 0) {
+    return fail("cudaHostRegister", hiber::shim::mapped_host_memory_unsupported());
+  }
+  return done("cudaHostRegister", Client::get().register_host(pointer, bytes));
 }
 
-cudaError_t cudaHostUnregister(void* pointer) {
+cudaError_t hiber_entry::cudaHostUnregister(void* pointer) {
   return done("cudaHostUnregister", Client::get().unregister_host(pointer));
 }
 
-cudaError_t cudaHostGetDevicePointer(void** device_pointer, void*, unsigned int) {
+cudaError_t hiber_entry::cudaHostGetDevicePointer(void** device_pointer, void*, unsigned int) {
   if (device_pointer == nullptr) return invalid("cudaHostGetDevicePointer", "null pointer");
   return fail("cudaHostGetDevicePointer", hiber::shim::mapped_host_memory_unsupported());
 }
 
-cudaError_t cudaHostGetFlags(unsigned int* flags, void* pointer) {
+cudaError_t hiber_entry::cudaHostGetFlags(unsigned int* flags, void* pointer) {
   if (flags == nullptr) return invalid("cudaHostGetFlags", "null pointer");
   if (!Client::get().classify(pointer).pinned) {
     return invalid("cudaHostGetFlags", "not memory from cudaHostAlloc");
@@ -430,125 +407,111 @@ cudaError_t cudaHostGetFlags(unsigned int* flags, void* pointer) {
   return cudaSuccess;
 }
 
-cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attributes, const void* pointer) {
-  return traced("cudaPointerGetAttributes", [&] {
-    if (attributes == nullptr) return invalid("cudaPointerGetAttributes", "null pointer");
-    std::memset(attributes, 0, sizeof(*attributes));
-    const auto range = Client::get().pointer_range(pointer);
-    if (range && range->kind == PointerKind::kDevice) {
-      attributes->type = cudaMemoryTypeDevice;
-      attributes->device = 0;  // every device of the session shares one address space
-      attributes->devicePointer = const_cast<void*>(pointer);
-    } else if (range) {
-      // Pinned host memory; kernels cannot reach client memory, so it has no device pointer.
-      attributes->type = cudaMemoryTypeHost;
-      attributes->device = current_device();
-      attributes->hostPointer = const_cast<void*>(pointer);
-    } else {
-      attributes->type = cudaMemoryTypeUnregistered;
-      attributes->device = -2;  // what CUDA reports for unregistered memory
-    }
-    return cudaSuccess;
-  });
+cudaError_t hiber_entry::cudaPointerGetAttributes(cudaPointerAttributes* attributes,
+                                                  const void* pointer) {
+  if (attributes == nullptr) return invalid("cudaPointerGetAttributes", "null pointer");
+  std::memset(attributes, 0, sizeof(*attributes));
+  const auto range = Client::get().pointer_range(pointer);
+  if (range && range->kind == PointerKind::kDevice) {
+    attributes->type = cudaMemoryTypeDevice;
+    attributes->device = 0;  // every device of the session shares one address space
+    attributes->devicePointer = const_cast<void*>(pointer);
+  } else if (range) {
+    // Pinned host memory; kernels cannot reach client memory, so it has no device pointer.
+    attributes->type = cudaMemoryTypeHost;
+    attributes->device = current_device();
+    attributes->hostPointer = const_cast<void*>(pointer);
+  } else {
+    attributes->type = cudaMemoryTypeUnregistered;
+    attributes->device = -2;  // what CUDA reports for unregistered memory
+  }
+  return cudaSuccess;
 }
 
 // ---- Copies and memsets ----
 
-cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
-  return traced("cudaMemcpy",
-                [&] { return memcpy_impl("cudaMemcpy", dst, src, bytes, kind, nullptr, false); });
+cudaError_t hiber_entry::cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+  return memcpy_impl("cudaMemcpy", dst, src, bytes, kind, nullptr, false);
 }
 
-cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
-                            cudaStream_t stream) {
-  return traced("cudaMemcpyAsync", [&] {
-    return memcpy_impl("cudaMemcpyAsync", dst, src, bytes, kind, stream, true);
-  });
+cudaError_t hiber_entry::cudaMemcpyAsync(void* dst, const void* src, size_t bytes,
+                                         cudaMemcpyKind kind, cudaStream_t stream) {
+  return memcpy_impl("cudaMemcpyAsync", dst, src, bytes, kind, stream, true);
 }
 
-cudaError_t cudaMemset(void* dst, int value, size_t bytes) {
-  return traced("cudaMemset",
-                [&] { return memset_impl("cudaMemset", dst, value, bytes, nullptr, false); });
+cudaError_t hiber_entry::cudaMemset(void* dst, int value, size_t bytes) {
+  return memset_impl("cudaMemset", dst, value, bytes, nullptr, false);
 }
 
-cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t stream) {
-  return traced("cudaMemsetAsync",
-                [&] { return memset_impl("cudaMemsetAsync", dst, value, bytes, stream, true); });
+cudaError_t hiber_entry::cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t stream) {
+  return memset_impl("cudaMemsetAsync", dst, value, bytes, stream, true);
 }
 
 // ---- Streams ----
 
-cudaError_t cudaStreamCreateWithPriority(cudaStream_t* stream, unsigned int flags, int priority) {
-  return traced("cudaStreamCreateWithPriority", [&] {
-    if (stream == nullptr) return invalid("cudaStreamCreate", "null pointer");
-    if ((flags & ~cudaStreamNonBlocking) != 0) return invalid("cudaStreamCreate", "unknown flags");
-    auto created = Client::get().create_stream(flags, priority);
-    if (!created.ok()) return fail("cudaStreamCreate", created.status());
-    *stream = reinterpret_cast<cudaStream_t>(*created);
-    return cudaSuccess;
-  });
+cudaError_t hiber_entry::cudaStreamCreateWithPriority(cudaStream_t* stream, unsigned int flags,
+                                                      int priority) {
+  if (stream == nullptr) return invalid("cudaStreamCreate", "null pointer");
+  if ((flags & ~cudaStreamNonBlocking) != 0) return invalid("cudaStreamCreate", "unknown flags");
+  auto created = Client::get().create_stream(flags, priority);
+  if (!created.ok()) return fail("cudaStreamCreate", created.status());
+  *stream = reinterpret_cast<cudaStream_t>(*created);
+  return cudaSuccess;
 }
 
-cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int flags) {
-  return cudaStreamCreateWithPriority(stream, flags, 0);
+cudaError_t hiber_entry::cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int flags) {
+  return hiber_entry::cudaStreamCreateWithPriority(stream, flags, 0);
 }
 
-cudaError_t cudaStreamCreate(cudaStream_t* stream) {
-  return cudaStreamCreateWithPriority(stream, cudaStreamDefault, 0);
+cudaError_t hiber_entry::cudaStreamCreate(cudaStream_t* stream) {
+  return hiber_entry::cudaStreamCreateWithPriority(stream, cudaStreamDefault, 0);
 }
 
-cudaError_t cudaStreamDestroy(cudaStream_t stream) {
-  return traced("cudaStreamDestroy", [&] {
-    auto s = Client::get().stream(stream);
-    if (!s.ok()) return fail("cudaStreamDestroy", s.status());
-    return done("cudaStreamDestroy", Client::get().destroy_stream(*s));
-  });
+cudaError_t hiber_entry::cudaStreamDestroy(cudaStream_t stream) {
+  auto s = Client::get().stream(stream);
+  if (!s.ok()) return fail("cudaStreamDestroy", s.status());
+  return done("cudaStreamDestroy", Client::get().destroy_stream(*s));
 }
 
-cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
-  return traced("cudaStreamSynchronize", [&] {
-    auto s = Client::get().stream(stream);
-    if (!s.ok()) return fail("cudaStreamSynchronize", s.status());
-    return done("cudaStreamSynchronize", Client::get().synchronize_stream(*s));
-  });
+cudaError_t hiber_entry::cudaStreamSynchronize(cudaStream_t stream) {
+  auto s = Client::get().stream(stream);
+  if (!s.ok()) return fail("cudaStreamSynchronize", s.status());
+  return done("cudaStreamSynchronize", Client::get().synchronize_stream(*s));
 }
 
-cudaError_t cudaStreamQuery(cudaStream_t stream) {
-  return traced("cudaStreamQuery", [&] {
-    auto s = Client::get().stream(stream);
-    if (!s.ok()) return fail("cudaStreamQuery", s.status());
-    return done("cudaStreamQuery", Client::get().query_stream(*s));
-  });
+cudaError_t hiber_entry::cudaStreamQuery(cudaStream_t stream) {
+  auto s = Client::get().stream(stream);
+  if (!s.ok()) return fail("cudaStreamQuery", s.status());
+  return done("cudaStreamQuery", Client::get().query_stream(*s));
 }
 
-cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags) {
-  return traced("cudaStreamWaitEvent", [&] {
-    if (flags != 0 && flags != cudaEventWaitDefault)
-      return invalid("cudaStreamWaitEvent", "unknown flags");
-    auto s = Client::get().stream(stream);
-    if (!s.ok()) return fail("cudaStreamWaitEvent", s.status());
-    auto e = Client::get().event(event);
-    if (!e.ok()) return fail("cudaStreamWaitEvent", e.status());
-    return done("cudaStreamWaitEvent", Client::get().wait_event(*s, *e));
-  });
+cudaError_t hiber_entry::cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event,
+                                             unsigned int flags) {
+  if (flags != 0 && flags != cudaEventWaitDefault)
+    return invalid("cudaStreamWaitEvent", "unknown flags");
+  auto s = Client::get().stream(stream);
+  if (!s.ok()) return fail("cudaStreamWaitEvent", s.status());
+  auto e = Client::get().event(event);
+  if (!e.ok()) return fail("cudaStreamWaitEvent", e.status());
+  return done("cudaStreamWaitEvent", Client::get().wait_event(*s, *e));
 }
 
-cudaError_t cudaStreamGetPriority(cudaStream_t stream, int* priority) {
+cudaError_t hiber_entry::cudaStreamGetPriority(cudaStream_t stream, int* priority) {
   return stream_property("cudaStreamGetPriority", stream, priority,
                          [](StreamObj* s) { return s ? s->priority : 0; });
 }
 
-cudaError_t cudaStreamGetFlags(cudaStream_t stream, unsigned int* flags) {
+cudaError_t hiber_entry::cudaStreamGetFlags(cudaStream_t stream, unsigned int* flags) {
   return stream_property("cudaStreamGetFlags", stream, flags,
                          [](StreamObj* s) { return s ? s->flags : cudaStreamDefault; });
 }
 
-cudaError_t cudaStreamGetDevice(cudaStream_t stream, int* device) {
+cudaError_t hiber_entry::cudaStreamGetDevice(cudaStream_t stream, int* device) {
   return stream_property("cudaStreamGetDevice", stream, device,
                          [](StreamObj*) { return current_device(); });
 }
 
-cudaError_t cudaStreamGetId(cudaStream_t stream, unsigned long long* id) {
+cudaError_t hiber_entry::cudaStreamGetId(cudaStream_t stream, unsigned long long* id) {
   return stream_property("cudaStreamGetId", stream, id, [](StreamObj* s) -> unsigned long long {
     return s ? s->wire.value() : 0;
   });
@@ -556,7 +519,8 @@ cudaError_t cudaStreamGetId(cudaStream_t stream, unsigned long long* id) {
 
 // Stream capture (CUDA graphs) is not supported: no stream is ever capturing, and beginning a
 // capture fails loudly (an unsupported entry point).
-cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* status) {
+cudaError_t hiber_entry::cudaStreamIsCapturing(cudaStream_t stream,
+                                               cudaStreamCaptureStatus* status) {
   if (status == nullptr) return invalid("cudaStreamIsCapturing", "null pointer");
   auto s = Client::get().stream(stream);
   if (!s.ok()) return fail("cudaStreamIsCapturing", s.status());
@@ -564,10 +528,12 @@ cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* 
   return cudaSuccess;
 }
 
-cudaError_t cudaStreamGetCaptureInfo(cudaStream_t stream, cudaStreamCaptureStatus* status,
-                                     unsigned long long* id, cudaGraph_t* graph,
-                                     const cudaGraphNode_t** dependencies,
-                                     const cudaGraphEdgeData** edge_data, size_t* count) {
+cudaError_t hiber_entry::cudaStreamGetCaptureInfo(cudaStream_t stream,
+                                                  cudaStreamCaptureStatus* status,
+                                                  unsigned long long* id, cudaGraph_t* graph,
+                                                  const cudaGraphNode_t** dependencies,
+                                                  const cudaGraphEdgeData** edge_data,
+                                                  size_t* count) {
   if (status == nullptr) return invalid("cudaStreamGetCaptureInfo", "null pointer");
   auto s = Client::get().stream(stream);
   if (!s.ok()) return fail("cudaStreamGetCaptureInfo", s.status());
@@ -580,7 +546,7 @@ cudaError_t cudaStreamGetCaptureInfo(cudaStream_t stream, cudaStreamCaptureStatu
   return cudaSuccess;
 }
 
-cudaError_t cudaThreadExchangeStreamCaptureMode(cudaStreamCaptureMode* mode) {
+cudaError_t hiber_entry::cudaThreadExchangeStreamCaptureMode(cudaStreamCaptureMode* mode) {
   if (mode == nullptr) return invalid("cudaThreadExchangeStreamCaptureMode", "null pointer");
   thread_local cudaStreamCaptureMode current = cudaStreamCaptureModeGlobal;
   std::swap(current, *mode);
@@ -589,126 +555,113 @@ cudaError_t cudaThreadExchangeStreamCaptureMode(cudaStreamCaptureMode* mode) {
 
 // ---- Events ----
 
-cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
-  return traced("cudaEventCreateWithFlags", [&] {
-    if (event == nullptr) return invalid("cudaEventCreate", "null pointer");
-    if ((flags & cudaEventInterprocess) != 0) {
-      return fail("cudaEventCreate", Status(ErrorCode::kNotSupported,
-                                            "cudaEventInterprocess events are not supported"));
-    }
-    if ((flags & ~(cudaEventBlockingSync | cudaEventDisableTiming)) != 0) {
-      return invalid("cudaEventCreate", "unknown flags");
-    }
-    auto created = Client::get().create_event(flags);
-    if (!created.ok()) return fail("cudaEventCreate", created.status());
-    *event = reinterpret_cast<cudaEvent_t>(*created);
-    return cudaSuccess;
-  });
+cudaError_t hiber_entry::cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
+  if (event == nullptr) return invalid("cudaEventCreate", "null pointer");
+  if ((flags & cudaEventInterprocess) != 0) {
+    return fail("cudaEventCreate",
+                Status(ErrorCode::kNotSupported, "cudaEventInterprocess events are not supported"));
+  }
+  if ((flags & ~(cudaEventBlockingSync | cudaEventDisableTiming)) != 0) {
+    return invalid("cudaEventCreate", "unknown flags");
+  }
+  auto created = Client::get().create_event(flags);
+  if (!created.ok()) return fail("cudaEventCreate", created.status());
+  *event = reinterpret_cast<cudaEvent_t>(*created);
+  return cudaSuccess;
 }
 
-cudaError_t cudaEventCreate(cudaEvent_t* event) { return cudaEventCreateWithFlags(event, 0); }
-
-cudaError_t cudaEventDestroy(cudaEvent_t event) {
-  return traced("cudaEventDestroy", [&] {
-    auto e = Client::get().event(event);
-    if (!e.ok()) return fail("cudaEventDestroy", e.status());
-    return done("cudaEventDestroy", Client::get().destroy_event(*e));
-  });
+cudaError_t hiber_entry::cudaEventCreate(cudaEvent_t* event) {
+  return hiber_entry::cudaEventCreateWithFlags(event, 0);
 }
 
-cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
-  return traced("cudaEventRecord", [&] {
-    auto e = Client::get().event(event);
-    if (!e.ok()) return fail("cudaEventRecord", e.status());
-    auto s = Client::get().stream(stream);
-    if (!s.ok()) return fail("cudaEventRecord", s.status());
-    return done("cudaEventRecord", Client::get().record_event(*e, *s));
-  });
+cudaError_t hiber_entry::cudaEventDestroy(cudaEvent_t event) {
+  auto e = Client::get().event(event);
+  if (!e.ok()) return fail("cudaEventDestroy", e.status());
+  return done("cudaEventDestroy", Client::get().destroy_event(*e));
 }
 
-cudaError_t cudaEventRecordWithFlags(cudaEvent_t event, cudaStream_t stream, unsigned int flags) {
+cudaError_t hiber_entry::cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+  auto e = Client::get().event(event);
+  if (!e.ok()) return fail("cudaEventRecord", e.status());
+  auto s = Client::get().stream(stream);
+  if (!s.ok()) return fail("cudaEventRecord", s.status());
+  return done("cudaEventRecord", Client::get().record_event(*e, *s));
+}
+
+cudaError_t hiber_entry::cudaEventRecordWithFlags(cudaEvent_t event, cudaStream_t stream,
+                                                  unsigned int flags) {
   if (flags != cudaEventRecordDefault) {
     return fail("cudaEventRecordWithFlags",
                 Status(ErrorCode::kNotSupported, "event record flags other than the default"));
   }
-  return cudaEventRecord(event, stream);
+  return hiber_entry::cudaEventRecord(event, stream);
 }
 
-cudaError_t cudaEventSynchronize(cudaEvent_t event) {
-  return traced("cudaEventSynchronize", [&] {
-    return event_sync_like("cudaEventSynchronize", event, &Client::synchronize_event);
-  });
+cudaError_t hiber_entry::cudaEventSynchronize(cudaEvent_t event) {
+  return event_sync_like("cudaEventSynchronize", event, &Client::synchronize_event);
 }
 
-cudaError_t cudaEventQuery(cudaEvent_t event) {
-  return traced("cudaEventQuery",
-                [&] { return event_sync_like("cudaEventQuery", event, &Client::query_event); });
+cudaError_t hiber_entry::cudaEventQuery(cudaEvent_t event) {
+  return event_sync_like("cudaEventQuery", event, &Client::query_event);
 }
 
-cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
-  return traced("cudaEventElapsedTime", [&] {
-    if (ms == nullptr) return invalid("cudaEventElapsedTime", "null pointer");
-    auto a = Client::get().event(start);
-    if (!a.ok()) return fail("cudaEventElapsedTime", a.status());
-    auto b = Client::get().event(end);
-    if (!b.ok()) return fail("cudaEventElapsedTime", b.status());
-    auto elapsed = Client::get().elapsed_ms(*a, *b);
-    if (!elapsed.ok()) return fail("cudaEventElapsedTime", elapsed.status());
-    *ms = *elapsed;
-    return cudaSuccess;
-  });
+cudaError_t hiber_entry::cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+  if (ms == nullptr) return invalid("cudaEventElapsedTime", "null pointer");
+  auto a = Client::get().event(start);
+  if (!a.ok()) return fail("cudaEventElapsedTime", a.status());
+  auto b = Client::get().event(end);
+  if (!b.ok()) return fail("cudaEventElapsedTime", b.status());
+  auto elapsed = Client::get().elapsed_ms(*a, *b);
+  if (!elapsed.ok()) return fail("cudaEventElapsedTime", elapsed.status());
+  *ms = *elapsed;
+  return cudaSuccess;
 }
 
 // ---- Kernels ----
 
-cudaError_t cudaLaunchKernel(const void* func, dim3 grid, dim3 block, void** args, size_t shared,
-                             cudaStream_t stream) {
-  return traced("cudaLaunchKernel", [&] {
-    return launch_impl("cudaLaunchKernel", func, grid, block, args, shared, stream, false);
-  });
+cudaError_t hiber_entry::cudaLaunchKernel(const void* func, dim3 grid, dim3 block, void** args,
+                                          size_t shared, cudaStream_t stream) {
+  return launch_impl("cudaLaunchKernel", func, grid, block, args, shared, stream, false);
 }
 
-cudaError_t cudaLaunchKernelExC(const cudaLaunchConfig_t* config, const void* func, void** args) {
-  return traced("cudaLaunchKernelExC", [&] {
-    if (config == nullptr) return invalid("cudaLaunchKernelExC", "null config");
-    for (unsigned i = 0; i < config->numAttrs; ++i) {
-      if (config->attrs[i].id != cudaLaunchAttributeIgnore) {
-        return fail("cudaLaunchKernelExC",
-                    hiber::error(ErrorCode::kNotSupported, "launch attribute ",
-                                 static_cast<int>(config->attrs[i].id), " is not supported"));
-      }
+cudaError_t hiber_entry::cudaLaunchKernelExC(const cudaLaunchConfig_t* config, const void* func,
+                                             void** args) {
+  if (config == nullptr) return invalid("cudaLaunchKernelExC", "null config");
+  for (unsigned i = 0; i < config->numAttrs; ++i) {
+    if (config->attrs[i].id != cudaLaunchAttributeIgnore) {
+      return fail("cudaLaunchKernelExC",
+                  hiber::error(ErrorCode::kNotSupported, "launch attribute ",
+                               static_cast<int>(config->attrs[i].id), " is not supported"));
     }
-    return launch_impl("cudaLaunchKernelExC", func, config->gridDim, config->blockDim, args,
-                       config->dynamicSmemBytes, config->stream, false);
-  });
+  }
+  return launch_impl("cudaLaunchKernelExC", func, config->gridDim, config->blockDim, args,
+                     config->dynamicSmemBytes, config->stream, false);
 }
 
-cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attributes, const void* func) {
-  return traced("cudaFuncGetAttributes", [&] {
-    if (attributes == nullptr) return invalid("cudaFuncGetAttributes", "null pointer");
-    auto kernel = func_kernel(func);
-    if (!kernel.ok()) return fail("cudaFuncGetAttributes", kernel.status());
-    // Registers, static shared, constant and local memory are known only to the driver in
-    // hiberd and read 0 here; the limits are the device's, which is what a launch is checked
-    // against, and the dynamic shared memory limit is the kernel's as the program set it.
-    std::memset(attributes, 0, sizeof(*attributes));
-    const int device = current_device();
-    Client& client = Client::get();
-    attributes->maxThreadsPerBlock =
-        client.device_attribute(device, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK);
-    attributes->maxDynamicSharedSizeBytes = (*kernel)->max_dynamic_shared.value_or(
-        client.device_attribute(device, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK));
-    const int arch =
-        client.device_attribute(device, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR) * 10 +
-        client.device_attribute(device, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR);
-    attributes->ptxVersion = arch;
-    attributes->binaryVersion = arch;
-    attributes->preferredShmemCarveout = (*kernel)->preferred_carveout;
-    return cudaSuccess;
-  });
+cudaError_t hiber_entry::cudaFuncGetAttributes(cudaFuncAttributes* attributes, const void* func) {
+  if (attributes == nullptr) return invalid("cudaFuncGetAttributes", "null pointer");
+  auto kernel = func_kernel(func);
+  if (!kernel.ok()) return fail("cudaFuncGetAttributes", kernel.status());
+  // Registers, static shared, constant and local memory are known only to the driver in
+  // hiberd and read 0 here; the limits are the device's, which is what a launch is checked
+  // against, and the dynamic shared memory limit is the kernel's as the program set it.
+  std::memset(attributes, 0, sizeof(*attributes));
+  const int device = current_device();
+  Client& client = Client::get();
+  attributes->maxThreadsPerBlock =
+      client.device_attribute(device, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK);
+  attributes->maxDynamicSharedSizeBytes = (*kernel)->max_dynamic_shared.value_or(
+      client.device_attribute(device, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK));
+  const int arch =
+      client.device_attribute(device, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR) * 10 +
+      client.device_attribute(device, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR);
+  attributes->ptxVersion = arch;
+  attributes->binaryVersion = arch;
+  attributes->preferredShmemCarveout = (*kernel)->preferred_carveout;
+  return cudaSuccess;
 }
 
-cudaError_t cudaFuncGetName(const char** name, const void* func) {
+cudaError_t hiber_entry::cudaFuncGetName(const char** name, const void* func) {
   if (name == nullptr) return invalid("cudaFuncGetName", "null pointer");
   auto kernel = func_kernel(func);
   if (!kernel.ok()) return fail("cudaFuncGetName", kernel.status());
@@ -716,7 +669,7 @@ cudaError_t cudaFuncGetName(const char** name, const void* func) {
   return cudaSuccess;
 }
 
-cudaError_t cudaGetFuncBySymbol(cudaFunction_t* function, const void* symbol) {
+cudaError_t hiber_entry::cudaGetFuncBySymbol(cudaFunction_t* function, const void* symbol) {
   if (function == nullptr) return invalid("cudaGetFuncBySymbol", "null pointer");
   auto kernel = func_kernel(symbol);
   if (!kernel.ok()) return fail("cudaGetFuncBySymbol", kernel.status());
@@ -725,7 +678,7 @@ cudaError_t cudaGetFuncBySymbol(cudaFunction_t* function, const void* symbol) {
   return cudaSuccess;
 }
 
-cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value) {
+cudaError_t hiber_entry::cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value) {
   auto kernel = func_kernel(func);
   if (!kernel.ok()) return fail("cudaFuncSetAttribute", kernel.status());
   switch (attr) {
@@ -756,7 +709,7 @@ cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int v
   }
 }
 
-cudaError_t cudaFuncSetCacheConfig(const void* func, cudaFuncCache config) {
+cudaError_t hiber_entry::cudaFuncSetCacheConfig(const void* func, cudaFuncCache config) {
   auto kernel = func_kernel(func);
   if (!kernel.ok()) return fail("cudaFuncSetCacheConfig", kernel.status());
   if (config < cudaFuncCachePreferNone || config > cudaFuncCachePreferEqual) {
@@ -766,10 +719,8 @@ cudaError_t cudaFuncSetCacheConfig(const void* func, cudaFuncCache config) {
   return cudaSuccess;
 }
 
-cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int* blocks, const void* func,
-                                                                   int block_size,
-                                                                   size_t shared_bytes,
-                                                                   unsigned int) {
+cudaError_t hiber_entry::cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
+    int* blocks, const void* func, int block_size, size_t shared_bytes, unsigned int) {
   if (blocks == nullptr || block_size <= 0) {
     return invalid("cudaOccupancyMaxActiveBlocksPerMultiprocessor", "bad arguments");
   }
@@ -779,14 +730,17 @@ cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int* blocks, 
   return cudaSuccess;
 }
 
-cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, const void* func,
-                                                          int block_size, size_t shared_bytes) {
+cudaError_t hiber_entry::cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks,
+                                                                       const void* func,
+                                                                       int block_size,
+                                                                       size_t shared_bytes) {
   return cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(blocks, func, block_size,
                                                                 shared_bytes, 0);
 }
 
-cudaError_t cudaOccupancyAvailableDynamicSMemPerBlock(size_t* bytes, const void* func,
-                                                      int blocks_per_sm, int block_size) {
+cudaError_t hiber_entry::cudaOccupancyAvailableDynamicSMemPerBlock(size_t* bytes, const void* func,
+                                                                   int blocks_per_sm,
+                                                                   int block_size) {
   if (bytes == nullptr || blocks_per_sm <= 0 || block_size <= 0) {
     return invalid("cudaOccupancyAvailableDynamicSMemPerBlock", "bad arguments");
   }
@@ -806,128 +760,129 @@ cudaError_t cudaOccupancyAvailableDynamicSMemPerBlock(size_t* bytes, const void*
 
 // ---- Host functions (run by the shim's host-call thread, in stream order; client.h) ----
 
-cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void* data) {
-  return traced("cudaLaunchHostFunc", [&] {
-    if (fn == nullptr) return invalid("cudaLaunchHostFunc", "null function");
-    auto s = Client::get().stream(stream);
-    if (!s.ok()) return fail("cudaLaunchHostFunc", s.status());
-    // As CUDA documents, not called at all once the stream's work has failed.
-    return done("cudaLaunchHostFunc",
-                Client::get().launch_host_function(*s, [fn, data](const Status& status) {
-                  if (status.ok()) fn(data);
-                }));
-  });
+cudaError_t hiber_entry::cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void* data) {
+  if (fn == nullptr) return invalid("cudaLaunchHostFunc", "null function");
+  auto s = Client::get().stream(stream);
+  if (!s.ok()) return fail("cudaLaunchHostFunc", s.status());
+  // As CUDA documents, not called at all once the stream's work has failed.
+  return done("cudaLaunchHostFunc",
+              Client::get().launch_host_function(*s, [fn, data](const Status& status) {
+                if (status.ok()) fn(data);
+              }));
 }
 
-cudaError_t cudaStreamAddCallback(cudaStream_t stream, cudaStreamCallback_t callback, void* data,
-                                  unsigned int flags) {
-  return traced("cudaStreamAddCallback", [&] {
-    if (callback == nullptr || flags != 0) return invalid("cudaStreamAddCallback");
-    auto s = Client::get().stream(stream);
-    if (!s.ok()) return fail("cudaStreamAddCallback", s.status());
-    // Called with the stream's status, success or the error of its work, as CUDA does.
-    return done(
-        "cudaStreamAddCallback",
-        Client::get().launch_host_function(*s, [stream, callback, data](const Status& status) {
-          callback(stream, static_cast<cudaError_t>(status.code()), data);
-        }));
-  });
+cudaError_t hiber_entry::cudaStreamAddCallback(cudaStream_t stream, cudaStreamCallback_t callback,
+                                               void* data, unsigned int flags) {
+  if (callback == nullptr || flags != 0) return invalid("cudaStreamAddCallback");
+  auto s = Client::get().stream(stream);
+  if (!s.ok()) return fail("cudaStreamAddCallback", s.status());
+  // Called with the stream's status, success or the error of its work, as CUDA does.
+  return done(
+      "cudaStreamAddCallback",
+      Client::get().launch_host_function(*s, [stream, callback, data](const Status& status) {
+        callback(stream, static_cast<cudaError_t>(status.code()), data);
+      }));
 }
 
 // ---- Profiler: no profiler is ever attached, so these succeed and do nothing, as the real
 // runtime's do without one ----
 
-cudaError_t cudaProfilerStart(void) { return cudaSuccess; }
-cudaError_t cudaProfilerStop(void) { return cudaSuccess; }
+cudaError_t hiber_entry::cudaProfilerStart(void) { return cudaSuccess; }
+cudaError_t hiber_entry::cudaProfilerStop(void) { return cudaSuccess; }
 
 // ---- Driver entry points ----
 
-cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** function,
-                                             unsigned int version, unsigned long long flags,
-                                             cudaDriverEntryPointQueryResult* status) {
-  return traced("cudaGetDriverEntryPointByVersion", [&] {
-    if (symbol == nullptr || function == nullptr) {
-      return invalid("cudaGetDriverEntryPoint", "null pointer");
-    }
-    (void)flags;
-    *function = hiber::shim::driver_entry_point(symbol, static_cast<int>(version));
-    if (status) {
-      *status = *function ? cudaDriverEntryPointSuccess : cudaDriverEntryPointSymbolNotFound;
-    }
-    return cudaSuccess;
-  });
+cudaError_t hiber_entry::cudaGetDriverEntryPointByVersion(const char* symbol, void** function,
+                                                          unsigned int version,
+                                                          unsigned long long flags,
+                                                          cudaDriverEntryPointQueryResult* status) {
+  if (symbol == nullptr || function == nullptr) {
+    return invalid("cudaGetDriverEntryPoint", "null pointer");
+  }
+  (void)flags;
+  *function = hiber::shim::driver_entry_point(symbol, static_cast<int>(version));
+  if (status) {
+    *status = *function ? cudaDriverEntryPointSuccess : cudaDriverEntryPointSymbolNotFound;
+  }
+  return cudaSuccess;
 }
 
-cudaError_t cudaGetDriverEntryPoint(const char* symbol, void** function, unsigned long long flags,
-                                    cudaDriverEntryPointQueryResult* status) {
-  return cudaGetDriverEntryPointByVersion(symbol, function, CUDA_VERSION, flags, status);
+cudaError_t hiber_entry::cudaGetDriverEntryPoint(const char* symbol, void** function,
+                                                 unsigned long long flags,
+                                                 cudaDriverEntryPointQueryResult* status) {
+  return hiber_entry::cudaGetDriverEntryPointByVersion(symbol, function, CUDA_VERSION, flags,
+                                                       status);
 }
 
 // ---- Per-thread default stream variants (--default-stream per-thread) ----
 // The session has one default stream; per-thread default streams map onto it, which orders
 // more than CUDA does, never less.
 
-cudaError_t cudaMemcpyAsync_ptsz(void* d, const void* s, size_t n, cudaMemcpyKind k,
-                                 cudaStream_t st) {
-  return cudaMemcpyAsync(d, s, n, k, st);
+cudaError_t hiber_entry::cudaMemcpyAsync_ptsz(void* d, const void* s, size_t n, cudaMemcpyKind k,
+                                              cudaStream_t st) {
+  return hiber_entry::cudaMemcpyAsync(d, s, n, k, st);
 }
-cudaError_t cudaMemsetAsync_ptsz(void* d, int v, size_t n, cudaStream_t st) {
-  return cudaMemsetAsync(d, v, n, st);
+cudaError_t hiber_entry::cudaMemsetAsync_ptsz(void* d, int v, size_t n, cudaStream_t st) {
+  return hiber_entry::cudaMemsetAsync(d, v, n, st);
 }
-cudaError_t cudaMemcpy_ptds(void* d, const void* s, size_t n, cudaMemcpyKind k) {
-  return cudaMemcpy(d, s, n, k);
+cudaError_t hiber_entry::cudaMemcpy_ptds(void* d, const void* s, size_t n, cudaMemcpyKind k) {
+  return hiber_entry::cudaMemcpy(d, s, n, k);
 }
-cudaError_t cudaMemset_ptds(void* d, int v, size_t n) { return cudaMemset(d, v, n); }
-cudaError_t cudaLaunchKernel_ptsz(const void* f, dim3 g, dim3 b, void** a, size_t sh,
-                                  cudaStream_t st) {
-  return cudaLaunchKernel(f, g, b, a, sh, st);
+cudaError_t hiber_entry::cudaMemset_ptds(void* d, int v, size_t n) { return cudaMemset(d, v, n); }
+cudaError_t hiber_entry::cudaLaunchKernel_ptsz(const void* f, dim3 g, dim3 b, void** a, size_t sh,
+                                               cudaStream_t st) {
+  return hiber_entry::cudaLaunchKernel(f, g, b, a, sh, st);
 }
-cudaError_t cudaLaunchKernelExC_ptsz(const cudaLaunchConfig_t* c, const void* f, void** a) {
-  return cudaLaunchKernelExC(c, f, a);
+cudaError_t hiber_entry::cudaLaunchKernelExC_ptsz(const cudaLaunchConfig_t* c, const void* f,
+                                                  void** a) {
+  return hiber_entry::cudaLaunchKernelExC(c, f, a);
 }
-cudaError_t cudaStreamSynchronize_ptsz(cudaStream_t s) { return cudaStreamSynchronize(s); }
-cudaError_t cudaLaunchHostFunc_ptsz(cudaStream_t s, cudaHostFn_t fn, void* data) {
-  return cudaLaunchHostFunc(s, fn, data);
+cudaError_t hiber_entry::cudaStreamSynchronize_ptsz(cudaStream_t s) {
+  return hiber_entry::cudaStreamSynchronize(s);
 }
-cudaError_t cudaStreamAddCallback_ptsz(cudaStream_t s, cudaStreamCallback_t cb, void* data,
-                                       unsigned int flags) {
-  return cudaStreamAddCallback(s, cb, data, flags);
+cudaError_t hiber_entry::cudaLaunchHostFunc_ptsz(cudaStream_t s, cudaHostFn_t fn, void* data) {
+  return hiber_entry::cudaLaunchHostFunc(s, fn, data);
 }
-cudaError_t cudaStreamQuery_ptsz(cudaStream_t s) { return cudaStreamQuery(s); }
-cudaError_t cudaStreamWaitEvent_ptsz(cudaStream_t s, cudaEvent_t e, unsigned int f) {
-  return cudaStreamWaitEvent(s, e, f);
+cudaError_t hiber_entry::cudaStreamAddCallback_ptsz(cudaStream_t s, cudaStreamCallback_t cb,
+                                                    void* data, unsigned int flags) {
+  return hiber_entry::cudaStreamAddCallback(s, cb, data, flags);
 }
-cudaError_t cudaStreamGetPriority_ptsz(cudaStream_t s, int* p) {
-  return cudaStreamGetPriority(s, p);
+cudaError_t hiber_entry::cudaStreamQuery_ptsz(cudaStream_t s) {
+  return hiber_entry::cudaStreamQuery(s);
 }
-cudaError_t cudaStreamGetFlags_ptsz(cudaStream_t s, unsigned int* f) {
-  return cudaStreamGetFlags(s, f);
+cudaError_t hiber_entry::cudaStreamWaitEvent_ptsz(cudaStream_t s, cudaEvent_t e, unsigned int f) {
+  return hiber_entry::cudaStreamWaitEvent(s, e, f);
 }
-cudaError_t cudaStreamIsCapturing_ptsz(cudaStream_t s, cudaStreamCaptureStatus* c) {
-  return cudaStreamIsCapturing(s, c);
+cudaError_t hiber_entry::cudaStreamGetPriority_ptsz(cudaStream_t s, int* p) {
+  return hiber_entry::cudaStreamGetPriority(s, p);
 }
-cudaError_t cudaEventRecord_ptsz(cudaEvent_t e, cudaStream_t s) { return cudaEventRecord(e, s); }
-cudaError_t cudaEventRecordWithFlags_ptsz(cudaEvent_t e, cudaStream_t s, unsigned int f) {
-  return cudaEventRecordWithFlags(e, s, f);
+cudaError_t hiber_entry::cudaStreamGetFlags_ptsz(cudaStream_t s, unsigned int* f) {
+  return hiber_entry::cudaStreamGetFlags(s, f);
 }
-cudaError_t cudaGetDriverEntryPoint_ptsz(const char* s, void** f, unsigned long long fl,
-                                         cudaDriverEntryPointQueryResult* st) {
-  return cudaGetDriverEntryPoint(s, f, fl, st);
+cudaError_t hiber_entry::cudaStreamIsCapturing_ptsz(cudaStream_t s, cudaStreamCaptureStatus* c) {
+  return hiber_entry::cudaStreamIsCapturing(s, c);
 }
-cudaError_t cudaGetDriverEntryPointByVersion_ptsz(const char* s, void** f, unsigned int v,
-                                                  unsigned long long fl,
-                                                  cudaDriverEntryPointQueryResult* st) {
-  return cudaGetDriverEntryPointByVersion(s, f, v, fl, st);
+cudaError_t hiber_entry::cudaEventRecord_ptsz(cudaEvent_t e, cudaStream_t s) {
+  return hiber_entry::cudaEventRecord(e, s);
 }
-
-}  // extern "C"
-#pragma GCC visibility pop
+cudaError_t hiber_entry::cudaEventRecordWithFlags_ptsz(cudaEvent_t e, cudaStream_t s,
+                                                       unsigned int f) {
+  return hiber_entry::cudaEventRecordWithFlags(e, s, f);
+}
+cudaError_t hiber_entry::cudaGetDriverEntryPoint_ptsz(const char* s, void** f,
+                                                      unsigned long long fl,
+                                                      cudaDriverEntryPointQueryResult* st) {
+  return hiber_entry::cudaGetDriverEntryPoint(s, f, fl, st);
+}
+cudaError_t hiber_entry::cudaGetDriverEntryPointByVersion_ptsz(
+    const char* s, void** f, unsigned int v, unsigned long long fl,
+    cudaDriverEntryPointQueryResult* st) {
+  return hiber_entry::cudaGetDriverEntryPointByVersion(s, f, v, fl, st);
+}
 
 namespace hiber::shim {
 cudaError_t launch_registered(const void* kernel, dim3 grid, dim3 block, void** args, size_t shared,
                               cudaStream_t stream) {
-  return traced("__cudaLaunchKernel", [&] {
-    return launch_impl("__cudaLaunchKernel", kernel, grid, block, args, shared, stream, true);
-  });
+  return launch_impl("__cudaLaunchKernel", kernel, grid, block, args, shared, stream, true);
 }
 }  // namespace hiber::shim

@@ -1,14 +1,20 @@
 #include <glog/logging.h>
 
+#include <cstring>
 #include <mutex>
 #include <set>
 #include <string>
 
 #include "client_shim/api_support.h"
+#include "client_shim/entry_support.h"
+#include "common/cuda_abi.h"
 
-// Every exported name of the real libcudart.so.13 and libcuda.so.1 has a weak stub
-// (generated: unsupported_stubs.c) that lands here unless the shim implements it.
+// The stub rows of the runtime's and the driver's declaration tables (entry_points/cudart.entries,
+// cuda.entries; generated: cudart_stubs.c, cuda_stubs.c) land here.
 extern "C" int hiber_shim_unsupported(const char* name) {
+  const bool runtime = std::strncmp(name, "cuda", 4) == 0 || std::strncmp(name, "__cuda", 6) == 0;
+  hiber::shim::library_trace_stub_call(runtime ? hiber::cuda_abi::kRuntimeSoname : "libcuda.so.1",
+                                       name, 801);
   static std::mutex mu;
   static std::set<std::string> reported;
   {

@@ -14,8 +14,6 @@
 #include <set>
 #include <utility>
 
-#include "client_shim/refused_calls.h"
-
 namespace hiber::coverage {
 namespace {
 
@@ -23,12 +21,36 @@ bool starts_with(std::string_view s, std::string_view prefix) {
   return s.substr(0, prefix.size()) == prefix;
 }
 
-// Whether the shim's definition of `symbol` is a documented refusal.
-bool is_refused(std::string_view symbol) {
-#define HIBER_REFUSED_NAME_(name, why) #name,
-  static constexpr std::string_view kRefused[] = {HIBER_SHIM_REFUSED_CALLS(HIBER_REFUSED_NAME_)};
-#undef HIBER_REFUSED_NAME_
-  return std::find(std::begin(kRefused), std::end(kRefused), symbol) != std::end(kRefused);
+// What the shim's declaration tables (client_shim/entry_points/*.entries) say of `symbol` of
+// `library`: remoted, local, refused or stub; nullopt for a name no table declares.
+std::optional<Coverage> declared(CudaLibrary library, std::string_view symbol) {
+  struct Row {
+    std::string_view table;
+    std::string_view name;
+    Coverage coverage;
+  };
+  constexpr Coverage remoted = Coverage::kRemoted, local = Coverage::kLocal,
+                     refused = Coverage::kRefused, stub = Coverage::kStub;
+#define HIBER_ENTRY(table, name, disposition, why) {#table, #name, disposition},
+  static constexpr Row kRows[] = {
+#include "client_shim/entry_dispositions.inc"
+  };
+#undef HIBER_ENTRY
+  std::string_view table;
+  switch (library) {
+    case CudaLibrary::kRuntime: table = "cudart"; break;
+    case CudaLibrary::kDriver: table = "cuda"; break;
+    case CudaLibrary::kCublas: table = "cublas"; break;
+    case CudaLibrary::kCublasLt: table = "cublasLt"; break;
+    case CudaLibrary::kCudnn: table = "cudnn"; break;
+    case CudaLibrary::kNvml: table = "nvml"; break;
+    case CudaLibrary::kNvrtc:
+    case CudaLibrary::kNone: return std::nullopt;
+  }
+  for (const Row& row : kRows) {
+    if (row.table == table && row.name == symbol) return row.coverage;
+  }
+  return std::nullopt;
 }
 
 // "libfoo.so", "libfoo.so.13", "libfoo.so.9.1": `stem` then ".so", then nothing or a version.
@@ -271,10 +293,23 @@ CoverageReport assess(const std::vector<const ElfFile*>& scanned,
         symbol.coverage = Coverage::kMissing;
         note_set.insert(str_cat(replacement, " (the replacement for ", symbol.library,
                                 ") is not built: its symbols are reported missing"));
-      } else if (const ElfSymbol* definition = it->second.find_export(symbol.symbol, version)) {
-        symbol.coverage = definition->weak            ? Coverage::kStub
-                          : is_refused(symbol.symbol) ? Coverage::kRefused
-                                                      : Coverage::kRemoted;
+      } else if (it->second.find_export(symbol.symbol, version) != nullptr) {
+        // libhibercuda.so serves the runtime's and the driver's tables: an unversioned import
+        // may name either.
+        std::optional<Coverage> disposition = declared(kind, symbol.symbol);
+        if (!disposition && kind == CudaLibrary::kRuntime) {
+          disposition = declared(CudaLibrary::kDriver, symbol.symbol);
+        }
+        if (!disposition && kind == CudaLibrary::kDriver) {
+          disposition = declared(CudaLibrary::kRuntime, symbol.symbol);
+        }
+        if (disposition) {
+          symbol.coverage = *disposition;
+        } else {
+          symbol.coverage = Coverage::kMissing;
+          note_set.insert(str_cat(replacement, " exports ", symbol.symbol,
+                                  ", which no declaration table names: built from other sources?"));
+        }
       } else {
         symbol.coverage = Coverage::kMissing;
         const auto& exports = it->second.exports;

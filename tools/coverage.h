@@ -32,8 +32,10 @@ std::string_view replacement_for(CudaLibrary library);
 // Used only where the NEEDED library itself is not on this machine to look into.
 CudaLibrary library_by_symbol_name(std::string_view symbol);
 
-// kRefused: the shim defines the call and refuses it, as documented (client_shim/
-// refused_calls.h): the program gets an error where it calls it.
+// What the shim's declaration tables (client_shim/entry_points/*.entries) say of an exported
+// name: kRemoted (sent to hiberd), kLocal (answered in the client), kRefused (a documented
+// refusal: the program gets an error where it calls it), kStub (fails loudly); kMissing: the
+// replacement does not export it.
 enum class Coverage { kRemoted, kStub, kMissing, kLocal, kRefused };
 // "remoted", "stub", "missing", "local", "refused"
 std::string_view coverage_name(Coverage coverage);

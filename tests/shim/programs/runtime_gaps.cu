@@ -28,13 +28,13 @@
 #include "program_util.h"
 
 // The driver API through cudaGetDriverEntryPointByVersion, as PyTorch reaches it (the program
-// links no libcuda.so.1): DRV(cuInit)(0). The name is the base name, the type the header's ABI
-// of CUDA 12.0 (PyTorch asks for the version it was built against).
+// links no libcuda.so.1): DRV(cuInit)(0). The name is the base name, the type this header's ABI,
+// so the version asked for is this header's (PyTorch asks for the version it was built against).
 template <typename F>
 F driver_entry(const char* name) {
   void* fn = nullptr;
   cudaDriverEntryPointQueryResult found{};
-  CUDA_CHECK(cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &found));
+  CUDA_CHECK(cudaGetDriverEntryPointByVersion(name, &fn, CUDA_VERSION, cudaEnableDefault, &found));
   if (fn == nullptr) {
     std::fprintf(stderr, "runtime_gaps: no driver entry point %s\n", name);
     std::exit(program::kExitCudaError);
@@ -272,7 +272,8 @@ int main(int argc, char** argv) {
   CUdevice driver_device = -1;
   CUDA_CHECK(cudaSetDevice(other));  // its primary context becomes current
   CU_CHECK(DRV(cuCtxGetCurrent)(&current));
-  CU_CHECK(DRV(cuCtxGetDevice)(&driver_device));
+  // cuCtxGetDevice of CUDA 13 (its _v2 ABI): a null context is the current one.
+  CU_CHECK(driver_entry<decltype(&cuCtxGetDevice_v2)>("cuCtxGetDevice")(&driver_device, nullptr));
   EXPECT(current == second && driver_device == other);
   CU_CHECK(DRV(cuCtxPushCurrent)(first));  // the runtime follows the driver's stack
   CUDA_CHECK(cudaGetDevice(&runtime_device));

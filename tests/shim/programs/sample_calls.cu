@@ -31,7 +31,8 @@ F driver_entry(const char* name, unsigned version) {
   }
   return reinterpret_cast<F>(fn);
 }
-#define DRV(name) (driver_entry<decltype(&name)>(#name, 12000))
+// The type is this header's ABI of `name`, so the version asked for is this header's.
+#define DRV(name) (driver_entry<decltype(&name)>(#name, CUDA_VERSION))
 
 #define CU_CHECK(call)                                                          \
   do {                                                                          \
@@ -123,8 +124,9 @@ int main() {
   CUcontext primary = nullptr, created = nullptr, again = nullptr, current = nullptr;
   CU_CHECK(DRV(cuInit)(0));
   CU_CHECK(DRV(cuDevicePrimaryCtxRetain)(&primary, 0));
+  // The cuCtxCreate a CUDA 11.0 program gets (_v2; 11.4 brought _v3, 12.5 _v4).
   using CreateV2 = CUresult (*)(CUcontext*, unsigned int, CUdevice);
-  CU_CHECK(driver_entry<CreateV2>("cuCtxCreate", 12000)(&created, CU_CTX_SCHED_BLOCKING_SYNC, 0));
+  CU_CHECK(driver_entry<CreateV2>("cuCtxCreate", 11000)(&created, CU_CTX_SCHED_BLOCKING_SYNC, 0));
   EXPECT(created == primary);
   CU_CHECK(DRV(cuCtxGetCurrent)(&current));
   EXPECT(current == created);
@@ -135,9 +137,9 @@ int main() {
   EXPECT(version >= 3020);
   CUdevice ctx_device = -1;
   CU_CHECK(
-      driver_entry<decltype(&cuCtxGetDevice_v2)>("cuCtxGetDevice_v2", 13000)(&ctx_device, created));
+      driver_entry<decltype(&cuCtxGetDevice_v2)>("cuCtxGetDevice", 13000)(&ctx_device, created));
   EXPECT(ctx_device == 0);
-  CU_CHECK(driver_entry<decltype(&cuCtxSynchronize_v2)>("cuCtxSynchronize_v2", 13000)(nullptr));
+  CU_CHECK(driver_entry<decltype(&cuCtxSynchronize_v2)>("cuCtxSynchronize", 13000)(nullptr));
   // cuCtxCreate_v4 for a CUDA 13 caller; two creations, two destructions, no third.
   CU_CHECK(driver_entry<decltype(&cuCtxCreate)>("cuCtxCreate", 13000)(&again, nullptr, 0, 0));
   EXPECT(again == primary);
