@@ -243,15 +243,15 @@ class Client {
   static std::vector<CallConfiguration>& call_configurations();
 
   // ---- Remoted libraries (client_shim/library_client.h) ----
-  Result<LibraryHandleObj*> create_library_handle(wire::Library library);
+  Result<LibraryHandleObj*> create_library_handle(library_ops::Library library);
   Status destroy_library_handle(LibraryHandleObj* handle);
-  Result<LibraryHandleObj*> library_handle(const void* handle, wire::Library library);
+  Result<LibraryHandleObj*> library_handle(const void* handle, library_ops::Library library);
   Status set_library_stream(LibraryHandleObj* handle, void* stream);
-  Status library_call(LibraryHandleObj* handle, wire::LibraryOp op,
+  Status library_call(LibraryHandleObj* handle, library_ops::LibraryOp op,
                       std::span<const std::byte> args);
-  Status library_call_on(LibraryHandleObj* handle, void* stream, wire::LibraryOp op,
+  Status library_call_on(LibraryHandleObj* handle, void* stream, library_ops::LibraryOp op,
                          std::span<const std::byte> args);
-  Result<std::vector<std::byte>> library_query(LibraryHandleObj* handle, wire::LibraryOp op,
+  Result<std::vector<std::byte>> library_query(LibraryHandleObj* handle, library_ops::LibraryOp op,
                                                std::span<const std::byte> args);
 
   // Sends what is batched (for the flusher and for tests of the policy).

@@ -3,7 +3,7 @@
 
 namespace hiber::shim {
 
-Result<LibraryHandleObj*> Client::create_library_handle(wire::Library library) {
+Result<LibraryHandleObj*> Client::create_library_handle(library_ops::Library library) {
   std::lock_guard lock(mu_);
   HIBER_RETURN_IF_ERROR(ensure_open_locked());
   if (library_handles_.size() >= wire::kMaxLibraryHandles)
@@ -29,12 +29,12 @@ Status Client::destroy_library_handle(LibraryHandleObj* handle) {
   return enqueue_locked(wire::calls::LibraryHandleDestroy{.handle = wire});
 }
 
-Result<LibraryHandleObj*> Client::library_handle(const void* handle, wire::Library library) {
+Result<LibraryHandleObj*> Client::library_handle(const void* handle, library_ops::Library library) {
   std::lock_guard lock(mu_);
   auto it = library_handles_.find(handle);
   if (it == library_handles_.end() || it->second->library != library)
-    return error(ErrorCode::kInvalidHandle, "unknown ", wire::library_name(library), " handle ",
-                 handle);
+    return error(ErrorCode::kInvalidHandle, "unknown ", library_ops::library_name(library),
+                 " handle ", handle);
   return it->second.get();
 }
 
@@ -45,7 +45,7 @@ Status Client::set_library_stream(LibraryHandleObj* handle, void* stream) {
   return Status();
 }
 
-Status Client::library_call(LibraryHandleObj* handle, wire::LibraryOp op,
+Status Client::library_call(LibraryHandleObj* handle, library_ops::LibraryOp op,
                             std::span<const std::byte> args) {
   void* stream;
   {
@@ -55,16 +55,16 @@ Status Client::library_call(LibraryHandleObj* handle, wire::LibraryOp op,
   return library_call_on(handle, stream, op, args);
 }
 
-Status Client::library_call_on(LibraryHandleObj* handle, void* stream_handle, wire::LibraryOp op,
-                               std::span<const std::byte> args) {
+Status Client::library_call_on(LibraryHandleObj* handle, void* stream_handle,
+                               library_ops::LibraryOp op, std::span<const std::byte> args) {
   std::lock_guard lock(mu_);
   HIBER_RETURN_IF_ERROR(ensure_open_locked());
   StreamObj* stream = nullptr;
   if (reinterpret_cast<uintptr_t>(stream_handle) > 2) {
     auto it = streams_.find(stream_handle);
     if (it == streams_.end())
-      return error(ErrorCode::kInvalidHandle, wire::library_name(handle->library), " stream ",
-                   stream_handle, " does not exist (destroyed?)");
+      return error(ErrorCode::kInvalidHandle, library_ops::library_name(handle->library),
+                   " stream ", stream_handle, " does not exist (destroyed?)");
     stream = it->second.get();
   }
   HIBER_RETURN_IF_ERROR(order_for_work_locked(stream));
@@ -74,7 +74,8 @@ Status Client::library_call_on(LibraryHandleObj* handle, void* stream_handle, wi
                                                  .args = args});
 }
 
-Result<std::vector<std::byte>> Client::library_query(LibraryHandleObj* handle, wire::LibraryOp op,
+Result<std::vector<std::byte>> Client::library_query(LibraryHandleObj* handle,
+                                                     library_ops::LibraryOp op,
                                                      std::span<const std::byte> args) {
   std::lock_guard lock(mu_);
   HIBER_RETURN_IF_ERROR(ensure_open_locked());

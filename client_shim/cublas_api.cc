@@ -15,19 +15,19 @@
 #include "client_shim/cublas_overloads.h"
 #include "client_shim/cublas_status.h"
 #include "client_shim/library_client.h"
-#include "wire/blas_ops.h"
+#include "library_ops/dispatch.h"
 
 namespace {
 
 using hiber::ErrorCode;
 using hiber::Status;
+using hiber::library_ops::Library;
+using hiber::library_ops::blas::BatchKind;
+using hiber::library_ops::blas::Gemm;
 using hiber::shim::LibraryHandleObj;
 using hiber::shim::cublas::status_name;
 using hiber::shim::cublas::status_of;
 using hiber::shim::cublas::status_string;
-using hiber::wire::Library;
-using hiber::wire::blas::BatchKind;
-using hiber::wire::blas::Gemm;
 
 // The handle the program passed, or nullptr (the error is logged once per message).
 LibraryHandleObj* handle_of(cublasHandle_t handle, const char* call) {
@@ -45,7 +45,7 @@ cublasStatus_t fail(const char* call, const Status& s) {
 
 // The scale type's size for alpha and beta.
 size_t scalar_bytes(int32_t compute_type, int32_t c_type) {
-  auto bytes = hiber::wire::blas::scale_bytes(compute_type, c_type);
+  auto bytes = hiber::library_ops::blas::scale_bytes(compute_type, c_type);
   return bytes.ok() ? *bytes : 0;
 }
 
@@ -75,7 +75,8 @@ cublasStatus_t submit_gemm(const char* call, LibraryHandleObj* h, Gemm g, const 
   if (g.lda < std::max<int64_t>(1, ta ? g.k : g.m) ||
       g.ldb < std::max<int64_t>(1, tb ? g.n : g.k) || g.ldc < std::max<int64_t>(1, g.m))
     return CUBLAS_STATUS_INVALID_VALUE;
-  return fail(call, hiber::shim::library_call(h, Gemm::kOp, hiber::wire::op_bytes(g)));
+  return fail(call, hiber::shim::library_call(h, hiber::library_ops::op_of<Gemm>,
+                                              hiber::library_ops::op_bytes(g)));
 }
 
 Gemm make_gemm(cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k,

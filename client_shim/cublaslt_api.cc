@@ -5,13 +5,13 @@
 // attribute enum: each attribute has the size cuBLASLt documents, and a set or get with another
 // size is refused with CUBLAS_STATUS_INVALID_VALUE, as the library refuses it. Nothing travels
 // until a matmul or a heuristic query, which carry the descriptors' contents
-// (wire::blas::LtProblem):
+// (library_ops::blas::LtProblem):
 //   - cublasLtMatmul is one asynchronous LibraryCall, ordered on its stream like a launch;
 //   - cublasLtMatmulAlgoGetHeuristic is a LibraryQuery answered by hiberd, and its answer is
 //     cached here keyed by the problem and the preference: the answer depends on nothing else,
 //     and PyTorch re-creates its descriptors and asks again on every matmul, so a warm inference
 //     makes no round trip for it.
-// The 64-byte cublasLtMatmulAlgo_t is hiberd's (wire::blas::LtAlgo): it travels back whole.
+// The 64-byte cublasLtMatmulAlgo_t is hiberd's (library_ops::blas::LtAlgo): it travels back whole.
 #include <cublasLt.h>
 
 #include <array>
@@ -25,23 +25,23 @@
 #include "client_shim/cublasLt_entry_decls.h"
 #include "client_shim/cublas_status.h"
 #include "client_shim/library_client.h"
-#include "wire/blas_ops.h"
+#include "library_ops/dispatch.h"
 
 namespace {
 
 using hiber::ErrorCode;
 using hiber::Status;
+using hiber::library_ops::Library;
+using hiber::library_ops::blas::LtAlgo;
+using hiber::library_ops::blas::LtHeuristic;
+using hiber::library_ops::blas::LtHeuristicResult;
+using hiber::library_ops::blas::LtLayout;
+using hiber::library_ops::blas::LtMatmul;
+using hiber::library_ops::blas::LtProblem;
 using hiber::shim::LibraryHandleObj;
 using hiber::shim::cublas::status_name;
 using hiber::shim::cublas::status_of;
 using hiber::shim::cublas::status_string;
-using hiber::wire::Library;
-using hiber::wire::blas::LtAlgo;
-using hiber::wire::blas::LtHeuristic;
-using hiber::wire::blas::LtHeuristicResult;
-using hiber::wire::blas::LtLayout;
-using hiber::wire::blas::LtMatmul;
-using hiber::wire::blas::LtProblem;
 
 cublasStatus_t fail(const char* call, const Status& s) {
   return hiber::shim::cublas::fail("cuBLASLt", call, s);
@@ -172,7 +172,7 @@ constexpr AttrSpec kMatmulDescSpecs[] = {
     {CUBLASLT_MATMUL_DESC_D_OUT_SCALE_MODE, 4, 0},
     {CUBLASLT_MATMUL_DESC_EMULATION_DESCRIPTOR, 8, 0},
 };
-static_assert(hiber::wire::blas::kLtReductionSchemeAll == CUBLASLT_REDUCTION_SCHEME_MASK);
+static_assert(hiber::library_ops::blas::kLtReductionSchemeAll == CUBLASLT_REDUCTION_SCHEME_MASK);
 
 // Attributes the remoted matmul does not carry: a matmul with any of them changed is refused
 // loudly (CUBLAS_STATUS_NOT_SUPPORTED), never run as if it were unset.
@@ -304,7 +304,7 @@ cublasStatus_t problem_of(const char* call, cublasLtMatmulDesc_t desc_handle,
   p.transa = trans(desc->attrs.i32(CUBLASLT_MATMUL_DESC_TRANSA));
   p.transb = trans(desc->attrs.i32(CUBLASLT_MATMUL_DESC_TRANSB));
   p.transc = trans(desc->attrs.i32(CUBLASLT_MATMUL_DESC_TRANSC));
-  auto checked = hiber::wire::blas::check_lt_problem(p);
+  auto checked = hiber::library_ops::blas::check_lt_problem(p);
   if (!checked.ok()) return fail(call, checked.status());
   return CUBLAS_STATUS_SUCCESS;
 }
@@ -333,7 +333,7 @@ class HeuristicCache {
  private:
   static constexpr size_t kMaxEntries = 4096;
   static std::string key(const LtHeuristic& query) {
-    auto bytes = hiber::wire::op_bytes(query);
+    auto bytes = hiber::library_ops::op_bytes(query);
     return std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size());
   }
   std::mutex mu_;
@@ -506,14 +506,14 @@ cublasStatus_t hiber_entry::cublasLtMatmulAlgoGetHeuristic(
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
     for (int i = 0; i < 4; ++i) {
       const uint64_t bytes = p->attrs.value(alignments[i]);
-      if (bytes > hiber::wire::blas::kMaxLtAlignment)
+      if (bytes > hiber::library_ops::blas::kMaxLtAlignment)
         return fail(kCall, hiber::error(ErrorCode::kNotSupported, "a minimum alignment of ", bytes,
                                         " bytes (Hiber carries up to ",
-                                        hiber::wire::blas::kMaxLtAlignment, ")"));
+                                        hiber::library_ops::blas::kMaxLtAlignment, ")"));
       query.min_alignment[i] = static_cast<uint32_t>(bytes);
     }
     const uint64_t mask = p->attrs.value(CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK);
-    if (mask > hiber::wire::blas::kLtReductionSchemeAll)
+    if (mask > hiber::library_ops::blas::kLtReductionSchemeAll)
       return fail(kCall, hiber::error(ErrorCode::kInvalidValue, "reduction scheme mask ", mask,
                                       " has bits outside CUBLASLT_REDUCTION_SCHEME_MASK"));
     query.reduction_scheme_mask = static_cast<uint32_t>(mask);
@@ -525,10 +525,11 @@ cublasStatus_t hiber_entry::cublasLtMatmulAlgoGetHeuristic(
                                         attr, " is not supported by Hiber"));
     }
   }
-  query.requested = std::min(requested, hiber::wire::blas::kMaxLtHeuristicResults);
+  query.requested = std::min(requested, hiber::library_ops::blas::kMaxLtHeuristicResults);
   std::vector<LtHeuristicResult> answer;
   if (!HeuristicCache::get().find(query, &answer)) {
-    auto bytes = hiber::shim::library_query(*h, LtHeuristic::kOp, hiber::wire::op_bytes(query));
+    auto bytes = hiber::shim::library_query(*h, hiber::library_ops::op_of<LtHeuristic>,
+                                            hiber::library_ops::op_bytes(query));
     if (!bytes.ok()) {
       *returned = 0;
       return fail(kCall, bytes.status());
@@ -620,7 +621,7 @@ cublasStatus_t hiber_entry::cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatm
     mm.beta_ptr = reinterpret_cast<uint64_t>(beta);
   } else {
     // Copied by the scale type: half for CUBLAS_COMPUTE_16F, as the program passes it.
-    auto scale = hiber::wire::blas::element_bytes(mm.problem.scale_type, "scale type");
+    auto scale = hiber::library_ops::blas::element_bytes(mm.problem.scale_type, "scale type");
     if (!scale.ok() || *scale > sizeof(mm.alpha.bytes))
       return fail(kCall, scale.ok() ? hiber::error(ErrorCode::kNotSupported, "scale type ",
                                                    mm.problem.scale_type)
@@ -632,6 +633,6 @@ cublasStatus_t hiber_entry::cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatm
     std::memcpy(static_cast<void*>(&mm.algo), algo, sizeof(LtAlgo));
     mm.has_algo = 1;
   }
-  return fail(kCall,
-              hiber::shim::library_call_on(*h, stream, LtMatmul::kOp, hiber::wire::op_bytes(mm)));
+  return fail(kCall, hiber::shim::library_call_on(*h, stream, hiber::library_ops::op_of<LtMatmul>,
+                                                  hiber::library_ops::op_bytes(mm)));
 }

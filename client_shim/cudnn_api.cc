@@ -37,7 +37,7 @@ cudnnStatus_t fail(const char* call, const Status& s) {
 }
 
 LibraryHandleObj* handle_of(cudnnHandle_t handle, const char* call) {
-  auto h = library_handle(handle, wire::Library::kDnn);
+  auto h = library_handle(handle, library_ops::Library::kDnn);
   if (!h.ok()) {
     set_last_error(std::string(call) + ": " + h.status().message());
     return nullptr;
@@ -51,7 +51,7 @@ using namespace hiber::shim::dnn;  // NOLINT: the C API's definitions below
 
 cudnnStatus_t hiber_entry::cudnnCreate(cudnnHandle_t* handle) {
   if (handle == nullptr) return bad_param("cudnnCreate", "handle is NULL");
-  auto made = hiber::shim::library_handle_create(hiber::wire::Library::kDnn);
+  auto made = hiber::shim::library_handle_create(hiber::library_ops::Library::kDnn);
   if (!made.ok()) {
     fail("cudnnCreate", made.status());
     return CUDNN_STATUS_NOT_INITIALIZED;

@@ -3,7 +3,7 @@
 //
 // Descriptors are proxies in the client: attribute bags (attribute name -> attribute type,
 // elements), with descriptor-typed attributes holding references to the other proxies. What needs
-// no GPU finalizes here, with cuDNN's checks (wire::dnn::check_finalizable): tensors,
+// no GPU finalizes here, with cuDNN's checks (library_ops::dnn::check_finalizable): tensors,
 // convolutions, pointwise descriptors, their operations and operation graphs, variant packs.
 // What depends on the GPU asks hiberd once per operation graph (kDnnFinalize, a synchronous
 // query whose answer lists every engine of the device: supported or why not, workspace, notes),
@@ -25,11 +25,11 @@
 #include <vector>
 
 #include "client_shim/cudnn_common.h"
-#include "wire/dnn_ops.h"
+#include "library_ops/dnn_ops.h"
 
 namespace {
 
-namespace wdnn = hiber::wire::dnn;
+namespace wdnn = hiber::library_ops::dnn;
 
 // The wire's numbers are cuDNN's.
 static_assert(int{wdnn::kKnobChoice} == int{CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR});
@@ -188,7 +188,7 @@ std::shared_ptr<const Support> support_of(const DescPtr& op_graph) {
   if (const Value* h = attr(*op_graph, wdnn::kOperationGraphHandle);
       h != nullptr && h->bytes.size() == sizeof(void*))
     std::memcpy(&handle, h->bytes.data(), sizeof(void*));
-  auto obj = hiber::shim::library_handle(handle, hiber::wire::Library::kDnn);
+  auto obj = hiber::shim::library_handle(handle, hiber::library_ops::Library::kDnn);
   if (!obj.ok()) {
     support->status =
         hiber::error(ErrorCode::kInvalidValue,
@@ -196,7 +196,8 @@ std::shared_ptr<const Support> support_of(const DescPtr& op_graph) {
                      "live cuDNN handle");
     return support;  // not cached: the program may set a good handle on a new graph
   }
-  auto answer = hiber::shim::library_query(*obj, hiber::wire::LibraryOp::kDnnFinalize, encoded);
+  auto answer =
+      hiber::shim::library_query(*obj, hiber::library_ops::LibraryOp::kDnnFinalize, encoded);
   if (answer.ok()) {
     auto engines = wdnn::decode_finalize_answer(*answer);
     if (engines.ok()) {
@@ -632,7 +633,7 @@ cudnnStatus_t hiber_entry::cudnnBackendExecute(cudnnHandle_t handle,
     auto it = defined.find(key);
     if (it == defined.end()) {
       const uint64_t id = next_graph_id++;
-      Status sent = hiber::shim::library_call(h, hiber::wire::LibraryOp::kDnnDefineGraph,
+      Status sent = hiber::shim::library_call(h, hiber::library_ops::LibraryOp::kDnnDefineGraph,
                                               wdnn::encode_define_graph(id, *plan->plan_graph));
       if (!sent.ok()) return fail(kCall, sent);
       it = defined.emplace(key, id).first;
@@ -640,6 +641,6 @@ cudnnStatus_t hiber_entry::cudnnBackendExecute(cudnnHandle_t handle,
     plan->graph_id = it->second;
   }
   e.header.graph_id = plan->graph_id;
-  return fail(kCall, hiber::shim::library_call(h, hiber::wire::LibraryOp::kDnnExecute,
+  return fail(kCall, hiber::shim::library_call(h, hiber::library_ops::LibraryOp::kDnnExecute,
                                                wdnn::encode_execute(e)));
 }

@@ -7,9 +7,9 @@
 #include <cstring>
 
 #include "client_shim/cudnn_common.h"
-#include "wire/dnn_ops.h"
+#include "library_ops/dispatch.h"
 
-namespace wdnn = hiber::wire::dnn;
+namespace wdnn = hiber::library_ops::dnn;
 
 struct cudnnTensorStruct {
   wdnn::TensorShape shape;  // rank 0: not set yet
@@ -147,7 +147,8 @@ cudnnStatus_t submit(cudnnHandle_t handle, const Op& op, const char* call) {
   if (h == nullptr) return CUDNN_STATUS_BAD_PARAM;
   Status checked = wdnn::check_op(op);
   if (!checked.ok()) return fail(call, checked);
-  return fail(call, hiber::shim::library_call(h, Op::kOp, hiber::wire::op_bytes(op)));
+  return fail(call, hiber::shim::library_call(h, hiber::library_ops::op_of<Op>,
+                                              hiber::library_ops::op_bytes(op)));
 }
 
 }  // namespace

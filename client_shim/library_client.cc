@@ -12,7 +12,7 @@
 
 namespace hiber::shim {
 
-Result<LibraryHandleObj*> library_handle_create(wire::Library library) {
+Result<LibraryHandleObj*> library_handle_create(library_ops::Library library) {
   return Client::get().create_library_handle(library);
 }
 
@@ -20,7 +20,7 @@ Status library_handle_destroy(LibraryHandleObj* handle) {
   return Client::get().destroy_library_handle(handle);
 }
 
-Result<LibraryHandleObj*> library_handle(const void* handle, wire::Library library) {
+Result<LibraryHandleObj*> library_handle(const void* handle, library_ops::Library library) {
   return Client::get().library_handle(handle, library);
 }
 
@@ -28,16 +28,17 @@ Status library_set_stream(LibraryHandleObj* handle, void* stream) {
   return Client::get().set_library_stream(handle, stream);
 }
 
-Status library_call(LibraryHandleObj* handle, wire::LibraryOp op, std::span<const std::byte> args) {
+Status library_call(LibraryHandleObj* handle, library_ops::LibraryOp op,
+                    std::span<const std::byte> args) {
   return Client::get().library_call(handle, op, args);
 }
 
-Status library_call_on(LibraryHandleObj* handle, void* stream, wire::LibraryOp op,
+Status library_call_on(LibraryHandleObj* handle, void* stream, library_ops::LibraryOp op,
                        std::span<const std::byte> args) {
   return Client::get().library_call_on(handle, stream, op, args);
 }
 
-Result<std::vector<std::byte>> library_query(LibraryHandleObj* handle, wire::LibraryOp op,
+Result<std::vector<std::byte>> library_query(LibraryHandleObj* handle, library_ops::LibraryOp op,
                                              std::span<const std::byte> args) {
   return Client::get().library_query(handle, op, args);
 }

@@ -5,8 +5,8 @@
 //
 // A library handle is a LibraryHandleObj the core owns; the program holds its address as its
 // cublasHandle_t, cublasLtHandle_t or cudnnHandle_t. cuBLAS and cuBLASLt handles are one kind
-// (wire::Library::kBlas): PyTorch passes a cublasHandle_t where a cublasLtHandle_t is expected.
-// A handle value the core did not make is refused before anything reads it.
+// (library_ops::Library::kBlas): PyTorch passes a cublasHandle_t where a cublasLtHandle_t is
+// expected. A handle value the core did not make is refused before anything reads it.
 //
 // Every function may be called from any thread.
 #pragma once
@@ -27,7 +27,7 @@ namespace hiber::shim {
 
 struct LibraryHandleObj {
   wire::LibraryHandle wire;
-  wire::Library library = wire::Library::kBlas;
+  library_ops::Library library = library_ops::Library::kBlas;
   void* stream = nullptr;  // as the program set it (nullptr: the legacy default stream)
   // cuBLAS and cuBLASLt settings of the handle, applied to each call.
   uint64_t workspace = 0;  // cublasSetWorkspace's; 0: hiberd's own
@@ -39,25 +39,26 @@ struct LibraryHandleObj {
 
 // Makes a handle (hiberd learns of it with the next batch). kNoDevice etc. if there is no
 // session.
-HIBER_SHIM_EXPORT Result<LibraryHandleObj*> library_handle_create(wire::Library library);
+HIBER_SHIM_EXPORT Result<LibraryHandleObj*> library_handle_create(library_ops::Library library);
 HIBER_SHIM_EXPORT Status library_handle_destroy(LibraryHandleObj* handle);
 // The handle whose address the program passed, if the core made it for `library`;
 // kInvalidHandle otherwise (nullptr, freed, another library's, or never made).
 HIBER_SHIM_EXPORT Result<LibraryHandleObj*> library_handle(const void* handle,
-                                                           wire::Library library);
+                                                           library_ops::Library library);
 // Sets the stream (nullptr, cudaStreamLegacy or a live stream; kInvalidHandle otherwise).
 HIBER_SHIM_EXPORT Status library_set_stream(LibraryHandleObj* handle, void* stream);
 // A compute call, ordered on the handle's stream among its copies and launches; asynchronous
 // (its failure is the session's sticky error, as a launch's is).
-HIBER_SHIM_EXPORT Status library_call(LibraryHandleObj* handle, wire::LibraryOp op,
+HIBER_SHIM_EXPORT Status library_call(LibraryHandleObj* handle, library_ops::LibraryOp op,
                                       std::span<const std::byte> args);
 // The same on `stream` (nullptr, cudaStreamLegacy or a live stream) instead of the handle's:
 // cublasLtMatmul names its stream per call.
-HIBER_SHIM_EXPORT Status library_call_on(LibraryHandleObj* handle, void* stream, wire::LibraryOp op,
+HIBER_SHIM_EXPORT Status library_call_on(LibraryHandleObj* handle, void* stream,
+                                         library_ops::LibraryOp op,
                                          std::span<const std::byte> args);
 // A question hiberd answers; waits for the answer.
 HIBER_SHIM_EXPORT Result<std::vector<std::byte>> library_query(LibraryHandleObj* handle,
-                                                               wire::LibraryOp op,
+                                                               library_ops::LibraryOp op,
                                                                std::span<const std::byte> args);
 // Logs `message` once per process (for loud stubs and refused calls): "<library>: <message>".
 HIBER_SHIM_EXPORT void library_log_once(const char* library, const std::string& message);

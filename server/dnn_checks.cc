@@ -2,10 +2,12 @@
 // each call reads and writes, from the declared dimensions, strides and data type of each tensor.
 #include "server/library_calls.h"
 
+#include "library_ops/dispatch.h"
+
 namespace hiber::server {
 namespace {
 
-namespace dnn = wire::dnn;
+namespace dnn = library_ops::dnn;
 
 Result<LibraryOperand> operand(const dnn::TensorShape& shape, uint64_t ptr, bool write,
                                const char* what) {
@@ -17,11 +19,10 @@ Result<LibraryOperand> operand(const dnn::TensorShape& shape, uint64_t ptr, bool
 // The operands of a legacy call: its checked struct's tensors.
 template <typename Op>
 Result<LibraryAccess> legacy(
-    std::span<const std::byte> args, const char* name,
+    const Op& op,
     std::initializer_list<
         std::tuple<const dnn::TensorShape Op::*, const uint64_t Op::*, bool, const char*>>
         tensors) {
-  HIBER_ASSIGN_OR_RETURN(Op op, wire::read_op<Op>(args, name));
   HIBER_RETURN_IF_ERROR(dnn::check_op(op));
   LibraryAccess access;
   for (const auto& [shape, ptr, write, what] : tensors) {
@@ -73,54 +74,56 @@ Result<LibraryAccess> execute(std::span<const std::byte> args, const DnnGraphs& 
 
 }  // namespace
 
-Result<LibraryAccess> check_dnn_call(wire::LibraryOp op, std::span<const std::byte> args,
+Result<LibraryAccess> check_dnn_call(library_ops::LibraryOp op, std::span<const std::byte> args,
                                      DnnGraphs& graphs) {
-  using wire::LibraryOp;
-  switch (op) {
-    case LibraryOp::kDnnDefineGraph: return define_graph(args, graphs);
-    case LibraryOp::kDnnExecute: return execute(args, graphs);
-    case LibraryOp::kDnnBatchNormInference: {
-      using B = dnn::BatchNormInference;
-      return legacy<B>(args, "cudnnBatchNormalizationForwardInference",
-                       {{&B::x, &B::x_ptr, false, "x"},
-                        {&B::y, &B::y_ptr, true, "y"},
-                        {&B::bn, &B::scale, false, "bnScale"},
-                        {&B::bn, &B::bias, false, "bnBias"},
-                        {&B::bn, &B::mean, false, "estimatedMean"},
-                        {&B::bn, &B::variance, false, "estimatedVariance"}});
-    }
-    case LibraryOp::kDnnPooling: {
-      using P = dnn::Pooling;
-      return legacy<P>(args, "cudnnPoolingForward",
-                       {{&P::x, &P::x_ptr, false, "x"}, {&P::y, &P::y_ptr, true, "y"}});
-    }
-    case LibraryOp::kDnnActivation: {
-      using A = dnn::Activation;
-      return legacy<A>(args, "cudnnActivationForward",
-                       {{&A::x, &A::x_ptr, false, "x"}, {&A::y, &A::y_ptr, true, "y"}});
-    }
-    case LibraryOp::kDnnSoftmax: {
-      using S = dnn::Softmax;
-      return legacy<S>(args, "cudnnSoftmaxForward",
-                       {{&S::x, &S::x_ptr, false, "x"}, {&S::y, &S::y_ptr, true, "y"}});
-    }
-    case LibraryOp::kDnnAddTensor: {
-      using T = dnn::AddTensor;
-      return legacy<T>(args, "cudnnAddTensor",
-                       {{&T::a, &T::a_ptr, false, "A"}, {&T::c, &T::c_ptr, true, "C"}});
-    }
-    default: break;
-  }
-  return error(ErrorCode::kNotSupported, "cuDNN operation ", static_cast<unsigned>(op),
-               " is not a compute call hiberd runs");
+  using library_ops::LibraryOp;
+  using library_ops::OpTag;
+  using Bytes = std::span<const std::byte>;
+  using B = dnn::BatchNormInference;
+  using P = dnn::Pooling;
+  using A = dnn::Activation;
+  using S = dnn::Softmax;
+  using T = dnn::AddTensor;
+  return library_ops::dispatch<Result<LibraryAccess>, library_ops::Library::kDnn,
+                               library_ops::Kind::kCall>(
+      op, args, "hiberd",
+      library_ops::Handlers{
+          [&](OpTag<LibraryOp::kDnnDefineGraph>, Bytes bytes) {
+            return define_graph(bytes, graphs);
+          },
+          [&](OpTag<LibraryOp::kDnnExecute>, Bytes bytes) { return execute(bytes, graphs); },
+          [](OpTag<LibraryOp::kDnnBatchNormInference>, const B& b) {
+            return legacy<B>(b, {{&B::x, &B::x_ptr, false, "x"},
+                                 {&B::y, &B::y_ptr, true, "y"},
+                                 {&B::bn, &B::scale, false, "bnScale"},
+                                 {&B::bn, &B::bias, false, "bnBias"},
+                                 {&B::bn, &B::mean, false, "estimatedMean"},
+                                 {&B::bn, &B::variance, false, "estimatedVariance"}});
+          },
+          [](OpTag<LibraryOp::kDnnPooling>, const P& p) {
+            return legacy<P>(p, {{&P::x, &P::x_ptr, false, "x"}, {&P::y, &P::y_ptr, true, "y"}});
+          },
+          [](OpTag<LibraryOp::kDnnActivation>, const A& a) {
+            return legacy<A>(a, {{&A::x, &A::x_ptr, false, "x"}, {&A::y, &A::y_ptr, true, "y"}});
+          },
+          [](OpTag<LibraryOp::kDnnSoftmax>, const S& s) {
+            return legacy<S>(s, {{&S::x, &S::x_ptr, false, "x"}, {&S::y, &S::y_ptr, true, "y"}});
+          },
+          [](OpTag<LibraryOp::kDnnAddTensor>, const T& t) {
+            return legacy<T>(t, {{&T::a, &T::a_ptr, false, "A"}, {&T::c, &T::c_ptr, true, "C"}});
+          }});
 }
 
-Status check_dnn_query(wire::LibraryOp op, std::span<const std::byte> args) {
-  if (op != wire::LibraryOp::kDnnFinalize)
-    return error(ErrorCode::kNotSupported, "cuDNN query ", static_cast<unsigned>(op),
-                 " is not one hiberd answers");
-  HIBER_ASSIGN_OR_RETURN(dnn::Graph graph, dnn::decode_graph(args));
-  return dnn::interpret_operation_graph(graph).status();
+Status check_dnn_query(library_ops::LibraryOp op, std::span<const std::byte> args) {
+  using library_ops::LibraryOp;
+  using library_ops::OpTag;
+  return library_ops::dispatch<Status, library_ops::Library::kDnn, library_ops::Kind::kQuery>(
+      op, args, "hiberd",
+      library_ops::Handlers{
+          [](OpTag<LibraryOp::kDnnFinalize>, std::span<const std::byte> bytes) -> Status {
+            HIBER_ASSIGN_OR_RETURN(dnn::Graph graph, dnn::decode_graph(bytes));
+            return dnn::interpret_operation_graph(graph).status();
+          }});
 }
 
 }  // namespace hiber::server

@@ -3,7 +3,7 @@
 namespace hiber::server {
 
 Status LibraryCalls::create_handle(wire::LibraryHandle handle, uint8_t library) {
-  if (!wire::is_library(library))
+  if (!library_ops::is_library(library))
     return error(ErrorCode::kInvalidValue, "libraryHandleCreate: library ", unsigned{library},
                  " does not exist");
   if (handle.is_zero())
@@ -11,7 +11,7 @@ Status LibraryCalls::create_handle(wire::LibraryHandle handle, uint8_t library) 
   if (handles_.size() >= wire::kMaxLibraryHandles)
     return error(ErrorCode::kOutOfMemory, "libraryHandleCreate: the session already has ",
                  handles_.size(), " library handles, the most one session may hold");
-  if (!handles_.emplace(handle, static_cast<wire::Library>(library)).second)
+  if (!handles_.emplace(handle, static_cast<library_ops::Library>(library)).second)
     return error(ErrorCode::kInvalidValue, "libraryHandleCreate: handle ", hex(handle.value()),
                  " already exists");
   return Status();
@@ -24,7 +24,7 @@ Status LibraryCalls::destroy_handle(wire::LibraryHandle handle) {
   return Status();
 }
 
-Result<wire::Library> LibraryCalls::library(wire::LibraryHandle handle) const {
+Result<library_ops::Library> LibraryCalls::library(wire::LibraryHandle handle) const {
   auto it = handles_.find(handle);
   if (it == handles_.end())
     return error(ErrorCode::kInvalidHandle, "library handle ", hex(handle.value()),
@@ -32,36 +32,41 @@ Result<wire::Library> LibraryCalls::library(wire::LibraryHandle handle) const {
   return it->second;
 }
 
-Result<wire::LibraryOp> LibraryCalls::check_op(wire::LibraryHandle handle, uint16_t op,
-                                               std::span<const std::byte> args,
-                                               const char* kind) const {
-  HIBER_ASSIGN_OR_RETURN(wire::Library library, this->library(handle));
+Result<library_ops::LibraryOp> LibraryCalls::check_op(wire::LibraryHandle handle, uint16_t op,
+                                                      std::span<const std::byte> args,
+                                                      const char* kind) const {
+  HIBER_ASSIGN_OR_RETURN(library_ops::Library library, this->library(handle));
   if (args.size() > wire::kMaxLibraryArgBytes)
     return error(ErrorCode::kInvalidValue, kind, " ", op, ": ", args.size(),
                  " bytes of arguments exceed the limit of ", wire::kMaxLibraryArgBytes);
-  const auto library_op = static_cast<wire::LibraryOp>(op);
-  if (wire::library_of(library_op) != library)
+  library_ops::OpRow row{};
+  if (!library_ops::op_row(op, &row) || row.library != library)
     return error(ErrorCode::kInvalidValue, kind, " ", op, " is not an operation of ",
-                 wire::library_name(library), ", the library of handle ", hex(handle.value()));
-  return library_op;
+                 library_ops::library_name(library), ", the library of handle ",
+                 hex(handle.value()));
+  return static_cast<library_ops::LibraryOp>(op);
 }
 
 Result<LibraryAccess> LibraryCalls::check_call(wire::LibraryHandle handle, uint16_t op,
                                                std::span<const std::byte> args) {
-  HIBER_ASSIGN_OR_RETURN(wire::LibraryOp library_op, check_op(handle, op, args, "libraryCall"));
-  switch (wire::library_of(library_op)) {
-    case wire::Library::kBlas: return check_blas_call(library_op, args);
-    case wire::Library::kDnn: return check_dnn_call(library_op, args, dnn_graphs_);
+  HIBER_ASSIGN_OR_RETURN(library_ops::LibraryOp library_op,
+                         check_op(handle, op, args, "libraryCall"));
+  HIBER_ASSIGN_OR_RETURN(library_ops::Library library, this->library(handle));
+  switch (library) {
+    case library_ops::Library::kBlas: return check_blas_call(library_op, args);
+    case library_ops::Library::kDnn: return check_dnn_call(library_op, args, dnn_graphs_);
   }
   return error(ErrorCode::kInvalidValue, "libraryCall: operation ", op, " has no library");
 }
 
 Status LibraryCalls::check_query(wire::LibraryHandle handle, uint16_t op,
                                  std::span<const std::byte> args) {
-  HIBER_ASSIGN_OR_RETURN(wire::LibraryOp library_op, check_op(handle, op, args, "libraryQuery"));
-  switch (wire::library_of(library_op)) {
-    case wire::Library::kBlas: return check_blas_query(library_op, args);
-    case wire::Library::kDnn: return check_dnn_query(library_op, args);
+  HIBER_ASSIGN_OR_RETURN(library_ops::LibraryOp library_op,
+                         check_op(handle, op, args, "libraryQuery"));
+  HIBER_ASSIGN_OR_RETURN(library_ops::Library library, this->library(handle));
+  switch (library) {
+    case library_ops::Library::kBlas: return check_blas_query(library_op, args);
+    case library_ops::Library::kDnn: return check_dnn_query(library_op, args);
   }
   return error(ErrorCode::kInvalidValue, "libraryQuery: operation ", op, " has no library");
 }

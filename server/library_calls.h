@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "common/status.h"
-#include "wire/dnn_ops.h"
+#include "library_ops/dnn_ops.h"
 #include "wire/library.h"
 
 namespace hiber::server {
@@ -40,15 +40,17 @@ struct LibraryAccess {
 
 // The cuDNN plans the session defined (kDnnDefineGraph), by the client's graph id: what its
 // kDnnExecute calls name, and what their variant packs are checked against.
-using DnnGraphs = std::unordered_map<uint64_t, std::shared_ptr<const wire::dnn::Plan>>;
+using DnnGraphs = std::unordered_map<uint64_t, std::shared_ptr<const library_ops::dnn::Plan>>;
 
 class LibraryCalls {
  public:
   Status create_handle(wire::LibraryHandle handle, uint8_t library);
   Status destroy_handle(wire::LibraryHandle handle);
   // The library of a handle the session created; kInvalidHandle otherwise.
-  Result<wire::Library> library(wire::LibraryHandle handle) const;
-  const std::unordered_map<wire::LibraryHandle, wire::Library>& handles() const { return handles_; }
+  Result<library_ops::Library> library(wire::LibraryHandle handle) const;
+  const std::unordered_map<wire::LibraryHandle, library_ops::Library>& handles() const {
+    return handles_;
+  }
 
   // Checks a compute call (calls::LibraryCall) of `op` under `handle`; its operands.
   Result<LibraryAccess> check_call(wire::LibraryHandle handle, uint16_t op,
@@ -57,21 +59,21 @@ class LibraryCalls {
   Status check_query(wire::LibraryHandle handle, uint16_t op, std::span<const std::byte> args);
 
  private:
-  Result<wire::LibraryOp> check_op(wire::LibraryHandle handle, uint16_t op,
-                                   std::span<const std::byte> args, const char* kind) const;
+  Result<library_ops::LibraryOp> check_op(wire::LibraryHandle handle, uint16_t op,
+                                          std::span<const std::byte> args, const char* kind) const;
 
-  std::unordered_map<wire::LibraryHandle, wire::Library> handles_;
+  std::unordered_map<wire::LibraryHandle, library_ops::Library> handles_;
   DnnGraphs dnn_graphs_;
 };
 
 // Per library (server/blas_checks.cc, server/dnn_checks.cc): the operands of a compute call,
 // after checking its values. kInvalidValue naming the value otherwise; kNotSupported for an
 // operation that is not a compute call of the library.
-Result<LibraryAccess> check_blas_call(wire::LibraryOp op, std::span<const std::byte> args);
-Status check_blas_query(wire::LibraryOp op, std::span<const std::byte> args);
+Result<LibraryAccess> check_blas_call(library_ops::LibraryOp op, std::span<const std::byte> args);
+Status check_blas_query(library_ops::LibraryOp op, std::span<const std::byte> args);
 // cuDNN's calls use and extend the session's defined graphs.
-Result<LibraryAccess> check_dnn_call(wire::LibraryOp op, std::span<const std::byte> args,
+Result<LibraryAccess> check_dnn_call(library_ops::LibraryOp op, std::span<const std::byte> args,
                                      DnnGraphs& graphs);
-Status check_dnn_query(wire::LibraryOp op, std::span<const std::byte> args);
+Status check_dnn_query(library_ops::LibraryOp op, std::span<const std::byte> args);
 
 }  // namespace hiber::server

@@ -163,9 +163,10 @@ std::vector<MetricFamily> metric_families(proto::NodeStatus::Reader status,
   // Memory.
   MetricFamily& pool =
       out.add("hiber_pool_bytes", "GPU pool memory, used and free", MetricType::Gauge);
-  MetricFamily& fragmentation =
-      out.add("hiber_pool_fragmentation_ratio", "1 - the largest free block / the largest there could be (the free bytes, at most one chunk): 0 for an empty pool",
-              MetricType::Gauge);
+  MetricFamily& fragmentation = out.add("hiber_pool_fragmentation_ratio",
+                                        "1 - the largest free block / the largest there could be "
+                                        "(the free bytes, at most one chunk): 0 for an empty pool",
+                                        MetricType::Gauge);
   MetricFamily& healthy =
       out.add("hiber_gpu_healthy", "1 while the GPU takes requests' work (no failed transfer)",
               MetricType::Gauge);

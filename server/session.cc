@@ -747,7 +747,7 @@ void Session::teardown() {
   quiesce();
   handles_.destroy_all();
   functions_.clear();
-  for (wire::Library library : {wire::Library::kBlas, wire::Library::kDnn}) {
+  for (library_ops::Library library : {library_ops::Library::kBlas, library_ops::Library::kDnn}) {
     if (device::LibraryBackend* backend = device_.library(library))
       backend->release(identity_.id.value(), std::nullopt);
   }

@@ -504,12 +504,13 @@ Session::Outcome Session::launch_kernel(const wire::calls::LaunchKernel& c) {
 Session::Outcome Session::library_handle_create(const wire::calls::LibraryHandleCreate& c) {
   Status made = libraries_.create_handle(c.handle, c.library);
   if (!made.ok()) return {made};
-  const auto library = static_cast<wire::Library>(c.library);
+  const auto library = static_cast<library_ops::Library>(c.library);
   device::LibraryBackend* backend = device_.library(library);
   if (backend == nullptr) {
     (void)libraries_.destroy_handle(c.handle);
     return {error(ErrorCode::kNotSupported, "libraryHandleCreate: hiberd's ",
-                  device_.backend_name(), " device does not run ", wire::library_name(library))};
+                  device_.backend_name(), " device does not run ",
+                  library_ops::library_name(library))};
   }
   // The CUDA backend's real library may be missing on this machine: the client learns it now,
   // at cublasCreate/cudnnCreate, rather than at its first compute call.
@@ -521,11 +522,11 @@ Session::Outcome Session::library_handle_create(const wire::calls::LibraryHandle
 }
 
 Session::Outcome Session::library_handle_destroy(const wire::calls::LibraryHandleDestroy& c) {
-  Result<wire::Library> library = libraries_.library(c.handle);
+  Result<library_ops::Library> library = libraries_.library(c.handle);
   Status destroyed = libraries_.destroy_handle(c.handle);
   if (destroyed.ok()) {
     if (device::LibraryBackend* backend = device_.library(*library))
-      backend->release(identity_.id.value(), c.handle);
+      backend->release(identity_.id.value(), library_ops::LibraryHandle(c.handle.value()));
   }
   return {destroyed};
 }
@@ -543,7 +544,7 @@ Session::Outcome Session::library_call(const wire::calls::LibraryCall& c) {
     if (operand.bytes == 0) continue;
     Status inside = memory_->check_range(operand.ptr, operand.bytes, operand.what);
     if (!inside.ok())
-      return {inside.with_context(wire::library_name(*libraries_.library(c.handle)))};
+      return {inside.with_context(library_ops::library_name(*libraries_.library(c.handle)))};
     memory_->access(operand.ptr, operand.bytes, operand.write, &waits_);
   }
   if (access->through_pointers) memory_->access_all(&waits_);
@@ -551,8 +552,8 @@ Session::Outcome Session::library_call(const wire::calls::LibraryCall& c) {
     Status waited = device_.wait_event(*s, e);
     if (!waited.ok()) return {waited};
   }
-  const device::LibraryCall call{identity_.id.value(), c.handle, static_cast<wire::LibraryOp>(c.op),
-                                 c.args};
+  const device::LibraryCall call{identity_.id.value(), library_ops::LibraryHandle(c.handle.value()),
+                                 static_cast<library_ops::LibraryOp>(c.op), c.args};
   return {backend->run(*s, call), {}, false, *s};
 }
 
@@ -566,8 +567,8 @@ Session::Outcome Session::library_query(const wire::calls::LibraryQuery& c) {
   Result<device::Context> context = lease_ ? context_on(lease_->gpus.first().value())
                                            : Result<device::Context>(device_.shared_context(0));
   if (!context.ok()) return {context.status()};
-  const device::LibraryCall call{identity_.id.value(), c.handle, static_cast<wire::LibraryOp>(c.op),
-                                 c.args};
+  const device::LibraryCall call{identity_.id.value(), library_ops::LibraryHandle(c.handle.value()),
+                                 static_cast<library_ops::LibraryOp>(c.op), c.args};
   Result<std::vector<std::byte>> answer = backend->answer(*context, call);
   if (!answer.ok()) return {answer.status()};
   return {Status(), wire::LibraryAnswer{std::move(answer).value()}};

@@ -18,18 +18,18 @@
 
 #include "common/cuda_abi.h"
 #include "common/mutex.h"
+#include "library_ops/blas_ops.h"
 #include "server/device/cuda_library_support.h"
-#include "wire/blas_ops.h"
 
 namespace hiber::device {
 namespace {
 
-using wire::blas::LtAlgo;
-using wire::blas::LtHeuristic;
-using wire::blas::LtHeuristicResult;
-using wire::blas::LtLayout;
-using wire::blas::LtMatmul;
-using wire::blas::LtProblem;
+using library_ops::blas::LtAlgo;
+using library_ops::blas::LtHeuristic;
+using library_ops::blas::LtHeuristicResult;
+using library_ops::blas::LtLayout;
+using library_ops::blas::LtMatmul;
+using library_ops::blas::LtProblem;
 
 // ---- Entry points ----
 
@@ -194,7 +194,7 @@ Status build(const LtApi& api, const LtProblem& p, Descriptors* d) {
   // TRANSC stays at its default, N: the only value cuBLASLt takes (check_lt_problem).
   HIBER_RETURN_IF_ERROR(set_desc(api, d->desc, CUBLASLT_MATMUL_DESC_EPILOGUE,
                                  static_cast<uint32_t>(p.epilogue), "epilogue"));
-  if (p.epilogue & wire::blas::kEpilogueBias) {
+  if (p.epilogue & library_ops::blas::kEpilogueBias) {
     // The client resolved the default (-1) to D's type, which is what the library would use.
     HIBER_RETURN_IF_ERROR(set_desc(api, d->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
                                    int32_t{p.bias_type}, "bias data type"));
@@ -217,7 +217,7 @@ struct AlgoKey {
   uint64_t model = 0;
   uint64_t max_workspace = 0;
   uint64_t alignments = 0;
-  uint64_t reduction_mask = wire::blas::kLtReductionSchemeAll;
+  uint64_t reduction_mask = library_ops::blas::kLtReductionSchemeAll;
   int32_t requested = 0;
   int32_t index = 0;
   friend auto operator<=>(const AlgoKey&, const AlgoKey&) = default;
@@ -255,9 +255,9 @@ Result<AlgoKey> get_key(const LtAlgo& algo) {
   key.alignments = algo.backend[4];
   key.reduction_mask = algo.backend[5];
   if ((algo.backend[0] >> 32) != kTag || algo.backend[3] < 1 ||
-      algo.backend[3] > wire::blas::kMaxLtHeuristicResults || key.index < 0 ||
+      algo.backend[3] > library_ops::blas::kMaxLtHeuristicResults || key.index < 0 ||
       key.index >= key.requested ||
-      (algo.backend[5] & ~uint64_t{wire::blas::kLtReductionSchemeAll}) != 0)
+      (algo.backend[5] & ~uint64_t{library_ops::blas::kLtReductionSchemeAll}) != 0)
     return error(ErrorCode::kInvalidValue,
                  "cuBLASLt matmul: the algo was not returned by this GPU server's "
                  "cublasLtMatmulAlgoGetHeuristic (a simulated GPU's, or altered)");
@@ -296,7 +296,7 @@ constexpr size_t kMaxDescriptorsPerHandle = 256;
 // Kept algorithms over all sessions; beyond it they start over (a miss re-runs the heuristic).
 constexpr size_t kMaxKeptAlgos = 1 << 16;
 
-class CudaBlasLtBackend final : public LibraryBackend {
+class CudaBlasLtBackend final : public CudaBlasLt {
  public:
   CudaBlasLtBackend(const CudaContexts& contexts, OpenCudaLibrary open)
       : contexts_(contexts), lt_(std::move(open)) {}
@@ -311,14 +311,11 @@ class CudaBlasLtBackend final : public LibraryBackend {
     return Status();
   }
 
-  Status run(Stream stream, const LibraryCall& call) override {
-    if (call.op != wire::LibraryOp::kLtMatmul)
-      return error(ErrorCode::kNotSupported, "cuBLASLt operation ", static_cast<unsigned>(call.op),
-                   " is not one hiberd's CUDA backend runs");
+  Status run(Stream stream, const LibraryCall& call, const LtMatmul& mm) override {
     HIBER_ASSIGN_OR_RETURN(const LtApi* api, lt_.get());
     lt_.mark_loaded();
-    HIBER_ASSIGN_OR_RETURN(LtMatmul mm, wire::read_op<LtMatmul>(call.args, "cuBLASLt matmul"));
-    HIBER_ASSIGN_OR_RETURN(wire::blas::LtDims dims, wire::blas::check_lt_problem(mm.problem));
+    HIBER_ASSIGN_OR_RETURN(library_ops::blas::LtDims dims,
+                           library_ops::blas::check_lt_problem(mm.problem));
     std::optional<AlgoKey> key;
     if (mm.has_algo) {
       HIBER_ASSIGN_OR_RETURN(key, get_key(mm.algo));
@@ -331,7 +328,7 @@ class CudaBlasLtBackend final : public LibraryBackend {
     MutexLock lock(entry->mutex);
     HIBER_ASSIGN_OR_RETURN(Descriptors * d, descriptors(*api, *entry, mm.problem));
     const LtProblem& p = mm.problem;
-    if ((p.epilogue & wire::blas::kEpilogueBias) &&
+    if ((p.epilogue & library_ops::blas::kEpilogueBias) &&
         (d->bias != mm.bias || d->bias_batch_stride != mm.bias_batch_stride)) {
       HIBER_RETURN_IF_ERROR(set_desc(*api, d->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
                                      reinterpret_cast<const void*>(mm.bias), "bias pointer"));
@@ -361,17 +358,13 @@ class CudaBlasLtBackend final : public LibraryBackend {
         "cublasLtMatmul");
   }
 
-  Result<std::vector<std::byte>> answer(Context context, const LibraryCall& call) override {
+  Result<std::vector<std::byte>> answer(Context context, const LibraryCall& call,
+                                        const LtHeuristic& h) override {
     const int gpu = context.gpu;
-    if (call.op != wire::LibraryOp::kLtHeuristic)
-      return error(ErrorCode::kNotSupported, "cuBLAS query ", static_cast<unsigned>(call.op),
-                   " is not one hiberd's CUDA backend answers");
     HIBER_ASSIGN_OR_RETURN(const LtApi* api, lt_.get());
     lt_.mark_loaded();
-    HIBER_ASSIGN_OR_RETURN(LtHeuristic h,
-                           wire::read_op<LtHeuristic>(call.args, "cuBLASLt heuristic"));
-    HIBER_RETURN_IF_ERROR(wire::blas::check_lt_problem(h.problem).status());
-    if (h.requested < 1 || h.requested > wire::blas::kMaxLtHeuristicResults)
+    HIBER_RETURN_IF_ERROR(library_ops::blas::check_lt_problem(h.problem).status());
+    if (h.requested < 1 || h.requested > library_ops::blas::kMaxLtHeuristicResults)
       return error(ErrorCode::kInvalidValue, "cuBLASLt heuristic: ", h.requested,
                    " algorithms requested");
     HIBER_RETURN_IF_ERROR(contexts_.use_context(context));
@@ -379,7 +372,7 @@ class CudaBlasLtBackend final : public LibraryBackend {
     MutexLock lock(entry->mutex);
     HIBER_ASSIGN_OR_RETURN(Descriptors * d, descriptors(*api, *entry, h.problem));
     AlgoKey key;
-    key.problem = wire::blas::lt_problem_hash(h.problem);
+    key.problem = library_ops::blas::lt_problem_hash(h.problem);
     key.model = model(gpu);
     key.max_workspace = h.max_workspace_bytes;
     key.alignments = pack_alignments(h.min_alignment);
@@ -397,7 +390,7 @@ class CudaBlasLtBackend final : public LibraryBackend {
       key.index = static_cast<int32_t>(i);
       keep(key, results[i].algo);
       answer[i].algo.id = id;
-      answer[i].algo.magic = wire::blas::kLtAlgoMagic;
+      answer[i].algo.magic = library_ops::blas::kLtAlgoMagic;
       put_key(key, &answer[i].algo);
       answer[i].workspace_bytes = results[i].workspaceSize;
       answer[i].waves_bits = std::bit_cast<uint32_t>(results[i].wavesCount);
@@ -407,7 +400,7 @@ class CudaBlasLtBackend final : public LibraryBackend {
     return bytes;
   }
 
-  void release(uint64_t owner, std::optional<wire::LibraryHandle> handle) override {
+  void release(uint64_t owner, std::optional<library_ops::LibraryHandle> handle) override {
     release_if([&](const LtKey& key) {
       return key.owner == owner && (!handle.has_value() || key.handle == handle->value());
     });
@@ -450,7 +443,7 @@ class CudaBlasLtBackend final : public LibraryBackend {
   // The real descriptors of `p` on this handle, built on first use.
   static Result<Descriptors*> descriptors(const LtApi& api, LtEntry& entry, const LtProblem& p)
       REQUIRES(entry.mutex) {
-    const uint64_t hash = wire::blas::lt_problem_hash(p);
+    const uint64_t hash = library_ops::blas::lt_problem_hash(p);
     auto it = entry.descriptors.find(hash);
     if (it != entry.descriptors.end() && std::memcmp(&it->second.problem, &p, sizeof p) == 0)
       return &it->second;
@@ -542,7 +535,7 @@ class CudaBlasLtBackend final : public LibraryBackend {
     const uint64_t chosen_on = key.model;
     key.model = model(gpu);
     if (std::optional<cublasLtMatmulAlgo_t> kept = find(key)) return *kept;
-    const uint64_t problem = wire::blas::lt_problem_hash(d.problem);
+    const uint64_t problem = library_ops::blas::lt_problem_hash(d.problem);
     VLOG(1) << "cuBLASLt matmul: algo " << key.index << " of problem " << key.problem
             << (chosen_on != key.model ? " was chosen on another GPU model"
                                        : " is not kept (hiberd restarted or evicted it)")
@@ -640,8 +633,7 @@ class CudaBlasLtBackend final : public LibraryBackend {
 
 }  // namespace
 
-std::unique_ptr<LibraryBackend> make_cuda_blaslt_backend(const CudaContexts& contexts,
-                                                         OpenCudaLibrary open) {
+std::unique_ptr<CudaBlasLt> make_cuda_blaslt(const CudaContexts& contexts, OpenCudaLibrary open) {
   return std::make_unique<CudaBlasLtBackend>(contexts, std::move(open));
 }
 

@@ -1,5 +1,5 @@
 // cuBLASLt on the CUDA backend: the kLtHeuristic queries and kLtMatmul calls of
-// wire::Library::kBlas (cuda_libraries.h's cuBLAS backend hands them here), run by the real
+// library_ops::Library::kBlas (cuda_libraries.h's cuBLAS backend hands them here), run by the real
 // libcublasLt.so.13.
 //
 // Loading. libcublasLt.so.13 is opened when a client first creates a cuBLAS/cuBLASLt handle
@@ -23,15 +23,16 @@
 // count, strided batch offset). The bias pointer and bias batch stride change per call and are set
 // on the kept descriptor before each matmul (one handle is used by one thread at a time).
 //
-// Algorithms. A real cublasLtMatmulAlgo_t is 64 bytes, and wire::blas::LtAlgo leaves the backend 48
-// of them, so the real algorithms never travel: the heuristic keeps each one it returns in hiberd,
-// keyed by (problem hash, workspace preference, results requested, result index, GPU model), and
-// the client's LtAlgo carries the key (LtAlgo::backend, see CudaLtAlgoKey in cuda_blaslt.cc). A
-// matmul looks its key up; on a miss (hiberd restarted, the function moved to a GPU of another
-// model, or the kept algorithms were evicted) it re-runs the heuristic for the matmul's problem
-// with the same preference and takes the result of the same index, and refuses with kNotSupported
-// when the heuristic now offers fewer. The library therefore only ever runs algorithms its own
-// heuristic returned on the GPU it runs on; a client chooses among them, never writes their bytes.
+// Algorithms. A real cublasLtMatmulAlgo_t is 64 bytes, and library_ops::blas::LtAlgo leaves the
+// backend 48 of them, so the real algorithms never travel: the heuristic keeps each one it returns
+// in hiberd, keyed by (problem hash, workspace preference, results requested, result index, GPU
+// model), and the client's LtAlgo carries the key (LtAlgo::backend, see CudaLtAlgoKey in
+// cuda_blaslt.cc). A matmul looks its key up; on a miss (hiberd restarted, the function moved to a
+// GPU of another model, or the kept algorithms were evicted) it re-runs the heuristic for the
+// matmul's problem with the same preference and takes the result of the same index, and refuses
+// with kNotSupported when the heuristic now offers fewer. The library therefore only ever runs
+// algorithms its own heuristic returned on the GPU it runs on; a client chooses among them, never
+// writes their bytes.
 //
 // Release. cublasLtDestroy (which synchronises the device, as cublasDestroy does) and the
 // descriptors' destruction run with the handle's GPU's context current. Descriptors may be
@@ -47,6 +48,7 @@
 #include <utility>
 
 #include "common/status.h"
+#include "library_ops/blas_ops.h"
 #include "server/device/cuda_libraries.h"
 #include "server/device/library.h"
 
@@ -56,9 +58,21 @@ namespace hiber::device {
 // path it was loaded from (for messages), or kNotSupported naming where it was looked for.
 using OpenCudaLibrary = std::function<Result<std::pair<void*, std::string>>(const char* soname)>;
 
-// The cuBLASLt part of the kBlas backend: run() takes kLtMatmul, answer() kLtHeuristic.
+// The cuBLASLt part of the kBlas backend (cuda_libraries.cc dispatches kLtMatmul and
+// kLtHeuristic here), with LibraryBackend's meanings.
+class CudaBlasLt {
+ public:
+  virtual ~CudaBlasLt() = default;
+  virtual Status check_available() = 0;
+  virtual Status run(Stream stream, const LibraryCall& call,
+                     const library_ops::blas::LtMatmul& matmul) = 0;
+  virtual Result<std::vector<std::byte>> answer(Context context, const LibraryCall& call,
+                                                const library_ops::blas::LtHeuristic& query) = 0;
+  virtual void release(uint64_t owner, std::optional<library_ops::LibraryHandle> handle) = 0;
+  virtual void forget_context(Context context) = 0;
+};
+
 // `contexts` must outlive it; its destructor destroys every real handle and descriptor kept.
-std::unique_ptr<LibraryBackend> make_cuda_blaslt_backend(const CudaContexts& contexts,
-                                                         OpenCudaLibrary open);
+std::unique_ptr<CudaBlasLt> make_cuda_blaslt(const CudaContexts& contexts, OpenCudaLibrary open);
 
 }  // namespace hiber::device

@@ -196,7 +196,7 @@ class CudaDevice final : public Device, private CudaContexts {
   Status launch(Stream stream, Function function, const LaunchConfig& config,
                 std::span<const std::byte> params) override;
   // The real cuBLAS (with cuBLASLt) and cuDNN (cuda_libraries.h).
-  LibraryBackend* library(wire::Library library) override;
+  LibraryBackend* library(library_ops::Library library) override;
 
  private:
   struct Gpu {
@@ -1493,10 +1493,10 @@ Status CudaDevice::launch(Stream stream, Function function, const LaunchConfig& 
 
 }  // namespace
 
-LibraryBackend* CudaDevice::library(wire::Library library) {
+LibraryBackend* CudaDevice::library(library_ops::Library library) {
   switch (library) {
-    case wire::Library::kBlas: return blas_.get();
-    case wire::Library::kDnn: return dnn_.get();
+    case library_ops::Library::kBlas: return blas_.get();
+    case library_ops::Library::kDnn: return dnn_.get();
   }
   return nullptr;
 }

@@ -59,14 +59,14 @@
 
 #include "common/cuda_abi.h"
 #include "common/mutex.h"
+#include "library_ops/dnn_ops.h"
 #include "server/device/cuda_libraries.h"
 #include "server/device/cuda_library_support.h"
-#include "wire/dnn_ops.h"
 
 namespace hiber::device {
 namespace {
 
-namespace dnn = wire::dnn;
+namespace dnn = library_ops::dnn;
 using cuda_lib::HandleKey;
 using cuda_lib::HandleTable;
 using cuda_lib::LazyLibrary;
@@ -644,33 +644,50 @@ class CudaDnnBackend final : public LibraryBackend {
   Status run(Stream stream, const LibraryCall& call) override {
     HIBER_RETURN_IF_ERROR(check_available());
     const CudnnApi& api = *api_.load();
-    switch (call.op) {
-      case wire::LibraryOp::kDnnDefineGraph: return define_graph(call);
-      case wire::LibraryOp::kDnnExecute: return execute(api, stream, call);
-      case wire::LibraryOp::kDnnBatchNormInference:
-        return legacy<dnn::BatchNormInference>(
-            api, stream, call, "cudnnBatchNormalizationForwardInference", batch_norm);
-      case wire::LibraryOp::kDnnPooling:
-        return legacy<dnn::Pooling>(api, stream, call, "cudnnPoolingForward", pooling);
-      case wire::LibraryOp::kDnnActivation:
-        return legacy<dnn::Activation>(api, stream, call, "cudnnActivationForward", activation);
-      case wire::LibraryOp::kDnnSoftmax:
-        return legacy<dnn::Softmax>(api, stream, call, "cudnnSoftmaxForward", softmax);
-      case wire::LibraryOp::kDnnAddTensor:
-        return legacy<dnn::AddTensor>(api, stream, call, "cudnnAddTensor", add_tensor);
-      default: break;
-    }
-    return error(ErrorCode::kNotSupported, "cuDNN operation ", static_cast<unsigned>(call.op),
-                 " is not implemented on hiberd's CUDA backend");
+    using library_ops::LibraryOp;
+    using library_ops::OpTag;
+    using Bytes = std::span<const std::byte>;
+    return library_ops::dispatch<Status, library_ops::Library::kDnn, library_ops::Kind::kCall>(
+        call.op, call.args, "hiberd's CUDA backend",
+        library_ops::Handlers{
+            [&](OpTag<LibraryOp::kDnnDefineGraph>, Bytes) { return define_graph(call); },
+            [&](OpTag<LibraryOp::kDnnExecute>, Bytes) { return execute(api, stream, call); },
+            [&](OpTag<LibraryOp::kDnnBatchNormInference>, const dnn::BatchNormInference& op) {
+              return legacy(api, stream, call, op, batch_norm);
+            },
+            [&](OpTag<LibraryOp::kDnnPooling>, const dnn::Pooling& op) {
+              return legacy(api, stream, call, op, pooling);
+            },
+            [&](OpTag<LibraryOp::kDnnActivation>, const dnn::Activation& op) {
+              return legacy(api, stream, call, op, activation);
+            },
+            [&](OpTag<LibraryOp::kDnnSoftmax>, const dnn::Softmax& op) {
+              return legacy(api, stream, call, op, softmax);
+            },
+            [&](OpTag<LibraryOp::kDnnAddTensor>, const dnn::AddTensor& op) {
+              return legacy(api, stream, call, op, add_tensor);
+            }});
   }
 
   Result<std::vector<std::byte>> answer(Context context, const LibraryCall& call) override {
     HIBER_RETURN_IF_ERROR(check_available());
     const CudnnApi& api = *api_.load();
-    if (call.op != wire::LibraryOp::kDnnFinalize)
-      return error(ErrorCode::kNotSupported, "cuDNN query ", static_cast<unsigned>(call.op),
-                   " is not implemented on hiberd's CUDA backend");
-    HIBER_ASSIGN_OR_RETURN(dnn::Graph graph, dnn::decode_graph(call.args));
+    using library_ops::LibraryOp;
+    using library_ops::OpTag;
+    return library_ops::dispatch<Result<std::vector<std::byte>>, library_ops::Library::kDnn,
+                                 library_ops::Kind::kQuery>(
+        call.op, call.args, "hiberd's CUDA backend",
+        library_ops::Handlers{
+            [&](OpTag<LibraryOp::kDnnFinalize>, std::span<const std::byte> bytes) {
+              return engines_of(api, context, call, bytes);
+            }});
+  }
+
+  // kDnnFinalize: every engine of the operation graph, with its support, notes and workspace.
+  Result<std::vector<std::byte>> engines_of(const CudnnApi& api, Context context,
+                                            const LibraryCall& call,
+                                            std::span<const std::byte> bytes) {
+    HIBER_ASSIGN_OR_RETURN(dnn::Graph graph, dnn::decode_graph(bytes));
     HIBER_RETURN_IF_ERROR(check_rebuildable(graph, dnn::kOperationGraph));
     HIBER_RETURN_IF_ERROR(contexts_.use_context(context));
     HIBER_ASSIGN_OR_RETURN(auto entry,
@@ -701,7 +718,7 @@ class CudaDnnBackend final : public LibraryBackend {
     return dnn::encode_finalize_answer(engines);
   }
 
-  void release(uint64_t owner, std::optional<wire::LibraryHandle> handle) override {
+  void release(uint64_t owner, std::optional<library_ops::LibraryHandle> handle) override {
     destroy_plans([&](const PlanKey& key) {
       return key.owner == owner && (!handle.has_value() || key.handle == handle->value());
     });
@@ -729,9 +746,8 @@ class CudaDnnBackend final : public LibraryBackend {
 
  private:
   template <typename Op, typename Run>
-  Status legacy(const CudnnApi& api, Stream stream, const LibraryCall& call, const char* name,
+  Status legacy(const CudnnApi& api, Stream stream, const LibraryCall& call, const Op& op,
                 Run run) {
-    HIBER_ASSIGN_OR_RETURN(Op op, wire::read_op<Op>(call.args, name));
     HIBER_RETURN_IF_ERROR(dnn::check_op(op));
     HIBER_ASSIGN_OR_RETURN(CUstream s, contexts_.use_stream(stream));
     HIBER_ASSIGN_OR_RETURN(

@@ -14,9 +14,9 @@
 
 #include "common/cuda_abi.h"
 #include "common/mutex.h"
+#include "library_ops/blas_ops.h"
 #include "server/device/cuda_blaslt.h"
 #include "server/device/cuda_library_support.h"
-#include "wire/blas_ops.h"
 
 namespace hiber::device {
 namespace {
@@ -134,7 +134,7 @@ class CudaBlasBackend final : public LibraryBackend {
       : contexts_(contexts),
         cublas_(options, cuda_abi::kCublasSoname),
         handles_(contexts),
-        lt_(make_cuda_blaslt_backend(
+        lt_(make_cuda_blaslt(
             contexts, [options](const char* soname) { return open_for_lt(options, soname); })) {}
 
   // Both libraries: the real libcublas.so.13 cannot load without libcublasLt.so.13 anyway.
@@ -146,33 +146,39 @@ class CudaBlasBackend final : public LibraryBackend {
   }
 
   Status run(Stream stream, const LibraryCall& call) override {
-    if (call.op == wire::LibraryOp::kLtMatmul) return lt_->run(stream, call);  // cuda_blaslt.cc
-    HIBER_ASSIGN_OR_RETURN(const CublasApi* api, cublas_.get());
-    handles_.set_api(api);
-    switch (call.op) {
-      case wire::LibraryOp::kBlasGemm: {
-        HIBER_ASSIGN_OR_RETURN(auto g, wire::read_op<wire::blas::Gemm>(call.args, "cuBLAS gemm"));
-        HIBER_ASSIGN_OR_RETURN(CUstream s, contexts_.use_stream(stream));
-        HIBER_ASSIGN_OR_RETURN(
-            auto entry,
-            handles_.get(*api, cuda_lib::handle_key(call.owner, call.handle.value(), stream)));
-        MutexLock lock(entry->mutex);
-        return gemm(*api, entry->raw, entry->settings, s, g);
-      }
-      default:
-        // gemv travels as the GEMM it is (kBlasGemm); kLtMatmul went to cuda_blaslt.cc above.
-        return error(ErrorCode::kNotSupported, "cuBLAS operation ", static_cast<unsigned>(call.op),
-                     " is not one hiberd's CUDA backend runs");
-    }
+    using library_ops::LibraryOp;
+    using library_ops::OpTag;
+    return library_ops::dispatch<Status, library_ops::Library::kBlas, library_ops::Kind::kCall>(
+        call.op, call.args, "hiberd's CUDA backend",
+        library_ops::Handlers{
+            [&](OpTag<LibraryOp::kBlasGemm>, const library_ops::blas::Gemm& g) -> Status {
+              HIBER_ASSIGN_OR_RETURN(const CublasApi* api, cublas_.get());
+              handles_.set_api(api);
+              HIBER_ASSIGN_OR_RETURN(CUstream s, contexts_.use_stream(stream));
+              HIBER_ASSIGN_OR_RETURN(
+                  auto entry, handles_.get(*api, cuda_lib::handle_key(
+                                                     call.owner, call.handle.value(), stream)));
+              MutexLock lock(entry->mutex);
+              return gemm(*api, entry->raw, entry->settings, s, g);
+            },
+            [&](OpTag<LibraryOp::kLtMatmul>, const library_ops::blas::LtMatmul& mm) {
+              return lt_->run(stream, call, mm);  // cuda_blaslt.cc
+            }});
   }
 
   Result<std::vector<std::byte>> answer(Context context, const LibraryCall& call) override {
-    if (call.op == wire::LibraryOp::kLtHeuristic) return lt_->answer(context, call);
-    return error(ErrorCode::kNotSupported, "cuBLAS query ", static_cast<unsigned>(call.op),
-                 " is not implemented on hiberd's CUDA backend yet");
+    using library_ops::LibraryOp;
+    using library_ops::OpTag;
+    return library_ops::dispatch<Result<std::vector<std::byte>>, library_ops::Library::kBlas,
+                                 library_ops::Kind::kQuery>(
+        call.op, call.args, "hiberd's CUDA backend",
+        library_ops::Handlers{
+            [&](OpTag<LibraryOp::kLtHeuristic>, const library_ops::blas::LtHeuristic& h) {
+              return lt_->answer(context, call, h);  // cuda_blaslt.cc
+            }});
   }
 
-  void release(uint64_t owner, std::optional<wire::LibraryHandle> handle) override {
+  void release(uint64_t owner, std::optional<library_ops::LibraryHandle> handle) override {
     lt_->release(owner, handle);
     handles_.release_if([&](const HandleKey& key) {
       return key.owner == owner && (!handle.has_value() || key.handle == handle->value());
@@ -186,7 +192,7 @@ class CudaBlasBackend final : public LibraryBackend {
  private:
   // Applies the call's settings to the real handle where they differ from what it has.
   static Status apply(const CublasApi& api, cublasHandle_t h, CublasTraits::Settings& now,
-                      CUstream stream, const wire::blas::Gemm& g) {
+                      CUstream stream, const library_ops::blas::Gemm& g) {
     // cublasSetStream also puts the handle back on cuBLAS's own workspace pool, which is also
     // how a call with no workspace of the client's (workspace_bytes 0) gets cuBLAS's own.
     const bool back_to_own_workspace = g.workspace_bytes == 0 && now.workspace_bytes != 0;
@@ -229,7 +235,7 @@ class CudaBlasBackend final : public LibraryBackend {
   }
 
   static Status gemm(const CublasApi& api, cublasHandle_t h, CublasTraits::Settings& now,
-                     CUstream stream, const wire::blas::Gemm& g) {
+                     CUstream stream, const library_ops::blas::Gemm& g) {
     HIBER_ASSIGN_OR_RETURN(int lda, as_int(g.lda, "lda"));
     HIBER_ASSIGN_OR_RETURN(int ldb, as_int(g.ldb, "ldb"));
     HIBER_ASSIGN_OR_RETURN(int ldc, as_int(g.ldc, "ldc"));
@@ -249,20 +255,20 @@ class CudaBlasBackend final : public LibraryBackend {
     const auto compute = static_cast<cublasComputeType_t>(g.compute_type);
     const auto algo = static_cast<cublasGemmAlgo_t>(g.algo);
     switch (g.batch) {
-      case wire::blas::BatchKind::kSingle:
+      case library_ops::blas::BatchKind::kSingle:
         return api.check(api.pfn_cublasGemmEx(h, ta, tb, g.m, g.n, g.k, alpha,
                                               reinterpret_cast<const void*>(g.a), at, lda,
                                               reinterpret_cast<const void*>(g.b), bt, ldb, beta,
                                               reinterpret_cast<void*>(g.c), ct, ldc, compute, algo),
                          "cublasGemmEx");
-      case wire::blas::BatchKind::kStrided:
+      case library_ops::blas::BatchKind::kStrided:
         return api.check(
             api.pfn_cublasGemmStridedBatchedEx(
                 h, ta, tb, g.m, g.n, g.k, alpha, reinterpret_cast<const void*>(g.a), at, lda,
                 g.stride_a, reinterpret_cast<const void*>(g.b), bt, ldb, g.stride_b, beta,
                 reinterpret_cast<void*>(g.c), ct, ldc, g.stride_c, g.batch_count, compute, algo),
             "cublasGemmStridedBatchedEx");
-      case wire::blas::BatchKind::kPointerArray:
+      case library_ops::blas::BatchKind::kPointerArray:
         // a, b and c are device arrays of batch_count device pointers (the session has waited
         // for the whole model, since it cannot see which blocks they point into).
         return api.check(
@@ -279,7 +285,7 @@ class CudaBlasBackend final : public LibraryBackend {
   const CudaContexts& contexts_;
   LazyLibrary<CublasApi> cublas_;
   HandleTable<CublasApi, CublasTraits> handles_;
-  std::unique_ptr<LibraryBackend> lt_;  // cuBLASLt's calls (cuda_blaslt.h)
+  std::unique_ptr<CudaBlasLt> lt_;  // cuBLASLt's calls (cuda_blaslt.h)
 };
 
 }  // namespace

@@ -62,9 +62,9 @@ class CudaContexts {
   virtual Status synchronize_context(Context context) const = 0;
 };
 
-// Backends for wire::Library::kBlas (cuBLAS and cuBLASLt: one handle table, as PyTorch casts a
-// cublasHandle_t to a cublasLtHandle_t) and wire::Library::kDnn. `contexts` must outlive them;
-// their destructors destroy every real handle still kept.
+// Backends for library_ops::Library::kBlas (cuBLAS and cuBLASLt: one handle table, as PyTorch casts
+// a cublasHandle_t to a cublasLtHandle_t) and library_ops::Library::kDnn. `contexts` must outlive
+// them; their destructors destroy every real handle still kept.
 std::unique_ptr<LibraryBackend> make_cuda_blas_backend(const CudaContexts& contexts,
                                                        const CudaLibraryOptions& options);
 std::unique_ptr<LibraryBackend> make_cuda_dnn_backend(const CudaContexts& contexts,

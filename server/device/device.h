@@ -45,7 +45,7 @@
 #include "common/kernel_info.h"
 #include "common/node_config.h"
 #include "common/status.h"
-#include "wire/library.h"
+#include "library_ops/dispatch.h"
 
 namespace hiber::device {
 
@@ -265,7 +265,7 @@ class Device {
 
   // ---- Remoted libraries (server/device/library.h) ----
   // The backend that runs `library`'s calls, or nullptr where this device has none.
-  virtual LibraryBackend* library(wire::Library library) = 0;
+  virtual LibraryBackend* library(library_ops::Library library) = 0;
 };
 
 // Creates physical chunks of `chunk_bytes` on `gpu` until only `reserve_bytes` of its memory

@@ -19,16 +19,16 @@
 #include <vector>
 
 #include "common/status.h"
+#include "library_ops/dispatch.h"
 #include "server/device/device.h"
-#include "wire/library.h"
 
 namespace hiber::device {
 
 // A library call as the session hands it over.
 struct LibraryCall {
   uint64_t owner = 0;  // the session: backends keep handles and plans per owner
-  wire::LibraryHandle handle;
-  wire::LibraryOp op{};
+  library_ops::LibraryHandle handle;
+  library_ops::LibraryOp op{};
   std::span<const std::byte> args;  // the operation's argument struct; valid during the call only
 };
 
@@ -44,7 +44,7 @@ class LibraryBackend {
   virtual Result<std::vector<std::byte>> answer(Context context, const LibraryCall& call) = 0;
   // Forgets what was kept for `owner`'s `handle` (every handle if none). Work already enqueued
   // still runs.
-  virtual void release(uint64_t owner, std::optional<wire::LibraryHandle> handle) = 0;
+  virtual void release(uint64_t owner, std::optional<library_ops::LibraryHandle> handle) = 0;
   // `context` was reset (Device::reset_shared_context): whatever was kept in it (handles,
   // plans) went with it. Forgets it all without destroying anything.
   virtual void forget_context(Context context) = 0;

@@ -828,10 +828,10 @@ Status SimDevice::enqueue_host_work(Stream stream, std::span<const Operand> oper
   return Status();
 }
 
-LibraryBackend* SimDevice::library(wire::Library library) {
+LibraryBackend* SimDevice::library(library_ops::Library library) {
   switch (library) {
-    case wire::Library::kBlas: return impl_->blas.get();
-    case wire::Library::kDnn: return impl_->dnn.get();
+    case library_ops::Library::kBlas: return impl_->blas.get();
+    case library_ops::Library::kDnn: return impl_->dnn.get();
   }
   return nullptr;
 }

@@ -119,7 +119,7 @@ class SimDevice final : public Device {
   Result<KernelInfo> function_info(Function function) override;
   Status launch(Stream stream, Function function, const LaunchConfig& config,
                 std::span<const std::byte> params) override;
-  LibraryBackend* library(wire::Library library) override;
+  LibraryBackend* library(library_ops::Library library) override;
 
   // A device range a host implementation reads or writes.
   struct Operand {

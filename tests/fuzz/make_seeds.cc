@@ -11,10 +11,10 @@
 #include <vector>
 
 #include "common/node_config.h"
-#include "wire/blas_ops.h"
+#include "library_ops/blas_ops.h"
+#include "library_ops/dnn_ops.h"
 #include "wire/call_codec.h"
 #include "wire/control_codec.h"
-#include "wire/dnn_ops.h"
 #include "wire/handshake.h"
 #include "wire/library.h"
 #include "wire/socket_frame.h"
@@ -168,7 +168,7 @@ struct Batch {
 };
 
 std::vector<std::byte> gemm_args() {
-  wire::blas::Gemm gemm;
+  library_ops::blas::Gemm gemm;
   gemm.a = 0x7f0000000000;
   gemm.b = gemm.a + 4096;
   gemm.c = gemm.b + 4096;
@@ -183,20 +183,20 @@ std::vector<std::byte> gemm_args() {
 }
 
 std::vector<std::byte> dnn_define_args() {
-  wire::dnn::Graph graph;
-  wire::dnn::Node tensor;
+  library_ops::dnn::Graph graph;
+  library_ops::dnn::Node tensor;
   tensor.type = 4;  // a tensor descriptor
-  wire::dnn::Attr dims{.name = 1, .type = 4, .bytes = {}};
+  library_ops::dnn::Attr dims{.name = 1, .type = 4, .bytes = {}};
   const int64_t shape[4] = {1, 3, 8, 8};
   const auto s = std::as_bytes(std::span(shape));
   dims.bytes.assign(s.begin(), s.end());
   tensor.attrs.push_back(dims);
   graph.nodes.push_back(tensor);
-  const wire::dnn::DefineGraphHeader header{1};
+  const library_ops::dnn::DefineGraphHeader header{1};
   std::vector<std::byte> out;
   const auto h = bytes_of(header);
   out.assign(h.begin(), h.end());
-  const auto g = wire::dnn::encode_graph(graph);
+  const auto g = library_ops::dnn::encode_graph(graph);
   out.insert(out.end(), g.begin(), g.end());
   return out;
 }

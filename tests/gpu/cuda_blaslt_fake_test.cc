@@ -3,7 +3,8 @@
 //   - the real descriptors built from an LtProblem carry its attributes (types, transposes,
 //     epilogue, bias type, layouts with ld, batch count and strided offset), and the preference
 //     its workspace limit; the per-call bias pointer and bias batch stride are set at each matmul;
-//   - the heuristic's answer has the sim's format (wire::blas::LtHeuristicResult), and the algo a
+//   - the heuristic's answer has the sim's format (library_ops::blas::LtHeuristicResult), and the
+//   algo a
 //     matmul passes back through its key is byte for byte the one the real heuristic returned;
 //   - an algo from an earlier hiberd is re-chosen (same index of a fresh heuristic), or refused
 //     clearly when there is no such index; a forged one is refused;
@@ -24,22 +25,22 @@
 #include <gtest/gtest.h>
 
 #include "common/cuda_abi.h"
+#include "library_ops/blas_ops.h"
 #include "server/device/cuda_device.h"
 #include "server/device/library.h"
 #include "tests/gpu/fake_cublaslt.h"
 #include "tests/gpu/fake_cuda.h"
 #include "tests/gpu/fake_libraries.h"
-#include "wire/blas_ops.h"
 
 namespace hiber::device {
 namespace {
 
+using library_ops::blas::LtHeuristic;
+using library_ops::blas::LtHeuristicResult;
+using library_ops::blas::LtMatmul;
+using library_ops::blas::LtProblem;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-using wire::blas::LtHeuristic;
-using wire::blas::LtHeuristicResult;
-using wire::blas::LtMatmul;
-using wire::blas::LtProblem;
 
 // The fake cuBLASLt the backend opened from the folder it was given (nullptr before it did).
 FakeCublasLt* fake_lt() {
@@ -57,7 +58,7 @@ LtProblem problem() {
   p.d = {4, 5, 7, 35, CUDA_R_32F, 3, CUBLASLT_ORDER_COL, 0};
   p.compute_type = CUBLAS_COMPUTE_32F_FAST_TF32;
   p.scale_type = CUDA_R_32F;
-  p.epilogue = wire::blas::kEpilogueGeluBias;
+  p.epilogue = library_ops::blas::kEpilogueGeluBias;
   p.bias_type = CUDA_R_16F;
   p.transa = CUBLAS_OP_T;
   p.transb = CUBLAS_OP_N;
@@ -123,7 +124,7 @@ class CudaBlasLtFakeTest : public ::testing::Test {
         create_cuda_device(options_with_folder(HIBER_FAKE_LIBCUBLAS_DIR));
     ASSERT_TRUE(created.ok()) << created.status();
     device_ = std::move(created).value();
-    blas_ = device_->library(wire::Library::kBlas);
+    blas_ = device_->library(library_ops::Library::kBlas);
     ASSERT_NE(blas_, nullptr);
     Status available = blas_->check_available();
     ASSERT_TRUE(available.ok()) << available;
@@ -156,8 +157,8 @@ class CudaBlasLtFakeTest : public ::testing::Test {
 
   Result<std::vector<LtHeuristicResult>> heuristic(int gpu, uint64_t owner, uint64_t handle,
                                                    const LtHeuristic& h) {
-    const LibraryCall call{owner, wire::LibraryHandle(handle), wire::LibraryOp::kLtHeuristic,
-                           wire::op_bytes(h)};
+    const LibraryCall call{owner, library_ops::LibraryHandle(handle),
+                           library_ops::LibraryOp::kLtHeuristic, library_ops::op_bytes(h)};
     HIBER_ASSIGN_OR_RETURN(std::vector<std::byte> bytes,
                            blas_->answer(device_->shared_context(gpu), call));
     EXPECT_EQ(bytes.size() % sizeof(LtHeuristicResult), 0u);
@@ -167,8 +168,8 @@ class CudaBlasLtFakeTest : public ::testing::Test {
   }
 
   Status run(Stream s, uint64_t owner, uint64_t handle, const LtMatmul& mm) {
-    const LibraryCall call{owner, wire::LibraryHandle(handle), wire::LibraryOp::kLtMatmul,
-                           wire::op_bytes(mm)};
+    const LibraryCall call{owner, library_ops::LibraryHandle(handle),
+                           library_ops::LibraryOp::kLtMatmul, library_ops::op_bytes(mm)};
     return blas_->run(s, call);
   }
 
@@ -196,7 +197,8 @@ class CudaBlasLtFakeTest : public ::testing::Test {
   Stream streams_[2];
 };
 
-void expect_layout(const FakeLtLayout& got, const wire::blas::LtLayout& want, const char* what) {
+void expect_layout(const FakeLtLayout& got, const library_ops::blas::LtLayout& want,
+                   const char* what) {
   SCOPED_TRACE(what);
   EXPECT_EQ(got.type, want.type);
   EXPECT_EQ(got.rows, static_cast<uint64_t>(want.rows));
@@ -250,8 +252,8 @@ TEST_F(CudaBlasLtFakeTest, TheHeuristicSeesTheProblemAndAnswersInTheWireFormat) 
   for (size_t i = 0; i < results->size(); ++i) {
     const LtHeuristicResult& r = (*results)[i];
     EXPECT_EQ(r.algo.id, 100 + static_cast<int>(i)) << "CUBLASLT_ALGO_CONFIG_ID of the real algo";
-    EXPECT_EQ(r.algo.magic, wire::blas::kLtAlgoMagic);
-    EXPECT_EQ(r.algo.problem, wire::blas::lt_problem_hash(h.problem));
+    EXPECT_EQ(r.algo.magic, library_ops::blas::kLtAlgoMagic);
+    EXPECT_EQ(r.algo.problem, library_ops::blas::lt_problem_hash(h.problem));
     EXPECT_EQ(r.workspace_bytes, i * 1024);
     EXPECT_EQ(std::bit_cast<float>(r.waves_bits), 0.5f + static_cast<float>(i));
   }
@@ -319,7 +321,7 @@ TEST_F(CudaBlasLtFakeTest, TheMatmulRunsTheAlgoTheHeuristicReturned) {
 
 TEST_F(CudaBlasLtFakeTest, HostScalarsByValueDeviceScalarsByAddress) {
   LtProblem p = problem();
-  p.epilogue = wire::blas::kEpilogueDefault;
+  p.epilogue = library_ops::blas::kEpilogueDefault;
   ASSERT_TRUE(run(streams_[0], 1, 7, matmul(p)).ok());
 
   LtProblem dev = p;
@@ -330,7 +332,7 @@ TEST_F(CudaBlasLtFakeTest, HostScalarsByValueDeviceScalarsByAddress) {
   ASSERT_TRUE(run(streams_[0], 1, 7, dmm).ok());
 
   LtProblem f64 = p;
-  for (wire::blas::LtLayout* l : {&f64.a, &f64.b, &f64.c, &f64.d}) l->type = CUDA_R_64F;
+  for (library_ops::blas::LtLayout* l : {&f64.a, &f64.b, &f64.c, &f64.d}) l->type = CUDA_R_64F;
   f64.compute_type = CUBLAS_COMPUTE_64F;
   f64.scale_type = CUDA_R_64F;
   LtMatmul d64 = matmul(f64);
@@ -406,7 +408,7 @@ TEST_F(CudaBlasLtFakeTest, AnAlgoNotMadeByThisBackendIsRefused) {
   LtMatmul mm = matmul(problem());
   mm.has_algo = 1;
   mm.algo.id = 1;  // a simulated GPU's (no key in backend[])
-  mm.algo.magic = wire::blas::kLtAlgoMagic;
+  mm.algo.magic = library_ops::blas::kLtAlgoMagic;
   Status s = run(streams_[0], 1, 7, mm);
   EXPECT_EQ(s.code(), ErrorCode::kInvalidValue);
   EXPECT_THAT(s.message(), HasSubstr("not returned by this GPU server"));
@@ -441,7 +443,7 @@ TEST_F(CudaBlasLtFakeTest, HandlesPerOwnerClientHandleAndGpuReleasedOnTheirGpus)
   EXPECT_EQ(calls[2].handle, made[1].handle);
   EXPECT_EQ(heuristics()[0].handle, made[0].handle) << "the query uses the session's handle";
 
-  blas_->release(1, wire::LibraryHandle(7));  // cublasDestroy of client handle 7
+  blas_->release(1, library_ops::LibraryHandle(7));  // cublasDestroy of client handle 7
   auto gone = destroyed();
   ASSERT_EQ(gone.size(), 2u);
   for (const FakeLtHandleEvent& d : gone) {
@@ -460,9 +462,11 @@ TEST_F(CudaBlasLtFakeTest, HandlesPerOwnerClientHandleAndGpuReleasedOnTheirGpus)
 
 TEST_F(CudaBlasLtFakeTest, AShortArgumentStructIsRefused) {
   const std::byte short_args[8] = {};
-  const LibraryCall call{1, wire::LibraryHandle(7), wire::LibraryOp::kLtMatmul, short_args};
+  const LibraryCall call{1, library_ops::LibraryHandle(7), library_ops::LibraryOp::kLtMatmul,
+                         short_args};
   EXPECT_EQ(blas_->run(streams_[0], call).code(), ErrorCode::kInvalidValue);
-  const LibraryCall query{1, wire::LibraryHandle(7), wire::LibraryOp::kLtHeuristic, short_args};
+  const LibraryCall query{1, library_ops::LibraryHandle(7), library_ops::LibraryOp::kLtHeuristic,
+                          short_args};
   EXPECT_EQ(blas_->answer(device_->shared_context(0), query).status().code(),
             ErrorCode::kInvalidValue);
   EXPECT_TRUE(created().empty()) << "nothing made for a refused call";
@@ -475,7 +479,7 @@ TEST(CudaBlasLtMissing, AHandleWithoutLibcublasLtFailsNamingIt) {
       create_cuda_device(options_with_folder(HIBER_FAKE_NO_LT_DIR));
   ASSERT_TRUE(created.ok()) << created.status();
   std::unique_ptr<Device> device = std::move(created).value();
-  LibraryBackend* blas = device->library(wire::Library::kBlas);
+  LibraryBackend* blas = device->library(library_ops::Library::kBlas);
   ASSERT_NE(blas, nullptr);
   Status s = blas->check_available();
   EXPECT_EQ(s.code(), ErrorCode::kNotSupported);
@@ -487,7 +491,8 @@ TEST(CudaBlasLtMissing, AHandleWithoutLibcublasLtFailsNamingIt) {
   Result<Stream> stream = device->create_stream(0, 0);
   ASSERT_TRUE(stream.ok());
   const LtMatmul mm = matmul(problem());
-  const LibraryCall call{1, wire::LibraryHandle(7), wire::LibraryOp::kLtMatmul, wire::op_bytes(mm)};
+  const LibraryCall call{1, library_ops::LibraryHandle(7), library_ops::LibraryOp::kLtMatmul,
+                         library_ops::op_bytes(mm)};
   EXPECT_EQ(blas->run(*stream, call).code(), ErrorCode::kNotSupported);
   blas->release(1, std::nullopt);
   EXPECT_TRUE(device->destroy_stream(*stream).ok());

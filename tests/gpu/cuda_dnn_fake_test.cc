@@ -19,17 +19,17 @@
 #include <gtest/gtest.h>
 
 #include "common/cuda_abi.h"
+#include "library_ops/dnn_ops.h"
 #include "server/device/cuda_device.h"
 #include "server/device/library.h"
 #include "tests/gpu/fake_cuda.h"
 #include "tests/gpu/fake_cudnn.h"
 #include "tests/gpu/fake_libraries.h"
-#include "wire/dnn_ops.h"
 
 namespace hiber::device {
 namespace {
 
-namespace dnn = wire::dnn;
+namespace dnn = library_ops::dnn;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::UnorderedElementsAre;
@@ -149,7 +149,7 @@ class CudaDnnFakeTest : public ::testing::Test {
     device_ = std::move(created).value();
     driver_ = fake_driver();
     ASSERT_NE(driver_, nullptr);
-    dnn_ = device_->library(wire::Library::kDnn);
+    dnn_ = device_->library(library_ops::Library::kDnn);
     ASSERT_NE(dnn_, nullptr);
     Status available = dnn_->check_available();
     ASSERT_TRUE(available.ok()) << available;
@@ -193,16 +193,16 @@ class CudaDnnFakeTest : public ::testing::Test {
   Result<std::vector<dnn::EngineSupport>> finalize(int gpu, const dnn::Graph& g,
                                                    uint64_t owner = kOwner) {
     const std::vector<std::byte> bytes = dnn::encode_graph(g);
-    const LibraryCall call{owner, wire::LibraryHandle(kHandle), wire::LibraryOp::kDnnFinalize,
-                           bytes};
+    const LibraryCall call{owner, library_ops::LibraryHandle(kHandle),
+                           library_ops::LibraryOp::kDnnFinalize, bytes};
     HIBER_ASSIGN_OR_RETURN(std::vector<std::byte> answer,
                            dnn_->answer(device_->shared_context(gpu), call));
     return dnn::decode_finalize_answer(answer);
   }
   Status define(uint64_t id, const dnn::Graph& g, uint64_t owner = kOwner) {
     const std::vector<std::byte> bytes = dnn::encode_define_graph(id, dnn::encode_graph(g));
-    const LibraryCall call{owner, wire::LibraryHandle(kHandle), wire::LibraryOp::kDnnDefineGraph,
-                           bytes};
+    const LibraryCall call{owner, library_ops::LibraryHandle(kHandle),
+                           library_ops::LibraryOp::kDnnDefineGraph, bytes};
     return dnn_->run(streams_[0], call);
   }
   static dnn::Execute execution(uint64_t id, uint64_t workspace_bytes = 0) {
@@ -216,13 +216,14 @@ class CudaDnnFakeTest : public ::testing::Test {
   }
   Status execute(Stream s, const dnn::Execute& e, uint64_t handle = kHandle) {
     const std::vector<std::byte> bytes = dnn::encode_execute(e);
-    const LibraryCall call{kOwner, wire::LibraryHandle(handle), wire::LibraryOp::kDnnExecute,
-                           bytes};
+    const LibraryCall call{kOwner, library_ops::LibraryHandle(handle),
+                           library_ops::LibraryOp::kDnnExecute, bytes};
     return dnn_->run(s, call);
   }
   template <typename Op>
   Status legacy(Stream s, const Op& op) {
-    const LibraryCall call{kOwner, wire::LibraryHandle(kHandle), Op::kOp, wire::op_bytes(op)};
+    const LibraryCall call{kOwner, library_ops::LibraryHandle(kHandle), library_ops::op_of<Op>,
+                           library_ops::op_bytes(op)};
     return dnn_->run(s, call);
   }
 
@@ -469,7 +470,7 @@ TEST_F(CudaDnnFakeTest, ReleaseDestroysPlansThenHandlesInTheirGpusContexts) {
   ASSERT_TRUE(execute(streams_[0], execution(5), 8).ok());  // another client handle
   ASSERT_EQ(with_fake([](const FakeCudnn& f) { return f.created.size(); }), 3u);
 
-  dnn_->release(kOwner, wire::LibraryHandle(kHandle));  // cudnnDestroy of client handle 7
+  dnn_->release(kOwner, library_ops::LibraryHandle(kHandle));  // cudnnDestroy of client handle 7
   {
     std::lock_guard lock(driver_->mutex);
     EXPECT_THAT(driver_->context_synchronizations, UnorderedElementsAre(0, 1))

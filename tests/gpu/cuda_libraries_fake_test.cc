@@ -16,20 +16,20 @@
 #include <gtest/gtest.h>
 
 #include "common/cuda_abi.h"
+#include "library_ops/blas_ops.h"
 #include "server/device/cuda_device.h"
 #include "server/device/library.h"
 #include "tests/gpu/fake_cublas.h"
 #include "tests/gpu/fake_cuda.h"
 #include "tests/gpu/fake_libraries.h"
-#include "wire/blas_ops.h"
 
 namespace hiber::device {
 namespace {
 
+using library_ops::blas::BatchKind;
+using library_ops::blas::Gemm;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-using wire::blas::BatchKind;
-using wire::blas::Gemm;
 
 // The fake cuBLAS the backend opened from the folder it was given (nullptr before it did).
 FakeCublas* fake_blas() {
@@ -76,7 +76,7 @@ class CudaLibrariesFakeTest : public ::testing::Test {
     device_ = std::move(created).value();
     driver_ = fake_driver();
     ASSERT_NE(driver_, nullptr);
-    blas_ = device_->library(wire::Library::kBlas);
+    blas_ = device_->library(library_ops::Library::kBlas);
     ASSERT_NE(blas_, nullptr);
     Status available = blas_->check_available();
     ASSERT_TRUE(available.ok()) << available;
@@ -116,8 +116,8 @@ class CudaLibrariesFakeTest : public ::testing::Test {
   }
 
   Status run(Stream s, uint64_t owner, uint64_t handle, const Gemm& g) {
-    const LibraryCall call{owner, wire::LibraryHandle(handle), wire::LibraryOp::kBlasGemm,
-                           wire::op_bytes(g)};
+    const LibraryCall call{owner, library_ops::LibraryHandle(handle),
+                           library_ops::LibraryOp::kBlasGemm, library_ops::op_bytes(g)};
     return blas_->run(s, call);
   }
 
@@ -308,7 +308,7 @@ TEST_F(CudaLibrariesFakeTest, ReleaseDestroysTheHandlesOnTheirOwnGpus) {
   const auto made = created();
   ASSERT_EQ(made.size(), 4u);
 
-  blas_->release(1, wire::LibraryHandle(7));  // cublasDestroy of client handle 7
+  blas_->release(1, library_ops::LibraryHandle(7));  // cublasDestroy of client handle 7
   auto gone = destroyed();
   ASSERT_EQ(gone.size(), 2u);
   for (const FakeCublasHandleEvent& d : gone) {
@@ -338,7 +338,8 @@ TEST_F(CudaLibrariesFakeTest, RefusesWhatTheThirtyTwoBitApiCannotTake) {
   EXPECT_TRUE(gemms().empty());
 
   const std::byte short_args[8] = {};
-  const LibraryCall call{1, wire::LibraryHandle(7), wire::LibraryOp::kBlasGemm, short_args};
+  const LibraryCall call{1, library_ops::LibraryHandle(7), library_ops::LibraryOp::kBlasGemm,
+                         short_args};
   EXPECT_EQ(blas_->run(streams_[0], call).code(), ErrorCode::kInvalidValue);
 }
 
@@ -349,7 +350,7 @@ TEST(CudaLibrariesMissing, AHandleOfAMissingLibraryFailsNamingIt) {
   ASSERT_TRUE(created.ok()) << created.status() << " (the device itself needs no library)";
   std::unique_ptr<Device> device = std::move(created).value();
 
-  LibraryBackend* blas = device->library(wire::Library::kBlas);
+  LibraryBackend* blas = device->library(library_ops::Library::kBlas);
   ASSERT_NE(blas, nullptr);
   Status s = blas->check_available();
   EXPECT_EQ(s.code(), ErrorCode::kNotSupported);
@@ -362,11 +363,12 @@ TEST(CudaLibrariesMissing, AHandleOfAMissingLibraryFailsNamingIt) {
   Result<Stream> stream = device->create_stream(0, 0);
   ASSERT_TRUE(stream.ok());
   const Gemm g = sgemm();
-  const LibraryCall call{1, wire::LibraryHandle(7), wire::LibraryOp::kBlasGemm, wire::op_bytes(g)};
+  const LibraryCall call{1, library_ops::LibraryHandle(7), library_ops::LibraryOp::kBlasGemm,
+                         library_ops::op_bytes(g)};
   EXPECT_EQ(blas->run(*stream, call).code(), ErrorCode::kNotSupported);
   blas->release(1, std::nullopt);  // nothing to release, nothing opened
 
-  LibraryBackend* dnn = device->library(wire::Library::kDnn);
+  LibraryBackend* dnn = device->library(library_ops::Library::kDnn);
   ASSERT_NE(dnn, nullptr);
   Status d = dnn->check_available();
   EXPECT_EQ(d.code(), ErrorCode::kNotSupported);

@@ -15,11 +15,11 @@
 #include <capnp/message.h>
 #include <capnp/schema.h>
 
+#include "library_ops/blas_ops.h"
+#include "library_ops/dnn_ops.h"
 #include "tests/integration/hiberd_harness.h"
 #include "wire/batch_builder.h"
-#include "wire/blas_ops.h"
 #include "wire/channel_layout.h"
-#include "wire/dnn_ops.h"
 #include "wire/handshake.h"
 #include "wire/limits.h"
 #include "wire/message.h"
@@ -786,7 +786,7 @@ TEST(Batches, ACorruptRingEndsOnlyThatSession) {
 
 // A cuDNN operation graph (ReLU of a 1x2x3x4 tensor), encoded as the client encodes it.
 std::vector<std::byte> relu_graph() {
-  namespace dnn = wire::dnn;
+  namespace dnn = library_ops::dnn;
   dnn::Graph g;
   auto attr = [](int32_t name, int32_t type, const void* p, size_t bytes) {
     dnn::Attr a{name, type, std::vector<std::byte>(bytes)};
@@ -826,12 +826,12 @@ TEST(Libraries, AHandleFromAnotherSessionIsRefused) {
   const auto graph = relu_graph();
   const kj::ArrayPtr<const kj::byte> graph_bytes(reinterpret_cast<const kj::byte*>(graph.data()),
                                                  graph.size());
-  const uint16_t finalize = static_cast<uint16_t>(wire::LibraryOp::kDnnFinalize);
+  const uint16_t finalize = static_cast<uint16_t>(library_ops::LibraryOp::kDnnFinalize);
   const uint64_t created = owner.add([&](proto::Call::Builder c) {
     c.setReply(true);
     auto h = c.initLibraryHandleCreate();
     h.setHandle(handle);
-    h.setLibrary(static_cast<uint8_t>(wire::Library::kDnn));
+    h.setLibrary(static_cast<uint8_t>(library_ops::Library::kDnn));
   });
   const uint64_t answered = owner.add([&](proto::Call::Builder c) {
     c.setReply(true);
@@ -867,7 +867,7 @@ TEST(Libraries, AHandleFromAnotherSessionIsRefused) {
     c.setReply(true);
     auto l = c.initLibraryCall();
     l.setHandle(handle);
-    l.setOp(static_cast<uint16_t>(wire::LibraryOp::kDnnExecute));
+    l.setOp(static_cast<uint16_t>(library_ops::LibraryOp::kDnnExecute));
     l.setArgs(graph_bytes);
   });
   ASSERT_TRUE(thief.send().ok());
@@ -886,16 +886,16 @@ TEST(Libraries, ForeignHandlesAndBadArgumentsAreRefusedAndTheSessionGoesOn) {
   Hiberd hiberd;
   RawClient raw(hiberd);
   ASSERT_TRUE(raw.connected());
-  const uint16_t matmul = static_cast<uint16_t>(wire::LibraryOp::kLtMatmul);
-  const uint16_t heuristic = static_cast<uint16_t>(wire::LibraryOp::kLtHeuristic);
-  wire::blas::LtHeuristic query;
+  const uint16_t matmul = static_cast<uint16_t>(library_ops::LibraryOp::kLtMatmul);
+  const uint16_t heuristic = static_cast<uint16_t>(library_ops::LibraryOp::kLtHeuristic);
+  library_ops::blas::LtHeuristic query;
   query.problem.a = {.rows = 4, .cols = 4, .ld = 4};  // fp32 4 x 4 everywhere
   query.problem.b = query.problem.c = query.problem.d = query.problem.a;
   query.problem.compute_type = 68;  // CUBLAS_COMPUTE_32F
-  const auto bytes = wire::op_bytes(query);
+  const auto bytes = library_ops::op_bytes(query);
   const kj::ArrayPtr<const kj::byte> query_bytes(reinterpret_cast<const kj::byte*>(bytes.data()),
                                                  bytes.size());
-  std::vector<kj::byte> short_args(sizeof(wire::blas::LtMatmul) - 8, kj::byte{0});
+  std::vector<kj::byte> short_args(sizeof(library_ops::blas::LtMatmul) - 8, kj::byte{0});
 
   raw.add([](proto::Call::Builder c) {
     auto h = c.initLibraryHandleCreate();

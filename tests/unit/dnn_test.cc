@@ -11,15 +11,15 @@
 #include <random>
 #include <vector>
 
+#include "library_ops/dnn_ops.h"
 #include "server/device/sim/dnn_kernels.h"
 #include "server/device/sim/numeric.h"
 #include "server/library_calls.h"
-#include "wire/dnn_ops.h"
 
 namespace hiber {
 namespace {
 
-namespace dnn = wire::dnn;
+namespace dnn = library_ops::dnn;
 
 // ---- Building graphs as the client encodes them ----
 class Builder {
@@ -244,14 +244,14 @@ std::vector<std::byte> define(uint64_t id, const dnn::Graph& g) {
 TEST(DnnChecks, ExecuteOperandsComeFromDimsStridesAndType) {
   server::DnnGraphs graphs;
   ConvCase c{.nhwc = true, .type = dnn::kHalf};
-  ASSERT_TRUE(
-      server::check_dnn_call(wire::LibraryOp::kDnnDefineGraph, define(7, conv_plan(c)), graphs)
-          .ok());
+  ASSERT_TRUE(server::check_dnn_call(library_ops::LibraryOp::kDnnDefineGraph,
+                                     define(7, conv_plan(c)), graphs)
+                  .ok());
   dnn::Execute e;
   e.header.graph_id = 7;
   e.entries = {{1, 0x1000}, {2, 0x20000}, {3, 0x30000}};
   auto access =
-      server::check_dnn_call(wire::LibraryOp::kDnnExecute, dnn::encode_execute(e), graphs);
+      server::check_dnn_call(library_ops::LibraryOp::kDnnExecute, dnn::encode_execute(e), graphs);
   ASSERT_TRUE(access.ok()) << access.status();
   ASSERT_EQ(access->operands.size(), 3u);
   const ConvShapes s = shapes(c);
@@ -262,22 +262,24 @@ TEST(DnnChecks, ExecuteOperandsComeFromDimsStridesAndType) {
   EXPECT_FALSE(access->operands[0].write);
   EXPECT_TRUE(access->operands[2].write);
   // Same graph in fp32: twice the bytes (the declared type rules).
-  ASSERT_TRUE(server::check_dnn_call(wire::LibraryOp::kDnnDefineGraph,
+  ASSERT_TRUE(server::check_dnn_call(library_ops::LibraryOp::kDnnDefineGraph,
                                      define(8, conv_plan({.nhwc = true})), graphs)
                   .ok());
   e.header.graph_id = 8;
-  access = server::check_dnn_call(wire::LibraryOp::kDnnExecute, dnn::encode_execute(e), graphs);
+  access =
+      server::check_dnn_call(library_ops::LibraryOp::kDnnExecute, dnn::encode_execute(e), graphs);
   ASSERT_TRUE(access.ok());
   EXPECT_EQ(access->operands[0].bytes, 4u * elements(s.x));
 }
 
 TEST(DnnChecks, RefusesUnknownUidsGraphsAndBadDescriptors) {
   server::DnnGraphs graphs;
-  ASSERT_TRUE(
-      server::check_dnn_call(wire::LibraryOp::kDnnDefineGraph, define(1, conv_plan({})), graphs)
-          .ok());
+  ASSERT_TRUE(server::check_dnn_call(library_ops::LibraryOp::kDnnDefineGraph,
+                                     define(1, conv_plan({})), graphs)
+                  .ok());
   auto run = [&](dnn::Execute e) {
-    return server::check_dnn_call(wire::LibraryOp::kDnnExecute, dnn::encode_execute(e), graphs)
+    return server::check_dnn_call(library_ops::LibraryOp::kDnnExecute, dnn::encode_execute(e),
+                                  graphs)
         .status();
   };
   dnn::Execute e;
@@ -295,22 +297,24 @@ TEST(DnnChecks, RefusesUnknownUidsGraphsAndBadDescriptors) {
   e.header.workspace_bytes = 64;  // a workspace needed, none given
   EXPECT_EQ(run(e).code(), ErrorCode::kInvalidValue);
   // Redefining an id; a graph whose root is no plan; garbage.
-  EXPECT_FALSE(
-      server::check_dnn_call(wire::LibraryOp::kDnnDefineGraph, define(1, conv_plan({})), graphs)
-          .ok());
+  EXPECT_FALSE(server::check_dnn_call(library_ops::LibraryOp::kDnnDefineGraph,
+                                      define(1, conv_plan({})), graphs)
+                   .ok());
   dnn::Graph not_plan = conv_plan({});
   not_plan.nodes.pop_back();
   auto refused =
-      server::check_dnn_call(wire::LibraryOp::kDnnDefineGraph, define(3, not_plan), graphs);
+      server::check_dnn_call(library_ops::LibraryOp::kDnnDefineGraph, define(3, not_plan), graphs);
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.status().message().find("not an execution plan"), std::string::npos);
   std::vector<std::byte> garbage(40, std::byte{0x5a});
-  EXPECT_EQ(
-      server::check_dnn_call(wire::LibraryOp::kDnnDefineGraph, garbage, graphs).status().code(),
-      ErrorCode::kInvalidValue);
-  EXPECT_EQ(server::check_dnn_call(wire::LibraryOp::kDnnExecute, garbage, graphs).status().code(),
+  EXPECT_EQ(server::check_dnn_call(library_ops::LibraryOp::kDnnDefineGraph, garbage, graphs)
+                .status()
+                .code(),
             ErrorCode::kInvalidValue);
-  EXPECT_EQ(server::check_dnn_query(wire::LibraryOp::kDnnFinalize, garbage).code(),
+  EXPECT_EQ(
+      server::check_dnn_call(library_ops::LibraryOp::kDnnExecute, garbage, graphs).status().code(),
+      ErrorCode::kInvalidValue);
+  EXPECT_EQ(server::check_dnn_query(library_ops::LibraryOp::kDnnFinalize, garbage).code(),
             ErrorCode::kInvalidValue);
 }
 
@@ -324,15 +328,17 @@ TEST(DnnChecks, LegacyCallsExtentsAndValues) {
   p.spatial = 2;
   p.window[0] = p.window[1] = 2;
   p.stride[0] = p.stride[1] = 2;
-  auto access = server::check_dnn_call(wire::LibraryOp::kDnnPooling, wire::op_bytes(p), graphs);
+  auto access =
+      server::check_dnn_call(library_ops::LibraryOp::kDnnPooling, library_ops::op_bytes(p), graphs);
   ASSERT_TRUE(access.ok()) << access.status();
   EXPECT_EQ(access->operands[0].bytes, 32u * 4);
   EXPECT_EQ(access->operands[1].bytes, 8u * 4);
   p.y.dims[3] = 3;  // not what the window gives
-  EXPECT_EQ(server::check_dnn_call(wire::LibraryOp::kDnnPooling, wire::op_bytes(p), graphs)
-                .status()
-                .code(),
-            ErrorCode::kInvalidValue);
+  EXPECT_EQ(
+      server::check_dnn_call(library_ops::LibraryOp::kDnnPooling, library_ops::op_bytes(p), graphs)
+          .status()
+          .code(),
+      ErrorCode::kInvalidValue);
 }
 
 // ---- Host implementations against references written here ----

@@ -5,16 +5,16 @@
 
 #include <gtest/gtest.h>
 
-#include "wire/blas_ops.h"
+#include "library_ops/blas_ops.h"
 
 namespace hiber::server {
 namespace {
 
-constexpr uint8_t kBlas = static_cast<uint8_t>(wire::Library::kBlas);
-constexpr uint8_t kDnn = static_cast<uint8_t>(wire::Library::kDnn);
+constexpr uint8_t kBlas = static_cast<uint8_t>(library_ops::Library::kBlas);
+constexpr uint8_t kDnn = static_cast<uint8_t>(library_ops::Library::kDnn);
 
-wire::blas::Gemm small_gemm() {
-  wire::blas::Gemm g;
+library_ops::blas::Gemm small_gemm() {
+  library_ops::blas::Gemm g;
   g.m = 4;
   g.n = 3;
   g.k = 2;
@@ -32,17 +32,17 @@ TEST(LibraryCallsTest, HandlesAreTheSessionsOwn) {
   LibraryCalls calls;
   const wire::LibraryHandle h(7);
   ASSERT_TRUE(calls.create_handle(h, kBlas).ok());
-  EXPECT_EQ(*calls.library(h), wire::Library::kBlas);
+  EXPECT_EQ(*calls.library(h), library_ops::Library::kBlas);
   // Created twice, or never: refused.
   EXPECT_EQ(calls.create_handle(h, kBlas).code(), ErrorCode::kInvalidValue);
   const Result<LibraryAccess> foreign =
-      calls.check_call(wire::LibraryHandle(8), 1, wire::op_bytes(small_gemm()));
+      calls.check_call(wire::LibraryHandle(8), 1, library_ops::op_bytes(small_gemm()));
   EXPECT_EQ(foreign.status().code(), ErrorCode::kInvalidHandle);
   EXPECT_NE(foreign.status().message().find("was not created by this session"), std::string::npos)
       << foreign.status();
   ASSERT_TRUE(calls.destroy_handle(h).ok());
   EXPECT_EQ(calls.destroy_handle(h).code(), ErrorCode::kInvalidHandle);
-  EXPECT_EQ(calls.check_call(h, 1, wire::op_bytes(small_gemm())).status().code(),
+  EXPECT_EQ(calls.check_call(h, 1, library_ops::op_bytes(small_gemm())).status().code(),
             ErrorCode::kInvalidHandle);
 }
 
@@ -57,8 +57,9 @@ TEST(LibraryCallsTest, AnOperationMustBelongToTheHandlesLibrary) {
   LibraryCalls calls;
   const wire::LibraryHandle dnn(3);
   ASSERT_TRUE(calls.create_handle(dnn, kDnn).ok());
-  const Result<LibraryAccess> gemm_on_dnn = calls.check_call(
-      dnn, static_cast<uint16_t>(wire::LibraryOp::kBlasGemm), wire::op_bytes(small_gemm()));
+  const Result<LibraryAccess> gemm_on_dnn =
+      calls.check_call(dnn, static_cast<uint16_t>(library_ops::LibraryOp::kBlasGemm),
+                       library_ops::op_bytes(small_gemm()));
   EXPECT_EQ(gemm_on_dnn.status().code(), ErrorCode::kInvalidValue) << gemm_on_dnn.status();
 }
 
@@ -66,8 +67,9 @@ TEST(LibraryCallsTest, AGemmsOperandsAreItsMatrices) {
   LibraryCalls calls;
   const wire::LibraryHandle h(5);
   ASSERT_TRUE(calls.create_handle(h, kBlas).ok());
-  const Result<LibraryAccess> access = calls.check_call(
-      h, static_cast<uint16_t>(wire::LibraryOp::kBlasGemm), wire::op_bytes(small_gemm()));
+  const Result<LibraryAccess> access =
+      calls.check_call(h, static_cast<uint16_t>(library_ops::LibraryOp::kBlasGemm),
+                       library_ops::op_bytes(small_gemm()));
   ASSERT_TRUE(access.ok()) << access.status();
   ASSERT_EQ(access->operands.size(), 3u);
   // A: 4 x 2 floats, B: 2 x 3, C: 4 x 3 (written).

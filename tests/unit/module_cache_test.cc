@@ -183,7 +183,9 @@ class CountingDevice final : public Device {
                 const device::LaunchConfig& config, std::span<const std::byte> params) override {
     return sim_->launch(stream, function, config, params);
   }
-  device::LibraryBackend* library(wire::Library library) override { return sim_->library(library); }
+  device::LibraryBackend* library(library_ops::Library library) override {
+    return sim_->library(library);
+  }
 
  private:
   std::unique_ptr<device::SimDevice> sim_;

@@ -9,21 +9,21 @@
 #include <cstring>
 #include <vector>
 
+#include "library_ops/blas_ops.h"
 #include "server/device/library.h"
 #include "server/device/sim/numeric.h"
 #include "server/device/sim_device.h"
 #include "server/library_calls.h"
 #include "tests/unit/device_contract.h"
-#include "wire/blas_ops.h"
 
 namespace hiber::device {
 namespace {
 
-using wire::blas::BatchKind;
-using wire::blas::Gemm;
-using wire::blas::LtHeuristic;
-using wire::blas::LtLayout;
-using wire::blas::LtMatmul;
+using library_ops::blas::BatchKind;
+using library_ops::blas::Gemm;
+using library_ops::blas::LtHeuristic;
+using library_ops::blas::LtLayout;
+using library_ops::blas::LtMatmul;
 
 constexpr int32_t kF32 = 0, kF64 = 1, kF16 = 2, kBF16 = 14;
 constexpr int32_t kCompute32F = 68, kCompute64F = 70;
@@ -68,7 +68,7 @@ class SimBlasTest : public ::testing::Test {
     HIBER_ASSERT_OK(device_->map(base_, bytes, memory_, 0));
     const int gpus[] = {0};
     HIBER_ASSERT_OK(device_->set_access(base_, bytes, gpus));
-    blas_ = device_->library(wire::Library::kBlas);
+    blas_ = device_->library(library_ops::Library::kBlas);
     ASSERT_NE(blas_, nullptr);
   }
 
@@ -87,8 +87,11 @@ class SimBlasTest : public ::testing::Test {
     return out;
   }
   template <typename Args>
-  Status run(wire::LibraryOp op, const Args& args) {
-    LibraryCall call{.owner = 1, .handle = {}, .op = op, .args = wire::op_bytes(args)};
+  Status run(library_ops::LibraryOp op, const Args& args) {
+    LibraryCall call{.owner = 1,
+                     .handle = library_ops::LibraryHandle(1),
+                     .op = op,
+                     .args = library_ops::op_bytes(args)};
     HIBER_RETURN_IF_ERROR(blas_->run(stream_, call));
     return device_->synchronize_stream(stream_);
   }
@@ -102,7 +105,7 @@ class SimBlasTest : public ::testing::Test {
 };
 
 template <typename T>
-void set_scalar(wire::blas::Scalar* s, T v) {
+void set_scalar(library_ops::blas::Scalar* s, T v) {
   std::memcpy(s->bytes, &v, sizeof(v));
 }
 
@@ -145,7 +148,7 @@ TEST_F(SimBlasTest, GemmEveryTypeTransposeAndStridedBatch) {
         }
         g.a = upload(encode(type, a)), g.b = upload(encode(type, b));
         g.c = upload(encode(type, c));
-        HIBER_ASSERT_OK(run(wire::LibraryOp::kBlasGemm, g));
+        HIBER_ASSERT_OK(run(library_ops::LibraryOp::kBlasGemm, g));
         const std::vector<double> got = decode(type, download(g.c, c.size() * type_bytes(type)));
         std::vector<double> want = c;
         for (int i = 0; i < batches; ++i)
@@ -178,7 +181,7 @@ TEST_F(SimBlasTest, GemmPointerArrayBatch) {
   g.batch = BatchKind::kPointerArray, g.batch_count = 2;
   g.a = upload(bytes_of(as)), g.b = upload(bytes_of(bs)), g.c = upload(bytes_of(cs));
   set_scalar(&g.alpha, 1.0f), set_scalar(&g.beta, 1.0f);
-  HIBER_ASSERT_OK(run(wire::LibraryOp::kBlasGemm, g));
+  HIBER_ASSERT_OK(run(library_ops::LibraryOp::kBlasGemm, g));
   std::vector<double> want = c0;
   reference_gemm(false, false, m, n, k, 1, a.data(), m, b.data(), k, 1, want.data(), m);
   EXPECT_EQ(decode(kF32, download(c1, want.size() * 4)), want);
@@ -219,7 +222,7 @@ TEST_F(SimBlasTest, LtMatmulEpiloguesWithBiasPerRowAndLdAboveRows) {
       mm.c = upload(encode(type, c));
       mm.d = upload(encode(type, std::vector<double>(c.size(), 7.0)));  // rows past m: untouched
       mm.bias = upload(encode(type, bias));
-      HIBER_ASSERT_OK(run(wire::LibraryOp::kLtMatmul, mm));
+      HIBER_ASSERT_OK(run(library_ops::LibraryOp::kLtMatmul, mm));
       const std::vector<double> got = decode(type, download(mm.d, c.size() * type_bytes(type)));
       for (int j = 0; j < n; ++j) {
         for (int i = 0; i < ldc; ++i) {
@@ -264,7 +267,7 @@ TEST_F(SimBlasTest, LtMatmulStridedBatchWithBiasBatchStride) {
   mm.d = upload(encode(kF32, std::vector<double>(m * n * batches, 0)));
   mm.bias = upload(encode(kF32, bias));
   mm.bias_batch_stride = m + 1;
-  HIBER_ASSERT_OK(run(wire::LibraryOp::kLtMatmul, mm));
+  HIBER_ASSERT_OK(run(library_ops::LibraryOp::kLtMatmul, mm));
   const std::vector<double> got = decode(kF32, download(mm.d, m * n * batches * 4));
   for (int s = 0; s < batches; ++s)
     for (int j = 0; j < n; ++j)
@@ -280,15 +283,17 @@ TEST_F(SimBlasTest, LtHeuristicAnswersOneAlgoForWhatItRunsAndNoneOtherwise) {
   h.problem.a = layout(kF16, 4, 4, 4);
   h.problem.b = h.problem.c = h.problem.d = h.problem.a;
   h.problem.compute_type = kCompute32F, h.problem.scale_type = kF32;
-  LibraryCall call{
-      .owner = 1, .handle = {}, .op = wire::LibraryOp::kLtHeuristic, .args = wire::op_bytes(h)};
+  LibraryCall call{.owner = 1,
+                   .handle = library_ops::LibraryHandle(1),
+                   .op = library_ops::LibraryOp::kLtHeuristic,
+                   .args = library_ops::op_bytes(h)};
   HIBER_ASSERT_OK_AND_ASSIGN(std::vector<std::byte> answer,
                              blas_->answer(device_->shared_context(0), call));
-  ASSERT_EQ(answer.size(), sizeof(wire::blas::LtHeuristicResult));
-  wire::blas::LtHeuristicResult result;
+  ASSERT_EQ(answer.size(), sizeof(library_ops::blas::LtHeuristicResult));
+  library_ops::blas::LtHeuristicResult result;
   std::memcpy(static_cast<void*>(&result), answer.data(), sizeof(result));
-  EXPECT_EQ(result.algo.magic, wire::blas::kLtAlgoMagic);
-  EXPECT_EQ(result.algo.problem, wire::blas::lt_problem_hash(h.problem));
+  EXPECT_EQ(result.algo.magic, library_ops::blas::kLtAlgoMagic);
+  EXPECT_EQ(result.algo.problem, library_ops::blas::lt_problem_hash(h.problem));
   // int8 data: not a type the host runs.
   h.problem.a.type = h.problem.b.type = 3;
   EXPECT_EQ(blas_->answer(device_->shared_context(0), call).status().code(),
@@ -309,7 +314,7 @@ TEST(BlasChecks, GemmOperandsSpanTheirShapes) {
   Gemm g = valid_gemm();
   HIBER_ASSERT_OK_AND_ASSIGN(
       server::LibraryAccess access,
-      server::check_blas_call(wire::LibraryOp::kBlasGemm, wire::op_bytes(g)));
+      server::check_blas_call(library_ops::LibraryOp::kBlasGemm, library_ops::op_bytes(g)));
   ASSERT_EQ(access.operands.size(), 3u);
   EXPECT_EQ(access.operands[0].bytes, (1 * 10 + 8) * 4u);  // A: 8 x 2, ld 10
   EXPECT_EQ(access.operands[1].bytes, (3 * 2 + 2) * 4u);   // B: 2 x 4
@@ -318,18 +323,20 @@ TEST(BlasChecks, GemmOperandsSpanTheirShapes) {
   EXPECT_FALSE(access.through_pointers);
   g.batch = BatchKind::kStrided, g.batch_count = 3, g.stride_c = 100;
   HIBER_ASSERT_OK_AND_ASSIGN(
-      access, server::check_blas_call(wire::LibraryOp::kBlasGemm, wire::op_bytes(g)));
+      access, server::check_blas_call(library_ops::LibraryOp::kBlasGemm, library_ops::op_bytes(g)));
   EXPECT_EQ(access.operands[2].bytes, (2 * 100 + 32) * 4u);
   g.batch = BatchKind::kPointerArray;
   HIBER_ASSERT_OK_AND_ASSIGN(
-      access, server::check_blas_call(wire::LibraryOp::kBlasGemm, wire::op_bytes(g)));
+      access, server::check_blas_call(library_ops::LibraryOp::kBlasGemm, library_ops::op_bytes(g)));
   EXPECT_TRUE(access.through_pointers);
   EXPECT_EQ(access.operands.back().bytes, 3 * 8u);  // the C pointer array
 }
 
 TEST(BlasChecks, BadGemmsAreRefused) {
   const auto code = [](const Gemm& g) {
-    return server::check_blas_call(wire::LibraryOp::kBlasGemm, wire::op_bytes(g)).status().code();
+    return server::check_blas_call(library_ops::LibraryOp::kBlasGemm, library_ops::op_bytes(g))
+        .status()
+        .code();
   };
   Gemm g = valid_gemm();
   g.m = -1;
@@ -343,7 +350,7 @@ TEST(BlasChecks, BadGemmsAreRefused) {
   g = valid_gemm(), g.batch = static_cast<BatchKind>(7);
   EXPECT_EQ(code(g), ErrorCode::kInvalidValue);
   const std::vector<std::byte> short_args(sizeof(Gemm) - 1);
-  EXPECT_EQ(server::check_blas_call(wire::LibraryOp::kBlasGemm, short_args).status().code(),
+  EXPECT_EQ(server::check_blas_call(library_ops::LibraryOp::kBlasGemm, short_args).status().code(),
             ErrorCode::kInvalidValue);
 }
 
@@ -364,7 +371,7 @@ TEST(BlasChecks, LtMatmulOperandsIncludeBiasAndD) {
   LtMatmul mm = valid_lt();
   HIBER_ASSERT_OK_AND_ASSIGN(
       server::LibraryAccess access,
-      server::check_blas_call(wire::LibraryOp::kLtMatmul, wire::op_bytes(mm)));
+      server::check_blas_call(library_ops::LibraryOp::kLtMatmul, library_ops::op_bytes(mm)));
   ASSERT_EQ(access.operands.size(), 5u);
   EXPECT_EQ(access.operands[0].bytes, 16 * 8 * 2u);        // A
   EXPECT_EQ(access.operands[3].bytes, (3 * 12 + 8) * 2u);  // D: 8 x 4, ld 12
@@ -374,7 +381,9 @@ TEST(BlasChecks, LtMatmulOperandsIncludeBiasAndD) {
 
 TEST(BlasChecks, BadLtMatmulsAreRefused) {
   const auto code = [](const LtMatmul& mm) {
-    return server::check_blas_call(wire::LibraryOp::kLtMatmul, wire::op_bytes(mm)).status().code();
+    return server::check_blas_call(library_ops::LibraryOp::kLtMatmul, library_ops::op_bytes(mm))
+        .status()
+        .code();
   };
   LtMatmul mm = valid_lt();
   mm.problem.d.ld = 7;  // below its 8 rows
@@ -396,10 +405,12 @@ TEST(BlasChecks, BadLtMatmulsAreRefused) {
   LtHeuristic h;
   h.problem = valid_lt().problem;
   h.requested = 0;
-  EXPECT_EQ(server::check_blas_query(wire::LibraryOp::kLtHeuristic, wire::op_bytes(h)).code(),
+  EXPECT_EQ(server::check_blas_query(library_ops::LibraryOp::kLtHeuristic, library_ops::op_bytes(h))
+                .code(),
             ErrorCode::kInvalidValue);
   h.requested = 1;
-  HIBER_EXPECT_OK(server::check_blas_query(wire::LibraryOp::kLtHeuristic, wire::op_bytes(h)));
+  HIBER_EXPECT_OK(
+      server::check_blas_query(library_ops::LibraryOp::kLtHeuristic, library_ops::op_bytes(h)));
 }
 
 }  // namespace

@@ -5,18 +5,18 @@
 #include <cmath>
 #include <vector>
 
+#include "library_ops/blas_ops.h"
 #include "server/device/sim/numeric.h"
 #include "server/device/sim_device.h"
-#include "wire/blas_ops.h"
 
 namespace hiber::device::sim {
 namespace {
 
-using wire::blas::BatchKind;
-using wire::blas::Gemm;
-using wire::blas::LtHeuristic;
-using wire::blas::LtMatmul;
-using wire::blas::LtProblem;
+using library_ops::blas::BatchKind;
+using library_ops::blas::Gemm;
+using library_ops::blas::LtHeuristic;
+using library_ops::blas::LtMatmul;
+using library_ops::blas::LtProblem;
 
 constexpr int32_t kCompute16F = 64;
 constexpr int32_t kCompute64F = 70;
@@ -81,9 +81,9 @@ Status run_gemm(const Gemm& g) {
   const double beta = g.pointer_mode == 1
                           ? scalar(reinterpret_cast<const void*>(g.beta_ptr), g.compute_type)
                           : scalar(g.beta.bytes, g.compute_type);
-  const int64_t a_size = static_cast<int64_t>(*wire::blas::element_bytes(g.a_type, "A"));
-  const int64_t b_size = static_cast<int64_t>(*wire::blas::element_bytes(g.b_type, "B"));
-  const int64_t c_size = static_cast<int64_t>(*wire::blas::element_bytes(g.c_type, "C"));
+  const int64_t a_size = static_cast<int64_t>(*library_ops::blas::element_bytes(g.a_type, "A"));
+  const int64_t b_size = static_cast<int64_t>(*library_ops::blas::element_bytes(g.b_type, "B"));
+  const int64_t c_size = static_cast<int64_t>(*library_ops::blas::element_bytes(g.c_type, "C"));
   const int32_t batches = g.batch == BatchKind::kSingle ? 1 : g.batch_count;
   const bool f64 = g.c_type == kHostF64;
   for (int32_t i = 0; i < batches; ++i) {
@@ -134,7 +134,7 @@ Status lt_supported(const LtProblem& p) {
   if (p.a.type != p.b.type || p.c.type != p.d.type || !is_host_type(p.a.type) ||
       !is_host_type(p.d.type) || !supported(p.compute_type, p.a.type, p.d.type) ||
       p.scale_type != lt_scale_type(p.compute_type) ||
-      ((p.epilogue & wire::blas::kEpilogueBias) && !is_host_type(p.bias_type)))
+      ((p.epilogue & library_ops::blas::kEpilogueBias) && !is_host_type(p.bias_type)))
     return error(ErrorCode::kNotSupported, "cuBLASLt matmul with A type ", p.a.type, ", B type ",
                  p.b.type, ", C type ", p.c.type, ", D type ", p.d.type, ", compute type ",
                  p.compute_type, ", scale type ", p.scale_type, " and bias type ", p.bias_type,
@@ -150,8 +150,8 @@ void lt_one(const LtMatmul& mm, const std::byte* a, const std::byte* b, const st
   const int64_t m = p.d.rows, n = p.d.cols, k = p.transa ? p.a.rows : p.a.cols;
   const bool ta = p.transa != 0;
   const bool tb = p.transb != 0;
-  const bool has_bias = (p.epilogue & wire::blas::kEpilogueBias) != 0;
-  const int32_t activation = p.epilogue & ~wire::blas::kEpilogueBias;
+  const bool has_bias = (p.epilogue & library_ops::blas::kEpilogueBias) != 0;
+  const int32_t activation = p.epilogue & ~library_ops::blas::kEpilogueBias;
   for (int64_t j = 0; j < n; ++j) {
     for (int64_t i = 0; i < m; ++i) {
       Acc acc = 0;
@@ -166,9 +166,9 @@ void lt_one(const LtMatmul& mm, const std::byte* a, const std::byte* b, const st
       if (beta != 0)
         out += static_cast<Acc>(beta) * static_cast<Acc>(load_element(c, p.c.type, i + j * p.c.ld));
       if (has_bias) out += static_cast<Acc>(load_element(bias, p.bias_type, i));  // one per row
-      if (activation == wire::blas::kEpilogueRelu) {
+      if (activation == library_ops::blas::kEpilogueRelu) {
         out = out > 0 ? out : Acc{0};
-      } else if (activation == wire::blas::kEpilogueGelu) {
+      } else if (activation == library_ops::blas::kEpilogueGelu) {
         out = static_cast<Acc>(gelu_tanh(static_cast<float>(out)));
       }
       store_element(d, p.d.type, i + j * p.d.ld, static_cast<double>(out));
@@ -185,9 +185,9 @@ Status run_lt_matmul(const LtMatmul& mm) {
       lt_scalar(p.pointer_mode == 1 ? reinterpret_cast<const void*>(mm.beta_ptr) : mm.beta.bytes,
                 p.scale_type);
   const auto size = [](int32_t type) {
-    return static_cast<int64_t>(*wire::blas::element_bytes(type, ""));
+    return static_cast<int64_t>(*library_ops::blas::element_bytes(type, ""));
   };
-  const bool has_bias = (p.epilogue & wire::blas::kEpilogueBias) != 0;
+  const bool has_bias = (p.epilogue & library_ops::blas::kEpilogueBias) != 0;
   for (int32_t i = 0; i < p.d.batch_count; ++i) {
     const auto* a =
         reinterpret_cast<const std::byte*>(mm.a) + i * p.a.batch_offset * size(p.a.type);
@@ -216,23 +216,29 @@ class SimBlas final : public LibraryBackend {
   explicit SimBlas(SimDevice& device) : device_(device) {}
 
   Status run(Stream stream, const LibraryCall& call) override {
-    switch (call.op) {
-      case wire::LibraryOp::kBlasGemm: return gemm(stream, call.args);
-      case wire::LibraryOp::kLtMatmul: return lt_matmul(stream, call.args);
-      default: break;
-    }
-    return error(ErrorCode::kNotSupported, "cuBLAS operation ", static_cast<unsigned>(call.op),
-                 " has no host implementation on the simulated GPU");
+    using library_ops::LibraryOp;
+    using library_ops::OpTag;
+    return library_ops::dispatch<Status, library_ops::Library::kBlas, library_ops::Kind::kCall>(
+        call.op, call.args, "the simulated GPU",
+        library_ops::Handlers{
+            [&](OpTag<LibraryOp::kBlasGemm>, const Gemm& g) { return gemm(stream, g); },
+            [&](OpTag<LibraryOp::kLtMatmul>, const LtMatmul& mm) {
+              return lt_matmul(stream, mm);
+            }});
   }
 
   Result<std::vector<std::byte>> answer(Context, const LibraryCall& call) override {
-    if (call.op == wire::LibraryOp::kLtHeuristic) return lt_heuristic(call.args);
-    return error(ErrorCode::kNotSupported, "cuBLAS query ", static_cast<unsigned>(call.op),
-                 " has no host implementation on the simulated GPU");
+    using library_ops::LibraryOp;
+    using library_ops::OpTag;
+    return library_ops::dispatch<Result<std::vector<std::byte>>, library_ops::Library::kBlas,
+                                 library_ops::Kind::kQuery>(
+        call.op, call.args, "the simulated GPU",
+        library_ops::Handlers{
+            [](OpTag<LibraryOp::kLtHeuristic>, const LtHeuristic& h) { return lt_heuristic(h); }});
   }
 
   // The host implementations keep nothing per handle.
-  void release(uint64_t, std::optional<wire::LibraryHandle>) override {}
+  void release(uint64_t, std::optional<library_ops::LibraryHandle>) override {}
   void forget_context(Context) override {}
 
  private:
@@ -240,53 +246,51 @@ class SimBlas final : public LibraryBackend {
   // cuBLASLt answers for a problem no algorithm of it runs. The preference's alignments and
   // reduction schemes allow it whatever they are: the host reads any address and reduces in
   // one pass in the compute type (no split-K, so CUBLASLT_REDUCTION_SCHEME_NONE holds).
-  static Result<std::vector<std::byte>> lt_heuristic(std::span<const std::byte> args) {
-    HIBER_ASSIGN_OR_RETURN(LtHeuristic h, wire::read_op<LtHeuristic>(args, "cuBLASLt heuristic"));
-    HIBER_RETURN_IF_ERROR(wire::blas::check_lt_problem(h.problem).status());
+  static Result<std::vector<std::byte>> lt_heuristic(const LtHeuristic& h) {
+    HIBER_RETURN_IF_ERROR(library_ops::blas::check_lt_problem(h.problem).status());
     HIBER_RETURN_IF_ERROR(lt_supported(h.problem));
-    wire::blas::LtHeuristicResult result;
+    library_ops::blas::LtHeuristicResult result;
     result.algo.id = kSimLtAlgoId;
-    result.algo.magic = wire::blas::kLtAlgoMagic;
-    result.algo.problem = wire::blas::lt_problem_hash(h.problem);
+    result.algo.magic = library_ops::blas::kLtAlgoMagic;
+    result.algo.problem = library_ops::blas::lt_problem_hash(h.problem);
     result.workspace_bytes = 0;  // the host needs none
     result.waves_bits = std::bit_cast<uint32_t>(1.0f);
-    const auto bytes = wire::op_bytes(result);
+    const auto bytes = library_ops::op_bytes(result);
     return std::vector<std::byte>(bytes.begin(), bytes.end());
   }
 
-  Status lt_matmul(Stream stream, std::span<const std::byte> args) {
-    HIBER_ASSIGN_OR_RETURN(LtMatmul mm, wire::read_op<LtMatmul>(args, "cuBLASLt matmul"));
-    HIBER_ASSIGN_OR_RETURN(wire::blas::LtDims dims, wire::blas::check_lt_problem(mm.problem));
+  Status lt_matmul(Stream stream, const LtMatmul& mm) {
+    HIBER_ASSIGN_OR_RETURN(library_ops::blas::LtDims dims,
+                           library_ops::blas::check_lt_problem(mm.problem));
     HIBER_RETURN_IF_ERROR(lt_supported(mm.problem));
     if (mm.has_algo && mm.algo.id != kSimLtAlgoId)
       return error(ErrorCode::kNotSupported, "cuBLASLt matmul: algo ", mm.algo.id,
                    " is not one of the simulated GPU's");
     if (dims.m == 0 || dims.n == 0) return Status();
     const LtProblem& p = mm.problem;
-    const auto extent = [](const wire::blas::LtLayout& l) {
-      return *wire::blas::batched_extent(
-          {l.rows, l.cols, l.ld, *wire::blas::element_bytes(l.type, ""), ""}, l.batch_count,
+    const auto extent = [](const library_ops::blas::LtLayout& l) {
+      return *library_ops::blas::batched_extent(
+          {l.rows, l.cols, l.ld, *library_ops::blas::element_bytes(l.type, ""), ""}, l.batch_count,
           l.batch_offset);
     };
     std::vector<SimDevice::Operand> operands = {{mm.a, dims.k > 0 ? extent(p.a) : 0},
                                                 {mm.b, dims.k > 0 ? extent(p.b) : 0},
                                                 {mm.c, extent(p.c)},
                                                 {mm.d, extent(p.d)}};
-    if (p.epilogue & wire::blas::kEpilogueBias) {
+    if (p.epilogue & library_ops::blas::kEpilogueBias) {
       // One bias per row of D, per batch bias_batch_stride elements apart.
-      HIBER_ASSIGN_OR_RETURN(
-          uint64_t bias_bytes,
-          wire::blas::batched_extent({dims.m, 1, std::max<int64_t>(1, dims.m),
-                                      *wire::blas::element_bytes(p.bias_type, ""), "bias"},
-                                     dims.batch_count, mm.bias_batch_stride));
+      HIBER_ASSIGN_OR_RETURN(uint64_t bias_bytes,
+                             library_ops::blas::batched_extent(
+                                 {dims.m, 1, std::max<int64_t>(1, dims.m),
+                                  *library_ops::blas::element_bytes(p.bias_type, ""), "bias"},
+                                 dims.batch_count, mm.bias_batch_stride));
       operands.push_back({mm.bias, bias_bytes});
     }
     return device_.enqueue_host_work(stream, operands, "cuBLASLt matmul",
                                      [mm] { return run_lt_matmul(mm); });
   }
 
-  Status gemm(Stream stream, std::span<const std::byte> args) {
-    HIBER_ASSIGN_OR_RETURN(Gemm g, wire::read_op<Gemm>(args, "cuBLAS gemm"));
+  Status gemm(Stream stream, const Gemm& g) {
     if (g.a_type != g.b_type || !is_host_type(g.a_type) || !is_host_type(g.c_type) ||
         !supported(g.compute_type, g.a_type, g.c_type))
       return error(ErrorCode::kNotSupported, "cuBLAS gemm with A type ", g.a_type, ", B type ",
@@ -296,7 +300,7 @@ class SimBlas final : public LibraryBackend {
     if (g.m == 0 || g.n == 0 || (g.batch != BatchKind::kSingle && g.batch_count == 0))
       return Status();
     std::vector<SimDevice::Operand> operands;
-    const auto elements = [](int32_t type) { return *wire::blas::element_bytes(type, ""); };
+    const auto elements = [](int32_t type) { return *library_ops::blas::element_bytes(type, ""); };
     if (g.batch == BatchKind::kPointerArray) {
       const uint64_t array = uint64_t{8} * static_cast<uint64_t>(g.batch_count);
       operands = {{g.a, array}, {g.b, array}, {g.c, array}};
@@ -305,16 +309,16 @@ class SimBlas final : public LibraryBackend {
       const bool ta = g.transa != 0;
       const bool tb = g.transb != 0;
       HIBER_ASSIGN_OR_RETURN(uint64_t a_bytes,
-                             wire::blas::batched_extent(
+                             library_ops::blas::batched_extent(
                                  {ta ? g.k : g.m, ta ? g.m : g.k, g.lda, elements(g.a_type), "A"},
                                  batches, g.stride_a));
       HIBER_ASSIGN_OR_RETURN(uint64_t b_bytes,
-                             wire::blas::batched_extent(
+                             library_ops::blas::batched_extent(
                                  {tb ? g.n : g.k, tb ? g.k : g.n, g.ldb, elements(g.b_type), "B"},
                                  batches, g.stride_b));
       HIBER_ASSIGN_OR_RETURN(uint64_t c_bytes,
-                             wire::blas::batched_extent({g.m, g.n, g.ldc, elements(g.c_type), "C"},
-                                                        batches, g.stride_c));
+                             library_ops::blas::batched_extent(
+                                 {g.m, g.n, g.ldc, elements(g.c_type), "C"}, batches, g.stride_c));
       operands = {{g.a, g.k > 0 ? a_bytes : 0}, {g.b, g.k > 0 ? b_bytes : 0}, {g.c, c_bytes}};
     }
     return device_.enqueue_host_work(stream, operands, "cuBLAS gemm", [g] { return run_gemm(g); });

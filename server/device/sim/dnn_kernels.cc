@@ -10,7 +10,7 @@
 namespace hiber::device::sim {
 namespace {
 
-namespace dnn = wire::dnn;
+namespace dnn = library_ops::dnn;
 
 // cudnnDataType_t -> the cudaDataType_t numbering of numeric.h.
 int32_t host_type(int32_t dnn_type) {

@@ -8,22 +8,23 @@
 #include <span>
 
 #include "common/status.h"
-#include "wire/dnn_ops.h"
+#include "library_ops/dnn_ops.h"
 
 namespace hiber::device::sim {
 
 // Whether the host engine (global index 0) runs `graph`: one convolution forward followed by a
 // chain of pointwise operations (bias add, ReLU, ...) through virtual tensors, or such a chain
 // alone, on FLOAT, HALF, BFLOAT16 or DOUBLE tensors. kNotSupported naming what otherwise.
-Status host_engine_supports(const wire::dnn::OpGraph& graph);
+Status host_engine_supports(const library_ops::dnn::OpGraph& graph);
 // Runs `graph` (host_engine_supports) with tensor i at bound[i].ptr.
-Status run_op_graph(const wire::dnn::OpGraph& graph, std::span<const wire::dnn::Bound> bound);
+Status run_op_graph(const library_ops::dnn::OpGraph& graph,
+                    std::span<const library_ops::dnn::Bound> bound);
 
-// The legacy calls, checked by wire::dnn::check_op first.
-void batch_norm_inference(const wire::dnn::BatchNormInference& op);
-void pooling_forward(const wire::dnn::Pooling& op);
-void activation_forward(const wire::dnn::Activation& op);
-void softmax_forward(const wire::dnn::Softmax& op);
-void add_tensor(const wire::dnn::AddTensor& op);
+// The legacy calls, checked by library_ops::dnn::check_op first.
+void batch_norm_inference(const library_ops::dnn::BatchNormInference& op);
+void pooling_forward(const library_ops::dnn::Pooling& op);
+void activation_forward(const library_ops::dnn::Activation& op);
+void softmax_forward(const library_ops::dnn::Softmax& op);
+void add_tensor(const library_ops::dnn::AddTensor& op);
 
 }  // namespace hiber::device::sim

@@ -1,4 +1,4 @@
-// cuDNN operations on the wire (wire/library.h).
+// cuDNN operations (library_ops.h).
 //
 // Backend API: the client keeps cuDNN's backend descriptors as attribute bags and sends hiberd a
 // descriptor graph when it needs an answer (kDnnFinalize: which engines run an operation graph,
@@ -18,7 +18,8 @@
 // Legacy API (cudnnBatchNormalizationForwardInference, cudnnPoolingForward, ...): one fixed
 // struct per call, with its tensor descriptors by value.
 //
-// Enumerations carry cuDNN's own values (cudnn_graph.h, cudnn_ops.h); wire/ builds without them.
+// Enumerations carry cuDNN's own values (cudnn_graph.h, cudnn_ops.h); this library builds without
+// them.
 #pragma once
 
 #include <cstddef>
@@ -31,9 +32,9 @@
 #include <vector>
 
 #include "common/status.h"
-#include "wire/library.h"
+#include "library_ops/library_ops.h"
 
-namespace hiber::wire::dnn {
+namespace hiber::library_ops::dnn {
 
 // ---- cuDNN's values ----
 enum AttrType : int32_t {  // cudnnBackendAttributeType_t
@@ -332,7 +333,6 @@ Status check_shape(const TensorShape& shape, std::string_view what);
 
 // alpha and beta travel as double (cuDNN reads them as double for double data, float otherwise).
 struct BatchNormInference {
-  static constexpr LibraryOp kOp = LibraryOp::kDnnBatchNormInference;
   TensorShape x, y, bn;  // bn: scale, bias, mean and variance all have this shape
   uint64_t x_ptr = 0, y_ptr = 0, scale = 0, bias = 0, mean = 0, variance = 0;
   double alpha = 1, beta = 0, epsilon = 0;
@@ -340,7 +340,6 @@ struct BatchNormInference {
   int32_t reserved = 0;
 };
 struct Pooling {
-  static constexpr LibraryOp kOp = LibraryOp::kDnnPooling;
   TensorShape x, y;
   uint64_t x_ptr = 0, y_ptr = 0;
   double alpha = 1, beta = 0;
@@ -351,7 +350,6 @@ struct Pooling {
   int64_t window[kMaxSpatial] = {}, pad[kMaxSpatial] = {}, stride[kMaxSpatial] = {};
 };
 struct Activation {
-  static constexpr LibraryOp kOp = LibraryOp::kDnnActivation;
   TensorShape x, y;
   uint64_t x_ptr = 0, y_ptr = 0;
   double alpha = 1, beta = 0, coef = 0;
@@ -359,7 +357,6 @@ struct Activation {
   int32_t nan_propagation = 0;
 };
 struct Softmax {
-  static constexpr LibraryOp kOp = LibraryOp::kDnnSoftmax;
   TensorShape x, y;
   uint64_t x_ptr = 0, y_ptr = 0;
   double alpha = 1, beta = 0;
@@ -367,7 +364,6 @@ struct Softmax {
   int32_t mode = 0;       // cudnnSoftmaxMode_t
 };
 struct AddTensor {
-  static constexpr LibraryOp kOp = LibraryOp::kDnnAddTensor;
   TensorShape a, c;  // C = alpha * A + beta * C; A's dims are C's or 1 (broadcast)
   uint64_t a_ptr = 0, c_ptr = 0;
   double alpha = 1, beta = 0;
@@ -393,4 +389,4 @@ int64_t pooled_dim(int64_t in, int64_t window, int64_t pad, int64_t stride);
 int64_t convolved_dim(int64_t in, int64_t filter, int64_t pre, int64_t post, int64_t stride,
                       int64_t dilation);
 
-}  // namespace hiber::wire::dnn
+}  // namespace hiber::library_ops::dnn

@@ -1,9 +1,9 @@
-#include "wire/blas_ops.h"
+#include "library_ops/blas_ops.h"
 
 #include <algorithm>
 #include <climits>
 
-namespace hiber::wire::blas {
+namespace hiber::library_ops::blas {
 namespace {
 
 // Values of cudaDataType_t (library_types.h) and cublasComputeType_t (cublas_api.h); the wire
@@ -176,4 +176,4 @@ Result<LtDims> check_lt_problem(const LtProblem& p) {
   return dims;
 }
 
-}  // namespace hiber::wire::blas
+}  // namespace hiber::library_ops::blas

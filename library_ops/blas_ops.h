@@ -1,7 +1,7 @@
-// cuBLAS and cuBLASLt operations on the wire (wire/library.h): one argument struct per
-// operation. Enumerations carry the API's own values (cublasOperation_t, cudaDataType_t,
-// cublasComputeType_t, ...), so no table translates them and the CUDA backend passes them on.
-// Structs have no implicit padding (checked below), so what is sent is exactly the fields.
+// cuBLAS and cuBLASLt operations (library_ops.h): one argument struct per operation. Enumerations
+// carry the API's own values (cublasOperation_t, cudaDataType_t, cublasComputeType_t, ...), so no
+// table translates them and the CUDA backend passes them on. Structs have no implicit padding
+// (checked below), so what is sent is exactly the fields.
 #pragma once
 
 #include <cstddef>
@@ -10,9 +10,9 @@
 #include <type_traits>
 
 #include "common/status.h"
-#include "wire/library.h"
+#include "library_ops/library_ops.h"
 
-namespace hiber::wire::blas {
+namespace hiber::library_ops::blas {
 
 // A host scalar (alpha, beta) by value, in the call's scale type: up to a double complex.
 struct Scalar {
@@ -28,7 +28,6 @@ enum class BatchKind : uint8_t {
 // kBlasGemm: every cuBLAS GEMM form (cublas{S,D,H}gemm, GemmEx and their batched forms):
 // C = alpha * op(A) op(B) + beta * C, column-major, op(A) m x k, op(B) k x n.
 struct Gemm {
-  static constexpr LibraryOp kOp = LibraryOp::kBlasGemm;
   uint64_t a = 0, b = 0, c = 0;  // device addresses (kPointerArray: of the pointer arrays)
   // Pointer mode device: the addresses of alpha and beta, read when the call runs.
   uint64_t alpha_ptr = 0, beta_ptr = 0;
@@ -104,7 +103,6 @@ uint64_t lt_problem_hash(const LtProblem& problem);
 
 // kLtMatmul: cublasLtMatmul, with everything hiberd needs to run it.
 struct LtMatmul {
-  static constexpr LibraryOp kOp = LibraryOp::kLtMatmul;
   LtProblem problem;
   uint64_t a = 0, b = 0, c = 0, d = 0;   // device addresses
   uint64_t bias = 0;                     // CUBLASLT_MATMUL_DESC_BIAS_POINTER
@@ -121,7 +119,6 @@ static_assert(std::has_unique_object_representations_v<LtMatmul>, "no padding on
 // kLtHeuristic (a query): cublasLtMatmulAlgoGetHeuristic. The answer is up to `requested`
 // LtHeuristicResult back to back.
 struct LtHeuristic {
-  static constexpr LibraryOp kOp = LibraryOp::kLtHeuristic;
   LtProblem problem;
   uint64_t max_workspace_bytes = 0;  // CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES
   int32_t requested = 1;
@@ -180,4 +177,4 @@ Status check_shape(const MatrixShape& shape);
 // matrices `stride` elements apart; kInvalidValue for a bad shape or a size beyond 2^48.
 Result<uint64_t> batched_extent(const MatrixShape& shape, int64_t batches, int64_t stride);
 
-}  // namespace hiber::wire::blas
+}  // namespace hiber::library_ops::blas

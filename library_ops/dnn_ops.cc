@@ -1,11 +1,11 @@
-#include "wire/dnn_ops.h"
+#include "library_ops/dnn_ops.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 
-namespace hiber::wire::dnn {
+namespace hiber::library_ops::dnn {
 namespace {
 
 constexpr uint32_t kGraphMagic = 0x31474448;  // "HDG1"
@@ -789,4 +789,4 @@ Status check_op(const AddTensor& op) {
   return Status();
 }
 
-}  // namespace hiber::wire::dnn
+}  // namespace hiber::library_ops::dnn
