@@ -4,7 +4,8 @@
 //   itself, so its later dlsym calls find the shim's functions.
 // - A load of a library Hiber replaces gets the replacement, a file next to libhibercuda.so:
 //   libcublasLt* -> libhibercublasLt.so, libcublas* -> libhibercublas.so,
-//   libcudnn* -> libhibercudnn.so, libnvidia-ml.so* -> libhibernvml.so. Where the replacement
+//   libcudnn* -> libhibercudnn.so, libnvidia-ml.so* -> libhibernvml.so (the list is generated:
+//   replaced_libraries.inc, cmake/HiberEntryPoints.cmake). Where the replacement
 //   is not installed, the load fails with dlerror() naming the missing file (and one log line):
 //   never the real library, whose internals would reach for driver entry points the shim lacks.
 // - A load of one of those libraries by a name of another major version (libcudart.so.12 when
@@ -36,8 +37,6 @@
 #include <string_view>
 #include <vector>
 
-#include "common/cuda_abi.h"
-
 namespace {
 
 using DlopenFn = void* (*)(const char*, int);
@@ -56,16 +55,27 @@ bool starts_with(std::string_view s, std::string_view prefix) {
   return s.substr(0, prefix.size()) == prefix;
 }
 
-bool is_cuda_library(std::string_view base) {
-  return starts_with(base, "libcudart.so") || starts_with(base, "libcuda.so");
-}
+// A library the shim replaces (generated from cmake/HiberEntryPoints.cmake's list).
+struct Replaced {
+  std::string_view table;        // its declaration table: "cudart"
+  std::string_view stem;         // what a file name starts with: "libcudart.so", "libcudnn"
+  std::string_view abi;          // "CUDA"
+  int major;                     // the ABI's major version served
+  std::string_view soname;       // "libcudart.so.13"
+  std::string_view replacement;  // the file next to the shim that serves it
+};
+constexpr Replaced kReplaced[] = {
+#define HIBER_REPLACED_LIBRARY(table, stem, abi, major, soname, replacement) \
+  {#table, stem, abi, major, soname, replacement},
+#include "client_shim/replaced_libraries.inc"
+#undef HIBER_REPLACED_LIBRARY
+};
 
-// The replacement's file name for a library Hiber replaces, or nullptr.
-const char* replacement_for(std::string_view base) {
-  if (starts_with(base, "libcublasLt")) return "libhibercublasLt.so";
-  if (starts_with(base, "libcublas")) return "libhibercublas.so";
-  if (starts_with(base, "libcudnn")) return "libhibercudnn.so";
-  if (starts_with(base, "libnvidia-ml.so")) return "libhibernvml.so";
+// The library a file name asks for, by its stem; nullptr for one the shim does not replace.
+const Replaced* replaced(std::string_view base) {
+  for (const Replaced& library : kReplaced) {
+    if (starts_with(base, library.stem)) return &library;
+  }
   return nullptr;
 }
 
@@ -83,28 +93,12 @@ std::optional<std::string_view> requested_major(std::string_view base) {
 
 // Why a load of `base` is refused, if it names a library whose ABI this shim serves at another
 // major version; "" when it is not.
-std::string other_abi(std::string_view base) {
-  struct Abi {
-    std::string_view stem;
-    std::string_view name;
-    int major;
-    std::string_view soname;
-  };
-  static constexpr Abi kAbis[] = {
-      {"libcudart.so", "CUDA", hiber::cuda_abi::kCudaMajor, hiber::cuda_abi::kRuntimeSoname},
-      {"libcublasLt", "CUDA", hiber::cuda_abi::kCudaMajor, hiber::cuda_abi::kCublasLtSoname},
-      {"libcublas", "CUDA", hiber::cuda_abi::kCudaMajor, hiber::cuda_abi::kCublasSoname},
-      {"libcudnn", "cuDNN", hiber::cuda_abi::kCudnnMajor, hiber::cuda_abi::kCudnnSoname},
-  };
-  for (const Abi& abi : kAbis) {
-    if (!starts_with(base, abi.stem)) continue;
-    const std::optional<std::string_view> major = requested_major(base);
-    if (!major || *major == std::to_string(abi.major)) return "";
-    return std::string(base) + " is " + std::string(abi.name) + " " + std::string(*major) +
-           "'s ABI, and Hiber's shim serves " + std::string(abi.name) + " " +
-           std::to_string(abi.major) + "'s (" + std::string(abi.soname) + ")";
-  }
-  return "";
+std::string other_abi(const Replaced& library, std::string_view base) {
+  const std::optional<std::string_view> major = requested_major(base);
+  if (!major || *major == std::to_string(library.major)) return "";
+  return std::string(base) + " is " + std::string(library.abi) + " " + std::string(*major) +
+         "'s ABI, and Hiber's shim serves " + std::string(library.abi) + " " +
+         std::to_string(library.major) + "'s (" + std::string(library.soname) + ")";
 }
 
 // Fails the load with `why` as dlerror()'s text: glibc sets that text only from a failing load,
@@ -226,10 +220,13 @@ extern "C" void* dlopen(const char* file, int mode) {
   if (real == nullptr) return nullptr;
   if (file == nullptr || shim_path() == nullptr) return real(file, mode);
   const std::string_view base = base_name(file);
-  if (const std::string why = other_abi(base); !why.empty()) return refuse(real, file, why, mode);
-  if (is_cuda_library(base)) return real(shim_path(), mode);
-  if (const char* replacement = replacement_for(base)) {
-    return open_replacement(real, file, replacement, mode);
+  if (const Replaced* library = replaced(base)) {
+    if (const std::string why = other_abi(*library, base); !why.empty()) {
+      return refuse(real, file, why, mode);
+    }
+    // The runtime and the driver are the shim itself.
+    if (library->replacement == "libhibercuda.so") return real(shim_path(), mode);
+    return open_replacement(real, file, std::string(library->replacement).c_str(), mode);
   }
   if (std::strchr(file, '/') == nullptr) {
     for (const std::string& dir : caller_search_path(dlopen_caller(__builtin_return_address(0)))) {

@@ -21,6 +21,21 @@ bool starts_with(std::string_view s, std::string_view prefix) {
   return s.substr(0, prefix.size()) == prefix;
 }
 
+// The declaration table of `library` (client_shim/entry_points/<table>.entries); "" for none.
+std::string_view table_of(CudaLibrary library) {
+  switch (library) {
+    case CudaLibrary::kRuntime: return "cudart";
+    case CudaLibrary::kDriver: return "cuda";
+    case CudaLibrary::kCublas: return "cublas";
+    case CudaLibrary::kCublasLt: return "cublasLt";
+    case CudaLibrary::kCudnn: return "cudnn";
+    case CudaLibrary::kNvml: return "nvml";
+    case CudaLibrary::kNvrtc:
+    case CudaLibrary::kNone: break;
+  }
+  return "";
+}
+
 // What the shim's declaration tables (client_shim/entry_points/*.entries) say of `symbol` of
 // `library`: remoted, local, refused or stub; nullopt for a name no table declares.
 std::optional<Coverage> declared(CudaLibrary library, std::string_view symbol) {
@@ -36,17 +51,8 @@ std::optional<Coverage> declared(CudaLibrary library, std::string_view symbol) {
 #include "client_shim/entry_dispositions.inc"
   };
 #undef HIBER_ENTRY
-  std::string_view table;
-  switch (library) {
-    case CudaLibrary::kRuntime: table = "cudart"; break;
-    case CudaLibrary::kDriver: table = "cuda"; break;
-    case CudaLibrary::kCublas: table = "cublas"; break;
-    case CudaLibrary::kCublasLt: table = "cublasLt"; break;
-    case CudaLibrary::kCudnn: table = "cudnn"; break;
-    case CudaLibrary::kNvml: table = "nvml"; break;
-    case CudaLibrary::kNvrtc:
-    case CudaLibrary::kNone: return std::nullopt;
-  }
+  const std::string_view table = table_of(library);
+  if (table.empty()) return std::nullopt;
   for (const Row& row : kRows) {
     if (row.table == table && row.name == symbol) return row.coverage;
   }
@@ -100,16 +106,11 @@ CudaLibrary classify_library(std::string_view needed_name) {
 }
 
 std::string_view replacement_for(CudaLibrary library) {
-  switch (library) {
-    case CudaLibrary::kRuntime:
-    case CudaLibrary::kDriver: return "libhibercuda.so";
-    case CudaLibrary::kCublas: return "libhibercublas.so";
-    case CudaLibrary::kCublasLt: return "libhibercublasLt.so";
-    case CudaLibrary::kCudnn: return "libhibercudnn.so";
-    case CudaLibrary::kNvml: return "libhibernvml.so";
-    case CudaLibrary::kNvrtc:
-    case CudaLibrary::kNone: break;
-  }
+  const std::string_view table = table_of(library);
+#define HIBER_REPLACED_LIBRARY(name, stem, abi, major, soname, replacement) \
+  if (!table.empty() && table == #name) return replacement;
+#include "client_shim/replaced_libraries.inc"
+#undef HIBER_REPLACED_LIBRARY
   return "";
 }
 

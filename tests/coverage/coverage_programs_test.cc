@@ -6,8 +6,9 @@
 //   - cublas_create imports cublasCreate_v2 from libcublas.so.13: attributed there, with the
 //     status libhibercublas.so gives (missing while it is not built), and the exit status
 //     agrees with the statuses printed;
-//   - driver_calls imports cuInit, cuMemAlloc_v2 (remoted) and cuGraphCreate (a stub),
-//     unversioned, from libcuda.so.1, with a note naming the stand-in libcuda.so.1;
+//   - driver_calls imports cuInit, cuMemAlloc_v2 (remoted), cuGetErrorName (local),
+//     cuMemHostGetDevicePointer_v2 and cuModuleGetGlobal_v2 (refused) and cuGraphCreate (a
+//     stub), unversioned, from libcuda.so.1, with a note naming the stand-in libcuda.so.1;
 //   - transitive_user needs only libcoverage_forwarder.so (RUNPATH $ORIGIN), whose
 //     cudaGraphCreate import is found by following NEEDED;
 //   - a missing file and a file that is not ELF: exit 2 with a clear message.
@@ -225,13 +226,21 @@ TEST(Coverage, DriverImportsAreAttributedToLibcuda) {
   ToolRun run = run_tool(program("driver_calls"));
   EXPECT_EQ(run.exit_code, 1) << run.output;
   auto lines = symbol_lines(run.output);
-  for (const char* symbol : {"cuInit", "cuMemAlloc_v2", "cuGraphCreate"}) {
+  for (const char* symbol :
+       {"cuInit", "cuMemAlloc_v2", "cuGetErrorName", "cuMemHostGetDevicePointer_v2",
+        "cuModuleGetGlobal_v2", "cuGraphCreate"}) {
     ASSERT_TRUE(lines.contains(symbol)) << symbol << "\n" << run.output;
     EXPECT_EQ(lines[symbol].library, "libcuda.so.1") << symbol;
   }
   EXPECT_EQ(lines["cuInit"].status, "remoted");
   EXPECT_EQ(lines["cuMemAlloc_v2"].status, "remoted");
+  EXPECT_EQ(lines["cuGetErrorName"].status, "local");
+  // Mapped host memory and __device__ variables of loaded modules: documented refusals.
+  EXPECT_EQ(lines["cuMemHostGetDevicePointer_v2"].status, "refused");
+  EXPECT_EQ(lines["cuModuleGetGlobal_v2"].status, "refused");
   EXPECT_EQ(lines["cuGraphCreate"].status, "stub");
+  EXPECT_THAT(run.output,
+              HasSubstr("summary: libcuda.so.1: 2 remoted, 1 stub, 1 local, 2 refused"));
   // The driver's file itself: the stand-in for nodes without it.
   EXPECT_THAT(run.output, HasSubstr(std::string("note: libcuda.so.1 (the NVIDIA driver) is needed: "
                                                 "on a node without it, ") +
