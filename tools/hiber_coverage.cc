@@ -102,7 +102,8 @@ int main(int argc, char** argv) {
       &argc, &argv,
       "hiber-coverage: the CUDA runtime/driver, cuBLAS, cuBLASLt, cuDNN, NVRTC and NVML symbols\n"
       "FILE imports (itself and through its NEEDED libraries), each with the library it binds to\n"
-      "and whether Hiber remotes it, refuses it as documented, has only a stub, or lacks it\n"
+      "and whether Hiber remotes it, answers it in the client (local), refuses it as documented, has\n"
+    "only a stub, or lacks it\n"
       "(NVRTC: local, runs in the client). See docs/coverage.md.\n"
       "  hiber-coverage [--summary | --json] [--shim_dir=DIR] FILE\n"
       "Exit status: 0 all remoted or local, 1 a stub, refused or missing symbol, 2 an error.",
