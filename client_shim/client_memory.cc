@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "client_shim/client.h"
+#include "client_shim/shim_capabilities.h"
 #include "common/device_attributes.h"
 
 namespace hiber::shim {
@@ -181,8 +182,8 @@ int Client::attribute_locked(int device, int attr) const {
   if (!calls_) return 0;
   const auto& devices = calls_->session().devices;
   if (device < 0 || device >= static_cast<int>(devices.size())) return 0;
-  // Mapped host memory is not supported (api_support.h), whatever the GPU could do.
-  if (attr == kAttrCanMapHostMemory) return 0;
+  // What the shim does, whatever the GPU could do (mapped host memory, managed memory, pools...).
+  if (int value = 0; shim_capability(attr, &value)) return value;
   const auto& values = devices[device].attributes;
   return attr >= 0 && attr < static_cast<int>(values.size()) ? values[attr] : 0;
 }

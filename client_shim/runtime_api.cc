@@ -11,6 +11,7 @@
 #include "client_shim/cudart_entry_decls.h"
 #include "client_shim/driver_table.h"
 #include "client_shim/runtime_private_abi.h"
+#include "client_shim/shim_capabilities.h"
 #include "client_shim/thread_context.h"
 
 // Deprecated entry points are still part of the ABI the shim provides.
@@ -24,6 +25,13 @@ using hiber::shim::EventObj;
 using hiber::shim::KernelObj;
 using hiber::shim::PointerKind;
 using hiber::shim::StreamObj;
+
+// The capabilities' numbers are cuda.h's (shim_capabilities.h).
+#define HIBER_CHECK_CAPABILITY_(name, number, reported, why)            \
+  static_assert(static_cast<int>(CU_DEVICE_ATTRIBUTE_##name) == number, \
+                #name " is not attribute " #number " of cuda.h");
+HIBER_SHIM_CAPABILITIES(HIBER_CHECK_CAPABILITY_)
+#undef HIBER_CHECK_CAPABILITY_
 
 namespace {
 
@@ -226,7 +234,7 @@ cudaError_t hiber_entry::cudaGetDeviceProperties(cudaDeviceProp* prop, int devic
   prop->texturePitchAlignment = a(CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT);
   prop->multiProcessorCount = a(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT);
   prop->integrated = a(CU_DEVICE_ATTRIBUTE_INTEGRATED);
-  prop->canMapHostMemory = 0;  // kernels run in hiberd and cannot see client host memory
+  prop->canMapHostMemory = a(CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY);
   prop->concurrentKernels = a(CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS);
   prop->ECCEnabled = a(CU_DEVICE_ATTRIBUTE_ECC_ENABLED);
   prop->pciBusID = a(CU_DEVICE_ATTRIBUTE_PCI_BUS_ID);
@@ -238,19 +246,40 @@ cudaError_t hiber_entry::cudaGetDeviceProperties(cudaDeviceProp* prop, int devic
   prop->l2CacheSize = a(CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE);
   prop->persistingL2CacheMaxSize = a(CU_DEVICE_ATTRIBUTE_MAX_PERSISTING_L2_CACHE_SIZE);
   prop->maxThreadsPerMultiProcessor = a(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR);
-  prop->streamPrioritiesSupported = 1;
+  prop->streamPrioritiesSupported = a(CU_DEVICE_ATTRIBUTE_STREAM_PRIORITIES_SUPPORTED);
   prop->globalL1CacheSupported = a(CU_DEVICE_ATTRIBUTE_GLOBAL_L1_CACHE_SUPPORTED);
   prop->localL1CacheSupported = a(CU_DEVICE_ATTRIBUTE_LOCAL_L1_CACHE_SUPPORTED);
   prop->sharedMemPerMultiprocessor = a(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR);
   prop->regsPerMultiprocessor = a(CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR);
-  prop->managedMemory = 0;  // cudaMallocManaged is not supported
+  prop->managedMemory = a(CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY);
+  prop->hostNativeAtomicSupported = a(CU_DEVICE_ATTRIBUTE_HOST_NATIVE_ATOMIC_SUPPORTED);
+  prop->pageableMemoryAccess = a(CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS);
+  prop->concurrentManagedAccess = a(CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS);
+  prop->canUseHostPointerForRegisteredMem =
+      a(CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM);
+  prop->pageableMemoryAccessUsesHostPageTables =
+      a(CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES);
+  prop->directManagedMemAccessFromHost = a(CU_DEVICE_ATTRIBUTE_DIRECT_MANAGED_MEM_ACCESS_FROM_HOST);
   prop->isMultiGpuBoard = a(CU_DEVICE_ATTRIBUTE_MULTI_GPU_BOARD);
   prop->computePreemptionSupported = a(CU_DEVICE_ATTRIBUTE_COMPUTE_PREEMPTION_SUPPORTED);
-  prop->cooperativeLaunch = 0;  // cooperative launches are not supported
+  prop->cooperativeLaunch = a(CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH);
   prop->sharedMemPerBlockOptin = a(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN);
   prop->maxBlocksPerMultiProcessor = a(CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR);
   prop->reservedSharedMemPerBlock = a(CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK);
-  prop->hostRegisterSupported = 1;
+  prop->hostRegisterSupported = a(CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED);
+  prop->sparseCudaArraySupported = a(CU_DEVICE_ATTRIBUTE_SPARSE_CUDA_ARRAY_SUPPORTED);
+  prop->hostRegisterReadOnlySupported = a(CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED);
+  prop->timelineSemaphoreInteropSupported =
+      a(CU_DEVICE_ATTRIBUTE_TIMELINE_SEMAPHORE_INTEROP_SUPPORTED);
+  prop->memoryPoolsSupported = a(CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED);
+  prop->gpuDirectRDMASupported = a(CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED);
+  prop->memoryPoolSupportedHandleTypes = a(CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES);
+  prop->deferredMappingCudaArraySupported =
+      a(CU_DEVICE_ATTRIBUTE_DEFERRED_MAPPING_CUDA_ARRAY_SUPPORTED);
+  prop->ipcEventSupported = a(CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED);
+  prop->clusterLaunch = a(CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH);
+  prop->unifiedFunctionPointers = a(CU_DEVICE_ATTRIBUTE_UNIFIED_FUNCTION_POINTERS);
+  prop->mpsEnabled = a(CU_DEVICE_ATTRIBUTE_MPS_ENABLED);
   return cudaSuccess;
 }
 

@@ -1,8 +1,8 @@
 // The runtime and driver calls PyTorch needs beyond the basics, NVML, and dlopen through the
 // caller's RUNPATH, each a program run through the shim against hiberd --device=sim
-// (tests/shim/programs: runtime_gaps.cu, nvml_query.cc, dlopen_rpath.cc, dlopen_versions.cc; each
-// compares with its own CPU reference or with the CUDA runtime's answers and prints "<name>: OK"
-// only then).
+// (tests/shim/programs: runtime_gaps.cu, device_attributes.cu, nvml_query.cc, dlopen_rpath.cc,
+// dlopen_versions.cc; each compares with its own CPU reference or with the CUDA runtime's answers
+// and prints "<name>: OK" only then).
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -52,6 +52,14 @@ TEST_F(ShimGapsTest, CallsOfTheCudaSamplesBehaveAsCudaDocuments) {
 }
 
 TEST_F(ShimGapsTest, NvmlAgreesWithCuda) { expect_ok("nvml_query", {}); }
+
+// Issue 31: the attributes say what the shim does (memory pools, virtual memory management,
+// managed memory, cooperative launches: absent), the same through both APIs and the properties.
+TEST_F(ShimGapsTest, DeviceAttributesTellWhatTheShimDoes) {
+  expect_ok("device_attributes", {});
+  EXPECT_NE(last_output_.find("attributes agree through both APIs"), std::string::npos)
+      << last_output_;
+}
 
 TEST_F(ShimGapsTest, BareDlopenSearchesTheCallersRunpath) {
   // The target is reachable only through the caller's RUNPATH.
