@@ -46,6 +46,14 @@ Result<uint64_t> Client::malloc_device(uint64_t bytes) {
   const uint64_t granule = grant.allocation_granularity;
 
   auto back = [&](uint64_t size) -> Result<uint64_t> {
+    // Refused here rather than by hiberd later, at a synchronisation far from the call.
+    if (grant.largest_allocation_bytes != 0 && size > grant.largest_allocation_bytes) {
+      return error(ErrorCode::kOutOfMemory, "cudaMalloc: ", bytes,
+                   " bytes in one allocation: ", "the node's GPUs place at most ",
+                   grant.largest_allocation_bytes,
+                   " bytes in one (their memory pools' largest block; hiberd's --pool_chunk_mib ",
+                   "sets it)");
+    }
     if (size > grant.quota_bytes || quota_used_ > grant.quota_bytes - size) {
       return error(ErrorCode::kOutOfMemory, "cudaMalloc: ", bytes, " bytes would exceed the ",
                    "function's device memory quota (", quota_used_, " of ", grant.quota_bytes,

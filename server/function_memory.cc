@@ -63,6 +63,15 @@ FunctionMemory::FunctionMemory(device::Device& device, DevicePools& pools,
       table_(std::move(table)),
       swap_(device, device.gpu_count(), options.group_bytes) {}
 
+uint64_t FunctionMemory::largest_allocation() const {
+  uint64_t largest = 0;
+  for (int gpu = 0; gpu < pools_.pools().gpu_count(); ++gpu) {
+    const uint64_t here = pools_.pools().stats(gpu).max_block_bytes;
+    largest = gpu == 0 ? here : std::min(largest, here);
+  }
+  return largest;
+}
+
 FunctionMemory::~FunctionMemory() {
   release_all();
   Status freed = device_.free_address_range(va_base_, va_bytes_);

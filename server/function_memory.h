@@ -96,6 +96,9 @@ class FunctionMemory {
   uint64_t va_bytes() const { return va_bytes_; }
   uint64_t granularity() const { return granularity_; }
   memory::FunctionId owner() const { return owner_; }
+  // The largest block one allocation can be placed as on every GPU of the node (the smallest of
+  // the pools' largest blocks): a larger one cannot run anywhere.
+  uint64_t largest_allocation() const;
 
   // ---- Blocks (the session thread) ----
   // Records [va, va + bytes). With a GPU (a lease) it is placed and mapped there at once,

@@ -100,6 +100,7 @@ wire::SessionInfo Session::welcome() const {
   info.grant.va_bytes = memory_->va_bytes();
   info.grant.quota_bytes = config_.quota_bytes;
   info.grant.allocation_granularity = memory_->granularity();
+  info.grant.largest_allocation_bytes = memory_->largest_allocation();
   info.layout = channel_->layout();
   // The function sees one device, ordinal 0: whichever GPU a lease gives it. The node's GPUs
   // are one model (a pool of one kind), so GPU 0's properties describe every lease.

@@ -76,7 +76,7 @@ Status decode_welcome(proto::Welcome::Reader welcome, SessionInfo& out) {
 
   const auto grant = welcome.getGrant();
   out.grant = Grant{grant.getVaBase(), grant.getVaBytes(), grant.getQuotaBytes(),
-                    grant.getAllocationGranularity()};
+                    grant.getAllocationGranularity(), grant.getLargestAllocation()};
 
   const auto channel = welcome.getChannel();
   out.layout = ChannelLayout{
@@ -212,6 +212,7 @@ Result<std::vector<std::byte>> encode_welcome_frame(const SessionInfo& session) 
   grant.setVaBytes(session.grant.va_bytes);
   grant.setQuotaBytes(session.grant.quota_bytes);
   grant.setAllocationGranularity(session.grant.allocation_granularity);
+  grant.setLargestAllocation(session.grant.largest_allocation_bytes);
 
   auto channel = welcome.initChannel();
   const ChannelLayout& layout = session.layout;

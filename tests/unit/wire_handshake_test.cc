@@ -45,7 +45,8 @@ SessionInfo valid_session() {
   session.grant = Grant{.va_base = 0x7f0000000000,
                         .va_bytes = 1ull << 36,
                         .quota_bytes = 12ull << 30,
-                        .allocation_granularity = 2 << 20};
+                        .allocation_granularity = 2 << 20,
+                        .largest_allocation_bytes = 2ull << 30};
   session.layout = make_layout(ChannelConfig{}).value();
   for (uint32_t d = 0; d < 2; ++d) {
     DeviceInfo device;
@@ -132,6 +133,7 @@ TEST(HandshakeTest, WelcomeRoundTripsEveryField) {
   EXPECT_EQ(decoded->grant.va_bytes, session.grant.va_bytes);
   EXPECT_EQ(decoded->grant.quota_bytes, session.grant.quota_bytes);
   EXPECT_EQ(decoded->grant.allocation_granularity, session.grant.allocation_granularity);
+  EXPECT_EQ(decoded->grant.largest_allocation_bytes, session.grant.largest_allocation_bytes);
   const ChannelLayout& a = decoded->layout;
   const ChannelLayout& b = session.layout;
   EXPECT_EQ(std::memcmp(&a, &b, sizeof(a)), 0);

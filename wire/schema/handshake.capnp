@@ -11,12 +11,13 @@ using Config = import "/common/node_config.capnp";
 # Minor: additions only (new calls, new fields). Both sides accept any minor of their major. A call
 # the server does not know fails with CUDA_ERROR_NOT_SUPPORTED and a message naming it.
 const protocolMajor :UInt16 = 1;
-const protocolMinor :UInt16 = 7;  # 1.1: moduleLoadCached; 1.2: late-binding control calls;
+const protocolMinor :UInt16 = 8;  # 1.1: moduleLoadCached; 1.2: late-binding control calls;
                                   # 1.3: library handles, calls and queries (wire/library.h);
                                   # 1.4: control token (TCP), Started.link, metrics in NodeStatus;
                                   # 1.5: control token on the Unix socket, paged status;
                                   # 1.6: shed requests and lease preemptions in status;
                                   # 1.7: instances (Hello.instance, requestArrivedInstance)
+                                  # 1.8: Grant.largestAllocation
 
 struct ProtocolVersion {
   major @0 :UInt16;
@@ -68,6 +69,9 @@ struct Grant {
   vaBytes @1 :UInt64;
   quotaBytes @2 :UInt64;
   allocationGranularity @3 :UInt64;
+  # The largest single allocation the node's GPUs place (their pools' largest block): a larger
+  # memAllocate cannot be served, and the client refuses it at once. 0: not told.
+  largestAllocation @4 :UInt64;
 }
 
 struct ChannelLayout {

@@ -11,6 +11,9 @@
 //   unknown_kernel      cudaLaunchKernel of a host function -> cudaErrorInvalidDeviceFunction
 //   over_quota_malloc   cudaMalloc of twice the total from cudaMemGetInfo
 //                       -> cudaErrorMemoryAllocation
+//   large_allocation    cudaMalloc of 3000 MiB (within the quota, above a 2 GiB pool block):
+//                       served and usable (a memset and a synchronisation succeed), or
+//                       cudaErrorMemoryAllocation at cudaMalloc itself; never a later failure
 // None of these errors is sticky: after each, cudaPeekAtLastError and cudaGetLastError report it
 // once and then cudaSuccess, cudaDeviceSynchronize succeeds, and a vector add gives exact results.
 // Prints one line per case; exits 3 if any case differs from what CUDA does.
@@ -148,6 +151,24 @@ void over_quota_malloc(int n) {
   vector_add_works(which, n);
 }
 
+void large_allocation(int n) {
+  const char* which = "large_allocation";
+  constexpr size_t kBytes = size_t{3000} << 20;
+  void* d = nullptr;
+  const cudaError_t made = cudaMalloc(&d, kBytes);
+  if (made == cudaSuccess) {
+    std::printf("error_cases: %s: cudaMalloc(3000 MiB) served\n", which);
+    expect_error(which, "cudaMemset(3000 MiB)", cudaMemset(d, 0, kBytes), cudaSuccess);
+    expect_error(which, "cudaDeviceSynchronize", cudaDeviceSynchronize(), cudaSuccess);
+    expect_error(which, "cudaFree", cudaFree(d), cudaSuccess);
+  } else {
+    expect_error(which, "cudaMalloc(3000 MiB)", made, cudaErrorMemoryAllocation);
+    std::printf("error_cases: %s: why: %s\n", which, program::hiber_error_message().c_str());
+    expect_last_error(which, cudaErrorMemoryAllocation);
+  }
+  vector_add_works(which, n);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -162,11 +183,12 @@ int main(int argc, char** argv) {
     destroyed_stream(n);
     unknown_kernel(n);
     over_quota_malloc(n);
+    large_allocation(n);
   }
   if (g_failures != 0) {
     std::printf("error_cases: FAILED: %d checks differ from CUDA\n", g_failures);
     return program::kExitMismatch;
   }
-  std::printf("error_cases: OK cases=4 iterations=%d n=%d\n", iterations, n);
+  std::printf("error_cases: OK cases=5 iterations=%d n=%d\n", iterations, n);
   return 0;
 }
