@@ -76,50 +76,46 @@ HIBER_SHIM_EXPORT void library_trace_stub_call(const char* library, const char* 
 // An argument as a trace shows it.
 template <typename T>
 void append_trace_arg(std::string& out, const T& value) {
-  char buffer[64];
   if constexpr (std::is_same_v<T, const char*>) {
-    // Names (symbols, kernels, UUIDs, bus ids): quoted, at most 64 characters, anything not
-    // printable escaped. (A char* is an output buffer, shown as a pointer.)
+    // Names (symbols, kernels, UUIDs, bus ids): quoted, at most 64 characters. Anything else
+    // typed so (nvcc's registration passes a host function's address as a const char*) is shown
+    // as a pointer, as a char* (an output buffer) is.
+    size_t length = 0;
+    bool printable = value != nullptr;
+    while (printable && length < 64 && value[length] != '\0') {
+      const unsigned char c = static_cast<unsigned char>(value[length++]);
+      printable = c >= 0x20 && c < 0x7f;
+    }
+    if (printable) {
+      out += '"';
+      out.append(value, length);
+      out += '"';
+    } else {
+      append_trace_arg(out, static_cast<const void*>(value));
+    }
+    return;
+  }
+  char buffer[64];
+  if constexpr (std::is_pointer_v<T> || std::is_null_pointer_v<T>) {
     if (value == nullptr) {
       out += "null";
-    } else {
-      out += '"';
-      for (size_t i = 0; i < 64 && value[i] != '\0'; ++i) {
-        const unsigned char c = static_cast<unsigned char>(value[i]);
-        if (c >= 0x20 && c < 0x7f && c != '"' && c != '\\') {
-          out += static_cast<char>(c);
-        } else {
-          std::snprintf(buffer, sizeof buffer, "\\x%02x", c);
-          out += buffer;
-        }
-      }
-      out += '"';
+      return;
     }
-  } else if constexpr (std::is_pointer_v<T> || std::is_null_pointer_v<T>) {
-    if (value == nullptr) {
-      out += "null";
-    } else {
-      std::snprintf(buffer, sizeof buffer, "%p", reinterpret_cast<const void*>(value));
-      out += buffer;
-    }
+    std::snprintf(buffer, sizeof buffer, "%p", reinterpret_cast<const void*>(value));
   } else if constexpr (std::is_floating_point_v<T>) {
     std::snprintf(buffer, sizeof buffer, "%g", static_cast<double>(value));
-    out += buffer;
   } else if constexpr (std::is_enum_v<T> || std::is_signed_v<T>) {
     std::snprintf(buffer, sizeof buffer, "%lld", static_cast<long long>(value));
-    out += buffer;
   } else if constexpr (std::is_integral_v<T>) {
     std::snprintf(buffer, sizeof buffer, "%llu", static_cast<unsigned long long>(value));
-    out += buffer;
   } else if constexpr (requires { value.x, value.y, value.z; }) {  // dim3
     std::snprintf(
         buffer, sizeof buffer, "{%llu,%llu,%llu}", static_cast<unsigned long long>(value.x),
         static_cast<unsigned long long>(value.y), static_cast<unsigned long long>(value.z));
-    out += buffer;
   } else {
     std::snprintf(buffer, sizeof buffer, "{%zu bytes}", sizeof(T));  // a struct by value
-    out += buffer;
   }
+  out += buffer;
 }
 
 template <typename... A>

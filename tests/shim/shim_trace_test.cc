@@ -176,5 +176,18 @@ TEST_F(ShimTrace, NvmlQueryEveryCallOnce) {
   EXPECT_EQ(hiberd.stop(), 0) << hiberd.log();
 }
 
+// A kernel's registration: its name quoted, the host function's address (typed const char* by
+// nvcc's generated code) shown as the pointer it is.
+TEST_F(ShimTrace, AKernelsRegistrationShowsItsNameAndItsHostFunction) {
+  Hiberd hiberd(sim_hiberd_options());
+  const Traced t = trace(hiberd, {"vector_add", {"1000"}});
+  EXPECT_EQ(t.lines.at("__cudaRegisterFunction"), 1) << t.output;
+  EXPECT_TRUE(std::regex_search(
+      t.output, std::regex(R"(hiber trace: __cudaRegisterFunction\(0x[0-9a-f]+, 0x[0-9a-f]+, )"
+                           R"(0x[0-9a-f]+, "_Z10vector_addPKfS0_Pfi", )")))
+      << t.output;
+  EXPECT_EQ(hiberd.stop(), 0) << hiberd.log();
+}
+
 }  // namespace
 }  // namespace hiber::testing::shim
