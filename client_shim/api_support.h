@@ -50,6 +50,15 @@ inline Status mapped_host_memory_unsupported() {
                 "hiberd and cannot reach this process's memory; copy to device memory instead");
 }
 
+// IPC handles (cudaIpcGetMemHandle, cudaIpcGetEventHandle and their opening, the driver's
+// cuIpc*): a function's memory and events are hiberd's, in hiberd's process, and no other
+// process may open them; functions share nothing with each other (docs/shim.md).
+inline Status ipc_unsupported() {
+  return Status(ErrorCode::kNotSupported,
+                "IPC handles are not supported: a function's device memory and events live in "
+                "hiberd, and no other process may open them");
+}
+
 // An entry point hibercuda does not implement: its name is logged once, and the API's
 // "not supported" error returned. Never a silent success.
 extern "C" int hiber_shim_unsupported(const char* name);

@@ -411,6 +411,33 @@ CUresult hiber_entry::cuMemFree(CUdeviceptr pointer) {
   return done("cuMemFree", Client::get().free_device(pointer));
 }
 
+// ---- IPC: refused (api_support.h, ipc_unsupported) ----
+
+CUresult hiber_entry::cuIpcGetMemHandle(CUipcMemHandle* handle, CUdeviceptr pointer) {
+  if (handle == nullptr || pointer == 0) return invalid("cuIpcGetMemHandle");
+  return fail("cuIpcGetMemHandle", hiber::shim::ipc_unsupported());
+}
+
+CUresult hiber_entry::cuIpcOpenMemHandle(CUdeviceptr* pointer, CUipcMemHandle, unsigned int) {
+  if (pointer == nullptr) return invalid("cuIpcOpenMemHandle");
+  return fail("cuIpcOpenMemHandle", hiber::shim::ipc_unsupported());
+}
+
+CUresult hiber_entry::cuIpcCloseMemHandle(CUdeviceptr pointer) {
+  if (pointer == 0) return invalid("cuIpcCloseMemHandle");
+  return fail("cuIpcCloseMemHandle", hiber::shim::ipc_unsupported());
+}
+
+CUresult hiber_entry::cuIpcGetEventHandle(CUipcEventHandle* handle, CUevent event) {
+  if (handle == nullptr || event == nullptr) return invalid("cuIpcGetEventHandle");
+  return fail("cuIpcGetEventHandle", hiber::shim::ipc_unsupported());
+}
+
+CUresult hiber_entry::cuIpcOpenEventHandle(CUevent* event, CUipcEventHandle) {
+  if (event == nullptr) return invalid("cuIpcOpenEventHandle");
+  return fail("cuIpcOpenEventHandle", hiber::shim::ipc_unsupported());
+}
+
 CUresult hiber_entry::cuMemAllocHost(void** pointer, size_t bytes) {
   if (pointer == nullptr) return invalid("cuMemAllocHost");
   return resolved("cuMemAllocHost", Client::get().malloc_host(bytes), pointer);

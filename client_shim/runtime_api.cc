@@ -427,6 +427,33 @@ cudaError_t hiber_entry::cudaHostGetDevicePointer(void** device_pointer, void*, 
   return fail("cudaHostGetDevicePointer", hiber::shim::mapped_host_memory_unsupported());
 }
 
+// ---- IPC: refused (api_support.h, ipc_unsupported) ----
+
+cudaError_t hiber_entry::cudaIpcGetMemHandle(cudaIpcMemHandle_t* handle, void* pointer) {
+  if (handle == nullptr || pointer == nullptr) return invalid("cudaIpcGetMemHandle");
+  return fail("cudaIpcGetMemHandle", hiber::shim::ipc_unsupported());
+}
+
+cudaError_t hiber_entry::cudaIpcOpenMemHandle(void** pointer, cudaIpcMemHandle_t, unsigned int) {
+  if (pointer == nullptr) return invalid("cudaIpcOpenMemHandle");
+  return fail("cudaIpcOpenMemHandle", hiber::shim::ipc_unsupported());
+}
+
+cudaError_t hiber_entry::cudaIpcCloseMemHandle(void* pointer) {
+  if (pointer == nullptr) return invalid("cudaIpcCloseMemHandle");
+  return fail("cudaIpcCloseMemHandle", hiber::shim::ipc_unsupported());
+}
+
+cudaError_t hiber_entry::cudaIpcGetEventHandle(cudaIpcEventHandle_t* handle, cudaEvent_t event) {
+  if (handle == nullptr || event == nullptr) return invalid("cudaIpcGetEventHandle");
+  return fail("cudaIpcGetEventHandle", hiber::shim::ipc_unsupported());
+}
+
+cudaError_t hiber_entry::cudaIpcOpenEventHandle(cudaEvent_t* event, cudaIpcEventHandle_t) {
+  if (event == nullptr) return invalid("cudaIpcOpenEventHandle");
+  return fail("cudaIpcOpenEventHandle", hiber::shim::ipc_unsupported());
+}
+
 cudaError_t hiber_entry::cudaHostGetFlags(unsigned int* flags, void* pointer) {
   if (flags == nullptr) return invalid("cudaHostGetFlags", "null pointer");
   if (!Client::get().classify(pointer).pinned) {

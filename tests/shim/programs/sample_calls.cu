@@ -173,6 +173,31 @@ int main() {
   (void)cudaGetLastError();
   std::printf("sample_calls: mapped host memory refused (canMapHostMemory 0)\n");
 
+  // IPC handles are refused, clearly: memory and events live in hiberd (simpleIPC's calls).
+  cudaIpcMemHandle_t memory_handle{};
+  EXPECT(cudaIpcGetMemHandle(&memory_handle, device) == cudaErrorNotSupported);
+  EXPECT(program::hiber_error_message().find("IPC handles are not supported") != std::string::npos);
+  EXPECT(cudaIpcGetMemHandle(nullptr, device) == cudaErrorInvalidValue);
+  void* opened = nullptr;
+  EXPECT(cudaIpcOpenMemHandle(&opened, memory_handle, cudaIpcMemLazyEnablePeerAccess) ==
+         cudaErrorNotSupported);
+  cudaEvent_t shared_event = nullptr;
+  EXPECT(cudaEventCreateWithFlags(&shared_event, cudaEventInterprocess | cudaEventDisableTiming) ==
+         cudaErrorNotSupported);
+  CUDA_CHECK(cudaEventCreateWithFlags(&shared_event, cudaEventDisableTiming));
+  cudaIpcEventHandle_t event_handle{};
+  EXPECT(cudaIpcGetEventHandle(&event_handle, shared_event) == cudaErrorNotSupported);
+  CUipcMemHandle driver_handle{};
+  EXPECT(DRV(cuIpcGetMemHandle)(&driver_handle, reinterpret_cast<CUdeviceptr>(device)) ==
+         CUDA_ERROR_NOT_SUPPORTED);
+  CUDA_CHECK(cudaEventDestroy(shared_event));
+  (void)cudaGetLastError();
+  // The session goes on: the allocation is still the program's.
+  CUDA_CHECK(cudaMemset(device, 0x11, 16));
+  CUDA_CHECK(cudaMemcpy(back, device, 16, cudaMemcpyDeviceToHost));
+  for (unsigned char b : back) EXPECT(b == 0x11);
+  std::printf("sample_calls: IPC handles refused\n");
+
   EXPECT(DRV(cuProfilerStop)() == CUDA_SUCCESS);
   CUDA_CHECK(cudaProfilerStop());
   CUDA_CHECK(cudaStreamDestroy(stream));
