@@ -19,13 +19,6 @@
 
 #include "program_util.h"
 
-#define EXPECT(cond)                                                         \
-  do {                                                                       \
-    if (!(cond)) {                                                           \
-      std::fprintf(stderr, "%s:%d: WRONG: %s\n", __FILE__, __LINE__, #cond); \
-      std::exit(program::kExitMismatch);                                     \
-    }                                                                        \
-  } while (0)
 
 int main(int argc, char**) {
   setvbuf(stdout, nullptr, _IOLBF, 0);

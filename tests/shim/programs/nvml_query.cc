@@ -16,13 +16,6 @@
 #include "client_shim/nvml_abi.h"
 #include "program_util.h"
 
-#define EXPECT(cond)                                                         \
-  do {                                                                       \
-    if (!(cond)) {                                                           \
-      std::fprintf(stderr, "%s:%d: WRONG: %s\n", __FILE__, __LINE__, #cond); \
-      std::exit(program::kExitMismatch);                                     \
-    }                                                                        \
-  } while (0)
 
 #define NVML_CHECK(call)                                                        \
   do {                                                                          \

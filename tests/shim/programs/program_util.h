@@ -118,6 +118,16 @@ inline bool& cuda_failures_throw() {
 
 }  // namespace program
 
+// A check of the program's own reference: a failure prints WRONG with the condition and exits
+// kExitMismatch (the tests look for WRONG).
+#define EXPECT(cond)                                                         \
+  do {                                                                       \
+    if (!(cond)) {                                                           \
+      std::fprintf(stderr, "%s:%d: WRONG: %s\n", __FILE__, __LINE__, #cond); \
+      std::exit(program::kExitMismatch);                                     \
+    }                                                                        \
+  } while (0)
+
 // Checks a CUDA runtime call; on failure prints where, the error's name and description (and,
 // through Hiber, hiberd's reason), and exits with status 1 (throws in a serving program).
 #define CUDA_CHECK(call)                                                                   \

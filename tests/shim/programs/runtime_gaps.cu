@@ -55,13 +55,6 @@ F driver_entry(const char* name) {
     }                                                                           \
   } while (0)
 
-#define EXPECT(cond)                                                         \
-  do {                                                                       \
-    if (!(cond)) {                                                           \
-      std::fprintf(stderr, "%s:%d: WRONG: %s\n", __FILE__, __LINE__, #cond); \
-      std::exit(program::kExitMismatch);                                     \
-    }                                                                        \
-  } while (0)
 
 // Each block reverses its `blockDim.x * per_thread` floats through dynamic shared memory.
 __global__ void shared_reverse(const float* in, float* out, int per_thread) {

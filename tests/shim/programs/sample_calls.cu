@@ -44,13 +44,6 @@ F driver_entry(const char* name, unsigned version) {
     }                                                                           \
   } while (0)
 
-#define EXPECT(cond)                                                         \
-  do {                                                                       \
-    if (!(cond)) {                                                           \
-      std::fprintf(stderr, "%s:%d: WRONG: %s\n", __FILE__, __LINE__, #cond); \
-      std::exit(program::kExitMismatch);                                     \
-    }                                                                        \
-  } while (0)
 
 namespace {
 
