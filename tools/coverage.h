@@ -1,7 +1,7 @@
 // hiber-coverage's work (docs/coverage.md): which CUDA runtime/driver, cuBLAS, cuBLASLt, cuDNN,
 // NVRTC and NVML symbols a program or library imports, following its NEEDED libraries as the
-// loader would, and for each whether Hiber's replacement library remotes it, only stubs it, or
-// lacks it. The pure parts (classifying libraries, the loader's search path, attributing imports,
+// loader would, and for each what Hiber's replacement library does with it: remotes it, answers
+// it locally, refuses it, only stubs it (the shim's declaration tables say which), or lacks it. The pure parts (classifying libraries, the loader's search path, attributing imports,
 // formatting) are separate from the file reading so that unit tests can drive them.
 #pragma once
 
@@ -103,7 +103,7 @@ Result<CoverageReport> scan(const std::string& path, const ScanOptions& options)
 
 // ---- Output ----
 
-// 0 when every symbol is remoted or local, 1 when one is a stub or missing.
+// 0 when every symbol is remoted or local, 1 when one is a stub, refused or missing.
 int exit_code(const CoverageReport& report);
 
 // One line per symbol ("library  symbol  status", aligned; skipped for `summary_only`), one
@@ -112,7 +112,7 @@ int exit_code(const CoverageReport& report);
 std::string format_text(const CoverageReport& report, bool summary_only);
 
 // The same as one JSON object: file, shim_dir, symbols [{library, symbol, status, importers}],
-// summary {library: {remoted, stub, missing, local}}, notes, complete (exit_code == 0).
+// summary {library: {remoted, stub, missing, local, refused}}, notes, complete (exit_code == 0).
 std::string format_json(const CoverageReport& report);
 
 }  // namespace hiber::coverage
