@@ -61,6 +61,6 @@ inline Status ipc_unsupported() {
 
 // An entry point hibercuda does not implement: its name is logged once, and the API's
 // "not supported" error returned. Never a silent success.
-extern "C" int hiber_shim_unsupported(const char* name);
+extern "C" int hiber_shim_unsupported(const char* library, const char* name);
 
 }  // namespace hiber::shim

@@ -1,20 +1,16 @@
 #include <glog/logging.h>
 
-#include <cstring>
 #include <mutex>
 #include <set>
 #include <string>
 
 #include "client_shim/api_support.h"
 #include "client_shim/entry_support.h"
-#include "common/cuda_abi.h"
 
 // The stub rows of the runtime's and the driver's declaration tables (entry_points/cudart.entries,
 // cuda.entries; generated: cudart_stubs.c, cuda_stubs.c) land here.
-extern "C" int hiber_shim_unsupported(const char* name) {
-  const bool runtime = std::strncmp(name, "cuda", 4) == 0 || std::strncmp(name, "__cuda", 6) == 0;
-  hiber::shim::library_trace_stub_call(runtime ? hiber::cuda_abi::kRuntimeSoname : "libcuda.so.1",
-                                       name, 801);
+extern "C" int hiber_shim_unsupported(const char* library, const char* name) {
+  hiber::shim::library_trace_stub_call(library, name, 801);
   static std::mutex mu;
   static std::set<std::string> reported;
   {

@@ -89,6 +89,13 @@ constexpr bool op_row(uint16_t op, OpRow* row) {
   return false;
 }
 
+// The library of an operation of the table.
+constexpr Library library_of(LibraryOp op) {
+  OpRow row{};
+  (void)op_row(static_cast<uint16_t>(op), &row);
+  return row.library;
+}
+
 // The API call `op` stands for, for messages ("cublasLtMatmul").
 std::string_view op_name(LibraryOp op);
 

@@ -51,8 +51,7 @@ Result<LibraryAccess> LibraryCalls::check_call(wire::LibraryHandle handle, uint1
                                                std::span<const std::byte> args) {
   HIBER_ASSIGN_OR_RETURN(library_ops::LibraryOp library_op,
                          check_op(handle, op, args, "libraryCall"));
-  HIBER_ASSIGN_OR_RETURN(library_ops::Library library, this->library(handle));
-  switch (library) {
+  switch (library_ops::library_of(library_op)) {
     case library_ops::Library::kBlas: return check_blas_call(library_op, args);
     case library_ops::Library::kDnn: return check_dnn_call(library_op, args, dnn_graphs_);
   }
@@ -63,8 +62,7 @@ Status LibraryCalls::check_query(wire::LibraryHandle handle, uint16_t op,
                                  std::span<const std::byte> args) {
   HIBER_ASSIGN_OR_RETURN(library_ops::LibraryOp library_op,
                          check_op(handle, op, args, "libraryQuery"));
-  HIBER_ASSIGN_OR_RETURN(library_ops::Library library, this->library(handle));
-  switch (library) {
+  switch (library_ops::library_of(library_op)) {
     case library_ops::Library::kBlas: return check_blas_query(library_op, args);
     case library_ops::Library::kDnn: return check_dnn_query(library_op, args);
   }
