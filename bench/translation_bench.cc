@@ -303,7 +303,7 @@ void BM_SwapOnSimulatedGpu(benchmark::State& state, bool merged) {
   if (!merged) {
     plan.calls.clear();
     for (const VirtualBlock& block : table.blocks()) {
-      const PoolLocation& where = block.on(0).allocation.where;
+      const PoolLocation& where = block.on(0).pieces.front().where;
       plan.calls.push_back({block.va, block.bytes, where.chunk, where.offset});
     }
   }

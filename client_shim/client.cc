@@ -406,6 +406,7 @@ Status Client::synchronize_stream(StreamObj* stream) {
   }
   // The stream's host functions are part of its work.
   wait_host_calls_locked(stream, /*all=*/false);
+  (void)trim_pools_locked(/*all=*/false);  // as CUDA trims pools above their threshold here
   return sync_point_locked(waited);
 }
 
@@ -467,6 +468,7 @@ Status Client::synchronize_event(EventObj* event) {
   std::lock_guard lock(mu_);
   HIBER_RETURN_IF_ERROR(ensure_open_locked());
   auto reply = call_locked(wire::calls::EventSynchronize{.event = event->wire});
+  (void)trim_pools_locked(/*all=*/false);
   return sync_point_locked(reply.status());
 }
 
@@ -496,6 +498,7 @@ Status Client::synchronize_device() {
   HIBER_RETURN_IF_ERROR(ensure_open_locked());
   auto reply = call_locked(wire::calls::DeviceSynchronize{});
   wait_host_calls_locked(nullptr, /*all=*/true);
+  (void)trim_pools_locked(/*all=*/false);
   return sync_point_locked(reply.status());
 }
 

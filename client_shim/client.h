@@ -85,6 +85,48 @@ struct EventObj {
 
 struct ModuleObj;
 
+// A stream-ordered memory pool (cudaMemPool_t / CUmemoryPool; its address is the handle): the
+// device's default pool or one the program created. Its memory is segments of the function's
+// memory, each a block in hiberd like a cudaMalloc's, sub-allocated here; a freed range stays in
+// the pool for reuse and counts against the quota until the pool is trimmed (at a
+// synchronisation when the pool holds more than its release threshold, by cudaMemPoolTrimTo, or
+// when a cudaMalloc finds the quota short).
+struct MemPoolObj {
+  std::map<uint64_t, RangeAllocator> segments;  // segment start -> its sub-allocator
+  uint64_t release_threshold = 0;               // cudaMemPoolAttrReleaseThreshold
+  // The reuse policy as the program set it (cudaMemPoolReuse*). Reuse always follows the
+  // frees' stream order through inserted waits, which orders more than CUDA may, never less.
+  int reuse_follow_event_dependencies = 1;
+  int reuse_allow_opportunistic = 1;
+  int reuse_allow_internal_dependencies = 1;
+  uint64_t reserved_bytes = 0, reserved_high = 0, used_bytes = 0, used_high = 0;
+  // Per stream that freed into the pool: an event recorded after its latest free, and how many
+  // frees it has recorded; per (allocating, freeing) stream, the count the allocating stream
+  // has waited for. An allocation waits for the frees of every other stream it has not waited
+  // for yet, so memory freed on one stream is reused on another only after the free.
+  struct StreamFrees {
+    wire::EventHandle event;
+    uint64_t count = 0;
+  };
+  std::map<wire::StreamHandle, StreamFrees> frees;
+  std::map<std::pair<wire::StreamHandle, wire::StreamHandle>, uint64_t> waited;
+  bool destroyed = false;  // cudaMemPoolDestroy with allocations outstanding
+};
+
+// Client virtual memory management (cuMemCreate / cuMemMap). A physical allocation's contents
+// are a block in hiberd at the address it is mapped at; unmapped, the block stays where it was
+// (parked) until it is mapped again (at the same address: nothing moves; elsewhere: it is
+// copied there) or released.
+struct PhysicalObj {
+  uint64_t bytes = 0;
+  std::optional<uint64_t> mapped_at;  // mapped at this address now
+  std::optional<uint64_t> block_at;   // its block in hiberd: mapped_at, or parked there
+  // Handles the program holds (cuMemCreate, cuMemRetainAllocationHandle; cuMemRelease drops
+  // one). At 0 the allocation is freed, once unmapped.
+  int references = 1;
+  bool own_segment = false;  // block_at is a segment of its own (moved out of a freed range)
+};
+
 // A kernel: a __global__ function registered by a fatbin, or one a program got from a module
 // it loaded itself (cuModuleGetFunction). Its address is the cudaKernel_t / CUfunction.
 struct KernelObj {
@@ -161,6 +203,42 @@ class Client {
   // Attribute `attr` (a CUdevice_attribute, which cudaDeviceAttr mirrors) of a device the
   // session sees, from the handshake; 0 where unknown or for a device that does not exist.
   int device_attribute(int device, int attr);
+
+  // ---- Stream-ordered allocation (client_pools.cc) ----
+  Result<MemPoolObj*> mem_pool(const void* handle);
+  // The device's default pool and its current pool (cudaDeviceGetMemPool, cudaDeviceSetMemPool).
+  Result<MemPoolObj*> default_mem_pool(int device);
+  Result<MemPoolObj*> current_mem_pool(int device);
+  Status set_current_mem_pool(int device, MemPoolObj* pool);
+  Result<MemPoolObj*> create_mem_pool();
+  // Frees the pool's unused memory; one with allocations outstanding goes once they are freed.
+  Status destroy_mem_pool(MemPoolObj* pool);
+  // `pool` nullptr: the current pool of the device.
+  Result<uint64_t> malloc_async(uint64_t bytes, MemPoolObj* pool, StreamObj* stream);
+  Status free_async(uint64_t address, StreamObj* stream);
+  // Frees unused segments until the pool reserves at most `keep_bytes` (cudaMemPoolTrimTo).
+  Status trim_mem_pool(MemPoolObj* pool, uint64_t keep_bytes);
+  // cudaMemPoolAttr / CUmemPool_attribute `attr` (the same values): reads into or sets from
+  // `value` (an int for the reuse flags, a uint64_t for the rest).
+  Status mem_pool_attribute(MemPoolObj* pool, int attr, void* value, bool set);
+
+  // ---- Client virtual memory management (client_vmm.cc) ----
+  // cuMemAddressReserve: `alignment` 0 or a power of two up to the granularity.
+  Result<uint64_t> reserve_address(uint64_t bytes, uint64_t alignment);
+  Status free_address(uint64_t address, uint64_t bytes);
+  // cuMemCreate: counted against the quota at once. Its handle is the object's address.
+  Result<PhysicalObj*> create_physical(uint64_t bytes);
+  Result<PhysicalObj*> physical(uint64_t handle);
+  Status release_physical(PhysicalObj* physical);
+  // cuMemMap of the whole of `physical` (offset 0) at `address`, inside a reservation.
+  Status map_physical(uint64_t address, uint64_t bytes, uint64_t offset, PhysicalObj* physical);
+  // cuMemUnmap of whole mappings.
+  Status unmap_range(uint64_t address, uint64_t bytes);
+  // cuMemSetAccess / cuMemGetAccess: mapped ranges are read-write from the function's device.
+  Status check_mapped(uint64_t address, uint64_t bytes, const char* what);
+  // The physical allocation mapped at `address` (cuMemRetainAllocationHandle).
+  Result<PhysicalObj*> physical_at(uint64_t address);
+  uint64_t allocation_granularity();
 
   // ---- Host memory ----
   Result<void*> malloc_host(uint64_t bytes);
@@ -269,6 +347,20 @@ class Client {
 
   Status ensure_open_locked();
   void reserve_grant_locked();
+  // A segment of `size` bytes (whole granules) of the function's memory: an address range in the
+  // grant and a block in hiberd, counted against the quota. `asked` and `what` are for errors.
+  Result<uint64_t> allocate_segment_locked(uint64_t size, uint64_t asked, const char* what);
+  Status release_segment_locked(uint64_t segment);
+  Status free_device_locked(uint64_t address, const char* what);
+  // Stream-ordered pools: returns a pool allocation (ordered: after the work on `stream`).
+  Status free_to_pool_locked(uint64_t address, StreamObj* stream, bool ordered);
+  // Frees empty segments of pools holding more than their release threshold (`all`: every
+  // empty segment) after a queued device synchronisation; whether any was freed.
+  bool trim_pools_locked(bool all);
+  Status trim_pool_locked(MemPoolObj* pool, uint64_t keep_bytes);
+  // cudaDeviceReset: every pool's memory goes; the pools stay, empty.
+  Status reset_pools_locked();
+  MemPoolObj* default_pool_locked();
   void open_locked();
   // Appends an asynchronous call and applies the flush policy.
   template <typename Fill>
@@ -327,6 +419,27 @@ class Client {
   uint64_t quota_used_ = 0;
   std::map<uint64_t, Slab> slabs_;            // slab start -> its sub-allocator
   std::map<uint64_t, uint64_t> allocations_;  // start -> bytes asked for, every live one
+
+  // Stream-ordered pools: the device's default pool (made on first use), the current one, the
+  // ones the program created, and the pool of each live allocation from one.
+  std::unique_ptr<MemPoolObj> default_pool_;
+  MemPoolObj* current_pool_ = nullptr;
+  std::unordered_map<const void*, std::unique_ptr<MemPoolObj>> pools_;  // created, live
+  std::unordered_map<uint64_t, MemPoolObj*> pool_allocations_;
+  bool pools_over_threshold_ = false;  // some pool may hold more than its release threshold
+
+  // Client virtual memory: reserved ranges (start -> bytes), physical allocations, and what is
+  // mapped where (start -> the allocation; each mapping is also in allocations_).
+  std::map<uint64_t, uint64_t> reservations_;
+  std::unordered_map<uint64_t, std::unique_ptr<PhysicalObj>> physicals_;  // by handle
+  std::map<uint64_t, PhysicalObj*> mappings_;
+  // The reservation holding `address` ({start, bytes}), or nullptr.
+  const std::pair<const uint64_t, uint64_t>* reservation_holding_locked(uint64_t address) const;
+  // The mappings of one reservation back to back around `address`: a copy may span them.
+  bool in_adjacent_mappings_locked(uint64_t address, uint64_t bytes) const;
+  // Moves the block of a parked physical allocation out of [address, address + bytes).
+  Status move_parked_out_locked(uint64_t address, uint64_t bytes);
+  Status move_block_locked(PhysicalObj* physical, uint64_t to);
 
   // Host memory: the pinned heap in the arena, and other pinned ranges (registered, or
   // malloc'd when the heap is full), copied through staging like pageable memory.

@@ -38,40 +38,52 @@ const char* kind_name(CopyKind kind) {
 
 // ---- Device memory ----
 
+Result<uint64_t> Client::allocate_segment_locked(uint64_t size, uint64_t asked, const char* what) {
+  const wire::Grant& grant = calls_->session().grant;
+  // Refused here rather than by hiberd later, at a synchronisation far from the call.
+  if (grant.largest_allocation_bytes != 0 && size > grant.largest_allocation_bytes) {
+    return error(ErrorCode::kOutOfMemory, what, ": ", asked,
+                 " bytes in one allocation: this function may be served at most ",
+                 grant.largest_allocation_bytes,
+                 " bytes in one (its quota, bounded by the smallest GPU's memory pool)");
+  }
+  if (size > grant.quota_bytes || quota_used_ > grant.quota_bytes - size) {
+    return error(ErrorCode::kOutOfMemory, what, ": ", asked, " bytes would exceed the ",
+                 "function's device memory quota (", quota_used_, " of ", grant.quota_bytes,
+                 " bytes in use)");
+  }
+  auto va = segments_.allocate(size);
+  if (!va) {
+    return error(ErrorCode::kOutOfMemory, what, ": no free range of ", size,
+                 " bytes left in the granted address range");
+  }
+  Status sent = enqueue_locked(wire::calls::MemAllocate{.va = *va, .bytes = size});
+  if (!sent.ok()) {
+    segments_.free(*va);
+    return sent;
+  }
+  quota_used_ += size;
+  return *va;
+}
+
+Status Client::release_segment_locked(uint64_t segment) {
+  quota_used_ -= segments_.free(segment);
+  return enqueue_locked(wire::calls::MemFree{.va = segment});
+}
+
 Result<uint64_t> Client::malloc_device(uint64_t bytes) {
   std::lock_guard lock(mu_);
   HIBER_RETURN_IF_ERROR(ensure_open_locked());
   if (bytes == 0) return uint64_t{0};
-  const wire::Grant& grant = calls_->session().grant;
-  const uint64_t granule = grant.allocation_granularity;
-
+  const uint64_t granule = calls_->session().grant.allocation_granularity;
   auto back = [&](uint64_t size) -> Result<uint64_t> {
-    // Refused here rather than by hiberd later, at a synchronisation far from the call.
-    if (grant.largest_allocation_bytes != 0 && size > grant.largest_allocation_bytes) {
-      return error(ErrorCode::kOutOfMemory, "cudaMalloc: ", bytes,
-                   " bytes in one allocation: ", "the node's GPUs place at most ",
-                   grant.largest_allocation_bytes,
-                   " bytes in one (their memory pools' largest block; hiberd's --pool_chunk_mib ",
-                   "sets it)");
+    Result<uint64_t> segment = allocate_segment_locked(size, bytes, "cudaMalloc");
+    // Memory cached by the stream-ordered pools goes back first when the quota is short.
+    if (!segment.ok() && segment.status().code() == ErrorCode::kOutOfMemory &&
+        trim_pools_locked(/*all=*/true)) {
+      segment = allocate_segment_locked(size, bytes, "cudaMalloc");
     }
-    if (size > grant.quota_bytes || quota_used_ > grant.quota_bytes - size) {
-      return error(ErrorCode::kOutOfMemory, "cudaMalloc: ", bytes, " bytes would exceed the ",
-                   "function's device memory quota (", quota_used_, " of ", grant.quota_bytes,
-                   " bytes in use)");
-    }
-    auto va = segments_.allocate(size);
-    if (!va) {
-      return error(ErrorCode::kOutOfMemory, "cudaMalloc: no free range of ", size,
-                   " bytes left in the granted address range");
-    }
-    const uint64_t start = *va;
-    Status sent = enqueue_locked(wire::calls::MemAllocate{.va = start, .bytes = size});
-    if (!sent.ok()) {
-      segments_.free(start);
-      return sent;
-    }
-    quota_used_ += size;
-    return start;
+    return segment;
   };
 
   if (bytes <= granule / 2) {
@@ -97,15 +109,25 @@ Status Client::free_device(uint64_t address) {
   std::lock_guard lock(mu_);
   HIBER_RETURN_IF_ERROR(ensure_open_locked());
   if (address == 0) return Status();  // cudaFree(nullptr) does nothing
+  return free_device_locked(address, "cudaFree");
+}
+
+Status Client::free_device_locked(uint64_t address, const char* what) {
   auto it = allocations_.find(address);
-  if (it == allocations_.end()) {
-    return error(ErrorCode::kInvalidValue, "cudaFree: ", hex(address),
-                 " is not the start of a device allocation");
+  if (it == allocations_.end() || mappings_.count(address) != 0) {
+    return error(
+        ErrorCode::kInvalidValue, what, ": ", hex(address),
+        " is not the start of a device allocation",
+        mappings_.count(address) != 0 ? " (it is mapped with cuMemMap: cuMemUnmap it)" : "");
   }
-  allocations_.erase(it);
   // cudaFree waits for the device, so nothing still running uses the memory when it is
   // reused. The wait is queued, not waited for here.
   HIBER_RETURN_IF_ERROR(enqueue_locked(wire::calls::DeviceSynchronize{}));
+  if (pool_allocations_.count(address) != 0) {
+    // From a stream-ordered pool: back to it, after everything before (the wait above).
+    return free_to_pool_locked(address, /*stream=*/nullptr, /*ordered=*/false);
+  }
+  allocations_.erase(it);
   uint64_t segment = address;
   if (auto slab = slab_holding(address); slab != slabs_.end()) {
     slab->second.space.free(address);
@@ -113,9 +135,7 @@ Status Client::free_device(uint64_t address) {
     segment = slab->first;
     slabs_.erase(slab);
   }
-  const uint64_t size = segments_.free(segment);
-  quota_used_ -= size;
-  return enqueue_locked(wire::calls::MemFree{.va = segment});
+  return release_segment_locked(segment);
 }
 
 Status Client::reset_device() {
@@ -126,15 +146,33 @@ Status Client::reset_device() {
   Status synced = sync_point_locked(reply.status());
   std::vector<uint64_t> segments;
   for (const auto& [start, bytes] : allocations_) {
-    if (slab_holding(start) == slabs_.end()) segments.push_back(start);
+    if (slab_holding(start) == slabs_.end() && pool_allocations_.count(start) == 0 &&
+        mappings_.count(start) == 0) {
+      segments.push_back(start);
+    }
   }
   for (const auto& [start, slab] : slabs_) segments.push_back(start);
-  for (uint64_t segment : segments) {
-    quota_used_ -= segments_.free(segment);
-    HIBER_RETURN_IF_ERROR(enqueue_locked(wire::calls::MemFree{.va = segment}));
+  auto add_pool = [&](const MemPoolObj* pool) {
+    for (const auto& [start, space] : pool->segments) segments.push_back(start);
+  };
+  if (default_pool_) add_pool(default_pool_.get());
+  for (const auto& [key, pool] : pools_) add_pool(pool.get());
+  for (uint64_t segment : segments) HIBER_RETURN_IF_ERROR(release_segment_locked(segment));
+  // Client virtual memory: every physical allocation's block, and every reservation.
+  for (const auto& [handle, physical] : physicals_) {
+    if (physical->block_at) {
+      HIBER_RETURN_IF_ERROR(enqueue_locked(wire::calls::MemFree{.va = *physical->block_at}));
+      if (physical->own_segment) segments_.free(*physical->block_at);
+    }
+    quota_used_ -= physical->bytes;
   }
+  for (const auto& [start, bytes] : reservations_) segments_.free(start);
+  physicals_.clear();
+  mappings_.clear();
+  reservations_.clear();
   allocations_.clear();
   slabs_.clear();
+  HIBER_RETURN_IF_ERROR(reset_pools_locked());
   std::vector<wire::EventHandle> events;
   for (const auto& [key, s] : streams_) {
     if (!s->join_event.is_zero()) events.push_back(s->join_event);
@@ -200,6 +238,8 @@ Status Client::check_device_range_locked(uint64_t address, uint64_t bytes, const
   if (const auto* held = allocation_holding(address)) {
     const uint64_t offset = address - held->first;
     if (offset < held->second && bytes <= held->second - offset) return Status();
+    // Allocations mapped back to back with cuMemMap are one range to the program.
+    if (in_adjacent_mappings_locked(address, bytes)) return Status();
   }
   return error(ErrorCode::kInvalidValue, what, ": [", hex(address), ", ", hex(address + bytes),
                ") is not inside one device allocation");

@@ -49,6 +49,9 @@ decltype(::cudaEventRecord) cudaEventRecord_ptsz;
 decltype(::cudaEventRecordWithFlags) cudaEventRecordWithFlags_ptsz;
 decltype(::cudaGetDriverEntryPoint) cudaGetDriverEntryPoint_ptsz;
 decltype(::cudaGetDriverEntryPointByVersion) cudaGetDriverEntryPointByVersion_ptsz;
+decltype(::cudaMallocAsync) cudaMallocAsync_ptsz;
+decltype(::cudaFreeAsync) cudaFreeAsync_ptsz;
+decltype(::cudaMallocFromPoolAsync) cudaMallocFromPoolAsync_ptsz;
 
 }  // extern "C"
 

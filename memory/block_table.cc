@@ -170,21 +170,28 @@ Status BlockTable::set_dirty(uint64_t va, bool dirty) {
   return Status();
 }
 
-Status BlockTable::place(uint64_t va, int gpu, const Allocation& where) {
+Status BlockTable::place(uint64_t va, int gpu, std::vector<Allocation> pieces) {
   HIBER_RETURN_IF_ERROR(check_gpu(gpu));
   VirtualBlock* block = find_start(va);
   if (block == nullptr) return no_block_at(va);
   Placement& placement = block->placements[gpu];
   if (placement.placed()) {
     return error(ErrorCode::kInvalidValue, "block table: block ", hex(va),
-                 " is already placed on GPU ", gpu, " (chunk ", placement.allocation.where.chunk,
-                 " offset ", placement.allocation.where.offset, ")");
+                 " is already placed on GPU ", gpu, " (in ", placement.pieces.size(), " pieces)");
   }
-  if (where.bytes < block->bytes) {
-    return error(ErrorCode::kInvalidValue, "block table: an allocation of ", where.bytes,
-                 " bytes cannot hold block ", hex(va), " of ", block->bytes);
+  uint64_t total = 0;
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    if (i + 1 < pieces.size() && (pieces[i].bytes & page_mask_) != 0) {
+      return error(ErrorCode::kInvalidValue, "block table: piece ", i, " of block ", hex(va),
+                   " holds ", pieces[i].bytes, " bytes, not a multiple of the granularity");
+    }
+    total += pieces[i].bytes;
   }
-  placement = Placement{Residency::kLoading, where};
+  if (pieces.empty() || total < block->bytes) {
+    return error(ErrorCode::kInvalidValue, "block table: ", pieces.size(), " allocations of ",
+                 total, " bytes cannot hold block ", hex(va), " of ", block->bytes);
+  }
+  placement = Placement{Residency::kLoading, std::move(pieces)};
   --residency_[gpu].evicted.blocks;
   residency_[gpu].evicted.bytes -= block->bytes;
   ++residency_[gpu].loading.blocks;
@@ -211,7 +218,7 @@ Status BlockTable::set_residency(uint64_t va, int gpu, Residency residency) {
   return Status();
 }
 
-Result<Allocation> BlockTable::unplace(uint64_t va, int gpu) {
+Result<std::vector<Allocation>> BlockTable::unplace(uint64_t va, int gpu) {
   HIBER_RETURN_IF_ERROR(check_gpu(gpu));
   VirtualBlock* block = find_start(va);
   if (block == nullptr) return no_block_at(va);
@@ -225,9 +232,9 @@ Result<Allocation> BlockTable::unplace(uint64_t va, int gpu) {
   from.bytes -= block->bytes;
   ++residency_[gpu].evicted.blocks;
   residency_[gpu].evicted.bytes += block->bytes;
-  const Allocation allocation = placement.allocation;
+  std::vector<Allocation> pieces = std::move(placement.pieces);
   placement = Placement{};
-  return allocation;
+  return pieces;
 }
 
 Status BlockTable::check_invariants() const {
@@ -258,9 +265,9 @@ Status BlockTable::check_invariants() const {
     }
     for (int gpu = 0; gpu < gpu_count_; ++gpu) {
       const Placement& placement = block.placements[gpu];
-      if (placement.placed() && placement.allocation.bytes < block.bytes) {
+      if (placement.placed() ? placement.bytes() < block.bytes : !placement.pieces.empty()) {
         return error(ErrorCode::kIllegalState, "block table: block ", va, " on GPU ", gpu,
-                     " is placed in ", placement.allocation.bytes, " bytes");
+                     " is placed in ", placement.bytes(), " bytes");
       }
       GpuResidency& summary = residency[gpu];
       ResidencyCount& counted = placement.residency == Residency::kEvicted   ? summary.evicted

@@ -4,7 +4,10 @@
 // A virtual block is one allocation the function made: [va, va + bytes) inside the address
 // range hiberd granted it at handshake, both multiples of the device's allocation granularity
 // (2 MiB on every backend today; a parameter here). Per GPU a block has a Placement: the
-// Allocation its GPU's pool gave it (a chunk and an offset) and its Residency there. Each block
+// Allocations its GPU's pool gave it (each a chunk and an offset) and its Residency there. A
+// block is one allocation of the pool when it fits the pool's largest block, and several
+// (pieces, mapped back to back at the block's address) when it does not: a block is bounded by
+// a GPU's memory, not by a chunk. Each block
 // also carries its kind (model or scratch: what a swap copies) and a dirty bit (written on a GPU
 // since its host copy was made; only stateful functions use it).
 //
@@ -47,8 +50,16 @@ namespace hiber::memory {
 // A block's state on one GPU.
 struct Placement {
   Residency residency = Residency::kEvicted;
-  Allocation allocation;  // from the GPU's pool; meaningful unless residency == kEvicted
+  // From the GPU's pool, in address order: piece i backs the block from the sum of the bytes of
+  // pieces 0..i-1 on (the last piece may hold more than the rest of the block). Empty when
+  // residency == kEvicted.
+  std::vector<Allocation> pieces;
   bool placed() const { return residency != Residency::kEvicted; }
+  uint64_t bytes() const {
+    uint64_t total = 0;
+    for (const Allocation& piece : pieces) total += piece.bytes;
+    return total;
+  }
 };
 
 struct VirtualBlock {
@@ -142,16 +153,20 @@ class BlockTable {
   Status set_dirty(uint64_t va, bool dirty);
 
   // ---- Placements ----
-  // Records that `gpu`'s pool placed the block at `where`: it is loading there until
-  // set_residency says it is resident. kInvalidValue for a bad GPU, an unknown block, a block
-  // already placed there, or an allocation smaller than the block.
-  Status place(uint64_t va, int gpu, const Allocation& where);
+  // Records that `gpu`'s pool placed the block in `pieces` (placement order, see Placement): it
+  // is loading there until set_residency says it is resident. kInvalidValue for a bad GPU, an
+  // unknown block, a block already placed there, no pieces, a piece (but the last) that is not
+  // a multiple of the granularity, or pieces smaller than the block together.
+  Status place(uint64_t va, int gpu, std::vector<Allocation> pieces);
+  Status place(uint64_t va, int gpu, const Allocation& where) {
+    return place(va, gpu, std::vector<Allocation>{where});
+  }
   // kLoading or kResident for a placed block (its bytes are in flight again, or complete).
   // kInvalidValue otherwise; use unplace() to evict.
   Status set_residency(uint64_t va, int gpu, Residency residency);
-  // Forgets the block's placement on `gpu` and returns it, for the caller to give back to the
-  // pool. kInvalidValue if it is not placed there.
-  Result<Allocation> unplace(uint64_t va, int gpu);
+  // Forgets the block's placement on `gpu` and returns its pieces, for the caller to give back
+  // to the pool. kInvalidValue if it is not placed there.
+  Result<std::vector<Allocation>> unplace(uint64_t va, int gpu);
 
   // ---- Iteration and summaries ----
   // Every block, in address order.

@@ -1,5 +1,6 @@
 #include "memory/translation.h"
 
+#include <algorithm>
 #include <cstring>
 #include <utility>
 
@@ -19,6 +20,18 @@ std::vector<VaRange> MapPlan::va_runs() const {
   return runs;
 }
 
+std::vector<MapCall> block_map_calls(const VirtualBlock& block, int gpu, uint64_t at) {
+  std::vector<MapCall> calls;
+  uint64_t covered = 0;
+  for (const Allocation& piece : block.on(gpu).pieces) {
+    if (covered == block.bytes) break;
+    const uint64_t bytes = std::min(piece.bytes, block.bytes - covered);
+    calls.push_back(MapCall{at + covered, bytes, piece.where.chunk, piece.where.offset});
+    covered += bytes;
+  }
+  return calls;
+}
+
 Result<MapPlan> plan_mapping(const BlockTable& table, int gpu, const BlockFilter& include) {
   if (gpu < 0 || gpu >= table.gpu_count()) {
     return error(ErrorCode::kInvalidValue, "map plan: GPU ", gpu, " of ", table.gpu_count());
@@ -28,28 +41,28 @@ Result<MapPlan> plan_mapping(const BlockTable& table, int gpu, const BlockFilter
   plan.gpu = gpu;
   for (const VirtualBlock& block : table.blocks()) {
     if (include && !include(block)) continue;
-    const Placement& placement = block.on(gpu);
-    if (!placement.placed()) {
+    if (!block.on(gpu).placed()) {
       ++plan.unplaced_blocks;
       continue;
     }
-    const PoolLocation& where = placement.allocation.where;
-    if ((where.offset & granule_mask) != 0) {
-      return error(ErrorCode::kInvalidValue, "map plan: block ", hex(block.va),
-                   " is placed at offset ", where.offset, " of chunk ", where.chunk,
-                   ", not a multiple of the granularity ", table.granularity());
-    }
     ++plan.blocks;
     plan.bytes += block.bytes;
-    if (!plan.calls.empty()) {
-      MapCall& last = plan.calls.back();
-      if (last.va + last.bytes == block.va && last.chunk == where.chunk &&
-          last.chunk_offset + last.bytes == where.offset) {
-        last.bytes += block.bytes;
-        continue;
+    for (const MapCall& call : block_map_calls(block, gpu, block.va)) {
+      if ((call.chunk_offset & granule_mask) != 0) {
+        return error(ErrorCode::kInvalidValue, "map plan: block ", hex(block.va),
+                     " is placed at offset ", call.chunk_offset, " of chunk ", call.chunk,
+                     ", not a multiple of the granularity ", table.granularity());
       }
+      if (!plan.calls.empty()) {
+        MapCall& last = plan.calls.back();
+        if (last.va + last.bytes == call.va && last.chunk == call.chunk &&
+            last.chunk_offset + last.bytes == call.chunk_offset) {
+          last.bytes += call.bytes;
+          continue;
+        }
+      }
+      plan.calls.push_back(call);
     }
-    plan.calls.push_back(MapCall{block.va, block.bytes, where.chunk, where.offset});
   }
   return plan;
 }
@@ -185,14 +198,21 @@ Result<uint64_t> RewritingTranslator::device_address(const PointerTarget& target
     return error(ErrorCode::kNotMapped, "rewriting: block ", hex(target.block->va),
                  " is not placed on GPU ", gpu);
   }
-  const std::vector<uint64_t>& bases = chunk_base_[gpu];
-  if (placement.allocation.where.chunk >= bases.size()) {
-    return error(ErrorCode::kIllegalState, "rewriting: block ", hex(target.block->va),
-                 " is in chunk ", placement.allocation.where.chunk, " of GPU ", gpu, ", which has ",
-                 bases.size(), " chunks");
+  // Rewritten pointers address pool memory directly, so a block must be one piece there: a
+  // kernel given a pointer into it may reach any of its bytes.
+  if (placement.pieces.size() != 1) {
+    return error(ErrorCode::kNotMapped, "rewriting: block ", hex(target.block->va), " of ",
+                 target.block->bytes, " bytes is placed in ", placement.pieces.size(),
+                 " pieces on GPU ", gpu, "; rewriting needs it in one (use the mapping mechanism)");
   }
-  return bases[placement.allocation.where.chunk] + placement.allocation.where.offset +
-         target.offset;
+  const Allocation& where = placement.pieces.front();
+  const std::vector<uint64_t>& bases = chunk_base_[gpu];
+  if (where.where.chunk >= bases.size()) {
+    return error(ErrorCode::kIllegalState, "rewriting: block ", hex(target.block->va),
+                 " is in chunk ", where.where.chunk, " of GPU ", gpu, ", which has ", bases.size(),
+                 " chunks");
+  }
+  return bases[where.where.chunk] + where.where.offset + target.offset;
 }
 
 Result<uint64_t> RewritingTranslator::translate(uint64_t ptr, uint64_t bytes, int gpu) {

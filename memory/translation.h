@@ -97,6 +97,10 @@ struct MapPlan {
   std::vector<VaRange> va_runs() const;
 };
 
+// The map calls that show `block`'s placement on `gpu` at [at, at + block.bytes): one per piece.
+// REQUIRES: the block is placed there.
+std::vector<MapCall> block_map_calls(const VirtualBlock& block, int gpu, uint64_t at);
+
 // Chooses blocks for a plan (say, the model blocks only); empty means every block.
 using BlockFilter = std::function<bool(const VirtualBlock&)>;
 

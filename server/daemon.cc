@@ -626,9 +626,10 @@ void Daemon::on_hello(Connection& connection) {
   SessionConfig config;
   config.instance = plan->instance;
   config.quota_bytes = plan->quota_bytes;
-  // Room around the quota for the client's placement to fragment.
-  config.va_bytes =
-      std::max<uint64_t>(round_up(config.quota_bytes + config.quota_bytes / 4, 1 << 21), 64 << 20);
+  // Room around the quota for the client's placement to fragment, and for reservations of
+  // client virtual memory: PyTorch's expandable segments reserve 1.125 times the device's memory
+  // (the quota, to a function) per stream. Addresses cost no memory.
+  config.va_bytes = std::max<uint64_t>(round_up(config.quota_bytes * 4, 1 << 21), 64 << 20);
   config.channel = options_.channel;
   config.implicit_lease_idle = options_.implicit_lease_idle;
   config.limits = options_.session_limits;

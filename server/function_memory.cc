@@ -21,10 +21,12 @@ constexpr int kRoomAttempts = 8;
 
 uint64_t round_up(uint64_t v, uint64_t to) { return (v + to - 1) / to * to; }
 
-// The map call that shows `block`'s placement on `gpu` at `at`.
-memory::MapCall call_for(const VirtualBlock& block, int gpu, uint64_t at) {
-  const memory::Allocation& where = block.on(gpu).allocation;
-  return memory::MapCall{at, block.bytes, where.where.chunk, where.where.offset};
+// Appends the map calls that show `block`'s placement on `gpu` at `at`.
+void append_calls_for(const VirtualBlock& block, int gpu, uint64_t at,
+                      std::vector<memory::MapCall>* calls) {
+  for (const memory::MapCall& call : memory::block_map_calls(block, gpu, at)) {
+    calls->push_back(call);
+  }
 }
 
 }  // namespace
@@ -66,10 +68,10 @@ FunctionMemory::FunctionMemory(device::Device& device, DevicePools& pools,
 uint64_t FunctionMemory::largest_allocation() const {
   uint64_t largest = 0;
   for (int gpu = 0; gpu < pools_.pools().gpu_count(); ++gpu) {
-    const uint64_t here = pools_.pools().stats(gpu).max_block_bytes;
+    const uint64_t here = pools_.pools().stats(gpu).capacity_bytes;
     largest = gpu == 0 ? here : std::min(largest, here);
   }
-  return largest;
+  return std::min(largest, quota_bytes_);
 }
 
 FunctionMemory::~FunctionMemory() {
@@ -119,7 +121,9 @@ Status FunctionMemory::add_block(uint64_t va, uint64_t bytes, std::optional<GpuI
     const VirtualBlock* block = table_.block_at(va);
     (void)table_.set_residency(va, gpu, Residency::kResident);
     extra_[va].fresh = false;
-    placed = map_calls({call_for(*block, gpu, va)}, gpu, &mapped_);
+    std::vector<memory::MapCall> calls;
+    append_calls_for(*block, gpu, va, &calls);
+    placed = map_calls(calls, gpu, &mapped_);
   }
   if (!placed.ok() && table_.block_at(va) != nullptr) {
     for (int g = 0; g < gpu_count_; ++g) free_placement(va, g);
@@ -140,20 +144,35 @@ Status FunctionMemory::remove_block(uint64_t va) {
     return error(ErrorCode::kInvalidValue, "free of ", hex(va), ": not the start of an allocation");
   }
   Status result;
-  // Mapped at its own address under a lease: that mapping goes first.
-  auto mapped = std::find_if(mapped_.begin(), mapped_.end(), [&](const auto& m) {
-    return m.first <= va && va < m.first + m.second;
+  // Mapped at its own address under a lease: those mappings go first. A map call may hold
+  // several blocks, and a block in pieces is several map calls: unmap every call that overlaps
+  // the block whole, and map the other blocks in them back.
+  const uint64_t end = table_.block_at(va)->end();
+  std::vector<std::pair<uint64_t, uint64_t>> runs;
+  std::erase_if(mapped_, [&](const auto& m) {
+    if (m.first >= end || m.first + m.second <= va) return false;
+    runs.push_back(m);
+    return true;
   });
-  if (mapped != mapped_.end()) {
-    // A map call may hold several blocks: unmap it whole and map the others back.
-    const auto [run_va, run_bytes] = *mapped;
-    mapped_.erase(mapped);
-    result = device_.unmap(run_va, run_bytes);
-    if (result.ok() && bound_gpu_) {
-      result = map_blocks(*bound_gpu_, [&](const VirtualBlock& b) {
-        return b.va != va && b.va >= run_va && b.end() <= run_va + run_bytes;
-      });
+  for (const auto& [run_va, run_bytes] : runs) {
+    if (Status unmapped = device_.unmap(run_va, run_bytes); !unmapped.ok() && result.ok()) {
+      result = unmapped;
     }
+  }
+  if (result.ok() && bound_gpu_ && !runs.empty()) {
+    // A run is a union of whole pieces, so each piece of another block lies in it or not.
+    std::vector<memory::MapCall> back;
+    for (const VirtualBlock& b : table_.blocks()) {
+      if (b.va == va || !b.on(*bound_gpu_).placed()) continue;
+      for (const memory::MapCall& call : memory::block_map_calls(b, *bound_gpu_, b.va)) {
+        for (const auto& [run_va, run_bytes] : runs) {
+          if (call.va >= run_va && call.va + call.bytes <= run_va + run_bytes) {
+            back.push_back(call);
+          }
+        }
+      }
+    }
+    result = map_calls(back, *bound_gpu_, &mapped_);
   }
   for (int g = 0; g < gpu_count_; ++g) free_placement(va, g);
   repository_.release(extra_[va].host);
@@ -166,10 +185,29 @@ Status FunctionMemory::remove_block(uint64_t va) {
 
 Status FunctionMemory::check_range(uint64_t ptr, uint64_t bytes, std::string_view what) const {
   MutexLock lock(mutex_);
-  Result<memory::PointerTarget> target = table_.resolve_range(ptr, bytes);
-  if (target.ok() && target->offset < target->block->bytes) return Status();
+  if (blocks_spanned(ptr, bytes, nullptr)) return Status();
   return error(ErrorCode::kInvalidValue, what, ": [", hex(ptr), ", +", bytes,
-               ") is not inside one allocation of this session");
+               ") is not inside the session's allocations (one, or several back to back)");
+}
+
+bool FunctionMemory::blocks_spanned(uint64_t ptr, uint64_t bytes,
+                                    std::vector<const VirtualBlock*>* blocks) const {
+  const memory::PointerTarget target = table_.resolve(ptr);
+  if (!target.found() || target.offset >= target.block->bytes) return false;
+  const VirtualBlock* block = target.block;
+  uint64_t left = bytes;
+  uint64_t offset = target.offset;
+  while (true) {
+    if (blocks) blocks->push_back(block);
+    const uint64_t here = block->bytes - offset;
+    if (left <= here) return true;
+    // Mapped back to back (client virtual memory maps a range from several allocations): the
+    // range may go on into the block that starts where this one ends.
+    left -= here;
+    block = table_.block_at(block->end());
+    if (block == nullptr) return false;
+    offset = 0;
+  }
 }
 
 uint64_t FunctionMemory::allocated_bytes() const {
@@ -180,38 +218,70 @@ uint64_t FunctionMemory::allocated_bytes() const {
 // ---- Placement and mapping ----
 
 Status FunctionMemory::place(uint64_t va, int gpu, const RoomMaker& room) {
-  for (int attempt = 0;; ++attempt) {
+  std::vector<memory::Allocation> pieces;
+  auto give_back = [&]() REQUIRES(mutex_) {
+    for (const memory::Allocation& piece : pieces) (void)pools_.pools().deallocate(gpu, piece);
+  };
+  int attempt = 0;
+  while (true) {
     const VirtualBlock* block = table_.block_at(va);
     if (block == nullptr) {
+      give_back();
       return error(ErrorCode::kInvalidValue, "the allocation at ", hex(va), " was freed");
     }
-    if (block->on(gpu).placed()) return Status();
-    const uint64_t bytes = block->bytes;
+    if (block->on(gpu).placed()) {
+      give_back();
+      return Status();
+    }
+    uint64_t covered = 0;
+    for (const memory::Allocation& piece : pieces) covered += piece.bytes;
+    if (covered >= block->bytes) {
+      Status recorded = table_.place(va, gpu, pieces);
+      if (!recorded.ok()) give_back();
+      return recorded;
+    }
+    // A block larger than the pool's largest block is placed in pieces of that size (granule
+    // multiples: the pool's blocks are), mapped back to back.
+    const uint64_t largest = pools_.pools().stats(gpu).max_block_bytes;
+    const uint64_t remaining = block->bytes - covered;
+    const uint64_t bytes = largest >= remaining || largest < granularity_
+                               ? remaining
+                               : largest / granularity_ * granularity_;
     memory::AllocationResult placed = pools_.pools().allocate(gpu, bytes, owner_);
     if (placed.ok()) {
-      Status recorded = table_.place(va, gpu, *placed);
-      if (!recorded.ok()) (void)pools_.pools().deallocate(gpu, *placed);
-      return recorded;
+      pieces.push_back(*placed);
+      continue;
     }
     const memory::Shortfall shortfall = placed.shortfall();
     if (shortfall.never_fits || attempt == kRoomAttempts || !room) {
+      give_back();
       return error(ErrorCode::kOutOfMemory, "GPU ", gpu, ": ", shortfall.describe());
     }
+    ++attempt;
     Status made;
     {
       MutexUnlock unlocked(mutex_);
       made = room(GpuId{gpu}, shortfall);
     }
-    if (!made.ok()) return made.with_context(str_cat("placing ", bytes, " bytes on GPU ", gpu));
+    if (!made.ok()) {
+      give_back();
+      return made.with_context(str_cat("placing ", bytes, " bytes on GPU ", gpu));
+    }
   }
 }
 
 void FunctionMemory::free_placement(uint64_t va, int gpu) {
   const VirtualBlock* block = table_.block_at(va);
   if (block == nullptr || !block->on(gpu).placed()) return;
-  Result<memory::Allocation> where = table_.unplace(va, gpu);
-  Status freed = where.ok() ? pools_.pools().deallocate(gpu, *where) : where.status();
-  LOG_IF(ERROR, !freed.ok()) << "function memory " << owner_ << ": " << freed;
+  Result<std::vector<memory::Allocation>> pieces = table_.unplace(va, gpu);
+  if (!pieces.ok()) {
+    LOG(ERROR) << "function memory " << owner_ << ": " << pieces.status();
+    return;
+  }
+  for (const memory::Allocation& piece : *pieces) {
+    Status freed = pools_.pools().deallocate(gpu, piece);
+    LOG_IF(ERROR, !freed.ok()) << "function memory " << owner_ << ": " << freed;
+  }
 }
 
 Status FunctionMemory::map_blocks(int gpu, const memory::BlockFilter& include) {
@@ -390,7 +460,7 @@ Status FunctionMemory::bind(const Lease& lease, device::Stream swap_stream, Swap
       if (m.from != from) continue;
       const VirtualBlock& block = *table_.block_at(m.va);
       m.window = window.va + offset;
-      pieces.push_back(call_for(block, from, m.window));
+      append_calls_for(block, from, m.window, &pieces);
       offset += block.bytes;
     }
     Status windowed = map_calls(pieces, from, &window.mapped);
@@ -530,9 +600,10 @@ void FunctionMemory::forget_context(int gpu) {
 void FunctionMemory::access(uint64_t ptr, uint64_t bytes, bool write,
                             std::vector<device::Event>* waits) {
   MutexLock lock(mutex_);
-  const memory::PointerTarget target = table_.resolve(ptr);
-  if (!target.found() || bytes == 0) return;
-  note(*target.block, write, waits);
+  if (bytes == 0) return;
+  std::vector<const VirtualBlock*> blocks;
+  (void)blocks_spanned(ptr, bytes, &blocks);
+  for (const VirtualBlock* block : blocks) note(*block, write, waits);
 }
 
 void FunctionMemory::kernel_access(std::span<const std::byte> params, const KernelInfo& info,
@@ -585,7 +656,7 @@ uint64_t FunctionMemory::placed_bytes(GpuId on) const {
   MutexLock lock(mutex_);
   uint64_t bytes = 0;
   for (const VirtualBlock& block : table_.blocks()) {
-    if (block.on(gpu).placed()) bytes += block.on(gpu).allocation.bytes;
+    bytes += block.on(gpu).bytes();
   }
   return bytes;
 }
@@ -627,9 +698,11 @@ Result<uint64_t> FunctionMemory::evict(GpuId from, device::Stream stream) {
     HIBER_ASSIGN_OR_RETURN(window.va, device_.reserve_address_range(back_bytes, granularity_));
     window.bytes = back_bytes;
     std::vector<memory::MapCall> pieces;
+    std::vector<uint64_t> window_at;  // each block's address in the window
     uint64_t offset = 0;
     for (uint64_t va : back) {
-      pieces.push_back(call_for(*table_.block_at(va), gpu, window.va + offset));
+      window_at.push_back(window.va + offset);
+      append_calls_for(*table_.block_at(va), gpu, window_at.back(), &pieces);
       offset += table_.block_at(va)->bytes;
     }
     Status copied = map_calls(pieces, gpu, &window.mapped);
@@ -638,7 +711,7 @@ Result<uint64_t> FunctionMemory::evict(GpuId from, device::Stream stream) {
       copied = make_host_copy(back[i], bytes);
       if (copied.ok()) {
         copied =
-            device_.copy_device_to_host(stream, extra_[back[i]].host.data, pieces[i].va, bytes);
+            device_.copy_device_to_host(stream, extra_[back[i]].host.data, window_at[i], bytes);
       }
     }
     if (copied.ok()) copied = device_.synchronize_stream(stream);
@@ -649,7 +722,7 @@ Result<uint64_t> FunctionMemory::evict(GpuId from, device::Stream stream) {
   uint64_t freed = 0;
   for (uint64_t va : block_starts()) {
     const memory::Placement& placement = table_.block_at(va)->on(gpu);
-    if (placement.placed()) freed += placement.allocation.bytes;
+    freed += placement.bytes();
     free_placement(va, gpu);
   }
   return freed;

@@ -5,7 +5,8 @@
 // Blocks. A block is one allocation the function made (memAllocate): [va, va + bytes) inside its
 // address range, granule-aligned. memory::BlockTable keeps them and resolves any pointer to its
 // block. A block may be placed on several GPUs at once (a replica of the model per GPU), each
-// placement a memory::Allocation in that GPU's pool (server/device_pools.h). A placement is
+// placement one memory::Allocation in that GPU's pool (server/device_pools.h), or several for a
+// block larger than the pool's largest block. A placement is
 // resident when its contents are valid there. A placed block that is not resident holds nothing
 // valid yet: its bytes are in flight (the last swap; settle() marks them resident when it ends),
 // a swap failed, or the copy went stale because the function wrote another GPU's copy of a
@@ -96,8 +97,9 @@ class FunctionMemory {
   uint64_t va_bytes() const { return va_bytes_; }
   uint64_t granularity() const { return granularity_; }
   memory::FunctionId owner() const { return owner_; }
-  // The largest block one allocation can be placed as on every GPU of the node (the smallest of
-  // the pools' largest blocks): a larger one cannot run anywhere.
+  // The largest allocation the function can make: its quota, and no more than the smallest
+  // GPU's pool holds (a larger one could not run everywhere). A block larger than a pool's
+  // largest block is placed there in pieces, mapped back to back at its address.
   uint64_t largest_allocation() const;
 
   // ---- Blocks (the session thread) ----
@@ -108,7 +110,8 @@ class FunctionMemory {
   bool is_block(uint64_t va) const;
   // Unmaps and frees the block everywhere. REQUIRES: no work uses it (the session quiesced).
   Status remove_block(uint64_t va);
-  // [ptr, ptr + bytes) lies inside one block; kInvalidValue naming `what` otherwise.
+  // [ptr, ptr + bytes) lies inside one block, or in blocks back to back without a gap (client
+  // virtual memory maps one range from several); kInvalidValue naming `what` otherwise.
   Status check_range(uint64_t ptr, uint64_t bytes, std::string_view what) const;
   uint64_t allocated_bytes() const;
 
@@ -190,6 +193,10 @@ class FunctionMemory {
   // Places the block at `va` on `gpu` if it is not, asking `room` for space (the lock is dropped
   // while it runs). kOutOfMemory when no room can be made.
   Status place(uint64_t va, int gpu, const RoomMaker& room) REQUIRES(mutex_);
+  // Whether [ptr, ptr + bytes) lies in blocks back to back (check_range); each one it touches
+  // is appended to `blocks` when given.
+  bool blocks_spanned(uint64_t ptr, uint64_t bytes,
+                      std::vector<const memory::VirtualBlock*>* blocks) const REQUIRES(mutex_);
   // Frees the block's placement on `gpu`, if any.
   void free_placement(uint64_t va, int gpu) REQUIRES(mutex_);
   // Maps the chosen blocks placed on `gpu` at their own addresses, accessible from `gpu` only.

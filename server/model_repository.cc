@@ -2,12 +2,19 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
 #include <glog/logging.h>
 
 namespace hiber::server {
+namespace {
+
+// HostCopy::where.where.chunk of a copy in a mapping of its own (not a pool chunk).
+constexpr uint32_t kOwnMapping = UINT32_MAX;
+
+}  // namespace
 
 Result<std::unique_ptr<ModelRepository>> ModelRepository::create(
     device::Device& device, const ModelRepositoryOptions& options) {
@@ -24,29 +31,33 @@ Result<std::unique_ptr<ModelRepository>> ModelRepository::create(
 }
 
 ModelRepository::~ModelRepository() {
-  for (const Chunk& chunk : chunks_) {
-    if (chunk.registered) {
-      Status s = device_.unregister_host_memory(chunk.data);
-      LOG_IF(ERROR, !s.ok()) << "model repository: unregistering a chunk: " << s;
-    }
-    ::munmap(chunk.data, chunk.bytes);
-  }
+  MutexLock lock(mutex_);
+  for (const Chunk& chunk : chunks_) unmap_chunk(chunk);
+  for (const Chunk& chunk : own_) unmap_chunk(chunk);
 }
 
-Status ModelRepository::grow() {
-  const uint64_t have = chunks_.size() * options_.chunk_bytes;
-  if (have + options_.chunk_bytes > options_.max_bytes) {
+uint64_t ModelRepository::mapped_bytes() const {
+  uint64_t bytes = 0;
+  for (const Chunk& chunk : chunks_) bytes += chunk.bytes;
+  for (const Chunk& chunk : own_) bytes += chunk.bytes;
+  return bytes;
+}
+
+Result<ModelRepository::Chunk> ModelRepository::map_chunk(uint64_t bytes) {
+  const uint64_t have = mapped_bytes();
+  if (bytes > options_.max_bytes || have > options_.max_bytes - bytes) {
     return error(ErrorCode::kOutOfMemory, "the model repository holds ", have,
-                 " bytes, its limit (--host_pool_max_mib)");
+                 " bytes; another ", bytes, " would pass its limit of ", options_.max_bytes,
+                 " (--host_pool_max_mib)");
   }
   // Reserved, not committed: pages cost host memory once a copy is written to them.
-  void* data = ::mmap(nullptr, options_.chunk_bytes, PROT_READ | PROT_WRITE,
+  void* data = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (data == MAP_FAILED) {
-    return error(ErrorCode::kOutOfMemory, "model repository: mapping ", options_.chunk_bytes,
+    return error(ErrorCode::kOutOfMemory, "model repository: mapping ", bytes,
                  " bytes of host memory: ", std::strerror(errno));
   }
-  Chunk chunk{static_cast<std::byte*>(data), options_.chunk_bytes, false};
+  Chunk chunk{static_cast<std::byte*>(data), bytes, false};
   if (options_.pinned) {
     Status registered = device_.register_host_memory(chunk.data, chunk.bytes);
     if (!registered.ok()) {
@@ -55,6 +66,19 @@ Status ModelRepository::grow() {
     }
     chunk.registered = true;
   }
+  return chunk;
+}
+
+void ModelRepository::unmap_chunk(const Chunk& chunk) {
+  if (chunk.registered) {
+    Status s = device_.unregister_host_memory(chunk.data);
+    LOG_IF(ERROR, !s.ok()) << "model repository: unregistering a chunk: " << s;
+  }
+  ::munmap(chunk.data, chunk.bytes);
+}
+
+Status ModelRepository::grow() {
+  HIBER_ASSIGN_OR_RETURN(Chunk chunk, map_chunk(options_.chunk_bytes));
   // The pool is made with its first chunk: its largest block is a chunk.
   Status added;
   if (!pool_) {
@@ -65,8 +89,7 @@ Status ModelRepository::grow() {
     added = pool_->add_chunk(chunk.bytes).status();
   }
   if (!added.ok()) {
-    if (chunk.registered) (void)device_.unregister_host_memory(chunk.data);
-    ::munmap(data, chunk.bytes);
+    unmap_chunk(chunk);
     return added;
   }
   chunks_.push_back(chunk);
@@ -79,13 +102,16 @@ HostCopy ModelRepository::copy_at(const memory::Allocation& where, uint64_t byte
 
 Result<HostCopy> ModelRepository::allocate(memory::FunctionId function, uint64_t bytes) {
   MutexLock lock(mutex_);
+  if (bytes > options_.chunk_bytes) {
+    // Larger than the pool's largest block: a mapping of its own, exactly its size.
+    const uint64_t unit = memory::HostPool::kMinBlockBytes;
+    HIBER_ASSIGN_OR_RETURN(Chunk chunk, map_chunk((bytes + unit - 1) / unit * unit));
+    own_.push_back(chunk);
+    return HostCopy{memory::Allocation{{kOwnMapping, 0}, chunk.bytes}, chunk.data, bytes};
+  }
   while (true) {
     memory::AllocationResult placed = pool_->allocate_model_copy(function, bytes);
     if (placed.ok()) return copy_at(*placed, bytes);
-    if (placed.shortfall().never_fits && bytes > options_.chunk_bytes) {
-      return error(ErrorCode::kOutOfMemory, "a host copy of ", bytes,
-                   " bytes is larger than a repository chunk (--host_pool_chunk_mib)");
-    }
     HIBER_RETURN_IF_ERROR(grow());
   }
 }
@@ -106,13 +132,27 @@ Result<HostCopy> ModelRepository::allocate_staging(int gpu, uint64_t bytes) {
 void ModelRepository::release(const HostCopy& copy) {
   if (!copy) return;
   MutexLock lock(mutex_);
+  if (copy.where.where.chunk == kOwnMapping) {
+    auto own = std::find_if(own_.begin(), own_.end(),
+                            [&](const Chunk& chunk) { return chunk.data == copy.data; });
+    if (own != own_.end()) {
+      unmap_chunk(*own);
+      own_.erase(own);
+    }
+    return;
+  }
   Status released = pool_->release(copy.where);
   LOG_IF(ERROR, !released.ok()) << "model repository: " << released;
 }
 
 memory::HostPoolStats ModelRepository::stats() const {
   MutexLock lock(mutex_);
-  return pool_->stats();
+  memory::HostPoolStats stats = pool_->stats();
+  for (const Chunk& chunk : own_) {
+    stats.capacity_bytes += chunk.bytes;
+    stats.model_bytes += chunk.bytes;
+  }
+  return stats;
 }
 
 }  // namespace hiber::server

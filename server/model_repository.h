@@ -4,7 +4,9 @@
 // authoritative, so evicting the GPU copy copies nothing back (docs/design.md, "Model state"). The
 // memory is allocated and registered with the device (pinned) once, in large chunks, and
 // sub-allocated by memory::HostPool: nothing is pinned per request, because registering is slow
-// and serialises the driver. The pool grows by whole chunks up to a limit.
+// and serialises the driver. The pool grows by whole chunks up to a limit. A copy larger than a
+// chunk (a block of a large allocation: a KV cache) gets a mapping of its own, registered once,
+// and counted against the same limit.
 //
 // For the swap ablation (the paper's Fig. 7) the repository can keep its copies in pageable
 // memory instead: the same chunks, never registered, so the device copies them as it would a
@@ -47,8 +49,8 @@ class ModelRepository {
   // Unregisters and unmaps every chunk. REQUIRES: no copy is in flight.
   ~ModelRepository();
 
-  // Room for `bytes` of function `function`'s blocks; grows by a chunk when full.
-  // kOutOfMemory once max_bytes is reached.
+  // Room for `bytes` of function `function`'s blocks; grows by a chunk when full, and maps a
+  // copy larger than a chunk on its own. kOutOfMemory once max_bytes is reached.
   Result<HostCopy> allocate(memory::FunctionId function, uint64_t bytes);
   // Staging for transfers to or from `gpu` (the elbow measurement uses it).
   Result<HostCopy> allocate_staging(int gpu, uint64_t bytes);
@@ -66,6 +68,10 @@ class ModelRepository {
   ModelRepository(device::Device& device, const ModelRepositoryOptions& options)
       : device_(device), options_(options) {}
   Status grow() REQUIRES(mutex_);
+  // Maps (and registers) `bytes`; kOutOfMemory past max_bytes.
+  Result<Chunk> map_chunk(uint64_t bytes) REQUIRES(mutex_);
+  void unmap_chunk(const Chunk& chunk) REQUIRES(mutex_);
+  uint64_t mapped_bytes() const REQUIRES(mutex_);
   HostCopy copy_at(const memory::Allocation& where, uint64_t bytes) const REQUIRES(mutex_);
 
   device::Device& device_;
@@ -73,6 +79,7 @@ class ModelRepository {
   mutable Mutex mutex_;
   std::unique_ptr<memory::HostPool> pool_ GUARDED_BY(mutex_);
   std::vector<Chunk> chunks_ GUARDED_BY(mutex_);  // index = pool chunk
+  std::vector<Chunk> own_ GUARDED_BY(mutex_);     // copies larger than a chunk, one each
 };
 
 }  // namespace hiber::server

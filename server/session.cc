@@ -110,7 +110,10 @@ wire::SessionInfo Session::welcome() const {
   dev.name = props.name;
   dev.uuid.assign(props.uuid.begin(), props.uuid.end());
   dev.pci_bus_id = props.pci_bus_id;
-  dev.total_memory_bytes = props.total_memory_bytes;
+  // The function's memory is its grant: cudaGetDeviceProperties' totalGlobalMem, cuDeviceTotalMem,
+  // cudaMemGetInfo and NVML all say the quota, so a framework that sizes a cache from any of
+  // them plans with the same bytes.
+  dev.total_memory_bytes = std::min(props.total_memory_bytes, config_.quota_bytes);
   dev.attributes = props.attributes;
   info.devices.push_back(std::move(dev));
   info.node = device_.topology();

@@ -35,8 +35,8 @@ struct Grant {
   uint64_t va_bytes = 0;
   uint64_t quota_bytes = 0;
   uint64_t allocation_granularity = 0;
-  // The largest single allocation the node's GPUs can place; 0: not told (any size up to the
-  // quota is tried).
+  // The largest single allocation the session can be served (the quota, bounded by the smallest
+  // GPU's pool); 0: not told (any size up to the quota is tried).
   uint64_t largest_allocation_bytes = 0;
 };
 

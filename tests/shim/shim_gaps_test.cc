@@ -61,6 +61,20 @@ TEST_F(ShimGapsTest, DeviceAttributesTellWhatTheShimDoes) {
       << last_output_;
 }
 
+// Issue 31: cudaMallocAsync and the memory pools, and cuMemCreate/cuMemMap, carved from the
+// function's memory (memory_apis.cu checks every result against its own values).
+TEST_F(ShimGapsTest, StreamOrderedAllocationAndVirtualMemoryWork) {
+  expect_ok("memory_apis", {});
+  for (const char* expected :
+       {"memory_apis: stream-ordered allocation correct",
+        "memory_apis: freed on one stream, reused on another",
+        "memory_apis: virtual memory management correct", "cudaMemPoolCreate(exportable) -> 801",
+        "cuMemMap(a cudaMalloc address) -> 1", "cuMemMap(part of an allocation) -> 1",
+        "cuMemExportToShareableHandle -> 801"}) {
+    EXPECT_NE(last_output_.find(expected), std::string::npos) << expected << "\n" << last_output_;
+  }
+}
+
 TEST_F(ShimGapsTest, BareDlopenSearchesTheCallersRunpath) {
   // The target is reachable only through the caller's RUNPATH.
   const std::filesystem::path target(HIBER_RPATH_TARGET);

@@ -94,6 +94,7 @@ const std::map<std::string, std::set<std::string>>& expected_kernels() {
       {"d2d_memset", {"_Z9xor_bytesPKhS0_Phy"}},
       {"tiny_mlp", {"_Z6matvecPKfS0_Pfii", "_Z9bias_reluPfPKfii"}},
       {"error_cases", {"_Z10vector_addPKfS0_Pfi"}},
+      {"large_allocations", {"_Z9xor_bytesPKhS0_Phy"}},
       {"dlopen_runtime", {}},
       {"mlp_server",
        {"_Z6matvecPKfS0_Pfii", "_Z9bias_reluPfPKfii", "_Z8count_upPj",

@@ -15,9 +15,9 @@ namespace hiber::testing::shim {
 
 const std::vector<std::string>& all_programs() {
   static const std::vector<std::string> programs = {
-      "vector_add",  "saxpy_streams",       "pinned_overlap", "d2d_memset",
-      "tiny_mlp",    "dlopen_runtime",      "error_cases",    "library_gemm",
-      "library_cnn", "library_transformer", "rdc_affine"};
+      "vector_add",   "saxpy_streams",  "pinned_overlap",      "d2d_memset",
+      "tiny_mlp",     "dlopen_runtime", "error_cases",         "large_allocations",
+      "library_gemm", "library_cnn",    "library_transformer", "rdc_affine"};
   return programs;
 }
 

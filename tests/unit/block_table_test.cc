@@ -165,7 +165,7 @@ TEST(BlockTable, RemovingABlockHandsBackItsPlacementsAndFreesItsAddresses) {
   ASSERT_TRUE(removed.ok());
   EXPECT_EQ(removed->va, at(2));
   EXPECT_FALSE(removed->on(0).placed());
-  EXPECT_EQ(removed->on(1).allocation, where);
+  EXPECT_EQ(removed->on(1).pieces, std::vector<Allocation>{where});
   EXPECT_FALSE(table.resolve(at(2)).found());
   EXPECT_EQ(table.remove(at(2)).status().code(), ErrorCode::kInvalidValue);
   EXPECT_EQ(table.residency(1), GpuResidency{});
@@ -222,7 +222,7 @@ TEST(BlockTable, ABlockGoesFromEvictedThroughLoadingToResidentAndBackOnEachGpu) 
   EXPECT_EQ(table.set_residency(at(0), 1, Residency::kResident).code(), ErrorCode::kInvalidValue);
   ASSERT_TRUE(table.place(at(0), 1, where).ok());
   EXPECT_EQ(table.block_at(at(0))->on(1).residency, Residency::kLoading);
-  EXPECT_EQ(table.block_at(at(0))->on(1).allocation, where);
+  EXPECT_EQ(table.block_at(at(0))->on(1).pieces, std::vector<Allocation>{where});
   EXPECT_EQ(table.place(at(0), 1, where).code(), ErrorCode::kInvalidValue) << "placed twice";
   ASSERT_TRUE(table.set_residency(at(0), 1, Residency::kResident).ok());
   EXPECT_EQ(table.block_at(at(0))->on(1).residency, Residency::kResident);
@@ -230,9 +230,9 @@ TEST(BlockTable, ABlockGoesFromEvictedThroughLoadingToResidentAndBackOnEachGpu) 
   EXPECT_EQ(table.set_residency(at(0), 1, Residency::kEvicted).code(), ErrorCode::kInvalidValue);
   // Invalidated and copied again (a stateful function wrote it elsewhere).
   ASSERT_TRUE(table.set_residency(at(0), 1, Residency::kLoading).ok());
-  Result<Allocation> freed = table.unplace(at(0), 1);
+  Result<std::vector<Allocation>> freed = table.unplace(at(0), 1);
   ASSERT_TRUE(freed.ok());
-  EXPECT_EQ(*freed, where);
+  EXPECT_EQ(*freed, std::vector<Allocation>{where});
   EXPECT_EQ(table.block_at(at(0))->on(1).residency, Residency::kEvicted);
   EXPECT_EQ(table.unplace(at(0), 1).status().code(), ErrorCode::kInvalidValue);
   // Bad GPUs, unknown blocks and allocations too small for the block are refused.

@@ -37,7 +37,10 @@ class FunctionMemoryTest : public testing::Test {
  protected:
   // `slow_link`: host copies run at 0.05 GB/s, so a swap of a few MiB stays in flight for a
   // few hundred milliseconds, long enough to look at what a use must wait for.
-  void start(bool stateful, int failing_gpu = -1, bool slow_link = false) {
+  // `function_bytes`: the function's range and quota; `repository_max`: what host copies may
+  // take (in chunks of 64 MiB).
+  void start(bool stateful, int failing_gpu = -1, bool slow_link = false,
+             uint64_t function_bytes = 64 * kMiB, uint64_t repository_max = 128 * kMiB) {
     device::SimDeviceOptions options;
     for (GpuSpec& gpu : options.node.gpus) gpu.memory_bytes = 256 * kMiB;
     options.fail_transfers_to_gpu = failing_gpu;
@@ -57,13 +60,13 @@ class FunctionMemoryTest : public testing::Test {
     auto created = DevicePools::create(*device_, pools);
     ASSERT_TRUE(created.ok()) << created.status();
     pools_ = std::move(*created);
-    auto repository = ModelRepository::create(*device_, {64 * kMiB, 128 * kMiB, true});
+    auto repository = ModelRepository::create(*device_, {64 * kMiB, repository_max, true});
     ASSERT_TRUE(repository.ok()) << repository.status();
     repository_ = std::move(*repository);
     FunctionMemoryOptions memory_options;
     memory_options.stateful = stateful;
-    auto memory = FunctionMemory::create(*device_, *pools_, *repository_, FunctionId{1}, 64 * kMiB,
-                                         64 * kMiB, memory_options);
+    auto memory = FunctionMemory::create(*device_, *pools_, *repository_, FunctionId{1},
+                                         function_bytes, function_bytes, memory_options);
     ASSERT_TRUE(memory.ok()) << memory.status();
     memory_ = std::move(*memory);
     for (int gpu = 0; gpu < device_->gpu_count(); ++gpu) {
@@ -178,6 +181,63 @@ TEST_F(FunctionMemoryTest, AModelFilledBeforeItsFirstRequestIsWrittenBackOnEvict
   ASSERT_TRUE(memory_->evict(GpuId{1}, streams_[1]).ok());
   ASSERT_OK(bind(2));
   EXPECT_EQ(read(2), model);
+  ASSERT_OK(memory_->unbind());
+}
+
+// A block larger than the pool's largest block (a chunk of 64 MiB here) is placed in pieces,
+// mapped back to back at its address: a copy across the pieces' seams reads what was written,
+// a peer copy to another GPU and a host copy larger than a repository chunk carry it whole.
+TEST_F(FunctionMemoryTest, ABlockLargerThanThePoolsLargestBlockIsPlacedInPiecesAndTravelsWhole) {
+  constexpr uint64_t kLarge = 150 * kMiB;
+  start(/*stateful=*/false, -1, false, /*function_bytes=*/160 * kMiB,
+        /*repository_max=*/512 * kMiB);
+  ASSERT_EQ(pools_->pools().stats(0).max_block_bytes, 64 * kMiB);
+  // Bounded by the quota (and the smallest GPU's pool: 192 MiB here), not by the chunk.
+  EXPECT_EQ(memory_->largest_allocation(), 160 * kMiB);
+  std::vector<uint8_t> model(kLarge);
+  for (size_t i = 0; i < model.size(); ++i) model[i] = static_cast<uint8_t>(i * 13 + i / 4099);
+  auto copy = [&](int gpu, void* host, bool to_device) {
+    std::vector<device::Event> waits;
+    memory_->access(block_, kLarge, to_device, &waits);
+    for (const device::Event& e : waits) ASSERT_OK(device_->wait_event(streams_[gpu], e));
+    ASSERT_OK(to_device ? device_->copy_host_to_device(streams_[gpu], block_, host, kLarge)
+                        : device_->copy_device_to_host(streams_[gpu], host, block_, kLarge));
+    ASSERT_OK(device_->synchronize_stream(streams_[gpu]));
+  };
+  auto read_on = [&](int gpu) {
+    std::vector<uint8_t> back(kLarge);
+    copy(gpu, back.data(), false);
+    return back;
+  };
+  ASSERT_OK(bind(0));
+  block_ = memory_->va_base();
+  ASSERT_OK(memory_->add_block(block_, kLarge, GpuId{0}, {}));
+  EXPECT_GE(memory_->placed_bytes(GpuId{0}), kLarge);
+  ASSERT_OK(memory_->check_range(block_ + 64 * kMiB - 8, 16, "across the first seam"));
+  copy(0, model.data(), true);
+  EXPECT_EQ(read_on(0), model);
+  ASSERT_OK(memory_->unbind());
+
+  ASSERT_OK(bind(1, scheduler::Source::kPeer, 0));
+  EXPECT_EQ(read_on(1), model);
+  ASSERT_OK(memory_->unbind());
+  memory_->retire_windows();
+  // GPU 1's copy goes without a copy back (GPU 0 holds one); GPU 0's is the last, so it is
+  // written to the host, into a repository chunk made for it (the chunks are 64 MiB).
+  for (int gpu : {1, 0}) {
+    Result<uint64_t> evicted = memory_->evict(GpuId{gpu}, streams_[gpu]);
+    ASSERT_TRUE(evicted.ok()) << evicted.status();
+  }
+  EXPECT_EQ(memory_->placed_bytes(GpuId{0}), 0u);
+  EXPECT_EQ(memory_->host_bytes(), kLarge);
+  ASSERT_OK(bind(2, scheduler::Source::kHost, -1, /*first_request=*/true));
+  EXPECT_EQ(read_on(2), model);
+  ASSERT_OK(memory_->unbind());
+  // Freed under a lease: every piece's mapping and placement goes.
+  ASSERT_OK(bind(2));
+  ASSERT_OK(memory_->remove_block(block_));
+  EXPECT_EQ(memory_->placed_bytes(GpuId{2}), 0u);
+  EXPECT_EQ(pools_->pools().function_bytes(FunctionId{1}), 0u);
   ASSERT_OK(memory_->unbind());
 }
 

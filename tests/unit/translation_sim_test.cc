@@ -105,11 +105,11 @@ class TranslationOnSimulatedGpu : public testing::Test {
     size_t runs = 0;
     const VirtualBlock* previous = nullptr;
     for (const VirtualBlock& block : table.blocks()) {
-      const Allocation& here = block.on(gpu).allocation;
-      const bool follows =
-          previous != nullptr && previous->end() == block.va &&
-          previous->on(gpu).allocation.where.chunk == here.where.chunk &&
-          previous->on(gpu).allocation.where.offset + previous->bytes == here.where.offset;
+      const Allocation& here = block.on(gpu).pieces.front();
+      const Allocation* before = previous ? &previous->on(gpu).pieces.front() : nullptr;
+      const bool follows = before != nullptr && previous->end() == block.va &&
+                           before->where.chunk == here.where.chunk &&
+                           before->where.offset + previous->bytes == here.where.offset;
       runs += !follows;
       previous = &block;
     }
@@ -175,15 +175,15 @@ TEST_F(TranslationOnSimulatedGpu, AStoredPointerStillReachesItsBytesAfterASwapTo
   // placements away and map GPU 1's.
   place_all(table, 1);
   for (const VirtualBlock& block : table.blocks(BlockKind::kModel)) {
-    const DevicePtr destination = pools_[1].window + block.on(1).allocation.where.offset;
+    const DevicePtr destination = pools_[1].window + block.on(1).pieces.front().where.offset;
     ASSERT_OK(device_->copy_peer(streams_[1], destination, 1, block.va, 0, block.bytes));
   }
   ASSERT_OK(device_->synchronize_stream(streams_[1]));
   unmap(*plan0);
   for (const VirtualBlock& block : table.blocks()) {
-    Result<Allocation> freed = table.unplace(block.va, 0);
+    Result<std::vector<Allocation>> freed = table.unplace(block.va, 0);
     ASSERT_TRUE(freed.ok());
-    ASSERT_OK(gpu_pools_->deallocate(0, *freed));
+    for (const Allocation& piece : *freed) ASSERT_OK(gpu_pools_->deallocate(0, piece));
     ASSERT_OK(table.set_residency(block.va, 1, Residency::kResident));
   }
   EXPECT_EQ(gpu_pools_->function_bytes(kFunction, 0), 0u);
@@ -220,9 +220,9 @@ TEST_F(TranslationOnSimulatedGpu, AStoredPointerStillReachesItsBytesAfterASwapTo
 
   unmap(*plan1);
   for (const VirtualBlock& block : table.blocks()) {
-    Result<Allocation> freed = table.unplace(block.va, 1);
+    Result<std::vector<Allocation>> freed = table.unplace(block.va, 1);
     ASSERT_TRUE(freed.ok());
-    ASSERT_OK(gpu_pools_->deallocate(1, *freed));
+    for (const Allocation& piece : *freed) ASSERT_OK(gpu_pools_->deallocate(1, piece));
   }
   EXPECT_TRUE(gpu_pools_->check_invariants().ok());
   EXPECT_TRUE(table.check_invariants().ok());

@@ -97,6 +97,43 @@ TEST(MapPlan, AFilterChoosesTheBlocks) {
   EXPECT_EQ(plan_mapping(table, 0)->calls.size(), 1u);
 }
 
+// A block larger than a pool block is placed in pieces: one call per piece, each at the block's
+// address plus the pieces before it, the last cut to the block's end; pieces that happen to be
+// adjacent in their chunk merge, as blocks do, and so does the next block.
+TEST(MapPlan, ABlockInPiecesMapsPieceByPieceAtItsOwnAddress) {
+  BlockTable table = make();
+  ASSERT_TRUE(table.add(at(0), 7 * kGranule, BlockKind::kModel).ok());
+  const std::vector<Allocation> pieces = {
+      {{2, 0}, 3 * kGranule}, {{0, 20 * kMiB}, 3 * kGranule}, {{0, 26 * kMiB}, 2 * kGranule}};
+  ASSERT_TRUE(table.place(at(0), 0, pieces).ok());
+  add_placed(table, 7, 1, 0, 0, 30 * kMiB);
+  EXPECT_TRUE(table.check_invariants().ok()) << table.check_invariants();
+  EXPECT_EQ(block_map_calls(*table.block_at(at(0)), 0, at(100)),
+            (std::vector<MapCall>{{at(100), 3 * kGranule, 2, 0},
+                                  {at(103), 3 * kGranule, 0, 20 * kMiB},
+                                  {at(106), kGranule, 0, 26 * kMiB}}));
+  Result<MapPlan> plan = plan_mapping(table, 0);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  // The third piece is cut to the block's end (1 granule of its 2), so the next block, at
+  // 30 MiB, does not follow it in the chunk.
+  EXPECT_EQ(plan->calls, (std::vector<MapCall>{{at(0), 3 * kGranule, 2, 0},
+                                               {at(3), 4 * kGranule, 0, 20 * kMiB},
+                                               {at(7), kGranule, 0, 30 * kMiB}}));
+  EXPECT_EQ(plan->blocks, 2u);
+  EXPECT_EQ(plan->va_runs(), (std::vector<VaRange>{{at(0), 8 * kGranule}}));
+  // Pieces must tile the block: too few bytes, or a piece (but the last) off the granularity.
+  ASSERT_TRUE(table.add(at(10), 4 * kGranule, BlockKind::kModel).ok());
+  EXPECT_EQ(table.place(at(10), 0, {{{0, 0}, kGranule}, {{0, 64 * kMiB}, 2 * kGranule}}).code(),
+            ErrorCode::kInvalidValue);
+  EXPECT_EQ(table.place(at(10), 0, {{{0, 0}, kGranule + 4096}, {{1, 0}, 4 * kGranule}}).code(),
+            ErrorCode::kInvalidValue);
+  EXPECT_EQ(table.place(at(10), 0, std::vector<Allocation>{}).code(), ErrorCode::kInvalidValue);
+  Result<std::vector<Allocation>> freed = table.unplace(at(0), 0);
+  ASSERT_TRUE(freed.ok());
+  EXPECT_EQ(*freed, pieces);
+  EXPECT_TRUE(table.check_invariants().ok()) << table.check_invariants();
+}
+
 TEST(MapPlan, RefusesABadGpuAndAPlacementTheDeviceCouldNotMap) {
   BlockTable table = make();
   ASSERT_TRUE(table.add(at(0), kGranule, BlockKind::kModel).ok());
@@ -230,6 +267,19 @@ TEST(Rewriting, TranslatesAPointerToWhereItsBlockLiesInThePool) {
   EXPECT_EQ(rewriter->translate(at(20), 8, 2).status().code(), ErrorCode::kInvalidValue);
   EXPECT_EQ(rewriter->counters().refused, 4u);
   EXPECT_EQ(rewriter->counters().ranges, 4u);
+}
+
+// Rewritten pointers address the pool directly: a block placed in pieces cannot be given one.
+TEST(Rewriting, RefusesABlockPlacedInPieces) {
+  Placed p;
+  ASSERT_TRUE(p.table.add(at(30), 4 * kGranule, BlockKind::kModel).ok());
+  ASSERT_TRUE(
+      p.table.place(at(30), 0, {{{0, 128 * kMiB}, 2 * kGranule}, {{1, 0}, 2 * kGranule}}).ok());
+  auto rewriter = p.rewriter();
+  const Result<uint64_t> refused = rewriter->translate(at(30), 8, 0);
+  EXPECT_EQ(refused.status().code(), ErrorCode::kNotMapped);
+  EXPECT_NE(refused.status().message().find("placed in 2 pieces"), std::string::npos)
+      << refused.status();
 }
 
 TEST(Rewriting, RefusesMissingChunkBasesAndRangesBelow4GiB) {

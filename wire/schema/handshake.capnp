@@ -69,8 +69,9 @@ struct Grant {
   vaBytes @1 :UInt64;
   quotaBytes @2 :UInt64;
   allocationGranularity @3 :UInt64;
-  # The largest single allocation the node's GPUs place (their pools' largest block): a larger
-  # memAllocate cannot be served, and the client refuses it at once. 0: not told.
+  # The largest single allocation the session can be served (its quota, and no more than the
+  # smallest GPU's pool holds): a larger memAllocate cannot be, and the client refuses it at
+  # once. 0: not told.
   largestAllocation @4 :UInt64;
 }
 

@@ -39,9 +39,9 @@ int main(int argc, char**) {
   // Through Hiber, whatever the GPU can do (shim_capabilities.h, written again here).
   const bool through_hiber = program::from_hiber(reinterpret_cast<const void*>(&cudaGetDeviceCount));
   const std::vector<std::pair<cudaDeviceAttr, int>> shim_answers = {
-      {cudaDevAttrMemoryPoolsSupported, 0},
+      {cudaDevAttrMemoryPoolsSupported, 1},
       {cudaDevAttrMemoryPoolSupportedHandleTypes, 0},
-      {static_cast<cudaDeviceAttr>(CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED), 0},
+      {static_cast<cudaDeviceAttr>(CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED), 1},
       {cudaDevAttrManagedMemory, 0},
       {cudaDevAttrConcurrentManagedAccess, 0},
       {cudaDevAttrPageableMemoryAccess, 0},

@@ -14,6 +14,7 @@
 //   large_allocation    cudaMalloc of 3000 MiB (within the quota, above a 2 GiB pool block):
 //                       served and usable (a memset and a synchronisation succeed), or
 //                       cudaErrorMemoryAllocation at cudaMalloc itself; never a later failure
+//                       (large_allocations.cu checks the contents across the pool's seams)
 // None of these errors is sticky: after each, cudaPeekAtLastError and cudaGetLastError report it
 // once and then cudaSuccess, cudaDeviceSynchronize succeeds, and a vector add gives exact results.
 // Prints one line per case; exits 3 if any case differs from what CUDA does.

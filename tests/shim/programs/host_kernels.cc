@@ -45,7 +45,7 @@ int scale_offset(const HiberSimLaunch* l) {
   return kSuccess;
 }
 
-// d2d_memset.cu:
+// d2d_memset.cu, large_allocations.cu:
 //   xor_bytes(const unsigned char* a, const unsigned char* b, unsigned char* out,
 //             unsigned long long n)
 int xor_bytes(const HiberSimLaunch* l) {
@@ -227,6 +227,21 @@ int rdc_affine(const HiberSimLaunch* l) {
   return kSuccess;
 }
 
+// memory_apis.cu: fill_words(unsigned* words, unsigned long long n, unsigned seed)
+int fill_words(const HiberSimLaunch* l) {
+  if (l->param_count != 3) return kInvalidValue;
+  auto words = arg<unsigned*>(l, 0);
+  auto n = arg<unsigned long long>(l, 1);
+  auto seed = arg<unsigned>(l, 2);
+  const uint64_t used = std::min<uint64_t>(n, uint64_t{l->grid.x} * l->block.x);
+  if (used > 0 && !may_access(l, words, used)) return kIllegalAddress;
+  for_each_thread(l, [&](const ThreadIndex& t) {
+    const uint64_t i = uint64_t{t.block.x} * l->block.x + t.thread.x;
+    if (i < n) words[i] = static_cast<unsigned>(i) * 2654435761u + seed;
+  });
+  return kSuccess;
+}
+
 const HiberSimKernel kKernels[] = {
     {"_Z14shared_reversePKfPfi", shared_reverse},
     {"_Z7add_onePfi", add_one},
@@ -234,7 +249,7 @@ const HiberSimKernel kKernels[] = {
     {"_Z10vector_addPKfS0_Pfi", add_vectors},  // vector_add.cu, error_cases.cu
     {"_Z12saxpy_kernelifPKfPf", saxpy_kernel},
     {"_Z12scale_offsetPKfPfiff", scale_offset},
-    {"_Z9xor_bytesPKhS0_Phy", xor_bytes},
+    {"_Z9xor_bytesPKhS0_Phy", xor_bytes},  // d2d_memset.cu, large_allocations.cu
     {"_Z6matvecPKfS0_Pfii", matvec},
     {"_Z9bias_reluPfPKfii", bias_relu},
     {"_Z8count_upPj", count_up},
@@ -242,6 +257,7 @@ const HiberSimKernel kKernels[] = {
     {"_Z15softmax_columnsPviii", softmax_columns},
     {"_Z13add_layernormPKvS0_PvPKfS3_iifi", add_layernorm},
     {"_Z10rdc_affinePKfPfi", rdc_affine},
+    {"_Z10fill_wordsPjyj", fill_words},
 };
 
 }  // namespace

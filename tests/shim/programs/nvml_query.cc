@@ -134,6 +134,10 @@ int main() {
   CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
   EXPECT(before.total == total_bytes && before.free == free_bytes &&
          before.used == total_bytes - free_bytes);
+  // The device's memory is the function's grant through the properties too.
+  cudaDeviceProp properties{};
+  CUDA_CHECK(cudaGetDeviceProperties(&properties, 0));
+  EXPECT(properties.totalGlobalMem == total_bytes);
   void* block = nullptr;
   const size_t bytes = size_t{64} << 20;
   CUDA_CHECK(cudaMalloc(&block, bytes));
@@ -148,7 +152,17 @@ int main() {
   EXPECT(v2.total == after.total && v2.used == after.used && v2.free == after.free);
   v2.version = 1;
   EXPECT(get_memory_v2(device, &v2) == NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+  // Memory of the stream-ordered pool is used memory to NVML and the runtime alike.
+  void* pooled = nullptr;
+  CUDA_CHECK(cudaMallocAsync(&pooled, bytes, nullptr));
+  NVML_CHECK(get_memory(device, &after));
+  CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  EXPECT(after.free == free_bytes && after.used >= before.used + 2 * bytes);
+  CUDA_CHECK(cudaFreeAsync(pooled, nullptr));
+  CUDA_CHECK(cudaDeviceSynchronize());  // the pool's threshold is 0: its memory goes back here
   CUDA_CHECK(cudaFree(block));
+  NVML_CHECK(get_memory(device, &after));
+  EXPECT(after.used == before.used && after.free == before.free);
   NVML_CHECK(shutdown());
   std::printf("nvml_query: OK %u device(s) agree with CUDA\n", count);
   return 0;
