@@ -311,6 +311,8 @@ Status Client::take_async_error() {
 // independent, so the client expresses these edges as internal events and stream waits, all
 // asynchronous, and only where work actually happened since the last edge.
 Status Client::order_for_work_locked(StreamObj* stream, bool hold_for_host_calls) {
+  // Captured work runs when its graph is launched, ordered then.
+  if (capture_of_locked(stream) != nullptr) return Status();
   // Work submitted after a host function must not run before it has returned (see
   // launch_host_function): hold it here until then.
   if (hold_for_host_calls) wait_host_calls_locked(stream, /*all=*/false);
@@ -386,6 +388,9 @@ Status Client::destroy_stream(StreamObj* stream) {
     return Status(ErrorCode::kInvalidHandle, "the default stream cannot be destroyed");
   auto it = streams_.find(stream);
   if (it == streams_.end()) return error(ErrorCode::kInvalidHandle, "unknown stream ", stream);
+  if (CaptureObj* capture = capture_of_locked(stream)) {
+    return refuse_in_capture_locked(*capture, "cudaStreamDestroy");
+  }
   // CUDA lets pending work finish after cudaStreamDestroy; hiberd does the same.
   if (!stream->join_event.is_zero()) {
     HIBER_RETURN_IF_ERROR(enqueue_locked(wire::calls::EventDestroy{.event = stream->join_event}));
@@ -398,6 +403,10 @@ Status Client::destroy_stream(StreamObj* stream) {
 Status Client::synchronize_stream(StreamObj* stream) {
   std::lock_guard lock(mu_);
   HIBER_RETURN_IF_ERROR(ensure_open_locked());
+  if (CaptureObj* capture = capture_of_locked(stream)) {
+    return refuse_in_capture_locked(*capture, "cudaStreamSynchronize");
+  }
+  HIBER_RETURN_IF_ERROR(check_unsafe_in_capture_locked("cudaStreamSynchronize"));
   Status waited;
   if (!known_idle_locked(stream)) {
     auto reply = call_locked(wire::calls::StreamSynchronize{.stream = stream_wire(stream)});
@@ -413,6 +422,9 @@ Status Client::synchronize_stream(StreamObj* stream) {
 Status Client::query_stream(StreamObj* stream) {
   std::lock_guard lock(mu_);
   HIBER_RETURN_IF_ERROR(ensure_open_locked());
+  if (CaptureObj* capture = capture_of_locked(stream)) {
+    return refuse_in_capture_locked(*capture, "cudaStreamQuery");
+  }
   auto reply = call_locked(wire::calls::StreamQuery{.stream = stream_wire(stream)});
   if (reply.status().code() == ErrorCode::kNotReady) return reply.status();
   return sync_point_locked(reply.status());
@@ -421,6 +433,21 @@ Status Client::query_stream(StreamObj* stream) {
 Status Client::wait_event(StreamObj* stream, EventObj* event) {
   std::lock_guard lock(mu_);
   HIBER_RETURN_IF_ERROR(ensure_open_locked());
+  if (event->captured_in) {
+    // An event recorded in a capture: the waiting stream joins that capture (its later work is
+    // captured after what the event follows).
+    CaptureObj* capture = captures_.at(*event->captured_in).get();
+    CaptureObj* mine = capture_of_locked(stream);
+    if (mine == capture) return Status();
+    if (stream == nullptr || mine != nullptr) {
+      return refuse_in_capture_locked(*capture, "a wait joining two captures, or the legacy "
+                                                "stream, to a capture");
+    }
+    stream->capture = capture;
+    capture->streams.push_back(stream);
+    capturing_[stream->wire] = capture;
+    return Status();
+  }
   HIBER_RETURN_IF_ERROR(order_for_work_locked(stream));
   return enqueue_locked(
       wire::calls::StreamWaitEvent{.stream = stream_wire(stream), .event = event->wire});
@@ -459,6 +486,11 @@ Status Client::destroy_event(EventObj* event) {
 Status Client::record_event(EventObj* event, StreamObj* stream) {
   std::lock_guard lock(mu_);
   HIBER_RETURN_IF_ERROR(ensure_open_locked());
+  if (CaptureObj* capture = capture_of_locked(stream)) {
+    event->captured_in = capture->id;  // a join point of the capture, not a record
+    return Status();
+  }
+  event->captured_in.reset();
   HIBER_RETURN_IF_ERROR(order_for_work_locked(stream));
   return enqueue_locked(
       wire::calls::EventRecord{.stream = stream_wire(stream), .event = event->wire});
@@ -467,6 +499,7 @@ Status Client::record_event(EventObj* event, StreamObj* stream) {
 Status Client::synchronize_event(EventObj* event) {
   std::lock_guard lock(mu_);
   HIBER_RETURN_IF_ERROR(ensure_open_locked());
+  HIBER_RETURN_IF_ERROR(check_unsafe_in_capture_locked("cudaEventSynchronize"));
   auto reply = call_locked(wire::calls::EventSynchronize{.event = event->wire});
   (void)trim_pools_locked(/*all=*/false);
   return sync_point_locked(reply.status());
@@ -496,6 +529,7 @@ Result<float> Client::elapsed_ms(EventObj* start, EventObj* end) {
 Status Client::synchronize_device() {
   std::lock_guard lock(mu_);
   HIBER_RETURN_IF_ERROR(ensure_open_locked());
+  HIBER_RETURN_IF_ERROR(check_unsafe_in_capture_locked("cudaDeviceSynchronize"));
   auto reply = call_locked(wire::calls::DeviceSynchronize{});
   wait_host_calls_locked(nullptr, /*all=*/true);
   (void)trim_pools_locked(/*all=*/false);
@@ -537,6 +571,17 @@ void Client::wait_host_calls_locked(const StreamObj* stream, bool all) {
 Status Client::launch_host_function(StreamObj* stream, HostCall run) {
   std::lock_guard lock(mu_);
   HIBER_RETURN_IF_ERROR(ensure_open_locked());
+  if (CaptureObj* capture = capture_of_locked(stream)) {
+    if (!capture->invalidated.ok()) return capture->invalidated;
+    auto node = std::make_unique<GraphNodeObj>();
+    node->kind = GraphNodeObj::Kind::kHost;
+    node->host = std::move(run);
+    return add_captured_node_locked(*capture, std::move(node));
+  }
+  return launch_host_function_locked(stream, std::move(run));
+}
+
+Status Client::launch_host_function_locked(StreamObj* stream, HostCall run) {
   // Ordered like any work on the stream, but not held behind earlier host functions: the
   // host-call thread runs them in submission order anyway.
   HIBER_RETURN_IF_ERROR(order_for_work_locked(stream, /*hold_for_host_calls=*/false));

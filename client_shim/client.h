@@ -29,7 +29,9 @@
 #include <span>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <unordered_map>
+#include <variant>
 #include <vector>
 
 #include "client_shim/library_client.h"
@@ -66,6 +68,8 @@ struct Dim3 {
   uint32_t x = 1, y = 1, z = 1;
 };
 
+struct CaptureObj;
+
 // A stream made by the client. Its address is the cudaStream_t / CUstream the program holds.
 struct StreamObj {
   wire::StreamHandle wire;  // the session's handle; 0 is the legacy default stream
@@ -76,11 +80,14 @@ struct StreamObj {
   bool has_unjoined_work = false;  // work since the legacy stream last waited for this one
   uint64_t legacy_generation_seen = 0;
   wire::EventHandle join_event;  // internal event recorded on this stream for the joins
+  CaptureObj* capture = nullptr;  // the capture this stream's work goes into, while one is
 };
 
 struct EventObj {
   wire::EventHandle wire;
   unsigned flags = 0;  // cudaEventDisableTiming = 2
+  // Recorded in a capture (its id): a stream that waits for it joins that capture.
+  std::optional<uint64_t> captured_in;
 };
 
 struct ModuleObj;
@@ -111,6 +118,81 @@ struct MemPoolObj {
   std::map<wire::StreamHandle, StreamFrees> frees;
   std::map<std::pair<wire::StreamHandle, wire::StreamHandle>, uint64_t> waited;
   bool destroyed = false;  // cudaMemPoolDestroy with allocations outstanding
+};
+
+// ---- Graphs (client_graphs.cc; docs/shim.md, "Graphs") ----
+
+// The calls a graph may hold (server/session_graphs.cc keeps the same ones).
+template <typename Call>
+inline constexpr bool kGraphCall =
+    std::is_same_v<Call, wire::calls::LaunchKernel> || std::is_same_v<Call, wire::calls::MemcpyHtoD> ||
+    std::is_same_v<Call, wire::calls::MemcpyDtoH> || std::is_same_v<Call, wire::calls::MemcpyDtoD> ||
+    std::is_same_v<Call, wire::calls::Memset> || std::is_same_v<Call, wire::calls::LibraryCall>;
+
+// A call a graph node stands for, with the bytes its span points at (a kernel's parameters, a
+// library call's arguments) owned here. Its stream is a placeholder: a launch names the stream.
+struct RecordedCall {
+  std::variant<std::monostate, wire::calls::LaunchKernel, wire::calls::MemcpyHtoD,
+               wire::calls::MemcpyDtoH, wire::calls::MemcpyDtoD, wire::calls::Memset,
+               wire::calls::LibraryCall>
+      call;
+  std::vector<std::byte> owned;
+  RecordedCall() = default;
+  template <typename Call>
+    requires kGraphCall<Call>
+  explicit RecordedCall(const Call& c) {
+    set(c);
+  }
+  RecordedCall(const RecordedCall& other) { *this = other; }
+  RecordedCall& operator=(const RecordedCall& other);
+  template <typename Call>
+  void set(const Call& c);
+};
+
+struct GraphObj;
+struct KernelObj;
+// A node (cudaGraphNode_t: its address): a call hiberd runs, a host function, or nothing.
+struct GraphNodeObj {
+  enum class Kind { kCall, kHost, kEmpty };
+  Kind kind = Kind::kEmpty;
+  GraphObj* graph = nullptr;
+  RecordedCall call;
+  KernelObj* kernel = nullptr;                   // a kernel node's kernel
+  std::function<void(const Status&)> host;       // a host node's function
+  std::vector<GraphNodeObj*> dependencies;
+};
+
+// A graph (cudaGraph_t / CUgraph): captured from streams, or built node by node.
+struct GraphObj {
+  std::vector<std::unique_ptr<GraphNodeObj>> nodes;  // in creation order
+};
+
+// An executable graph (cudaGraphExec_t): the graph's nodes in an order that keeps every
+// dependency, cut at host functions into pieces; each run of calls between them is a graph
+// defined in hiberd once (graphBegin ... graphEnd), launched with one call.
+struct GraphExecObj {
+  std::vector<GraphNodeObj> nodes;                     // copies, in launch order
+  std::unordered_map<const GraphNodeObj*, size_t> at;  // source node -> index in nodes
+  struct Piece {
+    size_t first = 0, count = 0;                  // nodes[first, first + count)
+    std::optional<wire::GraphHandle> graph;       // calls: the graph in hiberd
+    bool host = false;                            // one host node
+  };
+  std::vector<Piece> pieces;
+};
+
+// A stream capture (cudaStreamBeginCapture .. cudaStreamEndCapture): work on its streams goes
+// into `graph` in submission order, each node after the one before (an order of the streams'
+// work that keeps every dependency between them).
+struct CaptureObj {
+  uint64_t id = 0;
+  int mode = 0;  // cudaStreamCaptureMode: 0 global, 1 thread-local, 2 relaxed
+  std::thread::id thread;
+  StreamObj* origin = nullptr;
+  std::vector<StreamObj*> streams;  // the origin and the streams that joined it
+  std::unique_ptr<GraphObj> graph;
+  GraphNodeObj* last = nullptr;
+  Status invalidated;  // the first call that could not be captured
 };
 
 // Client virtual memory management (cuMemCreate / cuMemMap). A physical allocation's contents
@@ -240,6 +322,48 @@ class Client {
   Result<PhysicalObj*> physical_at(uint64_t address);
   uint64_t allocation_granularity();
 
+  // ---- Graphs and stream capture (client_graphs.cc) ----
+  // `mode`: cudaStreamCaptureMode. The legacy default stream cannot capture.
+  Status begin_capture(StreamObj* stream, int mode);
+  Result<GraphObj*> end_capture(StreamObj* stream);
+  struct CaptureState {
+    int status = 0;  // cudaStreamCaptureStatus: 0 none, 1 active, 2 invalidated
+    uint64_t id = 0;
+    GraphObj* graph = nullptr;
+    GraphNodeObj* last = nullptr;
+  };
+  // Answered here, with no round trip (PyTorch asks often).
+  Result<CaptureState> capture_state(StreamObj* stream);
+  // The calling thread's capture mode (cudaThreadExchangeStreamCaptureMode).
+  static int& thread_capture_mode();
+  GraphObj* create_graph();
+  Result<GraphObj*> graph(const void* handle);
+  Status destroy_graph(GraphObj* graph);
+  Result<GraphNodeObj*> graph_node(const void* handle);
+  Result<GraphNodeObj*> add_kernel_node(GraphObj* graph, std::span<GraphNodeObj* const> after,
+                                        KernelObj* kernel, Dim3 grid, Dim3 block,
+                                        uint32_t shared_bytes, void** args);
+  Result<GraphNodeObj*> add_memcpy_node(GraphObj* graph, std::span<GraphNodeObj* const> after,
+                                        void* dst, const void* src, uint64_t bytes, CopyKind kind);
+  Result<GraphNodeObj*> add_memset_node(GraphObj* graph, std::span<GraphNodeObj* const> after,
+                                        uint64_t dst, uint32_t value, int element_bytes,
+                                        uint64_t count);
+  Result<GraphNodeObj*> add_host_node(GraphObj* graph, std::span<GraphNodeObj* const> after,
+                                      std::function<void(const Status&)> run);
+  Result<GraphNodeObj*> add_empty_node(GraphObj* graph, std::span<GraphNodeObj* const> after);
+  // A kernel node's parameters, in the graph or (set_exec_kernel_params) in an executable
+  // graph, whose later launches use them.
+  Status set_kernel_params(GraphNodeObj* node, KernelObj* kernel, Dim3 grid, Dim3 block,
+                           uint32_t shared_bytes, void** args);
+  Status set_exec_kernel_params(GraphExecObj* exec, GraphNodeObj* node, KernelObj* kernel,
+                                Dim3 grid, Dim3 block, uint32_t shared_bytes, void** args);
+  Result<GraphExecObj*> instantiate(GraphObj* graph);
+  Result<GraphExecObj*> graph_exec(const void* handle);
+  Status destroy_graph_exec(GraphExecObj* exec);
+  // cudaGraphExecUpdate: `graph` must have the nodes `exec` was made from, in kind and order.
+  Status update_exec(GraphExecObj* exec, GraphObj* graph);
+  Status launch_graph(GraphExecObj* exec, StreamObj* stream);
+
   // ---- Host memory ----
   Result<void*> malloc_host(uint64_t bytes);
   Status free_host(void* pointer);
@@ -362,9 +486,39 @@ class Client {
   Status reset_pools_locked();
   MemPoolObj* default_pool_locked();
   void open_locked();
-  // Appends an asynchronous call and applies the flush policy.
+  // Appends an asynchronous call and applies the flush policy. A call of a capturing stream is
+  // recorded in its capture instead.
   template <typename Fill>
   Status enqueue_locked(Fill&& fill);
+  // Capture: the capture `stream` records into, or nullptr.
+  CaptureObj* capture_of_locked(wire::StreamHandle stream) const {
+    if (capturing_.empty()) return nullptr;
+    auto it = capturing_.find(stream);
+    return it == capturing_.end() ? nullptr : it->second;
+  }
+  CaptureObj* capture_of_locked(const StreamObj* stream) const {
+    return stream ? stream->capture : nullptr;
+  }
+  template <typename Call>
+  Status capture_call_locked(CaptureObj& capture, const Call& call);
+  Status add_captured_node_locked(CaptureObj& capture, std::unique_ptr<GraphNodeObj> node);
+  // A call that cannot be captured on a capturing stream: the capture is invalidated, and the
+  // call fails with cudaErrorStreamCaptureUnsupported.
+  Status refuse_in_capture_locked(CaptureObj& capture, const char* what);
+  // A "potentially unsafe" call (cudaMalloc, a synchronisation, ...) while a capture forbids
+  // it (CUDA's capture modes): each such capture is invalidated and the call fails.
+  Status check_unsafe_in_capture_locked(const char* what);
+  void end_capture_of_streams_locked(CaptureObj& capture);
+  Result<RecordedCall> kernel_call_locked(KernelObj* kernel, Dim3 grid, Dim3 block,
+                                          uint32_t shared_bytes, void** args);
+  GraphNodeObj* new_node_locked(GraphObj* graph, std::span<GraphNodeObj* const> after,
+                                GraphNodeObj::Kind kind);
+  Status define_pieces_locked(GraphExecObj* exec);
+  Status define_piece_locked(GraphExecObj* exec, GraphExecObj::Piece& piece);
+  Status launch_host_function_locked(StreamObj* stream, HostCall run);
+  // Checks a launch of `kernel` and packs its arguments into `params`.
+  Status prepare_launch_locked(KernelObj* kernel, uint32_t shared_bytes, void** args,
+                               std::vector<std::byte>* params);
   // A call whose reply the host waits for.
   template <typename Fill>
   Result<wire::CallResult> call_locked(Fill&& fill);
@@ -427,6 +581,16 @@ class Client {
   std::unordered_map<const void*, std::unique_ptr<MemPoolObj>> pools_;  // created, live
   std::unordered_map<uint64_t, MemPoolObj*> pool_allocations_;
   bool pools_over_threshold_ = false;  // some pool may hold more than its release threshold
+
+  // Graphs: captures in progress (and the streams recording into each), graphs and executable
+  // graphs by handle.
+  std::unordered_map<uint64_t, std::unique_ptr<CaptureObj>> captures_;  // by id
+  std::unordered_map<wire::StreamHandle, CaptureObj*> capturing_;
+  uint64_t next_capture_id_ = 0;
+  std::unordered_map<const void*, std::unique_ptr<GraphObj>> graphs_;
+  std::unordered_map<const void*, std::unique_ptr<GraphExecObj>> graph_execs_;
+  std::unordered_map<const void*, GraphNodeObj*> graph_nodes_;  // of every live graph
+  bool defining_graph_ = false;  // sending a graph's calls to hiberd: not captured again
 
   // Client virtual memory: reserved ranges (start -> bytes), physical allocations, and what is
   // mapped where (start -> the allocation; each mapping is also in allocations_).
@@ -495,6 +659,14 @@ class Client {
 
 template <typename Fill>
 Status Client::enqueue_locked(Fill&& fill) {
+  using Call = std::decay_t<Fill>;
+  if constexpr (requires(const Call& c) { c.stream; }) {
+    if (!defining_graph_) {
+      if (CaptureObj* capture = capture_of_locked(fill.stream)) {
+        return capture_call_locked(*capture, fill);
+      }
+    }
+  }
   ++enqueued_;
   const bool was_empty = calls_->batched_calls() == 0;
   HIBER_RETURN_IF_ERROR(calls_->enqueue(std::forward<Fill>(fill)));
@@ -505,6 +677,37 @@ Status Client::enqueue_locked(Fill&& fill) {
     flusher_cv_.notify_one();
   }
   return Status();
+}
+
+template <typename Call>
+Status Client::capture_call_locked(CaptureObj& capture, const Call& call) {
+  if constexpr (kGraphCall<Call>) {
+    if (!capture.invalidated.ok()) return capture.invalidated;
+    auto node = std::make_unique<GraphNodeObj>();
+    node->kind = GraphNodeObj::Kind::kCall;
+    node->call = RecordedCall(call);
+    return add_captured_node_locked(capture, std::move(node));
+  } else if constexpr (std::is_same_v<Call, wire::calls::EventRecord> ||
+                       std::is_same_v<Call, wire::calls::StreamWaitEvent>) {
+    // Orderings inside the capture: the graph's nodes follow one another already.
+    return Status();
+  } else {
+    return refuse_in_capture_locked(capture, "this call");
+  }
+}
+
+template <typename Call>
+void RecordedCall::set(const Call& c) {
+  Call copy = c;
+  copy.stream = wire::StreamHandle();
+  if constexpr (std::is_same_v<Call, wire::calls::LaunchKernel>) {
+    owned.assign(c.params.begin(), c.params.end());
+    copy.params = owned;
+  } else if constexpr (std::is_same_v<Call, wire::calls::LibraryCall>) {
+    owned.assign(c.args.begin(), c.args.end());
+    copy.args = owned;
+  }
+  call = copy;
 }
 
 template <typename Fill>

@@ -257,10 +257,8 @@ Result<const KernelInfo*> Client::kernel_info(KernelObj* kernel) {
   return &kernel->info;
 }
 
-Status Client::launch(KernelObj* kernel, Dim3 grid, Dim3 block, uint32_t shared_bytes,
-                      StreamObj* stream, void** args) {
-  std::lock_guard lock(mu_);
-  HIBER_RETURN_IF_ERROR(ensure_open_locked());
+Status Client::prepare_launch_locked(KernelObj* kernel, uint32_t shared_bytes, void** args,
+                                     std::vector<std::byte>* params) {
   HIBER_RETURN_IF_ERROR(resolve_kernel_locked(kernel));
   const KernelInfo& info = kernel->info;
   if (!info.params.empty() && args == nullptr) {
@@ -278,12 +276,20 @@ Status Client::launch(KernelObj* kernel, Dim3 grid, Dim3 block, uint32_t shared_
                  " (raise it with cudaFuncSetAttribute(cudaFuncAttributeMaxDynamicSharedMemorySize)"
                  " or cuFuncSetAttribute, up to the device's opt-in limit)");
   }
-  HIBER_RETURN_IF_ERROR(order_for_work_locked(stream));
   // Parameter i goes to its offset in the packed buffer.
-  launch_params_.assign(info.param_bytes(), std::byte{0});
+  params->assign(info.param_bytes(), std::byte{0});
   for (size_t i = 0; i < info.params.size(); ++i) {
-    std::memcpy(launch_params_.data() + info.params[i].offset, args[i], info.params[i].bytes);
+    std::memcpy(params->data() + info.params[i].offset, args[i], info.params[i].bytes);
   }
+  return Status();
+}
+
+Status Client::launch(KernelObj* kernel, Dim3 grid, Dim3 block, uint32_t shared_bytes,
+                      StreamObj* stream, void** args) {
+  std::lock_guard lock(mu_);
+  HIBER_RETURN_IF_ERROR(ensure_open_locked());
+  HIBER_RETURN_IF_ERROR(prepare_launch_locked(kernel, shared_bytes, args, &launch_params_));
+  HIBER_RETURN_IF_ERROR(order_for_work_locked(stream));
   return enqueue_locked(wire::calls::LaunchKernel{.stream = stream_wire(stream),
                                                   .function = kernel->wire,
                                                   .grid_x = grid.x,

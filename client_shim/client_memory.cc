@@ -74,6 +74,7 @@ Status Client::release_segment_locked(uint64_t segment) {
 Result<uint64_t> Client::malloc_device(uint64_t bytes) {
   std::lock_guard lock(mu_);
   HIBER_RETURN_IF_ERROR(ensure_open_locked());
+  HIBER_RETURN_IF_ERROR(check_unsafe_in_capture_locked("cudaMalloc"));
   if (bytes == 0) return uint64_t{0};
   const uint64_t granule = calls_->session().grant.allocation_granularity;
   auto back = [&](uint64_t size) -> Result<uint64_t> {
@@ -109,6 +110,7 @@ Status Client::free_device(uint64_t address) {
   std::lock_guard lock(mu_);
   HIBER_RETURN_IF_ERROR(ensure_open_locked());
   if (address == 0) return Status();  // cudaFree(nullptr) does nothing
+  HIBER_RETURN_IF_ERROR(check_unsafe_in_capture_locked("cudaFree"));
   return free_device_locked(address, "cudaFree");
 }
 
@@ -401,6 +403,21 @@ Status Client::memcpy(void* dst, const void* src, uint64_t bytes, CopyKind kind,
   if (kind != CopyKind::kDefault && kind != actual) {
     return error(ErrorCode::kInvalidValue, "cudaMemcpy: a ", kind_name(kind), " copy from ", src,
                  " to ", dst, ", but these pointers make it ", kind_name(actual));
+  }
+  if (CaptureObj* capture = capture_of_locked(stream)) {
+    // A graph's copy runs at each launch: it may name device memory and cudaMallocHost memory
+    // (read and written where it is then), not memory the copy would stage now.
+    const bool pinned_side =
+        actual == CopyKind::kHostToDevice   ? classify_locked(src, bytes).kind == PointerKind::kArena
+        : actual == CopyKind::kDeviceToHost ? classify_locked(dst, bytes).kind == PointerKind::kArena
+                                            : actual == CopyKind::kDeviceToDevice;
+    if (!async || !pinned_side) {
+      return refuse_in_capture_locked(
+          *capture, async ? "a copy from or to memory other than device or cudaMallocHost memory"
+                          : "a synchronous copy");
+    }
+  } else if (!async && actual != CopyKind::kDeviceToDevice) {
+    HIBER_RETURN_IF_ERROR(check_unsafe_in_capture_locked("a synchronous copy"));
   }
   const auto dst_address = reinterpret_cast<uint64_t>(dst);
   const auto src_address = reinterpret_cast<uint64_t>(src);

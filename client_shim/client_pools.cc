@@ -107,6 +107,9 @@ Result<uint64_t> Client::malloc_async(uint64_t bytes, MemPoolObj* pool, StreamOb
     pool = current_pool_;
   }
   if (bytes == 0) return uint64_t{0};
+  if (CaptureObj* capture = capture_of_locked(stream)) {
+    return refuse_in_capture_locked(*capture, "cudaMallocAsync (memory nodes)");
+  }
   HIBER_RETURN_IF_ERROR(order_for_work_locked(stream));
   // Reused memory may have been freed on another stream: this stream waits for those frees.
   const wire::StreamHandle here = stream_wire(stream);
@@ -155,6 +158,9 @@ Status Client::free_async(uint64_t address, StreamObj* stream) {
   std::lock_guard lock(mu_);
   HIBER_RETURN_IF_ERROR(ensure_open_locked());
   if (address == 0) return Status();
+  if (CaptureObj* capture = capture_of_locked(stream)) {
+    return refuse_in_capture_locked(*capture, "cudaFreeAsync (memory nodes)");
+  }
   // A cudaMalloc allocation may be freed this way too, as cudaFree frees it.
   if (pool_allocations_.count(address) == 0) return free_device_locked(address, "cudaFreeAsync");
   HIBER_RETURN_IF_ERROR(order_for_work_locked(stream));

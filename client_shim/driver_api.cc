@@ -948,14 +948,6 @@ CUresult hiber_entry::cuMemGetAddressRange(CUdeviceptr* base, size_t* bytes, CUd
 
 // Stream capture (CUDA graphs) is not supported: no stream is ever capturing, and beginning a
 // capture fails loudly (an unsupported entry point).
-CUresult hiber_entry::cuStreamIsCapturing(CUstream stream, CUstreamCaptureStatus* status) {
-  if (status == nullptr) return invalid("cuStreamIsCapturing");
-  auto s = Client::get().stream(stream);
-  if (!s.ok()) return fail("cuStreamIsCapturing", s.status());
-  *status = CU_STREAM_CAPTURE_STATUS_NONE;
-  return CUDA_SUCCESS;
-}
-
 CUresult hiber_entry::cuLaunchHostFunc(CUstream stream, CUhostFn fn, void* data) {
   if (fn == nullptr) return invalid("cuLaunchHostFunc");
   auto s = Client::get().stream(stream);

@@ -17,5 +17,6 @@ std::remove_pointer_t<PFN_cuCtxCreate_v11040> cuCtxCreate_v3;
 decltype(::cuMemAllocAsync) cuMemAllocAsync_ptsz;
 decltype(::cuMemAllocFromPoolAsync) cuMemAllocFromPoolAsync_ptsz;
 decltype(::cuMemFreeAsync) cuMemFreeAsync_ptsz;
+decltype(::cuStreamIsCapturing) cuStreamIsCapturing_ptsz;
 
 }  // extern "C"

@@ -575,40 +575,6 @@ cudaError_t hiber_entry::cudaStreamGetId(cudaStream_t stream, unsigned long long
 
 // Stream capture (CUDA graphs) is not supported: no stream is ever capturing, and beginning a
 // capture fails loudly (an unsupported entry point).
-cudaError_t hiber_entry::cudaStreamIsCapturing(cudaStream_t stream,
-                                               cudaStreamCaptureStatus* status) {
-  if (status == nullptr) return invalid("cudaStreamIsCapturing", "null pointer");
-  auto s = Client::get().stream(stream);
-  if (!s.ok()) return fail("cudaStreamIsCapturing", s.status());
-  *status = cudaStreamCaptureStatusNone;
-  return cudaSuccess;
-}
-
-cudaError_t hiber_entry::cudaStreamGetCaptureInfo(cudaStream_t stream,
-                                                  cudaStreamCaptureStatus* status,
-                                                  unsigned long long* id, cudaGraph_t* graph,
-                                                  const cudaGraphNode_t** dependencies,
-                                                  const cudaGraphEdgeData** edge_data,
-                                                  size_t* count) {
-  if (status == nullptr) return invalid("cudaStreamGetCaptureInfo", "null pointer");
-  auto s = Client::get().stream(stream);
-  if (!s.ok()) return fail("cudaStreamGetCaptureInfo", s.status());
-  *status = cudaStreamCaptureStatusNone;
-  if (id) *id = 0;
-  if (graph) *graph = nullptr;
-  if (dependencies) *dependencies = nullptr;
-  if (edge_data) *edge_data = nullptr;
-  if (count) *count = 0;
-  return cudaSuccess;
-}
-
-cudaError_t hiber_entry::cudaThreadExchangeStreamCaptureMode(cudaStreamCaptureMode* mode) {
-  if (mode == nullptr) return invalid("cudaThreadExchangeStreamCaptureMode", "null pointer");
-  thread_local cudaStreamCaptureMode current = cudaStreamCaptureModeGlobal;
-  std::swap(current, *mode);
-  return cudaSuccess;
-}
-
 // ---- Events ----
 
 cudaError_t hiber_entry::cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {

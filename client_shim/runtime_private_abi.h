@@ -50,6 +50,11 @@ decltype(::cudaEventRecordWithFlags) cudaEventRecordWithFlags_ptsz;
 decltype(::cudaGetDriverEntryPoint) cudaGetDriverEntryPoint_ptsz;
 decltype(::cudaGetDriverEntryPointByVersion) cudaGetDriverEntryPointByVersion_ptsz;
 decltype(::cudaMallocAsync) cudaMallocAsync_ptsz;
+decltype(::cudaStreamBeginCapture) cudaStreamBeginCapture_ptsz;
+decltype(::cudaStreamEndCapture) cudaStreamEndCapture_ptsz;
+decltype(::cudaStreamGetCaptureInfo) cudaStreamGetCaptureInfo_ptsz;
+decltype(::cudaGraphLaunch) cudaGraphLaunch_ptsz;
+decltype(::cudaGraphUpload) cudaGraphUpload_ptsz;
 decltype(::cudaFreeAsync) cudaFreeAsync_ptsz;
 decltype(::cudaMallocFromPoolAsync) cudaMallocFromPoolAsync_ptsz;
 

@@ -509,6 +509,11 @@ void Session::execute(proto::Call::Reader call, uint64_t seq) {
       outcome = Outcome{lost_context_};
       return;
     }
+    // Between graphBegin and graphEnd calls are kept for the graph, not run.
+    if (defining_ && call.which() != proto::Call::GRAPH_END) {
+      outcome = Outcome{keep_for_graph(call)};
+      return;
+    }
     const bool on_gpu = lease_ && wire::runs_on_gpu(call.which());
     if (on_gpu) {
       last_gpu_call_ = std::chrono::steady_clock::now();

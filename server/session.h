@@ -62,6 +62,8 @@
 #include <variant>
 #include <vector>
 
+#include <capnp/message.h>
+
 #include "common/histogram.h"
 #include "common/ids.h"
 #include "common/mailbox.h"
@@ -328,6 +330,21 @@ class Session final : public LeaseHolder {
   std::deque<CompletionRecord> unsent_;  // completions not yet written to the completion ring
   std::vector<device::Event> waits_;     // scratch for before_access
   LibraryCalls libraries_;               // library handles, and the checks of library calls
+  // Graphs (server/session_graphs.cc): each a list of kept calls, replayed in order by
+  // graphLaunch; the one being defined between graphBegin and graphEnd.
+  struct Graph {
+    std::vector<std::unique_ptr<capnp::MallocMessageBuilder>> calls;
+    uint64_t bytes = 0;  // their encoded size, against kMaxGraphBytes
+  };
+  std::unordered_map<wire::GraphHandle, Graph> graphs_;
+  uint64_t graph_bytes_ = 0;  // of every graph, defined or being defined
+  std::optional<wire::GraphHandle> defining_;
+  Graph defined_;     // the calls kept so far for defining_
+  Status defining_error_;  // the first call refused while defining_
+  // Keeps `call` in the graph being defined, or refuses it (and the graph).
+  Status keep_for_graph(wire::proto::Call::Reader call);
+  // One kept call, run on `stream` instead of its own.
+  Outcome replay(wire::proto::Call::Reader call, wire::StreamHandle stream);
 
   // For the session thread; closed when the session ends.
   Mailbox<Mail> mail_;

@@ -51,6 +51,7 @@ using EventHandle = Handle<struct EventTag>;
 using ModuleHandle = Handle<struct ModuleTag>;
 using FunctionHandle = Handle<struct FunctionTag>;
 using LibraryHandle = Handle<struct LibraryTag>;  // a cuBLAS/cuBLASLt or cuDNN handle
+using GraphHandle = Handle<struct GraphTag>;      // a graph defined by graphBegin/graphEnd
 
 enum class Where { kHost, kGpu };
 enum class Timing { kAsync, kSync };
@@ -130,7 +131,15 @@ enum class Timing { kAsync, kSync };
      F(uint16_t, op, Op) F(std::span<const std::byte>, args, Args)))                               \
   X(LibraryQuery, libraryQuery, LIBRARY_QUERY, kHost, kAsync, GROUP, library_query,                \
     (F(::hiber::wire::LibraryHandle, handle, Handle) F(uint16_t, op, Op)                           \
-     F(std::span<const std::byte>, args, Args)))
+     F(std::span<const std::byte>, args, Args)))                                                   \
+  X(GraphBegin, graphBegin, GRAPH_BEGIN, kHost, kAsync, GROUP, graph_begin,                        \
+    (F(::hiber::wire::GraphHandle, graph, Graph)))                                                 \
+  X(GraphEnd, graphEnd, GRAPH_END, kHost, kAsync, GROUP, graph_end,                                \
+    (F(::hiber::wire::GraphHandle, graph, Graph)))                                                 \
+  X(GraphLaunch, graphLaunch, GRAPH_LAUNCH, kGpu, kAsync, GROUP, graph_launch,                     \
+    (F(::hiber::wire::StreamHandle, stream, Stream) F(::hiber::wire::GraphHandle, graph, Graph)))  \
+  X(GraphDestroy, graphDestroy, GRAPH_DESTROY, kHost, kAsync, GROUP, graph_destroy,                \
+    (F(::hiber::wire::GraphHandle, graph, Graph)))
 // clang-format on
 
 #define HIBER_CALL_EXPAND(...) __VA_ARGS__

@@ -75,6 +75,23 @@ TEST_F(ShimGapsTest, StreamOrderedAllocationAndVirtualMemoryWork) {
   }
 }
 
+// Issue 31: graphs captured (two streams joined by events), built node by node with a host
+// node, their kernel parameters changed and updated, launched 100 times with new inputs; the
+// refusals leave the session working (graphs.cu checks every result against its own).
+TEST_F(ShimGapsTest, GraphsCapturedAndBuiltRunAsTheirCalls) {
+  expect_ok("graphs", {"4099", "100"});
+  for (const char* expected :
+       {"graphs: captured graph launched 100 times",
+        "graphs: built graph with a host node, parameters changed and updated",
+        "cudaMemcpy during a global capture -> cudaErrorStreamCaptureUnsupported",
+        "cudaMalloc during a global capture -> cudaErrorStreamCaptureUnsupported",
+        "cudaStreamEndCapture of the invalidated capture -> cudaErrorStreamCaptureInvalidated",
+        "cudaMalloc during a relaxed capture -> cudaSuccess",
+        "cudaGraphLaunch of a destroyed graph -> cudaErrorInvalidValue"}) {
+    EXPECT_NE(last_output_.find(expected), std::string::npos) << expected << "\n" << last_output_;
+  }
+}
+
 TEST_F(ShimGapsTest, BareDlopenSearchesTheCallersRunpath) {
   // The target is reachable only through the caller's RUNPATH.
   const std::filesystem::path target(HIBER_RPATH_TARGET);

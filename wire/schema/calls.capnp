@@ -150,6 +150,19 @@ struct Call {
       op @69 :UInt16;
       args @70 :Data;
     }
+    graphBegin :group {            # (1.9) the calls up to graphEnd define graph `graph` (a CUDA
+      graph @71 :UInt64;           # graph the client captured or built): they are kept, not
+    }                              # run. Only memcpyHtoD/DtoH (pinned: stagingEnd 0), memcpyDtoD,
+    graphEnd :group {              # memset, launchKernel and libraryCall may be kept; any other
+      graph @72 :UInt64;           # call fails, and so does the graphEnd.
+    }
+    graphLaunch :group {           # runs the graph's calls in order on `stream`, whatever stream
+      stream @73 :UInt64;          # each named when it was kept
+      graph @74 :UInt64;
+    }
+    graphDestroy :group {
+      graph @75 :UInt64;
+    }
   }
 }
 

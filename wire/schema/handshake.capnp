@@ -11,13 +11,14 @@ using Config = import "/common/node_config.capnp";
 # Minor: additions only (new calls, new fields). Both sides accept any minor of their major. A call
 # the server does not know fails with CUDA_ERROR_NOT_SUPPORTED and a message naming it.
 const protocolMajor :UInt16 = 1;
-const protocolMinor :UInt16 = 8;  # 1.1: moduleLoadCached; 1.2: late-binding control calls;
+const protocolMinor :UInt16 = 9;  # 1.1: moduleLoadCached; 1.2: late-binding control calls;
                                   # 1.3: library handles, calls and queries (wire/library.h);
                                   # 1.4: control token (TCP), Started.link, metrics in NodeStatus;
                                   # 1.5: control token on the Unix socket, paged status;
                                   # 1.6: shed requests and lease preemptions in status;
                                   # 1.7: instances (Hello.instance, requestArrivedInstance)
                                   # 1.8: Grant.largestAllocation
+                                  # 1.9: graphs (graphBegin/End/Launch/Destroy)
 
 struct ProtocolVersion {
   major @0 :UInt16;

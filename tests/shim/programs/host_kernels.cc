@@ -242,6 +242,20 @@ int fill_words(const HiberSimLaunch* l) {
   return kSuccess;
 }
 
+// graphs.cu: graph_affine(const float* x, float* y, int n, float a, float b)
+int graph_affine(const HiberSimLaunch* l) {
+  if (l->param_count != 5) return kInvalidValue;
+  auto x = arg<const float*>(l, 0);
+  auto y = arg<float*>(l, 1);
+  auto n = arg<int>(l, 2);
+  auto a = arg<float>(l, 3);
+  auto b = arg<float>(l, 4);
+  const uint64_t used = touched(l, n);
+  if (used > 0 && (!may_access(l, x, used) || !may_access(l, y, used))) return kIllegalAddress;
+  for_each_index(l, n, [&](int i) { y[i] = a * x[i] + b; });
+  return kSuccess;
+}
+
 const HiberSimKernel kKernels[] = {
     {"_Z14shared_reversePKfPfi", shared_reverse},
     {"_Z7add_onePfi", add_one},
@@ -258,6 +272,7 @@ const HiberSimKernel kKernels[] = {
     {"_Z13add_layernormPKvS0_PvPKfS3_iifi", add_layernorm},
     {"_Z10rdc_affinePKfPfi", rdc_affine},
     {"_Z10fill_wordsPjyj", fill_words},
+    {"_Z12graph_affinePKfPfiff", graph_affine},
 };
 
 }  // namespace
