@@ -440,8 +440,9 @@ Status Client::wait_event(StreamObj* stream, EventObj* event) {
     CaptureObj* mine = capture_of_locked(stream);
     if (mine == capture) return Status();
     if (stream == nullptr || mine != nullptr) {
-      return refuse_in_capture_locked(*capture, "a wait joining two captures, or the legacy "
-                                                "stream, to a capture");
+      return refuse_in_capture_locked(*capture,
+                                      "a wait joining two captures, or the legacy "
+                                      "stream, to a capture");
     }
     stream->capture = capture;
     capture->streams.push_back(stream);

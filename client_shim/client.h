@@ -79,7 +79,7 @@ struct StreamObj {
   // Legacy default-stream semantics (kept by the core with internal events):
   bool has_unjoined_work = false;  // work since the legacy stream last waited for this one
   uint64_t legacy_generation_seen = 0;
-  wire::EventHandle join_event;  // internal event recorded on this stream for the joins
+  wire::EventHandle join_event;   // internal event recorded on this stream for the joins
   CaptureObj* capture = nullptr;  // the capture this stream's work goes into, while one is
 };
 
@@ -125,9 +125,11 @@ struct MemPoolObj {
 // The calls a graph may hold (server/session_graphs.cc keeps the same ones).
 template <typename Call>
 inline constexpr bool kGraphCall =
-    std::is_same_v<Call, wire::calls::LaunchKernel> || std::is_same_v<Call, wire::calls::MemcpyHtoD> ||
-    std::is_same_v<Call, wire::calls::MemcpyDtoH> || std::is_same_v<Call, wire::calls::MemcpyDtoD> ||
-    std::is_same_v<Call, wire::calls::Memset> || std::is_same_v<Call, wire::calls::LibraryCall>;
+    std::is_same_v<Call, wire::calls::LaunchKernel> ||
+    std::is_same_v<Call, wire::calls::MemcpyHtoD> ||
+    std::is_same_v<Call, wire::calls::MemcpyDtoH> ||
+    std::is_same_v<Call, wire::calls::MemcpyDtoD> || std::is_same_v<Call, wire::calls::Memset> ||
+    std::is_same_v<Call, wire::calls::LibraryCall>;
 
 // A call a graph node stands for, with the bytes its span points at (a kernel's parameters, a
 // library call's arguments) owned here. Its stream is a placeholder: a launch names the stream.
@@ -139,10 +141,8 @@ struct RecordedCall {
   std::vector<std::byte> owned;
   RecordedCall() = default;
   template <typename Call>
-    requires kGraphCall<Call>
-  explicit RecordedCall(const Call& c) {
-    set(c);
-  }
+  requires kGraphCall<Call>
+  explicit RecordedCall(const Call& c) { set(c); }
   RecordedCall(const RecordedCall& other) { *this = other; }
   RecordedCall& operator=(const RecordedCall& other);
   template <typename Call>
@@ -157,8 +157,8 @@ struct GraphNodeObj {
   Kind kind = Kind::kEmpty;
   GraphObj* graph = nullptr;
   RecordedCall call;
-  KernelObj* kernel = nullptr;                   // a kernel node's kernel
-  std::function<void(const Status&)> host;       // a host node's function
+  KernelObj* kernel = nullptr;              // a kernel node's kernel
+  std::function<void(const Status&)> host;  // a host node's function
   std::vector<GraphNodeObj*> dependencies;
 };
 
@@ -174,9 +174,9 @@ struct GraphExecObj {
   std::vector<GraphNodeObj> nodes;                     // copies, in launch order
   std::unordered_map<const GraphNodeObj*, size_t> at;  // source node -> index in nodes
   struct Piece {
-    size_t first = 0, count = 0;                  // nodes[first, first + count)
-    std::optional<wire::GraphHandle> graph;       // calls: the graph in hiberd
-    bool host = false;                            // one host node
+    size_t first = 0, count = 0;             // nodes[first, first + count)
+    std::optional<wire::GraphHandle> graph;  // calls: the graph in hiberd
+    bool host = false;                       // one host node
   };
   std::vector<Piece> pieces;
 };

@@ -13,11 +13,13 @@
 namespace hiber::shim {
 namespace {
 
-constexpr ErrorCode kCaptureUnsupported = static_cast<ErrorCode>(900);  // ...StreamCaptureUnsupported
-constexpr ErrorCode kCaptureInvalidated = static_cast<ErrorCode>(901);  // ...StreamCaptureInvalidated
-constexpr ErrorCode kCaptureUnmatched = static_cast<ErrorCode>(903);    // ...StreamCaptureUnmatched
-constexpr ErrorCode kIllegalState = static_cast<ErrorCode>(401);        // CUDA_ERROR_ILLEGAL_STATE
-constexpr ErrorCode kExecUpdateFailure = static_cast<ErrorCode>(910);   // ...GraphExecUpdateFailure
+constexpr ErrorCode kCaptureUnsupported =
+    static_cast<ErrorCode>(900);  // ...StreamCaptureUnsupported
+constexpr ErrorCode kCaptureInvalidated =
+    static_cast<ErrorCode>(901);                                      // ...StreamCaptureInvalidated
+constexpr ErrorCode kCaptureUnmatched = static_cast<ErrorCode>(903);  // ...StreamCaptureUnmatched
+constexpr ErrorCode kIllegalState = static_cast<ErrorCode>(401);      // CUDA_ERROR_ILLEGAL_STATE
+constexpr ErrorCode kExecUpdateFailure = static_cast<ErrorCode>(910);  // ...GraphExecUpdateFailure
 
 const char* mode_name(int mode) {
   return mode == 0 ? "global" : mode == 1 ? "thread-local" : "relaxed";
@@ -130,13 +132,13 @@ Status Client::check_unsafe_in_capture_locked(const char* what) {
   for (auto& [id, capture] : captures_) {
     // CUDA's modes: a capture forbids its own thread's unsafe calls unless it is relaxed, and a
     // global one forbids every thread's whose own mode is global.
-    const bool forbids = capture->thread == self
-                             ? capture->mode != 2
-                             : capture->mode == 0 && thread_capture_mode() == 0;
+    const bool forbids = capture->thread == self ? capture->mode != 2
+                                                 : capture->mode == 0 && thread_capture_mode() == 0;
     if (!forbids) continue;
     if (capture->invalidated.ok()) {
-      capture->invalidated = error(kCaptureInvalidated, "the stream capture was invalidated: ",
-                                   what, " was called during it");
+      capture->invalidated =
+          error(kCaptureInvalidated, "the stream capture was invalidated: ", what,
+                " was called during it");
     }
     refused = error(kCaptureUnsupported, what, " is not permitted while a stream captures in ",
                     mode_name(capture->mode), " mode (cudaStreamCaptureModeRelaxed permits it)");
@@ -179,7 +181,8 @@ Status Client::destroy_graph(GraphObj* graph) {
 Result<GraphNodeObj*> Client::graph_node(const void* handle) {
   std::lock_guard lock(mu_);
   auto it = graph_nodes_.find(handle);
-  if (it == graph_nodes_.end()) return error(ErrorCode::kInvalidValue, "unknown graph node ", handle);
+  if (it == graph_nodes_.end())
+    return error(ErrorCode::kInvalidValue, "unknown graph node ", handle);
   return it->second;
 }
 
@@ -211,8 +214,7 @@ Result<RecordedCall> Client::kernel_call_locked(KernelObj* kernel, Dim3 grid, Di
                                                 .params = params});
 }
 
-Result<GraphNodeObj*> Client::add_kernel_node(GraphObj* graph,
-                                              std::span<GraphNodeObj* const> after,
+Result<GraphNodeObj*> Client::add_kernel_node(GraphObj* graph, std::span<GraphNodeObj* const> after,
                                               KernelObj* kernel, Dim3 grid, Dim3 block,
                                               uint32_t shared_bytes, void** args) {
   std::lock_guard lock(mu_);
@@ -225,9 +227,9 @@ Result<GraphNodeObj*> Client::add_kernel_node(GraphObj* graph,
   return node;
 }
 
-Result<GraphNodeObj*> Client::add_memcpy_node(GraphObj* graph,
-                                              std::span<GraphNodeObj* const> after, void* dst,
-                                              const void* src, uint64_t bytes, CopyKind kind) {
+Result<GraphNodeObj*> Client::add_memcpy_node(GraphObj* graph, std::span<GraphNodeObj* const> after,
+                                              void* dst, const void* src, uint64_t bytes,
+                                              CopyKind kind) {
   std::lock_guard lock(mu_);
   HIBER_RETURN_IF_ERROR(ensure_open_locked());
   const PointerInfo to = classify_locked(dst, bytes);
@@ -238,15 +240,16 @@ Result<GraphNodeObj*> Client::add_memcpy_node(GraphObj* graph,
   if (to.kind == PointerKind::kDevice && from.kind == PointerKind::kDevice) {
     HIBER_RETURN_IF_ERROR(check_device_range_locked(dst_address, bytes, "memcpy node destination"));
     HIBER_RETURN_IF_ERROR(check_device_range_locked(src_address, bytes, "memcpy node source"));
-    call = RecordedCall(wire::calls::MemcpyDtoD{.dst = dst_address, .src = src_address, .bytes = bytes});
+    call = RecordedCall(
+        wire::calls::MemcpyDtoD{.dst = dst_address, .src = src_address, .bytes = bytes});
   } else if (to.kind == PointerKind::kDevice && from.kind == PointerKind::kArena) {
     HIBER_RETURN_IF_ERROR(check_device_range_locked(dst_address, bytes, "memcpy node destination"));
     call = RecordedCall(wire::calls::MemcpyHtoD{
         .dst = dst_address, .src_offset = from.arena_offset, .bytes = bytes});
   } else if (to.kind == PointerKind::kArena && from.kind == PointerKind::kDevice) {
     HIBER_RETURN_IF_ERROR(check_device_range_locked(src_address, bytes, "memcpy node source"));
-    call = RecordedCall(wire::calls::MemcpyDtoH{
-        .dst_offset = to.arena_offset, .src = src_address, .bytes = bytes});
+    call = RecordedCall(
+        wire::calls::MemcpyDtoH{.dst_offset = to.arena_offset, .src = src_address, .bytes = bytes});
   } else {
     return error(ErrorCode::kInvalidValue, "a graph's copy between ", src, " and ", dst,
                  ": host memory in a graph must be cudaMallocHost memory (hiberd reads and ",
@@ -258,17 +261,18 @@ Result<GraphNodeObj*> Client::add_memcpy_node(GraphObj* graph,
   return node;
 }
 
-Result<GraphNodeObj*> Client::add_memset_node(GraphObj* graph,
-                                              std::span<GraphNodeObj* const> after, uint64_t dst,
-                                              uint32_t value, int element_bytes, uint64_t count) {
+Result<GraphNodeObj*> Client::add_memset_node(GraphObj* graph, std::span<GraphNodeObj* const> after,
+                                              uint64_t dst, uint32_t value, int element_bytes,
+                                              uint64_t count) {
   std::lock_guard lock(mu_);
   HIBER_RETURN_IF_ERROR(ensure_open_locked());
   HIBER_RETURN_IF_ERROR(check_device_range_locked(dst, count * element_bytes, "memset node"));
   GraphNodeObj* node = new_node_locked(graph, after, GraphNodeObj::Kind::kCall);
-  node->call = RecordedCall(wire::calls::Memset{.dst = dst,
-                                                .value = value,
-                                                .element_bytes = static_cast<uint8_t>(element_bytes),
-                                                .count = count});
+  node->call =
+      RecordedCall(wire::calls::Memset{.dst = dst,
+                                       .value = value,
+                                       .element_bytes = static_cast<uint8_t>(element_bytes),
+                                       .count = count});
   return node;
 }
 
@@ -321,9 +325,8 @@ Result<std::vector<const GraphNodeObj*>> launch_order(const GraphObj& graph) {
   std::unordered_map<const GraphNodeObj*, size_t> index;
   for (size_t i = 0; i < graph.nodes.size(); ++i) index[graph.nodes[i].get()] = i;
   while (!ready.empty()) {
-    auto next = std::min_element(ready.begin(), ready.end(), [&](auto a, auto b) {
-      return index[a] < index[b];
-    });
+    auto next = std::min_element(ready.begin(), ready.end(),
+                                 [&](auto a, auto b) { return index[a] < index[b]; });
     const GraphNodeObj* node = *next;
     ready.erase(next);
     order.push_back(node);

@@ -407,10 +407,11 @@ Status Client::memcpy(void* dst, const void* src, uint64_t bytes, CopyKind kind,
   if (CaptureObj* capture = capture_of_locked(stream)) {
     // A graph's copy runs at each launch: it may name device memory and cudaMallocHost memory
     // (read and written where it is then), not memory the copy would stage now.
-    const bool pinned_side =
-        actual == CopyKind::kHostToDevice   ? classify_locked(src, bytes).kind == PointerKind::kArena
-        : actual == CopyKind::kDeviceToHost ? classify_locked(dst, bytes).kind == PointerKind::kArena
-                                            : actual == CopyKind::kDeviceToDevice;
+    const bool pinned_side = actual == CopyKind::kHostToDevice
+                                 ? classify_locked(src, bytes).kind == PointerKind::kArena
+                             : actual == CopyKind::kDeviceToHost
+                                 ? classify_locked(dst, bytes).kind == PointerKind::kArena
+                                 : actual == CopyKind::kDeviceToDevice;
     if (!async || !pinned_side) {
       return refuse_in_capture_locked(
           *capture, async ? "a copy from or to memory other than device or cudaMallocHost memory"

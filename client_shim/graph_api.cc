@@ -167,14 +167,14 @@ cudaError_t hiber_entry::cudaGraphDestroy(cudaGraph_t graph) {
 cudaError_t hiber_entry::cudaGraphAddKernelNode(cudaGraphNode_t* node, cudaGraph_t graph,
                                                 const cudaGraphNode_t* after, size_t count,
                                                 const cudaKernelNodeParams* params) {
-  return add_node("cudaGraphAddKernelNode", node, graph, after, count,
-                  [&](GraphObj* g, std::span<GraphNodeObj* const> deps)
-                      -> hiber::Result<GraphNodeObj*> {
-                    HIBER_ASSIGN_OR_RETURN(KernelObj * kernel, node_kernel(params));
-                    return Client::get().add_kernel_node(
-                        g, deps, kernel, dims(params->gridDim), dims(params->blockDim),
-                        params->sharedMemBytes, params->kernelParams);
-                  });
+  return add_node(
+      "cudaGraphAddKernelNode", node, graph, after, count,
+      [&](GraphObj* g, std::span<GraphNodeObj* const> deps) -> hiber::Result<GraphNodeObj*> {
+        HIBER_ASSIGN_OR_RETURN(KernelObj * kernel, node_kernel(params));
+        return Client::get().add_kernel_node(g, deps, kernel, dims(params->gridDim),
+                                             dims(params->blockDim), params->sharedMemBytes,
+                                             params->kernelParams);
+      });
 }
 
 cudaError_t hiber_entry::cudaGraphAddMemcpyNode1D(cudaGraphNode_t* node, cudaGraph_t graph,
@@ -192,37 +192,36 @@ cudaError_t hiber_entry::cudaGraphAddMemcpyNode1D(cudaGraphNode_t* node, cudaGra
 cudaError_t hiber_entry::cudaGraphAddMemsetNode(cudaGraphNode_t* node, cudaGraph_t graph,
                                                 const cudaGraphNode_t* after, size_t count,
                                                 const cudaMemsetParams* params) {
-  return add_node("cudaGraphAddMemsetNode", node, graph, after, count,
-                  [&](GraphObj* g, std::span<GraphNodeObj* const> deps)
-                      -> hiber::Result<GraphNodeObj*> {
-                    if (params == nullptr || params->height != 1 ||
-                        (params->elementSize != 1 && params->elementSize != 2 &&
-                         params->elementSize != 4)) {
-                      return Status(ErrorCode::kInvalidValue,
-                                    "memset node: one row (height 1) of 1-, 2- or 4-byte elements");
-                    }
-                    return Client::get().add_memset_node(
-                        g, deps, reinterpret_cast<uint64_t>(params->dst), params->value,
-                        static_cast<int>(params->elementSize), params->width);
-                  });
+  return add_node(
+      "cudaGraphAddMemsetNode", node, graph, after, count,
+      [&](GraphObj* g, std::span<GraphNodeObj* const> deps) -> hiber::Result<GraphNodeObj*> {
+        if (params == nullptr || params->height != 1 ||
+            (params->elementSize != 1 && params->elementSize != 2 && params->elementSize != 4)) {
+          return Status(ErrorCode::kInvalidValue,
+                        "memset node: one row (height 1) of 1-, 2- or 4-byte elements");
+        }
+        return Client::get().add_memset_node(g, deps, reinterpret_cast<uint64_t>(params->dst),
+                                             params->value, static_cast<int>(params->elementSize),
+                                             params->width);
+      });
 }
 
 cudaError_t hiber_entry::cudaGraphAddHostNode(cudaGraphNode_t* node, cudaGraph_t graph,
                                               const cudaGraphNode_t* after, size_t count,
                                               const cudaHostNodeParams* params) {
-  return add_node("cudaGraphAddHostNode", node, graph, after, count,
-                  [&](GraphObj* g, std::span<GraphNodeObj* const> deps)
-                      -> hiber::Result<GraphNodeObj*> {
-                    if (params == nullptr || params->fn == nullptr) {
-                      return Status(ErrorCode::kInvalidValue, "host node: null function");
-                    }
-                    cudaHostFn_t fn = params->fn;
-                    void* data = params->userData;
-                    // As a host function in a stream: not called once earlier work failed.
-                    return Client::get().add_host_node(g, deps, [fn, data](const Status& s) {
-                      if (s.ok()) fn(data);
-                    });
-                  });
+  return add_node(
+      "cudaGraphAddHostNode", node, graph, after, count,
+      [&](GraphObj* g, std::span<GraphNodeObj* const> deps) -> hiber::Result<GraphNodeObj*> {
+        if (params == nullptr || params->fn == nullptr) {
+          return Status(ErrorCode::kInvalidValue, "host node: null function");
+        }
+        cudaHostFn_t fn = params->fn;
+        void* data = params->userData;
+        // As a host function in a stream: not called once earlier work failed.
+        return Client::get().add_host_node(g, deps, [fn, data](const Status& s) {
+          if (s.ok()) fn(data);
+        });
+      });
 }
 
 cudaError_t hiber_entry::cudaGraphAddEmptyNode(cudaGraphNode_t* node, cudaGraph_t graph,
@@ -255,10 +254,10 @@ cudaError_t hiber_entry::cudaGraphKernelNodeSetParams(cudaGraphNode_t node,
   if (!n.ok()) return fail("cudaGraphKernelNodeSetParams", n.status());
   auto kernel = node_kernel(params);
   if (!kernel.ok()) return fail("cudaGraphKernelNodeSetParams", kernel.status());
-  return done("cudaGraphKernelNodeSetParams",
-              Client::get().set_kernel_params(*n, *kernel, dims(params->gridDim),
-                                              dims(params->blockDim), params->sharedMemBytes,
-                                              params->kernelParams));
+  return done(
+      "cudaGraphKernelNodeSetParams",
+      Client::get().set_kernel_params(*n, *kernel, dims(params->gridDim), dims(params->blockDim),
+                                      params->sharedMemBytes, params->kernelParams));
 }
 
 // ---- Executable graphs ----
@@ -329,8 +328,8 @@ cudaError_t hiber_entry::cudaGraphExecKernelNodeSetParams(cudaGraphExec_t exec,
   if (!kernel.ok()) return fail("cudaGraphExecKernelNodeSetParams", kernel.status());
   return done("cudaGraphExecKernelNodeSetParams",
               Client::get().set_exec_kernel_params(*e, *n, *kernel, dims(params->gridDim),
-                                                   dims(params->blockDim),
-                                                   params->sharedMemBytes, params->kernelParams));
+                                                   dims(params->blockDim), params->sharedMemBytes,
+                                                   params->kernelParams));
 }
 
 cudaError_t hiber_entry::cudaGraphExecUpdate(cudaGraphExec_t exec, cudaGraph_t graph,
@@ -342,7 +341,8 @@ cudaError_t hiber_entry::cudaGraphExecUpdate(cudaGraphExec_t exec, cudaGraph_t g
   const Status updated = Client::get().update_exec(*e, *g);
   if (info != nullptr) {
     *info = cudaGraphExecUpdateResultInfo{};
-    info->result = updated.ok() ? cudaGraphExecUpdateSuccess : cudaGraphExecUpdateErrorTopologyChanged;
+    info->result =
+        updated.ok() ? cudaGraphExecUpdateSuccess : cudaGraphExecUpdateErrorTopologyChanged;
   }
   return done("cudaGraphExecUpdate", updated);
 }

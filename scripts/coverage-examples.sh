@@ -19,7 +19,7 @@ build=${1:-build/release}
 tool=$build/tools/hiber-coverage
 shim_programs=$build/tests/shim/programs
 coverage_programs=$build/tests/coverage/programs
-for needed in "$tool" "$shim_programs/vector_add" "$coverage_programs/graph_stub"; do
+for needed in "$tool" "$shim_programs/vector_add" "$coverage_programs/texture_stub"; do
   if [[ ! -e $needed ]]; then
     echo "coverage-examples.sh: $needed is missing: build $build first (CUDA toolkit needed)" >&2
     exit 2
@@ -54,11 +54,11 @@ generate() {
   echo
   example "hiber-coverage build/release/tests/shim/programs/vector_add" \
     "$tool" "$shim_programs/vector_add"
-  echo "\`graph_stub\` (\`tests/coverage/programs/\`, built, never run) calls CUDA graphs, which the"
+  echo "\`texture_stub\` (\`tests/coverage/programs/\`, built, never run) calls texture objects, which the"
   echo "shim only stubs:"
   echo
-  example "hiber-coverage build/release/tests/coverage/programs/graph_stub" \
-    "$tool" "$coverage_programs/graph_stub"
+  example "hiber-coverage build/release/tests/coverage/programs/texture_stub" \
+    "$tool" "$coverage_programs/texture_stub"
   echo "\`cublas_create\`, linked with \`-lcublas\`, and the same program against a shim folder"
   echo "without the replacement libraries:"
   echo

@@ -339,7 +339,7 @@ class Session final : public LeaseHolder {
   std::unordered_map<wire::GraphHandle, Graph> graphs_;
   uint64_t graph_bytes_ = 0;  // of every graph, defined or being defined
   std::optional<wire::GraphHandle> defining_;
-  Graph defined_;     // the calls kept so far for defining_
+  Graph defined_;          // the calls kept so far for defining_
   Status defining_error_;  // the first call refused while defining_
   // Keeps `call` in the graph being defined, or refuses it (and the graph).
   Status keep_for_graph(wire::proto::Call::Reader call);

@@ -2,7 +2,7 @@
 // default --shim_dir (the build tree's client_shim/, found from the tool's own location):
 //   - every runtime symbol the shim's test programs import is remoted or local, exit 0;
 //   - sample_calls' cudaHostGetDevicePointer is refused, exit 1;
-//   - graph_stub imports cudaGraphCreate, a stub in libhibercuda.so: printed as stub, exit 1;
+//   - texture_stub imports cudaCreateTextureObject, a stub in libhibercuda.so: printed as stub, exit 1;
 //   - cublas_create imports cublasCreate_v2 from libcublas.so.13: attributed there, with the
 //     status libhibercublas.so gives (missing while it is not built), and the exit status
 //     agrees with the statuses printed;
@@ -10,7 +10,7 @@
 //     cuMemHostGetDevicePointer_v2 and cuModuleGetGlobal_v2 (refused) and cuGraphCreate (a
 //     stub), unversioned, from libcuda.so.1, with a note naming the stand-in libcuda.so.1;
 //   - transitive_user needs only libcoverage_forwarder.so (RUNPATH $ORIGIN), whose
-//     cudaGraphCreate import is found by following NEEDED;
+//     cudaCreateTextureObject import is found by following NEEDED;
 //   - a missing file and a file that is not ELF: exit 2 with a clear message.
 #include <sys/wait.h>
 
@@ -149,7 +149,7 @@ TEST(ShimProgramCoverage, ReportsTheStubALibraryProgramImports) {
   EXPECT_TRUE(lines.contains("cublasGemmBatchedEx")) << run.output;
 }
 
-// The programs' point is a symbol the shim only stubs; say so plainly once graphs are remoted.
+// The programs' point is a symbol the shim only stubs; say so plainly once it is implemented.
 // `table`'s row of `symbol`, read from client_shim/entry_points/<table>.entries.
 void expect_shim_stubs(const std::string& table, const std::string& symbol) {
   std::ifstream in(std::string(HIBER_ENTRY_TABLE_DIR) + "/" + table + ".entries");
@@ -166,21 +166,21 @@ void expect_shim_stubs(const std::string& table, const std::string& symbol) {
   FAIL() << symbol << " has no row in " << table << ".entries";
 }
 
-void expect_graph_create_is_a_stub() { expect_shim_stubs("cudart", "cudaGraphCreate"); }
+void expect_texture_create_is_a_stub() { expect_shim_stubs("cudart", "cudaCreateTextureObject"); }
 
 TEST(Coverage, AStubIsPrintedAndFails) {
-  expect_graph_create_is_a_stub();
-  ToolRun run = run_tool(program("graph_stub"));
+  expect_texture_create_is_a_stub();
+  ToolRun run = run_tool(program("texture_stub"));
   EXPECT_EQ(run.exit_code, 1) << run.output;
   auto lines = symbol_lines(run.output);
-  ASSERT_TRUE(lines.contains("cudaGraphCreate")) << run.output;
-  EXPECT_EQ(lines["cudaGraphCreate"].library, "libcudart.so.13");
-  EXPECT_EQ(lines["cudaGraphCreate"].status, "stub");
+  ASSERT_TRUE(lines.contains("cudaCreateTextureObject")) << run.output;
+  EXPECT_EQ(lines["cudaCreateTextureObject"].library, "libcudart.so.13");
+  EXPECT_EQ(lines["cudaCreateTextureObject"].status, "stub");
   EXPECT_EQ(lines["cudaGetDeviceCount"].status, "remoted") << run.output;
 }
 
 TEST(Coverage, SummaryOnlyPrintsNoSymbolLines) {
-  ToolRun run = run_tool("--summary " + program("graph_stub"));
+  ToolRun run = run_tool("--summary " + program("texture_stub"));
   EXPECT_EQ(run.exit_code, 1) << run.output;
   EXPECT_TRUE(symbol_lines(run.output).empty()) << run.output;
   EXPECT_THAT(run.output, HasSubstr("summary: libcudart.so.13: "));
@@ -188,10 +188,10 @@ TEST(Coverage, SummaryOnlyPrintsNoSymbolLines) {
 }
 
 TEST(Coverage, JsonCarriesTheSameStatuses) {
-  ToolRun run = run_tool("--json " + program("graph_stub"));
+  ToolRun run = run_tool("--json " + program("texture_stub"));
   EXPECT_EQ(run.exit_code, 1) << run.output;
   EXPECT_THAT(run.output, HasSubstr("{\"library\": \"libcudart.so.13\", \"symbol\": "
-                                    "\"cudaGraphCreate\", \"status\": \"stub\""));
+                                    "\"cudaCreateTextureObject\", \"status\": \"stub\""));
   EXPECT_THAT(run.output, HasSubstr("\"complete\": false"));
 }
 
@@ -248,12 +248,12 @@ TEST(Coverage, DriverImportsAreAttributedToLibcuda) {
 }
 
 TEST(Coverage, FollowsNeededLibrariesThroughOrigin) {
-  expect_graph_create_is_a_stub();
+  expect_texture_create_is_a_stub();
   ToolRun run = run_tool(program("transitive_user"));
   EXPECT_EQ(run.exit_code, 1) << run.output;
   auto lines = symbol_lines(run.output);
-  ASSERT_TRUE(lines.contains("cudaGraphCreate")) << run.output;
-  EXPECT_EQ(lines["cudaGraphCreate"].status, "stub");
+  ASSERT_TRUE(lines.contains("cudaCreateTextureObject")) << run.output;
+  EXPECT_EQ(lines["cudaCreateTextureObject"].status, "stub");
   ToolRun json = run_tool("--json " + program("transitive_user"));
   EXPECT_THAT(json.output,
               HasSubstr("\"importers\": [\"" + program("libcoverage_forwarder.so") + "\"]"));
@@ -269,10 +269,10 @@ TEST(Coverage, MissingAndNonElfFilesAreErrors) {
   ToolRun no_file = run_tool("");
   EXPECT_EQ(no_file.exit_code, 2);
   EXPECT_THAT(no_file.output, HasSubstr("usage: hiber-coverage"));
-  ToolRun unknown_flag = run_tool("--no_such_flag " + program("graph_stub"));
+  ToolRun unknown_flag = run_tool("--no_such_flag " + program("texture_stub"));
   EXPECT_EQ(unknown_flag.exit_code, 2);  // not 1, which means "stubs found"
   EXPECT_THAT(unknown_flag.output, HasSubstr("unknown flag --no_such_flag"));
-  ToolRun bad_shim_dir = run_tool("--shim_dir=/no/such/dir " + program("graph_stub"));
+  ToolRun bad_shim_dir = run_tool("--shim_dir=/no/such/dir " + program("texture_stub"));
   EXPECT_EQ(bad_shim_dir.exit_code, 2);
   EXPECT_THAT(bad_shim_dir.output, HasSubstr("is not a folder"));
 }

@@ -125,7 +125,7 @@ struct Fixture {
     program.path = "/app/program";
     program.needed = {"libcudart.so.13", "libcuda.so.1", "libc.so.6"};
     program.imports = {versioned_import("cudaMalloc", "libcudart.so.13"),
-                       versioned_import("cudaGraphCreate", "libcudart.so.13"),
+                       versioned_import("cudaCreateTextureObject", "libcudart.so.13"),
                        versioned_import("cudaNotThere", "libcudart.so.13"),
                        versioned_import("printf", "GLIBC_2.2.5"),
                        unversioned_import("cuInit"),
@@ -134,7 +134,8 @@ struct Fixture {
     ElfFile shim;
     shim.soname = "libcudart.so.13";
     shim.exports = {strong_export("cudaMalloc", "libcudart.so.13"),
-                    weak_export("cudaGraphCreate", "libcudart.so.13"), strong_export("cuInit")};
+                    weak_export("cudaCreateTextureObject", "libcudart.so.13"),
+                    strong_export("cuInit")};
     replacements.emplace("libhibercuda.so", std::move(shim));
   }
   ElfFile program;
@@ -148,7 +149,7 @@ TEST(Assess, StrongIsRemotedWeakIsStubAbsentIsMissing) {
       {&f.program}, {{"libcudart.so.13", nullptr}, {"libcuda.so.1", nullptr}}, f.replacements, {});
   ASSERT_EQ(report.symbols.size(), 4u);
   EXPECT_EQ(find(report, "libcudart.so.13", "cudaMalloc")->coverage, Coverage::kRemoted);
-  EXPECT_EQ(find(report, "libcudart.so.13", "cudaGraphCreate")->coverage, Coverage::kStub);
+  EXPECT_EQ(find(report, "libcudart.so.13", "cudaCreateTextureObject")->coverage, Coverage::kStub);
   EXPECT_EQ(find(report, "libcudart.so.13", "cudaNotThere")->coverage, Coverage::kMissing);
   EXPECT_EQ(find(report, "libcuda.so.1", "cuInit")->coverage, Coverage::kRemoted);
   EXPECT_THAT(find(report, "libcuda.so.1", "cuInit")->importers, ElementsAre("/app/program"));
@@ -156,7 +157,7 @@ TEST(Assess, StrongIsRemotedWeakIsStubAbsentIsMissing) {
   EXPECT_EQ(exit_code(report), 1);
   // Sorted by library, then symbol.
   EXPECT_EQ(report.symbols[0].library, "libcuda.so.1");
-  EXPECT_EQ(report.symbols[1].symbol, "cudaGraphCreate");
+  EXPECT_EQ(report.symbols[1].symbol, "cudaCreateTextureObject");
   EXPECT_EQ(report.symbols[3].symbol, "cudaNotThere");
 }
 

@@ -3,10 +3,10 @@
 // must find by following NEEDED.
 #include <cstdio>
 
-extern "C" int coverage_forwarder_graph_status();
+extern "C" int coverage_forwarder_texture_status();
 
 int main() {
-  int status = coverage_forwarder_graph_status();
+  int status = coverage_forwarder_texture_status();
   std::printf("transitive_user: %d\n", status);
   return status == 0 ? 0 : 1;
 }
