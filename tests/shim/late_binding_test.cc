@@ -473,6 +473,39 @@ TEST_F(LateBindingTest, AKernelReadingTheModelThroughAPointerArrayWaitsForTheSwa
   finish_all(hiberd);
 }
 
+// A CUDA graph captured and instantiated while the function ran on one GPU is launched after
+// late binding moved the function to another, whose memory never held the model: hiberd replays
+// the graph's copy of a table entry in the swap's last group there, waiting for that group, and
+// the answer is the model's value.
+TEST_F(LateBindingTest, AGraphMadeOnOneGpuRunsOnTheNextAfterAMove) {
+  Hiberd hiberd(slow_swap_hiberd());
+  start_table_function(hiberd);
+  ASSERT_FALSE(HasFatalFailure());
+  Function& f = *functions_[0];
+  const Answer first = request(hiberd, f, "2 -1");
+  ASSERT_TRUE(first.status.ok()) << first.status;
+  const int first_gpu = first.started.gpu;
+  const uint64_t entry = table_entries_ - 1;  // in the swap's last group
+  const float value = tiny_mlp::table_value(f.seed, entry);
+  ASSERT_NE(value, 0.0f);
+  char want[64];
+  std::snprintf(want, sizeof want, "graph %llu %a", static_cast<unsigned long long>(entry),
+                static_cast<double>(value));
+  const std::string line = "graph " + std::to_string(entry);
+  const Answer made = request(hiberd, f, line);
+  ASSERT_TRUE(made.status.ok()) << made.status;
+  EXPECT_EQ(made.line, want);
+  auto client = control(hiberd);
+  ASSERT_TRUE(client.drain(first_gpu).ok());
+  const Answer moved = request(hiberd, f, line);
+  ASSERT_TRUE(moved.status.ok()) << moved.status;
+  EXPECT_EQ(moved.started.gpu, 1 - first_gpu);
+  EXPECT_EQ(moved.started.source, "host");
+  EXPECT_EQ(moved.line, want);
+  EXPECT_TRUE(client.drain(first_gpu, /*resume=*/true).ok());
+  finish_all(hiberd);
+}
+
 // Library calls are exact under pipelining too. A request's cuBLAS calls read a model entry in
 // the swap's last group while the model is still arriving on a GPU that never held it: one names
 // the entry as its operand (hiberd waits for that group), one reaches it through a pointer array

@@ -24,6 +24,10 @@
 // entry (hiberd sees the operand and waits for its swap group) and by a 1x1 cublasGemmBatchedEx
 // whose A comes from a pointer array (hiberd cannot see where: it waits for the whole model);
 // the answer is "gemm <entry> <value> <value>".
+// Or "graph <table entry>": a CUDA graph captured on the first request naming the entry (a copy
+// of the entry to scratch memory, then to pinned host memory) is launched; later requests launch
+// the same graph, on whichever GPU hiberd runs the function then; the answer is
+// "graph <entry> <value>".
 // Or "conv <table entry>": a 1x1 convolution through cuDNN's backend API (cudnn_conv.h) whose X
 // is the entry and whose W is the last table entry holding 1.0 (table_mib >= 1: every value
 // recurs each 65536 entries), so both operands are model memory, in the table's last 256 KiB
@@ -41,6 +45,7 @@
 #include <cstdarg>
 #include <cstdint>
 #include <cstdio>
+#include <map>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -95,6 +100,11 @@ struct Server {
   unsigned int* d_counter = nullptr;
   cublasHandle_t blas = nullptr;
   Conv conv;
+  // The graph requests': one executable graph per table entry, made on first use.
+  std::map<long long, cudaGraphExec_t> graphs;
+  cudaStream_t graph_stream = nullptr;
+  float* graph_scratch = nullptr;
+  float* graph_out = nullptr;  // pinned
 
   // The answer line (without its newline), or false for a bad request line. A CUDA error exits.
   bool answer(const std::string& line, std::string& out);
@@ -172,6 +182,37 @@ bool Server::answer(const std::string& line_text, std::string& out) {
     CUDA_CHECK(cudaFree(d_y));
     if (workspace != nullptr) CUDA_CHECK(cudaFree(workspace));
     out = format("conv %lld %a", entry, static_cast<double>(value));
+    return true;
+  }
+  if (std::strncmp(line, "graph", 5) == 0) {
+    long long entry = -1;
+    if (std::sscanf(line + 5, "%lld", &entry) != 1 || entry < 0 ||
+        static_cast<size_t>(entry) >= table_entries) {
+      return false;
+    }
+    auto it = graphs.find(entry);
+    if (it == graphs.end()) {
+      if (graph_stream == nullptr) {
+        CUDA_CHECK(cudaStreamCreateWithFlags(&graph_stream, cudaStreamNonBlocking));
+        CUDA_CHECK(cudaMalloc(&graph_scratch, sizeof(float)));
+        CUDA_CHECK(cudaMallocHost(&graph_out, sizeof(float)));
+      }
+      CUDA_CHECK(cudaStreamBeginCapture(graph_stream, cudaStreamCaptureModeGlobal));
+      CUDA_CHECK(cudaMemcpyAsync(graph_scratch, d_table + entry, sizeof(float),
+                                 cudaMemcpyDeviceToDevice, graph_stream));
+      CUDA_CHECK(cudaMemcpyAsync(graph_out, graph_scratch, sizeof(float), cudaMemcpyDeviceToHost,
+                                 graph_stream));
+      cudaGraph_t graph = nullptr;
+      CUDA_CHECK(cudaStreamEndCapture(graph_stream, &graph));
+      cudaGraphExec_t exec = nullptr;
+      CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+      CUDA_CHECK(cudaGraphDestroy(graph));
+      it = graphs.emplace(entry, exec).first;
+    }
+    *graph_out = 0.0f;
+    CUDA_CHECK(cudaGraphLaunch(it->second, graph_stream));
+    CUDA_CHECK(cudaStreamSynchronize(graph_stream));
+    out = format("graph %lld %a", entry, static_cast<double>(*graph_out));
     return true;
   }
   if (std::strncmp(line, "indirect", 8) == 0) {
