@@ -266,14 +266,12 @@ cudaError_t hiber_entry::cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t
                                               unsigned long long flags) {
   if (exec == nullptr) return invalid("cudaGraphInstantiate", "null pointer");
   *exec = nullptr;
-  // Auto-free-on-launch and device launch need memory nodes and device-side launches, which
-  // the shim does not make; upload and priority change nothing here.
-  constexpr unsigned long long kUnsupported =
-      cudaGraphInstantiateFlagAutoFreeOnLaunch | cudaGraphInstantiateFlagDeviceLaunch;
-  if ((flags & kUnsupported) != 0) {
+  // Device launch needs graphs on the GPU, which hiberd does not make. Auto-free-on-launch has
+  // nothing to free (the shim makes no memory nodes); upload and node priority change nothing.
+  if ((flags & cudaGraphInstantiateFlagDeviceLaunch) != 0) {
     return fail("cudaGraphInstantiate",
-                hiber::error(ErrorCode::kNotSupported, "instantiation flags ", flags,
-                             " (auto-free on launch, device launch) are not supported"));
+                hiber::error(ErrorCode::kNotSupported, "cudaGraphInstantiateFlagDeviceLaunch is ",
+                             "not supported: graphs are launched from the host"));
   }
   auto g = graph_of(graph);
   if (!g.ok()) return fail("cudaGraphInstantiate", g.status());

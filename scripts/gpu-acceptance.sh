@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 16's acceptance on a GPU machine, in one command, from a build copied there:
 #
-#   scripts/gpu-acceptance.sh [-B BUILD_DIR] [--dry-run] [--no-append] [--iters N] [--steps abc]
+#   scripts/gpu-acceptance.sh [-B BUILD_DIR] [--dry-run] [--no-append] [--iters N] [--steps abce]
 #
 #   (a) ctest -L gpu: the gpu-labelled tests (CUDA backend, shim programs native vs through
 #       hiberd --device=cuda, the library_* programs included);
@@ -17,9 +17,14 @@
 #       fails the run: unlike (b)'s imports, these were called; then ResNet-50 through the shim
 #       once more against a hiberd --isolation=shared, its warm latency against context mode's;
 #   (d) the results, with the device name and the date, inserted at the top of
-#       docs/gpu-runs.md (newest first; --no-append only prints them).
+#       docs/gpu-runs.md (newest first; --no-append only prints them);
+#   (e) a small GPT-style decoder (scripts/llm_acceptance.py): eager, the decode step as a CUDA
+#       graph, expandable segments, the cudaMallocAsync backend, cuDNN attention and
+#       torch.compile(mode="reduce-overhead"), each natively twice and through hiberd: tokens
+#       identical, logits within native's run-to-run tolerance, no stub hit, tokens/s both ways;
+#       the whole step within 180 s.
 #
-# --steps names the steps to run (default abc; the device tool's 10-minute calls take (a)+(b),
+# --steps names the steps to run (default abce; the device tool's 10-minute calls take (a)+(b),
 # then (c)). Each step runs under `timeout`, at most 600 s, and the whole run stops starting new steps at
 # 40 minutes (HIBER_ACCEPTANCE_BUDGET_S, default 2400): what did not run is reported as skipped.
 # Without a GPU it says so in one line and exits 3 before running anything; --dry-run prints
@@ -34,7 +39,7 @@ build=build/release
 dry_run=0
 append=1
 iters=20
-steps=abc
+steps=abce
 while [[ $# -gt 0 ]]; do
   case "$1" in
     -B) build=$2; shift 2 ;;
@@ -43,7 +48,7 @@ while [[ $# -gt 0 ]]; do
     --iters) iters=$2; shift 2 ;;
     --steps) steps=$2; shift 2 ;;
     -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-    *) echo "usage: $0 [-B BUILD_DIR] [--dry-run] [--no-append] [--iters N] [--steps abc]" >&2; exit 2 ;;
+    *) echo "usage: $0 [-B BUILD_DIR] [--dry-run] [--no-append] [--iters N] [--steps abce]" >&2; exit 2 ;;
   esac
 done
 
@@ -72,7 +77,7 @@ done
 missing=()
 for f in "$build/CTestTestfile.cmake" "$hiberd_bin" "$coverage_bin" "$shim_dir/libhibercuda.so" \
          "$shim_dir/libhibercublas.so" "$shim_dir/libhibercublasLt.so" \
-         "$shim_dir/libhibercudnn.so" scripts/torch_acceptance.py; do
+         "$shim_dir/libhibercudnn.so" scripts/torch_acceptance.py scripts/llm_acceptance.py; do
   [[ -e $f ]] || missing+=("$f")
 done
 if ((${#missing[@]} > 0)); then
@@ -97,6 +102,9 @@ gpu-acceptance (dry run): build $build; every file it needs is there. It would r
         python3 scripts/torch_acceptance.py stubs --model=M --out=$out <its log>   (a stub hit fails the run)
       then a hiberd --isolation=shared and timeout 300 ... run --mode=shim-shared --model=resnet50
       and python3 scripts/torch_acceptance.py compare --out=$out
+  (e) for each of $(python3 scripts/llm_acceptance.py variants | tr '\n' ' ')
+        python3 scripts/llm_acceptance.py run --variant=V --mode=native (and native2), then
+        LD_PRELOAD=$preload ... --mode=shim against a hiberd of its own; then compare (180 s in all)
   (d) the report ($report) $( ((append)) && echo "inserted at the top of docs/gpu-runs.md" || echo "printed only")
   budget: ${budget_s} s in all, each step at most 600 s
 EOF
@@ -312,6 +320,61 @@ EOF
     timeout 120 python3 scripts/torch_acceptance.py compare --out="$out" 2>&1 || failed=1
     echo
   } >>"$report"; fi
+
+  # ---- (e) a small GPT decoder natively and through the shim (issue 31) ----
+  # Every variant natively twice (the run-to-run tolerance), then through a hiberd of its own;
+  # the whole step within 180 s (HIBER_LLM_STEP_S).
+  if [[ $steps == *e* ]]; then
+    llm_end=$(($(date +%s) + ${HIBER_LLM_STEP_S:-180}))
+    llm_timeout() {  # at most $1 s, never past the step's end or the run's budget
+      local t left
+      t=$(step_timeout "$1")
+      left=$((llm_end - $(date +%s)))
+      ((left < t)) && t=$left
+      ((t < 5)) && t=0
+      echo "$t"
+    }
+    variants=$(python3 scripts/llm_acceptance.py variants)
+    for variant in $variants; do
+      for mode in native native2; do
+        t=$(llm_timeout 60)
+        if ((t == 0)); then say "(e) out of time before $variant $mode"; break 2; fi
+        timeout "$t" python3 scripts/llm_acceptance.py run --variant="$variant" --mode="$mode" \
+          --out="$out/llm" >>"$work/llm-native.log" 2>&1 ||
+          say "(e) $variant $mode failed (exit $?): $(tail -1 "$work/llm-native.log")"
+      done
+    done
+    for variant in $variants; do
+      t=$(llm_timeout 90)
+      if ((t == 0)); then say "(e) out of time before $variant through the shim"; break; fi
+      if [[ -z $hiberd ]] && ! start_hiberd; then
+        echo "- (e) hiberd --device=cuda did not start: $(tail -1 "$hiberd_log")" >>"$report"
+        failed=1
+        break
+      fi
+      llm_log=$work/llm-shim-$variant.log
+      timeout "$t" env HIBER_RUN_DIR="$run_dir" HIBER_FUNCTION_ID="llm-$variant" \
+        LD_PRELOAD="$preload" python3 scripts/llm_acceptance.py run --variant="$variant" \
+        --mode=shim --out="$out/llm" >"$llm_log" 2>&1 ||
+        say "(e) $variant through the shim failed (exit $?): $(tail -1 "$llm_log")"
+      if ! stubs=$(python3 scripts/torch_acceptance.py stubs --model="llm-$variant" --out="$out" \
+                   "$llm_log"); then
+        {
+          echo "- (e) $variant through the shim hit what Hiber does not support:"
+          printf '%s\n' "$stubs" | sed 's/^/  - /'
+        } >>"$report"
+        failed=1
+      fi
+    done
+    stop_hiberd
+    {
+      echo "- (e) a GPT-style decoder (8 layers, width 512, fp16, greedy, 64 tokens;" \
+           "scripts/llm_acceptance.py), natively and through hiberd:"
+      echo
+      timeout 60 python3 scripts/llm_acceptance.py compare --out="$out/llm" 2>&1 || failed=1
+      echo
+    } >>"$report"
+  fi
 fi
 
 echo "Exit status: $( ((failed)) && echo 'FAILED' || echo 'passed'). Logs: \`$work\`." >>"$report"
