@@ -109,6 +109,8 @@ bool supported_type(int32_t type) {
     case wdnn::kKnobInfo:
     case wdnn::kOpConvForward:
     case wdnn::kOpPointwise:
+    case wdnn::kMatmul:
+    case wdnn::kOpMatmul:
     case wdnn::kOperationGraph:
     case wdnn::kVariantPack:
     case wdnn::kTensor: return true;
@@ -267,6 +269,8 @@ cudnnStatus_t finalize(const DescPtr& d) {
     case wdnn::kPointwise:
     case wdnn::kOpConvForward:
     case wdnn::kOpPointwise:
+    case wdnn::kMatmul:
+    case wdnn::kOpMatmul:
     case wdnn::kOperationGraph: return finalize_locally(d);
     case wdnn::kEngine: return finalize_engine(d);
     case wdnn::kEngineCfg: {

@@ -77,6 +77,11 @@ const char* attr_what(int32_t name) {
     case kConvPostPaddings: return "CUDNN_ATTR_CONVOLUTION_POST_PADDINGS";
     case kConvFilterStrides: return "CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES";
     case kConvDilations: return "CUDNN_ATTR_CONVOLUTION_DILATIONS";
+    case kMatmulCompType: return "CUDNN_ATTR_MATMUL_COMP_TYPE";
+    case kOpMatmulA: return "CUDNN_ATTR_OPERATION_MATMUL_ADESC";
+    case kOpMatmulB: return "CUDNN_ATTR_OPERATION_MATMUL_BDESC";
+    case kOpMatmulC: return "CUDNN_ATTR_OPERATION_MATMUL_CDESC";
+    case kOpMatmulDesc: return "CUDNN_ATTR_OPERATION_MATMUL_DESC";
   }
   return "an attribute";
 }
@@ -280,6 +285,35 @@ Status conv_forward(const Graph& g, const Node& node, OpGraph& out) {
   return Status();
 }
 
+Status matmul(const Graph& g, const Node& node, OpGraph& out) {
+  Op op;
+  op.kind = OpKind::kMatmul;
+  HIBER_ASSIGN_OR_RETURN(size_t a, ref_one(g, node, kOpMatmulA, kTensor, true));
+  HIBER_ASSIGN_OR_RETURN(size_t b, ref_one(g, node, kOpMatmulB, kTensor, true));
+  HIBER_ASSIGN_OR_RETURN(size_t c, ref_one(g, node, kOpMatmulC, kTensor, true));
+  HIBER_ASSIGN_OR_RETURN(size_t desc, ref_one(g, node, kOpMatmulDesc, kMatmul, true));
+  HIBER_ASSIGN_OR_RETURN(op.compute_type, enum_one(g.nodes[desc], kMatmulCompType, kTypeDataType));
+  HIBER_ASSIGN_OR_RETURN(op.x, add_tensor(g, a, out));
+  HIBER_ASSIGN_OR_RETURN(op.w, add_tensor(g, b, out));
+  HIBER_ASSIGN_OR_RETURN(op.y, add_tensor(g, c, out));
+  const Tensor& ta = out.tensors[op.x];
+  const Tensor& tb = out.tensors[op.w];
+  const Tensor& tc = out.tensors[op.y];
+  const int r = tc.rank;
+  bool ok = r >= 2 && ta.rank == r && tb.rank == r && ta.dims[r - 2] == tc.dims[r - 2] &&
+            tb.dims[r - 1] == tc.dims[r - 1] && ta.dims[r - 1] == tb.dims[r - 2];
+  for (int i = 0; ok && i < r - 2; ++i) {
+    ok = (ta.dims[i] == tc.dims[i] || ta.dims[i] == 1) &&
+         (tb.dims[i] == tc.dims[i] || tb.dims[i] == 1);
+  }
+  if (!ok)
+    return error(ErrorCode::kInvalidValue,
+                 "matmul: A, B and C are not [.., M, K], [.., K, N] and [.., M, N] of one rank "
+                 "(batch dimensions equal or 1)");
+  out.ops.push_back(op);
+  return Status();
+}
+
 bool is_binary(int32_t mode) { return mode == kPwAdd || mode == kPwMul; }
 bool is_known_pointwise(int32_t mode) {
   return is_binary(mode) || mode == kPwIdentity || mode == kPwReluFwd || mode == kPwTanhFwd ||
@@ -372,6 +406,8 @@ std::string descriptor_type_name(int32_t type) {
     case kOperationGraph: return "CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR";
     case kVariantPack: return "CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR";
     case kTensor: return "CUDNN_BACKEND_TENSOR_DESCRIPTOR";
+    case kMatmul: return "CUDNN_BACKEND_MATMUL_DESCRIPTOR";
+    case kOpMatmul: return "CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR";
   }
   return str_cat("cudnnBackendDescriptorType_t ", type);
 }
@@ -511,9 +547,10 @@ Result<OpGraph> interpret_operation_graph(const Graph& g) {
     switch (op.type) {
       case kOpConvForward: HIBER_RETURN_IF_ERROR(conv_forward(g, op, out)); break;
       case kOpPointwise: HIBER_RETURN_IF_ERROR(pointwise(g, op, out)); break;
+      case kOpMatmul: HIBER_RETURN_IF_ERROR(matmul(g, op, out)); break;
       default:
         return error(ErrorCode::kNotSupported, "operation graph: a ", descriptor_type_name(op.type),
-                     " is not an operation Hiber runs (convolution forward, pointwise)");
+                     " is not an operation Hiber runs (convolution forward, matmul, pointwise)");
     }
   }
   return out;
@@ -536,8 +573,10 @@ Status check_finalizable(const Graph& g) {
                      " (Hiber runs ADD, MUL, IDENTITY, RELU_FWD, TANH_FWD, SIGMOID_FWD, GELU_FWD)");
       return Status();
     }
+    case kMatmul: return enum_one(root, kMatmulCompType, kTypeDataType).status();
     case kOpConvForward: return conv_forward(g, root, scratch);
     case kOpPointwise: return pointwise(g, root, scratch);
+    case kOpMatmul: return matmul(g, root, scratch);
     case kOperationGraph: return interpret_operation_graph(g).status();
   }
   return error(ErrorCode::kNotSupported, descriptor_type_name(root.type),

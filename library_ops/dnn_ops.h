@@ -11,8 +11,8 @@
 // Decoding checks every count, type and position against the bytes received: hiberd meets
 // malformed bytes with kInvalidValue, never a crash.
 //
-// interpret_*() read a decoded graph as the operations Hiber runs (convolution forward and
-// pointwise ops on tensors), checking what cuDNN checks when it finalizes them; the session's
+// interpret_*() read a decoded graph as the operations Hiber runs (convolution forward, matmul
+// and pointwise ops on tensors), checking what cuDNN checks when it finalizes them; the session's
 // checks (server/dnn_checks.cc) and the simulated GPU (server/device/sim/dnn_host.cc) share them.
 //
 // Legacy API (cudnnBatchNormalizationForwardInference, cudnnPoolingForward, ...): one fixed
@@ -78,6 +78,8 @@ enum DescriptorType : int32_t {  // cudnnBackendDescriptorType_t
   kOperationGraph = 15,
   kVariantPack = 16,
   kTensor = 17,
+  kMatmul = 18,
+  kOpMatmul = 19,
 };
 std::string descriptor_type_name(int32_t type);
 
@@ -136,6 +138,11 @@ enum Attribute : int32_t {  // cudnnBackendAttributeName_t
   kVariantPackDataPointers = 1001,
   kVariantPackIntermediates = 1002,
   kVariantPackWorkspace = 1003,
+  kMatmulCompType = 1500,
+  kOpMatmulA = 1520,
+  kOpMatmulB = 1521,
+  kOpMatmulC = 1522,
+  kOpMatmulDesc = 1523,
   kEngineOperationGraph = 1300,
   kEngineGlobalIndex = 1301,
   kEngineKnobInfo = 1302,
@@ -211,16 +218,18 @@ struct Tensor {
 // Bytes from the first element to the end of the last: kInvalidValue beyond 2^48.
 Result<uint64_t> tensor_extent(const Tensor& tensor);
 
-enum class OpKind : uint8_t { kConvForward, kPointwise };
+enum class OpKind : uint8_t { kConvForward, kPointwise, kMatmul };
 struct Op {
   OpKind kind = OpKind::kConvForward;
-  int x = -1, w = -1, b = -1, y = -1;  // positions in OpGraph::tensors; -1: none
+  // Positions in OpGraph::tensors; -1: none. A matmul's A, B and C are x, w and y: C = A x B over
+  // the last two dimensions ([.., M, K] x [.., K, N]), the leading ones batch (1 broadcasts).
+  int x = -1, w = -1, b = -1, y = -1;
   // Convolution forward.
   int32_t spatial = 0;
   int64_t pre_pad[kMaxSpatial] = {}, post_pad[kMaxSpatial] = {};
   int64_t stride[kMaxSpatial] = {}, dilation[kMaxSpatial] = {};
   int32_t conv_mode = kCrossCorrelationMode;
-  int32_t compute_type = kFloat;
+  int32_t compute_type = kFloat;  // convolution and matmul
   double alpha = 1, beta = 0;
   // Pointwise.
   int32_t pw_mode = 0;
@@ -239,7 +248,8 @@ struct OpGraph {
 // naming an operation Hiber cannot describe.
 Result<OpGraph> interpret_operation_graph(const Graph& graph);
 // What cuDNN checks when it finalizes the root descriptor of `graph`, for the types the client
-// finalizes itself (tensor, convolution, pointwise, their operations, operation graph): required
+// finalizes itself (tensor, convolution, matmul, pointwise, their operations, operation graph):
+// required
 // attributes present, of the right attribute type, and values and shapes that agree.
 // kInvalidValue naming what is wrong; kNotSupported for any other descriptor type.
 Status check_finalizable(const Graph& graph);

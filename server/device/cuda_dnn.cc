@@ -269,6 +269,8 @@ bool rebuilt_type(int32_t type) {
     case dnn::kExecutionPlan:
     case dnn::kOpConvForward:
     case dnn::kOpPointwise:
+    case dnn::kMatmul:
+    case dnn::kOpMatmul:
     case dnn::kOperationGraph:
     case dnn::kTensor: return true;
   }

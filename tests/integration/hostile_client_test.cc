@@ -445,6 +445,97 @@ TEST(Batches, BadArgumentsGetTheirOwnErrors) {
   EXPECT_TRUE(got[last].ok());
 }
 
+// Graphs (protocol 1.9): misuse of graphBegin/End/Launch/Destroy fails alone, with its own
+// error; a call a graph may not hold fails, and so does the graphEnd, which defines nothing; a
+// graph of a bad copy fails when launched, naming the call; the session goes on.
+TEST(Batches, GraphMisuseGetsItsOwnErrors) {
+  Hiberd hiberd({"--default_quota_mib=64"});
+  RawClient raw(hiberd);
+  ASSERT_TRUE(raw.connected());
+  const uint64_t va = raw.grant().va_base;
+  struct Expect {
+    const char* what;
+    uint64_t seq;
+    ErrorCode code;
+    const char* says;
+  };
+  std::vector<Expect> expects;
+  auto expect = [&](const char* what, ErrorCode code, const char* says, auto fill) {
+    expects.push_back({what, raw.add(fill), code, says});
+  };
+  expect("allocate", ErrorCode::kSuccess, "", [&](proto::Call::Builder c) {
+    auto a = c.initMemAllocate();
+    a.setVa(va);
+    a.setBytes(2 << 20);
+  });
+  expect("launch of an unknown graph", ErrorCode::kInvalidHandle, "unknown graph",
+         [&](proto::Call::Builder c) { c.initGraphLaunch().setGraph(7); });
+  expect("end of a graph never begun", ErrorCode::kInvalidValue, "is not being defined",
+         [&](proto::Call::Builder c) { c.initGraphEnd().setGraph(7); });
+  expect("destroy of an unknown graph", ErrorCode::kInvalidHandle, "unknown graph",
+         [&](proto::Call::Builder c) { c.initGraphDestroy().setGraph(7); });
+  expect("graph 0", ErrorCode::kInvalidValue, "is 0",
+         [&](proto::Call::Builder c) { c.initGraphBegin().setGraph(0); });
+  // Graph 1: an allocation inside the definition cannot be kept; the graph is not defined.
+  expect("begin 1", ErrorCode::kSuccess, "",
+         [&](proto::Call::Builder c) { c.initGraphBegin().setGraph(1); });
+  expect("an allocation in a graph", ErrorCode::kInvalidValue, "cannot be part of a graph",
+         [&](proto::Call::Builder c) {
+           auto a = c.initMemAllocate();
+           a.setVa(va + (4 << 20));
+           a.setBytes(2 << 20);
+         });
+  expect("end 1", ErrorCode::kInvalidValue, "cannot be part of a graph",
+         [&](proto::Call::Builder c) { c.initGraphEnd().setGraph(1); });
+  expect("launch of the refused graph", ErrorCode::kInvalidHandle, "unknown graph",
+         [&](proto::Call::Builder c) { c.initGraphLaunch().setGraph(1); });
+  // Graph 2: a memset outside every allocation is kept, and fails when the graph runs.
+  expect("begin 2", ErrorCode::kSuccess, "",
+         [&](proto::Call::Builder c) { c.initGraphBegin().setGraph(2); });
+  expect("a wild memset, kept", ErrorCode::kSuccess, "", [&](proto::Call::Builder c) {
+    auto m = c.initMemset();
+    m.setDst(va + (1ull << 40));
+    m.setElementBytes(1);
+    m.setCount(16);
+  });
+  expect("end 2", ErrorCode::kSuccess, "",
+         [&](proto::Call::Builder c) { c.initGraphEnd().setGraph(2); });
+  expect("begin 2 again", ErrorCode::kInvalidValue, "exists already",
+         [&](proto::Call::Builder c) { c.initGraphBegin().setGraph(2); });
+  expect("launch of the wild memset", ErrorCode::kInvalidValue, "graph 2, call 0 of 1",
+         [&](proto::Call::Builder c) { c.initGraphLaunch().setGraph(2); });
+  expect("destroy 2", ErrorCode::kSuccess, "",
+         [&](proto::Call::Builder c) { c.initGraphDestroy().setGraph(2); });
+  // Graph 3: a good memset, launched; the session goes on.
+  expect("begin 3", ErrorCode::kSuccess, "",
+         [&](proto::Call::Builder c) { c.initGraphBegin().setGraph(3); });
+  expect("a memset, kept", ErrorCode::kSuccess, "", [&](proto::Call::Builder c) {
+    auto m = c.initMemset();
+    m.setDst(va);
+    m.setElementBytes(1);
+    m.setCount(4096);
+  });
+  expect("end 3", ErrorCode::kSuccess, "",
+         [&](proto::Call::Builder c) { c.initGraphEnd().setGraph(3); });
+  expect("launch 3", ErrorCode::kSuccess, "", [&](proto::Call::Builder c) {
+    c.setReply(true);
+    c.initGraphLaunch().setGraph(3);
+  });
+  uint64_t last = raw.ping();
+  auto got = raw.collect_until(last);
+  for (const Expect& e : expects) {
+    SCOPED_TRACE(e.what);
+    if (e.code == ErrorCode::kSuccess) {
+      EXPECT_TRUE(got.count(e.seq) == 0 || got[e.seq].ok()) << got[e.seq];
+    } else {
+      ASSERT_TRUE(got.count(e.seq)) << "no error came back";
+      EXPECT_EQ(got[e.seq].code(), e.code) << got[e.seq];
+      EXPECT_NE(got[e.seq].message().find(e.says), std::string::npos) << got[e.seq];
+    }
+  }
+  EXPECT_TRUE(got[last].ok());
+}
+
 TEST(Batches, AMessageLargerThanTheRingGetsThroughIntact) {
   Hiberd hiberd({"--request_ring_kib=16"});
   RawClient raw(hiberd);

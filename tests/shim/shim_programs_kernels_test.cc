@@ -100,6 +100,7 @@ const std::map<std::string, std::set<std::string>>& expected_kernels() {
        {"_Z6matvecPKfS0_Pfii", "_Z9bias_reluPfPKfii", "_Z8count_upPj",
         "_Z14gather_throughPKPKfxPf"}},
       {"library_gemm", {}},
+      {"library_dnn_matmul", {}},
       {"library_transformer", {"_Z15softmax_columnsPviii", "_Z13add_layernormPKvS0_PvPKfS3_iifi"}},
   };
   return kernels;

@@ -101,9 +101,10 @@ double apply_pointwise(const dnn::Op& op, double x, double b) {
 // double data.
 double keep(double v, bool f64) { return f64 ? v : static_cast<double>(static_cast<float>(v)); }
 
-// How the host engine runs a graph: an optional convolution, then a chain of pointwise ops.
+// How the host engine runs a graph: an optional convolution or matmul (the anchor), then a chain
+// of pointwise ops.
 struct Chain {
-  int conv = -1;               // the convolution's position in ops, or -1
+  int conv = -1;               // the anchor's position in ops, or -1
   int source = -1;             // without a convolution: the chain's non-virtual input tensor
   std::vector<int> pointwise;  // in order
   int output = -1;             // the final tensor
@@ -112,10 +113,11 @@ struct Chain {
 Result<Chain> chain_of(const dnn::OpGraph& g) {
   Chain c;
   for (size_t i = 0; i < g.ops.size(); ++i) {
-    if (g.ops[i].kind != dnn::OpKind::kConvForward) continue;
+    if (g.ops[i].kind == dnn::OpKind::kPointwise) continue;
     if (c.conv >= 0)
       return error(ErrorCode::kNotSupported,
-                   "the simulated GPU's engine runs one convolution per graph, not several");
+                   "the simulated GPU's engine runs one convolution or matmul per graph, not "
+                   "several");
     c.conv = static_cast<int>(i);
   }
   int current = -1;
@@ -151,8 +153,8 @@ Result<Chain> chain_of(const dnn::OpGraph& g) {
   for (size_t i = 0; i < g.ops.size(); ++i)
     if (!used[i])
       return error(ErrorCode::kNotSupported,
-                   "the simulated GPU's engine runs a convolution followed by a chain of "
-                   "pointwise ops; operation ",
+                   "the simulated GPU's engine runs a convolution or matmul followed by a chain "
+                   "of pointwise ops; operation ",
                    i, " of the graph is not on that chain");
   if (g.tensors[current].is_virtual)
     return error(ErrorCode::kInvalidValue, "the graph's output (tensor ", g.tensors[current].uid,
@@ -169,7 +171,15 @@ Status host_engine_supports(const dnn::OpGraph& g) {
       return error(ErrorCode::kNotSupported, "tensor ", t.uid, " has cudnnDataType_t ", t.data_type,
                    "; the simulated GPU runs FLOAT, DOUBLE, HALF and BFLOAT16");
   HIBER_ASSIGN_OR_RETURN(Chain c, chain_of(g));
-  if (c.conv >= 0) {
+  if (c.conv >= 0 && g.ops[c.conv].kind == dnn::OpKind::kMatmul) {
+    const dnn::Op& mm = g.ops[c.conv];
+    if (g.tensors[mm.x].data_type != g.tensors[mm.w].data_type ||
+        g.tensors[mm.x].data_type == dnn::kDouble || mm.compute_type != dnn::kFloat)
+      return error(ErrorCode::kNotSupported, "matmul of A type ", g.tensors[mm.x].data_type,
+                   ", B type ", g.tensors[mm.w].data_type, ", compute type ", mm.compute_type,
+                   "; the simulated GPU multiplies FLOAT, HALF or BFLOAT16 A and B of one type, ",
+                   "computing in FLOAT");
+  } else if (c.conv >= 0) {
     const dnn::Op& conv = g.ops[c.conv];
     const bool f64 = g.tensors[conv.x].data_type == dnn::kDouble;
     if (g.tensors[conv.x].data_type != g.tensors[conv.w].data_type)
@@ -215,6 +225,28 @@ Status run_op_graph(const dnn::OpGraph& g, std::span<const dnn::Bound> bound) {
     return Status();
   }
 
+  if (g.ops[c.conv].kind == dnn::OpKind::kMatmul) {
+    // C[.., m, n] = sum over k of A[.., m, k] * B[.., k, n], accumulated in FLOAT in k order.
+    const dnn::Op& op = g.ops[c.conv];
+    const View& a = views[op.x];
+    const View& b = views[op.w];
+    const dnn::Tensor& tc = g.tensors[op.y];
+    const int r = tc.rank;
+    const int64_t depth = a.dims[r - 1];
+    for_each(r, tc.dims, [&](const int64_t* coord) {
+      int64_t ac[dnn::kMaxDims], bc[dnn::kMaxDims];
+      std::copy(coord, coord + r, ac);
+      std::copy(coord, coord + r, bc);
+      float acc = 0;
+      for (int64_t k = 0; k < depth; ++k) {
+        ac[r - 1] = k;
+        bc[r - 2] = k;
+        acc += static_cast<float>(a.load(ac)) * static_cast<float>(b.load(bc));
+      }
+      out.store(coord, finish(coord, keep(acc, false)));
+    });
+    return Status();
+  }
   const dnn::Op& op = g.ops[c.conv];
   const View& x = views[op.x];
   const View& w = views[op.w];
