@@ -475,8 +475,8 @@ TEST_F(LateBindingTest, AKernelReadingTheModelThroughAPointerArrayWaitsForTheSwa
 
 // A CUDA graph captured and instantiated while the function ran on one GPU is launched after
 // late binding moved the function to another, whose memory never held the model: hiberd replays
-// the graph's copy of a table entry in the swap's last group there, waiting for that group, and
-// the answer is the model's value.
+// the graph's cuBLAS GEMM and copy of a table entry in the swap's last group there, each waiting
+// for that group, and both answers are the model's value.
 TEST_F(LateBindingTest, AGraphMadeOnOneGpuRunsOnTheNextAfterAMove) {
   Hiberd hiberd(slow_swap_hiberd());
   start_table_function(hiberd);
@@ -489,8 +489,8 @@ TEST_F(LateBindingTest, AGraphMadeOnOneGpuRunsOnTheNextAfterAMove) {
   const float value = tiny_mlp::table_value(f.seed, entry);
   ASSERT_NE(value, 0.0f);
   char want[64];
-  std::snprintf(want, sizeof want, "graph %llu %a", static_cast<unsigned long long>(entry),
-                static_cast<double>(value));
+  std::snprintf(want, sizeof want, "graph %llu %a %a", static_cast<unsigned long long>(entry),
+                static_cast<double>(value), static_cast<double>(value));
   const std::string line = "graph " + std::to_string(entry);
   const Answer made = request(hiberd, f, line);
   ASSERT_TRUE(made.status.ok()) << made.status;

@@ -24,10 +24,10 @@
 // entry (hiberd sees the operand and waits for its swap group) and by a 1x1 cublasGemmBatchedEx
 // whose A comes from a pointer array (hiberd cannot see where: it waits for the whole model);
 // the answer is "gemm <entry> <value> <value>".
-// Or "graph <table entry>": a CUDA graph captured on the first request naming the entry (a copy
-// of the entry to scratch memory, then to pinned host memory) is launched; later requests launch
-// the same graph, on whichever GPU hiberd runs the function then; the answer is
-// "graph <entry> <value>".
+// Or "graph <table entry>": a CUDA graph captured on the first request naming the entry (a 1x1
+// cublasSgemm of the entry and 1.0, and a copy of the entry, both into scratch memory, then to
+// pinned host memory) is launched; later requests launch the same graph, on whichever GPU
+// hiberd runs the function then; the answer is "graph <entry> <value> <value>".
 // Or "conv <table entry>": a 1x1 convolution through cuDNN's backend API (cudnn_conv.h) whose X
 // is the entry and whose W is the last table entry holding 1.0 (table_mib >= 1: every value
 // recurs each 65536 entries), so both operands are model memory, in the table's last 256 KiB
@@ -190,18 +190,32 @@ bool Server::answer(const std::string& line_text, std::string& out) {
         static_cast<size_t>(entry) >= table_entries) {
       return false;
     }
+    // Scratch [one, by cuBLAS, by copy] is rewritten by every launch: a swap re-places scratch
+    // without its contents. The 1.0 comes from pinned memory, read at each launch.
     auto it = graphs.find(entry);
     if (it == graphs.end()) {
       if (graph_stream == nullptr) {
         CUDA_CHECK(cudaStreamCreateWithFlags(&graph_stream, cudaStreamNonBlocking));
-        CUDA_CHECK(cudaMalloc(&graph_scratch, sizeof(float)));
-        CUDA_CHECK(cudaMallocHost(&graph_out, sizeof(float)));
+        CUDA_CHECK(cudaMalloc(&graph_scratch, 3 * sizeof(float)));
+        CUDA_CHECK(cudaMallocHost(&graph_out, 3 * sizeof(float)));
       }
+      const float one = 1.0f, zero = 0.0f;
       CUDA_CHECK(cudaStreamBeginCapture(graph_stream, cudaStreamCaptureModeGlobal));
-      CUDA_CHECK(cudaMemcpyAsync(graph_scratch, d_table + entry, sizeof(float),
+      CUDA_CHECK(cudaMemcpyAsync(graph_scratch, graph_out + 2, sizeof(float),
+                                 cudaMemcpyHostToDevice, graph_stream));
+      CUDA_CHECK(cudaMemcpyAsync(graph_scratch + 2, d_table + entry, sizeof(float),
                                  cudaMemcpyDeviceToDevice, graph_stream));
-      CUDA_CHECK(cudaMemcpyAsync(graph_out, graph_scratch, sizeof(float), cudaMemcpyDeviceToHost,
-                                 graph_stream));
+      bool ok = cublasSetStream(blas, graph_stream) == CUBLAS_STATUS_SUCCESS &&
+                cublasSgemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, 1, 1, 1, &one, d_table + entry, 1,
+                            graph_scratch, 1, &zero, graph_scratch + 1, 1) ==
+                    CUBLAS_STATUS_SUCCESS &&
+                cublasSetStream(blas, nullptr) == CUBLAS_STATUS_SUCCESS;
+      if (!ok) {
+        std::fprintf(stderr, "mlp_server: a cuBLAS call failed in a capture\n");
+        std::exit(program::kExitCudaError);
+      }
+      CUDA_CHECK(cudaMemcpyAsync(graph_out, graph_scratch + 1, 2 * sizeof(float),
+                                 cudaMemcpyDeviceToHost, graph_stream));
       cudaGraph_t graph = nullptr;
       CUDA_CHECK(cudaStreamEndCapture(graph_stream, &graph));
       cudaGraphExec_t exec = nullptr;
@@ -209,10 +223,12 @@ bool Server::answer(const std::string& line_text, std::string& out) {
       CUDA_CHECK(cudaGraphDestroy(graph));
       it = graphs.emplace(entry, exec).first;
     }
-    *graph_out = 0.0f;
+    graph_out[0] = graph_out[1] = 0.0f;
+    graph_out[2] = 1.0f;
     CUDA_CHECK(cudaGraphLaunch(it->second, graph_stream));
     CUDA_CHECK(cudaStreamSynchronize(graph_stream));
-    out = format("graph %lld %a", entry, static_cast<double>(*graph_out));
+    out = format("graph %lld %a %a", entry, static_cast<double>(graph_out[0]),
+                 static_cast<double>(graph_out[1]));
     return true;
   }
   if (std::strncmp(line, "indirect", 8) == 0) {
