@@ -365,3 +365,50 @@ CUresult hiber_entry::cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode* mod
   *mode = static_cast<CUstreamCaptureMode>(previous);
   return CUDA_SUCCESS;
 }
+
+// ---- The driver's graphs: the same objects as the runtime's ----
+
+namespace {
+
+CUresult driver_result(const char* name, const Status& status) {
+  return status.ok() ? CUDA_SUCCESS : static_cast<CUresult>(hiber::shim::failed(name, status));
+}
+
+}  // namespace
+
+CUresult hiber_entry::cuStreamBeginCapture_v2(CUstream stream, CUstreamCaptureMode mode) {
+  auto s = Client::get().stream(stream);
+  if (!s.ok()) return driver_result("cuStreamBeginCapture", s.status());
+  return driver_result("cuStreamBeginCapture", Client::get().begin_capture(*s, mode));
+}
+
+CUresult hiber_entry::cuStreamEndCapture(CUstream stream, CUgraph* graph) {
+  if (graph == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *graph = nullptr;
+  auto s = Client::get().stream(stream);
+  if (!s.ok()) return driver_result("cuStreamEndCapture", s.status());
+  auto captured = Client::get().end_capture(*s);
+  if (!captured.ok()) return driver_result("cuStreamEndCapture", captured.status());
+  *graph = reinterpret_cast<CUgraph>(*captured);
+  return CUDA_SUCCESS;
+}
+
+CUresult hiber_entry::cuGraphInstantiateWithFlags(CUgraphExec* exec, CUgraph graph,
+                                                  unsigned long long flags) {
+  return static_cast<CUresult>(hiber_entry::cudaGraphInstantiate(
+      reinterpret_cast<cudaGraphExec_t*>(exec), reinterpret_cast<cudaGraph_t>(graph), flags));
+}
+
+CUresult hiber_entry::cuGraphLaunch(CUgraphExec exec, CUstream stream) {
+  return static_cast<CUresult>(hiber_entry::cudaGraphLaunch(
+      reinterpret_cast<cudaGraphExec_t>(exec), reinterpret_cast<cudaStream_t>(stream)));
+}
+
+CUresult hiber_entry::cuGraphExecDestroy(CUgraphExec exec) {
+  return static_cast<CUresult>(
+      hiber_entry::cudaGraphExecDestroy(reinterpret_cast<cudaGraphExec_t>(exec)));
+}
+
+CUresult hiber_entry::cuGraphDestroy(CUgraph graph) {
+  return static_cast<CUresult>(hiber_entry::cudaGraphDestroy(reinterpret_cast<cudaGraph_t>(graph)));
+}

@@ -83,6 +83,7 @@ TEST_F(ShimGapsTest, GraphsCapturedAndBuiltRunAsTheirCalls) {
   for (const char* expected :
        {"graphs: captured graph launched 100 times",
         "graphs: built graph with a host node, parameters changed and updated",
+        "graphs: driver API graph launched",
         "cudaMemcpy during a global capture -> cudaErrorStreamCaptureUnsupported",
         "cudaMalloc during a global capture -> cudaErrorStreamCaptureUnsupported",
         "cudaStreamEndCapture of the invalidated capture -> cudaErrorStreamCaptureInvalidated",

@@ -8,16 +8,19 @@
 //              and launched `launches` times with new inputs each time
 //   built      the same built node by node, with a host function between the kernels; then its
 //              kernel's parameters changed in the executable graph, and the graph updated
+//   driver     a capture, instantiation and launch through the driver API
 //   refused    a synchronous copy and a cudaMalloc in a global-mode capture (the capture is
 //              invalidated), the same cudaMalloc allowed in relaxed mode, a destroyed graph
 //              launched; each followed by work that must still be right
 // Exits 3 on any mismatch.
+#include <cuda.h>
 #include <cuda_runtime.h>
 
 #include <cstdio>
 #include <cstring>
 #include <vector>
 
+#include "driver_entry.h"
 #include "program_util.h"
 
 // y = a * x + b, exactly representable for the inputs used.
@@ -205,6 +208,22 @@ int main(int argc, char** argv) {
   CUDA_CHECK(cudaGraphLaunch(built_exec, s));
   CUDA_CHECK(cudaStreamSynchronize(s));
   mismatches += check("after the refusals", h_out, n, 7, a1, b1, a2, b2);
+
+  // The driver's forms: captured, instantiated, launched and destroyed through the driver API.
+  const auto cu_stream = reinterpret_cast<CUstream>(s);
+  CU_CHECK(DRV(cuStreamBeginCapture)(cu_stream, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  graph_affine<<<grid, block, 0, s>>>(x, y, n, 5.0f, 2.0f);
+  CUDA_CHECK(cudaMemcpyAsync(h_out, y, bytes, cudaMemcpyDeviceToHost, s));
+  CUgraph driver_graph = nullptr;
+  CU_CHECK(DRV(cuStreamEndCapture)(cu_stream, &driver_graph));
+  CUgraphExec driver_exec = nullptr;
+  CU_CHECK(DRV(cuGraphInstantiateWithFlags)(&driver_exec, driver_graph, 0));
+  CU_CHECK(DRV(cuGraphLaunch)(driver_exec, cu_stream));
+  CUDA_CHECK(cudaStreamSynchronize(s));
+  mismatches += check("driver graph", h_out, n, 7, 5.0f, 2.0f, 1.0f, 0.0f);
+  CU_CHECK(DRV(cuGraphExecDestroy)(driver_exec));
+  CU_CHECK(DRV(cuGraphDestroy)(driver_graph));
+  std::printf("graphs: driver API graph launched\n");
 
   CUDA_CHECK(cudaGraphExecDestroy(built_exec));
   CUDA_CHECK(cudaGraphDestroy(built));
