@@ -253,46 +253,45 @@ CUresult hiber_entry::cuMemFreeAsync(CUdeviceptr pointer, CUstream stream) {
 CUresult hiber_entry::cuMemFreeAsync_ptsz(CUdeviceptr pointer, CUstream stream) {
   return hiber_entry::cuMemFreeAsync(pointer, stream);
 }
+// The driver's pools are the runtime's (a CUmemoryPool is a cudaMemPool_t; the attribute,
+// access and location enumerations and structs share their values and layouts).
 CUresult hiber_entry::cuDeviceGetDefaultMemPool(CUmemoryPool* pool, CUdevice device) {
-  return static_cast<CUresult>(pool_out("cuDeviceGetDefaultMemPool", reinterpret_cast<void**>(pool),
-                                        Client::get().default_mem_pool(device)));
+  return static_cast<CUresult>(
+      hiber_entry::cudaDeviceGetDefaultMemPool(reinterpret_cast<cudaMemPool_t*>(pool), device));
 }
 CUresult hiber_entry::cuDeviceGetMemPool(CUmemoryPool* pool, CUdevice device) {
-  return static_cast<CUresult>(pool_out("cuDeviceGetMemPool", reinterpret_cast<void**>(pool),
-                                        Client::get().current_mem_pool(device)));
+  return static_cast<CUresult>(
+      hiber_entry::cudaDeviceGetMemPool(reinterpret_cast<cudaMemPool_t*>(pool), device));
 }
 CUresult hiber_entry::cuDeviceSetMemPool(CUdevice device, CUmemoryPool pool) {
-  return static_cast<CUresult>(with_pool("cuDeviceSetMemPool", pool, [&](MemPoolObj* p) {
-    return Client::get().set_current_mem_pool(device, p);
-  }));
+  return static_cast<CUresult>(
+      hiber_entry::cudaDeviceSetMemPool(device, reinterpret_cast<cudaMemPool_t>(pool)));
 }
 CUresult hiber_entry::cuMemPoolCreate(CUmemoryPool* pool, const CUmemPoolProps* props) {
-  if (props == nullptr)
+  if (props == nullptr) {
     return static_cast<CUresult>(invalid_with("cuMemPoolCreate", "null properties"));
+  }
   return static_cast<CUresult>(pool_create("cuMemPoolCreate", reinterpret_cast<void**>(pool),
                                            props->allocType, props->handleTypes,
                                            props->location.type, props->location.id));
 }
 CUresult hiber_entry::cuMemPoolDestroy(CUmemoryPool pool) {
-  return static_cast<CUresult>(with_pool(
-      "cuMemPoolDestroy", pool, [](MemPoolObj* p) { return Client::get().destroy_mem_pool(p); }));
+  return static_cast<CUresult>(
+      hiber_entry::cudaMemPoolDestroy(reinterpret_cast<cudaMemPool_t>(pool)));
 }
 CUresult hiber_entry::cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr,
                                             void* value) {
-  return static_cast<CUresult>(with_pool("cuMemPoolSetAttribute", pool, [&](MemPoolObj* p) {
-    return Client::get().mem_pool_attribute(p, attr, value, /*set=*/true);
-  }));
+  return static_cast<CUresult>(hiber_entry::cudaMemPoolSetAttribute(
+      reinterpret_cast<cudaMemPool_t>(pool), static_cast<cudaMemPoolAttr>(attr), value));
 }
 CUresult hiber_entry::cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr,
                                             void* value) {
-  return static_cast<CUresult>(with_pool("cuMemPoolGetAttribute", pool, [&](MemPoolObj* p) {
-    return Client::get().mem_pool_attribute(p, attr, value, /*set=*/false);
-  }));
+  return static_cast<CUresult>(hiber_entry::cudaMemPoolGetAttribute(
+      reinterpret_cast<cudaMemPool_t>(pool), static_cast<cudaMemPoolAttr>(attr), value));
 }
 CUresult hiber_entry::cuMemPoolTrimTo(CUmemoryPool pool, size_t keep_bytes) {
-  return static_cast<CUresult>(with_pool("cuMemPoolTrimTo", pool, [&](MemPoolObj* p) {
-    return Client::get().trim_mem_pool(p, keep_bytes);
-  }));
+  return static_cast<CUresult>(
+      hiber_entry::cudaMemPoolTrimTo(reinterpret_cast<cudaMemPool_t>(pool), keep_bytes));
 }
 CUresult hiber_entry::cuMemPoolSetAccess(CUmemoryPool pool, const CUmemAccessDesc* descs,
                                          size_t count) {
@@ -303,13 +302,9 @@ CUresult hiber_entry::cuMemPoolSetAccess(CUmemoryPool pool, const CUmemAccessDes
 }
 CUresult hiber_entry::cuMemPoolGetAccess(CUmemAccess_flags* flags, CUmemoryPool pool,
                                          CUmemLocation* location) {
-  if (flags == nullptr || location == nullptr || !Client::get().mem_pool(pool).ok()) {
-    return static_cast<CUresult>(invalid_with("cuMemPoolGetAccess", "invalid argument"));
-  }
-  *flags = location->type == CU_MEM_LOCATION_TYPE_DEVICE && location->id == 0
-               ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE
-               : CU_MEM_ACCESS_FLAGS_PROT_NONE;
-  return CUDA_SUCCESS;
+  return static_cast<CUresult>(hiber_entry::cudaMemPoolGetAccess(
+      reinterpret_cast<cudaMemAccessFlags*>(flags), reinterpret_cast<cudaMemPool_t>(pool),
+      reinterpret_cast<cudaMemLocation*>(location)));
 }
 CUresult hiber_entry::cuMemPoolExportToShareableHandle(void*, CUmemoryPool,
                                                        CUmemAllocationHandleType,

@@ -245,6 +245,43 @@ class RawClient {
   uint64_t next_seq_ = 1;
 };
 
+// Calls sent through `raw`, each expected to fail with its own code and a message saying
+// `says` (kSuccess: not to fail); check() pings and compares what came back.
+class ExpectedErrors {
+ public:
+  explicit ExpectedErrors(RawClient& raw) : raw_(raw) {}
+  template <typename Fill>
+  void add(const char* what, ErrorCode code, Fill fill, const char* says = "") {
+    expects_.push_back({what, raw_.add(fill), code, says});
+  }
+  void check() {
+    const uint64_t last = raw_.ping();
+    auto got = raw_.collect_until(last);
+    for (const Expect& e : expects_) {
+      SCOPED_TRACE(e.what);
+      if (e.code == ErrorCode::kSuccess) {
+        EXPECT_TRUE(got.count(e.seq) == 0 || got[e.seq].ok()) << got[e.seq];
+      } else {
+        ASSERT_TRUE(got.count(e.seq)) << "no error came back";
+        EXPECT_EQ(got[e.seq].code(), e.code) << got[e.seq];
+        EXPECT_FALSE(got[e.seq].message().empty());
+        EXPECT_NE(got[e.seq].message().find(e.says), std::string::npos) << got[e.seq];
+      }
+    }
+    EXPECT_TRUE(got[last].ok());
+  }
+
+ private:
+  struct Expect {
+    const char* what;
+    uint64_t seq;
+    ErrorCode code;
+    const char* says;
+  };
+  RawClient& raw_;
+  std::vector<Expect> expects_;
+};
+
 TEST(Batches, MalformedMessagesAreRefusedAndTheSessionGoesOn) {
   Hiberd hiberd;
   RawClient raw(hiberd);
@@ -318,15 +355,8 @@ TEST(Batches, BadArgumentsGetTheirOwnErrors) {
   const uint64_t va = g.va_base;
   const uint64_t arena = raw.channel().arena().size();
 
-  struct Expect {
-    const char* what;
-    uint64_t seq;
-    ErrorCode code;
-  };
-  std::vector<Expect> expects;
-  auto expect = [&](const char* what, ErrorCode code, auto fill) {
-    expects.push_back({what, raw.add(fill), code});
-  };
+  ExpectedErrors errors(raw);
+  auto expect = [&](const char* what, ErrorCode code, auto fill) { errors.add(what, code, fill); };
   // A real allocation to aim at.
   expect("allocate", ErrorCode::kSuccess, [&](proto::Call::Builder c) {
     c.setReply(true);
@@ -430,19 +460,7 @@ TEST(Batches, BadArgumentsGetTheirOwnErrors) {
     m.setImageOffset(0);
     m.setImageBytes(4096);
   });
-  uint64_t last = raw.ping();
-  auto got = raw.collect_until(last);
-  for (const Expect& e : expects) {
-    SCOPED_TRACE(e.what);
-    if (e.code == ErrorCode::kSuccess) {
-      EXPECT_TRUE(got.count(e.seq) == 0 || got[e.seq].ok()) << got[e.seq];
-    } else {
-      ASSERT_TRUE(got.count(e.seq)) << "no error came back";
-      EXPECT_EQ(got[e.seq].code(), e.code) << got[e.seq];
-      EXPECT_FALSE(got[e.seq].message().empty());
-    }
-  }
-  EXPECT_TRUE(got[last].ok());
+  errors.check();
 }
 
 // Graphs (protocol 1.9): misuse of graphBegin/End/Launch/Destroy fails alone, with its own
@@ -453,15 +471,9 @@ TEST(Batches, GraphMisuseGetsItsOwnErrors) {
   RawClient raw(hiberd);
   ASSERT_TRUE(raw.connected());
   const uint64_t va = raw.grant().va_base;
-  struct Expect {
-    const char* what;
-    uint64_t seq;
-    ErrorCode code;
-    const char* says;
-  };
-  std::vector<Expect> expects;
+  ExpectedErrors errors(raw);
   auto expect = [&](const char* what, ErrorCode code, const char* says, auto fill) {
-    expects.push_back({what, raw.add(fill), code, says});
+    errors.add(what, code, fill, says);
   };
   expect("allocate", ErrorCode::kSuccess, "", [&](proto::Call::Builder c) {
     auto a = c.initMemAllocate();
@@ -521,19 +533,7 @@ TEST(Batches, GraphMisuseGetsItsOwnErrors) {
     c.setReply(true);
     c.initGraphLaunch().setGraph(3);
   });
-  uint64_t last = raw.ping();
-  auto got = raw.collect_until(last);
-  for (const Expect& e : expects) {
-    SCOPED_TRACE(e.what);
-    if (e.code == ErrorCode::kSuccess) {
-      EXPECT_TRUE(got.count(e.seq) == 0 || got[e.seq].ok()) << got[e.seq];
-    } else {
-      ASSERT_TRUE(got.count(e.seq)) << "no error came back";
-      EXPECT_EQ(got[e.seq].code(), e.code) << got[e.seq];
-      EXPECT_NE(got[e.seq].message().find(e.says), std::string::npos) << got[e.seq];
-    }
-  }
-  EXPECT_TRUE(got[last].ok());
+  errors.check();
 }
 
 TEST(Batches, AMessageLargerThanTheRingGetsThroughIntact) {

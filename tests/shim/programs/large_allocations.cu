@@ -16,14 +16,9 @@
 #include <vector>
 
 #include "program_util.h"
+#include "xor_bytes_kernel.cuh"
 
 using Bytes = std::vector<unsigned char>;
-
-__global__ void xor_bytes(const unsigned char* a, const unsigned char* b, unsigned char* out,
-                          unsigned long long n) {
-  unsigned long long i = static_cast<unsigned long long>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) out[i] = a[i] ^ b[i];
-}
 
 namespace {
 
