@@ -185,6 +185,10 @@ Status Client::reset_device() {
   for (wire::EventHandle event : events) {
     HIBER_RETURN_IF_ERROR(enqueue_locked(wire::calls::EventDestroy{.event = event}));
   }
+  // Captures in progress end with their streams (their graphs are dropped); graphs already made
+  // stay the program's, and their definitions in hiberd stay valid.
+  captures_.clear();
+  capturing_.clear();
   streams_.clear();
   events_.clear();
   legacy_join_event_ = wire::EventHandle();
