@@ -185,8 +185,9 @@ Status Client::reset_device() {
   for (wire::EventHandle event : events) {
     HIBER_RETURN_IF_ERROR(enqueue_locked(wire::calls::EventDestroy{.event = event}));
   }
-  // Captures in progress end with their streams (their graphs are dropped); graphs already made
-  // stay the program's, and their definitions in hiberd stay valid.
+  // Captures in progress end with their streams (their graphs are dropped). Graphs made before
+  // are the program's to drop: CUDA destroys them here, and a launch of one fails in hiberd once
+  // its kernels' module is unloaded.
   captures_.clear();
   capturing_.clear();
   streams_.clear();
