@@ -80,7 +80,8 @@ int pool_create(const char* name, void** out, int alloc_type, int handle_types, 
   if (alloc_type != CU_MEM_ALLOCATION_TYPE_PINNED) {
     return invalid_with(name, "only pinned (device) allocation pools exist");
   }
-  if (handle_types != CU_MEM_HANDLE_TYPE_NONE) return fail_with(name, exporting_unsupported());
+  // Exportable pools are made (PyTorch asks for them); exporting one is what is refused.
+  (void)handle_types;
   if (Status at = check_location(location_type, location_id, name); !at.ok()) {
     return fail_with(name, at);
   }
@@ -367,9 +368,8 @@ CUresult hiber_entry::cuMemCreate(CUmemGenericAllocationHandle* handle, size_t b
   if (prop->type != CU_MEM_ALLOCATION_TYPE_PINNED) {
     return static_cast<CUresult>(invalid_with(kName, "only pinned (device) allocations exist"));
   }
-  if (prop->requestedHandleTypes != CU_MEM_HANDLE_TYPE_NONE) {
-    return static_cast<CUresult>(fail_with(kName, exporting_unsupported()));
-  }
+  // An exportable allocation is made (PyTorch's expandable segments ask for POSIX descriptors);
+  // exporting it is what is refused (cuMemExportToShareableHandle).
   if (Status at = check_location(prop->location.type, prop->location.id, kName); !at.ok()) {
     return static_cast<CUresult>(fail_with(kName, at));
   }

@@ -68,9 +68,10 @@ TEST_F(ShimGapsTest, StreamOrderedAllocationAndVirtualMemoryWork) {
   for (const char* expected :
        {"memory_apis: stream-ordered allocation correct",
         "memory_apis: freed on one stream, reused on another",
-        "memory_apis: virtual memory management correct", "cudaMemPoolCreate(exportable) -> 801",
-        "cuMemMap(a cudaMalloc address) -> 1", "cuMemMap(part of an allocation) -> 1",
-        "cuMemExportToShareableHandle -> 801"}) {
+        "memory_apis: virtual memory management correct",
+        "cudaMemPoolExportToShareableHandle -> 801", "cuMemMap(a cudaMalloc address) -> 1",
+        "cuMemMap(part of an allocation) -> 1", "cuMemExportToShareableHandle -> 801",
+        "cuMemExportToShareableHandle(exportable) -> 801"}) {
     EXPECT_NE(last_output_.find(expected), std::string::npos) << expected << "\n" << last_output_;
   }
 }

@@ -6,7 +6,8 @@
 //
 //   stream order   memory freed on one stream (after a long kernel writes it) and allocated
 //                  again on another is not touched there before the kernel ends; pool attributes,
-//                  trimming and the release threshold; a pool the program creates; refusals
+//                  trimming and the release threshold; a pool the program creates; exporting
+//                  refused (an exportable pool or allocation is made, its export refused)
 //   vmm            two allocations mapped back to back in one reservation are one range to a
 //                  kernel and to copies; unmapped and mapped again the other way round, each
 //                  keeps its contents; the handle is retained from its address; refusals
@@ -149,8 +150,13 @@ size_t stream_order() {
 
   // Refusals, each followed by normal use.
   props.handleTypes = cudaMemHandleTypePosixFileDescriptor;
-  expect_code("cudaMemPoolCreate(exportable)", cudaMemPoolCreate(&own, &props),
+  CUDA_CHECK(cudaMemPoolCreate(&own, &props));
+  int pool_fd = -1;
+  expect_code("cudaMemPoolExportToShareableHandle",
+              cudaMemPoolExportToShareableHandle(&pool_fd, own,
+                                                 cudaMemHandleTypePosixFileDescriptor, 0),
               cudaErrorNotSupported);
+  CUDA_CHECK(cudaMemPoolDestroy(own));
   cudaMemPoolPtrExportData data{};
   expect_code("cudaMemPoolExportPointer", cudaMemPoolExportPointer(&data, b), cudaErrorNotSupported);
   int on_stack = 0;
@@ -243,8 +249,12 @@ size_t vmm() {
   CUmemAllocationProp exportable = prop;
   exportable.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
   CUmemGenericAllocationHandle fourth = 0;
-  expect_code("cuMemCreate(exportable)", DRV(cuMemCreate)(&fourth, half, &exportable, 0),
+  CU_CHECK(DRV(cuMemCreate)(&fourth, half, &exportable, 0));
+  expect_code("cuMemExportToShareableHandle(exportable)",
+              DRV(cuMemExportToShareableHandle)(&fd, fourth,
+                                               CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
               CUDA_ERROR_NOT_SUPPORTED);
+  CU_CHECK(DRV(cuMemRelease)(fourth));
   (void)cudaGetLastError();
   // The refusals left the rest working: the range still reads right, and all of it goes back.
   mismatches += check_filled("after the refusals", reinterpret_cast<void*>(base + half),
