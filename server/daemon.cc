@@ -627,9 +627,12 @@ void Daemon::on_hello(Connection& connection) {
   config.instance = plan->instance;
   config.quota_bytes = plan->quota_bytes;
   // Room around the quota for the client's placement to fragment, and for reservations of
-  // client virtual memory: PyTorch's expandable segments reserve 1.125 times the device's memory
-  // (the quota, to a function) per stream. Addresses cost no memory.
-  config.va_bytes = std::max<uint64_t>(round_up(config.quota_bytes * 4, 1 << 21), 64 << 20);
+  // client virtual memory (--session_va_factor).
+  config.va_bytes =
+      std::max<uint64_t>(round_up(static_cast<uint64_t>(static_cast<double>(config.quota_bytes) *
+                                                        options_.session_va_factor),
+                                  1 << 21),
+                         64 << 20);
   config.channel = options_.channel;
   config.implicit_lease_idle = options_.implicit_lease_idle;
   config.limits = options_.session_limits;

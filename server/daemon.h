@@ -65,6 +65,10 @@ struct DaemonOptions {
   ControllerOptions controller;
   // An implicit lease ends after this long without a call that needs the GPU.
   std::chrono::microseconds implicit_lease_idle{5000};
+  // A session's address range as a multiple of its quota (at least 1.25): room for its
+  // allocations to fragment and for client virtual memory reservations (hiberd's
+  // --session_va_factor: 2.5 on CUDA, 1.25 on the simulated device).
+  double session_va_factor = 2.5;
   // What each session may make hiberd hold (queued GPU work, code images).
   SessionLimits session_limits;
   // A device context per instance, or one shared per GPU (server/context_pool.h); how many

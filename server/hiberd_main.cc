@@ -139,6 +139,12 @@ DEFINE_string(elbow_cache, "", "File remembering the measured elbow (default: <r
 DEFINE_bool(pipelined, true,
             "Kernels wait only for the swap groups their arguments touch (false: "
             "for the whole model)");
+DEFINE_double(session_va_factor, 0,
+              "A session's device address range as a multiple of its quota (1.25 to 64): room for "
+              "client virtual memory reservations, such as PyTorch's expandable segments, which "
+              "reserve 1.125 times the device's memory per stream. 0: 2.5 with --device=cuda (GPU "
+              "addresses cost nothing), 1.25 with --device=sim (whose device addresses are "
+              "hiberd's own address space, shared by every session)");
 DEFINE_uint64(implicit_lease_idle_us, 5000,
               "A GPU used outside any request goes back after this long without a GPU call");
 DEFINE_uint64(kernel_deadline_ms, 10000,
@@ -309,6 +315,15 @@ Result<server::DaemonOptions> make_options(const std::string& run_dir) {
   c.kernel_deadline = static_cast<scheduler::Duration>(FLAGS_kernel_deadline_ms) * 1'000'000;
   c.lease_slice = static_cast<scheduler::Duration>(FLAGS_lease_slice_ms) * 1'000'000;
   options.implicit_lease_idle = std::chrono::microseconds(FLAGS_implicit_lease_idle_us);
+  if (FLAGS_session_va_factor != 0 &&
+      !(FLAGS_session_va_factor >= 1.25 && FLAGS_session_va_factor <= 64)) {
+    return error(ErrorCode::kInvalidValue,
+                 "--session_va_factor must be 0 (automatic) or between 1.25 and 64, not ",
+                 FLAGS_session_va_factor);
+  }
+  options.session_va_factor = FLAGS_session_va_factor != 0 ? FLAGS_session_va_factor
+                              : FLAGS_device == "sim"      ? 1.25
+                                                           : 2.5;
   HIBER_ASSIGN_OR_RETURN(options.isolation, server::parse_isolation(FLAGS_isolation));
   c.isolation = options.isolation;
   if (FLAGS_contexts_ready_per_gpu < 0 || FLAGS_contexts_ready_per_gpu > 64) {
