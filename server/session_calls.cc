@@ -327,7 +327,12 @@ Session::Outcome Session::event_elapsed(const wire::calls::EventElapsedTime& c) 
 
 Session::Outcome Session::device_synchronize(const wire::calls::DeviceSynchronize&, uint64_t seq,
                                              bool reply) {
-  if (!reply) return {};
+  // Queued without a reply (cudaFree, a pool's trim): the calls after it wait for the device, so
+  // memory freed by the client is not reused while earlier work may still touch it.
+  if (!reply) {
+    quiesce();
+    return {};
+  }
   struct Countdown {
     std::mutex mutex;
     size_t remaining;
