@@ -327,6 +327,15 @@ Status FunctionMemory::make_host_copy(uint64_t va, uint64_t bytes) {
   return Status();
 }
 
+void FunctionMemory::wait_for_readers(int gpu) {
+  const bool read_here = std::any_of(windows_.begin(), windows_.end(),
+                                     [gpu](const Window& w) { return w.gpu == gpu; });
+  if (!read_here || swap_.complete() || !loading_gpu_ || swap_.groups() == 0) return;
+  Status waited = device_.synchronize_event(swap_.group_event(*loading_gpu_, swap_.groups() - 1));
+  LOG_IF(WARNING, !waited.ok()) << "function memory " << owner_ << ": waiting for the peer copies "
+                                << "from GPU " << gpu << ": " << waited;
+}
+
 void FunctionMemory::settle() {
   if (loading_.empty() || !swap_.complete() || !loading_gpu_) return;
   const int gpu = *loading_gpu_;
@@ -447,6 +456,7 @@ Status FunctionMemory::bind(const Lease& lease, device::Stream swap_stream, Swap
   // A peer copy reads its source through a window mapped for the copy only.
   for (const auto& [from, bytes] : peer_bytes) {
     Window window;
+    window.gpu = from;
     auto reserved = device_.reserve_address_range(bytes, granularity_);
     if (!reserved.ok()) {
       unmap_bound();
@@ -680,6 +690,7 @@ Result<uint64_t> FunctionMemory::evict(GpuId from, device::Stream stream) {
     return error(ErrorCode::kIllegalState, "evicting function ", owner_, " from GPU ", gpu,
                  " where it runs");
   }
+  wait_for_readers(gpu);
   settle();
   // Dirty blocks whose only valid copy is here go back to the host first (state, and
   // everything of a function before its first request), through a window mapped for the copy.
@@ -732,6 +743,7 @@ void FunctionMemory::forget(GpuId from) {
   const int gpu = from.value();
   MutexLock lock(mutex_);
   if (bound_gpu_ == gpu) return;
+  wait_for_readers(gpu);
   for (uint64_t va : block_starts()) free_placement(va, gpu);
 }
 

@@ -159,6 +159,9 @@ class FunctionMemory {
   // `gpu`'s shared context is being reset: the swap's events there went with it (forgotten,
   // not destroyed). REQUIRES: the function is not bound to `gpu`.
   void forget_context(int gpu);
+  // Waits until no copy of the swap in flight reads the function's placements on `gpu` (a peer
+  // copy's source), so they may be freed: their pool memory is another function's next.
+  void wait_for_readers(int gpu) REQUIRES(mutex_);
   // Unmaps the source windows of finished peer copies (device callbacks cannot).
   void retire_windows();
   // Unmaps and frees everything everywhere, host copies included (the session ended).
@@ -176,6 +179,7 @@ class FunctionMemory {
     bool pointer_table = false;  // holds pointers to the function's blocks: see storing()
   };
   struct Window {  // a source of peer copies, mapped for the copy only
+    int gpu = -1;  // whose memory it shows
     uint64_t va = 0;
     uint64_t bytes = 0;
     std::vector<std::pair<uint64_t, uint64_t>> mapped;
