@@ -4,12 +4,14 @@
 // Descriptors are proxies in the client: attribute bags (attribute name -> attribute type,
 // elements), with descriptor-typed attributes holding references to the other proxies. What needs
 // no GPU finalizes here, with cuDNN's checks (library_ops::dnn::check_finalizable): tensors,
-// convolutions, pointwise descriptors, their operations and operation graphs, variant packs.
+// convolutions, matmuls, pointwise and reduction descriptors, their operations, norm forward
+// operations and operation graphs, variant packs.
 // What depends on the GPU asks hiberd once per operation graph (kDnnFinalize, a synchronous
 // query whose answer lists every engine of the device: supported or why not, workspace, notes),
 // cached by the encoded graph, so a second identical graph costs no round trip: engine
 // heuristics, engines, engine configs and execution plans finalize from that answer.
-// cudnnBackendExecute is one asynchronous library call naming the plan's graph id; the plan's
+// cudnnBackendExecute is one asynchronous library call naming the plan's graph id and carrying
+// the values of its by-value tensors (a scale, an epsilon: host memory of this process); the plan's
 // graph travels once, before its first execution (kDnnDefineGraph), and plans with the same
 // encoded graph share one id.
 //
@@ -111,6 +113,9 @@ bool supported_type(int32_t type) {
     case wdnn::kOpPointwise:
     case wdnn::kMatmul:
     case wdnn::kOpMatmul:
+    case wdnn::kReduction:
+    case wdnn::kOpReduction:
+    case wdnn::kOpNormForward:
     case wdnn::kOperationGraph:
     case wdnn::kVariantPack:
     case wdnn::kTensor: return true;
@@ -271,6 +276,9 @@ cudnnStatus_t finalize(const DescPtr& d) {
     case wdnn::kOpPointwise:
     case wdnn::kMatmul:
     case wdnn::kOpMatmul:
+    case wdnn::kReduction:
+    case wdnn::kOpReduction:
+    case wdnn::kOpNormForward:
     case wdnn::kOperationGraph: return finalize_locally(d);
     case wdnn::kEngine: return finalize_engine(d);
     case wdnn::kEngineCfg: {
@@ -616,11 +624,28 @@ cudnnStatus_t hiber_entry::cudnnBackendExecute(cudnnHandle_t handle,
   wdnn::Execute e;
   const Value& uids = *attr(*pack, wdnn::kVariantPackUniqueIds);
   const Value& ptrs = *attr(*pack, wdnn::kVariantPackDataPointers);
+  const wdnn::OpGraph& ops = *plan->plan_ops;
   for (int64_t i = 0; i < uids.count; ++i) {
     wdnn::VariantEntry v;
     std::memcpy(&v.uid, uids.bytes.data() + 8 * i, 8);
     std::memcpy(&v.ptr, ptrs.bytes.data() + 8 * i, 8);
-    e.entries.push_back(v);
+    const int t = ops.find(v.uid);
+    if (t < 0 || !ops.tensors[t].by_value) {
+      e.entries.push_back(v);
+      continue;
+    }
+    // A by-value tensor's pointer is this process's host memory: its element travels.
+    auto each = wdnn::data_type_bytes(ops.tensors[t].data_type);
+    if (!each.ok() || *each > wdnn::kMaxByValueBytes)
+      return fail(kCall, hiber::error(ErrorCode::kNotSupported, "by-value tensor ", v.uid,
+                                      ": its data type is not one Hiber carries by value"));
+    if (v.ptr == 0)
+      return bad_param(kCall, "by-value tensor " + std::to_string(v.uid) +
+                                  " has a NULL pointer in the variant pack");
+    wdnn::ByValueEntry value;
+    value.uid = v.uid;
+    std::memcpy(value.value, reinterpret_cast<const void*>(v.ptr), *each);
+    e.by_value.push_back(value);
   }
   if (const Value* w = attr(*pack, wdnn::kVariantPackWorkspace);
       w != nullptr && w->bytes.size() == 8)

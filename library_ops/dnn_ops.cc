@@ -41,10 +41,12 @@ class Reader {
   size_t offset_ = 0;
 };
 
+// (resize and memcpy: GCC 12 warns falsely of an overflow in vector::insert of a struct's bytes)
 template <typename T>
 void append(std::vector<std::byte>& out, const T& value) {
-  const auto* p = reinterpret_cast<const std::byte*>(&value);
-  out.insert(out.end(), p, p + sizeof(T));
+  const size_t at = out.size();
+  out.resize(at + sizeof(T));
+  std::memcpy(out.data() + at, &value, sizeof(T));
 }
 
 // ---- Reading attributes of a decoded graph ----
@@ -82,6 +84,22 @@ const char* attr_what(int32_t name) {
     case kOpMatmulB: return "CUDNN_ATTR_OPERATION_MATMUL_BDESC";
     case kOpMatmulC: return "CUDNN_ATTR_OPERATION_MATMUL_CDESC";
     case kOpMatmulDesc: return "CUDNN_ATTR_OPERATION_MATMUL_DESC";
+    case kOpPointwiseT: return "CUDNN_ATTR_OPERATION_POINTWISE_TDESC";
+    case kPointwiseAxis: return "CUDNN_ATTR_POINTWISE_AXIS";
+    case kReductionOperator: return "CUDNN_ATTR_REDUCTION_OPERATOR";
+    case kReductionCompType: return "CUDNN_ATTR_REDUCTION_COMP_TYPE";
+    case kOpReductionX: return "CUDNN_ATTR_OPERATION_REDUCTION_XDESC";
+    case kOpReductionY: return "CUDNN_ATTR_OPERATION_REDUCTION_YDESC";
+    case kOpReductionDesc: return "CUDNN_ATTR_OPERATION_REDUCTION_DESC";
+    case kNormFwdMode: return "CUDNN_ATTR_OPERATION_NORM_FWD_MODE";
+    case kNormFwdPhase: return "CUDNN_ATTR_OPERATION_NORM_FWD_PHASE";
+    case kNormFwdX: return "CUDNN_ATTR_OPERATION_NORM_FWD_XDESC";
+    case kNormFwdMean: return "CUDNN_ATTR_OPERATION_NORM_FWD_MEAN_DESC";
+    case kNormFwdInvVariance: return "CUDNN_ATTR_OPERATION_NORM_FWD_INV_VARIANCE_DESC";
+    case kNormFwdScale: return "CUDNN_ATTR_OPERATION_NORM_FWD_SCALE_DESC";
+    case kNormFwdBias: return "CUDNN_ATTR_OPERATION_NORM_FWD_BIAS_DESC";
+    case kNormFwdEpsilon: return "CUDNN_ATTR_OPERATION_NORM_FWD_EPSILON_DESC";
+    case kNormFwdY: return "CUDNN_ATTR_OPERATION_NORM_FWD_YDESC";
   }
   return "an attribute";
 }
@@ -314,10 +332,30 @@ Status matmul(const Graph& g, const Node& node, OpGraph& out) {
   return Status();
 }
 
-bool is_binary(int32_t mode) { return mode == kPwAdd || mode == kPwMul; }
-bool is_known_pointwise(int32_t mode) {
-  return is_binary(mode) || mode == kPwIdentity || mode == kPwReluFwd || mode == kPwTanhFwd ||
-         mode == kPwSigmoidFwd || mode == kPwGeluFwd;
+constexpr const char* kPointwiseModes =
+    "ADD, MUL, MIN, MAX, SQRT, ADD_SQUARE, DIV, POW, SUB, ABS, EXP, LOG, NEG, RSQRT, ERF, "
+    "IDENTITY, RECIPROCAL, RELU_FWD, TANH_FWD, SIGMOID_FWD, GELU_FWD, SWISH_FWD, "
+    "GELU_APPROX_TANH_FWD, CMP_*, LOGICAL_*, GEN_INDEX, BINARY_SELECT";
+
+Status known_pointwise(int32_t mode) {
+  if (pointwise_arity(mode) == 0)
+    return error(ErrorCode::kNotSupported, "pointwise mode ", mode, " (Hiber runs ",
+                 kPointwiseModes, ")");
+  return Status();
+}
+
+// `t`'s dimensions are `y`'s, or 1 where `broadcast` (of one rank).
+bool fits(const Tensor& t, const Tensor& y, bool broadcast) {
+  if (t.rank != y.rank) return false;
+  for (int i = 0; i < y.rank; ++i)
+    if (t.dims[i] != y.dims[i] && !(broadcast && t.dims[i] == 1)) return false;
+  return true;
+}
+
+int64_t elements(const Tensor& t) {
+  int64_t n = 1;
+  for (int i = 0; i < t.rank; ++i) n *= t.dims[i];
+  return n;
 }
 
 Status pointwise(const Graph& g, const Node& node, OpGraph& out) {
@@ -326,43 +364,184 @@ Status pointwise(const Graph& g, const Node& node, OpGraph& out) {
   HIBER_ASSIGN_OR_RETURN(size_t pw, ref_one(g, node, kOpPointwisePwDesc, kPointwise, true));
   const Node& desc = g.nodes[pw];
   HIBER_ASSIGN_OR_RETURN(op.pw_mode, enum_one(desc, kPointwiseMode, kTypePointwiseMode));
-  if (!is_known_pointwise(op.pw_mode))
-    return error(ErrorCode::kNotSupported, "pointwise mode ", op.pw_mode,
-                 " (Hiber runs ADD, MUL, IDENTITY, RELU_FWD, TANH_FWD, SIGMOID_FWD, GELU_FWD)");
+  HIBER_RETURN_IF_ERROR(known_pointwise(op.pw_mode));
+  const int arity = pointwise_arity(op.pw_mode);
   HIBER_ASSIGN_OR_RETURN(op.relu_lower, real_one(desc, kPointwiseReluLowerClip, false, 0.0));
   HIBER_ASSIGN_OR_RETURN(op.relu_slope, real_one(desc, kPointwiseReluLowerClipSlope, false, 0.0));
   if (desc.find(kPointwiseReluUpperClip) != nullptr) {
     HIBER_ASSIGN_OR_RETURN(op.relu_upper, real_one(desc, kPointwiseReluUpperClip, true, 0.0));
     op.has_relu_upper = true;
   }
+  if (op.pw_mode == kPwGenIndex) {
+    HIBER_ASSIGN_OR_RETURN(op.axis, int64_one(desc, kPointwiseAxis));
+  }
   HIBER_ASSIGN_OR_RETURN(size_t x, ref_one(g, node, kOpPointwiseX, kTensor, true));
   HIBER_ASSIGN_OR_RETURN(size_t y, ref_one(g, node, kOpPointwiseY, kTensor, true));
-  HIBER_ASSIGN_OR_RETURN(size_t b, ref_one(g, node, kOpPointwiseB, kTensor, is_binary(op.pw_mode)));
+  HIBER_ASSIGN_OR_RETURN(size_t b, ref_one(g, node, kOpPointwiseB, kTensor, arity >= 2));
+  HIBER_ASSIGN_OR_RETURN(size_t t, ref_one(g, node, kOpPointwiseT, kTensor, arity == 3));
   HIBER_ASSIGN_OR_RETURN(op.x, add_tensor(g, x, out));
   HIBER_ASSIGN_OR_RETURN(op.y, add_tensor(g, y, out));
-  if (b != SIZE_MAX) {
+  if (b != SIZE_MAX && arity >= 2) {
     HIBER_ASSIGN_OR_RETURN(op.b, add_tensor(g, b, out));
+  }
+  if (t != SIZE_MAX && arity == 3) {
+    HIBER_ASSIGN_OR_RETURN(op.t, add_tensor(g, t, out));
   }
   HIBER_ASSIGN_OR_RETURN(op.alpha1, real_one(node, kOpPointwiseAlpha1, false, 1.0));
   HIBER_ASSIGN_OR_RETURN(op.alpha2, real_one(node, kOpPointwiseAlpha2, false, 1.0));
-  // X and Y agree in shape; B's dimensions are Y's or 1 (broadcast).
-  const Tensor& tx = out.tensors[op.x];
+  // Y has the shape of the operation; X, B and T each have it or broadcast (dimensions of 1).
   const Tensor& ty = out.tensors[op.y];
-  bool ok = tx.rank == ty.rank;
-  for (int i = 0; ok && i < ty.rank; ++i) ok = tx.dims[i] == ty.dims[i];
-  if (op.b >= 0) {
-    const Tensor& tb = out.tensors[op.b];
-    ok = ok && tb.rank == ty.rank;
-    for (int i = 0; ok && i < ty.rank; ++i) ok = tb.dims[i] == ty.dims[i] || tb.dims[i] == 1;
+  bool ok = fits(out.tensors[op.x], ty, true);
+  if (op.b >= 0) ok = ok && fits(out.tensors[op.b], ty, true);
+  if (op.t >= 0) ok = ok && fits(out.tensors[op.t], ty, true);
+  if (!ok)
+    return error(ErrorCode::kInvalidValue,
+                 "pointwise operation: X, B and T do not have Y's shape (each may broadcast "
+                 "dimensions of 1)");
+  if (op.pw_mode == kPwGenIndex && (op.axis < 0 || op.axis >= ty.rank))
+    return error(ErrorCode::kInvalidValue, "pointwise GEN_INDEX: axis ", op.axis,
+                 " of a tensor of rank ", ty.rank);
+  out.ops.push_back(op);
+  return Status();
+}
+
+Status reduction(const Graph& g, const Node& node, OpGraph& out) {
+  Op op;
+  op.kind = OpKind::kReduction;
+  HIBER_ASSIGN_OR_RETURN(size_t desc, ref_one(g, node, kOpReductionDesc, kReduction, true));
+  HIBER_ASSIGN_OR_RETURN(op.reduce_op,
+                         enum_one(g.nodes[desc], kReductionOperator, kTypeReductionOperator));
+  if (op.reduce_op < kReduceAdd || op.reduce_op > kReduceNorm2)
+    return error(ErrorCode::kNotSupported, "reduction operator ", op.reduce_op,
+                 " (Hiber runs ADD, MUL, MIN, MAX, AMAX, AVG, NORM1, NORM2)");
+  if (g.nodes[desc].find(kReductionCompType) != nullptr) {
+    HIBER_ASSIGN_OR_RETURN(op.compute_type,
+                           enum_one(g.nodes[desc], kReductionCompType, kTypeDataType));
+  }
+  HIBER_ASSIGN_OR_RETURN(size_t x, ref_one(g, node, kOpReductionX, kTensor, true));
+  HIBER_ASSIGN_OR_RETURN(size_t y, ref_one(g, node, kOpReductionY, kTensor, true));
+  HIBER_ASSIGN_OR_RETURN(op.x, add_tensor(g, x, out));
+  HIBER_ASSIGN_OR_RETURN(op.y, add_tensor(g, y, out));
+  if (!fits(out.tensors[op.y], out.tensors[op.x], true))
+    return error(ErrorCode::kInvalidValue,
+                 "reduction: Y's dimensions must be X's, or 1 where X is reduced");
+  out.ops.push_back(op);
+  return Status();
+}
+
+Status norm_forward(const Graph& g, const Node& node, OpGraph& out) {
+  Op op;
+  op.kind = OpKind::kNormForward;
+  HIBER_ASSIGN_OR_RETURN(op.norm_mode, enum_one(node, kNormFwdMode, kTypeNormMode));
+  HIBER_ASSIGN_OR_RETURN(op.norm_phase, enum_one(node, kNormFwdPhase, kTypeNormFwdPhase));
+  if (op.norm_mode != kLayerNorm && op.norm_mode != kRmsNorm)
+    return error(ErrorCode::kNotSupported, "norm forward: mode ", op.norm_mode,
+                 " (Hiber runs CUDNN_LAYER_NORM and CUDNN_RMS_NORM)");
+  if (op.norm_phase != kNormInference && op.norm_phase != kNormTraining)
+    return error(ErrorCode::kInvalidValue, "norm forward: phase ", op.norm_phase);
+  const bool training = op.norm_phase == kNormTraining;
+  const bool layer = op.norm_mode == kLayerNorm;
+  struct {
+    int32_t name;
+    int* into;
+    bool required;
+  } refs[] = {{kNormFwdX, &op.x, true},
+              {kNormFwdY, &op.y, true},
+              {kNormFwdScale, &op.w, true},
+              {kNormFwdBias, &op.b, layer},
+              {kNormFwdEpsilon, &op.epsilon, true},
+              {kNormFwdMean, &op.mean, training && layer},
+              {kNormFwdInvVariance, &op.inv_variance, training}};
+  for (auto& r : refs) {
+    HIBER_ASSIGN_OR_RETURN(size_t at, ref_one(g, node, r.name, kTensor, r.required));
+    if (at == SIZE_MAX) continue;
+    if (!training && (r.name == kNormFwdMean || r.name == kNormFwdInvVariance))
+      return error(ErrorCode::kInvalidValue, "norm forward: ", attr_what(r.name),
+                   " is set in the inference phase, which writes no statistics");
+    if (!layer && r.name == kNormFwdMean)
+      return error(ErrorCode::kInvalidValue,
+                   "norm forward: RMS norm has no mean (CUDNN_ATTR_OPERATION_NORM_FWD_MEAN_DESC)");
+    HIBER_ASSIGN_OR_RETURN(*r.into, add_tensor(g, at, out));
+  }
+  const Tensor& tx = out.tensors[op.x];
+  bool ok = fits(out.tensors[op.y], tx, false) && tx.rank >= 2;
+  // Scale and bias: one value per normalized element (N = 1; dimensions of 1 broadcast).
+  for (int p : {op.w, op.b}) {
+    if (p < 0) continue;
+    const Tensor& t = out.tensors[p];
+    ok = ok && fits(t, tx, true) && t.dims[0] == 1;
+  }
+  // Statistics: one per row (N x 1 x ... x 1).
+  for (int p : {op.mean, op.inv_variance}) {
+    if (p < 0) continue;
+    const Tensor& t = out.tensors[p];
+    ok = ok && t.rank == tx.rank && t.dims[0] == tx.dims[0] && elements(t) == tx.dims[0];
   }
   if (!ok)
     return error(ErrorCode::kInvalidValue,
-                 "pointwise operation: X, B and Y do not agree in shape (B may broadcast)");
+                 "norm forward: Y must have X's shape, scale and bias X's with N = 1 (or 1s), "
+                 "mean and inverse variance N x 1 x ... x 1");
+  if (elements(out.tensors[op.epsilon]) != 1)
+    return error(ErrorCode::kInvalidValue, "norm forward: epsilon must be one element");
   out.ops.push_back(op);
   return Status();
 }
 
 }  // namespace
+
+int pointwise_arity(int32_t mode) {
+  switch (mode) {
+    case kPwSqrt:
+    case kPwAbs:
+    case kPwExp:
+    case kPwLog:
+    case kPwNeg:
+    case kPwRsqrt:
+    case kPwErf:
+    case kPwIdentity:
+    case kPwReciprocal:
+    case kPwReluFwd:
+    case kPwTanhFwd:
+    case kPwSigmoidFwd:
+    case kPwGeluFwd:
+    case kPwSwishFwd:
+    case kPwGeluApproxTanhFwd:
+    case kPwLogicalNot:
+    case kPwGenIndex: return 1;
+    case kPwAdd:
+    case kPwMul:
+    case kPwMin:
+    case kPwMax:
+    case kPwAddSquare:
+    case kPwDiv:
+    case kPwPow:
+    case kPwSub:
+    case kPwCmpEq:
+    case kPwCmpNeq:
+    case kPwCmpGt:
+    case kPwCmpGe:
+    case kPwCmpLt:
+    case kPwCmpLe:
+    case kPwLogicalAnd:
+    case kPwLogicalOr: return 2;
+    case kPwBinarySelect: return 3;
+  }
+  return 0;
+}
+
+std::vector<int> op_inputs(const Op& op) {
+  std::vector<int> in;
+  for (int p : {op.x, op.w, op.b, op.t, op.epsilon})
+    if (p >= 0) in.push_back(p);
+  return in;
+}
+
+std::vector<int> op_outputs(const Op& op) {
+  std::vector<int> written;
+  for (int p : {op.y, op.mean, op.inv_variance})
+    if (p >= 0) written.push_back(p);
+  return written;
+}
 
 size_t attr_element_bytes(int32_t type) {
   switch (type) {
@@ -408,6 +587,9 @@ std::string descriptor_type_name(int32_t type) {
     case kTensor: return "CUDNN_BACKEND_TENSOR_DESCRIPTOR";
     case kMatmul: return "CUDNN_BACKEND_MATMUL_DESCRIPTOR";
     case kOpMatmul: return "CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR";
+    case kReduction: return "CUDNN_BACKEND_REDUCTION_DESCRIPTOR";
+    case kOpReduction: return "CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR";
+    case kOpNormForward: return "CUDNN_BACKEND_OPERATION_NORM_FORWARD_DESCRIPTOR";
   }
   return str_cat("cudnnBackendDescriptorType_t ", type);
 }
@@ -548,9 +730,12 @@ Result<OpGraph> interpret_operation_graph(const Graph& g) {
       case kOpConvForward: HIBER_RETURN_IF_ERROR(conv_forward(g, op, out)); break;
       case kOpPointwise: HIBER_RETURN_IF_ERROR(pointwise(g, op, out)); break;
       case kOpMatmul: HIBER_RETURN_IF_ERROR(matmul(g, op, out)); break;
+      case kOpReduction: HIBER_RETURN_IF_ERROR(reduction(g, op, out)); break;
+      case kOpNormForward: HIBER_RETURN_IF_ERROR(norm_forward(g, op, out)); break;
       default:
         return error(ErrorCode::kNotSupported, "operation graph: a ", descriptor_type_name(op.type),
-                     " is not an operation Hiber runs (convolution forward, matmul, pointwise)");
+                     " is not an operation Hiber runs (convolution forward, matmul, pointwise, "
+                     "reduction, norm forward)");
     }
   }
   return out;
@@ -568,15 +753,24 @@ Status check_finalizable(const Graph& g) {
     }
     case kPointwise: {
       HIBER_ASSIGN_OR_RETURN(int32_t mode, enum_one(root, kPointwiseMode, kTypePointwiseMode));
-      if (!is_known_pointwise(mode))
-        return error(ErrorCode::kNotSupported, "pointwise mode ", mode,
-                     " (Hiber runs ADD, MUL, IDENTITY, RELU_FWD, TANH_FWD, SIGMOID_FWD, GELU_FWD)");
+      HIBER_RETURN_IF_ERROR(known_pointwise(mode));
+      if (mode == kPwGenIndex) return int64_one(root, kPointwiseAxis).status();
       return Status();
     }
     case kMatmul: return enum_one(root, kMatmulCompType, kTypeDataType).status();
+    case kReduction: {
+      HIBER_ASSIGN_OR_RETURN(int32_t op,
+                             enum_one(root, kReductionOperator, kTypeReductionOperator));
+      if (op < kReduceAdd || op > kReduceNorm2)
+        return error(ErrorCode::kNotSupported, "reduction operator ", op,
+                     " (Hiber runs ADD, MUL, MIN, MAX, AMAX, AVG, NORM1, NORM2)");
+      return Status();
+    }
     case kOpConvForward: return conv_forward(g, root, scratch);
     case kOpPointwise: return pointwise(g, root, scratch);
     case kOpMatmul: return matmul(g, root, scratch);
+    case kOpReduction: return reduction(g, root, scratch);
+    case kOpNormForward: return norm_forward(g, root, scratch);
     case kOperationGraph: return interpret_operation_graph(g).status();
   }
   return error(ErrorCode::kNotSupported, descriptor_type_name(root.type),
@@ -640,8 +834,10 @@ std::vector<std::byte> encode_execute(const Execute& e) {
   std::vector<std::byte> out;
   ExecuteHeader h = e.header;
   h.count = static_cast<uint32_t>(e.entries.size());
+  h.by_value_count = static_cast<uint32_t>(e.by_value.size());
   append(out, h);
   for (const VariantEntry& v : e.entries) append(out, v);
+  for (const ByValueEntry& v : e.by_value) append(out, v);
   return out;
 }
 
@@ -649,12 +845,17 @@ Result<Execute> decode_execute(std::span<const std::byte> bytes) {
   Reader r(bytes);
   Execute e;
   HIBER_ASSIGN_OR_RETURN(e.header, r.read<ExecuteHeader>("cuDNN execute header"));
-  if (e.header.count > kMaxVariantEntries)
+  if (e.header.count > kMaxVariantEntries || e.header.by_value_count > kMaxVariantEntries)
     return error(ErrorCode::kInvalidValue, "cuDNN execute: ", e.header.count,
-                 " variant pack entries (at most ", kMaxVariantEntries, ")");
+                 " variant pack entries and ", e.header.by_value_count,
+                 " by-value ones (at most ", kMaxVariantEntries, " of each)");
   for (uint32_t i = 0; i < e.header.count; ++i) {
     HIBER_ASSIGN_OR_RETURN(auto v, r.read<VariantEntry>("a variant pack entry"));
     e.entries.push_back(v);
+  }
+  for (uint32_t i = 0; i < e.header.by_value_count; ++i) {
+    HIBER_ASSIGN_OR_RETURN(auto v, r.read<ByValueEntry>("a by-value variant pack entry"));
+    e.by_value.push_back(v);
   }
   if (!r.done())
     return error(ErrorCode::kInvalidValue, "cuDNN execute: bytes after the variant pack");
@@ -662,9 +863,10 @@ Result<Execute> decode_execute(std::span<const std::byte> bytes) {
 }
 
 std::vector<std::byte> encode_define_graph(uint64_t graph_id, std::span<const std::byte> graph) {
-  std::vector<std::byte> out;
-  append(out, DefineGraphHeader{.graph_id = graph_id});
-  out.insert(out.end(), graph.begin(), graph.end());
+  const DefineGraphHeader header{.graph_id = graph_id};
+  std::vector<std::byte> out(sizeof(header) + graph.size());
+  std::memcpy(out.data(), &header, sizeof(header));
+  if (!graph.empty()) std::memcpy(out.data() + sizeof(header), graph.data(), graph.size());
   return out;
 }
 
@@ -692,13 +894,40 @@ Result<std::vector<Bound>> bind_variant_pack(const OpGraph& graph, const Execute
     if (graph.tensors[t].is_virtual)
       return error(ErrorCode::kInvalidValue, "cuDNN execute: unique id ", v.uid,
                    " is a virtual tensor and takes no address");
+    if (graph.tensors[t].by_value)
+      return error(ErrorCode::kInvalidValue, "cuDNN execute: unique id ", v.uid,
+                   " is a by-value tensor: its value travels, not an address");
     HIBER_ASSIGN_OR_RETURN(uint64_t bytes, tensor_extent(graph.tensors[t]));
-    bound[t] = {v.ptr, bytes};
+    bound[t].ptr = v.ptr;
+    bound[t].bytes = bytes;
+  }
+  for (const ByValueEntry& v : e.by_value) {
+    const int t = graph.find(v.uid);
+    if (t < 0 || !graph.tensors[t].by_value)
+      return error(ErrorCode::kInvalidValue, "cuDNN execute: a value for unique id ", v.uid,
+                   ", which is no by-value tensor of the plan");
+    if (seen[t])
+      return error(ErrorCode::kInvalidValue, "cuDNN execute: unique id ", v.uid,
+                   " appears twice in the variant pack");
+    seen[t] = true;
+    bound[t].by_value = true;
+    std::memcpy(bound[t].value, v.value, kMaxByValueBytes);
   }
   for (size_t t = 0; t < graph.tensors.size(); ++t) {
-    if (graph.tensors[t].is_virtual) continue;
+    const Tensor& tensor = graph.tensors[t];
+    if (tensor.is_virtual) continue;
+    if (tensor.by_value) {
+      HIBER_ASSIGN_OR_RETURN(uint64_t each, data_type_bytes(tensor.data_type));
+      if (elements(tensor) != 1 || each > kMaxByValueBytes)
+        return error(ErrorCode::kInvalidValue, "cuDNN execute: by-value tensor ", tensor.uid,
+                     " is not one element of at most ", kMaxByValueBytes, " bytes");
+      if (!seen[t])
+        return error(ErrorCode::kInvalidValue, "cuDNN execute: by-value tensor ", tensor.uid,
+                     " has no value in the variant pack");
+      continue;
+    }
     if (!seen[t] || bound[t].ptr == 0)
-      return error(ErrorCode::kInvalidValue, "cuDNN execute: tensor ", graph.tensors[t].uid,
+      return error(ErrorCode::kInvalidValue, "cuDNN execute: tensor ", tensor.uid,
                    " has no address in the variant pack");
   }
   return bound;

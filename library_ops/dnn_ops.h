@@ -54,10 +54,13 @@ enum AttrType : int32_t {  // cudnnBackendAttributeType_t
   kTypeAttribName = 13,
   kTypePointwiseMode = 14,
   kTypeBackendDescriptor = 15,
+  kTypeReductionOperator = 18,
   kTypeBehaviorNote = 19,
   kTypeInt32 = 23,
   kTypeChar = 24,
   kTypeFraction = 26,
+  kTypeNormMode = 27,
+  kTypeNormFwdPhase = 28,
 };
 // Bytes of one element of `type` as the API passes it; 0 for a type Hiber does not carry.
 size_t attr_element_bytes(int32_t type);
@@ -80,6 +83,9 @@ enum DescriptorType : int32_t {  // cudnnBackendDescriptorType_t
   kTensor = 17,
   kMatmul = 18,
   kOpMatmul = 19,
+  kReduction = 21,
+  kOpReduction = 22,
+  kOpNormForward = 29,
 };
 std::string descriptor_type_name(int32_t type);
 
@@ -89,6 +95,7 @@ enum Attribute : int32_t {  // cudnnBackendAttributeName_t
   kPointwiseReluLowerClip = 3,
   kPointwiseReluUpperClip = 4,
   kPointwiseReluLowerClipSlope = 5,
+  kPointwiseAxis = 9,
   kConvCompType = 100,
   kConvMode = 101,
   kConvDilations = 102,
@@ -122,6 +129,7 @@ enum Attribute : int32_t {  // cudnnBackendAttributeName_t
   kOpPointwiseY = 753,
   kOpPointwiseAlpha1 = 754,
   kOpPointwiseAlpha2 = 755,
+  kOpPointwiseT = 758,
   kOperationGraphHandle = 800,
   kOperationGraphOps = 801,
   kOperationGraphEngineGlobalCount = 802,
@@ -143,6 +151,20 @@ enum Attribute : int32_t {  // cudnnBackendAttributeName_t
   kOpMatmulB = 1521,
   kOpMatmulC = 1522,
   kOpMatmulDesc = 1523,
+  kReductionOperator = 1600,
+  kReductionCompType = 1601,
+  kOpReductionX = 1610,
+  kOpReductionY = 1611,
+  kOpReductionDesc = 1612,
+  kNormFwdMode = 2000,
+  kNormFwdPhase = 2001,
+  kNormFwdX = 2002,
+  kNormFwdMean = 2003,
+  kNormFwdInvVariance = 2004,
+  kNormFwdScale = 2005,
+  kNormFwdBias = 2006,
+  kNormFwdEpsilon = 2007,
+  kNormFwdY = 2013,
   kEngineOperationGraph = 1300,
   kEngineGlobalIndex = 1301,
   kEngineKnobInfo = 1302,
@@ -165,15 +187,61 @@ enum DataType : int32_t {  // cudnnDataType_t
 // Bytes of one element; kNotSupported for a type Hiber does not carry.
 Result<uint64_t> data_type_bytes(int32_t type);
 
-enum PointwiseMode : int32_t {  // cudnnPointwiseMode_t (the ones the simulated GPU runs)
+// cudnnPointwiseMode_t: the modes Hiber interprets (pointwise_arity() says which; the simulated
+// GPU runs them all).
+enum PointwiseMode : int32_t {
   kPwAdd = 0,
   kPwMul = 1,
+  kPwMin = 2,
+  kPwMax = 3,
+  kPwSqrt = 4,
+  kPwAddSquare = 5,
+  kPwDiv = 6,
+  kPwPow = 8,
+  kPwSub = 9,
+  kPwAbs = 10,
+  kPwExp = 13,
+  kPwLog = 15,
+  kPwNeg = 16,
+  kPwRsqrt = 17,
+  kPwErf = 20,
   kPwIdentity = 21,
+  kPwReciprocal = 22,
   kPwReluFwd = 100,
   kPwTanhFwd = 101,
   kPwSigmoidFwd = 102,
   kPwGeluFwd = 104,
+  kPwSwishFwd = 106,
+  kPwGeluApproxTanhFwd = 107,
+  kPwCmpEq = 300,
+  kPwCmpNeq = 301,
+  kPwCmpGt = 302,
+  kPwCmpGe = 303,
+  kPwCmpLt = 304,
+  kPwCmpLe = 305,
+  kPwLogicalAnd = 400,
+  kPwLogicalOr = 401,
+  kPwLogicalNot = 402,
+  kPwGenIndex = 501,
+  kPwBinarySelect = 601,
 };
+// The tensors a pointwise mode reads: 1 (X), 2 (X, B), 3 (X, B and T: BINARY_SELECT's
+// condition, Y = T ? X : B) or 0 for a mode Hiber does not interpret. GEN_INDEX reads X for its
+// shape only: Y holds each element's coordinate along CUDNN_ATTR_POINTWISE_AXIS.
+int pointwise_arity(int32_t mode);
+
+enum ReductionOperator : int32_t {  // cudnnReduceTensorOp_t
+  kReduceAdd = 0,
+  kReduceMul = 1,
+  kReduceMin = 2,
+  kReduceMax = 3,
+  kReduceAmax = 4,
+  kReduceAvg = 5,
+  kReduceNorm1 = 6,
+  kReduceNorm2 = 7,
+};
+enum NormMode : int32_t { kLayerNorm = 0, kRmsNorm = 4 };  // cudnnBackendNormMode_t (those run)
+enum NormPhase : int32_t { kNormInference = 0, kNormTraining = 1 };  // cudnnBackendNormFwdPhase_t
 inline constexpr int32_t kConvolutionMode = 0;       // CUDNN_CONVOLUTION: the filter flipped
 inline constexpr int32_t kCrossCorrelationMode = 1;  // CUDNN_CROSS_CORRELATION
 
@@ -218,12 +286,15 @@ struct Tensor {
 // Bytes from the first element to the end of the last: kInvalidValue beyond 2^48.
 Result<uint64_t> tensor_extent(const Tensor& tensor);
 
-enum class OpKind : uint8_t { kConvForward, kPointwise, kMatmul };
+enum class OpKind : uint8_t { kConvForward, kPointwise, kMatmul, kReduction, kNormForward };
 struct Op {
   OpKind kind = OpKind::kConvForward;
   // Positions in OpGraph::tensors; -1: none. A matmul's A, B and C are x, w and y: C = A x B over
   // the last two dimensions ([.., M, K] x [.., K, N]), the leading ones batch (1 broadcasts).
+  // A pointwise op's inputs are x, b and t; a reduction's x and y; a norm's x, w (scale), b
+  // (bias), epsilon, y, mean and inv_variance (the last two written in the training phase).
   int x = -1, w = -1, b = -1, y = -1;
+  int t = -1, epsilon = -1, mean = -1, inv_variance = -1;
   // Convolution forward.
   int32_t spatial = 0;
   int64_t pre_pad[kMaxSpatial] = {}, post_pad[kMaxSpatial] = {};
@@ -236,7 +307,16 @@ struct Op {
   double alpha1 = 1, alpha2 = 1;
   double relu_lower = 0, relu_upper = 0, relu_slope = 0;
   bool has_relu_upper = false;
+  int64_t axis = 0;  // GEN_INDEX
+  // Reduction: Y's dimensions are X's or 1 (those reduced).
+  int32_t reduce_op = 0;
+  // Norm forward (layer or RMS norm): each X[n, ...] normalized over every dimension but the
+  // first, then scaled (and shifted) per element by scale (and bias) of X's shape with N = 1.
+  int32_t norm_mode = 0, norm_phase = 0;
 };
+// The tensors an operation reads and writes (positions in OpGraph::tensors).
+std::vector<int> op_inputs(const Op& op);
+std::vector<int> op_outputs(const Op& op);
 struct OpGraph {
   std::vector<Tensor> tensors;  // one per unique id
   std::vector<Op> ops;
@@ -294,26 +374,36 @@ std::vector<const EngineSupport*> heuristic_results(std::span<const EngineSuppor
 struct DefineGraphHeader {
   uint64_t graph_id = 0;
 };
-// kDnnExecute: this header, then `count` VariantEntry.
+// kDnnExecute: this header, then `count` VariantEntry, then (protocol 1.10) `by_value_count`
+// ByValueEntry: the by-value tensors' (CUDNN_ATTR_TENSOR_IS_BY_VALUE) values. The program's
+// variant pack gives a by-value tensor a host pointer of its own process, so the client sends
+// what it points at: one element of the tensor's data type (a scale, an epsilon, a fill value).
 struct ExecuteHeader {
   uint64_t graph_id = 0;
   uint64_t workspace = 0;
   uint64_t workspace_bytes = 0;  // the plan's workspace size, as finalized
   uint32_t count = 0;
-  uint32_t reserved = 0;
+  uint32_t by_value_count = 0;
 };
 struct VariantEntry {
   int64_t uid = 0;
   uint64_t ptr = 0;
 };
+inline constexpr size_t kMaxByValueBytes = 16;
+struct ByValueEntry {
+  int64_t uid = 0;
+  std::byte value[kMaxByValueBytes] = {};  // the element's bytes, zero-padded
+};
 static_assert(std::has_unique_object_representations_v<ExecuteHeader>);
 static_assert(std::has_unique_object_representations_v<VariantEntry>);
+static_assert(std::has_unique_object_representations_v<ByValueEntry>);
 inline constexpr size_t kMaxVariantEntries = 4096;
 inline constexpr size_t kMaxSessionGraphs = 4096;
 
 struct Execute {
   ExecuteHeader header;
   std::vector<VariantEntry> entries;
+  std::vector<ByValueEntry> by_value;
 };
 std::vector<std::byte> encode_execute(const Execute& execute);
 Result<Execute> decode_execute(std::span<const std::byte> bytes);
@@ -321,10 +411,14 @@ std::vector<std::byte> encode_define_graph(uint64_t graph_id, std::span<const st
 Result<std::pair<uint64_t, Graph>> decode_define_graph(std::span<const std::byte> bytes);
 
 // A plan's tensors bound to the addresses of a variant pack: kInvalidValue for a uid the plan
-// does not have, a non-virtual tensor without an address, or a workspace smaller than needed.
+// does not have, a non-virtual tensor without an address (a by-value one: without its value, or
+// with an address), or a workspace smaller than needed. A by-value tensor is one element of at
+// most kMaxByValueBytes.
 struct Bound {
-  uint64_t ptr = 0;
-  uint64_t bytes = 0;
+  uint64_t ptr = 0;    // 0 for virtual and by-value tensors
+  uint64_t bytes = 0;  // the extent at ptr
+  bool by_value = false;
+  std::byte value[kMaxByValueBytes] = {};  // by_value: the element
 };
 Result<std::vector<Bound>> bind_variant_pack(const OpGraph& graph, const Execute& execute);
 

@@ -56,10 +56,11 @@ Result<LibraryAccess> execute(std::span<const std::byte> args, const DnnGraphs& 
   LibraryAccess access;
   const dnn::OpGraph& g = it->second->graph;
   for (size_t t = 0; t < bound.size(); ++t) {
-    if (g.tensors[t].is_virtual) continue;
-    // Written: the output of some operation; read otherwise.
+    if (g.tensors[t].is_virtual || g.tensors[t].by_value) continue;
+    // Written: an output of some operation; read otherwise.
     bool write = false;
-    for (const dnn::Op& op : g.ops) write = write || op.y == static_cast<int>(t);
+    for (const dnn::Op& op : g.ops)
+      for (int out : dnn::op_outputs(op)) write = write || out == static_cast<int>(t);
     access.operands.push_back({bound[t].ptr, bound[t].bytes, write, "a variant pack tensor"});
   }
   if (e.header.workspace_bytes > 0) {

@@ -271,6 +271,9 @@ bool rebuilt_type(int32_t type) {
     case dnn::kOpPointwise:
     case dnn::kMatmul:
     case dnn::kOpMatmul:
+    case dnn::kReduction:
+    case dnn::kOpReduction:
+    case dnn::kOpNormForward:
     case dnn::kOperationGraph:
     case dnn::kTensor: return true;
   }
@@ -764,15 +767,9 @@ class CudaDnnBackend final : public LibraryBackend {
     HIBER_ASSIGN_OR_RETURN(auto defined, dnn::decode_define_graph(call.args));
     auto& [id, graph] = defined;
     HIBER_RETURN_IF_ERROR(check_rebuildable(graph, dnn::kExecutionPlan));
-    HIBER_ASSIGN_OR_RETURN(dnn::Plan plan, dnn::interpret_plan(graph));
-    // A by-value tensor's variant-pack entry is a host pointer of the client's process, which
-    // cuDNN would read in hiberd's: such scalars would have to travel by value, which they do not.
-    for (const dnn::Tensor& tensor : plan.graph.tensors) {
-      if (tensor.by_value)
-        return error(ErrorCode::kNotSupported, "cuDNN define graph: tensor ", tensor.uid,
-                     " is by value (CUDNN_ATTR_TENSOR_IS_BY_VALUE), which hiberd's CUDA backend "
-                     "does not run");
-    }
+    // Only plans whose operations Hiber interprets run: the session's checks bound their
+    // operands by the same reading.
+    HIBER_RETURN_IF_ERROR(dnn::interpret_plan(graph).status());
     MutexLock lock(mu_);
     auto [it, inserted] = graphs_.emplace(std::pair{call.owner, id},
                                           std::make_shared<const dnn::Graph>(std::move(graph)));
@@ -814,6 +811,12 @@ class CudaDnnBackend final : public LibraryBackend {
     for (const dnn::VariantEntry& v : e.entries) {
       uids.push_back(v.uid);
       pointers.push_back(device(v.ptr));
+    }
+    // A by-value tensor's pointer is a host address, read by cudnnBackendExecute: the value the
+    // client sent, alive in `e` until the call returns.
+    for (dnn::ByValueEntry& v : e.by_value) {
+      uids.push_back(v.uid);
+      pointers.push_back(v.value);
     }
     void* workspace = device(e.header.workspace);
     const auto n = static_cast<int64_t>(uids.size());

@@ -536,23 +536,41 @@ TEST_F(CudaDnnFakeTest, RefusesGraphsCarryingHandlesOrPointersBeforeCudnnSeesThe
   EXPECT_EQ(refused.status().code(), ErrorCode::kInvalidValue);
   EXPECT_THAT(refused.status().message(), HasSubstr("attribute 800"));
 
-  // A by-value tensor's address would be the client's host pointer.
-  dnn::Graph by_value = plan_graph(0);
-  dnn::Attr flag;
-  flag.name = dnn::kTensorIsByValue;
-  flag.type = dnn::kTypeBoolean;
-  flag.bytes = {std::byte{1}};
-  by_value.nodes[1].attrs.push_back(flag);  // w
-  Status scalar = define(8, by_value);
-  EXPECT_EQ(scalar.code(), ErrorCode::kNotSupported);
-  EXPECT_THAT(scalar.message(), HasSubstr("tensor 2 is by value"));
-
   dnn::Graph root_not_plan = op_graph();
   EXPECT_EQ(define(9, root_not_plan).code(), ErrorCode::kInvalidValue);
   EXPECT_EQ(execute(streams_[0], execution(9)).code(), ErrorCode::kInvalidValue);
   with_fake([](const FakeCudnn& f) {
     EXPECT_TRUE(f.descriptors.empty());
     EXPECT_TRUE(f.executes.empty());
+  });
+}
+
+// A by-value tensor (an attention scale, an epsilon) reaches cuDNN as a pointer to the value the
+// client sent, in hiberd's memory during cudnnBackendExecute, never as the client's address.
+TEST_F(CudaDnnFakeTest, ByValueTensorsReachCudnnAsPointersToTheirValues) {
+  dnn::Graph by_value = plan_graph(0);
+  dnn::Attr flag;
+  flag.name = dnn::kTensorIsByValue;
+  flag.type = dnn::kTypeBoolean;
+  flag.bytes = {std::byte{1}};
+  by_value.nodes[1].attrs.push_back(flag);  // w, uid 2
+  ASSERT_TRUE(define(8, by_value).ok());
+  with_fake([](FakeCudnn& f) { f.host_uids = {2}; });
+  dnn::Execute e = execution(8);
+  e.entries = {{1, 0x10000}, {3, 0x30000}};
+  dnn::ByValueEntry value;
+  value.uid = 2;
+  const float scale = 0.125f;
+  std::memcpy(value.value, &scale, sizeof(scale));
+  e.by_value = {value};
+  ASSERT_TRUE(execute(streams_[0], e).ok());
+  with_fake([&](const FakeCudnn& f) {
+    ASSERT_EQ(f.executes.size(), 1u);
+    EXPECT_THAT(f.executes[0].uids, ElementsAre(1, 3, 2));
+    EXPECT_EQ(f.executes[0].pointers[0], 0x10000u);
+    EXPECT_EQ(f.executes[0].pointers[1], 0x30000u);
+    ASSERT_EQ(f.executes[0].host_values.count(2), 1u);
+    EXPECT_EQ(f.executes[0].host_values.at(2), scale);
   });
 }
 

@@ -68,6 +68,9 @@ struct FakeCudnnExecute {
   std::vector<int64_t> uids;
   std::vector<uintptr_t> pointers;
   uintptr_t workspace = 0;
+  // The float at the pointer of each uid in FakeCudnn::host_uids, read during the call as cuDNN
+  // reads a by-value tensor's host memory.
+  std::map<int64_t, float> host_values;
 };
 
 struct FakeCudnnTensor {
@@ -104,6 +107,7 @@ struct FakeCudnn {
   bool heuristic_fails = false;  // ENGINEHEUR finalization fails, NOT_SUPPORTED
   int execute_result = 0;        // cudnnStatus_t of the next executions
   std::string execute_message;
+  std::set<int64_t> host_uids;  // variant-pack uids whose pointers are host memory (by value)
   // Records.
   std::vector<FakeCudnnHandleEvent> created, destroyed;
   std::vector<FakeCudnnDescriptor> descriptors;  // every backend descriptor, in creation order
@@ -135,6 +139,7 @@ struct FakeCudnn {
     heuristic_fails = false;
     execute_result = 0;
     execute_message.clear();
+    host_uids.clear();
     created.clear();
     destroyed.clear();
     descriptors.clear();

@@ -462,6 +462,12 @@ cudnnStatus_t cudnnBackendExecute(cudnnHandle_t handle, cudnnBackendDescriptor_t
     for (int64_t i = 0; i < a->count; ++i) e.pointers.push_back(a->value<uintptr_t>(i));
   if (const FakeCudnnAttr* a = v->find(CUDNN_ATTR_VARIANT_PACK_WORKSPACE))
     e.workspace = a->value<uintptr_t>();
+  for (size_t i = 0; i < e.uids.size() && i < e.pointers.size(); ++i) {
+    if (state().host_uids.count(e.uids[i]) == 0) continue;
+    float value;
+    __builtin_memcpy(&value, reinterpret_cast<const void*>(e.pointers[i]), sizeof(value));
+    e.host_values[e.uids[i]] = value;
+  }
   state().executes.push_back(e);
   if (state().execute_result != 0)
     return fail(static_cast<cudnnStatus_t>(state().execute_result), state().execute_message);

@@ -101,6 +101,7 @@ const std::map<std::string, std::set<std::string>>& expected_kernels() {
         "_Z14gather_throughPKPKfxPf"}},
       {"library_gemm", {}},
       {"library_dnn_matmul", {}},
+      {"library_dnn_attention", {}},
       {"library_transformer", {"_Z15softmax_columnsPviii", "_Z13add_layernormPKvS0_PvPKfS3_iifi"}},
   };
   return kernels;

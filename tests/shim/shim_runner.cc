@@ -18,7 +18,7 @@ const std::vector<std::string>& all_programs() {
       "vector_add",   "saxpy_streams",  "pinned_overlap",      "d2d_memset",
       "tiny_mlp",     "dlopen_runtime", "error_cases",         "large_allocations",
       "library_gemm", "library_cnn",    "library_transformer", "library_dnn_matmul",
-      "rdc_affine"};
+      "library_dnn_attention", "rdc_affine"};
   return programs;
 }
 

@@ -2,12 +2,15 @@
 // never a crash), the session's checks of cuDNN calls (extents from dims/strides/type, unknown
 // unique ids, undefined graphs, bad descriptors), and the simulated GPU's host implementations
 // against references written here, independently: convolution forward (NCHW and NHWC, stride,
-// padding, dilation, groups, fp32 and fp16, fused bias + ReLU), batch-norm inference, pooling,
-// softmax, activation and add tensor.
+// padding, dilation, groups, fp32 and fp16, fused bias + ReLU), softmax built of reductions and
+// pointwise ops, layer and RMS norm, a causal mask (GEN_INDEX, CMP_GE, BINARY_SELECT), by-value
+// tensors (the session binds no address to them; their values travel), batch-norm inference,
+// pooling, softmax, activation and add tensor.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <random>
 #include <vector>
 
@@ -68,15 +71,52 @@ class Builder {
     attr<float>(n, dnn::kConvFwdBeta, dnn::kTypeFloat, {0.0f});
     return add(std::move(n));
   }
-  uint64_t pointwise(int32_t mode, uint64_t x, uint64_t y, int64_t b = -1) {
+  uint64_t pointwise(int32_t mode, uint64_t x, uint64_t y, int64_t b = -1, int64_t t = -1,
+                     int64_t axis = -1) {
     dnn::Node d{dnn::kPointwise, {}};
     attr<int32_t>(d, dnn::kPointwiseMode, dnn::kTypePointwiseMode, {mode});
+    if (axis >= 0) attr<int64_t>(d, dnn::kPointwiseAxis, dnn::kTypeInt64, {axis});
     const uint64_t desc = add(std::move(d));
     dnn::Node n{dnn::kOpPointwise, {}};
     attr<uint64_t>(n, dnn::kOpPointwisePwDesc, dnn::kTypeBackendDescriptor, {desc});
     attr<uint64_t>(n, dnn::kOpPointwiseX, dnn::kTypeBackendDescriptor, {x});
     attr<uint64_t>(n, dnn::kOpPointwiseY, dnn::kTypeBackendDescriptor, {y});
     if (b >= 0) attr<uint64_t>(n, dnn::kOpPointwiseB, dnn::kTypeBackendDescriptor, {uint64_t(b)});
+    if (t >= 0) attr<uint64_t>(n, dnn::kOpPointwiseT, dnn::kTypeBackendDescriptor, {uint64_t(t)});
+    return add(std::move(n));
+  }
+  // A one-element FLOAT tensor passed by value (a scale, an epsilon).
+  uint64_t scalar(int64_t uid) {
+    const uint64_t at = tensor(uid, dnn::kFloat, {1, 1, 1, 1}, {1, 1, 1, 1});
+    attr<uint8_t>(g.nodes[at], dnn::kTensorIsByValue, dnn::kTypeBoolean, {1});
+    return at;
+  }
+  uint64_t reduction(int32_t op, uint64_t x, uint64_t y) {
+    dnn::Node d{dnn::kReduction, {}};
+    attr<int32_t>(d, dnn::kReductionOperator, dnn::kTypeReductionOperator, {op});
+    attr<int32_t>(d, dnn::kReductionCompType, dnn::kTypeDataType, {dnn::kFloat});
+    const uint64_t desc = add(std::move(d));
+    dnn::Node n{dnn::kOpReduction, {}};
+    attr<uint64_t>(n, dnn::kOpReductionX, dnn::kTypeBackendDescriptor, {x});
+    attr<uint64_t>(n, dnn::kOpReductionY, dnn::kTypeBackendDescriptor, {y});
+    attr<uint64_t>(n, dnn::kOpReductionDesc, dnn::kTypeBackendDescriptor, {desc});
+    return add(std::move(n));
+  }
+  // Layer norm (bias, and in training mean and inverse variance) or RMS norm.
+  uint64_t norm(int32_t mode, int32_t phase, uint64_t x, uint64_t scale, int64_t bias,
+                uint64_t epsilon, uint64_t y, int64_t mean = -1, int64_t inv_variance = -1) {
+    dnn::Node n{dnn::kOpNormForward, {}};
+    attr<int32_t>(n, dnn::kNormFwdMode, dnn::kTypeNormMode, {mode});
+    attr<int32_t>(n, dnn::kNormFwdPhase, dnn::kTypeNormFwdPhase, {phase});
+    attr<uint64_t>(n, dnn::kNormFwdX, dnn::kTypeBackendDescriptor, {x});
+    attr<uint64_t>(n, dnn::kNormFwdScale, dnn::kTypeBackendDescriptor, {scale});
+    if (bias >= 0) attr<uint64_t>(n, dnn::kNormFwdBias, dnn::kTypeBackendDescriptor, {uint64_t(bias)});
+    attr<uint64_t>(n, dnn::kNormFwdEpsilon, dnn::kTypeBackendDescriptor, {epsilon});
+    attr<uint64_t>(n, dnn::kNormFwdY, dnn::kTypeBackendDescriptor, {y});
+    if (mean >= 0) attr<uint64_t>(n, dnn::kNormFwdMean, dnn::kTypeBackendDescriptor, {uint64_t(mean)});
+    if (inv_variance >= 0)
+      attr<uint64_t>(n, dnn::kNormFwdInvVariance, dnn::kTypeBackendDescriptor,
+                     {uint64_t(inv_variance)});
     return add(std::move(n));
   }
   uint64_t op_graph(std::vector<uint64_t> ops) {
@@ -547,6 +587,217 @@ TEST(DnnHost, UnsupportedGraphsAreNamed) {
   Status s = device::sim::host_engine_supports(*g);
   EXPECT_EQ(s.code(), ErrorCode::kNotSupported);
   EXPECT_NE(s.message().find("one convolution"), std::string::npos) << s;
+}
+
+// ---- Softmax, norms and by-value tensors ----
+// Binds a plan's tensors by uid: host buffers, or by-value floats.
+std::vector<dnn::Bound> bind(const dnn::OpGraph& g, const std::map<int64_t, uint64_t>& buffers,
+                             const std::map<int64_t, float>& values = {}) {
+  std::vector<dnn::Bound> bound(g.tensors.size());
+  for (size_t t = 0; t < bound.size(); ++t) {
+    const int64_t uid = g.tensors[t].uid;
+    if (auto it = buffers.find(uid); it != buffers.end()) bound[t].ptr = it->second;
+    if (auto it = values.find(uid); it != values.end()) {
+      bound[t].by_value = true;
+      std::memcpy(bound[t].value, &it->second, sizeof(float));
+    }
+  }
+  return bound;
+}
+uint64_t address(std::vector<float>& v) { return reinterpret_cast<uint64_t>(v.data()); }
+
+TEST(DnnHost, SoftmaxAsReductionsAndPointwiseOps) {
+  // y = exp(x - max) / sum(exp(x - max)) over the last dimension of a 2 x 3 x 5 x 7 tensor, the
+  // graph cudnn-frontend's softmax node builds, with the statistics max + log(sum).
+  const std::vector<int64_t> dims = {2, 3, 5, 7}, row = {2, 3, 5, 1};
+  const std::vector<int64_t> st = {105, 35, 7, 1}, row_st = {15, 5, 1, 1};
+  Builder b;
+  const uint64_t x = b.tensor(1, dnn::kFloat, dims, st);
+  const uint64_t mx = b.tensor(10, dnn::kFloat, row, row_st, true);
+  const uint64_t sub = b.tensor(11, dnn::kFloat, dims, st, true);
+  const uint64_t ex = b.tensor(12, dnn::kFloat, dims, st, true);
+  const uint64_t sum = b.tensor(13, dnn::kFloat, row, row_st, true);
+  const uint64_t lg = b.tensor(14, dnn::kFloat, row, row_st, true);
+  const uint64_t stats = b.tensor(3, dnn::kFloat, row, row_st);
+  const uint64_t y = b.tensor(2, dnn::kFloat, dims, st);
+  // Listed out of dependency order: the engine orders them.
+  b.plan(b.op_graph({b.pointwise(dnn::kPwDiv, ex, y, int64_t(sum)),
+                     b.reduction(dnn::kReduceMax, x, mx),
+                     b.pointwise(dnn::kPwSub, x, sub, int64_t(mx)),
+                     b.pointwise(dnn::kPwExp, sub, ex), b.reduction(dnn::kReduceAdd, ex, sum),
+                     b.pointwise(dnn::kPwLog, sum, lg),
+                     b.pointwise(dnn::kPwAdd, mx, stats, int64_t(lg))}));
+  auto plan = dnn::interpret_plan(b.g);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_TRUE(device::sim::host_engine_supports(plan->graph).ok());
+  std::vector<float> hx(210), hy(210, -1), hs(30, -1);
+  for (size_t i = 0; i < hx.size(); ++i) hx[i] = static_cast<float>((i * 37 % 23)) / 4 - 2;
+  ASSERT_TRUE(device::sim::run_op_graph(
+                  plan->graph, bind(plan->graph, {{1, address(hx)}, {2, address(hy)},
+                                                  {3, address(hs)}}))
+                  .ok());
+  for (int r = 0; r < 30; ++r) {
+    double m = -INFINITY, total = 0;
+    for (int i = 0; i < 7; ++i) m = std::max(m, double{hx[r * 7 + i]});
+    for (int i = 0; i < 7; ++i) total += std::exp(hx[r * 7 + i] - m);
+    EXPECT_NEAR(hs[r], m + std::log(total), 1e-5) << "row " << r;
+    for (int i = 0; i < 7; ++i)
+      EXPECT_NEAR(hy[r * 7 + i], std::exp(hx[r * 7 + i] - m) / total, 1e-6) << r << "," << i;
+  }
+}
+
+TEST(DnnHost, LayerAndRmsNormWithByValueEpsilon) {
+  for (int32_t mode : {dnn::kLayerNorm, dnn::kRmsNorm}) {
+    const bool layer = mode == dnn::kLayerNorm;
+    Builder b;
+    const uint64_t x = b.tensor(1, dnn::kFloat, {4, 6, 1, 1}, {6, 1, 1, 1});
+    const uint64_t scale = b.tensor(2, dnn::kFloat, {1, 6, 1, 1}, {6, 1, 1, 1});
+    const uint64_t bias = b.tensor(3, dnn::kFloat, {1, 6, 1, 1}, {6, 1, 1, 1});
+    const uint64_t eps = b.scalar(4);
+    const uint64_t y = b.tensor(5, dnn::kFloat, {4, 6, 1, 1}, {6, 1, 1, 1});
+    const uint64_t mean = b.tensor(6, dnn::kFloat, {4, 1, 1, 1}, {1, 1, 1, 1});
+    const uint64_t inv = b.tensor(7, dnn::kFloat, {4, 1, 1, 1}, {1, 1, 1, 1});
+    b.plan(b.op_graph({b.norm(mode, dnn::kNormTraining, x, scale, layer ? int64_t(bias) : -1,
+                              eps, y, layer ? int64_t(mean) : -1, int64_t(inv))}));
+    auto plan = dnn::interpret_plan(b.g);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    ASSERT_TRUE(device::sim::host_engine_supports(plan->graph).ok());
+    std::vector<float> hx(24), hscale(6), hbias(6), hy(24, -7), hmean(4, -7), hinv(4, -7);
+    for (int i = 0; i < 24; ++i) hx[i] = static_cast<float>(i * 7 % 11) - 5;
+    for (int i = 0; i < 6; ++i) hscale[i] = 1 + i / 2.0f, hbias[i] = i - 2.5f;
+    const float epsilon = 0.25f;
+    ASSERT_TRUE(device::sim::run_op_graph(
+                    plan->graph,
+                    bind(plan->graph,
+                         {{1, address(hx)}, {2, address(hscale)}, {3, address(hbias)},
+                          {5, address(hy)}, {6, address(hmean)}, {7, address(hinv)}},
+                         {{4, epsilon}}))
+                    .ok());
+    for (int r = 0; r < 4; ++r) {
+      double mu = 0, var = 0;
+      for (int i = 0; i < 6; ++i) mu += hx[r * 6 + i] / 6.0;
+      if (!layer) mu = 0;
+      for (int i = 0; i < 6; ++i) var += (hx[r * 6 + i] - mu) * (hx[r * 6 + i] - mu) / 6.0;
+      const double inv_sd = 1 / std::sqrt(var + epsilon);
+      if (layer) {
+        EXPECT_NEAR(hmean[r], mu, 1e-6);
+      }
+      EXPECT_NEAR(hinv[r], inv_sd, 1e-6);
+      for (int i = 0; i < 6; ++i)
+        EXPECT_NEAR(hy[r * 6 + i], (hx[r * 6 + i] - mu) * inv_sd * hscale[i] + (layer ? hbias[i] : 0),
+                    1e-5)
+            << (layer ? "layer" : "rms") << " norm at " << r << "," << i;
+    }
+  }
+}
+
+TEST(DnnHost, CausalMaskFromGenIndexCompareAndSelect) {
+  const std::vector<int64_t> dims = {1, 1, 4, 4}, st = {16, 16, 4, 1};
+  Builder b;
+  const uint64_t x = b.tensor(1, dnn::kFloat, dims, st);
+  const uint64_t fill = b.scalar(2);
+  const uint64_t rows = b.tensor(10, dnn::kInt32, dims, st, true);
+  const uint64_t cols = b.tensor(11, dnn::kInt32, dims, st, true);
+  const uint64_t keep = b.tensor(12, dnn::kBoolean, dims, st, true);
+  const uint64_t y = b.tensor(3, dnn::kFloat, dims, st);
+  b.plan(b.op_graph({b.pointwise(dnn::kPwGenIndex, x, rows, -1, -1, 2),
+                     b.pointwise(dnn::kPwGenIndex, x, cols, -1, -1, 3),
+                     b.pointwise(dnn::kPwCmpGe, rows, keep, int64_t(cols)),
+                     b.pointwise(dnn::kPwBinarySelect, x, y, int64_t(fill), int64_t(keep))}));
+  auto plan = dnn::interpret_plan(b.g);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  std::vector<float> hx(16), hy(16);
+  for (int i = 0; i < 16; ++i) hx[i] = static_cast<float>(i + 1);
+  ASSERT_TRUE(device::sim::run_op_graph(
+                  plan->graph, bind(plan->graph, {{1, address(hx)}, {3, address(hy)}}, {{2, -9}}))
+                  .ok());
+  for (int i = 0; i < 4; ++i)
+    for (int j = 0; j < 4; ++j) EXPECT_EQ(hy[i * 4 + j], j <= i ? hx[i * 4 + j] : -9) << i << j;
+}
+
+TEST(DnnChecks, ByValueTensorsTravelAsValues) {
+  // x * scale, the scale by value: the session binds x and y only; the value must come as one.
+  Builder b;
+  const uint64_t x = b.tensor(1, dnn::kFloat, {1, 1, 2, 2}, {4, 4, 2, 1});
+  const uint64_t scale = b.scalar(2);
+  const uint64_t y = b.tensor(3, dnn::kFloat, {1, 1, 2, 2}, {4, 4, 2, 1});
+  b.plan(b.op_graph({b.pointwise(dnn::kPwMul, x, y, int64_t(scale))}));
+  server::DnnGraphs graphs;
+  ASSERT_TRUE(
+      server::check_dnn_call(library_ops::LibraryOp::kDnnDefineGraph, define(5, b.g), graphs)
+          .ok());
+  auto run = [&](const dnn::Execute& e) {
+    return server::check_dnn_call(library_ops::LibraryOp::kDnnExecute, dnn::encode_execute(e),
+                                  graphs);
+  };
+  dnn::Execute e;
+  e.header.graph_id = 5;
+  e.entries = {{1, 0x1000}, {3, 0x2000}};
+  Status missing = run(e).status();
+  EXPECT_EQ(missing.code(), ErrorCode::kInvalidValue);
+  EXPECT_NE(missing.message().find("has no value"), std::string::npos) << missing;
+  e.entries.push_back({2, 0x3000});  // an address for a by-value tensor
+  Status addressed = run(e).status();
+  EXPECT_NE(addressed.message().find("by-value tensor"), std::string::npos) << addressed;
+  e.entries.pop_back();
+  dnn::ByValueEntry value;
+  value.uid = 2;
+  const float two = 2;
+  std::memcpy(value.value, &two, 4);
+  e.by_value = {value};
+  auto access = run(e);
+  ASSERT_TRUE(access.ok()) << access.status();
+  EXPECT_EQ(access->operands.size(), 2u);  // x read, y written; the scalar is no operand
+  // The codec round-trips the values; a value for a tensor that is not by value is refused.
+  auto decoded = dnn::decode_execute(dnn::encode_execute(e));
+  ASSERT_TRUE(decoded.ok());
+  ASSERT_EQ(decoded->by_value.size(), 1u);
+  EXPECT_EQ(std::memcmp(decoded->by_value[0].value, &two, 4), 0);
+  e.by_value[0].uid = 1;
+  EXPECT_EQ(run(e).status().code(), ErrorCode::kInvalidValue);
+  // The sim runs it with the value.
+  auto plan = dnn::interpret_plan(b.g);
+  ASSERT_TRUE(plan.ok());
+  std::vector<float> hx = {1, 2, 3, 4}, hy(4);
+  ASSERT_TRUE(device::sim::run_op_graph(
+                  plan->graph, bind(plan->graph, {{1, address(hx)}, {3, address(hy)}}, {{2, 2.5f}}))
+                  .ok());
+  EXPECT_EQ(hy, (std::vector<float>{2.5f, 5, 7.5f, 10}));
+}
+
+TEST(DnnGraph, NormsAndReductionsRefuseWhatCudnnRefuses) {
+  // A reduction whose Y keeps a dimension X does not have.
+  Builder r;
+  const uint64_t x = r.tensor(1, dnn::kFloat, {2, 3, 4, 1}, {12, 4, 1, 1});
+  const uint64_t y = r.tensor(2, dnn::kFloat, {2, 3, 5, 1}, {15, 5, 1, 1});
+  r.op_graph({r.reduction(dnn::kReduceAdd, x, y)});
+  EXPECT_EQ(dnn::interpret_operation_graph(r.g).status().code(), ErrorCode::kInvalidValue);
+  // A layer norm without its bias; statistics asked of the inference phase; an unknown mode.
+  for (int which = 0; which < 3; ++which) {
+    Builder b;
+    const uint64_t nx = b.tensor(1, dnn::kFloat, {4, 6, 1, 1}, {6, 1, 1, 1});
+    const uint64_t scale = b.tensor(2, dnn::kFloat, {1, 6, 1, 1}, {6, 1, 1, 1});
+    const uint64_t bias = b.tensor(3, dnn::kFloat, {1, 6, 1, 1}, {6, 1, 1, 1});
+    const uint64_t eps = b.scalar(4);
+    const uint64_t ny = b.tensor(5, dnn::kFloat, {4, 6, 1, 1}, {6, 1, 1, 1});
+    const uint64_t inv = b.tensor(7, dnn::kFloat, {4, 1, 1, 1}, {1, 1, 1, 1});
+    if (which == 0) b.op_graph({b.norm(dnn::kLayerNorm, dnn::kNormInference, nx, scale, -1, eps, ny)});
+    if (which == 1)
+      b.op_graph({b.norm(dnn::kRmsNorm, dnn::kNormInference, nx, scale, int64_t(bias), eps, ny, -1,
+                         int64_t(inv))});
+    if (which == 2) b.op_graph({b.norm(2, dnn::kNormInference, nx, scale, int64_t(bias), eps, ny)});
+    Status s = dnn::interpret_operation_graph(b.g).status();
+    EXPECT_EQ(s.code(), which == 2 ? ErrorCode::kNotSupported : ErrorCode::kInvalidValue)
+        << which << ": " << s;
+  }
+  // A pointwise mode Hiber does not interpret is named.
+  Builder p;
+  const uint64_t px = p.tensor(1, dnn::kFloat, {1, 1, 1, 4}, {4, 4, 4, 1});
+  const uint64_t py = p.tensor(2, dnn::kFloat, {1, 1, 1, 4}, {4, 4, 4, 1});
+  p.op_graph({p.pointwise(dnn::kPwReluFwd + 100, px, py)});  // RELU_BWD
+  Status s = dnn::interpret_operation_graph(p.g).status();
+  EXPECT_EQ(s.code(), ErrorCode::kNotSupported);
+  EXPECT_NE(s.message().find("pointwise mode 200"), std::string::npos) << s;
 }
 
 }  // namespace

@@ -12,9 +12,12 @@
 
 namespace hiber::device::sim {
 
-// Whether the host engine (global index 0) runs `graph`: one convolution forward followed by a
-// chain of pointwise operations (bias add, ReLU, ...) through virtual tensors, or such a chain
-// alone, on FLOAT, HALF, BFLOAT16 or DOUBLE tensors. kNotSupported naming what otherwise.
+// Whether the host engine (global index 0) runs `graph`: any acyclic graph of matmuls, pointwise
+// operations, reductions and layer/RMS norms with at most one convolution forward (what cuDNN's
+// fusion engines run: a convolution or matmul with pointwise ops around it, softmax as
+// reductions and pointwise ops, attention as two matmuls with a softmax between them), each
+// operation run whole in dependency order, virtual tensors held in host memory in their declared
+// data type. kNotSupported naming what otherwise.
 Status host_engine_supports(const library_ops::dnn::OpGraph& graph);
 // Runs `graph` (host_engine_supports) with tensor i at bound[i].ptr.
 Status run_op_graph(const library_ops::dnn::OpGraph& graph,
