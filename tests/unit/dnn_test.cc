@@ -587,6 +587,18 @@ TEST(DnnHost, UnsupportedGraphsAreNamed) {
   Status s = device::sim::host_engine_supports(*g);
   EXPECT_EQ(s.code(), ErrorCode::kNotSupported);
   EXPECT_NE(s.message().find("one convolution"), std::string::npos) << s;
+
+  // A virtual tensor of 2^40 bytes would be hiberd's host memory: refused, never allocated.
+  Builder big;
+  const uint64_t bx = big.tensor(1, dnn::kFloat, {1, 1, 1, 1}, {1, 1, 1, 1});
+  const uint64_t bv = big.tensor(2, dnn::kFloat, {1, 1, 1 << 19, 1 << 19}, {1, 1, 1 << 19, 1}, true);
+  const uint64_t by = big.tensor(3, dnn::kFloat, {1, 1, 1, 1}, {1, 1, 1, 1});
+  big.op_graph({big.pointwise(dnn::kPwIdentity, bx, bv), big.reduction(dnn::kReduceAdd, bv, by)});
+  auto huge = dnn::interpret_operation_graph(big.g);
+  ASSERT_TRUE(huge.ok()) << huge.status();
+  Status refused = device::sim::host_engine_supports(*huge);
+  EXPECT_EQ(refused.code(), ErrorCode::kNotSupported);
+  EXPECT_NE(refused.message().find("virtual tensors take"), std::string::npos) << refused;
 }
 
 // ---- Softmax, norms and by-value tensors ----

@@ -386,6 +386,17 @@ Status host_engine_supports(const dnn::OpGraph& g) {
                    "; the simulated GPU runs FLOAT, DOUBLE, HALF, BFLOAT16, BOOLEAN, INT8, UINT8, "
                    "INT32 and INT64");
   HIBER_RETURN_IF_ERROR(schedule(g).status());
+  // Virtual tensors take hiberd's host memory while the graph runs: bounded, so a graph cannot
+  // exhaust it.
+  uint64_t virtual_bytes = 0;
+  for (const dnn::Tensor& t : g.tensors) {
+    if (!t.is_virtual) continue;
+    HIBER_ASSIGN_OR_RETURN(uint64_t bytes, dnn::tensor_extent(t));
+    virtual_bytes += bytes;
+  }
+  if (virtual_bytes > kMaxVirtualBytes)
+    return error(ErrorCode::kNotSupported, "the graph's virtual tensors take ", virtual_bytes,
+                 " bytes; the simulated GPU holds at most ", kMaxVirtualBytes, " per graph");
   for (const dnn::Op& op : g.ops) {
     const int32_t xt = g.tensors[op.x].data_type;
     if (op.kind == dnn::OpKind::kMatmul) {
@@ -417,6 +428,7 @@ Status host_engine_supports(const dnn::OpGraph& g) {
 }
 
 Status run_op_graph(const dnn::OpGraph& g, std::span<const dnn::Bound> bound) {
+  HIBER_RETURN_IF_ERROR(host_engine_supports(g));
   HIBER_ASSIGN_OR_RETURN(std::vector<int> order, schedule(g));
   // Virtual tensors live here while the graph runs; by-value ones are copied out of `bound`.
   std::vector<std::vector<std::byte>> scratch(g.tensors.size());

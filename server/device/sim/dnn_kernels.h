@@ -5,6 +5,7 @@
 // rounded to each output tensor's declared data type, to nearest even.
 #pragma once
 
+#include <cstdint>
 #include <span>
 
 #include "common/status.h"
@@ -17,7 +18,8 @@ namespace hiber::device::sim {
 // fusion engines run: a convolution or matmul with pointwise ops around it, softmax as
 // reductions and pointwise ops, attention as two matmuls with a softmax between them), each
 // operation run whole in dependency order, virtual tensors held in host memory in their declared
-// data type. kNotSupported naming what otherwise.
+// data type (at most kMaxVirtualBytes of them). kNotSupported naming what otherwise.
+inline constexpr uint64_t kMaxVirtualBytes = uint64_t{1} << 30;
 Status host_engine_supports(const library_ops::dnn::OpGraph& graph);
 // Runs `graph` (host_engine_supports) with tensor i at bound[i].ptr.
 Status run_op_graph(const library_ops::dnn::OpGraph& graph,
