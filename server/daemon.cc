@@ -170,6 +170,7 @@ struct Daemon::Connection {
   std::chrono::steady_clock::time_point accepted;
   std::chrono::steady_clock::time_point idle_since;  // control: since its last reply
   bool late = false;    // still without a Hello, past the deadline, at the last sweep
+  bool dropping = false;  // dropped to make room for a newer connection (counted in dropping_)
   int outstanding = 0;  // io_uring operations in flight
 
   wire::FrameReader reader;
@@ -394,7 +395,12 @@ void Daemon::on_accept(int fd, Listener listener) {
     reject(c, Status(ErrorCode::kDeviceUnavailable, "hiberd is shutting down"));
     return;
   }
-  if (connections_.size() - live_sessions_ > options_.max_pending_connections) {
+  if (connections_.size() - live_sessions_ - dropping_ > options_.max_pending_connections &&
+      !drop_oldest_unproven(c, "",
+                            str_cat("dropped for a newer connection: more than ",
+                                    options_.max_pending_connections,
+                                    " connections were waiting to be served and this one had "
+                                    "proven nothing yet"))) {
     reject(c, error(ErrorCode::kDeviceUnavailable, "more than ", options_.max_pending_connections,
                     " connections are waiting to be served"));
     return;
@@ -426,14 +432,36 @@ void Daemon::on_accept(int fd, Listener listener) {
 }
 
 bool Daemon::count_pending(Connection& connection, std::string peer) {
-  size_t& pending = pending_by_peer_[peer];
-  if (pending >= options_.max_pending_per_peer) {
-    reject(connection, error(ErrorCode::kDeviceUnavailable, peer, " already holds ", pending,
-                             " connections waiting to be served (the most one peer may hold)"));
+  if (pending_by_peer_[peer] >= options_.max_pending_per_peer &&
+      !drop_oldest_unproven(connection, peer,
+                            str_cat("dropped for a newer connection: ", peer, " holds ",
+                                    options_.max_pending_per_peer,
+                                    " connections waiting to be served (the most one peer may "
+                                    "hold) and this one had proven nothing yet"))) {
+    reject(connection,
+           error(ErrorCode::kDeviceUnavailable, peer, " already holds ", pending_by_peer_[peer],
+                 " connections waiting to be served (the most one peer may hold)"));
     return false;
   }
-  ++pending;
+  ++pending_by_peer_[peer];
   connection.peer_key = std::move(peer);
+  return true;
+}
+
+bool Daemon::drop_oldest_unproven(const Connection& newcomer, std::string_view peer_key,
+                                  const std::string& why) {
+  Connection* oldest = nullptr;
+  for (auto& [id, c] : connections_) {
+    if (c.get() == &newcomer || c->dropping || c->state != Connection::State::kReading) continue;
+    if (c->session != nullptr || (c->control && c->authenticated)) continue;
+    if (c->peer_key.empty() || (!peer_key.empty() && c->peer_key != peer_key)) continue;
+    if (oldest == nullptr || c->id < oldest->id) oldest = c.get();
+  }
+  if (oldest == nullptr) return false;
+  uncount_pending(*oldest);
+  oldest->dropping = true;
+  ++dropping_;
+  reject(*oldest, Status(ErrorCode::kDeviceUnavailable, why));
   return true;
 }
 
@@ -581,6 +609,7 @@ void Daemon::maybe_forget(Connection& connection) {
     --live_sessions_;
   }
   uncount_pending(connection);
+  if (connection.dropping) --dropping_;
   connections_.erase(connection.id);
   maybe_finish_shutdown();
 }

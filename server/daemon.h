@@ -153,10 +153,17 @@ class Daemon {
   Result<wire::Message> status_page_for_metrics(uint64_t offset);
   Status start_metrics();
 
-  // Admits a connection as one of its peer's pending connections, or refuses it (the per-peer
-  // cap); counted until it becomes a session or is forgotten.
+  // Admits a connection as one of its peer's pending connections; counted until it becomes a
+  // session or is forgotten. At the per-peer cap the peer's oldest unproven connection is
+  // dropped to make room (drop_oldest_unproven); it is refused only when the peer has none.
   bool count_pending(Connection& connection, std::string peer);
   void uncount_pending(Connection& connection);
+  // Unproven: still reading and without a credential (a function connection before its Hello, a
+  // control connection before a request with the control token). Drops the oldest such
+  // connection other than `newcomer`, of `peer_key` ("" : of any peer), refusing it with `why`,
+  // so that silent connections cannot keep a newer one out; false if there is none.
+  bool drop_oldest_unproven(const Connection& newcomer, std::string_view peer_key,
+                            const std::string& why);
 
   void reject(Connection& connection, const Status& why);
   void close_connection(Connection& connection, std::string_view why);
@@ -195,6 +202,8 @@ class Daemon {
   uint64_t next_connection_id_ = 1;
   SessionId next_session_id_{1};
   size_t live_sessions_ = 0;
+  // Connections dropped to make room, still sending their refusal: not counted as pending.
+  size_t dropping_ = 0;
   std::unordered_map<std::string, size_t> pending_by_peer_;
   bool shutting_down_ = false;
   IoLoop::OpId accept_op_ = 0;

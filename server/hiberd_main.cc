@@ -67,8 +67,9 @@ DEFINE_string(control_token_file, "",
 DEFINE_uint64(control_idle_timeout_ms, 60000,
               "A control connection that sends no request for this long is closed");
 DEFINE_uint64(max_pending_connections, 256,
-              "Most connections waiting to become sessions or between control requests; more "
-              "are refused");
+              "Most connections waiting to become sessions or between control requests; past it "
+              "the oldest that has proven nothing (no Hello, no control token) is dropped, or "
+              "the new one refused if none");
 DEFINE_uint64(max_pending_per_peer, 128,
               "Most of those one peer may hold (a uid on the Unix sockets, an address over TCP)");
 DEFINE_uint32(io_queue_depth, 1024, "Entries of hiberd's io_uring submission queue");

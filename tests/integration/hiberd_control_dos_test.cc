@@ -251,16 +251,36 @@ TEST(ControlDos, APeerWithManyIdleConnectionsCannotStarveAnother) {
   for (int i = 0; i < 8; ++i) crowd.push_back(connect_from("127.0.0.1", port));
   hiberd.settled_fds();  // all accepted
 
-  // Each gets no more.
+  // Each holds no more: a newer connection of the same peer is served, and the peer's oldest
+  // silent connection is dropped for it, told why (so a squatter cannot lock out its own uid's
+  // other clients either).
   auto more = wire::connect_unix(hiberd.control_socket_path());
   ASSERT_TRUE(more.ok());
-  auto refused = exchange(more->get(), wire::control::Ping{}, "crowd-token");
-  EXPECT_EQ(refused.status().code(), ErrorCode::kDeviceUnavailable) << refused.status();
-  EXPECT_NE(refused.status().message().find("the most one peer may hold"), std::string::npos)
-      << refused.status();
+  EXPECT_TRUE(exchange(more->get(), wire::control::Ping{}, "crowd-token").ok());
   UniqueFd more_tcp = connect_from("127.0.0.1", port);
-  auto refused_tcp = exchange(more_tcp.get(), wire::control::Ping{}, "crowd-token");
+  EXPECT_TRUE(exchange(more_tcp.get(), wire::control::Ping{}, "crowd-token").ok());
+  for (int oldest : {0, 8}) {  // the first Unix and the first TCP connection
+    wire::Message reply;
+    ASSERT_TRUE(wire::receive_frame(crowd[oldest].get(), reply, nullptr, 5s).ok()) << oldest;
+    Status dropped = wire::read_message<proto::ControlReply>(
+        reply, "reply", [](proto::ControlReply::Reader r) -> Status {
+          if (!r.isError()) return Status();
+          return Status(static_cast<ErrorCode>(r.getError().getCode()), r.getError().getMessage());
+        });
+    EXPECT_EQ(dropped.code(), ErrorCode::kDeviceUnavailable) << dropped;
+    EXPECT_NE(dropped.message().find("the most one peer may hold"), std::string::npos) << dropped;
+  }
+  // Connections that proved the token are never dropped: with the peer's share all proven, a
+  // newer one is refused.
+  std::vector<UniqueFd> proven;
+  for (int i = 0; i < 8; ++i) {
+    proven.push_back(connect_from("127.0.0.3", port));
+    ASSERT_TRUE(exchange(proven.back().get(), wire::control::Ping{}, "crowd-token").ok());
+  }
+  UniqueFd ninth = connect_from("127.0.0.3", port);
+  auto refused_tcp = exchange(ninth.get(), wire::control::Ping{}, "crowd-token");
   EXPECT_EQ(refused_tcp.status().code(), ErrorCode::kDeviceUnavailable) << refused_tcp.status();
+  for (UniqueFd& p : proven) EXPECT_TRUE(exchange(p.get(), wire::control::Ping{}, "crowd-token").ok());
 
   // Another peer is served.
   UniqueFd other = connect_from("127.0.0.2", port);
