@@ -362,16 +362,48 @@ void Router::run(Function& function, Instance& instance, std::shared_ptr<Invocat
     invocation->started_at = invocation->dispatched;
     return invoke_worker(invocation);
   }
-  NodeClient& node = *nodes_[instance.node];
+  request_gpu(std::move(invocation), instance.worker->instance_key(), false);
+}
+
+void Router::request_gpu(std::shared_ptr<Invocation> invocation, std::string instance_key,
+                         bool registered_again) {
+  NodeClient& node = *nodes_[invocation->node];
   node.call(
-      wire::control::RequestArrived{function.spec.name, instance.worker->instance_key()},
-      [this, invocation, alive = std::weak_ptr<bool>(alive_)](Result<wire::control::Reply> reply) {
+      wire::control::RequestArrived{invocation->function, instance_key},
+      [this, invocation, instance_key, registered_again,
+       alive = std::weak_ptr<bool>(alive_)](Result<wire::control::Reply> reply) {
         if (alive.expired()) return;
         const auto* accepted = reply.ok() ? std::get_if<wire::control::Accepted>(&*reply) : nullptr;
         if (accepted == nullptr) {
           const Status why =
               reply.ok() ? error(ErrorCode::kInvalidValue, "hiberd answered requestArrived oddly")
                          : reply.status();
+          Function* function = find(invocation->function);
+          if (!registered_again && function != nullptr && why.code() == ErrorCode::kNotFound &&
+              why.message().find("is not registered") != std::string::npos) {
+            NodeClient& node = *nodes_[invocation->node];
+            LOG(WARNING) << "node " << node.config().name << " does not know function "
+                         << invocation->function << " (" << why.message()
+                         << "): registering it again";
+            node_views_[invocation->node].registered = false;  // the next poll: every function
+            node.call(function->spec.registration(),
+                      [this, invocation, instance_key, alive](Result<wire::control::Reply> r) {
+                        if (alive.expired()) return;
+                        if (!r.ok() &&
+                            r.status().message().find("already registered") == std::string::npos) {
+                          return finish(invocation,
+                                        retry_later(status_for(r.status()),
+                                                    "hiberd: " + r.status().message()),
+                                        true);
+                        }
+                        request_gpu(invocation, instance_key, true);
+                      });
+            return;
+          }
+          if (why.code() == ErrorCode::kDeviceUnavailable &&
+              why.message().find("has no connected instance") != std::string::npos) {
+            return requeue_for_another_worker(invocation, "hiberd: " + why.message());
+          }
           return finish(invocation, retry_later(status_for(why), "hiberd: " + why.message()), true);
         }
         invocation->hiberd_request = accepted->request_id;
@@ -661,6 +693,48 @@ void Router::scale_down() {
   });
 }
 
+void Router::requeue_for_another_worker(const std::shared_ptr<Invocation>& invocation,
+                                        const std::string& why) {
+  constexpr int kMaxRequeues = 3;
+  Function* function = find(invocation->function);
+  if (function == nullptr || invocation->answered || invocation->requeued >= kMaxRequeues) {
+    return finish(invocation, retry_later(503, why), true);
+  }
+  if (invocation->instance) {
+    auto it = function->instances.find(*invocation->instance);
+    if (it != function->instances.end()) {
+      Instance& instance = it->second;
+      if (instance.busy > 0) --instance.busy;
+      if (!instance.scaled_down && !instance.worker->attached()) {
+        LOG(WARNING) << "function " << function->spec.name << ": stopping worker "
+                     << instance.worker->instance() << ", whose hiberd session is gone (" << why
+                     << ")";
+        instance.scaled_down = true;
+        instance.worker->stop("its hiberd session is gone");
+      }
+    }
+  }
+  invocation->instance.reset();
+  ++invocation->requeued;
+  function->queue.push_front(invocation);
+  pump(*function);
+}
+
+void Router::stop_gpu_workers(size_t node, const std::string& why) {
+  for (auto& [fn, function] : functions_) {
+    for (auto& [id, instance] : function->instances) {
+      // An attached worker cannot move: it stays, and its requests fail until the node is back.
+      // One without the shim never reaches a GPU: it goes on.
+      if (instance.node != node || instance.scaled_down || instance.worker->attached() ||
+          !function->spec.shim) {
+        continue;
+      }
+      instance.scaled_down = true;
+      instance.worker->stop(why);
+    }
+  }
+}
+
 void Router::register_everywhere(const FunctionSpec& spec) {
   for (auto& node : nodes_) {
     node->call(spec.registration(), [name = spec.name,
@@ -682,19 +756,7 @@ void Router::poll_nodes() {
         if (view.up) {
           LOG(WARNING) << "node " << name << " is down: " << reply.status();
           // Its workers cannot reach a GPU: stop them, so that requests start workers elsewhere.
-          for (auto& [fn, function] : functions_) {
-            for (auto& [id, instance] : function->instances) {
-              // An attached worker cannot move: it stays, and its requests fail until the node
-              // is back.
-              // One without the shim never reaches a GPU: it goes on.
-              if (instance.node != i || instance.scaled_down || instance.worker->attached() ||
-                  !function->spec.shim) {
-                continue;
-              }
-              instance.scaled_down = true;
-              instance.worker->stop("its node " + name + " is down");
-            }
-          }
+          stop_gpu_workers(i, "its node " + name + " is down");
         }
         view.up = false;
         view.registered = false;
@@ -712,6 +774,7 @@ void Router::poll_nodes() {
             }
             const auto status = r.getStatus();
             fresh.backend = status.getBackend();
+            fresh.incarnation = status.getIncarnation();
             fresh.queued = status.getScheduler().getQueued();
             fresh.shed = status.getScheduler().getShed();
             fresh.preemptions = status.getScheduler().getPreemptions();
@@ -741,6 +804,15 @@ void Router::poll_nodes() {
       }
       if (!view.up) LOG(INFO) << "node " << name << " is up (" << fresh.backend << ")";
       fresh.registered = view.registered;
+      // A hiberd killed and restarted between two polls answers them both: only its
+      // incarnation tells that it forgot every registration.
+      if (view.up && fresh.incarnation != view.incarnation && view.incarnation != 0) {
+        LOG(WARNING) << "node " << name << " restarted (incarnation " << view.incarnation << " -> "
+                     << fresh.incarnation << "): registering every function with it again";
+        fresh.registered = false;
+        // Their sessions ended with the old hiberd: new workers open new ones.
+        stop_gpu_workers(i, "its node " + name + " restarted (the worker's session ended)");
+      }
       view = std::move(fresh);
       metrics_.set_node_up(name, true);
       if (!view.registered) {

@@ -110,6 +110,11 @@ class Router {
   // Starts a worker if the queue needs one (or, keep_warm, if none is on its way).
   void maybe_start_worker(Function& function, bool keep_warm = false);
   void run(Function& function, Instance& instance, std::shared_ptr<Invocation> invocation);
+  // Asks the invocation's node for a GPU (requestArrived, then requestStart). A node that
+  // answers that it does not know the function (a hiberd restarted since it was registered)
+  // gets the function registered again and the request once more, unless `registered_again`.
+  void request_gpu(std::shared_ptr<Invocation> invocation, std::string instance_key,
+                   bool registered_again);
   void on_started(const std::shared_ptr<Invocation>& invocation, Result<wire::Started> started);
   // Sends the invocation to the worker it was given to.
   void invoke_worker(const std::shared_ptr<Invocation>& invocation);
@@ -135,6 +140,13 @@ class Router {
   void scale_down();
   void poll_nodes();
   void register_everywhere(const FunctionSpec& spec);
+  // The invocation's worker has no hiberd session (it ended with a restarted hiberd): the worker
+  // is stopped and the invocation, which never reached hiberd, waits in the queue for another
+  // (at most 3 times; then it is answered 503 with `why`).
+  void requeue_for_another_worker(const std::shared_ptr<Invocation>& invocation,
+                                  const std::string& why);
+  // Stops the workers on `node` that use its GPUs (shim, not attached), telling them why.
+  void stop_gpu_workers(size_t node, const std::string& why);
   size_t choose_node_for(const Function& function) const;
 
   Function* find(const std::string& name);

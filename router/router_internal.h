@@ -75,6 +75,8 @@ struct Router::Invocation {
   Respond respond;  // empty for an asynchronous invocation
   bool answered = false;
   std::unique_ptr<boost::asio::steady_timer> deadline_timer;
+  // Times it went back to the queue because its worker had lost its hiberd session.
+  int requeued = 0;
   // Once it has left the router's queue.
   std::optional<uint64_t> instance;
   size_t node = 0;
@@ -118,6 +120,7 @@ struct Router::Function {
 struct Router::NodeView {
   bool up = false;
   bool registered = false;  // every function was registered since it last came up
+  uint64_t incarnation = 0;  // hiberd's run (NodeStatus.incarnation): another one restarted
   std::string backend;
   uint64_t queued = 0;
   uint64_t shed = 0;         // hiberd's requests answered "overloaded"

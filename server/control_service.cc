@@ -192,6 +192,7 @@ void ControlService::answer_status(ReplySender send, control::StatusQuery page) 
           status.setBackend(device_.backend_name());
           status.setNodeName(device_.topology().name);
           status.setUptimeSeconds(uptime);
+          status.setIncarnation(report.incarnation);
           std::vector<uint64_t> session_bytes(device_.gpu_count(), 0);
           for (int g = 0; g < device_.gpu_count(); ++g) {
             session_bytes[g] = controller->gpus[g].pool.allocated_bytes;

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -20,6 +21,8 @@
 #include <fstream>
 #include <future>
 #include <optional>
+#include <random>
+#include <thread>
 
 #include <capnp/message.h>
 #include <glog/logging.h>
@@ -52,14 +55,25 @@ Result<sockaddr_un> unix_address(const std::string& path) {
 }
 
 // A live socket at `path` means another hiberd serves it, which is an error rather than
-// something to steal.
+// something to steal. A hiberd killed a moment ago still looks live for a while: the kernel tears
+// its io_uring down after the process, and until then the ring's pending accept holds the
+// listening socket open. So a socket that accepts is probed again until kServedProbeWindow has
+// passed before it counts as served.
+constexpr std::chrono::milliseconds kServedProbeWindow{3000};
+
 Status check_not_served(const std::string& path) {
   HIBER_ASSIGN_OR_RETURN(sockaddr_un addr, unix_address(path));
-  UniqueFd probe(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  if (probe && ::connect(probe.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
-    return error(ErrorCode::kIllegalState, "another hiberd is already serving ", path);
+  const auto deadline = std::chrono::steady_clock::now() + kServedProbeWindow;
+  while (true) {
+    UniqueFd probe(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    if (!probe || ::connect(probe.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+      return Status();
+    }
+    if (std::chrono::steady_clock::now() >= deadline) {
+      return error(ErrorCode::kIllegalState, "another hiberd is already serving ", path);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  return Status();
 }
 
 // Binds a listening Unix socket at `path`. A stale socket file (nobody accepting) is replaced;
@@ -150,6 +164,14 @@ bool uid_allowed(const std::vector<uid_t>& allowed, uid_t uid) {
 }
 
 uint64_t round_up(uint64_t v, uint64_t to) { return (v + to - 1) / to * to; }
+
+// A nonzero random number: two runs of hiberd never share one in practice.
+uint64_t draw_incarnation() {
+  std::random_device random;
+  uint64_t drawn = 0;
+  while (drawn == 0) drawn = (uint64_t{random()} << 32) ^ random();
+  return drawn;
+}
 
 }  // namespace
 
@@ -274,7 +296,8 @@ Daemon::Daemon(device::Device& device, DaemonOptions options,
       control_tcp_listener_(std::move(control_tcp_listener)),
       control_tcp_port_(control_tcp_port),
       signal_fd_(std::move(signal_fd)),
-      started_(std::chrono::steady_clock::now()) {}
+      started_(std::chrono::steady_clock::now()),
+      incarnation_(draw_incarnation()) {}
 
 Daemon::~Daemon() {
   // Scrapes first: they post to the loop and read the controller.
@@ -850,6 +873,7 @@ ControlService::DaemonReport Daemon::daemon_report() const {
     report.batch_sizes.add(s.batch_sizes);
   }
   report.control_requests = counters_.control_requests;
+  report.incarnation = incarnation_;
   report.uptime_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
   return report;

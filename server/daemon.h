@@ -196,6 +196,8 @@ class Daemon {
   UniqueFd signal_fd_;
   alignas(8) std::array<std::byte, 128> signal_buffer_{};  // one signalfd_siginfo
   const std::chrono::steady_clock::time_point started_;
+  // Drawn at start (never 0): tells a restarted hiberd from this one (NodeStatus.incarnation).
+  const uint64_t incarnation_;
 
   // Loop thread only.
   std::unordered_map<uint64_t, std::unique_ptr<Connection>> connections_;

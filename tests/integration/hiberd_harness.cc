@@ -194,7 +194,24 @@ Hiberd::Hiberd(const HiberdOptions& options) {
   for (const std::string& flag : options.extra_flags) {
     if (flag.starts_with(kTokenFlag)) control_token_file_ = flag.substr(kTokenFlag.size());
   }
-  pid_ = spawn(argv, log_path_, options.fd_limit);
+  argv_ = std::move(argv);
+  fd_limit_ = options.fd_limit;
+  start();
+}
+
+void Hiberd::kill_and_restart(std::chrono::milliseconds pause) {
+  if (pid_ > 0) {
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+  ::rename(log_path_.c_str(), (log_path_ + ".killed-" + std::to_string(++restarts_)).c_str());
+  std::this_thread::sleep_for(pause);
+  start();
+}
+
+void Hiberd::start() {
+  pid_ = spawn(argv_, log_path_, fd_limit_);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   while (std::chrono::steady_clock::now() < deadline) {
     // Ready once the control socket accepts (a status query may be refused on purpose).

@@ -118,8 +118,18 @@ class Hiberd {
 
   // SIGTERM, then waits; returns the exit status as from waitpid (or -1).
   int stop(std::chrono::milliseconds timeout = std::chrono::seconds(20));
+  // SIGKILLs hiberd, waits `pause`, and starts it again as before (same flags and run
+  // directory, so the same sockets and tokens), waiting until its control socket answers. The
+  // killed run's log is kept as <log>.killed-<n>.
+  void kill_and_restart(std::chrono::milliseconds pause);
 
  private:
+  // Spawns argv_ and waits until the control socket accepts.
+  void start();
+
+  std::vector<std::string> argv_;
+  unsigned fd_limit_ = 0;
+  int restarts_ = 0;
   pid_t pid_ = -1;
   std::string run_dir_;
   std::string log_path_;

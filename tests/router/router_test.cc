@@ -66,6 +66,44 @@ std::string binary_body(size_t bytes, unsigned seed) {
   return body;
 }
 
+// hiberd SIGKILLed and started again at once (within 0.1 s: the router's status polls, a second
+// apart, both find a hiberd up) and after a pause (a poll finds the node down): the router
+// notices the new hiberd (its incarnation, or hiberd saying it does not know the function) and
+// registers its functions again; the function is served again, and every request from then on
+// is answered correctly. (Requests in flight across the restart may fail: restart without loss
+// is not built.)
+TEST(Router, AHiberdKilledAndRestartedIsNoticedAndServesAgain) {
+  if (shim_preload().empty()) GTEST_SKIP() << "without the shim no request reaches hiberd";
+  Node node;
+  RouterProcess& router = *node.router;
+  ASSERT_EQ(router.load("echo", echo_registration()).status, 200);
+  ASSERT_EQ(router.infer("echo", "before").body, "before") << router.log();
+  for (const auto pause : {0ms, 2500ms}) {
+    SCOPED_TRACE(str_cat("restarted after ", pause.count(), " ms"));
+    node.hiberd.kill_and_restart(pause);
+    const auto deadline = std::chrono::steady_clock::now() + 30s;
+    std::string last;
+    bool served = false;
+    for (int i = 0; !served && std::chrono::steady_clock::now() < deadline; ++i) {
+      const std::string body = str_cat("again ", i);
+      router::HttpResponse r = router.infer("echo", body);
+      served = r.status == 200 && r.body == body;
+      if (!served) {
+        last = str_cat(r.status, " ", r.body);
+        std::this_thread::sleep_for(100ms);
+      }
+    }
+    ASSERT_TRUE(served) << "last answer: " << last << "\nrouter:\n" << router.log()
+                        << "\nhiberd:\n" << node.hiberd.log();
+    for (int i = 0; i < 10; ++i) {
+      const std::string body = binary_body(500 + i, static_cast<unsigned>(i));
+      router::HttpResponse r = router.infer("echo", body);
+      EXPECT_EQ(r.status, 200) << r.body;
+      EXPECT_EQ(r.body, body);
+    }
+  }
+}
+
 TEST(Router, EchoRoundTripsThroughHiberd) {
   Node node;
   RouterProcess& router = *node.router;

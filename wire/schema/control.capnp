@@ -106,6 +106,10 @@ struct NodeStatus {
   # functionCount functions in all (0 from a hiberd before 1.5, which lists every one).
   functionCount @11 :UInt64;
   functionOffset @12 :UInt64;
+  # (1.11) A random number drawn at each start of hiberd (never 0; 0 from a hiberd before 1.11):
+  # a status with another one than the last comes from a hiberd that restarted and forgot every
+  # registration.
+  incarnation @13 :UInt64;
 }
 
 # Counts of observations in buckets, as Prometheus histograms have them.
