@@ -40,6 +40,10 @@ bool overloaded(const Status& status) {
          status.message().rfind("overloaded:", 0) == 0;
 }
 
+// A node call that failed in transport (router/node_client.cc's io_status: connect, send,
+// receive): the node is gone or restarting. hiberd itself never answers kDeinitialized.
+bool lost_node(const Status& status) { return status.code() == ErrorCode::kDeinitialized; }
+
 // After `failures` failed starts in a row: 1 s, 2 s, 4 s ... up to 30 s.
 std::chrono::milliseconds backoff(int failures) {
   return std::min<std::chrono::milliseconds>(
@@ -127,7 +131,10 @@ Router::Instance* Router::free_instance(Function& function) {
 }
 
 void Router::pump(Function& function) {
+  const Clock::time_point now = Clock::now();
   while (!function.queue.empty()) {
+    // One retrying a lost node waits its turn; those behind it wait too (the order holds).
+    if (function.queue.front()->retry_at && *function.queue.front()->retry_at > now) break;
     Instance* instance = free_instance(function);
     if (instance == nullptr) break;
     std::shared_ptr<Invocation> invocation = std::move(function.queue.front());
@@ -178,7 +185,9 @@ void Router::maybe_start_worker(Function& function, bool keep_warm) {
   const std::string& name = function.spec.name;
   if (node >= nodes_.size() && !function.spec.shim) node = 0;  // it needs no node
   if (node >= nodes_.size()) {
-    fail_queue(function, retry_later(503, "no hiberd node answers"));
+    // The queue waits --node_wait_ms for a node to answer (a hiberd restarting); housekeeping
+    // answers those that waited longer.
+    expire_node_waits(function, options_.node_wait.count() == 0);
     return;
   }
   // Backs off, and answers the queue with the reason.
@@ -402,8 +411,9 @@ void Router::request_gpu(std::shared_ptr<Invocation> invocation, std::string ins
           }
           if (why.code() == ErrorCode::kDeviceUnavailable &&
               why.message().find("has no connected instance") != std::string::npos) {
-            return requeue_for_another_worker(invocation, "hiberd: " + why.message());
+            return requeue(invocation, "hiberd: " + why.message(), true);
           }
+          if (lost_node(why)) return requeue(invocation, "hiberd: " + why.message(), false);
           return finish(invocation, retry_later(status_for(why), "hiberd: " + why.message()), true);
         }
         invocation->hiberd_request = accepted->request_id;
@@ -428,6 +438,8 @@ void Router::on_started(const std::shared_ptr<Invocation>& invocation,
                         Result<wire::Started> started) {
   if (!started.ok()) {
     const Status& why = started.status();
+    // hiberd died with the request waiting for its GPU: nothing ran; it waits for the next one.
+    if (lost_node(why)) return requeue(invocation, "hiberd: " + why.message(), false);
     if (overloaded(why)) {
       invocation->shed = true;
       return finish(
@@ -658,6 +670,19 @@ void Router::reap() {
 
 void Router::scale_down() {
   const Clock::time_point now = Clock::now();
+  // Requests waiting for a node: served once one answers, answered 503 once they waited too long.
+  const bool node_up =
+      std::any_of(nodes_.begin(), nodes_.end(), [](const auto& node) { return node->up(); });
+  for (auto& [name, function] : functions_) {
+    const bool waiting = std::any_of(function->queue.begin(), function->queue.end(),
+                                     [](const auto& i) { return i->node_wait_until.has_value(); });
+    if (!waiting) continue;
+    if (node_up) {
+      pump(*function);
+    } else {
+      expire_node_waits(*function, false);
+    }
+  }
   for (auto& [name, function] : functions_) {
     for (auto& [id, instance] : function->instances) {
       if (instance.scaled_down) continue;
@@ -693,11 +718,20 @@ void Router::scale_down() {
   });
 }
 
-void Router::requeue_for_another_worker(const std::shared_ptr<Invocation>& invocation,
-                                        const std::string& why) {
-  constexpr int kMaxRequeues = 3;
+void Router::requeue(const std::shared_ptr<Invocation>& invocation, const std::string& why,
+                     bool stop_worker) {
+  // Bounds: a worker without a session is replaced a few times; a lost node is waited for until
+  // --node_wait_ms after it was first lost, retried every 200 ms.
+  constexpr int kMaxWorkerRequeues = 3;
+  constexpr std::chrono::milliseconds kLostNodeRetry{200};
+  const Clock::time_point now = Clock::now();
+  // The lost node's request, if it had one, went with it: nothing to give back.
+  invocation->hiberd_request.reset();
   Function* function = find(invocation->function);
-  if (function == nullptr || invocation->answered || invocation->requeued >= kMaxRequeues) {
+  if (!invocation->node_wait_until) invocation->node_wait_until = now + options_.node_wait;
+  if (function == nullptr || invocation->answered ||
+      (stop_worker && invocation->requeued >= kMaxWorkerRequeues) ||
+      (!stop_worker && *invocation->node_wait_until <= now)) {
     return finish(invocation, retry_later(503, why), true);
   }
   if (invocation->instance) {
@@ -705,7 +739,8 @@ void Router::requeue_for_another_worker(const std::shared_ptr<Invocation>& invoc
     if (it != function->instances.end()) {
       Instance& instance = it->second;
       if (instance.busy > 0) --instance.busy;
-      if (!instance.scaled_down && !instance.worker->attached()) {
+      instance.idle_since = Clock::now();
+      if (stop_worker && !instance.scaled_down && !instance.worker->attached()) {
         LOG(WARNING) << "function " << function->spec.name << ": stopping worker "
                      << instance.worker->instance() << ", whose hiberd session is gone (" << why
                      << ")";
@@ -715,18 +750,37 @@ void Router::requeue_for_another_worker(const std::shared_ptr<Invocation>& invoc
     }
   }
   invocation->instance.reset();
-  ++invocation->requeued;
+  invocation->started.reset();
+  if (stop_worker) {
+    ++invocation->requeued;
+  } else {
+    invocation->retry_at = now + kLostNodeRetry;
+  }
   function->queue.push_front(invocation);
   pump(*function);
 }
 
-void Router::stop_gpu_workers(size_t node, const std::string& why) {
+void Router::expire_node_waits(Function& function, bool all) {
+  const Clock::time_point now = Clock::now();
+  std::deque<std::shared_ptr<Invocation>> waiting;
+  for (auto& invocation : function.queue) {
+    if (!invocation->node_wait_until) invocation->node_wait_until = now + options_.node_wait;
+    if (all || *invocation->node_wait_until <= now) {
+      answer(*invocation, retry_later(503, "no hiberd node answers"));
+    } else {
+      waiting.push_back(std::move(invocation));
+    }
+  }
+  function.queue.swap(waiting);
+}
+
+void Router::stop_gpu_workers(size_t node, const std::string& why, Clock::time_point before) {
   for (auto& [fn, function] : functions_) {
     for (auto& [id, instance] : function->instances) {
       // An attached worker cannot move: it stays, and its requests fail until the node is back.
       // One without the shim never reaches a GPU: it goes on.
       if (instance.node != node || instance.scaled_down || instance.worker->attached() ||
-          !function->spec.shim) {
+          !function->spec.shim || instance.spawned >= before) {
         continue;
       }
       instance.scaled_down = true;
@@ -775,6 +829,7 @@ void Router::poll_nodes() {
             const auto status = r.getStatus();
             fresh.backend = status.getBackend();
             fresh.incarnation = status.getIncarnation();
+            fresh.uptime_seconds = status.getUptimeSeconds();
             fresh.queued = status.getScheduler().getQueued();
             fresh.shed = status.getScheduler().getShed();
             fresh.preemptions = status.getScheduler().getPreemptions();
@@ -810,8 +865,11 @@ void Router::poll_nodes() {
         LOG(WARNING) << "node " << name << " restarted (incarnation " << view.incarnation << " -> "
                      << fresh.incarnation << "): registering every function with it again";
         fresh.registered = false;
-        // Their sessions ended with the old hiberd: new workers open new ones.
-        stop_gpu_workers(i, "its node " + name + " restarted (the worker's session ended)");
+        // Sessions opened before the new hiberd started ended with the old one: those workers
+        // are replaced (ones spawned since may already hold a session with the new hiberd).
+        stop_gpu_workers(i, "its node " + name + " restarted (the worker's session ended)",
+                         Clock::now() - std::chrono::duration_cast<Clock::duration>(
+                                            std::chrono::duration<double>(fresh.uptime_seconds)));
       }
       view = std::move(fresh);
       metrics_.set_node_up(name, true);

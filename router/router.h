@@ -48,6 +48,9 @@ struct RouterOptions {
   std::chrono::milliseconds worker_start_timeout{60000};
   std::chrono::milliseconds worker_stop_timeout{5000};
   std::chrono::milliseconds status_interval{1000};
+  // How long a request waits at the router for a node to answer (a hiberd restarting) before it
+  // is answered 503; 0: at once.
+  std::chrono::milliseconds node_wait{5000};
   std::chrono::seconds async_result_ttl{600};
   size_t max_async_results = 100000;
   // Where workers of functions registered with external: true attach; no socket and no
@@ -140,13 +143,20 @@ class Router {
   void scale_down();
   void poll_nodes();
   void register_everywhere(const FunctionSpec& spec);
-  // The invocation's worker has no hiberd session (it ended with a restarted hiberd): the worker
-  // is stopped and the invocation, which never reached hiberd, waits in the queue for another
+  // The invocation did not get to run: its node was lost before it started (hiberd died), or its
+  // worker has no hiberd session (it ended with a restarted hiberd; `stop_worker` stops that
+  // worker). It goes back to the front of the queue, for the next worker the node gives a GPU
   // (at most 3 times; then it is answered 503 with `why`).
-  void requeue_for_another_worker(const std::shared_ptr<Invocation>& invocation,
-                                  const std::string& why);
-  // Stops the workers on `node` that use its GPUs (shim, not attached), telling them why.
-  void stop_gpu_workers(size_t node, const std::string& why);
+  void requeue(const std::shared_ptr<Invocation>& invocation, const std::string& why,
+               bool stop_worker);
+  // Answers 503 the queued invocations that have waited for a node to answer longer than
+  // --node_wait_ms (or all, with `all`).
+  void expire_node_waits(Function& function, bool all);
+  // Stops the workers on `node` that use its GPUs (shim, not attached) and were spawned before
+  // `before`, telling them why.
+  void stop_gpu_workers(size_t node, const std::string& why,
+                        std::chrono::steady_clock::time_point before =
+                            std::chrono::steady_clock::time_point::max());
   size_t choose_node_for(const Function& function) const;
 
   Function* find(const std::string& name);

@@ -323,9 +323,12 @@ void Router::infer(const std::string& name, ApiRequest request, Respond respond)
                                         std::to_string(function->queue.size()) +
                                         " requests waiting at the router"));
   }
-  // A function without the shim uses no GPU: it runs whether or not a node answers.
-  if (function->spec.shim &&
-      std::none_of(nodes_.begin(), nodes_.end(), [](const auto& node) { return node->up(); })) {
+  // A function without the shim uses no GPU: it runs whether or not a node answers. One with
+  // it waits up to --node_wait_ms for a node (a hiberd restarting).
+  const bool no_node =
+      function->spec.shim &&
+      std::none_of(nodes_.begin(), nodes_.end(), [](const auto& node) { return node->up(); });
+  if (no_node && options_.node_wait.count() == 0) {
     ++function->rejected;
     metrics_.rejected(name, 503);
     return respond(retry_later(503, "no hiberd node answers"));
@@ -350,6 +353,7 @@ void Router::infer(const std::string& name, ApiRequest request, Respond respond)
   invocation->inference_header_bytes = inference_header_bytes;
   invocation->arrival = Clock::now();
   invocation->deadline = deadline;
+  if (no_node) invocation->node_wait_until = invocation->arrival + options_.node_wait;
   if (async) {
     async_results_[invocation->id] = AsyncResult{false, {}, {}};
     ApiResponse accepted{202, "application/json", {}, json{{"id", invocation->id}}.dump()};

@@ -75,8 +75,12 @@ struct Router::Invocation {
   Respond respond;  // empty for an asynchronous invocation
   bool answered = false;
   std::unique_ptr<boost::asio::steady_timer> deadline_timer;
-  // Times it went back to the queue because its worker had lost its hiberd session.
+  // Times it went back to the queue because its node or its worker's session was lost.
   int requeued = 0;
+  // Set when it waits for a node to answer (none did, or its node was lost): past it, 503.
+  std::optional<detail::Clock::time_point> node_wait_until;
+  // Requeued after its node was lost: not dispatched again before this (no busy retries).
+  std::optional<detail::Clock::time_point> retry_at;
   // Once it has left the router's queue.
   std::optional<uint64_t> instance;
   size_t node = 0;
@@ -121,6 +125,7 @@ struct Router::NodeView {
   bool up = false;
   bool registered = false;  // every function was registered since it last came up
   uint64_t incarnation = 0;  // hiberd's run (NodeStatus.incarnation): another one restarted
+  double uptime_seconds = 0;
   std::string backend;
   uint64_t queued = 0;
   uint64_t shed = 0;         // hiberd's requests answered "overloaded"

@@ -208,6 +208,16 @@ void Hiberd::kill_and_restart(std::chrono::milliseconds pause) {
   ::rename(log_path_.c_str(), (log_path_ + ".killed-" + std::to_string(++restarts_)).c_str());
   std::this_thread::sleep_for(pause);
   start();
+  // The killed hiberd's sockets may accept a little longer (the kernel tears its io_uring down
+  // after it): ready once the new one says it serves.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (pid_ > 0 && log().find("hiberd serving functions on") == std::string::npos) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      ADD_FAILURE() << "the restarted hiberd did not serve within 30 s:\n" << log();
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
 }
 
 void Hiberd::start() {
