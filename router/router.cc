@@ -44,6 +44,12 @@ bool overloaded(const Status& status) {
 // receive): the node is gone or restarting. hiberd itself never answers kDeinitialized.
 bool lost_node(const Status& status) { return status.code() == ErrorCode::kDeinitialized; }
 
+// hiberd refuses arrivals while `hiberctl drain` drains the node (node::NodeCore::arrive).
+bool draining(const Status& status) {
+  return status.code() == ErrorCode::kDeviceUnavailable &&
+         status.message().find("the node is draining") != std::string::npos;
+}
+
 // After `failures` failed starts in a row: 1 s, 2 s, 4 s ... up to 30 s.
 std::chrono::milliseconds backoff(int failures) {
   return std::min<std::chrono::milliseconds>(
@@ -413,7 +419,10 @@ void Router::request_gpu(std::shared_ptr<Invocation> invocation, std::string ins
               why.message().find("has no connected instance") != std::string::npos) {
             return requeue(invocation, "hiberd: " + why.message(), true);
           }
-          if (lost_node(why)) return requeue(invocation, "hiberd: " + why.message(), false);
+          // A node lost, or draining for a restart (an upgrade): the request waits for it.
+          if (lost_node(why) || draining(why)) {
+            return requeue(invocation, "hiberd: " + why.message(), false);
+          }
           return finish(invocation, retry_later(status_for(why), "hiberd: " + why.message()), true);
         }
         invocation->hiberd_request = accepted->request_id;

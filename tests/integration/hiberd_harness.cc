@@ -205,8 +205,18 @@ void Hiberd::kill_and_restart(std::chrono::milliseconds pause) {
     ::waitpid(pid_, nullptr, 0);
     pid_ = -1;
   }
-  ::rename(log_path_.c_str(), (log_path_ + ".killed-" + std::to_string(++restarts_)).c_str());
   std::this_thread::sleep_for(pause);
+  restart();
+}
+
+int Hiberd::stop_and_restart() {
+  const int status = stop();
+  restart();
+  return status;
+}
+
+void Hiberd::restart() {
+  ::rename(log_path_.c_str(), (log_path_ + ".run-" + std::to_string(++restarts_)).c_str());
   start();
   // The killed hiberd's sockets may accept a little longer (the kernel tears its io_uring down
   // after it): ready once the new one says it serves.

@@ -119,13 +119,17 @@ class Hiberd {
   // SIGTERM, then waits; returns the exit status as from waitpid (or -1).
   int stop(std::chrono::milliseconds timeout = std::chrono::seconds(20));
   // SIGKILLs hiberd, waits `pause`, and starts it again as before (same flags and run
-  // directory, so the same sockets and tokens), waiting until its control socket answers. The
-  // killed run's log is kept as <log>.killed-<n>.
+  // directory, so the same sockets and tokens), waiting until it serves. The killed run's log is
+  // kept as <log>.run-<n>.
   void kill_and_restart(std::chrono::milliseconds pause);
+  // The same after a clean stop (SIGTERM, as an upgrade does); returns the old run's exit status.
+  int stop_and_restart();
 
  private:
   // Spawns argv_ and waits until the control socket accepts.
   void start();
+  // start() after a previous run ended, waiting until the new run says it serves.
+  void restart();
 
   std::vector<std::string> argv_;
   unsigned fd_limit_ = 0;

@@ -101,6 +101,34 @@ TEST(Router, AHiberdKilledAndRestartedIsNoticedAndServesAgain) {
       << "one worker per hiberd: its session ends with it";
 }
 
+// The upgrade path (docs/deploy.md): `hiberctl drain`, then SIGTERM, then the (newer) hiberd
+// started. A request sent while the node drains waits at the router for the new hiberd and is
+// answered; so is every request after.
+TEST(Router, ADrainedAndRestartedHiberdLosesNoRequest) {
+  if (shim_preload().empty()) GTEST_SKIP() << "without the shim no request reaches hiberd";
+  Node node;
+  RouterProcess& router = *node.router;
+  ASSERT_EQ(router.load("echo", echo_registration()).status, 200);
+  ASSERT_EQ(router.infer("echo", "before").body, "before") << router.log();
+  {
+    auto control = node.hiberd.control();
+    ASSERT_TRUE(control.ok()) << control.status();
+    ASSERT_TRUE(control->drain().ok());
+  }
+  auto during = std::async(std::launch::async, [&] { return router.infer("echo", "during"); });
+  std::this_thread::sleep_for(300ms);  // it reached the draining node, which refused it
+  EXPECT_EQ(node.hiberd.stop_and_restart(), 0) << "a clean stop";
+  router::HttpResponse waited = during.get();
+  EXPECT_EQ(waited.status, 200) << waited.body << "\nrouter:\n" << router.log();
+  EXPECT_EQ(waited.body, "during");
+  for (int i = 0; i < 10; ++i) {
+    const std::string body = binary_body(300 + i, static_cast<unsigned>(i));
+    router::HttpResponse r = router.infer("echo", body);
+    ASSERT_EQ(r.status, 200) << r.body << "\nrouter:\n" << router.log();
+    EXPECT_EQ(r.body, body);
+  }
+}
+
 TEST(Router, EchoRoundTripsThroughHiberd) {
   Node node;
   RouterProcess& router = *node.router;
