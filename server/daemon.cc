@@ -192,7 +192,7 @@ struct Daemon::Connection {
   std::chrono::steady_clock::time_point accepted;
   std::chrono::steady_clock::time_point idle_since;  // control: since its last reply
   bool late = false;    // still without a Hello, past the deadline, at the last sweep
-  bool dropping = false;  // dropped to make room for a newer connection (counted in dropping_)
+  bool refusing = false;  // its refusal is being sent (counted in refusing_)
   int outstanding = 0;  // io_uring operations in flight
 
   wire::FrameReader reader;
@@ -418,7 +418,8 @@ void Daemon::on_accept(int fd, Listener listener) {
     reject(c, Status(ErrorCode::kDeviceUnavailable, "hiberd is shutting down"));
     return;
   }
-  if (connections_.size() - live_sessions_ - dropping_ > options_.max_pending_connections &&
+  if (connections_.size() - live_sessions_ - refusing_ - proven_control_ >
+          options_.max_pending_connections &&
       !drop_oldest_unproven(c, "",
                             str_cat("dropped for a newer connection: more than ",
                                     options_.max_pending_connections,
@@ -473,17 +474,21 @@ bool Daemon::count_pending(Connection& connection, std::string peer) {
 
 bool Daemon::drop_oldest_unproven(const Connection& newcomer, std::string_view peer_key,
                                   const std::string& why) {
+  // A client sends its Hello (or first request) right after connecting, but hiberd may not have
+  // read it yet when it is busy (opening sessions for a crowd of functions starting at once):
+  // only connections silent for longer than this may be dropped.
+  constexpr std::chrono::milliseconds kUnprovenGrace{500};
+  const auto old_enough = std::chrono::steady_clock::now() - kUnprovenGrace;
   Connection* oldest = nullptr;
   for (auto& [id, c] : connections_) {
-    if (c.get() == &newcomer || c->dropping || c->state != Connection::State::kReading) continue;
+    if (c.get() == &newcomer || c->refusing || c->state != Connection::State::kReading) continue;
+    if (c->accepted > old_enough) continue;
     if (c->session != nullptr || (c->control && c->authenticated)) continue;
     if (c->peer_key.empty() || (!peer_key.empty() && c->peer_key != peer_key)) continue;
     if (oldest == nullptr || c->id < oldest->id) oldest = c.get();
   }
   if (oldest == nullptr) return false;
   uncount_pending(*oldest);
-  oldest->dropping = true;
-  ++dropping_;
   reject(*oldest, Status(ErrorCode::kDeviceUnavailable, why));
   return true;
 }
@@ -591,6 +596,12 @@ void Daemon::send_rest(Connection& connection, std::function<void(Connection&)> 
 
 void Daemon::reject(Connection& connection, const Status& why) {
   ++counters_.handshakes_rejected;
+  // No longer pending: a crowd being refused takes no slot from the next connection.
+  uncount_pending(connection);
+  if (!connection.refusing) {
+    connection.refusing = true;
+    ++refusing_;
+  }
   if (connection.tcp) {
     LOG(WARNING) << "TCP control connection from " << connection.remote << " refused: " << why;
   } else {
@@ -632,7 +643,8 @@ void Daemon::maybe_forget(Connection& connection) {
     --live_sessions_;
   }
   uncount_pending(connection);
-  if (connection.dropping) --dropping_;
+  if (connection.refusing) --refusing_;
+  if (connection.control && connection.authenticated) --proven_control_;
   connections_.erase(connection.id);
   maybe_finish_shutdown();
 }
@@ -771,7 +783,14 @@ void Daemon::on_control_request(Connection& connection) {
       reject(connection, allowed);
       return;
     }
-    connection.authenticated = true;
+    if (!connection.authenticated) {
+      // Proven: no longer one of its peer's pending connections. A router keeps one per
+      // request in flight (a requestStart waits for a GPU), more than any cap on unproven ones
+      // should allow, and its idle ones are closed by --control_idle_timeout_ms.
+      connection.authenticated = true;
+      uncount_pending(connection);
+      ++proven_control_;
+    }
   }
   connection.state = Connection::State::kAnswering;
   const uint64_t id = connection.id;

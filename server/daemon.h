@@ -154,14 +154,15 @@ class Daemon {
   Status start_metrics();
 
   // Admits a connection as one of its peer's pending connections; counted until it becomes a
-  // session or is forgotten. At the per-peer cap the peer's oldest unproven connection is
+  // session, proves the control token, or is forgotten. At the per-peer cap the peer's oldest unproven connection is
   // dropped to make room (drop_oldest_unproven); it is refused only when the peer has none.
   bool count_pending(Connection& connection, std::string peer);
   void uncount_pending(Connection& connection);
   // Unproven: still reading and without a credential (a function connection before its Hello, a
-  // control connection before a request with the control token). Drops the oldest such
-  // connection other than `newcomer`, of `peer_key` ("" : of any peer), refusing it with `why`,
-  // so that silent connections cannot keep a newer one out; false if there is none.
+  // control connection before a request with the control token), for more than half a second.
+  // Drops the oldest such connection other than `newcomer`, of `peer_key` ("" : of any peer),
+  // refusing it with `why`, so that silent connections cannot keep a newer one out; false if
+  // there is none.
   bool drop_oldest_unproven(const Connection& newcomer, std::string_view peer_key,
                             const std::string& why);
 
@@ -204,8 +205,10 @@ class Daemon {
   uint64_t next_connection_id_ = 1;
   SessionId next_session_id_{1};
   size_t live_sessions_ = 0;
-  // Connections dropped to make room, still sending their refusal: not counted as pending.
-  size_t dropping_ = 0;
+  // Connections still sending their refusal, and control connections that proved the control
+  // token: not counted as pending.
+  size_t refusing_ = 0;
+  size_t proven_control_ = 0;
   std::unordered_map<std::string, size_t> pending_by_peer_;
   bool shutting_down_ = false;
   IoLoop::OpId accept_op_ = 0;
