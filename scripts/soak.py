@@ -223,7 +223,8 @@ class Soak:
             else:
                 outcome, detail = "failed", f"{status} {text[:200]}"
         except (OSError, http.client.HTTPException) as e:
-            outcome, detail = "lost", repr(e)
+            outcome, detail = "lost", f"{name} '7 {entry}': {e!r}"
+
         with self.lock:
             self.results.append((sent, self.now() - sent, outcome, detail, hostile))
 
@@ -360,9 +361,12 @@ class Soak:
 
         counts = {"sent": len(self.results), "correct": 0, "wrong": 0, "failed": 0, "lost": 0}
         unexplained = []
+        lost = []
         calm, stormy = [], []
         for sent, latency, outcome, detail, hostile in self.results:
             counts[outcome] += 1
+            if outcome == "lost":
+                lost.append(f"t={sent:.1f}s after {latency:.1f}s: {detail}")
             inside = self.explained(sent) or self.explained(sent + latency)
             if outcome in ("failed", "lost", "wrong") and (outcome == "wrong" or not inside):
                 unexplained.append(f"t={sent:.1f}s {outcome}: {detail}")
@@ -384,6 +388,7 @@ class Soak:
             "rate_per_s": self.args.rate, "requests": counts,
             "failures_outside_kill_windows": len(unexplained),
             "unexplained": unexplained[:20],
+            "lost_requests": lost[:50],
             "kill_windows": len(self.windows),
             "hiberd_restarts": self.node.hiberd_runs - 1,
             "cuda_programs": self.programs, "hostile": self.hostile_counts,

@@ -474,15 +474,11 @@ bool Daemon::count_pending(Connection& connection, std::string peer) {
 
 bool Daemon::drop_oldest_unproven(const Connection& newcomer, std::string_view peer_key,
                                   const std::string& why) {
-  // A client sends its Hello (or first request) right after connecting, but hiberd may not have
-  // read it yet when it is busy (opening sessions for a crowd of functions starting at once):
-  // only connections silent for longer than this may be dropped.
-  constexpr std::chrono::milliseconds kUnprovenGrace{500};
-  const auto old_enough = std::chrono::steady_clock::now() - kUnprovenGrace;
+  // (A crowd of functions starting at once loses as many connections this way as by refusing
+  // the newest: one for each past the cap. A squatter loses its own.)
   Connection* oldest = nullptr;
   for (auto& [id, c] : connections_) {
     if (c.get() == &newcomer || c->refusing || c->state != Connection::State::kReading) continue;
-    if (c->accepted > old_enough) continue;
     if (c->session != nullptr || (c->control && c->authenticated)) continue;
     if (c->peer_key.empty() || (!peer_key.empty() && c->peer_key != peer_key)) continue;
     if (oldest == nullptr || c->id < oldest->id) oldest = c.get();

@@ -159,10 +159,9 @@ class Daemon {
   bool count_pending(Connection& connection, std::string peer);
   void uncount_pending(Connection& connection);
   // Unproven: still reading and without a credential (a function connection before its Hello, a
-  // control connection before a request with the control token), for more than half a second.
-  // Drops the oldest such connection other than `newcomer`, of `peer_key` ("" : of any peer),
-  // refusing it with `why`, so that silent connections cannot keep a newer one out; false if
-  // there is none.
+  // control connection before a request with the control token). Drops the oldest such
+  // connection other than `newcomer`, of `peer_key` ("" : of any peer), refusing it with `why`,
+  // so that silent connections cannot keep a newer one out; false if there is none.
   bool drop_oldest_unproven(const Connection& newcomer, std::string_view peer_key,
                             const std::string& why);
 

@@ -250,7 +250,6 @@ TEST(ControlDos, APeerWithManyIdleConnectionsCannotStarveAnother) {
   // ... and 127.0.0.1 its share of the TCP listener.
   for (int i = 0; i < 8; ++i) crowd.push_back(connect_from("127.0.0.1", port));
   hiberd.settled_fds();  // all accepted
-  std::this_thread::sleep_for(600ms);  // and silent for longer than the grace (500 ms)
 
   // Each holds no more: a newer connection of the same peer is served, and the peer's oldest
   // silent connection is dropped for it, told why (so a squatter cannot lock out its own uid's
