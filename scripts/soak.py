@@ -8,8 +8,8 @@ router, idle workers scaled to zero after --idle_timeout_s. For --minutes:
   - bursty arrivals: Poisson, at --rate requests/s, five times that for 10 s of every 40 s; each
     request "7 <entry>" to a function chosen with a Zipf-like skew, its answer checked against
     mlp_server's table formula ((seed * 2654435761 + entry * 40503) mod 65536, as C99 hex);
-  - random SIGKILLs of the router's workers (one every --worker_kill_s), and two SIGKILLs of
-    hiberd (at a third and two thirds of the run), each followed by a restart at once;
+  - random SIGKILLs of the router's workers (one every --worker_kill_s), and --hiberd_kills (2)
+    SIGKILLs of hiberd spread evenly over the run, each followed by a restart at once;
   - hostile clients, in every other minute: connection floods (300 silent connections to the
     function socket, held 5 s), garbage frames, and clients killed in the middle of a message
     (hiber_test_client --mode=victim);
@@ -257,7 +257,8 @@ class Soak:
             self.window(t, t + 10, f"worker {pid} SIGKILLed")
 
     def kill_hiberd(self):
-        for fraction in (1 / 3, 2 / 3):
+        kills = self.args.hiberd_kills
+        for fraction in [(k + 1) / (kills + 1) for k in range(kills)]:
             if self.stop.wait(max(0, self.args.minutes * 60 * fraction - self.now())):
                 return
             t = self.now()
@@ -413,6 +414,8 @@ def main():
     parser.add_argument("--rate", type=float, default=10, help="mean requests/s outside bursts")
     parser.add_argument("--idle_timeout_s", type=int, default=30)
     parser.add_argument("--worker_kill_s", type=float, default=20)
+    parser.add_argument("--hiberd_kills", type=int, default=2,
+                        help="SIGKILLs of hiberd, evenly spread over the run (each restarted)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--report", default="soak-report.json")
     parser.add_argument("--keep", action="store_true", help="keep the run directory")
