@@ -344,6 +344,13 @@ Status known_pointwise(int32_t mode) {
   return Status();
 }
 
+Status known_reduction(int32_t op) {
+  if (op < kReduceAdd || op > kReduceNorm2)
+    return error(ErrorCode::kNotSupported, "reduction operator ", op,
+                 " (Hiber runs ADD, MUL, MIN, MAX, AMAX, AVG, NORM1, NORM2)");
+  return Status();
+}
+
 // `t`'s dimensions are `y`'s, or 1 where `broadcast` (of one rank).
 bool fits(const Tensor& t, const Tensor& y, bool broadcast) {
   if (t.rank != y.rank) return false;
@@ -411,9 +418,7 @@ Status reduction(const Graph& g, const Node& node, OpGraph& out) {
   HIBER_ASSIGN_OR_RETURN(size_t desc, ref_one(g, node, kOpReductionDesc, kReduction, true));
   HIBER_ASSIGN_OR_RETURN(op.reduce_op,
                          enum_one(g.nodes[desc], kReductionOperator, kTypeReductionOperator));
-  if (op.reduce_op < kReduceAdd || op.reduce_op > kReduceNorm2)
-    return error(ErrorCode::kNotSupported, "reduction operator ", op.reduce_op,
-                 " (Hiber runs ADD, MUL, MIN, MAX, AMAX, AVG, NORM1, NORM2)");
+  HIBER_RETURN_IF_ERROR(known_reduction(op.reduce_op));
   if (g.nodes[desc].find(kReductionCompType) != nullptr) {
     HIBER_ASSIGN_OR_RETURN(op.compute_type,
                            enum_one(g.nodes[desc], kReductionCompType, kTypeDataType));
@@ -761,10 +766,7 @@ Status check_finalizable(const Graph& g) {
     case kReduction: {
       HIBER_ASSIGN_OR_RETURN(int32_t op,
                              enum_one(root, kReductionOperator, kTypeReductionOperator));
-      if (op < kReduceAdd || op > kReduceNorm2)
-        return error(ErrorCode::kNotSupported, "reduction operator ", op,
-                     " (Hiber runs ADD, MUL, MIN, MAX, AMAX, AVG, NORM1, NORM2)");
-      return Status();
+      return known_reduction(op);
     }
     case kOpConvForward: return conv_forward(g, root, scratch);
     case kOpPointwise: return pointwise(g, root, scratch);

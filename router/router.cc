@@ -44,6 +44,12 @@ bool overloaded(const Status& status) {
 // receive): the node is gone or restarting. hiberd itself never answers kDeinitialized.
 bool lost_node(const Status& status) { return status.code() == ErrorCode::kDeinitialized; }
 
+// A registration hiberd took, or one it already had (registering again is how a node learns
+// every function after it comes back).
+bool registered(const Result<wire::control::Reply>& reply) {
+  return reply.ok() || reply.status().message().find("already registered") != std::string::npos;
+}
+
 // hiberd refuses arrivals while `hiberctl drain` drains the node (node::NodeCore::arrive).
 bool draining(const Status& status) {
   return status.code() == ErrorCode::kDeviceUnavailable &&
@@ -404,8 +410,7 @@ void Router::request_gpu(std::shared_ptr<Invocation> invocation, std::string ins
             node.call(function->spec.registration(),
                       [this, invocation, instance_key, alive](Result<wire::control::Reply> r) {
                         if (alive.expired()) return;
-                        if (!r.ok() &&
-                            r.status().message().find("already registered") == std::string::npos) {
+                        if (!registered(r)) {
                           return finish(invocation,
                                         retry_later(status_for(r.status()),
                                                     "hiberd: " + r.status().message()),
@@ -802,7 +807,7 @@ void Router::register_everywhere(const FunctionSpec& spec) {
   for (auto& node : nodes_) {
     node->call(spec.registration(), [name = spec.name,
                                      node = node->config().name](Result<wire::control::Reply> r) {
-      if (!r.ok() && r.status().message().find("already registered") == std::string::npos) {
+      if (!registered(r)) {
         LOG(WARNING) << "registering " << name << " with " << node << ": " << r.status();
       }
     });

@@ -484,7 +484,6 @@ bool Daemon::drop_oldest_unproven(const Connection& newcomer, std::string_view p
     if (oldest == nullptr || c->id < oldest->id) oldest = c.get();
   }
   if (oldest == nullptr) return false;
-  uncount_pending(*oldest);
   reject(*oldest, Status(ErrorCode::kDeviceUnavailable, why));
   return true;
 }

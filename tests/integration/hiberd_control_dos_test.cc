@@ -52,15 +52,20 @@ std::vector<std::byte> request_frame(wire::control::RequestBody body, const std:
 }
 
 // Sends one control request on `fd`; hiberd's reply, or its error answer as a Status.
-Result<wire::Message> exchange(int fd, wire::control::RequestBody body, const std::string& token) {
-  wire::Message reply;
-  HIBER_RETURN_IF_ERROR(wire::exchange_frame(fd, request_frame(std::move(body), token), reply,
-                                             nullptr, 10s, wire::kMaxControlReplyBytes));
-  Status refused = wire::read_message<proto::ControlReply>(
+// A control reply's error as a Status (OK for any other reply).
+Status reply_error(const wire::Message& reply) {
+  return wire::read_message<proto::ControlReply>(
       reply, "reply", [](proto::ControlReply::Reader r) -> Status {
         if (!r.isError()) return Status();
         return Status(static_cast<ErrorCode>(r.getError().getCode()), r.getError().getMessage());
       });
+}
+
+Result<wire::Message> exchange(int fd, wire::control::RequestBody body, const std::string& token) {
+  wire::Message reply;
+  HIBER_RETURN_IF_ERROR(wire::exchange_frame(fd, request_frame(std::move(body), token), reply,
+                                             nullptr, 10s, wire::kMaxControlReplyBytes));
+  Status refused = reply_error(reply);
   if (!refused.ok()) return refused;
   return reply;
 }
@@ -262,11 +267,7 @@ TEST(ControlDos, APeerWithManyIdleConnectionsCannotStarveAnother) {
   for (int oldest : {0, 8}) {  // the first Unix and the first TCP connection
     wire::Message reply;
     ASSERT_TRUE(wire::receive_frame(crowd[oldest].get(), reply, nullptr, 5s).ok()) << oldest;
-    Status dropped = wire::read_message<proto::ControlReply>(
-        reply, "reply", [](proto::ControlReply::Reader r) -> Status {
-          if (!r.isError()) return Status();
-          return Status(static_cast<ErrorCode>(r.getError().getCode()), r.getError().getMessage());
-        });
+    Status dropped = reply_error(reply);
     EXPECT_EQ(dropped.code(), ErrorCode::kDeviceUnavailable) << dropped;
     EXPECT_NE(dropped.message().find("the most one peer may hold"), std::string::npos) << dropped;
   }

@@ -36,6 +36,18 @@ namespace proto = wire::proto;
 
 // ---- Handshakes ----
 
+// hiberd's Rejection on `fd`, kUnknown "accepted" for a Welcome, or an error if the connection
+// closed without either.
+Status refusal_on(int fd) {
+  wire::Message reply;
+  UniqueFd memfd;
+  Status got = wire::receive_frame(fd, reply, &memfd, 10000ms);
+  if (!got.ok()) return got;
+  auto session = wire::decode_hello_reply(reply);
+  if (session.ok()) return Status(ErrorCode::kUnknown, "accepted");
+  return session.status();
+}
+
 // Sends raw bytes as a would-be client and returns hiberd's Rejection, or an error if the
 // connection closed without one.
 Status handshake_with(const Hiberd& hiberd, std::span<const std::byte> bytes,
@@ -49,13 +61,7 @@ Status handshake_with(const Hiberd& hiberd, std::span<const std::byte> bytes,
     return Status(ErrorCode::kOperatingSystem, "send");
   }
   if (close_write) ::shutdown(socket->get(), SHUT_WR);
-  wire::Message reply;
-  UniqueFd memfd;
-  Status got = wire::receive_frame(socket->get(), reply, &memfd, 10000ms);
-  if (!got.ok()) return got;
-  auto session = wire::decode_hello_reply(reply);
-  if (session.ok()) return Status(ErrorCode::kUnknown, "accepted");
-  return session.status();
+  return refusal_on(socket->get());
 }
 
 // Encodes a Hello directly, skipping the client library's own checks, so the server sees
@@ -162,14 +168,8 @@ TEST(Handshake, SilentConnectionsOfAUidCannotLockOutAnotherClientOfThatUid) {
     ASSERT_TRUE(s.ok()) << s.status();
     squatter.push_back(std::move(s).value());
   }
-  auto refusal = [](int fd) {
-    wire::Message reply;
-    Status got = wire::receive_frame(fd, reply, nullptr, 5000ms);
-    if (!got.ok()) return got;
-    return wire::decode_hello_reply(reply).status();
-  };
   // The oldest were dropped, each told why; hiberd holds at most the uid's share.
-  Status dropped = refusal(squatter.front().get());
+  Status dropped = refusal_on(squatter.front().get());
   EXPECT_EQ(dropped.code(), ErrorCode::kDeviceUnavailable) << dropped;
   EXPECT_NE(dropped.message().find("dropped for a newer connection"), std::string::npos)
       << dropped;

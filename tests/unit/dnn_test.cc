@@ -658,19 +658,27 @@ TEST(DnnHost, SoftmaxAsReductionsAndPointwiseOps) {
   }
 }
 
+// A norm's tensors: x and y 4 x 6 x 1 x 1, scale and bias 1 x 6 x 1 x 1, a by-value epsilon,
+// mean and inverse variance 4 x 1 x 1 x 1 (uids 1 to 7 in that order, y 5).
+struct NormTensors {
+  uint64_t x, scale, bias, eps, y, mean, inv;
+  explicit NormTensors(Builder& b)
+      : x(b.tensor(1, dnn::kFloat, {4, 6, 1, 1}, {6, 1, 1, 1})),
+        scale(b.tensor(2, dnn::kFloat, {1, 6, 1, 1}, {6, 1, 1, 1})),
+        bias(b.tensor(3, dnn::kFloat, {1, 6, 1, 1}, {6, 1, 1, 1})),
+        eps(b.scalar(4)),
+        y(b.tensor(5, dnn::kFloat, {4, 6, 1, 1}, {6, 1, 1, 1})),
+        mean(b.tensor(6, dnn::kFloat, {4, 1, 1, 1}, {1, 1, 1, 1})),
+        inv(b.tensor(7, dnn::kFloat, {4, 1, 1, 1}, {1, 1, 1, 1})) {}
+};
+
 TEST(DnnHost, LayerAndRmsNormWithByValueEpsilon) {
   for (int32_t mode : {dnn::kLayerNorm, dnn::kRmsNorm}) {
     const bool layer = mode == dnn::kLayerNorm;
     Builder b;
-    const uint64_t x = b.tensor(1, dnn::kFloat, {4, 6, 1, 1}, {6, 1, 1, 1});
-    const uint64_t scale = b.tensor(2, dnn::kFloat, {1, 6, 1, 1}, {6, 1, 1, 1});
-    const uint64_t bias = b.tensor(3, dnn::kFloat, {1, 6, 1, 1}, {6, 1, 1, 1});
-    const uint64_t eps = b.scalar(4);
-    const uint64_t y = b.tensor(5, dnn::kFloat, {4, 6, 1, 1}, {6, 1, 1, 1});
-    const uint64_t mean = b.tensor(6, dnn::kFloat, {4, 1, 1, 1}, {1, 1, 1, 1});
-    const uint64_t inv = b.tensor(7, dnn::kFloat, {4, 1, 1, 1}, {1, 1, 1, 1});
-    b.plan(b.op_graph({b.norm(mode, dnn::kNormTraining, x, scale, layer ? int64_t(bias) : -1,
-                              eps, y, layer ? int64_t(mean) : -1, int64_t(inv))}));
+    const NormTensors n(b);
+    b.plan(b.op_graph({b.norm(mode, dnn::kNormTraining, n.x, n.scale, layer ? int64_t(n.bias) : -1,
+                              n.eps, n.y, layer ? int64_t(n.mean) : -1, int64_t(n.inv))}));
     auto plan = dnn::interpret_plan(b.g);
     ASSERT_TRUE(plan.ok()) << plan.status();
     ASSERT_TRUE(device::sim::host_engine_supports(plan->graph).ok());
@@ -787,17 +795,14 @@ TEST(DnnGraph, NormsAndReductionsRefuseWhatCudnnRefuses) {
   // A layer norm without its bias; statistics asked of the inference phase; an unknown mode.
   for (int which = 0; which < 3; ++which) {
     Builder b;
-    const uint64_t nx = b.tensor(1, dnn::kFloat, {4, 6, 1, 1}, {6, 1, 1, 1});
-    const uint64_t scale = b.tensor(2, dnn::kFloat, {1, 6, 1, 1}, {6, 1, 1, 1});
-    const uint64_t bias = b.tensor(3, dnn::kFloat, {1, 6, 1, 1}, {6, 1, 1, 1});
-    const uint64_t eps = b.scalar(4);
-    const uint64_t ny = b.tensor(5, dnn::kFloat, {4, 6, 1, 1}, {6, 1, 1, 1});
-    const uint64_t inv = b.tensor(7, dnn::kFloat, {4, 1, 1, 1}, {1, 1, 1, 1});
-    if (which == 0) b.op_graph({b.norm(dnn::kLayerNorm, dnn::kNormInference, nx, scale, -1, eps, ny)});
+    const NormTensors n(b);
+    if (which == 0)
+      b.op_graph({b.norm(dnn::kLayerNorm, dnn::kNormInference, n.x, n.scale, -1, n.eps, n.y)});
     if (which == 1)
-      b.op_graph({b.norm(dnn::kRmsNorm, dnn::kNormInference, nx, scale, int64_t(bias), eps, ny, -1,
-                         int64_t(inv))});
-    if (which == 2) b.op_graph({b.norm(2, dnn::kNormInference, nx, scale, int64_t(bias), eps, ny)});
+      b.op_graph({b.norm(dnn::kRmsNorm, dnn::kNormInference, n.x, n.scale, int64_t(n.bias), n.eps,
+                         n.y, -1, int64_t(n.inv))});
+    if (which == 2)
+      b.op_graph({b.norm(2, dnn::kNormInference, n.x, n.scale, int64_t(n.bias), n.eps, n.y)});
     Status s = dnn::interpret_operation_graph(b.g).status();
     EXPECT_EQ(s.code(), which == 2 ? ErrorCode::kNotSupported : ErrorCode::kInvalidValue)
         << which << ": " << s;

@@ -379,13 +379,16 @@ void run_norm(const dnn::Op& op, const std::vector<View>& views) {
 
 }  // namespace
 
-Status host_engine_supports(const dnn::OpGraph& g) {
+namespace {
+
+// Everything host_engine_supports checks, and the order run_op_graph runs the operations in.
+Result<std::vector<int>> checked_schedule(const dnn::OpGraph& g) {
   for (const dnn::Tensor& t : g.tensors)
     if (!is_carried_type(t.data_type))
       return error(ErrorCode::kNotSupported, "tensor ", t.uid, " has cudnnDataType_t ", t.data_type,
                    "; the simulated GPU runs FLOAT, DOUBLE, HALF, BFLOAT16, BOOLEAN, INT8, UINT8, "
                    "INT32 and INT64");
-  HIBER_RETURN_IF_ERROR(schedule(g).status());
+  HIBER_ASSIGN_OR_RETURN(std::vector<int> order, schedule(g));
   // Virtual tensors take hiberd's host memory while the graph runs: bounded, so a graph cannot
   // exhaust it.
   uint64_t virtual_bytes = 0;
@@ -424,12 +427,15 @@ Status host_engine_supports(const dnn::OpGraph& g) {
                      "; the simulated GPU normalizes floating types");
     }
   }
-  return Status();
+  return order;
 }
 
+}  // namespace
+
+Status host_engine_supports(const dnn::OpGraph& g) { return checked_schedule(g).status(); }
+
 Status run_op_graph(const dnn::OpGraph& g, std::span<const dnn::Bound> bound) {
-  HIBER_RETURN_IF_ERROR(host_engine_supports(g));
-  HIBER_ASSIGN_OR_RETURN(std::vector<int> order, schedule(g));
+  HIBER_ASSIGN_OR_RETURN(std::vector<int> order, checked_schedule(g));
   // Virtual tensors live here while the graph runs; by-value ones are copied out of `bound`.
   std::vector<std::vector<std::byte>> scratch(g.tensors.size());
   std::vector<std::array<std::byte, dnn::kMaxByValueBytes>> values(g.tensors.size());
