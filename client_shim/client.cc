@@ -146,6 +146,7 @@ void Client::open_locked() {
   call_options.max_batch_calls = config_.batch_calls;
   call_options.reply_timeout = std::chrono::milliseconds(config_.reply_timeout_ms);
   // The staging share is fixed when the channel is known; connect first with defaults.
+  connect_options_ = options;
   auto channel = wire::ClientChannel::connect(options);
   if (!channel.ok()) {
     // A time-out's message names the socket and the limit already; say where the limit is set.
@@ -159,6 +160,7 @@ void Client::open_locked() {
   }
   const uint64_t arena_bytes = (*channel)->arena().size();
   call_options.staging_bytes = arena_bytes / kStagingShareDivisor / 64 * 64;
+  call_options_ = call_options;
   calls_ = std::make_unique<wire::CallClient>(std::move(channel).value(), call_options);
 
   const wire::SessionInfo& s = calls_->session();
@@ -174,6 +176,11 @@ void Client::open_locked() {
   }
   flusher_ = std::thread([this] { flusher_main(); });
   flusher_.detach();
+  if (!s.resume_token.empty()) {
+    // A session that can be resumed is, as soon as hiberd is back, whether or not the program
+    // is making calls then: a router waits for the instance before it sends the next request.
+    std::thread([this] { watcher_main(); }).detach();
+  }
 }
 
 // Device addresses are hiberd's, and nothing stops this process from mapping host memory at
@@ -225,6 +232,8 @@ Status Client::ensure_open_locked() {
   }
   if (!opened_) open_locked();
   if (!calls_) return open_status_;
+  if (!resume_failed_.ok()) return resume_failed_;
+  if (session_lost_) return resume_locked();
   return Status();
 }
 
@@ -246,6 +255,7 @@ int Client::device_count() {
 
 Status Client::sync_point_locked(Status call_status) {
   Status sticky = calls_->take_error();
+  if (sticky.code() == ErrorCode::kDeinitialized) sticky = lost_session_locked(sticky);
   return !sticky.ok() ? sticky : call_status;
 }
 
@@ -268,14 +278,15 @@ void Client::flusher_main() {
       flusher_cv_.wait_until(lock, due);
       continue;
     }
-    (void)calls_->flush();  // a failure is kept as the sticky error
+    // A failure is kept as the sticky error; a lost session is resumed by the next call.
+    (void)lost_session_locked(calls_->flush());
   }
 }
 
 Status Client::flush() {
   std::lock_guard lock(mu_);
   if (!calls_ || forked_child_) return Status();
-  return calls_->flush();
+  return lost_session_locked(calls_->flush());
 }
 
 void Client::finish_at_exit() {
@@ -295,13 +306,20 @@ void Client::finish_at_exit() {
 Status Client::peek_async_error() {
   std::lock_guard lock(mu_);
   if (!calls_ || forked_child_) return Status();
-  return calls_->peek_error();
+  if (!resume_failed_.ok()) return resume_failed_;
+  Status error = calls_->peek_error();
+  if (error.code() != ErrorCode::kDeinitialized) return error;
+  // The session is gone: what that costs the program is the loss of its work in flight.
+  return unsynced_streams_.empty() ? Status() : Status(ErrorCode::kDeviceUnavailable,
+                                                       "hiberd restarted (its session was lost)");
 }
 
 Status Client::take_async_error() {
   std::lock_guard lock(mu_);
   if (!calls_ || forked_child_) return Status();
-  return calls_->take_error();
+  if (!resume_failed_.ok()) return resume_failed_;
+  Status error = calls_->take_error();
+  return error.code() == ErrorCode::kDeinitialized ? lost_session_locked(error) : error;
 }
 
 // ---- Legacy default stream ----
@@ -313,6 +331,7 @@ Status Client::take_async_error() {
 Status Client::order_for_work_locked(StreamObj* stream, bool hold_for_host_calls) {
   // Captured work runs when its graph is launched, ordered then.
   if (capture_of_locked(stream) != nullptr) return Status();
+  HIBER_RETURN_IF_ERROR(check_session_locked());
   // Work submitted after a host function must not run before it has returned (see
   // launch_host_function): hold it here until then.
   if (hold_for_host_calls) wait_host_calls_locked(stream, /*all=*/false);

@@ -26,6 +26,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <thread>
@@ -255,6 +256,28 @@ struct PointerRange {
 struct MemoryInfo {
   uint64_t free_bytes = 0;
   uint64_t total_bytes = 0;
+};
+
+// What the session made in hiberd, by handle, kept so that a new session after a hiberd restart
+// can be given the same (client_resume.cc; docs/shim.md, "When hiberd restarts"). Every call
+// that creates or destroys one of these goes through the core, which notes it here.
+struct SessionJournal {
+  std::map<uint64_t, uint64_t> blocks;  // memAllocate: va -> bytes
+  std::map<wire::StreamHandle, wire::calls::StreamCreate> streams;
+  std::map<wire::EventHandle, wire::calls::EventCreate> events;
+  std::map<wire::ModuleHandle, ModuleObj*> modules;
+  std::map<wire::FunctionHandle, wire::calls::FunctionGet> functions;
+  std::map<wire::LibraryHandle, wire::calls::LibraryHandleCreate> library_handles;
+  // Library calls that leave state in hiberd (a cuDNN graph's definition), in order.
+  struct LibraryState {
+    wire::LibraryHandle handle;
+    uint16_t op = 0;
+    std::vector<std::byte> args;
+  };
+  std::vector<LibraryState> library_state;
+
+  template <typename Call>
+  void note(const Call& call);
 };
 
 class Client {
@@ -529,7 +552,7 @@ class Client {
   // Unless `hold_for_host_calls` is false, it first waits for pending host functions that the
   // work must follow (releasing the mutex meanwhile).
   Status order_for_work_locked(StreamObj* stream, bool hold_for_host_calls = true);
-  wire::StreamHandle stream_wire(StreamObj* stream) const {
+  wire::StreamHandle stream_wire(const StreamObj* stream) const {
     return stream ? stream->wire : wire::StreamHandle();
   }
   // A handle not yet used in the session, of any kind.
@@ -539,6 +562,27 @@ class Client {
   }
 
   Status load_module_locked(ModuleObj* module);
+  // Loads `module` under `handle` (a new one, or its own again after a restart).
+  Status load_module_as_locked(ModuleObj* module, wire::ModuleHandle handle);
+
+  // ---- After hiberd restarts (client_resume.cc) ----
+  // The session is gone (hiberd died or restarted) when a call finds its socket closed. A
+  // session with nothing in flight (every stream that got work has been synchronised since)
+  // resumes at once, unseen by the program: it reconnects with the session's resume token,
+  // gets its address range and its model blocks back, and replays the journal. Work in flight
+  // is lost: the program gets one kDeviceUnavailable for it, at its next synchronisation (or
+  // from the call that was waiting), and the calls after it run in the resumed session. When
+  // the session cannot be resumed, every later call fails with why.
+  // Called where work is about to be queued or waited for: notices a lost session while idle.
+  Status check_session_locked();
+  // Waits (without the lock) for the session's socket to hang up, then resumes the session.
+  void watcher_main();
+  Status resume_locked();
+  Status reconnect_locked();
+  Status replay_locked(SessionJournal old);
+  // The status a call that found the session gone (`why` is kDeinitialized) returns, noting the
+  // loss; any other `why` as it is. `answer_lost`: the call waited for an answer, which is lost.
+  Status lost_session_locked(const Status& why, bool answer_lost = false);
   Status resolve_kernel_locked(KernelObj* kernel);
   Status copy_to_device_locked(uint64_t dst, const void* src, uint64_t bytes, StreamObj* stream,
                                bool async);
@@ -561,6 +605,16 @@ class Client {
   ShimConfig config_;
   std::mutex mu_;
   bool opened_ = false;
+  // How the session was opened, for resuming it.
+  wire::ClientOptions connect_options_;
+  wire::CallClientOptions call_options_;
+  SessionJournal journal_;
+  // Streams (0: the legacy default stream) given work since their last synchronisation: what a
+  // lost session loses.
+  std::set<wire::StreamHandle> unsynced_streams_;
+  bool session_lost_ = false;  // a call found hiberd gone; the next one resumes
+  uint64_t sessions_resumed_ = 0;  // also tells the watcher the channel it waits on is old
+  Status resume_failed_;       // the session could not be resumed: every call fails with it
   bool forked_child_ = false;
   Status open_status_;
   std::unique_ptr<wire::CallClient> calls_;
@@ -627,6 +681,7 @@ class Client {
   void note_idle_locked(const StreamObj* stream) {
     idle_stream_ = stream;
     idle_as_of_ = enqueued_;
+    unsynced_streams_.erase(stream_wire(stream));
   }
   bool known_idle_locked(const StreamObj* stream) const {
     return idle_as_of_ == enqueued_ && idle_stream_ == stream && calls_->batched_calls() == 0;
@@ -669,8 +724,19 @@ Status Client::enqueue_locked(Fill&& fill) {
   }
   ++enqueued_;
   const bool was_empty = calls_->batched_calls() == 0;
-  HIBER_RETURN_IF_ERROR(calls_->enqueue(std::forward<Fill>(fill)));
-  if (!config_.batching || calls_->batched_bytes() >= config_.batch_bytes) return calls_->flush();
+  if constexpr (requires { Call::kWhere; }) {
+    // A graph's calls being defined run only when it is launched.
+    if constexpr (Call::kWhere == wire::Where::kGpu) {
+      if (!defining_graph_) unsynced_streams_.insert(fill.stream);
+    }
+    journal_.note(fill);
+  }
+  if (Status queued = calls_->enqueue(std::forward<Fill>(fill)); !queued.ok()) {
+    return lost_session_locked(queued);
+  }
+  if (!config_.batching || calls_->batched_bytes() >= config_.batch_bytes) {
+    return lost_session_locked(calls_->flush());
+  }
   last_enqueue_ = std::chrono::steady_clock::now();
   if (was_empty && calls_->batched_calls() != 0 &&
       flusher_wakes_at_ > last_enqueue_ + std::chrono::microseconds(config_.quiet_us)) {
@@ -712,7 +778,52 @@ void RecordedCall::set(const Call& c) {
 
 template <typename Fill>
 Result<wire::CallResult> Client::call_locked(Fill&& fill) {
-  return calls_->call(std::forward<Fill>(fill));
+  using Call = std::decay_t<Fill>;
+  HIBER_RETURN_IF_ERROR(check_session_locked());
+  if constexpr (requires { Call::kWhere; }) {
+    if constexpr (Call::kWhere == wire::Where::kGpu) unsynced_streams_.insert(fill.stream);
+  }
+  auto reply = calls_->call(fill);
+  if (!reply.ok()) return lost_session_locked(reply.status(), /*answer_lost=*/true);
+  // A reply shows the work before it on the stream done.
+  if constexpr (std::is_same_v<Call, wire::calls::DeviceSynchronize>) {
+    unsynced_streams_.clear();
+  } else if constexpr (requires { fill.stream; }) {
+    if constexpr (!std::is_same_v<Call, wire::calls::StreamQuery>) unsynced_streams_.erase(fill.stream);
+  }
+  return reply;
+}
+
+template <typename Call>
+void SessionJournal::note(const Call& call) {
+  if constexpr (std::is_same_v<Call, wire::calls::MemAllocate>) {
+    blocks[call.va] = call.bytes;
+  } else if constexpr (std::is_same_v<Call, wire::calls::MemFree>) {
+    blocks.erase(call.va);
+  } else if constexpr (std::is_same_v<Call, wire::calls::StreamCreate>) {
+    streams[call.stream] = call;
+  } else if constexpr (std::is_same_v<Call, wire::calls::StreamDestroy>) {
+    streams.erase(call.stream);
+  } else if constexpr (std::is_same_v<Call, wire::calls::EventCreate>) {
+    events[call.event] = call;
+  } else if constexpr (std::is_same_v<Call, wire::calls::EventDestroy>) {
+    events.erase(call.event);
+  } else if constexpr (std::is_same_v<Call, wire::calls::ModuleUnload>) {
+    modules.erase(call.module);
+    std::erase_if(functions, [&](const auto& f) { return f.second.module == call.module; });
+  } else if constexpr (std::is_same_v<Call, wire::calls::FunctionGet>) {
+    functions[call.function] = call;
+  } else if constexpr (std::is_same_v<Call, wire::calls::LibraryHandleCreate>) {
+    library_handles[call.handle] = call;
+  } else if constexpr (std::is_same_v<Call, wire::calls::LibraryHandleDestroy>) {
+    library_handles.erase(call.handle);
+    std::erase_if(library_state, [&](const LibraryState& l) { return l.handle == call.handle; });
+  } else if constexpr (std::is_same_v<Call, wire::calls::LibraryCall>) {
+    if (library_ops::defines_session_state(static_cast<library_ops::LibraryOp>(call.op))) {
+      library_state.push_back(
+          LibraryState{call.handle, call.op, std::vector<std::byte>(call.args.begin(), call.args.end())});
+    }
+  }
 }
 
 // The size of a code image given only its start, as cuModuleLoadData gets it: a fatbin's

@@ -183,17 +183,24 @@ Result<KernelObj*> Client::module_function(ModuleObj* module, const std::string&
 
 Status Client::load_module_locked(ModuleObj* module) {
   if (!module->wire.is_zero()) return Status();
-  const auto handle = new_handle_locked<wire::ModuleHandle>();
+  HIBER_RETURN_IF_ERROR(check_session_locked());
+  return load_module_as_locked(module, new_handle_locked<wire::ModuleHandle>());
+}
+
+Status Client::load_module_as_locked(ModuleObj* module, wire::ModuleHandle handle) {
   const auto digest = sha256(module->bytes);
   auto cached = calls_->call(
       wire::calls::ModuleLoadCached{.module = handle, .sha256 = std::as_bytes(std::span(digest))},
       /*sticky=*/false);
   if (cached.ok()) {
     module->wire = handle;
+    journal_.modules[handle] = module;
     return Status();
   }
   const ErrorCode why = cached.status().code();
-  if (why != ErrorCode::kNotFound && why != ErrorCode::kNotSupported) return cached.status();
+  if (why != ErrorCode::kNotFound && why != ErrorCode::kNotSupported) {
+    return lost_session_locked(cached.status(), /*answer_lost=*/true);
+  }
 
   const uint64_t size = module->bytes.size();
   if (size > calls_->staging_capacity()) {
@@ -208,8 +215,9 @@ Status Client::load_module_locked(ModuleObj* module) {
                                                      .image_bytes = size,
                                                      .staging_end = staged.staging_end},
                              /*sticky=*/false);
-  HIBER_RETURN_IF_ERROR(loaded.status());
+  if (!loaded.ok()) return lost_session_locked(loaded.status(), /*answer_lost=*/true);
   module->wire = handle;
+  journal_.modules[handle] = module;
   return Status();
 }
 
@@ -241,7 +249,8 @@ Status Client::resolve_kernel_locked(KernelObj* kernel) {
     kernel->info = *known;
   } else {
     auto reply = calls_->call(get, /*sticky=*/false);
-    HIBER_RETURN_IF_ERROR(reply.status());
+    if (!reply.ok()) return lost_session_locked(reply.status(), /*answer_lost=*/true);
+    journal_.note(get);
     const KernelInfo* info = std::get_if<KernelInfo>(&*reply);
     if (info == nullptr) return Status(ErrorCode::kUnknown, "functionGet: reply without a layout");
     kernel->info = *info;

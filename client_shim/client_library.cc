@@ -79,12 +79,14 @@ Result<std::vector<std::byte>> Client::library_query(LibraryHandleObj* handle,
                                                      std::span<const std::byte> args) {
   std::lock_guard lock(mu_);
   HIBER_RETURN_IF_ERROR(ensure_open_locked());
+  HIBER_RETURN_IF_ERROR(check_session_locked());
   // Not sticky: a query's failure is its answer ("not supported"), not the session's error.
-  HIBER_ASSIGN_OR_RETURN(wire::CallResult result,
-                         calls_->call(wire::calls::LibraryQuery{.handle = handle->wire,
-                                                                .op = static_cast<uint16_t>(op),
-                                                                .args = args},
-                                      /*sticky=*/false));
+  auto reply = calls_->call(wire::calls::LibraryQuery{.handle = handle->wire,
+                                                      .op = static_cast<uint16_t>(op),
+                                                      .args = args},
+                            /*sticky=*/false);
+  if (!reply.ok()) return lost_session_locked(reply.status(), /*answer_lost=*/true);
+  wire::CallResult& result = *reply;
   auto* answer = std::get_if<wire::LibraryAnswer>(&result);
   if (answer == nullptr)
     return error(ErrorCode::kUnknown, "hiberd answered a library query without an answer");

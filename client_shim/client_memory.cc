@@ -545,7 +545,7 @@ Status Client::copy_from_device_locked(void* dst, uint64_t src, uint64_t bytes, 
   }
   // The last chunk's reply came after all earlier work on the stream was done.
   if (failed.ok()) note_idle_locked(stream);
-  return sync_point_locked(failed);
+  return sync_point_locked(lost_session_locked(failed, /*answer_lost=*/true));
 }
 
 Status Client::memset(uint64_t dst, uint32_t value, int element_bytes, uint64_t count,

@@ -73,6 +73,10 @@ enum class LibraryOp : uint16_t {
 #undef HIBER_OP_ENUM_
 };
 
+// Whether `op` leaves state in hiberd's session (a cuDNN graph's definition, kept until the
+// handle goes): a client resuming its session after hiberd restarts sends it again.
+constexpr bool defines_session_state(LibraryOp op) { return op == LibraryOp::kDnnDefineGraph; }
+
 // The row of `op`; false for a number no row has.
 struct OpRow {
   Library library;

@@ -423,6 +423,7 @@ void Controller::on_register(const Registration& r, FunctionId id, Reply<Ok>& re
   s.by_name.emplace(r.function_id, id);
   LOG(INFO) << "registered function '" << r.function_id << "': SLO " << r.slo / 1e6 << " ms at p"
             << r.tail_percentile * 100 << (r.stateful ? ", stateful" : "");
+  if (options_.registered) options_.registered(r);
   reply(Ok{});
 }
 
@@ -458,6 +459,7 @@ void Controller::on_unregister(const std::string& function_id, Reply<Ok>& reply)
     MutexLock lock(registry_mutex_);
     registry_.erase(function_id);
   }
+  if (options_.unregistered) options_.unregistered(function_id);
   reply(Ok{});
 }
 

@@ -80,8 +80,14 @@
 
 namespace hiber::server {
 
+struct Registration;
+
 struct ControllerOptions {
   scheduler::SchedulerOptions scheduler;
+  // Told of every registration made or removed (the controller thread): hiberd keeps them in
+  // its state directory (server/session_store.h).
+  std::function<void(const Registration&)> registered;
+  std::function<void(const std::string& function_id)> unregistered;
   DevicePoolsOptions pools;
   ModelRepositoryOptions repository;
   // Transfer groups of a swap. 0: measure the elbow at start (or load it from elbow_cache).

@@ -20,6 +20,7 @@
 #include <exception>
 #include <fstream>
 #include <future>
+#include <map>
 #include <optional>
 #include <random>
 #include <thread>
@@ -205,6 +206,7 @@ struct Daemon::Connection {
 
   std::unique_ptr<Session> session;
   bool session_running = false;
+  std::string resume_token;  // the session's, when the store keeps it
 };
 
 Result<std::unique_ptr<Daemon>> Daemon::create(device::Device& device, DaemonOptions options) {
@@ -233,8 +235,39 @@ Result<std::unique_ptr<Daemon>> Daemon::create(device::Device& device, DaemonOpt
   // A hiberd already serving the node holds its GPUs, so say that rather than "out of memory".
   HIBER_RETURN_IF_ERROR(check_not_served(options.socket_path));
   HIBER_RETURN_IF_ERROR(check_not_served(options.control_socket_path));
+  // What an earlier hiberd kept, before anything takes the address ranges it gave its sessions.
+  std::unique_ptr<SessionStore> store;
+  if (!options.state_dir.empty()) {
+    auto opened = SessionStore::open(
+        device, SessionStoreOptions{options.state_dir, options.resume_window});
+    if (!opened.ok()) return opened.status().with_context("the state directory (--state_dir)");
+    store = std::move(opened).value();
+    options.controller.repository.directory = store->repository_directory();
+    options.controller.repository.file_prefix = store->file_prefix();
+    SessionStore* kept = store.get();
+    options.controller.registered = [kept](const Registration& r) { kept->save_registration(r); };
+    options.controller.unregistered = [kept](const std::string& function_id) {
+      kept->forget_registration(function_id);
+    };
+  }
   auto controller = Controller::create(device, options.controller);
   if (!controller.ok()) return controller.status();
+  if (store) {
+    // The functions the hiberd before knew, before their sessions come back.
+    for (const Registration& r : store->registrations()) {
+      std::promise<Status> done;
+      (*controller)->register_function(r, [&](Result<Controller::Ok> ok) {
+        done.set_value(ok.status());
+      });
+      Status registered = done.get_future().get();
+      LOG_IF(WARNING, !registered.ok())
+          << "registering '" << r.function_id << "' again: " << registered;
+    }
+    if (!store->registrations().empty()) {
+      LOG(INFO) << "registered again the " << store->registrations().size()
+                << " functions the hiberd before knew";
+    }
+  }
   TcpListener tcp;
   if (!options.control_tcp_listen.empty()) {
     auto listener = listen_tcp(options.control_tcp_listen);
@@ -257,6 +290,7 @@ Result<std::unique_ptr<Daemon>> Daemon::create(device::Device& device, DaemonOpt
       new Daemon(device, std::move(options), std::move(controller).value(), std::move(loop).value(),
                  std::move(functions).value(), std::move(control).value(), std::move(tcp.fd),
                  tcp.port, std::move(signal_fd)));
+  daemon->store_ = std::move(store);
   if (Status metrics = daemon->start_metrics(); !metrics.ok()) {
     // Nobody will serve the sockets: leave no stale files behind.
     ::unlink(daemon->options_.socket_path.c_str());
@@ -676,9 +710,27 @@ void Daemon::on_hello(Connection& connection) {
     reject(connection, admitted);
     return;
   }
-  auto plan = controller_->admit(hello->function_id, hello->instance, hello->requested_quota_bytes,
-                                 next_session_id_);
+  std::shared_ptr<const RecoveredSession> recovered;
+  if (!hello->resume_token.empty()) {
+    auto claimed = claim_resumed(*hello);
+    if (!claimed.ok()) {
+      reject(connection, claimed.status());
+      return;
+    }
+    recovered = std::move(claimed).value();
+  }
+  // A claimed session's address range is this daemon's until its FunctionMemory adopts it.
+  auto give_up_claim = [&] {
+    if (!recovered) return;
+    Status freed = device_.free_address_range(recovered->who.va_base, recovered->who.va_bytes);
+    LOG_IF(ERROR, !freed.ok()) << "resuming '" << hello->function_id << "': " << freed;
+    store_->finish_claim(hello->resume_token);
+  };
+  auto plan = controller_->admit(
+      hello->function_id, hello->instance,
+      recovered ? recovered->who.quota_bytes : hello->requested_quota_bytes, next_session_id_);
   if (!plan.ok()) {
+    give_up_claim();
     reject(connection, plan.status());
     return;
   }
@@ -697,25 +749,96 @@ void Daemon::on_hello(Connection& connection) {
   config.limits = options_.session_limits;
   config.memory = plan->memory;
   config.kernel_deadline = plan->kernel_deadline;
+  std::string token;
+  if (store_) {
+    auto made = SessionStore::new_token();
+    if (!made.ok()) {
+      give_up_claim();
+      controller_->withdraw(hello->function_id, next_session_id_);
+      reject(connection, made.status().with_context("cannot open a session"));
+      return;
+    }
+    token = std::move(made).value();
+    if (recovered) {
+      config.reserved_va = recovered->who.va_base;
+      config.va_bytes = recovered->who.va_bytes;
+    }
+    // Once its first request fixes the model, the session is kept.
+    StoredSession who{hello->function_id, hello->instance,  0, config.va_bytes,
+                      config.quota_bytes,  config.memory.stateful};
+    config.model_fixed = [store = store_.get(), token, who](
+                             const std::shared_ptr<FunctionMemory>& memory) mutable {
+      who.va_base = memory->va_base();
+      store->save_later(token, who, memory);
+    };
+  }
   SessionIdentity identity{next_session_id_, hello->function_id, connection.peer, hello->instance};
   auto session = Session::create(device_, module_cache_, contexts_, controller_->pools(),
                                  controller_->repository(), *controller_, identity, config);
   if (!session.ok()) {
+    // A session that failed to be made has freed an adopted range with its memory.
+    if (recovered) store_->finish_claim(hello->resume_token);
     controller_->withdraw(hello->function_id, identity.id);
     reject(connection, session.status().with_context("cannot open a session"));
     return;
+  }
+  wire::SessionInfo welcome = (*session)->welcome();
+  welcome.resume_token = token;
+  if (recovered) {
+    Status restored = restore(**session, *recovered, token, &welcome);
+    store_->finish_claim(hello->resume_token);
+    if (!restored.ok()) {
+      session->reset();
+      controller_->withdraw(hello->function_id, identity.id);
+      reject(connection, restored.with_context("cannot resume the session"));
+      return;
+    }
   }
   next_session_id_ = SessionId{next_session_id_.value() + 1};
   ++live_sessions_;
   uncount_pending(connection);
   connection.session = std::move(session).value();
-  auto frame = wire::encode_welcome_frame(connection.session->welcome());
+  connection.resume_token = std::move(token);
+  auto frame = wire::encode_welcome_frame(welcome);
   if (!frame.ok()) {
     reject(connection, frame.status());
     return;
   }
   send_frame(connection, std::move(frame).value(), connection.session->memfd(),
              [this](Connection& c) { on_welcome_sent(c); });
+}
+
+Result<std::shared_ptr<const RecoveredSession>> Daemon::claim_resumed(const wire::Hello& hello) {
+  if (!store_) {
+    return Status(ErrorCode::kNotFound,
+                  "this hiberd keeps no sessions across restarts (--state_dir is empty), so none "
+                  "can be resumed");
+  }
+  return store_->claim(hello.resume_token, hello.function_id, hello.instance);
+}
+
+Status Daemon::restore(Session& session, const RecoveredSession& recovered,
+                       const std::string& token, wire::SessionInfo* welcome) {
+  const std::shared_ptr<FunctionMemory>& memory = session.memory();
+  if (memory->va_base() != recovered.who.va_base || memory->va_bytes() != recovered.who.va_bytes) {
+    return error(ErrorCode::kIllegalState, "the session's address range is not its old one");
+  }
+  std::map<uint64_t, Sha256> digests;
+  for (const RecoveredSession::Block& block : recovered.blocks) {
+    HIBER_RETURN_IF_ERROR(memory->restore_block(block.va, block.contents)
+                              .with_context(str_cat("restoring the block at ", hex(block.va))));
+    digests.emplace(block.va, block.digest);
+    welcome->restored.push_back(wire::DeviceRange{block.va, block.contents.size()});
+  }
+  welcome->resumed = true;
+  // Its own record at once (the copies are this hiberd's now; their digests are known), so a
+  // second restart finds it too.
+  HIBER_ASSIGN_OR_RETURN(std::vector<FunctionMemory::KeptBlock> kept, memory->kept_model(&digests));
+  HIBER_RETURN_IF_ERROR(store_->save(token, recovered.who, kept));
+  LOG(INFO) << "session " << session.id() << " resumes a session of function '"
+            << recovered.who.function_id << "' from before hiberd restarted, with "
+            << recovered.blocks.size() << " model blocks";
+  return Status();
 }
 
 void Daemon::on_welcome_sent(Connection& connection) {
@@ -754,6 +877,9 @@ void Daemon::on_session_exit(uint64_t connection_id) {
             << "' ended after " << last.calls << " calls (" << last.failed_calls << " failed)";
   c.session.reset();
   c.session_running = false;
+  // Its client went away (or broke the session): nothing will resume it. When hiberd itself
+  // stops, its record stays for the next hiberd.
+  if (store_ && !c.resume_token.empty() && !shutting_down_) store_->forget(c.resume_token);
   --live_sessions_;
   ++counters_.sessions_closed;
   // If the session ended on its own (a broken ring), the client learns it from the socket.
@@ -900,6 +1026,7 @@ ControlService::DaemonReport Daemon::daemon_report() const {
 // behind this sweep, and is handled before the next one. That is the client's slowness, not
 // hiberd's, that the time-out punishes.
 void Daemon::sweep_handshakes() {
+  if (store_) store_->expire();
   const auto now = std::chrono::steady_clock::now();
   std::vector<Connection*> late;
   std::vector<Connection*> idle;
@@ -935,6 +1062,8 @@ void Daemon::begin_shutdown(std::string_view why) {
   if (shutting_down_) return;
   shutting_down_ = true;
   LOG(INFO) << "hiberd shutting down (" << why << "): closing " << live_sessions_ << " sessions";
+  // The sessions end, but their records and host copies stay for the next hiberd.
+  if (store_) controller_->repository().keep_files();
   loop_->timeout(options_.shutdown_timeout, [this](int, bool) {
     LOG(ERROR) << live_sessions_ << " sessions did not finish their device work within "
                << options_.shutdown_timeout.count() << " ms; exiting without waiting";

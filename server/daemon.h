@@ -34,6 +34,7 @@
 #include "server/metrics_exporter.h"
 #include "server/module_cache.h"
 #include "server/session.h"
+#include "server/session_store.h"
 #include "wire/channel_layout.h"
 #include "wire/handshake.h"
 #include "wire/socket_frame.h"
@@ -83,6 +84,11 @@ struct DaemonOptions {
   // After SIGTERM, how long sessions may take to finish their device work before hiberd exits
   // without waiting for them. A second signal exits at once.
   std::chrono::milliseconds shutdown_timeout{30000};
+  // Where sessions survive hiberd (server/session_store.h): the model repository's files and
+  // the sessions' records. "": nothing survives; a restart ends every session.
+  std::string state_dir;
+  // How long a kept session waits for its client after a restart before it is dropped.
+  std::chrono::milliseconds resume_window{std::chrono::minutes(10)};
   // Prometheus /metrics on this "host:port" (port 0: a free one); "" = none.
   std::string metrics_listen;
   // Once /metrics listens, its port number is written here (for --metrics_listen=...:0); "" =
@@ -165,6 +171,11 @@ class Daemon {
   bool drop_oldest_unproven(const Connection& newcomer, std::string_view peer_key,
                             const std::string& why);
 
+  // A Hello with a resume token: the session it resumes, claimed from the store.
+  Result<std::shared_ptr<const RecoveredSession>> claim_resumed(const wire::Hello& hello);
+  // Brings a resumed session's blocks back and saves its new record; `token` is its new one.
+  Status restore(Session& session, const RecoveredSession& recovered, const std::string& token,
+                 wire::SessionInfo* welcome);
   void reject(Connection& connection, const Status& why);
   void close_connection(Connection& connection, std::string_view why);
   void maybe_forget(Connection& connection);
@@ -186,6 +197,10 @@ class Daemon {
   // The instances' contexts. Declared before connections_, so it outlives the sessions (which
   // give their contexts back as they end).
   ContextPool contexts_;
+  // Sessions kept across restarts; nullptr without a state directory. Declared after the
+  // controller: its writer may hold a session's memory, whose host copies are the
+  // controller's repository's.
+  std::unique_ptr<SessionStore> store_;
   // Answers the control socket's requests, with the controller and the module cache.
   std::unique_ptr<ControlService> control_;
   std::unique_ptr<IoLoop> loop_;

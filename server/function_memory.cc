@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <map>
 
 #include <glog/logging.h>
@@ -34,10 +35,15 @@ void append_calls_for(const VirtualBlock& block, int gpu, uint64_t at,
 Result<std::shared_ptr<FunctionMemory>> FunctionMemory::create(
     device::Device& device, DevicePools& pools, ModelRepository& repository,
     memory::FunctionId owner, uint64_t va_bytes, uint64_t quota_bytes,
-    const FunctionMemoryOptions& options) {
+    const FunctionMemoryOptions& options, std::optional<device::DevicePtr> reserved) {
   const uint64_t granularity = device.allocation_granularity(0);
   const uint64_t bytes = round_up(std::max<uint64_t>(va_bytes, granularity), granularity);
-  HIBER_ASSIGN_OR_RETURN(device::DevicePtr base, device.reserve_address_range(bytes, granularity));
+  device::DevicePtr base = 0;
+  if (reserved) {
+    base = *reserved;
+  } else {
+    HIBER_ASSIGN_OR_RETURN(base, device.reserve_address_range(bytes, granularity));
+  }
   Result<memory::BlockTable> table =
       memory::BlockTable::create(base, bytes, granularity, device.gpu_count());
   if (!table.ok()) {
@@ -139,6 +145,7 @@ bool FunctionMemory::is_block(uint64_t va) const {
 }
 
 Status FunctionMemory::remove_block(uint64_t va) {
+  MutexLock copies(copies_mutex_);
   MutexLock lock(mutex_);
   if (table_.block_at(va) == nullptr) {
     return error(ErrorCode::kInvalidValue, "free of ", hex(va), ": not the start of an allocation");
@@ -748,6 +755,7 @@ void FunctionMemory::forget(GpuId from) {
 }
 
 void FunctionMemory::release_all() {
+  MutexLock copies(copies_mutex_);
   MutexLock lock(mutex_);
   unmap_bound();
   for (Window& w : windows_) retire(w);
@@ -761,6 +769,64 @@ void FunctionMemory::release_all() {
   access_order_.clear();
   loading_.clear();
   swap_.release();
+}
+
+Result<std::vector<FunctionMemory::KeptBlock>> FunctionMemory::kept_model(
+    const std::map<uint64_t, Sha256>* known) {
+  MutexLock copies(copies_mutex_);
+  std::vector<KeptBlock> kept;
+  std::vector<std::span<const std::byte>> bytes;
+  {
+    MutexLock lock(mutex_);
+    if (!model_fixed_ || options_.stateful) {
+      return Status(ErrorCode::kIllegalState,
+                    options_.stateful ? "a stateful function's blocks live on the GPU"
+                                      : "the model is not fixed yet (no request has started)");
+    }
+    for (const VirtualBlock& block : table_.blocks(BlockKind::kModel)) {
+      const HostCopy& host = extra_[block.va].host;
+      if (!host) continue;  // never written before the first request: nothing to keep
+      std::optional<HostCopyFile> file = repository_.file_of(host);
+      if (!file) {
+        return Status(ErrorCode::kNotSupported, "the model repository keeps no files");
+      }
+      kept.push_back(KeptBlock{block.va, host.bytes, std::move(*file), {}});
+      bytes.emplace_back(host.data, host.bytes);
+    }
+  }
+  // The copies cannot go meanwhile (copies_mutex_), and nothing writes them once fixed.
+  for (size_t i = 0; i < kept.size(); ++i) {
+    if (known != nullptr) {
+      if (auto it = known->find(kept[i].va); it != known->end()) {
+        kept[i].digest = it->second;
+        continue;
+      }
+    }
+    kept[i].digest = sha256(bytes[i]);
+  }
+  return kept;
+}
+
+Status FunctionMemory::restore_block(uint64_t va, std::span<const std::byte> contents) {
+  {
+    // add_block makes a model block only while the model is not fixed.
+    MutexLock lock(mutex_);
+    model_fixed_ = false;
+  }
+  Status added = add_block(va, contents.size(), std::nullopt, RoomMaker());
+  MutexLock lock(mutex_);
+  model_fixed_ = true;
+  HIBER_RETURN_IF_ERROR(added);
+  (void)table_.set_dirty(va, false);
+  Status made = make_host_copy(va, contents.size());
+  if (!made.ok()) {
+    (void)table_.remove(va);
+    extra_.erase(va);
+    return made;
+  }
+  std::memcpy(extra_[va].host.data, contents.data(), contents.size());
+  extra_[va].fresh = false;
+  return Status();
 }
 
 }  // namespace hiber::server

@@ -44,6 +44,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -61,6 +62,7 @@
 #include "server/device_pools.h"
 #include "server/lease.h"
 #include "server/model_repository.h"
+#include "server/module_cache.h"
 #include "server/swap_engine.h"
 
 namespace hiber::server {
@@ -80,13 +82,13 @@ using RoomMaker = std::function<Status(GpuId gpu, const memory::Shortfall& short
 
 class FunctionMemory {
  public:
-  // Reserves the function's address range of `va_bytes` (rounded to the granularity).
+  // Reserves the function's address range of `va_bytes` (rounded to the granularity), or
+  // takes over [*reserved, + va_bytes), reserved already (a resumed session's: the range it had).
   // `owner` names the function in the pools' accounting.
-  static Result<std::shared_ptr<FunctionMemory>> create(device::Device& device, DevicePools& pools,
-                                                        ModelRepository& repository,
-                                                        memory::FunctionId owner, uint64_t va_bytes,
-                                                        uint64_t quota_bytes,
-                                                        const FunctionMemoryOptions& options);
+  static Result<std::shared_ptr<FunctionMemory>> create(
+      device::Device& device, DevicePools& pools, ModelRepository& repository,
+      memory::FunctionId owner, uint64_t va_bytes, uint64_t quota_bytes,
+      const FunctionMemoryOptions& options, std::optional<device::DevicePtr> reserved = {});
   // release_all(), then frees the address range.
   ~FunctionMemory();
 
@@ -169,6 +171,25 @@ class FunctionMemory {
   // Bytes of host copies.
   uint64_t host_bytes() const;
 
+  // ---- Restart without loss (server/session_store.h) ----
+  // A model block's host copy: where its bytes lie in the repository's files, and their digest.
+  struct KeptBlock {
+    uint64_t va = 0;
+    uint64_t bytes = 0;
+    HostCopyFile file;
+    Sha256 digest{};
+  };
+  // Every model block's kept host copy, once the model is fixed (from then on a plain
+  // function's copies never change). kIllegalState before that or for a stateful function (its
+  // contents live on the GPU), kNotSupported without a repository directory. The digests are
+  // computed holding the copies: release_all() and remove_block() wait meanwhile.
+  // Blocks whose va is in `known` take that digest instead (copies of verified bytes).
+  Result<std::vector<KeptBlock>> kept_model(const std::map<uint64_t, Sha256>* known = nullptr);
+  // A model block whose contents an earlier hiberd kept (`contents`, the block's bytes): it
+  // gets a host copy holding them and travels with the model from the next swap on. The model
+  // counts as fixed. kInvalidValue, kOutOfMemory as add_block.
+  Status restore_block(uint64_t va, std::span<const std::byte> contents);
+
  private:
   // What the block table does not keep about a block.
   struct Extra {
@@ -231,6 +252,9 @@ class FunctionMemory {
   const FunctionMemoryOptions options_;
   const int gpu_count_;
 
+  // Held while kept_model() reads host copies, and by whatever releases them; taken before
+  // mutex_.
+  Mutex copies_mutex_;
   mutable Mutex mutex_;
   memory::BlockTable table_ GUARDED_BY(mutex_);
   std::unordered_map<uint64_t, Extra> extra_ GUARDED_BY(mutex_);  // by va

@@ -178,6 +178,16 @@ DEFINE_uint64(handshake_timeout_ms, 5000, "Time a new connection has to say Hell
 DEFINE_uint64(shutdown_timeout_ms, 30000,
               "On SIGTERM, how long sessions may take to finish their device work before hiberd "
               "exits without them (a second signal exits at once)");
+DEFINE_bool(keep_sessions, true,
+            "Keep what a restarted hiberd needs to resume its functions' sessions (the model "
+            "repository's host copies and one record per session) in --state_dir; false: a "
+            "restart ends every session");
+DEFINE_string(state_dir, "",
+              "Where sessions are kept across restarts; best on a tmpfs that outlives hiberd's "
+              "process (the host copies are as large as the models). Empty: <run_dir>/state");
+DEFINE_uint64(resume_window_ms, 600000,
+              "After a restart, how long a kept session waits for its client to resume it before "
+              "it is dropped");
 DEFINE_string(metrics_listen, "",
               "Serve Prometheus metrics (GET /metrics) on this host:port, e.g. 127.0.0.1:9400; "
               "port 0 picks a free one (logged, and written to --metrics_port_file). Empty: off");
@@ -345,6 +355,10 @@ Result<server::DaemonOptions> make_options(const std::string& run_dir) {
   options.max_sessions = FLAGS_max_sessions;
   options.handshake_timeout = std::chrono::milliseconds(FLAGS_handshake_timeout_ms);
   options.shutdown_timeout = std::chrono::milliseconds(FLAGS_shutdown_timeout_ms);
+  if (FLAGS_keep_sessions) {
+    options.state_dir = FLAGS_state_dir.empty() ? run_dir + "/state" : FLAGS_state_dir;
+  }
+  options.resume_window = std::chrono::milliseconds(FLAGS_resume_window_ms);
   options.metrics_listen = FLAGS_metrics_listen;
   options.metrics_port_file = FLAGS_metrics_port_file;
   if (options.metrics_listen.empty() && !options.metrics_port_file.empty()) {

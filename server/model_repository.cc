@@ -1,6 +1,8 @@
 #include "server/model_repository.h"
 
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -32,6 +34,9 @@ Result<std::unique_ptr<ModelRepository>> ModelRepository::create(
 
 ModelRepository::~ModelRepository() {
   MutexLock lock(mutex_);
+  // The files stay: sessions kept by the state directory's records are served from them after a
+  // restart, and the next hiberd removes those no record names.
+  keep_files_ = true;
   for (const Chunk& chunk : chunks_) unmap_chunk(chunk);
   for (const Chunk& chunk : own_) unmap_chunk(chunk);
 }
@@ -43,25 +48,47 @@ uint64_t ModelRepository::mapped_bytes() const {
   return bytes;
 }
 
-Result<ModelRepository::Chunk> ModelRepository::map_chunk(uint64_t bytes) {
+Result<ModelRepository::Chunk> ModelRepository::map_chunk(uint64_t bytes,
+                                                          const std::string& name) {
   const uint64_t have = mapped_bytes();
   if (bytes > options_.max_bytes || have > options_.max_bytes - bytes) {
     return error(ErrorCode::kOutOfMemory, "the model repository holds ", have,
                  " bytes; another ", bytes, " would pass its limit of ", options_.max_bytes,
                  " (--host_pool_max_mib)");
   }
-  // Reserved, not committed: pages cost host memory once a copy is written to them.
-  void* data = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
-                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  Chunk chunk;
+  chunk.bytes = bytes;
+  void* data = MAP_FAILED;
+  if (options_.directory.empty()) {
+    // Reserved, not committed: pages cost host memory once a copy is written to them.
+    data = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                  MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  } else {
+    // A sparse file: as above, its pages cost memory (on a tmpfs) once written.
+    chunk.path = options_.directory + "/" + name;
+    const int fd = ::open(chunk.path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0) {
+      return error(ErrorCode::kOutOfMemory, "model repository: creating ", chunk.path, ": ",
+                   std::strerror(errno));
+    }
+    if (::ftruncate(fd, static_cast<off_t>(bytes)) == 0) {
+      data = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0);
+    }
+    const int saved = errno;
+    ::close(fd);
+    errno = saved;
+    if (data == MAP_FAILED) ::unlink(chunk.path.c_str());
+  }
   if (data == MAP_FAILED) {
     return error(ErrorCode::kOutOfMemory, "model repository: mapping ", bytes,
-                 " bytes of host memory: ", std::strerror(errno));
+                 " bytes of host memory", chunk.path.empty() ? "" : " in ", chunk.path, ": ",
+                 std::strerror(errno));
   }
-  Chunk chunk{static_cast<std::byte*>(data), bytes, false};
+  chunk.data = static_cast<std::byte*>(data);
   if (options_.pinned) {
     Status registered = device_.register_host_memory(chunk.data, chunk.bytes);
     if (!registered.ok()) {
-      ::munmap(data, chunk.bytes);
+      unmap_chunk(chunk);
       return registered.with_context("model repository: pinning a chunk");
     }
     chunk.registered = true;
@@ -75,10 +102,15 @@ void ModelRepository::unmap_chunk(const Chunk& chunk) {
     LOG_IF(ERROR, !s.ok()) << "model repository: unregistering a chunk: " << s;
   }
   ::munmap(chunk.data, chunk.bytes);
+  if (!chunk.path.empty() && !keep_files_ && ::unlink(chunk.path.c_str()) != 0) {
+    PLOG(ERROR) << "model repository: removing " << chunk.path;
+  }
 }
 
 Status ModelRepository::grow() {
-  HIBER_ASSIGN_OR_RETURN(Chunk chunk, map_chunk(options_.chunk_bytes));
+  HIBER_ASSIGN_OR_RETURN(Chunk chunk,
+                         map_chunk(options_.chunk_bytes,
+                                   str_cat(options_.file_prefix, "-c", chunks_.size())));
   // The pool is made with its first chunk: its largest block is a chunk.
   Status added;
   if (!pool_) {
@@ -105,7 +137,9 @@ Result<HostCopy> ModelRepository::allocate(memory::FunctionId function, uint64_t
   if (bytes > options_.chunk_bytes) {
     // Larger than the pool's largest block: a mapping of its own, exactly its size.
     const uint64_t unit = memory::HostPool::kMinBlockBytes;
-    HIBER_ASSIGN_OR_RETURN(Chunk chunk, map_chunk((bytes + unit - 1) / unit * unit));
+    HIBER_ASSIGN_OR_RETURN(Chunk chunk, map_chunk((bytes + unit - 1) / unit * unit,
+                                                  str_cat(options_.file_prefix, "-o", own_files_)));
+    ++own_files_;
     own_.push_back(chunk);
     return HostCopy{memory::Allocation{{kOwnMapping, 0}, chunk.bytes}, chunk.data, bytes};
   }
@@ -143,6 +177,24 @@ void ModelRepository::release(const HostCopy& copy) {
   }
   Status released = pool_->release(copy.where);
   LOG_IF(ERROR, !released.ok()) << "model repository: " << released;
+}
+
+void ModelRepository::keep_files() {
+  MutexLock lock(mutex_);
+  keep_files_ = true;
+}
+
+std::optional<HostCopyFile> ModelRepository::file_of(const HostCopy& copy) const {
+  MutexLock lock(mutex_);
+  if (options_.directory.empty() || !copy) return std::nullopt;
+  if (copy.where.where.chunk == kOwnMapping) {
+    for (const Chunk& chunk : own_) {
+      if (chunk.data == copy.data) return HostCopyFile{chunk.path, 0};
+    }
+    return std::nullopt;
+  }
+  const Chunk& chunk = chunks_[copy.where.where.chunk];
+  return HostCopyFile{chunk.path, static_cast<uint64_t>(copy.data - chunk.data)};
 }
 
 memory::HostPoolStats ModelRepository::stats() const {

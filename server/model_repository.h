@@ -12,12 +12,19 @@
 // memory instead: the same chunks, never registered, so the device copies them as it would a
 // malloc'd buffer.
 //
+// With a directory (hiberd's --state_dir), every chunk and own mapping is a file there, mapped
+// shared, so the copies outlive hiberd: a restarted hiberd reads them back to resume sessions
+// (server/session_store.h). Files are named "<prefix>-c<n>" and "<prefix>-o<n>"; the prefix
+// (hiberd's incarnation) keeps a new hiberd's files apart from those it is still reading.
+//
 // Thread safety: every method may be called from any thread.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "common/mutex.h"
@@ -31,6 +38,14 @@ struct ModelRepositoryOptions {
   uint64_t chunk_bytes = 1ull << 30;  // registered at a time
   uint64_t max_bytes = 64ull << 30;   // the most the pool grows to
   bool pinned = true;                 // register the chunks with the device
+  std::string directory;              // "": anonymous memory, gone with the process
+  std::string file_prefix = "r";      // the files' names in `directory`
+};
+
+// Where a host copy's bytes lie in the repository's files.
+struct HostCopyFile {
+  std::string path;
+  uint64_t offset = 0;
 };
 
 // One block's host copy.
@@ -55,6 +70,11 @@ class ModelRepository {
   // Staging for transfers to or from `gpu` (the elbow measurement uses it).
   Result<HostCopy> allocate_staging(int gpu, uint64_t bytes);
   void release(const HostCopy& copy);
+  // From now on no file is removed, not even a released copy's (hiberd is stopping: the next
+  // hiberd resumes its sessions from the files).
+  void keep_files();
+  // The file and offset of `copy`; nullopt without a directory.
+  std::optional<HostCopyFile> file_of(const HostCopy& copy) const;
 
   bool pinned() const { return options_.pinned; }
   memory::HostPoolStats stats() const;
@@ -64,12 +84,14 @@ class ModelRepository {
     std::byte* data = nullptr;
     uint64_t bytes = 0;
     bool registered = false;
+    std::string path;  // its file, with a directory
   };
   ModelRepository(device::Device& device, const ModelRepositoryOptions& options)
       : device_(device), options_(options) {}
   Status grow() REQUIRES(mutex_);
   // Maps (and registers) `bytes`; kOutOfMemory past max_bytes.
-  Result<Chunk> map_chunk(uint64_t bytes) REQUIRES(mutex_);
+  // `name`: its file's name, with a directory.
+  Result<Chunk> map_chunk(uint64_t bytes, const std::string& name) REQUIRES(mutex_);
   void unmap_chunk(const Chunk& chunk) REQUIRES(mutex_);
   uint64_t mapped_bytes() const REQUIRES(mutex_);
   HostCopy copy_at(const memory::Allocation& where, uint64_t bytes) const REQUIRES(mutex_);
@@ -80,6 +102,8 @@ class ModelRepository {
   std::unique_ptr<memory::HostPool> pool_ GUARDED_BY(mutex_);
   std::vector<Chunk> chunks_ GUARDED_BY(mutex_);  // index = pool chunk
   std::vector<Chunk> own_ GUARDED_BY(mutex_);     // copies larger than a chunk, one each
+  bool keep_files_ GUARDED_BY(mutex_) = false;
+  uint64_t own_files_ GUARDED_BY(mutex_) = 0;     // own mappings ever made (their names)
 };
 
 }  // namespace hiber::server

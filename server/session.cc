@@ -45,12 +45,14 @@ Result<std::unique_ptr<Session>> Session::create(device::Device& device, ModuleC
                                                  ModelRepository& repository, GpuLessor& lessor,
                                                  SessionIdentity identity,
                                                  const SessionConfig& config) {
-  auto channel = wire::ServerChannel::create(config.channel);
-  if (!channel.ok()) return channel.status().with_context("creating the session channel");
+  // The memory first: once it exists it owns an adopted range (reserved_va), and frees it
+  // whatever fails later.
   auto memory =
       FunctionMemory::create(device, pools, repository, memory::FunctionId{config.instance.value()},
-                             config.va_bytes, config.quota_bytes, config.memory);
+                             config.va_bytes, config.quota_bytes, config.memory, config.reserved_va);
   if (!memory.ok()) return memory.status().with_context("the session's memory");
+  auto channel = wire::ServerChannel::create(config.channel);
+  if (!channel.ok()) return channel.status().with_context("creating the session channel");
   std::unique_ptr<Session> session(
       new Session(device, modules, contexts, lessor, std::move(identity), config,
                   std::move(channel).value(), std::move(memory).value()));
@@ -252,6 +254,7 @@ void Session::begin_lease(const Lease& lease) {
   // waits only for the groups it touches.
   auto swap_stream = handles_.swap_stream(gpu);
   Status bound = swap_stream.status();
+  const bool was_fixed = memory_->model_fixed();
   if (bound.ok()) {
     const SessionId session = identity_.id;
     const RequestId id = lease.id;
@@ -263,6 +266,9 @@ void Session::begin_lease(const Lease& lease) {
         [this](GpuId g, const memory::Shortfall& s) {
           return lessor_.make_room(identity_.id, g, s);
         });
+  }
+  if (bound.ok() && !was_fixed && memory_->model_fixed() && config_.model_fixed) {
+    config_.model_fixed(memory_);
   }
   lessor_.streaming(identity_.id, lease.id, bound, bound.ok() && memory_->bound_swap_bytes() == 0);
   if (!bound.ok()) {

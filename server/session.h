@@ -111,6 +111,11 @@ struct SessionConfig {
   SessionLimits limits;
   // The longest one of its kernels may run; 0: no limit (the controller's SessionPlan).
   std::chrono::nanoseconds kernel_deadline{0};
+  // The address range [*reserved_va, + va_bytes) is reserved already and the session takes it
+  // over (a resumed session's old range).
+  std::optional<uint64_t> reserved_va;
+  // Called on the session thread when the function's first request has fixed its model.
+  std::function<void(const std::shared_ptr<FunctionMemory>&)> model_fixed;
 };
 
 class Session final : public LeaseHolder {

@@ -122,6 +122,9 @@ class CallClient {
   // collects every completion already waiting.
   Status peek_error();
   Status take_error();
+  // Makes `status` the sticky error unless one is kept already (a failure the client learned of
+  // another way: work lost with a session hiberd did not survive).
+  void set_error(Status status) { keep_error(std::move(status)); }
 
   struct Staged {
     uint64_t offset = 0;         // in the arena

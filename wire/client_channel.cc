@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -37,6 +38,7 @@ Result<std::unique_ptr<ClientChannel>> ClientChannel::connect(const ClientOption
       .auth_token = options.auth_token,
       .requested_quota_bytes = options.requested_quota_bytes,
       .instance = options.instance,
+      .resume_token = options.resume_token,
   };
   HIBER_ASSIGN_OR_RETURN(const std::vector<std::byte> hello_frame, encode_hello_frame(hello));
   Message reply;
@@ -89,6 +91,26 @@ ClientChannel::ClientChannel(UniqueFd socket, UniqueFd memfd, std::byte* base, S
 
 ClientChannel::~ClientChannel() {
   if (::munmap(base_, session_.layout.memfd_bytes) != 0) PLOG(ERROR) << "munmap of the channel";
+  if (moved_arena_ && ::munmap(views_.arena, views_.arena_bytes) != 0) {
+    PLOG(ERROR) << "munmap of the channel's arena";
+  }
+}
+
+Status ClientChannel::move_arena(std::byte* at) {
+  const uint64_t offset = session_.layout.arena_offset;
+  const uint64_t bytes = views_.arena_bytes;
+  if (moved_arena_ || offset % static_cast<uint64_t>(::sysconf(_SC_PAGESIZE)) != 0) {
+    return Status(ErrorCode::kInvalidValue, "the arena cannot be moved");
+  }
+  void* mapped = ::mmap(at, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, memfd_.get(),
+                        static_cast<off_t>(offset));
+  if (mapped != at) {
+    return error(ErrorCode::kOperatingSystem, "mapping the arena at ", static_cast<void*>(at),
+                 ": ", std::strerror(errno));
+  }
+  views_.arena = at;
+  moved_arena_ = true;
+  return Status();
 }
 
 bool ClientChannel::server_closed() const {

@@ -31,6 +31,7 @@ struct ClientOptions {
   std::string auth_token;
   uint64_t requested_quota_bytes = 0;  // 0 = the server's default
   std::string instance;                // which of the function's instances this is; "": none
+  std::string resume_token;            // the session to resume (SessionInfo::resume_token); "": new
   // The deadline for connecting and for hiberd's answer to the Hello (kTimeout after it).
   // hiberd answers once the session exists, which on a node busy opening many sessions takes
   // seconds; a hiberd that dies closes the socket and ends the wait at once, so only a wedged
@@ -66,6 +67,9 @@ class ClientChannel {
 
   // The arena as mapped in this process.
   std::span<std::byte> arena() const { return {views_.arena, views_.arena_bytes}; }
+  // Maps the arena at `at` as well (MAP_FIXED: what was there goes), and arena() is there from
+  // now on: a resumed session's arena takes the lost one's place, so pointers into it stay good.
+  Status move_arena(std::byte* at);
 
   // The server's staging_released counter, and a wait for it to reach `position`
   // (kTimeout, or kDeinitialized if the server is gone first).
@@ -74,6 +78,8 @@ class ClientChannel {
 
   // False once the server closed the session or its socket went away. Costs a poll() call.
   bool server_alive();
+  // The session's socket: it hangs up when hiberd goes away (for a thread that waits for that).
+  int socket_fd() const { return socket_.get(); }
 
   // How often a waiting client checks that the server's socket is still open: a server that
   // dies without closing the channel is noticed within this time.
@@ -99,6 +105,7 @@ class ClientChannel {
   WordBuffer frame_table_;
   AdaptiveSpin staging_spin_;
   bool server_gone_ = false;
+  bool moved_arena_ = false;  // views_.arena is a mapping of its own (move_arena)
   Status broken_;  // sticky: a corrupt completion ring
 };
 

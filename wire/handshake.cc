@@ -24,6 +24,10 @@ Status check_hello(const Hello& hello, std::string_view what) {
     return invalid(what, str_cat("the auth token has ", hello.auth_token.size(), " bytes; at most ",
                                  kMaxAuthTokenBytes, " are allowed"));
   }
+  if (!hello.resume_token.empty()) {
+    HIBER_RETURN_IF_ERROR(
+        check_printable_name(hello.resume_token, kMaxResumeTokenBytes, "resume token", what));
+  }
   return Status();
 }
 
@@ -39,6 +43,22 @@ Status check_session(const SessionInfo& session, std::string_view what) {
   }
   if (session.devices.size() > kMaxDevices) {
     return invalid(what, str_cat(session.devices.size(), " devices; at most ", kMaxDevices));
+  }
+  if (session.resume_token.size() > kMaxResumeTokenBytes) {
+    return invalid(what, str_cat("a resume token of ", session.resume_token.size(),
+                                 " bytes; at most ", kMaxResumeTokenBytes));
+  }
+  if (session.restored.size() > kMaxRestoredBlocks) {
+    return invalid(what, str_cat(session.restored.size(), " restored blocks; at most ",
+                                 kMaxRestoredBlocks));
+  }
+  for (const DeviceRange& block : session.restored) {
+    if (block.bytes == 0 || block.va < grant.va_base ||
+        block.va - grant.va_base > grant.va_bytes ||
+        block.bytes > grant.va_bytes - (block.va - grant.va_base)) {
+      return invalid(what, str_cat("restored block [", block.va, ", +", block.bytes,
+                                   ") lies outside the granted address range"));
+    }
   }
   for (const DeviceInfo& device : session.devices) {
     const std::string where = str_cat("device ", device.ordinal);
@@ -120,6 +140,18 @@ Status decode_welcome(proto::Welcome::Reader welcome, SessionInfo& out) {
   auto node = node_config_from_capnp(welcome.getNode());
   if (!node.ok()) return node.status().with_context(kWhat);
   out.node = std::move(node).value();
+
+  const auto resume = welcome.getResume();
+  if (resume.getToken().size() > kMaxResumeTokenBytes ||
+      resume.getRestored().size() > kMaxRestoredBlocks) {
+    return invalid(kWhat, str_cat("a resume token of ", resume.getToken().size(), " bytes or ",
+                                  resume.getRestored().size(), " restored blocks exceeds its limit"));
+  }
+  out.resume_token = text(resume.getToken());
+  out.resumed = resume.getResumed();
+  out.restored.clear();
+  for (const auto block : resume.getRestored())
+    out.restored.push_back(DeviceRange{block.getVa(), block.getBytes()});
   return check_session(out, kWhat);
 }
 
@@ -146,6 +178,7 @@ Result<std::vector<std::byte>> encode_hello_frame(const Hello& hello) {
       reinterpret_cast<const capnp::byte*>(hello.auth_token.data()), hello.auth_token.size()));
   root.setRequestedQuotaBytes(hello.requested_quota_bytes);
   if (!hello.instance.empty()) root.setInstance(hello.instance);
+  if (!hello.resume_token.empty()) root.setResumeToken(hello.resume_token);
   return encode_frame(message);
 }
 
@@ -181,7 +214,8 @@ Result<Hello> decode_hello(const Message& frame) {
     // Sizes first: nothing oversized is copied.
     if (in.getFunctionId().size() > kMaxFunctionIdBytes ||
         in.getAuthToken().size() > kMaxAuthTokenBytes ||
-        in.getInstance().size() > kMaxInstanceKeyBytes) {
+        in.getInstance().size() > kMaxInstanceKeyBytes ||
+        in.getResumeToken().size() > kMaxResumeTokenBytes) {
       return invalid("hello", str_cat("function id of ", in.getFunctionId().size(),
                                       " bytes, auth token of ", in.getAuthToken().size(),
                                       " bytes or instance key of ", in.getInstance().size(),
@@ -194,6 +228,7 @@ Result<Hello> decode_hello(const Message& frame) {
                             in.getAuthToken().size());
     hello.requested_quota_bytes = in.getRequestedQuotaBytes();
     hello.instance = std::string(in.getInstance().cStr(), in.getInstance().size());
+    hello.resume_token = text(in.getResumeToken());
     return Status();
   }));
   HIBER_RETURN_IF_ERROR(check_hello(hello, "hello"));
@@ -239,6 +274,14 @@ Result<std::vector<std::byte>> encode_welcome_frame(const SessionInfo& session) 
       attributes.set(static_cast<unsigned>(a), in.attributes[a]);
   }
   node_config_to_capnp(session.node, welcome.initNode());
+  auto resume = welcome.initResume();
+  resume.setToken(session.resume_token);
+  resume.setResumed(session.resumed);
+  auto restored = resume.initRestored(static_cast<unsigned>(session.restored.size()));
+  for (size_t i = 0; i < session.restored.size(); ++i) {
+    restored[static_cast<unsigned>(i)].setVa(session.restored[i].va);
+    restored[static_cast<unsigned>(i)].setBytes(session.restored[i].bytes);
+  }
   return encode_frame(message);
 }
 

@@ -28,6 +28,16 @@ struct Hello {
   uint64_t requested_quota_bytes = 0;
   // (1.7) Which of the function's instances this process is; "": it names none.
   std::string instance;
+  // (1.12) The token of a session to resume (SessionInfo::resume_token of an earlier hiberd);
+  // "": a new session.
+  std::string resume_token;
+};
+
+// A device range [va, va + bytes).
+struct DeviceRange {
+  uint64_t va = 0;
+  uint64_t bytes = 0;
+  bool operator==(const DeviceRange&) const = default;
 };
 
 struct Grant {
@@ -57,6 +67,12 @@ struct SessionInfo {
   ChannelLayout layout;
   std::vector<DeviceInfo> devices;
   NodeConfig node;
+  // (1.12) The token that resumes this session after hiberd restarts; "": it cannot be resumed.
+  std::string resume_token;
+  // This session resumed an earlier one (Hello.resume_token), and hiberd brought these blocks
+  // back with their contents (a model's); any other block the client had is not in the session.
+  bool resumed = false;
+  std::vector<DeviceRange> restored;
 };
 
 // Client side.

@@ -40,6 +40,10 @@ inline constexpr uint32_t kMaxFunctionIdBytes = 256;
 inline constexpr uint32_t kMaxAuthTokenBytes = 256;
 // An instance key (Hello.instance, requestArrivedInstance).
 inline constexpr uint32_t kMaxInstanceKeyBytes = 64;
+// A resume token (Hello.resumeToken, Welcome.resume.token): 32 hex digits from hiberd.
+inline constexpr uint32_t kMaxResumeTokenBytes = 64;
+// Blocks a resumed session's Welcome lists as restored.
+inline constexpr uint32_t kMaxRestoredBlocks = 1u << 16;
 
 // Ring sizes are powers of two in [kMinRingBytes, kMaxRingBytes].
 inline constexpr uint64_t kMinRingBytes = 4096;

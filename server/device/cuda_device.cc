@@ -148,6 +148,7 @@ class CudaDevice final : public Device, private CudaContexts {
   bool can_access_peer(int gpu, int peer) const override;
 
   Result<DevicePtr> reserve_address_range(uint64_t bytes, uint64_t alignment) override;
+  Result<DevicePtr> reserve_address_range_at(DevicePtr va, uint64_t bytes) override;
   Status free_address_range(DevicePtr va, uint64_t bytes) override;
   Result<PhysicalMemory> create_physical(int gpu, uint64_t bytes) override;
   Status release_physical(PhysicalMemory memory) override;
@@ -794,6 +795,30 @@ Result<DevicePtr> CudaDevice::reserve_address_range(uint64_t bytes, uint64_t ali
   MutexLock lock(mappings_mutex_);
   reservations_.emplace(va, Reservation{bytes, driver_bytes});
   return static_cast<DevicePtr>(va);
+}
+
+Result<DevicePtr> CudaDevice::reserve_address_range_at(DevicePtr va, uint64_t bytes) {
+  if (bytes == 0 || bytes % max_granularity_ != 0 || va % max_granularity_ != 0 ||
+      va > UINT64_MAX - bytes) {
+    return Status(ErrorCode::kInvalidValue,
+                  str_cat("reserve_address_range_at(", hex(va), ", ", bytes,
+                          "): not whole units of the largest granularity (", max_granularity_,
+                          ")"));
+  }
+  HIBER_RETURN_IF_ERROR(use_gpu(0));
+  // The address is a hint to the driver: anything else means the range is taken.
+  CUdeviceptr got = 0;
+  HIBER_RETURN_IF_ERROR(
+      HIBER_CU(cuMemAddressReserve, &got, bytes, max_granularity_, va, 0)
+          .with_context(str_cat("reserve_address_range_at(", hex(va), ", ", bytes, ")")));
+  if (got != va) {
+    (void)HIBER_CU(cuMemAddressFree, got, bytes);
+    return Status(ErrorCode::kAlreadyMapped,
+                  str_cat("reserve_address_range_at: [", hex(va), ", +", bytes, ") is taken"));
+  }
+  MutexLock lock(mappings_mutex_);
+  reservations_.emplace(va, Reservation{bytes, bytes});
+  return va;
 }
 
 Status CudaDevice::free_address_range(DevicePtr va, uint64_t bytes) {

@@ -163,6 +163,13 @@ class Device {
   // ---- Virtual memory (CUDA VMM model) ----
   // Reserves a range of the address space; nothing is accessible until mapped.
   virtual Result<DevicePtr> reserve_address_range(uint64_t bytes, uint64_t alignment) = 0;
+  // Reserves exactly [va, va + bytes) (a range an earlier hiberd gave a session that is being
+  // resumed). kAlreadyMapped if any of it is taken; kNotSupported where the device cannot.
+  virtual Result<DevicePtr> reserve_address_range_at(DevicePtr va, uint64_t bytes) {
+    (void)va;
+    (void)bytes;
+    return Status(ErrorCode::kNotSupported, "this device cannot reserve a given address range");
+  }
   // REQUIRES: nothing mapped in the range any more.
   virtual Status free_address_range(DevicePtr va, uint64_t bytes) = 0;
   // kOutOfMemory when the GPU has no room left.

@@ -342,6 +342,10 @@ Result<DevicePtr> SimDevice::reserve_address_range(uint64_t bytes, uint64_t alig
   return impl_->space.reserve(bytes, alignment);
 }
 
+Result<DevicePtr> SimDevice::reserve_address_range_at(DevicePtr va, uint64_t bytes) {
+  return impl_->space.reserve_at(va, bytes);
+}
+
 Status SimDevice::free_address_range(DevicePtr va, uint64_t bytes) {
   return impl_->space.free(va, bytes);
 }

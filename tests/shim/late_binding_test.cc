@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -197,9 +198,10 @@ class LateBindingTest : public ::testing::Test {
       r.stateful = stateful;
       const Status registered = client.register_function(r);
       ASSERT_TRUE(registered.ok()) << registered << "\n" << hiberd.log();
-      f->program = std::make_unique<ServedProgram>(
-          hiberd, ProgramRun{"mlp_server", {std::to_string(f->seed), std::to_string(table_mib)}},
-          f->id, hiberd.run_dir() + "/" + f->id + ".log");
+      std::vector<std::string> args = {std::to_string(f->seed), std::to_string(table_mib)};
+      args.insert(args.end(), program_args_.begin(), program_args_.end());
+      f->program = std::make_unique<ServedProgram>(hiberd, ProgramRun{"mlp_server", args}, f->id,
+                                                   hiberd.run_dir() + "/" + f->id + ".log");
       functions_.push_back(std::move(f));
     }
     for (size_t i = first; i < functions_.size(); ++i) {
@@ -302,6 +304,7 @@ class LateBindingTest : public ::testing::Test {
   }
 
   std::vector<std::unique_ptr<Function>> functions_;
+  std::vector<std::string> program_args_;  // after mlp_server's seed and table size
   uint64_t table_entries_ = 1;
 };
 
@@ -879,4 +882,150 @@ TEST_F(LateBindingTest, InstancesOfOneFunctionRunAtOnceOnTwoGpus) {
 }
 
 }  // namespace
+}  // namespace hiber::testing::shim
+
+namespace hiber::testing::shim {
+namespace {
+
+// The answers of mlp_server's library requests for function seed `seed` and table entry `entry`,
+// from the CPU reference (tiny_mlp_model.h): cuBLAS reads the entry twice, cuDNN's 1x1
+// convolution multiplies it by 1.0, the captured graph copies it twice.
+std::string library_answer(const std::string& request, uint64_t seed, uint64_t entry) {
+  const double value = tiny_mlp::table_value(seed, entry);
+  char want[128];
+  if (request == "conv") {
+    std::snprintf(want, sizeof want, "conv %llu %a", static_cast<unsigned long long>(entry), value);
+  } else {
+    std::snprintf(want, sizeof want, "%s %llu %a %a", request.c_str(),
+                  static_cast<unsigned long long>(entry), value, value);
+  }
+  return want;
+}
+
+// Files under `dir` (recursively), as paths relative to it.
+std::vector<std::string> files_under(const std::string& dir) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(dir, ec)) {
+    if (entry.is_regular_file(ec)) out.push_back(entry.path().lexically_relative(dir).string());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// Mappings of hiberd's process whose files were deleted (a repository file unlinked while still
+// mapped) or that lie in the state directory of an earlier run.
+std::vector<std::string> stale_mappings(pid_t pid, const std::string& state_dir) {
+  std::vector<std::string> out;
+  std::ifstream maps("/proc/" + std::to_string(pid) + "/maps");
+  for (std::string line; std::getline(maps, line);) {
+    if (line.find(state_dir) != std::string::npos && line.find("(deleted)") != std::string::npos) {
+      out.push_back(line);
+    }
+  }
+  return out;
+}
+
+// The three ways a function can hold state when hiberd dies, checked against the CPU reference.
+// hiberd is SIGKILLed and restarted at once (or stopped cleanly after a drain, as an upgrade does)
+// under three functions whose first requests fixed their models: one idle, one in the middle of
+// a request (a kernel queued, the host waiting before it reads the result back), and one holding
+// cuBLAS and cuDNN handles, a cuDNN plan and a CUDA graph. The restarted hiberd knows them from
+// its state directory; each shim resumes its session by itself. The idle function's next request
+// is exact with no error; the busy one's request gets one clear error (the work queued before
+// the kill is lost) and its next request is exact; the library function's handles, plan and
+// graph work as before. Afterwards nothing is left: no session, no pool memory, no record, no
+// earlier run's repository file, no fd more than the restarted hiberd started with.
+class RestartTest : public LateBindingTest {
+ protected:
+  void run(bool upgrade) {
+    const std::string node = write_node(scratch_dir(), 2, 64, 4, /*nvlink=*/true);
+    Hiberd hiberd(late_binding_hiberd(node));
+    const int fds_idle = hiberd.settled_fds();
+    const std::string state_dir = hiberd.run_dir() + "/state";
+    program_args_ = {"keep_going"};
+    table_entries_ = (1 << 20) / sizeof(float);
+    start_functions(hiberd, 3, 1);
+    ASSERT_FALSE(HasFatalFailure());
+    Function& idle = *functions_[0];
+    Function& busy = *functions_[1];
+    Function& libs = *functions_[2];
+    // The first requests fix the models; the library function makes its handles, plan, graph.
+    EXPECT_EQ(request(hiberd, idle, "3 7").line, mlp_server_answer(idle.seed, 3, 7));
+    EXPECT_EQ(request(hiberd, busy, "4 9").line, mlp_server_answer(busy.seed, 4, 9));
+    for (const std::string kind : {"gemm", "conv", "graph"}) {
+      const Answer a = request(hiberd, libs, kind + " 1234");
+      EXPECT_EQ(a.line, library_answer(kind, libs.seed, 1234)) << hiberd.log();
+    }
+    // Each session is kept once its model is fixed (the store writes in the background).
+    const auto deadline = std::chrono::steady_clock::now() + 60s;
+    while (files_under(state_dir + "/sessions").size() < 3 &&
+           std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(10ms);
+    }
+    ASSERT_EQ(files_under(state_dir + "/sessions").size(), 3u) << hiberd.log();
+    wait_idle(hiberd);
+
+    Answer held;
+    if (upgrade) {
+      // hiberctl drain --all, then a clean stop and a new hiberd, as the DaemonSet's update does.
+      ASSERT_TRUE(control(hiberd).drain().ok());
+      EXPECT_EQ(hiberd.stop_and_restart(), 0) << "a clean stop";
+    } else {
+      // The busy function's request: the kill comes while its kernel is queued.
+      std::thread in_flight([&] { held = request(hiberd, busy, "hold 2000"); });
+      std::this_thread::sleep_for(500ms);
+      hiberd.kill_and_restart(0ms);
+      in_flight.join();
+      EXPECT_EQ(held.line.rfind("error ", 0), 0u) << "'" << held.line << "'";
+      EXPECT_NE(held.line.find("cudaErrorDevicesUnavailable"), std::string::npos) << held.line;
+      EXPECT_NE(held.line.find("hiberd restarted"), std::string::npos) << held.line;
+    }
+    auto back = hiberd.wait_for([](const StatusView& v) { return v.sessions.size() == 3; }, 60s);
+    ASSERT_TRUE(back.ok());
+    ASSERT_EQ(back->sessions.size(), 3u)
+        << hiberd.log() << "\n" << busy.id << ":\n"
+        << read_file(hiberd.run_dir() + "/" + busy.id + ".log");
+    EXPECT_NE(hiberd.log().find("resumes a session of function 'fn-0'"), std::string::npos);
+
+    const Answer idle_again = request(hiberd, idle, "5 11");
+    EXPECT_EQ(idle_again.line, mlp_server_answer(idle.seed, 5, 11)) << idle_again.status;
+    const Answer busy_again = request(hiberd, busy, "6 13");
+    EXPECT_EQ(busy_again.line, mlp_server_answer(busy.seed, 6, 13)) << busy_again.status;
+    for (const std::string kind : {"gemm", "conv", "graph"}) {
+      for (uint64_t entry : {1234, 4321}) {
+        const Answer a = request(hiberd, libs, kind + " " + std::to_string(entry));
+        EXPECT_EQ(a.line, library_answer(kind, libs.seed, entry))
+            << a.status << "\n"
+            << read_file(hiberd.run_dir() + "/" + libs.id + ".log");
+      }
+    }
+    finish_all(hiberd);
+    // Their clients quit: nothing of them is kept, and no file of the run before is left.
+    const auto cleaned = std::chrono::steady_clock::now() + 30s;
+    while (!files_under(state_dir + "/sessions").empty() &&
+           std::chrono::steady_clock::now() < cleaned) {
+      std::this_thread::sleep_for(10ms);
+    }
+    EXPECT_TRUE(files_under(state_dir + "/sessions").empty());
+    std::set<std::string> prefixes;
+    for (const std::string& file : files_under(state_dir + "/repository")) {
+      prefixes.insert(file.substr(0, file.find('-')));
+    }
+    EXPECT_EQ(prefixes.size(), 1u) << "repository files of more than one run are left";
+    EXPECT_TRUE(stale_mappings(hiberd.pid(), state_dir).empty());
+    EXPECT_EQ(hiberd.settled_fds(), fds_idle) << "fds leaked";
+  }
+};
+
+}  // namespace
+
+TEST_F(RestartTest, FunctionsHoldingStateResumeAfterHiberdIsKilledAndRestartedAtOnce) {
+  run(/*upgrade=*/false);
+}
+
+TEST_F(RestartTest, FunctionsResumeAfterADrainAndACleanRestartAsAnUpgradeDoes) {
+  run(/*upgrade=*/true);
+}
+
 }  // namespace hiber::testing::shim

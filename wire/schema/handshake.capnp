@@ -11,7 +11,7 @@ using Config = import "/common/node_config.capnp";
 # Minor: additions only (new calls, new fields). Both sides accept any minor of their major. A call
 # the server does not know fails with CUDA_ERROR_NOT_SUPPORTED and a message naming it.
 const protocolMajor :UInt16 = 1;
-const protocolMinor :UInt16 = 11;  # 1.1: moduleLoadCached; 1.2: late-binding control calls;
+const protocolMinor :UInt16 = 12;  # 1.1: moduleLoadCached; 1.2: late-binding control calls;
                                   # 1.3: library handles, calls and queries (wire/library.h);
                                   # 1.4: control token (TCP), Started.link, metrics in NodeStatus;
                                   # 1.5: control token on the Unix socket, paged status;
@@ -21,6 +21,7 @@ const protocolMinor :UInt16 = 11;  # 1.1: moduleLoadCached; 1.2: late-binding co
                                   # 1.9: graphs (graphBegin/End/Launch/Destroy)
                                   # 1.10: cuDNN execute carries by-value tensors
                                   # 1.11: NodeStatus.incarnation
+                                  # 1.12: resuming a session (Hello.resumeToken, Welcome.resume)
 
 struct ProtocolVersion {
   major @0 :UInt16;
@@ -38,6 +39,9 @@ struct Hello {
   # (HIBER_INSTANCE_ID; the router's worker number), printable, unique among the function's
   # connected instances. requestArrived names it so the right process gets the lease. "": none.
   instance @4 :Text;
+  # (1.12) Resume the session this token names (a Welcome's resume.token from an earlier hiberd
+  # on this node): the same address range, and the model blocks hiberd kept. Empty: a new session.
+  resumeToken @5 :Text;
 }
 
 # Server -> client: the answer to Hello. A Welcome arrives with the channel's memfd attached
@@ -62,6 +66,19 @@ struct Welcome {
   channel @3 :ChannelLayout;       # how the attached memfd is laid out
   devices @4 :List(DeviceInfo);    # the devices the function sees
   node @5 :Config.NodeConfig;      # the physical node, for information
+  resume @6 :Resume;               # (1.12)
+}
+# (1.12) How the session can come back after hiberd restarts, and what came back this time.
+struct Resume {
+  # The token a later Hello presents to resume this session; empty: hiberd keeps no state
+  # (--state_dir=""), so a session cannot be resumed.
+  token @0 :Text;
+  resumed @1 :Bool;                # this Welcome answers a resumeToken: the session is back
+  restored @2 :List(Range);        # the blocks hiberd brought back with their contents
+}
+struct Range {
+  va @0 :UInt64;
+  bytes @1 :UInt64;
 }
 
 # Device memory the function may use. The client places its allocations itself inside

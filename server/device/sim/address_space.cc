@@ -42,6 +42,23 @@ AddressSpace::~AddressSpace() {
   for (const auto& [va, bytes] : reservations_) ::munmap(reinterpret_cast<void*>(va), bytes);
 }
 
+Result<DevicePtr> AddressSpace::reserve_at(DevicePtr va, uint64_t bytes) {
+  if (bytes == 0 || bytes % granularity_ != 0 || va % granularity_ != 0 ||
+      bytes > kMaxReserveBytes || va > UINT64_MAX - bytes)
+    return error(ErrorCode::kInvalidValue, "reserve_address_range_at(", va, ", ", bytes,
+                 "): not a range of whole granules (", granularity_, ")");
+  WriterLock lock(mu_);
+  void* p = ::mmap(reinterpret_cast<void*>(va), bytes, PROT_NONE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
+  if (p != reinterpret_cast<void*>(va)) {
+    if (p != MAP_FAILED) ::munmap(p, bytes);  // a kernel without MAP_FIXED_NOREPLACE
+    return error(ErrorCode::kAlreadyMapped, "reserve_address_range_at: [", va, ", +", bytes,
+                 ") is taken");
+  }
+  reservations_.emplace(va, bytes);
+  return va;
+}
+
 Result<DevicePtr> AddressSpace::reserve(uint64_t bytes, uint64_t alignment) {
   if (bytes == 0 || bytes % granularity_ != 0)
     return error(ErrorCode::kInvalidValue, "reserve_address_range: ", bytes,

@@ -44,6 +44,8 @@ class AddressSpace {
   AddressSpace& operator=(const AddressSpace&) = delete;
 
   Result<DevicePtr> reserve(uint64_t bytes, uint64_t alignment);
+  // Exactly [va, va + bytes); kAlreadyMapped if any of it is taken.
+  Result<DevicePtr> reserve_at(DevicePtr va, uint64_t bytes);
   // [va, va + bytes) must be exactly a reserved range with nothing mapped in it.
   Status free(DevicePtr va, uint64_t bytes);
   // Maps [offset, offset + bytes) of `block` at va; accessible from no GPU until set_access.

@@ -8,13 +8,17 @@
 // text/plain or, for a JSON request, a KServe answer with one BYTES output "answer" holding it.
 // A bad request line is then an error answer, and the worker goes on serving.
 //
-// Usage: mlp_server <seed> [table_mib = 0]
+// Usage: mlp_server <seed> [table_mib = 0] [keep_going]
 //   seed       which weights (tiny_mlp_model.h): every function of a test gets its own
 //   table_mib  an extra model tensor of this many MiB (a lookup table filled from the seed),
 //              so the model spans several device blocks; each request reads one entry back
+//   keep_going serving stdin, a request whose CUDA call fails is answered "error <why>" and
+//              serving goes on (as it always does for the router), instead of exiting 1
 //
 // A request line: "<input index> <table entry>" (entry -1: do not read the table). Its answer:
 //   "result <input index> <8 outputs> <table value>"   floats as C99 hex (%a), exact
+// Or "hold <ms>": a kernel increments the counter, the host waits <ms> milliseconds with it in
+// flight, then reads the counter back: "hold <value>" (for tests that stop hiberd mid-request).
 // Or "count": a kernel increments a counter kept in device memory since start-up, and the
 // answer is "count <value>" (state that survives between requests only where hiberd keeps it).
 // Or "indirect <table entry>": a kernel reads the entry through an array of table pointers the
@@ -42,6 +46,7 @@
 #include <cuda_runtime.h>
 #include <cudnn.h>
 
+#include <chrono>
 #include <cstdarg>
 #include <cstdint>
 #include <cstdio>
@@ -50,6 +55,7 @@
 #include <cstring>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <variant>
 #include <vector>
 
@@ -113,6 +119,17 @@ struct Server {
 bool Server::answer(const std::string& line_text, std::string& out) {
   const char* line = line_text.c_str();
   out.clear();
+  if (std::strncmp(line, "hold", 4) == 0) {
+    int ms = -1;
+    if (std::sscanf(line + 4, "%d", &ms) != 1 || ms < 0 || ms > 600000) return false;
+    count_up<<<1, 1>>>(d_counter);
+    CUDA_CHECK_LAUNCH();
+    std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+    unsigned int value = 0;
+    CUDA_CHECK(cudaMemcpy(&value, d_counter, sizeof value, cudaMemcpyDeviceToHost));
+    out = format("hold %u", value);
+    return true;
+  }
   if (std::strncmp(line, "count", 5) == 0) {
     count_up<<<1, 1>>>(d_counter);
     CUDA_CHECK_LAUNCH();
@@ -286,12 +303,21 @@ std::string strip_newline(const char* line) {
 }
 
 // Serves requests from stdin until "quit" or end of input: the exit status.
-int serve_stdin(Server& server) {
+int serve_stdin(Server& server, bool keep_going) {
+  program::cuda_failures_throw() = keep_going;
   char line[256];
   std::string out;
   while (std::fgets(line, sizeof line, stdin) != nullptr) {
     if (std::strncmp(line, "quit", 4) == 0) break;
-    if (!server.answer(strip_newline(line), out)) {
+    bool good = false;
+    try {
+      good = server.answer(strip_newline(line), out);
+    } catch (const std::exception& e) {
+      std::printf("error %s\n", e.what());
+      (void)cudaGetLastError();  // reported: the next request starts clean, as CUDA allows
+      continue;
+    }
+    if (!good) {
       std::printf("bad request: %s", line);
       return program::kExitUsage;
     }
@@ -344,6 +370,7 @@ int main(int argc, char** argv) {
   }
   const uint64_t seed = static_cast<uint64_t>(program::int_arg(argc, argv, 1, 0, 0, 1LL << 40));
   const size_t table_mib = static_cast<size_t>(program::int_arg(argc, argv, 2, 0, 0, 1024));
+  const bool keep_going = argc > 3 && std::strcmp(argv[3], "keep_going") == 0;
   Server server;
   server.table_entries = table_mib * (1 << 20) / sizeof(float);
   const size_t table_entries = server.table_entries;
@@ -378,7 +405,7 @@ int main(int argc, char** argv) {
 
   const char* worker_socket = std::getenv("HIBER_WORKER_SOCKET");
   const int status = worker_socket != nullptr && *worker_socket != '\0' ? serve_router(server)
-                                                                        : serve_stdin(server);
+                                                                        : serve_stdin(server, keep_going);
   if (status != 0) return status;
   if (cublasDestroy(server.blas) != CUBLAS_STATUS_SUCCESS) return program::kExitCudaError;
   if (server.conv.plan != nullptr) {
