@@ -291,7 +291,7 @@ Status Client::flush() {
 
 void Client::finish_at_exit() {
   std::lock_guard lock(mu_);
-  if (!calls_ || forked_child_) return;
+  if (!calls_ || forked_child_ || session_lost_ || !resume_failed_.ok()) return;
   (void)calls_->flush();
   if (config_.stats) {
     // Plain stderr, not glog: the line is for the operator and for tests that parse it.

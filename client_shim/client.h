@@ -577,8 +577,9 @@ class Client {
   Status check_session_locked();
   // Waits (without the lock) for the session's socket to hang up, then resumes the session.
   void watcher_main();
-  Status resume_locked();
-  Status reconnect_locked();
+  // Waits for hiberd until `deadline` (default: HIBER_RESUME_TIMEOUT_MS from now).
+  Status resume_locked(std::optional<std::chrono::steady_clock::time_point> deadline = {});
+  Status reconnect_locked(std::chrono::steady_clock::time_point deadline);
   Status replay_locked(SessionJournal old);
   // The status a call that found the session gone (`why` is kDeinitialized) returns, noting the
   // loss; any other `why` as it is. `answer_lost`: the call waited for an answer, which is lost.

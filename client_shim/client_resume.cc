@@ -16,18 +16,20 @@
 
 #include "client_shim/client.h"
 #include "common/unique_fd.h"
+#include "wire/socket_frame.h"
 
 namespace hiber::shim {
 namespace {
 
 // HIBER_RESUME_TIMEOUT_MS: how long a lost session waits for hiberd to come back.
-uint64_t resume_timeout_ms() {
+std::chrono::milliseconds resume_timeout() {
+  constexpr unsigned long long kDefault = 60000, kMost = 24ull * 3600 * 1000;
   const char* value = std::getenv("HIBER_RESUME_TIMEOUT_MS");
-  if (value == nullptr || *value == '\0') return 60000;
+  if (value == nullptr || *value == '\0') return std::chrono::milliseconds(kDefault);
   char* end = nullptr;
   const unsigned long long parsed = std::strtoull(value, &end, 10);
-  return end != nullptr && *end == '\0' ? std::min<unsigned long long>(parsed, 24ull * 3600 * 1000)
-                                        : 60000;
+  return std::chrono::milliseconds(end != nullptr && *end == '\0' ? std::min(parsed, kMost)
+                                                                  : kDefault);
 }
 
 constexpr auto kRetryInterval = std::chrono::milliseconds(50);
@@ -104,17 +106,25 @@ void Client::watcher_main() {
         break;
       }
     }
+    // hiberd is gone: wait for the next one without holding the core, so that the program (and
+    // its exit) is not held up by the wait, only by the resume itself.
+    const auto deadline = std::chrono::steady_clock::now() + resume_timeout();
+    while (!wire::connect_unix(path, kRetryInterval).ok() &&
+           std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(kRetryInterval);
+    }
     std::lock_guard lock(mu_);
     if (forked_child_) return;
     if (sessions_resumed_ != resumed) continue;  // a call resumed it meanwhile
     session_lost_ = true;
-    if (!resume_locked().ok()) return;
+    if (!resume_locked(deadline).ok()) return;
   }
 }
 
-Status Client::resume_locked() {
+Status Client::resume_locked(std::optional<std::chrono::steady_clock::time_point> deadline) {
   const bool work_lost = !unsynced_streams_.empty();
-  Status resumed = reconnect_locked();
+  Status resumed = reconnect_locked(deadline.value_or(std::chrono::steady_clock::now() +
+                                                      resume_timeout()));
   if (!resumed.ok()) {
     resume_failed_ = Status(ErrorCode::kDeviceUnavailable,
                             str_cat("hiberd restarted and the session could not be resumed: ",
@@ -133,7 +143,7 @@ Status Client::resume_locked() {
   return Status();
 }
 
-Status Client::reconnect_locked() {
+Status Client::reconnect_locked(std::chrono::steady_clock::time_point deadline) {
   const wire::SessionInfo old = calls_->session();
   if (old.resume_token.empty()) {
     return Status(ErrorCode::kNotSupported, "hiberd keeps no state (--keep_sessions=false)");
@@ -141,8 +151,6 @@ Status Client::reconnect_locked() {
   const std::span<std::byte> old_arena = calls_->channel().arena();
   wire::ClientOptions options = connect_options_;
   options.resume_token = old.resume_token;
-  const auto deadline =
-      std::chrono::steady_clock::now() + std::chrono::milliseconds(resume_timeout_ms());
   Result<std::unique_ptr<wire::ClientChannel>> channel = Status(ErrorCode::kNoDevice, "");
   while (true) {
     channel = wire::ClientChannel::connect(options);
@@ -156,7 +164,7 @@ Status Client::reconnect_locked() {
     if (std::chrono::steady_clock::now() >= deadline) {
       return channel.status().with_context(
           str_cat("hiberd did not come back within HIBER_RESUME_TIMEOUT_MS=",
-                  resume_timeout_ms()));
+                  resume_timeout().count()));
     }
     std::this_thread::sleep_for(kRetryInterval);
   }

@@ -422,7 +422,25 @@ void Router::request_gpu(std::shared_ptr<Invocation> invocation, std::string ins
           }
           if (why.code() == ErrorCode::kDeviceUnavailable &&
               why.message().find("has no connected instance") != std::string::npos) {
-            return requeue(invocation, "hiberd: " + why.message(), true);
+            // After a hiberd restart its shim resumes the worker's session by itself: the
+            // request waits for that (--worker_resume_ms) before the worker is replaced.
+            Instance* instance = nullptr;
+            if (function != nullptr && invocation->instance) {
+              auto it = function->instances.find(*invocation->instance);
+              if (it != function->instances.end()) instance = &it->second;
+            }
+            const Clock::time_point now = Clock::now();
+            if (instance != nullptr && !instance->session_missing_since) {
+              instance->session_missing_since = now;
+            }
+            const bool refused =
+                instance != nullptr &&
+                node_views_[invocation->node].refused_resumes.count(
+                    instance->worker->instance_key()) != 0;
+            const bool waited_enough =
+                instance == nullptr || refused ||
+                now - *instance->session_missing_since >= options_.worker_resume;
+            return requeue(invocation, "hiberd: " + why.message(), waited_enough);
           }
           // A node lost, or draining for a restart (an upgrade): the request waits for it.
           if (lost_node(why) || draining(why)) {
@@ -431,6 +449,11 @@ void Router::request_gpu(std::shared_ptr<Invocation> invocation, std::string ins
           return finish(invocation, retry_later(status_for(why), "hiberd: " + why.message()), true);
         }
         invocation->hiberd_request = accepted->request_id;
+        if (Function* function = find(invocation->function);
+            function != nullptr && invocation->instance) {
+          auto it = function->instances.find(*invocation->instance);
+          if (it != function->instances.end()) it->second.session_missing_since.reset();
+        }
         // requestStart is answered once the request has its GPU: no timeout but the
         // request's own deadline.
         nodes_[invocation->node]->call(
@@ -788,18 +811,39 @@ void Router::expire_node_waits(Function& function, bool all) {
   function.queue.swap(waiting);
 }
 
-void Router::stop_gpu_workers(size_t node, const std::string& why, Clock::time_point before) {
+void Router::replace_unresumed_workers(size_t node) {
+  NodeView& view = node_views_[node];
+  const bool late = view.resume_by && Clock::now() >= *view.resume_by;
+  bool waiting = false;
   for (auto& [fn, function] : functions_) {
     for (auto& [id, instance] : function->instances) {
-      // An attached worker cannot move: it stays, and its requests fail until the node is back.
-      // One without the shim never reaches a GPU: it goes on.
       if (instance.node != node || instance.scaled_down || instance.worker->attached() ||
-          !function->spec.shim || instance.spawned >= before) {
+          !function->spec.shim) {
+        continue;
+      }
+      if (view.refused_resumes.count(instance.worker->instance_key()) != 0) {
+        // hiberd could not resume its session: it cannot use the GPU any more.
+        instance.scaled_down = true;
+        instance.worker->stop("its node " + nodes_[node]->config().name +
+                              " restarted and could not resume its session");
+        continue;
+      }
+      if (!view.lost_at || instance.spawned >= *view.lost_at ||
+          view.session_instances.count(instance.worker->instance_key()) != 0) {
+        continue;
+      }
+      if (!late) {
+        waiting = true;
         continue;
       }
       instance.scaled_down = true;
-      instance.worker->stop(why);
+      instance.worker->stop("its session did not come back within --worker_resume_ms after " +
+                            nodes_[node]->config().name + " restarted or went down");
     }
+  }
+  if (late || !waiting) {
+    view.lost_at.reset();
+    view.resume_by.reset();
   }
 }
 
@@ -823,12 +867,16 @@ void Router::poll_nodes() {
       if (!reply.ok()) {
         if (view.up) {
           LOG(WARNING) << "node " << name << " is down: " << reply.status();
-          // Its workers cannot reach a GPU: stop them, so that requests start workers elsewhere.
-          stop_gpu_workers(i, "its node " + name + " is down");
+          // Its workers wait for it to come back (a hiberd restarting); past
+          // --worker_resume_ms they are replaced, so that requests start workers elsewhere.
+          view.lost_at = Clock::now();
+          view.resume_by = *view.lost_at + options_.worker_resume;
         }
         view.up = false;
         view.registered = false;
+        view.session_instances.clear();
         metrics_.set_node_up(name, false);
+        replace_unresumed_workers(i);
         return;
       }
       NodeView fresh;
@@ -847,6 +895,12 @@ void Router::poll_nodes() {
             fresh.queued = status.getScheduler().getQueued();
             fresh.shed = status.getScheduler().getShed();
             fresh.preemptions = status.getScheduler().getPreemptions();
+            for (const auto key : status.getRefusedResumes()) fresh.refused_resumes.insert(key);
+            for (const auto session : status.getSessions()) {
+              if (session.getInstance().size() > 0) {
+                fresh.session_instances.insert(session.getInstance());
+              }
+            }
             std::map<uint32_t, std::vector<std::string>> resident;
             for (const auto f : status.getFunctions()) {
               for (const uint32_t gpu : f.getResidentGpus()) {
@@ -879,13 +933,18 @@ void Router::poll_nodes() {
         LOG(WARNING) << "node " << name << " restarted (incarnation " << view.incarnation << " -> "
                      << fresh.incarnation << "): registering every function with it again";
         fresh.registered = false;
-        // Sessions opened before the new hiberd started ended with the old one: those workers
-        // are replaced (ones spawned since may already hold a session with the new hiberd).
-        stop_gpu_workers(i, "its node " + name + " restarted (the worker's session ended)",
-                         Clock::now() - std::chrono::duration_cast<Clock::duration>(
-                                            std::chrono::duration<double>(fresh.uptime_seconds)));
+        // Sessions opened before the new hiberd started ended with the old one; their shims
+        // resume them with the new one (ones spawned since may hold a new session already).
+        const Clock::time_point restarted =
+            Clock::now() - std::chrono::duration_cast<Clock::duration>(
+                               std::chrono::duration<double>(fresh.uptime_seconds));
+        if (!view.lost_at || *view.lost_at > restarted) view.lost_at = restarted;
+        view.resume_by = Clock::now() + options_.worker_resume;
       }
+      fresh.lost_at = view.lost_at;
+      fresh.resume_by = view.resume_by;
       view = std::move(fresh);
+      replace_unresumed_workers(i);
       metrics_.set_node_up(name, true);
       if (!view.registered) {
         // A node that came (back) up learns every function; one that restarted forgot them.

@@ -51,6 +51,9 @@ struct RouterOptions {
   // How long a request waits at the router for a node to answer (a hiberd restarting) before it
   // is answered 503; 0: at once.
   std::chrono::milliseconds node_wait{5000};
+  // After a node restarts (or stays down), how long its GPU workers have to resume their
+  // sessions with it (their shims do so by themselves) before they are replaced.
+  std::chrono::milliseconds worker_resume{15000};
   std::chrono::seconds async_result_ttl{600};
   size_t max_async_results = 100000;
   // Where workers of functions registered with external: true attach; no socket and no
@@ -152,11 +155,9 @@ class Router {
   // Answers 503 the queued invocations that have waited for a node to answer longer than
   // --node_wait_ms (or all, with `all`).
   void expire_node_waits(Function& function, bool all);
-  // Stops the workers on `node` that use its GPUs (shim, not attached) and were spawned before
-  // `before`, telling them why.
-  void stop_gpu_workers(size_t node, const std::string& why,
-                        std::chrono::steady_clock::time_point before =
-                            std::chrono::steady_clock::time_point::max());
+  // The GPU workers of `node` started before it restarted (or went down) whose sessions have
+  // not come back to it by --worker_resume_ms are replaced.
+  void replace_unresumed_workers(size_t node);
   size_t choose_node_for(const Function& function) const;
 
   Function* find(const std::string& name);

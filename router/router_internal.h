@@ -102,6 +102,9 @@ struct Router::Instance {
   bool became_ready = false;
   detail::Clock::time_point spawned;
   detail::Clock::time_point idle_since;
+  // hiberd said it has no session of this worker (a restarted hiberd before the worker's shim
+  // resumed, or a session that ended): since then.
+  std::optional<detail::Clock::time_point> session_missing_since;
 };
 
 struct Router::Function {
@@ -132,6 +135,11 @@ struct Router::NodeView {
   uint64_t preemptions = 0;  // and background leases ended at their slice
   nlohmann::json gpus = nlohmann::json::array();
   std::set<std::string> resident;  // functions with a model resident on one of its GPUs
+  std::set<std::string> session_instances;  // the instance keys of its sessions
+  std::set<std::string> refused_resumes;    // instance keys whose sessions it did not resume
+  // It restarted or went down at `lost_at`: the GPU workers started before must resume their
+  // sessions by `resume_by`, or are replaced.
+  std::optional<detail::Clock::time_point> lost_at, resume_by;
 };
 
 struct Router::AsyncResult {

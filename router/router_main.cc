@@ -44,6 +44,9 @@ DEFINE_uint64(status_interval_ms, 1000, "How often each node's status is read");
 DEFINE_uint64(node_wait_ms, 5000,
               "How long a request waits for a hiberd node to answer (one restarting) before it is "
               "answered 503; 0: at once");
+DEFINE_uint64(worker_resume_ms, 15000,
+              "After a node's hiberd restarts or goes down, how long its GPU workers have to "
+              "resume their sessions with it before they are replaced");
 DEFINE_uint64(async_result_ttl_s, 600, "How long an asynchronous result waits to be collected");
 DEFINE_string(worker_attach_socket, "attach.sock",
               "Unix socket where workers of functions registered with external: true attach "
@@ -168,6 +171,7 @@ int run(const char* argv0) {
   options.worker_start_timeout = std::chrono::milliseconds(FLAGS_worker_start_timeout_ms);
   options.worker_stop_timeout = std::chrono::milliseconds(FLAGS_worker_stop_timeout_ms);
   options.node_wait = std::chrono::milliseconds(FLAGS_node_wait_ms);
+  options.worker_resume = std::chrono::milliseconds(FLAGS_worker_resume_ms);
   options.status_interval =
       std::chrono::milliseconds(std::max<uint64_t>(FLAGS_status_interval_ms, 10));
   options.async_result_ttl = std::chrono::seconds(FLAGS_async_result_ttl_s);

@@ -193,6 +193,11 @@ void ControlService::answer_status(ReplySender send, control::StatusQuery page) 
           status.setNodeName(device_.topology().name);
           status.setUptimeSeconds(uptime);
           status.setIncarnation(report.incarnation);
+          auto refused = status.initRefusedResumes(
+              static_cast<unsigned>(report.refused_resumes.size()));
+          for (size_t i = 0; i < report.refused_resumes.size(); ++i) {
+            refused.set(static_cast<unsigned>(i), report.refused_resumes[i]);
+          }
           std::vector<uint64_t> session_bytes(device_.gpu_count(), 0);
           for (int g = 0; g < device_.gpu_count(); ++g) {
             session_bytes[g] = controller->gpus[g].pool.allocated_bytes;

@@ -39,6 +39,7 @@ class ControlService {
     uint64_t control_requests = 0;
     double uptime_seconds = 0;
     uint64_t incarnation = 0;  // this run of hiberd's (NodeStatus.incarnation)
+    std::vector<std::string> refused_resumes;  // NodeStatus.refusedResumes
     // Every session's, those that ended included.
     uint64_t remoted_calls = 0;
     uint64_t remoted_batches = 0;

@@ -714,6 +714,12 @@ void Daemon::on_hello(Connection& connection) {
   if (!hello->resume_token.empty()) {
     auto claimed = claim_resumed(*hello);
     if (!claimed.ok()) {
+      if (!hello->instance.empty()) {
+        // Its process is lost to the GPU for good: a router replaces it.
+        constexpr size_t kKeptRefusals = 1024;
+        if (refused_resumes_.size() == kKeptRefusals) refused_resumes_.pop_front();
+        refused_resumes_.push_back(hello->instance);
+      }
       reject(connection, claimed.status());
       return;
     }
@@ -830,6 +836,7 @@ Status Daemon::restore(Session& session, const RecoveredSession& recovered,
     digests.emplace(block.va, block.digest);
     welcome->restored.push_back(wire::DeviceRange{block.va, block.contents.size()});
   }
+  memory->mark_model_fixed();
   welcome->resumed = true;
   // Its own record at once (the copies are this hiberd's now; their digests are known), so a
   // second restart finds it too.
@@ -1014,6 +1021,7 @@ ControlService::DaemonReport Daemon::daemon_report() const {
   }
   report.control_requests = counters_.control_requests;
   report.incarnation = incarnation_;
+  report.refused_resumes.assign(refused_resumes_.begin(), refused_resumes_.end());
   report.uptime_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
   return report;
@@ -1062,8 +1070,12 @@ void Daemon::begin_shutdown(std::string_view why) {
   if (shutting_down_) return;
   shutting_down_ = true;
   LOG(INFO) << "hiberd shutting down (" << why << "): closing " << live_sessions_ << " sessions";
-  // The sessions end, but their records and host copies stay for the next hiberd.
-  if (store_) controller_->repository().keep_files();
+  // The sessions end, but their records and host copies stay for the next hiberd: records
+  // still being written are finished first, while their sessions still hold their memory.
+  if (store_) {
+    controller_->repository().keep_files();
+    store_->flush();
+  }
   loop_->timeout(options_.shutdown_timeout, [this](int, bool) {
     LOG(ERROR) << live_sessions_ << " sessions did not finish their device work within "
                << options_.shutdown_timeout.count() << " ms; exiting without waiting";

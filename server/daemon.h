@@ -17,6 +17,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -225,6 +226,7 @@ class Daemon {
   size_t proven_control_ = 0;
   std::unordered_map<std::string, size_t> pending_by_peer_;
   bool shutting_down_ = false;
+  std::deque<std::string> refused_resumes_;  // instance keys (NodeStatus.refusedResumes)
   IoLoop::OpId accept_op_ = 0;
   IoLoop::OpId control_accept_op_ = 0;
   IoLoop::OpId control_tcp_accept_op_ = 0;

@@ -807,6 +807,11 @@ Result<std::vector<FunctionMemory::KeptBlock>> FunctionMemory::kept_model(
   return kept;
 }
 
+void FunctionMemory::mark_model_fixed() {
+  MutexLock lock(mutex_);
+  model_fixed_ = true;
+}
+
 Status FunctionMemory::restore_block(uint64_t va, std::span<const std::byte> contents) {
   {
     // add_block makes a model block only while the model is not fixed.

@@ -189,6 +189,8 @@ class FunctionMemory {
   // gets a host copy holding them and travels with the model from the next swap on. The model
   // counts as fixed. kInvalidValue, kOutOfMemory as add_block.
   Status restore_block(uint64_t va, std::span<const std::byte> contents);
+  // The model was fixed before hiberd restarted (a resumed session, with or without blocks).
+  void mark_model_fixed();
 
  private:
   // What the block table does not keep about a block.

@@ -1028,4 +1028,48 @@ TEST_F(RestartTest, FunctionsResumeAfterADrainAndACleanRestartAsAnUpgradeDoes) {
   run(/*upgrade=*/true);
 }
 
+// A stateful function's state lives on the GPU (its counter here): hiberd cannot bring it back,
+// so after hiberd is killed and restarted every call of the function fails, saying why, and never
+// answers from state that is not its own. hiberd lists it as refused, for the router.
+TEST_F(RestartTest, AStatefulFunctionGetsAStickyErrorNotWrongState) {
+  const std::string node = write_node(scratch_dir(), 2, 64, 4, /*nvlink=*/true);
+  Hiberd hiberd(late_binding_hiberd(node));
+  program_args_ = {"keep_going"};
+  start_functions(hiberd, 1, 1, /*stateful=*/true);
+  ASSERT_FALSE(HasFatalFailure());
+  Function& f = *functions_[0];
+  EXPECT_EQ(request(hiberd, f, "count").line, "count 1");
+  EXPECT_EQ(request(hiberd, f, "count").line, "count 2");
+  const std::string sessions = hiberd.run_dir() + "/state/sessions";
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  while (files_under(sessions).empty() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(10ms);
+  }
+  ASSERT_EQ(files_under(sessions).size(), 1u) << hiberd.log();
+  wait_idle(hiberd);
+  hiberd.kill_and_restart(0ms);
+  // Its session is not back, and will not be: requests cannot start, and the program's own
+  // calls fail with the reason.
+  const auto refused = std::chrono::steady_clock::now() + 30s;
+  while (hiberd.log().find("is stateful") == std::string::npos &&
+         std::chrono::steady_clock::now() < refused) {
+    std::this_thread::sleep_for(20ms);
+  }
+  EXPECT_NE(hiberd.log().find("function 'fn-0' is stateful: its state lived on the GPU"),
+            std::string::npos)
+      << hiberd.log();
+  auto client = control(hiberd);
+  EXPECT_EQ(client.request_arrived(f.id).status().code(), ErrorCode::kDeviceUnavailable);
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(f.program->send_line("count"));
+    const std::string line = f.program->read_line(60s);
+    EXPECT_EQ(line.rfind("error ", 0), 0u) << "'" << line << "'";
+    EXPECT_NE(line.find("could not be resumed"), std::string::npos) << line;
+    EXPECT_NE(line.find("stateful"), std::string::npos) << line;
+  }
+  f.program->send_line("quit");
+  EXPECT_NE(f.program->finish(60s), 0) << "its clean-up calls fail too";
+  EXPECT_TRUE(files_under(sessions).empty()) << "the stateful session's record is dropped";
+}
+
 }  // namespace hiber::testing::shim

@@ -110,6 +110,9 @@ struct NodeStatus {
   # a status with another one than the last comes from a hiberd that restarted and forgot every
   # registration.
   incarnation @13 :UInt64;
+  # (1.12) Instance keys of clients whose session this hiberd could not resume (kept at most
+  # 1024, the latest): their processes cannot use the GPU any more, and a router replaces them.
+  refusedResumes @14 :List(Text);
 }
 
 # Counts of observations in buckets, as Prometheus histograms have them.

@@ -4,8 +4,11 @@
 #include <sys/mman.h>
 
 #include <bit>
+#include <iterator>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <string>
 #include <vector>
 
 namespace hiber::device::sim {
@@ -52,8 +55,22 @@ Result<DevicePtr> AddressSpace::reserve_at(DevicePtr va, uint64_t bytes) {
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
   if (p != reinterpret_cast<void*>(va)) {
     if (p != MAP_FAILED) ::munmap(p, bytes);  // a kernel without MAP_FIXED_NOREPLACE
-    return error(ErrorCode::kAlreadyMapped, "reserve_address_range_at: [", va, ", +", bytes,
-                 ") is taken");
+    // Say by what: the first mapping of this process inside the range.
+    std::string by = "something";
+    if (FILE* maps = std::fopen("/proc/self/maps", "r")) {
+      char line[512];
+      while (std::fgets(line, sizeof line, maps) != nullptr) {
+        unsigned long long start = 0, end = 0;
+        if (std::sscanf(line, "%llx-%llx", &start, &end) == 2 && start < va + bytes && end > va) {
+          by = line;
+          while (!by.empty() && by.back() == '\n') by.pop_back();
+          break;
+        }
+      }
+      std::fclose(maps);
+    }
+    return error(ErrorCode::kAlreadyMapped, "reserve_address_range_at: [", hex(va), ", +", bytes,
+                 ") is taken by ", by);
   }
   reservations_.emplace(va, bytes);
   return va;
@@ -73,7 +90,19 @@ Result<DevicePtr> AddressSpace::reserve(uint64_t bytes, uint64_t alignment) {
   {
     WriterLock lock(mu_);
     for (int attempt = 0; attempt < kPreferredTries; ++attempt) {
-      const uint64_t want = align_up(next_preferred_, align);
+      uint64_t want = align_up(next_preferred_, align);
+      // Past this space's own ranges in the way (ranges kept for sessions being resumed, which
+      // reserve_at placed anywhere in the region), without spending a try on each.
+      for (auto own = reservations_.upper_bound(want); want < kPreferredEnd;) {
+        if (own != reservations_.begin() && std::prev(own)->first + std::prev(own)->second > want) {
+          want = align_up(std::prev(own)->first + std::prev(own)->second, align);
+        } else if (own != reservations_.end() && own->first < want + bytes) {
+          want = align_up(own->first + own->second, align);
+        } else {
+          break;
+        }
+        own = reservations_.upper_bound(want);
+      }
       if (want >= kPreferredEnd || bytes > kPreferredEnd - want) break;
       void* p = ::mmap(reinterpret_cast<void*>(want), bytes, PROT_NONE,
                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
