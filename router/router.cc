@@ -869,8 +869,11 @@ void Router::poll_nodes() {
           LOG(WARNING) << "node " << name << " is down: " << reply.status();
           // Its workers wait for it to come back (a hiberd restarting); past
           // --worker_resume_ms they are replaced, so that requests start workers elsewhere.
+          // A node that stays down: its workers move while the requests waiting for it
+          // (--node_wait_ms each) still wait, so those are answered elsewhere.
           view.lost_at = Clock::now();
-          view.resume_by = *view.lost_at + options_.worker_resume;
+          view.resume_by = *view.lost_at + std::min<Clock::duration>(options_.worker_resume,
+                                                                     options_.node_wait * 4 / 5);
         }
         view.up = false;
         view.registered = false;

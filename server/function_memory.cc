@@ -286,6 +286,10 @@ void FunctionMemory::free_placement(uint64_t va, int gpu) {
     return;
   }
   for (const memory::Allocation& piece : *pieces) {
+    // Before the range goes back: once it has, another function may own it.
+    if (auto chunk = pools_.physical(gpu, piece.where.chunk); chunk.ok()) {
+      device_.discard_physical(*chunk, piece.where.offset, piece.bytes);
+    }
     Status freed = pools_.pools().deallocate(gpu, piece);
     LOG_IF(ERROR, !freed.ok()) << "function memory " << owner_ << ": " << freed;
   }

@@ -20,6 +20,7 @@
 #include "server/auth.h"
 #include "server/daemon.h"
 #include "server/device/sim_device.h"
+#include "server/session_store.h"
 #include "wire/control_client.h"
 #if HIBER_HAVE_CUDA
 #include "server/device/cuda_device.h"
@@ -419,6 +420,8 @@ int run() {
     LOG(ERROR) << options.status();
     return 1;
   }
+  // The ranges of sessions kept across the restart stay free while the device maps its own.
+  if (!options->state_dir.empty()) server::SessionStore::hold_recorded_ranges(options->state_dir);
   auto device = make_device();
   if (!device.ok()) {
     LOG(ERROR) << device.status();

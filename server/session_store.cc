@@ -112,7 +112,53 @@ Status write_file_atomically(const std::string& path, std::span<const std::byte>
   return Status();
 }
 
+// Ranges hold_recorded_ranges() keeps, until recover() hands each to the device.
+std::mutex held_mutex;
+std::map<uint64_t, uint64_t>& held_ranges() {
+  static auto* held = new std::map<uint64_t, uint64_t>();
+  return *held;
+}
+
+void release_held(uint64_t va) {
+  std::lock_guard lock(held_mutex);
+  auto it = held_ranges().find(va);
+  if (it == held_ranges().end()) return;
+  ::munmap(reinterpret_cast<void*>(it->first), it->second);
+  held_ranges().erase(it);
+}
+
+void release_all_held() {
+  std::lock_guard lock(held_mutex);
+  for (const auto& [va, bytes] : held_ranges()) ::munmap(reinterpret_cast<void*>(va), bytes);
+  held_ranges().clear();
+}
+
 }  // namespace
+
+void SessionStore::hold_recorded_ranges(const std::string& directory) {
+  std::error_code ec;
+  std::lock_guard lock(held_mutex);
+  for (const auto& entry : std::filesystem::directory_iterator(sessions_dir(directory), ec)) {
+    if (!entry.path().string().ends_with(kRecordSuffix)) continue;
+    Result<std::vector<capnp::word>> words = read_words(entry.path().string());
+    if (!words.ok()) continue;
+    try {
+      capnp::FlatArrayMessageReader reader(kj::arrayPtr(words->data(), words->size()));
+      auto record = reader.getRoot<proto::SessionRecord>();
+      const uint64_t va = record.getVaBase(), bytes = record.getVaBytes();
+      if (bytes == 0 || va > UINT64_MAX - bytes || held_ranges().count(va) != 0) continue;
+      void* got = ::mmap(reinterpret_cast<void*>(va), bytes, PROT_NONE,
+                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
+      if (got == reinterpret_cast<void*>(va)) {
+        held_ranges().emplace(va, bytes);
+      } else if (got != MAP_FAILED) {
+        ::munmap(got, bytes);
+      }
+    } catch (const kj::Exception&) {
+      // open() drops it, saying why.
+    }
+  }
+}
 
 Result<std::string> SessionStore::new_token() { return random_hex(16); }
 
@@ -194,6 +240,7 @@ void SessionStore::recover() {
     }
     const StoredSession& who = recovered->session->who;
     // Its range, before any new session can take it.
+    release_held(who.va_base);
     Result<device::DevicePtr> reserved = device_.reserve_address_range_at(who.va_base, who.va_bytes);
     if (!reserved.ok()) {
       LOG(WARNING) << "session store: dropping " << path << " (function '" << who.function_id
@@ -208,6 +255,7 @@ void SessionStore::recover() {
               << " model blocks) for its client to resume";
     recovered_.emplace(digest, std::move(recovered).value());
   }
+  release_all_held();
   // Repository files nothing recovered refers to are an earlier hiberd's and of no use.
   for (const auto& entry :
        std::filesystem::directory_iterator(repository_dir(options_.directory), ec)) {

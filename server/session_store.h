@@ -89,6 +89,12 @@ class SessionStore {
   std::string repository_directory() const;
   const std::string& file_prefix() const { return prefix_; }
 
+  // Keeps the address ranges the records in `directory` name free in this process (PROT_NONE
+  // mappings) until open() reserves them on the device: called before the device exists, whose
+  // own mappings (the simulated GPUs' memory) would otherwise land anywhere, those ranges
+  // included. Best effort: a range it cannot hold is left to open() to try.
+  static void hold_recorded_ranges(const std::string& directory);
+
   // A token for a new session: 128 random bits, as hex.
   static Result<std::string> new_token();
 

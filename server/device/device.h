@@ -174,6 +174,14 @@ class Device {
   virtual Status free_address_range(DevicePtr va, uint64_t bytes) = 0;
   // kOutOfMemory when the GPU has no room left.
   virtual Result<PhysicalMemory> create_physical(int gpu, uint64_t bytes) = 0;
+  // [offset, offset + bytes) of `memory` holds nothing anyone needs any more (a pool block
+  // freed): a device whose GPU memory is host memory gives the pages back. REQUIRES: nothing
+  // uses the range, and nobody has been given it again.
+  virtual void discard_physical(PhysicalMemory memory, uint64_t offset, uint64_t bytes) {
+    (void)memory;
+    (void)offset;
+    (void)bytes;
+  }
   // The memory goes away once released and unmapped everywhere.
   virtual Status release_physical(PhysicalMemory memory) = 0;
   // Maps [offset, offset + bytes) of `memory` at va, inside a reserved range. Not accessible

@@ -6,6 +6,8 @@
 // threads, unmaps everything and unloads its kernel plugins.
 #include "server/device/sim_device.h"
 
+#include <fcntl.h>
+
 #include <glog/logging.h>
 #include <unistd.h>
 
@@ -359,6 +361,14 @@ Result<PhysicalMemory> SimDevice::create_physical(int gpu, uint64_t bytes) {
   HIBER_ASSIGN_OR_RETURN(uint64_t offset, impl_->memories[gpu]->allocate(bytes));
   auto block = std::make_shared<sim::PhysicalBlock>(*impl_->memories[gpu], offset, bytes);
   return PhysicalMemory{impl_->physical.insert(std::move(block)), gpu, bytes};
+}
+
+void SimDevice::discard_physical(PhysicalMemory memory, uint64_t offset, uint64_t bytes) {
+  auto block = impl_->block(memory);
+  if (!block.ok() || offset > (*block)->bytes() || bytes > (*block)->bytes() - offset) return;
+  // The pool keeps its chunk; the host gets the freed block's pages back (they read as zeros).
+  (void)::fallocate((*block)->fd(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                    static_cast<off_t>((*block)->offset() + offset), static_cast<off_t>(bytes));
 }
 
 Status SimDevice::release_physical(PhysicalMemory memory) {

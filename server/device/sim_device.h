@@ -77,6 +77,7 @@ class SimDevice final : public Device {
   bool can_access_peer(int gpu, int peer) const override;
   Result<DevicePtr> reserve_address_range(uint64_t bytes, uint64_t alignment) override;
   Result<DevicePtr> reserve_address_range_at(DevicePtr va, uint64_t bytes) override;
+  void discard_physical(PhysicalMemory memory, uint64_t offset, uint64_t bytes) override;
   Status free_address_range(DevicePtr va, uint64_t bytes) override;
   Result<PhysicalMemory> create_physical(int gpu, uint64_t bytes) override;
   Status release_physical(PhysicalMemory memory) override;

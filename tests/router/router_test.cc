@@ -119,7 +119,8 @@ TEST(Router, AHiberdKilledAndRestartedIsNoticedAndServesAgain) {
   }
   EXPECT_EQ(router.metric(R"(hiber_worker_starts_total{function="echo"})"), 1)
       << "one worker for all three hiberds: its session resumed with each\n"
-      << router.log();
+      << router.log() << "\nhiberd:\n"
+      << node.hiberd.log();
 }
 
 // The upgrade path (docs/deploy.md): `hiberctl drain`, then SIGTERM, then the (newer) hiberd
