@@ -1028,6 +1028,45 @@ TEST_F(RestartTest, FunctionsResumeAfterADrainAndACleanRestartAsAnUpgradeDoes) {
   run(/*upgrade=*/true);
 }
 
+// What a restarted hiberd cannot verify it never serves: the kept host copy of a model is
+// overwritten while hiberd is down; the restarted hiberd drops the record (its digest differs),
+// and the function's calls fail saying why instead of computing with the wrong weights.
+TEST_F(RestartTest, AKeptModelThatFailsVerificationIsNeverServed) {
+  const std::string node = write_node(scratch_dir(), 2, 64, 4, /*nvlink=*/true);
+  Hiberd hiberd(late_binding_hiberd(node));
+  program_args_ = {"keep_going"};
+  start_functions(hiberd, 1, 1);
+  ASSERT_FALSE(HasFatalFailure());
+  Function& f = *functions_[0];
+  EXPECT_EQ(request(hiberd, f, "3 7").line, mlp_server_answer(f.seed, 3, 7));
+  const std::string state = hiberd.run_dir() + "/state";
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  while (files_under(state + "/sessions").empty() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(10ms);
+  }
+  ASSERT_EQ(files_under(state + "/sessions").size(), 1u) << hiberd.log();
+  wait_idle(hiberd);
+  ::kill(hiberd.pid(), SIGSTOP);  // nothing of hiberd's runs while its files are overwritten
+  for (const std::string& file : files_under(state + "/repository")) {
+    const std::string path = state + "/repository/" + file;
+    const auto bytes = std::filesystem::file_size(path);
+    std::ofstream out(path, std::ios::binary | std::ios::in | std::ios::out);
+    const std::vector<char> ones(1 << 20, '\x01');
+    for (uint64_t at = 0; at < bytes; at += ones.size()) {
+      const uint64_t n = std::min<uint64_t>(ones.size(), bytes - at);
+      out.write(ones.data(), static_cast<std::streamsize>(n));
+    }
+  }
+  hiberd.kill_and_restart(0ms);
+  EXPECT_NE(hiberd.log().find("does not match its digest"), std::string::npos) << hiberd.log();
+  ASSERT_TRUE(f.program->send_line("5 11"));
+  const std::string line = f.program->read_line(120s);
+  EXPECT_EQ(line.rfind("error ", 0), 0u) << "'" << line << "'";
+  EXPECT_NE(line.find("could not be resumed"), std::string::npos) << line;
+  f.program->send_line("quit");
+  EXPECT_NE(f.program->finish(60s), 0) << "its clean-up calls fail too";
+}
+
 // A stateful function's state lives on the GPU (its counter here): hiberd cannot bring it back,
 // so after hiberd is killed and restarted every call of the function fails, saying why, and never
 // answers from state that is not its own. hiberd lists it as refused, for the router.
