@@ -141,16 +141,22 @@ class Node:
         return pids
 
     def hiberd_resources(self):
+        """hiberd's RSS (KiB), its anonymous, file-backed and shared-memory parts, and its fds.
+
+        The parts tell host memory apart: anonymous (hiberd's heap), file (the model repository's
+        files in the state directory), shmem (memfds: the simulated GPUs' memory, channels)."""
         pid = self.hiberd.pid
-        rss_kib = 0
+        values = {"VmRSS:": 0, "RssAnon:": 0, "RssFile:": 0, "RssShmem:": 0}
         for line in read_file(f"/proc/{pid}/status").splitlines():
-            if line.startswith("VmRSS:"):
-                rss_kib = int(line.split()[1])
+            fields = line.split()
+            if fields and fields[0] in values:
+                values[fields[0]] = int(fields[1])
         try:
             fds = len(os.listdir(f"/proc/{pid}/fd"))
         except OSError:
             fds = 0
-        return rss_kib, fds
+        parts = (values["RssAnon:"], values["RssFile:"], values["RssShmem:"])
+        return values["VmRSS:"], fds, parts
 
     def stop(self):
         for process in (self.router, self.hiberd):
@@ -327,9 +333,9 @@ class Soak:
     def sample(self):
         while not self.stop.wait(10):
             run = self.node.hiberd_runs
-            rss, fds = self.node.hiberd_resources()
+            rss, fds, parts = self.node.hiberd_resources()
             if rss > 0:  # not between a kill and the restart
-                self.samples.append((round(self.now()), run, rss, fds))
+                self.samples.append((round(self.now()), run, rss, fds, parts))
 
     def explained(self, t):
         with self.lock:
@@ -375,15 +381,19 @@ class Soak:
                 (stormy if hostile else calm).append(latency)
         # hiberd's resources per run of it, after the first quarter of that run's samples.
         runs = {}
-        for t, run, rss, fds in self.samples:
-            runs.setdefault(run, []).append((t, rss, fds))
+        for t, run, rss, fds, parts in self.samples:
+            runs.setdefault(run, []).append((t, rss, fds, parts))
         bounds = []
         for run, samples in sorted(runs.items()):
             warm = samples[len(samples) // 4:]
+            first, last = warm[0][3], warm[-1][3]
             bounds.append({"run": run, "samples": len(samples),
                            "rss_mib": [min(s[1] for s in warm) // 1024,
                                        max(s[1] for s in warm) // 1024],
-                           "fds": [min(s[2] for s in warm), max(s[2] for s in warm)]})
+                           "fds": [min(s[2] for s in warm), max(s[2] for s in warm)],
+                           # anonymous, file, shmem: at the first and the last warm sample
+                           "rss_parts_mib": [[p // 1024 for p in first],
+                                             [p // 1024 for p in last]]})
         report = {
             "minutes": self.args.minutes, "functions": self.args.functions,
             "rate_per_s": self.args.rate, "requests": counts,
