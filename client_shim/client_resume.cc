@@ -144,56 +144,70 @@ Status Client::resume_locked(std::optional<std::chrono::steady_clock::time_point
 }
 
 Status Client::reconnect_locked(std::chrono::steady_clock::time_point deadline) {
-  const wire::SessionInfo old = calls_->session();
-  if (old.resume_token.empty()) {
-    return Status(ErrorCode::kNotSupported, "hiberd keeps no state (--keep_sessions=false)");
-  }
-  const std::span<std::byte> old_arena = calls_->channel().arena();
-  wire::ClientOptions options = connect_options_;
-  options.resume_token = old.resume_token;
-  Result<std::unique_ptr<wire::ClientChannel>> channel = Status(ErrorCode::kNoDevice, "");
-  while (true) {
-    channel = wire::ClientChannel::connect(options);
-    // Down, not listening yet, or the killed one's socket still accepting and then reset:
-    // hiberd is restarting. Anything else is its answer.
-    const ErrorCode code = channel.status().code();
-    if (channel.ok() || (code != ErrorCode::kNoDevice && code != ErrorCode::kTimeout &&
-                         code != ErrorCode::kDeinitialized)) {
-      break;
-    }
-    if (std::chrono::steady_clock::now() >= deadline) {
-      return channel.status().with_context(
-          str_cat("hiberd did not come back within HIBER_RESUME_TIMEOUT_MS=",
-                  resume_timeout().count()));
-    }
-    std::this_thread::sleep_for(kRetryInterval);
-  }
-  HIBER_RETURN_IF_ERROR(channel.status());
-  const wire::SessionInfo& now = (*channel)->session();
-  if (!now.resumed || now.grant.va_base != old.grant.va_base ||
-      now.grant.va_bytes != old.grant.va_bytes ||
-      (*channel)->arena().size() != old_arena.size()) {
-    return Status(ErrorCode::kIllegalState,
-                  "hiberd gave the session another address range or arena");
-  }
-  // The program's pinned memory lives in the arena: its bytes move to the new one, which then
-  // takes the old one's place, so the program's pointers stay good.
-  std::memcpy((*channel)->arena().data(), old_arena.data(), old_arena.size());
   const SessionJournal journal = std::move(journal_);
   journal_ = SessionJournal();
-  calls_.reset();  // unmaps the old channel, arena included
-  HIBER_RETURN_IF_ERROR((*channel)->move_arena(old_arena.data()));
-  calls_ = std::make_unique<wire::CallClient>(std::move(channel).value(), call_options_);
-  unsynced_streams_.clear();
-  idle_as_of_.reset();
-  HIBER_RETURN_IF_ERROR(replay_locked(journal));
-  LOG(WARNING) << "hibercuda: hiberd restarted; session " << calls_->session().session_id
-               << " resumes the lost one (" << now.restored.size()
-               << " model blocks restored by hiberd, " << journal.blocks.size()
-               << " allocations, " << journal.streams.size() << " streams, "
-               << journal.modules.size() << " modules, " << journal.library_handles.size()
-               << " library handles)";
-  return Status();
+  // Each try resumes the session the last one gave (its token): a hiberd may die again while a
+  // session is being replayed into it.
+  while (true) {
+    const wire::SessionInfo old = calls_->session();
+    if (old.resume_token.empty()) {
+      return Status(ErrorCode::kNotSupported, "hiberd keeps no state (--keep_sessions=false)");
+    }
+    const std::span<std::byte> old_arena = calls_->channel().arena();
+    wire::ClientOptions options = connect_options_;
+    options.resume_token = old.resume_token;
+    Result<std::unique_ptr<wire::ClientChannel>> channel = Status(ErrorCode::kNoDevice, "");
+    while (true) {
+      channel = wire::ClientChannel::connect(options);
+      // Down, not listening yet, or the killed one's socket still accepting and then reset:
+      // hiberd is restarting. Anything else is its answer.
+      const ErrorCode code = channel.status().code();
+      if (channel.ok() || (code != ErrorCode::kNoDevice && code != ErrorCode::kTimeout &&
+                           code != ErrorCode::kDeinitialized)) {
+        break;
+      }
+      if (std::chrono::steady_clock::now() >= deadline) {
+        return channel.status().with_context(
+            str_cat("hiberd did not come back within HIBER_RESUME_TIMEOUT_MS=",
+                    resume_timeout().count()));
+      }
+      std::this_thread::sleep_for(kRetryInterval);
+    }
+    HIBER_RETURN_IF_ERROR(channel.status());
+    const wire::SessionInfo now = (*channel)->session();
+    if (!now.resumed || now.grant.va_base != old.grant.va_base ||
+        now.grant.va_bytes != old.grant.va_bytes ||
+        (*channel)->arena().size() != old_arena.size()) {
+      return Status(ErrorCode::kIllegalState,
+                    "hiberd gave the session another address range or arena");
+    }
+    // The program's pinned memory lives in the arena: its bytes move to the new one, which then
+    // takes the old one's place, so the program's pointers stay good.
+    std::memcpy((*channel)->arena().data(), old_arena.data(), old_arena.size());
+    calls_.reset();  // unmaps the old channel, arena included
+    HIBER_RETURN_IF_ERROR((*channel)->move_arena(old_arena.data()));
+    calls_ = std::make_unique<wire::CallClient>(std::move(channel).value(), call_options_);
+    unsynced_streams_.clear();
+    idle_as_of_.reset();
+    journal_ = SessionJournal();
+    session_lost_ = false;
+    const Status replayed = replay_locked(journal);
+    if (replayed.ok() && !session_lost_) {
+      LOG(WARNING) << "hibercuda: hiberd restarted; session " << now.session_id
+                   << " resumes the lost one (" << now.restored.size()
+                   << " model blocks restored by hiberd, " << journal.blocks.size()
+                   << " allocations, " << journal.streams.size() << " streams, "
+                   << journal.modules.size() << " modules, " << journal.library_handles.size()
+                   << " library handles)";
+      return Status();
+    }
+    if (!session_lost_ && replayed.code() != ErrorCode::kDeinitialized) return replayed;
+    if (std::chrono::steady_clock::now() >= deadline) {
+      return Status(ErrorCode::kDeinitialized, "hiberd went away again while it was resumed");
+    }
+    LOG(WARNING) << "hibercuda: hiberd went away again while session " << now.session_id
+                 << " was resumed; trying again";
+  }
 }
 
 Status Client::replay_locked(SessionJournal old) {
