@@ -175,8 +175,25 @@ void ModelRepository::release(const HostCopy& copy) {
     }
     return;
   }
+  give_back(chunks_[copy.where.where.chunk], copy.where.where.offset, copy.where.bytes);
   Status released = pool_->release(copy.where);
   LOG_IF(ERROR, !released.ok()) << "model repository: " << released;
+}
+
+void ModelRepository::give_back(const Chunk& chunk, uint64_t offset, uint64_t bytes) {
+  if (keep_files_ || (chunk.registered && device_.registration_pins_pages())) return;
+  static const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  const uint64_t begin = (offset + page - 1) / page * page;
+  const uint64_t end = std::min(offset + bytes, chunk.bytes) / page * page;
+  if (end <= begin) return;
+  // In a file the pages are the file's: only a hole punched in it frees them.
+  const int advice = chunk.path.empty() ? MADV_DONTNEED : MADV_REMOVE;
+  if (::madvise(chunk.data + begin, end - begin, advice) != 0 && !give_back_failed_) {
+    give_back_failed_ = true;
+    PLOG(WARNING) << "model repository: released host copies keep their memory ("
+                  << (chunk.path.empty() ? "madvise(MADV_DONTNEED)" : "punching " + chunk.path)
+                  << " failed)";
+  }
 }
 
 void ModelRepository::keep_files() {

@@ -17,6 +17,10 @@
 // (server/session_store.h). Files are named "<prefix>-c<n>" and "<prefix>-o<n>"; the prefix
 // (hiberd's incarnation) keeps a new hiberd's files apart from those it is still reading.
 //
+// A released copy's pages go back to the host at once (a model of a function that scaled to
+// zero must not stay in hiberd's memory), except where the device pins them (CUDA: the pinned
+// chunks are resident for good, and bounded by the limit) and while hiberd stops.
+//
 // Thread safety: every method may be called from any thread.
 #pragma once
 
@@ -93,6 +97,10 @@ class ModelRepository {
   // `name`: its file's name, with a directory.
   Result<Chunk> map_chunk(uint64_t bytes, const std::string& name) REQUIRES(mutex_);
   void unmap_chunk(const Chunk& chunk) REQUIRES(mutex_);
+  // [offset, offset + bytes) of `chunk` holds nothing anyone needs: its pages go back to the
+  // host (punched out of the file with a directory), unless hiberd is keeping its files or the
+  // device pins them.
+  void give_back(const Chunk& chunk, uint64_t offset, uint64_t bytes) REQUIRES(mutex_);
   uint64_t mapped_bytes() const REQUIRES(mutex_);
   HostCopy copy_at(const memory::Allocation& where, uint64_t bytes) const REQUIRES(mutex_);
 
@@ -104,6 +112,7 @@ class ModelRepository {
   std::vector<Chunk> own_ GUARDED_BY(mutex_);     // copies larger than a chunk, one each
   bool keep_files_ GUARDED_BY(mutex_) = false;
   uint64_t own_files_ GUARDED_BY(mutex_) = 0;     // own mappings ever made (their names)
+  bool give_back_failed_ GUARDED_BY(mutex_) = false;  // logged once
 };
 
 }  // namespace hiber::server

@@ -195,6 +195,9 @@ class Device {
   // CUDA backend DMA straight from it; copies from unregistered memory still work.
   virtual Status register_host_memory(void* ptr, uint64_t bytes) = 0;
   virtual Status unregister_host_memory(void* ptr) = 0;
+  // Whether registered memory's pages are pinned for the device's DMA: then a page given back
+  // to the kernel (madvise) would be replaced by a fresh one the device never sees.
+  virtual bool registration_pins_pages() const { return true; }
 
   // ---- Contexts ----
   // The GPU's shared context (REQUIRES: the GPU exists): never destroyed.

@@ -86,6 +86,8 @@ class SimDevice final : public Device {
   Status set_access(DevicePtr va, uint64_t bytes, std::span<const int> gpus) override;
   Status register_host_memory(void* ptr, uint64_t bytes) override;
   Status unregister_host_memory(void* ptr) override;
+  // Registration is bookkeeping here: the simulated GPUs copy through the host's own pages.
+  bool registration_pins_pages() const override { return false; }
   Context shared_context(int gpu) const override;
   Result<Context> create_context(int gpu) override;
   Status destroy_context(Context context) override;

@@ -5,26 +5,15 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cstdlib>
 #include <fstream>
 
 #include "common/unique_fd.h"
+#include "tests/unit/temp_dir.h"
 
 namespace hiber::server {
 namespace {
 
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/hiber-auth-XXXXXX";
-    path_ = ::mkdtemp(tmpl);
-  }
-  ~TempDir() { std::system(("rm -rf " + path_).c_str()); }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using ::hiber::testing::TempDir;
 
 TEST(Auth, CreatesAPrivateRandomTokenOnceAndReadsItBack) {
   TempDir dir;
