@@ -17,6 +17,7 @@
 // kNotInitialized there, as CUDA fails after fork.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -575,6 +576,9 @@ class Client {
   // the session cannot be resumed, every later call fails with why.
   // Called where work is about to be queued or waited for: notices a lost session while idle.
   Status check_session_locked();
+  // `call` puts work on its stream (not a definition of session state): the stream is unsynced.
+  template <typename Call>
+  void note_gpu_work_locked(const Call& call);
   // Waits (without the lock) for the session's socket to hang up, then resumes the session.
   void watcher_main();
   // Waits for hiberd until `deadline` (default: HIBER_RESUME_TIMEOUT_MS from now).
@@ -614,6 +618,11 @@ class Client {
   // lost session loses.
   std::set<wire::StreamHandle> unsynced_streams_;
   bool session_lost_ = false;  // a call found hiberd gone; the next one resumes
+  // Set by the watcher (without the lock) as soon as the socket hangs up: 1 + the
+  // sessions_resumed_ of the session found gone (a resume since makes it stale).
+  std::atomic<uint64_t> gone_session_{0};
+  // When an idle call last asked the socket itself (check_session_locked).
+  std::chrono::steady_clock::time_point last_socket_check_;
   uint64_t sessions_resumed_ = 0;  // also tells the watcher the channel it waits on is old
   Status resume_failed_;       // the session could not be resumed: every call fails with it
   bool forked_child_ = false;
@@ -727,9 +736,7 @@ Status Client::enqueue_locked(Fill&& fill) {
   const bool was_empty = calls_->batched_calls() == 0;
   if constexpr (requires { Call::kWhere; }) {
     // A graph's calls being defined run only when it is launched.
-    if constexpr (Call::kWhere == wire::Where::kGpu) {
-      if (!defining_graph_) unsynced_streams_.insert(fill.stream);
-    }
+    if (!defining_graph_) note_gpu_work_locked(fill);
     journal_.note(fill);
   }
   if (Status queued = calls_->enqueue(std::forward<Fill>(fill)); !queued.ok()) {
@@ -781,9 +788,7 @@ template <typename Fill>
 Result<wire::CallResult> Client::call_locked(Fill&& fill) {
   using Call = std::decay_t<Fill>;
   HIBER_RETURN_IF_ERROR(check_session_locked());
-  if constexpr (requires { Call::kWhere; }) {
-    if constexpr (Call::kWhere == wire::Where::kGpu) unsynced_streams_.insert(fill.stream);
-  }
+  note_gpu_work_locked(fill);
   auto reply = calls_->call(fill);
   if (!reply.ok()) return lost_session_locked(reply.status(), /*answer_lost=*/true);
   // A reply shows the work before it on the stream done.
@@ -793,6 +798,20 @@ Result<wire::CallResult> Client::call_locked(Fill&& fill) {
     if constexpr (!std::is_same_v<Call, wire::calls::StreamQuery>) unsynced_streams_.erase(fill.stream);
   }
   return reply;
+}
+
+template <typename Call>
+void Client::note_gpu_work_locked(const Call& call) {
+  if constexpr (requires { Call::kWhere; }) {
+    if constexpr (Call::kWhere == wire::Where::kGpu) {
+      if constexpr (std::is_same_v<Call, wire::calls::LibraryCall>) {
+        if (library_ops::defines_session_state(static_cast<library_ops::LibraryOp>(call.op))) {
+          return;
+        }
+      }
+      unsynced_streams_.insert(call.stream);
+    }
+  }
 }
 
 template <typename Call>

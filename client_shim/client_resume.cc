@@ -61,10 +61,18 @@ Status Client::lost_session_locked(const Status& why, bool answer_lost) {
 
 Status Client::check_session_locked() {
   if (!resume_failed_.ok()) return resume_failed_;
-  // Idle, a dead hiberd would go unnoticed until the work queued now is lost: ask the socket.
-  if (!session_lost_ && unsynced_streams_.empty() && calls_->batched_calls() == 0 &&
-      !calls_->channel().server_alive()) {
-    session_lost_ = true;
+  // Idle, a dead hiberd would go unnoticed until the work queued now is lost. The watcher says
+  // so at once; asking the socket too (a system call) covers the moment before the watcher has
+  // run, at most once per interval so that a program's idle queries stay cheap.
+  constexpr auto kSocketCheckInterval = std::chrono::milliseconds(1);
+  if (!session_lost_ && unsynced_streams_.empty() && calls_->batched_calls() == 0) {
+    if (gone_session_.load(std::memory_order_acquire) == sessions_resumed_ + 1) {
+      session_lost_ = true;
+    } else if (const auto now = std::chrono::steady_clock::now();
+               now - last_socket_check_ >= kSocketCheckInterval) {
+      last_socket_check_ = now;
+      if (!calls_->channel().server_alive()) session_lost_ = true;
+    }
   }
   if (session_lost_) return resume_locked();
   return Status();
@@ -107,7 +115,9 @@ void Client::watcher_main() {
       }
     }
     // hiberd is gone: wait for the next one without holding the core, so that the program (and
-    // its exit) is not held up by the wait, only by the resume itself.
+    // its exit) is not held up by the wait, only by the resume itself. An idle call meanwhile
+    // waits for it too (check_session_locked) instead of queueing work into the lost session.
+    gone_session_.store(resumed + 1, std::memory_order_release);
     const auto deadline = std::chrono::steady_clock::now() + resume_timeout();
     while (!wire::connect_unix(path, kRetryInterval).ok() &&
            std::chrono::steady_clock::now() < deadline) {

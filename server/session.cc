@@ -467,7 +467,8 @@ std::optional<uint32_t> Session::handle_message(const wire::Message& message, ui
         for (uint32_t i = first; i < calls.size(); ++i) {
           // The client is gone: what it still asked for would only keep the GPU busy.
           if (abandoned_.load(std::memory_order_relaxed)) return Status();
-          if (!lease_ && lost_context_.ok() && wire::runs_on_gpu(calls[i].which())) {
+          // A graph's calls being defined are kept, not run: they need no lease.
+          if (!lease_ && lost_context_.ok() && !defining_ && wire::runs_on_gpu(calls[i])) {
             stopped_at = i;
             return Status();
           }
@@ -520,7 +521,7 @@ void Session::execute(proto::Call::Reader call, uint64_t seq) {
       outcome = Outcome{keep_for_graph(call)};
       return;
     }
-    const bool on_gpu = lease_ && wire::runs_on_gpu(call.which());
+    const bool on_gpu = lease_ && wire::runs_on_gpu(call);
     if (on_gpu) {
       last_gpu_call_ = std::chrono::steady_clock::now();
       Status admitted = admit_gpu_call(call);

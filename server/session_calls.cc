@@ -540,6 +540,13 @@ Session::Outcome Session::library_call(const wire::calls::LibraryCall& c) {
   Result<LibraryAccess> access = libraries_.check_call(c.handle, c.op, c.args);
   if (!access.ok()) return {access.status()};
   device::LibraryBackend* backend = device_.library(*libraries_.library(c.handle));
+  const device::LibraryCall call{identity_.id.value(), library_ops::LibraryHandle(c.handle.value()),
+                                 static_cast<library_ops::LibraryOp>(c.op), c.args};
+  if (library_ops::defines_session_state(call.op)) {
+    // Kept by the backend for the calls that use it; nothing runs, so no lease is needed (a
+    // resumed session replays its definitions while its function is idle).
+    return {backend->run(device::Stream{}, call)};
+  }
   auto s = work_stream(c.stream);
   if (!s.ok()) return {s.status()};
   // Operands inside the session's own blocks only; the call waits for the swap groups they lie
@@ -557,8 +564,6 @@ Session::Outcome Session::library_call(const wire::calls::LibraryCall& c) {
     Status waited = device_.wait_event(*s, e);
     if (!waited.ok()) return {waited};
   }
-  const device::LibraryCall call{identity_.id.value(), library_ops::LibraryHandle(c.handle.value()),
-                                 static_cast<library_ops::LibraryOp>(c.op), c.args};
   return {backend->run(*s, call), {}, false, *s};
 }
 

@@ -245,6 +245,7 @@ void SessionStore::recover() {
     if (!reserved.ok()) {
       LOG(WARNING) << "session store: dropping " << path << " (function '" << who.function_id
                    << "'): its address range: " << reserved.status();
+      punch_blocks(*recovered->session);
       release_files(recovered->files);
       ::unlink(path.c_str());
       continue;
@@ -355,6 +356,7 @@ Result<SessionStore::Recovered> SessionStore::recover_record(const std::string& 
       RecoveredSession::Block restored;
       restored.va = block.getVa();
       restored.contents = std::span<const std::byte>((*file)->data + offset, bytes);
+      restored.file = name;
       if (block.getSha256().size() != restored.digest.size()) {
         return fail(error(ErrorCode::kInvalidValue, "block ", hex(restored.va),
                           " has a malformed digest"));
@@ -384,6 +386,28 @@ void SessionStore::release_files(const std::vector<std::string>& files) {
   }
 }
 
+void SessionStore::punch_blocks(const RecoveredSession& session) {
+  static const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  for (const RecoveredSession::Block& block : session.blocks) {
+    auto it = old_files_.find(block.file);
+    // A file no other session needs goes as a whole (release_files).
+    if (it == old_files_.end() || it->second.references <= 1) continue;
+    const uint64_t at = static_cast<uint64_t>(block.contents.data() - it->second.data);
+    const uint64_t begin = (at + page - 1) / page * page;
+    const uint64_t end = (at + block.contents.size()) / page * page;
+    if (end <= begin) continue;
+    const std::string path = repository_directory() + "/" + block.file;
+    const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+    if (fd < 0 || ::fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                              static_cast<off_t>(begin), static_cast<off_t>(end - begin)) != 0) {
+      PLOG(WARNING) << "session store: " << path << " keeps a resumed block's bytes until "
+                    << "no session needs the file";
+    }
+    if (fd >= 0) ::close(fd);
+    (void)::madvise(it->second.data + begin, end - begin, MADV_DONTNEED);
+  }
+}
+
 void SessionStore::drop_recovered(const std::string& digest, bool free_range) {
   auto it = recovered_.find(digest);
   if (it == recovered_.end()) return;
@@ -393,6 +417,7 @@ void SessionStore::drop_recovered(const std::string& digest, bool free_range) {
     LOG_IF(ERROR, !freed.ok()) << "session store: " << freed;
   }
   ::unlink(it->second.record_path.c_str());
+  punch_blocks(*it->second.session);
   release_files(it->second.files);
   recovered_.erase(it);
 }
@@ -431,6 +456,7 @@ void SessionStore::finish_claim(const std::string& token) {
   auto it = claimed_.find(token);
   if (it == claimed_.end()) return;
   ::unlink(it->second.record_path.c_str());
+  punch_blocks(*it->second.session);
   release_files(it->second.files);
   claimed_.erase(it);
 }

@@ -67,6 +67,7 @@ struct RecoveredSession {
     uint64_t va = 0;
     std::span<const std::byte> contents;  // the old file's bytes, mapped read-only
     Sha256 digest{};
+    std::string file;  // the old file's name, in the repository directory
   };
   std::vector<Block> blocks;
 };
@@ -160,6 +161,9 @@ class SessionStore {
   Result<Recovered> recover_record(const std::string& path) REQUIRES(mutex_);
   Result<const OldFile*> map_old_file(const std::string& name) REQUIRES(mutex_);
   void release_files(const std::vector<std::string>& files) REQUIRES(mutex_);
+  // `session` was resumed or dropped: its blocks' bytes in the old files are of no more use, and
+  // give their memory back now (punched out of each file another session still needs).
+  void punch_blocks(const RecoveredSession& session) REQUIRES(mutex_);
   void drop_recovered(const std::string& digest, bool free_range) REQUIRES(mutex_);
   std::string record_path(const std::string& token) const;
   Status write_record(const std::string& token, const StoredSession& who,

@@ -1,5 +1,7 @@
 #include "wire/call_codec.h"
 
+#include "library_ops/library_ops.h"
+
 namespace hiber::wire {
 namespace {
 
@@ -32,6 +34,15 @@ bool runs_on_gpu(proto::Call::Which which) {
 #undef HIBER_CALL_WHERE
   }
   return false;
+}
+
+bool runs_on_gpu(proto::Call::Reader call) {
+  if (call.which() == proto::Call::LIBRARY_CALL &&
+      library_ops::defines_session_state(
+          static_cast<library_ops::LibraryOp>(call.getLibraryCall().getOp()))) {
+    return false;
+  }
+  return runs_on_gpu(call.which());
 }
 
 uint64_t staging_end(proto::Call::Reader call) {

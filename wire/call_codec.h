@@ -103,6 +103,9 @@ void fill_call(proto::Call::Builder call, Fill&& fill) {
 std::string_view call_name(proto::Call::Which which);
 // Whether the call puts work on the GPU, so that it runs only under a lease.
 bool runs_on_gpu(proto::Call::Which which);
+// The same of one call: a library call that only defines the session's state (a cuDNN graph,
+// library_ops::defines_session_state) puts no work on the GPU, whatever its stream.
+bool runs_on_gpu(proto::Call::Reader call);
 // The stagingEnd the call names (docs/wire-format.md), or 0. Reads no field that can throw.
 uint64_t staging_end(proto::Call::Reader call);
 

@@ -38,7 +38,9 @@ class LibraryBackend {
   // Whether handles can be served at all, asked when a client creates one: kNotSupported naming
   // what is missing (the CUDA backend opens the real library here, the first time).
   virtual Status check_available() { return Status(); }
-  // Enqueues a compute call on `stream`; its failure after enqueueing is the stream's error.
+  // Enqueues a compute call on `stream`; its failure after enqueueing is the stream's error. A
+  // call that only defines the session's state (library_ops::defines_session_state) gets no
+  // stream (Stream{}) and must not use it.
   virtual Status run(Stream stream, const LibraryCall& call) = 0;
   // Answers a query (heuristics, finalizing a plan) for work that will run in `context`.
   virtual Result<std::vector<std::byte>> answer(Context context, const LibraryCall& call) = 0;

@@ -987,6 +987,24 @@ class RestartTest : public LateBindingTest {
         << hiberd.log() << "\n" << busy.id << ":\n"
         << read_file(hiberd.run_dir() + "/" + busy.id + ".log");
     EXPECT_NE(hiberd.log().find("resumes a session of function 'fn-0'"), std::string::npos);
+    if (upgrade) {
+      // Resuming put nothing on a GPU (the cuDNN graph's definition included): until their next
+      // requests the functions are idle, their models in host memory. (After the kill, the busy
+      // function's copy-back, made after the restart, runs and takes a GPU.)
+      for (const auto& f : functions_) {
+        const std::string log = hiberd.run_dir() + "/" + f->id + ".log";
+        const auto replayed = std::chrono::steady_clock::now() + 60s;
+        while (read_file(log).find("resumes the lost one") == std::string::npos &&
+               std::chrono::steady_clock::now() < replayed) {
+          std::this_thread::sleep_for(10ms);
+        }
+        EXPECT_NE(read_file(log).find("resumes the lost one"), std::string::npos) << read_file(log);
+      }
+      const NodeView resumed = node_view(hiberd);
+      for (size_t g = 0; g < resumed.pool_allocated.size(); ++g) {
+        EXPECT_EQ(resumed.pool_allocated[g], 0u) << "GPU " << g << " holds memory after resuming";
+      }
+    }
 
     const Answer idle_again = request(hiberd, idle, "5 11");
     EXPECT_EQ(idle_again.line, mlp_server_answer(idle.seed, 5, 11)) << idle_again.status;

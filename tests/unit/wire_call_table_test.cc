@@ -5,8 +5,10 @@
 #include <gtest/gtest.h>
 
 #include <array>
+#include <memory>
 #include <type_traits>
 
+#include "library_ops/library_ops.h"
 #include "wire/call_codec.h"
 
 namespace hiber::wire {
@@ -40,6 +42,20 @@ TEST(CallTable, GpuCallsAreTheOnesThatQueueDeviceWork) {
   EXPECT_FALSE(runs_on_gpu(proto::Call::DEVICE_SYNCHRONIZE));
   EXPECT_EQ(calls::StreamSynchronize::kTiming, Timing::kSync);
   EXPECT_EQ(calls::StreamQuery::kTiming, Timing::kAsync);
+}
+
+TEST(CallTable, ALibraryCallThatOnlyDefinesSessionStateRunsNoGpuWork) {
+  auto library_call = [](library_ops::LibraryOp op) {
+    auto message = std::make_unique<capnp::MallocMessageBuilder>();
+    auto call = message->initRoot<proto::Call>();
+    call.initLibraryCall().setOp(static_cast<uint16_t>(op));
+    return message;
+  };
+  auto define = library_call(library_ops::LibraryOp::kDnnDefineGraph);
+  auto execute = library_call(library_ops::LibraryOp::kDnnExecute);
+  EXPECT_FALSE(runs_on_gpu(define->getRoot<proto::Call>().asReader()));
+  EXPECT_TRUE(runs_on_gpu(execute->getRoot<proto::Call>().asReader()));
+  EXPECT_TRUE(runs_on_gpu(proto::Call::LIBRARY_CALL));
 }
 
 template <typename T>
