@@ -389,71 +389,40 @@ void Router::run(Function& function, Instance& instance, std::shared_ptr<Invocat
 void Router::request_gpu(std::shared_ptr<Invocation> invocation, std::string instance_key,
                          bool registered_again) {
   NodeClient& node = *nodes_[invocation->node];
+  auto alive = std::weak_ptr<bool>(alive_);
+  if (node_views_[invocation->node].begins_requests) {
+    // Answered once the request has its GPU: no timeout but the request's own deadline.
+    node.call(
+        wire::control::RequestBegin{invocation->function, instance_key},
+        [this, invocation, instance_key, registered_again,
+         alive](Result<wire::control::Reply> reply) {
+          if (alive.expired()) return;
+          const auto* started = reply.ok() ? std::get_if<wire::Started>(&*reply) : nullptr;
+          if (started == nullptr) {
+            return on_gpu_refused(invocation, instance_key, registered_again,
+                                  reply.ok() ? error(ErrorCode::kInvalidValue,
+                                                     "hiberd answered requestBegin oddly")
+                                             : reply.status());
+          }
+          on_accepted(*invocation, started->request_id);
+          on_started(invocation, *started);
+        },
+        std::chrono::milliseconds(0));
+    return;
+  }
   node.call(
       wire::control::RequestArrived{invocation->function, instance_key},
       [this, invocation, instance_key, registered_again,
-       alive = std::weak_ptr<bool>(alive_)](Result<wire::control::Reply> reply) {
+       alive](Result<wire::control::Reply> reply) {
         if (alive.expired()) return;
         const auto* accepted = reply.ok() ? std::get_if<wire::control::Accepted>(&*reply) : nullptr;
         if (accepted == nullptr) {
-          const Status why =
-              reply.ok() ? error(ErrorCode::kInvalidValue, "hiberd answered requestArrived oddly")
-                         : reply.status();
-          Function* function = find(invocation->function);
-          if (!registered_again && function != nullptr && why.code() == ErrorCode::kNotFound &&
-              why.message().find("is not registered") != std::string::npos) {
-            NodeClient& node = *nodes_[invocation->node];
-            LOG(WARNING) << "node " << node.config().name << " does not know function "
-                         << invocation->function << " (" << why.message()
-                         << "): registering it again";
-            node_views_[invocation->node].registered = false;  // the next poll: every function
-            node.call(function->spec.registration(),
-                      [this, invocation, instance_key, alive](Result<wire::control::Reply> r) {
-                        if (alive.expired()) return;
-                        if (!registered(r)) {
-                          return finish(invocation,
-                                        retry_later(status_for(r.status()),
-                                                    "hiberd: " + r.status().message()),
-                                        true);
-                        }
-                        request_gpu(invocation, instance_key, true);
-                      });
-            return;
-          }
-          if (why.code() == ErrorCode::kDeviceUnavailable &&
-              why.message().find("has no connected instance") != std::string::npos) {
-            // After a hiberd restart its shim resumes the worker's session by itself: the
-            // request waits for that (--worker_resume_ms) before the worker is replaced.
-            Instance* instance = nullptr;
-            if (function != nullptr && invocation->instance) {
-              auto it = function->instances.find(*invocation->instance);
-              if (it != function->instances.end()) instance = &it->second;
-            }
-            const Clock::time_point now = Clock::now();
-            if (instance != nullptr && !instance->session_missing_since) {
-              instance->session_missing_since = now;
-            }
-            const bool refused =
-                instance != nullptr &&
-                node_views_[invocation->node].refused_resumes.count(
-                    instance->worker->instance_key()) != 0;
-            const bool waited_enough =
-                instance == nullptr || refused ||
-                now - *instance->session_missing_since >= options_.worker_resume;
-            return requeue(invocation, "hiberd: " + why.message(), waited_enough);
-          }
-          // A node lost, or draining for a restart (an upgrade): the request waits for it.
-          if (lost_node(why) || draining(why)) {
-            return requeue(invocation, "hiberd: " + why.message(), false);
-          }
-          return finish(invocation, retry_later(status_for(why), "hiberd: " + why.message()), true);
+          return on_gpu_refused(invocation, instance_key, registered_again,
+                                reply.ok() ? error(ErrorCode::kInvalidValue,
+                                                   "hiberd answered requestArrived oddly")
+                                           : reply.status());
         }
-        invocation->hiberd_request = accepted->request_id;
-        if (Function* function = find(invocation->function);
-            function != nullptr && invocation->instance) {
-          auto it = function->instances.find(*invocation->instance);
-          if (it != function->instances.end()) it->second.session_missing_since.reset();
-        }
+        on_accepted(*invocation, accepted->request_id);
         // requestStart is answered once the request has its GPU: no timeout but the
         // request's own deadline.
         nodes_[invocation->node]->call(
@@ -469,6 +438,64 @@ void Router::request_gpu(std::shared_ptr<Invocation> invocation, std::string ins
             },
             std::chrono::milliseconds(0));
       });
+}
+
+void Router::on_accepted(Invocation& invocation, uint64_t request_id) {
+  invocation.hiberd_request = request_id;
+  if (Function* function = find(invocation.function); function != nullptr && invocation.instance) {
+    auto it = function->instances.find(*invocation.instance);
+    if (it != function->instances.end()) it->second.session_missing_since.reset();
+  }
+}
+
+void Router::on_gpu_refused(const std::shared_ptr<Invocation>& invocation,
+                            const std::string& instance_key, bool registered_again,
+                            const Status& why) {
+  Function* function = find(invocation->function);
+  if (!registered_again && function != nullptr && why.code() == ErrorCode::kNotFound &&
+      why.message().find("is not registered") != std::string::npos) {
+    NodeClient& node = *nodes_[invocation->node];
+    LOG(WARNING) << "node " << node.config().name << " does not know function "
+                 << invocation->function << " (" << why.message() << "): registering it again";
+    node_views_[invocation->node].registered = false;  // the next poll: every function
+    node.call(function->spec.registration(),
+              [this, invocation, instance_key,
+               alive = std::weak_ptr<bool>(alive_)](Result<wire::control::Reply> r) {
+                if (alive.expired()) return;
+                if (!registered(r)) {
+                  return finish(invocation,
+                                retry_later(status_for(r.status()),
+                                            "hiberd: " + r.status().message()),
+                                true);
+                }
+                request_gpu(invocation, instance_key, true);
+              });
+    return;
+  }
+  if (why.code() == ErrorCode::kDeviceUnavailable &&
+      why.message().find("has no connected instance") != std::string::npos) {
+    // After a hiberd restart its shim resumes the worker's session by itself: the request
+    // waits for that (--worker_resume_ms) before the worker is replaced.
+    Instance* instance = nullptr;
+    if (function != nullptr && invocation->instance) {
+      auto it = function->instances.find(*invocation->instance);
+      if (it != function->instances.end()) instance = &it->second;
+    }
+    const Clock::time_point now = Clock::now();
+    if (instance != nullptr && !instance->session_missing_since) {
+      instance->session_missing_since = now;
+    }
+    const bool refused =
+        instance != nullptr &&
+        node_views_[invocation->node].refused_resumes.count(instance->worker->instance_key()) != 0;
+    const bool waited_enough = instance == nullptr || refused ||
+                               now - *instance->session_missing_since >= options_.worker_resume;
+    return requeue(invocation, "hiberd: " + why.message(), waited_enough);
+  }
+  // A node lost, or draining for a restart (an upgrade): the request waits for it.
+  if (draining(why)) return requeue(invocation, "hiberd: " + why.message(), false);
+  // Lost nodes, shed requests and the rest, as when the start fails.
+  on_started(invocation, why);
 }
 
 void Router::on_started(const std::shared_ptr<Invocation>& invocation,
@@ -894,6 +921,8 @@ void Router::poll_nodes() {
             const auto status = r.getStatus();
             fresh.backend = status.getBackend();
             fresh.incarnation = status.getIncarnation();
+            fresh.begins_requests = status.getServerVersion().getMajor() == 1 &&
+                                    status.getServerVersion().getMinor() >= 13;
             fresh.uptime_seconds = status.getUptimeSeconds();
             fresh.queued = status.getScheduler().getQueued();
             fresh.shed = status.getScheduler().getShed();

@@ -116,11 +116,17 @@ class Router {
   // Starts a worker if the queue needs one (or, keep_warm, if none is on its way).
   void maybe_start_worker(Function& function, bool keep_warm = false);
   void run(Function& function, Instance& instance, std::shared_ptr<Invocation> invocation);
-  // Asks the invocation's node for a GPU (requestArrived, then requestStart). A node that
-  // answers that it does not know the function (a hiberd restarted since it was registered)
-  // gets the function registered again and the request once more, unless `registered_again`.
+  // Asks the invocation's node for a GPU: requestBegin, one round trip (or, from a hiberd
+  // before 1.13, requestArrived, then requestStart). A node that answers that it does not know
+  // the function (a hiberd restarted since it was registered) gets the function registered
+  // again and the request once more, unless `registered_again`.
   void request_gpu(std::shared_ptr<Invocation> invocation, std::string instance_key,
                    bool registered_again);
+  // The node refused the request before it had a GPU: `why`.
+  void on_gpu_refused(const std::shared_ptr<Invocation>& invocation, const std::string& instance_key,
+                      bool registered_again, const Status& why);
+  // The node accepted the request as `request_id`.
+  void on_accepted(Invocation& invocation, uint64_t request_id);
   void on_started(const std::shared_ptr<Invocation>& invocation, Result<wire::Started> started);
   // Sends the invocation to the worker it was given to.
   void invoke_worker(const std::shared_ptr<Invocation>& invocation);

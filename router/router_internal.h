@@ -128,6 +128,7 @@ struct Router::NodeView {
   bool up = false;
   bool registered = false;  // every function was registered since it last came up
   uint64_t incarnation = 0;  // hiberd's run (NodeStatus.incarnation): another one restarted
+  bool begins_requests = false;  // it answers requestBegin (protocol 1.13)
   double uptime_seconds = 0;
   std::string backend;
   uint64_t queued = 0;

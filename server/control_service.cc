@@ -157,6 +157,16 @@ Status ControlService::answer(const wire::Message& message, ReplySender send) {
                          send(reply_frame(control::Reply(control::Accepted{*id})));
                        });
                  },
+                 [&](const control::RequestBegin& b) {
+                   Status valid = wire::check_function_id(b.function_id, "requestBegin");
+                   if (valid.ok()) valid = wire::check_instance_key(b.instance, "requestBegin");
+                   if (!valid.ok()) return send(error_frame(valid));
+                   controller_.request_begin(
+                       b.function_id, b.instance, [send](Result<wire::Started> started) {
+                         if (!started.ok()) return send(error_frame(started.status()));
+                         send(reply_frame(control::Reply(*started)));
+                       });
+                 },
                  [&](const control::RequestStart& s) {
                    controller_.request_start(s.request_id, [send](Result<wire::Started> started) {
                      if (!started.ok()) return send(error_frame(started.status()));

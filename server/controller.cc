@@ -502,20 +502,51 @@ void Controller::on_arrived(const std::string& function_id, const std::string& i
 }
 
 void Controller::request_start(uint64_t request, Reply<wire::Started> reply) {
-  post([this, request, reply = std::move(reply)](State& s) mutable {
-    const RequestId id{request};
-    if (s.start_replies.count(id) != 0) {
-      reply(error(ErrorCode::kInvalidValue, "requestStart: request ", request,
-                  " is already being waited for"));
+  post([this, request, reply = std::move(reply)](State&) mutable {
+    on_start(RequestId{request}, std::move(reply), "requestStart");
+  });
+}
+
+void Controller::on_start(RequestId id, Reply<wire::Started> reply, const char* call) {
+  State& s = *state_;
+  if (s.start_replies.count(id) != 0) {
+    reply(error(ErrorCode::kInvalidValue, call, ": request ", id.value(),
+                " is already being waited for"));
+    return;
+  }
+  auto [slot, inserted] = s.start_replies.emplace(id, std::move(reply));
+  Status waiting = s.core->await_start(id, now_ns());
+  if (!waiting.ok()) {
+    Reply<wire::Started> refused = std::move(slot->second);
+    s.start_replies.erase(slot);
+    refused(waiting.with_context(call));
+  }
+}
+
+void Controller::request_begin(const std::string& function_id, const std::string& instance,
+                               Reply<wire::Started> reply) {
+  post([this, function_id, instance, reply = std::move(reply)](State&) mutable {
+    Result<uint64_t> arrived = Status(ErrorCode::kUnknown, "requestBegin: no answer");
+    Reply<uint64_t> take = [&arrived](Result<uint64_t> id) { arrived = std::move(id); };
+    on_arrived(function_id, instance, take);
+    if (!arrived.ok()) {
+      reply(arrived.status());
       return;
     }
-    auto [slot, inserted] = s.start_replies.emplace(id, std::move(reply));
-    Status waiting = s.core->await_start(id, now_ns());
-    if (!waiting.ok()) {
-      Reply<wire::Started> refused = std::move(slot->second);
-      s.start_replies.erase(slot);
-      refused(waiting.with_context("requestStart"));
-    }
+    const RequestId id{*arrived};
+    on_start(
+        id,
+        [this, id, reply = std::move(reply)](Result<wire::Started> started) {
+          if (!started.ok()) {
+            // Not from inside the core's callback: the core is answering this start.
+            post([this, id](State& s) { (void)s.core->done(id, /*failed=*/true, now_ns()); });
+            reply(started.status());
+            return;
+          }
+          started->request_id = id.value();
+          reply(std::move(started));
+        },
+        "requestBegin");
   });
 }
 

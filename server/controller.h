@@ -215,6 +215,10 @@ class Controller final : public GpuLessor, private node::Actuator {
   void request_arrived(const std::string& function_id, const std::string& instance,
                        Reply<uint64_t> reply);
   void request_start(uint64_t request, Reply<wire::Started> reply);
+  // Both in one (the control call requestBegin): the reply carries the request's id. A request
+  // whose start fails is ended here, since its caller has no id to end it with.
+  void request_begin(const std::string& function_id, const std::string& instance,
+                     Reply<wire::Started> reply);
   void request_done(uint64_t request, bool failed, Reply<Ok> reply);
   void drain(int gpu, bool resume, Reply<Ok> reply);
   void status(Reply<ControllerStatus> reply);
@@ -249,6 +253,8 @@ class Controller final : public GpuLessor, private node::Actuator {
   void on_unregister(const std::string& function_id, Reply<Ok>& reply);
   void on_arrived(const std::string& function_id, const std::string& instance,
                   Reply<uint64_t>& reply);
+  // Waits for request `id`'s start; `call` names the control call in errors.
+  void on_start(RequestId id, Reply<wire::Started> reply, const char* call);
   void on_drain(int gpu, bool resume, Reply<Ok>& reply);
   ControllerStatus on_status();
   Result<device::Stream> service_stream(GpuId gpu);

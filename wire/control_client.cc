@@ -143,6 +143,11 @@ Result<Started> ControlClient::request_start(uint64_t request) {
   return call<Started>(control::RequestStart{request});
 }
 
+Result<Started> ControlClient::request_begin(const std::string& function_id,
+                                            const std::string& instance) {
+  return call<Started>(control::RequestBegin{function_id, instance});
+}
+
 Status ControlClient::request_done(uint64_t request, bool failed) {
   return call<control::Ok>(RequestDone{request, failed}).status();
 }

@@ -47,6 +47,9 @@ class ControlClient {
   Result<uint64_t> request_arrived(const std::string& function_id,
                                    const std::string& instance = "");
   Result<Started> request_start(uint64_t request);
+  // (1.13) Both in one round trip: Started.request_id is the request's id. On failure hiberd has
+  // ended the request.
+  Result<Started> request_begin(const std::string& function_id, const std::string& instance = "");
   Status request_done(uint64_t request, bool failed = false);
   // gpu -1: the node.
   Status drain(int gpu = -1, bool resume = false);

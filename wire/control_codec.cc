@@ -55,6 +55,10 @@ void write_control_request(proto::ControlRequest::Builder out, const control::Re
                    if (!a.instance.empty()) out.setRequestArrivedInstance(whole(a.instance));
                  },
                  [&](const control::RequestStart& s) { out.setRequestStart(s.request_id); },
+                 [&](const control::RequestBegin& b) {
+                   out.setRequestBegin(whole(b.function_id));
+                   if (!b.instance.empty()) out.setRequestArrivedInstance(whole(b.instance));
+                 },
                  [&](const RequestDone& d) {
                    auto r = out.initRequestDone();
                    r.setRequestId(d.request_id);
@@ -100,6 +104,10 @@ Result<control::Request> read_control_request(proto::ControlRequest::Reader in) 
     case proto::ControlRequest::REQUEST_START:
       request.body = control::RequestStart{in.getRequestStart()};
       return request;
+    case proto::ControlRequest::REQUEST_BEGIN:
+      request.body = control::RequestBegin{whole(in.getRequestBegin()),
+                                           whole(in.getRequestArrivedInstance())};
+      return request;
     case proto::ControlRequest::REQUEST_DONE:
       request.body =
           RequestDone{in.getRequestDone().getRequestId(), in.getRequestDone().getFailed()};
@@ -125,6 +133,7 @@ void write_control_reply(proto::ControlReply::Builder out, const control::Reply&
                    r.setRule(s.rule);
                    r.setQueuedMs(s.queued_ms);
                    r.setLink(s.link);
+                   r.setRequestId(s.request_id);
                  },
                  [&](const Status& e) {
                    auto r = out.initError();
@@ -147,7 +156,8 @@ Result<control::Reply> read_control_reply(proto::ControlReply::Reader in) {
                                     .source_gpu = s.getSourceGpu(),
                                     .rule = s.getRule().cStr(),
                                     .queued_ms = s.getQueuedMs(),
-                                    .link = s.getLink().cStr()});
+                                    .link = s.getLink().cStr(),
+                                    .request_id = s.getRequestId()});
     }
     case proto::ControlReply::ERROR:
       // An error answer is never a success (control::Reply); code 0 would read as one.

@@ -49,6 +49,7 @@ struct Started {
   // The link the model came over: "nvlink" or "pcie" for "peer" (by the node's topology),
   // "host" for "host", "" for "resident".
   std::string link;
+  uint64_t request_id = 0;  // (1.13) requestBegin's request; 0 from requestStart
 };
 
 namespace control {
@@ -70,8 +71,14 @@ struct RequestArrived {
 struct RequestStart {
   uint64_t request_id = 0;
 };
+// (1.13) RequestArrived then RequestStart in one round trip; answered with Started (request_id
+// set). On failure hiberd has ended the request.
+struct RequestBegin {
+  std::string function_id;
+  std::string instance = {};  // as RequestArrived's
+};
 using RequestBody = std::variant<StatusQuery, Ping, FunctionRegistration, UnregisterFunction,
-                                 RequestArrived, RequestStart, RequestDone, Drain>;
+                                 RequestArrived, RequestStart, RequestDone, Drain, RequestBegin>;
 
 struct Request {
   ProtocolVersion version;  // the sender's

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <memory>
 #include <sstream>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -170,6 +171,43 @@ TEST(HiberdTcpControl, ThreeNodesEachServeTheirOwnClientsOverTcp) {
   }
 }
 
+// requestBegin (1.13): a request arrives and gets its GPU in one round trip, and the answer
+// names it for requestDone. One refused leaves nothing behind: the function's only instance
+// serves the requests after it (each instance runs one request at a time).
+TEST(HiberdTcpControl, RequestBeginStartsARequestInOneRoundTrip) {
+  TcpNode node("begin-token");
+  ASSERT_GT(node.port, 0);
+  auto client = node.client(node.token);
+  ASSERT_TRUE(client.ok()) << client.status();
+  ASSERT_TRUE(client->register_function(registration("fn")).ok());
+  auto session = node.hiberd->connect("fn");
+  ASSERT_TRUE(session.ok()) << session.status();
+  std::set<uint64_t> ids;
+  for (int i = 0; i < 3; ++i) {
+    auto started = client->request_begin("fn");
+    ASSERT_TRUE(started.ok()) << started.status() << "\n" << node.hiberd->log();
+    EXPECT_NE(started->request_id, 0u);
+    EXPECT_GE(started->gpu, 0);
+    EXPECT_FALSE(started->source.empty());
+    ids.insert(started->request_id);
+    ASSERT_TRUE(client->request_done(started->request_id).ok());
+  }
+  EXPECT_EQ(ids.size(), 3u) << "each request has an id of its own";
+
+  const auto unknown = client->request_begin("nobody");
+  EXPECT_EQ(unknown.status().code(), ErrorCode::kNotFound) << unknown.status();
+  EXPECT_NE(unknown.status().message().find("is not registered"), std::string::npos);
+  const auto absent = client->request_begin("fn", "no-such-instance");
+  EXPECT_EQ(absent.status().code(), ErrorCode::kDeviceUnavailable) << absent.status();
+  EXPECT_NE(absent.status().message().find("has no connected instance"), std::string::npos);
+  const auto bad_id = client->request_begin("two\nlines");
+  EXPECT_EQ(bad_id.status().code(), ErrorCode::kInvalidValue) << bad_id.status();
+  for (int i = 0; i < 2; ++i) run_request(*client, *node.hiberd, "fn");
+  auto again = client->request_begin("fn");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(client->request_done(again->request_id).ok());
+}
+
 TEST(HiberdTcpControl, WrongAndMissingTokensAreRefusedWithoutDisturbingAGoodClient) {
   TcpNode node("the-right-token");
   ASSERT_GT(node.port, 0);
@@ -189,6 +227,14 @@ TEST(HiberdTcpControl, WrongAndMissingTokensAreRefusedWithoutDisturbingAGoodClie
     const Status refused = bad->request_arrived("fn").status();
     EXPECT_EQ(refused.code(), ErrorCode::kNotPermitted) << refused;
     EXPECT_NE(refused.message().find("wrong control token"), std::string::npos) << refused;
+    EXPECT_FALSE(bad->ping().ok());
+    auto bad_begin = node.client(wrong);
+    ASSERT_TRUE(bad_begin.ok()) << bad_begin.status();
+    const Status refused_begin = bad_begin->request_begin("fn").status();
+    EXPECT_EQ(refused_begin.code(), ErrorCode::kNotPermitted) << refused_begin;
+    EXPECT_NE(refused_begin.message().find("wrong control token"), std::string::npos)
+        << refused_begin;
+    EXPECT_NE(refused.message().find("wrong control token"), std::string::npos) << refused;
     // ...and disconnected.
     EXPECT_FALSE(bad->ping().ok());
   }
@@ -202,7 +248,8 @@ TEST(HiberdTcpControl, WrongAndMissingTokensAreRefusedWithoutDisturbingAGoodClie
   // Counted, and nothing the refused requests asked for happened.
   auto after = node.hiberd->status();
   ASSERT_TRUE(after.ok());
-  EXPECT_EQ(after->handshakes_rejected, before->handshakes_rejected + 3);
+  // Two wrong tokens, each for requestArrived and requestBegin, and a missing one.
+  EXPECT_EQ(after->handshakes_rejected, before->handshakes_rejected + 5);
   EXPECT_EQ(registered_functions(*good), std::vector<std::string>{"fn"});
   EXPECT_NE(node.hiberd->log().find("TCP control connection from 127.0.0.1:"), std::string::npos);
 

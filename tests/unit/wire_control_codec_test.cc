@@ -70,6 +70,11 @@ TEST(ControlCodec, RequestsRoundTrip) {
   EXPECT_EQ(
       std::get<control::RequestArrived>(round_trip(control::RequestArrived{"f"}).body).instance,
       "");
+  const auto begun = round_trip(control::RequestBegin{"g", "4711.3"});
+  EXPECT_EQ(std::get<control::RequestBegin>(begun.body).function_id, "g");
+  EXPECT_EQ(std::get<control::RequestBegin>(begun.body).instance, "4711.3");
+  EXPECT_EQ(std::get<control::RequestBegin>(round_trip(control::RequestBegin{"g"}).body).instance,
+            "");
   const auto arrived = round_trip(control::RequestArrived{"f", "4711.2"});
   EXPECT_EQ(std::get<control::RequestArrived>(arrived.body).function_id, "f");
   EXPECT_EQ(std::get<control::RequestArrived>(arrived.body).instance, "4711.2");
@@ -104,7 +109,8 @@ TEST(ControlCodec, DrainDefaultsToTheWholeNode) {
 TEST(ControlCodec, TheTokenTravelsWithEveryKindOfRequest) {
   for (control::RequestBody body :
        {control::RequestBody(control::Ping{}), control::RequestBody(control::StatusQuery{}),
-        control::RequestBody(control::RequestStart{3}), control::RequestBody(Drain{})}) {
+        control::RequestBody(control::RequestStart{3}), control::RequestBody(Drain{}),
+        control::RequestBody(control::RequestBegin{"f"})}) {
     capnp::MallocMessageBuilder message;
     auto root = message.initRoot<proto::ControlRequest>();
     write_control_request(root, control::Request{ProtocolVersion{1, 4}, body, "s3cret\x01"});

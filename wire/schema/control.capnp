@@ -23,6 +23,10 @@ struct ControlRequest {
     requestDone @7 :RequestDone;   # reply: ok; the GPU is released once the function's work
                                    # on it has drained
     drain @8 :Drain;               # reply: ok, once nothing runs or waits (see Drain)
+    # (1.13) requestArrived and requestStart in one round trip: function id (the instance in
+    # requestArrivedInstance); reply: started, with the request's id, once it has its GPU. If it
+    # fails, hiberd has ended the request itself: there is nothing to send requestDone for.
+    requestBegin @13 :Text;
   }
   # (1.4) The control token (hiberd's --control_token_file). Required on every request, over TCP
   # (--control_tcp_listen) and (from 1.5) on the Unix socket too, whose peers must also have an
@@ -33,8 +37,9 @@ struct ControlRequest {
   # statusFunctionOffset-th on, and says how many there are (NodeStatus.functionCount).
   statusFunctionOffset @10 :UInt64;
   statusFunctionLimit @11 :UInt32;
-  # (1.7) requestArrived: the instance that will serve the request (its Hello's instance), when
-  # the function has several. "": any of them (the one with the fewest open requests).
+  # (1.7) requestArrived (and requestBegin): the instance that will serve the request (its
+  # Hello's instance), when the function has several. "": any of them (the one with the fewest
+  # open requests).
   requestArrivedInstance @12 :Text;
 }
 
@@ -86,6 +91,7 @@ struct Started {
   queuedMs @4 :Float64;            # from arrival to start
   link @5 :Text;                   # the link the model came over: "nvlink" or "pcie" (peer, by
                                    # the node's topology), "host" (host to GPU), "" (resident)
+  requestId @6 :UInt64;            # (1.13) requestBegin: the request's id; 0 for requestStart
 }
 
 struct NodeStatus {

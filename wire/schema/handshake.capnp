@@ -11,7 +11,7 @@ using Config = import "/common/node_config.capnp";
 # Minor: additions only (new calls, new fields). Both sides accept any minor of their major. A call
 # the server does not know fails with CUDA_ERROR_NOT_SUPPORTED and a message naming it.
 const protocolMajor :UInt16 = 1;
-const protocolMinor :UInt16 = 12;  # 1.1: moduleLoadCached; 1.2: late-binding control calls;
+const protocolMinor :UInt16 = 13;  # 1.1: moduleLoadCached; 1.2: late-binding control calls;
                                   # 1.3: library handles, calls and queries (wire/library.h);
                                   # 1.4: control token (TCP), Started.link, metrics in NodeStatus;
                                   # 1.5: control token on the Unix socket, paged status;
@@ -22,6 +22,7 @@ const protocolMinor :UInt16 = 12;  # 1.1: moduleLoadCached; 1.2: late-binding co
                                   # 1.10: cuDNN execute carries by-value tensors
                                   # 1.11: NodeStatus.incarnation
                                   # 1.12: resuming a session (Hello.resumeToken, Welcome.resume)
+                                  # 1.13: requestBegin (control), Started.requestId
 
 struct ProtocolVersion {
   major @0 :UInt16;
