@@ -1,12 +1,13 @@
 // The control round trip hiber-router adds HTTP to (docs/router.md, docs/perf.md "router"):
-// per invocation the router calls hiberd's requestArrived, requestStart and requestDone over the
-// control socket. This measures those three calls back to back, with wire::ControlClient,
+// per invocation the router calls hiberd's requestBegin and requestDone over the control socket
+// (requestArrived, requestStart and requestDone with a hiberd before protocol 1.13). This
+// measures those calls back to back (begin: two; invoke: three), with wire::ControlClient,
 // against a real hiberd --device=sim (started here, or a running one with --run_dir),
 // from 1 and 2 concurrent clients (each its own connection, as the router keeps one per waiting
 // request); and, as the floor, a ping. scripts/router-bench.sh compares wrk against the router
 // with a no-op function to these figures.
 //
-//   control_roundtrip_bench [--mode=invoke,ping] [--clients=1,2] [--iterations=20000]
+//   control_roundtrip_bench [--mode=invoke,begin,ping] [--clients=1,2] [--iterations=20000]
 //                           [--run_dir=PATH] [--same_function] [--function_prefix=P]
 //
 // hiberd starts a request only for a function with a connected instance, so each benchmark
@@ -14,8 +15,9 @@
 // worker's shim session would be.
 //
 // One RESULT line per figure (as the other benches print them): <mode>_c<clients>_p50 and _p99
-// in us per round trip (three calls for invoke, one for ping), _rate in round trips per second
-// over all clients; for invoke also _arrive_p50, _start_p50 and _done_p50, each call's own.
+// in us per round trip (three calls for invoke, two for begin, one for ping), _rate in round
+// trips per second over all clients; for invoke also _arrive_p50, _start_p50 and _done_p50, each
+// call's own.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -35,9 +37,9 @@
 #include "wire/call_client.h"
 #include "wire/control_client.h"
 
-DEFINE_string(mode, "invoke,ping",
-              "What to time, comma-separated: invoke (requestArrived + "
-              "requestStart + requestDone) and ping");
+DEFINE_string(mode, "invoke,begin,ping",
+              "What to time, comma-separated: invoke (requestArrived + requestStart + "
+              "requestDone), begin (requestBegin + requestDone) and ping");
 DEFINE_string(clients, "1,2", "Concurrent clients, comma-separated counts");
 DEFINE_int32(iterations, 20000, "Timed round trips per client");
 DEFINE_int32(warmup, 1000, "Untimed round trips per client first");
@@ -95,10 +97,16 @@ double us_since(Clock::time_point t0) {
 
 // One round trip; exits on any error (a benchmark of failing calls means nothing). With `times`,
 // records each call's time.
-void round_trip(wire::ControlClient& client, bool invoke, const std::string& function,
+void round_trip(wire::ControlClient& client, const std::string& mode, const std::string& function,
                 CallTimes* times = nullptr) {
-  if (!invoke) {
+  if (mode == "ping") {
     if (Status s = client.ping(); !s.ok()) die("ping", s);
+    return;
+  }
+  if (mode == "begin") {
+    Result<wire::Started> started = client.request_begin(function);
+    if (!started.ok()) die("requestBegin", started.status());
+    if (Status s = client.request_done(started->request_id); !s.ok()) die("requestDone", s);
     return;
   }
   auto t0 = Clock::now();
@@ -133,7 +141,7 @@ void measure(const std::string& socket, const std::string& mode, int clients,
     threads.emplace_back([&, c] {
       wire::ControlClient client = connect(socket);
       const std::string& function = functions[FLAGS_same_function ? 0 : c];
-      for (int i = 0; i < FLAGS_warmup; ++i) round_trip(client, invoke, function);
+      for (int i = 0; i < FLAGS_warmup; ++i) round_trip(client, mode, function);
       us[c].reserve(FLAGS_iterations);
       for (auto* v : {&calls[c].arrive, &calls[c].start, &calls[c].done}) {
         v->reserve(FLAGS_iterations);
@@ -142,7 +150,7 @@ void measure(const std::string& socket, const std::string& mode, int clients,
       while (!go.load()) std::this_thread::yield();
       for (int i = 0; i < FLAGS_iterations; ++i) {
         const auto t0 = Clock::now();
-        round_trip(client, invoke, function, &calls[c]);
+        round_trip(client, mode, function, &calls[c]);
         us[c].push_back(us_since(t0));
       }
       finished[c] = Clock::now();
@@ -175,7 +183,8 @@ void measure(const std::string& socket, const std::string& mode, int clients,
   }
   std::fprintf(stderr, "%-7s clients=%d  p50 %8.1f us  p99 %8.1f us  %9.0f round trips/s%s\n",
                mode.c_str(), clients, percentile(all, 0.50), percentile(all, 0.99),
-               static_cast<double>(all.size()) / seconds, invoke ? " (3 control calls each)" : "");
+               static_cast<double>(all.size()) / seconds,
+               invoke ? " (3 control calls each)" : mode == "begin" ? " (2 control calls each)" : "");
 }
 
 int run() {
@@ -214,8 +223,8 @@ int run() {
     instances.push_back(std::move(session).value());
   }
   for (const std::string& mode : modes) {
-    if (mode != "invoke" && mode != "ping") {
-      std::fprintf(stderr, "unknown --mode '%s' (invoke, ping)\n", mode.c_str());
+    if (mode != "invoke" && mode != "begin" && mode != "ping") {
+      std::fprintf(stderr, "unknown --mode '%s' (invoke, begin, ping)\n", mode.c_str());
       return 2;
     }
     for (int clients : client_counts) measure(socket, mode, clients, functions);

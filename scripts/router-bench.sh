@@ -2,17 +2,19 @@
 # hiber-router's added latency and throughput (docs/perf.md "router"): starts hiberd with the
 # simulated GPU and hiber-router in front of it, and registers N copies of the no-op worker
 # (router/hiber-echo-worker) twice: gpu-0..gpu-N-1 with "shim": true (each invocation goes through
-# hiberd: requestArrived, requestStart, requestDone; the worker's session opens through the
+# hiberd: requestBegin, requestDone; the worker's session opens through the
 # preloaded libhibercuda.so) and cpu-0..cpu-N-1 with "shim": false (the router alone). Then, in
 # one run:
 #   - the direct control round trip the router makes per invocation, the baseline
-#     (bench/control_roundtrip_bench against the same hiberd, 1, 2 and N clients, and ping);
+#     (bench/control_roundtrip_bench against the same hiberd, 1, 2 and N clients: begin, what the
+#     router makes, and invoke, the three calls of a hiberd before protocol 1.13; and ping);
 #   - latency in rounds: the direct round trip with one client, then wrk against the router
 #     (bench/router_invoke.lua) with one connection (-t1 -c1) on gpu-0 and on cpu-0;
 #   - throughput with keep-alive connections (wrk -tT -cC) spread over the N functions of each
 #     kind, and over gpu-0 alone (hiberd runs one request of a function at a time).
 # Prints each figure, the router's added p50/p99 (the median over the rounds of the router's
-# minus the direct round trip's, one client each) and invocations/s.
+# minus the direct round trip's, one client each), the GPU function's latency as a multiple of
+# the CPU function's (the median over the rounds of their ratio) and invocations/s.
 #
 #   scripts/router-bench.sh [-B BUILD_DIR] [--no-build] [-d SECONDS] [-r ROUNDS] [-n FUNCTIONS]
 #                           [-t THREADS] [-c CONNECTIONS]
@@ -191,13 +193,13 @@ echo "== latency, one client at a time: $rounds rounds of direct (4,000 round tr
 printf "%-6s %12s %12s %12s %12s %12s %12s\n" round direct_p50 gpu_p50 cpu_p50 direct_p99 \
   gpu_p99 cpu_p99
 for ((r = 1; r <= rounds; r++)); do
-  "$roundtrip_bin" --run_dir="$run_dir" --mode=invoke --clients=1 --iterations=4000 \
+  "$roundtrip_bin" --run_dir="$run_dir" --mode=begin,invoke --clients=1 --iterations=4000 \
     --warmup=200 --function_prefix="round$r-" --label="direct_r$r" >>"$results" 2>/dev/null
   wrk_run "gpu_c1_r$r" gpu-0 1 1 "$round_seconds"
   wrk_run "cpu_c1_r$r" cpu-0 1 1 "$round_seconds"
-  printf "%-6s %12s %12s %12s %12s %12s %12s\n" "$r" "$(value "direct_r$r" invoke_c1_p50)" \
+  printf "%-6s %12s %12s %12s %12s %12s %12s\n" "$r" "$(value "direct_r$r" begin_c1_p50)" \
     "$(value "gpu_c1_r$r" router_p50)" "$(value "cpu_c1_r$r" router_p50)" \
-    "$(value "direct_r$r" invoke_c1_p99)" "$(value "gpu_c1_r$r" router_p99)" \
+    "$(value "direct_r$r" begin_c1_p99)" "$(value "gpu_c1_r$r" router_p99)" \
     "$(value "cpu_c1_r$r" router_p99)"
 done
 echo "== throughput, keep-alive: wrk -t$threads -c$connections -d${seconds}s"
@@ -213,7 +215,14 @@ median() {
 # median_added NAME: the median over the rounds of gpu_c1's NAME minus direct's.
 median_added() {
   for ((r = 1; r <= rounds; r++)); do
-    echo "$(value "gpu_c1_r$r" "router_$1") - $(value "direct_r$r" "invoke_c1_$1")" | bc
+    echo "$(value "gpu_c1_r$r" "router_$1") - $(value "direct_r$r" "begin_c1_$1")" | bc
+  done | sort -g |
+    awk '{ v[NR] = $1 } END { print NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+}
+# median_ratio NAME: the median over the rounds of gpu_c1's NAME over cpu_c1's.
+median_ratio() {
+  for ((r = 1; r <= rounds; r++)); do
+    echo "scale=4; $(value "gpu_c1_r$r" "router_$1") / $(value "cpu_c1_r$r" "router_$1")" | bc
   done | sort -g |
     awk '{ v[NR] = $1 } END { print NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
 }
@@ -232,9 +241,11 @@ others=$(awk -v m="$(( $(cpu_jiffies) - machine_start ))" -v o="$(( $(our_jiffie
 echo
 echo "== summary (load average after: $(cut -d' ' -f1-3 /proc/loadavg); other processes used" \
   "$others CPUs on average during the run)"
-awk -v dp50="$(median direct_r invoke_c1_p50)" -v dp99="$(median direct_r invoke_c1_p99)" \
+awk -v dp50="$(median direct_r begin_c1_p50)" -v dp99="$(median direct_r begin_c1_p99)" \
+    -v ip50="$(median direct_r invoke_c1_p50)" -v ip99="$(median direct_r invoke_c1_p99)" \
+    -v ratio="$(median_ratio p50)" \
     -v pp50="$(value direct ping_c1_p50)" \
-    -v drate="$(value direct invoke_c1_rate)" -v drateN="$(value direct "invoke_c${functions}_rate")" \
+    -v drate="$(value direct begin_c1_rate)" -v drateN="$(value direct "begin_c${functions}_rate")" \
     -v gp50="$(median gpu_c1_r router_p50)" -v gp99="$(median gpu_c1_r router_p99)" \
     -v cp50="$(median cpu_c1_r router_p50)" -v cp99="$(median cpu_c1_r router_p99)" \
     -v g1="$(median gpu_c1_r router_rate)" -v c1="$(median cpu_c1_r router_rate)" \
@@ -243,14 +254,16 @@ awk -v dp50="$(median direct_r invoke_c1_p50)" -v dp99="$(median direct_r invoke
     -v gone="$(value gpu_one router_rate)" -v n="$functions" -v conns="$connections" \
     -v errors="$errors" -v rounds="$rounds" 'BEGIN {
   printf "medians over %d rounds:\n", rounds
-  printf "direct control round trip (1 client):  p50 %8.1f us  p99 %8.1f us\n", dp50, dp99
+  printf "direct requestBegin+Done (1 client):   p50 %8.1f us  p99 %8.1f us\n", dp50, dp99
+  printf "direct Arrived+Start+Done (1 client):  p50 %8.1f us  p99 %8.1f us   (before 1.13)\n", ip50, ip99
   printf "router, shim:true, 1 connection:       p50 %8.1f us  p99 %8.1f us  %8.0f /s\n", gp50, gp99, g1
   printf "router, shim:false, 1 connection:      p50 %8.1f us  p99 %8.1f us  %8.0f /s\n", cp50, cp99, c1
   printf "router added, shim:true (- direct):    p50 %8.1f us  p99 %8.1f us\n", ap50, ap99
+  printf "shim:true over shim:false, p50:        %8.2fx\n", ratio
   printf "one run each:\n"
   printf "direct control ping (1 client):        p50 %8.1f us\n", pp50
-  printf "direct control round trip, 1 client:                                %8.0f /s\n", drate
-  printf "direct control round trip, %d clients:                               %8.0f /s\n", n, drateN
+  printf "direct requestBegin+Done, 1 client:                                 %8.0f /s\n", drate
+  printf "direct requestBegin+Done, %d clients:                                %8.0f /s\n", n, drateN
   printf "router, shim:true, %d functions, %d connections:                  %8.0f /s\n", n, conns, gN
   printf "router, shim:false, %d functions, %d connections:                 %8.0f /s\n", n, conns, cN
   printf "router, shim:true, 1 function, %d connections:                     %8.0f /s\n", conns, gone
