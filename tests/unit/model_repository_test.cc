@@ -14,7 +14,7 @@
 #include <memory>
 #include <vector>
 
-#include "server/device/sim_device.h"
+#include "tests/unit/sim_device_for_test.h"
 #include "tests/unit/temp_dir.h"
 
 namespace hiber::server {
@@ -42,11 +42,8 @@ uint64_t resident_bytes(const std::byte* data, uint64_t bytes) {
 class ModelRepositoryTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    device::SimDeviceOptions options;
-    for (GpuSpec& gpu : options.node.gpus) gpu.memory_bytes = 64 * kMiB;
-    auto device = device::SimDevice::create(options);
-    ASSERT_TRUE(device.ok()) << device.status();
-    device_ = std::move(*device);
+    device_ = testing::sim_device_for_test(64 * kMiB);
+    ASSERT_NE(device_, nullptr);
   }
 
   std::unique_ptr<ModelRepository> make(const std::string& directory) {

@@ -13,8 +13,8 @@
 #include <memory>
 #include <vector>
 
-#include "server/device/sim_device.h"
 #include "server/model_repository.h"
+#include "tests/unit/sim_device_for_test.h"
 #include "tests/unit/temp_dir.h"
 
 namespace hiber::server {
@@ -24,13 +24,7 @@ constexpr uint64_t kMiB = 1 << 20;
 constexpr uint64_t kRange = 64 * kMiB;
 constexpr uint64_t kModel = 2 * kMiB;
 
-std::unique_ptr<device::SimDevice> make_device() {
-  device::SimDeviceOptions options;
-  for (GpuSpec& gpu : options.node.gpus) gpu.memory_bytes = 256 * kMiB;
-  auto device = device::SimDevice::create(options);
-  EXPECT_TRUE(device.ok()) << device.status();
-  return device.ok() ? std::move(*device) : nullptr;
-}
+std::unique_ptr<device::SimDevice> make_device() { return testing::sim_device_for_test(256 * kMiB); }
 
 // Bytes of `path` backed by storage (a sparse file's holes are not).
 uint64_t allocated_bytes(const std::string& path) {

@@ -9,20 +9,18 @@
 #include <vector>
 
 #include "server/device/sim_device.h"
+#include "tests/unit/sim_device_for_test.h"
 
 namespace hiber::server {
 namespace {
 
 constexpr uint64_t kMiB = 1 << 20;
 
-class SwapEngineTest : public testing::Test {
+class SwapEngineTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    device::SimDeviceOptions options;
-    for (GpuSpec& gpu : options.node.gpus) gpu.memory_bytes = 64 * kMiB;
-    auto device = device::SimDevice::create(options);
-    ASSERT_TRUE(device.ok()) << device.status();
-    device_ = std::move(*device);
+    device_ = hiber::testing::sim_device_for_test(64 * kMiB);
+    ASSERT_NE(device_, nullptr);
     for (int g = 0; g < 2; ++g) {
       auto stream = device_->create_stream(g, 0);
       ASSERT_TRUE(stream.ok()) << stream.status();
