@@ -9,6 +9,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -197,6 +198,25 @@ Hiberd::Hiberd(const HiberdOptions& options) {
   argv_ = std::move(argv);
   fd_limit_ = options.fd_limit;
   start();
+}
+
+size_t Hiberd::wait_for_session_records(size_t records, std::chrono::milliseconds timeout) const {
+  const std::string dir = run_dir_ + "/state/sessions";
+  auto count = [&] {
+    std::error_code ec;
+    size_t n = 0;
+    for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+      n += entry.path().extension() == ".record" ? 1 : 0;
+    }
+    return n;
+  };
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  size_t n = count();
+  while (n < records && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    n = count();
+  }
+  return n;
 }
 
 void Hiberd::kill_and_restart(std::chrono::milliseconds pause) {

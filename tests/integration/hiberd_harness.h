@@ -116,6 +116,12 @@ class Hiberd {
   // Lines of hiberd's log (stderr).
   std::string log() const;
 
+  // Polls until hiberd's state directory (<run_dir>/state, the default) holds at least `records`
+  // session records, or `timeout` passes; returns how many it holds. A record is written when a
+  // session's first request fixes its model, to a temporary file renamed when complete.
+  size_t wait_for_session_records(size_t records,
+                                  std::chrono::milliseconds timeout = std::chrono::seconds(30)) const;
+
   // SIGTERM, then waits; returns the exit status as from waitpid (or -1).
   int stop(std::chrono::milliseconds timeout = std::chrono::seconds(20));
   // SIGKILLs hiberd, waits `pause`, and starts it again as before (same flags and run

@@ -323,6 +323,63 @@ TEST(Hiberd, LaunchesKernelsFromARealFatbin) {
   EXPECT_NE(result.output.find("and vec_add"), std::string::npos);
 }
 
+// Who may resume a kept session after hiberd restarts: only a client with the node's auth
+// token (checked before the record is looked at), presenting the session's resume token for the
+// same function, which then gets its own address range back. Refusals leave the session kept.
+TEST(Hiberd, AKeptSessionResumesOnlyForItsTokenItsFunctionAndTheAuthToken) {
+  Hiberd hiberd;
+  auto control = wire::ControlClient::connect(hiberd.control_socket_path(), 60s);
+  ASSERT_TRUE(control.ok()) << control.status();
+  for (const char* id : {"kept", "other"}) {
+    ASSERT_TRUE(control->register_function({.function_id = id, .slo_ms = 60000}).ok());
+  }
+  auto client = hiberd.connect("kept");
+  ASSERT_TRUE(client.ok()) << client.status();
+  const wire::SessionInfo session = (*client)->session();
+  ASSERT_FALSE(session.resume_token.empty()) << "hiberd keeps sessions by default";
+  auto allocated = (*client)->call([&](proto::Call::Builder call) {
+    auto a = call.initMemAllocate();
+    a.setVa(session.grant.va_base);
+    a.setBytes(2 << 20);
+  });
+  ASSERT_TRUE(allocated.ok()) << allocated.status();
+  // Its first request fixes the model: from then on the session is kept.
+  auto started = control->request_begin("kept");
+  ASSERT_TRUE(started.ok()) << started.status();
+  ASSERT_TRUE(control->request_done(started->request_id).ok());
+  ASSERT_EQ(hiberd.wait_for_session_records(1), 1u) << hiberd.log();
+  hiberd.kill_and_restart(0ms);
+
+  wire::ClientOptions resume = hiberd.client_options("kept");
+  resume.resume_token = session.resume_token;
+  wire::ClientOptions no_credential = resume;
+  no_credential.auth_token = std::string(resume.auth_token.size(), 'x');
+  auto intruder = wire::ClientChannel::connect(no_credential);
+  ASSERT_FALSE(intruder.ok());
+  EXPECT_EQ(intruder.status().code(), ErrorCode::kNotPermitted) << intruder.status();
+  EXPECT_NE(intruder.status().message().find("wrong auth token"), std::string::npos)
+      << intruder.status();
+  wire::ClientOptions other_function = hiberd.client_options("other");
+  other_function.resume_token = session.resume_token;
+  auto foreign = wire::ClientChannel::connect(other_function);
+  ASSERT_FALSE(foreign.ok());
+  EXPECT_EQ(foreign.status().code(), ErrorCode::kNotPermitted) << foreign.status();
+  EXPECT_NE(foreign.status().message().find("another function"), std::string::npos)
+      << foreign.status();
+  wire::ClientOptions guessed = resume;
+  guessed.resume_token[0] = guessed.resume_token[0] == '0' ? '1' : '0';
+  auto unknown = wire::ClientChannel::connect(guessed);
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_EQ(unknown.status().code(), ErrorCode::kNotFound) << unknown.status();
+
+  auto resumed = wire::ClientChannel::connect(resume);
+  ASSERT_TRUE(resumed.ok()) << resumed.status() << "\n" << hiberd.log();
+  EXPECT_TRUE((*resumed)->session().resumed);
+  EXPECT_EQ((*resumed)->session().grant.va_base, session.grant.va_base);
+  EXPECT_EQ((*resumed)->session().grant.va_bytes, session.grant.va_bytes);
+  EXPECT_FALSE(wire::ClientChannel::connect(resume).ok()) << "a session resumes once";
+}
+
 // Numbers hiberd converts to integers are checked first: NaN, infinities and negative values are
 // refused with the field's name, and a valid registration still works afterwards.
 TEST(Hiberd, RegistrationNumbersThatAreNotFiniteAreRefused) {

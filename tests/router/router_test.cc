@@ -70,20 +70,7 @@ std::string binary_body(size_t bytes, unsigned seed) {
 // Waits until hiberd keeps `sessions` sessions for resuming (their records are written in the
 // background once their first request fixed their models).
 void wait_until_kept(const Hiberd& hiberd, size_t sessions) {
-  const std::string dir = hiberd.run_dir() + "/state/sessions";
-  const auto deadline = std::chrono::steady_clock::now() + 30s;
-  auto kept = [&] {
-    std::error_code ec;
-    size_t n = 0;
-    for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
-      n += entry.path().extension() == ".record";
-    }
-    return n;
-  };
-  while (kept() < sessions && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(10ms);
-  }
-  ASSERT_GE(kept(), sessions) << hiberd.log();
+  ASSERT_GE(hiberd.wait_for_session_records(sessions), sessions) << hiberd.log();
 }
 
 // hiberd SIGKILLed and started again at once (within 0.1 s: the router's status polls, a second

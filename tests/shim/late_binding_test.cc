@@ -958,12 +958,7 @@ class RestartTest : public LateBindingTest {
       EXPECT_EQ(a.line, library_answer(kind, libs.seed, 1234)) << hiberd.log();
     }
     // Each session is kept once its model is fixed (the store writes in the background).
-    const auto deadline = std::chrono::steady_clock::now() + 60s;
-    while (files_under(state_dir + "/sessions").size() < 3 &&
-           std::chrono::steady_clock::now() < deadline) {
-      std::this_thread::sleep_for(10ms);
-    }
-    ASSERT_EQ(files_under(state_dir + "/sessions").size(), 3u) << hiberd.log();
+    ASSERT_EQ(hiberd.wait_for_session_records(3, 60s), 3u) << hiberd.log();
     wait_idle(hiberd);
 
     Answer held;
@@ -1058,11 +1053,7 @@ TEST_F(RestartTest, AKeptModelThatFailsVerificationIsNeverServed) {
   Function& f = *functions_[0];
   EXPECT_EQ(request(hiberd, f, "3 7").line, mlp_server_answer(f.seed, 3, 7));
   const std::string state = hiberd.run_dir() + "/state";
-  const auto deadline = std::chrono::steady_clock::now() + 60s;
-  while (files_under(state + "/sessions").empty() && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(10ms);
-  }
-  ASSERT_EQ(files_under(state + "/sessions").size(), 1u) << hiberd.log();
+  ASSERT_EQ(hiberd.wait_for_session_records(1, 60s), 1u) << hiberd.log();
   wait_idle(hiberd);
   ::kill(hiberd.pid(), SIGSTOP);  // nothing of hiberd's runs while its files are overwritten
   for (const std::string& file : files_under(state + "/repository")) {
@@ -1098,11 +1089,7 @@ TEST_F(RestartTest, AStatefulFunctionGetsAStickyErrorNotWrongState) {
   EXPECT_EQ(request(hiberd, f, "count").line, "count 1");
   EXPECT_EQ(request(hiberd, f, "count").line, "count 2");
   const std::string sessions = hiberd.run_dir() + "/state/sessions";
-  const auto deadline = std::chrono::steady_clock::now() + 60s;
-  while (files_under(sessions).empty() && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(10ms);
-  }
-  ASSERT_EQ(files_under(sessions).size(), 1u) << hiberd.log();
+  ASSERT_EQ(hiberd.wait_for_session_records(1, 60s), 1u) << hiberd.log();
   wait_idle(hiberd);
   hiberd.kill_and_restart(0ms);
   // Its session is not back, and will not be: requests cannot start, and the program's own
