@@ -17,7 +17,7 @@
 # the CPU function's (the median over the rounds of their ratio) and invocations/s.
 #
 #   scripts/router-bench.sh [-B BUILD_DIR] [--no-build] [-d SECONDS] [-r ROUNDS] [-n FUNCTIONS]
-#                           [-t THREADS] [-c CONNECTIONS]
+#                           [-t THREADS] [-c CONNECTIONS] [--cpu_load=N] [--cpu_load_kind=KIND]
 #
 #   -B BUILD_DIR   a Release build tree (default build/release; configured if it has no cache)
 #   --no-build     use the binaries as they are
@@ -27,6 +27,8 @@
 #   -n FUNCTIONS   functions of each kind for the throughput runs (default 8)
 #   -t THREADS, -c CONNECTIONS   wrk's threads and connections for the throughput runs
 #                  (default 2 and 16)
+#   --cpu_load=N   N load processes run during the measurements (default 0; scripts/cpu-load.sh)
+#   --cpu_load_kind=KIND   spin (busy all the time) or wake (2 ms busy, 1 ms asleep; default)
 # Environment: HIBERD_FLAGS, ROUTER_FLAGS add flags to hiberd and hiber-router; BODY is the
 # request body (default "ping").
 set -euo pipefail
@@ -40,6 +42,8 @@ round_seconds=2
 functions=8
 threads=2
 connections=16
+cpu_load=0
+cpu_load_kind=wake
 while [[ $# -gt 0 ]]; do
   case "$1" in
     -B) build=$2; shift 2 ;;
@@ -49,13 +53,18 @@ while [[ $# -gt 0 ]]; do
     -r) rounds=$2; shift 2 ;;
     -t) threads=$2; shift 2 ;;
     -c) connections=$2; shift 2 ;;
+    --cpu_load=*) cpu_load=${1#*=}; shift ;;
+    --cpu_load_kind=*) cpu_load_kind=${1#*=}; shift ;;
     *)
       echo "usage: $0 [-B BUILD_DIR] [--no-build] [-d SECONDS] [-r ROUNDS] [-n FUNCTIONS]" \
-        "[-t THREADS] [-c CONNECTIONS]" >&2
+        "[-t THREADS] [-c CONNECTIONS] [--cpu_load=N] [--cpu_load_kind=spin|wake]" >&2
       exit 2
       ;;
   esac
 done
+[[ $cpu_load =~ ^[0-9]+$ ]] || { echo "--cpu_load takes a count, not '$cpu_load'" >&2; exit 2; }
+# shellcheck source=scripts/cpu-load.sh
+source scripts/cpu-load.sh
 
 if [[ $do_build == 1 ]]; then
   if [[ ! -f $build/CMakeCache.txt ]]; then
@@ -84,6 +93,7 @@ command -v bc >/dev/null || { echo "bc is not installed" >&2; exit 1; }
 work=$(mktemp -d /tmp/hiber-router-bench-XXXXXX)  # mode 0700, as hiberd's run dir must be
 pids=()
 cleanup() {
+  stop_cpu_load
   # The router first (it stops its workers), then hiberd.
   for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
     kill -TERM "${pids[i]}" 2>/dev/null || true
@@ -167,6 +177,7 @@ our_jiffies() {
     for (i = 1; i <= 2; i++) { split(t[i], m, "m"); sub("s", "", m[2]); s += m[1] * 60 + m[2] }
     printf "%d\n", ours + s * hz }'
 }
+start_cpu_load "$cpu_load" "$cpu_load_kind"
 machine_start=$(cpu_jiffies)
 ours_start=$(our_jiffies)
 start_time=$(date +%s.%N)
@@ -235,6 +246,7 @@ for ((r = 1; r <= rounds; r++)); do
     errors=$((errors + $(value "$label" router_errors | cut -d. -f1)))
   done
 done
+stop_cpu_load
 others=$(awk -v m="$(( $(cpu_jiffies) - machine_start ))" -v o="$(( $(our_jiffies) - ours_start ))" \
   -v t="$(echo "$(date +%s.%N) - $start_time" | bc)" -v hz="$(getconf CLK_TCK)" \
   'BEGIN { printf "%.2f", (m - o) / hz / t }')

@@ -5,10 +5,13 @@
 # prints every figure and the on/off ratios. A third run, against a hiberd with a larger arena,
 # measures 256 MiB copies from pinned memory that fits the arena.
 #
-#   scripts/shim-bench.sh [-B BUILD_DIR] [--no-build] [-- SHIM_BENCH_ARGS...]
+#   scripts/shim-bench.sh [-B BUILD_DIR] [--no-build] [--cpu_load=N] [--cpu_load_kind=KIND]
+#                         [-- SHIM_BENCH_ARGS...]
 #
 #   -B BUILD_DIR   a Release build tree (default build/release; configured if it has no cache)
 #   --no-build     use the binaries as they are
+#   --cpu_load=N   N load processes run while the benchmark runs (default 0; scripts/cpu-load.sh)
+#   --cpu_load_kind=KIND   spin (busy all the time) or wake (2 ms busy, 1 ms asleep; default)
 #   SHIM_BENCH_ARGS  passed to every run (e.g. --only=launch --launches=200000)
 # Environment: HIBERD_FLAGS adds flags to every hiberd; SHIM_BENCH_OFF_ONLY (default
 # launch,throughput,sync) is what the batching-off run measures; SHIM_BENCH_BIG_ARENA_MIB
@@ -19,14 +22,25 @@ cd "$(dirname "$0")/.."
 
 build=build/release
 do_build=1
+cpu_load=0
+cpu_load_kind=wake
 while [[ $# -gt 0 ]]; do
   case "$1" in
     -B) build=$2; shift 2 ;;
     --no-build) do_build=0; shift ;;
+    --cpu_load=*) cpu_load=${1#*=}; shift ;;
+    --cpu_load_kind=*) cpu_load_kind=${1#*=}; shift ;;
     --) shift; break ;;
-    *) echo "usage: $0 [-B BUILD_DIR] [--no-build] [-- SHIM_BENCH_ARGS...]" >&2; exit 2 ;;
+    *)
+      echo "usage: $0 [-B BUILD_DIR] [--no-build] [--cpu_load=N] [--cpu_load_kind=spin|wake]" \
+        "[-- SHIM_BENCH_ARGS...]" >&2
+      exit 2
+      ;;
   esac
 done
+[[ $cpu_load =~ ^[0-9]+$ ]] || { echo "--cpu_load takes a count, not '$cpu_load'" >&2; exit 2; }
+# shellcheck source=scripts/cpu-load.sh
+source scripts/cpu-load.sh
 
 if [[ $do_build == 1 ]]; then
   if [[ ! -f $build/CMakeCache.txt ]]; then
@@ -56,7 +70,7 @@ stop_hiberd() {
     hiberd=""
   fi
 }
-trap 'stop_hiberd; rm -rf "$work"' EXIT
+trap 'stop_cpu_load; stop_hiberd; rm -rf "$work"' EXIT
 
 # start_hiberd NAME [FLAGS...]: hiberd with the simulated GPU in $work/NAME (sets run_dir).
 start_hiberd() {
@@ -88,6 +102,7 @@ run_bench() {
 echo "# machine: $(nproc) CPUs, $(lscpu | sed -n 's/^Model name: *//p'), load $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "# shim $shim; hiberd --device=sim ${HIBERD_FLAGS:-}"
 
+start_cpu_load "$cpu_load" "$cpu_load_kind"
 start_hiberd default
 run_bench batch_on "$@"
 HIBER_BATCH=0 run_bench batch_off --only="${SHIM_BENCH_OFF_ONLY:-launch,throughput,sync}" "$@"
@@ -103,6 +118,7 @@ if [[ $big_arena != 0 ]]; then
   run_bench "batch_on_arena${big_arena}" "$@" --only=bandwidth --sizes_mib=256
   stop_hiberd
 fi
+stop_cpu_load
 
 # Batching on against off, for every figure both runs measured.
 echo
