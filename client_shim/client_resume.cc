@@ -5,10 +5,12 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <cstring>
 #include <optional>
+#include <random>
 #include <string>
 #include <thread>
 
@@ -167,13 +169,18 @@ Status Client::reconnect_locked(std::chrono::steady_clock::time_point deadline) 
     wire::ClientOptions options = connect_options_;
     options.resume_token = old.resume_token;
     Result<std::unique_ptr<wire::ClientChannel>> channel = Status(ErrorCode::kNoDevice, "");
+    std::minstd_rand rng(static_cast<unsigned>(::getpid()));
+    std::uniform_real_distribution<double> retry_jitter(0.0, 1.0);
     while (true) {
       channel = wire::ClientChannel::connect(options);
       // Down, not listening yet, or the killed one's socket still accepting and then reset:
-      // hiberd is restarting. Anything else is its answer.
+      // hiberd is restarting. Busy (every function of the node resumes at once, and a connection
+      // not yet served may be dropped for a newer one; or it is stopping, or at its session
+      // limit): later. Anything else is its answer.
       const ErrorCode code = channel.status().code();
       if (channel.ok() || (code != ErrorCode::kNoDevice && code != ErrorCode::kTimeout &&
-                           code != ErrorCode::kDeinitialized)) {
+                           code != ErrorCode::kDeinitialized &&
+                           code != ErrorCode::kDeviceUnavailable)) {
         break;
       }
       if (std::chrono::steady_clock::now() >= deadline) {
@@ -181,7 +188,8 @@ Status Client::reconnect_locked(std::chrono::steady_clock::time_point deadline) 
             str_cat("hiberd did not come back within HIBER_RESUME_TIMEOUT_MS=",
                     resume_timeout().count()));
       }
-      std::this_thread::sleep_for(kRetryInterval);
+      // Spread out, so that the node's sessions do not all come back in the same instant again.
+      std::this_thread::sleep_for(kRetryInterval + kRetryInterval * retry_jitter(rng));
     }
     HIBER_RETURN_IF_ERROR(channel.status());
     const wire::SessionInfo now = (*channel)->session();
