@@ -104,9 +104,15 @@ TEST(Router, AHiberdKilledAndRestartedIsNoticedAndServesAgain) {
       EXPECT_EQ(r.body, body);
     }
   }
+  std::string earlier_runs;
+  for (int run = 1; run <= 2; ++run) {
+    std::ifstream in(node.hiberd.log_path() + ".run-" + std::to_string(run));
+    earlier_runs += "\nhiberd, run " + std::to_string(run) + ":\n" +
+                    std::string(std::istreambuf_iterator<char>(in), {});
+  }
   EXPECT_EQ(router.metric(R"(hiber_worker_starts_total{function="echo"})"), 1)
       << "one worker for all three hiberds: its session resumed with each\n"
-      << router.log() << "\nhiberd:\n"
+      << router.log() << earlier_runs << "\nhiberd, now:\n"
       << node.hiberd.log();
 }
 
