@@ -21,6 +21,13 @@ namespace control = wire::control;
 
 namespace {
 
+// What requestArrived and requestBegin name: a function and one of its instances ("": any).
+Status check_arrival(const std::string& function_id, const std::string& instance,
+                     const char* call) {
+  HIBER_RETURN_IF_ERROR(wire::check_function_id(function_id, call));
+  return wire::check_instance_key(instance, call);
+}
+
 void write_histogram(const Histogram& in, proto::Histogram::Builder out) {
   auto bounds = out.initUpperBounds(static_cast<unsigned>(in.upper_bounds.size()));
   for (size_t i = 0; i < in.upper_bounds.size(); ++i) {
@@ -148,8 +155,7 @@ Status ControlService::answer(const wire::Message& message, ReplySender send) {
                    controller_.unregister_function(u.function_id, reply_ok);
                  },
                  [&](const control::RequestArrived& a) {
-                   Status valid = wire::check_function_id(a.function_id, "requestArrived");
-                   if (valid.ok()) valid = wire::check_instance_key(a.instance, "requestArrived");
+                   Status valid = check_arrival(a.function_id, a.instance, "requestArrived");
                    if (!valid.ok()) return send(error_frame(valid));
                    controller_.request_arrived(
                        a.function_id, a.instance, [send](Result<uint64_t> id) {
@@ -158,8 +164,7 @@ Status ControlService::answer(const wire::Message& message, ReplySender send) {
                        });
                  },
                  [&](const control::RequestBegin& b) {
-                   Status valid = wire::check_function_id(b.function_id, "requestBegin");
-                   if (valid.ok()) valid = wire::check_instance_key(b.instance, "requestBegin");
+                   Status valid = check_arrival(b.function_id, b.instance, "requestBegin");
                    if (!valid.ok()) return send(error_frame(valid));
                    controller_.request_begin(
                        b.function_id, b.instance, [send](Result<wire::Started> started) {

@@ -1,5 +1,7 @@
 #include "server/model_repository.h"
 
+#include "server/host_pages.h"
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -182,13 +184,12 @@ void ModelRepository::release(const HostCopy& copy) {
 
 void ModelRepository::give_back(const Chunk& chunk, uint64_t offset, uint64_t bytes) {
   if (keep_files_ || (chunk.registered && device_.registration_pins_pages())) return;
-  static const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
-  const uint64_t begin = (offset + page - 1) / page * page;
-  const uint64_t end = std::min(offset + bytes, chunk.bytes) / page * page;
-  if (end <= begin) return;
+  const uint64_t end = std::min(offset + bytes, chunk.bytes);
+  const PageSpan pages = whole_pages(offset, end > offset ? end - offset : 0);
+  if (pages.empty()) return;
   // In a file the pages are the file's: only a hole punched in it frees them.
   const int advice = chunk.path.empty() ? MADV_DONTNEED : MADV_REMOVE;
-  if (::madvise(chunk.data + begin, end - begin, advice) != 0 && !give_back_failed_) {
+  if (::madvise(chunk.data + pages.begin, pages.bytes(), advice) != 0 && !give_back_failed_) {
     give_back_failed_ = true;
     PLOG(WARNING) << "model repository: released host copies keep their memory ("
                   << (chunk.path.empty() ? "madvise(MADV_DONTNEED)" : "punching " + chunk.path)

@@ -16,6 +16,8 @@
 #include <kj/array.h>
 
 #include "common/token.h"
+#include "common/unique_fd.h"
+#include "server/host_pages.h"
 #include "server/session_record.capnp.h"
 
 namespace hiber::server {
@@ -387,24 +389,21 @@ void SessionStore::release_files(const std::vector<std::string>& files) {
 }
 
 void SessionStore::punch_blocks(const RecoveredSession& session) {
-  static const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
   for (const RecoveredSession::Block& block : session.blocks) {
     auto it = old_files_.find(block.file);
     // A file no other session needs goes as a whole (release_files).
     if (it == old_files_.end() || it->second.references <= 1) continue;
     const uint64_t at = static_cast<uint64_t>(block.contents.data() - it->second.data);
-    const uint64_t begin = (at + page - 1) / page * page;
-    const uint64_t end = (at + block.contents.size()) / page * page;
-    if (end <= begin) continue;
+    const PageSpan pages = whole_pages(at, block.contents.size());
+    if (pages.empty()) continue;
     const std::string path = repository_directory() + "/" + block.file;
-    const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
-    if (fd < 0 || ::fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-                              static_cast<off_t>(begin), static_cast<off_t>(end - begin)) != 0) {
+    const UniqueFd fd(::open(path.c_str(), O_RDWR | O_CLOEXEC));
+    if (!fd || ::fallocate(fd.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                           static_cast<off_t>(pages.begin), static_cast<off_t>(pages.bytes())) != 0) {
       PLOG(WARNING) << "session store: " << path << " keeps a resumed block's bytes until "
                     << "no session needs the file";
     }
-    if (fd >= 0) ::close(fd);
-    (void)::madvise(it->second.data + begin, end - begin, MADV_DONTNEED);
+    (void)::madvise(it->second.data + pages.begin, pages.bytes(), MADV_DONTNEED);
   }
 }
 
